@@ -1,0 +1,69 @@
+"""Collects ``ranks_*.py`` modules as multi-rank tests (see ``tests/ranks.py``) and adds the GPU marks."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ranks  # noqa: E402
+
+_launches: dict = {}
+
+
+def pytest_collect_file(file_path: Path, parent):
+    if file_path.suffix == ".py" and file_path.name.startswith("ranks_"):
+        return RanksModule.from_parent(parent, path=file_path)
+    return None
+
+
+class RanksModule(pytest.File):
+    def collect(self):
+        module = ranks.load_module(self.path)
+        sizes = getattr(module, "WORLD_SIZES", ranks.DEFAULT_WORLD_SIZES)
+        launchers = getattr(module, "LAUNCHERS", ranks.DEFAULT_LAUNCHERS)
+        timeout = getattr(module, "LAUNCH_TIMEOUT", ranks.DEFAULT_LAUNCH_TIMEOUT)
+        for launcher in launchers:
+            for n in sizes:
+                for name in ranks.check_names(module):
+                    yield RanksItem.from_parent(self, name=f"{name}[{launcher}-{n}]", check=name,
+                                                launcher=launcher, n=n, timeout=timeout)
+
+
+class RanksItem(pytest.Item):
+    def __init__(self, *, check, launcher, n, timeout, **kwargs):
+        super().__init__(**kwargs)
+        self.check, self.launcher, self.n, self.timeout = check, launcher, n, timeout
+
+    def runtest(self):
+        key = (self.path, self.launcher, self.n)
+        if key not in _launches:
+            _launches[key] = ranks.launch(self.path, self.n, self.launcher, self.timeout)
+        why = ranks.explain(_launches[key], self.check)
+        if why is not None:
+            raise RanksFailure(why)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, RanksFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.name} ({self.launcher}, {self.n} ranks)"
+
+
+class RanksFailure(Exception):
+    pass
+
+
+@pytest.fixture
+def requires_gpus():
+    """``requires_gpus(n)`` skips the test unless n CUDA/XPU devices are visible (no query at import)."""
+    def need(n: int = 1):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count < n:
+            pytest.skip(f"needs {n} GPU(s), {count} visible")
+    return need

@@ -1,0 +1,172 @@
+"""Communicator checks on every rank: identity, barrier, allgather, split, new_group, bridge, timeouts."""
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import xelink
+from xelink.transport import Deadline, wait_all
+
+WORLD_SIZES = (1, 2, 4)
+
+
+def check_ranks_are_distinct(world):
+    ranks = world.allgather_object((world.rank, world.size))
+    assert ranks == [(r, world.size) for r in range(world.size)]
+    assert world.world_ranks == list(range(world.size))
+
+
+def check_launch_is_recorded(world):
+    launch = world.launch
+    assert launch.launcher in ("mpich", "torchrun", "single"), launch
+    assert world.transport.name == {"mpich": "mpi", "torchrun": "torch", "single": "self"}[launch.launcher]
+    assert (launch.rank, launch.size) == (world.rank, world.size)
+    # One host here: local placement equals global placement.
+    assert (world.local_rank, world.local_size) == (world.rank, world.size)
+    assert (launch.local_rank, launch.local_size) == (world.rank, world.size)
+    assert world.device == torch.device("cpu")
+
+
+def check_init_returns_the_same_world(world):
+    assert xelink.init() is world
+    assert xelink.get_world() is world
+
+
+def check_barrier_and_allgather(world):
+    for _ in range(20):
+        world.barrier()
+    big = bytes([world.rank]) * (1 << 20)  # large enough for MPI's rendezvous protocol
+    got = world.allgather_object({"rank": world.rank, "blob": big})
+    assert [g["rank"] for g in got] == list(range(world.size))
+    assert all(g["blob"] == bytes([r]) * (1 << 20) for r, g in enumerate(got))
+
+
+def check_split_by_parity_reversed(world):
+    sub = world.split(world.rank % 2, key=-world.rank)
+    members = [r for r in range(world.size) if r % 2 == world.rank % 2][::-1]
+    assert sub.size == len(members)
+    assert sub.rank == members.index(world.rank)
+    assert sub.world_ranks == members
+    assert sub.allgather_object(world.rank) == members
+    sub.barrier()
+    sub.free()
+    with pytest.raises(xelink.XelinkError, match="barrier: the communicator was freed"):
+        sub.barrier()
+
+
+def check_split_leaves_out_color_none(world):
+    sub = world.split(None if world.rank == 0 else 7)
+    if world.rank == 0:
+        assert sub is None
+    else:
+        assert sub.size == world.size - 1 and sub.rank == world.rank - 1
+        assert sub.allgather_object(world.rank) == list(range(1, world.size))
+        sub.free()
+
+
+def check_split_bad_arguments(world):
+    with pytest.raises(TypeError, match=r"split: color='a' must be an int"):
+        world.split("a")
+    with pytest.raises(ValueError, match=r"split: color=-1 must be >= 0"):
+        world.split(-1)
+    with pytest.raises(TypeError, match=r"split: key=1.5 must be an int"):
+        world.split(0, key=1.5)
+    world.barrier()  # nothing was sent: the communicator still works
+
+
+def check_new_group(world):
+    ranks = [world.size - 1, 0] if world.size > 1 else [0]
+    g = xelink.new_group(ranks)
+    if world.rank in ranks:
+        assert g.rank == ranks.index(world.rank) and g.size == len(ranks)
+        assert g.allgather_object(world.rank) == ranks
+        g.free()
+    else:
+        assert g is None
+
+
+def check_new_group_bad_arguments(world):
+    with pytest.raises(ValueError, match=r"new_group: ranks=\[0, 0\] has duplicates"):
+        xelink.new_group([0, 0])
+    with pytest.raises(ValueError, match=f"new_group: rank {world.size} is out of range for a group of size"):
+        xelink.new_group([world.size])
+    with pytest.raises(ValueError, match=r"new_group: ranks=\[\] is empty"):
+        xelink.new_group([])
+    with pytest.raises(TypeError, match=r"new_group: ranks=3 must be a sequence of ints"):
+        xelink.new_group(3)
+    with pytest.raises(TypeError, match=r"new_group: group='world' is not an xelink Communicator"):
+        xelink.new_group([0], group="world")
+    if world.size > 1:
+        # Callers that disagree are detected, and every rank gets the error.
+        with pytest.raises(ValueError, match=r"new_group: ranks differ between callers"):
+            xelink.new_group([0] if world.rank == 0 else [0, 1])
+    world.barrier()
+
+
+def check_torch_distributed_bridge(world):
+    pg = world.process_group()
+    assert world.process_group() is pg
+    assert dist.get_rank(pg) == world.rank and dist.get_world_size(pg) == world.size
+    x = torch.full((5,), float(world.rank + 1))
+    dist.all_reduce(x, group=pg)
+    assert torch.equal(x, torch.full((5,), world.size * (world.size + 1) / 2))
+    sub = world.split(0, key=-world.rank)  # reversed order must carry over to the torch group
+    spg = sub.process_group()
+    assert (spg.rank(), spg.size()) == (sub.rank, sub.size)
+    y = torch.tensor([float(world.rank)])
+    dist.broadcast(y, group=spg, group_src=0)
+    assert y.item() == world.size - 1
+    dist.all_reduce(y, group=spg)
+    assert y.item() == world.size * (world.size - 1)
+    sub.free()
+
+
+def check_point_to_point_ring(world):
+    """The transport moves the bytes of numpy arrays and torch tensors of any dtype."""
+    if world.transport.name == "self":  # a plain single process has no peer, not even itself
+        with pytest.raises(ValueError, match="isend: dst=0 is this rank itself"):
+            world.transport.isend(np.zeros(1), 0)
+        return
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    for make in (lambda v: np.full(1000, v, dtype=np.int64),
+                 lambda v: torch.full((333,), v, dtype=torch.bfloat16),
+                 lambda v: np.full(1 << 18, v, dtype=np.float32)):
+        send, recv = make(world.rank), make(-1)
+        reqs = [world.transport.irecv(recv, left, tag=3), world.transport.isend(send, right, tag=3)]
+        wait_all(reqs, Deadline(30), "ring")
+        expect = make(left)
+        assert (recv == expect).all() if isinstance(recv, np.ndarray) else torch.equal(recv, expect)
+
+
+def check_timeout_names_the_missing_rank(world):
+    with pytest.raises(ValueError, match=r"barrier: timeout=-1 must be a positive"):
+        world.barrier(timeout=-1)
+    sub = world.split(0)
+    hung = world.size - 1
+    if world.size == 1:
+        sub.barrier(timeout=0.5)  # nobody to wait for: returns at once
+    elif world.rank == hung:
+        time.sleep(2.0)  # never calls the barrier
+    else:
+        start = time.monotonic()
+        with pytest.raises(xelink.TimeoutError) as info:
+            sub.barrier(timeout=1.0)
+        assert time.monotonic() - start < 1.9
+        assert info.value.missing == [hung]
+        assert f"barrier: timed out after 1 s waiting for rank(s) {hung}" in str(info.value)
+        with pytest.raises(xelink.XelinkError, match="unusable after an earlier failure"):
+            sub.barrier()
+    sub.free()
+    world.barrier()
+
+
+def check_finalize_then_init_again(world):
+    xelink.finalize()
+    assert not xelink.is_initialized()
+    with pytest.raises(xelink.NotInitializedError):
+        xelink.get_world()
+    again = xelink.init()
+    assert again is not world and again.size == world.size and again.rank == world.rank
+    again.barrier()

@@ -1,0 +1,156 @@
+"""The ``xelink`` command: ``xelink info`` and ``xelink demo``.
+
+Run under a launcher (``mpiexec -n 4 xelink info``) to see every rank; rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+
+__all__ = ["main", "collect_info"]
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    return str(getattr(mod, "__version__", "installed"))
+
+
+def _mpi_library(in_use: bool) -> str | None:
+    if not in_use:
+        # Importing mpi4py.MPI initialises MPI; outside an MPI launch, report the package only.
+        version = _version("mpi4py")
+        return f"mpi4py {version} (not used by this launch)" if version else None
+    from mpi4py import MPI
+
+    return " ".join(MPI.Get_library_version().split("\n")[0].split())
+
+
+def _devices() -> dict:
+    import torch
+
+    out = {"cuda": [], "xpu": [], "sycl": None}
+    if torch.cuda.is_available():
+        out["cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        out["xpu"] = [torch.xpu.get_device_name(i) for i in range(torch.xpu.device_count())]
+    try:
+        import dpctl
+    except ImportError:
+        pass
+    else:
+        out["sycl"] = [d.filter_string + " " + d.name for d in dpctl.get_devices()]
+    return out
+
+
+def _transports(world) -> dict:
+    import torch.distributed as dist
+
+    backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
+                                ("xccl", getattr(dist, "is_xccl_available", lambda: False)())) if ok]
+    return {
+        "in_use": world.transport.name,
+        "mpi": _mpi_library(world.transport.name == "mpi"),
+        "torch.distributed": backends,
+    }
+
+
+def collect_info(world) -> dict:
+    """What this rank knows about itself: versions, launch, device, transports."""
+    import torch
+
+    launch = world.launch
+    return {
+        "rank": world.rank,
+        "host": world.host,
+        "launcher": launch.launcher,
+        "local_rank": launch.local_rank,
+        "local_size": launch.local_size,
+        "device": str(world.device),
+        "versions": {
+            "xelink": _version("xelink"),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": _version("numpy"),
+            "mpi4py": _version("mpi4py"),
+            "triton": _version("triton"),
+            "dpctl": _version("dpctl"),
+        },
+        "devices_visible": _devices(),
+        "transports": _transports(world),
+    }
+
+
+def _print_info(infos: list, world) -> None:
+    first = infos[0]
+    print("xelink", first["versions"]["xelink"])
+    print("versions:", ", ".join(f"{k} {v}" for k, v in first["versions"].items() if v and k != "xelink"))
+    print(f"launcher: {first['launcher']}, {world.size} rank(s), timeout {world.timeout:g} s")
+    t = first["transports"]
+    print(f"transports: host transport in use: {t['in_use']}; MPI: {t['mpi'] or 'not installed'}; "
+          f"torch.distributed backends: {', '.join(t['torch.distributed']) or 'none'}")
+    d = first["devices_visible"]
+    print(f"devices visible on {first['host']}: cuda {d['cuda'] or 'none'}; xpu {d['xpu'] or 'none'}; "
+          f"sycl {d['sycl'] if d['sycl'] is not None else 'dpctl not installed'}")
+    hosts = {}
+    for i in infos:
+        hosts.setdefault(i["host"], []).append(i)
+    print(f"topology: {len(hosts)} host(s); each host is one package of its ranks")
+    for host, ranks in hosts.items():
+        print(f"  host {host}:")
+        for i in ranks:
+            print(f"    rank {i['rank']:>3}  local {i['local_rank']}/{i['local_size']}  device {i['device']}")
+
+
+def _cmd_info(args) -> int:
+    import xelink
+
+    world = xelink.init()
+    infos = world.allgather_object(collect_info(world))
+    if world.rank == 0:
+        if args.json:
+            print(json.dumps(infos, indent=2))
+        else:
+            _print_info(infos, world)
+    xelink.finalize()
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    """All-reduce a small tensor through torch.distributed on xelink's communicator and check it."""
+    import torch
+    import torch.distributed as dist
+
+    import xelink
+
+    world = xelink.init()
+    x = torch.arange(args.n, dtype=torch.float64, device=world.device) + world.rank
+    dist.all_reduce(x, group=world.process_group())
+    n = world.size
+    expect = n * torch.arange(args.n, dtype=torch.float64) + n * (n - 1) / 2
+    ok = torch.equal(x.cpu(), expect)
+    oks = world.allgather_object(ok)
+    if world.rank == 0:
+        print(f"all_reduce over {n} rank(s) ({world.launch.launcher}, device {world.device}): {x.cpu().tolist()}")
+        print("correct on every rank" if all(oks) else f"WRONG on ranks {[r for r, o in enumerate(oks) if not o]}")
+    xelink.finalize()
+    return 0 if all(oks) else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="xelink", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("info", help="versions, launcher, devices, transports and topology")
+    p.add_argument("--json", action="store_true", help="print every rank's record as JSON")
+    p.set_defaults(fn=_cmd_info)
+    p = sub.add_parser("demo", help="all-reduce a small tensor on every rank and check the result")
+    p.add_argument("-n", type=int, default=8, help="elements (default 8)")
+    p.set_defaults(fn=_cmd_demo)
+    args = parser.parse_args(argv)
+    return args.fn(args)

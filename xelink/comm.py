@@ -1,0 +1,229 @@
+"""Communicators: a set of ranks, where they sit, and the transport that joins them.
+
+``xelink.init()`` returns the world communicator; ``split(color, key)`` and ``new_group(ranks)``
+make sub-communicators; ``process_group()`` bridges to torch.distributed. Every collective takes
+``group=`` (a communicator or None for the world) and resolves it once, with ``resolve_group``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .errors import TimeoutError, XelinkError
+from .transport import Deadline, Transport
+
+__all__ = ["Communicator", "new_group", "resolve_group"]
+
+
+def _check_int(fn: str, name: str, value, minimum: int | None = 0):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{fn}: {name}={value!r} must be >= {minimum}")
+    return value
+
+
+class Communicator:
+    """A group of ranks with a host transport between them.
+
+    Attributes:
+        rank, size: this process's rank in the communicator and the number of ranks.
+        device: the torch device this rank drives (``cuda:i``, ``xpu:i`` or ``cpu``).
+        timeout: default deadline (seconds) of every wait on this communicator.
+        hosts: ``hosts[r]`` is the host name of rank r.
+        world_ranks: ``world_ranks[r]`` is rank r's rank in the world communicator.
+        launch: the ``runtime.Launch`` this job was started with.
+        name: the communicator's name, the same on every member and unique in the job.
+    """
+
+    def __init__(self, transport: Transport, *, name: str, world_ranks: Sequence[int], hosts: Sequence[str],
+                 device, timeout: float, launch):
+        self.transport = transport
+        self.name = name  # unique in the job and equal on every member: "w", "w.1c0", ...
+        self._splits = 0
+        self.rank, self.size = transport.rank, transport.size
+        self.world_ranks = list(world_ranks)
+        self.hosts = list(hosts)
+        self.device = device
+        self.timeout = timeout
+        self.launch = launch
+        self._pg = None
+        self._freed = False
+        self._broken: Exception | None = None
+        from . import runtime
+
+        runtime.track(self)
+
+    # -- placement --------------------------------------------------------------------------
+    @property
+    def host(self) -> str:
+        return self.hosts[self.rank]
+
+    @property
+    def local_ranks(self) -> list[int]:
+        """The ranks of this communicator on this rank's host."""
+        return [r for r, h in enumerate(self.hosts) if h == self.host]
+
+    @property
+    def local_rank(self) -> int:
+        return self.local_ranks.index(self.rank)
+
+    @property
+    def local_size(self) -> int:
+        return len(self.local_ranks)
+
+    def __repr__(self) -> str:
+        state = ", freed" if self._freed else ""
+        return (f"Communicator(rank={self.rank}, size={self.size}, device={self.device}, "
+                f"transport={self.transport.name}{state})")
+
+    # -- control ----------------------------------------------------------------------------
+    def _live(self, fn: str) -> Transport:
+        if self._freed:
+            raise XelinkError(f"{fn}: the communicator was freed")
+        if self._broken is not None:
+            raise XelinkError(f"{fn}: the communicator is unusable after an earlier failure ({self._broken}); "
+                              f"free it and make a new one")
+        return self.transport
+
+    def _exchange(self, obj: Any, timeout, fn: str) -> list:
+        """``transport.exchange`` under a deadline; a timeout leaves the communicator unusable.
+
+        After a timeout the ranks disagree about which exchanges happened (as with an NCCL timeout),
+        so the communicator refuses further use rather than mixing up messages.
+        """
+        deadline = self.deadline(timeout, fn)
+        try:
+            return self._live(fn).exchange(obj, deadline, fn)
+        except TimeoutError as exc:
+            self._broken = exc
+            raise
+
+    def deadline(self, timeout=None, fn: str = "wait") -> Deadline:
+        """A deadline ``timeout`` seconds from now (the communicator's default when None)."""
+        from .runtime import resolve_timeout
+
+        return Deadline(self.timeout if timeout is None else resolve_timeout(timeout, fn))
+
+    def allgather_object(self, obj: Any, timeout=None) -> list:
+        """Every rank's ``obj`` (picklable), indexed by rank.
+
+        Raises ``xelink.TimeoutError`` naming the ranks that did not call within the deadline.
+        Collective: every rank of the communicator must call this.
+        """
+        return self._exchange(obj, timeout, "allgather_object")
+
+    def barrier(self, timeout=None) -> None:
+        """Wait until every rank has called ``barrier``.
+
+        Raises ``xelink.TimeoutError`` naming the ranks that did not arrive within the deadline.
+        Collective: every rank of the communicator must call this.
+        """
+        self._exchange(None, timeout, "barrier")
+
+    def split(self, color: int | None, key: int | None = None, timeout=None) -> "Communicator | None":
+        """Partition the ranks like ``MPI_Comm_split``.
+
+        Args:
+            color: ranks with the same color form one new communicator; None leaves this rank out.
+            key: orders the ranks of the new communicator (ties by current rank); default: rank.
+
+        Returns:
+            The new communicator, or None for a rank that passed ``color=None``.
+
+        Collective: every rank of the communicator must call this.
+        """
+        if color is not None:
+            _check_int("split", "color", color)
+        key = self.rank if key is None else _check_int("split", "key", key, None)
+        pairs = self._exchange((color, key), timeout, "split")
+        self._splits += 1
+        if color is None:
+            self.transport.split(None, key, [])
+            return None
+        members = sorted((r for r, (c, _) in enumerate(pairs) if c == color), key=lambda r: (pairs[r][1], r))
+        sub = self.transport.split(color, key, members)
+        return Communicator(sub, name=f"{self.name}.{self._splits}c{color}",
+                            world_ranks=[self.world_ranks[r] for r in members],
+                            hosts=[self.hosts[r] for r in members], device=self.device,
+                            timeout=self.timeout, launch=self.launch)
+
+    # -- torch.distributed bridge -------------------------------------------------------------
+    def process_group(self):
+        """The torch.distributed process group of exactly these ranks, in this order.
+
+        Created on first use: gloo for CPU tensors, plus nccl (CUDA) or xccl (XPU) for the device.
+        For the world this is torch's default group (adopted if the application initialised
+        torch.distributed itself). A sub-communicator's group is built only by its members; pass it
+        to ``torch.distributed`` collectives with group-relative ranks (``group_src=``/``group_dst=``),
+        since torch's global-rank lookup knows only the groups its own ``new_group`` made.
+        Call it on the world communicator first. Collective: every rank of the communicator.
+        """
+        self._live("process_group")
+        if self._pg is None:
+            import torch.distributed as dist
+
+            from . import runtime
+
+            world = runtime.get_world()
+            if self.world_ranks == list(range(world.size)):
+                self._pg = runtime.torch_world_group(world)
+            elif not dist.is_initialized():
+                raise XelinkError("process_group: torch.distributed is not initialised yet; call "
+                                  "process_group() on the world communicator, on every rank, first")
+            else:
+                self._pg = runtime.torch_subgroup(self)
+        return self._pg
+
+    def free(self) -> None:
+        """Release the transport (and the torch group xelink made for it). Idempotent."""
+        if self._freed:
+            return
+        self._freed = True
+        self._pg = None  # a sub-group's backends close when the last reference goes
+        self.transport.free()
+
+
+def resolve_group(group, fn: str) -> Communicator:
+    """The communicator a collective runs on: ``group`` itself, or the world for None."""
+    if group is None:
+        from .runtime import get_world
+
+        return get_world()
+    if isinstance(group, Communicator):
+        if group._freed:
+            raise XelinkError(f"{fn}: group {group!r} was freed")
+        return group
+    raise TypeError(f"{fn}: group={group!r} is not an xelink Communicator (use xelink.init(), "
+                    f"Communicator.split() or xelink.new_group())")
+
+
+def new_group(ranks: Sequence[int], group: Communicator | None = None, timeout=None) -> Communicator | None:
+    """A communicator of ``ranks`` (ranks of ``group``, default world), in the order given.
+
+    Args:
+        ranks: distinct ranks of ``group``; every rank of ``group`` must pass the same list.
+
+    Returns:
+        The new communicator on member ranks; None on the others (as torch's non-member sentinel).
+
+    Collective: every rank of ``group`` must call this, members or not.
+    """
+    parent = resolve_group(group, "new_group")
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise TypeError(f"new_group: ranks={ranks!r} must be a sequence of ints")
+    ranks = list(ranks)
+    for r in ranks:
+        _check_int("new_group", "rank", r)
+        if r >= parent.size:
+            raise ValueError(f"new_group: rank {r} is out of range for a group of size {parent.size}")
+    if not ranks:
+        raise ValueError("new_group: ranks=[] is empty")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group: ranks={ranks} has duplicates")
+    seen = parent._exchange(ranks, timeout, "new_group")
+    differ = [r for r, other in enumerate(seen) if other != ranks]
+    if differ:
+        raise ValueError(f"new_group: ranks differ between callers: rank {parent.rank} passed {ranks}, rank "
+                         f"{differ[0]} passed {seen[differ[0]]}")
+    member = parent.rank in ranks
+    return parent.split(0 if member else None, ranks.index(parent.rank) if member else None, timeout)

@@ -1,0 +1,455 @@
+"""How the job was launched, which device each rank drives, and ``init()`` / ``finalize()``.
+
+Everything xelink knows about the launch (rank, size, local rank, host, device) is read here, once,
+and handed to the world communicator; library code asks the communicator, never the environment.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import weakref
+from typing import Mapping
+
+from . import log
+from .comm import Communicator
+from .errors import LaunchError, NotInitializedError, XelinkError
+from .transport import Deadline, SelfTransport, Transport
+
+__all__ = [
+    "Launch",
+    "detect_launch",
+    "init",
+    "finalize",
+    "get_world",
+    "is_initialized",
+    "resolve_timeout",
+    "choose_device_index",
+    "check_device_sharing",
+]
+
+DEFAULT_TIMEOUT_S = 300.0
+_log = log.get_logger("runtime")
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What the launcher said about this process.
+
+    ``launcher`` is one of ``mpich``, ``intelmpi``, ``openmpi``, ``mpi`` (a PMI/PMIx launcher of
+    unknown flavour, e.g. srun), ``torchrun``, ``single``. ``local_rank``/``local_size`` are None when
+    the launcher does not say; ``init()`` then derives them from the hosts of all ranks.
+    """
+
+    launcher: str
+    rank: int
+    size: int
+    local_rank: int | None
+    local_size: int | None
+    host: str
+
+    @property
+    def transport(self) -> str:
+        return {"torchrun": "torch", "single": "self"}.get(self.launcher, "mpi")
+
+
+def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip() != "":
+            try:
+                return int(value)
+            except ValueError:
+                raise LaunchError(f"init: environment variable {name}={value!r} is not an integer") from None
+    return None
+
+
+def detect_launch(env: Mapping[str, str] = os.environ) -> Launch:
+    """Identify the launcher from the environment it set (a pure function of ``env``)."""
+    host = socket.gethostname()
+    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "RANK" in env and "WORLD_SIZE" in env):
+        launcher = "torchrun"
+        rank, size = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
+        local_rank, local_size = _env_int(env, "LOCAL_RANK"), _env_int(env, "LOCAL_WORLD_SIZE")
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        launcher = "openmpi"
+        rank, size = _env_int(env, "OMPI_COMM_WORLD_RANK"), _env_int(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+        local_size = _env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    elif "PMI_RANK" in env or "PMIX_RANK" in env:
+        # MPICH's and Intel MPI's Hydra both set PMI_* and MPI_LOCALRANKID; Intel MPI adds I_MPI_*.
+        if any(k.startswith("I_MPI_") for k in env):
+            launcher = "intelmpi"
+        elif "PMI_RANK" in env and "MPI_LOCALRANKID" in env:
+            launcher = "mpich"
+        else:
+            launcher = "mpi"
+        rank, size = _env_int(env, "PMI_RANK", "PMIX_RANK"), _env_int(env, "PMI_SIZE", "SLURM_NTASKS")
+        local_rank = _env_int(env, "MPI_LOCALRANKID", "SLURM_LOCALID")
+        local_size = _env_int(env, "MPI_LOCALNRANKS")
+    else:
+        return Launch("single", 0, 1, 0, 1, host)
+    if rank is None or size is None or size < 1 or not 0 <= rank < size:
+        raise LaunchError(f"init: launcher {launcher} gave rank={rank} size={size}, which is not a valid placement")
+    return Launch(launcher, rank, size, local_rank, local_size, host)
+
+
+def resolve_timeout(timeout, fn: str = "init") -> float:
+    """The deadline in seconds: ``timeout`` if given, else ``XELINK_TIMEOUT``, else 300 s."""
+    source = f"{fn}: timeout"
+    if timeout is None:
+        env = os.environ.get("XELINK_TIMEOUT")
+        if env is None:
+            return DEFAULT_TIMEOUT_S
+        source = "XELINK_TIMEOUT"
+        try:
+            timeout = float(env)
+        except ValueError:
+            raise ValueError(f"{source}={env!r} is not a number of seconds") from None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{source}={timeout!r} must be a number of seconds")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"{source}={timeout!r} must be a positive, finite number of seconds")
+    return float(timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices
+
+
+def _device_kind(device: str | None) -> str:
+    """``cuda``, ``xpu`` or ``cpu``: the asked-for kind, else the first accelerator torch sees."""
+    import torch
+
+    if device is None:
+        device = os.environ.get("XELINK_DEVICE") or None
+    if device is None:
+        if torch.cuda.is_available():
+            return "cuda"
+        if hasattr(torch, "xpu") and torch.xpu.is_available():
+            return "xpu"
+        return "cpu"
+    kind = str(device).split(":")[0]
+    if kind not in ("cpu", "cuda", "xpu"):
+        raise ValueError(f"init: device={device!r} is not one of 'cpu', 'cuda', 'xpu'")
+    return kind
+
+
+def _device_count(kind: str) -> int:
+    import torch
+
+    if kind == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "xpu":
+        return torch.xpu.device_count() if hasattr(torch, "xpu") and torch.xpu.is_available() else 0
+    return 0
+
+
+def choose_device_index(kind: str, local_rank: int, local_size: int, count: int, ranks_per_device: int, host: str) -> int:
+    """The device index a rank binds to: ``local_rank // ranks_per_device``.
+
+    A host whose ranks each see a single device (the launcher restricted visibility per rank) binds
+    every rank to index 0; ``check_device_sharing`` then catches ranks that really share one.
+    """
+    need = -(-local_size // ranks_per_device)
+    if count == 0:
+        raise LaunchError(f"init: device {kind!r} asked for, but no {kind} device is visible on host {host}")
+    if count >= need:
+        return local_rank // ranks_per_device
+    if count == 1:
+        return 0
+    raise LaunchError(
+        f"init: {local_size} ranks on host {host} but only {count} {kind} device(s) visible; launch at most "
+        f"{count * ranks_per_device} ranks per host, or allow several ranks per device with "
+        f"init(ranks_per_device=k) or XELINK_RANKS_PER_DEVICE=k"
+    )
+
+
+def check_device_sharing(idents: list, ranks_per_device: int) -> None:
+    """Raise ``LaunchError`` if more than ``ranks_per_device`` ranks drive one device.
+
+    ``idents[r]`` identifies rank r's device (host and UUID); None for CPU ranks, which may share.
+    """
+    users: dict = {}
+    for r, ident in enumerate(idents):
+        if ident is not None:
+            users.setdefault(ident, []).append(r)
+    for ident, ranks in users.items():
+        if len(ranks) > ranks_per_device:
+            raise LaunchError(
+                f"init: ranks {ranks} all drive device {ident[1]} on host {ident[0]}, but ranks_per_device="
+                f"{ranks_per_device}; launch fewer ranks per host or pass init(ranks_per_device={len(ranks)})"
+            )
+
+
+def _bind_device(kind: str, index: int):
+    import torch
+
+    if kind == "cpu":
+        return torch.device("cpu"), None
+    getattr(torch, kind).set_device(index)
+    props = getattr(torch, kind).get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK", "")
+    return torch.device(kind, index), str(uuid) if uuid is not None else f"{kind}:{visible}:{index}"
+
+
+def _ranks_per_device(value) -> int:
+    if value is None:
+        env = os.environ.get("XELINK_RANKS_PER_DEVICE")
+        if env is None:
+            return 1
+        try:
+            value = int(env)
+        except ValueError:
+            raise ValueError(f"XELINK_RANKS_PER_DEVICE={env!r} is not an integer") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"init: ranks_per_device={value!r} must be a positive int")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# init / finalize
+
+_world: Communicator | None = None
+_state: dict = {}
+_generation = [0]
+
+
+def _torch_backend(kind: str) -> str:
+    return {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl", "xpu": "cpu:gloo,xpu:xccl"}[kind]
+
+
+def _use_loopback() -> None:
+    """Jobs on one host: gloo talks over loopback, never over the host's external interfaces."""
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        names = [n for _, n in socket.if_nameindex()]
+        lo = next((n for n in ("lo", "lo0") if n in names), None)
+        if lo:
+            os.environ["GLOO_SOCKET_IFNAME"] = lo
+
+
+def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
+    if launch.transport == "self":
+        return SelfTransport()
+    if launch.transport == "mpi":
+        from .transport.mpi import MPITransport
+
+        t = MPITransport.world()
+        if (t.rank, t.size) != (launch.rank, launch.size):
+            raise LaunchError(
+                f"init: {launch.launcher} launched rank {launch.rank} of {launch.size}, but mpi4py's MPI sees rank "
+                f"{t.rank} of {t.size}: mpiexec and mpi4py come from different MPI libraries (use the mpiexec "
+                f"that belongs to mpi4py's MPI)"
+            )
+        return t
+    import torch.distributed as dist
+
+    from .transport.torchdist import TorchTransport
+
+    if kind == "cuda" and launch.local_rank is not None:
+        import torch
+
+        torch.cuda.set_device(launch.local_rank % max(1, torch.cuda.device_count()))
+    if not dist.is_initialized():
+        if launch.size == launch.local_size:
+            _use_loopback()
+        # Kept across finalize(): torch cannot make a default group twice on one torchrun store (the
+        # second finds the first one's stale addresses), so a later init() adopts this one.
+        dist.init_process_group(_torch_backend(kind), timeout=datetime.timedelta(seconds=timeout))
+    if (dist.get_rank(), dist.get_world_size()) != (launch.rank, launch.size):
+        raise LaunchError(
+            f"init: torchrun launched rank {launch.rank} of {launch.size}, but torch.distributed is rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}"
+        )
+    store = dist.PrefixStore("xelink", dist.distributed_c10d._get_default_store())
+    _state["store"] = store
+    return TorchTransport(store, f"world{_generation[0]}", range(launch.size), launch.rank, timeout)
+
+
+def init(timeout=None, *, device: str | None = None, ranks_per_device: int | None = None,
+         abort_on_exception: bool = True) -> Communicator:
+    """Join the job: detect the launcher, bind this rank to its device, return the world communicator.
+
+    Args:
+        timeout: default deadline in seconds for every wait (float or timedelta); else
+            ``XELINK_TIMEOUT``, else 300 s.
+        device: ``"cuda"``, ``"xpu"`` or ``"cpu"`` (else ``XELINK_DEVICE``, else the first accelerator
+            torch sees, else CPU). Rank r binds to device ``local_rank // ranks_per_device``.
+        ranks_per_device: how many ranks may share one GPU (else ``XELINK_RANKS_PER_DEVICE``, else 1).
+        abort_on_exception: under MPI, an uncaught exception on one rank aborts the whole job
+            instead of leaving the other ranks waiting.
+
+    Returns:
+        The world ``Communicator``. A second call returns the same one (its arguments are ignored).
+
+    Raises:
+        LaunchError: the launch is inconsistent (more ranks per host than devices, mismatched MPI).
+        xelink.TimeoutError: a rank did not join within the deadline.
+
+    Collective: every rank of the job must call this.
+    """
+    global _world
+    if _world is not None:
+        return _world
+    timeout = resolve_timeout(timeout)
+    rpd = _ranks_per_device(ranks_per_device)
+    launch = detect_launch(os.environ)
+    log.configure(launch.rank)
+    kind = _device_kind(device)
+    # Each init() of the process names its store keys afresh, so nothing of an earlier world is read back.
+    _generation[0] += 1
+    transport = _make_transport(launch, kind, timeout)
+    deadline = Deadline(timeout)
+    hosts = transport.exchange(launch.host, deadline, "init")
+    if launch.local_rank is None or launch.local_size is None:
+        same = [r for r, h in enumerate(hosts) if h == launch.host]
+        launch = dataclasses.replace(launch, local_rank=same.index(transport.rank), local_size=len(same))
+    index = None
+    if kind != "cpu":
+        index = choose_device_index(kind, launch.local_rank, launch.local_size, _device_count(kind), rpd, launch.host)
+    dev, uuid = _bind_device(kind, index) if index is not None else _bind_device("cpu", 0)
+    idents = transport.exchange(None if uuid is None else (launch.host, uuid), deadline, "init")
+    check_device_sharing(idents, rpd)
+    _world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
+                          timeout=timeout, launch=launch)
+    _state["ranks_per_device"] = rpd
+    if abort_on_exception and launch.transport == "mpi" and launch.size > 1:
+        _install_abort_hook()
+    _log.debug("init: %s rank %d/%d local %d/%d on %s, device %s, timeout %g s", launch.launcher,
+               launch.rank, launch.size, launch.local_rank, launch.local_size, launch.host, dev, timeout)
+    return _world
+
+
+def _install_abort_hook() -> None:
+    previous = sys.excepthook
+
+    def hook(etype, value, tb):
+        previous(etype, value, tb)
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        # Abort rather than exit: the other ranks would otherwise wait for this one until their deadline.
+        MPI.COMM_WORLD.Abort(1)
+
+    _state["previous_excepthook"] = previous
+    sys.excepthook = hook
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def get_world() -> Communicator:
+    """The world communicator; raises ``NotInitializedError`` before ``xelink.init()``."""
+    if _world is None:
+        raise NotInitializedError("xelink.init() has not been called (or xelink.finalize() was)")
+    return _world
+
+
+def track(comm: Communicator) -> None:
+    """Remember a communicator so that ``finalize()`` frees it."""
+    _state.setdefault("comms", weakref.WeakSet()).add(comm)
+
+
+def torch_world_group(world: Communicator):
+    """The torch.distributed default group for ``world``, created (or adopted) on first use."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (world.rank, world.size):
+            raise LaunchError(
+                f"process_group: torch.distributed is already initialised as rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, but the xelink world is rank {world.rank} of {world.size}"
+            )
+        _state.setdefault("store", dist.PrefixStore("xelink", dist.distributed_c10d._get_default_store()))
+        return dist.group.WORLD
+    kind = world.device.type
+    deadline = Deadline(world.timeout)
+    if len(set(world.hosts)) == 1:
+        # One host: a file store in a private directory; no socket is opened for the rendezvous.
+        path = tempfile.mkdtemp(prefix="xelink-store-") if world.rank == 0 else None
+        path = world.transport.exchange(path, deadline, "process_group")[0]
+        store = dist.FileStore(os.path.join(path, "store"), world.size)
+        _state["store_dir"] = path
+        if world.rank == 0:
+            atexit.register(shutil.rmtree, path, True)
+        _use_loopback()
+    else:
+        # Several hosts: torch's TCPStore on rank 0 (it listens on every interface; torch gives no choice).
+        td = datetime.timedelta(seconds=world.timeout)
+        server = dist.TCPStore(world.hosts[0], 0, world.size, True, timeout=td) if world.rank == 0 else None
+        port = world.transport.exchange(server.port if server else None, deadline, "process_group")[0]
+        store = server or dist.TCPStore(world.hosts[0], port, world.size, False, timeout=td)
+    kwargs = {"device_id": world.device} if kind != "cpu" else {}
+    dist.init_process_group(_torch_backend(kind), store=store, rank=world.rank, world_size=world.size,
+                            timeout=datetime.timedelta(seconds=world.timeout), **kwargs)
+    _state["own_default_pg"] = True
+    _state["store"] = dist.PrefixStore("xelink", store)
+    return dist.group.WORLD
+
+
+def torch_subgroup(comm: Communicator):
+    """A torch ProcessGroup of ``comm``'s ranks (gloo for CPU tensors, plus nccl/xccl for the device).
+
+    Built directly on the world's store under the communicator's unique name, so that only the
+    members take part (see ``transport.torchdist.gloo_backend`` for why not ``new_group``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .transport.torchdist import gloo_backend
+
+    store = dist.PrefixStore(f"bridge{_generation[0]}/{comm.name}", _state["store"])
+    Type = dist.ProcessGroup.BackendType
+    pg = dist.ProcessGroup(store, comm.rank, comm.size)
+    gloo = gloo_backend(dist.PrefixStore("cpu/", store), comm.rank, comm.size, comm.timeout)
+    pg._register_backend(torch.device("cpu"), Type.GLOO, gloo)
+    default = Type.GLOO
+    if comm.device.type == "cuda":
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), comm.rank, comm.size,
+                                     dist.ProcessGroupNCCL.Options())
+        pg._register_backend(torch.device("cuda"), Type.NCCL, nccl)
+        default = Type.NCCL
+    elif comm.device.type == "xpu":
+        raise XelinkError("process_group: sub-communicator groups on XPU are not supported yet (no xccl "
+                          "backend can be built here to test it); use the world communicator's group")
+    pg._set_default_backend(default)
+    return pg
+
+
+def finalize() -> None:
+    """Release every communicator, the torch.distributed groups xelink created, and their files.
+
+    Collective when the world has more than one rank. ``init()`` may be called again afterwards.
+    """
+    global _world
+    if _world is None:
+        return
+    world = _world
+    for comm in list(_state.get("comms", ())):
+        if comm is not world:
+            comm.free()
+    if world.size > 1:
+        world.barrier()
+    if _state.pop("own_default_pg", False):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    store_dir = _state.pop("store_dir", None)
+    if store_dir and world.rank == 0:
+        shutil.rmtree(store_dir, ignore_errors=True)
+    if "previous_excepthook" in _state:
+        sys.excepthook = _state.pop("previous_excepthook")
+    world.free()
+    _state.clear()
+    _world = None

@@ -1,0 +1,155 @@
+"""The transport interface, deadlines, and the size-1 transport."""
+from __future__ import annotations
+
+import abc
+import os
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import TimeoutError
+
+__all__ = ["Deadline", "Request", "Transport", "SelfTransport", "spin_until", "wait_all"]
+
+# After this long without progress a waiting rank sleeps between polls instead of only yielding, so
+# a job waiting on a slow peer does not burn its cores; before it, latency matters more.
+_SPIN_BEFORE_SLEEP_S = 0.05
+_SLEEP_S = 0.0005
+
+
+class Deadline:
+    """A point in time a wait must not pass; ``seconds`` is kept for the error message."""
+
+    __slots__ = ("seconds", "end")
+
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self.end = time.monotonic() + self.seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+def spin_until(poll: Callable[[], bool], deadline: Deadline) -> bool:
+    """Call ``poll`` until it returns True (-> True) or the deadline passes (-> False).
+
+    Every iteration yields the CPU: with more ranks than cores a spinning rank would otherwise hold
+    its core for a whole time slice and a barrier would cost milliseconds.
+    """
+    start = time.monotonic()
+    while True:
+        if poll():
+            return True
+        now = time.monotonic()
+        if now >= deadline.end:
+            return False
+        if now - start > _SPIN_BEFORE_SLEEP_S:
+            time.sleep(_SLEEP_S)
+        else:
+            os.sched_yield()
+
+
+class Request(abc.ABC):
+    """A pending point-to-point transfer with ``peer`` (rank in the transport's communicator)."""
+
+    peer: int
+
+    @abc.abstractmethod
+    def test(self) -> bool:
+        """Whether the transfer has completed; never blocks."""
+
+    def wait_for(self, seconds: float) -> bool:
+        """Block up to ``seconds``; True when complete. Transports with a blocking wait override this."""
+        return spin_until(self.test, Deadline(seconds))
+
+    def cancel(self) -> None:
+        """Give up on the transfer (after a timeout); best effort."""
+
+
+def wait_all(requests: Sequence[Request], deadline: Deadline, what: str) -> None:
+    """Wait for every request, or raise ``xelink.TimeoutError`` naming the peers that did not answer."""
+    pending = [r for r in requests if not r.test()]
+    for i, req in enumerate(pending):
+        if req.wait_for(deadline.remaining()):
+            continue
+        missing = {r.peer for r in pending[i:] if not r.test()} or {req.peer}
+        for r in pending[i:]:
+            r.cancel()
+        raise TimeoutError(what, missing, deadline.seconds)
+
+
+class Transport(abc.ABC):
+    """Moves bytes and small control objects between ``size`` ranks; ``rank`` is this process's.
+
+    Buffers are torch CPU tensors or numpy arrays, contiguous; only their bytes matter.
+    """
+
+    name: str = "?"
+    rank: int
+    size: int
+
+    @abc.abstractmethod
+    def exchange(self, obj: Any, deadline: Deadline, what: str) -> list:
+        """All-gather one picklable object per rank, or raise ``TimeoutError`` naming absent ranks.
+
+        Collective. Also the host barrier: ``exchange(None, ...)``.
+        """
+
+    @abc.abstractmethod
+    def split(self, color: int | None, key: int, members: Sequence[int]) -> "Transport | None":
+        """The transport of the sub-communicator with ``color`` (None: not a member -> None).
+
+        ``members`` lists the parent ranks of the new communicator in their new order; every rank
+        learned it from an ``exchange`` just before, so the split itself cannot wait on an absent rank.
+        Collective over the parent.
+        """
+
+    @abc.abstractmethod
+    def isend(self, buf, dst: int, tag: int = 0) -> Request:
+        """Start sending the bytes of ``buf`` to rank ``dst``."""
+
+    @abc.abstractmethod
+    def irecv(self, buf, src: int, tag: int = 0) -> Request:
+        """Start receiving into ``buf`` from rank ``src``."""
+
+    def free(self) -> None:
+        """Release what the transport holds; it must not be used afterwards."""
+
+
+class SelfTransport(Transport):
+    """World size 1: every collective is a no-op; there is no peer to talk to."""
+
+    name = "self"
+
+    def __init__(self):
+        self.rank, self.size = 0, 1
+
+    def exchange(self, obj, deadline, what):
+        return [obj]
+
+    def split(self, color, key, members):
+        return None if color is None else SelfTransport()
+
+    def isend(self, buf, dst, tag=0):
+        raise ValueError(f"isend: dst={dst} is this rank itself (world size 1)")
+
+    def irecv(self, buf, src, tag=0):
+        raise ValueError(f"irecv: src={src} is this rank itself (world size 1)")
+
+
+def as_bytes(buf) -> Any:
+    """A flat uint8 view of a contiguous numpy array or torch CPU tensor (no copy)."""
+    if isinstance(buf, np.ndarray):
+        return buf.reshape(-1).view(np.uint8)
+    import torch
+
+    return buf.reshape(-1).view(torch.uint8).numpy()
+
+
+def iter_peers(rank: int, size: int) -> Iterable[int]:
+    """Peers in the order that spreads load: rank+1, rank+2, ... (wrapping)."""
+    return ((rank + i) % size for i in range(1, size))

@@ -1,0 +1,114 @@
+"""torch.distributed host transport, used under torchrun: gloo point-to-point and the rendezvous store.
+
+Control exchanges go through the store (set a key, poll for the peers' keys), which can be polled
+without blocking and so names exactly the ranks that did not arrive. Bytes go through gloo.
+"""
+from __future__ import annotations
+
+import datetime
+import pickle
+from typing import Any, Sequence
+
+from ..errors import TimeoutError, XelinkError
+from .base import Deadline, Request, Transport, as_bytes, iter_peers, spin_until
+
+__all__ = ["TorchTransport", "gloo_backend"]
+
+
+def gloo_backend(store, rank: int, size: int, timeout: float):
+    """A gloo backend of ``size`` ranks rendezvousing under ``store`` (give each group its own prefix).
+
+    xelink builds its groups directly rather than through ``torch.distributed.new_group``: with
+    local synchronisation, torch names a group after how many groups *this process* made before, so
+    ranks with different histories of sub-groups wait for each other forever.
+    """
+    import os
+
+    import torch.distributed as dist
+
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=timeout)
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    opts._devices = [dist.ProcessGroupGloo.create_device(interface=ifname) if ifname
+                     else dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(store, rank, size, opts)
+
+
+def _as_tensor(buf):
+    import torch
+
+    return torch.from_numpy(as_bytes(buf))
+
+
+class _TorchRequest(Request):
+    # gloo's Work.is_completed() stays False until wait() is called, so completion is learnt by a
+    # blocking wait with a timeout; a gloo timeout also closes the pair, which is fine: it is fatal.
+    def __init__(self, work, peer: int, what: str):
+        self.work, self.peer, self.what = work, peer, what
+        self._done = False
+
+    def test(self) -> bool:
+        return self._done
+
+    def wait_for(self, seconds: float) -> bool:
+        try:
+            self.work.wait(datetime.timedelta(seconds=max(seconds, 1e-3)))
+        except RuntimeError as exc:
+            if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+                return False
+            raise XelinkError(f"{self.what}: transfer with rank {self.peer} failed: {exc}") from exc
+        self._done = True
+        return True
+
+
+class TorchTransport(Transport):
+    """Point-to-point over a gloo process group, control exchanges over its store."""
+
+    name = "torch"
+
+    def __init__(self, store, prefix: str, global_ranks: Sequence[int], my_global_rank: int, timeout: float):
+        import torch.distributed as dist
+
+        self.store, self.prefix, self.timeout = store, prefix, timeout
+        self.global_ranks = list(global_ranks)
+        self.rank, self.size = self.global_ranks.index(my_global_rank), len(self.global_ranks)
+        self.gloo = gloo_backend(dist.PrefixStore(f"{prefix}/gloo", store), self.rank, self.size, timeout)
+        self._epoch = 0
+        self._splits = 0
+
+    def _key(self, epoch: int, rank: int) -> str:
+        return f"{self.prefix}/x{epoch}/{rank}"
+
+    def exchange(self, obj: Any, deadline: Deadline, what: str) -> list:
+        epoch = self._epoch
+        self._epoch += 1
+        self.store.set(self._key(epoch, self.rank), pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        pending = set(iter_peers(self.rank, self.size))
+
+        def poll() -> bool:
+            for p in list(pending):
+                if self.store.check([self._key(epoch, p)]):
+                    pending.discard(p)
+            return not pending
+
+        if not spin_until(poll, deadline):
+            raise TimeoutError(what, pending, deadline.seconds)
+        out = [obj if p == self.rank else pickle.loads(self.store.get(self._key(epoch, p))) for p in range(self.size)]
+        # Every peer has now written this epoch's key, so each has read our key of the epoch before.
+        if epoch > 0:
+            self.store.delete_key(self._key(epoch - 1, self.rank))
+        return out
+
+    def split(self, color, key, members):
+        self._splits += 1
+        if color is None:
+            return None
+        granks = [self.global_ranks[m] for m in members]
+        prefix = f"{self.prefix}/s{self._splits}c{color}"
+        return TorchTransport(self.store, prefix, granks, self.global_ranks[self.rank], self.timeout)
+
+    def isend(self, buf, dst: int, tag: int = 0) -> Request:
+        return _TorchRequest(self.gloo.send([_as_tensor(buf)], dst, tag), dst, "isend")
+
+    def irecv(self, buf, src: int, tag: int = 0) -> Request:
+        return _TorchRequest(self.gloo.recv([_as_tensor(buf)], src, tag), src, "irecv")
