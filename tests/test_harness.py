@@ -1,0 +1,40 @@
+"""The multi-rank harness itself: a failing rank fails its check, a hung rank is killed and named."""
+import sys
+from pathlib import Path
+
+import ranks
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_failing_rank_and_hung_rank_are_reported():
+    result = ranks.launch(DATA / "bad_checks.py", 2, "mpi", timeout=25)
+    assert result.timed_out and 25 <= result.seconds < 40
+    assert ranks.explain(result, "check_passes") is None
+    why = ranks.explain(result, "check_fails_on_rank_1")
+    assert "rank 1:" in why and "AssertionError: rank 1 disagrees" in why and "rank 0:" not in why
+    why = ranks.explain(result, "check_hangs_on_rank_1")
+    assert "rank 1: no result (the launch was killed after" in why
+    assert "rank 1 was last in check_hangs_on_rank_1" in why
+    # Rank 0 went on to the next check, where it could not get past the hung rank either.
+    assert "rank 1 was last in check_hangs_on_rank_1" in ranks.explain(result, "check_never_reached")
+
+
+def test_crashed_rank_fails_the_launch():
+    result = ranks.launch(DATA / "crash_checks.py", 2, "mpi", timeout=60)
+    assert not result.timed_out and result.returncode != 0
+    why = ranks.explain(result, "check_rank_1_exits")
+    assert "rank 1: no result (the launch exited with code" in why
+
+
+def test_check_names_in_definition_order():
+    module = ranks.load_module(DATA / "bad_checks.py")
+    assert ranks.check_names(module) == ["check_passes", "check_fails_on_rank_1", "check_hangs_on_rank_1",
+                                         "check_never_reached"]
+
+
+def test_launch_commands():
+    mpi = ranks.launch_command("mpi", 4, Path("m.py"), Path("/o"))
+    assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-2:] == ["m.py", "/o"]
+    tr = ranks.launch_command("torchrun", 2, Path("m.py"), Path("/o"))
+    assert tr[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--nproc-per-node=2" in tr

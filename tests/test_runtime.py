@@ -1,0 +1,159 @@
+"""Launcher detection, deadlines, device binding rules and bad launches (single process)."""
+import datetime
+import os
+import subprocess
+import sys
+
+import pytest
+
+import xelink
+from xelink import runtime
+from xelink.errors import LaunchError
+
+MPICH = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "4", "PMI_FD": "9"}
+INTEL = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "I_MPI_ROOT": "/opt"}
+OPENMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+TORCHRUN = {"RANK": "5", "WORLD_SIZE": "6", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+            "TORCHELASTIC_RUN_ID": "x", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+SLURM = {"PMIX_RANK": "1", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({}, ("single", 0, 1, 0, 1)),
+    (MPICH, ("mpich", 2, 4, 2, 4)),
+    (INTEL, ("intelmpi", 1, 2, 1, 2)),
+    (OPENMPI, ("openmpi", 3, 8, 1, 4)),
+    (TORCHRUN, ("torchrun", 5, 6, 1, 2)),
+    (SLURM, ("mpi", 1, 3, 0, None)),
+])
+def test_detect_launch(env, expect):
+    launch = runtime.detect_launch(env)
+    assert (launch.launcher, launch.rank, launch.size, launch.local_rank, launch.local_size) == expect
+    assert launch.transport == {"single": "self", "torchrun": "torch"}.get(expect[0], "mpi")
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"PMI_RANK": "4", "PMI_SIZE": "4"}, "launcher mpi gave rank=4 size=4"),
+    ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='x' is not an integer"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, "launcher openmpi gave rank=0 size=None"),
+])
+def test_detect_launch_rejects_inconsistent_placement(env, message):
+    with pytest.raises(LaunchError, match=message):
+        runtime.detect_launch(env)
+
+
+def test_resolve_timeout(monkeypatch):
+    monkeypatch.delenv("XELINK_TIMEOUT", raising=False)
+    assert runtime.resolve_timeout(None) == runtime.DEFAULT_TIMEOUT_S
+    assert runtime.resolve_timeout(2) == 2.0
+    assert runtime.resolve_timeout(datetime.timedelta(minutes=1)) == 60.0
+    monkeypatch.setenv("XELINK_TIMEOUT", "7.5")
+    assert runtime.resolve_timeout(None) == 7.5
+    monkeypatch.setenv("XELINK_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="XELINK_TIMEOUT='soon' is not a number of seconds"):
+        runtime.resolve_timeout(None)
+    with pytest.raises(ValueError, match=r"init: timeout=0 must be a positive, finite number"):
+        runtime.resolve_timeout(0)
+    with pytest.raises(ValueError, match=r"barrier: timeout=inf must be a positive, finite number"):
+        runtime.resolve_timeout(float("inf"), "barrier")
+    with pytest.raises(TypeError, match=r"init: timeout='1' must be a number of seconds"):
+        runtime.resolve_timeout("1")
+
+
+def test_choose_device_index():
+    assert [runtime.choose_device_index("cuda", r, 4, 4, 1, "h") for r in range(4)] == [0, 1, 2, 3]
+    assert [runtime.choose_device_index("cuda", r, 4, 2, 2, "h") for r in range(4)] == [0, 0, 1, 1]
+    # Each rank sees one device (the launcher set CUDA_VISIBLE_DEVICES per rank): bind to index 0.
+    assert runtime.choose_device_index("cuda", 3, 4, 1, 1, "h") == 0
+    with pytest.raises(LaunchError, match=r"init: 4 ranks on host h but only 2 cuda device\(s\) visible"):
+        runtime.choose_device_index("cuda", 0, 4, 2, 1, "h")
+    with pytest.raises(LaunchError, match="no xpu device is visible on host h"):
+        runtime.choose_device_index("xpu", 0, 1, 0, 1, "h")
+
+
+def test_check_device_sharing():
+    runtime.check_device_sharing([None, None, None], 1)  # CPU ranks may share the host
+    runtime.check_device_sharing([("h", "A"), ("h", "B")], 1)
+    runtime.check_device_sharing([("h", "A"), ("h", "A")], 2)
+    with pytest.raises(LaunchError, match=r"ranks \[0, 2\] all drive device A on host h, but ranks_per_device=1"):
+        runtime.check_device_sharing([("h", "A"), ("h", "B"), ("h", "A")], 1)
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI", "MPI_", "RANK", "TORCHELASTIC"))}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_init_single_process_and_bad_arguments():
+    world = xelink.init()
+    try:
+        assert (world.rank, world.size, world.transport.name) == (0, 1, "self")
+        assert xelink.init() is world
+        world.barrier()
+        assert world.allgather_object("x") == ["x"]
+        assert world.split(3).size == 1
+        assert world.split(None) is None
+    finally:
+        xelink.finalize()
+    with pytest.raises(xelink.NotInitializedError, match=r"xelink.init\(\) has not been called"):
+        xelink.get_world()
+    with pytest.raises(ValueError, match=r"init: device='tpu' is not one of 'cpu', 'cuda', 'xpu'"):
+        xelink.init(device="tpu")
+    with pytest.raises(ValueError, match=r"init: ranks_per_device=0 must be a positive int"):
+        xelink.init(ranks_per_device=0)
+    with pytest.raises(ValueError, match=r"init: timeout=-5 must be a positive"):
+        xelink.init(timeout=-5)
+    assert not xelink.is_initialized()
+
+
+def test_bad_launch_gpu_missing():
+    """Asking for GPUs on a machine without them is a LaunchError naming the device kind and host."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA devices")
+    r = _python("import xelink; xelink.init(device='cuda')")
+    assert r.returncode != 0
+    assert "LaunchError: init: device 'cuda' asked for, but no cuda device is visible on host" in r.stderr
+
+
+def test_bad_launch_mismatched_mpi():
+    """A launcher whose rank count differs from what mpi4py's MPI sees (mixed MPI installs) is caught."""
+    r = _python("import xelink; xelink.init()", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="4")
+    assert r.returncode != 0
+    assert ("LaunchError: init: openmpi launched rank 1 of 4, but mpi4py's MPI sees rank 0 of 1: mpiexec and "
+            "mpi4py come from different MPI libraries") in r.stderr
+
+
+def test_xelink_log_debug():
+    r = _python("import xelink; xelink.init(); xelink.finalize()", XELINK_LOG="debug")
+    assert r.returncode == 0, r.stderr
+    assert "xelink.runtime DEBUG] init: single rank 0/1 local 0/1" in r.stderr
+    r = _python("import xelink; xelink.init()", XELINK_LOG="chatty")
+    assert "XELINK_LOG: unknown level 'chatty'" in r.stderr
+
+
+def test_group_argument_is_checked():
+    from xelink.comm import resolve_group
+
+    with pytest.raises(TypeError, match=r"all_reduce: group=42 is not an xelink Communicator"):
+        resolve_group(42, "all_reduce")
+
+
+def test_uncaught_exception_on_one_rank_aborts_the_job():
+    """The other ranks do not sit in the barrier until their deadline: the whole job ends at once."""
+    import time
+
+    import ranks
+
+    code = ("import xelink; w = xelink.init()\n"
+            "if w.rank == 1: raise RuntimeError('boom on rank 1')\n"
+            "w.barrier()\n")
+    start = time.monotonic()
+    r = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "XELINK_TIMEOUT": "100"})
+    assert r.returncode != 0
+    assert "RuntimeError: boom on rank 1" in r.stderr
+    assert time.monotonic() - start < 30
