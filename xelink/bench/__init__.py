@@ -1,16 +1,22 @@
 """The benchmark harness and tuning table that every xelink benchmark builds on."""
 from .harness import (BUSBW_FACTORS, JsonlWriter, Row, algbw, busbw, co_measure, dtype_name, format_table,
                       make_row, manifest, rank_max, read_jsonl, summarize, time_cuda_events, time_fn, write_csv)
+from .tuning import TuningTable, build_table, find_table, fingerprint, load
 
 __all__ = [
     "BUSBW_FACTORS",
     "JsonlWriter",
     "Row",
+    "TuningTable",
     "algbw",
+    "build_table",
     "busbw",
     "co_measure",
     "dtype_name",
+    "find_table",
+    "fingerprint",
     "format_table",
+    "load",
     "make_row",
     "manifest",
     "rank_max",
