@@ -1,4 +1,4 @@
-"""The ``xelink`` command: ``xelink info`` and ``xelink demo``.
+"""The ``xelink`` command: ``xelink info``, ``xelink demo``, ``xelink topology`` and ``xelink cost``.
 
 Run under a launcher (``mpiexec -n 4 xelink info``) to see every rank; rank 0 prints.
 """
@@ -87,7 +87,22 @@ def collect_info(world) -> dict:
     }
 
 
-def _print_info(infos: list, world) -> None:
+def _print_topology_summary(topo, nranks: int) -> None:
+    from . import topology
+
+    print(f"topology: {topo.name} ({topo.description}); {len(topo.devices)} device(s) in "
+          f"{len(topo.packages)} package(s), {len(topo.links)} link(s); `xelink topology` prints it")
+    try:
+        placement = topology.place(topo, nranks)
+    except ValueError as exc:
+        print(f"  cannot place the ranks: {exc}")
+        return
+    for group in placement.packages():
+        dev = placement.device(group[0])
+        print(f"  package {dev.package}: rank(s) {', '.join(map(str, group))}")
+
+
+def _print_info(infos: list, world, topo) -> None:
     first = infos[0]
     print("xelink", first["versions"]["xelink"])
     print("versions:", ", ".join(f"{k} {v}" for k, v in first["versions"].items() if v and k != "xelink"))
@@ -101,7 +116,7 @@ def _print_info(infos: list, world) -> None:
     hosts = {}
     for i in infos:
         hosts.setdefault(i["host"], []).append(i)
-    print(f"topology: {len(hosts)} host(s); each host is one package of its ranks")
+    _print_topology_summary(topo, world.size)
     for host, ranks in hosts.items():
         print(f"  host {host}:")
         for i in ranks:
@@ -111,13 +126,16 @@ def _print_info(infos: list, world) -> None:
 def _cmd_info(args) -> int:
     import xelink
 
+    from . import topology
+
     world = xelink.init()
     infos = world.allgather_object(collect_info(world))
+    topo = topology.from_env_or_discover(world)  # collective: every rank discovers together
     if world.rank == 0:
         if args.json:
             print(json.dumps(infos, indent=2))
         else:
-            _print_info(infos, world)
+            _print_info(infos, world, topo)
     xelink.finalize()
     return 0
 
@@ -143,6 +161,60 @@ def _cmd_demo(args) -> int:
     return 0 if all(oks) else 1
 
 
+def _cmd_topology(args) -> int:
+    """Print a shipped, given or discovered topology; optionally save it as TOML."""
+    from . import topology
+
+    world = None
+    if args.name:
+        topo = topology.load(args.name)
+    else:
+        import xelink
+
+        world = xelink.init()
+        topo = topology.discover(world) if args.discover else topology.from_env_or_discover(world)
+    if world is None or world.rank == 0:
+        print(topology.describe(topo))
+        if args.save:
+            topology.save(topo, args.save)
+            print(f"saved to {args.save}")
+    if world is not None:
+        import xelink
+
+        xelink.finalize()
+    return 0
+
+
+def _cmd_cost(args) -> int:
+    """Print the cost model's predicted time of every algorithm per size, and its ratio to the ring."""
+    from . import cost, topology
+
+    world = None
+    if args.topology:
+        topo = topology.load(args.topology)
+    else:
+        import xelink
+
+        world = xelink.init()
+        topo = topology.from_env_or_discover(world)
+    nranks = args.nranks or len(topo.devices)
+    ops = cost.OPS if args.op == "all" else (args.op,)
+    if world is None or world.rank == 0:
+        sizes = [cost.parse_size(s) for s in args.sizes]
+        print("\n\n".join(cost.table(topo, nranks, op, sizes) for op in ops))
+    if world is not None:
+        import xelink
+
+        xelink.finalize()
+    return 0
+
+
+def _cost_ops() -> tuple:
+    from .cost import OPS
+
+    return OPS
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="xelink", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -152,5 +224,20 @@ def main(argv=None) -> int:
     p = sub.add_parser("demo", help="all-reduce a small tensor on every rank and check the result")
     p.add_argument("-n", type=int, default=8, help="elements (default 8)")
     p.set_defaults(fn=_cmd_demo)
+    p = sub.add_parser("topology", help="print a topology (shipped, from XELINK_TOPOLOGY, or discovered)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--name", help="a shipped topology name or a .toml path (default: XELINK_TOPOLOGY, "
+                                  "else discovery)")
+    g.add_argument("--discover", action="store_true", help="discover from the running job (ignores XELINK_TOPOLOGY)")
+    p.add_argument("--save", metavar="PATH", help="also write the topology as TOML to PATH")
+    p.set_defaults(fn=_cmd_topology)
+    p = sub.add_parser("cost", help="predicted time of each collective algorithm (alpha-beta link model)")
+    p.add_argument("--topology", help="a shipped topology name or a .toml path (default: XELINK_TOPOLOGY, "
+                                      "else discovery)")
+    p.add_argument("--op", default="all_gather", choices=("all",) + _cost_ops(), help="default: all_gather")
+    p.add_argument("--sizes", nargs="+", default=["1K", "24K", "1M", "16M", "96M", "1G"],
+                   help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
+    p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
+    p.set_defaults(fn=_cmd_cost)
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -54,6 +54,7 @@ __all__ = [
     "validate",
     "dumps",
     "save",
+    "describe",
     "place",
     "packages",
     "package_of",
@@ -646,6 +647,51 @@ def dumps(topology: Topology) -> str:
 def save(topology: Topology, path: str | os.PathLike) -> None:
     """Write ``dumps(topology)`` to ``path``."""
     Path(path).write_text(dumps(topology), encoding="utf-8")
+
+
+def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def describe(topology: Topology) -> str:
+    """A readable summary: devices, packages, links (with bandwidth, latency, caps) and figure sources."""
+    if not isinstance(topology, Topology):
+        raise TypeError(f"describe: topology={topology!r} is not a Topology")
+    t = topology
+    hosts = [h for h in t.hosts if h]
+    out = [f"topology {t.name}" + (f" ({t.path})" if t.path else ""),
+           f"  {t.description}" if t.description else "",
+           f"  {len(t.devices)} device(s) in {len(t.packages)} package(s) on {max(1, len(hosts))} host(s)", "devices:"]
+    out += _columns([["id", "package", "kind", "inject GB/s", "eject GB/s", "name"]] +
+                    [[d.id, d.package, d.kind, _num(d.injection_gbps), _num(d.ingress_gbps), d.name]
+                     for d in t.devices])
+    out.append("packages:")
+    out += _columns([["id", "host", "devices"]] +
+                    [[p.id, p.host or "-", ", ".join(p.devices)] for p in t.packages])
+    out.append("links:")
+    out += _columns([["name", "kind", "joins", "GB/s", "latency us", "per-device GB/s"]] +
+                    [[l.name, l.kind, ", ".join(l.joins), _num(l.bandwidth_gbps), _num(l.latency_us),
+                      _num(l.per_device_gbps)] for l in t.links])
+    sources: dict = {}
+    for d in t.devices:
+        sources.setdefault(f"injection: {d.injection_source}", []).append(d.id)
+        if d.ejection_source:
+            sources.setdefault(f"ejection: {d.ejection_source}", []).append(d.id)
+    for l in t.links:
+        sources.setdefault(f"bandwidth: {l.bandwidth_source}", []).append(l.name)
+        sources.setdefault(f"latency: {l.latency_source}", []).append(l.name)
+        if l.per_device_source:
+            sources.setdefault(f"per-device: {l.per_device_source}", []).append(l.name)
+    out.append("sources:")
+    for text, who in sources.items():
+        names = ", ".join(who) if len(who) <= 3 else f"{who[0]} ... {who[-1]} ({len(who)})"
+        out.append(f"  {names}: {text}")
+    return "\n".join(line for line in out if line != "")
 
 
 # ---------------------------------------------------------------------------------------------
