@@ -231,9 +231,13 @@ def check_free_all(world):
     d = PeerWindow(sub, 8)
     del d  # dropped without free(): the registry holds it weakly and does not keep it alive
     assert shm.free_all(sub) == 0
-    # free_all() of every communicator, in name order, the same on every rank.
-    e, f = PeerWindow(sub, 8), PeerWindow(world, 8)
-    assert shm.free_all() == 2 and e.freed and f.freed
+    # free_all() of every communicator, in name order, the same on every rank: overlapping
+    # communicators whose windows are freed in different orders on different ranks would deadlock.
+    more = [world.split(0) for _ in range(3)] + [world.split(world.rank % 2)]
+    objs = [PeerWindow(c, 8) for c in more] + [PeerWindow(sub, 8), PeerCounters(world), PeerWindow(world, 8)]
+    assert shm.free_all() == len(objs) and all(o.freed for o in objs)
+    for c in more:
+        c.free()
     sub.free()
 
 
