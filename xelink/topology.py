@@ -900,16 +900,16 @@ def parse_nvidia_smi_topo(text: str) -> dict:
     if not isinstance(text, str):
         raise TypeError(f"parse_nvidia_smi_topo: text must be a str, got {type(text).__name__}")
     lines = [ln.replace("\x1b[4m", "").replace("\x1b[0m", "") for ln in text.splitlines()]
-    header = next((ln for ln in lines if re.match(r"^\s+GPU0\b", ln)), None)
-    if header is None:
+    at = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0\b", ln)), None)
+    if at is None:
         raise ValueError("parse_nvidia_smi_topo: no header row starting with GPU0 found")
-    cols = header.split()
+    cols = lines[at].split()
     gpu_cols = [c for c in cols if re.fullmatch(r"GPU\d+", c)]
     ngpu = len(gpu_cols)
     paths: dict = {}
     nvlink: dict = {}
     rows = 0
-    for ln in lines:
+    for ln in lines[at + 1:]:
         parts = ln.split()
         if not parts or not re.fullmatch(r"GPU\d+", parts[0]) or len(parts) < ngpu + 1:
             continue
