@@ -1,0 +1,165 @@
+"""Every collective x algorithm x dtype, whole buffer, exact, at world sizes 1-8 and package layouts."""
+import numpy as np
+import pytest
+import torch
+
+import xelink
+from collective_cases import DTYPES, assert_same, run_all, run_all_to_all, run_rooted
+
+WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
+LAUNCH_TIMEOUT = 600
+
+# Package layouts that fit each world size: flat (one package), even, and uneven.
+LAYOUTS = {
+    2: [[[0], [1]]],
+    3: [[[0, 1], [2]]],
+    4: [[[0, 1], [2, 3]]],
+    5: [[[0, 1, 2], [3, 4]]],
+    6: [[[0, 1], [2, 3], [4, 5]], [[0, 1, 2], [3, 4, 5]]],
+    8: [[[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1, 2, 3], [4, 5, 6, 7]]],
+}
+
+
+def _with_layout(world, packages):
+    sub = world.split(0)
+    sub.packages = packages
+    return sub
+
+
+def check_flat_small_sizes(world):
+    run_all(world, [0, 1, 2 * world.size + 1], tag="flat")
+
+
+def check_package_layouts(world):
+    """The layout-dependent algorithms (and auto) on every layout that fits, uneven ones included."""
+    for packages in LAYOUTS.get(world.size, []):
+        sub = _with_layout(world, packages)
+        run_all(sub, [1, 3 * world.size + 2], algos=("auto", "hierarchical", "topo"), tag=f"layout {packages}")
+        sub.free()
+
+
+def check_large_messages(world):
+    """>= 1 M elements for every algorithm and dtype; flat and with the first package layout."""
+    layouts = [None] + LAYOUTS.get(world.size, [])[:1]
+    for packages in layouts:
+        comm = world if packages is None else _with_layout(world, packages)
+        run_all(comm, [(1 << 20) + 3], ops=("sum",), tag=f"large {packages}",
+                algos=None if packages is None else ("hierarchical", "topo"))
+        if packages is not None:
+            comm.free()
+
+
+def check_all_to_all_and_rooted(world):
+    run_all_to_all(world)
+    run_rooted(world)
+
+
+def check_numpy_inputs(world):
+    n, r = world.size, world.rank
+    x = np.full(10, r + 1, dtype=np.float32)
+    xelink.all_reduce(x)
+    assert (x == n * (n + 1) / 2).all()
+    out = np.empty(3 * n, dtype=np.int32)
+    xelink.all_gather_into_tensor(out, np.full(3, r, dtype=np.int32))
+    assert (out == np.repeat(np.arange(n), 3)).all()
+
+
+def check_async_handles_keep_order(world):
+    n = world.size
+    xs = [torch.full((1000,), float(world.rank + i)) for i in range(5)]
+    works = [xelink.all_reduce(x, async_op=True, algo="ring") for x in xs]
+    y = torch.ones(10)
+    xelink.all_reduce(y)  # a synchronous call queues behind the asynchronous ones
+    for i, (x, w) in enumerate(zip(xs, works)):
+        assert w.wait() and w.is_completed()
+        assert torch.equal(x, torch.full((1000,), float(n * (n - 1) / 2 + n * i)))
+    assert torch.equal(y, torch.full((10,), float(n)))
+    w = xelink.barrier(async_op=True)
+    w.wait()
+
+
+def check_torch_reduce_op_accepted(world):
+    x = torch.full((4,), float(world.rank))
+    xelink.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
+    assert torch.equal(x, torch.full((4,), float(world.size - 1)))
+
+
+def check_point_to_point(world):
+    n, r = world.size, world.rank
+    if n == 1:
+        return
+    right, left = (r + 1) % n, (r - 1) % n
+    got = torch.empty(6, dtype=torch.bfloat16)
+    ops = [xelink.P2POp(xelink.isend, torch.full((6,), r, dtype=torch.bfloat16), right, tag=5),
+           xelink.P2POp(xelink.irecv, got, left, tag=5)]
+    for h in xelink.batch_isend_irecv(ops):
+        h.wait()
+    assert torch.equal(got, torch.full((6,), left, dtype=torch.bfloat16))
+    if r == 0:
+        xelink.send(torch.arange(4), 1)
+    elif r == 1:
+        buf = torch.empty(4, dtype=torch.int64)
+        assert xelink.recv(buf, 0) == 0
+        assert torch.equal(buf, torch.arange(4))
+
+
+def check_bad_inputs_raise_before_sending(world):
+    n = world.size
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match=r"all_reduce: op='mean' is not one of sum, avg, max, min, prod"):
+        xelink.all_reduce(x, op="mean")
+    with pytest.raises(ValueError, match=r"all_reduce: algo='tree' is not one of auto, ring, direct"):
+        xelink.all_reduce(x, algo="tree")
+    with pytest.raises(TypeError, match=r"all_reduce: op='avg' needs a floating dtype, got torch.int32"):
+        xelink.all_reduce(torch.zeros(3, dtype=torch.int32), op="avg")
+    with pytest.raises(TypeError, match=r"all_reduce: tensor.dtype=torch.uint8 is not reducible here"):
+        xelink.all_reduce(torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"all_reduce: tensor must be contiguous"):
+        xelink.all_reduce(torch.zeros(4, 4).t())
+    with pytest.raises(ValueError, match=r"all_reduce: tensor is on meta"):
+        xelink.all_reduce(torch.zeros(4, device="meta"))
+    with pytest.raises(TypeError, match=r"all_reduce: tensor must be a torch.Tensor or numpy.ndarray, got list"):
+        xelink.all_reduce([1.0, 2.0])
+    with pytest.raises(ValueError, match=rf"all_gather_into_tensor: output.numel\(\)=5 != world_size\*input.numel\(\)={2 * n}"):
+        xelink.all_gather_into_tensor(torch.zeros(5), torch.zeros(2))
+    with pytest.raises(TypeError, match=r"all_gather_into_tensor: output.dtype=torch.float64 != input.dtype=torch.float32"):
+        xelink.all_gather_into_tensor(torch.zeros(2 * n, dtype=torch.float64), torch.zeros(2))
+    with pytest.raises(ValueError, match=rf"reduce_scatter_tensor: input.numel\(\)=3 != world_size\*output.numel\(\)={2 * n}"):
+        xelink.reduce_scatter_tensor(torch.zeros(2), torch.zeros(3))
+    with pytest.raises(ValueError, match=r"all_to_all_single: sum\(input_split_sizes\)=.* != dim 0 of the tensor"):
+        xelink.all_to_all_single(torch.zeros(n), torch.zeros(n), [1] * n, [2] * n)
+    with pytest.raises(ValueError, match=rf"broadcast: src={n} is out of range for a group of size {n}"):
+        xelink.broadcast(x, src=n)
+    with pytest.raises(ValueError, match=r"send: tag=-1 must be an int in \[0, 16384\)"):
+        xelink.send(x, 0, tag=-1)
+    with pytest.raises(ValueError, match=r"recv: src=None \(any source\) is not supported"):
+        xelink.recv(x, None)
+    with pytest.raises(ValueError, match=rf"all_gather: tensor_list must be a list of world_size={n} tensors, got {n + 1}"):
+        xelink.all_gather([x] * (n + 1), x)
+    world.barrier()  # nothing was sent: the world still works
+    y = torch.ones(3)
+    xelink.all_reduce(y)
+    assert torch.equal(y, torch.full((3,), float(n)))
+
+
+def check_mismatched_calls_are_detected(world):
+    """With call checking on, ranks that pass different shapes get an error instead of garbage."""
+    if world.size == 1:
+        return
+    sub = world.split(0)
+    sub.check_calls = True
+    with pytest.raises(ValueError, match=r"all_reduce: ranks disagree about the call"):
+        xelink.all_reduce(torch.zeros(4 + (world.rank == 1)), group=sub)
+    sub.free()
+
+
+def check_rank_that_never_calls_is_named(world):
+    if world.size == 1:
+        return
+    sub = world.split(0)
+    late = world.size - 1
+    if world.rank != late:
+        with pytest.raises(xelink.TimeoutError, match=rf"all_reduce: timed out after 1 s waiting for rank\(s\) {late}"):
+            xelink.all_reduce(torch.ones(8), group=sub, algo="direct", timeout=1.0)
+    sub.free()
+    world.barrier()
