@@ -153,7 +153,7 @@ def test_uncaught_exception_on_one_rank_aborts_the_job():
             "w.barrier()\n")
     start = time.monotonic()
     r = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "XELINK_TIMEOUT": "100"})
+                       timeout=120, env={**os.environ, "XELINK_TIMEOUT": "300"})
     assert r.returncode != 0
     assert "RuntimeError: boom on rank 1" in r.stderr
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 60  # far below the 300 s deadline the others would wait

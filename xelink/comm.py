@@ -33,10 +33,12 @@ class Communicator:
         world_ranks: ``world_ranks[r]`` is rank r's rank in the world communicator.
         launch: the ``runtime.Launch`` this job was started with.
         name: the communicator's name, the same on every member and unique in the job.
+        topology: the machine's ``xelink.topology.Topology`` (discovered or ``XELINK_TOPOLOGY``).
+        world_placement: which device each *world* rank drives in ``topology``.
     """
 
     def __init__(self, transport: Transport, *, name: str, world_ranks: Sequence[int], hosts: Sequence[str],
-                 device, timeout: float, launch):
+                 device, timeout: float, launch, topology=None, world_placement=None):
         self.transport = transport
         self.name = name  # unique in the job and equal on every member: "w", "w.1c0", ...
         self._splits = 0
@@ -46,6 +48,9 @@ class Communicator:
         self.device = device
         self.timeout = timeout
         self.launch = launch
+        self.topology = topology
+        self.world_placement = world_placement
+        self._packages: list[list[int]] | None = None
         self._pg = None
         self._freed = False
         self._broken: Exception | None = None
@@ -70,6 +75,34 @@ class Communicator:
     @property
     def local_size(self) -> int:
         return len(self.local_ranks)
+
+    @property
+    def packages(self) -> list[list[int]]:
+        """The ranks of this communicator in each package, in rank order.
+
+        From the topology's placement of the world (``XELINK_TOPOLOGY`` or discovery), else one package
+        per host. Assigning a partition of ``range(size)`` overrides it, e.g. to run the hierarchical
+        algorithms with an emulated layout (every rank must assign the same one).
+        """
+        if self._packages is not None:
+            return [list(p) for p in self._packages]
+        if self.world_placement is not None:
+            keys = [self.world_placement.package_of(w) for w in self.world_ranks]
+        else:
+            keys = self.hosts
+        groups: dict = {}
+        for r, k in enumerate(keys):
+            groups.setdefault(k, []).append(r)
+        return list(groups.values())
+
+    @packages.setter
+    def packages(self, value) -> None:
+        groups = [list(p) for p in value]
+        flat = sorted(r for p in groups for r in p)
+        if flat != list(range(self.size)) or any(not p for p in groups):
+            raise ValueError(f"packages: {groups} is not a partition of ranks 0..{self.size - 1} into non-empty "
+                             f"packages")
+        self._packages = [sorted(p) for p in groups]
 
     def __repr__(self) -> str:
         state = ", freed" if self._freed else ""
@@ -145,7 +178,8 @@ class Communicator:
         return Communicator(sub, name=f"{self.name}.{self._splits}c{color}",
                             world_ranks=[self.world_ranks[r] for r in members],
                             hosts=[self.hosts[r] for r in members], device=self.device,
-                            timeout=self.timeout, launch=self.launch)
+                            timeout=self.timeout, launch=self.launch, topology=self.topology,
+                            world_placement=self.world_placement)
 
     # -- torch.distributed bridge -------------------------------------------------------------
     def process_group(self):

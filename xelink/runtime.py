@@ -322,11 +322,33 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     _world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
                           timeout=timeout, launch=launch)
     _state["ranks_per_device"] = rpd
+    _attach_topology(_world, rpd)
     if abort_on_exception and launch.transport == "mpi" and launch.size > 1:
         _install_abort_hook()
     _log.debug("init: %s rank %d/%d local %d/%d on %s, device %s, timeout %g s", launch.launcher,
                launch.rank, launch.size, launch.local_rank, launch.local_size, launch.host, dev, timeout)
     return _world
+
+
+def _attach_topology(world: Communicator, rpd: int) -> None:
+    """Give the world its topology (``XELINK_TOPOLOGY`` or discovery), placement and tuning table."""
+    from .bench.tuning import find_table, fingerprint
+    from .topology import from_env_or_discover, place
+
+    topo = from_env_or_discover(world)
+    try:
+        world.world_placement = place(topo, world.size, rpd)
+    except ValueError as exc:
+        raise LaunchError(f"init: topology {topo.name!r} does not fit this launch: {exc}") from None
+    world.topology = topo
+    paths = [os.environ["XELINK_TUNING"]] if os.environ.get("XELINK_TUNING") else [
+        os.path.join(os.path.expanduser("~"), ".cache", "xelink")]
+    _state["tuning"] = find_table(fingerprint(topo.name, world.hosts), paths)
+
+
+def tuning_table():
+    """The measured tuning table that matches the world's topology (``XELINK_TUNING``), or None."""
+    return _state.get("tuning")
 
 
 def _install_abort_hook() -> None:

@@ -7,14 +7,8 @@ __all__ = ["layout", "package_comms"]
 
 
 def layout(comm: Communicator) -> list[list[int]]:
-    """The ranks of each package, in rank order: ``comm.packages`` if the topology set it, else hosts."""
-    packages = getattr(comm, "packages", None)
-    if packages is not None:
-        return packages
-    by_host: dict = {}
-    for r, h in enumerate(comm.hosts):
-        by_host.setdefault(h, []).append(r)
-    return list(by_host.values())
+    """The ranks of each package, in rank order (``Communicator.packages``)."""
+    return comm.packages
 
 
 def where(packages: list[list[int]], rank: int) -> tuple[int, int]:
