@@ -518,3 +518,40 @@ def test_describe_lists_devices_packages_links_and_sources():
     assert "12 device(s) in 6 package(s)" in text
     assert "xelink  xelink  card0, card1, card2, card3, card4, card5  19" in text
     assert "per-device: paper: reference link model" in text
+
+
+class _FakeSycl:
+    """Stands in for a dpctl.SyclDevice."""
+
+    def __init__(self, name, filter_string, composite=None, stacks=0):
+        self.name, self.filter_string, self.composite_device, self._stacks = name, filter_string, composite, stacks
+
+    def create_sub_devices(self, partition):
+        if not self._stacks:
+            raise ValueError("not partitionable")
+        return [object()] * self._stacks
+
+    def can_access_peer(self, other):
+        return True
+
+
+def test_dpctl_probe_flat_and_composite(monkeypatch):
+    name = "Intel(R) Data Center GPU Max 1550"
+    cards = [_FakeSycl(name, f"level_zero:gpu:c{i}") for i in range(2)]
+    flat = [_FakeSycl(name, f"level_zero:gpu:{i}", composite=cards[i // 2]) for i in range(4)]
+    monkeypatch.setitem(sys.modules, "dpctl", types.SimpleNamespace(get_devices=lambda **kw: flat))
+    probe = T._probe_dpctl()
+    assert [u["card"] for u in probe["units"]] == [0, 0, 1, 1]
+    records = [{"host": "h", "index": i, "name": name} for i in range(4)]
+    t = T.build_xpu_topology(records, {"h": probe})
+    assert [p.devices for p in t.packages] == [("xpu0", "xpu1"), ("xpu2", "xpu3")]
+    assert t.route("xpu1", "xpu2")[0].kind == "xelink"
+    # COMPOSITE hierarchy: each device is a whole card with 2 stacks as sub-devices.
+    composite = [_FakeSycl(name, f"level_zero:gpu:{i}", stacks=2) for i in range(2)]
+    monkeypatch.setitem(sys.modules, "dpctl", types.SimpleNamespace(get_devices=lambda **kw: composite))
+    probe = T._probe_dpctl()
+    t = T.build_xpu_topology(records[:2], {"h": probe})
+    assert [p.name for p in t.packages] == ["card 0 (2 stacks driven as one device)",
+                                           "card 1 (2 stacks driven as one device)"]
+    monkeypatch.setitem(sys.modules, "dpctl", None)
+    assert T._probe_dpctl() == {"source": None, "error": "dpctl is not installed (pip install xelink[sycl])"}

@@ -931,11 +931,14 @@ def parse_nvidia_smi_topo(text: str) -> dict:
 def _probe_nvlink() -> dict:
     """NVLink counts between this host's GPUs by UUID: NVML if importable, else ``nvidia-smi``."""
     try:
-        return _probe_nvml()
+        import pynvml  # nvidia-ml-py; optional
     except ImportError:
-        pass
-    except Exception as exc:  # noqa: BLE001 - NVML failures vary by driver; fall back to nvidia-smi, say why
-        _log.info("discover: NVML probe failed (%s); trying nvidia-smi", exc)
+        pynvml = None
+    if pynvml is not None:
+        try:
+            return _probe_nvml(pynvml)
+        except pynvml.NVMLError as exc:
+            _log.info("discover: NVML probe failed (%s); trying nvidia-smi", exc)
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {"source": None, "error": "neither NVML (pip install nvidia-ml-py) nor nvidia-smi is available"}
@@ -951,9 +954,7 @@ def _probe_nvlink() -> dict:
     return {"source": "nvidia-smi topo -m", "nvlink": pairs}
 
 
-def _probe_nvml() -> dict:
-    import pynvml  # nvidia-ml-py; optional
-
+def _probe_nvml(pynvml) -> dict:
     pynvml.nvmlInit()
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -1077,14 +1078,22 @@ def build_cuda_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping
                              links=tuple(links)), fn="discover")
 
 
+def _product_key(name: str) -> str:
+    """``"Intel(R) Data Center GPU Max 1550"`` and ``"Intel Data Center GPU Max 1550 (one stack)"`` alike."""
+    name = re.sub(r"\((r|tm)\)", "", name.lower())
+    name = re.sub(r"\([^)]*\)", "", name)
+    return " ".join(name.split())
+
+
 def _shipped_figures(product: str) -> dict:
-    """Link figures by link kind from a shipped topology whose devices have this product name."""
+    """Link figures by link kind from a shipped topology whose devices are this product."""
+    key = _product_key(product)
     for name in available():
         try:
             t = load(name)
         except (ValueError, TypeError):
             continue
-        if product and any(d.name == product for d in t.devices):
+        if key and any(_product_key(d.name) == key for d in t.devices):
             return {l.kind: l for l in t.links} | {"_device": t.devices[0]}
     return {}
 
@@ -1094,8 +1103,9 @@ def build_xpu_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping]
 
     Args:
         records: per rank, ``{"host", "index", "name"}``: the torch ``xpu`` index it drives.
-        probes: per host, ``{"units": [{"name", "card"}], "peer": {(i, j): bool}}`` from ``_probe_dpctl``
-            (``units`` in Level Zero order, ``card`` the index of the card a unit belongs to), or
+        probes: per host, ``{"units": [{"name", "card", "stacks"}], "peer": {(i, j): bool}}`` from
+            ``_probe_dpctl`` (``units`` in Level Zero order, ``card`` the index of the card a unit belongs
+            to, ``stacks`` its sub-devices when the unit is a whole card), or
             ``{"source": None, "error": why}``.
 
     Units of one card are joined by ``mdfi``; cards by ``xelink`` where peer access works, else ``pcie``.
@@ -1126,7 +1136,9 @@ def build_xpu_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping]
             pid = f"{hid}.card{card}"
             ids = tuple(units[(host, i)] for i in members)
             card_pkgs.append(pid)
-            pkgs.append(Package(id=pid, devices=ids, host=host if len(host_id) > 1 else "", name=f"card {card}"))
+            stacks = info[members[0]].get("stacks", 0) if info and members[0] < len(info) else 0
+            label = f"card {card}" + (f" ({stacks} stacks driven as one device)" if stacks > 1 else "")
+            pkgs.append(Package(id=pid, devices=ids, host=host if len(host_id) > 1 else "", name=label))
             ref = fig.get("_device")
             for i, did in zip(members, ids):
                 devs.append(Device(id=did, package=pid, kind="xpu", name=product,
@@ -1164,18 +1176,26 @@ def _probe_dpctl() -> dict:
         import dpctl  # optional: the sycl extra
     except ImportError:
         return {"source": None, "error": "dpctl is not installed (pip install xelink[sycl])"}
+    dpctl_errors = tuple({ValueError, RuntimeError, getattr(dpctl, "SyclDeviceCreationError", RuntimeError),
+                          getattr(dpctl, "SyclSubDeviceCreationError", RuntimeError)})
     try:
         devices = dpctl.get_devices(backend="level_zero", device_type="gpu")
-    except Exception as exc:  # noqa: BLE001 - dpctl raises its own types when no Level Zero driver exists
+    except dpctl_errors as exc:
         return {"source": None, "error": f"dpctl found no Level Zero GPU ({exc})"}
+    if not devices:
+        return {"source": None, "error": "dpctl sees no Level Zero GPU"}
     units, cards = [], {}
-    for i, d in enumerate(devices):
-        # FLAT hierarchy: each stack is a device and its composite device is the card; COMPOSITE: the
-        # device is the card itself.
+    for d in devices:
+        # FLAT hierarchy (the default): each stack is a device and its composite device is the card.
+        # COMPOSITE: the device is the card, and its stacks are sub-devices one rank drives together.
         composite = getattr(d, "composite_device", None)
         key = composite.filter_string if composite is not None else d.filter_string
         card = cards.setdefault(key, len(cards))
-        units.append({"name": d.name, "card": card})
+        try:
+            stacks = len(d.create_sub_devices(partition="next_partitionable"))
+        except dpctl_errors:
+            stacks = 0
+        units.append({"name": d.name, "card": card, "stacks": stacks})
     peer = {}
     for i, a in enumerate(devices):
         for j in range(i + 1, len(devices)):
