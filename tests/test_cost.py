@@ -69,6 +69,22 @@ def test_intel_direct_all_reduce_loses_for_large_messages(intel):
     assert cost.best(intel, 12, "all_reduce", KiB) == "direct"
 
 
+def test_intel_hierarchical_reduce_scatter_crosses_xelink_once_per_card(intel):
+    nbytes = 96 * MiB
+    hier = cost.predict(intel, 12, "reduce_scatter", "hierarchical", nbytes)
+    push = cost.predict(intel, 12, "reduce_scatter", "dest_split", nbytes)
+    # every chunk's package partial crosses once per remote card; the push sends it from every stack
+    assert hier.link_bytes["xelink"] == 5 * nbytes and push.link_bytes["xelink"] == 10 * nbytes
+    assert cost.best(intel, 12, "reduce_scatter", nbytes) == "hierarchical"
+
+
+def test_the_model_knows_every_implemented_algorithm():
+    from xelink.collectives import ALGORITHMS
+
+    for op, algos in ALGORITHMS.items():
+        assert set(algos) <= set(cost.ALGOS[op]), (op, algos)
+
+
 # ---------------------------------------------------------------------------------------------
 # Exact traffic and time on a flat topology
 

@@ -43,13 +43,14 @@ all_gather topo         each shard goes to the rest of its package and to *one* 
                         (the one with the sender's local index, modulo that package's size), then each
                         landing rank copies what it received to the rest of its package
 reduce_scatter ring     n-1 steps, each rank forwards one partial chunk to the next
-reduce_scatter direct   one step, each rank reads its chunk from every peer
+reduce_scatter          one step, every rank sends each destination its block (the destination reduces)
+  dest_split
 reduce_scatter          chunk d is first reduced inside each package on the rank with d's local index
-  dest_split            (modulo package size), which then sends that package partial to d: every chunk
+  hierarchical          (modulo package size), which then sends that package partial to d: every chunk
                         crosses the fabric once per remote package
 all_to_all ring         n-1 steps; in step k rank r sends its block for rank r+k directly (pairwise exchange)
-all_to_all direct       one step, every block straight to its destination
-all_to_all dest_split   blocks for a remote rank d go first to the package member with d's local index,
+all_to_all dest_split   one step, every block straight to its destination
+all_to_all hierarchical blocks for a remote rank d go first to the package member with d's local index,
                         which forwards them all at once: cross-package traffic only between equal indices
 broadcast ring          pipelined chain from rank 0 in n chunks: 2n-2 steps of one chunk per hop
 broadcast direct        one step, the root writes the buffer to every rank
@@ -58,8 +59,10 @@ broadcast topo          the root writes to its package and to one rank of every 
                         then write to their packages
 ======================  ===================================================================================
 
-``best`` picks the fastest algorithm; it is what ``algo="auto"`` consults when no measured tuning
-table exists.
+The names are those of ``xelink.collectives`` (``algo=``), so ``best`` can choose among the algorithms a
+collective implements; ``dest_split`` is the one-step push to each destination, as the Intel reference
+names it. ``best`` picks the fastest algorithm; it is what ``algo="auto"`` consults when no measured
+tuning table exists.
 """
 from __future__ import annotations
 
@@ -87,8 +90,8 @@ __all__ = [
 ALGOS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "direct", "two_shot", "hierarchical"),
     "all_gather": ("ring", "direct", "topo"),
-    "reduce_scatter": ("ring", "direct", "dest_split"),
-    "all_to_all": ("ring", "direct", "dest_split"),
+    "reduce_scatter": ("ring", "dest_split", "hierarchical"),
+    "all_to_all": ("ring", "dest_split", "hierarchical"),
     "broadcast": ("ring", "direct", "two_shot", "topo"),
 }
 OPS = tuple(ALGOS)
@@ -212,7 +215,7 @@ def _reduce_scatter(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
     if algo == "ring":
         return _ring_steps(n, c, -1)
-    if algo == "direct":
+    if algo == "dest_split":
         return [[Transfer(p, r, c[r]) for r in range(n) for p in range(n) if p != r]]
     pk, where = _groups(placement)
     first, second = [], []
@@ -230,7 +233,7 @@ def _all_to_all(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
     if algo == "ring":
         return [[Transfer(r, (r + k) % n, c[(r + k) % n]) for r in range(n)] for k in range(1, n)]
-    if algo == "direct":
+    if algo == "dest_split":
         return [[Transfer(r, d, c[d]) for r in range(n) for d in range(n) if d != r]]
     pk, where = _groups(placement)
     first, second = [], []
