@@ -12,6 +12,21 @@ this host's ranks of ``comm`` in comm-rank order); ``node_ranks[i]`` is node ran
 ``comm``. When every rank of ``comm`` is on this host (``spans_comm``), node rank == comm rank.
 Errors (``xelink.TimeoutError``) always name comm ranks.
 
+A one-shot all-gather on one host, for example::
+
+    if not shm.available(comm):           # e.g. torchrun: fall back to point-to-point
+        ...
+    pw = PeerWindow(comm, nbytes)         # collective; keep it and ensure() per call
+    pw.ensure(x.nbytes)                   # collective; True when reallocated (views are stale)
+    pw.view(pw.node_rank, x.dtype, x.size)[:] = x
+    pw.barrier()                          # everyone's data is written and visible
+    for i in range(pw.node_size):
+        out[i] = pw.view(i, x.dtype, x.size)
+    pw.barrier()                          # nobody overwrites its segment while a peer still reads
+
+Lifetime: ``free()`` (collective) releases a window; ``free_all(comm)`` releases every window made on
+``comm`` and ``free_all()`` those of every communicator, in an order all ranks agree on.
+
 Where the memory lives (MPICH 5, measured with strace; see ``tests/test_shm_leaks.py``): each window
 is a file ``/dev/shm/mpich_shar_tmpXXXXXX`` made by ``mkstemp`` (mode 0600), opened by the other node
 ranks and unlinked by its creator as soon as all have mapped it, inside ``MPI_Win_allocate_shared``;
