@@ -29,7 +29,8 @@ def _mpi_library(in_use: bool) -> str | None:
         return f"mpi4py {version} (not used by this launch)" if version else None
     from mpi4py import MPI
 
-    return " ".join(MPI.Get_library_version().split("\n")[0].split())
+    # Open MPI ends the string with a NUL byte.
+    return " ".join(MPI.Get_library_version().split("\n")[0].replace("\x00", "").split())
 
 
 def _devices() -> dict:
@@ -87,22 +88,16 @@ def collect_info(world) -> dict:
     }
 
 
-def _print_topology_summary(topo, nranks: int) -> None:
-    from . import topology
-
+def _print_topology_summary(world) -> None:
+    topo, placement = world.topology, world.world_placement
     print(f"topology: {topo.name} ({topo.description}); {len(topo.devices)} device(s) in "
           f"{len(topo.packages)} package(s), {len(topo.links)} link(s); `xelink topology` prints it")
-    try:
-        placement = topology.place(topo, nranks)
-    except ValueError as exc:
-        print(f"  cannot place the ranks: {exc}")
-        return
     for group in placement.packages():
         dev = placement.device(group[0])
         print(f"  package {dev.package}: rank(s) {', '.join(map(str, group))}")
 
 
-def _print_info(infos: list, world, topo) -> None:
+def _print_info(infos: list, world) -> None:
     first = infos[0]
     print("xelink", first["versions"]["xelink"])
     print("versions:", ", ".join(f"{k} {v}" for k, v in first["versions"].items() if v and k != "xelink"))
@@ -116,7 +111,7 @@ def _print_info(infos: list, world, topo) -> None:
     hosts = {}
     for i in infos:
         hosts.setdefault(i["host"], []).append(i)
-    _print_topology_summary(topo, world.size)
+    _print_topology_summary(world)
     for host, ranks in hosts.items():
         print(f"  host {host}:")
         for i in ranks:
@@ -126,16 +121,13 @@ def _print_info(infos: list, world, topo) -> None:
 def _cmd_info(args) -> int:
     import xelink
 
-    from . import topology
-
-    world = xelink.init()
+    world = xelink.init()  # discovers the topology (or loads XELINK_TOPOLOGY) and places the ranks
     infos = world.allgather_object(collect_info(world))
-    topo = topology.from_env_or_discover(world)  # collective: every rank discovers together
     if world.rank == 0:
         if args.json:
             print(json.dumps(infos, indent=2))
         else:
-            _print_info(infos, world, topo)
+            _print_info(infos, world)
     xelink.finalize()
     return 0
 
@@ -239,5 +231,15 @@ def main(argv=None) -> int:
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
     p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
     p.set_defaults(fn=_cmd_cost)
+    p = sub.add_parser("bench", help="benchmarks (run under a launcher): `xelink bench collectives --help`")
+    p.add_argument("family", choices=("collectives",))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the family's own options")
+    p.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)
     return args.fn(args)
+
+
+def _cmd_bench(args) -> int:
+    from .bench import collectives
+
+    return collectives.main(args.rest)

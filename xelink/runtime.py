@@ -263,8 +263,10 @@ def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
         if launch.size == launch.local_size:
             _use_loopback()
         # Kept across finalize(): torch cannot make a default group twice on one torchrun store (the
-        # second finds the first one's stale addresses), so a later init() adopts this one.
+        # second finds the first one's stale addresses), so a later init() adopts this one; it is
+        # destroyed when the process exits.
         dist.init_process_group(_torch_backend(kind), timeout=datetime.timedelta(seconds=timeout))
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if (dist.get_rank(), dist.get_world_size()) != (launch.rank, launch.size):
         raise LaunchError(
             f"init: torchrun launched rank {launch.rank} of {launch.size}, but torch.distributed is rank "

@@ -928,6 +928,12 @@ def parse_nvidia_smi_topo(text: str) -> dict:
     return {"gpus": gpu_cols, "nvlink": nvlink, "paths": paths}
 
 
+def _uuid(value) -> str:
+    """One spelling of a GPU UUID: torch prints ``b330b5a7-...``, NVML and nvidia-smi ``GPU-b330b5a7-...``."""
+    text = str(value).strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
 def _probe_nvlink() -> dict:
     """NVLink counts between this host's GPUs by UUID: NVML if importable, else ``nvidia-smi``."""
     try:
@@ -936,7 +942,11 @@ def _probe_nvlink() -> dict:
         pynvml = None
     if pynvml is not None:
         try:
-            return _probe_nvml(pynvml)
+            found = _probe_nvml(pynvml)
+            if found["nvlink"]:
+                return found
+            # Seen on a sandboxed 2 x H200 host: NVML answers but reports no NVLink; nvidia-smi still does.
+            _log.info("discover: NVML reports no NVLink; asking nvidia-smi")
         except pynvml.NVMLError as exc:
             _log.info("discover: NVML probe failed (%s); trying nvidia-smi", exc)
     exe = shutil.which("nvidia-smi")
@@ -949,7 +959,7 @@ def _probe_nvlink() -> dict:
         parsed = parse_nvidia_smi_topo(topo)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return {"source": None, "error": f"nvidia-smi failed: {exc}"}
-    uuid = {int(i): u.strip() for i, u in (ln.split(",", 1) for ln in ids.splitlines() if "," in ln)}
+    uuid = {int(i): _uuid(u) for i, u in (ln.split(",", 1) for ln in ids.splitlines() if "," in ln)}
     pairs = {(uuid[a], uuid[b]): n for (a, b), n in parsed["nvlink"].items() if a in uuid and b in uuid}
     return {"source": "nvidia-smi topo -m", "nvlink": pairs}
 
@@ -958,7 +968,7 @@ def _probe_nvml(pynvml) -> dict:
     pynvml.nvmlInit()
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        uuids = [_uuid(_text(pynvml.nvmlDeviceGetUUID(h))) for h in handles]
         bus = {_text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower(): u for h, u in zip(handles, uuids)}
         pairs: dict = {}
         switch_links: dict = {}
@@ -1233,7 +1243,7 @@ def discover(comm) -> Topology:
 
         index = comm.device.index or 0
         props = torch.cuda.get_device_properties(index)
-        rec = {"host": comm.host, "uuid": str(getattr(props, "uuid", f"cuda{index}")), "name": props.name}
+        rec = {"host": comm.host, "uuid": _uuid(getattr(props, "uuid", f"cuda{index}")), "name": props.name}
         probe = _probe_nvlink() if local_first else None
     elif kind == "xpu":
         import torch
