@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .errors import TimeoutError, XelinkError
-from .transport import Deadline, Transport
+from .transport import Deadline, Transport, shm
 
 __all__ = ["Communicator", "new_group", "resolve_group"]
 
@@ -213,6 +213,7 @@ class Communicator:
         if self._freed:
             return
         self._freed = True
+        shm.free_all(self)
         self._pg = None  # a sub-group's backends close when the last reference goes
         self.transport.free()
 

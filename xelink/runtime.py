@@ -459,6 +459,10 @@ def finalize() -> None:
     if _world is None:
         return
     world = _world
+    from .transport import shm
+
+    # Peer memory first, in an order every rank agrees on (the communicator set below is unordered).
+    shm.free_all()
     for comm in list(_state.get("comms", ())):
         if comm is not world:
             comm.free()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..transport import Deadline
+from ..transport import shm
 from . import _groups
 from ._common import (bounds, check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of,
                       parse_op, as_tensor, run, step, tag_for, work_dtype)
@@ -86,7 +86,13 @@ def _ring_all_gather(comm, buf, b, tag, deadline):
 
 
 def _direct(comm, x, op, deadline):
-    """Every rank sends its whole buffer to every peer and reduces all n in rank order: one step."""
+    """One-shot: every rank gets every peer's whole buffer and reduces all n in rank order.
+
+    On one host under MPI the buffers are read straight from the peers' shared memory
+    (``_direct_peer_memory``); otherwise every rank sends its buffer to every peer in one step.
+    """
+    if shm.available(comm) and comm.local_size == comm.size:
+        return _direct_peer_memory(comm, x, op, deadline)
     n, r = comm.size, comm.rank
     parts = [x if p == r else torch.empty_like(x) for p in range(n)]
     step(comm, [(p, x) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],
@@ -95,6 +101,31 @@ def _direct(comm, x, op, deadline):
     for p in range(1, n):
         combine(acc, parts[p], op)
     x.copy_(finish(acc, op, n))
+
+
+def _direct_peer_memory(comm, x, op, deadline):
+    """One-shot through MPI-3 shared memory: copy in, one peer-counter barrier, read every peer.
+
+    The window holds two slots per rank and calls alternate between them, so one barrier per call is
+    enough: a rank overwrites slot k % 2 only after passing call k-1's barrier, which every rank
+    reaches only after it finished reading call k-2 (the last user of that slot).
+    """
+    n, nbytes = comm.size, x.numel() * x.element_size()
+    slot = -(-nbytes // 64) * 64
+    win = comm.__dict__.get("_peer_window")
+    if win is None or win.freed:
+        win = comm._peer_window = shm.PeerWindow(comm, 2 * slot, timeout=max(deadline.remaining(), 1e-3))
+    else:
+        win.ensure(2 * slot, timeout=max(deadline.remaining(), 1e-3))
+    calls = comm.__dict__.get("_peer_calls", 0)
+    comm._peer_calls = calls + 1
+    offset = (calls % 2) * slot
+    win.torch_view(win.node_rank, x.dtype, x.numel(), offset).copy_(x.view(-1))
+    win.counters.barrier(deadline, "all_reduce")
+    acc = win.torch_view(0, x.dtype, x.numel(), offset).to(work_dtype(x.dtype), copy=True)
+    for p in range(1, n):
+        combine(acc, win.torch_view(p, x.dtype, x.numel(), offset), op)
+    x.view(-1).copy_(finish(acc, op, n))
 
 
 def _two_shot(comm, x, op, deadline):
