@@ -459,6 +459,8 @@ def test_build_cuda_topology_islands_hosts_and_no_probe():
     assert t.route("gpu4", "gpu5")[0].kind == "pcie"
     assert t.route("gpu0", "gpu5")[0].kind == "network"
     assert "n2: NVLink unknown (no nvidia-smi)" in t.description
+    t = T.build_cuda_topology(records[4:], {"n2": {"source": "NVML", "nvlink": {}}})
+    assert "n2: NVML reports no NVLink between its GPUs" in t.description
     assert T.loads(T.dumps(t)) == t
 
 
@@ -490,19 +492,20 @@ def test_build_xpu_topology_uses_shipped_figures_for_a_known_product():
 
 
 def test_nvml_probe_counts_direct_and_switched_links(monkeypatch):
-    # A stand-in for nvidia-ml-py: GPU0-GPU1 joined by 2 direct links, GPU2 and GPU3 on a switch.
+    # A stand-in for nvidia-ml-py: GPU0-GPU1 joined by 2 direct links, GPU2 and GPU3 on a switch. NVML
+    # spells UUIDs "GPU-<hex>", torch "<hex>": discovery keeps torch's spelling so the two match.
     remotes = {0: ["b1", "b1"], 1: ["b0", "b0"], 2: ["sw", "sw", "sw"], 3: ["sw", "sw", "sw"]}
     pci = lambda bus: types.SimpleNamespace(busId=bus.encode())  # noqa: E731
     fake = types.SimpleNamespace(
         NVML_NVLINK_MAX_LINKS=4, NVML_FEATURE_ENABLED=1, NVMLError=RuntimeError,
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 4,
-        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: f"GPU-{h}a".encode(),
         nvmlDeviceGetPciInfo=lambda h: pci(f"b{h}"),
         nvmlDeviceGetNvLinkState=lambda h, l: 1 if l < len(remotes[h]) else 0,
         nvmlDeviceGetNvLinkRemotePciInfo=lambda h, l: pci(remotes[h][l]))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     got = T._probe_nvlink()
-    assert got == {"source": "NVML", "nvlink": {("GPU-0", "GPU-1"): 2, ("GPU-2", "GPU-3"): 3}}
+    assert got == {"source": "NVML", "nvlink": {("0a", "1a"): 2, ("2a", "3a"): 3}}
 
 
 def test_from_env_or_discover_prefers_the_variable(tmp_path):

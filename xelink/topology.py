@@ -1044,6 +1044,8 @@ def build_cuda_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping
         nv = {frozenset(p): n for p, n in (probe.get("nvlink") or {}).items()}
         if probe.get("source") is None:
             notes.append(f"{host}: NVLink unknown ({probe.get('error', 'not probed')})")
+        elif not nv and len(local) > 1:
+            notes.append(f"{host}: {probe['source']} reports no NVLink between its GPUs")
         uuids = [u for _, u in local]
         islands = _components(uuids, set(nv))
         host_pkgs = []
