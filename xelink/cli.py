@@ -164,7 +164,8 @@ def _cmd_topology(args) -> int:
         import xelink
 
         world = xelink.init()
-        topo = topology.discover(world) if args.discover else topology.from_env_or_discover(world)
+        # init() already found the world's topology (XELINK_TOPOLOGY or discovery); --discover redoes it.
+        topo = topology.discover(world) if args.discover else world.topology
     if world is None or world.rank == 0:
         print(topology.describe(topo))
         if args.save:
@@ -188,7 +189,7 @@ def _cmd_cost(args) -> int:
         import xelink
 
         world = xelink.init()
-        topo = topology.from_env_or_discover(world)
+        topo = world.topology
     nranks = args.nranks or len(topo.devices)
     ops = cost.OPS if args.op == "all" else (args.op,)
     if world is None or world.rank == 0:
