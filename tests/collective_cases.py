@@ -55,8 +55,8 @@ def assert_same(got, want, what):
                              f"got {got.flatten()[bad].tolist()} want {want.flatten()[bad].tolist()}")
 
 
-def run_all(comm, counts, dtypes=DTYPES, ops=OPS, algos=None, tag=""):
-    """Every algorithm x dtype at every count with op "sum"; every op at the last count.
+def run_all(comm, counts, dtypes=DTYPES, ops=OPS, algos=None, tag="", inplace=True):
+    """Every algorithm x dtype at every count with op "sum"; every op (and in place) at the last count.
 
     ``algos`` limits the algorithms (e.g. to the layout-dependent ones); default: all plus "auto".
     """
@@ -83,7 +83,7 @@ def run_all(comm, counts, dtypes=DTYPES, ops=OPS, algos=None, tag=""):
                 out = torch.full((n * count,), 99, dtype=dtype)
                 xelink.all_gather_into_tensor(out, data(r, case, count, dtype), group=comm, algo=algo)
                 assert_same(out, want, f"{tag} all_gather {algo} {dtype} count={count}")
-                if last:  # in place: the input is this rank's block of the output
+                if last and inplace:  # in place: the input is this rank's block of the output
                     out = torch.full((n * count,), 99, dtype=dtype)
                     out[r * count:(r + 1) * count] = data(r, case, count, dtype)
                     xelink.all_gather_into_tensor(out, out[r * count:(r + 1) * count], group=comm, algo=algo)
@@ -96,7 +96,7 @@ def run_all(comm, counts, dtypes=DTYPES, ops=OPS, algos=None, tag=""):
                     out = torch.full((count,), 99, dtype=dtype)
                     xelink.reduce_scatter_tensor(out, data(r, case, n * count, dtype, op), op=op, group=comm, algo=algo)
                     assert_same(out, want, f"{tag} reduce_scatter {algo} {op} {dtype} count={count}")
-                    if last and op == "sum":  # in place: the output is this rank's block of the input
+                    if last and inplace and op == "sum":  # in place: output is this rank's block of the input
                         inp = data(r, case, n * count, dtype, op)
                         xelink.reduce_scatter_tensor(inp[r * count:(r + 1) * count], inp, op=op, group=comm,
                                                      algo=algo)

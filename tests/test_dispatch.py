@@ -1,0 +1,43 @@
+"""algo="auto": a measured tuning table of this machine wins; one of another machine is ignored."""
+import json
+
+import torch
+
+import xelink
+from xelink.bench.tuning import fingerprint
+from xelink.collectives.dispatch import choose
+
+
+def _table(path, fp):
+    path.write_text(json.dumps({
+        "format": "xelink-tuning", "version": 1, "fingerprint": fp,
+        "entries": [{"op": "all_reduce", "dtype": "float32",
+                     "ranges": [[0, 4096, "xelink:two_shot"], [4096, None, "xelink:hierarchical"]]}]}))
+
+
+def test_auto_follows_the_matching_tuning_table(tmp_path, monkeypatch):
+    import socket
+
+    _table(tmp_path / "here.tuning.json", fingerprint("discovered-cpu", [socket.gethostname()]))
+    monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
+    world = xelink.init()
+    try:
+        assert choose(world, "all_reduce", 1000, torch.float32) == "two_shot"
+        assert choose(world, "all_reduce", 1 << 20, torch.float32) == "hierarchical"
+        # Not in the table (another dtype): the cost model decides, among xelink's own algorithms.
+        assert choose(world, "all_reduce", 1000, torch.float64) in xelink.collectives.ALGORITHMS["all_reduce"]
+    finally:
+        xelink.finalize()
+
+
+def test_auto_ignores_a_table_of_another_machine(tmp_path, monkeypatch):
+    _table(tmp_path / "other.tuning.json", fingerprint("nvidia-h200x8", ["gpu-node"] * 8))
+    monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
+    world = xelink.init()
+    try:
+        from xelink.runtime import tuning_table
+
+        assert tuning_table() is None
+        assert choose(world, "all_reduce", 1000, torch.float32) in xelink.collectives.ALGORITHMS["all_reduce"]
+    finally:
+        xelink.finalize()
