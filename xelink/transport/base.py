@@ -77,7 +77,9 @@ def wait_all(requests: Sequence[Request], deadline: Deadline, what: str) -> None
     for i, req in enumerate(pending):
         if req.wait_for(deadline.remaining()):
             continue
-        missing = {r.peer for r in pending[i:] if not r.test()} or {req.peer}
+        # Of the rest, only those still unfinished count as missing (one last look at each: some
+        # transports learn of completion only by waiting).
+        missing = {req.peer} | {r.peer for r in pending[i + 1:] if not r.wait_for(0.0)}
         for r in pending[i:]:
             r.cancel()
         raise TimeoutError(what, missing, deadline.seconds)
