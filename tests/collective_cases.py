@@ -3,7 +3,6 @@
 Imported by tests/ranks_collectives*.py. Inputs are small integers (exact in every dtype and every
 summation order), generated from (rank, case) seeds so every rank can compute the expected result.
 """
-import numpy as np
 import torch
 
 import xelink

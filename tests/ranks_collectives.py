@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import xelink
-from collective_cases import DTYPES, OPS, assert_same, run_all, run_all_to_all, run_rooted
+from collective_cases import DTYPES, run_all, run_all_to_all, run_rooted
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
 LAUNCH_TIMEOUT = 600
@@ -181,7 +181,7 @@ def check_rank_that_never_calls_is_named(world):
     # The peer-memory path (one host, MPI) sets up its window under the same deadline.
     sub = world.split(0)
     if world.rank != late:
-        with pytest.raises(xelink.TimeoutError, match=rf"timed out after 1(\.0+)? s|timed out after 0\.9\d* s") as info:
+        with pytest.raises(xelink.TimeoutError, match=r"timed out after 1(\.0+)? s|timed out after 0\.9\d* s") as info:
             xelink.all_reduce(torch.ones(8), group=sub, algo="direct", timeout=1.0)
         assert info.value.missing == [late]
     sub.free()

@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import platform
-import sys
 
 __all__ = ["main", "collect_info"]
 

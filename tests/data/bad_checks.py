@@ -1,5 +1,4 @@
 """Checks that misbehave on purpose, for tests/test_harness.py (not collected as tests themselves)."""
-import os
 import time
 
 WORLD_SIZES = (2,)

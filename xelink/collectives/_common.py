@@ -61,6 +61,15 @@ def as_tensor(fn: str, name: str, x, *, reduce: bool = False) -> torch.Tensor:
     return x
 
 
+def output_input(fn: str, output, input, *, reduce: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``as_tensor`` of an op's output and input, which must share a dtype."""
+    out = as_tensor(fn, "output", output, reduce=reduce)
+    inp = as_tensor(fn, "input", input, reduce=reduce)
+    if out.dtype != inp.dtype:
+        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    return out, inp
+
+
 def check_op_dtype(fn: str, op: str, dtype: torch.dtype) -> None:
     if op == ReduceOp.AVG and not dtype.is_floating_point:
         raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {dtype}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _groups
-from ._common import as_tensor, check_algo, fingerprint_check, group_of, run, step, tag_for
+from ._common import as_tensor, check_algo, fingerprint_check, group_of, output_input, run, step, tag_for
 from .all_reduce import _ring_all_gather
 
 __all__ = ["all_gather_into_tensor", "all_gather", "ALGOS"]
@@ -29,10 +29,7 @@ def all_gather_into_tensor(output, input, group=None, async_op: bool = False, al
     """
     fn = "all_gather_into_tensor"
     comm = group_of(group, fn)
-    out = as_tensor(fn, "output", output)
-    inp = as_tensor(fn, "input", input)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    out, inp = output_input(fn, output, input)
     if out.numel() != comm.size * inp.numel():
         raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()="
                          f"{comm.size * inp.numel()}")

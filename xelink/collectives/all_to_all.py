@@ -1,7 +1,7 @@
 """All-to-all: destination-split (every rank sends each block straight to its destination)."""
 from __future__ import annotations
 
-from ._common import as_tensor, check_algo, fingerprint_check, group_of, run, step, tag_for
+from ._common import check_algo, fingerprint_check, group_of, output_input, run, step, tag_for
 
 __all__ = ["all_to_all_single", "ALGOS"]
 
@@ -37,10 +37,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """
     fn = "all_to_all_single"
     comm = group_of(group, fn)
-    out = as_tensor(fn, "output", output)
-    inp = as_tensor(fn, "input", input)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    out, inp = output_input(fn, output, input)
     if out.dim() == 0 or inp.dim() == 0:
         raise ValueError(f"{fn}: output and input need at least one dimension")
     if tuple(out.shape[1:]) != tuple(inp.shape[1:]):

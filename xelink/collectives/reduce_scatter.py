@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from . import _groups
-from ._common import (as_tensor, check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of, parse_op,
-                      run, step, tag_for, work_dtype)
+from ._common import (check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of, output_input,
+                      parse_op, run, step, tag_for, work_dtype)
 from .all_gather import cross_target
 from .all_reduce import _ring_reduce_scatter
 
@@ -32,12 +32,9 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     """
     fn = "reduce_scatter_tensor"
     comm = group_of(group, fn)
-    out = as_tensor(fn, "output", output, reduce=True)
-    inp = as_tensor(fn, "input", input, reduce=True)
+    out, inp = output_input(fn, output, input, reduce=True)
     op = parse_op(fn, op)
     check_op_dtype(fn, op, inp.dtype)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
     if inp.numel() != comm.size * out.numel():
         raise ValueError(f"{fn}: input.numel()={inp.numel()} != world_size*output.numel()="
                          f"{comm.size * out.numel()}")
