@@ -1019,6 +1019,17 @@ def _components(nodes: list, edges: set) -> list[list]:
     return comps
 
 
+def _discovered(name: str, what: str, host_id: dict, pkgs, devs, links, notes) -> Topology:
+    """The validated topology of a GPU discovery: a network joins the hosts when there are several."""
+    if len(host_id) > 1:
+        links = [*links, Link("network", "network", tuple(host_id), *_NETWORK)]
+    desc = f"discovered: {what} on {len(host_id)} host(s)"
+    if notes:
+        desc += "; " + "; ".join(notes)
+    return validate(Topology(name=name, description=desc, packages=tuple(pkgs), devices=tuple(devs),
+                             links=tuple(links)), fn="discover")
+
+
 def build_cuda_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping]) -> Topology:
     """NVIDIA GPUs: packages are NVLink islands of one host; PCIe joins islands, a network joins hosts.
 
@@ -1081,13 +1092,7 @@ def build_cuda_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping
                                    injection_source="estimate: the GPU's widest link (NVLink total or PCIe)"))
         if len(host_pkgs) > 1:
             links.append(Link(f"pcie-{hid}", "pcie", tuple(host_pkgs), *_PCIE))
-    if len(host_id) > 1:
-        links.append(Link("network", "network", tuple(host_id), *_NETWORK))
-    desc = f"discovered: {len(gpus)} NVIDIA GPU(s) on {len(host_id)} host(s)"
-    if notes:
-        desc += "; " + "; ".join(notes)
-    return validate(Topology(name="discovered-cuda", description=desc, packages=tuple(pkgs), devices=tuple(devs),
-                             links=tuple(links)), fn="discover")
+    return _discovered("discovered-cuda", f"{len(gpus)} NVIDIA GPU(s)", host_id, pkgs, devs, links, notes)
 
 
 def _product_key(name: str) -> str:
@@ -1173,13 +1178,7 @@ def build_xpu_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping]
                                   xelink.per_device_gbps, xelink.per_device_source))
             else:
                 links.append(Link(f"pcie-{hid}", "pcie", tuple(card_pkgs), *_PCIE))
-    if len(host_id) > 1:
-        links.append(Link("network", "network", tuple(host_id), *_NETWORK))
-    desc = f"discovered: {len(units)} Intel GPU unit(s) on {len(host_id)} host(s)"
-    if notes:
-        desc += "; " + "; ".join(notes)
-    return validate(Topology(name="discovered-xpu", description=desc, packages=tuple(pkgs), devices=tuple(devs),
-                             links=tuple(links)), fn="discover")
+    return _discovered("discovered-xpu", f"{len(units)} Intel GPU unit(s)", host_id, pkgs, devs, links, notes)
 
 
 def _probe_dpctl() -> dict:
