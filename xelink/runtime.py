@@ -255,13 +255,10 @@ def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
 
     from .transport.torchdist import TorchTransport
 
-    if kind == "cuda" and launch.local_rank is not None:
-        import torch
-
-        torch.cuda.set_device(launch.local_rank % max(1, torch.cuda.device_count()))
     if not dist.is_initialized():
         if launch.size == launch.local_size:
             _use_loopback()
+        # No device_id: NCCL communicators are made lazily, on the device init() binds just after.
         # Kept across finalize(): torch cannot make a default group twice on one torchrun store (the
         # second finds the first one's stale addresses), so a later init() adopts this one; it is
         # destroyed when the process exits.
@@ -321,6 +318,7 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     dev, uuid = _bind_device(kind, index) if index is not None else _bind_device("cpu", 0)
     idents = transport.exchange(None if uuid is None else (launch.host, uuid), deadline, "init")
     check_device_sharing(idents, rpd)
+    _state["device_idents"] = idents
     _world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
                           timeout=timeout, launch=launch)
     _state["ranks_per_device"] = rpd
@@ -384,10 +382,21 @@ def track(comm: Communicator) -> None:
     _state.setdefault("comms", weakref.WeakSet()).add(comm)
 
 
+def _check_nccl_devices(comm: Communicator) -> None:
+    """NCCL refuses a communicator in which two ranks drive one GPU; say so before it fails inside."""
+    idents = [_state.get("device_idents", [None] * (max(comm.world_ranks) + 1))[w] for w in comm.world_ranks]
+    shared = [i for i in idents if i is not None and idents.count(i) > 1]
+    if comm.device.type == "cuda" and shared:
+        raise XelinkError(f"process_group: ranks of this communicator share GPU {shared[0][1]} (ranks_per_device > 1), "
+                          f"and NCCL cannot put two ranks of one GPU in a communicator; use one rank per GPU "
+                          f"for the torch.distributed bridge")
+
+
 def torch_world_group(world: Communicator):
     """The torch.distributed default group for ``world``, created (or adopted) on first use."""
     import torch.distributed as dist
 
+    _check_nccl_devices(world)
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (world.rank, world.size):
             raise LaunchError(
@@ -432,6 +441,7 @@ def torch_subgroup(comm: Communicator):
 
     from .transport.torchdist import gloo_backend
 
+    _check_nccl_devices(comm)
     store = dist.PrefixStore(f"bridge{_generation[0]}/{comm.name}", _state["store"])
     Type = dist.ProcessGroup.BackendType
     pg = dist.ProcessGroup(store, comm.rank, comm.size)
