@@ -1,17 +1,18 @@
 """xelink: topology-aware collectives and fast local kernels for multi-GPU jobs."""
 from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_tensor, all_reduce, all_to_all_single,
-                          barrier, batch_isend_irecv, broadcast, gather, irecv, isend, recv, reduce,
-                          reduce_scatter_tensor, scatter, send)
+                          barrier, batch_isend_irecv, broadcast, device_barrier, gather, irecv, isend, recv, reduce,
+                          reduce_scatter_tensor, scatter, send, synchronize)
 from .comm import Communicator, new_group
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
 from .runtime import finalize, get_world, init, is_initialized
+from .transport.cuda import empty
 
 __version__ = "0.1.0"
 
 __all__ = [
     "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
     "barrier", "batch_isend_irecv", "broadcast", "gather", "irecv", "isend", "recv", "reduce",
-    "reduce_scatter_tensor", "scatter", "send",
+    "reduce_scatter_tensor", "scatter", "send", "device_barrier", "synchronize", "empty",
     "Communicator",
     "LaunchError",
     "NotInitializedError",

@@ -214,6 +214,9 @@ class Communicator:
             return
         self._freed = True
         shm.free_all(self)
+        team = self.__dict__.pop("_cuda_team", None)
+        if team is not None:
+            team.close()
         self._pg = None  # a sub-group's backends close when the last reference goes
         self.transport.free()
 

@@ -28,6 +28,11 @@ class ReduceOp:
     ALL = (SUM, AVG, MAX, MIN, PROD)
 
 
+def is_cuda(x) -> bool:
+    """Whether ``x`` is a CUDA tensor (the collectives then run on the GPU path, ``collectives/gpu.py``)."""
+    return isinstance(x, torch.Tensor) and x.is_cuda
+
+
 def parse_op(fn: str, op) -> str:
     name = op
     if not isinstance(op, str):
@@ -51,8 +56,9 @@ def as_tensor(fn: str, name: str, x, *, reduce: bool = False) -> torch.Tensor:
     elif not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
     if x.device.type != "cpu":
-        raise ValueError(f"{fn}: {name} is on {x.device}; this build moves CPU tensors only "
-                         f"(GPU transports are a separate path)")
+        raise ValueError(f"{fn}: {name} is on {x.device}; this op moves CPU tensors only (CUDA tensors "
+                         f"go through all_reduce, all_gather(_into_tensor), reduce_scatter_tensor and "
+                         f"all_to_all_single)")
     if not x.is_contiguous():
         raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
     if reduce and x.dtype not in REDUCE_DTYPES:

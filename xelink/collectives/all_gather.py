@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _groups
-from ._common import as_tensor, check_algo, fingerprint_check, group_of, output_input, run, step, tag_for
+from ._common import as_tensor, check_algo, fingerprint_check, group_of, is_cuda, output_input, run, step, tag_for
 from .all_reduce import _ring_all_gather
 
 __all__ = ["all_gather_into_tensor", "all_gather", "ALGOS"]
@@ -28,7 +28,16 @@ def all_gather_into_tensor(output, input, group=None, async_op: bool = False, al
     Collective: every rank of ``group`` must call this with inputs of the same shape and dtype.
     """
     fn = "all_gather_into_tensor"
+    if torch.compiler.is_compiling():
+        from . import compiled
+
+        compiled.traced(fn, async_op)
+        return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group))
     comm = group_of(group, fn)
+    if is_cuda(output) or is_cuda(input):
+        from . import gpu
+
+        return gpu.all_gather_into_tensor(comm, output, input, algo, async_op, timeout)
     out, inp = output_input(fn, output, input)
     if out.numel() != comm.size * inp.numel():
         raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()="
@@ -46,6 +55,8 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     """
     fn = "all_gather"
     comm = group_of(group, fn)
+    if is_cuda(tensor):
+        return _gpu_all_gather_list(comm, tensor_list, tensor, algo, async_op, timeout)
     inp = as_tensor(fn, "tensor", tensor)
     if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != comm.size:
         got = len(tensor_list) if isinstance(tensor_list, (list, tuple)) else type(tensor_list).__name__
@@ -65,6 +76,22 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
             t.view(-1).copy_(flat[i * inp.numel():(i + 1) * inp.numel()])
 
     return run(comm, fn, body, async_op, timeout)
+
+
+def _gpu_all_gather_list(comm, tensor_list, tensor, algo, async_op, timeout):
+    from . import gpu
+
+    if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != comm.size:
+        raise ValueError(f"all_gather: tensor_list must be a list of world_size={comm.size} tensors")
+    for i, t in enumerate(tensor_list):
+        if not is_cuda(t) or t.dtype != tensor.dtype or t.numel() != tensor.numel():
+            raise ValueError(f"all_gather: tensor_list[{i}] must be a CUDA tensor of {tensor.numel()} x "
+                             f"{tensor.dtype} like tensor")
+    flat = torch.empty(comm.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    gpu.all_gather_into_tensor(comm, flat, tensor.contiguous(), algo, False, timeout)
+    for i, t in enumerate(tensor_list):
+        t.copy_(flat[i * tensor.numel():(i + 1) * tensor.numel()].view_as(t))
+    return gpu.GpuWork(comm, "all_gather") if async_op else None
 
 
 def _gather(comm, out, inp, algo, deadline, fn):

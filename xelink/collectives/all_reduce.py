@@ -10,7 +10,7 @@ import torch
 from ..transport import shm
 from . import _groups
 from ._common import (bounds, check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of,
-                      parse_op, as_tensor, run, step, tag_for, work_dtype)
+                      is_cuda, parse_op, as_tensor, run, step, tag_for, work_dtype)
 
 __all__ = ["all_reduce", "ALGOS"]
 
@@ -21,8 +21,9 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     """Reduce ``tensor`` over every rank of ``group``, in place (torch.distributed.all_reduce).
 
     Args:
-        tensor: torch CPU tensor or numpy array, any shape, contiguous; float64/32/16, bfloat16,
-            int32 or int64 (half types are reduced in float32).
+        tensor: torch CPU or CUDA tensor or numpy array, any shape, contiguous; float64/32/16,
+            bfloat16, int32 or int64 (half types are reduced in float32). CUDA tensors take the GPU
+            path (``collectives/gpu.py``: its algorithms, NCCL's stream semantics).
         op: "sum", "avg" (floating dtypes), "max", "min", "prod", or a torch ``ReduceOp``.
         group: xelink communicator (None: the world).
         async_op: return a ``Work`` handle instead of waiting.
@@ -35,7 +36,16 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     Collective: every rank of ``group`` must call this with the same shape, dtype, op and algo.
     """
     fn = "all_reduce"
+    if torch.compiler.is_compiling():
+        from . import compiled
+
+        compiled.traced(fn, async_op)
+        return torch.ops.xelink.all_reduce_(tensor, parse_op(fn, op), algo, compiled.group_name(group))
     comm = group_of(group, fn)
+    if is_cuda(tensor):
+        from . import gpu
+
+        return gpu.all_reduce(comm, tensor, parse_op(fn, op), algo, async_op, timeout)
     x = as_tensor(fn, "tensor", tensor, reduce=True)
     op = parse_op(fn, op)
     check_op_dtype(fn, op, x.dtype)

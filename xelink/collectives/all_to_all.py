@@ -1,7 +1,7 @@
 """All-to-all: destination-split (every rank sends each block straight to its destination)."""
 from __future__ import annotations
 
-from ._common import check_algo, fingerprint_check, group_of, output_input, run, step, tag_for
+from ._common import check_algo, fingerprint_check, group_of, is_cuda, output_input, run, step, tag_for
 
 __all__ = ["all_to_all_single", "ALGOS"]
 
@@ -37,6 +37,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """
     fn = "all_to_all_single"
     comm = group_of(group, fn)
+    if is_cuda(output) or is_cuda(input):
+        return _gpu(comm, output, input, output_split_sizes, input_split_sizes, algo, async_op, timeout)
     out, inp = output_input(fn, output, input)
     if out.dim() == 0 or inp.dim() == 0:
         raise ValueError(f"{fn}: output and input need at least one dimension")
@@ -65,3 +67,19 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                  [(p, fo[oo[p]:oo[p + 1]]) for p in range(n) if p != r], tag_for(comm), deadline, fn)
 
     return run(comm, fn, body, async_op, timeout)
+
+
+def _gpu(comm, output, input, output_split_sizes, input_split_sizes, algo, async_op, timeout):
+    """CUDA tensors: equal splits run xelink's kernel; uneven splits are NCCL's (``algo`` auto or nccl)."""
+    from . import gpu
+
+    fn = "all_to_all_single"
+    if output_split_sizes is None and input_split_sizes is None:
+        return gpu.all_to_all_single(comm, output, input, algo, async_op, timeout)
+    if algo not in ("auto", "nccl"):
+        raise ValueError(f"{fn}: split sizes on CUDA tensors run on NCCL only (algo='auto' or 'nccl'), "
+                         f"got algo={algo!r}")
+    import torch.distributed as dist
+
+    return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                  group=comm.process_group(), async_op=async_op)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from . import _groups
-from ._common import (check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of, output_input,
-                      parse_op, run, step, tag_for, work_dtype)
+from ._common import (check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of, is_cuda,
+                      output_input, parse_op, run, step, tag_for, work_dtype)
 from .all_gather import cross_target
 from .all_reduce import _ring_reduce_scatter
 
@@ -31,7 +31,17 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     Collective: every rank of ``group`` must call this with the same shapes, dtype and op.
     """
     fn = "reduce_scatter_tensor"
+    if torch.compiler.is_compiling():
+        from . import compiled
+
+        compiled.traced(fn, async_op)
+        return torch.ops.xelink.reduce_scatter_tensor_(output, input, parse_op(fn, op), algo,
+                                                       compiled.group_name(group))
     comm = group_of(group, fn)
+    if is_cuda(output) or is_cuda(input):
+        from . import gpu
+
+        return gpu.reduce_scatter_tensor(comm, output, input, parse_op(fn, op), algo, async_op, timeout)
     out, inp = output_input(fn, output, input, reduce=True)
     op = parse_op(fn, op)
     check_op_dtype(fn, op, inp.dtype)

@@ -1,0 +1,224 @@
+"""GPU collectives against NCCL and torch's symmetric-memory ops, in the same run (``xelink bench gpu-collectives``).
+
+Launch one rank per GPU: ``mpirun -n 2 python -m xelink.bench.gpu_collectives --out DIR``.
+
+Every timed variant goes through a public API on tensors the caller allocated, its path named
+(``xelink:<algo>`` with ``algo=`` set, never auto): ``user`` tensors come from ``torch.empty`` (the copy
+into peer memory is timed), ``symm`` tensors from ``xelink.empty`` (zero-copy). Baselines: NCCL through
+torch.distributed, and torch's symmetric-memory one-shot/two-shot all-reduce on torch's own symmetric
+buffers. Data: rank 0 holds small integers and the others zeros, so an in-place sum leaves the
+buffer unchanged call after call; after timing, every buffer is compared with that value (``wrong``
+counts the elements that differ), which checks the timed calls themselves.
+
+Latency sizes are timed eagerly (CUDA events around back-to-back calls) and inside a CUDA graph
+(``graph_calls`` calls captured once, replayed); large sizes eagerly with events. Variants are
+interleaved in rounds and the median over rounds, max over ranks, is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+__all__ = ["main"]
+
+LATENCY_SIZES = (1 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+def _pattern(world, n, dtype, dev):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(-8, 9, (n,), generator=g).to(dtype)
+    return (x if world.rank == 0 else torch.zeros_like(x)).to(dev), x
+
+
+class _Variant:
+    """A named call on its own buffers; ``check()`` counts wrong elements against the expected value."""
+
+    def __init__(self, name, call, check, baseline=False):
+        self.name, self.call, self.check, self.baseline = name, call, check, baseline
+
+
+def _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm):
+    import xelink
+
+    variants = []
+
+    def make(name, buf, call, out=None):
+        start, want = _pattern(world, n, dtype, dev)
+        buf.copy_(start)
+        target = buf if out is None else out
+        return _Variant(name, call, lambda: int((target.cpu() != want).sum()), baseline=name.startswith("nccl"))
+
+    x1 = torch.empty(n, dtype=dtype, device=dev)
+    variants.append(make("nccl", x1, lambda: xelink.all_reduce(x1, algo="nccl")))
+    for algo in ("direct", "two_shot"):
+        xu = torch.empty(n, dtype=dtype, device=dev)
+        variants.append(make(f"xelink:{algo}/user", xu, lambda xu=xu, algo=algo: xelink.all_reduce(xu, algo=algo)))
+    xs = xelink.empty(n, dtype=dtype)
+    variants.append(make("xelink:two_shot/symm", xs, lambda: xelink.all_reduce(xs, algo="two_shot")))
+    if with_torch_symm:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        t2 = symm_mem.empty(n, dtype=dtype, device=dev)
+        symm_mem.rendezvous(t2, group_name)
+        variants.append(make("torch-symm:two_shot", t2,
+                             lambda: torch.ops.symm_mem.two_shot_all_reduce_(t2, "sum", group_name)))
+        t1 = symm_mem.empty(n, dtype=dtype, device=dev)
+        symm_mem.rendezvous(t1, group_name)
+        out1 = torch.empty(n, dtype=dtype, device=dev)
+        variants.append(make("torch-symm:one_shot", t1,
+                             lambda: torch.ops.symm_mem.one_shot_all_reduce_out(t1, "sum", group_name, out1),
+                             out=out1))
+    return variants
+
+
+def _time(world, fn, calls, rounds):
+    """Per-call seconds of ``calls`` back-to-back ``fn()``, for each round, max over ranks."""
+    out = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        world.barrier()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(max(world.allgather_object(start.elapsed_time(end) / 1e3 / calls)))
+    return out
+
+
+def _graph(fn, calls):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def _measure(world, op, nbytes, count, dtype, variants, *, calls, rounds, graph, rows):
+    from .harness import make_row
+
+    timed = {}
+    for v in variants:
+        v.call()  # warm-up: peer memory, compilation
+    fns = {v.name: v.call for v in variants}
+    modes = [("eager", fns)]
+    if graph:
+        modes.append(("graph", {name: _graph(fn, calls) for name, fn in fns.items()}))
+    for mode, table in modes:
+        samples = {name: [] for name in table}
+        for _ in range(rounds):
+            for name, fn in table.items():
+                samples[name] += _time(world, fn, calls, 1)
+        timed[mode] = samples
+    torch.cuda.synchronize()
+    wrong = {v.name: sum(world.allgather_object(v.check())) for v in variants}
+    base = next(v.name for v in variants if v.baseline)
+    for mode, samples in timed.items():
+        for name, s in samples.items():
+            rows.append(make_row(op, name.split("/")[0], s, size_bytes=nbytes, count=count, dtype=dtype,
+                                 nranks=world.size, wrong=wrong[name], baseline=None if name == base else base,
+                                 baseline_samples=None if name == base else samples[base],
+                                 extra={"mode": mode, "variant": name, "calls": calls}))
+
+
+def _all_gather_variants(world, n, dtype, dev):
+    import xelink
+
+    w = world.size
+    g = torch.Generator().manual_seed(n)
+    shards = [torch.randint(-8, 9, (n,), generator=g).to(dtype) for _ in range(w)]
+    want = torch.cat(shards)
+    variants = []
+
+    def make(name, inp, call_of):
+        inp.copy_(shards[world.rank].to(dev))
+        out = torch.empty(w * n, dtype=dtype, device=dev)
+        return _Variant(name, lambda: call_of(out, inp), lambda: int((out.cpu() != want).sum()),
+                        baseline=name == "nccl")
+
+    variants.append(make("nccl", torch.empty(n, dtype=dtype, device=dev),
+                         lambda o, i: xelink.all_gather_into_tensor(o, i, algo="nccl")))
+    variants.append(make("xelink:direct/user", torch.empty(n, dtype=dtype, device=dev),
+                         lambda o, i: xelink.all_gather_into_tensor(o, i, algo="direct")))
+    for algo in ("direct", "copy_engine"):
+        variants.append(make(f"xelink:{algo}/symm", xelink.empty(n, dtype=dtype),
+                             lambda o, i, a=algo: xelink.all_gather_into_tensor(o, i, algo=a)))
+    return variants
+
+
+def main(argv=None) -> int:
+    import xelink
+
+    from .harness import JsonlWriter, format_table, manifest
+
+    p = argparse.ArgumentParser(prog="xelink bench gpu-collectives", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="folder for collectives.jsonl and collectives.txt (rank 0)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timing (latency sizes)")
+    p.add_argument("--large-calls", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="two latency sizes and smaller large sizes")
+    args = p.parse_args(argv)
+
+    world = xelink.init()
+    dev = torch.device(world.device)
+    if dev.type != "cuda":
+        print("xelink bench gpu-collectives: needs one CUDA GPU per rank", file=sys.stderr)
+        return 2
+    pg = world.process_group()
+    group_name = pg.group_name
+    with_torch_symm = True
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        probe = symm_mem.empty(16, dtype=torch.bfloat16, device=dev)
+        symm_mem.rendezvous(probe, group_name)
+    except Exception as e:  # noqa: BLE001 - a missing baseline is reported, not fatal
+        with_torch_symm = False
+        if world.rank == 0:
+            print(f"torch symmetric memory unavailable, its rows are left out: {e}")
+    rows = []
+    dtype = torch.bfloat16
+    sizes = LATENCY_SIZES[1:4:2] if args.quick else LATENCY_SIZES
+    for nbytes in sizes:
+        n = nbytes // 2
+        _measure(world, "all_reduce", nbytes, n, dtype,
+                 _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm),
+                 calls=args.calls, rounds=args.rounds, graph=True, rows=rows)
+    big = (16 << 20) if args.quick else (256 << 20)
+    _measure(world, "all_reduce", big, big // 2, dtype,
+             _all_reduce_variants(world, big // 2, dtype, dev, group_name, with_torch_symm),
+             calls=args.large_calls, rounds=args.rounds, graph=False, rows=rows)
+    out_bytes = (32 << 20) if args.quick else (512 << 20)
+    n = out_bytes // 2 // world.size
+    _measure(world, "all_gather", out_bytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
+             calls=args.large_calls, rounds=args.rounds, graph=False, rows=rows)
+    for nbytes in (32 << 10, 1 << 20):
+        n = nbytes // 2 // world.size
+        _measure(world, "all_gather", nbytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
+                 calls=args.calls, rounds=args.rounds, graph=True, rows=rows)
+    if world.rank == 0:
+        for row in rows:
+            row.path = f"{row.extra['variant']} [{row.extra['mode']}]"
+        table = format_table(rows)
+        print(table)
+        if args.out:
+            from pathlib import Path
+
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "gpu_collectives.txt").write_text(table + "\n")
+            with JsonlWriter(out / "gpu_collectives.jsonl", manifest(world, " ".join(sys.argv))) as w:
+                for row in rows:
+                    w.write(row)
+    xelink.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The collectives as torch custom ops (``torch.ops.xelink.*``), so that ``torch.compile`` can trace them.
+
+Under ``torch.compile`` the public functions (``xelink.all_reduce`` ...) call these ops instead of
+running Python that Dynamo cannot follow; the ops' fake implementations tell the compiler they only
+mutate their output. Eagerly, an op runs the public function on the communicator named by ``group``
+("" for the world). ``async_op=True`` is not traceable and raises.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import XelinkError
+
+__all__ = ["comm_named", "group_name", "traced"]
+
+
+def comm_named(name: str):
+    """The live communicator called ``name`` ("" is the world)."""
+    from .. import runtime
+
+    if not name:
+        return runtime.get_world()
+    for c in list(runtime._state.get("comms", ())):
+        if c.name == name and not c._freed:
+            return c
+    raise XelinkError(f"xelink custom op: no live communicator named {name!r}")
+
+
+def group_name(group) -> str:
+    return "" if group is None else group.name
+
+
+def traced(fn: str, async_op: bool) -> None:
+    if async_op:
+        raise ValueError(f"{fn}: async_op=True cannot be traced by torch.compile; use async_op=False")
+
+
+@torch.library.custom_op("xelink::all_reduce_", mutates_args=("tensor",))
+def all_reduce_(tensor: torch.Tensor, op: str, algo: str, group: str) -> None:
+    from .all_reduce import all_reduce
+
+    all_reduce(tensor, op, comm_named(group), algo=algo)
+
+
+@torch.library.custom_op("xelink::all_gather_into_tensor_", mutates_args=("output",))
+def all_gather_into_tensor_(output: torch.Tensor, input: torch.Tensor, algo: str, group: str) -> None:
+    from .all_gather import all_gather_into_tensor
+
+    all_gather_into_tensor(output, input, comm_named(group), algo=algo)
+
+
+@torch.library.custom_op("xelink::reduce_scatter_tensor_", mutates_args=("output",))
+def reduce_scatter_tensor_(output: torch.Tensor, input: torch.Tensor, op: str, algo: str, group: str) -> None:
+    from .reduce_scatter import reduce_scatter_tensor
+
+    reduce_scatter_tensor(output, input, op, comm_named(group), algo=algo)
+
+
+for _op in (all_reduce_, all_gather_into_tensor_, reduce_scatter_tensor_):
+    _op.register_fake(lambda *args: None)
