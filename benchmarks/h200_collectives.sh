@@ -7,7 +7,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 PY=$(command -v python3)
-COMMIT=$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
+COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 {
   echo "commit: $COMMIT"; date -u; nvidia-smi -L
   if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -37,7 +37,7 @@ _SLOT_MAX = int(os.environ.get("XELINK_GPU_SCRATCH", 256 << 20))
 
 
 class _Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
 class _Driver:
@@ -71,11 +71,11 @@ class _Driver:
         self.check(self.range(ctypes.byref(base), ctypes.byref(size), ptr), "cuMemGetAddressRange")
         handle = _Handle()
         self.check(self.get(ctypes.byref(handle), base.value), "cuIpcGetMemHandle")
-        return bytes(handle.reserved), ptr - base.value
+        return ctypes.string_at(ctypes.addressof(handle), 64), ptr - base.value
 
     def import_(self, handle: bytes) -> int:
         h = _Handle()
-        h.reserved = handle
+        ctypes.memmove(ctypes.addressof(h), handle, 64)
         ptr = ctypes.c_uint64()
         self.check(self.open(ctypes.byref(ptr), h, 1), "cuIpcOpenMemHandle")  # 1: lazy peer access
         return ptr.value
