@@ -221,12 +221,16 @@ class Communicator:
         self.transport.free()
 
 
+_get_world = None
+
+
 def resolve_group(group, fn: str) -> Communicator:
     """The communicator a collective runs on: ``group`` itself, or the world for None."""
     if group is None:
-        from .runtime import get_world
-
-        return get_world()
+        global _get_world
+        if _get_world is None:  # runtime imports this module: bind it on first use (hot path)
+            from .runtime import get_world as _get_world
+        return _get_world()
     if isinstance(group, Communicator):
         if group._freed:
             raise XelinkError(f"{fn}: group {group!r} was freed")

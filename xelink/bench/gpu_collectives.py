@@ -6,9 +6,11 @@ Every timed variant goes through a public API on tensors the caller allocated, i
 (``xelink:<algo>`` with ``algo=`` set, never auto): ``user`` tensors come from ``torch.empty`` (the copy
 into peer memory is timed), ``symm`` tensors from ``xelink.empty`` (zero-copy). Baselines: NCCL through
 torch.distributed, and torch's symmetric-memory one-shot/two-shot all-reduce on torch's own symmetric
-buffers. Data: rank 0 holds small integers and the others zeros, so an in-place sum leaves the
-buffer unchanged call after call; after timing, every buffer is compared with that value (``wrong``
-counts the elements that differ), which checks the timed calls themselves.
+buffers. Data: every rank holds the same small integers and the op is ``avg``, so an in-place
+all-reduce leaves the buffer unchanged call after call; after timing, every buffer is compared with
+that value (``wrong`` counts the elements that differ), which checks the timed calls themselves.
+torch's symmetric-memory ops reduce with sum only: its in-place two-shot doubles the data each call,
+so its row is timed on that data and not checked (``wrong`` = -1); its out-of-place one-shot is.
 
 Latency sizes are timed eagerly (CUDA events around back-to-back calls) and inside a CUDA graph
 (``graph_calls`` calls captured once, replayed); large sizes eagerly with events. Variants are
@@ -27,9 +29,10 @@ LATENCY_SIZES = (1 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
 
 def _pattern(world, n, dtype, dev):
+    """(this rank's start, the value every buffer must hold after any number of in-place avg calls)."""
     g = torch.Generator().manual_seed(n)
     x = torch.randint(-8, 9, (n,), generator=g).to(dtype)
-    return (x if world.rank == 0 else torch.zeros_like(x)).to(dev), x
+    return x.to(dev), x
 
 
 class _Variant:
@@ -44,37 +47,43 @@ def _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm):
 
     variants = []
 
-    def make(name, buf, call, out=None):
+    def make(name, buf, call, out=None, checked=True):
         start, want = _pattern(world, n, dtype, dev)
         buf.copy_(start)
         target = buf if out is None else out
-        return _Variant(name, call, lambda: int((target.cpu() != want).sum()), baseline=name.startswith("nccl"))
+        check = (lambda: int((target.cpu() != want).sum())) if checked else (lambda: -1)
+        return _Variant(name, call, check, baseline=name.startswith("nccl"))
 
     x1 = torch.empty(n, dtype=dtype, device=dev)
-    variants.append(make("nccl", x1, lambda: xelink.all_reduce(x1, algo="nccl")))
+    variants.append(make("nccl", x1, lambda: xelink.all_reduce(x1, op="avg", algo="nccl")))
     for algo in ("direct", "two_shot"):
         xu = torch.empty(n, dtype=dtype, device=dev)
-        variants.append(make(f"xelink:{algo}/user", xu, lambda xu=xu, algo=algo: xelink.all_reduce(xu, algo=algo)))
+        variants.append(make(f"xelink:{algo}/user", xu,
+                             lambda xu=xu, algo=algo: xelink.all_reduce(xu, op="avg", algo=algo)))
     xs = xelink.empty(n, dtype=dtype)
-    variants.append(make("xelink:two_shot/symm", xs, lambda: xelink.all_reduce(xs, algo="two_shot")))
+    variants.append(make("xelink:two_shot/symm", xs, lambda: xelink.all_reduce(xs, op="avg", algo="two_shot")))
     if with_torch_symm:
         import torch.distributed._symmetric_memory as symm_mem
 
         t2 = symm_mem.empty(n, dtype=dtype, device=dev)
         symm_mem.rendezvous(t2, group_name)
         variants.append(make("torch-symm:two_shot", t2,
-                             lambda: torch.ops.symm_mem.two_shot_all_reduce_(t2, "sum", group_name)))
+                             lambda: torch.ops.symm_mem.two_shot_all_reduce_(t2, "sum", group_name), checked=False))
         t1 = symm_mem.empty(n, dtype=dtype, device=dev)
         symm_mem.rendezvous(t1, group_name)
         out1 = torch.empty(n, dtype=dtype, device=dev)
-        variants.append(make("torch-symm:one_shot", t1,
-                             lambda: torch.ops.symm_mem.one_shot_all_reduce_out(t1, "sum", group_name, out1),
-                             out=out1))
+        half = torch.full((n,), 0.5, dtype=dtype, device=dev)  # sum of equal halves of x is x
+
+        def one_shot():
+            torch.ops.symm_mem.one_shot_all_reduce_out(t1, "sum", group_name, out1)
+
+        variants.append(make("torch-symm:one_shot", t1, one_shot, out=out1))
+        t1.mul_(half)
     return variants
 
 
-def _time(world, fn, calls, rounds):
-    """Per-call seconds of ``calls`` back-to-back ``fn()``, for each round, max over ranks."""
+def _time(world, fn, calls, rounds, per=None):
+    """Seconds per op of ``calls`` back-to-back ``fn()`` (each doing ``per`` ops, default 1), max over ranks."""
     out = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(rounds):
@@ -85,8 +94,23 @@ def _time(world, fn, calls, rounds):
             fn()
         end.record()
         end.synchronize()
-        out.append(max(world.allgather_object(start.elapsed_time(end) / 1e3 / calls)))
+        out.append(max(world.allgather_object(start.elapsed_time(end) / 1e3 / calls / (per or 1))))
     return out
+
+
+def _host_us(fn, calls=200):
+    """Host time of one call (launch cost; the GPU runs behind), median of 3 batches, this rank."""
+    import time
+
+    out = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t) / calls * 1e6)
+        torch.cuda.synchronize()
+    return sorted(out)[1]
 
 
 def _graph(fn, calls):
@@ -107,15 +131,16 @@ def _measure(world, op, nbytes, count, dtype, variants, *, calls, rounds, graph,
     for v in variants:
         v.call()  # warm-up: peer memory, compilation
     fns = {v.name: v.call for v in variants}
-    modes = [("eager", fns)]
+    modes = [("eager", fns, 1)]
     if graph:
-        modes.append(("graph", {name: _graph(fn, calls) for name, fn in fns.items()}))
-    for mode, table in modes:
+        modes.append(("graph", {name: _graph(fn, calls) for name, fn in fns.items()}, calls))
+    for mode, table, per in modes:
         samples = {name: [] for name in table}
         for _ in range(rounds):
             for name, fn in table.items():
-                samples[name] += _time(world, fn, calls, 1)
+                samples[name] += _time(world, fn, calls if mode == "eager" else 5, 1, per)
         timed[mode] = samples
+    host = {name: _host_us(fn) for name, fn in fns.items()}
     torch.cuda.synchronize()
     wrong = {v.name: sum(world.allgather_object(v.check())) for v in variants}
     base = next(v.name for v in variants if v.baseline)
@@ -124,7 +149,8 @@ def _measure(world, op, nbytes, count, dtype, variants, *, calls, rounds, graph,
             rows.append(make_row(op, name.split("/")[0], s, size_bytes=nbytes, count=count, dtype=dtype,
                                  nranks=world.size, wrong=wrong[name], baseline=None if name == base else base,
                                  baseline_samples=None if name == base else samples[base],
-                                 extra={"mode": mode, "variant": name, "calls": calls}))
+                                 extra={"mode": mode, "variant": name, "calls": calls,
+                                        "host_us_per_call": host[name]}))
 
 
 def _all_gather_variants(world, n, dtype, dev):

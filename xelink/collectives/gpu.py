@@ -35,6 +35,19 @@ _ALIASES = {"dest_split": "direct", "one_shot": "direct"}
 # Size rule for algo="auto" when no tuning table says otherwise (bytes of the buffer reduced).
 _DIRECT_MAX = 512 << 10
 _BLOCK = {1: 4096, 2: 4096, 4: 2048, 8: 1024}  # elements per tile: 16-byte vectors x 8 warps x 2
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64)
+_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3, "prod": 4}  # the kernels' OP codes
+_kernels_module = None
+
+
+def _kernels():
+    """``xelink.kernels.collectives``, imported on first use (it imports Triton); kept for the hot path."""
+    global _kernels_module
+    if _kernels_module is None:
+        from ..kernels import collectives
+
+        _kernels_module = collectives
+    return _kernels_module
 
 
 def _device(comm) -> torch.device:
@@ -49,11 +62,9 @@ def _check(fn, comm, name, t):
         raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
     if t.device != _device(comm):
         raise ValueError(f"{fn}: {name} is on {t.device} but this rank of {comm.name} drives {comm.device}")
-    from ..kernels.collectives import ACC_TYPES
-
-    if t.dtype not in ACC_TYPES:
+    if t.dtype not in _DTYPES:
         raise TypeError(f"{fn}: {name}.dtype={t.dtype} is not supported on GPUs; use one of "
-                        f"{', '.join(str(d).replace('torch.', '') for d in ACC_TYPES)}")
+                        f"{', '.join(str(d).replace('torch.', '') for d in _DTYPES)}")
 
 
 def _algo(fn, op_family, algo, comm, nbytes):
@@ -63,14 +74,12 @@ def _algo(fn, op_family, algo, comm, nbytes):
         return _auto(comm, op_family, nbytes)
     if algo not in algos:
         raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(algos)} for CUDA tensors")
-    if algo == "nccl":
+    if algo == "nccl" or "_cuda_team" in comm.__dict__:
         return algo
     if not peer.available(comm):
         raise ValueError(f"{fn}: algo={algo!r} needs peer memory: every rank of {comm.name} on one host's "
                          f"CUDA GPUs, at most {peer.MAX_WORLD} ranks (use algo='nccl' or 'auto')")
-    from ..kernels.collectives import available
-
-    if not available():
+    if not _kernels().available():
         raise XelinkError(f"{fn}: algo={algo!r} runs Triton kernels, and Triton is not installed")
     return algo
 
@@ -80,10 +89,8 @@ def _auto(comm, op_family, nbytes):
     cache = comm.__dict__.setdefault("_gpu_auto", {})
     key = (op_family, max(nbytes, 1).bit_length())
     if key not in cache:
-        from ..kernels.collectives import available
-
         choice = None
-        if not (peer.available(comm) and available()):
+        if not (peer.available(comm) and _kernels().available()):
             choice = "nccl"
         else:
             from ..runtime import tuning_table
@@ -139,6 +146,7 @@ def _timeout_ns(comm, timeout) -> int:
     return int(resolve_timeout(timeout, "timeout") * 1e9)
 
 
+
 class _Ctx:
     """What one call needs: the team, the kernel cache, the stream, the deadline."""
 
@@ -155,23 +163,19 @@ class _Ctx:
 
 
 def _kernel(team, name, dtype, **consts):
-    cache = team.__dict__.setdefault("kernels", {})
-    key = (name, dtype, tuple(sorted(consts.items())))
-    k = cache.get(key)
+    """The team's kernel ``name`` for ``dtype`` and these meta-parameters (built once, then a dict hit)."""
+    key = (name, dtype, *consts.values())
+    k = team.kernels.get(key)
     if k is None:
-        from ..kernels.collectives import Kernel, acc_type
-
+        K = _kernels()
         if "ACC" in consts:
-            consts["ACC"] = acc_type(dtype)
-        k = cache[key] = Kernel(name, team, dtype, BLOCK=_BLOCK[torch.tensor([], dtype=dtype).element_size()],
-                                **consts)
+            consts["ACC"] = K.acc_type(dtype)
+        k = team.kernels[key] = K.Kernel(name, team, dtype, BLOCK=_BLOCK[dtype.itemsize], **consts)
     return k
 
 
 def _op_code(op):
-    from ..kernels.collectives import OPS
-
-    return OPS[op]
+    return _OPS[op]
 
 
 def _pieces(count, per_piece):

@@ -130,6 +130,7 @@ class Team:
         self.scratch = None
         self.scratch_ptrs: list[int] = []
         self.symmetric = _Registry()
+        self.kernels: dict = {}  # collectives/gpu.py's compiled-kernel cache
         torch.cuda.synchronize(self.device)
         comm.barrier()
 
