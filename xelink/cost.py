@@ -6,8 +6,8 @@ implementation are separated by a barrier or flag wait). ``schedule`` builds it,
 
 **Price of one step.** Each transfer from device a to device b takes the link ``topology.route(a, b)``
 chooses, on the channel ``(link, a', b')`` (a', b' are a and b, or their packages or hosts, for links that
-join packages or hosts). Transfers between ranks of the same device are local copies and cost nothing
-here. The transfers of a step load four kinds of resource:
+join packages or hosts). Transfers between ranks of the same device are local copies (priced only by a
+calibration's copy bandwidth, see below). The transfers of a step load four kinds of resource:
 
 - a link channel:  ``latency + bytes on the channel / bandwidth_gbps``;
 - a device's injection limit (all it sends, over every link): ``latency + bytes sent / injection_gbps``;
@@ -22,8 +22,29 @@ devices shares its bandwidth. The step takes as long as its busiest resource:
     T_step = max over resources r of (alpha_r + bytes_r / bw_r)
 
 and the algorithm takes ``T = sum of T_step`` (no overlap between steps). GB/s are 1e9 bytes/s, latencies
-microseconds. Reductions are assumed free (the model is about moving bytes), and a step that moves no
-bytes costs nothing, so a size-0 collective or a world of one rank is predicted to take 0 s.
+microseconds. A step that moves no bytes costs nothing, so a size-0 collective or a world of one rank is
+predicted to take 0 s.
+
+**Software and local work (a ``Calibration``).** Links are not all a collective pays. Where the software
+stack is slow next to the links (Python and MPI on CPU ranks: tens to hundreds of microseconds a step),
+or where local memory is (a CPU copying and summing buffers), ``predict(..., calibration=c)`` adds what
+the code does besides moving bytes:
+
+- ``call_us`` once per call that communicates (entering the API, argument checks, the ranks
+  meeting at the first step);
+- ``step_us + message_us * m`` per step, where m is the largest number of messages one rank posts in
+  the step (a send or receive each; in a step that *reads* peer memory, one per peer read);
+- per rank, ``copy bytes / copy_gbps + reduced bytes / reduce_gbps`` of its device, for the copies and
+  reductions the implementation makes (``acc = x.clone()``, ``acc += received``, the final copy back).
+  Work done after a step's transfers (a ring reduce-scatter sums what it received) adds to the step;
+  work that reads peer memory as it goes (the one-shot all-reduce on shared memory) overlaps the
+  transfers: that step takes ``max(transfers, local work)``. Work outside any step (the first clone,
+  the last copy) is its own step without transfers. The slowest rank sets each step's local time.
+
+so with a calibration ``T_step = step_us + message_us * m + max(T_links, T_fused) + T_after`` and
+``T = call_us + sum of T_step``. Without one (the default) every such term is zero, so the shipped GPU
+descriptions predict exactly what the link model alone predicts. ``xelink bench probe`` measures a
+calibration (and the link figures) on the running job; ``load_calibration`` reads one.
 
 **Sizes.** ``nbytes`` follows nccl-tests: the buffer of each rank for all_reduce, broadcast and
 all_to_all (which sends ``nbytes / n`` to each rank); the *output* of each rank for all_gather
@@ -34,14 +55,15 @@ all_to_all (which sends ``nbytes / n`` to each rank); the *output* of each rank 
 
 ======================  ===================================================================================
 all_reduce ring         reduce-scatter ring then all-gather ring: 2(n-1) steps of one chunk per rank
-all_reduce direct       one-shot: one step, every rank reads the whole buffer of every peer
+all_reduce direct       one-shot: one step, every rank reads the whole buffer of every peer and sums as it
+                        reads (peer memory); copy in before, copy out after
 all_reduce two_shot     direct reduce-scatter (each rank reads its chunk from every peer), then direct all-gather
 all_reduce hierarchical reduce to each package's first rank, ring all-reduce among those leaders, broadcast back
 all_gather ring         n-1 steps, each rank forwards one shard to the next
 all_gather direct       one step, each rank writes its shard to every peer
-all_gather topo         each shard goes to the rest of its package and to *one* rank of every remote package
-                        (the one with the sender's local index, modulo that package's size), then each
-                        landing rank copies what it received to the rest of its package
+all_gather topo         step 1: each shard goes to *one* rank of every remote package (the one with the
+                        sender's local index, modulo that package's size); step 2: every rank sends what
+                        it holds (its own shard and those it received) to the rest of its package
 reduce_scatter ring     n-1 steps, each rank forwards one partial chunk to the next
 reduce_scatter          one step, every rank sends each destination its block (the destination reduces)
   dest_split
@@ -59,19 +81,22 @@ broadcast topo          the root writes to its package and to one rank of every 
                         then write to their packages
 ======================  ===================================================================================
 
-The names are those of ``xelink.collectives`` (``algo=``), so ``best`` can choose among the algorithms a
-collective implements; ``dest_split`` is the one-step push to each destination, as the Intel reference
-names it. ``best`` picks the fastest algorithm; it is what ``algo="auto"`` consults when no measured
-tuning table exists.
+The schedules and the local work follow ``xelink.collectives`` step for step (the names are its
+``algo=`` names), so ``best`` can choose among the algorithms a collective implements; ``dest_split`` is
+the one-step push to each destination, as the Intel reference names it. ``best`` picks the fastest
+algorithm; it is what ``algo="auto"`` consults when no measured tuning table exists.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
+import os
 from collections import defaultdict
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
-from .topology import Placement, Topology, place
+from .topology import SOURCE_KINDS, Placement, Topology, place
 
 __all__ = [
     "OPS",
@@ -79,12 +104,18 @@ __all__ = [
     "Transfer",
     "StepCost",
     "Prediction",
+    "Calibration",
+    "DeviceLocal",
     "schedule",
     "predict",
     "predict_all",
     "best",
     "parse_size",
     "table",
+    "load_calibration",
+    "loads_calibration",
+    "dumps_calibration",
+    "save_calibration",
 ]
 
 ALGOS: dict[str, tuple[str, ...]] = {
@@ -120,11 +151,16 @@ class Prediction:
     """What the model predicts for one (topology, placement, op, algo, size).
 
     Attributes:
-        time_s: predicted time in seconds (sum of the steps).
-        steps: each step's time, bottleneck and bytes.
+        time_s: predicted time in seconds: the sum of the steps, plus a calibration's ``call_us``.
+        steps: each step's time, bottleneck and bytes (with a calibration, local work outside any
+            step of transfers shows as a step of 0 bytes).
         traffic: bytes per directed channel, ``"<link> <a>-><b>"`` (a, b: the endpoints the link joins).
         link_bytes: bytes per link (all its channels, both directions).
         bottleneck: the resource that set the most predicted time over all steps.
+        overhead_s: software time (a calibration's call, step and message terms; 0 without one).
+        latency_s: link and device latencies on the critical path (the alpha of each step's bottleneck).
+        local_s: local copies and reductions on the critical path (0 without a calibration).
+        calibration: the name of the calibration used, or None.
     """
 
     topology: str
@@ -137,15 +173,218 @@ class Prediction:
     traffic: dict
     link_bytes: dict
     bottleneck: str
+    overhead_s: float = 0.0
+    latency_s: float = 0.0
+    local_s: float = 0.0
+    calibration: str | None = None
 
     @property
     def algbw_gbps(self) -> float:
         """nccl-tests algorithm bandwidth, nbytes / time, in GB/s (0 when the time is 0)."""
         return self.nbytes / self.time_s / 1e9 if self.time_s > 0 else 0.0
 
+    @property
+    def bandwidth_fraction(self) -> float:
+        """The share of ``time_s`` that grows with the bytes (1 - (overhead + latency) / time); 0 at 0 s."""
+        if self.time_s <= 0:
+            return 0.0
+        return max(0.0, 1.0 - (self.overhead_s + self.latency_s) / self.time_s)
+
 
 # ---------------------------------------------------------------------------------------------
-# Schedules
+# Calibration: the software and local-memory terms
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLocal:
+    """Local memory figures of one device: GB/s of a copy and of a reduction (``acc += x``).
+
+    A reduction's bytes are those of the operand ``x``; None means free (not modelled).
+    """
+
+    copy_gbps: float | None = None
+    reduce_gbps: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What a collective costs besides its links: software per call, step and message; local copies.
+
+    Attributes:
+        name: names the calibration in predictions and errors.
+        call_us: once per call that communicates.
+        step_us: once per step of transfers.
+        message_us: per message the busiest rank posts in a step.
+        local: the local figures every device has unless ``devices`` names it.
+        devices: device id -> ``DeviceLocal`` for devices that differ.
+        sources: figure -> where it comes from (``"call_us"``, ``"copy_gbps"``, ``"rank0.copy_gbps"``...),
+            each starting with ``measured here``, ``datasheet``, ``paper`` or ``estimate``.
+        topology: the name of the topology it was measured with ("" if none); informational.
+        description: free text.
+
+    ``Calibration()`` (all zero, nothing local) leaves every prediction as the link model makes it.
+    """
+
+    name: str = "none"
+    call_us: float = 0.0
+    step_us: float = 0.0
+    message_us: float = 0.0
+    local: DeviceLocal = DeviceLocal()
+    devices: Mapping[str, DeviceLocal] = dataclasses.field(default_factory=dict)
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    topology: str = ""
+    description: str = ""
+
+    def device_local(self, device_id: str) -> DeviceLocal:
+        """The local figures of ``device_id`` (its own entry, else the defaults)."""
+        return self.devices.get(device_id, self.local)
+
+
+_CAL_TOP_KEYS = {"name", "description", "topology", "call_us", "call_source", "step_us", "step_source",
+                 "message_us", "message_source", "device_defaults", "devices"}
+_CAL_DEVICE_KEYS = {"id", "copy_gbps", "copy_source", "reduce_gbps", "reduce_source"}
+
+
+def _cal_fail(where: str, fn: str, msg: str, exc=ValueError):
+    raise exc(f"{fn}: {where}: {msg}")
+
+
+def _cal_number(data: Mapping, key: str, where: str, fn: str, what: str, *, zero_ok: bool):
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _cal_fail(where, fn, f"{what}{key}={value!r} must be a number", TypeError)
+    ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        _cal_fail(where, fn, f"{what}{key}={value!r} must be a {'non-negative' if zero_ok else 'positive'}, "
+                             f"finite number")
+    source_key = key.rsplit("_", 1)[0] + "_source"
+    source = data.get(source_key)
+    if not isinstance(source, str) or not any(source == k or source.startswith(k + ":") for k in SOURCE_KINDS):
+        _cal_fail(where, fn, f"{what}{source_key}={source!r} must be one of "
+                             f"{', '.join(repr(k) for k in SOURCE_KINDS)}, optionally followed by ': detail'")
+    return float(value), source
+
+
+def _cal_local(entry: Mapping, where: str, fn: str, what: str, sources: dict, prefix: str,
+               base: DeviceLocal) -> DeviceLocal:
+    unknown = sorted(set(entry) - _CAL_DEVICE_KEYS)
+    if unknown:
+        _cal_fail(where, fn, f"unknown key {unknown[0]!r} in {what.strip() or 'an entry'} "
+                             f"(known: {', '.join(sorted(_CAL_DEVICE_KEYS))})")
+    got = {}
+    for key in ("copy_gbps", "reduce_gbps"):
+        if key in entry:
+            got[key], sources[prefix + key] = _cal_number(entry, key, where, fn, what, zero_ok=False)
+    return dataclasses.replace(base, **got)
+
+
+def loads_calibration(text: str, path: str | None = None, fn: str = "loads_calibration") -> Calibration:
+    """Parse a calibration from TOML text (the format ``dumps_calibration`` writes).
+
+    Raises:
+        ValueError: invalid TOML, unknown keys, negative or non-finite figures, a figure without a
+            source of a known kind, a device listed twice; the message names the file.
+        TypeError: a field of the wrong type.
+    """
+    from .topology import _toml_module
+
+    tomllib = _toml_module()
+    where = path or "<string>"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{fn}: {where}: not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - _CAL_TOP_KEYS)
+    if unknown:
+        _cal_fail(where, fn, f"unknown key {unknown[0]!r} in the file (known: {', '.join(sorted(_CAL_TOP_KEYS))})")
+    for key in ("name", "description", "topology"):
+        if key in data and not isinstance(data[key], str):
+            _cal_fail(where, fn, f"{key}={data[key]!r} must be a string", TypeError)
+    if not data.get("name"):
+        _cal_fail(where, fn, "the file has no 'name'")
+    sources: dict = {}
+    terms = {}
+    for key in ("call_us", "step_us", "message_us"):
+        if key in data:
+            terms[key], sources[key] = _cal_number(data, key, where, fn, "", zero_ok=True)
+    defaults = data.get("device_defaults", {})
+    if not isinstance(defaults, Mapping):
+        _cal_fail(where, fn, "[device_defaults] must be a table", TypeError)
+    local = _cal_local(defaults, where, fn, "[device_defaults] ", sources, "", DeviceLocal())
+    devices: dict = {}
+    entries = data.get("devices", [])
+    if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+        _cal_fail(where, fn, "'devices' must be an array of tables ([[devices]])", TypeError)
+    for i, entry in enumerate(entries):
+        did = entry.get("id")
+        if not isinstance(did, str) or not did:
+            _cal_fail(where, fn, f"[[devices]] entry #{i} has no string 'id'")
+        if did in devices:
+            _cal_fail(where, fn, f"duplicate device id {did!r} in [[devices]]")
+        devices[did] = _cal_local(entry, where, fn, f"device {did!r} ", sources, f"{did}.", local)
+    return Calibration(name=data["name"], description=data.get("description", ""),
+                       topology=data.get("topology", ""), local=local, devices=devices, sources=sources, **terms)
+
+
+def load_calibration(path: str | os.PathLike) -> Calibration:
+    """Read a calibration TOML file (``xelink bench probe --calibration PATH`` writes one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"load_calibration: calibration file {os.fspath(path)!r} does not exist")
+    return loads_calibration(p.read_text(encoding="utf-8"), path=str(p), fn="load_calibration")
+
+
+def dumps_calibration(cal: Calibration) -> str:
+    """The calibration as TOML text that ``loads_calibration`` reads back to an equal ``Calibration``."""
+    from .topology import _toml_value
+
+    if not isinstance(cal, Calibration):
+        raise TypeError(f"dumps_calibration: cal={cal!r} is not a Calibration")
+    lines = [f"name = {_toml_value(cal.name)}"]
+    for key in ("description", "topology"):
+        if getattr(cal, key):
+            lines.append(f"{key} = {_toml_value(getattr(cal, key))}")
+    for key in ("call_us", "step_us", "message_us"):
+        if key in cal.sources:
+            lines += [f"{key} = {_toml_value(float(getattr(cal, key)))}",
+                      f"{key[:-3]}_source = {_toml_value(cal.sources[key])}"]
+
+    def local_lines(loc: DeviceLocal, prefix: str, base: DeviceLocal | None) -> list[str]:
+        out = []
+        for key in ("copy_gbps", "reduce_gbps"):
+            value = getattr(loc, key)
+            if value is not None and (base is None or value != getattr(base, key) or prefix + key in cal.sources):
+                out += [f"{key} = {_toml_value(float(value))}",
+                        f"{key[:-5]}_source = {_toml_value(cal.sources.get(prefix + key, 'estimate'))}"]
+        return out
+
+    defaults = local_lines(cal.local, "", None)
+    if defaults:
+        lines += ["", "[device_defaults]", *defaults]
+    for did, loc in cal.devices.items():
+        lines += ["", "[[devices]]", f"id = {_toml_value(did)}", *local_lines(loc, f"{did}.", cal.local)]
+    return "\n".join(lines) + "\n"
+
+
+def save_calibration(cal: Calibration, path: str | os.PathLike) -> None:
+    """Write ``dumps_calibration(cal)`` to ``path``."""
+    Path(path).write_text(dumps_calibration(cal), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules: steps of transfers, with the local work the implementation does around them
+
+
+@dataclasses.dataclass
+class _Phase:
+    """One step of the implementation: transfers, and per rank ``[copy bytes, reduced bytes]`` of local
+    work done after them (``after``) or while they run, reading peer memory (``fused``, then ``pull``:
+    only the reader posts a message per peer)."""
+
+    transfers: list
+    after: dict = dataclasses.field(default_factory=dict)
+    fused: dict = dataclasses.field(default_factory=dict)
+    pull: bool = False
 
 
 def _chunks(nbytes: int, n: int) -> list[int]:
@@ -172,69 +411,114 @@ def _groups(placement: Placement):
     return pk, where
 
 
+def _work(copy: Mapping[int, int] | None = None, reduce: Mapping[int, int] | None = None) -> dict:
+    """Per-rank ``[copy, reduce]`` bytes from two maps rank -> bytes."""
+    out: dict = defaultdict(lambda: [0, 0])
+    for r, b in (copy or {}).items():
+        out[r][0] += b
+    for r, b in (reduce or {}).items():
+        out[r][1] += b
+    return dict(out)
+
+
+def _received(step: Iterable[Transfer]) -> dict:
+    got: dict = defaultdict(int)
+    for t in step:
+        got[t.dst] += t.nbytes
+    return dict(got)
+
+
+def _local(copy: Mapping[int, int]) -> _Phase:
+    """Local copies outside any step of transfers."""
+    return _Phase([], after=_work(copy))
+
+
+def _reducing(steps: Iterable[list[Transfer]]) -> list[_Phase]:
+    """Steps after which every rank reduces what it received (a ring reduce-scatter)."""
+    return [_Phase(s, after=_work(reduce=_received(s))) for s in steps]
+
+
 def _all_reduce(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
+    everyone = {r: nbytes for r in range(n)}
     if algo == "ring":
-        return _ring_steps(n, c, -1) + _ring_steps(n, c, 0)
+        return ([_local(everyone)] + _reducing(_ring_steps(n, c, -1))
+                + [_Phase(s) for s in _ring_steps(n, c, 0)] + [_local(everyone)])
     if algo == "direct":
-        return [[Transfer(p, r, nbytes) for r in range(n) for p in range(n) if p != r]]
+        # Copy into the shared buffer, read and sum every peer's (the first read is a copy), copy out.
+        step = [Transfer(p, r, nbytes) for r in range(n) for p in range(n) if p != r]
+        return [_local(everyone), _Phase(step, fused=_work(everyone, _received(step)), pull=True), _local(everyone)]
     if algo == "two_shot":
-        return [[Transfer(p, r, c[r]) for r in range(n) for p in range(n) if p != r],
-                [Transfer(r, p, c[r]) for r in range(n) for p in range(n) if p != r]]
+        first = [Transfer(p, r, c[r]) for r in range(n) for p in range(n) if p != r]
+        # The reducer clones the first part, sums the others, and writes its chunk back.
+        return [_Phase(first, after=_work({r: 2 * c[r] for r in range(n)}, _received(first))),
+                _Phase([Transfer(r, p, c[r]) for r in range(n) for p in range(n) if p != r])]
     pk, _ = _groups(placement)
     leaders = [g[0] for g in pk]
     cross = _chunks(nbytes, len(leaders))
-    steps = [[Transfer(m, g[0], nbytes) for g in pk for m in g[1:]]]
-    for ring in (_ring_steps(len(leaders), cross, -1), _ring_steps(len(leaders), cross, 0)):
-        steps += [[Transfer(leaders[t.src], leaders[t.dst], t.nbytes) for t in step] for step in ring]
-    steps.append([Transfer(g[0], m, nbytes) for g in pk for m in g[1:]])
-    return steps
+    first = [Transfer(m, g[0], nbytes) for g in pk for m in g[1:]]
+    # Leaders of a multi-package job run the ring all-reduce among themselves: a clone in, a copy out.
+    ring_copy = {r: nbytes for r in leaders} if len(leaders) > 1 else {}
+    phases = [_local(everyone), _Phase(first, after=_work(ring_copy, _received(first)))]
+    lift = lambda ring: [[Transfer(leaders[t.src], leaders[t.dst], t.nbytes) for t in s] for s in ring]  # noqa: E731
+    phases += _reducing(lift(_ring_steps(len(leaders), cross, -1)))
+    phases += [_Phase(s) for s in lift(_ring_steps(len(leaders), cross, 0))]
+    phases.append(_local(ring_copy))
+    phases.append(_Phase([Transfer(g[0], m, nbytes) for g in pk for m in g[1:]]))
+    return phases + [_local(everyone)]
 
 
 def _all_gather(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
+    own = _local({r: c[r] for r in range(n)})  # a rank's own shard into the output
     if algo == "ring":
-        return _ring_steps(n, c, 0)
+        return [own] + [_Phase(s) for s in _ring_steps(n, c, 0)]
     if algo == "direct":
-        return [[Transfer(r, p, c[r]) for r in range(n) for p in range(n) if p != r]]
+        return [own, _Phase([Transfer(r, p, c[r]) for r in range(n) for p in range(n) if p != r])]
     pk, where = _groups(placement)
-    first, second = [], []
+    # Step 1 crosses the fabric only; step 2 replicates inside each package everything a rank holds,
+    # its own shard included (as xelink.collectives' topo all-gather does).
+    first, held = [], {r: [r] for r in range(n)}
     for r in range(n):
         mine, li = where[r]
-        first += [Transfer(r, m, c[r]) for m in pk[mine] if m != r]
         for q, g in enumerate(pk):
-            if q == mine:
-                continue
-            land = _landing(g, li)
-            first.append(Transfer(r, land, c[r]))
-            second += [Transfer(land, m, c[r]) for m in g if m != land]
-    return [first, second]
+            if q != mine:
+                land = _landing(g, li)
+                first.append(Transfer(r, land, c[r]))
+                held[land].append(r)
+    second = [Transfer(h, m, c[s]) for h in range(n) for m in pk[where[h][0]] if m != h for s in held[h]]
+    return [own, _Phase(first), _Phase(second)]
 
 
 def _reduce_scatter(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
     if algo == "ring":
-        return _ring_steps(n, c, -1)
+        return ([_local({r: nbytes for r in range(n)})] + _reducing(_ring_steps(n, c, -1))
+                + [_local({r: c[r] for r in range(n)})])
     if algo == "dest_split":
-        return [[Transfer(p, r, c[r]) for r in range(n) for p in range(n) if p != r]]
+        step = [Transfer(p, r, c[r]) for r in range(n) for p in range(n) if p != r]
+        return [_Phase(step, after=_work({r: 2 * c[r] for r in range(n)}, _received(step)))]
     pk, where = _groups(placement)
-    first, second = [], []
+    first, second, clone = [], [], defaultdict(int)
     for d in range(n):
         _, li = where[d]
         for g in pk:
             reducer = _landing(g, li)
+            clone[reducer] += c[d]  # the reducer starts from its own block of d
             first += [Transfer(m, reducer, c[d]) for m in g if m != reducer]
             if reducer != d:
                 second.append(Transfer(reducer, d, c[d]))
-    return [first, second]
+    return [_Phase(first, after=_work(clone, _received(first))),
+            _Phase(second, after=_work({r: 2 * c[r] for r in range(n)}, _received(second)))]
 
 
 def _all_to_all(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
+    own = _local({r: c[r] for r in range(n)})  # a rank's block for itself
     if algo == "ring":
-        return [[Transfer(r, (r + k) % n, c[(r + k) % n]) for r in range(n)] for k in range(1, n)]
+        return [own] + [_Phase([Transfer(r, (r + k) % n, c[(r + k) % n]) for r in range(n)]) for k in range(1, n)]
     if algo == "dest_split":
-        return [[Transfer(r, d, c[d]) for r in range(n) for d in range(n) if d != r]]
+        return [own, _Phase([Transfer(r, d, c[d]) for r in range(n) for d in range(n) if d != r])]
     pk, where = _groups(placement)
     first, second = [], []
     for d in range(n):
@@ -246,27 +530,29 @@ def _all_to_all(algo, n, nbytes, placement):
             relay = _landing(g, li)
             first += [Transfer(m, relay, c[d]) for m in g if m != relay]
             second.append(Transfer(relay, d, len(g) * c[d]))
-    return [first, second]
+    return [own, _Phase(first), _Phase(second)]
 
 
 def _broadcast(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
     if algo == "direct":
-        return [[Transfer(0, r, nbytes) for r in range(1, n)]]
-    if algo == "ring":
-        return [[Transfer(h, h + 1, c[t - h]) for h in range(n - 1) if 0 <= t - h < n] for t in range(2 * n - 2)]
-    if algo == "two_shot":
-        return [[Transfer(0, r, c[r]) for r in range(1, n)],
-                [Transfer(r, p, c[r]) for r in range(1, n) for p in range(1, n) if p != r]]
-    pk, where = _groups(placement)
-    mine, li = where[0]
-    first, second = [Transfer(0, m, nbytes) for m in pk[mine] if m != 0], []
-    for q, g in enumerate(pk):
-        if q != mine:
-            land = _landing(g, li)
-            first.append(Transfer(0, land, nbytes))
-            second += [Transfer(land, m, nbytes) for m in g if m != land]
-    return [first, second]
+        steps = [[Transfer(0, r, nbytes) for r in range(1, n)]]
+    elif algo == "ring":
+        steps = [[Transfer(h, h + 1, c[t - h]) for h in range(n - 1) if 0 <= t - h < n] for t in range(2 * n - 2)]
+    elif algo == "two_shot":
+        steps = [[Transfer(0, r, c[r]) for r in range(1, n)],
+                 [Transfer(r, p, c[r]) for r in range(1, n) for p in range(1, n) if p != r]]
+    else:
+        pk, where = _groups(placement)
+        mine, li = where[0]
+        first, second = [Transfer(0, m, nbytes) for m in pk[mine] if m != 0], []
+        for q, g in enumerate(pk):
+            if q != mine:
+                land = _landing(g, li)
+                first.append(Transfer(0, land, nbytes))
+                second += [Transfer(land, m, nbytes) for m in g if m != land]
+        steps = [first, second]
+    return [_Phase(s) for s in steps]
 
 
 _BUILDERS = {"all_reduce": _all_reduce, "all_gather": _all_gather, "reduce_scatter": _reduce_scatter,
@@ -306,6 +592,28 @@ def _placement(fn: str, topology, placement_or_nranks) -> Placement:
         raise ValueError(f"{fn}: {exc}") from None
 
 
+def _calibration(fn: str, topology: Topology, calibration) -> Calibration | None:
+    if calibration is None:
+        return None
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"{fn}: calibration={calibration!r} is not a Calibration (use load_calibration())")
+    known = {d.id for d in topology.devices}
+    stray = [d for d in calibration.devices if d not in known]
+    if stray:
+        raise ValueError(f"{fn}: calibration {calibration.name!r} describes device {stray[0]!r}, which topology "
+                         f"{topology.name!r} does not have")
+    return calibration
+
+
+def _phases(placement: Placement, op: str, algo: str, nbytes: int) -> list[_Phase]:
+    if placement.nranks == 1:
+        return []
+    phases = _BUILDERS[op](algo, placement.nranks, nbytes, placement)
+    for ph in phases:
+        ph.transfers = [t for t in ph.transfers if t.nbytes > 0]
+    return phases
+
+
 def schedule(placement: Placement, op: str, algo: str, nbytes: int) -> list[list[Transfer]]:
     """The steps of ``algo`` for ``op`` on ``placement`` (see the module docstring for each algorithm).
 
@@ -314,12 +622,7 @@ def schedule(placement: Placement, op: str, algo: str, nbytes: int) -> list[list
     nbytes = _check("schedule", op, algo, nbytes)
     if not isinstance(placement, Placement):
         raise TypeError(f"schedule: placement={placement!r} is not a Placement (use topology.place())")
-    n = placement.nranks
-    if n == 1:
-        return []
-    steps = _BUILDERS[op](algo, n, nbytes, placement)
-    steps = [[t for t in step if t.nbytes > 0] for step in steps]
-    return [s for s in steps if s]
+    return [ph.transfers for ph in _phases(placement, op, algo, nbytes) if ph.transfers]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,6 +630,7 @@ def schedule(placement: Placement, op: str, algo: str, nbytes: int) -> list[list
 
 
 def _price_step(topology: Topology, placement: Placement, step: Iterable[Transfer]):
+    """(time, bottleneck, alpha of the bottleneck, bytes moved between devices, bytes per channel)."""
     chan: dict = defaultdict(int)
     sent: dict = defaultdict(int)
     recv: dict = defaultdict(int)
@@ -337,7 +641,7 @@ def _price_step(topology: Topology, placement: Placement, step: Iterable[Transfe
     for t in step:
         a, b = placement.devices[t.src], placement.devices[t.dst]
         if a == b:
-            continue  # ranks sharing a device: a local copy, outside this model
+            continue  # ranks sharing a device: a local copy (see _price_phase)
         link, ea, eb = topology.route(a, b)
         chan[(link.name, ea, eb)] += t.nbytes
         sent[a] += t.nbytes
@@ -348,30 +652,90 @@ def _price_step(topology: Topology, placement: Placement, step: Iterable[Transfe
         lat_in[b] = max(lat_in[b], link.latency_us)
         moved += t.nbytes
     if not moved:
-        return 0.0, "", 0, {}
+        return 0.0, "", 0.0, 0, {}
     # The first resource of the largest time names the step: channels before device limits, so a
     # tie between a link and the device that alone uses it is reported as the link.
     candidates = []
     for (name, ea, eb), nb in chan.items():
         link = topology.link(name)
-        candidates.append((link.latency_us * 1e-6 + nb / (link.bandwidth_gbps * 1e9), f"link {name} {ea}->{eb}"))
+        candidates.append((link.latency_us, nb, link.bandwidth_gbps, f"link {name} {ea}->{eb}"))
     for dev, nb in sent.items():
-        d = topology.device(dev)
-        candidates.append((lat_out[dev] * 1e-6 + nb / (d.egress_gbps * 1e9), f"injection of {dev}"))
+        candidates.append((lat_out[dev], nb, topology.device(dev).egress_gbps, f"injection of {dev}"))
     for dev, nb in recv.items():
-        d = topology.device(dev)
-        candidates.append((lat_in[dev] * 1e-6 + nb / (d.ingress_gbps * 1e9), f"ejection of {dev}"))
+        candidates.append((lat_in[dev], nb, topology.device(dev).ingress_gbps, f"ejection of {dev}"))
     for (name, dev), nb in capped.items():
         link = topology.link(name)
-        candidates.append((link.latency_us * 1e-6 + nb / (link.per_device_gbps * 1e9), f"{name} egress of {dev}"))
-    worst = candidates[0]
-    for c in candidates[1:]:
-        if c[0] > worst[0]:
-            worst = c
-    return worst[0], worst[1], moved, chan
+        candidates.append((link.latency_us, nb, link.per_device_gbps, f"{name} egress of {dev}"))
+    worst, worst_t = None, -1.0
+    for alpha, nb, bw, what in candidates:
+        t = alpha * 1e-6 + nb / (bw * 1e9)
+        if t > worst_t:
+            worst, worst_t = (alpha * 1e-6, what), t
+    return worst_t, worst[1], worst[0], moved, chan
 
 
-def predict(topology: Topology, placement_or_nranks, op: str, algo: str, nbytes: int) -> Prediction:
+def _local_time(placement: Placement, cal: Calibration | None, work: Mapping[int, list]) -> tuple[float, str]:
+    """The slowest rank's local copies and reductions: (seconds, what)."""
+    if cal is None:
+        return 0.0, ""
+    worst, what = 0.0, ""
+    for r, (copy, red) in work.items():
+        dev = placement.devices[r]
+        loc = cal.device_local(dev)
+        t = (copy / (loc.copy_gbps * 1e9) if copy and loc.copy_gbps else 0.0) + \
+            (red / (loc.reduce_gbps * 1e9) if red and loc.reduce_gbps else 0.0)
+        if t > worst:
+            worst, what = t, f"local work of {dev}"
+    return worst, what
+
+
+def _messages(phase: _Phase) -> int:
+    posted: dict = defaultdict(int)
+    for t in phase.transfers:
+        posted[t.dst] += 1
+        if not phase.pull:
+            posted[t.src] += 1
+    return max(posted.values(), default=0)
+
+
+def _price_phase(topology: Topology, placement: Placement, phase: _Phase, cal: Calibration | None):
+    """(StepCost or None, overhead, latency, local seconds on the critical path, blame, channels)."""
+    comm_t, what, alpha, moved, chan = _price_step(topology, placement, phase.transfers)
+    fused = dict(phase.fused)
+    if cal is not None:
+        for t in phase.transfers:  # ranks sharing a device copy instead of using a link
+            if placement.devices[t.src] == placement.devices[t.dst]:
+                fused.setdefault(t.dst, [0, 0])
+                fused[t.dst] = [fused[t.dst][0] + t.nbytes, fused[t.dst][1]]
+    fused_t, fused_what = _local_time(placement, cal, fused)
+    after_t, after_what = _local_time(placement, cal, phase.after)
+    overhead = 0.0
+    if cal is not None and phase.transfers:
+        overhead = (cal.step_us + cal.message_us * _messages(phase)) * 1e-6
+    blame: dict = defaultdict(float)
+    latency, local = 0.0, after_t
+    if fused_t > comm_t:
+        blame[fused_what] += fused_t
+        local += fused_t
+        bottleneck = fused_what
+    else:
+        if what:
+            blame[what] += comm_t
+        latency = alpha
+        bottleneck = what
+    if after_t:
+        blame[after_what] += after_t
+        bottleneck = bottleneck or after_what
+    if overhead:
+        blame["software"] += overhead
+    total = overhead + max(comm_t, fused_t) + after_t
+    if total <= 0:
+        return None, 0.0, 0.0, 0.0, {}, {}
+    return StepCost(total, bottleneck, moved), overhead, latency, local, blame, chan
+
+
+def predict(topology: Topology, placement_or_nranks, op: str, algo: str, nbytes: int,
+            calibration: Calibration | None = None) -> Prediction:
     """Predict the time and per-link traffic of ``algo`` for ``op`` on ``topology``.
 
     Args:
@@ -379,37 +743,52 @@ def predict(topology: Topology, placement_or_nranks, op: str, algo: str, nbytes:
         placement_or_nranks: a ``Placement`` of that topology, or a rank count (``place(topology, n)``).
         op: one of ``OPS``; algo: one of ``ALGOS[op]``.
         nbytes: message size in bytes, as nccl-tests counts it (see the module docstring).
+        calibration: software and local-memory terms (``load_calibration``); None: links only.
 
     Returns:
-        A ``Prediction``: ``time_s = sum over steps of max over resources (alpha + bytes / bandwidth)``.
+        A ``Prediction``: ``time_s = sum over steps of max over resources (alpha + bytes / bandwidth)``,
+        plus the calibration's terms when one is given.
 
     Raises:
-        ValueError: unknown op or algo, negative nbytes, more ranks than the topology can place.
+        ValueError: unknown op or algo, negative nbytes, more ranks than the topology can place, a
+            calibration that names a device the topology lacks.
         TypeError: arguments of the wrong type.
     """
     nbytes = _check("predict", op, algo, nbytes)
     placement = _placement("predict", topology, placement_or_nranks)
-    total = 0.0
+    cal = _calibration("predict", topology, calibration)
+    total = overhead = latency = local = 0.0
     steps = []
     traffic: dict = defaultdict(int)
     link_bytes: dict = defaultdict(int)
     blame: dict = defaultdict(float)
-    for step in schedule(placement, op, algo, nbytes):
-        t, what, moved, chan = _price_step(topology, placement, step)
-        total += t
-        steps.append(StepCost(t, what, moved))
-        blame[what] += t
+    communicates = False
+    for phase in _phases(placement, op, algo, nbytes):
+        cost, o, lat, loc, who, chan = _price_phase(topology, placement, phase, cal)
+        if cost is None:
+            continue
+        communicates = communicates or bool(phase.transfers)
+        steps.append(cost)
+        total += cost.time_s
+        overhead, latency, local = overhead + o, latency + lat, local + loc
+        for k, v in who.items():
+            blame[k] += v
         for (name, ea, eb), nb in chan.items():
             traffic[f"{name} {ea}->{eb}"] += nb
             link_bytes[name] += nb
+    if cal is not None and communicates and cal.call_us:
+        total += cal.call_us * 1e-6
+        overhead += cal.call_us * 1e-6
+        blame["software"] += cal.call_us * 1e-6
     bottleneck = max(blame, key=blame.get) if blame else ""
     return Prediction(topology=topology.name, nranks=placement.nranks, op=op, algo=algo, nbytes=nbytes,
                       time_s=total, steps=tuple(steps), traffic=dict(traffic), link_bytes=dict(link_bytes),
-                      bottleneck=bottleneck)
+                      bottleneck=bottleneck, overhead_s=overhead, latency_s=latency, local_s=local,
+                      calibration=None if cal is None else cal.name)
 
 
 def predict_all(topology: Topology, placement_or_nranks, op: str, nbytes: int,
-                algos: Sequence[str] | None = None) -> dict[str, Prediction]:
+                algos: Sequence[str] | None = None, calibration: Calibration | None = None) -> dict[str, Prediction]:
     """``predict`` for every algorithm of ``op`` (or those in ``algos``), in ``ALGOS[op]`` order."""
     if op not in ALGOS:
         raise ValueError(f"predict_all: op={op!r} is not one of {', '.join(OPS)}")
@@ -418,16 +797,17 @@ def predict_all(topology: Topology, placement_or_nranks, op: str, nbytes: int,
     elif isinstance(algos, str) or not algos:
         raise ValueError(f"predict_all: algos={algos!r} must be a non-empty list of algorithm names")
     placement = _placement("predict_all", topology, placement_or_nranks)
-    return {a: predict(topology, placement, op, a, nbytes) for a in algos}
+    return {a: predict(topology, placement, op, a, nbytes, calibration) for a in algos}
 
 
-def best(topology: Topology, nranks, op: str, nbytes: int, algos: Sequence[str] | None = None) -> str:
+def best(topology: Topology, nranks, op: str, nbytes: int, algos: Sequence[str] | None = None,
+         calibration: Calibration | None = None) -> str:
     """The algorithm the model predicts fastest for ``op`` at ``nbytes`` (ties: the earlier in ``ALGOS[op]``).
 
     ``nranks`` may also be a ``Placement``. This is what ``algo="auto"`` consults when no measured
     tuning table covers the case.
     """
-    preds = predict_all(topology, nranks, op, nbytes, algos)
+    preds = predict_all(topology, nranks, op, nbytes, algos, calibration)
     return min(preds, key=lambda a: preds[a].time_s)
 
 
@@ -469,7 +849,7 @@ _SIZE_MEANING = {"all_reduce": "buffer bytes per rank", "broadcast": "buffer byt
 
 
 def table(topology: Topology, placement_or_nranks, op: str, sizes: Sequence[int],
-          algos: Sequence[str] | None = None) -> str:
+          algos: Sequence[str] | None = None, calibration: Calibration | None = None) -> str:
     """Predicted time of every algorithm at every size, with the ratio ring time / algorithm time.
 
     A ratio above 1 means the model predicts the algorithm faster than the ring.
@@ -480,11 +860,12 @@ def table(topology: Topology, placement_or_nranks, op: str, sizes: Sequence[int]
     algos = list(ALGOS[op] if algos is None else algos)
     npk = len(placement.packages())
     lines = [f"{op} on {topology.name}: {placement.nranks} rank(s) in {npk} package(s); size = "
-             f"{_SIZE_MEANING[op]}; ratio = ring time / time (> 1: faster than ring)"]
+             f"{_SIZE_MEANING[op]}; ratio = ring time / time (> 1: faster than ring)"
+             + (f"; calibration {calibration.name}" if calibration is not None else "")]
     rows = [["size"] + [f"{a}" for a in algos] + ["best"]]
     for n in sizes:
-        preds = predict_all(topology, placement, op, n, algos)
-        ring = predict(topology, placement, op, "ring", n).time_s
+        preds = predict_all(topology, placement, op, n, algos, calibration)
+        ring = predict(topology, placement, op, "ring", n, calibration).time_s
         row = [_fmt_size(n)]
         for a in algos:
             t = preds[a].time_s
