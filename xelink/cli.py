@@ -230,15 +230,19 @@ def main(argv=None) -> int:
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
     p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
     p.set_defaults(fn=_cmd_cost)
-    p = sub.add_parser("bench", help="benchmarks (run under a launcher): `xelink bench collectives --help`")
-    p.add_argument("family", choices=("collectives",))
+    p = sub.add_parser("bench", help="benchmarks (run under a launcher): `xelink bench collectives --help`, "
+                                     "`xelink bench probe --help`, `xelink bench model-check --help`")
+    p.add_argument("family", choices=tuple(_BENCH_FAMILIES))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the family's own options")
     p.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)
     return args.fn(args)
 
 
-def _cmd_bench(args) -> int:
-    from .bench import collectives
+# ``xelink bench <family>``: the module of xelink.bench whose main(argv) runs it.
+_BENCH_FAMILIES = {"collectives": "collectives", "probe": "probe", "model-check": "model_check"}
 
-    return collectives.main(args.rest)
+
+def _cmd_bench(args) -> int:
+    module = importlib.import_module(f".bench.{_BENCH_FAMILIES[args.family]}", __package__)
+    return module.main(args.rest)

@@ -1,0 +1,50 @@
+"""The probe's alpha-beta fit and the calibrated topology it writes (no ranks needed)."""
+import pytest
+
+from xelink import cost
+from xelink import topology as T
+from xelink.bench.probe import Fit, ProbeResult, calibrated, fit_alpha_beta
+
+
+def test_fit_recovers_alpha_and_beta_exactly():
+    points = [(s, 20e-6 + s / 5e9) for s in (8, 65536, 1 << 20, 4 << 20)]
+    f = fit_alpha_beta(points)
+    assert f.alpha_us == pytest.approx(20.0, rel=1e-6) and f.gbps == pytest.approx(5.0, rel=1e-6)
+    assert f.seconds(1 << 20) == pytest.approx(20e-6 + (1 << 20) / 5e9, rel=1e-9)
+
+
+def test_fit_keeps_alpha_non_negative_and_beta_positive():
+    # Noise that would give a negative intercept: refitted through the origin.
+    f = fit_alpha_beta([(1000, 1e-7), (1 << 20, 3e-4), (4 << 20, 8e-4)])
+    assert f.alpha_us == 0.0 and f.gbps > 0
+    # A larger size that took less time (noise) still gives a positive bandwidth.
+    g = fit_alpha_beta([(1 << 20, 5e-4), (4 << 20, 4e-4)])
+    assert g.gbps > 0 and g.alpha_us >= 0
+    with pytest.raises(ValueError, match=r"fit_alpha_beta: .* need positive times"):
+        fit_alpha_beta([(8, 0.0)])
+
+
+def test_a_probe_result_makes_a_valid_calibrated_topology_and_calibration():
+    base = T.load("cpu-2x2")
+    placement = T.place(base, 4)
+    pp = Fit(25.0, 3.0, ((8, 25e-6), (1 << 20, 3.7e-4)))
+    result = ProbeResult(
+        nranks=4, hosts=["vm"] * 4, device="cpu", date="2026-01-02",
+        links={"shm0": {"pair": [0, 1], "fit": pp}, "fabric": {"pair": [0, 2], "fit": Fit(30.0, 2.0, pp.points)}},
+        injection=Fit(10.0, 1.5, pp.points),
+        software={"patterns": {"ring": {"lengths": [1, 4]}}, "call_us": 400.0, "step_us": 50.0, "message_us": 100.0,
+                  "intercept_us": 390.0, "api_us": 10.0},
+        local=[{"copy": Fit(1.0, 8.0 + r, pp.points), "reduce": Fit(1.0, 6.0, pp.points)} for r in range(4)])
+    topo, cal = calibrated(result, base, placement)
+    assert topo.name == "cpu-2x2-probed" and topo.link("shm0").latency_us == 25.0
+    assert topo.link("fabric").bandwidth_gbps == 2.0 and topo.link("shm1").bandwidth_gbps == 8.0  # not probed
+    assert {d.injection_gbps for d in topo.devices} == {1.5}
+    stamp = "measured here: by `xelink bench probe` on 2026-01-02, vm, 4 rank(s)"
+    assert topo.link("shm0").latency_source.startswith(stamp)
+    assert T.loads(T.dumps(topo)) == topo  # the same schema as the shipped descriptions
+    assert (cal.call_us, cal.step_us, cal.message_us) == (400.0, 50.0, 100.0)
+    assert cal.device_local("cpu3") == cost.DeviceLocal(11.0, 6.0) and cal.local.copy_gbps == 9.5
+    assert all(s.startswith(stamp) for s in cal.sources.values())
+    assert cost.loads_calibration(cost.dumps_calibration(cal)) == cal
+    p = cost.predict(topo, 4, "all_gather", "ring", 1 << 20, cal)
+    assert p.overhead_s == pytest.approx(400e-6 + 3 * (50e-6 + 2 * 100e-6), rel=1e-12)

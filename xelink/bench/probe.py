@@ -1,0 +1,516 @@
+"""Probe the running job: link latency and bandwidth, software overhead per step, local copy/reduce speed.
+
+Run under a launcher: ``mpiexec -n 4 xelink bench probe --topology-out t.toml --calibration-out c.toml``.
+Everything goes through xelink's own transport, with the step primitive every collective is built of
+(post the receives and sends of a step, wait for all), on tensors of the communicator's device:
+
+1. **Links**: for each link of the topology that joins two ranks of the job, a ping-pong between the
+   first such pair (the other ranks wait) at a few sizes; one way = round trip / 2, fitted as
+   ``alpha + bytes / beta``. alpha and beta become the link's ``latency_us`` and ``bandwidth_gbps``.
+2. **Injection under load**: every rank at once sends to its right neighbour and receives from its
+   left (a ring step) at a few sizes; the fitted beta is each device's ``injection_gbps``: what a rank
+   moves when every rank moves bytes, as in a collective (on CPU ranks the cores are shared).
+3. **Software**: chains of K steps of 8-byte messages, every rank active, in three patterns: pairs
+   ping-ponging (1 message per rank per step), a ring (2) and all peers (2(n-1)). The time of a call
+   of K steps is fitted as ``intercept + K * per_step``; what a step costs beyond the link latency the
+   model already charges is fitted as ``step_us + message_us * messages``; the mean intercept plus the
+   cost of entering the public API (a collective on a one-rank communicator) is ``call_us``.
+4. **Local work**: every rank at once times ``b.copy_(a)`` and ``b.add_(a)`` (float32) at a few sizes;
+   the fitted betas are the device's ``copy_gbps`` and ``reduce_gbps``.
+
+The result is a calibrated topology (the job's topology, every measured figure with the source
+``measured here: by `xelink bench probe` on <date>, <host>; ...``) and a ``cost.Calibration``; with both,
+``cost.predict`` models what a collective costs on this job. Times are medians of co-measured samples
+(max over ranks where the ranks work together).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import statistics
+import sys
+
+import numpy as np
+import torch
+
+from .. import cost
+from ..topology import Placement, Topology, validate
+from ..collectives._common import step
+from .harness import co_measure, rank_max, time_fn
+
+__all__ = ["Fit", "ProbeResult", "fit_alpha_beta", "probe", "calibrated", "main"]
+
+KiB, MiB = 1 << 10, 1 << 20
+# Defaults: full, and quick (what tests and smoke runs use).
+PINGPONG_SIZES = (8, 64 * KiB, MiB, 4 * MiB)
+EXCHANGE_SIZES = (64 * KiB, MiB, 4 * MiB)
+LOCAL_SIZES = (256 * KiB, MiB, 4 * MiB)
+CHAIN_LENGTHS = (1, 4, 16)
+QUICK = {"pingpong_sizes": (8, 256 * KiB), "exchange_sizes": (64 * KiB, 512 * KiB),
+         "local_sizes": (256 * KiB, MiB), "chain_lengths": (1, 6), "iters": 4, "rounds": 2}
+_TAG = (1 << 14) - 1  # a user-range tag no collective uses; the probe runs between collectives
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """``seconds(nbytes) = alpha_us * 1e-6 + nbytes / (gbps * 1e9)``, from ``points`` (bytes, seconds)."""
+
+    alpha_us: float
+    gbps: float
+    points: tuple
+
+    def seconds(self, nbytes: int) -> float:
+        return self.alpha_us * 1e-6 + nbytes / (self.gbps * 1e9)
+
+
+def fit_alpha_beta(points) -> Fit:
+    """Least squares of relative error: ``alpha + bytes / beta`` through (bytes, seconds) points.
+
+    Relative error keeps the small sizes (which set alpha) from being drowned by the large ones (which
+    set beta). A negative alpha (noise) is refitted as 0; beta must come out positive, else the
+    largest point alone sets it.
+    """
+    pts = [(float(b), float(t)) for b, t in points]
+    if not pts or any(t <= 0 for _, t in pts):
+        raise ValueError(f"fit_alpha_beta: points={points!r} need positive times")
+    s = np.array([b for b, _ in pts])
+    t = np.array([t for _, t in pts])
+    if len(set(s)) >= 2:
+        (a, b), *_ = np.linalg.lstsq(np.stack([1 / t, s / t], axis=1), np.ones_like(t), rcond=None)
+    else:
+        a, b = 0.0, t[0] / s[0] if s[0] else 0.0
+    if a < 0 or b <= 0:
+        a = 0.0 if b > 0 else a
+        b = float(np.sum(s / t) / np.sum((s / t) ** 2)) if np.any(s) else 0.0  # through the origin
+    if b <= 0:
+        i = int(np.argmax(s))
+        b = t[i] / s[i] if s[i] else 1e-12
+        a = 0.0
+    return Fit(alpha_us=max(float(a), 0.0) * 1e6, gbps=1.0 / float(b) / 1e9, points=tuple(pts))
+
+
+@dataclasses.dataclass
+class ProbeResult:
+    """What ``probe`` measured (the same on every rank).
+
+    Attributes:
+        nranks, hosts, device, date: the job.
+        links: link name -> ``{"pair": [a, b], "fit": Fit}`` (ping-pong, one way).
+        injection: ``Fit`` of a ring step with every rank sending (per-rank bandwidth under load), or None.
+        software: ``{"patterns": {name: {...}}, "call_us", "step_us", "message_us", "api_us"}``.
+        local: per rank, ``{"copy": Fit, "reduce": Fit}``.
+    """
+
+    nranks: int
+    hosts: list
+    device: str
+    date: str
+    links: dict
+    injection: Fit | None
+    software: dict
+    local: list
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def stamp(self) -> str:
+        where = ", ".join(dict.fromkeys(self.hosts))
+        return f"measured here: by `xelink bench probe` on {self.date}, {where}, {self.nranks} rank(s)"
+
+
+# -- timing helpers -------------------------------------------------------------------------------
+
+def _sync_of(device):
+    kind = getattr(device, "type", "cpu")
+    if kind == "cuda":
+        return torch.cuda.synchronize
+    if kind == "xpu":
+        return torch.xpu.synchronize
+    return None
+
+
+def _timed(comm, fn, *, iters: int, rounds: int, together: bool = True) -> float:
+    """Median seconds of one call of ``fn``: max over ranks per sample (``together``) or this rank's own."""
+    timing = functools.partial(time_fn, warmup=0, sync=_sync_of(comm.device))
+    samples = co_measure({"x": fn}, warmup=1, iters=iters, rounds=rounds, barrier=comm.barrier,
+                         reduce_max=rank_max(comm) if together else None, timing=timing)["x"]
+    return statistics.median(samples)
+
+
+def _bytes(nbytes: int, device) -> torch.Tensor:
+    return torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+
+
+def _step(comm, sends, recvs, deadline):
+    step(comm, sends, recvs, _TAG, deadline, "probe")
+
+
+def _reps(nbytes: int) -> int:
+    """Repetitions per timed call: enough bytes (about 4 MiB) that the clock's resolution does not matter."""
+    return max(1, min(16, (4 * MiB) // max(nbytes, 1)))
+
+
+# -- 1. links -------------------------------------------------------------------------------------
+
+def _link_pairs(topology: Topology, placement: Placement) -> dict:
+    """Link name -> the first pair of ranks (on different devices) whose bytes cross it."""
+    pairs: dict = {}
+    n = placement.nranks
+    for a in range(n):
+        for b in range(a + 1, n):
+            da, db = placement.devices[a], placement.devices[b]
+            if da != db:
+                link, _, _ = topology.route(da, db)
+                pairs.setdefault(link.name, (a, b))
+    return pairs
+
+
+def _pingpong(comm, a: int, b: int, sizes, iters: int, rounds: int) -> Fit:
+    points = []
+    for nbytes in sizes:
+        buf, reps = _bytes(nbytes, comm.device), _reps(nbytes)
+        deadline = comm.deadline()
+
+        def trip():
+            for _ in range(reps):
+                if comm.rank == a:
+                    _step(comm, [(b, buf)], [], deadline)
+                    _step(comm, [], [(b, buf)], deadline)
+                elif comm.rank == b:
+                    _step(comm, [], [(a, buf)], deadline)
+                    _step(comm, [(a, buf)], [], deadline)
+
+        points.append((nbytes, _timed(comm, trip, iters=iters, rounds=rounds) / (2 * reps)))
+    return fit_alpha_beta(points)
+
+
+# -- 2. injection under load ----------------------------------------------------------------------
+
+def _injection(comm, sizes, iters: int, rounds: int) -> Fit:
+    n, r = comm.size, comm.rank
+    points = []
+    for nbytes in sizes:
+        src, dst, reps = _bytes(nbytes, comm.device), _bytes(nbytes, comm.device), _reps(nbytes)
+        deadline = comm.deadline()
+
+        def ring():
+            for _ in range(reps):
+                _step(comm, [((r + 1) % n, src)], [((r - 1) % n, dst)], deadline)
+
+        points.append((nbytes, _timed(comm, ring, iters=iters, rounds=rounds) / reps))
+    return fit_alpha_beta(points)
+
+
+# -- 3. software ----------------------------------------------------------------------------------
+
+def _patterns(n: int, r: int) -> dict:
+    """name -> (messages per rank per step, [(sends, recvs) per step of the pattern's cycle] of rank r)."""
+    right, left = (r + 1) % n, (r - 1) % n
+    partner = r ^ 1
+    if partner < n:
+        first = ([partner], []) if r % 2 == 0 else ([], [partner])
+        pingpong = [first, (first[1], first[0])]
+    else:
+        pingpong = [([], []), ([], [])]  # the odd rank out waits
+    out = {"pingpong": (1, pingpong), "ring": (2, [([right], [left])])}
+    if n >= 3:
+        peers = [p for p in range(n) if p != r]
+        out["all"] = (2 * (n - 1), [(peers, peers)])
+    return out
+
+
+def _pattern_latency(topology: Topology, placement: Placement, name: str) -> float:
+    """The link latency (us) the model already charges for one step of a pattern with tiny messages."""
+    n = placement.nranks
+    worst = 0.0
+    for r in range(n):
+        _, cycle = _patterns(n, r)[name]
+        for sends, _ in cycle:
+            for p in sends:
+                if placement.devices[p] != placement.devices[r]:
+                    worst = max(worst, topology.route(placement.devices[r], placement.devices[p])[0].latency_us)
+    return worst
+
+
+def _software(comm, topology: Topology, placement: Placement, lengths, iters: int, rounds: int) -> dict:
+    n = comm.size
+    small = _bytes(8, comm.device)
+    inbox = [_bytes(8, comm.device) for _ in range(n)]
+    deadline = comm.deadline()
+    patterns = {}
+    for name, (messages, cycle) in _patterns(n, comm.rank).items():
+        times = []
+        for k in lengths:
+            def chain(k=k):
+                for i in range(k):
+                    sends, recvs = cycle[i % len(cycle)]
+                    _step(comm, [(p, small) for p in sends], [(p, inbox[p]) for p in recvs], deadline)
+
+            times.append(_timed(comm, chain, iters=iters, rounds=rounds))
+        slope, icpt = np.polyfit(np.array(lengths, dtype=float), np.array(times), 1)
+        link_us = _pattern_latency(topology, placement, name)
+        patterns[name] = {"messages": messages, "lengths": list(lengths), "seconds": times,
+                          "per_step_us": float(slope) * 1e6, "intercept_us": float(icpt) * 1e6,
+                          "link_latency_us": link_us, "beyond_link_us": float(slope) * 1e6 - link_us}
+    # step_us + message_us * m through the per-step costs beyond the link latency, both >= 0.
+    m = np.array([p["messages"] for p in patterns.values()], dtype=float)
+    y = np.array([p["beyond_link_us"] for p in patterns.values()])
+    if len(set(m)) >= 2:
+        (step_us, message_us), *_ = np.linalg.lstsq(np.stack([np.ones_like(m), m], axis=1), y, rcond=None)
+    else:
+        step_us, message_us = float(np.mean(y)), 0.0
+    if message_us < 0:
+        step_us, message_us = float(np.mean(y)), 0.0
+    if step_us < 0:
+        step_us, message_us = 0.0, float(np.sum(m * y) / np.sum(m * m))
+    api_us = _api_overhead(comm, iters, rounds)
+    intercept = float(np.mean([p["intercept_us"] for p in patterns.values()]))
+    return {"patterns": patterns, "step_us": max(float(step_us), 0.0), "message_us": max(float(message_us), 0.0),
+            "api_us": api_us, "intercept_us": intercept, "call_us": max(intercept, 0.0) + api_us}
+
+
+def _api_overhead(comm, iters: int, rounds: int) -> float:
+    """Microseconds of a public collective that communicates nothing (all_reduce on a one-rank group);
+    the slowest rank's."""
+    from .. import collectives
+
+    solo = comm.split(comm.rank)
+    try:
+        x = torch.ones(8, device=comm.device)
+        seconds = _timed(comm, lambda: collectives.all_reduce(x, group=solo, algo="ring"), iters=iters,
+                         rounds=rounds, together=False)
+    finally:
+        solo.free()
+    return max(comm.allgather_object(seconds)) * 1e6
+
+
+# -- 4. local work --------------------------------------------------------------------------------
+
+def _local(comm, sizes, iters: int, rounds: int) -> dict:
+    """This rank's copy and reduce fits, every rank working at once."""
+    out = {}
+    for name in ("copy", "reduce"):
+        points = []
+        for nbytes in sizes:
+            a = torch.ones(nbytes // 4, device=comm.device)
+            b = torch.ones(nbytes // 4, device=comm.device)
+            reps = _reps(nbytes)
+            op = b.copy_ if name == "copy" else b.add_
+
+            def work():
+                for _ in range(reps):
+                    op(a)
+
+            points.append((nbytes, _timed(comm, work, iters=iters, rounds=rounds, together=False) / reps))
+        out[name] = fit_alpha_beta(points)
+    return out
+
+
+# -- the probe ------------------------------------------------------------------------------------
+
+def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES, local_sizes=LOCAL_SIZES,
+          chain_lengths=CHAIN_LENGTHS, iters: int = 8, rounds: int = 3, topology: Topology | None = None,
+          placement: Placement | None = None) -> ProbeResult:
+    """Measure links, injection under load, software overhead and local work on ``comm``'s ranks.
+
+    Args:
+        comm: the communicator (its ranks are the job being probed); its ``topology`` and
+            ``world_placement`` name the devices and links unless ``topology``/``placement`` are given.
+        pingpong_sizes, exchange_sizes, local_sizes: bytes per message / buffer of each measurement.
+        chain_lengths: steps per timed call in the software chains (at least two lengths).
+        iters, rounds: timed calls per round, rounds (``co_measure``).
+
+    Returns:
+        A ``ProbeResult``, identical on every rank.
+
+    Collective: every rank of ``comm`` must call this with the same arguments.
+    """
+    if len(set(chain_lengths)) < 2:
+        raise ValueError(f"probe: chain_lengths={chain_lengths!r} needs at least two different lengths")
+    topology, placement = _where(comm, topology, placement)
+    links = {}
+    for name, (a, b) in _link_pairs(topology, placement).items():
+        links[name] = {"pair": [a, b], "fit": _pingpong(comm, a, b, pingpong_sizes, iters, rounds)}
+    injection = software = None
+    if comm.size > 1:
+        injection = _injection(comm, exchange_sizes, iters, rounds)
+        measured = calibrated_topology(topology, placement, links, None, "measured here: by this probe")
+        software = _software(comm, measured, placement, chain_lengths, iters, rounds)
+    local = comm.allgather_object(_local(comm, local_sizes, iters, rounds))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return ProbeResult(nranks=comm.size, hosts=list(comm.hosts), device=str(comm.device), date=date, links=links,
+                       injection=injection, software=software or {}, local=local)
+
+
+def _where(comm, topology, placement):
+    if topology is None:
+        topology = comm.topology
+    if placement is None:
+        wp = comm.world_placement
+        if wp is None or topology is None:
+            from ..topology import build_cpu_topology, place
+
+            topology = topology or build_cpu_topology(comm.hosts)
+            placement = place(topology, comm.size)
+        else:
+            placement = Placement(topology, tuple(wp.devices[w] for w in comm.world_ranks))
+    return topology, placement
+
+
+def calibrated_topology(topology: Topology, placement: Placement, links: dict, injection: Fit | None,
+                        stamp: str) -> Topology:
+    """``topology`` with the measured link and injection figures (and ``stamp``-ed sources) put in."""
+    new_links = []
+    for link in topology.links:
+        got = links.get(link.name)
+        if got is None:
+            new_links.append(link)
+            continue
+        fit, (a, b) = got["fit"], got["pair"]
+        how = f"{stamp}; ping-pong rank {a} <-> rank {b}, one way = round trip / 2"
+        new_links.append(dataclasses.replace(
+            link, latency_us=max(fit.alpha_us, 0.01), bandwidth_gbps=fit.gbps,
+            latency_source=f"{how}, alpha of alpha + bytes/beta over {len(fit.points)} sizes",
+            bandwidth_source=f"{how}, beta of alpha + bytes/beta over {len(fit.points)} sizes"))
+    used = set(placement.devices)
+    devices = []
+    for d in topology.devices:
+        if injection is None or d.id not in used:
+            devices.append(d)
+            continue
+        devices.append(dataclasses.replace(
+            d, injection_gbps=injection.gbps, ejection_gbps=None, ejection_source=None,
+            injection_source=f"{stamp}; every rank sends to its right neighbour at once (a ring step), "
+                             f"beta of alpha + bytes/beta over {len(injection.points)} sizes"))
+    name = topology.name if topology.name.endswith("-probed") else f"{topology.name}-probed"
+    desc = f"{topology.description}; figures of the ranks' links and devices {stamp.split(': ', 1)[-1]}"
+    return validate(dataclasses.replace(topology, name=name, description=desc, links=tuple(new_links),
+                                        devices=tuple(devices), path=None, _index={}), fn="probe")
+
+
+def calibrated(result: ProbeResult, topology: Topology, placement: Placement) -> tuple[Topology, cost.Calibration]:
+    """The calibrated topology and the ``cost.Calibration`` a probe result describes."""
+    stamp = result.stamp
+    topo = calibrated_topology(topology, placement, result.links, result.injection, stamp)
+    sources, terms = {}, {}
+    sw = result.software
+    if sw:
+        chains = f"chains of {'/'.join(map(str, next(iter(sw['patterns'].values()))['lengths']))} steps of 8 B"
+        terms = {"call_us": sw["call_us"], "step_us": sw["step_us"], "message_us": sw["message_us"]}
+        sources = {
+            "call_us": f"{stamp}; mean intercept of the {chains} ({sw['intercept_us']:.1f} us) + a public "
+                       f"collective on a one-rank group ({sw['api_us']:.1f} us)",
+            "step_us": f"{stamp}; per step beyond the link latency, fitted as step + message x messages "
+                       f"over the patterns {', '.join(sw['patterns'])} ({chains})",
+            "message_us": f"{stamp}; the same fit, per message the busiest rank posts in a step",
+        }
+    per_device: dict = {}
+    for r, loc in enumerate(result.local):
+        dev = placement.devices[r]
+        copy, red = loc["copy"].gbps, loc["reduce"].gbps
+        old = per_device.get(dev)
+        per_device[dev] = cost.DeviceLocal(copy, red) if old is None else \
+            cost.DeviceLocal(min(copy, old.copy_gbps), min(red, old.reduce_gbps))
+    how = f"{stamp}; every rank at once, float32 on {result.device}, beta of alpha + bytes/beta"
+    median = cost.DeviceLocal(statistics.median(d.copy_gbps for d in per_device.values()),
+                              statistics.median(d.reduce_gbps for d in per_device.values()))
+    sources["copy_gbps"] = f"{how} of b.copy_(a), median over devices"
+    sources["reduce_gbps"] = f"{how} of b.add_(a), median over devices"
+    for dev in per_device:
+        sources[f"{dev}.copy_gbps"] = f"{how} of b.copy_(a)"
+        sources[f"{dev}.reduce_gbps"] = f"{how} of b.add_(a)"
+    cal = cost.Calibration(name=topo.name, topology=topo.name, local=median, devices=per_device, sources=sources,
+                           description=f"software and local-memory terms of {result.nranks} rank(s) on "
+                                       f"{', '.join(dict.fromkeys(result.hosts))}", **terms)
+    return topo, cal
+
+
+# -- reporting ------------------------------------------------------------------------------------
+
+def format_result(result: ProbeResult) -> str:
+    """A readable summary of a probe."""
+    lines = [f"probe of {result.nranks} rank(s) on {', '.join(dict.fromkeys(result.hosts))}, device "
+             f"{result.device}, {result.date}"]
+    for name, got in result.links.items():
+        f = got["fit"]
+        lines.append(f"  link {name} (ping-pong rank {got['pair'][0]} <-> {got['pair'][1]}): "
+                     f"latency {f.alpha_us:.1f} us, bandwidth {f.gbps:.2f} GB/s one way")
+    if result.injection is not None:
+        lines.append(f"  injection under load (every rank in a ring step): {result.injection.gbps:.2f} GB/s per rank")
+    sw = result.software
+    if sw:
+        for name, p in sw["patterns"].items():
+            lines.append(f"  steps '{name}' ({p['messages']} message(s) per rank): {p['per_step_us']:.1f} us per "
+                         f"step ({p['beyond_link_us']:.1f} beyond the link latency), {p['intercept_us']:.1f} us "
+                         f"per call")
+        lines.append(f"  software: call {sw['call_us']:.1f} us (API {sw['api_us']:.1f} us), step {sw['step_us']:.1f} "
+                     f"us, message {sw['message_us']:.1f} us")
+    copies = [loc["copy"].gbps for loc in result.local]
+    reduces = [loc["reduce"].gbps for loc in result.local]
+    lines.append(f"  local (every rank at once): copy {min(copies):.2f}-{max(copies):.2f} GB/s, reduce "
+                 f"{min(reduces):.2f}-{max(reduces):.2f} GB/s per rank")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The probe's options (shared with ``xelink bench model-check``)."""
+    p.add_argument("--quick", action="store_true", help="fewer sizes and samples (a smoke test, seconds)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per round (default 8; quick 4)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 2)")
+    p.add_argument("--topology-out", metavar="PATH", help="write the calibrated topology (TOML) here")
+    p.add_argument("--calibration-out", metavar="PATH", help="write the calibration (TOML) here")
+
+
+def run_probe(comm, args) -> ProbeResult:
+    """``probe`` with the options of ``add_arguments``. Collective."""
+    opts = dict(QUICK) if args.quick else {}
+    if args.iters is not None:
+        opts["iters"] = args.iters
+    if args.rounds is not None:
+        opts["rounds"] = args.rounds
+    return probe(comm, **opts)
+
+
+def save_outputs(result: ProbeResult, topology: Topology, calibration: cost.Calibration, args) -> None:
+    from ..topology import save
+
+    if args.topology_out:
+        save(topology, args.topology_out)
+        print(f"calibrated topology written to {args.topology_out}")
+    if args.calibration_out:
+        cost.save_calibration(calibration, args.calibration_out)
+        print(f"calibration written to {args.calibration_out}")
+
+
+def write_json(result: ProbeResult, path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result.to_dict(), f, indent=1)
+    print(f"probe measurements written to {path}")
+
+
+def main(argv=None) -> int:
+    import xelink
+
+    p = argparse.ArgumentParser(prog="xelink bench probe", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    p.add_argument("--json", metavar="PATH", help="write every measurement (JSON) here")
+    args = p.parse_args(argv)
+    world = xelink.init()
+    result = run_probe(world, args)
+    topology, placement = _where(world, None, None)
+    topo, cal = calibrated(result, topology, placement)
+    if world.rank == 0:
+        print(format_result(result))
+        save_outputs(result, topo, cal, args)
+        if args.json:
+            write_json(result, args.json)
+    xelink.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
