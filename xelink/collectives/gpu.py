@@ -35,9 +35,11 @@ _ALIASES = {"dest_split": "direct", "one_shot": "direct"}
 # Size rule for algo="auto" when no tuning table says otherwise (bytes of the buffer reduced).
 _DIRECT_MAX = 512 << 10
 _BLOCK = {1: 4096, 2: 4096, 4: 2048, 8: 1024}  # elements per tile: 16-byte vectors x 8 warps x 2
+_NUM_WARPS = 8
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64)
 _OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3, "prod": 4}  # the kernels' OP codes
 _kernels_module = None
+_raw_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
 
 
 def _kernels():
@@ -147,19 +149,28 @@ def _timeout_ns(comm, timeout) -> int:
 
 
 
-class _Ctx:
-    """What one call needs: the team, the kernel cache, the stream, the deadline."""
+def _launch(comm, fn, timeout, key, build):
+    """Enqueue the cached plan ``key`` on the current stream; ``build(team, timeout_ns)`` makes it once.
 
-    __slots__ = ("team", "stream", "timeout_ns")
-
-    def __init__(self, comm, fn, timeout):
-        team = comm.__dict__.get("_cuda_team")
-        if team is None:
-            team = peer.team_of(comm, fn)
-        team.check(fn)
-        self.team = team
-        self.stream = torch.cuda.current_stream().cuda_stream
-        self.timeout_ns = _timeout_ns(comm, timeout)
+    A plan is the list of ``Bound`` kernel launches of one call (pieces included), every argument
+    fixed, so a repeated call costs a dict lookup and the launches. Keys hold everything a plan
+    depends on (addresses, sizes, dtype, op, algorithm, deadline, peers' addresses of a symmetric
+    input); growing the scratch buffer drops every plan.
+    """
+    team = comm.__dict__.get("_cuda_team")
+    if team is None:
+        team = peer.team_of(comm, fn)
+    team.check(fn)
+    plan = team.plans.get(key)
+    if plan is None:
+        plan = build(team, _timeout_ns(comm, timeout))
+        if len(team.plans) > 4096:  # many distinct buffers: start over rather than grow without bound
+            team.plans.clear()
+        team.plans[key] = plan
+    stream = _raw_stream(team.device.index)
+    for bound in plan:
+        bound(stream)
+    return team
 
 
 def _kernel(team, name, dtype, **consts):
@@ -170,12 +181,9 @@ def _kernel(team, name, dtype, **consts):
         K = _kernels()
         if "ACC" in consts:
             consts["ACC"] = K.acc_type(dtype)
-        k = team.kernels[key] = K.Kernel(name, team, dtype, BLOCK=_BLOCK[dtype.itemsize], **consts)
+        k = team.kernels[key] = K.Kernel(name, team, dtype, num_warps=_NUM_WARPS, BLOCK=_BLOCK[dtype.itemsize],
+                                         **consts)
     return k
-
-
-def _op_code(op):
-    return _OPS[op]
 
 
 def _pieces(count, per_piece):
@@ -184,8 +192,13 @@ def _pieces(count, per_piece):
     return [(s, min(per_piece, count - s)) for s in range(0, max(count, 1), per_piece)]
 
 
-def _elems(nbytes, esize):
-    return nbytes // esize
+def _symmetric(comm, t):
+    """Every rank's address of ``t`` if it is a symmetric tensor of ``comm`` (``xelink.empty``), else None."""
+    team = comm.__dict__.get("_cuda_team")
+    if team is None or not team.symmetric:
+        return None
+    sym = team.peer_addresses(t)
+    return None if sym is None else tuple(sym)
 
 
 # -- all_reduce ---------------------------------------------------------------------------------
@@ -203,30 +216,29 @@ def all_reduce(comm, x, op, algo, async_op, timeout):
     if algo == "hierarchical":
         _hierarchical_all_reduce(comm, x, op, timeout)
         return _done(comm, fn, async_op)
-    ctx = _Ctx(comm, fn, timeout)
-    team, flat, es = ctx.team, x.view(-1), x.element_size()
-    if algo == "two_shot":
-        sym = team.peer_addresses(flat)
-        if sym is not None:
-            k = _kernel(team, "two_shot_all_reduce", x.dtype, OP=_op_code(op), ACC=None, COPY=False, OUT=False)
-            chunk = _round16(-(-flat.numel() // team.size))
-            k(ctx.stream, X=flat.data_ptr(), Y=flat.data_ptr(), **_peers(sym), n=flat.numel(), chunk=chunk,
-              slot=0, timeout_ns=ctx.timeout_ns)
-            return _done(comm, fn, async_op)
-        slot = team.ensure_scratch(nbytes, fn) // es
-        k = _kernel(team, "two_shot_all_reduce", x.dtype, OP=_op_code(op), ACC=None, COPY=True, OUT=True)
-        per = (slot // team.size) // 16 * 16 * team.size
-        for start, length in _pieces(flat.numel(), per):
-            ptr = flat.data_ptr() + start * es
-            k(ctx.stream, X=ptr, Y=ptr, **_peers(team.scratch_ptrs), n=length,
-              chunk=_round16(-(-length // team.size)), slot=slot, timeout_ns=ctx.timeout_ns)
-        return _done(comm, fn, async_op)
-    slot = team.ensure_scratch(nbytes, fn) // es
-    k = _kernel(team, "direct_all_reduce", x.dtype, OP=_op_code(op), ACC=None)
-    for start, length in _pieces(flat.numel(), slot):
-        ptr = flat.data_ptr() + start * es
-        k(ctx.stream, X=ptr, Y=ptr, **_peers(team.scratch_ptrs), n=length, slot=slot, timeout_ns=ctx.timeout_ns)
+    sym = _symmetric(comm, x) if algo == "two_shot" else None
+    key = (fn, x.data_ptr(), x.numel(), x.dtype, op, algo, timeout, sym)
+    _launch(comm, fn, timeout, key, lambda team, t_ns: _all_reduce_plan(team, x, op, algo, sym, t_ns))
     return _done(comm, fn, async_op)
+
+
+def _all_reduce_plan(team, x, op, algo, sym, timeout_ns):
+    n, es, ptr = x.numel(), x.element_size(), x.data_ptr()
+    code = _OPS[op]
+    if sym is not None:  # two-shot in place on a symmetric tensor: no copies at all
+        k = _kernel(team, "two_shot_all_reduce", x.dtype, OP=code, ACC=None, COPY=False, OUT=False)
+        return [k.bind(X=ptr, Y=ptr, **_peers(sym), n=n, chunk=_round16(-(-n // team.size)), slot=0,
+                       timeout_ns=timeout_ns)]
+    slot = team.ensure_scratch(n * es, "all_reduce") // es
+    if algo == "two_shot":
+        k = _kernel(team, "two_shot_all_reduce", x.dtype, OP=code, ACC=None, COPY=True, OUT=True)
+        per = (slot // team.size) // 16 * 16 * team.size
+        return [k.bind(X=ptr + s * es, Y=ptr + s * es, **_peers(team.scratch_ptrs), n=m,
+                       chunk=_round16(-(-m // team.size)), slot=slot, timeout_ns=timeout_ns)
+                for s, m in _pieces(n, per)]
+    k = _kernel(team, "direct_all_reduce", x.dtype, OP=code, ACC=None)
+    return [k.bind(X=ptr + s * es, Y=ptr + s * es, **_peers(team.scratch_ptrs), n=m, slot=slot,
+                   timeout_ns=timeout_ns) for s, m in _pieces(n, slot)]
 
 
 def _round16(v):
@@ -295,54 +307,93 @@ def all_gather_into_tensor(comm, out, inp, algo, async_op, timeout):
     if algo == "topo":
         _topo_all_gather(comm, out, inp, timeout)
         return _done(comm, fn, async_op)
-    ctx = _Ctx(comm, fn, timeout)
+    x, y = inp.view(-1), out.view(-1)
+    sym = _symmetric(comm, x)
+    key = (fn, y.data_ptr(), x.data_ptr(), x.numel(), x.dtype, algo, timeout, sym)
     if algo == "copy_engine":
-        _copy_engine_all_gather(comm, ctx, out.view(-1), inp.view(-1), fn)
+        _launch(comm, fn, timeout, key, lambda team, t_ns: _copy_engine_plan(team, y, x, sym, t_ns))
     else:
-        _gather(comm, ctx, out.view(-1), inp.view(-1), inp.numel(), fn, a2a=False)
+        _launch(comm, fn, timeout, key, lambda team, t_ns: _gather_plan(team, y, x, x.numel(), sym, False, t_ns))
     return _done(comm, fn, async_op)
 
 
-def _gather(comm, ctx, out, inp, n, fn, *, a2a):
+def _gather_plan(team, out, inp, n, sym, a2a, timeout_ns):
     """Y[p*n + i] = rank p's X[(RANK if a2a else 0)*n + i] through the ``gather`` kernel, in pieces."""
-    team, es = ctx.team, inp.element_size()
-    sym = team.peer_addresses(inp)
+    es = inp.element_size()
     if sym is not None:
         k = _kernel(team, "gather", inp.dtype, A2A=a2a, COPY=False)
-        k(ctx.stream, X=inp.data_ptr(), Y=out.data_ptr(), **_peers(sym), n=n, x_stride=n, b_stride=n,
-          y_stride=n, slot=0, timeout_ns=ctx.timeout_ns)
-        return
+        return [k.bind(X=inp.data_ptr(), Y=out.data_ptr(), **_peers(sym), n=n, x_stride=n, b_stride=n,
+                       y_stride=n, slot=0, timeout_ns=timeout_ns)]
     staged = team.size if a2a else 1
+    fn = "all_to_all_single" if a2a else "all_gather_into_tensor"
     slot = team.ensure_scratch(staged * n * es, fn) // es
     k = _kernel(team, "gather", inp.dtype, A2A=a2a, COPY=True)
-    for start, length in _pieces(n, slot // staged // 16 * 16):
-        k(ctx.stream, X=inp.data_ptr() + start * es, Y=out.data_ptr() + start * es, **_peers(team.scratch_ptrs),
-          n=length, x_stride=n, b_stride=length, y_stride=n, slot=slot, timeout_ns=ctx.timeout_ns)
+    return [k.bind(X=inp.data_ptr() + s * es, Y=out.data_ptr() + s * es, **_peers(team.scratch_ptrs), n=m,
+                   x_stride=n, b_stride=m, y_stride=n, slot=slot, timeout_ns=timeout_ns)
+            for s, m in _pieces(n, slot // staged // 16 * 16)]
 
 
-def _copy_engine_all_gather(comm, ctx, out, inp, fn):
+class _Copy:
+    """A copy-engine transfer in a plan: ``copy(stream)``; ``aside`` runs it on a side stream.
+
+    On the side stream (forked from the calling stream and joined back at ``join``) the local copy of
+    this rank's own shard overlaps the pulls over the links instead of queueing behind them.
+    """
+
+    __slots__ = ("dst", "src", "nbytes", "aside")
+
+    def __init__(self, dst, src, nbytes, aside=None):
+        self.dst, self.src, self.nbytes, self.aside = dst, src, nbytes, aside
+
+    def __call__(self, stream):
+        if self.aside is None:
+            peer.copy(self.dst, self.src, self.nbytes, stream)
+            return
+        side, forked, done = self.aside
+        current = torch.cuda.current_stream()
+        forked.record(current)
+        side.wait_event(forked)
+        peer.copy(self.dst, self.src, self.nbytes, side.cuda_stream)
+        done.record(side)
+
+
+class _Join:
+    """Make the calling stream wait for a ``_Copy`` that ran aside."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done):
+        self.done = done
+
+    def __call__(self, stream):
+        torch.cuda.current_stream().wait_event(self.done)
+
+
+def _copy_engine_plan(team, out, inp, sym, timeout_ns):
     """Barrier, then the copy engines pull every peer's shard over the links, then a barrier.
 
-    A symmetric input is read in place; another is staged in the scratch buffer first.
+    A symmetric input is read in place; another is first staged in the scratch buffer, after a
+    barrier that makes sure no peer still reads the scratch buffer.
     """
-    team, es, n = ctx.team, inp.element_size(), inp.numel()
+    es, n = inp.element_size(), inp.numel()
     nbytes = n * es
-    barrier_k = _kernel(team, "barrier", torch.int32)
-    sym = team.peer_addresses(inp)
+    barrier = _kernel(team, "barrier", torch.int32).bind(timeout_ns=timeout_ns)
+    plan = []
     if sym is None:
-        team.ensure_scratch(nbytes, fn)
+        team.ensure_scratch(nbytes, "all_gather_into_tensor")
         if nbytes > team.slot:
-            raise ValueError(f"{fn}: algo='copy_engine' stages at most {team.slot_max} B of a non-symmetric "
-                             f"input (got {nbytes}); allocate the input with xelink.empty")
-        barrier_k(ctx.stream, timeout_ns=ctx.timeout_ns)  # peers are done with the scratch buffer
-        peer.copy(team.scratch_ptrs[team.rank], inp.data_ptr(), nbytes, ctx.stream)
+            raise ValueError(f"all_gather_into_tensor: algo='copy_engine' stages at most {team.slot} B of an "
+                             f"input that is not from xelink.empty (got {nbytes} B)")
+        plan += [barrier, _Copy(team.scratch_ptrs[team.rank], inp.data_ptr(), nbytes)]
         sym = team.scratch_ptrs
-    barrier_k(ctx.stream, timeout_ns=ctx.timeout_ns)
-    for i in range(1, team.size + 1):  # own shard last: the links start first
+    plan.append(barrier)
+    aside = (torch.cuda.Stream(team.device), torch.cuda.Event(), torch.cuda.Event())
+    plan.append(_Copy(out.data_ptr() + team.rank * nbytes, inp.data_ptr(), nbytes, aside))
+    for i in range(1, team.size):
         p = (team.rank + i) % team.size
-        src = inp.data_ptr() if p == team.rank else sym[p]
-        peer.copy(out.data_ptr() + p * nbytes, src, nbytes, ctx.stream)
-    barrier_k(ctx.stream, timeout_ns=ctx.timeout_ns)
+        plan.append(_Copy(out.data_ptr() + p * nbytes, sym[p], nbytes))
+    plan += [_Join(aside[2]), barrier]
+    return plan
 
 
 def _topo_all_gather(comm, out, inp, timeout):
@@ -385,21 +436,24 @@ def reduce_scatter_tensor(comm, out, inp, op, algo, async_op, timeout):
     if algo == "nccl":
         return _nccl(comm, fn, async_op,
                      lambda pg, a: _dist().reduce_scatter_tensor(out, inp, op=_nccl_op(op), group=pg, async_op=a))
-    ctx = _Ctx(comm, fn, timeout)
-    team, es, n = ctx.team, inp.element_size(), out.numel()
     x, y = inp.view(-1), out.view(-1)
-    sym = team.peer_addresses(x)
-    if sym is not None:
-        k = _kernel(team, "reduce_scatter", x.dtype, OP=_op_code(op), ACC=None, COPY=False)
-        k(ctx.stream, X=x.data_ptr(), Y=y.data_ptr(), **_peers(sym), n=n, x_stride=n, b_stride=n, slot=0,
-          timeout_ns=ctx.timeout_ns)
-        return _done(comm, fn, async_op)
-    slot = team.ensure_scratch(x.numel() * es, fn) // es
-    k = _kernel(team, "reduce_scatter", x.dtype, OP=_op_code(op), ACC=None, COPY=True)
-    for start, length in _pieces(n, slot // team.size // 16 * 16):
-        k(ctx.stream, X=x.data_ptr() + start * es, Y=y.data_ptr() + start * es, **_peers(team.scratch_ptrs),
-          n=length, x_stride=n, b_stride=length, slot=slot, timeout_ns=ctx.timeout_ns)
+    sym = _symmetric(comm, x)
+    key = (fn, y.data_ptr(), x.data_ptr(), y.numel(), x.dtype, op, algo, timeout, sym)
+    _launch(comm, fn, timeout, key, lambda team, t_ns: _reduce_scatter_plan(team, y, x, op, sym, t_ns))
     return _done(comm, fn, async_op)
+
+
+def _reduce_scatter_plan(team, y, x, op, sym, timeout_ns):
+    es, n, code = x.element_size(), y.numel(), _OPS[op]
+    if sym is not None:
+        k = _kernel(team, "reduce_scatter", x.dtype, OP=code, ACC=None, COPY=False)
+        return [k.bind(X=x.data_ptr(), Y=y.data_ptr(), **_peers(sym), n=n, x_stride=n, b_stride=n, slot=0,
+                       timeout_ns=timeout_ns)]
+    slot = team.ensure_scratch(x.numel() * es, "reduce_scatter_tensor") // es
+    k = _kernel(team, "reduce_scatter", x.dtype, OP=code, ACC=None, COPY=True)
+    return [k.bind(X=x.data_ptr() + s * es, Y=y.data_ptr() + s * es, **_peers(team.scratch_ptrs), n=m,
+                   x_stride=n, b_stride=m, slot=slot, timeout_ns=timeout_ns)
+            for s, m in _pieces(n, slot // team.size // 16 * 16)]
 
 
 # -- all_to_all ---------------------------------------------------------------------------------
@@ -419,16 +473,19 @@ def all_to_all_single(comm, out, inp, algo, async_op, timeout):
         return _done(comm, fn, async_op)
     if algo == "nccl":
         return _nccl(comm, fn, async_op, lambda pg, a: _dist().all_to_all_single(out, inp, group=pg, async_op=a))
-    ctx = _Ctx(comm, fn, timeout)
-    _gather(comm, ctx, out.view(-1), inp.view(-1), inp.numel() // comm.size, fn, a2a=True)
+    x, y = inp.view(-1), out.view(-1)
+    sym = _symmetric(comm, x)
+    key = (fn, y.data_ptr(), x.data_ptr(), x.numel(), x.dtype, algo, timeout, sym)
+    n = x.numel() // comm.size
+    _launch(comm, fn, timeout, key, lambda team, t_ns: _gather_plan(team, y, x, n, sym, True, t_ns))
     return _done(comm, fn, async_op)
 
 
 # -- barrier, errors ----------------------------------------------------------------------------
 def barrier(comm, timeout=None):
     """A GPU-resident barrier on the current stream: later work waits until every rank reached it."""
-    ctx = _Ctx(comm, "barrier", timeout)
-    _kernel(ctx.team, "barrier", torch.int32)(ctx.stream, timeout_ns=ctx.timeout_ns)
+    _launch(comm, "device_barrier", timeout, ("barrier", timeout),
+            lambda team, t_ns: [_kernel(team, "barrier", torch.int32).bind(timeout_ns=t_ns)])
 
 
 def synchronize(comm) -> None:

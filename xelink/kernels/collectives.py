@@ -26,7 +26,7 @@ try:
 except ImportError:  # CPU-only installs: the GPU collectives report that Triton is missing
     triton = None
 
-__all__ = ["Kernel", "OPS", "ACC_TYPES", "acc_type", "available"]
+__all__ = ["Kernel", "Bound", "OPS", "ACC_TYPES", "acc_type", "available"]
 
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3, "prod": 4}
 _MAXW = 8      # MAX_WORLD of transport/cuda.py
@@ -300,19 +300,18 @@ def _spec(v) -> int:
 
 
 class Kernel:
-    """One collective kernel of one team with fixed meta-parameters: ``kernel(stream, **dynamic)``.
+    """One collective kernel of one team with fixed meta-parameters.
 
-    Arguments that change between calls (data addresses, counts, strides, the deadline) are given
-    per call. The first call with a new alignment class compiles through Triton's JIT, which checks
-    everything; later calls go straight to the compiled kernel's launcher, a few microseconds of
-    host time, which keeps eager latency close to the kernel's.
+    ``kernel.bind(**dynamic)`` fixes the arguments that vary between calls (data addresses, counts,
+    strides, the deadline) and returns a ``Bound`` launch; ``kernel(stream, **dynamic)`` binds and
+    launches once.
     """
 
     def __init__(self, name: str, team, dtype: torch.dtype, num_warps: int = 8, **consts):
-        self._fn = KERNELS[name]
-        self._grid = team.blocks
-        self._num_warps = num_warps
-        names = self._fn.arg_names
+        self.fn = KERNELS[name]
+        self.grid = team.blocks
+        self.num_warps = num_warps
+        names = self.fn.arg_names
         fixed = dict(consts, EPOCH=team.epochs.data_ptr(), ERR=team.error.data_ptr(), RANK=team.rank,
                      WORLD=team.size)
         for i in range(_MAXW):
@@ -321,20 +320,40 @@ class Kernel:
                 fixed[f"B{i}"] = None
         self._template = [fixed.get(a) for a in names]
         self._slots = {a: i for i, a in enumerate(names) if a not in fixed}
-        self._types = {a: (dtype if a in "XY" or a[0] == "B" else torch.int32)
-                       for a in names if a in ("X", "Y", "EPOCH", "ERR") or (a[0] in "BS" and a[1:].isdigit())}
-        self._compiled: dict = {}
+        self.types = {a: (dtype if a in "XY" or a[0] == "B" else torch.int32)
+                      for a in names if a in ("X", "Y", "EPOCH", "ERR") or (a[0] in "BS" and a[1:].isdigit())}
+        self.compiled: dict = {}
+
+    def bind(self, **dynamic) -> "Bound":
+        args = self._template.copy()
+        for name, value in dynamic.items():
+            args[self._slots[name]] = value
+        return Bound(self, args, tuple(map(_spec, dynamic.values())))
 
     def __call__(self, stream: int, **dynamic) -> None:
-        args = self._template.copy()
-        slots = self._slots
-        for name, value in dynamic.items():
-            args[slots[name]] = value
-        key = tuple(map(_spec, dynamic.values()))
-        c = self._compiled.get(key)
-        if c is None:
-            typed = [_Ptr(a, self._types[n]) if n in self._types and a is not None else a
-                     for n, a in zip(self._fn.arg_names, args)]
-            self._compiled[key] = self._fn[(self._grid,)](*typed, num_warps=self._num_warps)
+        self.bind(**dynamic)(stream)
+
+
+class Bound:
+    """A kernel launch with every argument fixed: ``bound(stream)`` enqueues it.
+
+    The first launch of an alignment class compiles through Triton's JIT (which checks every
+    argument); after that a launch goes straight to the compiled kernel's launcher, a few
+    microseconds of host time, which keeps eager latency close to the kernel's.
+    """
+
+    __slots__ = ("_kernel", "_args", "_key", "_c")
+
+    def __init__(self, kernel: Kernel, args: list, key: tuple):
+        self._kernel, self._args, self._key = kernel, tuple(args), key
+        self._c = kernel.compiled.get(key)
+
+    def __call__(self, stream: int) -> None:
+        c = self._c
+        if c is not None:
+            c.run(self._kernel.grid, 1, 1, stream, c.function, c.packed_metadata, None, None, None, *self._args)
             return
-        c.run(self._grid, 1, 1, stream, c.function, c.packed_metadata, None, None, None, *args)
+        k = self._kernel
+        types = k.types
+        typed = [_Ptr(a, types[n]) if n in types and a is not None else a for n, a in zip(k.fn.arg_names, self._args)]
+        self._c = k.compiled[self._key] = k.fn[(k.grid,)](*typed, num_warps=k.num_warps)

@@ -117,10 +117,14 @@ class Team:
                               "which cannot happen during CUDA graph capture; run one call before capturing")
         self.comm = comm
         self.device = torch.device(comm.device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.rank, self.size = comm.rank, comm.size
         self._opened: dict[bytes, int] = {}
-        self.blocks = min(MAX_BLOCKS, min(comm.allgather_object(
-            torch.cuda.get_device_properties(self.device).multi_processor_count)))
+        # Every kernel of the team runs on this many blocks (one per multiprocessor by default, the
+        # same on every rank: blocks pair up across ranks).
+        want = int(os.environ.get("XELINK_GPU_BLOCKS", 0)) or torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.blocks = min(MAX_BLOCKS, min(comm.allgather_object(want)))
         self.pads = torch.zeros(MAX_BLOCKS * MAX_WORLD, dtype=torch.int32, device=self.device)
         self.epochs = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=self.device)
         self.error = torch.zeros(1 + MAX_WORLD, dtype=torch.int32, pin_memory=True)
@@ -130,7 +134,8 @@ class Team:
         self.scratch = None
         self.scratch_ptrs: list[int] = []
         self.symmetric = _Registry()
-        self.kernels: dict = {}  # collectives/gpu.py's compiled-kernel cache
+        self.kernels: dict = {}  # collectives/gpu.py's kernels and launch plans (plans hold scratch addresses)
+        self.plans: dict = {}
         torch.cuda.synchronize(self.device)
         comm.barrier()
 
@@ -165,6 +170,7 @@ class Team:
         self.scratch = torch.empty(2 * slot, dtype=torch.uint8, device=self.device)
         self.scratch_ptrs = self._share(self.scratch)
         self.slot = slot
+        self.plans.clear()
         _log.debug("peer scratch on %s: 2 x %d B", self.comm.name, slot)
         return slot
 
@@ -201,6 +207,9 @@ class _Registry:
     def __init__(self):
         self._starts: list[int] = []
         self._entries: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._starts)
 
     def add(self, t: torch.Tensor, ptrs: list[int]) -> None:
         start = t.data_ptr()
