@@ -11,7 +11,7 @@ import xelink
 from xelink.collectives import gpu
 
 CONFIGS = [(int(b), int(t), int(w)) for b, t, w in (c.split("/") for c in
-           (sys.argv[1:] or ["132/4096/8", "264/4096/8", "132/8192/16", "264/8192/8", "66/4096/8"]))]
+           (sys.argv[1:] or ["132/4096/8", "132/2048/4", "264/4096/8"]))]
 
 
 def timed(world, fn, reps, graph):
@@ -67,7 +67,7 @@ for blocks, tile, warps in CONFIGS:
     if world.rank == 0:
         for name, t in res:
             print(f"{blocks}/{tile}/{warps}  {name:55s} {t:9.2f} us", flush=True)
-    del s, u, big, shard, out
+    s = u = big = shard = out = None
     comm.free()
     torch.cuda.empty_cache()
 xelink.finalize()

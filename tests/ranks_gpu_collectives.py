@@ -199,7 +199,6 @@ def check_torch_compile(world):
 
 
 def check_device_barrier_orders_peer_writes(world):
-    dev = _dev(world)
     for _ in range(3):
         xelink.device_barrier()
     xelink.synchronize()

@@ -30,14 +30,16 @@ def test_a_probe_result_makes_a_valid_calibrated_topology_and_calibration():
     pp = Fit(25.0, 3.0, ((8, 25e-6), (1 << 20, 3.7e-4)))
     result = ProbeResult(
         nranks=4, hosts=["vm"] * 4, device="cpu", date="2026-01-02",
-        links={"shm0": {"pair": [0, 1], "fit": pp}, "fabric": {"pair": [0, 2], "fit": Fit(30.0, 2.0, pp.points)}},
+        links={"shm0": {"pair": [0, 1], "fit": pp, "latency_us": 25.0},
+               "fabric": {"pair": [0, 2], "fit": Fit(30.0, 2.0, pp.points), "latency_us": 28.0}},
         injection=Fit(10.0, 1.5, pp.points),
         software={"patterns": {"ring": {"lengths": [1, 4]}}, "call_us": 400.0, "step_us": 50.0, "message_us": 100.0,
                   "intercept_us": 390.0, "api_us": 10.0},
         local=[{"copy": Fit(1.0, 8.0 + r, pp.points), "reduce": Fit(1.0, 6.0, pp.points)} for r in range(4)])
     topo, cal = calibrated(result, base, placement)
     assert topo.name == "cpu-2x2-probed" and topo.link("shm0").latency_us == 25.0
-    assert topo.link("fabric").bandwidth_gbps == 2.0 and topo.link("shm1").bandwidth_gbps == 8.0  # not probed
+    assert topo.link("fabric").bandwidth_gbps == 2.0 and topo.link("fabric").latency_us == 28.0
+    assert topo.link("shm1").bandwidth_gbps == 8.0  # no rank pair crosses it: not probed
     assert {d.injection_gbps for d in topo.devices} == {1.5}
     stamp = "measured here: by `xelink bench probe` on 2026-01-02, vm, 4 rank(s)"
     assert topo.link("shm0").latency_source.startswith(stamp)

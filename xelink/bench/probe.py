@@ -45,12 +45,13 @@ __all__ = ["Fit", "ProbeResult", "fit_alpha_beta", "probe", "calibrated", "main"
 
 KiB, MiB = 1 << 10, 1 << 20
 # Defaults: full, and quick (what tests and smoke runs use).
-PINGPONG_SIZES = (8, 64 * KiB, MiB, 4 * MiB)
-EXCHANGE_SIZES = (64 * KiB, MiB, 4 * MiB)
-LOCAL_SIZES = (256 * KiB, MiB, 4 * MiB)
+# The sizes reach past the last-level cache (16 MiB buffers), where bandwidth-bound collectives live.
+PINGPONG_SIZES = (8, 64 * KiB, MiB, 4 * MiB, 16 * MiB)
+EXCHANGE_SIZES = (256 * KiB, MiB, 4 * MiB, 16 * MiB)
+LOCAL_SIZES = (256 * KiB, MiB, 4 * MiB, 16 * MiB)
 CHAIN_LENGTHS = (1, 4, 16)
 QUICK = {"pingpong_sizes": (8, 256 * KiB), "exchange_sizes": (64 * KiB, 512 * KiB),
-         "local_sizes": (256 * KiB, MiB), "chain_lengths": (1, 6), "iters": 4, "rounds": 2}
+         "local_sizes": (256 * KiB, MiB), "chain_lengths": (1, 6), "iters": 3, "rounds": 2}
 _TAG = (1 << 14) - 1  # a user-range tag no collective uses; the probe runs between collectives
 
 
@@ -98,7 +99,7 @@ class ProbeResult:
 
     Attributes:
         nranks, hosts, device, date: the job.
-        links: link name -> ``{"pair": [a, b], "fit": Fit}`` (ping-pong, one way).
+        links: link name -> ``{"pair": [a, b], "fit": Fit, "latency_us": one way at the smallest size}``.
         injection: ``Fit`` of a ring step with every rank sending (per-rank bandwidth under load), or None.
         software: ``{"patterns": {name: {...}}, "call_us", "step_us", "message_us", "api_us"}``.
         local: per rank, ``{"copy": Fit, "reduce": Fit}``.
@@ -133,16 +134,23 @@ def _sync_of(device):
     return None
 
 
-def _timed(comm, fn, *, iters: int, rounds: int, together: bool = True) -> float:
-    """Median seconds of one call of ``fn``: max over ranks per sample (``together``) or this rank's own."""
+def _timed(comm, variants: dict, *, iters: int, rounds: int, together: bool = True) -> dict:
+    """name -> median seconds per unit of each ``(fn, units per call)`` variant, all co-measured.
+
+    Interleaving every variant round by round spreads a burst of outside load over all of them, so
+    the figures fitted together (sizes of one fit, patterns of the software fit) see the same machine.
+    ``together``: each sample is the max over ranks (work the ranks do together); else this rank's own.
+    """
     timing = functools.partial(time_fn, warmup=0, sync=_sync_of(comm.device))
-    samples = co_measure({"x": fn}, warmup=1, iters=iters, rounds=rounds, barrier=comm.barrier,
-                         reduce_max=rank_max(comm) if together else None, timing=timing)["x"]
-    return statistics.median(samples)
+    samples = co_measure({k: fn for k, (fn, _) in variants.items()}, warmup=1, iters=iters, rounds=rounds,
+                         barrier=comm.barrier, reduce_max=rank_max(comm) if together else None, timing=timing)
+    return {k: statistics.median(samples[k]) / units for k, (_, units) in variants.items()}
 
 
 def _bytes(nbytes: int, device) -> torch.Tensor:
-    return torch.zeros(max(nbytes, 1), dtype=torch.uint8, device=device)
+    # Never zeros: untouched zeroed pages all map the kernel's one zero page, which is always in cache,
+    # so a send from them measures a bandwidth no real buffer has.
+    return (torch.arange(max(nbytes, 1), dtype=torch.int64, device=device) % 251).to(torch.uint8)
 
 
 def _step(comm, sends, recvs, deadline):
@@ -154,7 +162,7 @@ def _reps(nbytes: int) -> int:
     return max(1, min(16, (4 * MiB) // max(nbytes, 1)))
 
 
-# -- 1. links -------------------------------------------------------------------------------------
+# -- what is timed ----------------------------------------------------------------------------------
 
 def _link_pairs(topology: Topology, placement: Placement) -> dict:
     """Link name -> the first pair of ranks (on different devices) whose bytes cross it."""
@@ -169,43 +177,33 @@ def _link_pairs(topology: Topology, placement: Placement) -> dict:
     return pairs
 
 
-def _pingpong(comm, a: int, b: int, sizes, iters: int, rounds: int) -> Fit:
-    points = []
-    for nbytes in sizes:
-        buf, reps = _bytes(nbytes, comm.device), _reps(nbytes)
-        deadline = comm.deadline()
+def _pingpong(comm, a: int, b: int, nbytes: int, deadline):
+    """(one call: round trips between ranks a and b, the others idle; one-way trips per call)."""
+    buf, reps = _bytes(nbytes, comm.device), _reps(nbytes)
 
-        def trip():
-            for _ in range(reps):
-                if comm.rank == a:
-                    _step(comm, [(b, buf)], [], deadline)
-                    _step(comm, [], [(b, buf)], deadline)
-                elif comm.rank == b:
-                    _step(comm, [], [(a, buf)], deadline)
-                    _step(comm, [(a, buf)], [], deadline)
+    def trip():
+        for _ in range(reps):
+            if comm.rank == a:
+                _step(comm, [(b, buf)], [], deadline)
+                _step(comm, [], [(b, buf)], deadline)
+            elif comm.rank == b:
+                _step(comm, [], [(a, buf)], deadline)
+                _step(comm, [(a, buf)], [], deadline)
 
-        points.append((nbytes, _timed(comm, trip, iters=iters, rounds=rounds) / (2 * reps)))
-    return fit_alpha_beta(points)
+    return trip, 2 * reps
 
 
-# -- 2. injection under load ----------------------------------------------------------------------
-
-def _injection(comm, sizes, iters: int, rounds: int) -> Fit:
+def _exchange(comm, nbytes: int, deadline):
+    """(one call: ring steps, every rank sending right and receiving from the left; steps per call)."""
     n, r = comm.size, comm.rank
-    points = []
-    for nbytes in sizes:
-        src, dst, reps = _bytes(nbytes, comm.device), _bytes(nbytes, comm.device), _reps(nbytes)
-        deadline = comm.deadline()
+    src, dst, reps = _bytes(nbytes, comm.device), _bytes(nbytes, comm.device), _reps(nbytes)
 
-        def ring():
-            for _ in range(reps):
-                _step(comm, [((r + 1) % n, src)], [((r - 1) % n, dst)], deadline)
+    def ring():
+        for _ in range(reps):
+            _step(comm, [((r + 1) % n, src)], [((r - 1) % n, dst)], deadline)
 
-        points.append((nbytes, _timed(comm, ring, iters=iters, rounds=rounds) / reps))
-    return fit_alpha_beta(points)
+    return ring, reps
 
-
-# -- 3. software ----------------------------------------------------------------------------------
 
 def _patterns(n: int, r: int) -> dict:
     """name -> (messages per rank per step, [(sends, recvs) per step of the pattern's cycle] of rank r)."""
@@ -223,6 +221,30 @@ def _patterns(n: int, r: int) -> dict:
     return out
 
 
+def _chain(comm, cycle, k: int, small, inbox, deadline):
+    """(one call: k steps of 8-byte messages in the pattern ``cycle``; 1)."""
+    def chain():
+        for i in range(k):
+            sends, recvs = cycle[i % len(cycle)]
+            _step(comm, [(p, small) for p in sends], [(p, inbox[p]) for p in recvs], deadline)
+
+    return chain, 1
+
+
+def _local_op(comm, name: str, nbytes: int):
+    a = torch.ones(nbytes // 4, device=comm.device)
+    b = torch.ones(nbytes // 4, device=comm.device)
+    op, reps = (b.copy_ if name == "copy" else b.add_), _reps(nbytes)
+
+    def work():
+        for _ in range(reps):
+            op(a)
+
+    return work, reps
+
+
+# -- the analysis -----------------------------------------------------------------------------------
+
 def _pattern_latency(topology: Topology, placement: Placement, name: str) -> float:
     """The link latency (us) the model already charges for one step of a pattern with tiny messages."""
     n = placement.nranks
@@ -236,84 +258,43 @@ def _pattern_latency(topology: Topology, placement: Placement, name: str) -> flo
     return worst
 
 
-def _software(comm, topology: Topology, placement: Placement, lengths, iters: int, rounds: int) -> dict:
-    n = comm.size
-    small = _bytes(8, comm.device)
-    inbox = [_bytes(8, comm.device) for _ in range(n)]
-    deadline = comm.deadline()
+def _software(times: dict, lengths, topology: Topology, placement: Placement, api_us: float) -> dict:
+    """Per pattern: per-step time and per-call intercept; then step_us + message_us * messages >= 0."""
     patterns = {}
-    for name, (messages, cycle) in _patterns(n, comm.rank).items():
-        times = []
-        for k in lengths:
-            def chain(k=k):
-                for i in range(k):
-                    sends, recvs = cycle[i % len(cycle)]
-                    _step(comm, [(p, small) for p in sends], [(p, inbox[p]) for p in recvs], deadline)
-
-            times.append(_timed(comm, chain, iters=iters, rounds=rounds))
-        slope, icpt = np.polyfit(np.array(lengths, dtype=float), np.array(times), 1)
+    for name, (messages, _) in _patterns(placement.nranks, 0).items():
+        seconds = [times[f"chain|{name}|{k}"] for k in lengths]
+        slope, icpt = np.polyfit(np.array(lengths, dtype=float), np.array(seconds), 1)
         link_us = _pattern_latency(topology, placement, name)
-        patterns[name] = {"messages": messages, "lengths": list(lengths), "seconds": times,
+        patterns[name] = {"messages": messages, "lengths": list(lengths), "seconds": seconds,
                           "per_step_us": float(slope) * 1e6, "intercept_us": float(icpt) * 1e6,
                           "link_latency_us": link_us, "beyond_link_us": float(slope) * 1e6 - link_us}
-    # step_us + message_us * m through the per-step costs beyond the link latency, both >= 0.
     m = np.array([p["messages"] for p in patterns.values()], dtype=float)
     y = np.array([p["beyond_link_us"] for p in patterns.values()])
+    step_us, message_us = float(np.mean(y)), 0.0
     if len(set(m)) >= 2:
         (step_us, message_us), *_ = np.linalg.lstsq(np.stack([np.ones_like(m), m], axis=1), y, rcond=None)
-    else:
-        step_us, message_us = float(np.mean(y)), 0.0
-    if message_us < 0:
-        step_us, message_us = float(np.mean(y)), 0.0
-    if step_us < 0:
-        step_us, message_us = 0.0, float(np.sum(m * y) / np.sum(m * m))
-    api_us = _api_overhead(comm, iters, rounds)
+        if message_us < 0:
+            step_us, message_us = float(np.mean(y)), 0.0
+        elif step_us < 0:
+            step_us, message_us = 0.0, float(np.sum(m * y) / np.sum(m * m))
     intercept = float(np.mean([p["intercept_us"] for p in patterns.values()]))
     return {"patterns": patterns, "step_us": max(float(step_us), 0.0), "message_us": max(float(message_us), 0.0),
             "api_us": api_us, "intercept_us": intercept, "call_us": max(intercept, 0.0) + api_us}
 
 
-def _api_overhead(comm, iters: int, rounds: int) -> float:
-    """Microseconds of a public collective that communicates nothing (all_reduce on a one-rank group);
-    the slowest rank's."""
-    from .. import collectives
-
-    solo = comm.split(comm.rank)
-    try:
-        x = torch.ones(8, device=comm.device)
-        seconds = _timed(comm, lambda: collectives.all_reduce(x, group=solo, algo="ring"), iters=iters,
-                         rounds=rounds, together=False)
-    finally:
-        solo.free()
-    return max(comm.allgather_object(seconds)) * 1e6
-
-
-# -- 4. local work --------------------------------------------------------------------------------
-
-def _local(comm, sizes, iters: int, rounds: int) -> dict:
-    """This rank's copy and reduce fits, every rank working at once."""
-    out = {}
-    for name in ("copy", "reduce"):
-        points = []
-        for nbytes in sizes:
-            a = torch.ones(nbytes // 4, device=comm.device)
-            b = torch.ones(nbytes // 4, device=comm.device)
-            reps = _reps(nbytes)
-            op = b.copy_ if name == "copy" else b.add_
-
-            def work():
-                for _ in range(reps):
-                    op(a)
-
-            points.append((nbytes, _timed(comm, work, iters=iters, rounds=rounds, together=False) / reps))
-        out[name] = fit_alpha_beta(points)
-    return out
+def _link_fit(times: dict, name: str, sizes) -> dict:
+    fit = fit_alpha_beta([(s, times[f"pingpong|{name}|{s}"]) for s in sizes])
+    small = min(sizes)
+    # Latency is the one-way time of the smallest message, as ping-pong benchmarks report it; the fit's
+    # alpha also carries the handshakes of large messages and would charge them to every step.
+    latency = times[f"pingpong|{name}|{small}"] * 1e6 - small / (fit.gbps * 1e3)
+    return {"fit": fit, "latency_us": max(latency, 0.01)}
 
 
 # -- the probe ------------------------------------------------------------------------------------
 
 def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES, local_sizes=LOCAL_SIZES,
-          chain_lengths=CHAIN_LENGTHS, iters: int = 8, rounds: int = 3, topology: Topology | None = None,
+          chain_lengths=CHAIN_LENGTHS, iters: int = 5, rounds: int = 5, topology: Topology | None = None,
           placement: Placement | None = None) -> ProbeResult:
     """Measure links, injection under load, software overhead and local work on ``comm``'s ranks.
 
@@ -322,7 +303,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
             ``world_placement`` name the devices and links unless ``topology``/``placement`` are given.
         pingpong_sizes, exchange_sizes, local_sizes: bytes per message / buffer of each measurement.
         chain_lengths: steps per timed call in the software chains (at least two lengths).
-        iters, rounds: timed calls per round, rounds (``co_measure``).
+        iters, rounds: timed calls per round, rounds (``co_measure``; every measurement interleaved).
 
     Returns:
         A ``ProbeResult``, identical on every rank.
@@ -332,18 +313,42 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     if len(set(chain_lengths)) < 2:
         raise ValueError(f"probe: chain_lengths={chain_lengths!r} needs at least two different lengths")
     topology, placement = _where(comm, topology, placement)
-    links = {}
-    for name, (a, b) in _link_pairs(topology, placement).items():
-        links[name] = {"pair": [a, b], "fit": _pingpong(comm, a, b, pingpong_sizes, iters, rounds)}
+    deadline = comm.deadline()
+    pairs = _link_pairs(topology, placement)
+    variants = {}
+    for name, (a, b) in pairs.items():
+        for s in pingpong_sizes:
+            variants[f"pingpong|{name}|{s}"] = _pingpong(comm, a, b, s, deadline)
+    solo = comm.split(comm.rank) if comm.size > 1 else None
+    try:
+        if solo is not None:
+            from .. import collectives
+
+            for s in exchange_sizes:
+                variants[f"exchange|{s}"] = _exchange(comm, s, deadline)
+            small, inbox = _bytes(8, comm.device), [_bytes(8, comm.device) for _ in range(comm.size)]
+            for name, (_, cycle) in _patterns(comm.size, comm.rank).items():
+                for k in chain_lengths:
+                    variants[f"chain|{name}|{k}"] = _chain(comm, cycle, k, small, inbox, deadline)
+            x = torch.ones(8, device=comm.device)
+            # A public collective that communicates nothing: the cost of entering the API.
+            variants["api"] = (lambda: collectives.all_reduce(x, group=solo, algo="ring"), 1)
+        times = _timed(comm, variants, iters=iters, rounds=rounds) if variants else {}
+    finally:
+        if solo is not None:
+            solo.free()
+    links = {name: {"pair": [a, b], **_link_fit(times, name, pingpong_sizes)} for name, (a, b) in pairs.items()}
     injection = software = None
     if comm.size > 1:
-        injection = _injection(comm, exchange_sizes, iters, rounds)
+        injection = fit_alpha_beta([(s, times[f"exchange|{s}"]) for s in exchange_sizes])
         measured = calibrated_topology(topology, placement, links, None, "measured here: by this probe")
-        software = _software(comm, measured, placement, chain_lengths, iters, rounds)
-    local = comm.allgather_object(_local(comm, local_sizes, iters, rounds))
+        software = _software(times, chain_lengths, measured, placement, times["api"] * 1e6)
+    own = _timed(comm, {f"{op}|{s}": _local_op(comm, op, s) for op in ("copy", "reduce") for s in local_sizes},
+                 iters=iters, rounds=rounds, together=False)
+    mine = {op: fit_alpha_beta([(s, own[f"{op}|{s}"]) for s in local_sizes]) for op in ("copy", "reduce")}
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return ProbeResult(nranks=comm.size, hosts=list(comm.hosts), device=str(comm.device), date=date, links=links,
-                       injection=injection, software=software or {}, local=local)
+                       injection=injection, software=software or {}, local=comm.allgather_object(mine))
 
 
 def _where(comm, topology, placement):
@@ -372,9 +377,10 @@ def calibrated_topology(topology: Topology, placement: Placement, links: dict, i
             continue
         fit, (a, b) = got["fit"], got["pair"]
         how = f"{stamp}; ping-pong rank {a} <-> rank {b}, one way = round trip / 2"
+        small = int(min(s for s, _ in fit.points))
         new_links.append(dataclasses.replace(
-            link, latency_us=max(fit.alpha_us, 0.01), bandwidth_gbps=fit.gbps,
-            latency_source=f"{how}, alpha of alpha + bytes/beta over {len(fit.points)} sizes",
+            link, latency_us=got["latency_us"], bandwidth_gbps=fit.gbps,
+            latency_source=f"{how}, at {small} B (less {small} B / bandwidth)",
             bandwidth_source=f"{how}, beta of alpha + bytes/beta over {len(fit.points)} sizes"))
     used = set(placement.devices)
     devices = []
@@ -438,7 +444,7 @@ def format_result(result: ProbeResult) -> str:
     for name, got in result.links.items():
         f = got["fit"]
         lines.append(f"  link {name} (ping-pong rank {got['pair'][0]} <-> {got['pair'][1]}): "
-                     f"latency {f.alpha_us:.1f} us, bandwidth {f.gbps:.2f} GB/s one way")
+                     f"latency {got['latency_us']:.1f} us, bandwidth {f.gbps:.2f} GB/s one way")
     if result.injection is not None:
         lines.append(f"  injection under load (every rank in a ring step): {result.injection.gbps:.2f} GB/s per rank")
     sw = result.software
@@ -459,8 +465,8 @@ def format_result(result: ProbeResult) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The probe's options (shared with ``xelink bench model-check``)."""
     p.add_argument("--quick", action="store_true", help="fewer sizes and samples (a smoke test, seconds)")
-    p.add_argument("--iters", type=int, default=None, help="timed calls per round (default 8; quick 4)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 2)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per round (default 5; quick 3)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds, every measurement interleaved (default 5; quick 2)")
     p.add_argument("--topology-out", metavar="PATH", help="write the calibrated topology (TOML) here")
     p.add_argument("--calibration-out", metavar="PATH", help="write the calibration (TOML) here")
 

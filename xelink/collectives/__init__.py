@@ -1,5 +1,5 @@
 """Collectives with torch.distributed's names and semantics, on CPU tensors and numpy arrays."""
-from . import all_gather as _ag, all_reduce as _ar, all_to_all as _a2a, compiled as _compiled, reduce_scatter as _rs
+from . import all_gather as _ag, all_reduce as _ar, all_to_all as _a2a, compiled as _compiled, reduce_scatter as _rs  # noqa: F401 (compiled: registers the custom ops)
 from . import gpu as _gpu
 from ._common import ReduceOp, Work
 from .all_gather import all_gather, all_gather_into_tensor

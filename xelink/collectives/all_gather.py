@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _groups
+from . import gpu
 from ._common import as_tensor, check_algo, fingerprint_check, group_of, is_cuda, output_input, run, step, tag_for
 from .all_reduce import _ring_all_gather
 
@@ -35,8 +36,6 @@ def all_gather_into_tensor(output, input, group=None, async_op: bool = False, al
         return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group))
     comm = group_of(group, fn)
     if is_cuda(output) or is_cuda(input):
-        from . import gpu
-
         return gpu.all_gather_into_tensor(comm, output, input, algo, async_op, timeout)
     out, inp = output_input(fn, output, input)
     if out.numel() != comm.size * inp.numel():
@@ -79,8 +78,6 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
 
 
 def _gpu_all_gather_list(comm, tensor_list, tensor, algo, async_op, timeout):
-    from . import gpu
-
     if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != comm.size:
         raise ValueError(f"all_gather: tensor_list must be a list of world_size={comm.size} tensors")
     for i, t in enumerate(tensor_list):

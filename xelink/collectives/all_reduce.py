@@ -9,6 +9,7 @@ import torch
 
 from ..transport import shm
 from . import _groups
+from . import gpu
 from ._common import (bounds, check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of,
                       is_cuda, parse_op, as_tensor, run, step, tag_for, work_dtype)
 
@@ -43,8 +44,6 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
         return torch.ops.xelink.all_reduce_(tensor, parse_op(fn, op), algo, compiled.group_name(group))
     comm = group_of(group, fn)
     if is_cuda(tensor):
-        from . import gpu
-
         return gpu.all_reduce(comm, tensor, parse_op(fn, op), algo, async_op, timeout)
     x = as_tensor(fn, "tensor", tensor, reduce=True)
     op = parse_op(fn, op)

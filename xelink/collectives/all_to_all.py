@@ -1,6 +1,7 @@
 """All-to-all: destination-split (every rank sends each block straight to its destination)."""
 from __future__ import annotations
 
+from . import gpu
 from ._common import check_algo, fingerprint_check, group_of, is_cuda, output_input, run, step, tag_for
 
 __all__ = ["all_to_all_single", "ALGOS"]
@@ -71,8 +72,6 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 def _gpu(comm, output, input, output_split_sizes, input_split_sizes, algo, async_op, timeout):
     """CUDA tensors: equal splits run xelink's kernel; uneven splits are NCCL's (``algo`` auto or nccl)."""
-    from . import gpu
-
     fn = "all_to_all_single"
     if output_split_sizes is None and input_split_sizes is None:
         return gpu.all_to_all_single(comm, output, input, algo, async_op, timeout)

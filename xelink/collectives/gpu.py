@@ -237,8 +237,9 @@ def _all_reduce_plan(team, x, op, algo, sym, timeout_ns):
                        chunk=_round16(-(-m // team.size)), slot=slot, timeout_ns=timeout_ns)
                 for s, m in _pieces(n, per)]
     k = _kernel(team, "direct_all_reduce", x.dtype, OP=code, ACC=None)
-    return [k.bind(X=ptr + s * es, Y=ptr + s * es, **_peers(team.scratch_ptrs), n=m, slot=slot,
-                   timeout_ns=timeout_ns) for s, m in _pieces(n, slot)]
+    slot = team.ensure_scratch(team.size * _round16(n) * es, "all_reduce") // es  # a region per rank
+    return [k.bind(X=ptr + s * es, Y=ptr + s * es, **_peers(team.scratch_ptrs), n=m, region=_round16(m),
+                   slot=slot, timeout_ns=timeout_ns) for s, m in _pieces(n, slot // team.size // 16 * 16)]
 
 
 def _round16(v):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import _groups
+from . import gpu
 from ._common import (check_algo, check_op_dtype, combine, finish, fingerprint_check, group_of, is_cuda,
                       output_input, parse_op, run, step, tag_for, work_dtype)
 from .all_gather import cross_target
@@ -39,8 +40,6 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
                                                        compiled.group_name(group))
     comm = group_of(group, fn)
     if is_cuda(output) or is_cuda(input):
-        from . import gpu
-
         return gpu.reduce_scatter_tensor(comm, output, input, parse_op(fn, op), algo, async_op, timeout)
     out, inp = output_input(fn, output, input, reduce=True)
     op = parse_op(fn, op)

@@ -96,13 +96,15 @@ if triton is not None:
 
     @triton.jit
     def _direct_all_reduce(X, Y, B0, B1, B2, B3, B4, B5, B6, B7, S0, S1, S2, S3, S4, S5, S6, S7,
-                           EPOCH, ERR, n, slot, timeout_ns,
+                           EPOCH, ERR, n, region, slot, timeout_ns,
                            RANK: tl.constexpr, WORLD: tl.constexpr, OP: tl.constexpr, ACC: tl.constexpr,
                            BLOCK: tl.constexpr):
-        """One-shot: stage my input in the scratch slot, one barrier, reduce every rank's copy in rank order.
+        """One-shot, push: write my input into region RANK of every rank's scratch slot, one barrier,
+        then reduce the WORLD regions of my own slot (local reads) in rank order.
 
-        Always staged (even for a symmetric X): reading X itself would need a second barrier before
-        Y (possibly X) may be written, and for the small messages this serves a copy is cheaper.
+        Pushing puts the link latency on stores, which the release before the signal waits for, instead
+        of on loads after the barrier; each slot holds WORLD regions of ``region`` >= n elements
+        (rounded up so that every region starts 16-byte aligned).
         """
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -110,19 +112,21 @@ if triton is not None:
         off = (e0 & 1).to(tl.int64) * slot
         ar = tl.arange(0, BLOCK)
         tiles = tl.cdiv(n, BLOCK)
+        for t in range(pid, tiles, G):
+            o = t * BLOCK + ar
+            m = o < n
+            v = tl.load(X + o, mask=m)
+            for p in tl.static_range(WORLD):
+                dst = _pick(p, B0, B1, B2, B3, B4, B5, B6, B7) + off + RANK * region
+                tl.store(dst + o, v, mask=m)
+        _barrier(S0, S1, S2, S3, S4, S5, S6, S7, ERR, e0 + 1, timeout_ns, pid, RANK, WORLD)
         mine = _pick(RANK, B0, B1, B2, B3, B4, B5, B6, B7) + off
         for t in range(pid, tiles, G):
             o = t * BLOCK + ar
             m = o < n
-            tl.store(mine + o, tl.load(X + o, mask=m), mask=m)
-        _barrier(S0, S1, S2, S3, S4, S5, S6, S7, ERR, e0 + 1, timeout_ns, pid, RANK, WORLD)
-        for t in range(pid, tiles, G):
-            o = t * BLOCK + ar
-            m = o < n
-            acc = tl.load(B0 + off + o, mask=m).to(ACC)
-            for p in tl.static_range(1, WORLD):
-                src = _pick(p, B0, B1, B2, B3, B4, B5, B6, B7) + off
-                acc = _combine(acc, tl.load(src + o, mask=m).to(ACC), OP)
+            acc = tl.load(mine + o, mask=m).to(ACC)
+            for q in tl.static_range(1, WORLD):
+                acc = _combine(acc, tl.load(mine + q * region + o, mask=m).to(ACC), OP)
             if OP == 1:
                 acc = acc / WORLD
             tl.store(Y + o, acc.to(Y.dtype.element_ty), mask=m)
@@ -342,18 +346,33 @@ class Bound:
     microseconds of host time, which keeps eager latency close to the kernel's.
     """
 
-    __slots__ = ("_kernel", "_args", "_key", "_c")
+    __slots__ = ("_kernel", "_args", "_key", "_launch", "_tail")
 
     def __init__(self, kernel: Kernel, args: list, key: tuple):
         self._kernel, self._args, self._key = kernel, tuple(args), key
-        self._c = kernel.compiled.get(key)
+        self._launch = None
+        c = kernel.compiled.get(key)
+        if c is not None:
+            self._bind(c)
+
+    def _bind(self, c) -> None:
+        """Call Triton's C launcher directly when the kernel needs no scratch (ours never do)."""
+        run = c.run
+        if (getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+                and hasattr(run, "launch")):
+            self._launch = run.launch
+            self._tail = (c.function, run.launch_cooperative_grid, run.launch_pdl, None, None, c.packed_metadata,
+                          None, None, None, *self._args)
+        else:  # another Triton: its documented-by-use CompiledKernel.run signature
+            self._launch = run
+            self._tail = (c.function, c.packed_metadata, None, None, None, *self._args)
 
     def __call__(self, stream: int) -> None:
-        c = self._c
-        if c is not None:
-            c.run(self._kernel.grid, 1, 1, stream, c.function, c.packed_metadata, None, None, None, *self._args)
+        if self._launch is not None:
+            self._launch(self._kernel.grid, 1, 1, stream, *self._tail)
             return
         k = self._kernel
         types = k.types
         typed = [_Ptr(a, types[n]) if n in types and a is not None else a for n, a in zip(k.fn.arg_names, self._args)]
-        self._c = k.compiled[self._key] = k.fn[(k.grid,)](*typed, num_warps=k.num_warps)
+        c = k.compiled[self._key] = k.fn[(k.grid,)](*typed, num_warps=k.num_warps)
+        self._bind(c)
