@@ -1,0 +1,435 @@
+"""Flash attention, decode and merge: references against float64, kernels against references.
+
+CPU tests (always): each reference against a float64 computation written out here, the merge of KV
+shards against the full result, the fake implementations, and every bad-input error.
+GPU tests (``@pytest.mark.gpu``): each Triton path against its reference on fresh random inputs over a
+grid of shapes with tails, Sq != Sk, every head dim and dtype; outputs poisoned with NaN first.
+Interpreter tests: with ``TRITON_INTERPRET=1`` (and Triton installed) the same kernel checks run on the
+CPU through Triton's interpreter, on tiny float16 shapes (its bfloat16 dot is not exact).
+"""
+import math
+import os
+
+import pytest
+import torch
+
+from xelink.kernels import attention as A
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" and A.triton is not None
+TOL = {torch.bfloat16: 1.5e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+
+
+def _rel(out, ref):
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _attention64(q, k, v, causal, scale, kv_len=None):
+    """Float64 attention written the plain way: repeat KV heads, mask, softmax, weighted sum."""
+    q, k, v = q.double(), k.double(), v.double()
+    if kv_len is not None:
+        k, v = k[:, :, :kv_len], v[:, :, :kv_len]
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1)
+    v = v.repeat_interleave(g, dim=1)
+    sq, sk = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    out = p @ v
+    out = torch.where(torch.isfinite(lse)[..., None], out, torch.zeros_like(out))
+    return out, lse
+
+
+def _qkv(b, hq, hkv, sq, sk, d, dtype, device="cpu", gen=None):
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    return r(b, hq, sq, d), r(b, hkv, sk, d), r(b, hkv, sk, d)
+
+
+# -- references against float64 (CPU, fast) -----------------------------------------------------
+
+REF_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, causal)
+    (2, 4, 4, 9, 9, 16, False),
+    (1, 4, 2, 7, 19, 32, True),     # Sq < Sk: queries aligned to the end of the keys
+    (2, 6, 2, 13, 5, 8, True),      # Sq > Sk: the first rows see no key
+    (1, 3, 1, 1, 40, 64, True),     # one query token, GQA 3:1
+    (1, 2, 1, 33, 17, 24, False),
+]
+
+
+@pytest.mark.parametrize("shape", REF_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_reference_flash_against_float64(shape, dtype):
+    b, hq, hkv, sq, sk, d, causal = shape
+    gen = torch.Generator().manual_seed(hash((shape, str(dtype))) % 2**31)
+    q, k, v = _qkv(b, hq, hkv, sq, sk, d, dtype, gen=gen)
+    scale = 0.7 / math.sqrt(d)
+    out, lse = A.reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    want, want_lse = _attention64(q, k, v, causal, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq)
+    assert _rel(out, want) < TOL[dtype]
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - want_lse[finite]).abs().max() < 1e-5
+    if causal and sq > sk:  # rows with no visible key: output 0, LSE -inf
+        assert torch.all(out[:, :, : sq - sk] == 0) and torch.all(lse[:, :, : sq - sk] == float("-inf"))
+
+
+def test_reference_default_scale_and_float64():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = _qkv(1, 2, 2, 5, 6, 16, torch.float64, gen=gen)
+    out = A.reference_flash_attention(q, k, v)
+    assert out.dtype == torch.float64
+    assert _rel(out, _attention64(q, k, v, False, 1 / 4)[0]) < 1e-12
+    # impl="auto" on the CPU is the reference, and so is impl="reference"
+    assert torch.equal(A.flash_attention(q, k, v), out)
+    assert torch.equal(A.flash_attention(q, k, v, impl="reference"), out)
+
+
+def test_reference_empty_keys():
+    q, k, v = _qkv(1, 2, 2, 3, 0, 8, torch.float32)
+    out, lse = A.reference_flash_attention(q, k, v, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def _shards(sk, gen):
+    cuts = sorted(torch.randint(0, sk + 1, (3,), generator=gen).tolist())
+    bounds = [0, *cuts, sk]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def test_merge_of_shards_equals_full():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _qkv(2, 4, 2, 11, 37, 16, torch.float32, gen=gen)
+    full, full_lse = A.reference_flash_attention(q, k, v, return_lse=True)
+    outs, lses = [], []
+    for lo, hi in _shards(37, gen) + [(5, 5)]:  # an empty shard too: it must weigh nothing
+        o, s = A.reference_flash_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], return_lse=True)
+        outs.append(o)
+        lses.append(s)
+    out, lse = A.merge_attention(outs, lses)
+    assert _rel(out, full) < 1e-6
+    assert (lse - full_lse).abs().max() < 1e-5
+    # A stacked tensor works the same as a list; so does the reference directly.
+    out2, lse2 = A.reference_merge_attention(torch.stack(outs), torch.stack(lses))
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    # The merge is exact against float64 attention over all keys.
+    want, want_lse = _attention64(q, k, v, False, 1 / 4)
+    assert _rel(out, want) < 1e-6
+
+
+def test_merge_all_empty_rows():
+    outs = [torch.full((1, 1, 2, 4), float("nan")), torch.zeros(1, 1, 2, 4)]
+    lses = [torch.full((1, 1, 2), float("-inf")), torch.full((1, 1, 2), float("-inf"))]
+    out, lse = A.merge_attention(outs, lses)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_decode_against_float64(causal):
+    gen = torch.Generator().manual_seed(11 + causal)
+    b, hq, hkv, sq, smax, d = 4, 8, 2, 3, 29, 16
+    q, kc, vc = _qkv(b, hq, hkv, sq, smax, d, torch.float32, gen=gen)
+    lens = torch.tensor([29, 0, 1, 17], dtype=torch.int32)
+    out, lse = A.reference_decode_attention(q, kc, vc, lens, causal=causal, return_lse=True)
+    assert torch.equal(A.decode_attention(q, kc, vc, lens, causal=causal), out)  # auto on CPU
+    for i, n in enumerate(lens.tolist()):
+        want, want_lse = _attention64(q[i:i + 1], kc[i:i + 1], vc[i:i + 1], causal, 1 / 4, kv_len=n)
+        if n == 0:
+            assert torch.all(out[i] == 0) and torch.all(lse[i] == float("-inf"))
+            continue
+        assert (out[i:i + 1].double() - want).abs().max() < 1e-5
+        finite = torch.isfinite(want_lse)
+        assert (lse[i:i + 1].double()[finite] - want_lse[finite]).abs().max() < 1e-5
+
+
+def test_fake_implementations_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 5, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, 2, 9, 64, dtype=torch.bfloat16, device=q.device)
+        out, lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton")
+        assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 5) and lse.dtype == torch.float32
+        lens = torch.empty(2, dtype=torch.int32, device=q.device)
+        out, lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton")
+        assert out.shape == q.shape and lse.shape == (2, 8, 5)
+        out, lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton")
+        assert out.shape == q.shape and lse.shape == (2, 8, 5)
+
+
+# -- bad inputs: clear errors before anything runs ------------------------------------------------
+
+def _good():
+    return _qkv(1, 4, 2, 8, 8, 64, torch.bfloat16)
+
+
+@pytest.mark.parametrize("mutate, error, text", [
+    (lambda q, k, v: (q[0], k, v), ValueError, "q.shape=(4, 8, 64) must have 4 dims"),
+    (lambda q, k, v: (q.float().numpy(), k, v), TypeError, "q must be a torch.Tensor"),
+    (lambda q, k, v: (q, k.half(), v), TypeError, "dtypes differ"),
+    (lambda q, k, v: (q.int(), k.int(), v.int()), TypeError, "q.dtype=torch.int32 must be a floating-point dtype"),
+    (lambda q, k, v: (q, k[:, :, :4], v), ValueError, "k.shape=(1, 2, 4, 64) != v.shape=(1, 2, 8, 64)"),
+    (lambda q, k, v: (q[:, :3], k, v), ValueError, "q heads 3 must be a multiple of k heads 2"),
+    (lambda q, k, v: (q[..., :32], k, v), ValueError, "head_dim differs: q.shape[3]=32 != k.shape[3]=64"),
+    (lambda q, k, v: (torch.cat([q, q]), k, v), ValueError, "batch differs"),
+    (lambda q, k, v: (q, k.to("meta"), v.to("meta")), ValueError, "devices differ"),
+])
+def test_flash_bad_tensors(mutate, error, text):
+    q, k, v = mutate(*_good())
+    with pytest.raises(error, match="^flash_attention: ") as info:
+        A.flash_attention(q, k, v)
+    assert text in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    ({"impl": "cuda"}, ValueError, "impl='cuda' is not one of"),
+    ({"scale": -1.0}, ValueError, "scale=-1.0 must be finite and > 0"),
+    ({"scale": float("nan")}, ValueError, "must be finite and > 0"),
+    ({"scale": "0.1"}, TypeError, "scale='0.1' must be a float or None"),
+    ({"causal": 1}, TypeError, "causal=1 must be a bool"),
+    ({"return_lse": None}, TypeError, "return_lse=None must be a bool"),
+])
+def test_flash_bad_flags(kwargs, error, text):
+    with pytest.raises(error, match="^flash_attention: ") as info:
+        A.flash_attention(*_good(), **kwargs)
+    assert text in str(info.value)
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter runs kernel paths on the CPU")
+@pytest.mark.parametrize("impl", ["triton", "hopper"])
+def test_kernel_path_on_cpu_is_refused(impl):
+    error = RuntimeError if A.triton is None else ValueError
+    with pytest.raises(error, match=f"^flash_attention: impl='{impl}'"):
+        A.flash_attention(*_good(), impl=impl)
+
+
+@pytest.mark.skipif(A.triton is None, reason="the kernel checks run only where Triton is installed")
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 on the CPU")
+def test_kernel_rejects_dtype_and_head_dim():
+    q, k, v = _qkv(1, 2, 2, 4, 4, 64, torch.float32)
+    with pytest.raises(TypeError, match="^flash_attention: q.dtype=torch.float32 is not supported by impl='triton'"):
+        A.flash_attention(q, k, v, impl="triton")
+    q, k, v = _qkv(1, 2, 2, 4, 4, 96, torch.float16)
+    with pytest.raises(ValueError, match="^flash_attention: head_dim=96 is not supported"):
+        A.flash_attention(q, k, v, impl="triton")
+
+
+def test_merge_bad_inputs():
+    o = torch.zeros(1, 2, 3, 8)
+    s = torch.zeros(1, 2, 3)
+    with pytest.raises(ValueError, match="^merge_attention: outs is empty"):
+        A.merge_attention([], [])
+    with pytest.raises(ValueError, match=r"^merge_attention: len\(outs\)=2 != len\(lses\)=1"):
+        A.merge_attention([o, o], [s])
+    with pytest.raises(ValueError, match=r"^merge_attention: outs\[1\].shape=\(1, 2, 4, 8\) != outs\[0\].shape"):
+        A.merge_attention([o, torch.zeros(1, 2, 4, 8)], [s, s])
+    with pytest.raises(TypeError, match=r"^merge_attention: lses\[0\].dtype=torch.float64 must be torch.float32"):
+        A.merge_attention([o], [s.double()])
+    with pytest.raises(ValueError, match=r"^merge_attention: lses\[0\].shape=\(1, 2\) must have 3 dims"):
+        A.merge_attention([o], [s[..., 0]])
+    with pytest.raises(TypeError, match="^merge_attention: outs and lses must be sequences"):
+        A.merge_attention(o[0, 0], 3)
+
+
+def test_decode_bad_inputs():
+    q, kc, vc = _qkv(2, 4, 2, 1, 16, 64, torch.float16)
+    lens = torch.tensor([16, 3])
+    with pytest.raises(TypeError, match="^decode_attention: kv_lens must be a torch.Tensor"):
+        A.decode_attention(q, kc, vc, [16, 3])
+    with pytest.raises(ValueError, match=r"^decode_attention: kv_lens.shape=\(3,\) must be \(batch,\)=\(2,\)"):
+        A.decode_attention(q, kc, vc, torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match="^decode_attention: kv_lens.dtype=torch.float32 must be"):
+        A.decode_attention(q, kc, vc, lens.float())
+    with pytest.raises(ValueError, match="^decode_attention: num_splits=0 must be a positive int"):
+        A.decode_attention(q, kc, vc, lens, num_splits=0)
+    with pytest.raises(ValueError, match=r"^decode_attention: q.shape=\(2, 4, 0, 64\) needs at least one"):
+        A.decode_attention(q[:, :, :0], kc, vc, lens)
+    with pytest.raises(ValueError, match="^decode_attention: q heads 4 must be a multiple of k_cache heads 3"):
+        A.decode_attention(q, kc[:, :1].expand(2, 3, 16, 64), vc[:, :1].expand(2, 3, 16, 64), lens)
+
+
+# -- kernels against references (GPU, or the interpreter on the CPU) -------------------------------
+
+def _poison(device):
+    """Fill the caching allocator's free memory with NaN so outputs the kernels leave unwritten show up."""
+    if device == "cuda":
+        junk = torch.full((64 << 20,), float("nan"), device=device)
+        del junk
+
+
+def _check_flash(device, impl, d, dtype, causal, shapes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for b, hq, hkv, sq, sk in shapes:
+        q, k, v = _qkv(b, hq, hkv, sq, sk, d, dtype, device=device, gen=gen)
+        _poison(device)
+        out, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
+        ref, ref_lse = A.reference_flash_attention(q, k, v, causal=causal, return_lse=True)
+        where = f"{impl} D={d} {dtype} causal={causal} shape={(b, hq, hkv, sq, sk)}"
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"NaN left in output: {where}"
+        assert _rel(out, ref) < TOL[dtype], f"{where}: rel err {_rel(out, ref):.2e}"
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite), where
+        if finite.any():
+            assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3, where
+
+
+GPU_SHAPES = [  # (B, Hq, Hkv, Sq, Sk): aligned, tails, GQA, Sq < Sk, Sq > Sk, one query
+    (1, 2, 2, 256, 256),
+    (2, 4, 1, 77, 300),
+    (1, 4, 2, 300, 77),
+    (1, 3, 3, 1, 333),
+    (1, 8, 2, 513, 1000),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+@pytest.mark.parametrize("impl", ["triton", "hopper"])
+def test_flash_kernel_gpu(requires_gpus, impl, d, dtype, causal):
+    requires_gpus(1)
+    if impl == "hopper" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("impl='hopper' needs a compute-capability-9 GPU")
+    _check_flash("cuda", impl, d, dtype, causal, GPU_SHAPES, seed=d * 10 + int(causal))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "hopper"])
+def test_flash_kernel_strided_gpu(requires_gpus, impl):
+    """(B, S, H, D) storage seen as (B, H, S, D): the portable kernel takes the strides as they are."""
+    requires_gpus(1)
+    if impl == "hopper" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("impl='hopper' needs a compute-capability-9 GPU")
+    q = torch.randn(2, 130, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 190, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(2, 190, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    out = A.flash_attention(q, k, v, causal=True, impl=impl)
+    assert _rel(out, A.reference_flash_attention(q, k, v, causal=True)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("impl", ["triton", "hopper"])
+def test_flash_kernel_interpreter(impl, d, causal):
+    shapes = [(1, 2, 1, 40, 70), (1, 2, 2, 150, 100), (1, 1, 1, 1, 200)]
+    _check_flash("cpu", impl, d, torch.float16, causal, shapes, seed=d + int(causal))
+
+
+def _check_decode(device, d, dtype, causal, cases, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for b, hq, hkv, sq, smax, lens, splits in cases:
+        q, kc, vc = _qkv(b, hq, hkv, sq, smax, d, dtype, device=device, gen=gen)
+        kv_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        _poison(device)
+        out, lse = A.decode_attention(q, kc, vc, kv_lens, causal=causal, return_lse=True, num_splits=splits,
+                                      impl="triton")
+        ref, ref_lse = A.reference_decode_attention(q, kc, vc, kv_lens, causal=causal, return_lse=True)
+        where = f"decode D={d} {dtype} causal={causal} case={(b, hq, hkv, sq, smax, lens, splits)}"
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"NaN left in output: {where}"
+        assert _rel(out, ref) < TOL[dtype], f"{where}: rel err {_rel(out, ref):.2e}"
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite), where
+        assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3, where
+
+
+DECODE_CASES = [  # (B, Hq, Hkv, Sq, Smax, kv_lens, num_splits)
+    (3, 32, 8, 1, 4099, [4099, 1, 2500], None),
+    (2, 8, 8, 4, 1000, [1000, 0], 3),
+    (2, 16, 2, 16, 777, [777, 300], None),
+    (1, 4, 1, 5, 2000, [1999], 1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+def test_decode_kernel_gpu(requires_gpus, d, dtype, causal):
+    requires_gpus(1)
+    _check_decode("cuda", d, dtype, causal, DECODE_CASES, seed=d + int(causal))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_kernel_interpreter(causal):
+    cases = [(3, 8, 2, 3, 200, [200, 0, 2], 4), (1, 4, 1, 1, 300, [300], None)]
+    _check_decode("cpu", 64, torch.float16, causal, cases, seed=int(causal))
+
+
+def _check_merge(device, dtype):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _qkv(2, 8, 2, 100, 700, 128, dtype, device=device, gen=gen)
+    outs, lses = [], []
+    for lo, hi in [(0, 128), (128, 128), (128, 450), (450, 700)]:
+        o, s = A.flash_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], return_lse=True, impl="triton")
+        outs.append(o)
+        lses.append(s)
+    _poison(device)
+    out, lse = A.merge_attention(outs, lses, impl="triton")
+    ref, ref_lse = A.reference_flash_attention(q, k, v, return_lse=True)
+    assert not torch.isnan(out).any()
+    assert _rel(out, ref) < TOL[dtype]
+    assert (lse - ref_lse).abs().max() < 2e-3
+    ref_out, ref_merged = A.reference_merge_attention(outs, lses)
+    assert _rel(out, ref_out) < 5e-3
+    assert (lse - ref_merged).abs().max() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_kernel_gpu(requires_gpus, dtype):
+    requires_gpus(1)
+    _check_merge("cuda", dtype)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_merge_kernel_interpreter():
+    _check_merge("cpu", torch.float16)
+
+
+@pytest.mark.gpu
+def test_auto_compile_and_cuda_graph_gpu(requires_gpus):
+    """impl='auto' names a kernel; torch.compile traces the custom ops; decode replays in a CUDA graph."""
+    requires_gpus(1)
+    device = torch.device("cuda", torch.cuda.current_device())
+    want = "hopper" if torch.cuda.get_device_capability()[0] == 9 else "triton"
+    assert A.resolve_impl("t", "auto", device) == want
+    q, k, v = _qkv(1, 8, 2, 200, 300, 128, torch.bfloat16, device="cuda")
+
+    ref = A.reference_flash_attention(q, k, v, causal=True)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def op(q, k, v):  # the custom op itself: traced through its fake implementation, no graph break
+        out, lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want)
+        return out * 2, lse
+
+    @torch.compile(backend="aot_eager")
+    def public(q, k, v):  # the public wrapper (its argument checks may break the graph)
+        return A.flash_attention(q, k, v, causal=True) * 2
+
+    assert _rel(op(q, k, v)[0] / 2, ref) < TOL[torch.bfloat16]
+    assert _rel(public(q, k, v) / 2, ref) < TOL[torch.bfloat16]
+
+    kc = torch.randn(2, 2, 5000, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn(2, 2, 5000, 128, device="cuda", dtype=torch.bfloat16)
+    qd = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([5000, 10], dtype=torch.int32, device="cuda")
+    A.decode_attention(qd, kc, vc, lens)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = A.decode_attention(qd, kc, vc, lens)
+    for new_lens in ([5000, 10], [17, 4321]):
+        lens.copy_(torch.tensor(new_lens))
+        g.replay()
+        torch.cuda.synchronize()
+        assert _rel(static, A.reference_decode_attention(qd, kc, vc, lens)) < TOL[torch.bfloat16]

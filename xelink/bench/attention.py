@@ -1,0 +1,397 @@
+"""Attention benchmark: xelink's flash-attention and decode kernels next to torch SDPA, same run, interleaved.
+
+Run on one GPU: ``python -m xelink.bench.attention [--impl hopper] [--out DIR]``.
+
+- Prefill (issue 6 shapes): B=1, 32 q heads, S=8192, bf16, HD 128 and 256, non-causal MHA and causal GQA
+  (8 KV heads). xelink's path named by ``--impl`` is timed through the public ``flash_attention`` against
+  SDPA's flash backend and its cuDNN backend (``sdpa_kernel``; ``enable_gqa=True`` for GQA), with CUDA
+  events around back-to-back launches. TFLOP/s = 4*B*Hq*S^2*D / time, halved for causal.
+- Decode: 1 query token, 32/8 heads, HD=128, KV 8K/32K/128K, B=1 and 8, timed as CUDA-graph replays of
+  calls over rotating KV caches (more bytes than L2), against SDPA (default dispatch, and the flash and
+  cuDNN backends where they take the inputs). TB/s counts the K and V bytes read.
+
+The outputs of the timed runs are checked against the float32 reference (``#wrong`` = elements off by
+more than the tolerance, NaN included). Prints a table and writes JSON Lines with the run manifest.
+``--sweep`` times tile configurations instead (tuning; compiles them in parallel processes first).
+"""
+import argparse
+import functools
+import math
+import multiprocessing
+import sys
+from pathlib import Path
+
+import torch
+
+from ..kernels import attention as A
+from .harness import JsonlWriter, co_measure, make_row, manifest, summarize, time_cuda_events
+
+__all__ = ["DECODE_CASES", "PREFILL_CASES", "main", "run_decode", "run_prefill"]
+
+# (name, B, Hq, Hkv, S, D, causal)
+PREFILL_CASES = (
+    ("mha", 1, 32, 32, 8192, 128, False),
+    ("gqa_causal", 1, 32, 8, 8192, 128, True),
+    ("mha", 1, 32, 32, 8192, 256, False),
+    ("gqa_causal", 1, 32, 8, 8192, 256, True),
+)
+# (B, Hq, Hkv, KV length, D)
+DECODE_CASES = tuple((b, 32, 8, s, 128) for b in (1, 8) for s in (8192, 32768, 131072))
+_L2_ROTATE_BYTES = 512 << 20  # decode rotates KV caches until this many bytes: several times the 60 MB L2
+
+# Candidates for --sweep: prefill (impl, (BLOCK_M, BLOCK_N, warps, stages)) per head dim; decode
+# ((BLOCK_N, warps, stages), programs per SM).
+SWEEP_PREFILL = {
+    128: [("hopper", (128, 128, 8, 3)), ("hopper", (128, 128, 8, 2)), ("hopper", (128, 64, 8, 3)),
+          ("triton", (128, 64, 8, 3)), ("triton", (128, 128, 8, 3))],
+    256: [("hopper", (128, 64, 8, 2)), ("hopper", (128, 32, 8, 2)), ("triton", (128, 64, 8, 2))],
+}
+SWEEP_DECODE = [((64, 4, 3), 2), ((64, 4, 4), 3), ((128, 4, 2), 2), ((64, 4, 3), 4)]
+
+
+def _flops(b, hq, s, d, causal):
+    f = 4.0 * b * hq * s * s * d
+    return f / 2 if causal else f
+
+
+def _wrong(out, ref):
+    """Elements farther from the float32 reference than bf16 rounding allows (NaN counts as wrong)."""
+    o, r = out.float(), ref.float()
+    tol = 2e-2 * (r.abs() + r.pow(2).mean().sqrt())
+    return int((~((o - r).abs() <= tol)).sum().item())
+
+
+def _finite(extra):
+    """JSON-ready extras: non-finite floats (a NaN error, an infinite ratio) become None."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return x
+    return clean(extra)
+
+
+def _rel(out, ref):
+    return float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
+
+
+def _sdpa_variants(q, k, v, causal, gqa):
+    """SDPA backends as callables; a backend that refuses these inputs is left out, with the reason."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kw = {"is_causal": causal}
+    if gqa:
+        kw["enable_gqa"] = True
+    out, notes = {}, {}
+    for name, backend in (("sdpa:flash", SDPBackend.FLASH_ATTENTION), ("sdpa:cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, **kw)
+        try:
+            call()
+            out[name] = call
+        except RuntimeError as e:  # this backend does not take these inputs (e.g. GQA in some builds)
+            notes[name] = str(e).splitlines()[0][:200]
+    return out, notes
+
+
+def run_prefill(impl, cases=PREFILL_CASES, *, dtype=torch.bfloat16, warmup=3, iters=10, rounds=3, configs=None,
+                progress=print):
+    """Time flash attention on ``cases`` against SDPA flash/cuDNN; returns result rows.
+
+    ``configs`` (sweep): a list of (impl, tile config) to time through the kernel launcher instead of
+    the public API with its table.
+    """
+    rows = []
+    for name, b, hq, hkv, s, d, causal in cases:
+        torch.manual_seed(0)
+        q = torch.randn(b, hq, s, d, device="cuda", dtype=dtype)
+        k = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype)
+        v = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype)
+        ref = A.reference_flash_attention(q, k, v, causal=causal)
+        variants, last = {}, {}
+
+        def keep(key, fn):
+            def run():
+                last[key] = fn()
+            return run
+
+        ours = []
+        if configs is None:
+            ours.append(f"xelink:{impl}")
+            variants[ours[0]] = keep(ours[0], lambda: A.flash_attention(q, k, v, causal=causal, impl=impl))
+        else:
+            scale = 1.0 / math.sqrt(d)
+            for cimpl, cfg in configs.get(d, []):
+                key = f"xelink:{cimpl}:{'x'.join(map(str, cfg))}"
+                ours.append(key)
+                variants[key] = keep(key, functools.partial(
+                    lambda ci, c: A._flash_forward(q, k, v, causal, scale, ci, c)[0], cimpl, cfg))
+        base, notes = _sdpa_variants(q, k, v, causal, hkv != hq)
+        for key, fn in base.items():
+            variants[key] = keep(key, fn)
+        wrong = {key: 0 for key in variants}
+        errs = {key: 0.0 for key in variants}
+
+        def check(key):
+            wrong[key] += _wrong(last[key], ref)
+            errs[key] = max(errs[key], _rel(last[key], ref))
+
+        samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds,
+                             timing=functools.partial(time_cuda_events, warmup=0), after_block=check)
+        flops = _flops(b, hq, s, d, causal)
+        med = {key: summarize(samples[key])["median"] for key in samples}
+        shape = {"case": name, "B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": d, "causal": causal}
+        nbytes = (q.numel() + k.numel() + v.numel() + q.numel()) * q.element_size()
+        for key in variants:
+            extra = {**shape, "tflops": flops / med[key] / 1e12, "rel_err": errs[key]}
+            for bkey in base:
+                if bkey != key:
+                    extra[f"ratio_vs_{bkey}"] = med[bkey] / med[key]
+                    extra[f"{bkey}_tflops"] = flops / med[bkey] / 1e12
+            if key in ours and configs is None:
+                extra["config"] = list(A._fwd_config(impl, d))
+            extra["notes"] = notes
+            primary = "sdpa:flash" if "sdpa:flash" in base and key != "sdpa:flash" else None
+            _add_row(rows, "flash_attention", key, samples, primary, nbytes, int(flops), dtype, wrong[key], extra,
+                     progress and (lambda r: progress(_fmt_prefill(r))))
+        del q, k, v, ref, last
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _add_row(rows, op, key, samples, primary, nbytes, count, dtype, wrong, extra, show):
+    """Append the row of variant ``key`` (ratio against ``primary``, when given) and show it."""
+    rows.append(make_row(op, key, samples[key], size_bytes=nbytes, count=count, dtype=dtype, nranks=1, wrong=wrong,
+                         baseline=primary, baseline_samples=samples[primary] if primary else None,
+                         extra=_finite(extra)))
+    if show:
+        show(rows[-1])
+
+
+def _graph(fn, reps):
+    """Capture ``fn(i)`` for i in range(reps) in one CUDA graph (after a warm-up on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(reps):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [fn(i) for i in range(reps)]
+    return g, outs
+
+
+def run_decode(impl, cases=DECODE_CASES, *, dtype=torch.bfloat16, warmup=3, iters=20, rounds=3, configs=None,
+               progress=print):
+    """Time decode attention in CUDA graphs against SDPA; returns result rows (time per call)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows = []
+    for b, hq, hkv, s, d in cases:
+        cache_bytes = 2 * b * hkv * s * d * torch.tensor([], dtype=dtype).element_size()
+        reps = max(1, min(16, math.ceil(_L2_ROTATE_BYTES / cache_bytes)))
+        torch.manual_seed(0)
+        qs = [torch.randn(b, hq, 1, d, device="cuda", dtype=dtype) for _ in range(reps)]
+        ks = [torch.randn(b, hkv, s, d, device="cuda", dtype=dtype) for _ in range(reps)]
+        vs = [torch.randn(b, hkv, s, d, device="cuda", dtype=dtype) for _ in range(reps)]
+        lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        refs = [A.reference_decode_attention(qs[i], ks[i], vs[i], lens) for i in (0, reps - 1)]
+        calls = {}
+        ours = []
+        if configs is None:
+            ours.append(f"xelink:{impl}")
+            calls[ours[0]] = lambda i: A.decode_attention(qs[i], ks[i], vs[i], lens, impl=impl)
+        else:
+            scale = 1.0 / math.sqrt(d)
+            for cfg, per_sm in configs:
+                key = f"xelink:triton:{'x'.join(map(str, cfg))}:{per_sm}/SM"
+                ours.append(key)
+                splits = _splits_for(qs[0], ks[0], cfg[0], per_sm)
+                calls[key] = functools.partial(
+                    lambda c, n, i: A._decode_forward(qs[i], ks[i], vs[i], lens, False, scale, n, c)[0], cfg, splits)
+        calls["sdpa:default"] = lambda i: F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=True)
+        notes = {}
+        for name, backend in (("sdpa:flash", SDPBackend.FLASH_ATTENTION), ("sdpa:cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def call(i, backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=True)
+            try:
+                call(0)
+                calls[name] = call
+            except RuntimeError as e:
+                notes[name] = str(e).splitlines()[0][:200]
+        graphs, outs = {}, {}
+        for key, fn in calls.items():
+            try:
+                graphs[key], outs[key] = _graph(fn, reps)
+            except RuntimeError as e:  # a backend that cannot be captured is reported, not timed
+                notes[key] = f"graph capture failed: {str(e).splitlines()[0][:200]}"
+        wrong = {key: 0 for key in graphs}
+        errs = {key: 0.0 for key in graphs}
+
+        def check(key):
+            for j, i in enumerate((0, reps - 1)):
+                wrong[key] += _wrong(outs[key][i], refs[j])
+                errs[key] = max(errs[key], _rel(outs[key][i], refs[j]))
+
+        samples = co_measure({key: g.replay for key, g in graphs.items()}, warmup=warmup, iters=iters, rounds=rounds,
+                             timing=functools.partial(time_cuda_events, warmup=0), after_block=check)
+        samples = {key: [t / reps for t in ts] for key, ts in samples.items()}
+        med = {key: summarize(ts)["median"] for key, ts in samples.items()}
+        kv_bytes = cache_bytes
+        shape = {"B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": d, "Sq": 1, "graph_calls": reps, "in_cuda_graph": True}
+        for key in graphs:
+            extra = {**shape, "kv_TBps": kv_bytes / med[key] / 1e12, "rel_err": errs[key], "notes": notes}
+            for bkey in ("sdpa:default", "sdpa:flash", "sdpa:cudnn"):
+                if bkey in med and bkey != key:
+                    extra[f"ratio_vs_{bkey}"] = med[bkey] / med[key]
+            if key in ours and configs is None:
+                extra["config"] = list(A._DECODE_CONFIG)
+                extra["num_splits"] = A._decode_splits(qs[0], ks[0], A._DECODE_CONFIG[0])
+            primary = "sdpa:default" if key != "sdpa:default" and "sdpa:default" in med else None
+            _add_row(rows, "decode_attention", key, samples, primary, kv_bytes, b * hq * d, dtype, wrong[key], extra,
+                     progress and (lambda r: progress(_fmt_decode(r))))
+        del qs, ks, vs, graphs, outs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _splits_for(q, k_cache, block_n, per_sm):
+    old = A._DECODE_PROGRAMS_PER_SM
+    A._DECODE_PROGRAMS_PER_SM = per_sm
+    try:
+        return A._decode_splits(q, k_cache, block_n)
+    finally:
+        A._DECODE_PROGRAMS_PER_SM = old
+
+
+def _num(x, spec="5.2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def _fmt_prefill(r):
+    e = r.extra
+    return (f"prefill {e['case']:<10} D={e['D']:<3} {r.path:<32} {r.time_us:9.1f} us {_num(e['tflops'], '7.1f')} "
+            f"TFLOP/s  x flash {_num(e.get('ratio_vs_sdpa:flash'))}  x cudnn {_num(e.get('ratio_vs_sdpa:cudnn'))}"
+            f"  #wrong {r.wrong}  err {_num(e['rel_err'], '.1e')}")
+
+
+def _fmt_decode(r):
+    e = r.extra
+    return (f"decode  B={e['B']} S={e['S']:<6} {r.path:<34} {r.time_us:8.1f} us {_num(e['kv_TBps'])} TB/s"
+            f"  x sdpa {_num(e.get('ratio_vs_sdpa:default'))}  x flash {_num(e.get('ratio_vs_sdpa:flash'))}"
+            f"  x cudnn {_num(e.get('ratio_vs_sdpa:cudnn'))}  #wrong {r.wrong}  err {_num(e['rel_err'], '.1e')}")
+
+
+def _warm_one(job):
+    """Compile one kernel configuration on tiny inputs with the same specialisation as the timed run."""
+    import torch as t
+
+    from xelink.kernels import attention as att
+
+    kind = job[0]
+    if kind == "prefill":
+        _, impl, d, causal, cfg = job
+        q = t.randn(1, 4, 256, d, device="cuda", dtype=t.bfloat16)
+        k = t.randn(1, 2 if causal else 4, 256, d, device="cuda", dtype=t.bfloat16)
+        att._flash_forward(q, k, k, causal, 0.1, impl, cfg)
+    else:
+        _, cfg = job
+        q = t.randn(1, 32, 1, 128, device="cuda", dtype=t.bfloat16)
+        k = t.randn(1, 8, 512, 128, device="cuda", dtype=t.bfloat16)
+        lens = t.full((1,), 512, dtype=t.int32, device="cuda")
+        att._decode_forward(q, k, k, lens, False, 0.1, 2, cfg)
+    t.cuda.synchronize()
+    return job
+
+
+def _warm(jobs, nproc):
+    """Compile kernels in parallel processes (Triton's disk cache then serves the timed run)."""
+    if nproc <= 1 or not jobs:
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(min(nproc, len(jobs))) as pool:
+        for _ in pool.imap_unordered(_warm_one, jobs):
+            pass
+
+
+def _summary(rows):
+    lines = ["", "| case | path | time (us) | TFLOP/s or TB/s | x SDPA flash | x SDPA cuDNN | x SDPA default | #wrong |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r.extra
+        if r.op == "flash_attention":
+            case = f"prefill {e['case']} HD={e['D']}"
+            rate = f"{_num(e['tflops'], '.1f')} TFLOP/s"
+        else:
+            case = f"decode B={e['B']} KV={e['S'] // 1024}K"
+            rate = f"{_num(e['kv_TBps'], '.2f')} TB/s"
+
+        def ratio(key):
+            value = e.get(f"ratio_vs_{key}")
+            return "-" if value is None else f"{value:.2f}"
+
+        lines.append(f"| {case} | {r.path} | {r.time_us:.1f} | {rate} | {ratio('sdpa:flash')} | {ratio('sdpa:cudnn')} | "
+                     f"{ratio('sdpa:default')} | {r.wrong} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xelink.bench.attention", description=__doc__.split("\n")[0])
+    parser.add_argument("--impl", default=None, choices=("triton", "hopper"),
+                        help="xelink path to time (default: what impl='auto' picks on this GPU)")
+    parser.add_argument("--only", choices=("all", "prefill", "decode"), default="all")
+    parser.add_argument("--out", default=None, help="folder for attention.jsonl and attention.md")
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per variant per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sweep", action="store_true", help="time the tile candidates (tuning) instead")
+    parser.add_argument("--warm-jobs", type=int, default=8, help="processes that compile kernels before timing")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("xelink.bench.attention: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    impl = args.impl or A.resolve_impl("bench.attention", "auto", torch.device("cuda", torch.cuda.current_device()))
+    if impl == "reference":
+        print("xelink.bench.attention: Triton is not installed, nothing to time", file=sys.stderr)
+        return 2
+    jobs = []
+    if args.sweep:
+        for d, cands in SWEEP_PREFILL.items():
+            for causal in (False, True):
+                jobs += [("prefill", ci, d, causal, cfg) for ci, cfg in cands]
+        jobs += [("decode", cfg) for cfg in {c for c, _ in SWEEP_DECODE}]
+    else:
+        jobs += [("prefill", impl, d, causal, A._fwd_config(impl, d)) for d in (128, 256) for causal in (False, True)]
+        jobs.append(("decode", A._DECODE_CONFIG))
+    if args.only == "prefill":
+        jobs = [j for j in jobs if j[0] == "prefill"]
+    elif args.only == "decode":
+        jobs = [j for j in jobs if j[0] == "decode"]
+    _warm(jobs, args.warm_jobs)
+    rows = []
+    prefill_cfg = SWEEP_PREFILL if args.sweep else None
+    decode_cfg = SWEEP_DECODE if args.sweep else None
+    if args.only in ("all", "prefill"):
+        rows += run_prefill(impl, iters=args.iters or 10, rounds=args.rounds, configs=prefill_cfg)
+    if args.only in ("all", "decode"):
+        rows += run_decode(impl, iters=args.iters or 20, rounds=args.rounds, configs=decode_cfg)
+    table = _summary(rows)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        meta = manifest(extra={"benchmark": "attention", "impl": impl, "sweep": args.sweep})
+        with JsonlWriter(out / "attention.jsonl", meta) as w:
+            for r in rows:
+                w.write(r)
+        (out / "attention.md").write_text(table.lstrip() + "\n")
+    return 0 if all(r.wrong == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,836 @@
+"""Flash attention forward, split-KV decode and the merge of partial results, in Triton.
+
+Layout and conventions follow ``DESIGN.md`` ("Contracts"): tensors are ``(batch, heads, seq, head_dim)``
+as in torch SDPA; ``causal=True`` aligns the queries to the end of the keys (query ``i`` of ``Sq`` sees
+keys ``0 .. i + Sk - Sq``); the log-sum-exp (LSE) is float32, natural log, shape ``(batch, heads, seq_q)``.
+A query row that sees no key at all (causal with ``Sq > Sk``, an empty KV shard, a zero KV length) has
+output 0 and LSE ``-inf``, so it carries no weight in a merge.
+
+Paths (``impl=``):
+
+- ``"triton"``: the portable kernel, block pointers and plain loads only (features Intel's Triton 3.3
+  has too), so the same source serves NVIDIA and Intel GPUs.
+- ``"hopper"``: tuned for sm90: K/V/Q tiles come through TMA tensor descriptors and the tile shapes
+  were measured on an H200 (``benchmarks/results/h200-attention``). Falls back to the portable kernel
+  for layouts TMA cannot address (a non-contiguous tensor, a base not 16-byte aligned).
+- ``"reference"``: pure torch in float32 with explicit masking; runs anywhere.
+- ``"auto"``: ``"hopper"`` on a compute-capability-9 CUDA device, ``"triton"`` on other GPUs,
+  ``"reference"`` on the CPU, where Triton is missing, or for a dtype / head dim no kernel takes.
+
+Each fast path is a ``torch.library`` custom op (``xelink::flash_attention``, ``xelink::decode_attention``,
+``xelink::merge_attention``) with a fake implementation, so ``torch.compile`` traces through it and CUDA
+graphs capture it. Triton is imported guarded: this module imports and its references run without it.
+Setting ``TRITON_INTERPRET=1`` before import runs the Triton kernels on CPU tensors (slow; for tests).
+"""
+import functools
+import math
+import os
+from typing import Optional
+
+import torch
+
+try:  # Triton is optional: without it the references (and impl="auto" on any device) still work.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = None
+
+__all__ = [
+    "HEAD_DIMS",
+    "IMPLS",
+    "decode_attention",
+    "flash_attention",
+    "merge_attention",
+    "reference_decode_attention",
+    "reference_flash_attention",
+    "reference_merge_attention",
+    "resolve_impl",
+]
+
+IMPLS = ("auto", "triton", "hopper", "reference")
+HEAD_DIMS = (64, 128, 256)
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+# Tile shapes (BLOCK_M, BLOCK_N, num_warps, num_stages) per (impl, head_dim), chosen from the sweep in
+# xelink/bench/attention.py on an H200 (results in benchmarks/results/h200-attention). HD=256 needs
+# BLOCK_N=64 and two stages: a 128x256 Q tile plus two K/V stages already fill most of shared memory.
+_FWD_CONFIGS = {
+    ("triton", 64): (128, 64, 4, 3),
+    ("triton", 128): (128, 64, 8, 3),
+    ("triton", 256): (128, 64, 8, 2),
+    ("hopper", 64): (128, 128, 8, 3),
+    ("hopper", 128): (128, 128, 8, 3),
+    ("hopper", 256): (128, 64, 8, 2),
+}
+# Decode: (BLOCK_N, num_warps, num_stages) and the target number of programs per multiprocessor.
+_DECODE_CONFIG = (64, 4, 3)
+_DECODE_PROGRAMS_PER_SM = 2
+_DECODE_MIN_CHUNK = 256  # keys per split at least: below that the merge costs more than the split saves
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# -- argument checks ----------------------------------------------------------------------------
+
+def _check_tensor(fn: str, name: str, x, ndim: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{fn}: {name}.shape={tuple(x.shape)} must have {ndim} dims")
+
+
+def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k") -> None:
+    """Shapes, dtypes and devices shared by flash_attention and decode_attention."""
+    vname = "v" if kv_name == "k" else "v_cache"
+    _check_tensor(fn, "q", q, 4)
+    _check_tensor(fn, kv_name, k, 4)
+    _check_tensor(fn, vname, v, 4)
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"{fn}: q.dtype={q.dtype} must be a floating-point dtype")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{fn}: dtypes differ: q.dtype={q.dtype}, {kv_name}.dtype={k.dtype}, {vname}.dtype={v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{fn}: devices differ: q on {q.device}, {kv_name} on {k.device}, {vname} on {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"{fn}: {kv_name}.shape={tuple(k.shape)} != {vname}.shape={tuple(v.shape)}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"{fn}: batch differs: q.shape[0]={q.shape[0]} != {kv_name}.shape[0]={k.shape[0]}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"{fn}: head_dim differs: q.shape[3]={q.shape[3]} != {kv_name}.shape[3]={k.shape[3]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"{fn}: q heads {hq} must be a multiple of {kv_name} heads {hkv} (GQA)")
+
+
+def _check_flags(fn: str, causal, scale, return_lse, impl) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"{fn}: causal={causal!r} must be a bool")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"{fn}: return_lse={return_lse!r} must be a bool")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"{fn}: scale={scale!r} must be a float or None")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"{fn}: scale={scale!r} must be finite and > 0")
+    if impl not in IMPLS:
+        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(map(repr, IMPLS))}")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: Optional[int]) -> tuple:
+    return torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
+
+
+def resolve_impl(fn: str, impl: str, device: torch.device) -> str:
+    """The path ``impl`` names on ``device``: ``"auto"`` becomes a concrete path, the others are checked.
+
+    Raises:
+        ValueError: an unknown impl, a kernel path for a CPU tensor (outside ``TRITON_INTERPRET=1``), or
+            ``"hopper"`` on a CUDA device that is not compute capability 9.
+        RuntimeError: a kernel path named while Triton is not installed.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(map(repr, IMPLS))}")
+    on_gpu = device.type in ("cuda", "xpu")
+    if impl == "auto":
+        if triton is None or not on_gpu:
+            return "reference"
+        if device.type == "cuda" and _capability(device.index)[0] == 9:
+            return "hopper"
+        return "triton"
+    if impl == "reference":
+        return impl
+    if triton is None:
+        raise RuntimeError(f"{fn}: impl={impl!r} needs Triton, which is not installed; use impl='reference'")
+    if not (on_gpu or _interpreting()):
+        raise ValueError(f"{fn}: impl={impl!r} runs on a GPU, but the tensors are on {device} "
+                         f"(use impl='reference' or 'auto', or set TRITON_INTERPRET=1 for the interpreter)")
+    if impl == "hopper" and device.type == "cuda":
+        cap = _capability(device.index)
+        if cap[0] != 9:
+            raise ValueError(f"{fn}: impl='hopper' needs a compute-capability-9 GPU (H100/H200), "
+                             f"{device} is sm{cap[0]}{cap[1]}; use impl='triton'")
+    return impl
+
+
+def _fit(path: str, impl: str, q) -> str:
+    """impl='auto' takes the reference where no kernel fits (dtype, head dim); a named path does not."""
+    if impl == "auto" and path != "reference" and (q.dtype not in _KERNEL_DTYPES or q.shape[3] not in HEAD_DIMS):
+        return "reference"
+    return path
+
+
+def _check_kernel_inputs(fn: str, impl: str, q) -> None:
+    if q.dtype not in _KERNEL_DTYPES:
+        raise TypeError(f"{fn}: q.dtype={q.dtype} is not supported by impl={impl!r} (bfloat16 or float16; "
+                        f"impl='reference' takes any floating dtype)")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"{fn}: head_dim={q.shape[3]} is not supported by impl={impl!r} "
+                         f"(one of {HEAD_DIMS}; impl='reference' takes any)")
+
+
+# -- references ---------------------------------------------------------------------------------
+
+def _ref_core(q, k, v, row_last, scale):
+    """Grouped attention in float32 (float64 for float64 inputs) with an explicit mask.
+
+    q: (B, Hkv, R, D) rows of the q heads sharing one KV head; k, v: (B, Hkv, Sk, D);
+    row_last: (R,) long, the last key index each row may see (-1: none). Returns out (B, Hkv, R, D)
+    and lse (B, Hkv, R), computed over row chunks so the score matrix stays small.
+    """
+    ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, Hkv, R, D = q.shape
+    Sk = k.shape[2]
+    out = torch.zeros((B, Hkv, R, D), dtype=ctype, device=q.device)
+    lse = torch.full((B, Hkv, R), float("-inf"), dtype=ctype, device=q.device)
+    if Sk == 0 or R == 0 or B == 0:
+        return out, lse
+    kf, vf = k.to(ctype), v.to(ctype)
+    cols = torch.arange(Sk, device=q.device)
+    chunk = max(1, (1 << 24) // max(1, B * Hkv * Sk))
+    for r0 in range(0, R, chunk):
+        r1 = min(R, r0 + chunk)
+        s = torch.matmul(q[:, :, r0:r1].to(ctype), kf.transpose(-1, -2)) * scale
+        s = s.masked_fill(cols[None, :] > row_last[r0:r1, None], float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(s - m)
+        den = p.sum(-1, keepdim=True)
+        empty = den == 0
+        out[:, :, r0:r1] = torch.matmul(p, vf) / torch.where(empty, torch.ones_like(den), den)
+        lse[:, :, r0:r1] = torch.where(empty, torch.full_like(den, float("-inf")), m + torch.log(den)).squeeze(-1)
+    return out, lse
+
+
+def _grouped(q, hkv):
+    """(B, Hq, S, D) -> (B, Hkv, G*S, D): the q heads of one KV head become rows (h = kvh*G + g)."""
+    B, Hq, S, D = q.shape
+    return q.reshape(B, hkv, (Hq // hkv) * S, D)
+
+
+def reference_flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
+    """Pure-torch twin of ``flash_attention``: float32 math (float64 for float64 inputs), explicit mask.
+
+    Args:
+        q: (B, Hq, Sq, D); k, v: (B, Hkv, Sk, D), Hq divisible by Hkv; any floating dtype, any device.
+        causal: query i sees keys 0 .. i + Sk - Sq (aligned to the end of the keys).
+        scale: softmax scale; default 1/sqrt(D).
+        return_lse: also return the float32 natural-log LSE (B, Hq, Sq).
+
+    Returns:
+        out (B, Hq, Sq, D) in q's dtype, or (out, lse).
+    """
+    fn = "reference_flash_attention"
+    _check_qkv(fn, q, k, v)
+    _check_flags(fn, causal, scale, return_lse, "reference")
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    g = Hq // Hkv
+    t = torch.arange(Sq, device=q.device).repeat(g)
+    row_last = t + (Sk - Sq) if causal else torch.full_like(t, Sk - 1)
+    out, lse = _ref_core(_grouped(q, Hkv), k, v, row_last, scale)
+    out = out.reshape(B, Hq, Sq, D).to(q.dtype)
+    lse = lse.reshape(B, Hq, Sq).to(torch.float32)
+    return (out, lse) if return_lse else out
+
+
+def _check_merge(fn: str, outs, lses):
+    if isinstance(outs, torch.Tensor):
+        outs = list(outs.unbind(0))
+    if isinstance(lses, torch.Tensor):
+        lses = list(lses.unbind(0))
+    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)):
+        raise TypeError(f"{fn}: outs and lses must be sequences of tensors, got {type(outs).__name__} "
+                        f"and {type(lses).__name__}")
+    if len(outs) == 0:
+        raise ValueError(f"{fn}: outs is empty; give at least one partial result")
+    if len(outs) != len(lses):
+        raise ValueError(f"{fn}: len(outs)={len(outs)} != len(lses)={len(lses)}")
+    for i, (o, s) in enumerate(zip(outs, lses)):
+        _check_tensor(fn, f"outs[{i}]", o, 4)
+        _check_tensor(fn, f"lses[{i}]", s, 3)
+        if o.shape != outs[0].shape:
+            raise ValueError(f"{fn}: outs[{i}].shape={tuple(o.shape)} != outs[0].shape={tuple(outs[0].shape)}")
+        if o.dtype != outs[0].dtype or not o.dtype.is_floating_point:
+            raise TypeError(f"{fn}: outs[{i}].dtype={o.dtype} must be floating and equal outs[0].dtype={outs[0].dtype}")
+        if s.shape != o.shape[:3]:
+            raise ValueError(f"{fn}: lses[{i}].shape={tuple(s.shape)} must be outs[{i}].shape[:3]={tuple(o.shape[:3])}")
+        if s.dtype != torch.float32:
+            raise TypeError(f"{fn}: lses[{i}].dtype={s.dtype} must be torch.float32")
+        if o.device != outs[0].device or s.device != outs[0].device:
+            raise ValueError(f"{fn}: outs[{i}] on {o.device} / lses[{i}] on {s.device}, outs[0] on {outs[0].device}")
+    return list(outs), list(lses)
+
+
+def reference_merge_attention(outs, lses):
+    """Pure-torch twin of ``merge_attention`` (float32 math)."""
+    outs, lses = _check_merge("reference_merge_attention", outs, lses)
+    L = torch.stack(lses)  # (n, B, H, S)
+    m = L.amax(0)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(L - m)
+    den = w.sum(0)
+    acc = torch.zeros(outs[0].shape, dtype=torch.float32, device=outs[0].device)
+    for wi, o in zip(w, outs):
+        # A shard with no weight contributes nothing, even if its output holds NaN (an empty shard).
+        acc += torch.where(wi[..., None] > 0, wi[..., None] * o.float(), torch.zeros_like(acc))
+    empty = den == 0
+    out = acc / torch.where(empty, torch.ones_like(den), den)[..., None]
+    lse = torch.where(empty, torch.full_like(den, float("-inf")), m + torch.log(den))
+    return out.to(outs[0].dtype), lse
+
+
+def _check_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits):
+    _check_qkv(fn, q, k_cache, v_cache, kv_name="k_cache")
+    if q.shape[2] < 1:
+        raise ValueError(f"{fn}: q.shape={tuple(q.shape)} needs at least one query token (dim 2)")
+    if not isinstance(kv_lens, torch.Tensor):
+        raise TypeError(f"{fn}: kv_lens must be a torch.Tensor of shape (batch,), got {type(kv_lens).__name__}")
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != q.shape[0]:
+        raise ValueError(f"{fn}: kv_lens.shape={tuple(kv_lens.shape)} must be (batch,)=({q.shape[0]},)")
+    if kv_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{fn}: kv_lens.dtype={kv_lens.dtype} must be torch.int32 or torch.int64")
+    if kv_lens.device != q.device:
+        raise ValueError(f"{fn}: kv_lens on {kv_lens.device}, q on {q.device}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"{fn}: num_splits={num_splits!r} must be a positive int or None")
+
+
+def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False):
+    """Pure-torch twin of ``decode_attention``: batch b attends to ``k_cache[b, :, :kv_lens[b]]``.
+
+    ``kv_lens`` values are clamped to [0, k_cache.shape[2]], as in the kernel.
+    """
+    fn = "reference_decode_attention"
+    _check_decode(fn, q, k_cache, v_cache, kv_lens, None)
+    _check_flags(fn, causal, scale, return_lse, "reference")
+    B, Hq, Sq, D = q.shape
+    smax = k_cache.shape[2]
+    outs, lses = [], []
+    for b, n in enumerate(kv_lens.tolist()):
+        n = min(max(int(n), 0), smax)
+        o, s = reference_flash_attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
+                                         causal=causal, scale=scale, return_lse=True)
+        outs.append(o)
+        lses.append(s)
+    out = torch.cat(outs) if outs else q.new_zeros(q.shape)
+    lse = torch.cat(lses) if lses else q.new_zeros((0, Hq, Sq), dtype=torch.float32)
+    return (out, lse) if return_lse else out
+
+
+# -- Triton kernels -----------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, MASKED: tl.constexpr):
+        """One KV tile of the online softmax (log2 domain); MASKED tiles apply the causal/length mask."""
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            keep = (offs_n[None, :] <= row_last[:, None]) & (offs_n[None, :] < n_end)
+            s = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with no visible key so far keeps m = -inf; subtract 0 instead so p = 0, not NaN.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
+        else:
+            # Every key of an unmasked tile is visible to every row, so m_new is finite here.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        return acc, l_i, m_new
+
+    @triton.jit
+    def _attn_finish(acc, l_i, m_i):
+        """Normalised output and natural-log LSE; rows that saw no key give 0 and -inf."""
+        empty = l_i == 0.0
+        inv = 1.0 / tl.where(empty, 1.0, l_i)
+        out = acc * inv[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        return out, lse
+
+    @triton.jit
+    def _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, end, row_last, n_end, qk_scale,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """Online softmax over keys [lo, end) read through block pointers positioned at lo.
+
+        Tiles below ``full`` need no mask and no bounds check; the rest are masked and zero-padded.
+        Returns the normalised output tile and its LSE.
+        """
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for start_n in range(lo, full, BLOCK_N):
+            k = tl.load(k_ptr)
+            v = tl.load(v_ptr)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n, row_last, n_end, qk_scale, False)
+            k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
+            v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+        for start_n in range(full, end, BLOCK_N):
+            k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
+            v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True)
+            k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
+            v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+        return _attn_finish(acc, l_i, m_i)
+
+    @triton.jit
+    def _causal_bounds(m0, SQ, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        """Key ranges of a query block: [0, full) needs no mask, [full, end) does."""
+        if CAUSAL:
+            off = SK - SQ
+            full = tl.minimum(m0 + off + 1, SK)
+            end = tl.minimum(m0 + BLOCK_M + off, SK)
+        else:
+            full = SK
+            end = SK
+        full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+        return full, end
+
+    @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK"])
+    def _flash_fwd_kernel(
+        Q, K, V, O, LSE,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, GROUP, SQ, SK, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ):
+        """Portable forward: one program per (query block, batch*head), block pointers only."""
+        pid_m = tl.program_id(0)
+        if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = bh % H
+        kvh = (h // GROUP).to(tl.int64)
+        m0 = pid_m * BLOCK_M
+        q_ptr = tl.make_block_ptr(Q + b * stride_qb + h.to(tl.int64) * stride_qh, (SQ, HEAD_DIM),
+                                  (stride_qm, stride_qd), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
+        k_ptr = tl.make_block_ptr(K + b * stride_kb + kvh * stride_kh, (SK, HEAD_DIM),
+                                  (stride_kn, stride_kd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        v_ptr = tl.make_block_ptr(V + b * stride_vb + kvh * stride_vh, (SK, HEAD_DIM),
+                                  (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        q = tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        if CAUSAL:
+            row_last = offs_m + (SK - SQ)
+        else:
+            row_last = offs_m * 0 + (SK - 1)
+        full, end = _causal_bounds(m0, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+        out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, 0, full, end, row_last, SK, qk_scale,
+                                       BLOCK_M, BLOCK_N, HEAD_DIM)
+        o_ptr = tl.make_block_ptr(O + b * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
+                                  (stride_om, stride_od), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
+        tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
+        tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
+
+    @triton.jit(do_not_specialize=["H", "HKV", "GROUP", "SQ", "SK"])
+    def _flash_fwd_tma_kernel(
+        q_desc, k_desc, v_desc, O, LSE,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, HKV, GROUP, SQ, SK, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ):
+        """sm90 forward: Q/K/V tiles through TMA descriptors over the (B*H*S, D) row view.
+
+        A tile that runs past its head's last key reads the next head's rows (or TMA's zero fill past
+        the tensor): the mask drops those keys and their V rows are zeroed, so they cannot leak in.
+        """
+        pid_m = tl.program_id(0)
+        if CAUSAL:
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        kvh = h // GROUP
+        m0 = pid_m * BLOCK_M
+        q = q_desc.load([bh * SQ + m0, 0])
+        kv_row = (b * HKV + kvh) * SK
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        if CAUSAL:
+            row_last = offs_m + (SK - SQ)
+        else:
+            row_last = offs_m * 0 + (SK - 1)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        full, end = _causal_bounds(m0, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
+        for start_n in range(0, full, BLOCK_N):
+            k = k_desc.load([kv_row + start_n, 0])
+            v = v_desc.load([kv_row + start_n, 0])
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n, row_last, SK, qk_scale, False)
+        for start_n in range(full, end, BLOCK_N):
+            k = k_desc.load([kv_row + start_n, 0])
+            v = v_desc.load([kv_row + start_n, 0])
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            v = tl.where((offs_n < SK)[:, None], v, 0.0)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, SK, qk_scale, True)
+        out, lse = _attn_finish(acc, l_i, m_i)
+        o_ptr = tl.make_block_ptr(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
+                                  (stride_om, stride_od), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
+        tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
+        tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
+
+    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
+    def _decode_split_kernel(
+        Q, K, V, KV_LENS, OP, LSEP,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        HKV, GROUP, SQ, SMAX, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ):
+        """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
+
+        Partial results go to OP (B, Hq, SQ, splits, D) and LSEP (B, Hq, SQ, splits), float32,
+        contiguous; an empty split writes 0 and -inf.
+        """
+        split = tl.program_id(0)
+        n_splits = tl.num_programs(0)
+        bk = tl.program_id(1)
+        b = bk // HKV
+        kvh = bk % HKV
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < GROUP * SQ
+        t = rows % SQ
+        h = kvh * GROUP + rows // SQ
+        offs_d = tl.arange(0, HEAD_DIM)
+        q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
+                 + offs_d[None, :] * stride_qd)
+        q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
+        kv_len = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX)
+        chunk = tl.cdiv(tl.cdiv(kv_len, n_splits), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, kv_len)
+        if CAUSAL:
+            row_last = kv_len - SQ + t
+            first_last = kv_len - SQ
+        else:
+            row_last = t * 0 + (kv_len - 1)
+            first_last = kv_len - 1
+        full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
+        # The block pointers end at this split's last key: the zero padding then covers the tail.
+        k_ptr = tl.make_block_ptr(K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh,
+                                  (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        v_ptr = tl.make_block_ptr(V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh,
+                                  (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
+                                       BLOCK_M, BLOCK_N, HEAD_DIM)
+        hq = HKV * GROUP
+        part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
+        tl.store(OP + (part * n_splits + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
+        tl.store(LSEP + part * n_splits + split, lse, mask=row_ok)
+
+    @triton.jit(do_not_specialize=["N", "H", "S", "D"])
+    def _merge_kernel(
+        O, LSE, OUT, LSE_OUT,
+        stride_on, stride_ob, stride_oh, stride_os, stride_od,
+        stride_ln, stride_lb, stride_lh, stride_ls,
+        stride_xb, stride_xh, stride_xs, stride_xd,
+        N, H, S, D,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        """out = sum_i w_i o_i / sum_i w_i with w_i = exp(lse_i - max lse); LSE_OUT is (B, H, S) contiguous."""
+        pid_s = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        s_ok = offs_s < S
+        od_ok = s_ok[:, None] & (offs_d[None, :] < D)
+        lse_ptr = LSE + b * stride_lb + h * stride_lh + offs_s * stride_ls
+        o_ptr = O + b * stride_ob + h * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :] * stride_od
+        m = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        p = lse_ptr
+        for _ in range(N):  # pointers step shard by shard: no index product to overflow
+            m = tl.maximum(m, tl.load(p, mask=s_ok, other=float("-inf")))
+            p += stride_ln
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        den = tl.zeros([BLOCK_S], tl.float32)
+        acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+        for _ in range(N):
+            w = tl.exp(tl.load(lse_ptr, mask=s_ok, other=float("-inf")) - m_use)
+            o = tl.load(o_ptr, mask=od_ok, other=0.0).to(tl.float32)
+            acc += tl.where(w[:, None] > 0, w[:, None] * o, 0.0)
+            den += w
+            lse_ptr += stride_ln
+            o_ptr += stride_on
+        empty = den == 0.0
+        out = acc / tl.where(empty, 1.0, den)[:, None]
+        lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, den)))
+        x_ptr = OUT + b * stride_xb + h * stride_xh + offs_s[:, None] * stride_xs + offs_d[None, :] * stride_xd
+        tl.store(x_ptr, out.to(OUT.dtype.element_ty), mask=od_ok)
+        tl.store(LSE_OUT + bh.to(tl.int64) * S + offs_s, lse, mask=s_ok)
+
+
+# -- host wrappers (run inside the custom ops) ----------------------------------------------------
+
+def _fwd_config(impl: str, head_dim: int):
+    return _FWD_CONFIGS[(impl, head_dim)]
+
+
+def _tma_ok(*tensors) -> bool:
+    # TMA addresses 16-byte-aligned bases with 16-byte-aligned row strides; the (B*H*S, D) row view
+    # needs a contiguous tensor.
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None):
+    """Launch the forward kernel; returns (out, lse). ``config`` overrides the tile table (tuning)."""
+    B, H, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, SQ), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if SK == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    block_m, block_n, num_warps, num_stages = config or _fwd_config(impl, D)
+    grid = (triton.cdiv(SQ, block_m), B * H)
+    qk_scale = scale * _LOG2E
+    if impl == "hopper" and _tma_ok(q, k, v):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        q_desc = TensorDescriptor(q.view(B * H * SQ, D), [B * H * SQ, D], [D, 1], [block_m, D])
+        k_desc = TensorDescriptor(k.view(B * HKV * SK, D), [B * HKV * SK, D], [D, 1], [block_n, D])
+        v_desc = TensorDescriptor(v.view(B * HKV * SK, D), [B * HKV * SK, D], [D, 1], [block_n, D])
+        _flash_fwd_tma_kernel[grid](
+            q_desc, k_desc, v_desc, out, lse, *out.stride(), H, HKV, H // HKV, SQ, SK, qk_scale,
+            HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+            num_warps=num_warps, num_stages=num_stages)
+    else:
+        _flash_fwd_kernel[grid](
+            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            H, H // HKV, SQ, SK, qk_scale,
+            HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+            num_warps=num_warps, num_stages=num_stages)
+    return out, lse
+
+
+def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides):
+    """Merge n partials: o_strides = (shard, b, h, s, d), lse_strides = (shard, b, h, s)."""
+    B, H, S, D = out.shape
+    if out.numel() == 0:
+        return
+    block_d = triton.next_power_of_2(D)
+    block_s = max(1, min(triton.next_power_of_2(S), max(1, 4096 // block_d)))
+    grid = (triton.cdiv(S, block_s), B * H)
+    _merge_kernel[grid](o, lse, out, lse_out, *o_strides, *lse_strides, *out.stride(), n, H, S, D,
+                        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4)
+
+
+def _merge_forward(outs, lses):
+    o = torch.stack(outs)
+    s = torch.stack(lses)
+    out = torch.empty(outs[0].shape, dtype=outs[0].dtype, device=outs[0].device)
+    lse = torch.empty(lses[0].shape, dtype=torch.float32, device=outs[0].device)
+    if out.numel() == 0:
+        lse.fill_(float("-inf"))
+        return out, lse
+    _merge_launch(o, s, out, lse, len(outs), o.stride(), s.stride())
+    return out, lse
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_type: str, index: Optional[int]) -> int:
+    if device_type == "cuda":
+        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()) \
+            .multi_processor_count
+    if device_type == "xpu":
+        props = torch.xpu.get_device_properties(index if index is not None else torch.xpu.current_device())
+        return int(getattr(props, "gpu_subslice_count", 0) or getattr(props, "max_compute_units", 64))
+    return 8  # the interpreter: a few splits so tests exercise the merge
+
+
+def _decode_rows_block(rows: int) -> int:
+    return max(16, min(128, triton.next_power_of_2(rows)))
+
+
+def _decode_splits(q, k_cache, block_n: int) -> int:
+    """Splits so that the grid covers the device a few times over, each split >= _DECODE_MIN_CHUNK keys."""
+    B, Hq, SQ, _ = q.shape
+    HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
+    row_blocks = triton.cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
+    programs = max(1, B * HKV * row_blocks)
+    want = triton.cdiv(_DECODE_PROGRAMS_PER_SM * _sm_count(q.device.type, q.device.index), programs)
+    most = max(1, triton.cdiv(SMAX, max(_DECODE_MIN_CHUNK, block_n)))
+    return max(1, min(want, most, 256))
+
+
+def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None):
+    B, HQ, SQ, D = q.shape
+    HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
+    block_n, num_warps, num_stages = config or _DECODE_CONFIG
+    if num_splits <= 0:
+        num_splits = _decode_splits(q, k_cache, block_n)
+    group = HQ // HKV
+    block_m = _decode_rows_block(group * SQ)
+    part_o = torch.empty((B, HQ, SQ, num_splits, D), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((B, HQ, SQ, num_splits), dtype=torch.float32, device=q.device)
+    out = torch.empty((B, HQ, SQ, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, HQ, SQ), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    grid = (num_splits, B * HKV, triton.cdiv(group * SQ, block_m))
+    _decode_split_kernel[grid](
+        q, k_cache, v_cache, kv_lens, part_o, part_lse,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        HKV, group, SQ, SMAX, scale * _LOG2E,
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+        num_warps=num_warps, num_stages=num_stages)
+    po = part_o.stride()
+    pl = part_lse.stride()
+    _merge_launch(part_o, part_lse, out, lse, num_splits, (po[3], po[0], po[1], po[2], po[4]),
+                  (pl[3], pl[0], pl[1], pl[2]))
+    return out, lse
+
+
+# -- custom ops --------------------------------------------------------------------------------
+
+@torch.library.custom_op("xelink::flash_attention", mutates_args=(),
+                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, str impl) -> (Tensor, Tensor)")
+def _flash_attention_op(q, k, v, causal, scale, impl):
+    if impl == "reference":
+        return reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    return _flash_forward(q, k, v, causal, scale, impl)
+
+
+@_flash_attention_op.register_fake
+def _(q, k, v, causal, scale, impl):
+    B, H, S, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("xelink::decode_attention", mutates_args=(),
+                         schema="(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, bool causal, float scale, "
+                                "int num_splits, str impl) -> (Tensor, Tensor)")
+def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl):
+    if impl == "reference":
+        return reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale, return_lse=True)
+    return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits)
+
+
+@_decode_attention_op.register_fake
+def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl):
+    B, H, S, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("xelink::merge_attention", mutates_args=(),
+                         schema="(Tensor[] outs, Tensor[] lses, str impl) -> (Tensor, Tensor)")
+def _merge_attention_op(outs, lses, impl):
+    if impl == "reference":
+        return reference_merge_attention(outs, lses)
+    return _merge_forward(list(outs), list(lses))
+
+
+@_merge_attention_op.register_fake
+def _(outs, lses, impl):
+    return torch.empty_like(outs[0], memory_format=torch.contiguous_format), torch.empty_like(lses[0])
+
+
+# -- public API --------------------------------------------------------------------------------
+
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto"):
+    """Attention forward, ``softmax(q k^T * scale) v``, with GQA, causal masking and the LSE.
+
+    Args:
+        q: (B, Hq, Sq, D) query; k, v: (B, Hkv, Sk, D) keys and values, Hq divisible by Hkv (GQA:
+            q head h reads KV head h // (Hq // Hkv)). Kernels take bfloat16/float16 and D in 64/128/256;
+            any lengths (tails are masked), any strides.
+        causal: query i sees keys 0 .. i + Sk - Sq (aligned to the end of the keys; SDPA's is_causal
+            when Sq == Sk). Rows that see no key (Sq > Sk) give 0 and LSE -inf.
+        scale: softmax scale, > 0; default 1/sqrt(D).
+        return_lse: also return the float32 natural-log LSE, (B, Hq, Sq).
+        impl: "auto", "triton" (portable), "hopper" (sm90) or "reference" (pure torch); see the module.
+
+    Returns:
+        out (B, Hq, Sq, D), contiguous, in q's dtype; or (out, lse) with ``return_lse=True``.
+
+    Raises:
+        TypeError / ValueError: bad tensors, dtypes, shapes, devices or flags, before anything runs.
+    """
+    fn = "flash_attention"
+    _check_qkv(fn, q, k, v)
+    _check_flags(fn, causal, scale, return_lse, impl)
+    path = _fit(resolve_impl(fn, impl, q.device), impl, q)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    if path == "reference":
+        return reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    _check_kernel_inputs(fn, path, q)
+    out, lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path)
+    return (out, lse) if return_lse else out
+
+
+def merge_attention(outs, lses, impl="auto"):
+    """Combine attention results over disjoint KV shards into the result over all of them.
+
+    With ``w_i = exp(lse_i - max_j lse_j)``: ``out = sum_i w_i out_i / sum_i w_i`` and
+    ``lse = max_j lse_j + log(sum_i w_i)``; exact up to rounding, in float32. Shards whose LSE is -inf
+    (no visible key) weigh nothing; if all are, the row is 0 with LSE -inf.
+
+    Args:
+        outs: sequence of n >= 1 tensors (B, H, S, D) of one floating dtype (or one (n, B, H, S, D) tensor).
+        lses: sequence of n float32 tensors (B, H, S) (or one (n, B, H, S) tensor).
+        impl: "auto", "triton"/"hopper" (one Triton kernel, the same for both) or "reference".
+
+    Returns:
+        (out (B, H, S, D) in the outs' dtype, lse (B, H, S) float32).
+    """
+    fn = "merge_attention"
+    outs, lses = _check_merge(fn, outs, lses)
+    path = resolve_impl(fn, impl, outs[0].device)
+    if path == "reference":
+        return reference_merge_attention(outs, lses)
+    return torch.ops.xelink.merge_attention(outs, lses, path)
+
+
+def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, num_splits=None,
+                     impl="auto"):
+    """Attention of a few new query tokens over a long KV cache, split along the keys and then merged.
+
+    Batch b attends to ``k_cache[b, :, :kv_lens[b]]``. The work is split into ``num_splits`` pieces of the
+    KV range per (batch, KV head), all q heads of a KV head packed into one tile (one read of the cache for
+    the group), and the partial results merged as in ``merge_attention``. ``kv_lens`` stays on the device
+    (no host synchronisation), so the call can be captured in a CUDA graph and replayed as lengths change.
+
+    Args:
+        q: (B, Hq, Sq, D), Sq new tokens per sequence (designed for 1-16).
+        k_cache, v_cache: (B, Hkv, Smax, D), Hq divisible by Hkv, q's dtype and device.
+        kv_lens: (B,) int32/int64 on q's device: valid keys per sequence (clamped to [0, Smax]).
+        causal: new token i sees keys 0 .. kv_lens[b] - Sq + i (the new tokens are the last Sq in the cache).
+        scale: softmax scale, > 0; default 1/sqrt(D).
+        return_lse: also return the float32 LSE (B, Hq, Sq).
+        num_splits: KV splits per (batch, KV head); None picks from the device size and Smax.
+        impl: "auto", "triton"/"hopper" (the same portable split kernel) or "reference".
+
+    Returns:
+        out (B, Hq, Sq, D) in q's dtype, or (out, lse).
+    """
+    fn = "decode_attention"
+    _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
+    _check_flags(fn, causal, scale, return_lse, impl)
+    path = _fit(resolve_impl(fn, impl, q.device), impl, q)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    if path == "reference":
+        return reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale,
+                                          return_lse=return_lse)
+    _check_kernel_inputs(fn, path, q)
+    out, lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits or 0, path)
+    return (out, lse) if return_lse else out
