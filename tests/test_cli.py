@@ -36,3 +36,32 @@ def test_demo_under_mpiexec():
     assert r.returncode == 0, r.stderr
     assert "all_reduce over 3 rank(s) (mpich, device cpu): [3.0, 6.0, 9.0]" in r.stdout
     assert "correct on every rank" in r.stdout
+
+
+
+def test_bench_probe_writes_a_topology_and_a_calibration(tmp_path):
+    from xelink import cost
+    from xelink import topology as T
+
+    topo, cal = tmp_path / "probed.toml", tmp_path / "cal.toml"
+    r = _run("bench", "probe", "--quick", "--topology-out", str(topo), "--calibration-out", str(cal))
+    assert r.returncode == 0, r.stderr
+    assert "probe of 1 rank(s)" in r.stdout and "local (every rank at once): copy" in r.stdout
+    t, c = T.load(topo), cost.load_calibration(cal)
+    assert t.name == c.topology == "discovered-cpu-probed" and c.local.copy_gbps > 0
+
+
+def test_bench_model_check_probes_then_checks_under_mpiexec(tmp_path):
+    from xelink import cost
+    from xelink.bench import read_jsonl
+
+    cal, rows = tmp_path / "cal.toml", tmp_path / "check.jsonl"
+    r = _run("bench", "model-check", "--quick", "--ops", "all_gather", "--sizes", "1K", "--check-iters", "2",
+             "--check-rounds", "1", "--calibration-out", str(cal), "--jsonl", str(rows), n=2)
+    assert r.returncode == 0, r.stderr
+    assert "probe of 2 rank(s)" in r.stdout and "pred/meas" in r.stdout and "rows within ±30%" in r.stdout
+    got = read_jsonl(rows)
+    assert [g["path"] for g in got] == ["xelink:ring", "xelink:direct", "xelink:topo"]
+    assert all(g["predicted_us"] > 0 and g["wrong"] == 0 for g in got)
+    extra = got[0]["manifest"]["extra"]
+    assert extra["family"] == "model-check" and extra["calibration"]["name"] == cost.load_calibration(cal).name
