@@ -19,7 +19,10 @@ OPS = ("sum", "avg", "max", "min", "prod")
 # Size classes: empty, one element, odd tails, a vector-width boundary, one tile, many tiles, and
 # more than one scratch piece would hold for small slots (aligned and not).
 SIZES = (0, 1, 7, 8, 4095, 4096, 65537, 1 << 20, (1 << 22) + 3)
-PEER_ALGOS = {op: tuple(a for a in algos if a not in ("nccl", "hierarchical", "topo")) for op, algos in ALGOS.items()}
+# The flat peer-memory algorithms that take any tensor (copy_engine all-reduce needs xelink.empty input:
+# tested with symmetric tensors below).
+PEER_ALGOS = {op: tuple(a for a in algos if a not in ("nccl", "hierarchical", "topo")
+                        and (op, a) != ("all_reduce", "copy_engine")) for op, algos in ALGOS.items()}
 
 
 def _data(rank, n, dtype, device, op="sum", salt=0):
@@ -106,7 +109,7 @@ def check_symmetric_tensors_take_the_zero_copy_path(world):
     dev, w = _dev(world), world.size
     for n in (1, 4097, 1 << 20):
         want = _reduce([_data(r, n, torch.bfloat16, "cpu") for r in range(w)], "sum", torch.bfloat16)
-        for algo in ("two_shot", "direct"):
+        for algo in ("two_shot", "direct", "copy_engine"):
             x = xelink.empty(n, dtype=torch.bfloat16)
             assert world._cuda_team.peer_addresses(x) is not None, "xelink.empty tensor is not registered"
             x.copy_(_data(world.rank, n, torch.bfloat16, dev))
@@ -145,6 +148,10 @@ def check_equal_to_nccl_every_size(world):
                 y = x.clone()
                 xelink.all_reduce(y, algo=algo)
                 _same(f"all_reduce {algo} vs nccl n={m}", y, ref.cpu())
+            s = xelink.empty(m, dtype=torch.bfloat16)
+            s.copy_(x)
+            xelink.all_reduce(s, algo="copy_engine")
+            _same(f"all_reduce copy_engine (symmetric) vs nccl n={m}", s, ref.cpu())
         n *= 4
 
 
@@ -218,6 +225,7 @@ def check_bad_arguments(world):
          "output.dtype"),
         (lambda: xelink.all_to_all_single(torch.ones(7, device=dev), torch.ones(7, device=dev)), ValueError,
          "divisible"),
+        (lambda: xelink.all_reduce(x, algo="copy_engine"), ValueError, "xelink.empty"),
     ]
     for call, exc, text in cases:
         try:

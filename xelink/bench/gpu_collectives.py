@@ -62,6 +62,8 @@ def _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm):
                              lambda xu=xu, algo=algo: xelink.all_reduce(xu, op="avg", algo=algo)))
     xs = xelink.empty(n, dtype=dtype)
     variants.append(make("xelink:two_shot/symm", xs, lambda: xelink.all_reduce(xs, op="avg", algo="two_shot")))
+    xc = xelink.empty(n, dtype=dtype)
+    variants.append(make("xelink:copy_engine/symm", xc, lambda: xelink.all_reduce(xc, op="avg", algo="copy_engine")))
     if with_torch_symm:
         import torch.distributed._symmetric_memory as symm_mem
 
