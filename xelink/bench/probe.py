@@ -330,8 +330,12 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
             for name, (_, cycle) in _patterns(comm.size, comm.rank).items():
                 for k in chain_lengths:
                     variants[f"chain|{name}|{k}"] = _chain(comm, cycle, k, small, inbox, deadline)
-            x = torch.ones(8, device=comm.device)
             # A public collective that communicates nothing: the cost of entering the API.
+            x = torch.ones(8, device=comm.device)
+            try:
+                collectives.all_reduce(x, group=solo, algo="ring")
+            except ValueError:
+                x = torch.ones(8)  # collectives of this build take host tensors only
             variants["api"] = (lambda: collectives.all_reduce(x, group=solo, algo="ring"), 1)
         times = _timed(comm, variants, iters=iters, rounds=rounds) if variants else {}
     finally:
