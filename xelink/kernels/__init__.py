@@ -3,4 +3,11 @@
 Modules import without Triton; a kernel that needs Triton raises a clear error when called without it.
 """
 
-__all__: list[str] = []
+from .gemm import gemm, reference_gemm
+from .gemv import gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
+from .norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+
+__all__: list[str] = [
+    "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
+    "reference_rope", "rmsnorm", "rope", "unpack_w4a16", "unpack_w8a16",
+]

@@ -1,0 +1,210 @@
+"""GEMV: packing formats and their round trips, the reference against float64, argument checks, and the
+Triton kernels (GPU: every format, dtype, row count, tails, split-K; CPU interpreter with TRITON_INTERPRET=1)."""
+import importlib.util
+import os
+import random
+
+import pytest
+import torch
+
+from xelink.kernels.gemv import (W4_GROUP, gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16,
+                                 unpack_w8a16)
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
+TOL = {torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+def _weights(fmt, n, k, dtype, device="cpu", gen=None):
+    w = torch.randn(n, k, generator=gen, device=device) * 0.05
+    if fmt in ("bf16", "fp16"):
+        return w.to(dtype), None, w.to(dtype).double()
+    q, s = (pack_w8a16 if fmt == "w8a16" else pack_w4a16)(w, dtype)
+    exact = unpack_w8a16(q, s) if fmt == "w8a16" else unpack_w4a16(q, s)
+    return q, s, exact.double()
+
+
+def _relerr(y, x, exact_w):
+    ref = x.double() @ exact_w.T
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+# -- packing ------------------------------------------------------------------------------------------
+
+def test_w4_layout_low_nibble_is_even_k():
+    # One group with w[k] = (k % 15) - 7: max |w| = 7, so the scale is exactly 1 and nibble = w + 8.
+    k = torch.arange(W4_GROUP)
+    w = ((k % 15) - 7).float()[None]
+    packed, scales = pack_w4a16(w, torch.float32)
+    assert packed.dtype == torch.uint8 and packed.shape == (1, W4_GROUP // 2) and scales.shape == (1, 1)
+    assert float(scales) == 1.0
+    assert int(packed[0, 0]) == 0x21  # k=0 -> nibble 1 (low), k=1 -> nibble 2 (high)
+    want = ((k[0::2] % 15) + 1) | (((k[1::2] % 15) + 1) << 4)
+    assert torch.equal(packed[0].long(), want)
+    assert torch.equal(unpack_w4a16(packed, scales), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_w8_round_trip(dtype):
+    w = torch.randn(17, 40) * 3
+    w[3] = 0  # an all-zero row gets scale 1 and zeros
+    q, s = pack_w8a16(w, dtype)
+    assert q.dtype == torch.int8 and s.dtype == dtype and s.shape == (17,)
+    deq = unpack_w8a16(q, s)
+    assert torch.equal(deq, q.float() * s.float()[:, None])  # exact by definition
+    assert (deq - w).abs().le(s.float()[:, None] * 0.5 + 1e-6).all()
+    assert float(s[3]) == 1.0 and (q[3] == 0).all()
+    assert int(q.abs().max()) <= 127
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_w4_round_trip(dtype):
+    w = torch.randn(5, 3 * W4_GROUP)
+    w[1, W4_GROUP:2 * W4_GROUP] = 0
+    p, s = pack_w4a16(w, dtype)
+    assert p.shape == (5, 3 * W4_GROUP // 2) and s.shape == (5, 3) and s.dtype == dtype
+    deq = unpack_w4a16(p, s)
+    step = s.float().repeat_interleave(W4_GROUP, dim=1)
+    assert (deq - w).abs().le(step * 0.5 + 1e-6).all()
+    assert float(s[1, 1]) == 1.0
+    assert torch.equal(unpack_w4a16(*pack_w4a16(deq, torch.float32)), deq)  # a packed weight packs to itself
+
+
+def test_pack_errors():
+    with pytest.raises(ValueError, match="pack_w4a16: K=100 must be a multiple of 128"):
+        pack_w4a16(torch.randn(2, 100))
+    with pytest.raises(TypeError, match=r"pack_w8a16: w.dtype=torch.int32"):
+        pack_w8a16(torch.ones(2, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="pack_w8a16: w must be 2-D"):
+        pack_w8a16(torch.ones(2))
+
+
+# -- reference ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_reference_matches_float64(fmt, M):
+    dtype = torch.float16 if fmt == "fp16" else torch.bfloat16
+    w, s, exact = _weights(fmt, 33, 256, dtype)
+    x = torch.randn(M, 256).to(dtype)
+    y = gemv(w, x, s, fmt)  # CPU: auto is the reference
+    assert y.shape == (M, 33) and y.dtype == dtype
+    assert _relerr(y, x, exact) < TOL[dtype]
+    assert torch.equal(y, reference_gemv(w, x, s, fmt))
+    y1 = gemv(w, x[0], s, fmt)  # 1-D x gives a 1-D y
+    assert y1.shape == (33,) and _relerr(y1[None], x[:1], exact) < TOL[dtype]
+
+
+def _bad(**kw):
+    base = dict(w=torch.ones(4, 256, dtype=torch.bfloat16), x=torch.ones(2, 256, dtype=torch.bfloat16), scales=None,
+                fmt="bf16", impl="auto")
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (_bad(x=torch.ones(9, 256, dtype=torch.bfloat16)), ValueError, "gemv: x has M=9 rows; gemv takes 1 to 8"),
+    (_bad(x=torch.ones(2, 256)), TypeError, r"gemv: x.dtype=torch.float32"),
+    (_bad(w=torch.ones(4, 256, dtype=torch.float16)), TypeError, "gemv: fmt='bf16' needs w and x in torch.bfloat16"),
+    (_bad(w=torch.ones(4, 128, dtype=torch.bfloat16)), ValueError, r"gemv: w.shape\[1\]=128 != K=256"),
+    (_bad(fmt="int3"), ValueError, "gemv: fmt='int3' is not one of bf16, fp16, w8a16, w4a16"),
+    (_bad(impl="gpu"), ValueError, "gemv: impl='gpu' is not one of auto, triton, cuda, reference"),
+    (_bad(fmt="w8a16"), TypeError, r"gemv: fmt='w8a16' needs w.dtype=torch.int8"),
+    (_bad(fmt="w8a16", w=torch.ones(4, 256, dtype=torch.int8), scales=torch.ones(3, dtype=torch.bfloat16)),
+     ValueError, r"gemv: w8a16 scales.shape=\(3,\) must be \(4,\)"),
+    (_bad(fmt="w8a16", w=torch.ones(4, 256, dtype=torch.int8), scales=torch.ones(4)), TypeError,
+     r"gemv: scales.dtype=torch.float32 must equal x.dtype=torch.bfloat16"),
+    (_bad(fmt="w8a16", w=torch.ones(4, 256, dtype=torch.int8)), TypeError, "gemv: scales must be a torch.Tensor"),
+    (_bad(fmt="w4a16", w=torch.ones(4, 128, dtype=torch.uint8), scales=torch.ones(4, 1, dtype=torch.bfloat16)),
+     ValueError, r"gemv: w4a16 scales.shape=\(4, 1\) must be \(4, 2\)"),
+    (_bad(fmt="w4a16", w=torch.ones(4, 100, dtype=torch.uint8), x=torch.ones(1, 200, dtype=torch.bfloat16),
+          scales=torch.ones(4, 1, dtype=torch.bfloat16)),
+     ValueError, "gemv: w4a16 needs K=200 to be a multiple of 128"),
+    (_bad(fmt="w4a16", w=torch.ones(4, 256, dtype=torch.uint8), scales=torch.ones(4, 2, dtype=torch.bfloat16)),
+     ValueError, r"gemv: w4a16 w.shape\[1\]=256 != K/2=128"),
+    (_bad(w=torch.ones(256, 4, dtype=torch.bfloat16).T), ValueError, "gemv: w must be contiguous along K"),
+    (_bad(scales=torch.ones(4, dtype=torch.bfloat16)), ValueError, "gemv: fmt='bf16' takes no scales"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gemv(**kwargs)
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter runs Triton on CPU tensors")
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_triton_impl_on_cpu_is_refused(impl):
+    with pytest.raises((RuntimeError, ValueError), match=f"gemv: impl='{impl}'"):
+        gemv(**_bad(impl=impl))
+
+
+def test_fake_impl():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        y = torch.ops.xelink.gemv(torch.empty(7, 64, dtype=torch.uint8), torch.empty(3, 128, dtype=torch.float16),
+                                  torch.empty(7, 1, dtype=torch.float16), "w4a16", "cuda")
+        assert y.shape == (3, 7) and y.dtype == torch.float16
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fmt", ["fp16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("split", [1, 2])
+def test_interpreted_kernel(fmt, split):
+    # fp16 activations: the interpreter's bf16 dot is wrong (Triton 3.6 + numpy); bf16 runs on the GPU.
+    for M, N, K in [(1, 40, 256), (3, 17, 384)]:
+        w, s, exact = _weights(fmt, N, K, torch.float16)
+        x = torch.randn(M, K).to(torch.float16)
+        cfg = dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1)
+        assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
+
+
+# -- GPU ------------------------------------------------------------------------------------------------
+
+def _poison_allocator(nbytes: int):
+    # Freed NaN blocks are what the next torch.empty of that size gets: unwritten outputs stay NaN.
+    torch.full((nbytes // 4 + 4096,), float("nan"), device="cuda")
+
+
+GPU_SHAPES = [(1, 128), (33, 384), (300, 1024), (4100, 256), (64, 4224), (2048, 8192)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
+    requires_gpus(1)
+    if fmt == "bf16" and dtype == torch.float16:
+        fmt = "fp16"
+    seed = random.SystemRandom().randrange(2**31)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    configs = [None, dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=3),
+               dict(BLOCK_N=128, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4, num_stages=1)]
+    for N, K in GPU_SHAPES:
+        w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
+        for M in (1, 2, 8):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
+            for cfg in configs:
+                _poison_allocator(4 * M * N * 4)
+                y = gemv(w, x, s, fmt, impl=impl, config=cfg)
+                torch.cuda.synchronize()
+                where = f"{impl} {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
+                assert not y.isnan().any(), f"unwritten output: {where}"
+                err = _relerr(y, x, exact)
+                assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
+
+
+@pytest.mark.gpu
+def test_gpu_graph_capture_and_compile(requires_gpus):
+    requires_gpus(1)
+    w, s, exact = _weights("w4a16", 512, 1024, torch.bfloat16, "cuda")
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    y = gemv(w, x, s, "w4a16")  # auto
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(w, x, s, "w4a16")
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _relerr(y, x, exact) < TOL[torch.bfloat16]
+    compiled = torch.compile(lambda a: gemv(w, a, s, "w4a16") + 1, fullgraph=True, backend="aot_eager")
+    assert _relerr(compiled(x) - 1, x, exact) < 2 * TOL[torch.bfloat16]

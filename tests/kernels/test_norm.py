@@ -1,0 +1,197 @@
+"""RMSNorm (+ fused residual) and RoPE: references against float64, argument checks, custom ops, and the
+Triton kernels (GPU: every dtype, tails, wide rows, cos/sin layouts; CPU interpreter with TRITON_INTERPRET=1)."""
+import importlib.util
+import os
+import random
+
+import pytest
+import torch
+
+from xelink.kernels import norm as norm_module
+from xelink.kernels.norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
+TOL = {torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float32: 1e-5}
+
+
+def _rel(out, ref):
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def _rms64(x, w, eps):
+    x = x.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def _rope64(x, cos, sin):
+    c, s = norm_module._cos_sin_4d(cos).double(), norm_module._cos_sin_4d(sin).double()
+    half = x.shape[-1] // 2
+    x = x.double()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c[..., :half] - x2 * s[..., :half], x2 * c[..., half:] + x1 * s[..., half:]), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 3, 64)])
+def test_rmsnorm_reference_matches_float64(dtype, shape):
+    x, w, r = torch.randn(shape).to(dtype), torch.randn(shape[-1]), torch.randn(shape).to(dtype)
+    out = rmsnorm(x, w, 1e-5)  # CPU: auto is the reference
+    assert out.shape == x.shape and out.dtype == dtype
+    assert _rel(out, _rms64(x, w, 1e-5)) < TOL[dtype]
+    out2, h = rmsnorm(x, w, 1e-5, residual=r)
+    assert torch.equal(h, (x.float() + r.float()).to(dtype))
+    assert _rel(out2, _rms64(h, w, 1e-5)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cos_shape", ["SD", "BSD", "1SD", "B1SD"])
+def test_rope_reference_matches_float64(dtype, cos_shape):
+    B, HQ, HK, S, D = 2, 4, 2, 5, 8
+    q, k = torch.randn(B, HQ, S, D).to(dtype), torch.randn(B, HK, S, D).to(dtype)
+    shape = {"SD": (S, D), "BSD": (B, S, D), "1SD": (1, S, D), "B1SD": (B, 1, S, D)}[cos_shape]
+    cos, sin = torch.randn(shape), torch.randn(shape)
+    qo, ko = rope(q, k, cos, sin)
+    assert qo.shape == q.shape and ko.shape == k.shape and qo.dtype == dtype
+    assert _rel(qo, _rope64(q, cos, sin)) < TOL[dtype] and _rel(ko, _rope64(k, cos, sin)) < TOL[dtype]
+    # rotate-half: with cos = 1, sin = 0 RoPE is the identity; with cos = 0, sin = 1 it maps (x1, x2) -> (-x2, x1)
+    qi, _ = rope(q, k, torch.ones(S, D), torch.zeros(S, D))
+    assert torch.equal(qi, q)
+    qr, _ = rope(q, k, torch.zeros(S, D), torch.ones(S, D))
+    assert torch.equal(qr, torch.cat((-q[..., D // 2:], q[..., :D // 2]), dim=-1))
+
+
+X = torch.ones(2, 8)
+Q, K = torch.ones(1, 2, 3, 8), torch.ones(1, 1, 3, 8)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: rmsnorm(X.int(), torch.ones(8)), TypeError, r"rmsnorm: x.dtype=torch.int32"),
+    (lambda: rmsnorm(X, torch.ones(7)), ValueError, r"rmsnorm: w.shape=\(7,\) must be \(8,\)"),
+    (lambda: rmsnorm(X, torch.ones(8), eps=-1.0), ValueError, "rmsnorm: eps=-1.0 must be a float >= 0"),
+    (lambda: rmsnorm(X, torch.ones(8), residual=torch.ones(2, 7)), ValueError,
+     r"rmsnorm: residual.shape=\(2, 7\) != x.shape=\(2, 8\)"),
+    (lambda: rmsnorm(X, torch.ones(8), residual=X.half()), TypeError, "rmsnorm: residual.dtype=torch.float16"),
+    (lambda: rmsnorm(X, torch.ones(8), impl="cuda"), ValueError, "rmsnorm: impl='cuda' is not one of"),
+    (lambda: rmsnorm([1.0], torch.ones(8)), TypeError, "rmsnorm: x must be a torch.Tensor"),
+    (lambda: rope(Q, K.half(), torch.ones(3, 8), torch.ones(3, 8)), TypeError, "rope: k.dtype=torch.float16"),
+    (lambda: rope(Q[0], K, torch.ones(3, 8), torch.ones(3, 8)), ValueError, "rope: q and k must be"),
+    (lambda: rope(Q, torch.ones(1, 1, 4, 8), torch.ones(3, 8), torch.ones(3, 8)), ValueError,
+     r"rope: k.shape=\(1, 1, 4, 8\) must match"),
+    (lambda: rope(Q[..., :7], K[..., :7], torch.ones(3, 7), torch.ones(3, 7)), ValueError,
+     "rope: head dim D=7 must be even"),
+    (lambda: rope(Q, K, torch.ones(4, 8), torch.ones(3, 8)), ValueError, r"rope: cos.shape=\(4, 8\) must be"),
+    (lambda: rope(Q, K, torch.ones(3, 8), torch.ones(2, 3, 8)), ValueError, r"rope: sin.shape=\(2, 3, 8\)"),
+    (lambda: rope(Q, K, torch.ones(3, 8, dtype=torch.int32), torch.ones(3, 8)), TypeError,
+     "rope: cos.dtype=torch.int32"),
+])
+def test_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter runs Triton on CPU tensors")
+def test_triton_impl_on_cpu_is_refused():
+    with pytest.raises((RuntimeError, ValueError), match="rmsnorm: impl='triton'"):
+        rmsnorm(X, torch.ones(8), impl="triton")
+    with pytest.raises((RuntimeError, ValueError), match="rope: impl='triton'"):
+        rope(Q, K, torch.ones(3, 8), torch.ones(3, 8), impl="triton")
+
+
+def test_fake_impls():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(4, 6, 32, dtype=torch.bfloat16)
+        assert torch.ops.xelink.rmsnorm(x, torch.empty(32), 1e-6, "triton").shape == x.shape
+        out, h = torch.ops.xelink.rmsnorm_residual(x, x, torch.empty(32), 1e-6, "triton")
+        assert out.shape == h.shape == x.shape
+        qo, ko = torch.ops.xelink.rope(torch.empty(1, 4, 5, 16), torch.empty(1, 2, 5, 16), torch.empty(5, 16),
+                                       torch.empty(5, 16), "triton")
+        assert qo.shape == (1, 4, 5, 16) and ko.shape == (1, 2, 5, 16)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_interpreted_kernels(dtype, monkeypatch):
+    x, r, w = torch.randn(3, 40).to(dtype), torch.randn(3, 40).to(dtype), torch.randn(40)
+    assert _rel(rmsnorm(x, w, 1e-6, impl="triton"), _rms64(x, w, 1e-6)) < TOL[dtype]
+    out, h = rmsnorm(x, w, 1e-6, residual=r, impl="triton")
+    assert torch.equal(h, (x.float() + r.float()).to(dtype)) and _rel(out, _rms64(h, w, 1e-6)) < TOL[dtype]
+    monkeypatch.setattr(norm_module, "_ONE_PASS_MAX", 16)  # the two-pass path for wide rows
+    out, h = rmsnorm(x, w, 1e-6, residual=r, impl="triton")
+    assert torch.equal(h, (x.float() + r.float()).to(dtype)) and _rel(out, _rms64(h, w, 1e-6)) < TOL[dtype]
+    q, k = torch.randn(2, 3, 5, 12).to(dtype), torch.randn(2, 1, 5, 12).to(dtype)
+    cos, sin = torch.randn(2, 5, 12), torch.randn(1, 5, 12)
+    qo, ko = rope(q, k, cos, sin, impl="triton")
+    assert _rel(qo, _rope64(q, cos, sin)) < TOL[dtype] and _rel(ko, _rope64(k, cos, sin)) < TOL[dtype]
+
+
+# -- GPU ------------------------------------------------------------------------------------------------
+
+def _poison(nbytes: int):
+    # The next torch.empty of this size reuses the freed NaN block: an unwritten output stays NaN.
+    torch.full((nbytes // 4 + 4096,), float("nan"), device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("residual", [False, True])
+def test_gpu_rmsnorm(requires_gpus, dtype, residual):
+    requires_gpus(1)
+    gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(2**31))
+    for shape in [(1, 1), (3, 17), (5, 4096), (2, 3, 5000), (7, 8192), (2, 20000)]:
+        x = torch.randn(shape, device="cuda", generator=gen).to(dtype)
+        w = torch.randn(shape[-1], device="cuda", generator=gen)
+        r = torch.randn(shape, device="cuda", generator=gen).to(dtype) if residual else None
+        _poison(2 * x.numel() * x.element_size())
+        got = rmsnorm(x, w, 1e-6, residual=r, impl="triton")
+        torch.cuda.synchronize()
+        out, h = got if residual else (got, x)
+        assert not out.isnan().any() and not h.isnan().any(), f"unwritten output {shape} {dtype}"
+        if residual:
+            assert torch.equal(h, (x.float() + r.float()).to(dtype)), f"residual {shape} {dtype}"
+        assert _rel(out, _rms64(h, w, 1e-6)) < TOL[dtype], f"{shape} {dtype}"
+        ref = reference_rmsnorm(x, w, 1e-6, r)
+        assert _rel(out, ref[0] if residual else ref) < TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_rope(requires_gpus, dtype):
+    requires_gpus(1)
+    gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(2**31))
+    for B, HQ, HK, S, D in [(1, 2, 1, 5, 8), (2, 32, 8, 33, 128), (1, 3, 2, 100, 96), (2, 9, 17, 17, 256)]:
+        q = torch.randn(B, HQ, S, D, device="cuda", generator=gen).to(dtype)
+        k = torch.randn(B, HK, S, D, device="cuda", generator=gen).to(dtype)
+        for shape in [(S, D), (B, S, D), (1, 1, S, D)]:
+            cos = torch.randn(shape, device="cuda", generator=gen).to(dtype)
+            sin = torch.randn(shape, device="cuda", generator=gen)
+            _poison(2 * (q.numel() + k.numel()) * q.element_size())
+            qo, ko = rope(q, k, cos, sin, impl="triton")
+            torch.cuda.synchronize()
+            assert not qo.isnan().any() and not ko.isnan().any(), f"unwritten output {B, HQ, HK, S, D} {shape}"
+            assert _rel(qo, _rope64(q, cos, sin)) < TOL[dtype] and _rel(ko, _rope64(k, cos, sin)) < TOL[dtype]
+    # non-contiguous q (a transposed view) goes through the strides
+    qt = torch.randn(1, 5, 4, 64, device="cuda").to(dtype).transpose(1, 2)
+    cos, sin = torch.randn(5, 64, device="cuda"), torch.randn(5, 64, device="cuda")
+    qo, _ = rope(qt, qt[:, :1], cos, sin, impl="triton")
+    assert _rel(qo, _rope64(qt, cos, sin)) < TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_auto_graph_and_compile(requires_gpus):
+    requires_gpus(1)
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    rmsnorm(x, w)
+    with torch.cuda.graph(graph):
+        out = rmsnorm(x, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, _rms64(x, w, 1e-6)) < TOL[torch.bfloat16]
+    compiled = torch.compile(lambda a, r: rmsnorm(a, w, 1e-6, residual=r), fullgraph=True, backend="aot_eager")
+    out, h = compiled(x, x)
+    assert _rel(out, _rms64(h, w, 1e-6)) < TOL[torch.bfloat16]

@@ -1,0 +1,361 @@
+"""Dense GEMM ``c = a @ b`` in Triton (bf16/fp16 inputs, fp32 accumulation) and its pure-torch twin.
+
+Two Triton paths:
+
+- ``impl="triton"``: the portable kernel. Block pointers (``tl.make_block_ptr``) over any strides, so
+  row- and column-major inputs and every M, N, K (tails) go through one kernel; it uses only features
+  Intel's Triton 3.3 also has.
+- ``impl="hopper"``: for compute capability 9.x. A persistent kernel (one program per multiprocessor,
+  tiles handed out in L2-friendly groups) that moves tiles with TMA through host-built tensor
+  descriptors and flattens the tile and K loops into one software pipeline, so the next tile's loads
+  overlap the current tile's epilogue. TMA needs 16-byte aligned bases and strides, so ``auto`` picks
+  it only when those hold.
+
+``impl="auto"`` takes the Hopper kernel where it applies, else the portable kernel on a GPU, else the
+reference (CPU tensors). Setting ``TRITON_INTERPRET=1`` lets the Triton paths run on CPU tensors
+through Triton's interpreter (tests on tiny shapes).
+
+This module also holds the few helpers the other kernel modules share (Triton import, device checks).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Kernel modules import without Triton; the Triton paths then raise a clear error when asked for.
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+    tl = None
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton without host-side tensor descriptors (older, or Intel's): no Hopper path
+    TensorDescriptor = None
+
+__all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
+
+GEMM_IMPLS = ("auto", "triton", "hopper", "reference")
+_FLOAT16 = (torch.bfloat16, torch.float16)
+
+
+# -- helpers shared by the kernel modules -------------------------------------------------------
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_impl(fn: str, impl, allowed) -> str:
+    if not isinstance(impl, str):
+        raise TypeError(f"{fn}: impl={impl!r} must be a str, one of {', '.join(allowed)}")
+    if impl not in allowed:
+        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(allowed)}")
+    return impl
+
+
+def _check_tensor(fn: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_same_device(fn: str, **tensors) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"{fn}: tensors must be on one device ({listed})")
+
+
+def _triton_can_run(device: torch.device) -> bool:
+    """True when a Triton kernel can run on tensors of ``device`` (a GPU, or any device when interpreting)."""
+    if triton is None:
+        return False
+    return device.type in ("cuda", "xpu") or _interpreting()
+
+
+def _require_triton(fn: str, impl: str, device: torch.device) -> None:
+    if triton is None:
+        raise RuntimeError(f"{fn}: impl={impl!r} needs Triton, which is not installed; use impl='reference'")
+    if not _triton_can_run(device):
+        raise ValueError(f"{fn}: impl={impl!r} needs CUDA or XPU tensors, got device {device} "
+                         "(use impl='reference', or set TRITON_INTERPRET=1 to interpret Triton on the CPU)")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        return getattr(torch.xpu.get_device_properties(device), "gpu_subslice_count", 64)
+    return 4  # the interpreter: any small number keeps grids short
+
+
+# -- reference ------------------------------------------------------------------------------------
+
+def reference_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` computed in float32 and rounded once to ``a.dtype``: what the kernels compute.
+
+    Args:
+        a: ``[M, K]``, bf16 or fp16.
+        b: ``[K, N]``, same dtype.
+
+    Returns:
+        ``[M, N]`` in ``a.dtype``, row-major.
+    """
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+# -- kernels --------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+        # GROUP_M consecutive row-blocks walk the column-blocks together, so a wave of programs shares
+        # its A rows and B columns in L2 instead of streaming all of B once per row-block.
+        per_group = GROUP_M * num_n
+        first_m = (tile // per_group) * GROUP_M
+        rows = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % per_group) % rows
+        pid_n = (tile % per_group) // rows
+        return pid_m, pid_n
+
+    @triton.jit
+    def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr):
+        pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+        # `order` names the fastest-moving dimension first, which tells the compiler how to vectorize.
+        if A_ROW_MAJOR:
+            a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
+                                      (BLOCK_M, BLOCK_K), order=(1, 0))
+        else:
+            a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
+                                      (BLOCK_M, BLOCK_K), order=(0, 1))
+        if B_ROW_MAJOR:
+            b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
+                                      (BLOCK_K, BLOCK_N), order=(1, 0))
+        else:
+            b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
+                                      (BLOCK_K, BLOCK_N), order=(0, 1))
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, K, BLOCK_K):
+            if EVEN:
+                a = tl.load(a_blk)
+                b = tl.load(b_blk)
+            else:
+                a = tl.load(a_blk, boundary_check=(0, 1), padding_option="zero")
+                b = tl.load(b_blk, boundary_check=(0, 1), padding_option="zero")
+            acc = tl.dot(a, b, acc)
+            a_blk = tl.advance(a_blk, (0, BLOCK_K))
+            b_blk = tl.advance(b_blk, (BLOCK_K, 0))
+        c_blk = tl.make_block_ptr(c_ptr, (M, N), (stride_cm, stride_cn), (pid_m * BLOCK_M, pid_n * BLOCK_N),
+                                  (BLOCK_M, BLOCK_N), order=(1, 0))
+        tl.store(c_blk, acc.to(c_ptr.dtype.element_ty), boundary_check=(0, 1))
+
+    @triton.jit
+    def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,
+                         A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        # flatten=True fuses the tile loop and the K loop into one pipelined loop: the loads of the next
+        # tile are already in flight while this tile's accumulator is converted and stored.
+        for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for off_k in range(0, K, BLOCK_K):
+                # Column-major operands are described by their transpose, which is row-major, and
+                # transposed back in shared memory (wgmma reads either orientation of 16-bit types).
+                if A_ROW_MAJOR:
+                    a = a_desc.load([off_m, off_k])
+                else:
+                    a = a_desc.load([off_k, off_m]).T
+                if B_ROW_MAJOR:
+                    b = b_desc.load([off_k, off_n])
+                else:
+                    b = b_desc.load([off_n, off_k]).T
+                acc = tl.dot(a, b, acc)
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+# -- host side ------------------------------------------------------------------------------------
+
+def _orientation(t: torch.Tensor) -> bool | None:
+    """True for row-major, False for column-major, None for neither (a size-1 dim accepts either)."""
+    rows, cols = t.shape
+    if t.stride(1) == 1 or cols == 1:
+        return True
+    if t.stride(0) == 1 or rows == 1:
+        return False
+    return None
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    # TMA: 16-byte aligned base and every non-unit stride a multiple of 16 bytes.
+    if t.data_ptr() % 16:
+        return False
+    row = _orientation(t)
+    if row is None:
+        return False
+    lead = t.stride(0) if row else t.stride(1)
+    return (lead * t.element_size()) % 16 == 0 and lead > 0
+
+
+def _hopper_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if triton is None or TensorDescriptor is None:
+        return False
+    cap = _capability(a.device)
+    if cap is None:
+        if not _interpreting():
+            return False
+    elif cap[0] != 9:
+        return False
+    n = b.shape[1]
+    return _tma_ok(a) and _tma_ok(b) and (n * a.element_size()) % 16 == 0
+
+
+def _resolve_gemm_impl(a: torch.Tensor, b: torch.Tensor, impl: str) -> str:
+    if impl != "auto":
+        return impl
+    if not _triton_can_run(a.device) or _interpreting() and a.device.type == "cpu":
+        return "reference"
+    return "hopper" if _hopper_applies(a, b) else "triton"
+
+
+def _gemm_config(M: int, N: int, K: int, hopper: bool) -> dict:
+    # 128x256x64 with 8 warps is the large-problem shape: two warpgroups, each owning 64x256 of the
+    # accumulator (128 fp32 registers a thread), and a 48 KiB stage, so 3 stages plus the 64 KiB
+    # epilogue tile fit in shared memory. Smaller problems take 128x128 to fill 132 multiprocessors.
+    if M * N >= 4096 * 4096 * 2:
+        cfg = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    else:
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
+    if not hopper and cfg["BLOCK_N"] == 256:
+        cfg["num_stages"] = 3
+    return cfg
+
+
+def _gemm_triton(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        return c.zero_()
+    cfg = dict(cfg or _gemm_config(M, N, K, hopper=False))
+    a_row, b_row = _orientation(a), _orientation(b)
+    even = M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0 and K % cfg["BLOCK_K"] == 0
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    _gemm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                       c.stride(0), c.stride(1), A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False,
+                       EVEN=even, **cfg)
+    return c
+
+
+def _gemm_hopper(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        return c.zero_()
+    cfg = dict(cfg or _gemm_config(M, N, K, hopper=True))
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    a_row, b_row = _orientation(a), _orientation(b)
+    # Descriptors over the row-major view; the kernel transposes column-major tiles back.
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk]) if a_row else TensorDescriptor.from_tensor(a.T, [bk, bm])
+    b_desc = TensorDescriptor.from_tensor(b, [bk, bn]) if b_row else TensorDescriptor.from_tensor(b.T, [bn, bk])
+    c_desc = TensorDescriptor.from_tensor(c, [bm, bn])
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    programs = max(1, min(tiles, _sm_count(a.device)))
+    _gemm_tma_kernel[(programs,)](a_desc, b_desc, c_desc, M, N, K, A_ROW_MAJOR=bool(a_row),
+                                  B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg)
+    return c
+
+
+def _gemm_run(a: torch.Tensor, b: torch.Tensor, impl: str, cfg: dict | None = None) -> torch.Tensor:
+    if impl == "reference":
+        return reference_gemm(a, b)
+    if impl == "hopper":
+        return _gemm_hopper(a, b, cfg)
+    return _gemm_triton(a, b, cfg)
+
+
+@torch.library.custom_op("xelink::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, impl: str) -> torch.Tensor:
+    return _gemm_run(a, b, impl)
+
+
+@_gemm_op.register_fake
+def _gemm_fake(a, b, impl):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _check_gemm(a, b, impl) -> str:
+    fn = "gemm"
+    _check_impl(fn, impl, GEMM_IMPLS)
+    _check_tensor(fn, "a", a)
+    _check_tensor(fn, "b", b)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"gemm: a and b must be 2-D, got a.shape={tuple(a.shape)}, b.shape={tuple(b.shape)}")
+    if a.dtype not in _FLOAT16:
+        raise TypeError(f"gemm: a.dtype={a.dtype} must be torch.bfloat16 or torch.float16")
+    if b.dtype != a.dtype:
+        raise TypeError(f"gemm: b.dtype={b.dtype} must equal a.dtype={a.dtype}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
+    _check_same_device(fn, a=a, b=b)
+    impl = _resolve_gemm_impl(a, b, impl)
+    if impl in ("triton", "hopper"):
+        _require_triton(fn, impl, a.device)
+    if impl == "hopper" and not _hopper_applies(a, b):
+        raise ValueError(f"gemm: impl='hopper' needs a compute capability 9.x GPU, Triton tensor descriptors, "
+                         f"row- or column-major inputs with 16-byte aligned pointers and strides and N*itemsize "
+                         f"a multiple of 16 (got a.stride()={a.stride()}, b.stride()={b.stride()}, N={b.shape[1]}); "
+                         "use impl='triton'")
+    return impl
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, config: dict | None = None) -> torch.Tensor:
+    """``c = a @ b`` with fp32 accumulation, rounded once to the input dtype.
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16; row- or column-major (other strides work on the portable path).
+        b: ``[K, N]``, same dtype and device; row- or column-major.
+        impl: ``"auto"`` (Hopper kernel on compute capability 9.x when TMA's alignment holds, else the
+            portable Triton kernel on a GPU, else the reference), ``"triton"`` (portable, block
+            pointers), ``"hopper"`` (TMA + persistent) or ``"reference"`` (torch, float32).
+        config: tuning override for the Triton paths (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
+            ``num_warps``, ``num_stages``); bypasses the custom op, for benchmarks.
+
+    Returns:
+        ``[M, N]`` row-major tensor in ``a.dtype``.
+
+    Raises:
+        TypeError: a non-tensor, a dtype other than bf16/fp16, or mixed dtypes.
+        ValueError: shapes that do not chain, mixed devices, an unknown impl, or an impl that cannot run
+            on these tensors.
+    """
+    impl = _check_gemm(a, b, impl)
+    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
+        return reference_gemm(a, b)
+    if config is not None:
+        return _gemm_run(a, b, impl, config)
+    return torch.ops.xelink.gemm(a, b, impl)

@@ -1,0 +1,488 @@
+"""Split-K GEMV ``y = x @ W^T`` for 1-8 activation rows: bf16/fp16, W8A16 and W4A16 weights.
+
+Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` with ``1 <= M <= 8``
+(decode). Formats (DESIGN.md, "Contracts"):
+
+- ``"bf16"`` / ``"fp16"``: ``W`` in the activation dtype.
+- ``"w8a16"``: ``W`` int8 ``[N, K]``, ``scales [N]`` in the activation dtype; value = q * scale[n].
+- ``"w4a16"``: ``W`` uint8 ``[N, K/2]``, low nibble = even k, high nibble = odd k; ``scales [N, K/128]``
+  in the activation dtype; value = (nibble - 8) * scale[n, k // 128]. K must be a multiple of 128.
+
+The Triton kernel streams W once. Each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K`` slices
+of K; the product is a tensor-core dot of the (dequantized) weight tile with the activations padded to
+16 rows, so M = 1 and M = 8 cost the same bytes. Quantized weights are turned into exact 16-bit values
+with integer bit tricks instead of int->float conversions (which run at 1/8 of the ALU rate on
+Hopper and would bound W4A16 below memory speed): a nibble OR-ed into the mantissa of 128.0 (bf16) or
+1024.0 (fp16) is exactly 128+nibble / 1024+nibble, and the constant offset is removed once per group
+as ``offset * sum(x)``, not once per weight. int8 goes through the same trick in fp32. With
+``SPLIT_K > 1`` the slices write fp32 partial sums that a second small kernel adds up; without, the
+kernel writes ``y`` directly.
+
+``pack_w8a16`` / ``pack_w4a16`` quantize a float weight to these formats (symmetric, per row / per
+128 columns) and ``unpack_w8a16`` / ``unpack_w4a16`` return the exact float32 values the kernels use.
+"""
+from __future__ import annotations
+
+import torch
+
+from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
+                   _sm_count, _triton_can_run, tl, triton)
+
+__all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
+           "unpack_w4a16", "unpack_w8a16"]
+
+GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
+GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
+W4_GROUP = 128  # columns of W sharing one W4A16 scale
+MAX_ROWS = 8
+_FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
+
+
+# -- packing --------------------------------------------------------------------------------------
+
+def _scale_up(amax: torch.Tensor, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+    """amax / qmax rounded to ``dtype``, bumped up one step where rounding went down (so |w| / scale never
+    exceeds qmax and the largest weight is not clipped); 1 where amax is 0."""
+    exact = amax / qmax
+    scale = exact.to(dtype)
+    low = scale.float() < exact
+    scale = torch.where(low, (scale.float() * (1 + torch.finfo(dtype).eps)).to(dtype), scale)
+    return torch.where(amax > 0, scale, torch.ones_like(scale))
+
+
+def _check_float_weight(fn: str, w) -> None:
+    _check_tensor(fn, "w", w)
+    if w.dim() != 2:
+        raise ValueError(f"{fn}: w must be 2-D [N, K], got shape {tuple(w.shape)}")
+    if not w.is_floating_point():
+        raise TypeError(f"{fn}: w.dtype={w.dtype} must be a floating dtype")
+
+
+def pack_w8a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``w [N, K]`` to int8 with one symmetric scale per row.
+
+    Args:
+        w: ``[N, K]`` float weight.
+        dtype: dtype of the scales (the activation dtype); default ``w.dtype`` (bf16/fp16), else bf16.
+
+    Returns:
+        ``(q, scales)``: ``q`` int8 ``[N, K]`` in [-127, 127], ``scales [N]`` with
+        ``scale = max|w[n]| / 127`` in ``dtype`` (rounded up; 1 for an all-zero row); q is rounded against
+        the stored scale, so ``unpack_w8a16(q, scales)`` is the value the kernel multiplies.
+    """
+    _check_float_weight("pack_w8a16", w)
+    dtype = dtype or (w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16)
+    wf = w.float()
+    amax = wf.abs().amax(dim=1)
+    scales = _scale_up(amax, 127, dtype)
+    q = torch.round(wf / scales.float()[:, None]).clamp_(-128, 127).to(torch.int8)
+    return q, scales
+
+
+def unpack_w8a16(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The exact float32 weight ``q[n, k] * scales[n]`` of a W8A16 pair."""
+    return q.float() * scales.float()[:, None]
+
+
+def pack_w4a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``w [N, K]`` (K a multiple of 128) to 4 bits with one symmetric scale per 128 columns.
+
+    Args:
+        w: ``[N, K]`` float weight.
+        dtype: dtype of the scales (the activation dtype); default ``w.dtype`` (bf16/fp16), else bf16.
+
+    Returns:
+        ``(packed, scales)``: ``packed`` uint8 ``[N, K/2]`` (low nibble = even k, high nibble = odd k,
+        nibble = q + 8 with q in [-7, 7]), ``scales [N, K/128]`` with ``scale = max|w[group]| / 7``
+        in ``dtype`` (rounded up; 1 for an all-zero group).
+    """
+    _check_float_weight("pack_w4a16", w)
+    n, k = w.shape
+    if k % W4_GROUP:
+        raise ValueError(f"pack_w4a16: K={k} must be a multiple of {W4_GROUP} (one scale per {W4_GROUP} columns)")
+    dtype = dtype or (w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16)
+    groups = w.float().reshape(n, k // W4_GROUP, W4_GROUP)
+    amax = groups.abs().amax(dim=2)
+    scales = _scale_up(amax, 7, dtype)
+    q = torch.round(groups / scales.float()[:, :, None]).clamp_(-8, 7).to(torch.int16).reshape(n, k) + 8
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+    return packed, scales
+
+
+def unpack_w4a16(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The exact float32 weight ``(nibble - 8) * scale`` of a W4A16 pair, ``[N, K]``."""
+    n, half = packed.shape
+    p = packed.to(torch.int16)
+    q = torch.stack(((p & 0xF) - 8, (p >> 4) - 8), dim=2).reshape(n, 2 * half)
+    return (q.float().reshape(n, -1, W4_GROUP) * scales.float()[:, :, None]).reshape(n, 2 * half)
+
+
+def _dequantize(w: torch.Tensor, scales, fmt: str) -> torch.Tensor:
+    if fmt == "w8a16":
+        return unpack_w8a16(w, scales)
+    if fmt == "w4a16":
+        return unpack_w4a16(w, scales)
+    return w.float()
+
+
+def reference_gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None,
+                   fmt: str = "bf16") -> torch.Tensor:
+    """``x @ W^T`` with W dequantized exactly, computed in float32 and rounded once to ``x.dtype``.
+
+    Args and Returns: as ``gemv``.
+    """
+    x2 = x.reshape(1, -1) if x.dim() == 1 else x
+    y = (x2.float() @ _dequantize(w, scales, fmt).T).to(x.dtype)
+    return y.reshape(-1) if x.dim() == 1 else y
+
+
+# -- kernels --------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    # PTX dequantizers (impl="cuda"): four bytes a call, results packed two to a register as the
+    # tensor-core operands take them. W4: prmt spreads two bytes into the low byte of each 16-bit half,
+    # one lop3 ((a & b) | c) puts a nibble under the magic exponent (B + nibble exactly), and one packed
+    # fma subtracts B + 8: 1.5 instructions a weight, exact.
+    _W4_PTX = """{
+        .reg .b32 z, m, one, off, t01, t23, s01, s23;
+        mov.b32 z, 0;
+        mov.b32 m, MAGIC2;
+        mov.b32 one, ONE2;
+        mov.b32 off, OFF2;
+        prmt.b32 t01, $4, z, 0x4140;
+        prmt.b32 t23, $4, z, 0x4342;
+        shr.b32 s01, t01, 4;
+        shr.b32 s23, t23, 4;
+        lop3.b32 t01, t01, 0x000F000F, m, 0xEA;
+        lop3.b32 t23, t23, 0x000F000F, m, 0xEA;
+        lop3.b32 s01, s01, 0x000F000F, m, 0xEA;
+        lop3.b32 s23, s23, 0x000F000F, m, 0xEA;
+        fma.rn.TY $0, t01, one, off;
+        fma.rn.TY $1, t23, one, off;
+        fma.rn.TY $2, s01, one, off;
+        fma.rn.TY $3, s23, one, off;
+    }"""
+    # bf16: 0x4300 = 128, 0x3F80 = 1, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
+    _W4_PTX_BF16 = tl.constexpr(_W4_PTX.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
+                                .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
+    _W4_PTX_FP16 = tl.constexpr(_W4_PTX.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
+                                .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+    # W8 to bf16: flip the sign bit (q + 128 as a byte), prmt the byte under fp32 2^23, subtract
+    # 2^23 + 128 exactly, round pairs to bf16 (exact: |q| <= 128 fits in 8 significant bits).
+    _W8_PTX_BF16 = tl.constexpr("""{
+        .reg .b32 v, m, f0, f1, f2, f3;
+        xor.b32 v, $2, 0x80808080;
+        mov.b32 m, 0x4B000000;
+        prmt.b32 f0, v, m, 0x7440;
+        prmt.b32 f1, v, m, 0x7441;
+        prmt.b32 f2, v, m, 0x7442;
+        prmt.b32 f3, v, m, 0x7443;
+        sub.f32 f0, f0, 0f4B000080;
+        sub.f32 f1, f1, 0f4B000080;
+        sub.f32 f2, f2, 0f4B000080;
+        sub.f32 f3, f3, 0f4B000080;
+        cvt.rn.bf16x2.f32 $0, f1, f0;
+        cvt.rn.bf16x2.f32 $1, f3, f2;
+    }""")
+    # W8 to fp16: the byte under fp16 1024 gives 1024 + q + 128 in each half; one f16x2 subtract.
+    _W8_PTX_FP16 = tl.constexpr("""{
+        .reg .b32 v, m, b;
+        xor.b32 v, $2, 0x80808080;
+        mov.b32 m, 0x64646464;
+        mov.b32 b, 0x64806480;
+        prmt.b32 $0, v, m, 0x4140;
+        prmt.b32 $1, v, m, 0x4342;
+        sub.f16x2 $0, $0, b;
+        sub.f16x2 $1, $1, b;
+    }""")
+
+    @triton.jit
+    def _dequant_w8(w, x_dtype: tl.constexpr, PTX: tl.constexpr):
+        """int8 tile -> exactly equal tile of x_dtype."""
+        if PTX:
+            if x_dtype == tl.bfloat16:
+                return tl.inline_asm_elementwise(_W8_PTX_BF16, "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=False,
+                                                 pack=4)
+            else:
+                return tl.inline_asm_elementwise(_W8_PTX_FP16, "=r,=r,r", [w], dtype=tl.float16, is_pure=False,
+                                                 pack=4)
+        else:
+            # (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
+            u = w.to(tl.uint8, bitcast=True).to(tl.int32)
+            return (((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0).to(x_dtype)
+
+    @triton.jit
+    def _dequant_w4(p, x_dtype: tl.constexpr, MAGIC: tl.constexpr, PTX: tl.constexpr):
+        """Packed uint8 tile -> (low, high) nibble values in x_dtype: exactly nibble - 8 with PTX, else
+        B + nibble with B = 128 (bf16) or 1024 (fp16), the offset then removed by the caller."""
+        if PTX:
+            if x_dtype == tl.bfloat16:
+                lo, hi = tl.inline_asm_elementwise(_W4_PTX_BF16, "=r,=r,=r,=r,r", [p],
+                                                   dtype=(tl.bfloat16, tl.bfloat16), is_pure=False, pack=4)
+            else:
+                lo, hi = tl.inline_asm_elementwise(_W4_PTX_FP16, "=r,=r,=r,=r,r", [p],
+                                                   dtype=(tl.float16, tl.float16), is_pure=False, pack=4)
+        else:
+            # MAGIC | nibble is the 16-bit float B + nibble, exactly.
+            q = p.to(tl.int16)
+            lo = ((q & 0xF) | MAGIC).to(x_dtype, bitcast=True)
+            hi = ((q >> 4) | MAGIC).to(x_dtype, bitcast=True)
+        return lo, hi
+
+    @triton.jit(do_not_specialize=["M", "K_PER_SPLIT"])
+    def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                     stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+                     FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
+                     MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Rows past N read row N-1 (results dropped at the store): no mask, so loads stay 16 bytes wide.
+        rn_safe = tl.minimum(rn, N - 1)
+        rm = tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        k_lo = pid_s * K_PER_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+        x_dtype = x_ptr.dtype.element_ty
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        if FMT == 2:
+            # W4A16: one 128-column scale group per step; the packed tile is 64 bytes wide.
+            rj = tl.arange(0, 64)
+            re = tl.arange(0, 2)
+            # Portable path: the weights carry the constant offset BIAS; as a tile, dot(offset, x) =
+            # -BIAS * sum(x) runs on the tensor cores instead of a cross-thread reduction of x.
+            offset = tl.full((BLOCK_N, 64), -BIAS, dtype=x_dtype)
+            x_base = x_ptr + rm[:, None, None] * stride_xm + 2 * rj[None, :, None] + re[None, None, :]
+            for kg in range(k_lo, k_hi, 128):
+                p = tl.load(w_ptr + rn_safe[:, None] * stride_wn + (kg // 2 + rj)[None, :])
+                lo, hi = _dequant_w4(p, x_dtype, MAGIC, PTX)
+                # x[m, kg + 2j + e] loaded contiguously, then split into the even (e=0) and odd (e=1) columns.
+                xt = tl.load(x_base + kg, mask=m_ok[:, None, None], other=0.0)
+                xe, xo = tl.split(xt)
+                xe = tl.trans(xe)
+                xo = tl.trans(xo)
+                if PTX:
+                    part = tl.dot(lo, xe)
+                else:
+                    part = tl.dot(offset, xe)
+                    part = tl.dot(offset, xo, part)
+                    part = tl.dot(lo, xe, part)
+                part = tl.dot(hi, xo, part)
+                s = tl.load(s_ptr + rn_safe * stride_sn + kg // 128).to(tl.float32)
+                acc += part * s[:, None]
+        else:
+            rk = tl.arange(0, BLOCK_K)
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                kk = k0 + rk
+                w_ptrs = w_ptr + rn_safe[:, None] * stride_wn + kk[None, :]
+                x_ptrs = x_ptr + rm[None, :] * stride_xm + kk[:, None]
+                if EVEN_K:
+                    w = tl.load(w_ptrs)
+                    xt = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
+                else:
+                    k_ok = kk < k_hi
+                    w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
+                    xt = tl.load(x_ptrs, mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+                if FMT == 1:
+                    w = _dequant_w8(w, x_dtype, PTX)
+                acc = tl.dot(w, xt, acc)
+            if FMT == 1:
+                acc = acc * tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)[:, None]
+        y_ptrs = y_ptr + pid_s * stride_ys + rm[None, :] * stride_ym + rn[:, None]
+        y_ok = (rn < N)[:, None] & m_ok[None, :]
+        if PARTIAL:
+            tl.store(y_ptrs, acc, mask=y_ok)
+        else:
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
+
+    @triton.jit
+    def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
+        total = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+        tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# -- host side ------------------------------------------------------------------------------------
+
+def _gemv_config(N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
+    """Tile and split for W [N, K]: enough programs to keep every multiprocessor streaming.
+
+    A split adds a second launch (the fp32 partial sums), so K is split only when N alone gives
+    fewer than about two programs per multiprocessor.
+    """
+    dense = fmt in _FLOAT16
+    block_n = 64
+    block_k = 256 if fmt != "w4a16" else 512
+    # Dense tiles go through cp.async pipelining; quantized tiles are dequantized from registers, and
+    # pipelining them through shared memory costs more instructions than it hides (see the notes).
+    stages = 4 if dense or not ptx else 1
+    programs = -(-N // block_n)
+    split = 1
+    k_blocks = -(-K // block_k)
+    while programs * split < 2 * sms and split * 2 <= k_blocks and split < 16:
+        split *= 2
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4, num_stages=stages)
+
+
+def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = False) -> torch.Tensor:
+    M, K = x.shape
+    N = w.shape[0]
+    cfg = dict(cfg or _gemv_config(N, K, fmt, _sm_count(x.device), ptx))
+    block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+    if fmt == "w4a16" and block_k % W4_GROUP:
+        raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
+    k_blocks = -(-K // block_k)
+    split = max(1, min(split, k_blocks))
+    per_split = -(-k_blocks // split) * block_k
+    split = -(-K // per_split)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    if K == 0:
+        return y.zero_()
+    x = x.contiguous()
+    if x.dtype == torch.bfloat16:
+        magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
+    else:
+        magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
+    even_k = K % block_k == 0 and per_split % block_k == 0
+    if fmt == "w4a16" and not even_k:
+        # Groups are whole 128-column blocks, so a tile may run past K only by whole groups: shrink it.
+        block_k = W4_GROUP
+        per_split = -(-K // (split * W4_GROUP)) * W4_GROUP
+        split = -(-K // per_split)
+        even_k = True
+    wk = w.view(torch.uint8) if fmt == "w8a16" else w
+    s = scales if scales is not None else w  # unused by the dense kernel; any pointer does
+    stride_sn = scales.stride(0) if scales is not None else 0
+    out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
+    _gemv_kernel[grid](wk, x, s, out, M, N, K, per_split, w.stride(0), x.stride(0), stride_sn,
+                       out.stride(-2), out.stride(0) if split > 1 else 0,
+                       FMT=_FMT_CODE[fmt], EVEN_K=even_k, PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx,
+                       BLOCK_K=block_k, BLOCK_M=16, **cfg)
+    if split > 1:
+        block = 1024
+        _splitk_sum_kernel[(triton.cdiv(M * N, block),)](out, y, M * N, SPLIT=split, BLOCK=block, num_warps=4)
+    return y
+
+
+def _gemv_run(w, x, scales, fmt: str, impl: str, cfg: dict | None = None) -> torch.Tensor:
+    if impl == "reference":
+        return reference_gemv(w, x, scales, fmt)
+    return _gemv_triton(w, x, scales, fmt, cfg, ptx=impl == "cuda")
+
+
+@torch.library.custom_op("xelink::gemv", mutates_args=())
+def _gemv_op(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, fmt: str, impl: str) -> torch.Tensor:
+    return _gemv_run(w, x, scales, fmt, impl)
+
+
+@_gemv_op.register_fake
+def _gemv_fake(w, x, scales, fmt, impl):
+    return x.new_empty((x.shape[0], w.shape[0]))
+
+
+def _check_gemv(w, x, scales, fmt, impl) -> str:
+    fn = "gemv"
+    _check_impl(fn, impl, GEMV_IMPLS)
+    if not isinstance(fmt, str) or fmt not in GEMV_FORMATS:
+        raise ValueError(f"gemv: fmt={fmt!r} is not one of {', '.join(GEMV_FORMATS)}")
+    _check_tensor(fn, "w", w)
+    _check_tensor(fn, "x", x)
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"gemv: x.dtype={x.dtype} must be torch.bfloat16 or torch.float16")
+    if x.dim() != 2:
+        raise ValueError(f"gemv: x must be [K] or [M, K], got shape {tuple(x.shape)}")
+    M, K = x.shape
+    if not 1 <= M <= MAX_ROWS:
+        raise ValueError(f"gemv: x has M={M} rows; gemv takes 1 to {MAX_ROWS} (use gemm for more)")
+    if w.dim() != 2:
+        raise ValueError(f"gemv: w must be 2-D, got shape {tuple(w.shape)}")
+    if w.stride(1) != 1 and w.shape[1] > 1:
+        raise ValueError(f"gemv: w must be contiguous along K (w.stride()={w.stride()}); pass w.contiguous()")
+    N = w.shape[0]
+    if fmt in _FLOAT16:
+        if w.dtype != _FLOAT16[fmt] or x.dtype != w.dtype:
+            raise TypeError(f"gemv: fmt={fmt!r} needs w and x in {_FLOAT16[fmt]}, got w.dtype={w.dtype}, "
+                            f"x.dtype={x.dtype}")
+        if w.shape[1] != K:
+            raise ValueError(f"gemv: w.shape[1]={w.shape[1]} != K={K} (x is [M, K], w is [N, K])")
+        if scales is not None:
+            raise ValueError(f"gemv: fmt={fmt!r} takes no scales")
+    else:
+        want_w = torch.int8 if fmt == "w8a16" else torch.uint8
+        if w.dtype != want_w:
+            raise TypeError(f"gemv: fmt={fmt!r} needs w.dtype={want_w}, got {w.dtype} (see pack_{fmt})")
+        _check_tensor(fn, "scales", scales)
+        if scales.dtype != x.dtype:
+            raise TypeError(f"gemv: scales.dtype={scales.dtype} must equal x.dtype={x.dtype}")
+        if fmt == "w8a16":
+            if w.shape[1] != K:
+                raise ValueError(f"gemv: w.shape[1]={w.shape[1]} != K={K} (x is [M, K], w is [N, K])")
+            if tuple(scales.shape) != (N,):
+                raise ValueError(f"gemv: w8a16 scales.shape={tuple(scales.shape)} must be ({N},)")
+        else:
+            if K % W4_GROUP:
+                raise ValueError(f"gemv: w4a16 needs K={K} to be a multiple of {W4_GROUP}")
+            if 2 * w.shape[1] != K:
+                raise ValueError(f"gemv: w4a16 w.shape[1]={w.shape[1]} != K/2={K // 2} (w is packed [N, K/2])")
+            if tuple(scales.shape) != (N, K // W4_GROUP):
+                raise ValueError(f"gemv: w4a16 scales.shape={tuple(scales.shape)} must be ({N}, {K // W4_GROUP})")
+            if scales.stride(1) != 1 and scales.shape[1] > 1:
+                raise ValueError(f"gemv: scales must be contiguous along groups (stride {scales.stride()})")
+    _check_same_device(fn, w=w, x=x, scales=scales)
+    if impl == "auto":
+        if not _triton_can_run(x.device) or (_interpreting() and x.device.type == "cpu"):
+            impl = "reference"
+        else:
+            impl = "cuda" if _cuda_ptx_ok(x.device) else "triton"
+    if impl in ("triton", "cuda"):
+        _require_triton(fn, impl, x.device)
+    if impl == "cuda" and not _cuda_ptx_ok(x.device):
+        raise ValueError(f"gemv: impl='cuda' needs a CUDA GPU of compute capability >= 8.0 (its PTX uses "
+                         f"bf16x2 instructions), got device {x.device}; use impl='triton'")
+    return impl
+
+
+def _cuda_ptx_ok(device: torch.device) -> bool:
+    cap = _capability(device)
+    return cap is not None and cap >= (8, 0)
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, fmt: str = "bf16",
+         impl: str = "auto", *, config: dict | None = None) -> torch.Tensor:
+    """``y = x @ W^T`` for 1-8 rows of activations, W dense or quantized (split-K over K).
+
+    Args:
+        w: ``[N, K]`` in the activation dtype (fmt ``"bf16"``/``"fp16"``), int8 ``[N, K]`` (``"w8a16"``)
+            or packed uint8 ``[N, K/2]`` (``"w4a16"``); contiguous along K.
+        x: ``[K]`` or ``[M, K]`` with ``1 <= M <= 8``, bf16 or fp16.
+        scales: None for dense; ``[N]`` (w8a16) or ``[N, K/128]`` (w4a16) in ``x.dtype``.
+        fmt: ``"bf16"``, ``"fp16"``, ``"w8a16"`` or ``"w4a16"``.
+        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+        config: tuning override (``BLOCK_N``, ``BLOCK_K``, ``SPLIT_K``, ``num_warps``, ``num_stages``);
+            bypasses the custom op, for benchmarks.
+
+    Returns:
+        ``[M, N]`` (``[N]`` for a 1-D x) in ``x.dtype``, accumulated in fp32.
+
+    Raises:
+        TypeError: wrong dtypes (weights for the format, scales vs activations).
+        ValueError: bad shapes, more than 8 rows, K not a multiple of 128 for w4a16, mixed devices, an
+            unknown fmt/impl, or an impl that cannot run on these tensors.
+    """
+    if isinstance(x, torch.Tensor) and x.dim() == 1:
+        return gemv(w, x.reshape(1, -1), scales, fmt, impl, config=config).reshape(-1)
+    impl = _check_gemv(w, x, scales, fmt, impl)
+    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
+        return reference_gemv(w, x, scales, fmt)
+    if config is not None:
+        return _gemv_run(w, x, scales, fmt, impl, config)
+    return torch.ops.xelink.gemv(w, x, scales, fmt, impl)

@@ -1,0 +1,357 @@
+"""RMSNorm (with a fused residual add) and rotary position embedding (RoPE) in Triton, with torch twins.
+
+Both are one pass over memory: every input is read once and every output written once, in one launch
+(RoPE handles Q and K in the same launch, reading each cos/sin tile once for a group of heads).
+Arithmetic is float32 with one rounding to the output dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from .gemm import _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton, _triton_can_run, tl, triton
+
+__all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
+
+NORM_IMPLS = ("auto", "triton", "reference")
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_ONE_PASS_MAX = 16384  # widest row held in registers at once; wider rows take two passes
+
+
+# -- references -----------------------------------------------------------------------------------
+
+def reference_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """``x / sqrt(mean(x^2) + eps) * w`` in float32, rounded once to ``x.dtype``.
+
+    With ``residual``: ``h = round(x + residual)`` (float32 add, rounded to ``x.dtype``) is normalized
+    instead of x and returned as the new residual, ``(rmsnorm(h), h)``: the fused pre-norm residual
+    step of Llama-style blocks (the rounded ``h`` is what the next layer adds to, so the norm uses it too).
+    """
+    h = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    hf = h.float()
+    out = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    return out if residual is None else (out, h)
+
+
+def _cos_sin_4d(c: torch.Tensor) -> torch.Tensor:
+    """(S, D) / (B, S, D) / (B, 1, S, D) -> (B or 1, 1, S, D) view."""
+    if c.dim() == 2:
+        return c[None, None]
+    if c.dim() == 3:
+        return c[:, None]
+    return c
+
+
+def reference_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotate-half RoPE of q and k in float32, rounded once to their dtype. Args/Returns as ``rope``."""
+    c, s = _cos_sin_4d(cos).float(), _cos_sin_4d(sin).float()
+
+    def rotate(x):
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return (x.float() * c + torch.cat((-x2, x1), dim=-1) * s).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+# -- kernels --------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _rmsnorm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, H, stride_x, stride_r, stride_o, stride_h, eps,
+                        HAS_RES: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_H: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        x_row = x_ptr + row * stride_x
+        r_row = r_ptr + row * stride_r
+        o_row = o_ptr + row * stride_o
+        h_row = h_ptr + row * stride_h
+        cols = tl.arange(0, BLOCK_H)
+        if ONE_PASS:
+            ok = cols < H
+            x = tl.load(x_row + cols, mask=ok, other=0.0)
+            if HAS_RES:
+                # The new residual is rounded to the activation dtype before the norm reads it back.
+                x = (x.to(tl.float32) + tl.load(r_row + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+                tl.store(h_row + cols, x, mask=ok)
+            xf = x.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
+            w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            tl.store(o_row + cols, (xf * rstd * w).to(o_ptr.dtype.element_ty), mask=ok)
+        else:
+            acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+            for c0 in range(0, H, BLOCK_H):
+                ok = c0 + cols < H
+                x = tl.load(x_row + c0 + cols, mask=ok, other=0.0)
+                if HAS_RES:
+                    x = (x.to(tl.float32) + tl.load(r_row + c0 + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+                    tl.store(h_row + c0 + cols, x, mask=ok)
+                xf = x.to(tl.float32)
+                acc += xf * xf
+            rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / H + eps)
+            # Second pass re-reads the row (from the new residual when there is one): rows this wide
+            # do not fit in registers.
+            src = h_row if HAS_RES else x_row
+            for c0 in range(0, H, BLOCK_H):
+                ok = c0 + cols < H
+                xf = tl.load(src + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+                tl.store(o_row + c0 + cols, (xf * rstd * w).to(o_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _rope_heads(x_ptr, o_ptr, b, h0, h1, stride_b, stride_h, stride_s, ostride_b, ostride_h, ostride_s,
+                    rs, rd, ok, c1, c2, s1, s2, HALF: tl.constexpr):
+        x_off = b * stride_b + rs[:, None] * stride_s + rd[None, :]
+        o_off = b * ostride_b + rs[:, None] * ostride_s + rd[None, :]
+        for h in range(h0, h1):
+            x1 = tl.load(x_ptr + x_off + h * stride_h, mask=ok, other=0.0)
+            x2 = tl.load(x_ptr + x_off + h * stride_h + HALF, mask=ok, other=0.0)
+            x1f = x1.to(tl.float32)
+            x2f = x2.to(tl.float32)
+            tl.store(o_ptr + o_off + h * ostride_h, (x1f * c1 - x2f * s1).to(x1.dtype), mask=ok)
+            tl.store(o_ptr + o_off + h * ostride_h + HALF, (x2f * c2 + x1f * s2).to(x1.dtype), mask=ok)
+
+    @triton.jit
+    def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ, HK,
+                     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
+                     soq_b, soq_h, soq_s, sok_b, sok_h, sok_s,
+                     HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr):
+        pid_s = tl.program_id(0)
+        group = tl.program_id(1)
+        b = tl.program_id(2).to(tl.int64)
+        rs = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+        rd = tl.arange(0, BLOCK_D)
+        ok = (rs < S)[:, None] & (rd < HALF)[None, :]
+        c_off = b * sc_b + rs[:, None] * sc_s + rd[None, :]
+        s_off = b * ss_b + rs[:, None] * ss_s + rd[None, :]
+        # cos/sin tiles are read once and reused for HEADS heads of q or of k.
+        c1 = tl.load(cos_ptr + c_off, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + c_off + HALF, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + s_off, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + s_off + HALF, mask=ok, other=0.0).to(tl.float32)
+        q_groups = tl.cdiv(HQ, HEADS)
+        if group < q_groups:
+            h0 = group * HEADS
+            _rope_heads(q_ptr, qo_ptr, b, h0, tl.minimum(h0 + HEADS, HQ), sq_b, sq_h, sq_s, soq_b, soq_h, soq_s,
+                        rs, rd, ok, c1, c2, s1, s2, HALF)
+        else:
+            h0 = (group - q_groups) * HEADS
+            _rope_heads(k_ptr, ko_ptr, b, h0, tl.minimum(h0 + HEADS, HK), sk_b, sk_h, sk_s, sok_b, sok_h, sok_s,
+                        rs, rd, ok, c1, c2, s1, s2, HALF)
+
+
+# -- host side: rmsnorm -------------------------------------------------------------------------------
+
+def _resolve(fn: str, impl: str, device: torch.device) -> str:
+    if impl == "auto":
+        use = _triton_can_run(device) and not (_interpreting() and device.type == "cpu")
+        return "triton" if use else "reference"
+    if impl == "triton":
+        _require_triton(fn, impl, device)
+    return impl
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _rmsnorm_triton(x, w, eps: float, residual=None):
+    shape, H = x.shape, x.shape[-1]
+    x2 = _rows(x)
+    rows = x2.shape[0]
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(shape, dtype=x.dtype, device=x.device) if residual is not None else out
+    if rows == 0 or H == 0:
+        return out if residual is None else (out, h.copy_(x))
+    r2 = _rows(residual) if residual is not None else x2
+    o2, h2 = out.view(-1, H), h.view(-1, H)
+    block = triton.next_power_of_2(H)
+    one_pass = block <= _ONE_PASS_MAX
+    if not one_pass:
+        block = 4096
+    warps = max(1, min(16, block // 512))
+    _rmsnorm_kernel[(rows,)](x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
+                             float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK_H=block,
+                             num_warps=warps)
+    return out if residual is None else (out, h)
+
+
+@torch.library.custom_op("xelink::rmsnorm", mutates_args=())
+def _rmsnorm_op(x: torch.Tensor, w: torch.Tensor, eps: float, impl: str) -> torch.Tensor:
+    if impl == "reference":
+        return reference_rmsnorm(x, w, eps)
+    return _rmsnorm_triton(x, w, eps)
+
+
+@_rmsnorm_op.register_fake
+def _rmsnorm_fake(x, w, eps, impl):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("xelink::rmsnorm_residual", mutates_args=())
+def _rmsnorm_residual_op(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float,
+                         impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if impl == "reference":
+        return reference_rmsnorm(x, w, eps, residual)
+    return _rmsnorm_triton(x, w, eps, residual)
+
+
+@_rmsnorm_residual_op.register_fake
+def _rmsnorm_residual_fake(x, residual, w, eps, impl):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None,
+            impl: str = "auto"):
+    """RMSNorm over the last dimension, optionally fused with the residual add before it.
+
+    Args:
+        x: ``[..., H]`` bf16, fp16 or fp32.
+        w: ``[H]`` weight, any float dtype.
+        eps: added to the mean square; a float >= 0.
+        residual: None, or a tensor of x's shape and dtype; then ``h = x + residual`` (float32 add,
+            rounded to x's dtype) is normalized and returned as the new residual.
+        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+
+    Returns:
+        ``out`` (x's shape and dtype, contiguous) or, with ``residual``, ``(out, new_residual)``.
+        ``out = h * rsqrt(mean(h^2) + eps) * w`` in float32, rounded once.
+
+    Raises:
+        TypeError: non-tensors or non-float dtypes, residual dtype != x dtype.
+        ValueError: shape mismatches, negative eps, mixed devices, an unknown impl or one that cannot
+            run on these tensors.
+    """
+    fn = "rmsnorm"
+    _check_impl(fn, impl, NORM_IMPLS)
+    _check_tensor(fn, "x", x)
+    _check_tensor(fn, "w", w)
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"rmsnorm: x.dtype={x.dtype} must be bfloat16, float16 or float32")
+    if not w.is_floating_point():
+        raise TypeError(f"rmsnorm: w.dtype={w.dtype} must be a floating dtype")
+    if x.dim() < 1:
+        raise ValueError("rmsnorm: x must have at least one dimension")
+    if w.dim() != 1 or w.shape[0] != x.shape[-1]:
+        raise ValueError(f"rmsnorm: w.shape={tuple(w.shape)} must be ({x.shape[-1]},), the last dim of x")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"rmsnorm: eps={eps!r} must be a float >= 0")
+    if residual is not None:
+        _check_tensor(fn, "residual", residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"rmsnorm: residual.shape={tuple(residual.shape)} != x.shape={tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"rmsnorm: residual.dtype={residual.dtype} != x.dtype={x.dtype}")
+    _check_same_device(fn, x=x, w=w, residual=residual)
+    impl = _resolve(fn, impl, x.device)
+    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
+        return reference_rmsnorm(x, w, float(eps), residual)
+    w = w if w.stride(0) == 1 else w.contiguous()
+    if residual is None:
+        return torch.ops.xelink.rmsnorm(x, w, float(eps), impl)
+    return torch.ops.xelink.rmsnorm_residual(x, residual, w, float(eps), impl)
+
+
+# -- host side: rope ----------------------------------------------------------------------------------
+
+def _rope_triton(q, k, cos, sin):
+    B, HQ, S, D = q.shape
+    HK = k.shape[1]
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    c = _cos_sin_4d(cos)
+    s = _cos_sin_4d(sin)
+    c = c if c.stride(-1) == 1 else c.contiguous()
+    s = s if s.stride(-1) == 1 else s.contiguous()
+    qo = torch.empty((B, HQ, S, D), dtype=q.dtype, device=q.device)
+    ko = torch.empty((B, HK, S, D), dtype=k.dtype, device=k.device)
+    if B == 0 or S == 0 or D == 0 or HQ + HK == 0:
+        return qo, ko
+    half = D // 2
+    block_d = triton.next_power_of_2(half)
+    # Tiles of BLOCK_S positions x D/2 (1024 elements: the four cos/sin halves stay in 32 registers a
+    # thread, so many programs fit on a multiprocessor), 8 heads a program: each cos/sin tile is
+    # loaded once per 8 heads.
+    block_s = max(1, min(triton.next_power_of_2(S), 1024 // block_d))
+    heads = 8
+    groups = triton.cdiv(HQ, heads) + triton.cdiv(HK, heads)
+    grid = (triton.cdiv(S, block_s), groups, B)
+    # A batch-broadcast cos/sin (leading dim 1) gets batch stride 0.
+    cb = c.stride(0) if c.shape[0] > 1 else 0
+    sb = s.stride(0) if s.shape[0] > 1 else 0
+    _rope_kernel[grid](q, k, c, s, qo, ko, S, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
+                       k.stride(0), k.stride(1), k.stride(2), cb, c.stride(2), sb, s.stride(2),
+                       qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+                       HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, HEADS=heads, num_warps=4)
+    return qo, ko
+
+
+@torch.library.custom_op("xelink::rope", mutates_args=())
+def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if impl == "reference":
+        return reference_rope(q, k, cos, sin)
+    return _rope_triton(q, k, cos, sin)
+
+
+@_rope_op.register_fake
+def _rope_fake(q, k, cos, sin, impl):
+    return (q.new_empty(q.shape), k.new_empty(k.shape))
+
+
+def _check_cos_sin(name: str, c, B: int, S: int, D: int) -> None:
+    _check_tensor("rope", name, c)
+    if not c.is_floating_point():
+        raise TypeError(f"rope: {name}.dtype={c.dtype} must be a floating dtype")
+    shape = tuple(c.shape)
+    ok = (c.dim() == 2 and shape == (S, D)) or (c.dim() == 3 and shape[1:] == (S, D) and shape[0] in (1, B)) or \
+         (c.dim() == 4 and shape[1:] == (1, S, D) and shape[0] in (1, B))
+    if not ok:
+        raise ValueError(f"rope: {name}.shape={shape} must be (S, D)=({S}, {D}), (B or 1, S, D) or "
+                         f"(B or 1, 1, S, D) with B={B}")
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: str = "auto"):
+    """Rotary position embedding of q and k, rotate-half convention (Llama / Hugging Face).
+
+    For each head vector x of length D, with x1 = x[:D/2] and x2 = x[D/2:]:
+    ``out = x * cos + cat(-x2, x1) * sin``, i.e. ``out[:D/2] = x1*cos[:D/2] - x2*sin[:D/2]`` and
+    ``out[D/2:] = x2*cos[D/2:] + x1*sin[D/2:]`` (HF passes cos = cat(freqs, freqs).cos(); any cos/sin
+    of full width D is accepted). cos/sin hold one row per position of the sequence, already gathered.
+    Computed in float32, rounded once; one launch for q and k.
+
+    Args:
+        q: ``(B, Hq, S, D)``, bf16/fp16/fp32, D even.
+        k: ``(B, Hk, S, D)``, same B, S, D and dtype (GQA: Hk may differ from Hq).
+        cos, sin: ``(S, D)``, ``(B or 1, S, D)`` or ``(B or 1, 1, S, D)``, any float dtype.
+        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+
+    Returns:
+        ``(q_rot, k_rot)``: new contiguous tensors of q's and k's shapes and dtype.
+
+    Raises:
+        TypeError: non-tensors, non-float dtypes, q/k dtypes differ.
+        ValueError: shape mismatches, odd D, mixed devices, an unknown impl or one that cannot run here.
+    """
+    fn = "rope"
+    _check_impl(fn, impl, NORM_IMPLS)
+    _check_tensor(fn, "q", q)
+    _check_tensor(fn, "k", k)
+    if q.dtype not in _FLOATS:
+        raise TypeError(f"rope: q.dtype={q.dtype} must be bfloat16, float16 or float32")
+    if k.dtype != q.dtype:
+        raise TypeError(f"rope: k.dtype={k.dtype} != q.dtype={q.dtype}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"rope: q and k must be (B, H, S, D), got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
+    B, _, S, D = q.shape
+    if k.shape[0] != B or k.shape[2] != S or k.shape[3] != D:
+        raise ValueError(f"rope: k.shape={tuple(k.shape)} must match q.shape={tuple(q.shape)} in B, S and D")
+    if D % 2:
+        raise ValueError(f"rope: head dim D={D} must be even")
+    _check_cos_sin("cos", cos, B, S, D)
+    _check_cos_sin("sin", sin, B, S, D)
+    _check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
+    impl = _resolve(fn, impl, q.device)
+    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
+        return reference_rope(q, k, cos, sin)
+    return torch.ops.xelink.rope(q, k, cos, sin, impl)
