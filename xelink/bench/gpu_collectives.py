@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-__all__ = ["main"]
+__all__ = ["main", "tuning_table"]
 
 LATENCY_SIZES = (1 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
@@ -180,6 +180,29 @@ def _all_gather_variants(world, n, dtype, dev):
     return variants
 
 
+def tuning_table(rows, topology_name, hosts, manifest=None):
+    """The GPU tuning table of result rows: per size, the fastest path that takes any tensor.
+
+    Rows of tensors from ``torch.empty`` ("/user") and NCCL's, timed eagerly, become entries of op
+    ``cuda:<op>`` (what ``algo="auto"`` on CUDA tensors looks up); zero-copy rows are left out, since
+    auto cannot assume its caller allocated with ``xelink.empty``.
+    """
+    import dataclasses
+
+    from .tuning import build_table, fingerprint
+
+    picked = []
+    for row in rows:
+        extra = row.extra if hasattr(row, "extra") else row["extra"]
+        variant = extra["variant"]
+        if extra["mode"] != "eager" or not (variant == "nccl" or variant.endswith("/user")):
+            continue
+        path = "nccl" if variant == "nccl" else variant.split("/")[0]
+        picked.append(dataclasses.replace(row, op=f"cuda:{row.op}", path=path, baseline=None, baseline_us=None,
+                                          ratio=None))
+    return build_table(picked, fingerprint(topology_name, hosts), manifest=manifest)
+
+
 def main(argv=None) -> int:
     import xelink
 
@@ -191,6 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timing (latency sizes)")
     p.add_argument("--large-calls", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="two latency sizes and smaller large sizes")
+    p.add_argument("--tune", default=None, help="write the tuning table auto uses on CUDA tensors here")
     args = p.parse_args(argv)
 
     world = xelink.init()
@@ -231,6 +255,9 @@ def main(argv=None) -> int:
         _measure(world, "all_gather", nbytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
                  calls=args.calls, rounds=args.rounds, graph=True, rows=rows)
     if world.rank == 0:
+        if args.tune:
+            meta = manifest(world, " ".join(sys.argv))
+            tuning_table(rows, world.topology.name if world.topology else None, world.hosts, meta).save(args.tune)
         for row in rows:
             row.path = f"{row.extra['variant']} [{row.extra['mode']}]"
         table = format_table(rows)

@@ -76,7 +76,13 @@ def _git_state() -> dict:
         return {"commit": "unknown", "dirty": None}
     commit = _git(["rev-parse", "HEAD"], package)
     status = _git(["status", "--porcelain"], package)
-    return {"commit": commit or "unknown", "dirty": None if status is None else status != ""}
+    state = {"commit": commit or "unknown", "dirty": None if status is None else status != ""}
+    # A working tree copied onto another machine (the GPU runs) keeps the commit it was made from in
+    # .commit (git-ignored); there git's HEAD is an older base with the newer files on top of it.
+    stamp = package.parent / ".commit"
+    if stamp.is_file():
+        state["commit_file"] = stamp.read_text().strip()
+    return state
 
 
 def _dist_version(name: str) -> str | None:

@@ -71,11 +71,11 @@ def _check(fn, comm, name, t):
                         f"{', '.join(str(d).replace('torch.', '') for d in _DTYPES)}")
 
 
-def _algo(fn, op_family, algo, comm, nbytes):
+def _algo(fn, op_family, algo, comm, nbytes, dtype):
     algo = _ALIASES.get(algo, algo)
     algos = ALGOS[op_family]
     if algo == "auto":
-        return _auto(comm, op_family, nbytes)
+        return _auto(comm, op_family, nbytes, dtype)
     if algo not in algos:
         raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(algos)} for CUDA tensors")
     if algo == "nccl" or "_cuda_team" in comm.__dict__:
@@ -88,10 +88,13 @@ def _algo(fn, op_family, algo, comm, nbytes):
     return algo
 
 
-def _auto(comm, op_family, nbytes):
-    """Measured tuning table first, then the size rule; NCCL where peer memory is unavailable."""
+def _auto(comm, op_family, nbytes, dtype):
+    """Measured tuning table first, then the size rule; NCCL where peer memory is unavailable.
+
+    Only paths that take any tensor are candidates (the table is built from such rows).
+    """
     cache = comm.__dict__.setdefault("_gpu_auto", {})
-    key = (op_family, max(nbytes, 1).bit_length())
+    key = (op_family, dtype, max(nbytes, 1).bit_length())
     if key not in cache:
         choice = None
         if not (peer.available(comm) and _kernels().available()):
@@ -100,8 +103,8 @@ def _auto(comm, op_family, nbytes):
             from ..runtime import tuning_table
 
             table = tuning_table()
-            if table is not None:
-                found = table.lookup(op_family, "cuda", nbytes)
+            if table is not None:  # GPU rows are stored as "cuda:<op>" ("xelink bench gpu-collectives --tune")
+                found = table.lookup(f"cuda:{op_family}", dtype, nbytes)
                 if found is not None:
                     found = found.split(":", 1)[-1]
                     choice = found if found in ALGOS[op_family] else None
@@ -215,7 +218,7 @@ def all_reduce(comm, x, op, algo, async_op, timeout):
     if op == "avg" and not x.dtype.is_floating_point:
         raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {x.dtype}")
     nbytes = x.numel() * x.element_size()
-    algo = _algo(fn, "all_reduce", algo, comm, nbytes)
+    algo = _algo(fn, "all_reduce", algo, comm, nbytes, x.dtype)
     if comm.size == 1 or x.numel() == 0:
         return _done(comm, fn, async_op)
     if algo == "nccl":
@@ -332,7 +335,7 @@ def all_gather_into_tensor(comm, out, inp, algo, async_op, timeout):
     if out.numel() != comm.size * inp.numel():
         raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()={comm.size * inp.numel()}")
     nbytes = out.numel() * out.element_size()
-    algo = _algo(fn, "all_gather", algo, comm, nbytes)
+    algo = _algo(fn, "all_gather", algo, comm, nbytes, inp.dtype)
     if comm.size == 1 or inp.numel() == 0:
         if inp.numel():
             out.view(-1).copy_(inp.view(-1))
@@ -463,7 +466,7 @@ def reduce_scatter_tensor(comm, out, inp, op, algo, async_op, timeout):
         raise ValueError(f"{fn}: input.numel()={inp.numel()} != world_size*output.numel()={comm.size * out.numel()}")
     if op == "avg" and not out.dtype.is_floating_point:
         raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {out.dtype}")
-    algo = _algo(fn, "reduce_scatter", algo, comm, inp.numel() * inp.element_size())
+    algo = _algo(fn, "reduce_scatter", algo, comm, inp.numel() * inp.element_size(), inp.dtype)
     if comm.size == 1 or out.numel() == 0:
         if out.numel():
             out.view(-1).copy_(inp.view(-1))
@@ -501,7 +504,7 @@ def all_to_all_single(comm, out, inp, algo, async_op, timeout):
     if out.numel() != inp.numel() or inp.numel() % comm.size:
         raise ValueError(f"{fn}: input.numel()={inp.numel()} and output.numel()={out.numel()} must be equal and "
                          f"divisible by world_size={comm.size} (equal splits on CUDA tensors)")
-    algo = _algo(fn, "all_to_all", algo, comm, inp.numel() * inp.element_size())
+    algo = _algo(fn, "all_to_all", algo, comm, inp.numel() * inp.element_size(), inp.dtype)
     if comm.size == 1 or inp.numel() == 0:
         if inp.numel():
             out.view(-1).copy_(inp.view(-1))
