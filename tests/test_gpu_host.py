@@ -1,0 +1,101 @@
+"""Host-side pieces of the GPU collectives that run without a GPU: piecing, the symmetric-tensor
+registry, the measured tuning table auto reads, and import/collection without CUDA."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from xelink.bench.gpu_collectives import tuning_table
+from xelink.bench.harness import Row
+from xelink.collectives import gpu
+from xelink.transport import cuda
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200x2-gpu-collectives"
+
+
+def test_pieces_cover_the_buffer_exactly():
+    for count, per in [(0, 16), (1, 16), (16, 16), (17, 16), (1000, 48), (5, 1)]:
+        pieces = gpu._pieces(count, per)
+        assert all(0 < m <= per for _, m in pieces) or count == 0
+        covered = [i for s, m in pieces for i in range(s, s + m)]
+        assert covered == list(range(count))
+    assert gpu._pieces(0, 16) == [(0, 0)]
+
+
+class _At:
+    """An address range that quacks like a tensor for the registry."""
+
+    def __init__(self, ptr, nbytes):
+        self._ptr, self._n = ptr, nbytes
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self._n
+
+    def element_size(self):
+        return 1
+
+
+def test_registry_finds_views_and_forgets_freed_tensors():
+    reg = cuda._Registry()
+    assert not reg
+    t = torch.zeros(100, dtype=torch.float32)
+    reg.add(t, [t.data_ptr(), 1 << 40])
+    assert reg.lookup(t) == [t.data_ptr(), 1 << 40]
+    view = t[10:20]
+    assert reg.lookup(view) == [view.data_ptr(), (1 << 40) + 40]
+    start = t.data_ptr()
+    assert reg.lookup(_At(start + 396, 8)) is None  # runs past the end of the registered tensor
+    assert reg.lookup(_At(start - 8, 4)) is None  # before it
+    del t, view
+    import gc
+
+    gc.collect()
+    assert reg.lookup(_At(start, 4)) is None  # freed: the address may belong to anything now
+    assert not reg
+
+
+def test_empty_needs_a_cuda_device():
+    class Comm:  # a CPU communicator as resolve_group returns it
+        device = torch.device("cpu")
+        name = "w"
+    from xelink.errors import XelinkError
+
+    import xelink.comm as comm_mod
+
+    comm = Comm()
+    original = comm_mod.resolve_group
+    comm_mod.resolve_group = lambda group, fn: comm
+    try:
+        with pytest.raises(XelinkError, match="empty: symmetric memory needs a CUDA device"):
+            cuda.empty(4)
+        with pytest.raises(ValueError, match="empty: size"):
+            cuda.empty(-1)
+    finally:
+        comm_mod.resolve_group = original
+
+
+def test_measured_tuning_table_sends_small_calls_to_xelink_and_large_user_buffers_to_nccl():
+    rows, manifest = [], None
+    for line in (RESULTS / "gpu_collectives.jsonl").read_text().splitlines():
+        data = json.loads(line)
+        manifest = data["manifest"]
+        rows.append(Row.from_dict(data))
+    table = tuning_table(rows, manifest["topology"], manifest["hosts"], manifest)
+    committed = json.loads((RESULTS / "tuning-h200x2.json").read_text())
+    assert table.to_dict()["entries"] == committed["entries"]
+    assert table.lookup("cuda:all_reduce", torch.bfloat16, 32 << 10) == "xelink:direct"
+    assert table.lookup("cuda:all_reduce", torch.bfloat16, 256 << 20) == "baseline:nccl"
+    assert table.lookup("all_reduce", torch.bfloat16, 1024) is None  # CPU entries are separate
+    # only paths that take any tensor: no zero-copy rows
+    for entry in committed["entries"]:
+        for _, _, path in entry["ranges"]:
+            assert "/symm" not in path and path in ("xelink:direct", "xelink:two_shot", "baseline:nccl")
+
+
+def test_gpu_algorithms_are_listed_per_op():
+    assert gpu.ALGOS["all_reduce"] == ("direct", "two_shot", "copy_engine", "hierarchical", "nccl")
+    assert "copy_engine" in gpu.ALGOS["all_gather"] and "topo" in gpu.ALGOS["all_gather"]
