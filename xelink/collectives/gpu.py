@@ -4,7 +4,7 @@ Semantics are NCCL's: a call enqueues its work on the current CUDA stream and re
 ready for any later work on that stream. ``async_op=True`` returns a handle whose ``wait()`` makes
 the current stream wait for it. Nothing here synchronizes the host, so calls can be captured in CUDA
 graphs (after one warm-up call, which sets up peer memory) and traced by ``torch.compile`` (the
-``xelink::`` custom ops at the bottom). A kernel whose barrier outlives the deadline records the
+``xelink::`` custom ops of ``compiled.py``). A kernel whose barrier outlives the deadline records the
 missing ranks; the next call on the communicator (or ``xelink.synchronize``) raises
 ``xelink.TimeoutError`` naming them.
 
@@ -33,7 +33,9 @@ ALGOS = {"all_reduce": ("direct", "two_shot", "copy_engine", "hierarchical", "nc
          "all_to_all": ("direct", "nccl")}
 # CPU algorithm names that mean the same thing on GPUs.
 _ALIASES = {"dest_split": "direct", "one_shot": "direct"}
-# Size rule for algo="auto" when no tuning table says otherwise (bytes of the buffer reduced).
+# Size rule for algo="auto" when no tuning table says otherwise (bytes of the buffer reduced): the
+# one-shot push moves (n-1) buffers per rank, two-shot 2(n-1)/n; on 2 x H200 one-shot won at every
+# size with torch.empty tensors (benchmarks/results/h200x2-gpu-collectives), so two ranks always take it.
 _DIRECT_MAX = 512 << 10
 _BLOCK = {1: 4096, 2: 4096, 4: 2048, 8: 1024}  # elements per tile: 16-byte vectors x 8 warps x 2
 _NUM_WARPS = 8
@@ -110,7 +112,7 @@ def _auto(comm, op_family, nbytes, dtype):
                     choice = found if found in ALGOS[op_family] else None
         if choice is None:
             if op_family == "all_reduce":
-                choice = "direct" if nbytes <= _DIRECT_MAX else "two_shot"
+                choice = "direct" if nbytes <= _DIRECT_MAX or comm.size == 2 else "two_shot"
             else:
                 choice = "direct"
         cache[key] = choice
