@@ -55,18 +55,23 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 # Tile shapes (BLOCK_M, BLOCK_N, num_warps, num_stages) per (impl, head_dim), chosen from the sweep in
-# xelink/bench/attention.py on an H200 (results in benchmarks/results/h200-attention). HD=256 needs
-# BLOCK_N=64 and two stages: a 128x256 Q tile plus two K/V stages already fill most of shared memory.
+# xelink/bench/attention.py on an H200 (benchmarks/results/h200-attention, B=1, 32 heads, S=8192, bf16):
+# HD=128 non-causal, TMA 128x128 (3 stages) 569 TFLOP/s against 490 for the best block-pointer tiles and
+# 531 for TMA 128x64; HD=256, TMA 128x64 (2 stages) 479 against 447 block-pointer and 334 for 128x32.
+# So the TMA path pays on sm90 and "auto" takes it there. HD=256 needs BLOCK_N=64 and two stages: a
+# 128x256 Q tile plus two K/V stages fill most of shared memory (three stages do not fit).
 _FWD_CONFIGS = {
     ("triton", 64): (128, 64, 4, 3),
-    ("triton", 128): (128, 64, 8, 3),
+    ("triton", 128): (128, 128, 8, 3),
     ("triton", 256): (128, 64, 8, 2),
     ("hopper", 64): (128, 128, 8, 3),
     ("hopper", 128): (128, 128, 8, 3),
     ("hopper", 256): (128, 64, 8, 2),
 }
-# Decode: (BLOCK_N, num_warps, num_stages) and the target number of programs per multiprocessor.
-_DECODE_CONFIG = (64, 4, 3)
+# Decode: (BLOCK_N, num_warps, num_stages) per head dim, and the target number of programs per
+# multiprocessor (H200 sweep: 2 per SM with 3 stages of 64-key tiles beat 3-4 per SM or 128-key tiles).
+# HD=256 halves BLOCK_N to keep the same 32 KB K+V tile per stage (64 keys x 3 stages overflows smem).
+_DECODE_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3), 256: (32, 4, 3)}
 _DECODE_PROGRAMS_PER_SM = 2
 _DECODE_MIN_CHUNK = 256  # keys per split at least: below that the merge costs more than the split saves
 
@@ -676,7 +681,7 @@ def _decode_splits(q, k_cache, block_n: int) -> int:
 def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None):
     B, HQ, SQ, D = q.shape
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
-    block_n, num_warps, num_stages = config or _DECODE_CONFIG
+    block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
     if num_splits <= 0:
         num_splits = _decode_splits(q, k_cache, block_n)
     group = HQ // HKV
