@@ -15,11 +15,14 @@ def test_fit_recovers_alpha_and_beta_exactly():
 
 def test_fit_keeps_alpha_non_negative_and_beta_positive():
     # Noise that would give a negative intercept: refitted through the origin.
-    f = fit_alpha_beta([(1000, 1e-7), (1 << 20, 3e-4), (4 << 20, 8e-4)])
+    f = fit_alpha_beta([(1000, 5e-5), (1 << 20, 1e-4), (4 << 20, 8e-4)])
     assert f.alpha_us == 0.0 and f.gbps > 0
+    # The largest sizes set beta: a cache-resident middle point barely moves it.
+    g = fit_alpha_beta([(8, 2e-5), (1 << 20, 5e-5), (16 << 20, 4e-3)])
+    assert g.gbps == pytest.approx(16 * 2**20 / 4e-3 / 1e9, rel=0.05)
     # A larger size that took less time (noise) still gives a positive bandwidth.
-    g = fit_alpha_beta([(1 << 20, 5e-4), (4 << 20, 4e-4)])
-    assert g.gbps > 0 and g.alpha_us >= 0
+    h = fit_alpha_beta([(1 << 20, 5e-4), (4 << 20, 4e-4)])
+    assert h.gbps > 0 and h.alpha_us >= 0
     with pytest.raises(ValueError, match=r"fit_alpha_beta: .* need positive times"):
         fit_alpha_beta([(8, 0.0)])
 

@@ -26,7 +26,8 @@ from .. import cost
 from ..topology import Placement, Topology
 from .collectives import _case
 from .harness import JsonlWriter, co_measure, make_row, manifest, rank_max
-from .probe import _where, add_arguments, calibrated, format_result, run_probe, save_outputs, write_json
+from .probe import (_where, add_arguments, calibrated, cpu_snapshot, format_result, other_cpu, run_probe, save_outputs,
+                    write_json)
 
 __all__ = ["CheckRow", "OPS", "SIZES", "run_check", "format_check", "summary", "main"]
 
@@ -41,7 +42,8 @@ class CheckRow:
     """One (op, algo, size): the measured row and what the model predicted for it.
 
     ``ratio`` is predicted / measured (1: exact; < 1: the model predicts too little); ``within`` says
-    whether ``|ratio - 1| <= tolerance`` (None at one rank, where the model predicts no time).
+    whether ``|ratio - 1| <= tolerance`` (None at one rank, where the model predicts no time);
+    ``other_cpu`` the share of the host's CPU other processes took while the row was measured.
     """
 
     row: object  # harness.Row, with predicted_us set
@@ -51,6 +53,7 @@ class CheckRow:
     within: bool | None
     size_class: str
     bottleneck: str
+    other_cpu: float | None = None
 
 
 def _predict(topology: Topology, placement: Placement, calibration, op: str, algo: str, nbytes: int):
@@ -89,8 +92,10 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
             def check(name):
                 wrong[name] += int((buf != want).sum())
 
+            before = cpu_snapshot()
             samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
                                  reduce_max=rank_max(comm), after_block=check)
+            others = other_cpu(comm, before, cpu_snapshot())
             wrong = dict(zip(wrong, map(sum, zip(*comm.allgather_object(list(wrong.values()))))))
             size = (buf if op == "all_gather" else src).numel() * item
             copy_in = _copy_in_s(calibration, placement, size) if op == "all_reduce" else 0.0
@@ -110,9 +115,9 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
                                   "bottleneck": pred.bottleneck, "overhead_us": pred.overhead_s * 1e6,
                                   "latency_us": pred.latency_s * 1e6, "local_us": pred.local_s * 1e6 + copy_in * 1e6,
                                   "copy_in_us": copy_in * 1e6, "topology": topology.name,
-                                  "calibration": calibration.name})
+                                  "calibration": calibration.name, "other_cpu": others})
                 out.append(CheckRow(row, predicted_us, links.time_s * 1e6, ratio, within, size_class,
-                                    pred.bottleneck))
+                                    pred.bottleneck, others))
     return out
 
 
@@ -129,14 +134,14 @@ def _us(v) -> str:
 def format_check(rows: list[CheckRow], tolerance: float = TOLERANCE) -> str:
     """The table: op, algo, size, predicted, measured (median of max over ranks), ratio, agreement."""
     header = ["op", "algo", "size(B)", "class", "pred(us)", "meas(us)", "pred/meas", f"within±{tolerance:.0%}",
-              "links-only(us)", "bottleneck", "#wrong"]
+              "links-only(us)", "bottleneck", "other-cpu", "#wrong"]
     lines = [header]
     for c in rows:
         r = c.row
         lines.append([r.op, r.path.split(":", 1)[1], str(r.size_bytes), c.size_class, _us(c.predicted_us),
                       _us(r.time_us), "-" if c.ratio is None else f"{c.ratio:.2f}",
                       "n/a" if c.within is None else ("yes" if c.within else "NO"), _us(c.links_only_us),
-                      c.bottleneck, str(r.wrong)])
+                      c.bottleneck, "-" if c.other_cpu is None else f"{c.other_cpu:.0%}", str(r.wrong)])
     widths = [max(len(x[i]) for x in lines) for i in range(len(header))]
     left = {0, 1, 3, 7, 9}
     return "\n".join("  ".join(x.ljust(w) if i in left else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths)))
@@ -155,8 +160,10 @@ def summary(rows: list[CheckRow], tolerance: float = TOLERANCE) -> str:
             parts.append(f"{cls}-bound {sum(c.within for c in got)}/{len(got)}")
     ratios = sorted(c.ratio for c in judged)
     mid = ratios[len(ratios) // 2]
+    others = sorted(c.other_cpu for c in judged if c.other_cpu is not None)
+    load = f"; other processes took {others[len(others) // 2]:.0%} of the CPU (median over rows)" if others else ""
     return (f"summary: {sum(c.within for c in judged)}/{len(judged)} rows within ±{tolerance:.0%} "
-            f"({', '.join(parts)}); median predicted/measured {mid:.2f}, range {ratios[0]:.2f}-{ratios[-1]:.2f}")
+            f"({', '.join(parts)}); median predicted/measured {mid:.2f}, range {ratios[0]:.2f}-{ratios[-1]:.2f}{load}")
 
 
 def _load_or_probe(world, args):

@@ -10,7 +10,8 @@ Everything goes through xelink's own transport, with the step primitive every co
 2. **Injection under load**: every rank at once sends to its right neighbour and receives from its
    left (a ring step) at a few sizes; the fitted beta is each device's ``injection_gbps``: what a rank
    moves when every rank moves bytes, as in a collective (on CPU ranks the cores are shared).
-3. **Software**: chains of K steps of 8-byte messages, every rank active, in three patterns: pairs
+3. **Software**: skeleton collective calls of K steps on 8 floats (clone the buffer, per step send a
+   chunk and sum each chunk received, copy back), every rank active, in three patterns: pairs
    ping-ponging (1 message per rank per step), a ring (2) and all peers (2(n-1)). The time of a call
    of K steps is fitted as ``intercept + K * per_step``; what a step costs beyond the link latency the
    model already charges is fitted as ``step_us + message_us * messages``; the mean intercept plus the
@@ -68,29 +69,27 @@ class Fit:
 
 
 def fit_alpha_beta(points) -> Fit:
-    """Least squares of relative error: ``alpha + bytes / beta`` through (bytes, seconds) points.
+    """Least squares: ``seconds = alpha + bytes / beta`` through (bytes, seconds) points.
 
-    Relative error keeps the small sizes (which set alpha) from being drowned by the large ones (which
-    set beta). A negative alpha (noise) is refitted as 0; beta must come out positive, else the
-    largest point alone sets it.
+    The error is absolute, so the largest sizes set beta: the bandwidth a bandwidth-bound collective
+    meets, beyond the caches. alpha comes out rough (the probe takes latency from its smallest message
+    instead); a negative alpha is refitted as 0 (a line through the origin), and a beta that is not
+    positive (noise) is set by the largest point alone.
     """
     pts = [(float(b), float(t)) for b, t in points]
     if not pts or any(t <= 0 for _, t in pts):
         raise ValueError(f"fit_alpha_beta: points={points!r} need positive times")
     s = np.array([b for b, _ in pts])
     t = np.array([t for _, t in pts])
+    a, b = 0.0, -1.0
     if len(set(s)) >= 2:
-        (a, b), *_ = np.linalg.lstsq(np.stack([1 / t, s / t], axis=1), np.ones_like(t), rcond=None)
-    else:
-        a, b = 0.0, t[0] / s[0] if s[0] else 0.0
+        (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(s), s], axis=1), t, rcond=None)
     if a < 0 or b <= 0:
-        a = 0.0 if b > 0 else a
-        b = float(np.sum(s / t) / np.sum((s / t) ** 2)) if np.any(s) else 0.0  # through the origin
+        a, b = 0.0, float(np.dot(s, t) / np.dot(s, s)) if np.any(s) else -1.0
     if b <= 0:
         i = int(np.argmax(s))
-        b = t[i] / s[i] if s[i] else 1e-12
-        a = 0.0
-    return Fit(alpha_us=max(float(a), 0.0) * 1e6, gbps=1.0 / float(b) / 1e9, points=tuple(pts))
+        a, b = 0.0, (t[i] / s[i] if s[i] else 1e-12)
+    return Fit(alpha_us=float(a) * 1e6, gbps=1.0 / float(b) / 1e9, points=tuple(pts))
 
 
 @dataclasses.dataclass
@@ -103,6 +102,7 @@ class ProbeResult:
         injection: ``Fit`` of a ring step with every rank sending (per-rank bandwidth under load), or None.
         software: ``{"patterns": {name: {...}}, "call_us", "step_us", "message_us", "api_us"}``.
         local: per rank, ``{"copy": Fit, "reduce": Fit}``.
+        other_cpu: the share of the host's CPU time other processes took while the probe ran.
     """
 
     nranks: int
@@ -113,6 +113,7 @@ class ProbeResult:
     injection: Fit | None
     software: dict
     local: list
+    other_cpu: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -124,6 +125,32 @@ class ProbeResult:
 
 
 # -- timing helpers -------------------------------------------------------------------------------
+
+def cpu_snapshot():
+    """(host jiffies, host idle jiffies, this process's jiffies) from Linux /proc; None elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            host = [int(v) for v in f.readline().split()[1:]]
+        with open("/proc/self/stat", encoding="ascii") as f:
+            mine = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return None
+    return sum(host), host[3] + host[4], int(mine[11]) + int(mine[12])  # idle + iowait; utime + stime
+
+
+def other_cpu(comm, before, after) -> float | None:
+    """The share of the host's CPU time between two ``cpu_snapshot``s that no rank of ``comm`` used.
+
+    Measures outside load (other jobs on a shared machine). None across hosts or without /proc.
+    Collective: every rank of ``comm`` must call this.
+    """
+    spent = None if before is None or after is None else after[2] - before[2]
+    ours = comm.allgather_object(spent)
+    if spent is None or None in ours or len(set(comm.hosts)) > 1:
+        return None
+    total, idle = after[0] - before[0], after[1] - before[1]
+    return max(0.0, (total - idle - sum(ours)) / total) if total > 0 else None
+
 
 def _sync_of(device):
     kind = getattr(device, "type", "cpu")
@@ -221,14 +248,27 @@ def _patterns(n: int, r: int) -> dict:
     return out
 
 
-def _chain(comm, cycle, k: int, small, inbox, deadline):
-    """(one call: k steps of 8-byte messages in the pattern ``cycle``; 1)."""
-    def chain():
+def _chain(comm, cycle, k: int, deadline):
+    """(one call: the skeleton of a collective of k steps on 8 floats; 1).
+
+    Like a collective's code: clone the buffer and make a receive buffer, then per step send a chunk
+    (a view), receive chunks and sum each into the accumulator, and copy the result back. The bytes
+    are too few to matter; what is left is the software of a collective call and of its steps.
+    """
+    buf = torch.ones(8, device=comm.device)
+    peers = sorted({p for sends, recvs in cycle for p in (*sends, *recvs)})
+
+    def call():
+        acc = buf.clone()
+        inbox = {p: torch.empty(2, device=comm.device) for p in peers}
         for i in range(k):
             sends, recvs = cycle[i % len(cycle)]
-            _step(comm, [(p, small) for p in sends], [(p, inbox[p]) for p in recvs], deadline)
+            _step(comm, [(p, acc[i % 4 * 2:i % 4 * 2 + 2]) for p in sends], [(p, inbox[p]) for p in recvs], deadline)
+            for p in recvs:
+                acc[i % 4 * 2:i % 4 * 2 + 2].add_(inbox[p])
+        buf.copy_(acc)
 
-    return chain, 1
+    return call, 1
 
 
 def _local_op(comm, name: str, nbytes: int):
@@ -313,6 +353,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     if len(set(chain_lengths)) < 2:
         raise ValueError(f"probe: chain_lengths={chain_lengths!r} needs at least two different lengths")
     topology, placement = _where(comm, topology, placement)
+    start = cpu_snapshot()
     deadline = comm.deadline()
     pairs = _link_pairs(topology, placement)
     variants = {}
@@ -326,10 +367,9 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
 
             for s in exchange_sizes:
                 variants[f"exchange|{s}"] = _exchange(comm, s, deadline)
-            small, inbox = _bytes(8, comm.device), [_bytes(8, comm.device) for _ in range(comm.size)]
             for name, (_, cycle) in _patterns(comm.size, comm.rank).items():
                 for k in chain_lengths:
-                    variants[f"chain|{name}|{k}"] = _chain(comm, cycle, k, small, inbox, deadline)
+                    variants[f"chain|{name}|{k}"] = _chain(comm, cycle, k, deadline)
             # A public collective that communicates nothing: the cost of entering the API.
             x = torch.ones(8, device=comm.device)
             try:
@@ -352,7 +392,8 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     mine = {op: fit_alpha_beta([(s, own[f"{op}|{s}"]) for s in local_sizes]) for op in ("copy", "reduce")}
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return ProbeResult(nranks=comm.size, hosts=list(comm.hosts), device=str(comm.device), date=date, links=links,
-                       injection=injection, software=software or {}, local=comm.allgather_object(mine))
+                       injection=injection, software=software or {}, local=comm.allgather_object(mine),
+                       other_cpu=other_cpu(comm, start, cpu_snapshot()))
 
 
 def _where(comm, topology, placement):
@@ -409,7 +450,7 @@ def calibrated(result: ProbeResult, topology: Topology, placement: Placement) ->
     sources, terms = {}, {}
     sw = result.software
     if sw:
-        chains = f"chains of {'/'.join(map(str, next(iter(sw['patterns'].values()))['lengths']))} steps of 8 B"
+        chains = f"skeleton calls of {'/'.join(map(str, next(iter(sw['patterns'].values()))['lengths']))} steps on 8 floats"
         terms = {"call_us": sw["call_us"], "step_us": sw["step_us"], "message_us": sw["message_us"]}
         sources = {
             "call_us": f"{stamp}; mean intercept of the {chains} ({sw['intercept_us']:.1f} us) + a public "
@@ -443,8 +484,9 @@ def calibrated(result: ProbeResult, topology: Topology, placement: Placement) ->
 
 def format_result(result: ProbeResult) -> str:
     """A readable summary of a probe."""
+    other = "" if result.other_cpu is None else f"; other processes took {result.other_cpu:.0%} of the CPU meanwhile"
     lines = [f"probe of {result.nranks} rank(s) on {', '.join(dict.fromkeys(result.hosts))}, device "
-             f"{result.device}, {result.date}"]
+             f"{result.device}, {result.date}{other}"]
     for name, got in result.links.items():
         f = got["fit"]
         lines.append(f"  link {name} (ping-pong rank {got['pair'][0]} <-> {got['pair'][1]}): "
