@@ -144,12 +144,12 @@ def other_cpu(comm, before, after) -> float | None:
     Measures outside load (other jobs on a shared machine). None across hosts or without /proc.
     Collective: every rank of ``comm`` must call this.
     """
-    spent = None if before is None or after is None else after[2] - before[2]
-    ours = comm.allgather_object(spent)
-    if spent is None or None in ours or len(set(comm.hosts)) > 1:
+    got = None if before is None or after is None else tuple(a - b for a, b in zip(after, before))
+    every = comm.allgather_object(got)
+    if None in every or len(set(comm.hosts)) > 1:
         return None
-    total, idle = after[0] - before[0], after[1] - before[1]
-    return max(0.0, (total - idle - sum(ours)) / total) if total > 0 else None
+    total, idle, _ = every[0]  # the host's figures as rank 0 saw them, so every rank returns the same
+    return max(0.0, (total - idle - sum(g[2] for g in every)) / total) if total > 0 else None
 
 
 def _sync_of(device):
