@@ -144,9 +144,9 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
                     plans[f"xelink:{impl}:{fmt}"] = (fmt, impl, None)
             if sweep:
                 for fmt in ("bf16", "w8a16", "w4a16"):
-                    for bn, bk, warps, stages, split in _gemv_sweep(N, K, fmt):
-                        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
-                        plans[f"xelink:cuda:{fmt}[n{bn},k{bk},w{warps},s{stages},split{split}]"] = (fmt, "cuda", cfg)
+                    for cfg in _gemv_sweep(N, K, fmt, M):
+                        tag = ",".join(f"{k}={v}" for k, v in cfg.items())
+                        plans[f"xelink:cuda:{fmt}[{tag}]"] = (fmt, "cuda", cfg)
             graphs, outs, launches = {}, {}, {}
             for name, (fmt, impl, cfg) in plans.items():
                 if impl is None:
@@ -185,12 +185,23 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
         torch.cuda.empty_cache()
 
 
-def _gemv_sweep(N: int, K: int, fmt: str):
-    """Tuning variants: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)."""
-    bk = 256 if fmt != "w4a16" else 512
-    for bn, warps, stages, split in ((32, 4, 3, 1), (64, 4, 3, 1), (64, 4, 1, 1), (128, 4, 1, 1), (128, 8, 1, 1),
-                                     (128, 8, 3, 1), (64, 4, 3, 2), (64, 4, 1, 4), (128, 4, 1, 4), (32, 2, 3, 1)):
-        yield bn, bk, warps, stages, split
+def _gemv_sweep(N: int, K: int, fmt: str, M: int):
+    """Tuning variants of gemv's config (KERNEL, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)."""
+    q = {"bf16": 0, "w8a16": 1, "w4a16": 2}[fmt]
+    if M <= 4:
+        fma = {0: [(2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (4, 2048, 8), (16, 1024, 4)],
+               1: [(2, 2048, 4), (4, 2048, 4), (8, 2048, 4), (4, 4096, 8), (8, 1024, 4)],
+               2: [(16, 128, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8)]}[q]
+        mma = []
+    else:
+        fma = {0: [(1, 1024, 4), (2, 1024, 4)], 1: [(1, 2048, 4), (2, 2048, 4)], 2: [(8, 128, 4), (16, 128, 4)]}[q]
+        mma = {0: [(32, 256, 4, 3, 1), (32, 256, 4, 3, 2), (32, 128, 4, 4, 1)],
+               1: [(32, 256, 4, 3, 1), (64, 256, 4, 1, 4), (32, 256, 4, 1, 2)],
+               2: [(128, 512, 4, 1, 4), (64, 512, 4, 1, 4), (32, 512, 4, 1, 4)]}[q]
+    for bn, bk, warps in fma:
+        yield dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, SPLIT_K=1)
+    for bn, bk, warps, stages, split in mma:
+        yield dict(KERNEL="mma", BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, SPLIT_K=split)
 
 
 # -- RMSNorm / RoPE -----------------------------------------------------------------------------------
@@ -353,31 +364,33 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="gemm,gemv,norm", help="comma-separated families, run in this order: gemm, gemv, norm")
     parser.add_argument("--out", default="xelink-results", help="folder for kernels.jsonl and kernels.txt")
     parser.add_argument("--quick", action="store_true", help="one shape per family, fewer rounds (smoke test)")
-    parser.add_argument("--sweep", action="store_true", help="also time tuning variants (configs) of the kernels")
+    parser.add_argument("--sweep", nargs="?", const="gemm,gemv", default="",
+                        help="also time tuning variants (configs) of these families (default gemm,gemv)")
     parser.add_argument("--commit", default=None, help="commit to record when git is unavailable (else .commit)")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
+    sweep = [f.strip() for f in args.sweep.split(",") if f.strip()]
     unknown = set(families) - {"gemm", "gemv", "norm"}
     if unknown:
         parser.error(f"--only: unknown families {sorted(unknown)}")
     if not torch.cuda.is_available():
         print("xelink.bench.kernels: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    man = manifest(extra={"benchmark": "kernels", "families": families, "quick": args.quick, "sweep": args.sweep})
+    man = manifest(extra={"benchmark": "kernels", "families": families, "quick": args.quick, "sweep": sweep})
     if man["commit"] == "unknown":
         commit = args.commit or (Path(".commit").read_text().strip() if Path(".commit").exists() else None)
         if commit:
             man["commit"] = commit
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rounds = 2 if args.quick or args.sweep else 3
+    rounds = 2 if args.quick or sweep else 3
     with JsonlWriter(out / "kernels.jsonl", man) as writer:
         report = _Report(writer)
         for family in families:  # in the order given
             if family == "gemm":
-                run_gemm(report, GEMM_SHAPES[1:2] if args.quick else GEMM_SHAPES, rounds=rounds, sweep=args.sweep)
+                run_gemm(report, GEMM_SHAPES[1:2] if args.quick else GEMM_SHAPES, rounds=rounds, sweep="gemm" in sweep)
             elif family == "gemv":
-                run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds, sweep=args.sweep)
+                run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds, sweep="gemv" in sweep)
             else:
                 run_norm(report, rounds=rounds)
     text = "\n".join([f"commit {man['commit']}  devices {man['devices']}  torch {man['versions']['torch']}  "

@@ -299,6 +299,119 @@ if triton is not None:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
 
     @triton.jit
+    def _x_row(x_ptr, m, stride_xm, offs, ROWS: tl.constexpr):
+        # Row m of x as fp32; rows past the real ones (never read) are zeros.
+        if m < ROWS:
+            return tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)
+        else:
+            return tl.zeros(offs.shape, dtype=tl.float32)
+
+    @triton.jit
+    def _w4_row(acc, lo, hi, s, x_ptr, m, stride_xm, pair, ROWS: tl.constexpr):
+        xe, xo = tl.split(_x_row(x_ptr, m, stride_xm, pair, ROWS))
+        return acc + (lo * xe[None, :] + hi * xo[None, :]) * s
+
+    @triton.jit
+    def _store_row(y_ptr, m, acc, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL: tl.constexpr,
+                   ROWS: tl.constexpr):
+        if m < ROWS:
+            total = tl.sum(acc, axis=1) * scale
+            ptrs = y_ptr + pid_s * stride_ys + m * stride_ym + rn
+            if PARTIAL:
+                tl.store(ptrs, total, mask=rn < N)
+            else:
+                tl.store(ptrs, total.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+    @triton.jit(do_not_specialize=["K_PER_SPLIT"])
+    def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_PER_SPLIT,
+                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+                         FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # CUDA-core path: one [BLOCK_N, BLOCK_K] fp32 accumulator per activation row (ROWS <= 8, unrolled
+        # by hand: a 3-D accumulator makes Triton shuffle layouts every step), reduced once at the end.
+        # No shared memory and small tiles keep many programs, and their loads, in flight per SM.
+        # W4A16 steps by whole 128-column groups (K and K_PER_SPLIT are multiples of 128): no K masks.
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn_safe = tl.minimum(rn, N - 1)  # rows past N re-read row N-1: no mask, loads stay wide
+        k_lo = pid_s * K_PER_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+        KW: tl.constexpr = 64 if FMT == 2 else BLOCK_K
+        a0 = tl.zeros((BLOCK_N, KW), dtype=tl.float32)
+        a1 = a0
+        a2 = a0
+        a3 = a0
+        a4 = a0
+        a5 = a0
+        a6 = a0
+        a7 = a0
+        if FMT == 2:
+            # W4A16, one 128-column scale group a step. A nibble under the fp32 exponent of 2^23 is
+            # 2^23 + nibble exactly; subtracting 2^23 + 8 leaves nibble - 8.
+            rj = tl.arange(0, 64)
+            pair = 2 * rj[:, None] + tl.arange(0, 2)[None, :]  # x[kg + 2j + e]: contiguous, split after
+            for kg in range(k_lo, k_hi, 128):
+                p = tl.load(w_ptr + rn_safe[:, None] * stride_wn + (kg // 2 + rj)[None, :]).to(tl.int32)
+                s = tl.load(s_ptr + rn_safe * stride_sn + kg // 128).to(tl.float32)[:, None]
+                lo = ((p & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+                hi = ((p >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+                a0 = _w4_row(a0, lo, hi, s, x_ptr, 0, stride_xm, kg + pair, ROWS)
+                if ROWS > 1:
+                    a1 = _w4_row(a1, lo, hi, s, x_ptr, 1, stride_xm, kg + pair, ROWS)
+                if ROWS > 2:
+                    a2 = _w4_row(a2, lo, hi, s, x_ptr, 2, stride_xm, kg + pair, ROWS)
+                    a3 = _w4_row(a3, lo, hi, s, x_ptr, 3, stride_xm, kg + pair, ROWS)
+                if ROWS > 4:
+                    a4 = _w4_row(a4, lo, hi, s, x_ptr, 4, stride_xm, kg + pair, ROWS)
+                    a5 = _w4_row(a5, lo, hi, s, x_ptr, 5, stride_xm, kg + pair, ROWS)
+                    a6 = _w4_row(a6, lo, hi, s, x_ptr, 6, stride_xm, kg + pair, ROWS)
+                    a7 = _w4_row(a7, lo, hi, s, x_ptr, 7, stride_xm, kg + pair, ROWS)
+            scale = 1.0
+        else:
+            rk = tl.arange(0, BLOCK_K)
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                kk = k0 + rk
+                if EVEN_K:
+                    w = tl.load(w_ptr + rn_safe[:, None] * stride_wn + kk[None, :])
+                else:
+                    # Tail: masked columns load as 0 and their x is never read past K (index clamped).
+                    w = tl.load(w_ptr + rn_safe[:, None] * stride_wn + kk[None, :], mask=(kk < k_hi)[None, :],
+                                other=0)
+                    kk = tl.minimum(kk, K - 1)
+                if FMT == 1:
+                    # int8 q: (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
+                    u = w.to(tl.uint8, bitcast=True).to(tl.int32)
+                    wf = ((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+                    if not EVEN_K:
+                        wf = tl.where((k0 + rk < k_hi)[None, :], wf, 0.0)
+                else:
+                    wf = w.to(tl.float32)
+                a0 += wf * _x_row(x_ptr, 0, stride_xm, kk, ROWS)[None, :]
+                if ROWS > 1:
+                    a1 += wf * _x_row(x_ptr, 1, stride_xm, kk, ROWS)[None, :]
+                if ROWS > 2:
+                    a2 += wf * _x_row(x_ptr, 2, stride_xm, kk, ROWS)[None, :]
+                    a3 += wf * _x_row(x_ptr, 3, stride_xm, kk, ROWS)[None, :]
+                if ROWS > 4:
+                    a4 += wf * _x_row(x_ptr, 4, stride_xm, kk, ROWS)[None, :]
+                    a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
+                    a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
+                    a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
+            if FMT == 1:
+                scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
+            else:
+                scale = 1.0
+        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+
+    @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
@@ -310,47 +423,53 @@ if triton is not None:
 
 # -- host side ------------------------------------------------------------------------------------
 
-def _gemv_config(N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
-    """Tile and split for W [N, K]: enough programs to keep every multiprocessor streaming.
+def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
+    """Kernel, tile and split for W [N, K] and M activation rows.
 
-    A split adds a second launch (the fp32 partial sums), so K is split only when N alone gives
-    fewer than about two programs per multiprocessor.
+    KERNEL "fma" (CUDA cores) streams W with small tiles and many resident programs; "mma" (tensor
+    cores, activations padded to 16 rows) keeps the multiply off the ALUs, which pays when M is large
+    enough that FMAs would bound the kernel. A K split adds a second launch (the fp32 partial sums),
+    so it is used only when N alone gives fewer than about two programs per multiprocessor.
     """
-    dense = fmt in _FLOAT16
-    block_n = 64
-    block_k = 256 if fmt != "w4a16" else 512
-    # Dense tiles go through cp.async pipelining; quantized tiles are dequantized from registers, and
-    # pipelining them through shared memory costs more instructions than it hides (see the notes).
-    stages = 4 if dense or not ptx else 1
-    programs = -(-N // block_n)
+    if M <= 4:
+        # Warps side by side along K (BLOCK_K = warps x one 16-byte load per thread): each thread's slice
+        # of x is its own, so x needs no shuffle between warps.
+        warps = 4
+        block_n, block_k = {"w8a16": (4, 2048), "w4a16": (32, 128)}.get(fmt, (4, 1024))
+        if M > 1:
+            block_n = max(1, block_n // 2)
+        cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=1)
+    else:
+        cfg = dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256 if fmt != "w4a16" else 512, num_warps=4,
+                   num_stages=1 if fmt != "bf16" and fmt != "fp16" and ptx else 3)
+    programs = -(-N // cfg["BLOCK_N"])
     split = 1
-    k_blocks = -(-K // block_k)
+    k_blocks = -(-K // cfg["BLOCK_K"])
     while programs * split < 2 * sms and split * 2 <= k_blocks and split < 16:
         split *= 2
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4, num_stages=stages)
+    cfg["SPLIT_K"] = split
+    return cfg
 
 
 def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = False) -> torch.Tensor:
     M, K = x.shape
     N = w.shape[0]
-    cfg = dict(cfg or _gemv_config(N, K, fmt, _sm_count(x.device), ptx))
+    cfg = dict(cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx))
+    kernel = cfg.pop("KERNEL", "mma")
     block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+    if kernel not in ("fma", "mma"):
+        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma' or 'mma'")
     if fmt == "w4a16" and block_k % W4_GROUP:
         raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
-    k_blocks = -(-K // block_k)
-    split = max(1, min(split, k_blocks))
-    per_split = -(-k_blocks // split) * block_k
-    split = -(-K // per_split)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
     if K == 0:
         return y.zero_()
-    x = x.contiguous()
-    if x.dtype == torch.bfloat16:
-        magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
-    else:
-        magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
+    k_blocks = -(-K // block_k)
+    split = max(1, min(split, k_blocks))
+    per_split = -(-k_blocks // split) * block_k
+    split = -(-K // per_split)
     even_k = K % block_k == 0 and per_split % block_k == 0
     if fmt == "w4a16" and not even_k:
         # Groups are whole 128-column blocks, so a tile may run past K only by whole groups: shrink it.
@@ -358,15 +477,24 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         per_split = -(-K // (split * W4_GROUP)) * W4_GROUP
         split = -(-K // per_split)
         even_k = True
+    x = x.contiguous()
     wk = w.view(torch.uint8) if fmt == "w8a16" else w
     s = scales if scales is not None else w  # unused by the dense kernel; any pointer does
     stride_sn = scales.stride(0) if scales is not None else 0
     out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
-    _gemv_kernel[grid](wk, x, s, out, M, N, K, per_split, w.stride(0), x.stride(0), stride_sn,
-                       out.stride(-2), out.stride(0) if split > 1 else 0,
-                       FMT=_FMT_CODE[fmt], EVEN_K=even_k, PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx,
-                       BLOCK_K=block_k, BLOCK_M=16, **cfg)
+    common = (wk, x, s, out)
+    strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
+    if kernel == "fma":
+        _gemv_fma_kernel[grid](*common, N, K, per_split, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
+                               PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **cfg)
+    else:
+        if x.dtype == torch.bfloat16:
+            magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
+        else:
+            magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
+        _gemv_kernel[grid](*common, M, N, K, per_split, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
+                           PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **cfg)
     if split > 1:
         block = 1024
         _splitk_sum_kernel[(triton.cdiv(M * N, block),)](out, y, M * N, SPLIT=split, BLOCK=block, num_warps=4)
@@ -483,6 +611,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
     impl = _check_gemv(w, x, scales, fmt, impl)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_gemv(w, x, scales, fmt)
-    if config is not None:
-        return _gemv_run(w, x, scales, fmt, impl, config)
-    return torch.ops.xelink.gemv(w, x, scales, fmt, impl)
+    if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
+        return torch.ops.xelink.gemv(w, x, scales, fmt, impl)
+    # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
+    # microseconds of host time a call, more than the kernel runs.
+    return _gemv_run(w, x, scales, fmt, impl, config)

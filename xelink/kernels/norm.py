@@ -247,9 +247,13 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_rmsnorm(x, w, float(eps), residual)
     w = w if w.stride(0) == 1 else w.contiguous()
-    if residual is None:
-        return torch.ops.xelink.rmsnorm(x, w, float(eps), impl)
-    return torch.ops.xelink.rmsnorm_residual(x, residual, w, float(eps), impl)
+    if torch.compiler.is_compiling():  # traced: the custom ops with their fake implementations
+        if residual is None:
+            return torch.ops.xelink.rmsnorm(x, w, float(eps), impl)
+        return torch.ops.xelink.rmsnorm_residual(x, residual, w, float(eps), impl)
+    # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
+    # microseconds of host time a call, more than the kernel runs.
+    return _rmsnorm_triton(x, w, float(eps), residual)
 
 
 # -- host side: rope ----------------------------------------------------------------------------------
@@ -354,4 +358,6 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     impl = _resolve(fn, impl, q.device)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_rope(q, k, cos, sin)
-    return torch.ops.xelink.rope(q, k, cos, sin, impl)
+    if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
+        return torch.ops.xelink.rope(q, k, cos, sin, impl)
+    return _rope_triton(q, k, cos, sin)
