@@ -90,7 +90,7 @@ def test_custom_op_fake_and_compile():
 def test_interpreted_kernels(impl, layout):
     # fp16 only: the interpreter's bf16 dot is wrong (Triton 3.6 + numpy); bf16 runs in the GPU tests.
     cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
-    for M, N, K in [(16, 16, 16), (40, 24, 56)] + ([(33, 17, 9)] if impl == "triton" else []):
+    for M, N, K in [(1, 8, 8), (16, 16, 16), (40, 24, 56)] + ([(33, 17, 9)] if impl == "triton" else []):
         a = _operand(M, K, torch.float16, layout[0] == "r")
         b = _operand(K, N, torch.float16, layout[1] == "r")
         assert _relerr(gemm(a, b, impl=impl, config=cfg), a, b) < TOL[torch.float16]

@@ -148,13 +148,14 @@ def test_fake_impl():
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fmt", ["fp16", "w8a16", "w4a16"])
 @pytest.mark.parametrize("split", [1, 2])
-@pytest.mark.parametrize("kernel", ["fma", "mma"])
+@pytest.mark.parametrize("kernel", ["fma", "fma-prefetch", "mma"])
 def test_interpreted_kernel(fmt, split, kernel):
     # fp16 activations: the interpreter's bf16 dot is wrong (Triton 3.6 + numpy); bf16 runs on the GPU.
     for M, N, K in [(1, 40, 256), (3, 17, 384)] + ([(2, 5, 200)] if fmt != "w4a16" else []):
         w, s, exact = _weights(fmt, N, K, torch.float16)
         x = torch.randn(M, K).to(torch.float16)
-        cfg = dict(KERNEL=kernel, BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1)
+        cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1,
+                   PREFETCH=kernel.endswith("prefetch"))
         assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
 
 
@@ -182,7 +183,9 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4,
                     num_stages=1),
                dict(KERNEL="fma", BLOCK_N=8, BLOCK_K=512 if fmt != "w4a16" else 128, SPLIT_K=2, num_warps=4,
-                    num_stages=1)]
+                    num_stages=1),
+               dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=1024 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4,
+                    num_stages=1, PREFETCH=True)]
     for N, K in GPU_SHAPES:
         w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
         for M in (1, 2, 8):

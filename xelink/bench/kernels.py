@@ -186,22 +186,14 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
 
 
 def _gemv_sweep(N: int, K: int, fmt: str, M: int):
-    """Tuning variants of gemv's config (KERNEL, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)."""
-    q = {"bf16": 0, "w8a16": 1, "w4a16": 2}[fmt]
-    if M <= 4:
-        fma = {0: [(2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (4, 2048, 8), (16, 1024, 4)],
-               1: [(2, 2048, 4), (4, 2048, 4), (8, 2048, 4), (4, 4096, 8), (8, 1024, 4)],
-               2: [(16, 128, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8)]}[q]
-        mma = []
-    else:
-        fma = {0: [(1, 1024, 4), (2, 1024, 4)], 1: [(1, 2048, 4), (2, 2048, 4)], 2: [(8, 128, 4), (16, 128, 4)]}[q]
-        mma = {0: [(32, 256, 4, 3, 1), (32, 256, 4, 3, 2), (32, 128, 4, 4, 1)],
-               1: [(32, 256, 4, 3, 1), (64, 256, 4, 1, 4), (32, 256, 4, 1, 2)],
-               2: [(128, 512, 4, 1, 4), (64, 512, 4, 1, 4), (32, 512, 4, 1, 4)]}[q]
-    for bn, bk, warps in fma:
-        yield dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, SPLIT_K=1)
-    for bn, bk, warps, stages, split in mma:
-        yield dict(KERNEL="mma", BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, SPLIT_K=split)
+    """Tuning variants of gemv's config (KERNEL, BLOCK_N, BLOCK_K, num_warps, PREFETCH, SPLIT_K) for 1 row:
+    the default tiles with the next tile's load issued early, and one other tile each."""
+    if M > 4:
+        return
+    tiles = {"bf16": [(2, 1024, 4), (8, 1024, 4)], "w8a16": [(8, 2048, 4), (2, 2048, 4)],
+             "w4a16": [(64, 128, 8), (16, 128, 4)]}[fmt]
+    for bn, bk, warps in tiles:
+        yield dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, PREFETCH=True, SPLIT_K=1)
 
 
 # -- RMSNorm / RoPE -----------------------------------------------------------------------------------

@@ -205,15 +205,24 @@ def _orientation(t: torch.Tensor) -> bool | None:
     return None
 
 
+def _tma_view(t: torch.Tensor):
+    """(shape, strides) of ``t`` (or of ``t.T`` when column-major) as a row-major matrix for TMA.
+
+    A single-row matrix's row stride is never used, whatever torch reports for it (often 1); TMA still
+    needs a multiple of 16 bytes there, so it gets the padded row length.
+    """
+    m = t if _orientation(t) else t.T
+    rows, cols = m.shape
+    lead = m.stride(0) if rows > 1 else -(-cols * t.element_size() // 16) * 16 // t.element_size()
+    return m, [rows, cols], [lead, 1]
+
+
 def _tma_ok(t: torch.Tensor) -> bool:
     # TMA: 16-byte aligned base and every non-unit stride a multiple of 16 bytes.
-    if t.data_ptr() % 16:
+    if t.data_ptr() % 16 or _orientation(t) is None:
         return False
-    row = _orientation(t)
-    if row is None:
-        return False
-    lead = t.stride(0) if row else t.stride(1)
-    return (lead * t.element_size()) % 16 == 0 and lead > 0
+    _, _, (lead, _) = _tma_view(t)
+    return lead > 0 and (lead * t.element_size()) % 16 == 0
 
 
 def _hopper_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -278,9 +287,9 @@ def _gemm_hopper(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> t
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     a_row, b_row = _orientation(a), _orientation(b)
     # Descriptors over the row-major view; the kernel transposes column-major tiles back.
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk]) if a_row else TensorDescriptor.from_tensor(a.T, [bk, bm])
-    b_desc = TensorDescriptor.from_tensor(b, [bk, bn]) if b_row else TensorDescriptor.from_tensor(b.T, [bn, bk])
-    c_desc = TensorDescriptor.from_tensor(c, [bm, bn])
+    a_desc = TensorDescriptor(*_tma_view(a), [bm, bk] if a_row else [bk, bm])
+    b_desc = TensorDescriptor(*_tma_view(b), [bk, bn] if b_row else [bn, bk])
+    c_desc = TensorDescriptor(*_tma_view(c), [bm, bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     programs = max(1, min(tiles, _sm_count(a.device)))
     _gemm_tma_kernel[(programs,)](a_desc, b_desc, c_desc, M, N, K, A_ROW_MAJOR=bool(a_row),
@@ -298,7 +307,7 @@ def _gemm_run(a: torch.Tensor, b: torch.Tensor, impl: str, cfg: dict | None = No
 
 @torch.library.custom_op("xelink::gemm", mutates_args=())
 def _gemm_op(a: torch.Tensor, b: torch.Tensor, impl: str) -> torch.Tensor:
-    return _gemm_run(a, b, impl)
+    return _gemm_run(a, b, _pick_gemm_impl(a, b, impl))
 
 
 @_gemm_op.register_fake
@@ -306,7 +315,7 @@ def _gemm_fake(a, b, impl):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-def _check_gemm(a, b, impl) -> str:
+def _validate_gemm(a, b, impl) -> None:
     fn = "gemm"
     _check_impl(fn, impl, GEMM_IMPLS)
     _check_tensor(fn, "a", a)
@@ -320,9 +329,13 @@ def _check_gemm(a, b, impl) -> str:
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"gemm: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
     _check_same_device(fn, a=a, b=b)
+
+
+def _pick_gemm_impl(a, b, impl) -> str:
+    """``auto`` resolved, and the chosen path checked against the tensors (pointers: not traceable)."""
     impl = _resolve_gemm_impl(a, b, impl)
     if impl in ("triton", "hopper"):
-        _require_triton(fn, impl, a.device)
+        _require_triton("gemm", impl, a.device)
     if impl == "hopper" and not _hopper_applies(a, b):
         raise ValueError(f"gemm: impl='hopper' needs a compute capability 9.x GPU, Triton tensor descriptors, "
                          f"row- or column-major inputs with 16-byte aligned pointers and strides and N*itemsize "
@@ -351,11 +364,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, config: dict |
         ValueError: shapes that do not chain, mixed devices, an unknown impl, or an impl that cannot run
             on these tensors.
     """
-    impl = _check_gemm(a, b, impl)
+    _validate_gemm(a, b, impl)
+    if torch.compiler.is_compiling():  # traced: the custom op (fake implementation), which picks the path
+        return torch.ops.xelink.gemm(a, b, impl)
+    impl = _pick_gemm_impl(a, b, impl)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_gemm(a, b)
-    if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
-        return torch.ops.xelink.gemm(a, b, impl)
     # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
-    # microseconds of host time a call, more than a small kernel runs.
+    # microseconds of host time a call.
     return _gemm_run(a, b, impl, config)

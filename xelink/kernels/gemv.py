@@ -8,16 +8,20 @@ Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` wi
 - ``"w4a16"``: ``W`` uint8 ``[N, K/2]``, low nibble = even k, high nibble = odd k; ``scales [N, K/128]``
   in the activation dtype; value = (nibble - 8) * scale[n, k // 128]. K must be a multiple of 128.
 
-The Triton kernel streams W once. Each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K`` slices
-of K; the product is a tensor-core dot of the (dequantized) weight tile with the activations padded to
-16 rows, so M = 1 and M = 8 cost the same bytes. Quantized weights are turned into exact 16-bit values
-with integer bit tricks instead of int->float conversions (which run at 1/8 of the ALU rate on
-Hopper and would bound W4A16 below memory speed): a nibble OR-ed into the mantissa of 128.0 (bf16) or
-1024.0 (fp16) is exactly 128+nibble / 1024+nibble, and the constant offset is removed once per group
-as ``offset * sum(x)``, not once per weight. int8 goes through the same trick in fp32. With
-``SPLIT_K > 1`` the slices write fp32 partial sums that a second small kernel adds up; without, the
-kernel writes ``y`` directly.
+Two Triton kernels stream W once; each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K``
+slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums that a second small kernel adds).
 
+- ``fma`` (default for 1-4 rows): CUDA-core FMAs into per-row fp32 accumulators reduced once at the
+  end; small tiles, no shared memory, many programs resident per multiprocessor. Quantized weights
+  become exact fp32 with integer bit tricks instead of int->float conversions (which run at 1/8 of
+  the ALU rate on Hopper): a byte or nibble OR-ed under the exponent of 2^23 is 2^23 + value exactly,
+  and one subtraction leaves the value.
+- ``mma`` (default for 5-8 rows): a tensor-core dot of the (dequantized) weight tile with the
+  activations padded to 16 rows. With ``impl="cuda"`` the dequantization is inline PTX (prmt/lop3 into
+  the 16-bit magic 128.0 / 1024.0, one packed fma to remove the offset: 1.5 instructions a weight,
+  exact); ``impl="triton"`` uses plain Triton ops and removes the offset as a dot with a constant tile.
+
+On H200 neither kernel yet reaches torch's bf16 GEMV bandwidth (see benchmarks/results/h200-kernels).
 ``pack_w8a16`` / ``pack_w4a16`` quantize a float weight to these formats (symmetric, per row / per
 128 columns) and ``unpack_w8a16`` / ``unpack_w4a16`` return the exact float32 values the kernels use.
 """
@@ -326,10 +330,11 @@ if triton is not None:
     def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_PER_SPLIT,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # CUDA-core path: one [BLOCK_N, BLOCK_K] fp32 accumulator per activation row (ROWS <= 8, unrolled
         # by hand: a 3-D accumulator makes Triton shuffle layouts every step), reduced once at the end.
-        # No shared memory and small tiles keep many programs, and their loads, in flight per SM.
+        # No shared memory and small tiles keep many programs, and their loads, in flight per SM;
+        # PREFETCH issues the next tile's load before this tile's arithmetic (two tiles in flight).
         # W4A16 steps by whole 128-column groups (K and K_PER_SPLIT are multiples of 128): no K masks.
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -351,9 +356,20 @@ if triton is not None:
             # 2^23 + nibble exactly; subtracting 2^23 + 8 leaves nibble - 8.
             rj = tl.arange(0, 64)
             pair = 2 * rj[:, None] + tl.arange(0, 2)[None, :]  # x[kg + 2j + e]: contiguous, split after
+            p_ptrs = w_ptr + rn_safe[:, None] * stride_wn + rj[None, :]
+            s_ptrs = s_ptr + rn_safe * stride_sn
+            p_next = tl.load(p_ptrs + k_lo // 2)
+            s_next = tl.load(s_ptrs + k_lo // 128)
             for kg in range(k_lo, k_hi, 128):
-                p = tl.load(w_ptr + rn_safe[:, None] * stride_wn + (kg // 2 + rj)[None, :]).to(tl.int32)
-                s = tl.load(s_ptr + rn_safe * stride_sn + kg // 128).to(tl.float32)[:, None]
+                if PREFETCH:
+                    p = p_next.to(tl.int32)
+                    s = s_next.to(tl.float32)[:, None]
+                    live = kg + 128 < k_hi
+                    p_next = tl.load(p_ptrs + (kg + 128) // 2, mask=live, other=0)
+                    s_next = tl.load(s_ptrs + (kg + 128) // 128, mask=live, other=0.0)
+                else:
+                    p = tl.load(p_ptrs + kg // 2).to(tl.int32)
+                    s = tl.load(s_ptrs + kg // 128).to(tl.float32)[:, None]
                 lo = ((p & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
                 hi = ((p >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
                 a0 = _w4_row(a0, lo, hi, s, x_ptr, 0, stride_xm, kg + pair, ROWS)
@@ -370,14 +386,26 @@ if triton is not None:
             scale = 1.0
         else:
             rk = tl.arange(0, BLOCK_K)
+            w_rows = w_ptr + rn_safe[:, None] * stride_wn
+            if EVEN_K:
+                w_next = tl.load(w_rows + (k_lo + rk)[None, :])
+            else:
+                w_next = tl.load(w_rows + (k_lo + rk)[None, :], mask=(k_lo + rk < k_hi)[None, :], other=0)
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 kk = k0 + rk
-                if EVEN_K:
-                    w = tl.load(w_ptr + rn_safe[:, None] * stride_wn + kk[None, :])
+                if PREFETCH:
+                    w = w_next
+                    if EVEN_K:  # one predicate for the whole tile keeps the loads 16 bytes wide
+                        w_next = tl.load(w_rows + (kk + BLOCK_K)[None, :], mask=k0 + BLOCK_K < k_hi, other=0)
+                    else:
+                        w_next = tl.load(w_rows + (kk + BLOCK_K)[None, :], mask=(kk + BLOCK_K < k_hi)[None, :],
+                                         other=0)
+                elif EVEN_K:
+                    w = tl.load(w_rows + kk[None, :])
                 else:
+                    w = tl.load(w_rows + kk[None, :], mask=(kk < k_hi)[None, :], other=0)
+                if not EVEN_K:
                     # Tail: masked columns load as 0 and their x is never read past K (index clamped).
-                    w = tl.load(w_ptr + rn_safe[:, None] * stride_wn + kk[None, :], mask=(kk < k_hi)[None, :],
-                                other=0)
                     kk = tl.minimum(kk, K - 1)
                 if FMT == 1:
                     # int8 q: (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
@@ -424,30 +452,32 @@ if triton is not None:
 # -- host side ------------------------------------------------------------------------------------
 
 def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
-    """Kernel, tile and split for W [N, K] and M activation rows.
+    """Kernel, tile and split for W [N, K] and M activation rows (tiles from the H200 sweeps in
+    benchmarks/results/h200-kernels).
 
     KERNEL "fma" (CUDA cores) streams W with small tiles and many resident programs; "mma" (tensor
-    cores, activations padded to 16 rows) keeps the multiply off the ALUs, which pays when M is large
-    enough that FMAs would bound the kernel. A K split adds a second launch (the fp32 partial sums),
-    so it is used only when N alone gives fewer than about two programs per multiprocessor.
+    cores, activations padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would
+    bound the kernel (8 rows). A K split adds a second launch (the fp32 partial sums).
     """
     if M <= 4:
-        # Warps side by side along K (BLOCK_K = warps x one 16-byte load per thread): each thread's slice
+        # Warps side by side along K (BLOCK_K = warps x one 16-byte load a thread): each thread's slice
         # of x is its own, so x needs no shuffle between warps.
-        warps = 4
-        block_n, block_k = {"w8a16": (4, 2048), "w4a16": (32, 128)}.get(fmt, (4, 1024))
-        if M > 1:
-            block_n = max(1, block_n // 2)
-        cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=1)
+        if fmt == "w4a16":
+            block_n, block_k, warps = (64, 128, 8) if N >= 8192 and M == 1 else (16, 128, 4)
+        elif fmt == "w8a16":
+            block_n, block_k, warps = (8 if M == 1 else 2), 2048, 4
+        else:
+            block_n, block_k, warps = 2, 1024, 4
+        cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=1, PREFETCH=False)
+        cfg["SPLIT_K"] = 2 if -(-N // block_n) < sms else 1
+        return cfg
+    if fmt == "w4a16":
+        cfg = dict(KERNEL="mma", BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=1 if ptx else 3)
     else:
-        cfg = dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256 if fmt != "w4a16" else 512, num_warps=4,
-                   num_stages=1 if fmt != "bf16" and fmt != "fp16" and ptx else 3)
+        cfg = dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256, num_warps=4,
+                   num_stages=3 if fmt in _FLOAT16 or not ptx else 1)
     programs = -(-N // cfg["BLOCK_N"])
-    split = 1
-    k_blocks = -(-K // cfg["BLOCK_K"])
-    while programs * split < 2 * sms and split * 2 <= k_blocks and split < 16:
-        split *= 2
-    cfg["SPLIT_K"] = split
+    cfg["SPLIT_K"] = 1 if programs >= 2 * sms else (4 if fmt == "w4a16" else 2)
     return cfg
 
 
@@ -486,9 +516,11 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     common = (wk, x, s, out)
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
     if kernel == "fma":
+        cfg.setdefault("PREFETCH", False)
         _gemv_fma_kernel[grid](*common, N, K, per_split, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
                                PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **cfg)
     else:
+        cfg.pop("PREFETCH", None)
         if x.dtype == torch.bfloat16:
             magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
         else:
@@ -594,9 +626,12 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
         x: ``[K]`` or ``[M, K]`` with ``1 <= M <= 8``, bf16 or fp16.
         scales: None for dense; ``[N]`` (w8a16) or ``[N, K/128]`` (w4a16) in ``x.dtype``.
         fmt: ``"bf16"``, ``"fp16"``, ``"w8a16"`` or ``"w4a16"``.
-        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
-        config: tuning override (``BLOCK_N``, ``BLOCK_K``, ``SPLIT_K``, ``num_warps``, ``num_stages``);
-            bypasses the custom op, for benchmarks.
+        impl: ``"auto"`` (``"cuda"`` on a CUDA GPU of compute capability >= 8.0, ``"triton"`` on other
+            GPUs, else the reference), ``"triton"`` (portable Triton ops), ``"cuda"`` (inline-PTX
+            dequantization in the tensor-core kernel; otherwise the same) or ``"reference"``.
+        config: tuning override: ``KERNEL`` ("fma" or "mma"), ``BLOCK_N``, ``BLOCK_K``, ``SPLIT_K``,
+            ``num_warps``, ``num_stages``, ``PREFETCH`` (fma: issue the next tile's load early); for
+            benchmarks.
 
     Returns:
         ``[M, N]`` (``[N]`` for a 1-D x) in ``x.dtype``, accumulated in fp32.
