@@ -257,14 +257,23 @@ def _gemm_config(M: int, N: int, K: int, hopper: bool) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
 
 
-def _gemm_triton(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+def _gemm_output(a: torch.Tensor, b: torch.Tensor):
+    """(c, done): the [M, N] output, and True when it is already final (empty, or K == 0: zeros)."""
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
-        return c
+        return c, True
     if K == 0:
-        return c.zero_()
+        return c.zero_(), True
+    return c, False
+
+
+def _gemm_triton(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+    (M, K), N = a.shape, b.shape[1]
+    c, done = _gemm_output(a, b)
+    if done:
+        return c
     cfg = dict(cfg or _gemm_config(M, N, K, hopper=False))
     a_row, b_row = _orientation(a), _orientation(b)
     even = M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0 and K % cfg["BLOCK_K"] == 0
@@ -276,13 +285,10 @@ def _gemm_triton(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> t
 
 
 def _gemm_hopper(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
-    M, K = a.shape
-    N = b.shape[1]
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    if M == 0 or N == 0:
+    (M, K), N = a.shape, b.shape[1]
+    c, done = _gemm_output(a, b)
+    if done:
         return c
-    if K == 0:
-        return c.zero_()
     cfg = dict(cfg or _gemm_config(M, N, K, hopper=True))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     a_row, b_row = _orientation(a), _orientation(b)
