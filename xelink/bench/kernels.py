@@ -358,7 +358,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="one shape per family, fewer rounds (smoke test)")
     parser.add_argument("--sweep", nargs="?", const="gemm,gemv", default="",
                         help="also time tuning variants (configs) of these families (default gemm,gemv)")
-    parser.add_argument("--commit", default=None, help="commit to record when git is unavailable (else .commit)")
+    parser.add_argument("--commit", default=None,
+                        help="commit to record instead of git's HEAD (default: the .commit file, if any)")
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
     sweep = [f.strip() for f in args.sweep.split(",") if f.strip()]
@@ -369,10 +370,11 @@ def main(argv=None) -> int:
         print("xelink.bench.kernels: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     man = manifest(extra={"benchmark": "kernels", "families": families, "quick": args.quick, "sweep": sweep})
-    if man["commit"] == "unknown":
-        commit = args.commit or (Path(".commit").read_text().strip() if Path(".commit").exists() else None)
-        if commit:
-            man["commit"] = commit
+    # An explicit --commit wins over git: a copy of the tree on a GPU machine may carry a stale .git.
+    commit = args.commit or (Path(".commit").read_text().strip() if Path(".commit").exists() else None)
+    if commit:
+        man["extra"]["git_head_here"] = man["commit"]
+        man["commit"] = commit
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rounds = 2 if args.quick or sweep else 3

@@ -8,7 +8,9 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 LIMIT=${LIMIT:-540}
-COMMIT=$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
+# .commit (written by `git rev-parse HEAD > .commit` before the tree is copied to the GPU machine) wins:
+# a copy of the tree may carry a stale .git whose HEAD is not the code that runs.
+COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 NGPU=$(nvidia-smi -L | wc -l)
 tests() {
   {
