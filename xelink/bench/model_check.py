@@ -26,8 +26,7 @@ from .. import cost
 from ..topology import Placement, Topology
 from .collectives import _case
 from .harness import JsonlWriter, co_measure, make_row, manifest, rank_max
-from .probe import (_where, add_arguments, calibrated, cpu_snapshot, format_result, other_cpu, run_probe, save_outputs,
-                    write_json)
+from .probe import add_arguments, calibrated, cpu_snapshot, job_placement, other_cpu, report, run_probe
 
 __all__ = ["CheckRow", "OPS", "SIZES", "run_check", "format_check", "summary", "main"]
 
@@ -168,7 +167,7 @@ def summary(rows: list[CheckRow], tolerance: float = TOLERANCE) -> str:
 
 def _load_or_probe(world, args):
     """(calibrated topology, placement, calibration, base topology, probe result or None). Collective."""
-    base, placement = _where(world, None, None)
+    base, placement = job_placement(world, None, None)
     if args.calibration:
         cal = cost.load_calibration(args.calibration)
         from ..topology import load
@@ -208,10 +207,7 @@ def main(argv=None) -> int:
     if world.rank == 0:
         load = os.getloadavg()
         if result is not None:
-            print(format_result(result))
-            save_outputs(result, topo, cal, args)
-            if args.probe_json:
-                write_json(result, args.probe_json)
+            report(result, topo, cal, args, args.probe_json)
         print(f"# {world.size} rank(s), {world.launch.launcher}, {os.cpu_count()} core(s), load average "
               f"{load[0]:.2f}; model: topology {topo.name} + calibration {cal.name} (call {cal.call_us:.1f} us, "
               f"step {cal.step_us:.1f} us, message {cal.message_us:.1f} us); pred/meas = predicted / measured "

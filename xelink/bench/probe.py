@@ -42,7 +42,9 @@ from ..topology import Placement, Topology, validate
 from ..collectives._common import step
 from .harness import co_measure, rank_max, time_fn
 
-__all__ = ["Fit", "ProbeResult", "fit_alpha_beta", "probe", "calibrated", "main"]
+__all__ = ["Fit", "ProbeResult", "QUICK", "fit_alpha_beta", "probe", "calibrated", "calibrated_topology",
+           "job_placement", "cpu_snapshot", "other_cpu", "format_result", "add_arguments", "run_probe", "report",
+           "main"]
 
 KiB, MiB = 1 << 10, 1 << 20
 # Defaults: full, and quick (what tests and smoke runs use).
@@ -352,7 +354,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     """
     if len(set(chain_lengths)) < 2:
         raise ValueError(f"probe: chain_lengths={chain_lengths!r} needs at least two different lengths")
-    topology, placement = _where(comm, topology, placement)
+    topology, placement = job_placement(comm, topology, placement)
     start = cpu_snapshot()
     deadline = comm.deadline()
     pairs = _link_pairs(topology, placement)
@@ -396,7 +398,8 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
                        other_cpu=other_cpu(comm, start, cpu_snapshot()))
 
 
-def _where(comm, topology, placement):
+def job_placement(comm, topology=None, placement=None):
+    """(topology, placement of ``comm``'s ranks): the given ones, else the world's, else one package per host."""
     if topology is None:
         topology = comm.topology
     if placement is None:
@@ -527,21 +530,22 @@ def run_probe(comm, args) -> ProbeResult:
     return probe(comm, **opts)
 
 
-def save_outputs(result: ProbeResult, topology: Topology, calibration: cost.Calibration, args) -> None:
+def report(result: ProbeResult, topology: Topology, calibration: cost.Calibration, args,
+           json_path: str | None = None) -> None:
+    """Print the probe and write what ``add_arguments``' options (and ``json_path``) ask for. Rank 0 only."""
     from ..topology import save
 
+    print(format_result(result))
     if args.topology_out:
         save(topology, args.topology_out)
         print(f"calibrated topology written to {args.topology_out}")
     if args.calibration_out:
         cost.save_calibration(calibration, args.calibration_out)
         print(f"calibration written to {args.calibration_out}")
-
-
-def write_json(result: ProbeResult, path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(result.to_dict(), f, indent=1)
-    print(f"probe measurements written to {path}")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(result.to_dict(), f, indent=1)
+        print(f"probe measurements written to {json_path}")
 
 
 def main(argv=None) -> int:
@@ -553,13 +557,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     world = xelink.init()
     result = run_probe(world, args)
-    topology, placement = _where(world, None, None)
+    topology, placement = job_placement(world, None, None)
     topo, cal = calibrated(result, topology, placement)
     if world.rank == 0:
-        print(format_result(result))
-        save_outputs(result, topo, cal, args)
-        if args.json:
-            write_json(result, args.json)
+        report(result, topo, cal, args, args.json)
     xelink.finalize()
     return 0
 
