@@ -164,7 +164,8 @@ def _gemv_fma(fmt):
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, K, K // per_byte, K, s_stride, N, 0],
-                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, BLOCK_N=4, BLOCK_K=128 if fmt == "w4a16" else 1024))
+                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, PREFETCH=False, BLOCK_N=4,
+                     BLOCK_K=128 if fmt == "w4a16" else 1024))
     return args
 
 
