@@ -230,8 +230,8 @@ def main(argv=None) -> int:
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
     p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
     p.set_defaults(fn=_cmd_cost)
-    p = sub.add_parser("bench", help="benchmarks (run under a launcher): `xelink bench collectives --help`, "
-                                     "`xelink bench probe --help`, `xelink bench model-check --help`")
+    p = sub.add_parser("bench", help="benchmarks (collective ones under a launcher): `xelink bench <family> "
+                                     "--help` for " + ", ".join(_BENCH_FAMILIES))
     p.add_argument("family", choices=tuple(_BENCH_FAMILIES))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the family's own options")
     p.set_defaults(fn=_cmd_bench)
@@ -240,7 +240,8 @@ def main(argv=None) -> int:
 
 
 # ``xelink bench <family>``: the module of xelink.bench whose main(argv) runs it.
-_BENCH_FAMILIES = {"collectives": "collectives", "probe": "probe", "model-check": "model_check"}
+_BENCH_FAMILIES = {"collectives": "collectives", "probe": "probe", "model-check": "model_check",
+                   "gpu-collectives": "gpu_collectives", "attention": "attention", "kernels": "kernels"}
 
 
 def _cmd_bench(args) -> int:
