@@ -99,3 +99,41 @@ def test_measured_tuning_table_sends_small_calls_to_xelink_and_large_user_buffer
 def test_gpu_algorithms_are_listed_per_op():
     assert gpu.ALGOS["all_reduce"] == ("direct", "two_shot", "copy_engine", "hierarchical", "nccl")
     assert "copy_engine" in gpu.ALGOS["all_gather"] and "topo" in gpu.ALGOS["all_gather"]
+
+
+class _Comm:
+    """What the GPU path reads of a communicator, on the CPU (world size and device set per test)."""
+
+    def __init__(self, size=1, device="cpu", hosts=None):
+        self.size, self.rank, self.device, self.name = size, 0, device, "stub"
+        self.hosts = hosts or ["h"] * size
+        self.timeout = 5.0
+
+
+def test_one_rank_copies_its_own_data_and_checks_arguments_first():
+    comm = _Comm()
+    out, inp = torch.zeros(6), torch.arange(6.0)
+    # (algo "nccl": the stub's CPU device has no peer memory; one rank never reaches the backend)
+    assert gpu.all_gather_into_tensor(comm, out, inp, "nccl", False, None) is None
+    assert torch.equal(out, inp)
+    out = torch.zeros(6)
+    gpu.reduce_scatter_tensor(comm, out, inp, "sum", "nccl", False, None)
+    assert torch.equal(out, inp)
+    with pytest.raises(TypeError, match="all_to_all_single: output.dtype=torch.float64 != input.dtype=torch.float32"):
+        gpu.all_to_all_single(comm, torch.zeros(6, dtype=torch.float64), inp, "direct", False, None)
+    with pytest.raises(ValueError, match=r"all_gather_into_tensor: output.numel\(\)=5"):
+        gpu.all_gather_into_tensor(_Comm(2), torch.zeros(5), inp, "direct", False, None)
+    with pytest.raises(ValueError, match="algo='ring' is not one of"):
+        gpu.all_reduce(comm, inp, "sum", "ring", False, None)
+
+
+def test_auto_takes_nccl_without_peer_memory_and_the_size_rule_with_it():
+    two_hosts = _Comm(2, device="cuda:0", hosts=["a", "b"])
+    assert gpu._auto(two_hosts, "all_reduce", 1 << 20, torch.bfloat16) == "nccl"
+    with pytest.raises(ValueError, match="needs peer memory"):
+        gpu._algo("all_reduce", "all_reduce", "direct", two_hosts, 1024, torch.bfloat16)
+    one_host = _Comm(4, device="cuda:0")
+    one_host._cuda_team = object()  # peer memory set up: the rule decides (no tuning table here)
+    if gpu._kernels().available():
+        assert gpu._auto(one_host, "all_reduce", 1 << 10, torch.bfloat16) == "direct"
+        assert gpu._auto(one_host, "all_reduce", 16 << 20, torch.bfloat16) == "two_shot"

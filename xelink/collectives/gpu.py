@@ -73,6 +73,20 @@ def _check(fn, comm, name, t):
                         f"{', '.join(str(d).replace('torch.', '') for d in _DTYPES)}")
 
 
+def _check_pair(fn, comm, out, inp):
+    _check(fn, comm, "output", out)
+    _check(fn, comm, "input", inp)
+    if out.dtype != inp.dtype:
+        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+
+
+def _alone(comm, fn, async_op, out, inp):
+    """One rank (or nothing to move): the output is this rank's own data."""
+    if out.numel():
+        out.view(-1).copy_(inp.view(-1)[: out.numel()])
+    return _done(comm, fn, async_op)
+
+
 def _algo(fn, op_family, algo, comm, nbytes, dtype):
     algo = _ALIASES.get(algo, algo)
     algos = ALGOS[op_family]
@@ -330,18 +344,13 @@ def _package_and_cross(comm, fn):
 # -- all_gather ---------------------------------------------------------------------------------
 def all_gather_into_tensor(comm, out, inp, algo, async_op, timeout):
     fn = "all_gather_into_tensor"
-    _check(fn, comm, "output", out)
-    _check(fn, comm, "input", inp)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    _check_pair(fn, comm, out, inp)
     if out.numel() != comm.size * inp.numel():
         raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()={comm.size * inp.numel()}")
     nbytes = out.numel() * out.element_size()
     algo = _algo(fn, "all_gather", algo, comm, nbytes, inp.dtype)
     if comm.size == 1 or inp.numel() == 0:
-        if inp.numel():
-            out.view(-1).copy_(inp.view(-1))
-        return _done(comm, fn, async_op)
+        return _alone(comm, fn, async_op, out, inp)
     if algo == "nccl":
         return _nccl(comm, fn, async_op, lambda pg, a: _dist().all_gather_into_tensor(out, inp, group=pg, async_op=a))
     if algo == "topo":
@@ -460,19 +469,14 @@ def _topo_all_gather(comm, out, inp, timeout):
 # -- reduce_scatter -----------------------------------------------------------------------------
 def reduce_scatter_tensor(comm, out, inp, op, algo, async_op, timeout):
     fn = "reduce_scatter_tensor"
-    _check(fn, comm, "output", out)
-    _check(fn, comm, "input", inp)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    _check_pair(fn, comm, out, inp)
     if inp.numel() != comm.size * out.numel():
         raise ValueError(f"{fn}: input.numel()={inp.numel()} != world_size*output.numel()={comm.size * out.numel()}")
     if op == "avg" and not out.dtype.is_floating_point:
         raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {out.dtype}")
     algo = _algo(fn, "reduce_scatter", algo, comm, inp.numel() * inp.element_size(), inp.dtype)
     if comm.size == 1 or out.numel() == 0:
-        if out.numel():
-            out.view(-1).copy_(inp.view(-1))
-        return _done(comm, fn, async_op)
+        return _alone(comm, fn, async_op, out, inp)
     if algo == "nccl":
         return _nccl(comm, fn, async_op,
                      lambda pg, a: _dist().reduce_scatter_tensor(out, inp, op=_nccl_op(op), group=pg, async_op=a))
@@ -499,18 +503,13 @@ def _reduce_scatter_plan(team, y, x, op, sym, timeout_ns):
 # -- all_to_all ---------------------------------------------------------------------------------
 def all_to_all_single(comm, out, inp, algo, async_op, timeout):
     fn = "all_to_all_single"
-    _check(fn, comm, "output", out)
-    _check(fn, comm, "input", inp)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    _check_pair(fn, comm, out, inp)
     if out.numel() != inp.numel() or inp.numel() % comm.size:
         raise ValueError(f"{fn}: input.numel()={inp.numel()} and output.numel()={out.numel()} must be equal and "
                          f"divisible by world_size={comm.size} (equal splits on CUDA tensors)")
     algo = _algo(fn, "all_to_all", algo, comm, inp.numel() * inp.element_size(), inp.dtype)
     if comm.size == 1 or inp.numel() == 0:
-        if inp.numel():
-            out.view(-1).copy_(inp.view(-1))
-        return _done(comm, fn, async_op)
+        return _alone(comm, fn, async_op, out, inp)
     if algo == "nccl":
         return _nccl(comm, fn, async_op, lambda pg, a: _dist().all_to_all_single(out, inp, group=pg, async_op=a))
     x, y = inp.view(-1), out.view(-1)
