@@ -250,6 +250,11 @@ def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
                 f"{t.rank} of {t.size}: mpiexec and mpi4py come from different MPI libraries (use the mpiexec "
                 f"that belongs to mpi4py's MPI)"
             )
+        # MPICH's init slab stays in /dev/shm if the job crashes; every local rank has mapped it by
+        # now, so it can go (transport/shm.py explains why that is safe).
+        from .transport.shm import unlink_mpich_init_segment
+
+        unlink_mpich_init_segment()
         return t
     import torch.distributed as dist
 
