@@ -167,12 +167,12 @@ def test_format_table_has_the_nccl_tests_columns():
     lines = text.splitlines()
     assert len(lines) == 3
     for column in ["size(B)", "count", "type", "path", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
-                   "base(us)", "ratio", "pred(us)"]:
+                   "base(us)", "ratio", "pred(us)", "pred/meas"]:
         assert column in lines[0]
     assert lines[1].split() == ["all_reduce", "1048576", "262144", "float32", "xelink:ring", "100.00", "10.486",
-                                "15.729", "0", "200.00", "2.00", "90.00"]
+                                "15.729", "0", "200.00", "2.00", "90.00", "0.90"]
     assert lines[2].split() == ["all_reduce", "1048576", "262144", "float32", "mpi:Allreduce", "200.00", "5.243",
-                                "7.864", "3", "-", "-", "-"]
+                                "7.864", "3", "-", "-", "-", "-"]
     assert "pred(us)" not in format_table([base])
 
 

@@ -1,11 +1,14 @@
-"""The benchmark harness and tuning table that every xelink benchmark builds on."""
-from .harness import (BUSBW_FACTORS, JsonlWriter, Row, algbw, busbw, co_measure, dtype_name, format_table,
-                      make_row, manifest, rank_max, read_jsonl, summarize, time_cuda_events, time_fn, write_csv)
+"""The benchmark suite (``xelink bench <family>``, ``python -m xelink.bench``) and the harness and tuning
+table that every xelink benchmark builds on."""
+from .harness import (BUSBW_FACTORS, JsonlWriter, Progress, Row, algbw, busbw, co_measure, dtype_name, format_table,
+                      make_row, manifest, pred_over_meas, rank_max, read_jsonl, summarize, time_cuda_events, time_fn,
+                      write_csv)
 from .tuning import TuningTable, build_table, find_table, fingerprint, load
 
 __all__ = [
     "BUSBW_FACTORS",
     "JsonlWriter",
+    "Progress",
     "Row",
     "TuningTable",
     "algbw",
@@ -19,6 +22,7 @@ __all__ = [
     "load",
     "make_row",
     "manifest",
+    "pred_over_meas",
     "rank_max",
     "read_jsonl",
     "summarize",

@@ -4,21 +4,24 @@ Run under a launcher: ``mpiexec -n 4 python -m xelink.bench.collectives`` (or ``
 collectives``). The baseline is MPI's own collective under mpirun and torch.distributed (gloo) under
 torchrun, timed in the same run, interleaved with xelink's paths. Each timed call copies the user's
 input into the buffer first (copy-in counted, as a user pays it) and the output of the last timed run
-of every block is checked against the known answer (#wrong). Rank 0 prints nccl-tests-style columns,
-writes JSON Lines with a run manifest, and can write the tuning table ``algo="auto"`` reads.
+of every block is checked against the known answer (#wrong). Beside each of xelink's rows, the cost
+model's prediction for the same topology and size and its ratio to the measurement (``pred/meas``),
+priced with a probe calibration when given one (``--calibration``; ``xelink bench all`` measures one
+first, in the links family). Rank 0 prints nccl-tests-style columns, writes JSON Lines with a run
+manifest (``--out``/``--jsonl``), CSV and plots on request, and the tuning table ``algo="auto"`` reads
+(``--tune``).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 import torch
 
 from .. import collectives as C
-from .harness import JsonlWriter, co_measure, format_table, make_row, manifest, rank_max
+from .harness import co_measure, make_row, pred_over_meas, rank_max
 
-__all__ = ["run_sweep", "main", "OPS"]
+__all__ = ["run_sweep", "measure_case", "main", "run", "add_arguments", "copy_in_s", "OPS", "SIZES", "QUICK_SIZES"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _MPI_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64}
@@ -102,54 +105,102 @@ class _TorchBaseline:
         self.d.all_to_all_single(out, src, group=self.pg)
 
 
-def _predict(topology, n, op, algo, nbytes):
+def copy_in_s(calibration, placement, nbytes: int) -> float:
+    """Seconds to copy ``nbytes`` at the probe's copy bandwidth of the slowest device (0 without figures).
+
+    The all-reduce rows are timed copying the user's input into the buffer first (the op is in place),
+    so their prediction adds this copy.
+    """
+    if calibration is None:
+        return 0.0
+    speeds = [calibration.device_local(d).copy_gbps for d in placement.devices]
+    speeds = [s for s in speeds if s]
+    return nbytes / (min(speeds) * 1e9) if speeds and nbytes else 0.0
+
+
+def _predict(topology, placement, calibration, op, algo, nbytes):
+    """The cost model's time (us) of ``algo`` at ``nbytes``, copy-in included for all_reduce; None where
+    the model does not describe the algorithm."""
     if topology is None:
         return None
     from ..cost import predict
 
     try:
-        return predict(topology, n, op, algo, nbytes).time_s * 1e6
+        seconds = predict(topology, placement, op, algo, nbytes, calibration).time_s
     except ValueError:
         return None  # an algorithm the model does not describe
+    return (seconds + (copy_in_s(calibration, placement, nbytes) if op == "all_reduce" else 0.0)) * 1e6
 
 
-def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=torch.float32, *,
-              warmup=2, iters=5, rounds=3, topology=None, progress=None) -> list:
-    """Time every op x algorithm at every size next to the baseline; returns result rows (every rank).
+def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, rounds: int, baseline=None):
+    """Co-measure every algorithm of ``op`` (and ``baseline``'s collective) at one size, checked.
+
+    Returns:
+        (input, output, samples by path, wrong elements by path summed over ranks), on every rank.
 
     Collective: every rank of ``comm`` must call this with the same arguments.
     """
-    n, rank = comm.size, comm.rank
+    src, out, want, ours, theirs = _case(op, comm.size, comm.rank, nbytes, dtype)
+    variants = {f"xelink:{a}": (lambda a=a: ours(a)) for a in C.ALGORITHMS[op]}
+    if baseline is not None:
+        variants[f"{baseline.name}:{op}"] = lambda: theirs(baseline)
+    wrong = {name: 0 for name in variants}
+
+    def check(name):
+        wrong[name] += int((out != want).sum())
+
+    samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
+                         reduce_max=rank_max(comm), after_block=check)
+    wrong = dict(zip(wrong, map(sum, zip(*comm.allgather_object(list(wrong.values()))))))
+    return src, out, samples, wrong
+
+
+def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=torch.float32, *,
+              warmup=2, iters=5, rounds=3, topology=None, calibration=None, placement=None, progress=None) -> list:
+    """Time every op x algorithm at every size next to the baseline; returns result rows (every rank).
+
+    Args:
+        comm: the communicator whose ranks run the sweep.
+        ops, sizes, dtype: what to time (sizes in bytes, nccl-tests convention).
+        warmup, iters, rounds: as ``co_measure``.
+        topology, calibration, placement: what the cost model prices each row with (``predicted_us``);
+            no prediction without a topology; placement default: ``place(topology, comm.size)``.
+        progress: a ``harness.Progress`` (one step per op and size), or None.
+
+    Collective: every rank of ``comm`` must call this with the same arguments.
+    """
+    n = comm.size
+    if topology is not None and placement is None:
+        from ..topology import place
+
+        placement = place(topology, n)
     base = _MPIBaseline(comm) if comm.transport.name == "mpi" else _TorchBaseline(comm)
     if base.name == "mpi" and dtype not in _MPI_DTYPES:
         raise ValueError(f"run_sweep: dtype={dtype} has no MPI datatype; the MPI baseline needs one of "
                          f"{', '.join(map(str, _MPI_DTYPES))}")
-    key = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all"}
     rows = []
     for op in ops:
-        algos = C.ALGORITHMS[key.get(op, op)]
+        algos = C.ALGORITHMS[op]
         for nbytes in sizes:
-            src, out, want, ours, theirs = _case(op, n, rank, nbytes, dtype)
-            variants = {f"xelink:{a}": (lambda a=a: ours(a)) for a in algos}
-            variants[f"{base.name}:{op}"] = lambda: theirs(base)
-            wrong = {name: 0 for name in variants}
-
-            def check(name):
-                wrong[name] += int((out != want).sum())
-
-            samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
-                                 reduce_max=rank_max(comm), after_block=check)
-            wrong = {k: sum(v) for k, v in zip(wrong, zip(*comm.allgather_object(list(wrong.values()))))}
+            src, out, samples, wrong = measure_case(comm, op, nbytes, dtype, warmup=warmup, iters=iters,
+                                                    rounds=rounds, baseline=base)
             size = out.numel() * out.element_size() if op == "all_gather" else src.numel() * src.element_size()
             common = dict(size_bytes=size, count=src.numel(), dtype=dtype, nranks=n)
             bname = f"{base.name}:{op}"
             for a in algos:
-                rows.append(make_row(op, f"xelink:{a}", samples[f"xelink:{a}"], wrong=wrong[f"xelink:{a}"],
-                                     baseline=bname, baseline_samples=samples[bname],
-                                     predicted_us=_predict(topology, n, op, a, size), **common))
+                pred = _predict(topology, placement, calibration, op, a, size)
+                extra = {} if pred is None else {
+                    "model": {"topology": topology.name, "calibration": getattr(calibration, "name", None),
+                              "pred_over_meas": None}}
+                row = make_row(op, f"xelink:{a}", samples[f"xelink:{a}"], wrong=wrong[f"xelink:{a}"],
+                               baseline=bname, baseline_samples=samples[bname], predicted_us=pred, extra=extra,
+                               **common)
+                if pred is not None:
+                    row.extra["model"]["pred_over_meas"] = pred_over_meas(row)
+                rows.append(row)
             rows.append(make_row(op, bname, samples[bname], wrong=wrong[bname], **common))
-            if progress:
-                progress(op, nbytes)
+            if progress is not None:
+                progress.step(f"{op} {nbytes} B: {', '.join(algos)} and {bname}")
     return rows
 
 
@@ -159,43 +210,63 @@ def _size(text: str) -> int:
     return parse_size(text)
 
 
-def main(argv=None) -> int:
-    import xelink
+SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB to 16 MiB, x4
+QUICK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21)  # 1 KiB, 16 KiB, 256 KiB, 2 MiB
+QUICK = {"iters": 3, "rounds": 2, "warmup": 1}
 
-    p = argparse.ArgumentParser(prog="xelink bench collectives", description=__doc__.splitlines()[0])
+
+def add_arguments(p, family: str = "collectives") -> None:
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    p.add_argument("--sizes", nargs="+", type=_size, default=[1 << 10, 1 << 14, 1 << 18, 1 << 22],
-                   help="sizes in bytes (suffixes K, M, G allowed), nccl-tests convention")
+    p.add_argument("--sizes", nargs="+", type=_size, default=None,
+                   help="sizes in bytes (suffixes K, M, G allowed), nccl-tests convention (default 1K to 16M x4; "
+                        "quick 1K 16K 256K 2M)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--jsonl", default=None, help="write result rows (with the run manifest) here")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per variant per round (default 5; quick 3)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds, variants interleaved (default 3; quick 2)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls of each variant first (default 2; quick 1)")
     p.add_argument("--tune", default=None, help="write the tuning table (fastest path per size) here")
-    args = p.parse_args(argv)
-    world = xelink.init()
-    from ..topology import from_env_or_discover
+    p.add_argument("--calibration", metavar="PATH", help="price the predictions with this probe calibration "
+                                                         "(`xelink bench links --calibration-out`)")
+    p.add_argument("--topology", metavar="PATH", help="price them on this (measured) topology; default: the job's")
 
-    topo = from_env_or_discover(world)
-    rows = run_sweep(world, args.ops, args.sizes, getattr(torch, args.dtype), warmup=args.warmup,
-                     iters=args.iters, rounds=args.rounds, topology=topo)
-    if world.rank == 0:
-        print(f"# {world.size} ranks, {world.launch.launcher}, topology {topo.name}; ratio = baseline time / "
-              f"xelink time (>1: xelink faster); pred = cost model")
-        print(format_table(rows))
-        meta = manifest(world, extra={"family": "collectives", "topology": topo.name})
-        if args.jsonl:
-            with JsonlWriter(args.jsonl, meta) as w:
-                for r in rows:
-                    w.write(r)
+
+def run(ctx, family: str = "collectives") -> list:
+    """The sweep with the options of ``add_arguments``; tuning table and header on rank 0. Collective."""
+    from .. import cost
+    from ..topology import Placement, from_env_or_discover, load
+    from .probe import job_placement
+
+    world, args = ctx.world, ctx.args
+    job_topo = world.topology or from_env_or_discover(world)
+    topo, placement = job_placement(world, job_topo, None)
+    cal = cost.load_calibration(args.calibration) if args.calibration else None
+    if args.topology:
+        topo = load(args.topology)
+        placement = Placement(topo, placement.devices)
+    knobs = {"iters": 5, "rounds": 3, "warmup": 2, **(QUICK if ctx.quick else {})}
+    knobs.update({k: getattr(args, k) for k in knobs if getattr(args, k) is not None})
+    sizes = args.sizes or (QUICK_SIZES if ctx.quick else SIZES)
+    rows = run_sweep(world, args.ops, sizes, getattr(torch, args.dtype), topology=topo, calibration=cal,
+                     placement=placement, progress=ctx.progress(len(args.ops) * len(sizes)), **knobs)
+    if ctx.lead:
+        model = f"topology {topo.name}" + (f" + calibration {cal.name}" if cal else " (links only: no calibration; "
+                                                                                  "`xelink bench links` measures one)")
+        ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}; ratio = baseline time / "
+                      f"xelink time (>1: xelink faster); pred = cost model ({model}), all_reduce with the copy-in; "
+                      f"pred/meas = predicted / measured")
         if args.tune:
             from .tuning import build_table, fingerprint
 
-            build_table(rows, fingerprint(topo.name, world.hosts), manifest=meta).save(args.tune)
-            print(f"tuning table written to {args.tune}")
-    bad = sum(r.wrong for r in rows)
-    xelink.finalize()
-    return 1 if bad else 0
+            meta = ctx.manifest({"topology": job_topo.name})
+            build_table(rows, fingerprint(job_topo.name, world.hosts), manifest=meta).save(args.tune)
+            ctx.notes.append(f"tuning table written to {args.tune}")
+    return rows
+
+
+def main(argv=None) -> int:
+    from .suite import main as run_family
+
+    return run_family("collectives", argv)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import numpy as np
 __all__ = [
     "BUSBW_FACTORS",
     "JsonlWriter",
+    "Progress",
     "Row",
     "algbw",
     "busbw",
@@ -43,6 +44,7 @@ __all__ = [
     "format_table",
     "make_row",
     "manifest",
+    "pred_over_meas",
     "rank_max",
     "read_jsonl",
     "summarize",
@@ -548,20 +550,21 @@ def format_table(rows: Iterable[Row]) -> str:
     """Rows as an nccl-tests-style text table, one line per row.
 
     Columns: op, size (B), count, type, path, time (us), algbw and busbw (GB/s), #wrong, the
-    baseline's time (us) and ratio (baseline / ours); a ``pred(us)`` column is added when any row
-    carries a cost-model prediction. Missing values print as ``-``.
+    baseline's time (us) and ratio (baseline / ours); ``pred(us)`` and ``pred/meas`` (the cost model's
+    prediction and its ratio to the measured time) are added when any row carries a prediction.
+    Missing values print as ``-``.
     """
     rows = list(rows)
     with_pred = any(r.predicted_us is not None for r in rows)
     header = ["op", "size(B)", "count", "type", "path", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
-              "base(us)", "ratio"] + (["pred(us)"] if with_pred else [])
+              "base(us)", "ratio"] + (["pred(us)", "pred/meas"] if with_pred else [])
     lines = []
     for r in rows:
         cells = [r.op, str(r.size_bytes), str(r.count), r.dtype, r.path, _fmt(r.time_us, ".2f"),
                  _fmt(r.algbw_GBps, ".3f"), _fmt(r.busbw_GBps, ".3f"), str(r.wrong), _fmt(r.baseline_us, ".2f"),
                  _fmt(r.ratio, ".2f")]
         if with_pred:
-            cells.append(_fmt(r.predicted_us, ".2f"))
+            cells += [_fmt(r.predicted_us, ".2f"), _fmt(pred_over_meas(r), ".2f")]
         lines.append(cells)
     widths = [max(len(c[i]) for c in [header, *lines]) for i in range(len(header))]
     text_columns = {0, 3, 4}  # left-aligned names; numbers align right as in nccl-tests
@@ -571,6 +574,42 @@ def format_table(rows: Iterable[Row]) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     return "\n".join([render(header), *map(render, lines)])
+
+
+def pred_over_meas(row: Row) -> float | None:
+    """The cost model's predicted time over the measured median (1: exact; < 1: the model predicts too
+    little), or None without a prediction or a measured time."""
+    if row.predicted_us is None or not row.time_us or row.time_us <= 0:
+        return None
+    return row.predicted_us / row.time_us
+
+
+class Progress:
+    """One line per step of a long sweep on stderr: ``[family  3/12  4.1 s] what``.
+
+    Multi-rank: create it on every rank with ``show=(rank == 0)`` so only one rank prints.
+
+    Args:
+        label: what the steps belong to (the family).
+        total: the number of steps expected (None: unknown; the count is shown alone).
+        show: print the lines (False: count silently).
+        stream: where to print; default ``sys.stderr``, which a table on stdout does not mix with.
+    """
+
+    def __init__(self, label: str, total: int | None = None, *, show: bool = True, stream=None):
+        self.label, self.total, self.show = label, total, show
+        self.stream = stream
+        self.done = 0
+        self.start = time.perf_counter()
+
+    def step(self, what: str) -> None:
+        """Count one finished step and print it."""
+        self.done += 1
+        if not self.show:
+            return
+        count = f"{self.done}/{self.total}" if self.total else str(self.done)
+        stream = self.stream or sys.stderr
+        print(f"[{self.label} {count} {time.perf_counter() - self.start:6.1f} s] {what}", file=stream, flush=True)
 
 
 def write_csv(rows: Iterable[Row], path) -> None:

@@ -24,8 +24,8 @@ import torch
 from .. import collectives as C
 from .. import cost
 from ..topology import Placement, Topology
-from .collectives import _case
-from .harness import JsonlWriter, co_measure, make_row, manifest, rank_max
+from .collectives import copy_in_s, measure_case
+from .harness import JsonlWriter, make_row, manifest
 from .probe import add_arguments, calibrated, cpu_snapshot, job_placement, other_cpu, report, run_probe
 
 __all__ = ["CheckRow", "OPS", "SIZES", "run_check", "format_check", "summary", "main"]
@@ -76,7 +76,7 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
 
     Collective: every rank of ``comm`` must call this with the same arguments.
     """
-    n, rank = comm.size, comm.rank
+    n = comm.size
     base = base_topology or topology
     base_placement = Placement(base, placement.devices)
     item = torch.tensor([], dtype=dtype).element_size()
@@ -84,20 +84,12 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
     for op in ops:
         algos = C.ALGORITHMS[op]
         for nbytes in sizes:
-            src, buf, want, ours, _ = _case(op, n, rank, nbytes, dtype)
-            variants = {f"xelink:{a}": (lambda a=a: ours(a)) for a in algos}
-            wrong = {name: 0 for name in variants}
-
-            def check(name):
-                wrong[name] += int((buf != want).sum())
-
             before = cpu_snapshot()
-            samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
-                                 reduce_max=rank_max(comm), after_block=check)
+            src, buf, samples, wrong = measure_case(comm, op, nbytes, dtype, warmup=warmup, iters=iters,
+                                                    rounds=rounds)
             others = other_cpu(comm, before, cpu_snapshot())
-            wrong = dict(zip(wrong, map(sum, zip(*comm.allgather_object(list(wrong.values()))))))
             size = (buf if op == "all_gather" else src).numel() * item
-            copy_in = _copy_in_s(calibration, placement, size) if op == "all_reduce" else 0.0
+            copy_in = copy_in_s(calibration, placement, size) if op == "all_reduce" else 0.0
             for a in algos:
                 pred = _predict(topology, placement, calibration, op, a, size)
                 links = _predict(base, base_placement, None, op, a, size)
@@ -118,12 +110,6 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
                 out.append(CheckRow(row, predicted_us, links.time_s * 1e6, ratio, within, size_class,
                                     pred.bottleneck, others))
     return out
-
-
-def _copy_in_s(calibration: cost.Calibration, placement: Placement, nbytes: int) -> float:
-    speeds = [calibration.device_local(d).copy_gbps for d in placement.devices]
-    speeds = [s for s in speeds if s]
-    return nbytes / (min(speeds) * 1e9) if speeds and nbytes else 0.0
 
 
 def _us(v) -> str:

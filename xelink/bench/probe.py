@@ -43,7 +43,7 @@ from ..collectives._common import step
 from .harness import co_measure, rank_max, time_fn
 
 __all__ = ["Fit", "ProbeResult", "QUICK", "fit_alpha_beta", "probe", "calibrated", "calibrated_topology",
-           "job_placement", "cpu_snapshot", "other_cpu", "format_result", "add_arguments", "run_probe", "report",
+           "all_pairs", "pair_variants", "pair_results", "measure_pairs", "job_placement", "cpu_snapshot", "other_cpu", "format_result", "add_arguments", "run_probe", "report",
            "main"]
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -105,6 +105,8 @@ class ProbeResult:
         software: ``{"patterns": {name: {...}}, "call_us", "step_us", "message_us", "api_us"}``.
         local: per rank, ``{"copy": Fit, "reduce": Fit}``.
         other_cpu: the share of the host's CPU time other processes took while the probe ran.
+        pairs: every pair measured (``pair_results``): the first pair of each link, or every pair of
+            ranks on different devices with ``every_pair``.
     """
 
     nranks: int
@@ -116,6 +118,7 @@ class ProbeResult:
     software: dict
     local: list
     other_cpu: float | None = None
+    pairs: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -163,8 +166,8 @@ def _sync_of(device):
     return None
 
 
-def _timed(comm, variants: dict, *, iters: int, rounds: int, together: bool = True) -> dict:
-    """name -> median seconds per unit of each ``(fn, units per call)`` variant, all co-measured.
+def _timed_samples(comm, variants: dict, *, iters: int, rounds: int, together: bool = True) -> dict:
+    """name -> samples (seconds per unit) of each ``(fn, units per call)`` variant, all co-measured.
 
     Interleaving every variant round by round spreads a burst of outside load over all of them, so
     the figures fitted together (sizes of one fit, patterns of the software fit) see the same machine.
@@ -173,7 +176,13 @@ def _timed(comm, variants: dict, *, iters: int, rounds: int, together: bool = Tr
     timing = functools.partial(time_fn, warmup=0, sync=_sync_of(comm.device))
     samples = co_measure({k: fn for k, (fn, _) in variants.items()}, warmup=1, iters=iters, rounds=rounds,
                          barrier=comm.barrier, reduce_max=rank_max(comm) if together else None, timing=timing)
-    return {k: statistics.median(samples[k]) / units for k, (_, units) in variants.items()}
+    return {k: [t / units for t in samples[k]] for k, (_, units) in variants.items()}
+
+
+def _timed(comm, variants: dict, *, iters: int, rounds: int, together: bool = True) -> dict:
+    """name -> median seconds per unit of each variant (``_timed_samples``)."""
+    got = _timed_samples(comm, variants, iters=iters, rounds=rounds, together=together)
+    return {k: statistics.median(v) for k, v in got.items()}
 
 
 def _bytes(nbytes: int, device) -> torch.Tensor:
@@ -206,20 +215,64 @@ def _link_pairs(topology: Topology, placement: Placement) -> dict:
     return pairs
 
 
-def _pingpong(comm, a: int, b: int, nbytes: int, deadline):
-    """(one call: round trips between ranks a and b, the others idle; one-way trips per call)."""
+def _pingpong(comm, a: int, b: int, nbytes: int, move):
+    """(one call: round trips between ranks a and b, the others idle; one-way trips per call).
+
+    ``move(sends, recvs)`` is one step of (peer, tensor) lists: xelink's transport step by default,
+    or another mover (NCCL send/recv for device memory, ``links.py``).
+    """
     buf, reps = _bytes(nbytes, comm.device), _reps(nbytes)
 
     def trip():
         for _ in range(reps):
             if comm.rank == a:
-                _step(comm, [(b, buf)], [], deadline)
-                _step(comm, [], [(b, buf)], deadline)
+                move([(b, buf)], [])
+                move([], [(b, buf)])
             elif comm.rank == b:
-                _step(comm, [], [(a, buf)], deadline)
-                _step(comm, [(a, buf)], [], deadline)
+                move([], [(a, buf)])
+                move([(a, buf)], [])
 
     return trip, 2 * reps
+
+
+def all_pairs(placement: Placement) -> list:
+    """Every pair of ranks (a < b) on different devices, in order."""
+    n = placement.nranks
+    return [(a, b) for a in range(n) for b in range(a + 1, n) if placement.devices[a] != placement.devices[b]]
+
+
+def pair_variants(comm, pairs, sizes, move) -> dict:
+    """``_timed`` variants of a ping-pong between each pair at each size (keys ``pingpong|a-b|size``)."""
+    return {f"pingpong|{a}-{b}|{s}": _pingpong(comm, a, b, s, move) for a, b in pairs for s in sizes}
+
+
+def pair_results(samples: dict, pairs, sizes) -> list:
+    """Per pair, from ``_timed_samples`` of ``pair_variants``: the alpha-beta fit, the one-way latency and
+    the one-way samples (seconds) per size, as ``{"pair", "fit", "latency_us", "one_way_s"}``."""
+    out = []
+    for a, b in pairs:
+        per_size = [(s, samples[f"pingpong|{a}-{b}|{s}"]) for s in sizes]
+        fit = fit_alpha_beta([(s, statistics.median(t)) for s, t in per_size])
+        small, small_t = min(per_size)
+        # Latency is the one-way time of the smallest message, as ping-pong benchmarks report it; the fit's
+        # alpha also carries the handshakes of large messages and would charge them to every step.
+        latency = statistics.median(small_t) * 1e6 - small / (fit.gbps * 1e3)
+        out.append({"pair": [a, b], "fit": fit, "latency_us": max(latency, 0.01),
+                    "one_way_s": [[s, list(t)] for s, t in per_size]})
+    return out
+
+
+def measure_pairs(comm, pairs, sizes, *, iters: int, rounds: int, move=None) -> list:
+    """Ping-pong every pair of ``pairs`` at every size, all interleaved; ``pair_results`` on every rank.
+
+    ``move``: the step that moves bytes (default: xelink's transport step on ``comm``).
+    Collective: every rank of ``comm`` must call this with the same arguments.
+    """
+    if move is None:
+        deadline = comm.deadline()
+        move = lambda sends, recvs: _step(comm, sends, recvs, deadline)  # noqa: E731
+    samples = _timed_samples(comm, pair_variants(comm, pairs, sizes, move), iters=iters, rounds=rounds)
+    return pair_results(samples, pairs, sizes)
 
 
 def _exchange(comm, nbytes: int, deadline):
@@ -324,20 +377,11 @@ def _software(times: dict, lengths, topology: Topology, placement: Placement, ap
             "api_us": api_us, "intercept_us": intercept, "call_us": max(intercept, 0.0) + api_us}
 
 
-def _link_fit(times: dict, name: str, sizes) -> dict:
-    fit = fit_alpha_beta([(s, times[f"pingpong|{name}|{s}"]) for s in sizes])
-    small = min(sizes)
-    # Latency is the one-way time of the smallest message, as ping-pong benchmarks report it; the fit's
-    # alpha also carries the handshakes of large messages and would charge them to every step.
-    latency = times[f"pingpong|{name}|{small}"] * 1e6 - small / (fit.gbps * 1e3)
-    return {"fit": fit, "latency_us": max(latency, 0.01)}
-
-
 # -- the probe ------------------------------------------------------------------------------------
 
 def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES, local_sizes=LOCAL_SIZES,
           chain_lengths=CHAIN_LENGTHS, iters: int = 5, rounds: int = 5, topology: Topology | None = None,
-          placement: Placement | None = None) -> ProbeResult:
+          placement: Placement | None = None, every_pair: bool = False) -> ProbeResult:
     """Measure links, injection under load, software overhead and local work on ``comm``'s ranks.
 
     Args:
@@ -346,6 +390,8 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
         pingpong_sizes, exchange_sizes, local_sizes: bytes per message / buffer of each measurement.
         chain_lengths: steps per timed call in the software chains (at least two lengths).
         iters, rounds: timed calls per round, rounds (``co_measure``; every measurement interleaved).
+        every_pair: ping-pong every pair of ranks on different devices (the link matrix of ``xelink
+            bench links``), not just the first pair per link; each link's figures come from its first pair.
 
     Returns:
         A ``ProbeResult``, identical on every rank.
@@ -358,10 +404,8 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     start = cpu_snapshot()
     deadline = comm.deadline()
     pairs = _link_pairs(topology, placement)
-    variants = {}
-    for name, (a, b) in pairs.items():
-        for s in pingpong_sizes:
-            variants[f"pingpong|{name}|{s}"] = _pingpong(comm, a, b, s, deadline)
+    measured = all_pairs(placement) if every_pair else sorted(set(pairs.values()))
+    variants = pair_variants(comm, measured, pingpong_sizes, lambda sends, recvs: _step(comm, sends, recvs, deadline))
     solo = comm.split(comm.rank) if comm.size > 1 else None
     try:
         if solo is not None:
@@ -379,11 +423,14 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
             except ValueError:
                 x = torch.ones(8)  # collectives of this build take host tensors only
             variants["api"] = (lambda: collectives.all_reduce(x, group=solo, algo="ring"), 1)
-        times = _timed(comm, variants, iters=iters, rounds=rounds) if variants else {}
+        samples = _timed_samples(comm, variants, iters=iters, rounds=rounds) if variants else {}
     finally:
         if solo is not None:
             solo.free()
-    links = {name: {"pair": [a, b], **_link_fit(times, name, pingpong_sizes)} for name, (a, b) in pairs.items()}
+    times = {k: statistics.median(v) for k, v in samples.items()}
+    by_pair = {tuple(p["pair"]): p for p in pair_results(samples, measured, pingpong_sizes)}
+    links = {name: {"pair": [a, b], "fit": by_pair[a, b]["fit"], "latency_us": by_pair[a, b]["latency_us"]}
+             for name, (a, b) in pairs.items()}
     injection = software = None
     if comm.size > 1:
         injection = fit_alpha_beta([(s, times[f"exchange|{s}"]) for s in exchange_sizes])
@@ -395,7 +442,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return ProbeResult(nranks=comm.size, hosts=list(comm.hosts), device=str(comm.device), date=date, links=links,
                        injection=injection, software=software or {}, local=comm.allgather_object(mine),
-                       other_cpu=other_cpu(comm, start, cpu_snapshot()))
+                       other_cpu=other_cpu(comm, start, cpu_snapshot()), pairs=list(by_pair.values()))
 
 
 def job_placement(comm, topology=None, placement=None):
