@@ -1,4 +1,4 @@
-"""The ``xelink`` command: ``xelink info``, ``xelink demo``, ``xelink topology`` and ``xelink cost``.
+"""The ``xelink`` command: ``xelink info``, ``xelink demo``, ``xelink topology``, ``xelink cost`` and ``xelink bench``.
 
 Run under a launcher (``mpiexec -n 4 xelink info``) to see every rank; rank 0 prints.
 """
@@ -230,20 +230,31 @@ def main(argv=None) -> int:
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
     p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
     p.set_defaults(fn=_cmd_cost)
-    p = sub.add_parser("bench", help="benchmarks (collective ones under a launcher): `xelink bench <family> "
-                                     "--help` for " + ", ".join(_BENCH_FAMILIES))
-    p.add_argument("family", choices=tuple(_BENCH_FAMILIES))
+    p = sub.add_parser("bench", help="the benchmark suite (multi-rank families under a launcher): `xelink bench "
+                                     "<family> --help` for " + ", ".join(_BENCH_FAMILIES),
+                       description="Families: links, collectives, gemm, gemv, attention, gpu-collectives; `all` runs "
+                                   "every one this machine can run into one results folder (`--quick`: the quick "
+                                   "suite). Tools: probe, model-check, kernels (the GPU kernel benchmark).")
+    p.add_argument("family", choices=_BENCH_FAMILIES)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the family's own options")
     p.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)
     return args.fn(args)
 
 
-# ``xelink bench <family>``: the module of xelink.bench whose main(argv) runs it.
-_BENCH_FAMILIES = {"collectives": "collectives", "probe": "probe", "model-check": "model_check",
-                   "gpu-collectives": "gpu_collectives", "attention": "attention", "kernels": "kernels"}
+# ``xelink bench <family>``: the suite's families (xelink.bench.suite), ``all``, and the tools beside them
+# (the module of xelink.bench whose main(argv) runs it).
+_SUITE_FAMILIES = ("links", "collectives", "gemm", "gemv", "attention", "gpu-collectives")
+_BENCH_TOOLS = {"probe": "probe", "model-check": "model_check", "kernels": "kernels"}
+_BENCH_FAMILIES = (*_SUITE_FAMILIES, "all", *_BENCH_TOOLS)
 
 
 def _cmd_bench(args) -> int:
-    module = importlib.import_module(f".bench.{_BENCH_FAMILIES[args.family]}", __package__)
-    return module.main(args.rest)
+    if args.family in _BENCH_TOOLS:
+        module = importlib.import_module(f".bench.{_BENCH_TOOLS[args.family]}", __package__)
+        return module.main(args.rest)
+    from .bench import suite
+
+    if args.family == "all":
+        return suite.main_all(args.rest)
+    return suite.main(args.family, args.rest)

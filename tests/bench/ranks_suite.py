@@ -1,0 +1,74 @@
+"""The suite on real ranks: the links matrix, and ``xelink bench all --quick`` (at tiny sizes) end to end."""
+import json
+import tempfile
+from pathlib import Path
+
+from xelink import cost
+from xelink import topology as T
+from xelink.bench import collectives, links, local_kernels, probe, suite
+
+WORLD_SIZES = (2,)
+
+
+def _shared_dir(world) -> Path:
+    return Path(world.allgather_object(tempfile.mkdtemp(prefix="xelink-suite-") if world.rank == 0 else None)[0])
+
+
+def check_links_measures_every_pair_and_writes_the_matrix(world):
+    out = _shared_dir(world)
+    args = suite.family_parser("links").parse_args(
+        ["--quick", "--sizes", "8", "64K", "--iters", "2", "--rounds", "1", "--out", str(out), "--plots",
+         "--topology-out", str(out / "t.toml"), "--calibration-out", str(out / "c.toml")])
+    ctx = suite.Context(world, "links", args)
+    rows = links.run(ctx, "links")
+    assert [(r.op, r.path, r.size_bytes, r.extra["pair"]) for r in rows] == \
+        [("p2p", "xelink:pingpong", 8, [0, 1]), ("p2p", "xelink:pingpong", 65536, [0, 1])]
+    assert all(r.time_us > 0 and r.wrong == 0 for r in rows)
+    assert rows[0].extra["latency_us"] > 0 and rows[0].extra["bandwidth_gbps"] > 0
+    if world.rank == 0:
+        suite.write_outputs(ctx, rows)
+        text = (out / "links.txt").read_text()
+        assert "one-way latency (us)" in text and "bandwidth (GB/s, one way)" in text
+        assert (out / "links-matrix.png").stat().st_size > 5000
+        assert len((out / "links.jsonl").read_text().splitlines()) == 2
+        topo, cal = T.load(out / "t.toml"), cost.load_calibration(out / "c.toml")
+        assert topo.name.endswith("-probed") and cal.topology == topo.name
+        assert topo.links[0].latency_source.startswith("measured here: by `xelink bench probe`")
+
+
+def check_all_quick_runs_every_family_into_one_folder(world):
+    out = _shared_dir(world)
+    # The quick suite at tiny sizes: the same code paths in a few seconds.
+    saved = (dict(probe.QUICK), collectives.QUICK_SIZES, dict(collectives.QUICK), dict(local_kernels.QUICK_SHAPES))
+    probe.QUICK.update(pingpong_sizes=(8, 4096), exchange_sizes=(4096, 16384), local_sizes=(4096, 16384),
+                       iters=1, rounds=1)
+    collectives.QUICK_SIZES = (1024, 8192)
+    collectives.QUICK["iters"], collectives.QUICK["rounds"] = 1, 1
+    local_kernels.QUICK_SHAPES.update(gemm=((32, 32, 32),), gemv=((256, 256),),
+                                      attention=(("mha", 1, 2, 2, 32, 64, False), ("decode", 1, 4, 2, 64, 64, False)))
+    try:
+        status = suite.main_all(["--quick", "--out", str(out), "--csv", "--tune", str(out / "t.tuning.json")])
+    finally:
+        probe.QUICK.clear()
+        probe.QUICK.update(saved[0])
+        collectives.QUICK_SIZES = saved[1]
+        collectives.QUICK.update(saved[2])
+        local_kernels.QUICK_SHAPES.clear()
+        local_kernels.QUICK_SHAPES.update(saved[3])
+    assert status == 0
+    if world.rank == 0:
+        names = {p.name for p in out.iterdir()}
+        for family in ("links", "collectives", "gemm", "gemv", "attention"):
+            assert {f"{family}.jsonl", f"{family}.txt", f"{family}.csv"} <= names, (family, sorted(names))
+        assert {"links-matrix.png", "collectives-all_to_all-float32.png", "gemm-gemm.png",
+                "attention-decode_attention.png", "calibration.toml", "topology.toml", "summary.txt",
+                "t.tuning.json"} <= names
+        rows = [json.loads(line) for line in (out / "collectives.jsonl").read_text().splitlines()]
+        assert {r["op"] for r in rows} == set(collectives.OPS) and all(r["wrong"] == 0 for r in rows)
+        ours = [r for r in rows if r["path"].startswith("xelink:")]
+        # Priced with the calibration the links family measured in the same launch.
+        assert all(r["predicted_us"] > 0 and r["extra"]["model"]["calibration"].endswith("-probed") for r in ours)
+        assert rows[0]["manifest"]["extra"]["family"] == "collectives"
+        summary = (out / "summary.txt").read_text()
+        assert "gpu-collectives  skipped: needs one CUDA GPU per rank" in summary
+        assert summary.count(" ok (") == 5

@@ -1,0 +1,131 @@
+"""The suite's output and argument handling without ranks: plots, CSV, the families' options, the CLI."""
+import csv
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from xelink.bench import make_row, plots, suite
+from xelink.bench.harness import Progress
+from xelink.bench.links import format_matrix, matrices
+from xelink.bench.probe import Fit
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _sweep_rows():
+    rows = []
+    for size in (1024, 65536, 1 << 20):
+        t = 20e-6 + size / 2e9
+        base = make_row("all_reduce", "mpi:all_reduce", [t * 1.5], size_bytes=size, count=size // 4, dtype="float32",
+                        nranks=4)
+        rows.append(make_row("all_reduce", "xelink:ring", [t], size_bytes=size, count=size // 4, dtype="float32",
+                             nranks=4, baseline="mpi:all_reduce", baseline_samples=[t * 1.5], predicted_us=t * 0.9e6))
+        rows.append(base)
+    return rows
+
+
+def _png(path):
+    data = path.read_bytes()
+    return data[:8] == PNG and len(data) > 5000
+
+
+def test_plot_sweep_writes_one_png_per_op(tmp_path):
+    written = plots.plot_sweep(_sweep_rows(), tmp_path / "p", "collectives")
+    assert [p.name for p in written] == ["collectives-all_reduce-float32.png"]
+    assert _png(written[0])
+
+
+def test_plot_kernels_and_the_link_heatmap(tmp_path):
+    rows = [make_row("gemm", path, [1e-3], size_bytes=10, count=4, dtype="bfloat16", nranks=1,
+                     baseline=None if path == "torch:matmul" else "torch:matmul",
+                     baseline_samples=None if path == "torch:matmul" else [2e-3], extra={"shape": shape, "gflops": 3.0})
+            for shape in ("128x128x128", "256x256x256") for path in ("xelink:reference", "torch:matmul")]
+    (png,) = plots.plot_kernels(rows, tmp_path, "gemm")
+    assert png.name == "gemm-gemm.png" and _png(png)
+    pairs = [{"pair": [0, 1], "latency_us": 12.5, "fit": Fit(1.0, 3.25, ())},
+             {"pair": [1, 2], "latency_us": 20.0, "fit": Fit(1.0, 1.5, ())}]
+    lat, bw = matrices(3, pairs)
+    assert lat[1][0] == 12.5 and bw[2][1] == 1.5 and lat[0][2] is None and lat[1][1] is None
+    heat = plots.plot_link_matrix(lat, bw, tmp_path / "links-matrix.png", "links")
+    assert _png(heat)
+    text = format_matrix(lat, "latency", ".1f")
+    assert text.splitlines()[2].split() == ["0", "-", "12.5", "-"]
+
+
+def test_size_labels():
+    assert [plots.size_label(s) for s in (8, 1024, 1536, 1 << 20, 3 << 30)] == ["8", "1K", "1.5K", "1M", "3G"]
+
+
+def test_progress_prints_a_line_per_step_on_rank_0_only(capsys):
+    p = Progress("collectives", 2)
+    p.step("all_reduce 1 KiB")
+    quiet = Progress("collectives", 2, show=False)
+    quiet.step("x")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("[collectives 1/2") and err[0].endswith("] all_reduce 1 KiB")
+    assert quiet.done == 1
+
+
+def _ctx(tmp_path, family, argv):
+    args = suite.family_parser(family).parse_args(argv)
+    return suite.Context(SimpleNamespace(rank=0, size=1), family, args)
+
+
+def test_outputs_table_jsonl_csv_and_plots(tmp_path, capsys):
+    ctx = _ctx(tmp_path, "collectives", ["--out", str(tmp_path), "--csv", "--plots"])
+    ctx.manifest = lambda extra=None: {"family": "collectives"}
+    suite.write_outputs(ctx, _sweep_rows())
+    out = capsys.readouterr().out
+    assert "pred/meas" in out.splitlines()[0] and "xelink:ring" in out
+    lines = (tmp_path / "collectives.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0])["manifest"] == {"family": "collectives"}
+    with open(tmp_path / "collectives.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert len(got) == 6 and got[0]["path"] == "xelink:ring" and float(got[0]["predicted_us"]) > 0
+    assert (tmp_path / "collectives.txt").read_text().startswith("op ")
+    assert _png(tmp_path / "collectives-all_reduce-float32.png")
+
+
+def test_family_options():
+    args = suite.family_parser("collectives").parse_args(["--quick", "--sizes", "1K", "2M", "--csv", "x.csv"])
+    assert args.quick and args.sizes == [1024, 2 << 20] and args.csv == "x.csv" and args.plots is None
+    args = suite.family_parser("links").parse_args(["--plots", "figs", "--topology-out", "t.toml"])
+    assert args.plots == "figs" and args.topology_out == "t.toml" and args.csv is None
+    with pytest.raises(SystemExit):
+        suite.family_parser("collectives").parse_args(["--ops", "all_to_none"])
+    argv = suite._family_argv("collectives", SimpleNamespace(quick=True, csv=False, no_plots=False, plots=None,
+                                                              calibration=None, topology=None, tune="t.json"),
+                              suite.Path("res"))
+    assert argv[:3] == ["--out", "res", "--quick"] and argv[-2:] == ["--tune", "t.json"]
+
+
+def _xelink(*args):
+    return subprocess.run([sys.executable, "-m", "xelink", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_family_is_skipped_on_cpu_with_the_reason():
+    r = _xelink("bench", "gpu-collectives")
+    assert r.returncode == 2 and "gpu-collectives: skipped: needs one CUDA GPU per rank" in r.stderr
+
+
+def test_gpu_options_are_refused_by_the_cpu_reference_run():
+    r = _xelink("bench", "attention", "--impl", "hopper")
+    assert r.returncode != 0 and "unrecognized arguments" in r.stderr and "--impl hopper" in r.stderr
+
+
+def test_all_refuses_an_unknown_family():
+    r = _xelink("bench", "all", "--only", "links,gemmm")
+    assert r.returncode == 2 and "unknown families ['gemmm']" in r.stderr
+
+
+def test_python_m_xelink_bench_runs_a_kernel_family(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "xelink.bench", "gemv", "--quick", "--iters", "1", "--rounds", "1",
+                        "--out", str(tmp_path), "--csv", "--plots"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "[gemv 2/2" in r.stderr and "xelink:reference" in r.stdout
+    rows = [json.loads(line) for line in (tmp_path / "gemv.jsonl").read_text().splitlines()]
+    assert {row["dtype"] for row in rows} == {"bf16", "w8a16", "w4a16"} and all(row["wrong"] == 0 for row in rows)
+    assert (tmp_path / "gemv.csv").is_file() and _png(tmp_path / "gemv-gemv.png")

@@ -1,0 +1,322 @@
+"""The benchmark suite: ``xelink bench <family>`` for one family, ``xelink bench all`` for every family
+this machine can run, in one launch, into one results folder.
+
+Families (each a module of ``xelink.bench`` with ``add_arguments(parser, family)`` and
+``run(ctx, family) -> rows``):
+
+- ``links``: latency and bandwidth between every pair of ranks (a matrix, from the probe's ping-pong),
+  the calibrated topology and the probe's calibration (CPU ranks).
+- ``collectives``: every op x algorithm over a size sweep next to MPI's own collective, with the cost
+  model's prediction beside each row.
+- ``gemm``, ``gemv``, ``attention``: on CPU the kernels' reference paths against torch at small shapes;
+  on CUDA the GPU kernel benchmarks (``kernels.py``, ``attention.py``).
+- ``gpu-collectives``: xelink's GPU collectives against NCCL and torch symmetric memory (CUDA only).
+
+Output, rank 0 only: the table on stdout, a progress line per step on stderr, and with ``--out DIR``
+(``all``: always) ``<family>.jsonl`` (rows with the run manifest) and ``<family>.txt`` (the table);
+``--csv`` adds ``<family>.csv``; ``--plots`` PNGs (``all``: always, into the results folder).
+Run under a launcher for several ranks: ``mpiexec -n 4 xelink bench all --quick --out results``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import io
+import sys
+import time
+from pathlib import Path
+
+from .harness import JsonlWriter, Progress, Row, format_table, manifest, read_jsonl, write_csv
+
+__all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "family_parser", "main", "main_all",
+           "plots_dir", "rows_of_jsonl", "write_outputs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A benchmark family: its module (``add_arguments``/``run``), what it needs, and its plot kind."""
+
+    name: str
+    module: str
+    summary: str
+    cuda_only: bool = False
+    plot: str = "sweep"  # "sweep" (lines versus size), "kernels" (bars per shape) or "links" (its own)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("links", "links", "latency and bandwidth between every pair of ranks (matrix, heatmap, measured "
+                             "topology TOML, probe calibration)", plot="links"),
+    Family("collectives", "collectives", "every collective op x algorithm over a size sweep vs MPI's own, with "
+                                         "the cost model's prediction"),
+    Family("gemm", "local_kernels", "GEMM: reference path vs torch.matmul on CPU; Triton kernels on CUDA",
+           plot="kernels"),
+    Family("gemv", "local_kernels", "GEMV bf16/W8A16/W4A16: reference path vs torch.matmul on CPU; Triton on CUDA",
+           plot="kernels"),
+    Family("attention", "local_kernels", "flash/decode attention: reference path vs SDPA on CPU; Triton on CUDA",
+           plot="kernels"),
+    Family("gpu-collectives", "gpu_family", "GPU collectives vs NCCL and torch symmetric memory",
+           cuda_only=True),
+)}
+# ``all`` runs links first (its calibration prices the collectives) and gpu-collectives last (its
+# benchmark ends the xelink world it runs in; the suite starts a new one only if more were to follow).
+ALL_ORDER = ("links", "collectives", "gemm", "gemv", "attention", "gpu-collectives")
+# How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
+# compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
+SOLO_WAIT_S = 3 * 3600.0
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every family takes: --quick, --out, --jsonl, --csv, --plots."""
+    g = p.add_argument_group("output (rank 0)")
+    g.add_argument("--quick", action="store_true", help="fewer sizes, shapes and samples (the quick suite)")
+    g.add_argument("--out", metavar="DIR", help="results folder: <family>.jsonl and <family>.txt (and CSV, plots)")
+    g.add_argument("--jsonl", metavar="PATH", help="write the rows (with the run manifest) here (default with "
+                                                   "--out: DIR/<family>.jsonl)")
+    g.add_argument("--csv", nargs="?", const=True, default=None, metavar="PATH",
+                   help="also write the rows as CSV (PATH, else DIR/<family>.csv, else ./<family>.csv)")
+    g.add_argument("--plots", nargs="?", const=True, default=None, metavar="DIR",
+                   help="write PNG plots into DIR (default: the --out folder, else the current folder)")
+
+
+def family_parser(name: str) -> argparse.ArgumentParser:
+    """The argument parser of ``xelink bench <name>``."""
+    fam = FAMILIES[name]
+    p = argparse.ArgumentParser(prog=f"xelink bench {name}", description=fam.summary)
+    _module(fam).add_arguments(p, name)
+    add_output_arguments(p)
+    return p
+
+
+def _module(fam: Family):
+    return importlib.import_module(f".{fam.module}", __package__)
+
+
+class Context:
+    """What a family's ``run`` gets: the world, its parsed options, progress and the output places.
+
+    Attributes:
+        world: the xelink world communicator.
+        family: the family's name.
+        args: its parsed options (``family_parser``), ``rest`` the arguments it passes on to a GPU benchmark.
+        out: the results folder, or None.
+        notes: lines printed under the table and kept in ``<family>.txt``.
+        delegated: set by a family whose rows a GPU benchmark wrote itself (JSONL not written again).
+    """
+
+    def __init__(self, world, family: str, args, rest=(), out=None):
+        self.world, self.family, self.args, self.rest = world, family, args, list(rest)
+        self.lead = world.rank == 0  # kept: a GPU benchmark may end the world before the outputs are written
+        self.out = Path(out) if out else (Path(args.out) if args.out else None)
+        self.notes: list[str] = []
+        self.delegated = False
+        self.failed = False
+        self.header = ""
+
+    @property
+    def quick(self) -> bool:
+        return bool(self.args.quick)
+
+    def progress(self, total: int | None) -> Progress:
+        return Progress(self.family, total, show=self.lead)
+
+    def path(self, suffix: str) -> Path | None:
+        """``<out>/<family><suffix>``, or None without a results folder."""
+        return None if self.out is None else self.out / f"{self.family}{suffix}"
+
+    def solo(self, fn):
+        """Run ``fn()`` on rank 0 alone (single-device work) while the other ranks wait; its result on rank 0.
+
+        Collective: every rank of the world must call this.
+        """
+        result = fn() if self.lead else None
+        if self.world.size > 1:
+            self.world.barrier(timeout=SOLO_WAIT_S)
+        return result
+
+    def manifest(self, extra=None) -> dict:
+        return manifest(self.world, extra={"family": self.family, "quick": self.quick, **(extra or {})})
+
+
+def rows_of_jsonl(path) -> list[Row]:
+    """The rows of a JSON Lines file a benchmark wrote (empty if it does not exist)."""
+    path = Path(path)
+    return [Row.from_dict(d) for d in read_jsonl(path)] if path.is_file() else []
+
+
+def _csv_path(ctx: Context) -> Path | None:
+    value = ctx.args.csv
+    if value is None:
+        return None
+    if value is True:
+        return ctx.path(".csv") or Path(f"{ctx.family}.csv")
+    return Path(value)
+
+
+def plots_dir(ctx: Context) -> Path | None:
+    value = ctx.args.plots
+    if value is None:
+        return None
+    if value is True:
+        return ctx.out or Path(".")
+    return Path(value)
+
+
+def write_outputs(ctx: Context, rows: list[Row], extra_manifest=None) -> None:
+    """Print the table and write what the options ask for. Rank 0 only."""
+    fam = FAMILIES[ctx.family]
+    text = io.StringIO()
+    if ctx.header:
+        print(ctx.header, file=text)
+    if rows:
+        print(format_table(rows), file=text)
+    for note in ctx.notes:
+        print(note, file=text)
+    table = text.getvalue().rstrip("\n")
+    if table:
+        print(table, flush=True)
+    written = []
+    if ctx.out is not None:
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        ctx.path(".txt").write_text(table + "\n", encoding="utf-8")
+        written.append(ctx.path(".txt"))
+    jsonl = Path(ctx.args.jsonl) if ctx.args.jsonl else ctx.path(".jsonl")
+    if jsonl is not None and not ctx.delegated and rows:
+        with JsonlWriter(jsonl, ctx.manifest(extra_manifest)) as w:
+            for r in rows:
+                w.write(r)
+        written.append(jsonl)
+    csv = _csv_path(ctx)
+    if csv is not None and rows:
+        write_csv(rows, csv)
+        written.append(csv)
+    plots = plots_dir(ctx)
+    if plots is not None and rows and fam.plot != "links":
+        from . import plots as P
+
+        if not P.available():
+            print(f"{ctx.family}: plots skipped: matplotlib is not installed (pip install \"xelink[bench]\")",
+                  file=sys.stderr)
+        else:
+            plot = P.plot_kernels if fam.plot == "kernels" else P.plot_sweep
+            written += plot(rows, plots, ctx.family)
+    if written:
+        print(f"{ctx.family}: wrote {', '.join(map(str, written))}", file=sys.stderr)
+
+
+def _run_family(ctx: Context) -> tuple[str, list[Row]]:
+    """("ok" | "wrong" | "skipped: why", rows) of one family. Collective."""
+    fam = FAMILIES[ctx.family]
+    if fam.cuda_only and getattr(ctx.world.device, "type", "cpu") != "cuda":
+        why = f"skipped: needs one CUDA GPU per rank (this rank's device is {ctx.world.device})"
+        if ctx.lead:
+            print(f"{ctx.family}: {why}", file=sys.stderr)
+        return why, []
+    rows = _module(fam).run(ctx, ctx.family) or []
+    if ctx.lead:
+        write_outputs(ctx, rows)
+    bad = sum(max(r.wrong, 0) for r in rows)
+    return ("wrong" if bad or ctx.failed else "ok"), rows
+
+
+def main(name: str, argv=None) -> int:
+    """``xelink bench <name> [options]``: run one family. Returns the exit status (1 if a result was wrong,
+    2 if the family cannot run on this machine)."""
+    import xelink
+
+    fam = FAMILIES[name]
+    p = family_parser(name)
+    # The GPU benchmarks take options of their own (--impl, --sweep, ...): passed on to them unparsed.
+    args, rest = p.parse_known_args(argv) if getattr(_module(fam), "PASS_THROUGH", False) else (p.parse_args(argv), [])
+    world = xelink.init()
+    status, _ = _run_family(Context(world, name, args, rest))
+    xelink.finalize()
+    return 0 if status == "ok" else 2 if status.startswith("skipped") else 1
+
+
+def _all_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xelink bench all",
+                                description="every benchmark family this machine can run, in one launch, into "
+                                            "one results folder")
+    p.add_argument("--quick", action="store_true", help="the quick suite (under 2 minutes on 4 CPU ranks)")
+    p.add_argument("--out", metavar="DIR", default="xelink-results", help="results folder (default xelink-results)")
+    p.add_argument("--csv", action="store_true", help="also write <family>.csv")
+    p.add_argument("--plots", metavar="DIR", help="write the PNG plots here (default: the results folder)")
+    p.add_argument("--no-plots", action="store_true", help="write no plots")
+    p.add_argument("--tune", metavar="PATH", help="write the tuning table of the collectives (and, on CUDA, the GPU "
+                                                  "collectives) here")
+    p.add_argument("--calibration", metavar="PATH", help="price the collectives with this probe calibration "
+                                                         "(default: the one the links family measures)")
+    p.add_argument("--topology", metavar="PATH", help="with --calibration: the probe's calibrated topology")
+    p.add_argument("--only", metavar="FAMILIES", help=f"comma-separated subset of {','.join(ALL_ORDER)}")
+    return p
+
+
+def _family_argv(name: str, args, out: Path) -> list[str]:
+    argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--csv"] if args.csv else [])
+    if not args.no_plots:
+        argv += ["--plots", str(args.plots or out)]
+    if name == "links":
+        argv += ["--topology-out", str(out / "topology.toml")]
+        if not args.calibration:
+            argv += ["--calibration-out", str(out / "calibration.toml")]
+    if name == "collectives":
+        cal = args.calibration or (out / "calibration.toml")
+        if Path(cal).is_file():
+            argv += ["--calibration", str(cal)]
+        topo = args.topology or (None if args.calibration else out / "topology.toml")
+        if topo is not None and Path(topo).is_file():
+            argv += ["--topology", str(topo)]
+    if name in ("collectives", "gpu-collectives") and args.tune:
+        argv += ["--tune", args.tune]
+    return argv
+
+
+def main_all(argv=None) -> int:
+    """``xelink bench all``: every family this machine can run, in order, into one results folder.
+
+    Families that need a CUDA GPU are skipped on other machines with the reason. Returns 1 if any result
+    was wrong, else 0.
+    """
+    import xelink
+
+    args = _all_parser().parse_args(argv)
+    names = ALL_ORDER
+    if args.only:
+        names = tuple(n.strip() for n in args.only.split(",") if n.strip())
+        unknown = sorted(set(names) - set(ALL_ORDER))
+        if unknown:
+            _all_parser().error(f"--only: unknown families {unknown} (choose from {', '.join(ALL_ORDER)})")
+    if args.topology and not args.calibration:
+        _all_parser().error("--topology needs --calibration (without both, the links family measures them)")
+    out = Path(args.out)
+    world = xelink.init()
+    lead = world.rank == 0
+    where = f"{world.size} rank(s) ({world.launch.launcher}, device {world.device})"
+    if lead:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"# xelink bench all{' --quick' if args.quick else ''}: {world.size} rank(s), {world.launch.launcher}, "
+              f"device {world.device}; results in {out}/", flush=True)
+    start = time.perf_counter()
+    status = {}
+    for i, name in enumerate(names):
+        if world is None:  # a GPU benchmark ended the world it ran in
+            world = xelink.init()
+        if lead:
+            print(f"\n## {name}: {FAMILIES[name].summary}", flush=True)
+        fargs = family_parser(name).parse_args(_family_argv(name, args, out))
+        t0 = time.perf_counter()
+        status[name], _ = _run_family(Context(world, name, fargs))
+        status[name] += f" ({time.perf_counter() - t0:.1f} s)"
+        if name == "gpu-collectives" and not status[name].startswith("skipped"):
+            world = None
+    total = time.perf_counter() - start
+    if lead:
+        lines = [f"xelink bench all{' --quick' if args.quick else ''} on {where}: {total:.1f} s"] + [f"  {n:<16} {s}" for n, s in status.items()]
+        summary = "\n".join(lines)
+        print("\n" + summary)
+        (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
+    if world is not None:
+        xelink.finalize()
+    return 1 if any(s.startswith("wrong") for s in status.values()) else 0
+
