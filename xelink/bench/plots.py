@@ -14,7 +14,10 @@ from .harness import Row
 
 __all__ = ["available", "plot_sweep", "plot_kernels", "plot_link_matrix", "size_label"]
 
-# Baselines are drawn black and dashed, xelink's paths in these colours (colour-blind safe).
+# Baselines are drawn black/grey and dashed, xelink's paths in these colours (colour-blind safe).
+_BASELINE_STYLES = (dict(color="black", linestyle="--", linewidth=2.2, marker="s"),
+                    dict(color="#606060", linestyle="-.", linewidth=2.0, marker="^"),
+                    dict(color="#8C564B", linestyle="--", linewidth=1.8, marker="D"))
 _COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#7F7F7F")
 
 
@@ -65,7 +68,8 @@ def _save(fig, path: Path) -> Path:
 
 
 def plot_sweep(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
-    """One PNG per (op, dtype): time (log-log) and bandwidth versus size, a line per path.
+    """One PNG per (op, dtype, and ``extra["mode"]`` where rows have one: eager / CUDA graph): time
+    (log-log) and bandwidth versus size, a line per path.
 
     Baselines (paths not ``xelink*``) are black and dashed; a path's cost-model prediction, where rows
     carry one, is a dotted line of the same colour. The bandwidth panel shows busbw where the op has
@@ -74,7 +78,7 @@ def plot_sweep(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
     Args:
         rows: result rows of a sweep (several sizes per path).
         outdir: the folder to write to (created).
-        prefix: the start of each file name (``<prefix>-<op>-<dtype>.png``).
+        prefix: the start of each file name (``<prefix>-<op>-<dtype>[-<mode>].png``).
 
     Returns:
         the files written.
@@ -82,19 +86,19 @@ def plot_sweep(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
     plt = _pyplot()
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r.op, r.dtype), []).append(r)
+        groups.setdefault((r.op, r.dtype, r.extra.get("mode")), []).append(r)
     written = []
-    for (op, dtype), got in groups.items():
+    for (op, dtype, mode), got in groups.items():
         paths = list(dict.fromkeys(r.path for r in got))
         fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))
         bus = any(r.busbw_GBps is not None for r in got)
-        colour = iter(_COLOURS * 4)
+        colour, base_style = iter(_COLOURS * 4), iter(_BASELINE_STYLES * 4)
         for path in paths:
             mine = sorted((r for r in got if r.path == path), key=lambda r: r.size_bytes)
             x = [r.size_bytes for r in mine]
             base = _is_baseline(mine[0])
-            style = dict(color="black", linestyle="--", linewidth=2.2, marker="s") if base else \
-                dict(color=next(colour), linestyle="-", linewidth=1.6, marker="o")
+            style = dict(next(base_style)) if base else dict(color=next(colour), linestyle="-", linewidth=1.6,
+                                                              marker="o")
             ax_t.plot(x, [r.time_us for r in mine], label=path + (" (baseline)" if base else ""), **style)
             bw = [(r.busbw_GBps if bus else r.algbw_GBps) for r in mine]
             ax_b.plot(x, [math.nan if v is None else v for v in bw], **style)
@@ -116,9 +120,10 @@ def plot_sweep(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
         ax_t.set_title("latency (lower is better)")
         ax_b.set_ylabel(("busbw" if bus else "algbw") + " (GB/s)")
         ax_b.set_title("bandwidth (higher is better)")
-        fig.suptitle(f"{op}: {n} rank(s), {dtype}", fontsize=13)
+        fig.suptitle(f"{op}: {n} rank(s), {dtype}" + (f", {mode}" if mode else ""), fontsize=13)
         _legend_under(fig, ax_t)
-        written.append(_save(fig, Path(outdir) / f"{_safe(prefix)}-{_safe(op)}-{_safe(dtype)}.png"))
+        name = "-".join(_safe(str(part)) for part in (prefix, op, dtype, mode) if part)
+        written.append(_save(fig, Path(outdir) / f"{name}.png"))
     return written
 
 
@@ -158,6 +163,16 @@ def _blank():
     return Line2D([], [], linestyle="none")
 
 
+def _shape(row: Row) -> str:
+    """A kernel row's shape label: ``extra["shape"]``, else its B/S/D fields (attention), else its size."""
+    e = row.extra
+    if e.get("shape"):
+        return str(e["shape"])
+    if all(k in e for k in ("B", "S", "D")):
+        return " ".join(str(x) for x in (e.get("case", ""), f"B={e['B']}", f"S={e['S']}", f"D={e['D']}") if x)
+    return size_label(row.size_bytes)
+
+
 def _rate(row: Row) -> tuple[float | None, str]:
     """A kernel row's throughput and unit: GFLOP/s where it records FLOPs, else GB/s."""
     e = row.extra
@@ -182,7 +197,7 @@ def plot_kernels(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
     written = []
     for op, got in groups.items():
         def category(r):
-            return f"{r.extra.get('shape', r.size_bytes)} {r.dtype}"
+            return f"{_shape(r)} {r.dtype}"
 
         shapes = list(dict.fromkeys(category(r) for r in got))
         paths = list(dict.fromkeys(r.path for r in got))
@@ -190,8 +205,12 @@ def plot_kernels(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
         styles = {p: dict(color="#404040", hatch="//", edgecolor="white") if not p.startswith("xelink")
                   else dict(color=next(colours)) for p in paths}
         unit = _rate(got[0])[1]
-        fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(max(12, 1.3 * len(shapes) + 6), 5.4))
+        top = max((_rate(r)[0] or 0) for r in got)
+        scale = 1e3 if top >= 1e4 else 1.0  # GFLOP/s -> TFLOP/s, GB/s -> TB/s on GPUs
+        unit = {"GFLOP/s": "TFLOP/s", "GB/s": "TB/s"}[unit] if scale > 1 else unit
+        fig, (ax_s, ax_r) = plt.subplots(1, 2, figsize=(min(22, max(12, 1.3 * len(shapes) + 6)), 5.4))
         labelled = set()
+        bars = sum(1 for r in got if r.ratio is not None)  # a tuning sweep has too many bars to label each
         for j, shape in enumerate(shapes):
             mine = [r for r in got if category(r) == shape]  # only the paths this shape has, side by side
             ours = [r for r in mine if r.ratio is not None]
@@ -202,13 +221,14 @@ def plot_kernels(rows: Iterable[Row], outdir, prefix: str) -> list[Path]:
                 if r.path not in labelled:
                     labelled.add(r.path)
                     label = r.path + ("" if r.path.startswith("xelink") else " (baseline)")
-                ax_r.bar(x, _rate(r)[0] or 0, width, label=label, **styles[r.path])
+                ax_r.bar(x, (_rate(r)[0] or 0) / scale, width, label=label, **styles[r.path])
             for i, r in enumerate(ours):
                 width = 0.8 / len(ours)
                 x = j + (i - (len(ours) - 1) / 2) * width
                 ax_s.bar(x, r.ratio, width, **styles[r.path])
-                ax_s.annotate(f"{r.ratio:.2f}x\n{r.time_us:.0f} µs", (x, r.ratio), ha="center", va="bottom",
-                              fontsize=8)
+                if bars <= 24:
+                    text = f"{r.ratio:.2f}x\n{r.time_us:.0f} µs" if bars <= 12 else f"{r.ratio:.2f}"
+                    ax_s.annotate(text, (x, r.ratio), ha="center", va="bottom", fontsize=8)
         ax_s.axhline(1.0, color="black", linestyle="--", linewidth=1.2)
         ax_s.set_ylim(0, max([r.ratio for r in got if r.ratio is not None] + [1.0]) * 1.25)
         for ax in (ax_s, ax_r):

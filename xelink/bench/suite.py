@@ -264,9 +264,11 @@ def _family_argv(name: str, args, out: Path) -> list[str]:
         cal = args.calibration or (out / "calibration.toml")
         if Path(cal).is_file():
             argv += ["--calibration", str(cal)]
-        topo = args.topology or (None if args.calibration else out / "topology.toml")
-        if topo is not None and Path(topo).is_file():
-            argv += ["--topology", str(topo)]
+            # The links family's topology goes with its calibration; on CUDA it measured device links
+            # (NCCL) and wrote no calibration, and those figures would misprice host collectives.
+            topo = args.topology or (None if args.calibration else out / "topology.toml")
+            if topo is not None and Path(topo).is_file():
+                argv += ["--topology", str(topo)]
     if name in ("collectives", "gpu-collectives") and args.tune:
         argv += ["--tune", args.tune]
     return argv
