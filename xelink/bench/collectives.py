@@ -243,17 +243,25 @@ def run(ctx, family: str = "collectives") -> list:
     if args.topology:
         topo = load(args.topology)
         placement = Placement(topo, placement.devices)
+    elif getattr(world.device, "type", "cpu") != "cpu" and cal is None:
+        # The job's topology then describes the GPUs' links; these collectives move host memory over the
+        # host transport, which it does not price: no prediction rather than a wrong one.
+        topo = None
     knobs = {"iters": 5, "rounds": 3, "warmup": 2, **(QUICK if ctx.quick else {})}
     knobs.update({k: getattr(args, k) for k in knobs if getattr(args, k) is not None})
     sizes = args.sizes or (QUICK_SIZES if ctx.quick else SIZES)
     rows = run_sweep(world, args.ops, sizes, getattr(torch, args.dtype), topology=topo, calibration=cal,
                      placement=placement, progress=ctx.progress(len(args.ops) * len(sizes)), **knobs)
     if ctx.lead:
-        model = f"topology {topo.name}" + (f" + calibration {cal.name}" if cal else " (links only: no calibration; "
-                                                                                  "`xelink bench links` measures one)")
-        ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}; ratio = baseline time / "
-                      f"xelink time (>1: xelink faster); pred = cost model ({model}), all_reduce with the copy-in; "
-                      f"pred/meas = predicted / measured")
+        if topo is None:
+            model = "no prediction: the job's topology describes its GPUs, these are host-memory collectives"
+        else:
+            model = "pred = cost model (topology " + topo.name + (
+                f" + calibration {cal.name}" if cal else ", links only: no calibration; `xelink bench links` "
+                                                         "measures one") + "), all_reduce with the copy-in; " \
+                "pred/meas = predicted / measured"
+        ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}, host tensors; ratio = "
+                      f"baseline time / xelink time (>1: xelink faster); {model}")
         if args.tune:
             from .tuning import build_table, fingerprint
 
