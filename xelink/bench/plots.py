@@ -22,12 +22,10 @@ _COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#
 
 
 def available() -> bool:
-    """Whether matplotlib can be imported (plots need it)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether matplotlib is installed (plots need it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pyplot():
