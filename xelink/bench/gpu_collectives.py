@@ -271,8 +271,9 @@ def main(argv=None) -> int:
             with JsonlWriter(out / "gpu_collectives.jsonl", manifest(world, " ".join(sys.argv))) as w:
                 for row in rows:
                     w.write(row)
+    wrong = sum(max(row.wrong, 0) for row in rows)  # -1: torch's unchecked in-place two-shot
     xelink.finalize()
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
