@@ -286,14 +286,10 @@ def loads_calibration(text: str, path: str | None = None, fn: str = "loads_calib
             source of a known kind, a device listed twice; the message names the file.
         TypeError: a field of the wrong type.
     """
-    from .topology import _toml_module
+    from .topology import parse_toml
 
-    tomllib = _toml_module()
     where = path or "<string>"
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{fn}: {where}: not valid TOML: {exc}") from None
+    data = parse_toml(text, where, fn)
     unknown = sorted(set(data) - _CAL_TOP_KEYS)
     if unknown:
         _cal_fail(where, fn, f"unknown key {unknown[0]!r} in the file (known: {', '.join(sorted(_CAL_TOP_KEYS))})")

@@ -280,15 +280,19 @@ def load(name_or_path: str | os.PathLike) -> Topology:
     return loads(res.read_text(encoding="utf-8"), path=f"{name_or_path}.toml", fn="load")
 
 
-def loads(text: str, path: str | None = None, fn: str = "loads") -> Topology:
-    """Parse and validate a topology from TOML text; ``path`` names it in error messages."""
+def parse_toml(text: str, where: str, fn: str) -> dict:
+    """TOML text as a dict; invalid TOML is a ``ValueError`` naming ``fn`` and ``where`` (the file)."""
     tomllib = _toml_module()
-    where = path or "<string>"
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{fn}: {where}: not valid TOML: {exc}") from None
-    return validate(_from_dict(data, where, fn), fn=fn, path=path)
+
+
+def loads(text: str, path: str | None = None, fn: str = "loads") -> Topology:
+    """Parse and validate a topology from TOML text; ``path`` names it in error messages."""
+    where = path or "<string>"
+    return validate(_from_dict(parse_toml(text, where, fn), where, fn), fn=fn, path=path)
 
 
 _TOP_KEYS = {"name", "description", "package_size", "device_defaults", "packages", "devices", "links"}
