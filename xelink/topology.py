@@ -36,7 +36,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from . import log
 

@@ -120,7 +120,7 @@ def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=
 
 def _decode(d=128, dtype="bfloat16"):
     def args():
-        B, HQ, HKV, SQ, SMAX, splits = 8, 32, 8, 1, 32768, 16
+        B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
         q = _contiguous(B, HQ, SQ, d)
         kv = _contiguous(B, HKV, SMAX, d)
         return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), *q, *kv, *kv,
