@@ -269,7 +269,28 @@ def _release(win) -> None:
 # Counters
 
 
-class PeerCounters:
+class _OnNode:
+    """Placement on the host that PeerCounters and PeerWindow share (both keep ``_node`` and ``_freed``)."""
+
+    @property
+    def node_rank(self) -> int:
+        return self._node.rank
+
+    @property
+    def node_size(self) -> int:
+        return self._node.size
+
+    @property
+    def node_ranks(self) -> list[int]:
+        """``node_ranks[i]``: node rank i's rank in ``comm``."""
+        return list(self._node.comm_ranks)
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+
+class PeerCounters(_OnNode):
     """Monotonic per-rank counters in shared memory: a barrier and flags among one host's ranks.
 
     Memory-ordering argument (why plain loads and stores suffice, with no read-modify-write):
@@ -325,24 +346,6 @@ class PeerCounters:
         self._win.Sync()
         if self._own_node:
             _register(comm, self)
-
-    # -- placement ---------------------------------------------------------------------------
-    @property
-    def node_rank(self) -> int:
-        return self._node.rank
-
-    @property
-    def node_size(self) -> int:
-        return self._node.size
-
-    @property
-    def node_ranks(self) -> list[int]:
-        """``node_ranks[i]``: node rank i's rank in ``comm``."""
-        return list(self._node.comm_ranks)
-
-    @property
-    def freed(self) -> bool:
-        return self._freed
 
     # -- the memory barrier --------------------------------------------------------------------
     def _guard(self, wins) -> None:
@@ -522,7 +525,7 @@ class PeerCounters:
 # Windows
 
 
-class PeerWindow:
+class PeerWindow(_OnNode):
     """One shared-memory segment per rank of ``comm`` on this host, readable and writable by all of them.
 
     Args:
@@ -568,26 +571,9 @@ class PeerWindow:
         self.counters._guard([self.counters._win, self._win])
         _register(comm, self)
 
-    # -- placement ---------------------------------------------------------------------------
-    @property
-    def node_ranks(self) -> list[int]:
-        return list(self._node.comm_ranks)
-
-    @property
-    def node_rank(self) -> int:
-        return self._node.rank
-
-    @property
-    def node_size(self) -> int:
-        return self._node.size
-
     @property
     def spans_comm(self) -> bool:
         return self._node.size == self.comm.size
-
-    @property
-    def freed(self) -> bool:
-        return self._freed
 
     def node_index(self, comm_rank: int) -> int:
         """The node rank of ``comm_rank`` (ValueError if that rank is not on this host)."""
