@@ -26,9 +26,9 @@ try:
 except ImportError:  # CPU-only installs: the GPU collectives report that Triton is missing
     triton = None
 
-__all__ = ["Kernel", "Bound", "OPS", "ACC_TYPES", "acc_type", "available"]
+__all__ = ["Kernel", "Bound", "acc_type", "available"]
 
-OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3, "prod": 4}
+# OP codes of the kernels: collectives/gpu.py's _OPS (sum 0, avg 1, max 2, min 3, prod 4).
 _MAXW = 8      # MAX_WORLD of transport/cuda.py
 _MAXB = 1024   # MAX_BLOCKS of transport/cuda.py
 
@@ -275,13 +275,13 @@ if triton is not None:
     KERNELS = {"direct_all_reduce": _direct_all_reduce, "two_shot_all_reduce": _two_shot_all_reduce,
                "gather": _gather, "reduce_scatter": _reduce_scatter, "barrier": _barrier_kernel}
 
-_TL_ACC = {torch.float16: "fp32", torch.bfloat16: "fp32", torch.float32: "fp32", torch.float64: "fp64",
-           torch.int32: "int32", torch.int64: "int64"}
-ACC_TYPES = tuple(_TL_ACC)
+# Accumulation type per data type: half types reduce in float32.
+_ACC = {torch.float16: "float32", torch.bfloat16: "float32", torch.float32: "float32", torch.float64: "float64",
+        torch.int32: "int32", torch.int64: "int64"}
 
 
 def acc_type(dtype: torch.dtype):
-    return getattr(tl, {"fp32": "float32", "fp64": "float64", "int32": "int32", "int64": "int64"}[_TL_ACC[dtype]])
+    return getattr(tl, _ACC[dtype])
 
 
 class _Ptr:
@@ -307,8 +307,7 @@ class Kernel:
     """One collective kernel of one team with fixed meta-parameters.
 
     ``kernel.bind(**dynamic)`` fixes the arguments that vary between calls (data addresses, counts,
-    strides, the deadline) and returns a ``Bound`` launch; ``kernel(stream, **dynamic)`` binds and
-    launches once.
+    strides, the deadline) and returns a ``Bound`` launch.
     """
 
     def __init__(self, name: str, team, dtype: torch.dtype, num_warps: int = 8, **consts):
@@ -333,9 +332,6 @@ class Kernel:
         for name, value in dynamic.items():
             args[self._slots[name]] = value
         return Bound(self, args, tuple(map(_spec, dynamic.values())))
-
-    def __call__(self, stream: int, **dynamic) -> None:
-        self.bind(**dynamic)(stream)
 
 
 class Bound:
