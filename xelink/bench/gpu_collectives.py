@@ -84,20 +84,17 @@ def _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm):
     return variants
 
 
-def _time(world, fn, calls, rounds, per=None):
-    """Seconds per op of ``calls`` back-to-back ``fn()`` (each doing ``per`` ops, default 1), max over ranks."""
-    out = []
+def _time(world, fn, calls, per=1):
+    """Seconds per op of ``calls`` back-to-back ``fn()`` (each doing ``per`` ops), max over ranks."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        world.barrier()
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        out.append(max(world.allgather_object(start.elapsed_time(end) / 1e3 / calls / (per or 1))))
-    return out
+    torch.cuda.synchronize()
+    world.barrier()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return max(world.allgather_object(start.elapsed_time(end) / 1e3 / calls / per))
 
 
 def _host_us(fn, calls=200):
@@ -140,7 +137,7 @@ def _measure(world, op, nbytes, count, dtype, variants, *, calls, rounds, graph,
         samples = {name: [] for name in table}
         for _ in range(rounds):
             for name, fn in table.items():
-                samples[name] += _time(world, fn, calls if mode == "eager" else 5, 1, per)
+                samples[name].append(_time(world, fn, calls if mode == "eager" else 5, per))
         timed[mode] = samples
     host = {name: _host_us(fn) for name, fn in fns.items()}
     torch.cuda.synchronize()
