@@ -235,8 +235,8 @@ if triton is not None:
             hi = ((q >> 4) | MAGIC).to(x_dtype, bitcast=True)
         return lo, hi
 
-    @triton.jit(do_not_specialize=["M", "K_PER_SPLIT"])
-    def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+    @triton.jit(do_not_specialize=["M", "K_STEPS"])
+    def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_STEPS,
                      stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr,
@@ -248,8 +248,11 @@ if triton is not None:
         rn_safe = tl.minimum(rn, N - 1)
         rm = tl.arange(0, BLOCK_M)
         m_ok = rm < M
-        k_lo = pid_s * K_PER_SPLIT
-        k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+        # A split is K_STEPS whole BLOCK_K tiles: k_lo is then a multiple of BLOCK_K that the compiler can
+        # see, so the loads stay 16 bytes wide (a split length passed as an unspecialized integer made
+        # every load scalar).
+        k_lo = pid_s * K_STEPS * BLOCK_K
+        k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if FMT == 2:
@@ -326,8 +329,8 @@ if triton is not None:
             else:
                 tl.store(ptrs, total.to(y_ptr.dtype.element_ty), mask=rn < N)
 
-    @triton.jit(do_not_specialize=["K_PER_SPLIT"])
-    def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_PER_SPLIT,
+    @triton.jit(do_not_specialize=["K_STEPS"])
+    def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
                          PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -335,13 +338,16 @@ if triton is not None:
         # by hand: a 3-D accumulator makes Triton shuffle layouts every step), reduced once at the end.
         # No shared memory and small tiles keep many programs, and their loads, in flight per SM;
         # PREFETCH issues the next tile's load before this tile's arithmetic (two tiles in flight).
-        # W4A16 steps by whole 128-column groups (K and K_PER_SPLIT are multiples of 128): no K masks.
+        # W4A16 steps by whole 128-column groups (K and BLOCK_K are multiples of 128): no K masks.
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rn_safe = tl.minimum(rn, N - 1)  # rows past N re-read row N-1: no mask, loads stay wide
-        k_lo = pid_s * K_PER_SPLIT
-        k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+        # A split is K_STEPS whole BLOCK_K tiles: k_lo is then a multiple of BLOCK_K that the compiler can
+        # see, so the loads stay 16 bytes wide (a split length passed as an unspecialized integer made
+        # every load scalar).
+        k_lo = pid_s * K_STEPS * BLOCK_K
+        k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         KW: tl.constexpr = 64 if FMT == 2 else BLOCK_K
         a0 = tl.zeros((BLOCK_N, KW), dtype=tl.float32)
         a1 = a0
@@ -517,7 +523,7 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
     if kernel == "fma":
         cfg.setdefault("PREFETCH", False)
-        _gemv_fma_kernel[grid](*common, N, K, per_split, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
+        _gemv_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
                                PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **cfg)
     else:
         cfg.pop("PREFETCH", None)
@@ -525,7 +531,7 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
             magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
         else:
             magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
-        _gemv_kernel[grid](*common, M, N, K, per_split, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
+        _gemv_kernel[grid](*common, M, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
                            PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **cfg)
     if split > 1:
         block = 1024
