@@ -185,14 +185,29 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
 
 
 def _gemv_sweep(N: int, K: int, fmt: str, M: int):
-    """Tuning variants of gemv's config (KERNEL, BLOCK_N, BLOCK_K, num_warps, PREFETCH, SPLIT_K) for 1 row:
-    the default tiles with the next tile's load issued early, and one other tile each."""
-    if M > 4:
-        return
-    tiles = {"bf16": [(2, 1024, 4), (8, 1024, 4)], "w8a16": [(8, 2048, 4), (2, 2048, 4)],
-             "w4a16": [(64, 128, 8), (16, 128, 4)]}[fmt]
-    for bn, bk, warps in tiles:
-        yield dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, PREFETCH=True, SPLIT_K=1)
+    """Tuning variants of gemv's config: CUDA-core (``fma``) and tensor-core (``mma``) tiles
+    (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the smallest power-of-two K split that gives
+    two programs a multiprocessor (the split's partial sums cost a second launch)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fma = {"bf16": [(2, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 2), (4, 512, 4, 3), (8, 512, 4, 3),
+                    (8, 1024, 8, 2)],
+           "w8a16": [(8, 2048, 4, 1), (4, 1024, 4, 3), (8, 1024, 4, 2), (16, 512, 4, 3)],
+           "w4a16": [(16, 128, 4, 1), (64, 128, 8, 1), (16, 128, 4, 3), (32, 128, 4, 3)]}[fmt]
+    mma = {"bf16": [(16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3),
+                    (64, 256, 4, 3), (64, 128, 4, 4)],
+           "w8a16": [(16, 256, 4, 3), (32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (64, 256, 4, 3)],
+           "w4a16": [(16, 512, 4, 3), (32, 512, 4, 3), (64, 512, 4, 3), (64, 512, 4, 1), (32, 512, 4, 1)]}[fmt]
+    if M > 4 and fmt != "bf16":
+        fma = []  # 8 FMAs a weight: the CUDA cores cannot keep up with quantized weights
+    for kernel, tiles in (("fma", fma), ("mma", mma)):
+        for bn, bk, warps, stages in tiles:
+            programs, split = -(-N // bn), 1
+            while programs * split < 2 * sms and K // (bk * split) >= 4:
+                split *= 2
+            cfg = dict(KERNEL=kernel, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, SPLIT_K=split)
+            if kernel == "fma":
+                cfg["PREFETCH"] = False
+            yield cfg
 
 
 # -- RMSNorm / RoPE -----------------------------------------------------------------------------------
