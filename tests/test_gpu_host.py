@@ -137,3 +137,13 @@ def test_auto_takes_nccl_without_peer_memory_and_the_size_rule_with_it():
     if gpu._kernels().available():
         assert gpu._auto(one_host, "all_reduce", 1 << 10, torch.bfloat16) == "direct"
         assert gpu._auto(one_host, "all_reduce", 16 << 20, torch.bfloat16) == "two_shot"
+
+
+def test_an_ipc_failure_says_when_the_peers_gpus_are_hidden(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    hint = cuda._visibility_hint(2)
+    assert "sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=1)" in hint and "xelink-run --visible all" in hint
+    assert cuda._visibility_hint(1) == ""  # as many GPUs as ranks: nothing hidden to blame
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert cuda._visibility_hint(2) == ""

@@ -91,6 +91,17 @@ def test_bind_env_one_device_per_local_rank():
         run.bind_env("cuda", 2, {}, devices=2)
 
 
+def test_bind_env_can_leave_every_device_visible():
+    off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    # xelink.init then binds local rank r to device r itself; an inherited list is left as it is.
+    assert run.bind_env("cuda", 1, {}, visible="all") == off
+    assert run.bind_env("cuda", 1, {"CUDA_VISIBLE_DEVICES": "4,6"}, visible="all") == off
+    with pytest.raises(ValueError, match=r"local rank 2 would take device 2, but the host has 2 cuda device"):
+        run.bind_env("cuda", 2, {}, devices=2, visible="all")
+    with pytest.raises(ValueError, match=r"visible='some' is not one of one, all"):
+        run.bind_env("cuda", 0, {}, visible="some")
+
+
 def test_a_real_four_rank_run_through_the_wrapper():
     env = {**os.environ, "XELINK_MPIEXEC": ranks.mpiexec()}
     code = ("import os; print('rank', os.environ['PMI_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], "
@@ -102,6 +113,13 @@ def test_a_real_four_rank_run_through_the_wrapper():
     assert r.returncode == 0, r.stderr
     got = sorted(line.split()[1:] for line in r.stdout.splitlines() if line.startswith("rank "))
     assert got == [["0", "0", "0", "1"], ["1", "0", "0", "1"], ["2", "1", "0", "1"], ["3", "1", "0", "1"]]
+    # --visible all (here through XELINK_RUN_VISIBLE) keeps the inherited list on every rank.
+    r = subprocess.run([sys.executable, str(SCRIPT), "-n", "2", "--devices", "cuda", "--devices-per-node", "2",
+                        sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**env, "XELINK_RUN_VISIBLE": "all", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert r.returncode == 0, r.stderr
+    got = sorted(line.split()[1:3] for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert got == [["0", "0,1"], ["1", "0,1"]]
 
 
 def test_xelink_info_through_the_wrapper_and_dry_run():
@@ -110,7 +128,7 @@ def test_xelink_info_through_the_wrapper_and_dry_run():
                          text=True, timeout=60, env=env)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith(ranks.mpiexec() + " -bind-to core -genv NCCL_NVLS_ENABLE 0") and \
-        dry.stdout.rstrip().endswith("--bind-rank --devices cpu --ranks-per-device 1 -- xelink info")
+        dry.stdout.rstrip().endswith("--bind-rank --devices cpu --ranks-per-device 1 --visible one -- xelink info")
     r = subprocess.run([sys.executable, str(SCRIPT), "-n", "4", sys.executable, "-m", "xelink", "info"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr

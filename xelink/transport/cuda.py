@@ -151,7 +151,12 @@ class Team:
                 continue
             base = self._opened.get(handle)
             if base is None:
-                base = self._opened[handle] = _drv().import_(handle)
+                try:
+                    base = _drv().import_(handle)
+                except XelinkError as e:
+                    raise XelinkError(f"peer memory: rank {self.rank} of {self.comm.name} cannot map rank {r}'s "
+                                      f"memory ({e}){_visibility_hint(self.size)}") from e
+                self._opened[handle] = base
             ptrs.append(base + offset)
         return ptrs
 
@@ -233,6 +238,17 @@ class _Registry:
         if p + t.numel() * t.element_size() > start + nbytes:
             return None
         return [base + (p - start) for base in ptrs]
+
+
+def _visibility_hint(ranks: int) -> str:
+    """Why an IPC mapping may fail when this process sees fewer GPUs than the team has ranks, and the fix."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or torch.cuda.device_count() >= ranks:
+        return ""
+    return (f". This process sees {torch.cuda.device_count()} GPU(s) (CUDA_VISIBLE_DEVICES={visible}); CUDA IPC "
+            f"between GPUs a process cannot see fails on some systems. Launch with every GPU visible "
+            f"(launch_scripts/xelink-run --visible all, or mpirun alone: xelink.init binds local rank r to GPU r), "
+            f"or use algo='nccl'")
 
 
 def team_of(comm, fn: str) -> Team:
