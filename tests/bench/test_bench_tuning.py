@@ -134,3 +134,25 @@ def test_malformed_file_raises_naming_the_file_and_the_problem(tmp_path, content
         load(path)
     with pytest.raises(ValueError, match=r"broken\.tuning\.json"):
         find_table(FP, [tmp_path])  # a broken table in the search path is an error, not a silent miss
+
+
+def test_save_merged_keeps_the_other_families_entries(tmp_path):
+    from xelink.bench.tuning import save_merged
+
+    path = tmp_path / "t.tuning.json"
+    host = build_table(_sweep(), FP)
+    assert save_merged(host, path) is False  # nothing there yet
+    gpu = build_table([_row("xelink:direct", 1024, 3, op="cuda:all_reduce", dtype="bfloat16"),
+                       _row("xelink:ring", 1024, 1, op="all_gather", dtype="bfloat16")], FP)
+    assert save_merged(gpu, path) is True
+    table = load(path)
+    assert table.lookup("all_reduce", "float32", 1024) == "xelink:one_shot"  # kept from the first family
+    assert table.lookup("cuda:all_reduce", "bfloat16", 1024) == "xelink:direct"
+    assert table.lookup("all_gather", "bfloat16", 2048) == "xelink:ring"  # the newer entry wins
+    # A table of another machine layout at the path is replaced, not merged.
+    other = build_table([_row("xelink:ring", 1024, 1, nranks=2)], fingerprint("h", ["a", "a"]))
+    assert save_merged(other, path) is False
+    assert load(path).entries.keys() == other.entries.keys()
+    path.write_text("{}")
+    with pytest.raises(ValueError, match=r"t.tuning.json: 'format' is None"):
+        save_merged(other, path)

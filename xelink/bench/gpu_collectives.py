@@ -211,7 +211,8 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timing (latency sizes)")
     p.add_argument("--large-calls", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="two latency sizes and smaller large sizes")
-    p.add_argument("--tune", default=None, help="write the tuning table auto uses on CUDA tensors here")
+    p.add_argument("--tune", default=None, help="write the tuning table auto uses on CUDA tensors here (merged "
+                                                "into a table already there for this machine layout)")
     args = p.parse_args(argv)
 
     world = xelink.init()
@@ -254,7 +255,11 @@ def main(argv=None) -> int:
     if world.rank == 0:
         if args.tune:
             meta = manifest(world, " ".join(sys.argv))
-            tuning_table(rows, world.topology.name if world.topology else None, world.hosts, meta).save(args.tune)
+            from .tuning import save_merged
+
+            table = tuning_table(rows, world.topology.name if world.topology else None, world.hosts, meta)
+            if save_merged(table, args.tune):
+                print(f"tuning table {args.tune}: cuda entries merged with the ones already there")
         for row in rows:
             row.path = f"{row.extra['variant']} [{row.extra['mode']}]"
         table = format_table(rows)

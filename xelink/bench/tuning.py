@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..log import get_logger
 from .harness import Row, dtype_name
 
-__all__ = ["FORMAT", "VERSION", "TuningTable", "build_table", "find_table", "fingerprint", "load"]
+__all__ = ["FORMAT", "VERSION", "TuningTable", "build_table", "find_table", "fingerprint", "load", "save_merged"]
 
 FORMAT = "xelink-tuning"
 VERSION = 1
@@ -213,6 +213,27 @@ def load(path) -> TuningTable:
     table = _parse(data, where)
     table.source = str(path)
     return table
+
+
+def save_merged(table: TuningTable, path) -> bool:
+    """Save ``table`` at ``path``, keeping the entries of a table already there for the same machine layout.
+
+    Each benchmark family writes the entries it measured (host ops, ``cuda:<op>``, one dtype or another);
+    one file then holds them all. For an op and dtype in both, ``table``'s entry wins. A table there of
+    another layout is replaced.
+
+    Returns:
+        whether entries of the table already at ``path`` were kept.
+
+    Raises:
+        ValueError: the file at ``path`` is not a valid table (it is left as it is).
+    """
+    old = load(path) if Path(path).is_file() else None
+    merged = old is not None and old.matches(table.fingerprint)
+    if merged:
+        table = dataclasses.replace(table, entries={**old.entries, **table.entries})
+    table.save(path)
+    return merged
 
 
 def find_table(fingerprint, search_paths: Iterable) -> TuningTable | None:
