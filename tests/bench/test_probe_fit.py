@@ -53,3 +53,50 @@ def test_a_probe_result_makes_a_valid_calibrated_topology_and_calibration():
     assert cost.loads_calibration(cost.dumps_calibration(cal)) == cal
     p = cost.predict(topo, 4, "all_gather", "ring", 1 << 20, cal)
     assert p.overhead_s == pytest.approx(400e-6 + 3 * (50e-6 + 2 * 100e-6), rel=1e-12)
+
+
+def _comm(device):
+    import torch
+
+    return type("Comm", (), {"device": torch.device(device)})()
+
+
+def test_probe_sizes_follow_the_device_kind():
+    from xelink.bench import probe as P
+
+    assert P.defaults(_comm("cpu"), False) == {} and P.defaults(_comm("cpu"), True) == P.QUICK
+    gpu, quick = P.defaults(_comm("cuda"), False), P.defaults(_comm("cuda"), True)
+    # GPU sizes reach past a datacenter GPU's L2 cache (60 MB on H200) for the bandwidths.
+    assert max(gpu["pingpong_sizes"]) >= 128 << 20 and max(gpu["local_sizes"]) >= 256 << 20
+    assert quick["iters"] == P.QUICK["iters"] and max(quick["pingpong_sizes"]) >= 32 << 20
+    assert P.is_cuda(_comm("cuda")) and not P.is_cuda(_comm("cpu"))
+
+
+def test_gpu_software_fit_from_barrier_chains():
+    # CUDA ranks time chains of GPU barriers (one pattern): the step is the slope less the link latency.
+    from xelink.bench import probe as P
+
+    base = T.load("cpu-2x2")
+    placement = T.place(base, 4)
+    times = {f"chain|barrier|{k}": (10 + 3 * k) * 1e-6 for k in (1, 6)}
+    sw = P._software(times, (1, 6), base, placement, 2.0, P._gpu_patterns)
+    link = max(base.route(placement.devices[0], placement.devices[p])[0].latency_us for p in (1, 2, 3))
+    assert list(sw["patterns"]) == ["barrier"] and sw["patterns"]["barrier"]["messages"] == 3
+    assert sw["step_us"] == pytest.approx(max(3.0 - link, 0.0), abs=1e-9) and sw["message_us"] == 0.0
+    assert sw["call_us"] == pytest.approx(12.0, rel=1e-9)
+
+
+def test_copy_engine_probe_is_named_in_the_sources():
+    from xelink.bench import probe as P
+
+    base = T.load("cpu-2x2")
+    placement = T.place(base, 2)
+    pp = Fit(2.0, 300.0, ((8, 2e-6), (1 << 20, 5e-6)))
+    result = P.ProbeResult(nranks=2, hosts=["h"] * 2, device="cuda:0", date="2026-01-02",
+                           links={"shm0": {"pair": [0, 1], "fit": pp, "latency_us": 2.0}}, injection=None,
+                           software={}, local=[{"copy": pp, "reduce": pp}] * 2, method="xelink:copy_engine",
+                           baseline_pairs=[{"pair": [0, 1], "fit": Fit(5.0, 200.0, pp.points), "latency_us": 6.0}])
+    topo, _ = calibrated(result, base, placement)
+    assert "pulls from rank 1's memory with the copy engine" in topo.link("shm0").bandwidth_source
+    text = P.format_result(result)
+    assert "copy engine" in text and "baseline NCCL send/recv ping-pong rank 0 <-> 1: latency 6.0 us" in text

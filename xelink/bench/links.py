@@ -1,61 +1,41 @@
 """Link benchmark (``xelink bench links``): latency and bandwidth between every pair of ranks, as a matrix.
 
-Built on the probe (``probe.py``): on CPU ranks one ``probe(every_pair=True)`` ping-pongs every pair of
-ranks on different devices through xelink's transport step (the others wait), at every size, all
-interleaved, next to the probe's other measurements (injection under load, software per call/step/
-message, local copy and sum); on CUDA ranks the same ping-pong moves device memory with NCCL send/recv
-(``torch.distributed``), and the probe's host-side figures are left out. Per pair: one-way latency at
-the smallest size (less the bytes at the fitted bandwidth) and the bandwidth of ``alpha + bytes/beta``.
+Built on the probe (``probe.py``): one ``probe(every_pair=True)`` measures every pair of ranks on
+different devices (the others wait), at every size, all interleaved, next to the probe's other
+measurements (injection under load, software per call/step/message, local copy and sum). On CPU ranks a
+pair ping-pongs through xelink's transport step; on CUDA ranks one rank pulls device memory from the
+other through xelink's peer memory (CUDA IPC, the copy engine: one way per copy), and NCCL send/recv
+ping-pongs between the same pairs are co-measured as the baseline (rows ``nccl:send/recv``, and the
+ratio beside xelink's). Per pair: one-way latency at the smallest size (less the bytes at the fitted
+bandwidth) and the bandwidth of ``alpha + bytes/beta``.
 
 Rank 0 prints the two matrices and one row per pair and size (``p2p``, one-way time), draws the
 heatmap, and writes the measured topology (``--topology-out``, TOML: each link's figures from its first
 pair) and the probe's calibration (``--calibration-out``), which ``xelink bench collectives
---calibration`` prices its predictions with. No baseline is co-measured: on MPI the transport step is
-MPI's own Isend/Irecv, and on CUDA the path timed is NCCL's.
+--calibration`` prices its predictions with (on CUDA ranks: ``xelink bench model-check --calibration``,
+since the figures describe the GPUs). On MPI no baseline is co-measured: the transport step is MPI's own
+Isend/Irecv.
 """
 from __future__ import annotations
 
-import datetime
 import json
 
 from .. import cost
 from . import probe as P
 from .harness import make_row
 
-__all__ = ["add_arguments", "run", "main", "matrices", "format_matrix", "GPU_SIZES", "GPU_QUICK_SIZES"]
-
-MiB = 1 << 20
-GPU_SIZES = (8, MiB, 16 * MiB, 128 * MiB)
-GPU_QUICK_SIZES = (8, 16 * MiB)
+__all__ = ["add_arguments", "run", "main", "matrices", "format_matrix"]
 
 
 def add_arguments(p, family: str) -> None:
     p.add_argument("--sizes", nargs="+", type=cost.parse_size,
                    help="ping-pong sizes in bytes (default: the probe's, 8 B to 16 MiB; quick 8 B and 256 KiB; "
-                        "CUDA 8 B to 128 MiB)")
+                        "CUDA 8 B to 128 MiB, quick 8 B to 32 MiB)")
     p.add_argument("--iters", type=int, help="timed calls per round (default 5; quick 3)")
     p.add_argument("--rounds", type=int, help="rounds, every pair and size interleaved (default 5; quick 2)")
     p.add_argument("--topology-out", metavar="PATH", help="write the measured topology (TOML) here")
-    p.add_argument("--calibration-out", metavar="PATH", help="write the probe's calibration (TOML; CPU ranks) here")
+    p.add_argument("--calibration-out", metavar="PATH", help="write the probe's calibration (TOML) here")
     p.add_argument("--probe-json", metavar="PATH", help="write every probe measurement (JSON) here")
-
-
-def _nccl_move(world):
-    """A probe step (``move(sends, recvs)``) that moves CUDA tensors with NCCL send/recv."""
-    import torch
-    import torch.distributed as dist
-
-    pg = world.process_group()
-    # The first NCCL call of a group must include every rank (torch's rule for point-to-point).
-    dist.all_reduce(torch.zeros(1, device=world.device), group=pg)
-
-    def move(sends, recvs):
-        for peer, buf in sends:
-            dist.send(buf, peer, group=pg)
-        for peer, buf in recvs:
-            dist.recv(buf, peer, group=pg)
-
-    return move
 
 
 def matrices(n: int, pairs: list) -> tuple[list, list]:
@@ -84,42 +64,40 @@ def run(ctx, family: str) -> list:
     world, args = ctx.world, ctx.args
     topology, placement = P.job_placement(world)
     pairs = P.all_pairs(placement)
-    opts = dict(P.QUICK) if ctx.quick else {}
+    opts = P.defaults(world, ctx.quick)
     for key in ("iters", "rounds"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)
-    cuda = getattr(world.device, "type", "cpu") == "cuda"
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if args.sizes:
+        opts["pingpong_sizes"] = tuple(args.sizes)
+    sizes = tuple(opts.get("pingpong_sizes", P.PINGPONG_SIZES))
     progress = ctx.progress(1)
-    result = cal = None
-    if cuda:
-        sizes = tuple(args.sizes or (GPU_QUICK_SIZES if ctx.quick else GPU_SIZES))
-        measured = P.measure_pairs(world, pairs, sizes, iters=opts.get("iters", 5), rounds=opts.get("rounds", 5),
-                                   move=_nccl_move(world)) if pairs else []
-        path = "nccl:send/recv"
-        first = {tuple(p["pair"]): p for p in measured}
-        links = {name: first[ab] for name, ab in P._link_pairs(topology, placement).items()}
-        stamp = (f"measured here: by `xelink bench links` on {date}, {', '.join(dict.fromkeys(world.hosts))}, "
-                 f"{world.size} rank(s), NCCL send/recv")
-        topo = P.calibrated_topology(topology, placement, links, None, stamp)
-    else:
-        if args.sizes:
-            opts["pingpong_sizes"] = tuple(args.sizes)
-        sizes = tuple(opts.get("pingpong_sizes", P.PINGPONG_SIZES))
-        result = P.probe(world, every_pair=True, **opts)
-        measured, path = result.pairs, "xelink:pingpong"
-        topo, cal = P.calibrated(result, topology, placement)
+    result = P.probe(world, every_pair=True, **opts)
+    measured, path = result.pairs, result.method
+    topo, cal = P.calibrated(result, topology, placement)
     progress.step(f"{len(measured)} pair(s) x {len(sizes)} size(s) measured")
     link_of = {}
     for a, b in pairs:
         link_of[a, b] = topology.route(placement.devices[a], placement.devices[b])[0].name
+    timing = "one way = round trip / 2" if path == "xelink:pingpong" else "one way per copy"
     rows = []
+    baseline = {tuple(p["pair"]): p for p in result.baseline_pairs}
     for p in measured:
         a, b = p["pair"]
+        base = baseline.get((a, b))
         for size, samples in p["one_way_s"]:
+            base_samples = None if base is None else dict(base["one_way_s"])[size]
             rows.append(make_row("p2p", path, samples, size_bytes=size, count=size, dtype="uint8", nranks=2,
+                                 baseline=None if base is None else "nccl:send/recv", baseline_samples=base_samples,
                                  extra={"pair": [a, b], "link": link_of[a, b], "latency_us": p["latency_us"],
-                                        "bandwidth_gbps": p["fit"].gbps, "timing": "one way = round trip / 2"}))
+                                        "bandwidth_gbps": p["fit"].gbps, "timing": timing}))
+        if base is not None:
+            for size, samples in base["one_way_s"]:
+                rows.append(make_row("p2p", "nccl:send/recv", samples, size_bytes=size, count=size, dtype="uint8",
+                                     nranks=2, extra={"pair": [a, b], "link": link_of[a, b],
+                                                      "latency_us": base["latency_us"],
+                                                      "bandwidth_gbps": base["fit"].gbps,
+                                                      "timing": "one way = round trip / 2"}))
     if ctx.lead:
         _report(ctx, world, topo, cal, result, measured, path)
     return rows
@@ -132,7 +110,9 @@ def _report(ctx, world, topo, cal, result, measured, path) -> None:
     lat, bw = matrices(world.size, measured)
     where = f"{world.size} rank(s) on {', '.join(dict.fromkeys(world.hosts))}, device {world.device}"
     ctx.header = "\n\n".join([
-        f"# links: {path} ping-pong between every pair of ranks, {where}; one way = round trip / 2",
+        f"# links: {path} between every pair of ranks, {where}; "
+        + ("one way = round trip / 2" if path == "xelink:pingpong" else "one way per copy; baseline NCCL send/recv "
+           "ping-pong, one way = round trip / 2, ratio = NCCL time / xelink time"),
         format_matrix(lat, "one-way latency (us), smallest size less its bytes at the fitted bandwidth", ".1f"),
         format_matrix(bw, "bandwidth (GB/s, one way), beta of alpha + bytes/beta over the sizes", ".2f"),
         "rows: one-way time of each pair at each size (median of the slower rank):"])
@@ -157,7 +137,7 @@ def _report(ctx, world, topo, cal, result, measured, path) -> None:
         from . import plots
 
         if plots.available():
-            png = plots.plot_link_matrix(lat, bw, folder / "links-matrix.png", f"links: {path} ping-pong, {where}")
+            png = plots.plot_link_matrix(lat, bw, folder / "links-matrix.png", f"links: {path}, {where}")
             ctx.notes.append(f"heatmap written to {png}")
         else:
             ctx.notes.append("links: heatmap skipped: matplotlib is not installed (pip install \"xelink[bench]\")")

@@ -19,6 +19,18 @@ Everything goes through xelink's own transport, with the step primitive every co
 4. **Local work**: every rank at once times ``b.copy_(a)`` and ``b.add_(a)`` (float32) at a few sizes;
    the fitted betas are the device's ``copy_gbps`` and ``reduce_gbps``.
 
+On CUDA ranks (one GPU each, one host) the same four measurements use xelink's own peer memory
+(``transport/cuda.py``: CUDA IPC, no NCCL) on device memory, timed with CUDA events:
+
+1. links: rank a pulls from rank b's buffer (``xelink.empty``, IPC-mapped) with the copy engine
+   (``cuMemcpyAsync`` over NVLink/PCIe); each copy is one way, the other ranks wait. NCCL send/recv
+   ping-pongs between the same pairs are co-measured as the baseline (``ProbeResult.baseline_pairs``);
+2. injection: every rank at once pulls from its right neighbour;
+3. software: chains of K GPU barriers (``xelink.device_barrier``: every rank signals every peer through
+   peer memory, the step every GPU algorithm ends with), one pattern, n-1 messages per step; the API
+   cost is a CUDA all-reduce on a one-rank group;
+4. local work: ``b.copy_(a)`` and ``b.add_(a)`` on the GPU, past the L2 cache (up to 256 MiB).
+
 The result is a calibrated topology (the job's topology, every measured figure with the source
 ``measured here: by `xelink bench probe` on <date>, <host>; ...``) and a ``cost.Calibration``; with both,
 ``cost.predict`` models what a collective costs on this job. Times are medians of co-measured samples
@@ -40,10 +52,11 @@ import torch
 from .. import cost
 from ..topology import Placement, Topology, validate
 from ..collectives._common import step
-from .harness import co_measure, rank_max, time_fn
+from .harness import co_measure, rank_max, time_cuda_events, time_fn
 
 __all__ = ["Fit", "ProbeResult", "QUICK", "fit_alpha_beta", "probe", "calibrated", "calibrated_topology",
-           "all_pairs", "pair_variants", "pair_results", "measure_pairs", "job_placement", "cpu_snapshot", "other_cpu", "format_result", "add_arguments", "run_probe", "report",
+           "all_pairs", "pair_variants", "pair_results", "measure_pairs", "job_placement", "GPU", "GPU_QUICK",
+           "defaults", "is_cuda", "nccl_move", "cpu_snapshot", "other_cpu", "format_result", "add_arguments", "run_probe", "report",
            "main"]
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -55,7 +68,15 @@ LOCAL_SIZES = (256 * KiB, MiB, 4 * MiB, 16 * MiB)
 CHAIN_LENGTHS = (1, 4, 16)
 QUICK = {"pingpong_sizes": (8, 256 * KiB), "exchange_sizes": (64 * KiB, 512 * KiB),
          "local_sizes": (256 * KiB, MiB), "chain_lengths": (1, 6), "iters": 3, "rounds": 2}
-_TAG = (1 << 14) - 1  # a user-range tag no collective uses; the probe runs between collectives
+# CUDA ranks: sizes past the 50-60 MB L2 of a datacenter GPU, where bandwidth-bound collectives live.
+GPU = {"pingpong_sizes": (8, 64 * KiB, MiB, 16 * MiB, 128 * MiB), "exchange_sizes": (MiB, 16 * MiB, 128 * MiB),
+       "local_sizes": (4 * MiB, 64 * MiB, 256 * MiB)}
+GPU_QUICK = {**QUICK, "pingpong_sizes": (8, MiB, 32 * MiB), "exchange_sizes": (MiB, 32 * MiB),
+             "local_sizes": (4 * MiB, 128 * MiB)}
+_TAG = (1 << 14) - 1
+_PINGPONG, _PULL = "xelink:pingpong", "xelink:copy_engine"
+_HOW = {_PINGPONG: "ping-pong rank {a} <-> rank {b}, one way = round trip / 2",
+        _PULL: "rank {a} pulls from rank {b}'s memory with the copy engine (CUDA IPC), one way per copy"}  # a user-range tag no collective uses; the probe runs between collectives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +128,9 @@ class ProbeResult:
         other_cpu: the share of the host's CPU time other processes took while the probe ran.
         pairs: every pair measured (``pair_results``): the first pair of each link, or every pair of
             ranks on different devices with ``every_pair``.
+        method: how the pairs were measured: ``xelink:pingpong`` (the transport step, one way = round
+            trip / 2) or ``xelink:copy_engine`` (CUDA: a one-way pull through peer memory).
+        baseline_pairs: CUDA: NCCL send/recv ping-pong between the same pairs (``pair_results``).
     """
 
     nranks: int
@@ -119,6 +143,8 @@ class ProbeResult:
     local: list
     other_cpu: float | None = None
     pairs: list = dataclasses.field(default_factory=list)
+    method: str = "xelink:pingpong"
+    baseline_pairs: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -157,13 +183,25 @@ def other_cpu(comm, before, after) -> float | None:
     return max(0.0, (total - idle - sum(g[2] for g in every)) / total) if total > 0 else None
 
 
-def _sync_of(device):
+def is_cuda(comm) -> bool:
+    """Whether ``comm``'s ranks drive CUDA devices (the probe then measures device memory, see above)."""
+    return getattr(comm.device, "type", "cpu") == "cuda"
+
+
+def defaults(comm, quick: bool) -> dict:
+    """The probe's sizes and samples for ``comm``'s device kind: GPU or CPU figures, quick or full."""
+    if is_cuda(comm):
+        return dict(GPU_QUICK if quick else GPU)
+    return dict(QUICK) if quick else {}
+
+
+def _timing_of(device):
+    """One block's timing: CUDA events on CUDA (device time, no host round trip per call), else the host clock."""
     kind = getattr(device, "type", "cpu")
     if kind == "cuda":
-        return torch.cuda.synchronize
-    if kind == "xpu":
-        return torch.xpu.synchronize
-    return None
+        return functools.partial(time_cuda_events, warmup=0)
+    sync = torch.xpu.synchronize if kind == "xpu" else None
+    return functools.partial(time_fn, warmup=0, sync=sync)
 
 
 def _timed_samples(comm, variants: dict, *, iters: int, rounds: int, together: bool = True) -> dict:
@@ -173,7 +211,7 @@ def _timed_samples(comm, variants: dict, *, iters: int, rounds: int, together: b
     the figures fitted together (sizes of one fit, patterns of the software fit) see the same machine.
     ``together``: each sample is the max over ranks (work the ranks do together); else this rank's own.
     """
-    timing = functools.partial(time_fn, warmup=0, sync=_sync_of(comm.device))
+    timing = _timing_of(comm.device)
     samples = co_measure({k: fn for k, (fn, _) in variants.items()}, warmup=1, iters=iters, rounds=rounds,
                          barrier=comm.barrier, reduce_max=rank_max(comm) if together else None, timing=timing)
     return {k: [t / units for t in samples[k]] for k, (_, units) in variants.items()}
@@ -241,17 +279,22 @@ def all_pairs(placement: Placement) -> list:
     return [(a, b) for a in range(n) for b in range(a + 1, n) if placement.devices[a] != placement.devices[b]]
 
 
-def pair_variants(comm, pairs, sizes, move) -> dict:
-    """``_timed`` variants of a ping-pong between each pair at each size (keys ``pingpong|a-b|size``)."""
-    return {f"pingpong|{a}-{b}|{s}": _pingpong(comm, a, b, s, move) for a, b in pairs for s in sizes}
+def pair_variants(comm, pairs, sizes, move, prefix: str = "pingpong") -> dict:
+    """``_timed`` variants of a ping-pong between each pair at each size (keys ``<prefix>|a-b|size``).
+
+    ``move`` is a step (``move(sends, recvs)``) ping-ponged between the pair, or a ``_PeerPull`` (CUDA:
+    rank a pulls from rank b, one way per copy).
+    """
+    make = move.variant if isinstance(move, _PeerPull) else (lambda a, b, s: _pingpong(comm, a, b, s, move))
+    return {f"{prefix}|{a}-{b}|{s}": make(a, b, s) for a, b in pairs for s in sizes}
 
 
-def pair_results(samples: dict, pairs, sizes) -> list:
+def pair_results(samples: dict, pairs, sizes, prefix: str = "pingpong") -> list:
     """Per pair, from ``_timed_samples`` of ``pair_variants``: the alpha-beta fit, the one-way latency and
     the one-way samples (seconds) per size, as ``{"pair", "fit", "latency_us", "one_way_s"}``."""
     out = []
     for a, b in pairs:
-        per_size = [(s, samples[f"pingpong|{a}-{b}|{s}"]) for s in sizes]
+        per_size = [(s, samples[f"{prefix}|{a}-{b}|{s}"]) for s in sizes]
         fit = fit_alpha_beta([(s, statistics.median(t)) for s, t in per_size])
         small, small_t = min(per_size)
         # Latency is the one-way time of the smallest message, as ping-pong benchmarks report it; the fit's
@@ -338,14 +381,92 @@ def _local_op(comm, name: str, nbytes: int):
     return work, reps
 
 
+# -- CUDA ranks: xelink's peer memory ------------------------------------------------------------------
+
+class _PeerPull:
+    """Copy-engine pulls through xelink's CUDA IPC mapping of every rank's buffer (``xelink.empty``).
+
+    Collective to make (it maps the buffers). ``pull(p, nbytes)`` enqueues one copy of ``nbytes`` from
+    rank p's buffer into a local one on the current stream: one way over the link, nothing else.
+    """
+
+    def __init__(self, comm, nbytes: int):
+        from ..transport import cuda as peer
+
+        self.comm, self.copy = comm, peer.copy
+        self.src = peer.empty(max(nbytes, 1), dtype=torch.uint8, group=comm)
+        self.src.copy_(_bytes(max(nbytes, 1), comm.device))
+        self.dst = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=comm.device)
+        self.addresses = peer.team_of(comm, "probe").peer_addresses(self.src)
+        torch.cuda.synchronize()
+
+    def pull(self, p: int, nbytes: int) -> None:
+        self.copy(self.dst.data_ptr(), self.addresses[p], nbytes, torch.cuda.current_stream().cuda_stream)
+
+    def variant(self, a: int, b: int, nbytes: int):
+        """(one call: rank a pulls ``nbytes`` from rank b, repeated; the others idle; one-way copies per call)."""
+        reps = _reps(nbytes)
+
+        def call():
+            if self.comm.rank == a:
+                for _ in range(reps):
+                    self.pull(b, nbytes)
+
+        return call, reps
+
+    def exchange(self, nbytes: int):
+        """(one call: every rank at once pulls from its right neighbour, repeated; copies per call)."""
+        right, reps = (self.comm.rank + 1) % self.comm.size, _reps(nbytes)
+
+        def call():
+            for _ in range(reps):
+                self.pull(right, nbytes)
+
+        return call, reps
+
+
+def nccl_move(comm):
+    """A probe step (``move(sends, recvs)``) that moves CUDA tensors with NCCL send/recv (the baseline)."""
+    import torch.distributed as dist
+
+    pg = comm.process_group()
+    # The first NCCL call of a group must include every rank (torch's rule for point-to-point).
+    dist.all_reduce(torch.zeros(1, device=comm.device), group=pg)
+
+    def move(sends, recvs):
+        for peer, buf in sends:
+            dist.send(buf, peer, group=pg)
+        for peer, buf in recvs:
+            dist.recv(buf, peer, group=pg)
+
+    return move
+
+
+def _gpu_patterns(n: int, r: int) -> dict:
+    """``_patterns`` of CUDA ranks: one, the GPU barrier (every rank signals every peer: n-1 messages)."""
+    peers = [p for p in range(n) if p != r]
+    return {"barrier": (max(n - 1, 1), [(peers, peers)])}
+
+
+def _barriers(comm, k: int):
+    """(one call: k GPU barriers back to back, the step that ends every GPU algorithm; 1)."""
+    from ..collectives import gpu
+
+    def call():
+        for _ in range(k):
+            gpu.barrier(comm)
+
+    return call, 1
+
+
 # -- the analysis -----------------------------------------------------------------------------------
 
-def _pattern_latency(topology: Topology, placement: Placement, name: str) -> float:
+def _pattern_latency(topology: Topology, placement: Placement, name: str, patterns=None) -> float:
     """The link latency (us) the model already charges for one step of a pattern with tiny messages."""
     n = placement.nranks
     worst = 0.0
     for r in range(n):
-        _, cycle = _patterns(n, r)[name]
+        _, cycle = (patterns or _patterns)(n, r)[name]
         for sends, _ in cycle:
             for p in sends:
                 if placement.devices[p] != placement.devices[r]:
@@ -353,13 +474,14 @@ def _pattern_latency(topology: Topology, placement: Placement, name: str) -> flo
     return worst
 
 
-def _software(times: dict, lengths, topology: Topology, placement: Placement, api_us: float) -> dict:
+def _software(times: dict, lengths, topology: Topology, placement: Placement, api_us: float,
+              pattern_fn=None) -> dict:
     """Per pattern: per-step time and per-call intercept; then step_us + message_us * messages >= 0."""
     patterns = {}
-    for name, (messages, _) in _patterns(placement.nranks, 0).items():
+    for name, (messages, _) in (pattern_fn or _patterns)(placement.nranks, 0).items():
         seconds = [times[f"chain|{name}|{k}"] for k in lengths]
         slope, icpt = np.polyfit(np.array(lengths, dtype=float), np.array(seconds), 1)
-        link_us = _pattern_latency(topology, placement, name)
+        link_us = _pattern_latency(topology, placement, name, pattern_fn)
         patterns[name] = {"messages": messages, "lengths": list(lengths), "seconds": seconds,
                           "per_step_us": float(slope) * 1e6, "intercept_us": float(icpt) * 1e6,
                           "link_latency_us": link_us, "beyond_link_us": float(slope) * 1e6 - link_us}
@@ -405,44 +527,63 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     deadline = comm.deadline()
     pairs = _link_pairs(topology, placement)
     measured = all_pairs(placement) if every_pair else sorted(set(pairs.values()))
-    variants = pair_variants(comm, measured, pingpong_sizes, lambda sends, recvs: _step(comm, sends, recvs, deadline))
+    cuda = is_cuda(comm) and comm.size > 1
+    if cuda:
+        # Device memory through xelink's own peer memory; NCCL's send/recv between the same pairs beside it.
+        mover = _PeerPull(comm, max((*pingpong_sizes, *exchange_sizes)))
+        variants = pair_variants(comm, measured, pingpong_sizes, mover)
+        variants.update(pair_variants(comm, measured, pingpong_sizes, nccl_move(comm), prefix="nccl"))
+    else:
+        variants = pair_variants(comm, measured, pingpong_sizes, lambda sends, recvs: _step(comm, sends, recvs, deadline))
+    pattern_fn = _gpu_patterns if cuda else _patterns
+    with_chains = True
     solo = comm.split(comm.rank) if comm.size > 1 else None
     try:
         if solo is not None:
             from .. import collectives
 
             for s in exchange_sizes:
-                variants[f"exchange|{s}"] = _exchange(comm, s, deadline)
-            for name, (_, cycle) in _patterns(comm.size, comm.rank).items():
-                for k in chain_lengths:
-                    variants[f"chain|{name}|{k}"] = _chain(comm, cycle, k, deadline)
+                variants[f"exchange|{s}"] = mover.exchange(s) if cuda else _exchange(comm, s, deadline)
+            if cuda:
+                from ..collectives import gpu
+
+                with_chains = gpu._kernels().available()  # the GPU barrier is a Triton kernel
+            for name, (_, cycle) in pattern_fn(comm.size, comm.rank).items():
+                for k in chain_lengths if with_chains else ():
+                    variants[f"chain|{name}|{k}"] = _barriers(comm, k) if cuda else _chain(comm, cycle, k, deadline)
             # A public collective that communicates nothing: the cost of entering the API.
             x = torch.ones(8, device=comm.device)
+            api_algo = "direct" if cuda else "ring"
             try:
-                collectives.all_reduce(x, group=solo, algo="ring")
+                collectives.all_reduce(x, group=solo, algo=api_algo)
             except ValueError:
                 x = torch.ones(8)  # collectives of this build take host tensors only
-            variants["api"] = (lambda: collectives.all_reduce(x, group=solo, algo="ring"), 1)
+            variants["api"] = (lambda: collectives.all_reduce(x, group=solo, algo=api_algo), 1)
         samples = _timed_samples(comm, variants, iters=iters, rounds=rounds) if variants else {}
     finally:
         if solo is not None:
             solo.free()
     times = {k: statistics.median(v) for k, v in samples.items()}
+    measured_pairs = measured
     by_pair = {tuple(p["pair"]): p for p in pair_results(samples, measured, pingpong_sizes)}
     links = {name: {"pair": [a, b], "fit": by_pair[a, b]["fit"], "latency_us": by_pair[a, b]["latency_us"]}
              for name, (a, b) in pairs.items()}
     injection = software = None
     if comm.size > 1:
         injection = fit_alpha_beta([(s, times[f"exchange|{s}"]) for s in exchange_sizes])
-        measured = calibrated_topology(topology, placement, links, None, "measured here: by this probe")
-        software = _software(times, chain_lengths, measured, placement, times["api"] * 1e6)
+        measured = calibrated_topology(topology, placement, links, None, "measured here: by this probe",
+                                       _PULL if cuda else _PINGPONG)
+        if with_chains:
+            software = _software(times, chain_lengths, measured, placement, times["api"] * 1e6, pattern_fn)
     own = _timed(comm, {f"{op}|{s}": _local_op(comm, op, s) for op in ("copy", "reduce") for s in local_sizes},
                  iters=iters, rounds=rounds, together=False)
     mine = {op: fit_alpha_beta([(s, own[f"{op}|{s}"]) for s in local_sizes]) for op in ("copy", "reduce")}
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return ProbeResult(nranks=comm.size, hosts=list(comm.hosts), device=str(comm.device), date=date, links=links,
                        injection=injection, software=software or {}, local=comm.allgather_object(mine),
-                       other_cpu=other_cpu(comm, start, cpu_snapshot()), pairs=list(by_pair.values()))
+                       other_cpu=other_cpu(comm, start, cpu_snapshot()), pairs=list(by_pair.values()),
+                       method=_PULL if cuda else _PINGPONG,
+                       baseline_pairs=pair_results(samples, measured_pairs, pingpong_sizes, "nccl") if cuda else [])
 
 
 def job_placement(comm, topology=None, placement=None):
@@ -462,8 +603,11 @@ def job_placement(comm, topology=None, placement=None):
 
 
 def calibrated_topology(topology: Topology, placement: Placement, links: dict, injection: Fit | None,
-                        stamp: str) -> Topology:
-    """``topology`` with the measured link and injection figures (and ``stamp``-ed sources) put in."""
+                        stamp: str, method: str = _PINGPONG) -> Topology:
+    """``topology`` with the measured link and injection figures (and ``stamp``-ed sources) put in.
+
+    ``method``: how the links were measured (``ProbeResult.method``), named in each source.
+    """
     new_links = []
     for link in topology.links:
         got = links.get(link.name)
@@ -471,7 +615,7 @@ def calibrated_topology(topology: Topology, placement: Placement, links: dict, i
             new_links.append(link)
             continue
         fit, (a, b) = got["fit"], got["pair"]
-        how = f"{stamp}; ping-pong rank {a} <-> rank {b}, one way = round trip / 2"
+        how = f"{stamp}; " + _HOW[method].format(a=a, b=b)
         small = int(min(s for s, _ in fit.points))
         new_links.append(dataclasses.replace(
             link, latency_us=got["latency_us"], bandwidth_gbps=fit.gbps,
@@ -485,7 +629,8 @@ def calibrated_topology(topology: Topology, placement: Placement, links: dict, i
             continue
         devices.append(dataclasses.replace(
             d, injection_gbps=injection.gbps, ejection_gbps=None, ejection_source=None,
-            injection_source=f"{stamp}; every rank sends to its right neighbour at once (a ring step), "
+            injection_source=f"{stamp}; every rank {'pulls from' if method == _PULL else 'sends to'} its right "
+                             f"neighbour at once (a ring step), "
                              f"beta of alpha + bytes/beta over {len(injection.points)} sizes"))
     name = topology.name if topology.name.endswith("-probed") else f"{topology.name}-probed"
     desc = f"{topology.description}; figures of the ranks' links and devices {stamp.split(': ', 1)[-1]}"
@@ -496,7 +641,7 @@ def calibrated_topology(topology: Topology, placement: Placement, links: dict, i
 def calibrated(result: ProbeResult, topology: Topology, placement: Placement) -> tuple[Topology, cost.Calibration]:
     """The calibrated topology and the ``cost.Calibration`` a probe result describes."""
     stamp = result.stamp
-    topo = calibrated_topology(topology, placement, result.links, result.injection, stamp)
+    topo = calibrated_topology(topology, placement, result.links, result.injection, stamp, result.method)
     sources, terms = {}, {}
     sw = result.software
     if sw:
@@ -539,10 +684,14 @@ def format_result(result: ProbeResult) -> str:
              f"{result.device}, {result.date}{other}"]
     for name, got in result.links.items():
         f = got["fit"]
-        lines.append(f"  link {name} (ping-pong rank {got['pair'][0]} <-> {got['pair'][1]}): "
-                     f"latency {got['latency_us']:.1f} us, bandwidth {f.gbps:.2f} GB/s one way")
+        how = _HOW.get(result.method, result.method).format(a=got["pair"][0], b=got["pair"][1])
+        lines.append(f"  link {name} ({how}): latency {got['latency_us']:.1f} us, bandwidth {f.gbps:.2f} GB/s one way")
+    for got in result.baseline_pairs:
+        lines.append(f"  baseline NCCL send/recv ping-pong rank {got['pair'][0]} <-> {got['pair'][1]}: latency "
+                     f"{got['latency_us']:.1f} us, bandwidth {got['fit'].gbps:.2f} GB/s one way")
     if result.injection is not None:
-        lines.append(f"  injection under load (every rank in a ring step): {result.injection.gbps:.2f} GB/s per rank")
+        lines.append(f"  injection under load (every rank in a ring step at once): {result.injection.gbps:.2f} GB/s "
+                     f"per rank")
     sw = result.software
     if sw:
         for name, p in sw["patterns"].items():
@@ -568,8 +717,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_probe(comm, args) -> ProbeResult:
-    """``probe`` with the options of ``add_arguments``. Collective."""
-    opts = dict(QUICK) if args.quick else {}
+    """``probe`` with the options of ``add_arguments`` (GPU sizes on CUDA ranks). Collective."""
+    opts = defaults(comm, args.quick)
     if args.iters is not None:
         opts["iters"] = args.iters
     if args.rounds is not None:
