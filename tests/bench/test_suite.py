@@ -129,3 +129,36 @@ def test_python_m_xelink_bench_runs_a_kernel_family(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "gemv.jsonl").read_text().splitlines()]
     assert {row["dtype"] for row in rows} == {"bf16", "w8a16", "w4a16"} and all(row["wrong"] == 0 for row in rows)
     assert (tmp_path / "gemv.csv").is_file() and _png(tmp_path / "gemv-gemv.png")
+
+
+def test_collectives_on_cuda_ranks_time_the_gpu_algorithms_the_model_can_price():
+    import torch
+
+    from xelink import cost
+    from xelink.bench import collectives as B
+    from xelink.collectives import ALGORITHMS, gpu
+
+    cuda, cpu = SimpleNamespace(device=torch.device("cuda", 0)), SimpleNamespace(device=torch.device("cpu"))
+    for op in B.OPS:
+        assert B.algorithms(cpu, op) == tuple(ALGORITHMS[op])
+        assert B.model_algo(cpu, op, ALGORITHMS[op][0]) == ALGORITHMS[op][0]
+        family = op.replace("_tensor", "")
+        assert set(B.algorithms(cuda, op)) <= set(gpu.ALGOS[family]) - {"nccl"}  # nccl is the baseline
+        for algo in B.algorithms(cuda, op):
+            named = B.model_algo(cuda, op, algo)
+            assert named is None or named in cost.ALGOS[op]
+    # Every op has at least one GPU algorithm that model-check can price.
+    assert all(any(B.model_algo(cuda, op, a) for a in B.algorithms(cuda, op)) for op in B.OPS)
+
+
+def test_a_cuda_case_builds_its_tensors_on_the_device_it_is_given():
+    import torch
+
+    from xelink.bench.collectives import _case
+
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        src, out, want, _, _ = _case(op, 2, 1, 64, torch.float32, torch.device("cpu"))
+        assert src.device == out.device == want.device == torch.device("cpu")
+    src, out, want, _, _ = _case("all_to_all", 2, 1, 64, torch.float32)
+    assert want.tolist() == [8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+                             1008.0, 1009.0, 1010.0, 1011.0, 1012.0, 1013.0, 1014.0, 1015.0]

@@ -2,7 +2,10 @@
 
 Run under a launcher: ``mpiexec -n 4 python -m xelink.bench.collectives`` (or ``xelink bench
 collectives``). The baseline is MPI's own collective under mpirun and torch.distributed (gloo) under
-torchrun, timed in the same run, interleaved with xelink's paths. Each timed call copies the user's
+torchrun, timed in the same run, interleaved with xelink's paths. On CUDA ranks the tensors live on the
+GPUs, the algorithms are xelink's GPU ones (``GPU_ALGOS``), the baseline is NCCL (torch.distributed) and
+every call is timed with CUDA events; its tuning entries are ``cuda:<op>``, what ``algo="auto"`` reads
+for CUDA tensors. Each timed call copies the user's
 input into the buffer first (copy-in counted, as a user pays it) and the output of the last timed run
 of every block is checked against the known answer (#wrong). Beside each of xelink's rows, the cost
 model's prediction for the same topology and size and its ratio to the measurement (``pred/meas``),
@@ -13,6 +16,7 @@ manifest (``--out``/``--jsonl``), CSV and plots on request, and the tuning table
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -21,41 +25,49 @@ import torch
 from .. import collectives as C
 from .harness import co_measure, make_row, pred_over_meas, rank_max
 
-__all__ = ["run_sweep", "measure_case", "main", "run", "add_arguments", "copy_in_s", "OPS", "SIZES", "QUICK_SIZES"]
+__all__ = ["run_sweep", "measure_case", "algorithms", "model_algo", "GPU_ALGOS", "main", "run", "add_arguments", "copy_in_s", "OPS", "SIZES", "QUICK_SIZES"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+# CUDA tensors: xelink's GPU algorithms that take any tensor (the copy_engine all-reduce needs buffers from
+# xelink.empty; nccl is the baseline), each with the cost model's name for its schedule (None: none fits:
+# the GPU hierarchical all-reduce reduce-scatters inside the package, the model's reduces to a leader).
+GPU_ALGOS = {"all_reduce": {"direct": "direct", "two_shot": "two_shot", "hierarchical": None},
+             "all_gather": {"direct": "direct", "copy_engine": "direct", "topo": "topo"},
+             "reduce_scatter": {"direct": "dest_split"},
+             "all_to_all": {"direct": "dest_split"}}
 _MPI_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64}
 
 
-def _case(op: str, n: int, rank: int, nbytes: int, dtype):
+def _case(op: str, n: int, rank: int, nbytes: int, dtype, device=None):
     """(input, output, expected output, xelink call(algo), baseline call or None) for one size.
 
     ``nbytes`` is the nccl-tests size: the buffer for all_reduce/all_to_all, the output for
-    all_gather, the input for reduce_scatter.
+    all_gather, the input for reduce_scatter. Tensors live on ``device`` (default: the CPU).
     """
     item = torch.tensor([], dtype=dtype).element_size()
     count = max(n, nbytes // item // n * n)  # divisible by n
     shard = count // n
-    pattern = lambda r, k: ((torch.arange(k) + 3 * r) % 5).to(dtype)  # noqa: E731 - small ints: exact
+    arange = lambda k: torch.arange(k, device=device)  # noqa: E731
+    pattern = lambda r, k: ((arange(k) + 3 * r) % 5).to(dtype)  # noqa: E731 - small ints: exact
     if op == "all_reduce":
-        src, out = pattern(rank, count), torch.empty(count, dtype=dtype)
+        src, out = pattern(rank, count), torch.empty(count, dtype=dtype, device=device)
         want = sum(pattern(r, count).to(torch.float64) for r in range(n)).to(dtype)
         ours = lambda algo: (out.copy_(src), C.all_reduce(out, algo=algo))  # noqa: E731
         return src, out, want, ours, lambda b: (out.copy_(src), b.all_reduce(out))
     if op == "all_gather":
-        src, out = pattern(rank, shard), torch.empty(count, dtype=dtype)
+        src, out = pattern(rank, shard), torch.empty(count, dtype=dtype, device=device)
         want = torch.cat([pattern(r, shard) for r in range(n)])
         return src, out, want, lambda algo: C.all_gather_into_tensor(out, src, algo=algo), \
             lambda b: b.all_gather(out, src)
     if op == "reduce_scatter":
-        src, out = pattern(rank, count), torch.empty(shard, dtype=dtype)
+        src, out = pattern(rank, count), torch.empty(shard, dtype=dtype, device=device)
         want = sum(pattern(r, count).to(torch.float64) for r in range(n)).to(dtype)[rank * shard:(rank + 1) * shard]
         return src, out, want, lambda algo: C.reduce_scatter_tensor(out, src, algo=algo), \
             lambda b: b.reduce_scatter(out, src)
     if op == "all_to_all":
-        src = (torch.arange(count) + 1000 * rank).to(dtype)
-        out = torch.empty(count, dtype=dtype)
-        want = torch.cat([(torch.arange(rank * shard, (rank + 1) * shard) + 1000 * r) for r in range(n)]).to(dtype)
+        src = (arange(count) + 1000 * rank).to(dtype)
+        out = torch.empty(count, dtype=dtype, device=device)
+        want = torch.cat([(arange(count)[rank * shard:(rank + 1) * shard] + 1000 * r) for r in range(n)]).to(dtype)
         return src, out, want, lambda algo: C.all_to_all_single(out, src, algo=algo), \
             lambda b: b.all_to_all(out, src)
     raise ValueError(f"run_sweep: unknown op {op!r} (one of {', '.join(OPS)})")
@@ -84,13 +96,13 @@ class _MPIBaseline:
 
 
 class _TorchBaseline:
-    """torch.distributed (gloo) collectives on the communicator's process group."""
+    """torch.distributed collectives on the communicator's process group: gloo on host tensors, NCCL on CUDA."""
 
     def __init__(self, comm):
         import torch.distributed as dist
 
         self.d, self.pg = dist, comm.process_group()
-        self.name = "gloo"
+        self.name = "nccl" if _on_cuda(comm) else "gloo"
 
     def all_reduce(self, x):
         self.d.all_reduce(x, group=self.pg)
@@ -132,16 +144,35 @@ def _predict(topology, placement, calibration, op, algo, nbytes):
     return (seconds + (copy_in_s(calibration, placement, nbytes) if op == "all_reduce" else 0.0)) * 1e6
 
 
-def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, rounds: int, baseline=None):
+def _on_cuda(comm) -> bool:
+    return getattr(comm.device, "type", "cpu") == "cuda"
+
+
+def algorithms(comm, op: str) -> tuple:
+    """xelink's algorithms of ``op`` for tensors of ``comm``'s device (``GPU_ALGOS`` on CUDA)."""
+    return tuple(GPU_ALGOS[op]) if _on_cuda(comm) else tuple(C.ALGORITHMS[op])
+
+
+def model_algo(comm, op: str, algo: str) -> str | None:
+    """The cost model's name for ``algo`` of ``op`` on ``comm``'s device (None: the model has no schedule for it)."""
+    return GPU_ALGOS[op][algo] if _on_cuda(comm) else algo
+
+
+def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, rounds: int, baseline=None,
+                 algos=None):
     """Co-measure every algorithm of ``op`` (and ``baseline``'s collective) at one size, checked.
+
+    On CUDA ranks the tensors live on the GPU (``GPU_ALGOS``) and each call is timed with CUDA events.
+    ``algos``: the algorithms to time (default ``algorithms(comm, op)``).
 
     Returns:
         (input, output, samples by path, wrong elements by path summed over ranks), on every rank.
 
     Collective: every rank of ``comm`` must call this with the same arguments.
     """
-    src, out, want, ours, theirs = _case(op, comm.size, comm.rank, nbytes, dtype)
-    variants = {f"xelink:{a}": (lambda a=a: ours(a)) for a in C.ALGORITHMS[op]}
+    cuda = _on_cuda(comm)
+    src, out, want, ours, theirs = _case(op, comm.size, comm.rank, nbytes, dtype, comm.device if cuda else None)
+    variants = {f"xelink:{a}": (lambda a=a: ours(a)) for a in (algos or algorithms(comm, op))}
     if baseline is not None:
         variants[f"{baseline.name}:{op}"] = lambda: theirs(baseline)
     wrong = {name: 0 for name in variants}
@@ -149,8 +180,15 @@ def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, 
     def check(name):
         wrong[name] += int((out != want).sum())
 
+    timing = None
+    if cuda:
+        import functools
+
+        from .harness import time_cuda_events
+
+        timing = functools.partial(time_cuda_events, warmup=0)
     samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
-                         reduce_max=rank_max(comm), after_block=check)
+                         reduce_max=rank_max(comm), after_block=check, timing=timing)
     wrong = dict(zip(wrong, map(sum, zip(*comm.allgather_object(list(wrong.values()))))))
     return src, out, samples, wrong
 
@@ -174,13 +212,13 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
         from ..topology import place
 
         placement = place(topology, n)
-    base = _MPIBaseline(comm) if comm.transport.name == "mpi" else _TorchBaseline(comm)
+    base = _MPIBaseline(comm) if comm.transport.name == "mpi" and not _on_cuda(comm) else _TorchBaseline(comm)
     if base.name == "mpi" and dtype not in _MPI_DTYPES:
         raise ValueError(f"run_sweep: dtype={dtype} has no MPI datatype; the MPI baseline needs one of "
                          f"{', '.join(map(str, _MPI_DTYPES))}")
     rows = []
     for op in ops:
-        algos = C.ALGORITHMS[op]
+        algos = algorithms(comm, op)
         for nbytes in sizes:
             src, out, samples, wrong = measure_case(comm, op, nbytes, dtype, warmup=warmup, iters=iters,
                                                     rounds=rounds, baseline=base)
@@ -188,7 +226,8 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
             common = dict(size_bytes=size, count=src.numel(), dtype=dtype, nranks=n)
             bname = f"{base.name}:{op}"
             for a in algos:
-                pred = _predict(topology, placement, calibration, op, a, size)
+                modelled = model_algo(comm, op, a)
+                pred = None if modelled is None else _predict(topology, placement, calibration, op, modelled, size)
                 extra = {} if pred is None else {
                     "model": {"topology": topology.name, "calibration": getattr(calibration, "name", None),
                               "pred_over_meas": None}}
@@ -237,15 +276,17 @@ def run(ctx, family: str = "collectives") -> list:
     from .probe import job_placement
 
     world, args = ctx.world, ctx.args
+    cuda = _on_cuda(world)
     job_topo = world.topology or from_env_or_discover(world)
     topo, placement = job_placement(world, job_topo, None)
     cal = cost.load_calibration(args.calibration) if args.calibration else None
     if args.topology:
         topo = load(args.topology)
         placement = Placement(topo, placement.devices)
-    elif getattr(world.device, "type", "cpu") != "cpu" and cal is None:
+    elif getattr(world.device, "type", "cpu") not in ("cpu", "cuda") and cal is None:
         # The job's topology then describes the GPUs' links; these collectives move host memory over the
-        # host transport, which it does not price: no prediction rather than a wrong one.
+        # host transport, which it does not price: no prediction rather than a wrong one. (On CUDA ranks
+        # the sweep moves device memory, which the topology does describe.)
         topo = None
     knobs = {"iters": 5, "rounds": 3, "warmup": 2, **(QUICK if ctx.quick else {})}
     knobs.update({k: getattr(args, k) for k in knobs if getattr(args, k) is not None})
@@ -254,20 +295,24 @@ def run(ctx, family: str = "collectives") -> list:
                      placement=placement, progress=ctx.progress(len(args.ops) * len(sizes)), **knobs)
     if ctx.lead:
         if topo is None:
-            model = "no prediction: the job's topology describes its GPUs, these are host-memory collectives"
+            model = "no prediction: the job's topology describes its devices, these are host-memory collectives"
         else:
             model = "pred = cost model (topology " + topo.name + (
                 f" + calibration {cal.name}" if cal else ", links only: no calibration; `xelink bench links` "
                                                          "measures one") + "), all_reduce with the copy-in; " \
                 "pred/meas = predicted / measured"
-        ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}, host tensors; ratio = "
+        where = "CUDA tensors, eager, CUDA events" if cuda else "host tensors"
+        ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}, {where}; ratio = "
                       f"baseline time / xelink time (>1: xelink faster); {model}")
         if args.tune:
-            from .tuning import build_table, fingerprint
+            from .tuning import build_table, fingerprint, save_merged
 
             meta = ctx.manifest({"topology": job_topo.name})
-            build_table(rows, fingerprint(job_topo.name, world.hosts), manifest=meta).save(args.tune)
-            ctx.notes.append(f"tuning table written to {args.tune}")
+            # algo="auto" on CUDA tensors looks up "cuda:<op>" (collectives/gpu.py).
+            keyed = [dataclasses.replace(r, op=f"cuda:{r.op}") for r in rows] if cuda else rows
+            merged = save_merged(build_table(keyed, fingerprint(job_topo.name, world.hosts), manifest=meta), args.tune)
+            ctx.notes.append(f"tuning table written to {args.tune}" + (" (merged with the entries already there)"
+                                                                      if merged else ""))
     return rows
 
 

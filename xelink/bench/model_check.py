@@ -24,7 +24,7 @@ import torch
 from .. import collectives as C
 from .. import cost
 from ..topology import Placement, Topology
-from .collectives import copy_in_s, measure_case
+from .collectives import algorithms, copy_in_s, measure_case, model_algo
 from .harness import JsonlWriter, make_row, manifest
 from .probe import add_arguments, calibrated, cpu_snapshot, job_placement, other_cpu, report, run_probe
 
@@ -72,7 +72,9 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
 
     all_reduce is timed as ``xelink bench collectives`` times it, copying the user's input into the
     buffer first (the collective is in place); its prediction adds that copy at the probe's copy
-    bandwidth of the slowest device.
+    bandwidth of the slowest device. On CUDA ranks the tensors are on the GPUs, each call is timed with
+    CUDA events (eager), and the algorithms are the GPU ones the model has a schedule for, priced under
+    the model's name for it (``collectives.GPU_ALGOS``; the GPU path has no ring).
 
     Collective: every rank of ``comm`` must call this with the same arguments.
     """
@@ -82,17 +84,18 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
     item = torch.tensor([], dtype=dtype).element_size()
     out = []
     for op in ops:
-        algos = C.ALGORITHMS[op]
+        # On CUDA ranks the GPU algorithms the model has a schedule for (collectives.GPU_ALGOS).
+        algos = [a for a in algorithms(comm, op) if model_algo(comm, op, a) is not None]
         for nbytes in sizes:
             before = cpu_snapshot()
             src, buf, samples, wrong = measure_case(comm, op, nbytes, dtype, warmup=warmup, iters=iters,
-                                                    rounds=rounds)
+                                                    rounds=rounds, algos=algos)
             others = other_cpu(comm, before, cpu_snapshot())
             size = (buf if op == "all_gather" else src).numel() * item
             copy_in = copy_in_s(calibration, placement, size) if op == "all_reduce" else 0.0
             for a in algos:
-                pred = _predict(topology, placement, calibration, op, a, size)
-                links = _predict(base, base_placement, None, op, a, size)
+                pred = _predict(topology, placement, calibration, op, model_algo(comm, op, a), size)
+                links = _predict(base, base_placement, None, op, model_algo(comm, op, a), size)
                 predicted_us = (pred.time_s + copy_in) * 1e6
                 row = make_row(op, f"xelink:{a}", samples[f"xelink:{a}"], size_bytes=size, count=src.numel(),
                                dtype=dtype, nranks=n, wrong=wrong[f"xelink:{a}"], predicted_us=predicted_us)
@@ -106,6 +109,7 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
                                   "bottleneck": pred.bottleneck, "overhead_us": pred.overhead_s * 1e6,
                                   "latency_us": pred.latency_s * 1e6, "local_us": pred.local_s * 1e6 + copy_in * 1e6,
                                   "copy_in_us": copy_in * 1e6, "topology": topology.name,
+                                  "model_algo": model_algo(comm, op, a),
                                   "calibration": calibration.name, "other_cpu": others})
                 out.append(CheckRow(row, predicted_us, links.time_s * 1e6, ratio, within, size_class,
                                     pred.bottleneck, others))

@@ -4,10 +4,12 @@ this machine can run, in one launch, into one results folder.
 Families (each a module of ``xelink.bench`` with ``add_arguments(parser, family)`` and
 ``run(ctx, family) -> rows``):
 
-- ``links``: latency and bandwidth between every pair of ranks (a matrix, from the probe's ping-pong),
-  the calibrated topology and the probe's calibration (CPU ranks).
-- ``collectives``: every op x algorithm over a size sweep next to MPI's own collective, with the cost
-  model's prediction beside each row.
+- ``links``: latency and bandwidth between every pair of ranks (a matrix, from the probe: a ping-pong
+  through the transport on CPU ranks, copy-engine pulls through xelink's peer memory next to NCCL
+  send/recv on CUDA ranks), the calibrated topology and the probe's calibration.
+- ``collectives``: every op x algorithm over a size sweep next to MPI's own collective (CPU ranks) or
+  NCCL (CUDA ranks: device tensors, xelink's GPU algorithms), with the cost model's prediction beside
+  each row, priced with the links family's calibration.
 - ``gemm``, ``gemv``, ``attention``: on CPU the kernels' reference paths against torch at small shapes;
   on CUDA the GPU kernel benchmarks (``kernels.py``, ``attention.py``).
 - ``gpu-collectives``: xelink's GPU collectives against NCCL and torch symmetric memory (CUDA only).
@@ -264,8 +266,8 @@ def _family_argv(name: str, args, out: Path) -> list[str]:
         cal = args.calibration or (out / "calibration.toml")
         if Path(cal).is_file():
             argv += ["--calibration", str(cal)]
-            # The links family's topology goes with its calibration; on CUDA it measured device links
-            # (NCCL) and wrote no calibration, and those figures would misprice host collectives.
+            # The links family's topology goes with its calibration (both measured on the ranks' devices,
+            # where the collectives family moves its tensors).
             topo = args.topology or (None if args.calibration else out / "topology.toml")
             if topo is not None and Path(topo).is_file():
                 argv += ["--topology", str(topo)]
