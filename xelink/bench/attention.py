@@ -357,6 +357,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="time the tile candidates (tuning) instead")
     parser.add_argument("--warm-jobs", type=int, default=8, help="processes that compile kernels before timing")
+    parser.add_argument("--quick", action="store_true", help="head dim 128 only and the two shortest decode caches, "
+                                                             "one round (the suite's quick run)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("xelink.bench.attention: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -372,7 +374,8 @@ def main(argv=None) -> int:
                 jobs += [("prefill", ci, d, causal, cfg) for ci, cfg in cands]
         jobs += [("decode", cfg) for cfg in {c for c, _ in SWEEP_DECODE}]
     else:
-        jobs += [("prefill", impl, d, causal, A._fwd_config(impl, d)) for d in (128, 256) for causal in (False, True)]
+        dims = (128,) if args.quick else (128, 256)
+        jobs += [("prefill", impl, d, causal, A._fwd_config(impl, d)) for d in dims for causal in (False, True)]
         jobs.append(("decode", A._DECODE_CONFIGS[128]))
     if args.only == "prefill":
         jobs = [j for j in jobs if j[0] == "prefill"]
@@ -382,10 +385,13 @@ def main(argv=None) -> int:
     rows = []
     prefill_cfg = SWEEP_PREFILL if args.sweep else None
     decode_cfg = SWEEP_DECODE if args.sweep else None
+    prefill_cases = tuple(c for c in PREFILL_CASES if c[5] == 128) if args.quick else PREFILL_CASES
+    decode_cases = DECODE_CASES[:2] if args.quick else DECODE_CASES
+    rounds = 1 if args.quick else args.rounds
     if args.only in ("all", "prefill"):
-        rows += run_prefill(impl, iters=args.iters or 10, rounds=args.rounds, configs=prefill_cfg)
+        rows += run_prefill(impl, prefill_cases, iters=args.iters or 10, rounds=rounds, configs=prefill_cfg)
     if args.only in ("all", "decode"):
-        rows += run_decode(impl, iters=args.iters or 20, rounds=args.rounds, configs=decode_cfg)
+        rows += run_decode(impl, decode_cases, iters=args.iters or 20, rounds=rounds, configs=decode_cfg)
     table = _summary(rows)
     print(table)
     if args.out:

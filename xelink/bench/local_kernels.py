@@ -195,7 +195,7 @@ def _run_gpu(ctx, family: str) -> list:
 
     folder = ctx.out / f"{family}-gpu" if ctx.out is not None else Path(tempfile.mkdtemp(prefix="xelink-bench-"))
     if family == "attention":
-        argv = ["--out", str(folder)] + (["--iters", "5", "--rounds", "1"] if ctx.quick else []) + ctx.rest
+        argv = ["--out", str(folder)] + (["--quick", "--iters", "5"] if ctx.quick else []) + ctx.rest
         rc, jsonl = attention.main(argv), folder / "attention.jsonl"
     else:
         argv = ["--only", family, "--out", str(folder)] + (["--quick"] if ctx.quick else []) + ctx.rest
