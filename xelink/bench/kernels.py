@@ -186,8 +186,9 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
 
 def _gemv_sweep(N: int, K: int, fmt: str, M: int):
     """Tuning variants of gemv's config: CUDA-core (``fma``) and tensor-core (``mma``) tiles
-    (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the smallest power-of-two K split that gives
-    two programs a multiprocessor (the split's partial sums cost a second launch)."""
+    (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the K split of ``gemv.split_k``."""
+    from ..kernels.gemv import split_k
+
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     fma = {"bf16": [(2, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 2), (4, 512, 4, 3), (8, 512, 4, 3),
                     (8, 1024, 8, 2)],
@@ -201,10 +202,8 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int):
         fma = []  # 8 FMAs a weight: the CUDA cores cannot keep up with quantized weights
     for kernel, tiles in (("fma", fma), ("mma", mma)):
         for bn, bk, warps, stages in tiles:
-            programs, split = -(-N // bn), 1
-            while programs * split < 2 * sms and K // (bk * split) >= 4:
-                split *= 2
-            cfg = dict(KERNEL=kernel, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, SPLIT_K=split)
+            cfg = dict(KERNEL=kernel, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                       SPLIT_K=split_k(N, K, bn, bk, sms))
             if kernel == "fma":
                 cfg["PREFETCH"] = False
             yield cfg

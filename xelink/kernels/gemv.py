@@ -457,33 +457,41 @@ if triton is not None:
 
 # -- host side ------------------------------------------------------------------------------------
 
+def split_k(N: int, K: int, block_n: int, block_k: int, sms: int) -> int:
+    """The smallest power-of-two K split giving two programs a multiprocessor while each split keeps at
+    least 4 tiles of K (a split's partial sums cost a second launch)."""
+    programs, split = -(-N // block_n), 1
+    while programs * split < 2 * sms and K // (block_k * split) >= 4:
+        split *= 2
+    return split
+
+
 def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
-    """Kernel, tile and split for W [N, K] and M activation rows (tiles from the H200 sweeps in
-    benchmarks/results/h200-kernels).
+    """Kernel, tile and split for W [N, K] and M activation rows: the fastest tiles of the H200 sweep
+    (benchmarks/results/h200-kernels, run 5) that are fastest across its four shapes.
 
     KERNEL "fma" (CUDA cores) streams W with small tiles and many resident programs; "mma" (tensor
     cores, activations padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would
-    bound the kernel (8 rows). A K split adds a second launch (the fp32 partial sums).
+    bound the kernel (5-8 rows, and W4A16 without the PTX dequantization).
     """
     if M <= 4:
         # Warps side by side along K (BLOCK_K = warps x one 16-byte load a thread): each thread's slice
         # of x is its own, so x needs no shuffle between warps.
         if fmt == "w4a16":
-            block_n, block_k, warps = (64, 128, 8) if N >= 8192 and M == 1 else (16, 128, 4)
+            block_n, block_k, stages = 32, 128, 3
         elif fmt == "w8a16":
-            block_n, block_k, warps = (8 if M == 1 else 2), 2048, 4
+            block_n, block_k, stages = 4, 1024, 3
         else:
-            block_n, block_k, warps = 2, 1024, 4
-        cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=1, PREFETCH=False)
-        cfg["SPLIT_K"] = 2 if -(-N // block_n) < sms else 1
-        return cfg
-    if fmt == "w4a16":
-        cfg = dict(KERNEL="mma", BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=1 if ptx else 3)
+            block_n, block_k, stages = 2, 1024, 3
+        cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=stages, PREFETCH=False)
+    elif fmt == "w4a16":
+        cfg = dict(KERNEL="mma", BLOCK_N=128 if N >= 8192 else 64, BLOCK_K=512, num_warps=4,
+                   num_stages=1 if ptx else 3)
+    elif fmt == "w8a16":
+        cfg = dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     else:
-        cfg = dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256, num_warps=4,
-                   num_stages=3 if fmt in _FLOAT16 or not ptx else 1)
-    programs = -(-N // cfg["BLOCK_N"])
-    cfg["SPLIT_K"] = 1 if programs >= 2 * sms else (4 if fmt == "w4a16" else 2)
+        cfg = dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3)
+    cfg["SPLIT_K"] = split_k(N, K, cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
     return cfg
 
 
