@@ -309,7 +309,10 @@ def run(ctx, family: str = "collectives") -> list:
 
             meta = ctx.manifest({"topology": job_topo.name})
             # algo="auto" on CUDA tensors looks up "cuda:<op>" (collectives/gpu.py).
-            keyed = [dataclasses.replace(r, op=f"cuda:{r.op}") for r in rows] if cuda else rows
+            # The copy_engine all-gather stages a plain tensor in the peer scratch, which caps its size: not a
+            # path auto may extend to every size above the sweep.
+            keyed = [dataclasses.replace(r, op=f"cuda:{r.op}") for r in rows
+                     if r.path != "xelink:copy_engine"] if cuda else rows
             merged = save_merged(build_table(keyed, fingerprint(job_topo.name, world.hosts), manifest=meta), args.tune)
             ctx.notes.append(f"tuning table written to {args.tune}" + (" (merged with the entries already there)"
                                                                       if merged else ""))
