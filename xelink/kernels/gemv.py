@@ -173,6 +173,16 @@ if triton is not None:
                                 .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
     _W4_PTX_FP16 = tl.constexpr(_W4_PTX.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
                                 .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+    # The same with the scale applied: (nibble - 8) exactly, then one packed multiply by the scale pair
+    # ($5, $6: the group's scale twice), rounded once: 2 instructions a weight.
+    _W4S_PTX = _W4_PTX.replace("fma.rn.TY $0, t01, one, off;", "fma.rn.TY t01, t01, one, off;\n        mul.rn.TY $0, t01, $5;")\
+        .replace("fma.rn.TY $1, t23, one, off;", "fma.rn.TY t23, t23, one, off;\n        mul.rn.TY $1, t23, $6;")\
+        .replace("fma.rn.TY $2, s01, one, off;", "fma.rn.TY s01, s01, one, off;\n        mul.rn.TY $2, s01, $5;")\
+        .replace("fma.rn.TY $3, s23, one, off;", "fma.rn.TY s23, s23, one, off;\n        mul.rn.TY $3, s23, $6;")
+    _W4S_PTX_BF16 = tl.constexpr(_W4S_PTX.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
+                                 .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
+    _W4S_PTX_FP16 = tl.constexpr(_W4S_PTX.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
+                                 .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
     # W8 to bf16: flip the sign bit (q + 128 as a byte), prmt the byte under fp32 2^23, subtract
     # 2^23 + 128 exactly, round pairs to bf16 (exact: |q| <= 128 fits in 8 significant bits).
     _W8_PTX_BF16 = tl.constexpr("""{
@@ -235,11 +245,29 @@ if triton is not None:
             hi = ((q >> 4) | MAGIC).to(x_dtype, bitcast=True)
         return lo, hi
 
+    @triton.jit
+    def _dequant_w4_scaled(p, s, x_dtype: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr):
+        """Packed uint8 tile and its scales (same shape) -> (low, high) (nibble - 8) * scale in x_dtype,
+        rounded once."""
+        if PTX:
+            if x_dtype == tl.bfloat16:
+                lo, hi = tl.inline_asm_elementwise(_W4S_PTX_BF16, "=r,=r,=r,=r,r,r,r", [p, s],
+                                                   dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            else:
+                lo, hi = tl.inline_asm_elementwise(_W4S_PTX_FP16, "=r,=r,=r,=r,r,r,r", [p, s],
+                                                   dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            q = p.to(tl.int32)
+            sf = s.to(tl.float32)
+            lo = (((q & 0xF).to(tl.float32) - 8.0) * sf).to(x_dtype)
+            hi = (((q >> 4).to(tl.float32) - 8.0) * sf).to(x_dtype)
+        return lo, hi
+
     @triton.jit(do_not_specialize=["M", "K_STEPS"])
     def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_STEPS,
                      stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
-                     MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr,
+                     MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -255,7 +283,24 @@ if triton is not None:
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if FMT == 2:
+        if FMT == 2 and FOLD:
+            # W4A16, scales folded into the weights: a [BLOCK_N, BLOCK_K] tile of (nibble - 8) * scale
+            # (one rounding, as a bf16/fp16 weight would carry) and one dot a tile.
+            G: tl.constexpr = BLOCK_K // 128
+            rg = tl.arange(0, G)
+            rj = tl.arange(0, 64)
+            p_ptrs = w_ptr + rn_safe[:, None, None] * stride_wn + rg[None, :, None] * 64 + rj[None, None, :]
+            s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + rg[None, :]
+            rk = tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + rm[None, :] * stride_xm + rk[:, None]
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                p = tl.load(p_ptrs + k0 // 2)
+                s = tl.broadcast_to(tl.load(s_ptrs + k0 // 128)[:, :, None], (BLOCK_N, G, 64))
+                lo, hi = _dequant_w4_scaled(p, s, x_dtype, MAGIC, BIAS, PTX)
+                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+                xt = tl.load(x_ptrs + k0, mask=m_ok[None, :], other=0.0)
+                acc = tl.dot(w, xt, acc)
+        elif FMT == 2:
             # W4A16: one 128-column scale group per step; the packed tile is 64 bytes wide.
             rj = tl.arange(0, 64)
             re = tl.arange(0, 2)
@@ -446,6 +491,129 @@ if triton is not None:
         _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
 
     @triton.jit
+    def _w4_words_row(acc, m: tl.constexpr, w, s, x_ptr, stride_xm, offs, ROWS: tl.constexpr):
+        """acc [BLOCK_N, T] += scale * (sum of (nibble - 8) * x) over each thread's 32 weights, for row m of x.
+
+        ``w`` holds the nibbles of each word as floats ``1 + n/256`` (low) and ``1 + n/16`` (high); with e/o
+        the even/odd-k activations and o' = o/16: sum (n - 8) x = 256 * sum(w_lo e + w_hi o')
+        - (264 sum e + 384 sum o')."""
+        if m < ROWS:
+            xt = tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)  # [T, 4, 8]: k = 8 * word + i
+            e, o = tl.split(tl.reshape(xt, (xt.shape[0], xt.shape[1], 4, 2)))  # [T, 4, 4]: byte b's even/odd k
+            o = o * 0.0625
+            e02, e13 = tl.split(tl.reshape(e, (e.shape[0], e.shape[1], 2, 2)))
+            o02, o13 = tl.split(tl.reshape(o, (o.shape[0], o.shape[1], 2, 2)))
+            e0, e2 = tl.split(e02)
+            e1, e3 = tl.split(e13)
+            o0, o2 = tl.split(o02)
+            o1, o3 = tl.split(o13)
+            l0, h0, l1, h1, l2, h2, l3, h3 = w
+            t = l0 * e0[None]
+            t += h0 * o0[None]
+            t += l1 * e1[None]
+            t += h1 * o1[None]
+            t += l2 * e2[None]
+            t += h2 * o2[None]
+            t += l3 * e3[None]
+            t += h3 * o3[None]
+            c = tl.sum(264.0 * (e0 + e1 + e2 + e3) + 384.0 * (o0 + o1 + o2 + o3), axis=1)  # [T]
+            return acc + s * (256.0 * tl.sum(t, axis=2) - c[None, :])
+        else:
+            return acc
+
+    # Byte b of a word shifted to bits 15-22 puts its low nibble in mantissa bits 15-18 and its high
+    # nibble in bits 19-22; one lop3 ((a & mask) | 1.0f) each gives 1 + n/256 and 1 + n/16, exactly.
+    _W4_WORD_PTX = tl.constexpr("""{
+        .reg .b32 c, b0, b1, b2, b3;
+        mov.b32 c, 0x3F800000;
+        shl.b32 b0, $8, 15;
+        shl.b32 b1, $8, 7;
+        shr.u32 b2, $8, 1;
+        shr.u32 b3, $8, 9;
+        lop3.b32 $0, b0, 0x00078000, c, 0xEA;
+        lop3.b32 $1, b0, 0x00780000, c, 0xEA;
+        lop3.b32 $2, b1, 0x00078000, c, 0xEA;
+        lop3.b32 $3, b1, 0x00780000, c, 0xEA;
+        lop3.b32 $4, b2, 0x00078000, c, 0xEA;
+        lop3.b32 $5, b2, 0x00780000, c, 0xEA;
+        lop3.b32 $6, b3, 0x00078000, c, 0xEA;
+        lop3.b32 $7, b3, 0x00780000, c, 0xEA;
+    }""")
+
+    @triton.jit
+    def _w4_word_floats(p, PTX: tl.constexpr):
+        """int32 words of packed W4 -> the 8 nibble floats (low, high of bytes 0..3): 1 + n/256, 1 + n/16."""
+        if PTX:
+            return tl.inline_asm_elementwise(_W4_WORD_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [p],
+                                             dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+        else:
+            u = p.to(tl.uint32, bitcast=True)
+            b0 = u << 15
+            b1 = u << 7
+            b2 = u >> 1
+            b3 = u >> 9
+            return (((b0 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b0 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b1 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b1 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b2 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b2 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b3 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
+                    ((b3 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True))
+
+    @triton.jit(do_not_specialize=["K_STEPS"])
+    def _gemv_w4_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
+                            stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+                            PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # W4A16 on CUDA cores with the packed weights read as 32-bit words (8 weights; a thread takes 4
+        # words, 16 bytes, within one scale group). A nibble ANDed into the mantissa of the float 1.0 is
+        # exactly 1 + n/256 (or 1 + n/16): one lop3 a weight plus a shift a byte, instead of a conversion
+        # and a subtraction; the constant parts are removed once per thread slice with the sums of its
+        # activations (_w4_words_row). K and BLOCK_K are multiples of 128.
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        T: tl.constexpr = BLOCK_K // 32
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rn_safe = tl.minimum(rn, N - 1)
+        k_lo = pid_s * K_STEPS * BLOCK_K
+        k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        rt = tl.arange(0, T)
+        word = rt[:, None] * 4 + tl.arange(0, 4)[None, :]  # [T, 4]
+        w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None, None] * (stride_wn // 4)
+                  + word[None, :, :])
+        s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 4)[None, :]
+        x_offs = word[:, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        a0 = tl.zeros((BLOCK_N, T), dtype=tl.float32)
+        a1 = a0
+        a2 = a0
+        a3 = a0
+        a4 = a0
+        a5 = a0
+        a6 = a0
+        a7 = a0
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            p = tl.load(w_ptrs + k0 // 8)
+            s = tl.load(s_ptrs + k0 // 128).to(tl.float32)
+            w = _w4_word_floats(p, PTX)
+            a0 = _w4_words_row(a0, 0, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a1 = _w4_words_row(a1, 1, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a2 = _w4_words_row(a2, 2, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a3 = _w4_words_row(a3, 3, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a4 = _w4_words_row(a4, 4, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a5 = _w4_words_row(a5, 5, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a6 = _w4_words_row(a6, 6, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            a7 = _w4_words_row(a7, 7, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+
+    @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
@@ -501,8 +669,10 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     cfg = dict(cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx))
     kernel = cfg.pop("KERNEL", "mma")
     block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
-    if kernel not in ("fma", "mma"):
-        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma' or 'mma'")
+    if kernel not in ("fma", "mma", "fma4"):
+        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'fma4' or 'mma'")
+    if kernel == "fma4" and fmt != "w4a16":
+        raise ValueError(f"gemv: config KERNEL='fma4' is the w4a16 kernel, got fmt={fmt!r}")
     if fmt == "w4a16" and block_k % W4_GROUP:
         raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -529,12 +699,19 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, out)
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
-    if kernel == "fma":
+    if kernel == "fma4":
+        for key in ("FOLD", "PREFETCH"):
+            cfg.pop(key, None)
+        _gemv_w4_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, PARTIAL=split > 1, ROWS=M,
+                                  PTX=ptx, BLOCK_K=block_k, **cfg)
+    elif kernel == "fma":
+        cfg.pop("FOLD", None)
         cfg.setdefault("PREFETCH", False)
         _gemv_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
                                PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **cfg)
     else:
         cfg.pop("PREFETCH", None)
+        cfg.setdefault("FOLD", False)
         if x.dtype == torch.bfloat16:
             magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
         else:
