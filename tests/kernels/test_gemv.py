@@ -189,8 +189,8 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=1024 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4,
                     num_stages=1, PREFETCH=True)]
     if fmt == "w4a16":
-        configs += [dict(KERNEL="fma4", BLOCK_N=32, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1),
-                    dict(KERNEL="fma4", BLOCK_N=16, BLOCK_K=256, SPLIT_K=3, num_warps=4, num_stages=3)]
+        configs += [dict(KERNEL="fma4", BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=1, num_stages=1),
+                    dict(KERNEL="fma4", BLOCK_N=32, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=3)]
     for N, K in GPU_SHAPES:
         w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
         for M in (1, 2, 8):

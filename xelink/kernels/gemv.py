@@ -492,32 +492,33 @@ if triton is not None:
 
     @triton.jit
     def _w4_words_row(acc, m: tl.constexpr, w, s, x_ptr, stride_xm, offs, ROWS: tl.constexpr):
-        """acc [BLOCK_N, T] += scale * (sum of (nibble - 8) * x) over each thread's 32 weights, for row m of x.
+        """acc [BLOCK_N, T] += scale * sum((nibble - 8) * x) over each thread's word (8 weights), row m of x.
 
         ``w`` holds the nibbles of each word as floats ``1 + n/256`` (low) and ``1 + n/16`` (high); with e/o
         the even/odd-k activations and o' = o/16: sum (n - 8) x = 256 * sum(w_lo e + w_hi o')
-        - (264 sum e + 384 sum o')."""
+        - (264 sum e + 384 sum o'). A word's 8 activations are one 16-byte load by the thread that has the
+        word (no exchange between threads)."""
         if m < ROWS:
-            xt = tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)  # [T, 4, 8]: k = 8 * word + i
-            e, o = tl.split(tl.reshape(xt, (xt.shape[0], xt.shape[1], 4, 2)))  # [T, 4, 4]: byte b's even/odd k
+            xt = tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)  # [T, 8]: the word's activations
+            e, o = tl.split(tl.reshape(xt, (xt.shape[0], 4, 2)))  # [T, 4]: byte b's even / odd k
             o = o * 0.0625
-            e02, e13 = tl.split(tl.reshape(e, (e.shape[0], e.shape[1], 2, 2)))
-            o02, o13 = tl.split(tl.reshape(o, (o.shape[0], o.shape[1], 2, 2)))
+            e02, e13 = tl.split(tl.reshape(e, (e.shape[0], 2, 2)))
+            o02, o13 = tl.split(tl.reshape(o, (o.shape[0], 2, 2)))
             e0, e2 = tl.split(e02)
             e1, e3 = tl.split(e13)
             o0, o2 = tl.split(o02)
             o1, o3 = tl.split(o13)
             l0, h0, l1, h1, l2, h2, l3, h3 = w
-            t = l0 * e0[None]
-            t += h0 * o0[None]
-            t += l1 * e1[None]
-            t += h1 * o1[None]
-            t += l2 * e2[None]
-            t += h2 * o2[None]
-            t += l3 * e3[None]
-            t += h3 * o3[None]
-            c = tl.sum(264.0 * (e0 + e1 + e2 + e3) + 384.0 * (o0 + o1 + o2 + o3), axis=1)  # [T]
-            return acc + s * (256.0 * tl.sum(t, axis=2) - c[None, :])
+            t = l0 * e0[None, :]
+            t += h0 * o0[None, :]
+            t += l1 * e1[None, :]
+            t += h1 * o1[None, :]
+            t += l2 * e2[None, :]
+            t += h2 * o2[None, :]
+            t += l3 * e3[None, :]
+            t += h3 * o3[None, :]
+            c = 264.0 * (e0 + e1 + e2 + e3) + 384.0 * (o0 + o1 + o2 + o3)  # [T]
+            return acc + s * (256.0 * t - c[None, :])
         else:
             return acc
 
@@ -561,29 +562,29 @@ if triton is not None:
                     ((b3 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
                     ((b3 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True))
 
-    @triton.jit(do_not_specialize=["K_STEPS"])
-    def _gemv_w4_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
-                            stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+    @triton.jit(do_not_specialize=["K_STEPS", "WORDS_N"])
+    def _gemv_w4_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS, WORDS_N,
+                            stride_xm, stride_sn, stride_ym, stride_ys,
                             PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # W4A16 on CUDA cores with the packed weights read as 32-bit words (8 weights; a thread takes 4
-        # words, 16 bytes, within one scale group). A nibble ANDed into the mantissa of the float 1.0 is
-        # exactly 1 + n/256 (or 1 + n/16): one lop3 a weight plus a shift a byte, instead of a conversion
-        # and a subtraction; the constant parts are removed once per thread slice with the sums of its
-        # activations (_w4_words_row). K and BLOCK_K are multiples of 128.
+        # W4A16 on CUDA cores, the packed weights read as 32-bit words (8 weights), one word of a row a
+        # thread a step and BLOCK_N rows a program. A nibble ANDed into the mantissa of the float 1.0 is
+        # exactly 1 + n/256 (or 1 + n/16): one lop3 a weight plus a shift a byte, instead of a
+        # conversion and a subtraction; the constant parts go once per word with its activation sums
+        # (_w4_words_row). WORDS_N (the row stride in words) is not specialized: unable to prove
+        # 16-byte alignment, the compiler keeps one word a thread, the layout of the word's
+        # activations, so nothing is exchanged through shared memory. K and BLOCK_K are multiples of 128.
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        T: tl.constexpr = BLOCK_K // 32
+        T: tl.constexpr = BLOCK_K // 8
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rn_safe = tl.minimum(rn, N - 1)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         rt = tl.arange(0, T)
-        word = rt[:, None] * 4 + tl.arange(0, 4)[None, :]  # [T, 4]
-        w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None, None] * (stride_wn // 4)
-                  + word[None, :, :])
-        s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 4)[None, :]
-        x_offs = word[:, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
+        s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 16)[None, :]
+        x_offs = rt[:, None] * 8 + tl.arange(0, 8)[None, :]
         a0 = tl.zeros((BLOCK_N, T), dtype=tl.float32)
         a1 = a0
         a2 = a0
@@ -596,14 +597,15 @@ if triton is not None:
             p = tl.load(w_ptrs + k0 // 8)
             s = tl.load(s_ptrs + k0 // 128).to(tl.float32)
             w = _w4_word_floats(p, PTX)
-            a0 = _w4_words_row(a0, 0, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a1 = _w4_words_row(a1, 1, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a2 = _w4_words_row(a2, 2, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a3 = _w4_words_row(a3, 3, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a4 = _w4_words_row(a4, 4, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a5 = _w4_words_row(a5, 5, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a6 = _w4_words_row(a6, 6, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
-            a7 = _w4_words_row(a7, 7, w, s, x_ptr, stride_xm, k0 + x_offs, ROWS)
+            xo = x_offs + k0
+            a0 = _w4_words_row(a0, 0, w, s, x_ptr, stride_xm, xo, ROWS)
+            a1 = _w4_words_row(a1, 1, w, s, x_ptr, stride_xm, xo, ROWS)
+            a2 = _w4_words_row(a2, 2, w, s, x_ptr, stride_xm, xo, ROWS)
+            a3 = _w4_words_row(a3, 3, w, s, x_ptr, stride_xm, xo, ROWS)
+            a4 = _w4_words_row(a4, 4, w, s, x_ptr, stride_xm, xo, ROWS)
+            a5 = _w4_words_row(a5, 5, w, s, x_ptr, stride_xm, xo, ROWS)
+            a6 = _w4_words_row(a6, 6, w, s, x_ptr, stride_xm, xo, ROWS)
+            a7 = _w4_words_row(a7, 7, w, s, x_ptr, stride_xm, xo, ROWS)
         _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
         _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
         _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
@@ -702,7 +704,8 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     if kernel == "fma4":
         for key in ("FOLD", "PREFETCH"):
             cfg.pop(key, None)
-        _gemv_w4_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, PARTIAL=split > 1, ROWS=M,
+        _gemv_w4_fma_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
+                                  PARTIAL=split > 1, ROWS=M,
                                   PTX=ptx, BLOCK_K=block_k, **cfg)
     elif kernel == "fma":
         cfg.pop("FOLD", None)

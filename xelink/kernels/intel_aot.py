@@ -176,7 +176,7 @@ def _gemv_mma(fmt):
         magic, bias = 0x4300, 136.0
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), M, N, K, K // 4, K // per_byte, K,
                  s_stride, N, M * N],
-                dict(FMT=code, EVEN_K=True, PARTIAL=True, MAGIC=magic, BIAS=bias, PTX=False, BLOCK_N=32,
+                dict(FMT=code, EVEN_K=True, PARTIAL=True, MAGIC=magic, BIAS=bias, PTX=False, FOLD=False, BLOCK_N=32,
                      BLOCK_K=512 if fmt == "w4a16" else 256, BLOCK_M=16))
     return args
 
@@ -185,9 +185,9 @@ LAUNCHES: list[Launch] = [
     # The CUDA-core GEMV reduces across the sub-group through a little shared memory; the matrix-engine
     # GEMV loads through plain pointers (its weights are dequantized on the way), so DPAS but no block IO.
     *[Launch(f"gemv._gemv_fma_kernel[{f}, 1 row]", "gemv", "_gemv_fma_kernel", _gemv_fma(f),
-             shared=512 if f == "w4a16" else 64) for f in _GEMV_FORMATS],
+             shared={"bf16": 64, "w8a16": 2048, "w4a16": {16: 64, 32: 512}}[f]) for f in _GEMV_FORMATS],
     *[Launch(f"gemv._gemv_kernel[{f}, 8 rows, split-K]", "gemv", "_gemv_kernel", _gemv_mma(f), matrix=True,
-             block_io=False, shared=8448 if f == "w4a16" else 24576, sub_groups=(16,)) for f in _GEMV_FORMATS],
+             block_io=False, shared=12288 if f == "w4a16" else 24576, sub_groups=(16,)) for f in _GEMV_FORMATS],
     Launch("gemv._splitk_sum_kernel", "gemv", "_splitk_sum_kernel",
            lambda: ([_t("float32"), _t("bfloat16"), 8 * 4096], dict(SPLIT=4, BLOCK=1024)), shared=0),
     Launch("norm._rmsnorm_kernel", "norm", "_rmsnorm_kernel", _rmsnorm(False), num_warps=8, shared=32),
