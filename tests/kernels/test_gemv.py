@@ -148,10 +148,10 @@ def test_fake_impl():
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fmt", ["fp16", "w8a16", "w4a16"])
 @pytest.mark.parametrize("split", [1, 2])
-@pytest.mark.parametrize("kernel", ["fma", "fma-prefetch", "mma", "fma4"])
+@pytest.mark.parametrize("kernel", ["fma", "fma-prefetch", "mma", "words"])
 def test_interpreted_kernel(fmt, split, kernel):
-    if kernel == "fma4" and fmt != "w4a16":
-        pytest.skip("fma4 is the w4a16 kernel")
+    if kernel == "words" and fmt not in ("w8a16", "w4a16"):
+        pytest.skip("the word kernel takes quantized weights")
     # fp16 activations: the interpreter's bf16 dot is wrong (Triton 3.6 + numpy); bf16 runs on the GPU.
     for M, N, K in [(1, 40, 256), (3, 17, 384)] + ([(2, 5, 200)] if fmt != "w4a16" else []):
         w, s, exact = _weights(fmt, N, K, torch.float16)
@@ -188,9 +188,9 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                     num_stages=1),
                dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=1024 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4,
                     num_stages=1, PREFETCH=True)]
-    if fmt == "w4a16":
-        configs += [dict(KERNEL="fma4", BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=1, num_stages=1),
-                    dict(KERNEL="fma4", BLOCK_N=32, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=3)]
+    if fmt in ("w8a16", "w4a16"):  # (a ragged K falls back to the byte kernel)
+        configs += [dict(KERNEL="words", BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=1, num_stages=1),
+                    dict(KERNEL="words", BLOCK_N=32, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=3)]
     for N, K in GPU_SHAPES:
         w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
         for M in (1, 2, 8):

@@ -198,15 +198,15 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int):
                     (64, 256, 4, 3), (64, 128, 4, 4)],
            "w8a16": [(16, 256, 4, 3), (32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (64, 256, 4, 3)],
            "w4a16": [(16, 512, 4, 3), (32, 512, 4, 3), (64, 512, 4, 3), (64, 512, 4, 1), (32, 512, 4, 1)]}[fmt]
-    fma4 = [(8, 256, 1, 1), (16, 256, 1, 1), (32, 256, 1, 1), (8, 512, 1, 1), (16, 512, 1, 1),
-            (16, 256, 1, 3), (16, 128, 1, 1)] if fmt == "w4a16" and M <= 4 else []
+    words = [(8, 512, 1, 1), (16, 512, 1, 1), (32, 512, 1, 1), (16, 1024, 1, 1), (32, 1024, 1, 1),
+             (16, 1024, 2, 1), (32, 1024, 4, 1), (16, 2048, 4, 1)] if fmt != "bf16" and M <= 4 else []
     if M > 4 and fmt != "bf16":
         fma = []  # 8 FMAs a weight: the CUDA cores cannot keep up with quantized weights
     fold = [(32, 512, 4, 3), (64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3)] if fmt == "w4a16" else []
-    for kernel, tiles in (("fma", fma), ("fma4", fma4), ("mma", mma), ("mma-fold", fold)):
+    for kernel, tiles in (("fma", fma), ("words", words), ("mma", mma), ("mma-fold", fold)):
         for bn, bk, warps, stages in tiles:
             cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                       SPLIT_K=split_k(N, K, bn, bk, sms))
+                       SPLIT_K=split_k(N, K, bn, bk, sms, warps))
             if kernel == "mma-fold":
                 cfg["FOLD"] = True
             if kernel == "fma":

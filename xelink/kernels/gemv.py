@@ -562,29 +562,85 @@ if triton is not None:
                     ((b3 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
                     ((b3 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True))
 
+    # W8: flip the sign bits (q + 128 in each byte), prmt each byte under the fp32 2^23, subtract 2^23 + 128:
+    # q exactly, 2.25 instructions a weight.
+    _W8_WORD_PTX = tl.constexpr("""{
+        .reg .b32 v, m;
+        xor.b32 v, $4, 0x80808080;
+        mov.b32 m, 0x4B000000;
+        prmt.b32 $0, v, m, 0x7440;
+        prmt.b32 $1, v, m, 0x7441;
+        prmt.b32 $2, v, m, 0x7442;
+        prmt.b32 $3, v, m, 0x7443;
+        sub.f32 $0, $0, 0f4B000080;
+        sub.f32 $1, $1, 0f4B000080;
+        sub.f32 $2, $2, 0f4B000080;
+        sub.f32 $3, $3, 0f4B000080;
+    }""")
+
+    @triton.jit
+    def _w8_word_floats(p, PTX: tl.constexpr):
+        """int32 words of 4 int8 weights -> the 4 weights (bytes 0..3) as exact floats."""
+        if PTX:
+            return tl.inline_asm_elementwise(_W8_WORD_PTX, "=r,=r,=r,=r,r", [p], dtype=(tl.float32,) * 4,
+                                             is_pure=True, pack=1)
+        else:
+            u = p.to(tl.uint32, bitcast=True) ^ 0x80808080
+            return ((((u & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0),
+                    ((((u >> 8) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0),
+                    ((((u >> 16) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0),
+                    (((u >> 24) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0))
+
+    @triton.jit
+    def _w8_words_row(acc, m: tl.constexpr, w, x_ptr, stride_xm, offs, ROWS: tl.constexpr):
+        """acc [BLOCK_N, T] += sum(q * x) over each thread's word (4 weights), row m of x."""
+        if m < ROWS:
+            xt = tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)  # [T, 4]: the word's activations
+            x01, x23 = tl.split(tl.reshape(xt, (xt.shape[0], 2, 2)))
+            x0, x2 = tl.split(x01)
+            x1, x3 = tl.split(x23)
+            f0, f1, f2, f3 = w
+            t = f0 * x0[None, :]
+            t += f1 * x1[None, :]
+            t += f2 * x2[None, :]
+            t += f3 * x3[None, :]
+            return acc + t
+        else:
+            return acc
+
+    @triton.jit
+    def _words_row(acc, m: tl.constexpr, w, s, x_ptr, stride_xm, offs, FMT: tl.constexpr, ROWS: tl.constexpr):
+        if FMT == 2:
+            return _w4_words_row(acc, m, w, s, x_ptr, stride_xm, offs, ROWS)
+        else:
+            return _w8_words_row(acc, m, w, x_ptr, stride_xm, offs, ROWS)
+
     @triton.jit(do_not_specialize=["K_STEPS", "WORDS_N"])
-    def _gemv_w4_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS, WORDS_N,
-                            stride_xm, stride_sn, stride_ym, stride_ys,
-                            PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # W4A16 on CUDA cores, the packed weights read as 32-bit words (8 weights), one word of a row a
-        # thread a step and BLOCK_N rows a program. A nibble ANDed into the mantissa of the float 1.0 is
-        # exactly 1 + n/256 (or 1 + n/16): one lop3 a weight plus a shift a byte, instead of a
-        # conversion and a subtraction; the constant parts go once per word with its activation sums
-        # (_w4_words_row). WORDS_N (the row stride in words) is not specialized: unable to prove
-        # 16-byte alignment, the compiler keeps one word a thread, the layout of the word's
-        # activations, so nothing is exchanged through shared memory. K and BLOCK_K are multiples of 128.
+    def _gemv_words_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS, WORDS_N,
+                           stride_xm, stride_sn, stride_ym, stride_ys,
+                           FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
+        # a row a thread a step, BLOCK_N rows a program, so a word's activations (one 8- or 16-byte load)
+        # serve BLOCK_N rows. WORDS_N (the row stride in words) is not specialized: unable to prove 16-byte
+        # alignment, the compiler keeps one word a thread, the layout of the word's activations, so
+        # nothing is exchanged through shared memory (wider weight loads would need that every step).
+        # W4: a nibble ANDed into the mantissa of the float 1.0 is exactly 1 + n/256 (or 1 + n/16), one
+        # lop3 a weight plus a shift a byte; the constant parts go once per word with its activation
+        # sums (_w4_words_row). W8: prmt under 2^23 and one subtraction (_w8_word_floats).
+        # K and BLOCK_K are multiples of 128 (W4) or BLOCK_K of 4 * 32 (W8).
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        T: tl.constexpr = BLOCK_K // 8
+        PER: tl.constexpr = 8 if FMT == 2 else 4  # weights a word
+        T: tl.constexpr = BLOCK_K // PER
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rn_safe = tl.minimum(rn, N - 1)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         rt = tl.arange(0, T)
         w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
-        s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 16)[None, :]
-        x_offs = rt[:, None] * 8 + tl.arange(0, 8)[None, :]
+        s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 16)[None, :]  # W4: the word's scale group
+        x_offs = rt[:, None] * PER + tl.arange(0, PER)[None, :]
         a0 = tl.zeros((BLOCK_N, T), dtype=tl.float32)
         a1 = a0
         a2 = a0
@@ -594,26 +650,34 @@ if triton is not None:
         a6 = a0
         a7 = a0
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            p = tl.load(w_ptrs + k0 // 8)
-            s = tl.load(s_ptrs + k0 // 128).to(tl.float32)
-            w = _w4_word_floats(p, PTX)
+            p = tl.load(w_ptrs + k0 // PER)
+            if FMT == 2:
+                s = tl.load(s_ptrs + k0 // 128).to(tl.float32)
+                w = _w4_word_floats(p, PTX)
+            else:
+                s = 1.0
+                w = _w8_word_floats(p, PTX)
             xo = x_offs + k0
-            a0 = _w4_words_row(a0, 0, w, s, x_ptr, stride_xm, xo, ROWS)
-            a1 = _w4_words_row(a1, 1, w, s, x_ptr, stride_xm, xo, ROWS)
-            a2 = _w4_words_row(a2, 2, w, s, x_ptr, stride_xm, xo, ROWS)
-            a3 = _w4_words_row(a3, 3, w, s, x_ptr, stride_xm, xo, ROWS)
-            a4 = _w4_words_row(a4, 4, w, s, x_ptr, stride_xm, xo, ROWS)
-            a5 = _w4_words_row(a5, 5, w, s, x_ptr, stride_xm, xo, ROWS)
-            a6 = _w4_words_row(a6, 6, w, s, x_ptr, stride_xm, xo, ROWS)
-            a7 = _w4_words_row(a7, 7, w, s, x_ptr, stride_xm, xo, ROWS)
-        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
-        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, 1.0, PARTIAL, ROWS)
+            a0 = _words_row(a0, 0, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a1 = _words_row(a1, 1, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a2 = _words_row(a2, 2, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a3 = _words_row(a3, 3, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a4 = _words_row(a4, 4, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a5 = _words_row(a5, 5, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a6 = _words_row(a6, 6, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+            a7 = _words_row(a7, 7, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+        if FMT == 2:
+            scale = 1.0
+        else:
+            scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
+        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
 
     @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
@@ -627,11 +691,11 @@ if triton is not None:
 
 # -- host side ------------------------------------------------------------------------------------
 
-def split_k(N: int, K: int, block_n: int, block_k: int, sms: int) -> int:
-    """The smallest power-of-two K split giving two programs a multiprocessor while each split keeps at
-    least 4 tiles of K (a split's partial sums cost a second launch)."""
+def split_k(N: int, K: int, block_n: int, block_k: int, sms: int, num_warps: int = 4) -> int:
+    """The smallest power-of-two K split giving 8 warps a multiprocessor while each split keeps at least
+    4 tiles of K (a split's partial sums cost a second launch)."""
     programs, split = -(-N // block_n), 1
-    while programs * split < 2 * sms and K // (block_k * split) >= 4:
+    while programs * split * num_warps < 8 * sms and K // (block_k * split) >= 4:
         split *= 2
     return split
 
@@ -661,7 +725,7 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
         cfg = dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     else:
         cfg = dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3)
-    cfg["SPLIT_K"] = split_k(N, K, cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
+    cfg["SPLIT_K"] = split_k(N, K, cfg["BLOCK_N"], cfg["BLOCK_K"], sms, cfg["num_warps"])
     return cfg
 
 
@@ -671,10 +735,12 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     cfg = dict(cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx))
     kernel = cfg.pop("KERNEL", "mma")
     block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
-    if kernel not in ("fma", "mma", "fma4"):
-        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'fma4' or 'mma'")
-    if kernel == "fma4" and fmt != "w4a16":
-        raise ValueError(f"gemv: config KERNEL='fma4' is the w4a16 kernel, got fmt={fmt!r}")
+    if kernel not in ("fma", "mma", "words"):
+        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words' or 'mma'")
+    if kernel == "words" and fmt not in ("w8a16", "w4a16"):
+        raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
+    if kernel == "words" and block_k % 128:
+        raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of 128 for KERNEL='words'")
     if fmt == "w4a16" and block_k % W4_GROUP:
         raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -701,12 +767,14 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, out)
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
-    if kernel == "fma4":
+    if kernel == "words" and not (even_k and w.stride(0) % 4 == 0):
+        kernel = "fma"  # the word kernel has no K masks: a ragged K goes to the byte kernel
+    if kernel == "words":
         for key in ("FOLD", "PREFETCH"):
             cfg.pop(key, None)
-        _gemv_w4_fma_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
-                                  PARTIAL=split > 1, ROWS=M,
-                                  PTX=ptx, BLOCK_K=block_k, **cfg)
+        _gemv_words_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
+                                 FMT=_FMT_CODE[fmt], PARTIAL=split > 1, ROWS=M,
+                                 PTX=ptx, BLOCK_K=block_k, **cfg)
     elif kernel == "fma":
         cfg.pop("FOLD", None)
         cfg.setdefault("PREFETCH", False)
