@@ -148,16 +148,18 @@ def test_fake_impl():
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fmt", ["fp16", "w8a16", "w4a16"])
 @pytest.mark.parametrize("split", [1, 2])
-@pytest.mark.parametrize("kernel", ["fma", "fma-prefetch", "mma", "words"])
+@pytest.mark.parametrize("kernel", ["fma", "fma-prefetch", "mma", "mma-fold", "words"])
 def test_interpreted_kernel(fmt, split, kernel):
     if kernel == "words" and fmt not in ("w8a16", "w4a16"):
         pytest.skip("the word kernel takes quantized weights")
+    if kernel == "mma-fold" and fmt != "w4a16":
+        pytest.skip("FOLD folds the W4A16 group scales")
     # fp16 activations: the interpreter's bf16 dot is wrong (Triton 3.6 + numpy); bf16 runs on the GPU.
     for M, N, K in [(1, 40, 256), (3, 17, 384)] + ([(2, 5, 200)] if fmt != "w4a16" else []):
         w, s, exact = _weights(fmt, N, K, torch.float16)
         x = torch.randn(M, K).to(torch.float16)
         cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1,
-                   PREFETCH=kernel.endswith("prefetch"))
+                   PREFETCH=kernel.endswith("prefetch"), FOLD=kernel.endswith("fold"))
         assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
 
 

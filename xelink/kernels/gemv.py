@@ -8,20 +8,28 @@ Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` wi
 - ``"w4a16"``: ``W`` uint8 ``[N, K/2]``, low nibble = even k, high nibble = odd k; ``scales [N, K/128]``
   in the activation dtype; value = (nibble - 8) * scale[n, k // 128]. K must be a multiple of 128.
 
-Two Triton kernels stream W once; each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K``
+Three Triton kernels stream W once; each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K``
 slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums that a second small kernel adds).
+A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the tile alignment and keeps
+the loads 16 bytes wide.
 
-- ``fma`` (default for 1-4 rows): CUDA-core FMAs into per-row fp32 accumulators reduced once at the
-  end; small tiles, no shared memory, many programs resident per multiprocessor. Quantized weights
-  become exact fp32 with integer bit tricks instead of int->float conversions (which run at 1/8 of
-  the ALU rate on Hopper): a byte or nibble OR-ed under the exponent of 2^23 is 2^23 + value exactly,
-  and one subtraction leaves the value.
-- ``mma`` (default for 5-8 rows): a tensor-core dot of the (dequantized) weight tile with the
-  activations padded to 16 rows. With ``impl="cuda"`` the dequantization is inline PTX (prmt/lop3 into
-  the 16-bit magic 128.0 / 1024.0, one packed fma to remove the offset: 1.5 instructions a weight,
-  exact); ``impl="triton"`` uses plain Triton ops and removes the offset as a dot with a constant tile.
+- ``fma`` (1-4 rows, dense and W8A16): CUDA-core FMAs into per-row fp32 accumulators reduced once at
+  the end; small tiles, many programs resident per multiprocessor. Quantized weights become exact
+  fp32 with integer bit tricks instead of int->float conversions (1/4 rate on Hopper): a byte or
+  nibble OR-ed under the exponent of 2^23 is 2^23 + value exactly; one subtraction leaves the value.
+- ``words`` (1-4 rows, W4A16; W8A16 on large matrices): the quantized weights read as 32-bit words,
+  one word of a row a thread, one-warp programs; a word's activations are one load by the same thread,
+  so no data moves between threads. W4: a nibble AND-ed into the mantissa of 1.0f is 1 + n/256 (or
+  1 + n/16) exactly, one lop3 a weight; the constant parts are removed once per word with the sums
+  of its activations (fp32 throughout, exact up to fp32 rounding).
+- ``mma`` (5-8 rows): a tensor-core dot of the (dequantized) weight tile with the activations padded
+  to 16 rows. With ``impl="cuda"`` the dequantization is inline PTX (prmt/lop3 into the 16-bit magic
+  128.0 / 1024.0, one packed fma to remove the offset: 1.5 instructions a weight, exact);
+  ``impl="triton"`` uses plain Triton ops and removes the offset as a dot with a constant tile.
+  ``FOLD`` (W4A16 with fewer than 8192 rows) multiplies the scales into the tile, each weight
+  ``(n - 8) * scale`` rounded once to the activation dtype, and does one dot a ``BLOCK_K`` tile.
 
-On H200 neither kernel yet reaches torch's bf16 GEMV bandwidth (see benchmarks/results/h200-kernels).
+H200 results against torch's bf16 GEMV: benchmarks/results/h200-kernels.
 ``pack_w8a16`` / ``pack_w4a16`` quantize a float weight to these formats (symmetric, per row / per
 128 columns) and ``unpack_w8a16`` / ``unpack_w4a16`` return the exact float32 values the kernels use.
 """
@@ -701,26 +709,29 @@ def split_k(N: int, K: int, block_n: int, block_k: int, sms: int, num_warps: int
 
 
 def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
-    """Kernel, tile and split for W [N, K] and M activation rows: the fastest tiles of the H200 sweep
-    (benchmarks/results/h200-kernels, run 5) that are fastest across its four shapes.
+    """Kernel, tile and split for W [N, K] and M activation rows: the tiles fastest across the four shapes
+    of the H200 sweeps (benchmarks/results/h200-kernels, runs 5 and 6).
 
-    KERNEL "fma" (CUDA cores) streams W with small tiles and many resident programs; "mma" (tensor
-    cores, activations padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would
-    bound the kernel (5-8 rows, and W4A16 without the PTX dequantization).
+    "fma" (CUDA cores, dense and W8A16 tiles) and "words" (CUDA cores, quantized weights read as 32-bit
+    words, one-warp programs) stream W with many resident programs; "mma" (tensor cores, activations
+    padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would bound the kernel
+    (5-8 rows). A K split (split_k) adds a second launch.
     """
     if M <= 4:
-        # Warps side by side along K (BLOCK_K = warps x one 16-byte load a thread): each thread's slice
-        # of x is its own, so x needs no shuffle between warps.
         if fmt == "w4a16":
-            block_n, block_k, stages = 32, 128, 3
-        elif fmt == "w8a16":
-            block_n, block_k, stages = 4, 1024, 3
+            cfg = dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, num_warps=1, num_stages=1)
+        elif fmt == "w8a16" and N * K >= 1 << 28:
+            cfg = dict(KERNEL="words", BLOCK_N=16, BLOCK_K=1024, num_warps=2, num_stages=1)
         else:
-            block_n, block_k, stages = 2, 1024, 3
-        cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=stages, PREFETCH=False)
+            # Warps side by side along K (BLOCK_K = warps x one 16-byte load a thread): each thread's slice
+            # of x is its own, so x needs no shuffle between warps.
+            block_n = 4 if fmt == "w8a16" else 2
+            cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=1024, num_warps=4, num_stages=3, PREFETCH=False)
     elif fmt == "w4a16":
-        cfg = dict(KERNEL="mma", BLOCK_N=128 if N >= 8192 else 64, BLOCK_K=512, num_warps=4,
-                   num_stages=1 if ptx else 3)
+        if N >= 8192:
+            cfg = dict(KERNEL="mma", BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=1 if ptx else 3)
+        else:  # fewer rows: the scales folded into the tile, one dot a 512-column tile
+            cfg = dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3, FOLD=True)
     elif fmt == "w8a16":
         cfg = dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     else:
@@ -891,9 +902,9 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
         impl: ``"auto"`` (``"cuda"`` on a CUDA GPU of compute capability >= 8.0, ``"triton"`` on other
             GPUs, else the reference), ``"triton"`` (portable Triton ops), ``"cuda"`` (inline-PTX
             dequantization in the tensor-core kernel; otherwise the same) or ``"reference"``.
-        config: tuning override: ``KERNEL`` ("fma" or "mma"), ``BLOCK_N``, ``BLOCK_K``, ``SPLIT_K``,
-            ``num_warps``, ``num_stages``, ``PREFETCH`` (fma: issue the next tile's load early); for
-            benchmarks.
+        config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
+            ``SPLIT_K``, ``num_warps``, ``num_stages``, ``PREFETCH`` (fma: issue the next tile's load
+            early), ``FOLD`` (mma, w4a16: scales folded into the tile); for benchmarks.
 
     Returns:
         ``[M, N]`` (``[N]`` for a 1-D x) in ``x.dtype``, accumulated in fp32.

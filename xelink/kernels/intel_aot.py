@@ -169,6 +169,15 @@ def _gemv_fma(fmt):
     return args
 
 
+def _gemv_words(fmt):
+    def args():
+        N = K = 4096
+        wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
+        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, 8, K // per_byte // 4, K, s_stride,
+                 N, 0], dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512))
+    return args
+
+
 def _gemv_mma(fmt):
     def args():
         M, N, K = 8, 4096, 4096
@@ -186,6 +195,8 @@ LAUNCHES: list[Launch] = [
     # GEMV loads through plain pointers (its weights are dequantized on the way), so DPAS but no block IO.
     *[Launch(f"gemv._gemv_fma_kernel[{f}, 1 row]", "gemv", "_gemv_fma_kernel", _gemv_fma(f),
              shared={"bf16": 64, "w8a16": 2048, "w4a16": {16: 64, 32: 512}}[f]) for f in _GEMV_FORMATS],
+    *[Launch(f"gemv._gemv_words_kernel[{f}, 1 row]", "gemv", "_gemv_words_kernel", _gemv_words(f), num_warps=1,
+             shared={"w8a16": 16, "w4a16": {16: 544, 32: 1056}}[f]) for f in ("w8a16", "w4a16")],
     *[Launch(f"gemv._gemv_kernel[{f}, 8 rows, split-K]", "gemv", "_gemv_kernel", _gemv_mma(f), matrix=True,
              block_io=False, shared=12288 if f == "w4a16" else 24576, sub_groups=(16,)) for f in _GEMV_FORMATS],
     Launch("gemv._splitk_sum_kernel", "gemv", "_splitk_sum_kernel",
