@@ -148,8 +148,10 @@ def test_fake_impl():
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fmt", ["fp16", "w8a16", "w4a16"])
 @pytest.mark.parametrize("split", [1, 2])
-@pytest.mark.parametrize("kernel", ["fma", "fma-prefetch", "mma", "mma-fold", "words"])
+@pytest.mark.parametrize("kernel", ["fma", "mma", "mma-fold", "words"])
 def test_interpreted_kernel(fmt, split, kernel):
+    if kernel == "fma" and fmt == "w4a16":
+        pytest.skip("W4A16 runs on the word and tensor-core kernels")
     if kernel == "words" and fmt not in ("w8a16", "w4a16"):
         pytest.skip("the word kernel takes quantized weights")
     if kernel == "mma-fold" and fmt != "w4a16":
@@ -159,8 +161,37 @@ def test_interpreted_kernel(fmt, split, kernel):
         w, s, exact = _weights(fmt, N, K, torch.float16)
         x = torch.randn(M, K).to(torch.float16)
         cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1,
-                   PREFETCH=kernel.endswith("prefetch"), FOLD=kernel.endswith("fold"))
+                   FOLD=kernel.endswith("fold"))
         assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
+def test_interpreted_word_kernel_fallbacks(fmt):
+    # A row stride off 4 bytes (a slice of a wider packed matrix) and, for W8A16, a K that is not whole
+    # tiles cannot take the word kernel: the call still gives the right answer through another kernel.
+    N, K = 9, 256
+    w, s, exact = _weights(fmt, N, K, torch.float16)
+    wide = torch.zeros(N, w.shape[1] + 1, dtype=w.dtype)
+    wide[:, :w.shape[1]] = w
+    x = torch.randn(2, K).to(torch.float16)
+    cfg = dict(KERNEL="words", BLOCK_N=8, BLOCK_K=128, SPLIT_K=1, num_warps=1, num_stages=1)
+    assert wide[:, :w.shape[1]].stride(0) % 4
+    assert _relerr(gemv(wide[:, :w.shape[1]], x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
+    if fmt == "w8a16":
+        w, s, exact = _weights(fmt, N, 200, torch.float16)
+        x = torch.randn(2, 200).to(torch.float16)
+        assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fmt, kernel, match", [("fp16", "words", "quantized"), ("w4a16", "fma", "w4a16 runs on"),
+                                                ("w8a16", "gemm", "must be")])
+def test_interpreted_bad_config(fmt, kernel, match):
+    w, s, _ = _weights(fmt, 8, 256, torch.float16)
+    cfg = dict(KERNEL=kernel, BLOCK_N=8, BLOCK_K=128, SPLIT_K=1, num_warps=1, num_stages=1)
+    with pytest.raises(ValueError, match=match):
+        gemv(w, torch.randn(1, 256).to(torch.float16), s, fmt, impl="triton", config=cfg)
 
 
 # -- GPU ------------------------------------------------------------------------------------------------
@@ -185,12 +216,13 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     configs = [None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=3),
                dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4,
-                    num_stages=1),
-               dict(KERNEL="fma", BLOCK_N=8, BLOCK_K=512 if fmt != "w4a16" else 128, SPLIT_K=2, num_warps=4,
-                    num_stages=1),
-               dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=1024 if fmt != "w4a16" else 128, SPLIT_K=1, num_warps=4,
-                    num_stages=1, PREFETCH=True)]
-    if fmt in ("w8a16", "w4a16"):  # (a ragged K falls back to the byte kernel)
+                    num_stages=1)]
+    if fmt == "w4a16":
+        configs.append(dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=3, FOLD=True))
+    else:
+        configs += [dict(KERNEL="fma", BLOCK_N=8, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=1),
+                    dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=3)]
+    if fmt in ("w8a16", "w4a16"):  # (a W8A16 K that is not whole tiles falls back to the byte kernel)
         configs += [dict(KERNEL="words", BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=1, num_stages=1),
                     dict(KERNEL="words", BLOCK_N=32, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=3)]
     for N, K in GPU_SHAPES:

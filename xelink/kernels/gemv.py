@@ -367,11 +367,6 @@ if triton is not None:
             return tl.zeros(offs.shape, dtype=tl.float32)
 
     @triton.jit
-    def _w4_row(acc, lo, hi, s, x_ptr, m, stride_xm, pair, ROWS: tl.constexpr):
-        xe, xo = tl.split(_x_row(x_ptr, m, stride_xm, pair, ROWS))
-        return acc + (lo * xe[None, :] + hi * xo[None, :]) * s
-
-    @triton.jit
     def _store_row(y_ptr, m, acc, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL: tl.constexpr,
                    ROWS: tl.constexpr):
         if m < ROWS:
@@ -382,16 +377,27 @@ if triton is not None:
             else:
                 tl.store(ptrs, total.to(y_ptr.dtype.element_ty), mask=rn < N)
 
+    @triton.jit
+    def _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale,
+                    PARTIAL: tl.constexpr, ROWS: tl.constexpr):
+        # One accumulator tensor per activation row (a 3-D accumulator makes Triton shuffle layouts).
+        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+
     @triton.jit(do_not_specialize=["K_STEPS"])
     def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
-                         PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # CUDA-core path: one [BLOCK_N, BLOCK_K] fp32 accumulator per activation row (ROWS <= 8, unrolled
-        # by hand: a 3-D accumulator makes Triton shuffle layouts every step), reduced once at the end.
-        # No shared memory and small tiles keep many programs, and their loads, in flight per SM;
-        # PREFETCH issues the next tile's load before this tile's arithmetic (two tiles in flight).
-        # W4A16 steps by whole 128-column groups (K and BLOCK_K are multiples of 128): no K masks.
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
+        # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
+        # programs, and their loads, in flight per SM.
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -401,8 +407,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        KW: tl.constexpr = 64 if FMT == 2 else BLOCK_K
-        a0 = tl.zeros((BLOCK_N, KW), dtype=tl.float32)
+        a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
         a2 = a0
         a3 = a0
@@ -410,93 +415,41 @@ if triton is not None:
         a5 = a0
         a6 = a0
         a7 = a0
-        if FMT == 2:
-            # W4A16, one 128-column scale group a step. A nibble under the fp32 exponent of 2^23 is
-            # 2^23 + nibble exactly; subtracting 2^23 + 8 leaves nibble - 8.
-            rj = tl.arange(0, 64)
-            pair = 2 * rj[:, None] + tl.arange(0, 2)[None, :]  # x[kg + 2j + e]: contiguous, split after
-            p_ptrs = w_ptr + rn_safe[:, None] * stride_wn + rj[None, :]
-            s_ptrs = s_ptr + rn_safe * stride_sn
-            p_next = tl.load(p_ptrs + k_lo // 2)
-            s_next = tl.load(s_ptrs + k_lo // 128)
-            for kg in range(k_lo, k_hi, 128):
-                if PREFETCH:
-                    p = p_next.to(tl.int32)
-                    s = s_next.to(tl.float32)[:, None]
-                    live = kg + 128 < k_hi
-                    p_next = tl.load(p_ptrs + (kg + 128) // 2, mask=live, other=0)
-                    s_next = tl.load(s_ptrs + (kg + 128) // 128, mask=live, other=0.0)
-                else:
-                    p = tl.load(p_ptrs + kg // 2).to(tl.int32)
-                    s = tl.load(s_ptrs + kg // 128).to(tl.float32)[:, None]
-                lo = ((p & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
-                hi = ((p >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
-                a0 = _w4_row(a0, lo, hi, s, x_ptr, 0, stride_xm, kg + pair, ROWS)
-                if ROWS > 1:
-                    a1 = _w4_row(a1, lo, hi, s, x_ptr, 1, stride_xm, kg + pair, ROWS)
-                if ROWS > 2:
-                    a2 = _w4_row(a2, lo, hi, s, x_ptr, 2, stride_xm, kg + pair, ROWS)
-                    a3 = _w4_row(a3, lo, hi, s, x_ptr, 3, stride_xm, kg + pair, ROWS)
-                if ROWS > 4:
-                    a4 = _w4_row(a4, lo, hi, s, x_ptr, 4, stride_xm, kg + pair, ROWS)
-                    a5 = _w4_row(a5, lo, hi, s, x_ptr, 5, stride_xm, kg + pair, ROWS)
-                    a6 = _w4_row(a6, lo, hi, s, x_ptr, 6, stride_xm, kg + pair, ROWS)
-                    a7 = _w4_row(a7, lo, hi, s, x_ptr, 7, stride_xm, kg + pair, ROWS)
-            scale = 1.0
-        else:
-            rk = tl.arange(0, BLOCK_K)
-            w_rows = w_ptr + rn_safe[:, None] * stride_wn
+        rk = tl.arange(0, BLOCK_K)
+        w_rows = w_ptr + rn_safe[:, None] * stride_wn
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + rk
             if EVEN_K:
-                w_next = tl.load(w_rows + (k_lo + rk)[None, :])
+                w = tl.load(w_rows + kk[None, :])
             else:
-                w_next = tl.load(w_rows + (k_lo + rk)[None, :], mask=(k_lo + rk < k_hi)[None, :], other=0)
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                kk = k0 + rk
-                if PREFETCH:
-                    w = w_next
-                    if EVEN_K:  # one predicate for the whole tile keeps the loads 16 bytes wide
-                        w_next = tl.load(w_rows + (kk + BLOCK_K)[None, :], mask=k0 + BLOCK_K < k_hi, other=0)
-                    else:
-                        w_next = tl.load(w_rows + (kk + BLOCK_K)[None, :], mask=(kk + BLOCK_K < k_hi)[None, :],
-                                         other=0)
-                elif EVEN_K:
-                    w = tl.load(w_rows + kk[None, :])
-                else:
-                    w = tl.load(w_rows + kk[None, :], mask=(kk < k_hi)[None, :], other=0)
-                if not EVEN_K:
-                    # Tail: masked columns load as 0 and their x is never read past K (index clamped).
-                    kk = tl.minimum(kk, K - 1)
-                if FMT == 1:
-                    # int8 q: (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
-                    u = w.to(tl.uint8, bitcast=True).to(tl.int32)
-                    wf = ((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
-                    if not EVEN_K:
-                        wf = tl.where((k0 + rk < k_hi)[None, :], wf, 0.0)
-                else:
-                    wf = w.to(tl.float32)
-                a0 += wf * _x_row(x_ptr, 0, stride_xm, kk, ROWS)[None, :]
-                if ROWS > 1:
-                    a1 += wf * _x_row(x_ptr, 1, stride_xm, kk, ROWS)[None, :]
-                if ROWS > 2:
-                    a2 += wf * _x_row(x_ptr, 2, stride_xm, kk, ROWS)[None, :]
-                    a3 += wf * _x_row(x_ptr, 3, stride_xm, kk, ROWS)[None, :]
-                if ROWS > 4:
-                    a4 += wf * _x_row(x_ptr, 4, stride_xm, kk, ROWS)[None, :]
-                    a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
-                    a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
-                    a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
+                w = tl.load(w_rows + kk[None, :], mask=(kk < k_hi)[None, :], other=0)
+                # Tail: masked columns load as 0 and their x is never read past K (index clamped).
+                kk = tl.minimum(kk, K - 1)
             if FMT == 1:
-                scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
+                # int8 q: (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
+                u = w.to(tl.uint8, bitcast=True).to(tl.int32)
+                wf = ((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+                if not EVEN_K:
+                    wf = tl.where((k0 + rk < k_hi)[None, :], wf, 0.0)
             else:
-                scale = 1.0
-        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+                wf = w.to(tl.float32)
+            a0 += wf * _x_row(x_ptr, 0, stride_xm, kk, ROWS)[None, :]
+            if ROWS > 1:
+                a1 += wf * _x_row(x_ptr, 1, stride_xm, kk, ROWS)[None, :]
+            if ROWS > 2:
+                a2 += wf * _x_row(x_ptr, 2, stride_xm, kk, ROWS)[None, :]
+                a3 += wf * _x_row(x_ptr, 3, stride_xm, kk, ROWS)[None, :]
+            if ROWS > 4:
+                a4 += wf * _x_row(x_ptr, 4, stride_xm, kk, ROWS)[None, :]
+                a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
+                a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
+                a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
+        if FMT == 1:
+            scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
+        else:
+            scale = 1.0
+        _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL,
+                    ROWS)
 
     @triton.jit
     def _w4_words_row(acc, m: tl.constexpr, w, s, x_ptr, stride_xm, offs, ROWS: tl.constexpr):
@@ -678,14 +631,8 @@ if triton is not None:
             scale = 1.0
         else:
             scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
-        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL,
+                    ROWS)
 
     @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
@@ -726,7 +673,7 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
             # Warps side by side along K (BLOCK_K = warps x one 16-byte load a thread): each thread's slice
             # of x is its own, so x needs no shuffle between warps.
             block_n = 4 if fmt == "w8a16" else 2
-            cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=1024, num_warps=4, num_stages=3, PREFETCH=False)
+            cfg = dict(KERNEL="fma", BLOCK_N=block_n, BLOCK_K=1024, num_warps=4, num_stages=3)
     elif fmt == "w4a16":
         if N >= 8192:
             cfg = dict(KERNEL="mma", BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=1 if ptx else 3)
@@ -744,14 +691,22 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     M, K = x.shape
     N = w.shape[0]
     cfg = dict(cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx))
-    kernel = cfg.pop("KERNEL", "mma")
-    block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+    kernel = cfg.get("KERNEL", "mma")
     if kernel not in ("fma", "mma", "words"):
         raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words' or 'mma'")
     if kernel == "words" and fmt not in ("w8a16", "w4a16"):
         raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
-    if kernel == "words" and block_k % 128:
-        raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of 128 for KERNEL='words'")
+    if kernel == "fma" and fmt == "w4a16":
+        raise ValueError("gemv: config KERNEL='fma' takes dense and w8a16 weights; w4a16 runs on 'words' or 'mma'")
+    if kernel == "words" and cfg["BLOCK_K"] % 128:
+        raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of 128 for KERNEL='words'")
+    if kernel == "words" and (w.stride(0) % 4 or (fmt == "w8a16" and K % cfg["BLOCK_K"])):
+        # The word kernel reads whole 32-bit words and has no K masks: a W8A16 K that is not whole tiles
+        # goes to the byte kernel (same tiles), a row stride off 4 bytes to the tensor-core kernel.
+        cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
+            _gemv_config(MAX_ROWS, N, K, fmt, _sm_count(x.device), ptx)
+    kernel = cfg.pop("KERNEL", "mma")
+    block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     if fmt == "w4a16" and block_k % W4_GROUP:
         raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -778,21 +733,16 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, out)
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
-    if kernel == "words" and not (even_k and w.stride(0) % 4 == 0):
-        kernel = "fma"  # the word kernel has no K masks: a ragged K goes to the byte kernel
     if kernel == "words":
-        for key in ("FOLD", "PREFETCH"):
-            cfg.pop(key, None)
+        cfg.pop("FOLD", None)
         _gemv_words_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
                                  FMT=_FMT_CODE[fmt], PARTIAL=split > 1, ROWS=M,
                                  PTX=ptx, BLOCK_K=block_k, **cfg)
     elif kernel == "fma":
         cfg.pop("FOLD", None)
-        cfg.setdefault("PREFETCH", False)
         _gemv_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
                                PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **cfg)
     else:
-        cfg.pop("PREFETCH", None)
         cfg.setdefault("FOLD", False)
         if x.dtype == torch.bfloat16:
             magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
@@ -903,8 +853,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             GPUs, else the reference), ``"triton"`` (portable Triton ops), ``"cuda"`` (inline-PTX
             dequantization in the tensor-core kernel; otherwise the same) or ``"reference"``.
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
-            ``SPLIT_K``, ``num_warps``, ``num_stages``, ``PREFETCH`` (fma: issue the next tile's load
-            early), ``FOLD`` (mma, w4a16: scales folded into the tile); for benchmarks.
+            ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
+            for benchmarks.
 
     Returns:
         ``[M, N]`` (``[N]`` for a 1-D x) in ``x.dtype``, accumulated in fp32.

@@ -164,8 +164,7 @@ def _gemv_fma(fmt):
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, K, K // per_byte, K, s_stride, N, 0],
-                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, PREFETCH=False, BLOCK_N=4,
-                     BLOCK_K=128 if fmt == "w4a16" else 1024))
+                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, BLOCK_N=4, BLOCK_K=1024))
     return args
 
 
@@ -194,7 +193,7 @@ LAUNCHES: list[Launch] = [
     # The CUDA-core GEMV reduces across the sub-group through a little shared memory; the matrix-engine
     # GEMV loads through plain pointers (its weights are dequantized on the way), so DPAS but no block IO.
     *[Launch(f"gemv._gemv_fma_kernel[{f}, 1 row]", "gemv", "_gemv_fma_kernel", _gemv_fma(f),
-             shared={"bf16": 64, "w8a16": 2048, "w4a16": {16: 64, 32: 512}}[f]) for f in _GEMV_FORMATS],
+             shared={"bf16": 64, "w8a16": 2048}[f]) for f in ("bf16", "w8a16")],
     *[Launch(f"gemv._gemv_words_kernel[{f}, 1 row]", "gemv", "_gemv_words_kernel", _gemv_words(f), num_warps=1,
              shared={"w8a16": 16, "w4a16": {16: 544, 32: 1056}}[f]) for f in ("w8a16", "w4a16")],
     *[Launch(f"gemv._gemv_kernel[{f}, 8 rows, split-K]", "gemv", "_gemv_kernel", _gemv_mma(f), matrix=True,
