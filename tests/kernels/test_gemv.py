@@ -162,7 +162,8 @@ def test_interpreted_kernel(fmt, split, kernel):
         x = torch.randn(M, K).to(torch.float16)
         cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1,
                    FOLD=kernel.endswith("fold"))
-        assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
+        ref = exact.half().double() if cfg["FOLD"] else exact  # FOLD rounds each weight once to fp16
+        assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, ref) < TOL[torch.float16]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
@@ -235,7 +236,10 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                 torch.cuda.synchronize()
                 where = f"{impl} {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
                 assert not y.isnan().any(), f"unwritten output: {where}"
-                err = _relerr(y, x, exact)
+                # FOLD (explicit, or the default for W4A16 at 5-8 rows under 8192 rows) rounds each weight
+                # (nibble - 8) * scale once to the activation dtype: its reference has the same weights.
+                fold = cfg.get("FOLD", False) if cfg else fmt == "w4a16" and M > 4 and N < 8192
+                err = _relerr(y, x, exact.to(dtype).double() if fold else exact)
                 assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
 
 
