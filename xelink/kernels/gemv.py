@@ -171,26 +171,32 @@ if triton is not None:
         lop3.b32 t23, t23, 0x000F000F, m, 0xEA;
         lop3.b32 s01, s01, 0x000F000F, m, 0xEA;
         lop3.b32 s23, s23, 0x000F000F, m, 0xEA;
-        fma.rn.TY $0, t01, one, off;
+        FINISH
+    }"""
+    _W4_EXACT = """fma.rn.TY $0, t01, one, off;
         fma.rn.TY $1, t23, one, off;
         fma.rn.TY $2, s01, one, off;
-        fma.rn.TY $3, s23, one, off;
-    }"""
-    # bf16: 0x4300 = 128, 0x3F80 = 1, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
-    _W4_PTX_BF16 = tl.constexpr(_W4_PTX.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
-                                .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
-    _W4_PTX_FP16 = tl.constexpr(_W4_PTX.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
-                                .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+        fma.rn.TY $3, s23, one, off;"""
     # The same with the scale applied: (nibble - 8) exactly, then one packed multiply by the scale pair
     # ($5, $6: the group's scale twice), rounded once: 2 instructions a weight.
-    _W4S_PTX = _W4_PTX.replace("fma.rn.TY $0, t01, one, off;", "fma.rn.TY t01, t01, one, off;\n        mul.rn.TY $0, t01, $5;")\
-        .replace("fma.rn.TY $1, t23, one, off;", "fma.rn.TY t23, t23, one, off;\n        mul.rn.TY $1, t23, $6;")\
-        .replace("fma.rn.TY $2, s01, one, off;", "fma.rn.TY s01, s01, one, off;\n        mul.rn.TY $2, s01, $5;")\
-        .replace("fma.rn.TY $3, s23, one, off;", "fma.rn.TY s23, s23, one, off;\n        mul.rn.TY $3, s23, $6;")
-    _W4S_PTX_BF16 = tl.constexpr(_W4S_PTX.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
-                                 .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
-    _W4S_PTX_FP16 = tl.constexpr(_W4S_PTX.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
-                                 .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+    _W4_SCALED = """fma.rn.TY t01, t01, one, off;
+        mul.rn.TY $0, t01, $5;
+        fma.rn.TY t23, t23, one, off;
+        mul.rn.TY $1, t23, $6;
+        fma.rn.TY s01, s01, one, off;
+        mul.rn.TY $2, s01, $5;
+        fma.rn.TY s23, s23, one, off;
+        mul.rn.TY $3, s23, $6;"""
+
+    def _w4_ptx(finish: str, ty: str):
+        # bf16: 0x4300 = 128, 0x3F80 = 1, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
+        magic, one, off, op = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
+                               "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}[ty]
+        return tl.constexpr(_W4_PTX.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
+                            .replace("OFF2", off).replace("TY", op))
+
+    _W4_PTX_BF16, _W4_PTX_FP16 = _w4_ptx(_W4_EXACT, "bf16"), _w4_ptx(_W4_EXACT, "fp16")
+    _W4S_PTX_BF16, _W4S_PTX_FP16 = _w4_ptx(_W4_SCALED, "bf16"), _w4_ptx(_W4_SCALED, "fp16")
     # W8 to bf16: flip the sign bit (q + 128 as a byte), prmt the byte under fp32 2^23, subtract
     # 2^23 + 128 exactly, round pairs to bf16 (exact: |q| <= 128 fits in 8 significant bits).
     _W8_PTX_BF16 = tl.constexpr("""{
@@ -221,6 +227,17 @@ if triton is not None:
     }""")
 
     @triton.jit
+    def _q8_float(u):
+        """q as an exact float32 from u = q + 128 (0..255): u in the low byte of the float 2^23 is exactly
+        2^23 + u; one subtraction leaves q."""
+        return (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+    @triton.jit
+    def _mantissa_float(bits, mask):
+        """1.0f with ``bits & mask`` ORed into its mantissa (mask within bits 0-22): exactly 1 + field / 2^23."""
+        return ((bits & mask) | 0x3F800000).to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _dequant_w8(w, x_dtype: tl.constexpr, PTX: tl.constexpr):
         """int8 tile -> exactly equal tile of x_dtype."""
         if PTX:
@@ -231,9 +248,7 @@ if triton is not None:
                 return tl.inline_asm_elementwise(_W8_PTX_FP16, "=r,=r,r", [w], dtype=tl.float16, is_pure=False,
                                                  pack=4)
         else:
-            # (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
-            u = w.to(tl.uint8, bitcast=True).to(tl.int32)
-            return (((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0).to(x_dtype)
+            return _q8_float(w.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80).to(x_dtype)
 
     @triton.jit
     def _dequant_w4(p, x_dtype: tl.constexpr, MAGIC: tl.constexpr, PTX: tl.constexpr):
@@ -254,7 +269,7 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
-    def _dequant_w4_scaled(p, s, x_dtype: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr):
+    def _dequant_w4_scaled(p, s, x_dtype: tl.constexpr, PTX: tl.constexpr):
         """Packed uint8 tile and its scales (same shape) -> (low, high) (nibble - 8) * scale in x_dtype,
         rounded once."""
         if PTX:
@@ -304,7 +319,7 @@ if triton is not None:
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 p = tl.load(p_ptrs + k0 // 2)
                 s = tl.broadcast_to(tl.load(s_ptrs + k0 // 128)[:, :, None], (BLOCK_N, G, 64))
-                lo, hi = _dequant_w4_scaled(p, s, x_dtype, MAGIC, BIAS, PTX)
+                lo, hi = _dequant_w4_scaled(p, s, x_dtype, PTX)
                 w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
                 xt = tl.load(x_ptrs + k0, mask=m_ok[None, :], other=0.0)
                 acc = tl.dot(w, xt, acc)
@@ -426,9 +441,7 @@ if triton is not None:
                 # Tail: masked columns load as 0 and their x is never read past K (index clamped).
                 kk = tl.minimum(kk, K - 1)
             if FMT == 1:
-                # int8 q: (q + 128) in the low byte of fp32 2^23 is exactly 2^23 + 128 + q.
-                u = w.to(tl.uint8, bitcast=True).to(tl.int32)
-                wf = ((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+                wf = _q8_float(w.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80)
                 if not EVEN_K:
                     wf = tl.where((k0 + rk < k_hi)[None, :], wf, 0.0)
             else:
@@ -514,14 +527,10 @@ if triton is not None:
             b1 = u << 7
             b2 = u >> 1
             b3 = u >> 9
-            return (((b0 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b0 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b1 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b1 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b2 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b2 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b3 & 0x78000) | 0x3F800000).to(tl.float32, bitcast=True),
-                    ((b3 & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True))
+            return (_mantissa_float(b0, 0x78000), _mantissa_float(b0, 0x780000),
+                    _mantissa_float(b1, 0x78000), _mantissa_float(b1, 0x780000),
+                    _mantissa_float(b2, 0x78000), _mantissa_float(b2, 0x780000),
+                    _mantissa_float(b3, 0x78000), _mantissa_float(b3, 0x780000))
 
     # W8: flip the sign bits (q + 128 in each byte), prmt each byte under the fp32 2^23, subtract 2^23 + 128:
     # q exactly, 2.25 instructions a weight.
@@ -547,19 +556,16 @@ if triton is not None:
                                              is_pure=True, pack=1)
         else:
             u = p.to(tl.uint32, bitcast=True) ^ 0x80808080
-            return ((((u & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0),
-                    ((((u >> 8) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0),
-                    ((((u >> 16) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0),
-                    (((u >> 24) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0))
+            return _q8_float(u & 0xFF), _q8_float((u >> 8) & 0xFF), _q8_float((u >> 16) & 0xFF), _q8_float(u >> 24)
 
     @triton.jit
     def _w8_words_row(acc, m: tl.constexpr, w, x_ptr, stride_xm, offs, ROWS: tl.constexpr):
         """acc [BLOCK_N, T] += sum(q * x) over each thread's word (4 weights), row m of x."""
         if m < ROWS:
             xt = tl.load(x_ptr + m * stride_xm + offs).to(tl.float32)  # [T, 4]: the word's activations
-            x01, x23 = tl.split(tl.reshape(xt, (xt.shape[0], 2, 2)))
-            x0, x2 = tl.split(x01)
-            x1, x3 = tl.split(x23)
+            x02, x13 = tl.split(tl.reshape(xt, (xt.shape[0], 2, 2)))  # byte b = 2i + j: split on j
+            x0, x2 = tl.split(x02)
+            x1, x3 = tl.split(x13)
             f0, f1, f2, f3 = w
             t = f0 * x0[None, :]
             t += f1 * x1[None, :]
@@ -589,7 +595,7 @@ if triton is not None:
         # W4: a nibble ANDed into the mantissa of the float 1.0 is exactly 1 + n/256 (or 1 + n/16), one
         # lop3 a weight plus a shift a byte; the constant parts go once per word with its activation
         # sums (_w4_words_row). W8: prmt under 2^23 and one subtraction (_w8_word_floats).
-        # K and BLOCK_K are multiples of 128 (W4) or BLOCK_K of 4 * 32 (W8).
+        # No K masks: BLOCK_K is a multiple of 128 and K a whole number of tiles (_gemv_triton sees to it).
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         PER: tl.constexpr = 8 if FMT == 2 else 4  # weights a word
