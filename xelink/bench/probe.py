@@ -73,10 +73,10 @@ GPU = {"pingpong_sizes": (8, 64 * KiB, MiB, 16 * MiB, 128 * MiB), "exchange_size
        "local_sizes": (4 * MiB, 64 * MiB, 256 * MiB)}
 GPU_QUICK = {**QUICK, "pingpong_sizes": (8, MiB, 32 * MiB), "exchange_sizes": (MiB, 32 * MiB),
              "local_sizes": (4 * MiB, 128 * MiB)}
-_TAG = (1 << 14) - 1
+_TAG = (1 << 14) - 1  # a user-range tag no collective uses; the probe runs between collectives
 _PINGPONG, _PULL = "xelink:pingpong", "xelink:copy_engine"
 _HOW = {_PINGPONG: "ping-pong rank {a} <-> rank {b}, one way = round trip / 2",
-        _PULL: "rank {a} pulls from rank {b}'s memory with the copy engine (CUDA IPC), one way per copy"}  # a user-range tag no collective uses; the probe runs between collectives
+        _PULL: "rank {a} pulls from rank {b}'s memory with the copy engine (CUDA IPC), one way per copy"}
 
 
 @dataclasses.dataclass(frozen=True)
