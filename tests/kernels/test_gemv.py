@@ -243,6 +243,51 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                 assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
 
 
+TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, PREFETCH=False, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, PREFETCH=True, SPLIT=2),
+              dict(KERNEL="tc", ROW_TILES=4, num_warps=8, PREFETCH=False, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=1, PREFETCH=False, SPLIT=4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
+    # KERNEL="tc" (Gluon, operands loaded into the mma fragments): every format, dtype, 1-8 rows, row
+    # tails, K tails (dense and W8A16), K spread unevenly over warps and splits, all against float64.
+    requires_gpus(1)
+    if fmt == "bf16" and dtype == torch.float16:
+        fmt = "fp16"
+    seed = random.SystemRandom().randrange(2**31)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = GPU_SHAPES + ([] if fmt == "w4a16" else [(77, 200), (130, 4100), (9, 1000)])
+    for N, K in shapes:
+        w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
+        for M in (1, 5, 8):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
+            for cfg in TC_CONFIGS:
+                _poison_allocator(4 * M * N * 4)
+                y = gemv(w, x, s, fmt, impl="cuda", config=cfg)
+                torch.cuda.synchronize()
+                where = f"tc {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
+                assert not y.isnan().any(), f"unwritten output: {where}"
+                err = _relerr(y, x, exact)
+                assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
+
+
+@pytest.mark.gpu
+def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
+    requires_gpus(1)
+    w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="ROW_TILES=3"):
+        gemv(w, x, config=dict(KERNEL="tc", ROW_TILES=3), impl="cuda")
+    with pytest.raises(ValueError, match="unknown KERNEL='tc' config keys"):
+        gemv(w, x, config=dict(KERNEL="tc", BLOCK_N=16), impl="cuda")
+    with pytest.raises(ValueError, match="impl='cuda' only"):
+        gemv(w, x, config=dict(KERNEL="tc"), impl="triton")
+
+
 @pytest.mark.gpu
 def test_gpu_graph_capture_and_compile(requires_gpus):
     requires_gpus(1)

@@ -122,7 +122,9 @@ def run_gemm(report: _Report, shapes=GEMM_SHAPES, iters: int = 10, rounds: int =
 # -- GEMV -------------------------------------------------------------------------------------------
 
 def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = COPIES, repeats: int = 4,
-             iters: int = 10, rounds: int = 3, sweep: bool = False) -> None:
+             iters: int = 10, rounds: int = 3, sweep: str = "") -> None:
+    """Time gemv against torch's bf16 GEMV in CUDA graphs; ``sweep``: "" (defaults only), "all" (every
+    kernel's tuning variants) or "tc" (the tensor-core kernel's)."""
     from ..kernels.gemv import gemv, pack_w4a16, pack_w8a16, unpack_w4a16, unpack_w8a16
 
     for N, K in shapes:
@@ -143,7 +145,7 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
                     plans[f"xelink:{impl}:{fmt}"] = (fmt, impl, None)
             if sweep:
                 for fmt in ("bf16", "w8a16", "w4a16"):
-                    for cfg in _gemv_sweep(N, K, fmt, M):
+                    for cfg in _gemv_sweep(N, K, fmt, M, tc_only=sweep == "tc"):
                         tag = ",".join(f"{k}={v}" for k, v in cfg.items())
                         plans[f"xelink:cuda:{fmt}[{tag}]"] = (fmt, "cuda", cfg)
             graphs, outs, launches = {}, {}, {}
@@ -184,10 +186,11 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
         torch.cuda.empty_cache()
 
 
-def _gemv_sweep(N: int, K: int, fmt: str, M: int):
+def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
     """Tuning variants of gemv's config: CUDA-core (``fma``) and tensor-core (``mma``) tiles
     (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the K split of ``gemv.split_k``."""
     from ..kernels.gemv import split_k
+    from ..kernels.gemv_tc import tc_config
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     fma = {"bf16": [(2, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 2), (4, 512, 4, 3), (8, 512, 4, 3),
@@ -203,6 +206,15 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int):
     if M > 4 and fmt != "bf16":
         fma = []  # 8 FMAs a weight: the CUDA cores cannot keep up with quantized weights
     fold = [(32, 512, 4, 3), (64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3)] if fmt == "w4a16" else []
+    if tc_only:
+        fma = words = mma = fold = []
+    tc = [(1, 4, False), (2, 4, False), (4, 4, False), (1, 8, False), (2, 8, False), (2, 2, False), (2, 4, True)]
+    if fmt == "w4a16":
+        tc += [(8, 4, False), (4, 8, False)]
+    for rows, warps, prefetch in tc:
+        cfg = dict(KERNEL="tc", ROW_TILES=rows, num_warps=warps, PREFETCH=prefetch)
+        cfg["SPLIT"] = tc_config(M, N, K, fmt, sms, rows, warps, prefetch)["SPLIT"]
+        yield cfg
     for kernel, tiles in (("fma", fma), ("words", words), ("mma", mma), ("mma-fold", fold)):
         for bn, bk, warps, stages in tiles:
             cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
@@ -373,7 +385,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="xelink-results", help="folder for kernels.jsonl and kernels.txt")
     parser.add_argument("--quick", action="store_true", help="one shape per family, fewer rounds (smoke test)")
     parser.add_argument("--sweep", nargs="?", const="gemm,gemv", default="",
-                        help="also time tuning variants (configs) of these families (default gemm,gemv)")
+                        help="also time tuning variants (configs) of these families (default gemm,gemv; "
+                             "gemv-tc: the tensor-core GEMV's only)")
     parser.add_argument("--commit", default=None,
                         help="commit to record instead of git's HEAD (default: the .commit file, if any)")
     args = parser.parse_args(argv)
@@ -400,7 +413,8 @@ def main(argv=None) -> int:
             if family == "gemm":
                 run_gemm(report, GEMM_SHAPES[1:2] if args.quick else GEMM_SHAPES, rounds=rounds, sweep="gemm" in sweep)
             elif family == "gemv":
-                run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds, sweep="gemv" in sweep)
+                run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds,
+                         sweep="all" if "gemv" in sweep else "tc" if "gemv-tc" in sweep else "")
             else:
                 run_norm(report, rounds=rounds)
     text = "\n".join([f"commit {man['commit']}  devices {man['devices']}  torch {man['versions']['torch']}  "

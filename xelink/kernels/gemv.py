@@ -39,6 +39,7 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
+from .gemv_tc import TC_AVAILABLE, gemv_tc, tc_config
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -698,8 +699,19 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     N = w.shape[0]
     cfg = dict(cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx))
     kernel = cfg.get("KERNEL", "mma")
-    if kernel not in ("fma", "mma", "words"):
-        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words' or 'mma'")
+    if kernel not in ("fma", "mma", "words", "tc"):
+        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
+    if kernel == "tc":
+        if not ptx:
+            raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        if M == 0 or N == 0:
+            return y
+        if K == 0:
+            return y.zero_()
+        cfg.pop("KERNEL")
+        cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device)), **cfg}
+        return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
     if kernel == "words" and fmt not in ("w8a16", "w4a16"):
         raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
     if kernel == "fma" and fmt == "w4a16":
@@ -757,9 +769,14 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         _gemv_kernel[grid](*common, M, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
                            PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **cfg)
     if split > 1:
-        block = 1024
-        _splitk_sum_kernel[(triton.cdiv(M * N, block),)](out, y, M * N, SPLIT=split, BLOCK=block, num_warps=4)
+        _splitk_sum(out, y)
     return y
+
+
+def _splitk_sum(parts: torch.Tensor, y: torch.Tensor) -> None:
+    """y = the sum of the fp32 partial sums parts [split, M, N] (both contiguous)."""
+    block, MN = 1024, y.numel()
+    _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, SPLIT=parts.shape[0], BLOCK=block, num_warps=4)
 
 
 def _gemv_run(w, x, scales, fmt: str, impl: str, cfg: dict | None = None) -> torch.Tensor:

@@ -1,0 +1,283 @@
+"""GEMV on the tensor cores with both operands loaded straight into registers (CUDA, Gluon).
+
+``y = x @ W^T`` for 1-8 activation rows, the ``KERNEL="tc"`` path of :func:`xelink.kernels.gemv.gemv`
+(``impl="cuda"``, compute capability >= 8.0). Triton's ``tl.dot`` moves a dequantized weight tile
+through shared memory into the tensor-core operand layout; on the H200 that shared-memory traffic,
+not DRAM, bounded the quantized kernels at 5-8 rows. Gluon (Triton's layout-explicit dialect) lets
+each thread load exactly the weights its ``mma.sync`` fragment holds, so the data path is
+DRAM -> registers -> (PTX dequantization) -> tensor cores, with no shared memory in the loop.
+
+How (one ``m16n8k16`` per 16 columns of K and 8 rows of W):
+
+- Activations are the A operand (16 rows: the ``M <= 8`` real ones and zeros), weight rows the B
+  operand (8 a tile), so the accumulator's 8 columns are 8 output features.
+- A dot product does not care about the order of K. Within each 128-column step every thread of a
+  quad loads 32 consecutive columns of its row (16-byte loads), and the step's column order is
+  permuted (``_mma_order``: a reshape/permute that only relabels registers) so that those columns are
+  exactly the ones its A and B fragments hold. Weights and activations get the same permutation.
+- The warps of a program split K (a batched ``mma_v2``, one batch a warp) and their partial sums are
+  added once at the end, so a program is 8 x ``ROWS_TILES`` output rows and many programs stream W
+  with no second launch; ``SPLIT`` > 1 (few rows, long K) adds a grid split and a sum kernel.
+- W8A16: the existing prmt trick (exact int8 -> bf16/fp16), the row scale applied at the end.
+  W4A16: one prmt puts a byte's two nibbles into the two halves of a register, one lop3 puts them
+  under the magic exponent, one packed fma removes the offset (exactly nibble - 8): 13 instructions
+  for 8 weights. Each 128-column group is its own mma chain, scaled in fp32 when added.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
+    gluon = None
+
+__all__ = ["TC_AVAILABLE", "tc_config", "gemv_tc"]
+
+TC_AVAILABLE = gluon is not None
+STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
+
+if gluon is not None:
+    _STEP = gl.constexpr(STEP)
+
+    @gluon.constexpr_function
+    def _load_layout(warps, rows, cols):
+        """[warps, rows, cols]: warp w owns batch w (its slice of K); lane (g, t) of a warp holds row g
+        (+ 8 r for more row tiles) and cols / 4 consecutive columns from t * cols / 4 (16-byte loads)."""
+        per_thread = cols // 4
+        reg = [[0, 0, 1 << i] for i in range(per_thread.bit_length() - 1)]
+        reg += [[0, 8 << i, 0] for i in range((rows // 8).bit_length() - 1)]
+        lane = [[0, 0, per_thread], [0, 0, 2 * per_thread], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+        warp = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [warps, rows, cols])
+
+    @gluon.jit
+    def _mma_order(t, WARPS: gl.constexpr, ROWS: gl.constexpr):
+        """Permute the 128 columns of a step so that lane t's 32 consecutive columns land where its
+        mma fragments are: column c = 32 t + 8 v + 4 h + 2 i + e goes to e + 2 t + 8 i + 16 (h + 2 v)
+        (e: the pair in a register, i: the fragment's first or second register, h + 2 v: the k16 chunk).
+        Each element stays in its thread; only the register order changes."""
+        t = gl.reshape(t, [WARPS, ROWS, 2, 2, 2, 2, 2, 2, 2])
+        t = gl.permute(t, [0, 1, 4, 5, 6, 7, 2, 3, 8])
+        return gl.reshape(t, [WARPS, ROWS, _STEP])
+
+    _W4_PAIRS = """{
+        .reg .b32 s, u0, u1, u2, u3, one, off;
+        mov.b32 one, ONE2;
+        mov.b32 off, OFF2;
+        shr.b32 s, $4, 4;
+        prmt.b32 u0, $4, s, 0x4400;
+        prmt.b32 u1, $4, s, 0x5511;
+        prmt.b32 u2, $4, s, 0x6622;
+        prmt.b32 u3, $4, s, 0x7733;
+        lop3.b32 u0, u0, 0x000F000F, MAGIC2, 0xEA;
+        lop3.b32 u1, u1, 0x000F000F, MAGIC2, 0xEA;
+        lop3.b32 u2, u2, 0x000F000F, MAGIC2, 0xEA;
+        lop3.b32 u3, u3, 0x000F000F, MAGIC2, 0xEA;
+        fma.rn.TY $0, u0, one, off;
+        fma.rn.TY $1, u1, one, off;
+        fma.rn.TY $2, u2, one, off;
+        fma.rn.TY $3, u3, one, off;
+    }"""
+    # Four bytes in, their eight weights out as (low, high) nibble pairs of each byte, in order: the
+    # first output holds weights 0-3 of the word, the second 4-7. prmt copies byte j into the low half
+    # and byte j of (word >> 4) into the high half; lop3 keeps the two nibbles under the 16-bit float
+    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly; fma subtracts B + 8.
+    _W4_PAIRS_BF16 = gl.constexpr(_W4_PAIRS.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
+                                  .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
+    _W4_PAIRS_FP16 = gl.constexpr(_W4_PAIRS.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
+                                  .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+    # int8 -> bf16 (fp32 2^23 trick, exact) and int8 -> fp16 (under 1024, exact): pairs in order.
+    _W8_BF16 = gl.constexpr("""{
+        .reg .b32 v, m, f0, f1, f2, f3;
+        xor.b32 v, $2, 0x80808080;
+        mov.b32 m, 0x4B000000;
+        prmt.b32 f0, v, m, 0x7440;
+        prmt.b32 f1, v, m, 0x7441;
+        prmt.b32 f2, v, m, 0x7442;
+        prmt.b32 f3, v, m, 0x7443;
+        sub.f32 f0, f0, 0f4B000080;
+        sub.f32 f1, f1, 0f4B000080;
+        sub.f32 f2, f2, 0f4B000080;
+        sub.f32 f3, f3, 0f4B000080;
+        cvt.rn.bf16x2.f32 $0, f1, f0;
+        cvt.rn.bf16x2.f32 $1, f3, f2;
+    }""")
+    _W8_FP16 = gl.constexpr("""{
+        .reg .b32 v, m, b;
+        xor.b32 v, $2, 0x80808080;
+        mov.b32 m, 0x64646464;
+        mov.b32 b, 0x64806480;
+        prmt.b32 $0, v, m, 0x4140;
+        prmt.b32 $1, v, m, 0x4342;
+        sub.f16x2 $0, $0, b;
+        sub.f16x2 $1, $1, b;
+    }""")
+
+    @gluon.jit
+    def _weights(p, FMT: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
+        """The loaded tile as [WARPS, BN, 128] weights of x_dtype in column order (W4A16: unscaled
+        nibble - 8; W8A16: q)."""
+        if FMT == 2:
+            if x_dtype == gl.bfloat16:
+                lo, hi = gl.inline_asm_elementwise(_W4_PAIRS_BF16, "=r,=r,=r,=r,r", [p],
+                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+            else:
+                lo, hi = gl.inline_asm_elementwise(_W4_PAIRS_FP16, "=r,=r,=r,=r,r", [p],
+                                                   dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+            # lo[4q + r] is weight 8q + r, hi[4q + r] weight 8q + 4 + r.
+            w = gl.reshape(gl.join(lo, hi), [WARPS, BN, 16, 4, 2])
+            return gl.reshape(gl.permute(w, [0, 1, 2, 4, 3]), [WARPS, BN, _STEP])
+        elif FMT == 1:
+            if x_dtype == gl.bfloat16:
+                return gl.inline_asm_elementwise(_W8_BF16, "=r,=r,r", [p], dtype=gl.bfloat16, is_pure=True,
+                                                 pack=4)
+            else:
+                return gl.inline_asm_elementwise(_W8_FP16, "=r,=r,r", [p], dtype=gl.float16, is_pure=True,
+                                                 pack=4)
+        else:
+            return p
+
+    @gluon.jit
+    def _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, k, K, w_div: gl.constexpr, EVEN: gl.constexpr):
+        """The weight tile (raw) and activation tile of the step at column offset k."""
+        if EVEN:
+            p = gl.load(w_ptrs + k // w_div)
+            x = gl.load(x_ptrs + k, mask=x_rows, other=0.0)
+        else:
+            p = gl.load(w_ptrs + k // w_div, mask=w_kk + k < K, other=0)
+            x = gl.load(x_ptrs + k, mask=x_rows & (x_kk + k < K), other=0.0)
+        return p, x
+
+    @gluon.jit(do_not_specialize=["STEPS"])
+    def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
+                        stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+                        FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, PREFETCH: gl.constexpr,
+                        ROW_TILES: gl.constexpr, num_warps: gl.constexpr):
+        WARPS: gl.constexpr = num_warps
+        BN: gl.constexpr = 8 * ROW_TILES
+        x_dtype: gl.constexpr = x_ptr.dtype.element_ty
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
+                                                      instr_shape=[1, 16, 8])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        # Bytes or elements of W a step: 128 columns; W4A16 packs two a byte.
+        W_COLS: gl.constexpr = _STEP // 2 if FMT == 2 else _STEP
+        wl: gl.constexpr = _load_layout(WARPS, BN, W_COLS)
+        xl: gl.constexpr = _load_layout(WARPS, 8, _STEP)
+        sl: gl.constexpr = gl.SliceLayout(1, mma)
+
+        pid_n = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128.
+        k_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))) * (STEPS * _STEP)
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
+        rn = gl.minimum(rn, N - 1)  # rows past N re-read row N-1 (dropped at the store): no row mask
+        rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
+        w_div: gl.constexpr = 2 if FMT == 2 else 1
+        w_ptrs = w_ptr + rn[None, :, None] * stride_wn + (k_w // w_div)[:, None, None] + rc[None, None, :]
+        w_kk = k_w[:, None, None] + rc[None, None, :] * w_div  # column of each loaded element (masks)
+
+        x_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))) * (STEPS * _STEP)
+        rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
+        rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
+        x_kk = x_w[:, None, None] + rk[None, None, :]
+        x_ptrs = x_ptr + rm[None, :, None] * stride_xm + x_kk
+        x_rows = (rm < M)[None, :, None]
+        zero_rows = gl.full([WARPS, 8, _STEP], 0.0, x_dtype, layout=xl)
+
+        if FMT == 2:
+            s_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, sl))) * STEPS
+            s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
+            s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_w[:, None]
+        acc = gl.zeros([WARPS, 16, BN], gl.float32, layout=mma)
+        zero_acc = gl.zeros([WARPS, 16, BN], gl.float32, layout=mma)
+
+        if PREFETCH:
+            p, x = _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, 0, K, w_div, EVEN)
+        for i in range(STEPS):
+            if PREFETCH:
+                # The next step's tiles are in flight while this one is multiplied (the last step
+                # re-reads itself: no branch, a cache hit).
+                p_next, x_next = _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, gl.minimum(i + 1, STEPS - 1) * _STEP,
+                                             K, w_div, EVEN)
+            else:
+                p, x = _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, i * _STEP, K, w_div, EVEN)
+            w = _weights(p, FMT, x_dtype, WARPS, BN)
+            b = gl.convert_layout(gl.permute(_mma_order(w, WARPS, BN), [0, 2, 1]), b_layout, assert_trivial=True)
+            # A: the activation rows over zero rows 8-15.
+            x16 = gl.reshape(gl.permute(gl.join(x, zero_rows), [0, 3, 1, 2]), [WARPS, 16, _STEP])
+            a = gl.convert_layout(_mma_order(x16, WARPS, 16), a_layout, assert_trivial=True)
+            if FMT == 2:
+                # One mma chain a 128-column group, scaled in fp32 as it is added.
+                part = mma_v2(a, b, zero_acc)
+                if EVEN:
+                    s = gl.load(s_ptrs + i)
+                else:
+                    s = gl.load(s_ptrs + i, mask=(s_w + i < K // _STEP)[:, None], other=0.0)
+                acc = acc + part * s.to(gl.float32)[:, None, :]
+            else:
+                acc = mma_v2(a, b, acc)
+            if PREFETCH:
+                p = p_next
+                x = x_next
+
+        y = gl.sum(acc, axis=0)  # the warps' partial sums: [16, BN]
+        ol: gl.constexpr = gl.SliceLayout(0, mma)
+        rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ol))
+        rmo = gl.arange(0, 16, layout=gl.SliceLayout(1, ol))
+        if FMT == 1:
+            y = y * gl.load(s_ptr + gl.minimum(rno, N - 1) * stride_sn).to(gl.float32)[None, :]
+        y_ptrs = y_ptr + pid_s * stride_ys + rmo[:, None] * stride_ym + rno[None, :]
+        y_ok = (rmo < M)[:, None] & (rno < N)[None, :]
+        if PARTIAL:
+            gl.store(y_ptrs, y, mask=y_ok)
+        else:
+            gl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=y_ok)
+
+
+def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int = 1, num_warps: int = 4,
+              prefetch: bool = False) -> dict:
+    """Tile for the tensor-core GEMV: ``ROW_TILES`` (8 rows of W each) a program, ``num_warps`` warps
+    splitting K, and a grid ``SPLIT`` of K (a second launch) only when the programs would leave the GPU
+    short of 8 warps a multiprocessor and every warp would keep at least 2 steps."""
+    split, programs, steps = 1, -(-N // (8 * row_tiles)), -(-K // STEP)
+    while programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
+        split *= 2
+    return dict(ROW_TILES=row_tiles, num_warps=num_warps, PREFETCH=prefetch, SPLIT=split)
+
+
+def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y: torch.Tensor,
+            sum_kernel) -> torch.Tensor:
+    """Launch the tensor-core GEMV into ``y [M, N]`` (x contiguous, M <= 8; checks done by the caller).
+    ``sum_kernel(parts, y)`` adds the fp32 partial sums of a grid split."""
+    if gluon is None:
+        raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
+    cfg = dict(cfg)
+    row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
+    split, prefetch = cfg.pop("SPLIT", 1), cfg.pop("PREFETCH", False)
+    if cfg:
+        raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
+    for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
+        if not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ValueError(f"gemv: KERNEL='tc' config {name}={v!r} must be a power of two >= 1")
+    M, K = x.shape
+    N = w.shape[0]
+    steps = -(-K // STEP)
+    split = max(1, min(split, -(-steps // warps)))
+    per_warp = -(-steps // (split * warps))
+    split = -(-steps // (per_warp * warps))
+    even = K == split * warps * per_warp * STEP
+    wk = w.view(torch.uint8) if fmt_code == 1 else w
+    s = scales if scales is not None else w
+    stride_sn = scales.stride(0) if scales is not None else 0
+    out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    grid = (-(-N // (8 * row_tiles)), split)
+    _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
+                          out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
+                          PREFETCH=prefetch, ROW_TILES=row_tiles, num_warps=warps)
+    if split > 1:
+        sum_kernel(out, y)
+    return y
