@@ -208,12 +208,10 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
     fold = [(32, 512, 4, 3), (64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3)] if fmt == "w4a16" else []
     if tc_only:
         fma = words = mma = fold = []
-    tc = [(1, 4, False), (2, 4, False), (4, 4, False), (1, 8, False), (2, 8, False), (2, 2, False), (2, 4, True)]
-    if fmt == "w4a16":
-        tc += [(8, 4, False), (4, 8, False)]
-    for rows, warps, prefetch in tc:
-        cfg = dict(KERNEL="tc", ROW_TILES=rows, num_warps=warps, PREFETCH=prefetch)
-        cfg["SPLIT"] = tc_config(M, N, K, fmt, sms, rows, warps, prefetch)["SPLIT"]
+    tc = [(1, 4, 0), (2, 4, 0), (1, 4, 4), (2, 4, 4), (2, 2, 4), (2, 4, 6), (4, 4, 4), (1, 8, 4), (4, 2, 4)]
+    for rows, warps, stages in tc:
+        cfg = dict(KERNEL="tc", ROW_TILES=rows, num_warps=warps, STAGES=stages)
+        cfg["SPLIT"] = tc_config(M, N, K, fmt, sms, rows, warps, stages)["SPLIT"]
         yield cfg
     for kernel, tiles in (("fma", fma), ("words", words), ("mma", mma), ("mma-fold", fold)):
         for bn, bk, warps, stages in tiles:

@@ -30,7 +30,7 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
     gluon = None
 
@@ -141,33 +141,45 @@ if gluon is not None:
             return p
 
     @gluon.jit
-    def _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, k, K, w_div: gl.constexpr, EVEN: gl.constexpr):
-        """The weight tile (raw) and activation tile of the step at column offset k."""
+    def _step_tiles(w_ptrs, x_ptrs, w_kb, x_kk, x_rows, k, K, W_DIV: gl.constexpr, EVEN: gl.constexpr):
+        """The raw weight tile and the activation tile of the step at column offset k, into registers."""
         if EVEN:
-            p = gl.load(w_ptrs + k // w_div)
+            p = gl.load(w_ptrs + k // W_DIV)
             x = gl.load(x_ptrs + k, mask=x_rows, other=0.0)
         else:
-            p = gl.load(w_ptrs + k // w_div, mask=w_kk + k < K, other=0)
+            p = gl.load(w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV, other=0)
             x = gl.load(x_ptrs + k, mask=x_rows & (x_kk + k < K), other=0.0)
         return p, x
+
+    @gluon.jit
+    def _copy_step(w_dst, x_dst, w_ptrs, x_ptrs, w_kb, x_kk, x_rows, k, K, W_DIV: gl.constexpr,
+                   EVEN: gl.constexpr):
+        """The same tiles copied asynchronously (cp.async, 16 bytes a thread a copy) into shared memory;
+        each thread later reads back exactly the bytes it copied."""
+        if EVEN:
+            async_copy.async_copy_global_to_shared(w_dst, w_ptrs + k // W_DIV)
+        else:
+            async_copy.async_copy_global_to_shared(w_dst, w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV)
+        async_copy.async_copy_global_to_shared(x_dst, x_ptrs + k, mask=x_rows & (x_kk + k < K))
 
     @gluon.jit(do_not_specialize=["STEPS"])
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
-                        FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, PREFETCH: gl.constexpr,
+                        FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, STAGES: gl.constexpr,
                         ROW_TILES: gl.constexpr, num_warps: gl.constexpr):
         WARPS: gl.constexpr = num_warps
-        BN: gl.constexpr = 8 * ROW_TILES
+        BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
                                                       instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        # Bytes or elements of W a step: 128 columns; W4A16 packs two a byte.
-        W_COLS: gl.constexpr = _STEP // 2 if FMT == 2 else _STEP
+        # Elements (bytes for W4A16, two weights a byte) of a W row a step.
+        W_DIV: gl.constexpr = 2 if FMT == 2 else 1
+        W_COLS: gl.constexpr = _STEP // W_DIV
         wl: gl.constexpr = _load_layout(WARPS, BN, W_COLS)
         xl: gl.constexpr = _load_layout(WARPS, 8, _STEP)
-        sl: gl.constexpr = gl.SliceLayout(1, mma)
+        sl: gl.constexpr = gl.SliceLayout(2, mma)
 
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
@@ -176,9 +188,8 @@ if gluon is not None:
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
         rn = gl.minimum(rn, N - 1)  # rows past N re-read row N-1 (dropped at the store): no row mask
         rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
-        w_div: gl.constexpr = 2 if FMT == 2 else 1
-        w_ptrs = w_ptr + rn[None, :, None] * stride_wn + (k_w // w_div)[:, None, None] + rc[None, None, :]
-        w_kk = k_w[:, None, None] + rc[None, None, :] * w_div  # column of each loaded element (masks)
+        w_kb = (k_w // W_DIV)[:, None, None] + rc[None, None, :]  # element (byte) offset within a row
+        w_ptrs = w_ptr + rn[None, :, None] * stride_wn + w_kb
 
         x_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))) * (STEPS * _STEP)
         rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
@@ -186,52 +197,58 @@ if gluon is not None:
         x_kk = x_w[:, None, None] + rk[None, None, :]
         x_ptrs = x_ptr + rm[None, :, None] * stride_xm + x_kk
         x_rows = (rm < M)[None, :, None]
-        zero_rows = gl.full([WARPS, 8, _STEP], 0.0, x_dtype, layout=xl)
 
+        acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
         if FMT == 2:
+            zero_acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
             s_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, sl))) * STEPS
             s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
             s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_w[:, None]
-        acc = gl.zeros([WARPS, 16, BN], gl.float32, layout=mma)
-        zero_acc = gl.zeros([WARPS, 16, BN], gl.float32, layout=mma)
-
-        if PREFETCH:
-            p, x = _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, 0, K, w_div, EVEN)
+            s_ok = s_w[:, None] < K // _STEP
+            s_next = gl.load(s_ptrs, mask=s_ok, other=0.0).to(gl.float32)
+        if STAGES > 0:
+            # A ring of STAGES steps in shared memory, STAGES - 1 in flight while one is multiplied. Past
+            # the last step the copies repeat it (a stage nobody reads): no branch, no mask.
+            smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+            w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, WARPS, BN, W_COLS], smem)
+            x_ring = gl.allocate_shared_memory(x_dtype, [STAGES, WARPS, 8, _STEP], smem)
+            for first in gl.static_range(STAGES - 1):
+                _copy_step(w_ring.index(first), x_ring.index(first), w_ptrs, x_ptrs, w_kb, x_kk, x_rows,
+                           gl.minimum(first, STEPS - 1) * _STEP, K, W_DIV, EVEN)
+                async_copy.commit_group()
         for i in range(STEPS):
-            if PREFETCH:
-                # The next step's tiles are in flight while this one is multiplied (the last step
-                # re-reads itself: no branch, a cache hit).
-                p_next, x_next = _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, gl.minimum(i + 1, STEPS - 1) * _STEP,
-                                             K, w_div, EVEN)
+            if STAGES > 0:
+                ahead = i + STAGES - 1
+                _copy_step(w_ring.index(ahead % STAGES), x_ring.index(ahead % STAGES), w_ptrs, x_ptrs, w_kb, x_kk,
+                           x_rows, gl.minimum(ahead, STEPS - 1) * _STEP, K, W_DIV, EVEN)
+                async_copy.commit_group()
+                async_copy.wait_group(STAGES - 1)
+                p = w_ring.index(i % STAGES).load(wl)
+                x = x_ring.index(i % STAGES).load(xl)
             else:
-                p, x = _step_tiles(w_ptrs, x_ptrs, w_kk, x_kk, x_rows, i * _STEP, K, w_div, EVEN)
+                p, x = _step_tiles(w_ptrs, x_ptrs, w_kb, x_kk, x_rows, i * _STEP, K, W_DIV, EVEN)
             w = _weights(p, FMT, x_dtype, WARPS, BN)
-            b = gl.convert_layout(gl.permute(_mma_order(w, WARPS, BN), [0, 2, 1]), b_layout, assert_trivial=True)
-            # A: the activation rows over zero rows 8-15.
-            x16 = gl.reshape(gl.permute(gl.join(x, zero_rows), [0, 3, 1, 2]), [WARPS, 16, _STEP])
-            a = gl.convert_layout(_mma_order(x16, WARPS, 16), a_layout, assert_trivial=True)
+            a = gl.convert_layout(_mma_order(w, WARPS, BN), a_layout, assert_trivial=True)
+            b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8), [0, 2, 1]), b_layout, assert_trivial=True)
             if FMT == 2:
-                # One mma chain a 128-column group, scaled in fp32 as it is added.
-                part = mma_v2(a, b, zero_acc)
-                if EVEN:
-                    s = gl.load(s_ptrs + i)
-                else:
-                    s = gl.load(s_ptrs + i, mask=(s_w + i < K // _STEP)[:, None], other=0.0)
-                acc = acc + part * s.to(gl.float32)[:, None, :]
+                # One mma chain a 128-column group, scaled in fp32 as it is added (the scale one step
+                # ahead in registers).
+                s = s_next
+                s_next = gl.load(s_ptrs + gl.minimum(i + 1, STEPS - 1), mask=s_ok, other=0.0).to(gl.float32)
+                acc = acc + mma_v2(a, b, zero_acc) * s[:, :, None]
             else:
                 acc = mma_v2(a, b, acc)
-            if PREFETCH:
-                p = p_next
-                x = x_next
+        if STAGES > 0:
+            async_copy.wait_group(0)
 
-        y = gl.sum(acc, axis=0)  # the warps' partial sums: [16, BN]
+        y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
         ol: gl.constexpr = gl.SliceLayout(0, mma)
-        rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ol))
-        rmo = gl.arange(0, 16, layout=gl.SliceLayout(1, ol))
+        rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
+        rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
         if FMT == 1:
-            y = y * gl.load(s_ptr + gl.minimum(rno, N - 1) * stride_sn).to(gl.float32)[None, :]
-        y_ptrs = y_ptr + pid_s * stride_ys + rmo[:, None] * stride_ym + rno[None, :]
-        y_ok = (rmo < M)[:, None] & (rno < N)[None, :]
+            y = y * gl.load(s_ptr + gl.minimum(rno, N - 1) * stride_sn).to(gl.float32)[:, None]
+        y_ptrs = y_ptr + pid_s * stride_ys + rmo[None, :] * stride_ym + rno[:, None]
+        y_ok = (rmo < M)[None, :] & (rno < N)[:, None]
         if PARTIAL:
             gl.store(y_ptrs, y, mask=y_ok)
         else:
@@ -239,14 +256,14 @@ if gluon is not None:
 
 
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int = 1, num_warps: int = 4,
-              prefetch: bool = False) -> dict:
-    """Tile for the tensor-core GEMV: ``ROW_TILES`` (8 rows of W each) a program, ``num_warps`` warps
+              stages: int = 0) -> dict:
+    """Tile for the tensor-core GEMV: ``ROW_TILES`` (16 rows of W each) a program, ``num_warps`` warps
     splitting K, and a grid ``SPLIT`` of K (a second launch) only when the programs would leave the GPU
     short of 8 warps a multiprocessor and every warp would keep at least 2 steps."""
-    split, programs, steps = 1, -(-N // (8 * row_tiles)), -(-K // STEP)
+    split, programs, steps = 1, -(-N // (16 * row_tiles)), -(-K // STEP)
     while programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
         split *= 2
-    return dict(ROW_TILES=row_tiles, num_warps=num_warps, PREFETCH=prefetch, SPLIT=split)
+    return dict(ROW_TILES=row_tiles, num_warps=num_warps, STAGES=stages, SPLIT=split)
 
 
 def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y: torch.Tensor,
@@ -257,12 +274,14 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
-    split, prefetch = cfg.pop("SPLIT", 1), cfg.pop("PREFETCH", False)
+    split, stages = cfg.pop("SPLIT", 1), cfg.pop("STAGES", 0)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
         if not isinstance(v, int) or v < 1 or v & (v - 1):
             raise ValueError(f"gemv: KERNEL='tc' config {name}={v!r} must be a power of two >= 1")
+    if not isinstance(stages, int) or not 0 <= stages <= 8:
+        raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages!r} must be 0 (loads into registers) to 8")
     M, K = x.shape
     N = w.shape[0]
     steps = -(-K // STEP)
@@ -274,10 +293,10 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     s = scales if scales is not None else w
     stride_sn = scales.stride(0) if scales is not None else 0
     out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    grid = (-(-N // (8 * row_tiles)), split)
+    grid = (-(-N // (16 * row_tiles)), split)
     _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
                           out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
-                          PREFETCH=prefetch, ROW_TILES=row_tiles, num_warps=warps)
+                          STAGES=stages, ROW_TILES=row_tiles, num_warps=warps)
     if split > 1:
         sum_kernel(out, y)
     return y
