@@ -243,10 +243,10 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                 assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
 
 
-TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, STAGES=0, SPLIT=1),
-              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, STAGES=3, SPLIT=2),
-              dict(KERNEL="tc", ROW_TILES=4, num_warps=8, STAGES=0, SPLIT=1),
-              dict(KERNEL="tc", ROW_TILES=1, num_warps=1, STAGES=4, SPLIT=4)]
+TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1, BIASED=False),
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2, W_CACHE=".cg"),
+              dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=1, UNROLL=1, SPLIT=4)]
 
 
 @pytest.mark.gpu
@@ -282,8 +282,8 @@ def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
     x = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="ROW_TILES=3"):
         gemv(w, x, config=dict(KERNEL="tc", ROW_TILES=3), impl="cuda")
-    with pytest.raises(ValueError, match="STAGES=9"):
-        gemv(w, x, config=dict(KERNEL="tc", STAGES=9), impl="cuda")
+    with pytest.raises(ValueError, match="UNROLL=3"):
+        gemv(w, x, config=dict(KERNEL="tc", UNROLL=3), impl="cuda")
     with pytest.raises(ValueError, match="unknown KERNEL='tc' config keys"):
         gemv(w, x, config=dict(KERNEL="tc", BLOCK_N=16), impl="cuda")
     with pytest.raises(ValueError, match="impl='cuda' only"):

@@ -208,11 +208,14 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
     fold = [(32, 512, 4, 3), (64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3)] if fmt == "w4a16" else []
     if tc_only:
         fma = words = mma = fold = []
-    tc = [(1, 4, 0), (2, 4, 0), (1, 4, 4), (2, 4, 4), (2, 2, 4), (2, 4, 6), (4, 4, 4), (1, 8, 4), (4, 2, 4)]
-    for rows, warps, stages in tc:
-        cfg = dict(KERNEL="tc", ROW_TILES=rows, num_warps=warps, STAGES=stages)
-        cfg["SPLIT"] = tc_config(M, N, K, fmt, sms, rows, warps, stages)["SPLIT"]
-        yield cfg
+    tc = [dict(), dict(UNROLL=2), dict(W_CACHE=".cg"), dict(UNROLL=2, W_CACHE=".cg"), dict(num_warps=8),
+          dict(num_warps=2), dict(ROW_TILES=2, UNROLL=2), dict(num_warps=8, UNROLL=2)]
+    if fmt == "w4a16":
+        tc.append(dict(BIASED=False))
+    for extra in tc:
+        cfg = dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms, extra.get("ROW_TILES", 1), extra.get("num_warps", 4),
+                                            extra.get("UNROLL", 1)))
+        yield dict(cfg, **extra)
     for kernel, tiles in (("fma", fma), ("words", words), ("mma", mma), ("mma-fold", fold)):
         for bn, bk, warps, stages in tiles:
             cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,

@@ -30,7 +30,7 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
     gluon = None
 
@@ -76,19 +76,30 @@ if gluon is not None:
         lop3.b32 u1, u1, 0x000F000F, MAGIC2, 0xEA;
         lop3.b32 u2, u2, 0x000F000F, MAGIC2, 0xEA;
         lop3.b32 u3, u3, 0x000F000F, MAGIC2, 0xEA;
-        fma.rn.TY $0, u0, one, off;
-        fma.rn.TY $1, u1, one, off;
-        fma.rn.TY $2, u2, one, off;
-        fma.rn.TY $3, u3, one, off;
+        FINISH
     }"""
     # Four bytes in, their eight weights out as (low, high) nibble pairs of each byte, in order: the
     # first output holds weights 0-3 of the word, the second 4-7. prmt copies byte j into the low half
     # and byte j of (word >> 4) into the high half; lop3 keeps the two nibbles under the 16-bit float
-    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly; fma subtracts B + 8.
-    _W4_PAIRS_BF16 = gl.constexpr(_W4_PAIRS.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
-                                  .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
-    _W4_PAIRS_FP16 = gl.constexpr(_W4_PAIRS.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
-                                  .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly. Exact finish: fma
+    # subtracts B + 8. Biased finish (bf16): B + nibble as is, the offset removed in the mma.
+    _W4_EXACT = """fma.rn.TY $0, u0, one, off;
+        fma.rn.TY $1, u1, one, off;
+        fma.rn.TY $2, u2, one, off;
+        fma.rn.TY $3, u3, one, off;"""
+    _W4_BIASED = """mov.b32 $0, u0;
+        mov.b32 $1, u1;
+        mov.b32 $2, u2;
+        mov.b32 $3, u3;"""
+
+    def _w4_asm(finish: str, ty: str):
+        magic, one, off, op = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
+                               "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}[ty]
+        return gl.constexpr(_W4_PAIRS.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
+                            .replace("OFF2", off).replace("TY", op))
+
+    _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (_w4_asm(_W4_EXACT, "bf16"), _w4_asm(_W4_EXACT, "fp16"),
+                                           _w4_asm(_W4_BIASED, "bf16"))
     # int8 -> bf16 (fp32 2^23 trick, exact) and int8 -> fp16 (under 1024, exact): pairs in order.
     _W8_BF16 = gl.constexpr("""{
         .reg .b32 v, m, f0, f1, f2, f3;
@@ -117,15 +128,19 @@ if gluon is not None:
     }""")
 
     @gluon.jit
-    def _weights(p, FMT: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
-        """The loaded tile as [WARPS, BN, 128] weights of x_dtype in column order (W4A16: unscaled
-        nibble - 8; W8A16: q)."""
+    def _weights(p, FMT: gl.constexpr, BIASED: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr,
+                 BN: gl.constexpr):
+        """The loaded tile as [WARPS, BN, 128] weights of x_dtype in column order (W4A16: nibble - 8, or
+        128 + nibble if BIASED; W8A16: q)."""
         if FMT == 2:
-            if x_dtype == gl.bfloat16:
-                lo, hi = gl.inline_asm_elementwise(_W4_PAIRS_BF16, "=r,=r,=r,=r,r", [p],
+            if BIASED:
+                lo, hi = gl.inline_asm_elementwise(_W4_BF16_BIASED, "=r,=r,=r,=r,r", [p],
+                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+            elif x_dtype == gl.bfloat16:
+                lo, hi = gl.inline_asm_elementwise(_W4_BF16, "=r,=r,=r,=r,r", [p],
                                                    dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
             else:
-                lo, hi = gl.inline_asm_elementwise(_W4_PAIRS_FP16, "=r,=r,=r,=r,r", [p],
+                lo, hi = gl.inline_asm_elementwise(_W4_FP16, "=r,=r,=r,=r,r", [p],
                                                    dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
             # lo[4q + r] is weight 8q + r, hi[4q + r] weight 8q + 4 + r.
             w = gl.reshape(gl.join(lo, hi), [WARPS, BN, 16, 4, 2])
@@ -141,32 +156,47 @@ if gluon is not None:
             return p
 
     @gluon.jit
-    def _step_tiles(w_ptrs, x_ptrs, w_kb, x_kk, x_rows, k, K, W_DIV: gl.constexpr, EVEN: gl.constexpr):
-        """The raw weight tile and the activation tile of the step at column offset k, into registers."""
+    def _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows, s_ok, i, K, FMT: gl.constexpr,
+                    EVEN: gl.constexpr, W_CACHE: gl.constexpr):
+        """Step i of each warp: its raw weight tile, activation tile and (W4A16) group scales, loaded
+        into registers. Weights stream (W_CACHE ".cg": L2 only, leaving L1 to the activations)."""
+        W_DIV: gl.constexpr = 2 if FMT == 2 else 1
+        k = i * _STEP
         if EVEN:
-            p = gl.load(w_ptrs + k // W_DIV)
+            p = gl.load(w_ptrs + k // W_DIV, cache_modifier=W_CACHE)
             x = gl.load(x_ptrs + k, mask=x_rows, other=0.0)
         else:
-            p = gl.load(w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV, other=0)
+            p = gl.load(w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV, other=0, cache_modifier=W_CACHE)
             x = gl.load(x_ptrs + k, mask=x_rows & (x_kk + k < K), other=0.0)
-        return p, x
+        if FMT == 2:
+            s = gl.load(s_ptrs + i, mask=s_ok, other=0.0).to(gl.float32)
+        else:
+            s = 0.0
+        return p, x, s
 
     @gluon.jit
-    def _copy_step(w_dst, x_dst, w_ptrs, x_ptrs, w_kb, x_kk, x_rows, k, K, W_DIV: gl.constexpr,
-                   EVEN: gl.constexpr):
-        """The same tiles copied asynchronously (cp.async, 16 bytes a thread a copy) into shared memory;
-        each thread later reads back exactly the bytes it copied."""
-        if EVEN:
-            async_copy.async_copy_global_to_shared(w_dst, w_ptrs + k // W_DIV)
+    def _step_mma(acc, p, x, s, offset, zero_acc, FMT: gl.constexpr, BIASED: gl.constexpr,
+                  a_layout: gl.constexpr, b_layout: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
+        """acc plus one step: the weights dequantized, both tiles put in mma order (registers only) and
+        multiplied; W4A16: one mma chain a 128-column group, scaled in fp32 as it is added (BIASED: the
+        constant tile ``offset`` = -136 multiplied into the chain removes the weights' bias)."""
+        w = _weights(p, FMT, BIASED, x.dtype, WARPS, BN)
+        a = gl.convert_layout(_mma_order(w, WARPS, BN), a_layout, assert_trivial=True)
+        b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8), [0, 2, 1]), b_layout, assert_trivial=True)
+        if FMT == 2:
+            part = mma_v2(a, b, zero_acc)
+            if BIASED:
+                part = mma_v2(offset, b, part)
+            return acc + part * s[:, :, None]
         else:
-            async_copy.async_copy_global_to_shared(w_dst, w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV)
-        async_copy.async_copy_global_to_shared(x_dst, x_ptrs + k, mask=x_rows & (x_kk + k < K))
+            return mma_v2(a, b, acc)
 
     @gluon.jit(do_not_specialize=["STEPS"])
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
-                        FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, STAGES: gl.constexpr,
-                        ROW_TILES: gl.constexpr, num_warps: gl.constexpr):
+                        FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
+                        BIASED: gl.constexpr, W_CACHE: gl.constexpr, ROW_TILES: gl.constexpr,
+                        num_warps: gl.constexpr):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -198,48 +228,24 @@ if gluon is not None:
         x_ptrs = x_ptr + rm[None, :, None] * stride_xm + x_kk
         x_rows = (rm < M)[None, :, None]
 
+        # W4A16 group scales [warp, row] of step 0 (masked: a warp's steps may run past K).
+        s_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, sl))) * STEPS
+        s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
+        s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_w[:, None]
         acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
-        if FMT == 2:
-            zero_acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
-            s_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, sl))) * STEPS
-            s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
-            s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_w[:, None]
-            s_ok = s_w[:, None] < K // _STEP
-            s_next = gl.load(s_ptrs, mask=s_ok, other=0.0).to(gl.float32)
-        if STAGES > 0:
-            # A ring of STAGES steps in shared memory, STAGES - 1 in flight while one is multiplied. Past
-            # the last step the copies repeat it (a stage nobody reads): no branch, no mask.
-            smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-            w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, WARPS, BN, W_COLS], smem)
-            x_ring = gl.allocate_shared_memory(x_dtype, [STAGES, WARPS, 8, _STEP], smem)
-            for first in gl.static_range(STAGES - 1):
-                _copy_step(w_ring.index(first), x_ring.index(first), w_ptrs, x_ptrs, w_kb, x_kk, x_rows,
-                           gl.minimum(first, STEPS - 1) * _STEP, K, W_DIV, EVEN)
-                async_copy.commit_group()
-        for i in range(STEPS):
-            if STAGES > 0:
-                ahead = i + STAGES - 1
-                _copy_step(w_ring.index(ahead % STAGES), x_ring.index(ahead % STAGES), w_ptrs, x_ptrs, w_kb, x_kk,
-                           x_rows, gl.minimum(ahead, STEPS - 1) * _STEP, K, W_DIV, EVEN)
-                async_copy.commit_group()
-                async_copy.wait_group(STAGES - 1)
-                p = w_ring.index(i % STAGES).load(wl)
-                x = x_ring.index(i % STAGES).load(xl)
-            else:
-                p, x = _step_tiles(w_ptrs, x_ptrs, w_kb, x_kk, x_rows, i * _STEP, K, W_DIV, EVEN)
-            w = _weights(p, FMT, x_dtype, WARPS, BN)
-            a = gl.convert_layout(_mma_order(w, WARPS, BN), a_layout, assert_trivial=True)
-            b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8), [0, 2, 1]), b_layout, assert_trivial=True)
-            if FMT == 2:
-                # One mma chain a 128-column group, scaled in fp32 as it is added (the scale one step
-                # ahead in registers).
-                s = s_next
-                s_next = gl.load(s_ptrs + gl.minimum(i + 1, STEPS - 1), mask=s_ok, other=0.0).to(gl.float32)
-                acc = acc + mma_v2(a, b, zero_acc) * s[:, :, None]
-            else:
-                acc = mma_v2(a, b, acc)
-        if STAGES > 0:
-            async_copy.wait_group(0)
+        zero_acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
+        offset = gl.full([WARPS, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
+        for it in range(STEPS // UNROLL):
+            # UNROLL steps' loads issued before any is used: more bytes in flight a warp.
+            i = it * UNROLL
+            p0, x0, s0 = _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows, (s_w + i < K // _STEP)[:, None],
+                                     i, K, FMT, EVEN, W_CACHE)
+            if UNROLL == 2:
+                p1, x1, s1 = _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows,
+                                         (s_w + i + 1 < K // _STEP)[:, None], i + 1, K, FMT, EVEN, W_CACHE)
+            acc = _step_mma(acc, p0, x0, s0, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
+            if UNROLL == 2:
+                acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
 
         y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
         ol: gl.constexpr = gl.SliceLayout(0, mma)
@@ -256,38 +262,47 @@ if gluon is not None:
 
 
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int = 1, num_warps: int = 4,
-              stages: int = 0) -> dict:
+              unroll: int = 1) -> dict:
     """Tile for the tensor-core GEMV: ``ROW_TILES`` (16 rows of W each) a program, ``num_warps`` warps
-    splitting K, and a grid ``SPLIT`` of K (a second launch) only when the programs would leave the GPU
-    short of 8 warps a multiprocessor and every warp would keep at least 2 steps."""
+    splitting K, ``UNROLL`` steps loaded at once, and a grid ``SPLIT`` of K (a second launch) only when
+    the programs would leave the GPU short of 8 warps a multiprocessor and every warp would keep at
+    least 2 steps."""
     split, programs, steps = 1, -(-N // (16 * row_tiles)), -(-K // STEP)
     while programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
         split *= 2
-    return dict(ROW_TILES=row_tiles, num_warps=num_warps, STAGES=stages, SPLIT=split)
+    return dict(ROW_TILES=row_tiles, num_warps=num_warps, UNROLL=unroll, SPLIT=split)
 
 
 def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y: torch.Tensor,
             sum_kernel) -> torch.Tensor:
     """Launch the tensor-core GEMV into ``y [M, N]`` (x contiguous, M <= 8; checks done by the caller).
-    ``sum_kernel(parts, y)`` adds the fp32 partial sums of a grid split."""
+    ``sum_kernel(parts, y)`` adds the fp32 partial sums of a grid split.
+
+    Config keys (all optional): ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL``
+    (1 or 2), ``BIASED`` (W4A16 with bf16: the nibble's bias removed in the mma instead of a packed fma
+    a weight pair; default True), ``W_CACHE`` ("" or ".cg": the weights' load cache modifier)."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
-    split, stages = cfg.pop("SPLIT", 1), cfg.pop("STAGES", 0)
+    split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
+    biased, w_cache = cfg.pop("BIASED", True), cfg.pop("W_CACHE", "")
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
         if not isinstance(v, int) or v < 1 or v & (v - 1):
             raise ValueError(f"gemv: KERNEL='tc' config {name}={v!r} must be a power of two >= 1")
-    if not isinstance(stages, int) or not 0 <= stages <= 8:
-        raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages!r} must be 0 (loads into registers) to 8")
+    if unroll not in (1, 2):
+        raise ValueError(f"gemv: KERNEL='tc' config UNROLL={unroll!r} must be 1 or 2")
+    if w_cache not in ("", ".cg"):
+        raise ValueError(f"gemv: KERNEL='tc' config W_CACHE={w_cache!r} must be '' or '.cg'")
     M, K = x.shape
     N = w.shape[0]
     steps = -(-K // STEP)
     split = max(1, min(split, -(-steps // warps)))
     per_warp = -(-steps // (split * warps))
     split = -(-steps // (per_warp * warps))
+    per_warp = -(-per_warp // unroll) * unroll  # whole unrolled iterations; steps past K are masked
     even = K == split * warps * per_warp * STEP
     wk = w.view(torch.uint8) if fmt_code == 1 else w
     s = scales if scales is not None else w
@@ -296,7 +311,8 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     grid = (-(-N // (16 * row_tiles)), split)
     _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
                           out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
-                          STAGES=stages, ROW_TILES=row_tiles, num_warps=warps)
+                          UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
+                          W_CACHE=w_cache, ROW_TILES=row_tiles, num_warps=warps)
     if split > 1:
         sum_kernel(out, y)
     return y
