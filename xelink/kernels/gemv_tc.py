@@ -43,32 +43,24 @@ if gluon is not None:
     _STEP = gl.constexpr(STEP)
 
     @gluon.constexpr_function
-    def _load_layout(warps, rows, cols, chunk, lane_bit):
+    def _load_layout(warps, rows, cols):
         """[warps, rows, cols]: warp w owns batch w (its slice of K); lane (g, t) of a warp holds row g
-        (+ 8 r for more row tiles) and the columns whose bits lane_bit, lane_bit + 1 are t, in loads of
-        ``chunk`` consecutive columns (16 bytes). With lane_bit = log2(chunk) a quad's four chunks are
-        adjacent: each load instruction reads whole sectors."""
-        col_bits = [b for b in range(cols.bit_length() - 1) if b not in (lane_bit, lane_bit + 1)]
-        reg = [[0, 0, 1 << b] for b in col_bits]  # the chunk's bits first: 16-byte vectors
+        (+ 8 r for more row tiles) and cols / 4 consecutive columns from t * cols / 4 (16-byte loads)."""
+        per_thread = cols // 4
+        reg = [[0, 0, 1 << i] for i in range(per_thread.bit_length() - 1)]
         reg += [[0, 8 << i, 0] for i in range((rows // 8).bit_length() - 1)]
-        lane = [[0, 0, 1 << lane_bit], [0, 0, 2 << lane_bit], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+        lane = [[0, 0, per_thread], [0, 0, 2 * per_thread], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
         warp = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [warps, rows, cols])
 
     @gluon.jit
-    def _mma_order(t, WARPS: gl.constexpr, ROWS: gl.constexpr, LANE_BIT: gl.constexpr):
-        """Permute the 128 columns of a step so that the columns each quad lane t loaded land where its
-        mma fragments are. Column bits b6..b0 (dimensions 2..8 of the view): b0 is the pair in a
-        register, b(LANE_BIT), b(LANE_BIT + 1) are t (the load layout's lane bits); the fragment order
-        wants b0, then t, then b1 (the fragment's second register, +8), then the rest (the k16 chunk).
+    def _mma_order(t, WARPS: gl.constexpr, ROWS: gl.constexpr):
+        """Permute the 128 columns of a step so that lane t's 32 consecutive columns land where its
+        mma fragments are: column c = 32 t + 8 v + 4 h + 2 i + e goes to e + 2 t + 8 i + 16 (h + 2 v)
+        (e: the pair in a register, i: the fragment's first or second register, h + 2 v: the k16 chunk).
         Each element stays in its thread; only the register order changes."""
         t = gl.reshape(t, [WARPS, ROWS, 2, 2, 2, 2, 2, 2, 2])
-        if LANE_BIT == 3:  # to b6 b5 b2 b1 b4 b3 b0
-            t = gl.permute(t, [0, 1, 2, 3, 6, 7, 4, 5, 8])
-        elif LANE_BIT == 4:  # to b6 b3 b2 b1 b5 b4 b0
-            t = gl.permute(t, [0, 1, 2, 5, 6, 7, 3, 4, 8])
-        else:  # LANE_BIT 5: to b4 b3 b2 b1 b6 b5 b0
-            t = gl.permute(t, [0, 1, 4, 5, 6, 7, 2, 3, 8])
+        t = gl.permute(t, [0, 1, 4, 5, 6, 7, 2, 3, 8])
         return gl.reshape(t, [WARPS, ROWS, _STEP])
 
     _W4_PAIRS = """{
@@ -184,14 +176,13 @@ if gluon is not None:
 
     @gluon.jit
     def _step_mma(acc, p, x, s, offset, zero_acc, FMT: gl.constexpr, BIASED: gl.constexpr,
-                  a_layout: gl.constexpr, b_layout: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr,
-                  LANE_BIT: gl.constexpr):
+                  a_layout: gl.constexpr, b_layout: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
         """acc plus one step: the weights dequantized, both tiles put in mma order (registers only) and
         multiplied; W4A16: one mma chain a 128-column group, scaled in fp32 as it is added (BIASED: the
         constant tile ``offset`` = -136 multiplied into the chain removes the weights' bias)."""
         w = _weights(p, FMT, BIASED, x.dtype, WARPS, BN)
-        a = gl.convert_layout(_mma_order(w, WARPS, BN, LANE_BIT), a_layout, assert_trivial=True)
-        b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8, LANE_BIT), [0, 2, 1]), b_layout, assert_trivial=True)
+        a = gl.convert_layout(_mma_order(w, WARPS, BN), a_layout, assert_trivial=True)
+        b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8), [0, 2, 1]), b_layout, assert_trivial=True)
         if FMT == 2:
             part = mma_v2(a, b, zero_acc)
             if BIASED:
@@ -216,12 +207,8 @@ if gluon is not None:
         # Elements (bytes for W4A16, two weights a byte) of a W row a step.
         W_DIV: gl.constexpr = 2 if FMT == 2 else 1
         W_COLS: gl.constexpr = _STEP // W_DIV
-        # A lane's 16-byte chunk of W is 8 (dense), 16 (W8A16) or 32 (W4A16) columns, a quad's four
-        # chunks adjacent; the activations take the same columns (chunks of 8, so 1, 2 or 4 a lane).
-        LANE_BIT: gl.constexpr = 3 + FMT
-        W_CHUNK: gl.constexpr = 8 if FMT == 0 else 16
-        wl: gl.constexpr = _load_layout(WARPS, BN, W_COLS, W_CHUNK, 3 if FMT == 0 else 4)
-        xl: gl.constexpr = _load_layout(WARPS, 8, _STEP, 8, LANE_BIT)
+        wl: gl.constexpr = _load_layout(WARPS, BN, W_COLS)
+        xl: gl.constexpr = _load_layout(WARPS, 8, _STEP)
         sl: gl.constexpr = gl.SliceLayout(2, mma)
 
         pid_n = gl.program_id(0)
@@ -256,9 +243,9 @@ if gluon is not None:
             if UNROLL == 2:
                 p1, x1, s1 = _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows,
                                          (s_w + i + 1 < K // _STEP)[:, None], i + 1, K, FMT, EVEN, W_CACHE)
-            acc = _step_mma(acc, p0, x0, s0, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN, LANE_BIT)
+            acc = _step_mma(acc, p0, x0, s0, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
             if UNROLL == 2:
-                acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN, LANE_BIT)
+                acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
 
         y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
         ol: gl.constexpr = gl.SliceLayout(0, mma)
