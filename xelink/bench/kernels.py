@@ -208,8 +208,9 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
     fold = [(32, 512, 4, 3), (64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3)] if fmt == "w4a16" else []
     if tc_only:
         fma = words = mma = fold = []
-    tc = [dict(), dict(UNROLL=2), dict(W_CACHE=".cg"), dict(UNROLL=2, W_CACHE=".cg"), dict(num_warps=8),
-          dict(num_warps=2), dict(ROW_TILES=2, UNROLL=2), dict(num_warps=8, UNROLL=2)]
+    tc = [dict(), dict(UNROLL=2), dict(num_warps=8), dict(num_warps=8, UNROLL=2), dict(num_warps=16),
+          dict(num_warps=16, UNROLL=2), dict(ROW_TILES=2, UNROLL=2), dict(ROW_TILES=4), dict(ROW_TILES=4, num_warps=8),
+          dict(ROW_TILES=2, num_warps=8, UNROLL=2)]
     if fmt == "w4a16":
         tc.append(dict(BIASED=False))
     for extra in tc:
