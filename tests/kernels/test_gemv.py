@@ -166,6 +166,28 @@ def test_interpreted_kernel(fmt, split, kernel):
         assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, ref) < TOL[torch.float16]
 
 
+def test_tensor_core_config():
+    # tc_config's defaults (run 12): 8 warps a program on 4096-row matrices, 4 above; 4 row tiles for W4A16
+    # (2 for W8A16) from 65536 rows; a grid split only while the programs leave the GPU short of warps.
+    from xelink.kernels.gemv_tc import tc_config
+    small = tc_config(8, 4096, 4096, "w4a16", 132)
+    assert small == dict(ROW_TILES=1, num_warps=8, UNROLL=2, SPLIT=1)
+    assert tc_config(8, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=4, num_warps=4, UNROLL=1, SPLIT=1)
+    assert tc_config(1, 128256, 4096, "w8a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1)
+    few = tc_config(8, 64, 65536, "w8a16", 132)  # 4 programs: K split while warps are short and steps last
+    steps = 65536 // 128
+    assert few["SPLIT"] > 1 and (4 * few["SPLIT"] * few["num_warps"] >= 8 * 132
+                                 or steps // (2 * few["SPLIT"] * few["num_warps"]) < 2)
+    assert tc_config(8, 64, 512, "w8a16", 132)["SPLIT"] == 1  # 4 steps of K: too few to split
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+def test_interpreted_tensor_core_kernel_needs_cuda():
+    w, s, _ = _weights("w4a16", 16, 256, torch.float16)
+    with pytest.raises(ValueError, match="impl='cuda' only"):
+        gemv(w, torch.randn(1, 256).to(torch.float16), s, "w4a16", impl="triton", config=dict(KERNEL="tc"))
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
 def test_interpreted_word_kernel_fallbacks(fmt):
@@ -236,17 +258,17 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                 torch.cuda.synchronize()
                 where = f"{impl} {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
                 assert not y.isnan().any(), f"unwritten output: {where}"
-                # FOLD (explicit, or the default for W4A16 at 5-8 rows under 8192 rows) rounds each weight
+                # FOLD (explicit, or impl="triton"'s default for W4A16 at 5-8 rows under 8192 rows) rounds each weight
                 # (nibble - 8) * scale once to the activation dtype: its reference has the same weights.
-                fold = cfg.get("FOLD", False) if cfg else fmt == "w4a16" and M > 4 and N < 8192
+                fold = cfg.get("FOLD", False) if cfg else impl == "triton" and fmt == "w4a16" and M > 4 and N < 8192
                 err = _relerr(y, x, exact.to(dtype).double() if fold else exact)
                 assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
 
 
-TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1, BIASED=False),
-              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2, W_CACHE=".cg"),
+TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2),
               dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1),
-              dict(KERNEL="tc", ROW_TILES=1, num_warps=1, UNROLL=1, SPLIT=4)]
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=16, UNROLL=1, SPLIT=4)]
 
 
 @pytest.mark.gpu
@@ -294,14 +316,15 @@ def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
 def test_gpu_graph_capture_and_compile(requires_gpus):
     requires_gpus(1)
     w, s, exact = _weights("w4a16", 512, 1024, torch.bfloat16, "cuda")
-    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
-    y = gemv(w, x, s, "w4a16")  # auto
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = gemv(w, x, s, "w4a16")
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert _relerr(y, x, exact) < TOL[torch.bfloat16]
+    for rows in (4, 8):  # the word kernel and the tensor-core kernel (gemv_tc)
+        x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+        y = gemv(w, x, s, "w4a16")  # auto
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = gemv(w, x, s, "w4a16")
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _relerr(y, x, exact) < TOL[torch.bfloat16]
     compiled = torch.compile(lambda a: gemv(w, a, s, "w4a16") + 1, fullgraph=True, backend="aot_eager")
     assert _relerr(compiled(x) - 1, x, exact) < 2 * TOL[torch.bfloat16]

@@ -208,15 +208,12 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
     fold = [(32, 512, 4, 3), (64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3)] if fmt == "w4a16" else []
     if tc_only:
         fma = words = mma = fold = []
-    tc = [dict(), dict(UNROLL=2), dict(num_warps=8), dict(num_warps=8, UNROLL=2), dict(num_warps=16),
-          dict(num_warps=16, UNROLL=2), dict(ROW_TILES=2, UNROLL=2), dict(ROW_TILES=4), dict(ROW_TILES=4, num_warps=8),
-          dict(ROW_TILES=2, num_warps=8, UNROLL=2)]
-    if fmt == "w4a16":
-        tc.append(dict(BIASED=False))
+    tc = [dict(), dict(UNROLL=1), dict(UNROLL=2), dict(num_warps=4), dict(num_warps=8), dict(num_warps=16),
+          dict(ROW_TILES=1), dict(ROW_TILES=2, UNROLL=2), dict(ROW_TILES=4, UNROLL=1)]
     for extra in tc:
-        cfg = dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms, extra.get("ROW_TILES", 1), extra.get("num_warps", 4),
-                                            extra.get("UNROLL", 1)))
-        yield dict(cfg, **extra)
+        cfg = dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms, extra.get("ROW_TILES"), extra.get("num_warps"),
+                                            extra.get("UNROLL")))
+        yield cfg
     for kernel, tiles in (("fma", fma), ("words", words), ("mma", mma), ("mma-fold", fold)):
         for bn, bk, warps, stages in tiles:
             cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,

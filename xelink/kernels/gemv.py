@@ -671,6 +671,10 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would bound the kernel
     (5-8 rows). A K split (split_k) adds a second launch.
     """
+    if ptx and TC_AVAILABLE and fmt in ("w8a16", "w4a16") and (M > 4 or N >= 8192):
+        # Quantized weights on the tensor cores with the operands loaded into the mma fragments (gemv_tc):
+        # fastest at 5-8 rows on every shape and at 1 row from 8192 rows up (run 12).
+        return dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms))
     if M <= 4:
         if fmt == "w4a16":
             cfg = dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, num_warps=1, num_stages=1)
@@ -701,17 +705,6 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     kernel = cfg.get("KERNEL", "mma")
     if kernel not in ("fma", "mma", "words", "tc"):
         raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
-    if kernel == "tc":
-        if not ptx:
-            raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
-        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-        if M == 0 or N == 0:
-            return y
-        if K == 0:
-            return y.zero_()
-        cfg.pop("KERNEL")
-        cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device)), **cfg}
-        return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
     if kernel == "words" and fmt not in ("w8a16", "w4a16"):
         raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
     if kernel == "fma" and fmt == "w4a16":
@@ -723,6 +716,19 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         # goes to the byte kernel (same tiles), a row stride off 4 bytes to the tensor-core kernel.
         cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
             _gemv_config(MAX_ROWS, N, K, fmt, _sm_count(x.device), ptx)
+        kernel = cfg["KERNEL"]
+    if kernel == "tc":
+        if not ptx:
+            raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        if M == 0 or N == 0:
+            return y
+        if K == 0:
+            return y.zero_()
+        cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
+                           cfg.get("UNROLL")), **cfg}
+        cfg.pop("KERNEL")
+        return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
     kernel = cfg.pop("KERNEL", "mma")
     block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     if fmt == "w4a16" and block_k % W4_GROUP:
