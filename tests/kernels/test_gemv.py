@@ -167,12 +167,14 @@ def test_interpreted_kernel(fmt, split, kernel):
 
 
 def test_tensor_core_config():
-    # tc_config's defaults (run 12): 8 warps a program on 4096-row matrices, 4 above; 4 row tiles for W4A16
-    # (2 for W8A16) from 65536 rows; a grid split only while the programs leave the GPU short of warps.
+    # tc_config's defaults (runs 12, 13): 8 warps a program on 4096-row matrices, 4 above; from 65536 rows
+    # 4 row tiles (BIASED) for W4A16 at 5-8 rows, 2 for W8A16; a grid split only while warps are short.
     from xelink.kernels.gemv_tc import tc_config
-    small = tc_config(8, 4096, 4096, "w4a16", 132)
-    assert small == dict(ROW_TILES=1, num_warps=8, UNROLL=2, SPLIT=1)
-    assert tc_config(8, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=4, num_warps=4, UNROLL=1, SPLIT=1)
+    assert tc_config(8, 4096, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=8, UNROLL=2, SPLIT=1, BIASED=False)
+    assert tc_config(8, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=4, num_warps=4, UNROLL=1, SPLIT=1,
+                                                            BIASED=True)
+    assert tc_config(1, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1,
+                                                            BIASED=False)
     assert tc_config(1, 128256, 4096, "w8a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1)
     few = tc_config(8, 64, 65536, "w8a16", 132)  # 4 programs: K split while warps are short and steps last
     steps = 65536 // 128
@@ -265,9 +267,9 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
                 assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
 
 
-TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1),
+TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1, BIASED=True),
               dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2),
-              dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1, BIASED=True),
               dict(KERNEL="tc", ROW_TILES=1, num_warps=16, UNROLL=1, SPLIT=4)]
 
 

@@ -210,10 +210,12 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
         fma = words = mma = fold = []
     tc = [dict(), dict(UNROLL=1), dict(UNROLL=2), dict(num_warps=4), dict(num_warps=8), dict(num_warps=16),
           dict(ROW_TILES=1), dict(ROW_TILES=2, UNROLL=2), dict(ROW_TILES=4, UNROLL=1)]
+    if fmt == "w4a16":
+        tc += [dict(ROW_TILES=4, UNROLL=1, BIASED=False), dict(ROW_TILES=1, BIASED=True)]
     for extra in tc:
         cfg = dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms, extra.get("ROW_TILES"), extra.get("num_warps"),
                                             extra.get("UNROLL")))
-        yield cfg
+        yield dict(cfg, **{k: v for k, v in extra.items() if k == "BIASED"})
     for kernel, tiles in (("fma", fma), ("words", words), ("mma", mma), ("mma-fold", fold)):
         for bn, bk, warps, stages in tiles:
             cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,

@@ -76,19 +76,30 @@ if gluon is not None:
         lop3.b32 u1, u1, 0x000F000F, MAGIC2, 0xEA;
         lop3.b32 u2, u2, 0x000F000F, MAGIC2, 0xEA;
         lop3.b32 u3, u3, 0x000F000F, MAGIC2, 0xEA;
-        fma.rn.TY $0, u0, one, off;
-        fma.rn.TY $1, u1, one, off;
-        fma.rn.TY $2, u2, one, off;
-        fma.rn.TY $3, u3, one, off;
+        FINISH
     }"""
     # Four bytes in, their eight weights out as (low, high) nibble pairs of each byte, in order: the
     # first output holds weights 0-3 of the word, the second 4-7. prmt copies byte j into the low half
     # and byte j of (word >> 4) into the high half; lop3 keeps the two nibbles under the 16-bit float
-    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly; fma subtracts B + 8.
-    _W4_BF16 = gl.constexpr(_W4_PAIRS.replace("MAGIC2", "0x43004300").replace("ONE2", "0x3F803F80")
-                            .replace("OFF2", "0xC308C308").replace("TY", "bf16x2"))
-    _W4_FP16 = gl.constexpr(_W4_PAIRS.replace("MAGIC2", "0x64006400").replace("ONE2", "0x3C003C00")
-                            .replace("OFF2", "0xE408E408").replace("TY", "f16x2"))
+    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly. Exact finish: fma
+    # subtracts B + 8. Biased finish (bf16): B + nibble as is, the offset removed in the mma.
+    _W4_EXACT = """fma.rn.TY $0, u0, one, off;
+        fma.rn.TY $1, u1, one, off;
+        fma.rn.TY $2, u2, one, off;
+        fma.rn.TY $3, u3, one, off;"""
+    _W4_BIASED = """mov.b32 $0, u0;
+        mov.b32 $1, u1;
+        mov.b32 $2, u2;
+        mov.b32 $3, u3;"""
+
+    def _w4_asm(finish: str, ty: str):
+        magic, one, off, op = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
+                               "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}[ty]
+        return gl.constexpr(_W4_PAIRS.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
+                            .replace("OFF2", off).replace("TY", op))
+
+    _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (_w4_asm(_W4_EXACT, "bf16"), _w4_asm(_W4_EXACT, "fp16"),
+                                           _w4_asm(_W4_BIASED, "bf16"))
     # int8 -> bf16 (fp32 2^23 trick, exact) and int8 -> fp16 (under 1024, exact): pairs in order.
     _W8_BF16 = gl.constexpr("""{
         .reg .b32 v, m, f0, f1, f2, f3;
@@ -117,11 +128,15 @@ if gluon is not None:
     }""")
 
     @gluon.jit
-    def _weights(p, FMT: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
-        """The loaded tile as [WARPS, BN, 128] weights of x_dtype in column order (W4A16: nibble - 8,
-        W8A16: q; exact)."""
+    def _weights(p, FMT: gl.constexpr, BIASED: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr,
+                 BN: gl.constexpr):
+        """The loaded tile as [WARPS, BN, 128] weights of x_dtype in column order (W4A16: nibble - 8, or
+        128 + nibble if BIASED; W8A16: q)."""
         if FMT == 2:
-            if x_dtype == gl.bfloat16:
+            if BIASED:
+                lo, hi = gl.inline_asm_elementwise(_W4_BF16_BIASED, "=r,=r,=r,=r,r", [p],
+                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+            elif x_dtype == gl.bfloat16:
                 lo, hi = gl.inline_asm_elementwise(_W4_BF16, "=r,=r,=r,=r,r", [p],
                                                    dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
             else:
@@ -160,15 +175,19 @@ if gluon is not None:
         return p, x, s
 
     @gluon.jit
-    def _step_mma(acc, p, x, s, zero_acc, FMT: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr,
-                  WARPS: gl.constexpr, BN: gl.constexpr):
+    def _step_mma(acc, p, x, s, offset, zero_acc, FMT: gl.constexpr, BIASED: gl.constexpr,
+                  a_layout: gl.constexpr, b_layout: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
         """acc plus one step: the weights dequantized, both tiles put in mma order (registers only) and
-        multiplied; W4A16: one mma chain a 128-column group, scaled in fp32 as it is added."""
-        w = _weights(p, FMT, x.dtype, WARPS, BN)
+        multiplied; W4A16: one mma chain a 128-column group, scaled in fp32 as it is added (BIASED: the
+        constant tile ``offset`` = -136 multiplied into the chain removes the weights' bias)."""
+        w = _weights(p, FMT, BIASED, x.dtype, WARPS, BN)
         a = gl.convert_layout(_mma_order(w, WARPS, BN), a_layout, assert_trivial=True)
         b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8), [0, 2, 1]), b_layout, assert_trivial=True)
         if FMT == 2:
-            return acc + mma_v2(a, b, zero_acc) * s[:, :, None]
+            part = mma_v2(a, b, zero_acc)
+            if BIASED:
+                part = mma_v2(offset, b, part)
+            return acc + part * s[:, :, None]
         else:
             return mma_v2(a, b, acc)
 
@@ -176,7 +195,7 @@ if gluon is not None:
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
-                        ROW_TILES: gl.constexpr, num_warps: gl.constexpr):
+                        BIASED: gl.constexpr, ROW_TILES: gl.constexpr, num_warps: gl.constexpr):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -214,6 +233,7 @@ if gluon is not None:
         s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_w[:, None]
         acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
+        offset = gl.full([WARPS, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
         for it in range(STEPS // UNROLL):
             # UNROLL steps' loads issued before any is used: more bytes in flight a warp.
             i = it * UNROLL
@@ -222,9 +242,9 @@ if gluon is not None:
             if UNROLL == 2:
                 p1, x1, s1 = _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows,
                                          (s_w + i + 1 < K // _STEP)[:, None], i + 1, K, FMT, EVEN)
-            acc = _step_mma(acc, p0, x0, s0, zero_acc, FMT, a_layout, b_layout, WARPS, BN)
+            acc = _step_mma(acc, p0, x0, s0, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
             if UNROLL == 2:
-                acc = _step_mma(acc, p1, x1, s1, zero_acc, FMT, a_layout, b_layout, WARPS, BN)
+                acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
 
         y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
         ol: gl.constexpr = gl.SliceLayout(0, mma)
@@ -243,33 +263,41 @@ if gluon is not None:
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None = None,
               num_warps: int | None = None, unroll: int | None = None) -> dict:
     """Tile for the tensor-core GEMV (defaults from the H200 sweeps, benchmarks/results/h200-kernels
-    run 12): ``ROW_TILES`` (16 rows of W each) a program, ``num_warps`` warps splitting K (8 on
-    matrices of at most 4096 rows, where programs are few), ``UNROLL`` steps loaded at once, and a
-    grid ``SPLIT`` of K (a second launch) only when the programs would leave the GPU short of 8 warps
-    a multiprocessor while every warp keeps at least 2 steps."""
+    runs 12 and 13): ``ROW_TILES`` (16 rows of W each) a program (more on large matrices: 4 for W4A16 at
+    5-8 rows, 2 for W8A16), ``num_warps`` warps splitting K (8 on matrices of at most 4096 rows, where
+    programs are few), ``UNROLL`` steps loaded at once, ``BIASED`` (W4A16) where 4 row tiles make the
+    kernel instruction-bound, and a grid ``SPLIT`` of K (a second launch) only when the programs would
+    leave the GPU short of 8 warps a multiprocessor while every warp keeps at least 2 steps."""
     big = N >= 65536
+    w4 = fmt == "w4a16"
     if row_tiles is None:
-        row_tiles = (4 if fmt == "w4a16" else 2) if big else 1
+        row_tiles = (4 if M > 4 else 1) if w4 and big else 2 if big else 1
     if num_warps is None:
         num_warps = 8 if N <= 4096 else 4
     if unroll is None:
-        unroll = 2 if (fmt == "w4a16" and N <= 4096) or (fmt != "w4a16" and big) else 1
+        unroll = 2 if (w4 and (N <= 4096 or row_tiles == 1 and big)) or (not w4 and row_tiles == 2) else 1
     split, programs, steps = 1, -(-N // (16 * row_tiles)), -(-K // STEP)
     while programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
         split *= 2
-    return dict(ROW_TILES=row_tiles, num_warps=num_warps, UNROLL=unroll, SPLIT=split)
+    cfg = dict(ROW_TILES=row_tiles, num_warps=num_warps, UNROLL=unroll, SPLIT=split)
+    if w4:
+        cfg["BIASED"] = row_tiles >= 4
+    return cfg
 
 
 def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y: torch.Tensor,
             sum_kernel) -> torch.Tensor:
     """Launch the tensor-core GEMV into ``y [M, N]`` (x contiguous, M <= 8; checks done by the caller).
-    ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2), each
-    defaulted; ``sum_kernel(parts, y)`` adds the fp32 partial sums of a grid split."""
+    ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2), ``BIASED``
+    (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a packed fma a
+    weight pair; default False), each defaulted; ``sum_kernel(parts, y)`` adds the fp32 partial sums of a
+    grid split."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
+    biased = cfg.pop("BIASED", False)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
@@ -292,7 +320,8 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     grid = (-(-N // (16 * row_tiles)), split)
     _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
                           out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
-                          UNROLL=unroll, ROW_TILES=row_tiles, num_warps=warps)
+                          UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
+                          ROW_TILES=row_tiles, num_warps=warps)
     if split > 1:
         sum_kernel(out, y)
     return y
