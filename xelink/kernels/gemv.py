@@ -8,7 +8,7 @@ Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` wi
 - ``"w4a16"``: ``W`` uint8 ``[N, K/2]``, low nibble = even k, high nibble = odd k; ``scales [N, K/128]``
   in the activation dtype; value = (nibble - 8) * scale[n, k // 128]. K must be a multiple of 128.
 
-Three Triton kernels stream W once; each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K``
+Three Triton kernels stream W once (a fourth, ``tc``, below); each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K``
 slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums that a second small kernel adds).
 A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the tile alignment and keeps
 the loads 16 bytes wide.
@@ -28,6 +28,9 @@ the loads 16 bytes wide.
   ``impl="triton"`` uses plain Triton ops and removes the offset as a dot with a constant tile.
   ``FOLD`` (W4A16 with fewer than 8192 rows) multiplies the scales into the tile, each weight
   ``(n - 8) * scale`` rounded once to the activation dtype, and does one dot a ``BLOCK_K`` tile.
+- ``tc`` (``impl="cuda"``, quantized weights: the default at 5-8 rows, and at 1-4 rows from 8192 rows):
+  a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
+  ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
 
 H200 results against torch's bf16 GEMV: benchmarks/results/h200-kernels.
 ``pack_w8a16`` / ``pack_w4a16`` quantize a float weight to these formats (symmetric, per row / per
