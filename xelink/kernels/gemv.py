@@ -42,7 +42,7 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
-from .gemv_tc import TC_AVAILABLE, gemv_tc, tc_config
+from .gemv_tc import TC_AVAILABLE, W4_MAGIC, W8_PTX, gemv_tc, tc_config
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -194,41 +194,14 @@ if triton is not None:
 
     def _w4_ptx(finish: str, ty: str):
         # bf16: 0x4300 = 128, 0x3F80 = 1, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
-        magic, one, off, op = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
-                               "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}[ty]
+        magic, one, off, op = W4_MAGIC[ty]
         return tl.constexpr(_W4_PTX.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
                             .replace("OFF2", off).replace("TY", op))
 
     _W4_PTX_BF16, _W4_PTX_FP16 = _w4_ptx(_W4_EXACT, "bf16"), _w4_ptx(_W4_EXACT, "fp16")
     _W4S_PTX_BF16, _W4S_PTX_FP16 = _w4_ptx(_W4_SCALED, "bf16"), _w4_ptx(_W4_SCALED, "fp16")
-    # W8 to bf16: flip the sign bit (q + 128 as a byte), prmt the byte under fp32 2^23, subtract
-    # 2^23 + 128 exactly, round pairs to bf16 (exact: |q| <= 128 fits in 8 significant bits).
-    _W8_PTX_BF16 = tl.constexpr("""{
-        .reg .b32 v, m, f0, f1, f2, f3;
-        xor.b32 v, $2, 0x80808080;
-        mov.b32 m, 0x4B000000;
-        prmt.b32 f0, v, m, 0x7440;
-        prmt.b32 f1, v, m, 0x7441;
-        prmt.b32 f2, v, m, 0x7442;
-        prmt.b32 f3, v, m, 0x7443;
-        sub.f32 f0, f0, 0f4B000080;
-        sub.f32 f1, f1, 0f4B000080;
-        sub.f32 f2, f2, 0f4B000080;
-        sub.f32 f3, f3, 0f4B000080;
-        cvt.rn.bf16x2.f32 $0, f1, f0;
-        cvt.rn.bf16x2.f32 $1, f3, f2;
-    }""")
-    # W8 to fp16: the byte under fp16 1024 gives 1024 + q + 128 in each half; one f16x2 subtract.
-    _W8_PTX_FP16 = tl.constexpr("""{
-        .reg .b32 v, m, b;
-        xor.b32 v, $2, 0x80808080;
-        mov.b32 m, 0x64646464;
-        mov.b32 b, 0x64806480;
-        prmt.b32 $0, v, m, 0x4140;
-        prmt.b32 $1, v, m, 0x4342;
-        sub.f16x2 $0, $0, b;
-        sub.f16x2 $1, $1, b;
-    }""")
+    # W8 to bf16 / fp16, exact (gemv_tc.W8_PTX).
+    _W8_PTX_BF16, _W8_PTX_FP16 = tl.constexpr(W8_PTX["bf16"]), tl.constexpr(W8_PTX["fp16"])
 
     @triton.jit
     def _q8_float(u):

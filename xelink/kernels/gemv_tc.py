@@ -7,21 +7,26 @@ not DRAM, bounded the quantized kernels at 5-8 rows. Gluon (Triton's layout-expl
 each thread load exactly the weights its ``mma.sync`` fragment holds, so the data path is
 DRAM -> registers -> (PTX dequantization) -> tensor cores, with no shared memory in the loop.
 
-How (one ``m16n8k16`` per 16 columns of K and 8 rows of W):
+How (one ``m16n8k16`` per 16 rows of W and 16 columns of K):
 
-- Activations are the A operand (16 rows: the ``M <= 8`` real ones and zeros), weight rows the B
-  operand (8 a tile), so the accumulator's 8 columns are 8 output features.
+- Weights are the A operand (16 rows a tile, ``ROW_TILES`` tiles a warp), the activations the B
+  operand: n = 8 is the most rows gemv takes, so nothing is padded; rows past M load as zeros.
 - A dot product does not care about the order of K. Within each 128-column step every thread of a
   quad loads 32 consecutive columns of its row (16-byte loads), and the step's column order is
-  permuted (``_mma_order``: a reshape/permute that only relabels registers) so that those columns are
-  exactly the ones its A and B fragments hold. Weights and activations get the same permutation.
+  permuted (``_mma_order``: a reshape/permute that only relabels registers, checked by
+  ``convert_layout(..., assert_trivial=True)``) so that those columns are exactly the ones its A and
+  B fragments hold. Weights and activations get the same permutation.
 - The warps of a program split K (a batched ``mma_v2``, one batch a warp) and their partial sums are
-  added once at the end, so a program is 8 x ``ROWS_TILES`` output rows and many programs stream W
+  added once at the end, so a program is 16 x ``ROW_TILES`` output rows and many programs stream W
   with no second launch; ``SPLIT`` > 1 (few rows, long K) adds a grid split and a sum kernel.
-- W8A16: the existing prmt trick (exact int8 -> bf16/fp16), the row scale applied at the end.
+- W8A16: the prmt trick of gemv.py (exact int8 -> bf16/fp16), the row scale applied at the end.
   W4A16: one prmt puts a byte's two nibbles into the two halves of a register, one lop3 puts them
   under the magic exponent, one packed fma removes the offset (exactly nibble - 8): 13 instructions
-  for 8 weights. Each 128-column group is its own mma chain, scaled in fp32 when added.
+  for 8 weights. Each 128-column group is its own mma chain, scaled in fp32 when added. ``BIASED``
+  (bf16) drops the fma and removes the bias with an mma of a constant tile instead.
+
+H200 measurements and what limits the kernel (L1 traffic of the activations at 8 rows):
+benchmarks/results/h200-kernels/README.md, runs 12-13.
 """
 from __future__ import annotations
 
@@ -38,6 +43,40 @@ __all__ = ["TC_AVAILABLE", "tc_config", "gemv_tc"]
 
 TC_AVAILABLE = gluon is not None
 STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
+
+# PTX shared with gemv.py's kernels (plain strings; each kernel wraps them as constexprs). W8: four
+# int8 in, two registers of 16-bit pairs out, in order, exact: bf16 through fp32 (the byte q + 128
+# prmt'ed under 2^23, 2^23 + 128 subtracted, pairs rounded to bf16: |q| <= 128 fits), fp16 under 1024
+# (1024 + q + 128 in each half, one f16x2 subtraction). W4_MAGIC: per activation dtype, the 16-bit
+# float B a nibble is put under (B + nibble exact), 1.0, -(B + 8), and the packed type.
+W8_PTX = {"bf16": """{
+        .reg .b32 v, m, f0, f1, f2, f3;
+        xor.b32 v, $2, 0x80808080;
+        mov.b32 m, 0x4B000000;
+        prmt.b32 f0, v, m, 0x7440;
+        prmt.b32 f1, v, m, 0x7441;
+        prmt.b32 f2, v, m, 0x7442;
+        prmt.b32 f3, v, m, 0x7443;
+        sub.f32 f0, f0, 0f4B000080;
+        sub.f32 f1, f1, 0f4B000080;
+        sub.f32 f2, f2, 0f4B000080;
+        sub.f32 f3, f3, 0f4B000080;
+        cvt.rn.bf16x2.f32 $0, f1, f0;
+        cvt.rn.bf16x2.f32 $1, f3, f2;
+    }""",
+          "fp16": """{
+        .reg .b32 v, m, b;
+        xor.b32 v, $2, 0x80808080;
+        mov.b32 m, 0x64646464;
+        mov.b32 b, 0x64806480;
+        prmt.b32 $0, v, m, 0x4140;
+        prmt.b32 $1, v, m, 0x4342;
+        sub.f16x2 $0, $0, b;
+        sub.f16x2 $1, $1, b;
+    }"""}
+W4_MAGIC = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
+            "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}
+
 
 if gluon is not None:
     _STEP = gl.constexpr(STEP)
@@ -93,39 +132,13 @@ if gluon is not None:
         mov.b32 $3, u3;"""
 
     def _w4_asm(finish: str, ty: str):
-        magic, one, off, op = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
-                               "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}[ty]
+        magic, one, off, op = W4_MAGIC[ty]
         return gl.constexpr(_W4_PAIRS.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
                             .replace("OFF2", off).replace("TY", op))
 
     _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (_w4_asm(_W4_EXACT, "bf16"), _w4_asm(_W4_EXACT, "fp16"),
                                            _w4_asm(_W4_BIASED, "bf16"))
-    # int8 -> bf16 (fp32 2^23 trick, exact) and int8 -> fp16 (under 1024, exact): pairs in order.
-    _W8_BF16 = gl.constexpr("""{
-        .reg .b32 v, m, f0, f1, f2, f3;
-        xor.b32 v, $2, 0x80808080;
-        mov.b32 m, 0x4B000000;
-        prmt.b32 f0, v, m, 0x7440;
-        prmt.b32 f1, v, m, 0x7441;
-        prmt.b32 f2, v, m, 0x7442;
-        prmt.b32 f3, v, m, 0x7443;
-        sub.f32 f0, f0, 0f4B000080;
-        sub.f32 f1, f1, 0f4B000080;
-        sub.f32 f2, f2, 0f4B000080;
-        sub.f32 f3, f3, 0f4B000080;
-        cvt.rn.bf16x2.f32 $0, f1, f0;
-        cvt.rn.bf16x2.f32 $1, f3, f2;
-    }""")
-    _W8_FP16 = gl.constexpr("""{
-        .reg .b32 v, m, b;
-        xor.b32 v, $2, 0x80808080;
-        mov.b32 m, 0x64646464;
-        mov.b32 b, 0x64806480;
-        prmt.b32 $0, v, m, 0x4140;
-        prmt.b32 $1, v, m, 0x4342;
-        sub.f16x2 $0, $0, b;
-        sub.f16x2 $1, $1, b;
-    }""")
+    _W8_BF16, _W8_FP16 = gl.constexpr(W8_PTX["bf16"]), gl.constexpr(W8_PTX["fp16"])
 
     @gluon.jit
     def _weights(p, FMT: gl.constexpr, BIASED: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr,
