@@ -8,10 +8,10 @@ Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` wi
 - ``"w4a16"``: ``W`` uint8 ``[N, K/2]``, low nibble = even k, high nibble = odd k; ``scales [N, K/128]``
   in the activation dtype; value = (nibble - 8) * scale[n, k // 128]. K must be a multiple of 128.
 
-Three Triton kernels stream W once (a fourth, ``tc``, below); each program owns ``BLOCK_N`` rows of W and one of ``SPLIT_K``
-slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums that a second small kernel adds).
-A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the tile alignment and keeps
-the loads 16 bytes wide.
+Three Triton kernels stream W once (a fourth, ``tc``, below); each program owns ``BLOCK_N`` rows of W
+and one of ``SPLIT_K`` slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums that a
+second small kernel adds). A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the
+tile alignment and keeps the loads 16 bytes wide.
 
 - ``fma`` (1-4 rows, dense and W8A16): CUDA-core FMAs into per-row fp32 accumulators reduced once at
   the end; small tiles, many programs resident per multiprocessor. Quantized weights become exact
@@ -28,7 +28,8 @@ the loads 16 bytes wide.
   ``impl="triton"`` uses plain Triton ops and removes the offset as a dot with a constant tile.
   ``FOLD`` (W4A16 with fewer than 8192 rows) multiplies the scales into the tile, each weight
   ``(n - 8) * scale`` rounded once to the activation dtype, and does one dot a ``BLOCK_K`` tile.
-- ``tc`` (``impl="cuda"``, quantized weights: the default at 5-8 rows, and at 1-4 rows from 8192 rows):
+- ``tc`` (``impl="cuda"``, quantized weights: the default at 5-8 rows, at 1-4 rows from 8192 rows,
+  and for W4A16 where K <= N):
   a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
 
@@ -647,9 +648,10 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would bound the kernel
     (5-8 rows). A K split (split_k) adds a second launch.
     """
-    if ptx and TC_AVAILABLE and fmt in ("w8a16", "w4a16") and (M > 4 or N >= 8192):
+    if ptx and TC_AVAILABLE and fmt in ("w8a16", "w4a16") and (M > 4 or N >= 8192 or fmt == "w4a16" and K <= N):
         # Quantized weights on the tensor cores with the operands loaded into the mma fragments (gemv_tc):
-        # fastest at 5-8 rows on every shape and at 1 row from 8192 rows up (run 12).
+        # fastest at 5-8 rows on every shape, at 1 row from 8192 rows up, and for W4A16 at 1 row on
+        # 4096x4096 too (runs 12, 13; the word kernel stays ahead where K is long against N).
         return dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms))
     if M <= 4:
         if fmt == "w4a16":
