@@ -33,9 +33,14 @@ from __future__ import annotations
 import torch
 
 try:
+    import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    # Gluon is experimental and its API moves between releases: only the release this was built and
+    # tested with (3.6) and later ones take this path; older ones keep gemv.py's kernels.
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
+        gluon = None
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
     gluon = None
 
