@@ -104,8 +104,10 @@ def test_bind_env_can_leave_every_device_visible():
 
 def test_a_real_four_rank_run_through_the_wrapper():
     env = {**os.environ, "XELINK_MPIEXEC": ranks.mpiexec()}
-    code = ("import os; print('rank', os.environ['PMI_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], "
-            "os.environ['NCCL_NVLS_ENABLE'], os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST'], flush=True)")
+    # One write a rank (os.write, under PIPE_BUF): print() writes its pieces separately when Python runs
+    # unbuffered (PYTHONUNBUFFERED), and Hydra then interleaves the ranks' pieces within a line.
+    code = ("import os; e = os.environ; os.write(1, ('rank %s %s %s %s\\n' % (e['PMI_RANK'], "
+            "e['CUDA_VISIBLE_DEVICES'], e['NCCL_NVLS_ENABLE'], e['TORCH_SYMM_MEM_DISABLE_MULTICAST'])).encode())")
     # No GPU here: binding is only environment, so the per-rank choice can still be checked.
     r = subprocess.run([sys.executable, str(SCRIPT), "-n", "4", "--devices", "cuda", "--devices-per-node", "2",
                         "--ranks-per-device", "2", sys.executable, "-c", code],
