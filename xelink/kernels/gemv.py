@@ -43,7 +43,7 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
-from .gemv_tc import TC_AVAILABLE, W8_PTX, gemv_tc, tc_config, w4_ptx
+from .gemv_tc import TC_AVAILABLE, W4_MAGIC, W8_PTX, gemv_tc, tc_config
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -194,7 +194,10 @@ if triton is not None:
         mul.rn.TY $3, s23, $6;"""
 
     def _w4_ptx(finish: str, ty: str):
-        return tl.constexpr(w4_ptx(_W4_PTX, finish, ty))
+        # bf16: 0x4300 = 128, 0x3F80 = 1, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
+        magic, one, off, op = W4_MAGIC[ty]
+        return tl.constexpr(_W4_PTX.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
+                            .replace("OFF2", off).replace("TY", op))
 
     _W4_PTX_BF16, _W4_PTX_FP16 = _w4_ptx(_W4_EXACT, "bf16"), _w4_ptx(_W4_EXACT, "fp16")
     _W4S_PTX_BF16, _W4S_PTX_FP16 = _w4_ptx(_W4_SCALED, "bf16"), _w4_ptx(_W4_SCALED, "fp16")
@@ -692,22 +695,27 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
             _gemv_config(MAX_ROWS, N, K, fmt, _sm_count(x.device), ptx)
         kernel = cfg["KERNEL"]
-    if kernel == "tc" and not ptx:
-        raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
-    if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
-        raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return y
-    if K == 0:
-        return y.zero_()
     if kernel == "tc":
+        if not ptx:
+            raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        if M == 0 or N == 0:
+            return y
+        if K == 0:
+            return y.zero_()
         cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
                            cfg.get("UNROLL")), **cfg}
         cfg.pop("KERNEL")
         return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
     kernel = cfg.pop("KERNEL", "mma")
     block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+    if fmt == "w4a16" and block_k % W4_GROUP:
+        raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    if K == 0:
+        return y.zero_()
     k_blocks = -(-K // block_k)
     split = max(1, min(split, k_blocks))
     per_split = -(-k_blocks // split) * block_k

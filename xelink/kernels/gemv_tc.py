@@ -53,8 +53,7 @@ STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
 # int8 in, two registers of 16-bit pairs out, in order, exact: bf16 through fp32 (the byte q + 128
 # prmt'ed under 2^23, 2^23 + 128 subtracted, pairs rounded to bf16: |q| <= 128 fits), fp16 under 1024
 # (1024 + q + 128 in each half, one f16x2 subtraction). W4_MAGIC: per activation dtype, the 16-bit
-# float B a nibble is put under (B + nibble exact), 1.0, -(B + 8), and the packed type: bf16 0x4300 =
-# 128, 0x3F80 = 1, 0xC308 = -136; fp16 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
+# float B a nibble is put under (B + nibble exact), 1.0, -(B + 8), and the packed type.
 W8_PTX = {"bf16": """{
         .reg .b32 v, m, f0, f1, f2, f3;
         xor.b32 v, $2, 0x80808080;
@@ -82,14 +81,6 @@ W8_PTX = {"bf16": """{
     }"""}
 W4_MAGIC = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
             "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}
-
-
-def w4_ptx(template: str, finish: str, ty: str) -> str:
-    """A W4 dequantizer template (placeholders FINISH, MAGIC2, ONE2, OFF2, TY) filled for activation
-    dtype ``ty`` ("bf16" or "fp16") with the ``finish`` lines."""
-    magic, one, off, op = W4_MAGIC[ty]
-    return (template.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
-            .replace("OFF2", off).replace("TY", op))
 
 
 if gluon is not None:
@@ -145,9 +136,13 @@ if gluon is not None:
         mov.b32 $2, u2;
         mov.b32 $3, u3;"""
 
-    _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (gl.constexpr(w4_ptx(_W4_PAIRS, _W4_EXACT, "bf16")),
-                                           gl.constexpr(w4_ptx(_W4_PAIRS, _W4_EXACT, "fp16")),
-                                           gl.constexpr(w4_ptx(_W4_PAIRS, _W4_BIASED, "bf16")))
+    def _w4_asm(finish: str, ty: str):
+        magic, one, off, op = W4_MAGIC[ty]
+        return gl.constexpr(_W4_PAIRS.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
+                            .replace("OFF2", off).replace("TY", op))
+
+    _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (_w4_asm(_W4_EXACT, "bf16"), _w4_asm(_W4_EXACT, "fp16"),
+                                           _w4_asm(_W4_BIASED, "bf16"))
     _W8_BF16, _W8_FP16 = gl.constexpr(W8_PTX["bf16"]), gl.constexpr(W8_PTX["fp16"])
 
     @gluon.jit
