@@ -183,6 +183,28 @@ def test_tensor_core_config():
     assert tc_config(8, 64, 512, "w8a16", 132)["SPLIT"] == 1  # 4 steps of K: too few to split
 
 
+def test_check_prefetch():
+    from xelink.kernels.gemv_tc import check_prefetch
+    w = torch.zeros(4, 64, dtype=torch.uint8)
+    assert check_prefetch(w, 4096) == 4096 and check_prefetch(w, 0) == 0
+    assert check_prefetch(w[:, 1:], 4096) == 0  # rows off 16 bytes: the bulk prefetch cannot take them
+    assert check_prefetch(torch.zeros(4, 72, dtype=torch.uint8)[:, :64], 4096) == 0
+    for bad in (-1, 1.5, True, "4096"):
+        with pytest.raises(ValueError, match="PREFETCH"):
+            check_prefetch(w, bad)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("launch, match", [(dict(PDL=True), "compute capability >= 9.0"),
+                                           (dict(PREFETCH=4096), "compute capability >= 9.0"),
+                                           (dict(PDL=1), "PDL=1 must be True or False")])
+def test_interpreted_launch_options_need_sm90(launch, match):
+    # PDL and the L2 prefetch are PTX of sm90+: asked for off that path, gemv refuses before launching.
+    w, s, _ = _weights("w8a16", 16, 256, torch.float16)
+    with pytest.raises(ValueError, match=match):
+        gemv(w, torch.randn(1, 256).to(torch.float16), s, "w8a16", impl="triton", config=launch)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 def test_interpreted_tensor_core_kernel_needs_cuda():
     w, s, _ = _weights("w4a16", 16, 256, torch.float16)
@@ -226,6 +248,17 @@ def _poison_allocator(nbytes: int):
     torch.full((nbytes // 4 + 4096,), float("nan"), device="cuda")
 
 
+def _check_gpu_gemv(w, x, s, fmt, impl, cfg, exact_w, where):
+    """One gemv call with the output poisoned first: every element written, within TOL of x @ exact_w^T."""
+    M, N = x.shape[0], w.shape[0]
+    _poison_allocator(4 * M * N * 4)
+    y = gemv(w, x, s, fmt, impl=impl, config=cfg)
+    torch.cuda.synchronize()
+    assert not y.isnan().any(), f"unwritten output: {where}"
+    err = _relerr(y, x, exact_w)
+    assert err < TOL[x.dtype], f"rel err {err:.2e}: {where}"
+
+
 GPU_SHAPES = [(1, 128), (33, 384), (300, 1024), (4100, 256), (64, 4224), (2048, 8192)]
 
 
@@ -255,22 +288,18 @@ def test_gpu_kernels_match_reference(requires_gpus, fmt, dtype, impl):
         for M in (1, 2, 8):
             x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
             for cfg in configs:
-                _poison_allocator(4 * M * N * 4)
-                y = gemv(w, x, s, fmt, impl=impl, config=cfg)
-                torch.cuda.synchronize()
-                where = f"{impl} {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
-                assert not y.isnan().any(), f"unwritten output: {where}"
                 # FOLD (explicit, or impl="triton"'s default for W4A16 at 5-8 rows under 8192 rows) rounds each weight
                 # (nibble - 8) * scale once to the activation dtype: its reference has the same weights.
                 fold = cfg.get("FOLD", False) if cfg else impl == "triton" and fmt == "w4a16" and M > 4 and N < 8192
-                err = _relerr(y, x, exact.to(dtype).double() if fold else exact)
-                assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
+                _check_gpu_gemv(w, x, s, fmt, impl, cfg, exact.to(dtype).double() if fold else exact,
+                                f"{impl} {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}")
 
 
 TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1, BIASED=True),
               dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2),
               dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1, BIASED=True),
-              dict(KERNEL="tc", ROW_TILES=1, num_warps=16, UNROLL=1, SPLIT=4)]
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=16, UNROLL=1, SPLIT=4),
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=1, UNROLL=1, SPLIT=1, PDL=False, PREFETCH=1 << 20)]
 
 
 @pytest.mark.gpu
@@ -290,13 +319,8 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
         for M in (1, 5, 8):
             x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
             for cfg in TC_CONFIGS:
-                _poison_allocator(4 * M * N * 4)
-                y = gemv(w, x, s, fmt, impl="cuda", config=cfg)
-                torch.cuda.synchronize()
-                where = f"tc {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
-                assert not y.isnan().any(), f"unwritten output: {where}"
-                err = _relerr(y, x, exact)
-                assert err < TOL[dtype], f"rel err {err:.2e}: {where}"
+                _check_gpu_gemv(w, x, s, fmt, "cuda", cfg, exact, f"tc {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} "
+                                f"seed={seed}")
 
 
 @pytest.mark.gpu
@@ -330,3 +354,57 @@ def test_gpu_graph_capture_and_compile(requires_gpus):
         assert _relerr(y, x, exact) < TOL[torch.bfloat16]
     compiled = torch.compile(lambda a: gemv(w, a, s, "w4a16") + 1, fullgraph=True, backend="aot_eager")
     assert _relerr(compiled(x) - 1, x, exact) < 2 * TOL[torch.bfloat16]
+
+
+PDL_CONFIGS = {"bf16": [None, dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=1),
+                        dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=3)],
+               "w8a16": [None, dict(KERNEL="words", BLOCK_N=16, BLOCK_K=256, SPLIT_K=2, num_warps=1, num_stages=1),
+                         dict(KERNEL="tc", ROW_TILES=1, num_warps=2, SPLIT=2)],
+               "w4a16": [None, dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, num_warps=1, num_stages=1),
+                         dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=3, FOLD=True),
+                         dict(KERNEL="tc", ROW_TILES=4, num_warps=4, SPLIT=2, BIASED=True)]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+def test_gpu_pdl_chain(requires_gpus, fmt):
+    # Programmatic dependent launch lets a gemv start while the one before it runs: each of these
+    # gemvs reads the previous one's output, so one that read x before its griddepcontrol.wait (or a
+    # split-K sum that read the partial sums early) would see stale or poisoned values. The chain with
+    # PDL and the L2 prefetch (the sm90 default), eager and in a CUDA graph, must match the same kernels
+    # without them (a stale or poisoned input is off by O(1) or NaN), which stay near the float64 chain.
+    requires_gpus(1)
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("PDL and the bulk L2 prefetch need compute capability >= 9.0")
+    seed = random.SystemRandom().randrange(2**31)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    n = 512  # square: an output is the next input; |w| = 0.05 keeps the chain's scale near 1
+    layers = [_weights(fmt, n, n, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    x = torch.randn(8, n, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def _close(y, plain):
+        return not y.isnan().any() and float((y.float() - plain.float()).norm() / plain.float().norm()) < 1e-3
+
+    def chain(cfg, launch):
+        y = x
+        for w, s, _ in layers:
+            y = gemv(w, y, s, fmt, "cuda", config={**(cfg or {}), **launch})
+        return y
+
+    for cfg in PDL_CONFIGS[fmt]:
+        where = f"{fmt} cfg={cfg} seed={seed}"
+        plain = chain(cfg, dict(PDL=False, PREFETCH=0))
+        want = x.double()
+        for _, _, exact in layers:
+            want = want @ exact.T
+        assert float((plain.double() - want).norm() / want.norm()) < 0.05, where
+        for launch in (dict(PDL=True, PREFETCH=4096), dict(PDL=True, PREFETCH=0)):
+            _poison_allocator(1 << 22)
+            assert _close(chain(cfg, launch), plain), f"eager {launch} {where}"
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                ys = [chain(cfg, launch) for _ in range(3)]
+            graph.replay()
+            torch.cuda.synchronize()
+            for y in ys:
+                assert _close(y, plain), f"graph {launch} {where}"

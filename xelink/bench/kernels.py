@@ -143,9 +143,12 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
                     if fmt == "bf16" and impl == "triton":
                         continue  # the same kernel as "cuda" for dense weights
                     plans[f"xelink:{impl}:{fmt}"] = (fmt, impl, None)
+            if torch.cuda.get_device_capability() >= (9, 0):
+                for fmt in ("bf16", "w8a16", "w4a16"):  # the default tiles without PDL and L2 prefetch
+                    plans[f"xelink:cuda:{fmt}[PDL=False,PREFETCH=0]"] = (fmt, "cuda", dict(PDL=False, PREFETCH=0))
             if sweep:
                 for fmt in ("bf16", "w8a16", "w4a16"):
-                    for cfg in _gemv_sweep(N, K, fmt, M, tc_only=sweep == "tc"):
+                    for cfg in _gemv_sweep(N, K, fmt, M, sweep):
                         tag = ",".join(f"{k}={v}" for k, v in cfg.items())
                         plans[f"xelink:cuda:{fmt}[{tag}]"] = (fmt, "cuda", cfg)
             graphs, outs, launches = {}, {}, {}
@@ -186,11 +189,17 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
         torch.cuda.empty_cache()
 
 
-def _gemv_sweep(N: int, K: int, fmt: str, M: int, tc_only: bool = False):
+def _gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
     """Tuning variants of gemv's config: CUDA-core (``fma``) and tensor-core (``mma``) tiles
-    (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the K split of ``gemv.split_k``."""
+    (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the K split of ``gemv.split_k``; ``sweep="tc"``:
+    the tensor-core kernel's only; ``"pdl"``: the default tiles with other launch options (PDL, PREFETCH)."""
     from ..kernels.gemv import split_k
     from ..kernels.gemv_tc import tc_config
+
+    if sweep == "pdl":
+        yield from (dict(PDL=True, PREFETCH=0), dict(PDL=False, PREFETCH=4096), dict(PDL=True, PREFETCH=1 << 20))
+        return
+    tc_only = sweep == "tc"
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     fma = {"bf16": [(2, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 2), (4, 512, 4, 3), (8, 512, 4, 3),
@@ -387,7 +396,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="one shape per family, fewer rounds (smoke test)")
     parser.add_argument("--sweep", nargs="?", const="gemm,gemv", default="",
                         help="also time tuning variants (configs) of these families (default gemm,gemv; "
-                             "gemv-tc: the tensor-core GEMV's only)")
+                             "gemv-tc: the tensor-core GEMV's only; gemv-pdl: its launch options)")
     parser.add_argument("--commit", default=None,
                         help="commit to record instead of git's HEAD (default: the .commit file, if any)")
     args = parser.parse_args(argv)
@@ -415,7 +424,8 @@ def main(argv=None) -> int:
                 run_gemm(report, GEMM_SHAPES[1:2] if args.quick else GEMM_SHAPES, rounds=rounds, sweep="gemm" in sweep)
             elif family == "gemv":
                 run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds,
-                         sweep="all" if "gemv" in sweep else "tc" if "gemv-tc" in sweep else "")
+                         sweep="all" if "gemv" in sweep else "tc" if "gemv-tc" in sweep else
+                         "pdl" if "gemv-pdl" in sweep else "")
             else:
                 run_norm(report, rounds=rounds)
     text = "\n".join([f"commit {man['commit']}  devices {man['devices']}  torch {man['versions']['torch']}  "

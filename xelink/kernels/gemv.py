@@ -43,7 +43,8 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
-from .gemv_tc import TC_AVAILABLE, W4_MAGIC, W8_PTX, gemv_tc, tc_config
+from .gemv_tc import (L2_PREFETCH, PDL_LAUNCH, PDL_WAIT, TC_AVAILABLE, W8_PTX, check_prefetch, gemv_tc, tc_config,
+                      w4_ptx)
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -51,6 +52,9 @@ __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack
 GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
 GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
 W4_GROUP = 128  # columns of W sharing one W4A16 scale
+# impl="cuda" on sm90+: bytes of each weight row a program asks L2 for before it waits for the previous
+# kernel (gemv_tc.PDL_WAIT; the H200 sweep in benchmarks/results/h200-kernels run 15).
+PREFETCH_BYTES = 4096
 MAX_ROWS = 8
 _FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
@@ -194,15 +198,34 @@ if triton is not None:
         mul.rn.TY $3, s23, $6;"""
 
     def _w4_ptx(finish: str, ty: str):
-        # bf16: 0x4300 = 128, 0x3F80 = 1, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1, 0xE408 = -1032.
-        magic, one, off, op = W4_MAGIC[ty]
-        return tl.constexpr(_W4_PTX.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
-                            .replace("OFF2", off).replace("TY", op))
+        return tl.constexpr(w4_ptx(_W4_PTX, finish, ty))
 
     _W4_PTX_BF16, _W4_PTX_FP16 = _w4_ptx(_W4_EXACT, "bf16"), _w4_ptx(_W4_EXACT, "fp16")
     _W4S_PTX_BF16, _W4S_PTX_FP16 = _w4_ptx(_W4_SCALED, "bf16"), _w4_ptx(_W4_SCALED, "fp16")
     # W8 to bf16 / fp16, exact (gemv_tc.W8_PTX).
     _W8_PTX_BF16, _W8_PTX_FP16 = tl.constexpr(W8_PTX["bf16"]), tl.constexpr(W8_PTX["fp16"])
+
+    _PDL_WAIT, _PDL_LAUNCH, _L2_PREFETCH = tl.constexpr(PDL_WAIT), tl.constexpr(PDL_LAUNCH), tl.constexpr(L2_PREFETCH)
+
+    @triton.jit
+    def _enter(w_ptr, row0, N, stride_wn, col0, K, span, ROWS: tl.constexpr, FMT: tl.constexpr,
+               PREFETCH: tl.constexpr, PDL: tl.constexpr, THREADS: tl.constexpr):
+        # Prologue of every kernel (impl="cuda", sm90+): the L2 prefetch of this program's weights (rows
+        # row0.. row0 + ROWS, columns col0.. col0 + span of K, at most PREFETCH bytes a row, one thread a
+        # row), then the wait for the previous kernel and the go for the next (gemv_tc.PDL_WAIT).
+        if PREFETCH > 0:
+            P: tl.constexpr = ROWS if ROWS > THREADS else THREADS
+            i = tl.arange(0, P)
+            esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+            div: tl.constexpr = 2 if FMT == 2 else 1
+            cols = tl.minimum(tl.maximum(tl.minimum(K - col0, span), 0), PREFETCH * div // esz)
+            nbytes = tl.where((i < ROWS) & (row0 + i < N), cols * esz // div // 16 * 16, 0)
+            rows = tl.minimum(row0 + i, N - 1)
+            tl.inline_asm_elementwise(_L2_PREFETCH, "=r,l,r", [w_ptr + rows * stride_wn + col0 // div, nbytes],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        if PDL:
+            tl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def _q8_float(u):
@@ -269,7 +292,8 @@ if triton is not None:
                      stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                     PREFETCH: tl.constexpr, PDL: tl.constexpr, THREADS: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -282,6 +306,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        _enter(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_lo, K, K_STEPS * BLOCK_K, BLOCK_N, FMT, PREFETCH, PDL, THREADS)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if FMT == 2 and FOLD:
@@ -387,7 +412,8 @@ if triton is not None:
     def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+                         THREADS: tl.constexpr):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
         # programs, and their loads, in flight per SM.
@@ -400,6 +426,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        _enter(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_lo, K, K_STEPS * BLOCK_K, BLOCK_N, FMT, PREFETCH, PDL, THREADS)
         a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
         a2 = a0
@@ -564,7 +591,8 @@ if triton is not None:
     def _gemv_words_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS, WORDS_N,
                            stride_xm, stride_sn, stride_ym, stride_ys,
                            FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+                           PDL: tl.constexpr, THREADS: tl.constexpr):
         # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
         # a row a thread a step, BLOCK_N rows a program, so a word's activations (one 8- or 16-byte load)
         # serve BLOCK_N rows. WORDS_N (the row stride in words) is not specialized: unable to prove 16-byte
@@ -582,6 +610,8 @@ if triton is not None:
         rn_safe = tl.minimum(rn, N - 1)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        _enter(w_ptr, pid_n * BLOCK_N, N, WORDS_N * 4, k_lo, K, K_STEPS * BLOCK_K, BLOCK_N, FMT, PREFETCH, PDL,
+               THREADS)
         rt = tl.arange(0, T)
         w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
         s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 16)[None, :]  # W4: the word's scale group
@@ -619,7 +649,10 @@ if triton is not None:
                     ROWS)
 
     @triton.jit
-    def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # the partial sums are the previous kernel's output: wait for it before any load
+            tl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         total = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -679,7 +712,18 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
 def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = False) -> torch.Tensor:
     M, K = x.shape
     N = w.shape[0]
-    cfg = dict(cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx))
+    # Launch options, apart from the tile: programmatic dependent launch and the L2 prefetch of the
+    # weights (gemv_tc.PDL_WAIT), on by default where they exist (impl="cuda", sm90+).
+    cfg = dict(cfg or {})
+    sm90 = ptx and (_capability(x.device) or (0, 0)) >= (9, 0)
+    pdl, prefetch = cfg.pop("PDL", sm90), cfg.pop("PREFETCH", PREFETCH_BYTES if sm90 else 0)
+    if not isinstance(pdl, bool):
+        raise ValueError(f"gemv: config PDL={pdl!r} must be True or False")
+    if (pdl or prefetch) and not sm90:
+        raise ValueError(f"gemv: config PDL={pdl} / PREFETCH={prefetch} need impl='cuda' on a GPU of compute "
+                         f"capability >= 9.0 (griddepcontrol, bulk prefetch)")
+    prefetch = check_prefetch(w, prefetch)
+    cfg = cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx)
     kernel = cfg.get("KERNEL", "mma")
     if kernel not in ("fma", "mma", "words", "tc"):
         raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
@@ -695,27 +739,22 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
             _gemv_config(MAX_ROWS, N, K, fmt, _sm_count(x.device), ptx)
         kernel = cfg["KERNEL"]
-    if kernel == "tc":
-        if not ptx:
-            raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
-        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-        if M == 0 or N == 0:
-            return y
-        if K == 0:
-            return y.zero_()
-        cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
-                           cfg.get("UNROLL")), **cfg}
-        cfg.pop("KERNEL")
-        return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
-    kernel = cfg.pop("KERNEL", "mma")
-    block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
-    if fmt == "w4a16" and block_k % W4_GROUP:
-        raise ValueError(f"gemv: BLOCK_K={block_k} must be a multiple of {W4_GROUP} for w4a16")
+    if kernel == "tc" and not ptx:
+        raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
+    if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
+        raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y
     if K == 0:
         return y.zero_()
+    if kernel == "tc":
+        cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
+                           cfg.get("UNROLL")), **cfg, "PDL": pdl, "PREFETCH": prefetch}
+        cfg.pop("KERNEL")
+        return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
+    kernel = cfg.pop("KERNEL", "mma")
+    block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     k_blocks = -(-K // block_k)
     split = max(1, min(split, k_blocks))
     per_split = -(-k_blocks // split) * block_k
@@ -734,16 +773,17 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, out)
+    launch = dict(PREFETCH=prefetch, PDL=pdl, THREADS=32 * cfg.get("num_warps", 4), launch_pdl=pdl)
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
     if kernel == "words":
         cfg.pop("FOLD", None)
         _gemv_words_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
                                  FMT=_FMT_CODE[fmt], PARTIAL=split > 1, ROWS=M,
-                                 PTX=ptx, BLOCK_K=block_k, **cfg)
+                                 PTX=ptx, BLOCK_K=block_k, **launch, **cfg)
     elif kernel == "fma":
         cfg.pop("FOLD", None)
         _gemv_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
-                               PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **cfg)
+                               PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **launch, **cfg)
     else:
         cfg.setdefault("FOLD", False)
         if x.dtype == torch.bfloat16:
@@ -751,16 +791,18 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         else:
             magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
         _gemv_kernel[grid](*common, M, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
-                           PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **cfg)
+                           PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **launch,
+                           **cfg)
     if split > 1:
-        _splitk_sum(out, y)
+        _splitk_sum(out, y, pdl)
     return y
 
 
-def _splitk_sum(parts: torch.Tensor, y: torch.Tensor) -> None:
+def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: bool = False) -> None:
     """y = the sum of the fp32 partial sums parts [split, M, N] (both contiguous)."""
     block, MN = 1024, y.numel()
-    _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, SPLIT=parts.shape[0], BLOCK=block, num_warps=4)
+    _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, SPLIT=parts.shape[0], BLOCK=block, PDL=pdl,
+                                                  num_warps=4, launch_pdl=pdl)
 
 
 def _gemv_run(w, x, scales, fmt: str, impl: str, cfg: dict | None = None) -> torch.Tensor:

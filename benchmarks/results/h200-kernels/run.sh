@@ -16,8 +16,8 @@ tests() {
   {
     echo "commit: $COMMIT"; date -u; nvidia-smi -L
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-    echo "\$ CUDA_VISIBLE_DEVICES=$1 python3 -m pytest -q -rs -n ${WORKERS:-12} tests/kernels/test_gemm.py tests/kernels/test_gemv.py tests/kernels/test_norm.py"
-    CUDA_VISIBLE_DEVICES=$1 timeout "$LIMIT" python3 -m pytest -q -rs -p no:cacheprovider -n "${WORKERS:-12}" \
+    echo "\$ CUDA_VISIBLE_DEVICES=$1 python3 -m pytest -q -rfEs -n ${WORKERS:-12} tests/kernels/test_gemm.py tests/kernels/test_gemv.py tests/kernels/test_norm.py"
+    CUDA_VISIBLE_DEVICES=$1 timeout "$LIMIT" python3 -m pytest -q -rfEs -p no:cacheprovider -n "${WORKERS:-12}" \
       tests/kernels/test_gemm.py tests/kernels/test_gemv.py tests/kernels/test_norm.py
     echo "[pytest exit $?]"
   } > "$OUT/gpu_tests.log" 2>&1
