@@ -183,23 +183,12 @@ def test_tensor_core_config():
     assert tc_config(8, 64, 512, "w8a16", 132)["SPLIT"] == 1  # 4 steps of K: too few to split
 
 
-def test_check_prefetch():
-    from xelink.kernels.gemv_tc import check_prefetch
-    w = torch.zeros(4, 64, dtype=torch.uint8)
-    assert check_prefetch(w, 4096) == 4096 and check_prefetch(w, 0) == 0
-    assert check_prefetch(w[:, 1:], 4096) == 0  # rows off 16 bytes: the bulk prefetch cannot take them
-    assert check_prefetch(torch.zeros(4, 72, dtype=torch.uint8)[:, :64], 4096) == 0
-    for bad in (-1, 1.5, True, "4096"):
-        with pytest.raises(ValueError, match="PREFETCH"):
-            check_prefetch(w, bad)
-
-
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("launch, match", [(dict(PDL=True), "compute capability >= 9.0"),
-                                           (dict(PREFETCH=4096), "compute capability >= 9.0"),
-                                           (dict(PDL=1), "PDL=1 must be True or False")])
+                                           (dict(PDL="late"), "compute capability >= 9.0"),
+                                           (dict(PDL=1), "PDL=1 must be True, False")])
 def test_interpreted_launch_options_need_sm90(launch, match):
-    # PDL and the L2 prefetch are PTX of sm90+: asked for off that path, gemv refuses before launching.
+    # Programmatic dependent launch is PTX of sm90+: asked for off that path, gemv refuses before launching.
     w, s, _ = _weights("w8a16", 16, 256, torch.float16)
     with pytest.raises(ValueError, match=match):
         gemv(w, torch.randn(1, 256).to(torch.float16), s, "w8a16", impl="triton", config=launch)
@@ -299,7 +288,7 @@ TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNR
               dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2),
               dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1, BIASED=True),
               dict(KERNEL="tc", ROW_TILES=1, num_warps=16, UNROLL=1, SPLIT=4),
-              dict(KERNEL="tc", ROW_TILES=2, num_warps=1, UNROLL=1, SPLIT=1, PDL=False, PREFETCH=1 << 20)]
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=1, UNROLL=1, SPLIT=2, PDL="late")]
 
 
 @pytest.mark.gpu
@@ -371,11 +360,12 @@ def test_gpu_pdl_chain(requires_gpus, fmt):
     # Programmatic dependent launch lets a gemv start while the one before it runs: each of these
     # gemvs reads the previous one's output, so one that read x before its griddepcontrol.wait (or a
     # split-K sum that read the partial sums early) would see stale or poisoned values. The chain with
-    # PDL and the L2 prefetch (the sm90 default), eager and in a CUDA graph, must match the same kernels
-    # without them (a stale or poisoned input is off by O(1) or NaN), which stay near the float64 chain.
+    # PDL (the sm90 default; either place of the go for the next kernel), eager and in a CUDA graph, must
+    # match the same kernels without it (a stale or poisoned input is off by O(1) or NaN), which stay
+    # near the float64 chain.
     requires_gpus(1)
     if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("PDL and the bulk L2 prefetch need compute capability >= 9.0")
+        pytest.skip("programmatic dependent launch needs compute capability >= 9.0")
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     n = 512  # square: an output is the next input; |w| = 0.05 keeps the chain's scale near 1
@@ -393,12 +383,12 @@ def test_gpu_pdl_chain(requires_gpus, fmt):
 
     for cfg in PDL_CONFIGS[fmt]:
         where = f"{fmt} cfg={cfg} seed={seed}"
-        plain = chain(cfg, dict(PDL=False, PREFETCH=0))
+        plain = chain(cfg, dict(PDL=False))
         want = x.double()
         for _, _, exact in layers:
             want = want @ exact.T
         assert float((plain.double() - want).norm() / want.norm()) < 0.05, where
-        for launch in (dict(PDL=True, PREFETCH=4096), dict(PDL=True, PREFETCH=0)):
+        for launch in (dict(PDL=True), dict(PDL="early"), dict(PDL="late")):
             _poison_allocator(1 << 22)
             assert _close(chain(cfg, launch), plain), f"eager {launch} {where}"
             graph = torch.cuda.CUDAGraph()

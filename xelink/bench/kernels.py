@@ -144,8 +144,8 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
                         continue  # the same kernel as "cuda" for dense weights
                     plans[f"xelink:{impl}:{fmt}"] = (fmt, impl, None)
             if torch.cuda.get_device_capability() >= (9, 0):
-                for fmt in ("bf16", "w8a16", "w4a16"):  # the default tiles without PDL and L2 prefetch
-                    plans[f"xelink:cuda:{fmt}[PDL=False,PREFETCH=0]"] = (fmt, "cuda", dict(PDL=False, PREFETCH=0))
+                for fmt in ("bf16", "w8a16", "w4a16"):  # the default tiles without programmatic dependent launch
+                    plans[f"xelink:cuda:{fmt}[PDL=False]"] = (fmt, "cuda", dict(PDL=False))
             if sweep:
                 for fmt in ("bf16", "w8a16", "w4a16"):
                     for cfg in _gemv_sweep(N, K, fmt, M, sweep):
@@ -192,12 +192,12 @@ def run_gemv(report: _Report, shapes=GEMV_SHAPES, rows=GEMV_ROWS, copies: int = 
 def _gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
     """Tuning variants of gemv's config: CUDA-core (``fma``) and tensor-core (``mma``) tiles
     (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the K split of ``gemv.split_k``; ``sweep="tc"``:
-    the tensor-core kernel's only; ``"pdl"``: the default tiles with other launch options (PDL, PREFETCH)."""
+    the tensor-core kernel's only; ``"pdl"``: the default tiles with the go for the next kernel early or late."""
     from ..kernels.gemv import split_k
     from ..kernels.gemv_tc import tc_config
 
     if sweep == "pdl":
-        yield from (dict(PDL=True, PREFETCH=0), dict(PDL=False, PREFETCH=4096), dict(PDL=True, PREFETCH=1 << 20))
+        yield from (dict(PDL="early"), dict(PDL="late"))
         return
     tc_only = sweep == "tc"
 

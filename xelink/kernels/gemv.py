@@ -25,7 +25,9 @@ tile alignment and keeps the loads 16 bytes wide.
 - ``mma`` (5-8 rows): a tensor-core dot of the (dequantized) weight tile with the activations padded
   to 16 rows. With ``impl="cuda"`` the dequantization is inline PTX (prmt/lop3 into the 16-bit magic
   128.0 / 1024.0, one packed fma to remove the offset: 1.5 instructions a weight, exact);
-  ``impl="triton"`` uses plain Triton ops and removes the offset as a dot with a constant tile.
+  ``impl="triton"`` uses plain Triton ops and one exact 16-bit subtraction a weight. (It used to
+  remove the offset as a dot with a constant tile: -1032 * sum(x) in fp32 cost fp16 activations 7 bits
+  where the result cancels, which a GPU stress run caught as a 1.8e-3 relative error on one output.)
   ``FOLD`` (W4A16 with fewer than 8192 rows) multiplies the scales into the tile, each weight
   ``(n - 8) * scale`` rounded once to the activation dtype, and does one dot a ``BLOCK_K`` tile.
 - ``tc`` (``impl="cuda"``, quantized weights: the default at 5-8 rows, at 1-4 rows from 8192 rows,
@@ -43,8 +45,7 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
-from .gemv_tc import (L2_PREFETCH, PDL_LAUNCH, PDL_WAIT, TC_AVAILABLE, W8_PTX, check_prefetch, gemv_tc, tc_config,
-                      w4_ptx)
+from .gemv_tc import PDL_LAUNCH, PDL_MODES, PDL_WAIT, TC_AVAILABLE, W8_PTX, gemv_tc, tc_config, w4_ptx
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -52,9 +53,7 @@ __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack
 GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
 GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
 W4_GROUP = 128  # columns of W sharing one W4A16 scale
-# impl="cuda" on sm90+: bytes of each weight row a program asks L2 for before it waits for the previous
-# kernel (gemv_tc.PDL_WAIT; the H200 sweep in benchmarks/results/h200-kernels run 15).
-PREFETCH_BYTES = 4096
+PDL_DEFAULT = "early"  # where config PDL=True (the sm90 default) lets the next kernel launch
 MAX_ROWS = 8
 _FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
@@ -205,26 +204,21 @@ if triton is not None:
     # W8 to bf16 / fp16, exact (gemv_tc.W8_PTX).
     _W8_PTX_BF16, _W8_PTX_FP16 = tl.constexpr(W8_PTX["bf16"]), tl.constexpr(W8_PTX["fp16"])
 
-    _PDL_WAIT, _PDL_LAUNCH, _L2_PREFETCH = tl.constexpr(PDL_WAIT), tl.constexpr(PDL_LAUNCH), tl.constexpr(L2_PREFETCH)
+    _PDL_WAIT, _PDL_LAUNCH = tl.constexpr(PDL_WAIT), tl.constexpr(PDL_LAUNCH)
 
     @triton.jit
-    def _enter(w_ptr, row0, N, stride_wn, col0, K, span, ROWS: tl.constexpr, FMT: tl.constexpr,
-               PREFETCH: tl.constexpr, PDL: tl.constexpr, THREADS: tl.constexpr):
-        # Prologue of every kernel (impl="cuda", sm90+): the L2 prefetch of this program's weights (rows
-        # row0.. row0 + ROWS, columns col0.. col0 + span of K, at most PREFETCH bytes a row, one thread a
-        # row), then the wait for the previous kernel and the go for the next (gemv_tc.PDL_WAIT).
-        if PREFETCH > 0:
-            P: tl.constexpr = ROWS if ROWS > THREADS else THREADS
-            i = tl.arange(0, P)
-            esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-            div: tl.constexpr = 2 if FMT == 2 else 1
-            cols = tl.minimum(tl.maximum(tl.minimum(K - col0, span), 0), PREFETCH * div // esz)
-            nbytes = tl.where((i < ROWS) & (row0 + i < N), cols * esz // div // 16 * 16, 0)
-            rows = tl.minimum(row0 + i, N - 1)
-            tl.inline_asm_elementwise(_L2_PREFETCH, "=r,l,r", [w_ptr + rows * stride_wn + col0 // div, nbytes],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-        if PDL:
+    def _pdl_wait(PDL: tl.constexpr):
+        # Kernel entry (PDL > 0): wait for the previous kernel; PDL == 1: then let the next one launch
+        # (gemv_tc.PDL_WAIT).
+        if PDL > 0:
             tl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        if PDL == 1:
+            tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _pdl_launch(PDL: tl.constexpr):
+        # After the main loop (PDL == 2): let the next kernel launch.
+        if PDL == 2:
             tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
@@ -252,9 +246,9 @@ if triton is not None:
             return _q8_float(w.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80).to(x_dtype)
 
     @triton.jit
-    def _dequant_w4(p, x_dtype: tl.constexpr, MAGIC: tl.constexpr, PTX: tl.constexpr):
-        """Packed uint8 tile -> (low, high) nibble values in x_dtype: exactly nibble - 8 with PTX, else
-        B + nibble with B = 128 (bf16) or 1024 (fp16), the offset then removed by the caller."""
+    def _dequant_w4(p, x_dtype: tl.constexpr, MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr):
+        """Packed uint8 tile -> (low, high) nibble - 8 in x_dtype, exactly (PTX: a packed fma; else
+        B + nibble with B = 128 (bf16) or 1024 (fp16) minus BIAS = B + 8, exact: both lie in [B, B + 16))."""
         if PTX:
             if x_dtype == tl.bfloat16:
                 lo, hi = tl.inline_asm_elementwise(_W4_PTX_BF16, "=r,=r,=r,=r,r", [p],
@@ -265,8 +259,8 @@ if triton is not None:
         else:
             # MAGIC | nibble is the 16-bit float B + nibble, exactly.
             q = p.to(tl.int16)
-            lo = ((q & 0xF) | MAGIC).to(x_dtype, bitcast=True)
-            hi = ((q >> 4) | MAGIC).to(x_dtype, bitcast=True)
+            lo = ((q & 0xF) | MAGIC).to(x_dtype, bitcast=True) - BIAS
+            hi = ((q >> 4) | MAGIC).to(x_dtype, bitcast=True) - BIAS
         return lo, hi
 
     @triton.jit
@@ -292,8 +286,7 @@ if triton is not None:
                      stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                     PREFETCH: tl.constexpr, PDL: tl.constexpr, THREADS: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -306,7 +299,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        _enter(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_lo, K, K_STEPS * BLOCK_K, BLOCK_N, FMT, PREFETCH, PDL, THREADS)
+        _pdl_wait(PDL)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if FMT == 2 and FOLD:
@@ -330,25 +323,16 @@ if triton is not None:
             # W4A16: one 128-column scale group per step; the packed tile is 64 bytes wide.
             rj = tl.arange(0, 64)
             re = tl.arange(0, 2)
-            # Portable path: the weights carry the constant offset BIAS; as a tile, dot(offset, x) =
-            # -BIAS * sum(x) runs on the tensor cores instead of a cross-thread reduction of x.
-            offset = tl.full((BLOCK_N, 64), -BIAS, dtype=x_dtype)
             x_base = x_ptr + rm[:, None, None] * stride_xm + 2 * rj[None, :, None] + re[None, None, :]
             for kg in range(k_lo, k_hi, 128):
                 p = tl.load(w_ptr + rn_safe[:, None] * stride_wn + (kg // 2 + rj)[None, :])
-                lo, hi = _dequant_w4(p, x_dtype, MAGIC, PTX)
+                lo, hi = _dequant_w4(p, x_dtype, MAGIC, BIAS, PTX)
                 # x[m, kg + 2j + e] loaded contiguously, then split into the even (e=0) and odd (e=1) columns.
                 xt = tl.load(x_base + kg, mask=m_ok[:, None, None], other=0.0)
                 xe, xo = tl.split(xt)
                 xe = tl.trans(xe)
                 xo = tl.trans(xo)
-                if PTX:
-                    part = tl.dot(lo, xe)
-                else:
-                    part = tl.dot(offset, xe)
-                    part = tl.dot(offset, xo, part)
-                    part = tl.dot(lo, xe, part)
-                part = tl.dot(hi, xo, part)
+                part = tl.dot(hi, xo, tl.dot(lo, xe))
                 s = tl.load(s_ptr + rn_safe * stride_sn + kg // 128).to(tl.float32)
                 acc += part * s[:, None]
         else:
@@ -369,6 +353,7 @@ if triton is not None:
                 acc = tl.dot(w, xt, acc)
             if FMT == 1:
                 acc = acc * tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)[:, None]
+        _pdl_launch(PDL)
         y_ptrs = y_ptr + pid_s * stride_ys + rm[None, :] * stride_ym + rn[:, None]
         y_ok = (rn < N)[:, None] & m_ok[None, :]
         if PARTIAL:
@@ -412,8 +397,7 @@ if triton is not None:
     def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
-                         THREADS: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
         # programs, and their loads, in flight per SM.
@@ -426,7 +410,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        _enter(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_lo, K, K_STEPS * BLOCK_K, BLOCK_N, FMT, PREFETCH, PDL, THREADS)
+        _pdl_wait(PDL)
         a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
         a2 = a0
@@ -462,6 +446,7 @@ if triton is not None:
                 a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
                 a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
                 a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
+        _pdl_launch(PDL)
         if FMT == 1:
             scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
         else:
@@ -591,8 +576,7 @@ if triton is not None:
     def _gemv_words_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS, WORDS_N,
                            stride_xm, stride_sn, stride_ym, stride_ys,
                            FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
-                           PDL: tl.constexpr, THREADS: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
         # a row a thread a step, BLOCK_N rows a program, so a word's activations (one 8- or 16-byte load)
         # serve BLOCK_N rows. WORDS_N (the row stride in words) is not specialized: unable to prove 16-byte
@@ -610,8 +594,7 @@ if triton is not None:
         rn_safe = tl.minimum(rn, N - 1)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        _enter(w_ptr, pid_n * BLOCK_N, N, WORDS_N * 4, k_lo, K, K_STEPS * BLOCK_K, BLOCK_N, FMT, PREFETCH, PDL,
-               THREADS)
+        _pdl_wait(PDL)
         rt = tl.arange(0, T)
         w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
         s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 16)[None, :]  # W4: the word's scale group
@@ -641,6 +624,7 @@ if triton is not None:
             a5 = _words_row(a5, 5, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
             a6 = _words_row(a6, 6, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
             a7 = _words_row(a7, 7, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
+        _pdl_launch(PDL)
         if FMT == 2:
             scale = 1.0
         else:
@@ -650,9 +634,7 @@ if triton is not None:
 
     @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # the partial sums are the previous kernel's output: wait for it before any load
-            tl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-            tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        _pdl_wait(PDL)  # the partial sums are the previous kernel's output
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         total = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -712,17 +694,19 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
 def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = False) -> torch.Tensor:
     M, K = x.shape
     N = w.shape[0]
-    # Launch options, apart from the tile: programmatic dependent launch and the L2 prefetch of the
-    # weights (gemv_tc.PDL_WAIT), on by default where they exist (impl="cuda", sm90+).
+    # Programmatic dependent launch (gemv_tc.PDL_WAIT): a launch option apart from the tile, on by
+    # default where it exists (impl="cuda", sm90+).
     cfg = dict(cfg or {})
     sm90 = ptx and (_capability(x.device) or (0, 0)) >= (9, 0)
-    pdl, prefetch = cfg.pop("PDL", sm90), cfg.pop("PREFETCH", PREFETCH_BYTES if sm90 else 0)
-    if not isinstance(pdl, bool):
-        raise ValueError(f"gemv: config PDL={pdl!r} must be True or False")
-    if (pdl or prefetch) and not sm90:
-        raise ValueError(f"gemv: config PDL={pdl} / PREFETCH={prefetch} need impl='cuda' on a GPU of compute "
-                         f"capability >= 9.0 (griddepcontrol, bulk prefetch)")
-    prefetch = check_prefetch(w, prefetch)
+    pdl = cfg.pop("PDL", sm90)
+    if pdl is True:
+        pdl = PDL_DEFAULT
+    if not (pdl is False or pdl in ("early", "late")):
+        raise ValueError(f"gemv: config PDL={pdl!r} must be True, False, 'early' or 'late'")
+    if pdl and not sm90:
+        raise ValueError(f"gemv: config PDL={pdl!r} needs impl='cuda' on a GPU of compute capability >= 9.0 "
+                         f"(griddepcontrol)")
+    pdl = PDL_MODES[pdl]
     cfg = cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx)
     kernel = cfg.get("KERNEL", "mma")
     if kernel not in ("fma", "mma", "words", "tc"):
@@ -750,7 +734,7 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         return y.zero_()
     if kernel == "tc":
         cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
-                           cfg.get("UNROLL")), **cfg, "PDL": pdl, "PREFETCH": prefetch}
+                           cfg.get("UNROLL")), **cfg, "PDL": pdl}
         cfg.pop("KERNEL")
         return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
     kernel = cfg.pop("KERNEL", "mma")
@@ -773,7 +757,7 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, out)
-    launch = dict(PREFETCH=prefetch, PDL=pdl, THREADS=32 * cfg.get("num_warps", 4), launch_pdl=pdl)
+    launch = dict(PDL=pdl, launch_pdl=pdl > 0)
     strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
     if kernel == "words":
         cfg.pop("FOLD", None)
@@ -798,11 +782,11 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     return y
 
 
-def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: bool = False) -> None:
+def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: int = 0) -> None:
     """y = the sum of the fp32 partial sums parts [split, M, N] (both contiguous)."""
     block, MN = 1024, y.numel()
     _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, SPLIT=parts.shape[0], BLOCK=block, PDL=pdl,
-                                                  num_warps=4, launch_pdl=pdl)
+                                                  num_warps=4, launch_pdl=pdl > 0)
 
 
 def _gemv_run(w, x, scales, fmt: str, impl: str, cfg: dict | None = None) -> torch.Tensor:

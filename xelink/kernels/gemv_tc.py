@@ -44,7 +44,7 @@ try:
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
     gluon = None
 
-__all__ = ["TC_AVAILABLE", "check_prefetch", "tc_config", "gemv_tc"]
+__all__ = ["TC_AVAILABLE", "tc_config", "gemv_tc"]
 
 TC_AVAILABLE = gluon is not None
 STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
@@ -84,7 +84,6 @@ W4_MAGIC = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
             "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}
 
 
-
 def w4_ptx(template: str, finish: str, ty: str) -> str:
     """A W4 dequantizer template (placeholders FINISH, MAGIC2, ONE2, OFF2, TY) filled for activation
     dtype ``ty`` ("bf16" or "fp16") with the ``finish`` lines."""
@@ -92,21 +91,16 @@ def w4_ptx(template: str, finish: str, ty: str) -> str:
     return (template.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
             .replace("OFF2", off).replace("TY", op))
 
-# Programmatic dependent launch (sm90+; every gemv kernel of impl="cuda"): a kernel launched with
-# launch_pdl=True may start while the kernel before it in the stream still runs. Before its
-# griddepcontrol.wait it touches nothing that kernel may write: it only asks L2 for its own weights
-# (L2_PREFETCH: one bulk prefetch a row, no registers, no data returned, so never stale: L2 is where
-# every SM's writes meet). After the wait (the previous kernel finished, its writes visible) it lets
-# the next kernel launch and reads x, writes y. Back-to-back GEMVs thus overlap one's weight stream
-# with the other's tail, launch and first DRAM round trip.
+
+# Programmatic dependent launch (sm90+; every gemv kernel of impl="cuda", config PDL): a kernel launched
+# with launch_pdl=True may be placed on the GPU while the kernel before it in the stream still runs. It
+# waits (griddepcontrol.wait: the previous kernel finished, its writes visible) before it reads or
+# writes anything, and lets the next kernel launch (launch_dependents) right after that wait (PDL=1,
+# "early") or once its own main loop is done (PDL=2, "late"). Back to back, a GEMV's launch and
+# placement then overlap the previous one's tail.
 PDL_WAIT = "griddepcontrol.wait; // $0"
 PDL_LAUNCH = "griddepcontrol.launch_dependents; // $0"
-L2_PREFETCH = """{
-        .reg .pred p;
-        setp.ne.u32 p, $2, 0;
-        @p cp.async.bulk.prefetch.L2.global [$1], $2;
-        mov.u32 $0, 0;
-    }"""
+PDL_MODES = {False: 0, "early": 1, "late": 2}
 
 
 if gluon is not None:
@@ -166,26 +160,20 @@ if gluon is not None:
                                            gl.constexpr(w4_ptx(_W4_PAIRS, _W4_EXACT, "fp16")),
                                            gl.constexpr(w4_ptx(_W4_PAIRS, _W4_BIASED, "bf16")))
     _W8_BF16, _W8_FP16 = gl.constexpr(W8_PTX["bf16"]), gl.constexpr(W8_PTX["fp16"])
-    _PDL_WAIT, _PDL_LAUNCH, _L2_PREFETCH = gl.constexpr(PDL_WAIT), gl.constexpr(PDL_LAUNCH), gl.constexpr(L2_PREFETCH)
+    _PDL_WAIT, _PDL_LAUNCH = gl.constexpr(PDL_WAIT), gl.constexpr(PDL_LAUNCH)
 
     @gluon.jit
-    def _enter(w_ptr, row0, N, stride_wn, col0, K, span, ROWS: gl.constexpr, FMT: gl.constexpr,
-               PREFETCH: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
-        """Prologue: the L2 prefetch of this program's weights (rows row0.. row0 + ROWS, columns col0..
-        col0 + span of K, at most PREFETCH bytes a row, one thread a row), then (PDL) the wait for the
-        previous kernel and the go for the next (see PDL_WAIT)."""
-        if PREFETCH > 0:
-            P: gl.constexpr = ROWS if ROWS > 32 * num_warps else 32 * num_warps
-            i = gl.arange(0, P, layout=gl.BlockedLayout([P // (32 * num_warps)], [32], [num_warps], [0]))
-            esz: gl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-            div: gl.constexpr = 2 if FMT == 2 else 1
-            cols = gl.minimum(gl.maximum(gl.minimum(K - col0, span), 0), PREFETCH * div // esz)
-            nbytes = gl.where((i < ROWS) & (row0 + i < N), cols * esz // div // 16 * 16, 0)
-            rows = gl.minimum(row0 + i, N - 1)
-            gl.inline_asm_elementwise(_L2_PREFETCH, "=r,l,r", [w_ptr + rows * stride_wn + col0 // div, nbytes],
-                                      dtype=gl.int32, is_pure=False, pack=1)
-        if PDL:
+    def _pdl_wait(PDL: gl.constexpr):
+        """Kernel entry (PDL > 0): wait for the previous kernel; PDL == 1: then let the next one launch."""
+        if PDL > 0:
             gl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        if PDL == 1:
+            gl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _pdl_launch(PDL: gl.constexpr):
+        """After the main loop (PDL == 2): let the next kernel launch."""
+        if PDL == 2:
             gl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
@@ -256,8 +244,8 @@ if gluon is not None:
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
-                        BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PREFETCH: gl.constexpr,
-                        PDL: gl.constexpr, num_warps: gl.constexpr):
+                        BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
+                        num_warps: gl.constexpr):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -274,8 +262,7 @@ if gluon is not None:
 
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
-        _enter(w_ptr, pid_n * BN, N, stride_wn, pid_s * WARPS * STEPS * _STEP, K, WARPS * STEPS * _STEP, BN, FMT,
-               PREFETCH, PDL, num_warps)
+        _pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128.
         k_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))) * (STEPS * _STEP)
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
@@ -310,6 +297,7 @@ if gluon is not None:
             if UNROLL == 2:
                 acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
 
+        _pdl_launch(PDL)
         y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
         ol: gl.constexpr = gl.SliceLayout(0, mma)
         rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
@@ -322,15 +310,6 @@ if gluon is not None:
             gl.store(y_ptrs, y, mask=y_ok)
         else:
             gl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=y_ok)
-
-
-def check_prefetch(w: torch.Tensor, prefetch) -> int:
-    """The ``PREFETCH`` config value (bytes of each weight row to prefetch into L2, 0 = none), checked;
-    0 where the rows are not 16-byte aligned (the bulk prefetch needs that)."""
-    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-        raise ValueError(f"gemv: config PREFETCH={prefetch!r} must be an int >= 0 (bytes a row)")
-    aligned = w.data_ptr() % 16 == 0 and (w.stride(0) * w.element_size()) % 16 == 0
-    return prefetch if aligned else 0
 
 
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None = None,
@@ -363,16 +342,15 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     """Launch the tensor-core GEMV into ``y [M, N]`` (x contiguous, M <= 8; checks done by the caller).
     ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2), ``BIASED``
     (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a packed fma a
-    weight pair; default False), ``PDL`` (programmatic dependent launch, sm90+; default False),
-    ``PREFETCH`` (bytes of each weight row prefetched into L2 first, sm90+; default 0), each defaulted;
-    ``sum_kernel(parts, y, pdl)`` adds the fp32 partial sums of a grid split."""
+    weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see PDL_WAIT, sm90+;
+    default 0), each defaulted; ``sum_kernel(parts, y, pdl)`` adds the fp32 partial sums of a grid split."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
     biased = cfg.pop("BIASED", False)
-    pdl, prefetch = cfg.pop("PDL", False), cfg.pop("PREFETCH", 0)
+    pdl = cfg.pop("PDL", 0)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
@@ -380,7 +358,6 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
             raise ValueError(f"gemv: KERNEL='tc' config {name}={v!r} must be a power of two >= 1")
     if unroll not in (1, 2):
         raise ValueError(f"gemv: KERNEL='tc' config UNROLL={unroll!r} must be 1 or 2")
-    prefetch = check_prefetch(w, prefetch)
     M, K = x.shape
     N = w.shape[0]
     steps = -(-K // STEP)
@@ -397,7 +374,7 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
                           out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
                           UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
-                          ROW_TILES=row_tiles, PREFETCH=prefetch, PDL=bool(pdl), num_warps=warps, launch_pdl=bool(pdl))
+                          ROW_TILES=row_tiles, PDL=pdl, num_warps=warps, launch_pdl=pdl > 0)
     if split > 1:
         sum_kernel(out, y, pdl)
     return y

@@ -1,7 +1,8 @@
 """Repeat the random-seed GPU gemv checks of tests/kernels/test_gemv.py for a time budget, in one process
 (the kernels compile once), and print every failure with its seed: a hunt for a rare failure.
 
-``python3 benchmarks/results/h200-kernels/run15/stress_gemv.py SECONDS``
+``python3 benchmarks/results/h200-kernels/run15/stress_gemv.py SECONDS [SUBSTRING]`` (only the cases whose
+function name and arguments contain SUBSTRING)
 """
 import itertools
 import sys
@@ -18,6 +19,8 @@ cases = [(T.test_gpu_kernels_match_reference, dict(fmt=f, dtype=d, impl=i))
                                           ["triton", "cuda"])]
 cases += [(T.test_gpu_tensor_core_kernel, dict(fmt=f, dtype=d))
           for f, d in itertools.product(["bf16", "w8a16", "w4a16"], [torch.bfloat16, torch.float16])]
+if len(sys.argv) > 2:
+    cases = [(fn, kw) for fn, kw in cases if sys.argv[2] in f"{fn.__name__} {kw}"]
 start, runs, failures = time.time(), 0, 0
 for fn, kw in itertools.cycle(cases):
     if time.time() - start > budget:
