@@ -35,6 +35,11 @@ tile alignment and keeps the loads 16 bytes wide.
   a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
 
+With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (config
+``PDL``, on by default; ``gemv_tc.PDL_WAIT``): it waits for the previous kernel before it touches
+memory, and lets the next one be placed early, so back-to-back GEMVs overlap one's launch with the
+other's tail (2-10% on 4096-row matrices).
+
 H200 results against torch's bf16 GEMV: benchmarks/results/h200-kernels.
 ``pack_w8a16`` / ``pack_w4a16`` quantize a float weight to these formats (symmetric, per row / per
 128 columns) and ``unpack_w8a16`` / ``unpack_w4a16`` return the exact float32 values the kernels use.
@@ -53,7 +58,6 @@ __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack
 GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
 GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
 W4_GROUP = 128  # columns of W sharing one W4A16 scale
-PDL_DEFAULT = "early"  # where config PDL=True (the sm90 default) lets the next kernel launch
 MAX_ROWS = 8
 _FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
@@ -700,7 +704,10 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     sm90 = ptx and (_capability(x.device) or (0, 0)) >= (9, 0)
     pdl = cfg.pop("PDL", sm90)
     if pdl is True:
-        pdl = PDL_DEFAULT
+        # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
+        # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
+        # to 20% slower, where a late go gains 0-5%); from 128256 rows either is within 1-3%.
+        pdl = "early" if N <= 8192 else "late"
     if not (pdl is False or pdl in ("early", "late")):
         raise ValueError(f"gemv: config PDL={pdl!r} must be True, False, 'early' or 'late'")
     if pdl and not sm90:
@@ -887,7 +894,10 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             dequantization in the tensor-core kernel; otherwise the same) or ``"reference"``.
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
             ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
-            for benchmarks.
+            ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL``, ``BIASED``; for
+            benchmarks. ``PDL`` (any kernel, alone or with a tile; impl="cuda" on sm90+): programmatic
+            dependent launch, True (the default there: the next kernel's go "early" up to 8192 rows of
+            W, "late" above), False, "early" or "late".
 
     Returns:
         ``[M, N]`` (``[N]`` for a 1-D x) in ``x.dtype``, accumulated in fp32.
