@@ -171,12 +171,16 @@ def test_interpreted_kernel(fmt, split, kernel):
 
 
 def test_tensor_core_config():
-    # tc_config's defaults (runs 12, 13): 8 warps a program on 4096-row matrices, 4 above; from 65536 rows
-    # 4 row tiles (BIASED) for W4A16 at 5-8 rows, 2 for W8A16; a grid split only while warps are short.
+    # tc_config's defaults (runs 12, 13, 15): 8 warps a program on 4096-row matrices, 4 above; W4A16 at 5-8
+    # rows: 4 row tiles (BIASED) from 65536 rows, 2 above 4096; 2 for W8A16 from 65536 rows; a grid split
+    # only while warps are short.
     from xelink.kernels.gemv_tc import tc_config
     assert tc_config(8, 4096, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=8, UNROLL=2, SPLIT=1, BIASED=False)
     assert tc_config(8, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=4, num_warps=4, UNROLL=1, SPLIT=1,
                                                             BIASED=True)
+    assert tc_config(8, 14336, 4096, "w4a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1,
+                                                           BIASED=False)
+    assert tc_config(1, 14336, 4096, "w4a16", 132)["ROW_TILES"] == 1
     assert tc_config(1, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1,
                                                             BIASED=False)
     assert tc_config(1, 128256, 4096, "w8a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1)

@@ -315,19 +315,22 @@ if gluon is not None:
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None = None,
               num_warps: int | None = None, unroll: int | None = None) -> dict:
     """Tile for the tensor-core GEMV (defaults from the H200 sweeps, benchmarks/results/h200-kernels
-    runs 12 and 13): ``ROW_TILES`` (16 rows of W each) a program (more on large matrices: 4 for W4A16 at
-    5-8 rows, 2 for W8A16), ``num_warps`` warps splitting K (8 on matrices of at most 4096 rows, where
+    runs 12, 13 and 15): ``ROW_TILES`` (16 rows of W each) a program (more on large matrices: 4 for W4A16
+    at 5-8 rows from 65536 rows, 2 above 4096 rows; 2 for W8A16 from 65536 rows), ``num_warps`` warps splitting K (8 on matrices of at most 4096 rows, where
     programs are few), ``UNROLL`` steps loaded at once, ``BIASED`` (W4A16) where 4 row tiles make the
     kernel instruction-bound, and a grid ``SPLIT`` of K (a second launch) only when the programs would
     leave the GPU short of 8 warps a multiprocessor while every warp keeps at least 2 steps."""
     big = N >= 65536
     w4 = fmt == "w4a16"
     if row_tiles is None:
-        row_tiles = (4 if M > 4 else 1) if w4 and big else 2 if big else 1
+        if w4:
+            row_tiles = 1 if M <= 4 or N <= 4096 else 4 if big else 2
+        else:
+            row_tiles = 2 if big else 1
     if num_warps is None:
         num_warps = 8 if N <= 4096 else 4
     if unroll is None:
-        unroll = 2 if (w4 and (N <= 4096 or row_tiles == 1 and big)) or (not w4 and row_tiles == 2) else 1
+        unroll = 2 if (w4 and (N <= 4096 or row_tiles == 1 and big)) or row_tiles == 2 else 1
     split, programs, steps = 1, -(-N // (16 * row_tiles)), -(-K // STEP)
     while programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
         split *= 2
