@@ -36,7 +36,7 @@ tile alignment and keeps the loads 16 bytes wide.
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
 
 With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (config
-``PDL``, on by default; ``gemv_tc.PDL_WAIT``): it waits for the previous kernel before it touches
+``PDL``, on by default; ``pdl.py``): it waits for the previous kernel before it touches
 memory, and lets the next one be placed early, so back-to-back GEMVs overlap one's launch with the
 other's tail (2-10% on 4096-row matrices).
 
@@ -50,7 +50,8 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
-from .gemv_tc import PDL_LAUNCH, PDL_MODES, PDL_WAIT, TC_AVAILABLE, W8_PTX, gemv_tc, tc_config, w4_ptx
+from .gemv_tc import TC_AVAILABLE, W8_PTX, gemv_tc, tc_config, w4_ptx
+from .pdl import PDL_MODES, pdl_launch, pdl_wait
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -208,23 +209,6 @@ if triton is not None:
     # W8 to bf16 / fp16, exact (gemv_tc.W8_PTX).
     _W8_PTX_BF16, _W8_PTX_FP16 = tl.constexpr(W8_PTX["bf16"]), tl.constexpr(W8_PTX["fp16"])
 
-    _PDL_WAIT, _PDL_LAUNCH = tl.constexpr(PDL_WAIT), tl.constexpr(PDL_LAUNCH)
-
-    @triton.jit
-    def _pdl_wait(PDL: tl.constexpr):
-        # Kernel entry (PDL > 0): wait for the previous kernel; PDL == 1: then let the next one launch
-        # (gemv_tc.PDL_WAIT).
-        if PDL > 0:
-            tl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-        if PDL == 1:
-            tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
-    def _pdl_launch(PDL: tl.constexpr):
-        # After the main loop (PDL == 2): let the next kernel launch.
-        if PDL == 2:
-            tl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
     @triton.jit
     def _q8_float(u):
         """q as an exact float32 from u = q + 128 (0..255): u in the low byte of the float 2^23 is exactly
@@ -303,7 +287,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if FMT == 2 and FOLD:
@@ -357,7 +341,7 @@ if triton is not None:
                 acc = tl.dot(w, xt, acc)
             if FMT == 1:
                 acc = acc * tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)[:, None]
-        _pdl_launch(PDL)
+        pdl_launch(PDL)
         y_ptrs = y_ptr + pid_s * stride_ys + rm[None, :] * stride_ym + rn[:, None]
         y_ok = (rn < N)[:, None] & m_ok[None, :]
         if PARTIAL:
@@ -414,7 +398,7 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
         a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
         a2 = a0
@@ -450,7 +434,7 @@ if triton is not None:
                 a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
                 a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
                 a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
-        _pdl_launch(PDL)
+        pdl_launch(PDL)
         if FMT == 1:
             scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
         else:
@@ -598,7 +582,7 @@ if triton is not None:
         rn_safe = tl.minimum(rn, N - 1)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
         rt = tl.arange(0, T)
         w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
         s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + (rt // 16)[None, :]  # W4: the word's scale group
@@ -628,7 +612,7 @@ if triton is not None:
             a5 = _words_row(a5, 5, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
             a6 = _words_row(a6, 6, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
             a7 = _words_row(a7, 7, w, s, x_ptr, stride_xm, xo, FMT, ROWS)
-        _pdl_launch(PDL)
+        pdl_launch(PDL)
         if FMT == 2:
             scale = 1.0
         else:
@@ -638,7 +622,7 @@ if triton is not None:
 
     @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        _pdl_wait(PDL)  # the partial sums are the previous kernel's output
+        pdl_wait(PDL)  # the partial sums are the previous kernel's output
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         total = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -698,7 +682,7 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
 def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = False) -> torch.Tensor:
     M, K = x.shape
     N = w.shape[0]
-    # Programmatic dependent launch (gemv_tc.PDL_WAIT): a launch option apart from the tile, on by
+    # Programmatic dependent launch (pdl.py): a launch option apart from the tile, on by
     # default where it exists (impl="cuda", sm90+).
     cfg = dict(cfg or {})
     sm90 = ptx and (_capability(x.device) or (0, 0)) >= (9, 0)

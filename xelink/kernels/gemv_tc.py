@@ -37,6 +37,8 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    from .pdl import pdl_launch, pdl_wait
     # Gluon is experimental and its API moves between releases: only the release this was built and
     # tested with (3.6) and later ones take this path; older ones keep gemv.py's kernels.
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
@@ -90,17 +92,6 @@ def w4_ptx(template: str, finish: str, ty: str) -> str:
     magic, one, off, op = W4_MAGIC[ty]
     return (template.replace("FINISH", finish).replace("MAGIC2", magic).replace("ONE2", one)
             .replace("OFF2", off).replace("TY", op))
-
-
-# Programmatic dependent launch (sm90+; every gemv kernel of impl="cuda", config PDL): a kernel launched
-# with launch_pdl=True may be placed on the GPU while the kernel before it in the stream still runs. It
-# waits (griddepcontrol.wait: the previous kernel finished, its writes visible) before it reads or
-# writes anything, and lets the next kernel launch (launch_dependents) right after that wait (PDL=1,
-# "early") or once its own main loop is done (PDL=2, "late"). Back to back, a GEMV's launch and
-# placement then overlap the previous one's tail.
-PDL_WAIT = "griddepcontrol.wait; // $0"
-PDL_LAUNCH = "griddepcontrol.launch_dependents; // $0"
-PDL_MODES = {False: 0, "early": 1, "late": 2}
 
 
 if gluon is not None:
@@ -160,22 +151,6 @@ if gluon is not None:
                                            gl.constexpr(w4_ptx(_W4_PAIRS, _W4_EXACT, "fp16")),
                                            gl.constexpr(w4_ptx(_W4_PAIRS, _W4_BIASED, "bf16")))
     _W8_BF16, _W8_FP16 = gl.constexpr(W8_PTX["bf16"]), gl.constexpr(W8_PTX["fp16"])
-    _PDL_WAIT, _PDL_LAUNCH = gl.constexpr(PDL_WAIT), gl.constexpr(PDL_LAUNCH)
-
-    @gluon.jit
-    def _pdl_wait(PDL: gl.constexpr):
-        """Kernel entry (PDL > 0): wait for the previous kernel; PDL == 1: then let the next one launch."""
-        if PDL > 0:
-            gl.inline_asm_elementwise(_PDL_WAIT, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        if PDL == 1:
-            gl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _pdl_launch(PDL: gl.constexpr):
-        """After the main loop (PDL == 2): let the next kernel launch."""
-        if PDL == 2:
-            gl.inline_asm_elementwise(_PDL_LAUNCH, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
     @gluon.jit
     def _weights(p, FMT: gl.constexpr, BIASED: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr,
                  BN: gl.constexpr):
@@ -262,7 +237,7 @@ if gluon is not None:
 
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128.
         k_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))) * (STEPS * _STEP)
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
@@ -297,7 +272,7 @@ if gluon is not None:
             if UNROLL == 2:
                 acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
 
-        _pdl_launch(PDL)
+        pdl_launch(PDL)
         y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
         ol: gl.constexpr = gl.SliceLayout(0, mma)
         rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
@@ -345,7 +320,7 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     """Launch the tensor-core GEMV into ``y [M, N]`` (x contiguous, M <= 8; checks done by the caller).
     ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2), ``BIASED``
     (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a packed fma a
-    weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see PDL_WAIT, sm90+;
+    weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see pdl.py, sm90+;
     default 0), each defaulted; ``sum_kernel(parts, y, pdl)`` adds the fp32 partial sums of a grid split."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
