@@ -164,7 +164,7 @@ def _gemv_fma(fmt):
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, K, K // per_byte, K, s_stride, N, 0],
-                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, BLOCK_N=4, BLOCK_K=1024))
+                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, BLOCK_N=4, BLOCK_K=1024, PDL=0))
     return args
 
 
@@ -173,7 +173,7 @@ def _gemv_words(fmt):
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, 8, K // per_byte // 4, K, s_stride,
-                 N, 0], dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512))
+                 N, 0], dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512, PDL=0))
     return args
 
 
@@ -185,7 +185,7 @@ def _gemv_mma(fmt):
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), M, N, K, K // 4, K // per_byte, K,
                  s_stride, N, M * N],
                 dict(FMT=code, EVEN_K=True, PARTIAL=True, MAGIC=magic, BIAS=bias, PTX=False, FOLD=False, BLOCK_N=32,
-                     BLOCK_K=512 if fmt == "w4a16" else 256, BLOCK_M=16))
+                     BLOCK_K=512 if fmt == "w4a16" else 256, BLOCK_M=16, PDL=0))
     return args
 
 
@@ -199,7 +199,7 @@ LAUNCHES: list[Launch] = [
     *[Launch(f"gemv._gemv_kernel[{f}, 8 rows, split-K]", "gemv", "_gemv_kernel", _gemv_mma(f), matrix=True,
              block_io=False, shared=12288 if f == "w4a16" else 24576, sub_groups=(16,)) for f in _GEMV_FORMATS],
     Launch("gemv._splitk_sum_kernel", "gemv", "_splitk_sum_kernel",
-           lambda: ([_t("float32"), _t("bfloat16"), 8 * 4096], dict(SPLIT=4, BLOCK=1024)), shared=0),
+           lambda: ([_t("float32"), _t("bfloat16"), 8 * 4096], dict(SPLIT=4, BLOCK=1024, PDL=0)), shared=0),
     Launch("norm._rmsnorm_kernel", "norm", "_rmsnorm_kernel", _rmsnorm(False), num_warps=8, shared=32),
     Launch("norm._rmsnorm_kernel[residual]", "norm", "_rmsnorm_kernel", _rmsnorm(True), num_warps=8, shared=32),
     Launch("norm._rope_kernel", "norm", "_rope_kernel", _rope(), shared=0),
