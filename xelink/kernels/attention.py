@@ -24,17 +24,13 @@ Setting ``TRITON_INTERPRET=1`` before import runs the Triton kernels on CPU tens
 """
 import functools
 import math
-import os
 from typing import Optional
 
 import torch
 
-try:  # Triton is optional: without it the references (and impl="auto" on any device) still work.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
-    tl = None
+# Triton is optional (gemm.py imports it for every kernel module): without it the references (and
+# impl="auto" on any device) still work.
+from .gemm import _capability, _interpreting, tl, triton
 
 __all__ = [
     "HEAD_DIMS",
@@ -74,10 +70,6 @@ _FWD_CONFIGS = {
 _DECODE_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3), 256: (32, 4, 3)}
 _DECODE_PROGRAMS_PER_SM = 2
 _DECODE_MIN_CHUNK = 256  # keys per split at least: below that the merge costs more than the split saves
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -126,11 +118,6 @@ def _check_flags(fn: str, causal, scale, return_lse, impl) -> None:
         raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(map(repr, IMPLS))}")
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: Optional[int]) -> tuple:
-    return torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
-
-
 def resolve_impl(fn: str, impl: str, device: torch.device) -> str:
     """The path ``impl`` names on ``device``: ``"auto"`` becomes a concrete path, the others are checked.
 
@@ -145,7 +132,7 @@ def resolve_impl(fn: str, impl: str, device: torch.device) -> str:
     if impl == "auto":
         if triton is None or not on_gpu:
             return "reference"
-        if device.type == "cuda" and _capability(device.index)[0] == 9:
+        if device.type == "cuda" and _capability(device)[0] == 9:
             return "hopper"
         return "triton"
     if impl == "reference":
@@ -156,7 +143,7 @@ def resolve_impl(fn: str, impl: str, device: torch.device) -> str:
         raise ValueError(f"{fn}: impl={impl!r} runs on a GPU, but the tensors are on {device} "
                          f"(use impl='reference' or 'auto', or set TRITON_INTERPRET=1 for the interpreter)")
     if impl == "hopper" and device.type == "cuda":
-        cap = _capability(device.index)
+        cap = _capability(device)
         if cap[0] != 9:
             raise ValueError(f"{fn}: impl='hopper' needs a compute-capability-9 GPU (H100/H200), "
                              f"{device} is sm{cap[0]}{cap[1]}; use impl='triton'")
