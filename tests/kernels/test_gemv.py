@@ -320,56 +320,6 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
                                 f"seed={seed}")
 
 
-TMA_CONFIGS = [dict(KERNEL="tc", TMA=1), dict(KERNEL="tc", TMA=2, ROW_TILES=2, num_warps=2, SPLIT=2),
-               dict(KERNEL="tc", TMA=4, ROW_TILES=4, num_warps=8, BIASED=True),
-               dict(KERNEL="tc", TMA=8, ROW_TILES=1, num_warps=4, PDL="late")]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_tma_kernel(requires_gpus, fmt, dtype):
-    # KERNEL="tc" with TMA (weights brought into shared memory by TMA boxes, sm90+): row tails (the
-    # boxes' rows past N read as zeros), K spread unevenly over warps, boxes and splits (steps past K),
-    # splits forced by shared memory, and a weight whose rows are a slice of a wider tensor.
-    requires_gpus(1)
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA needs compute capability >= 9.0")
-    seed = random.SystemRandom().randrange(2**31)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    for N, K in GPU_SHAPES + [(4096, 14336)]:
-        w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
-        if N == 300:  # rows 48 bytes apart more than K needs
-            wide = torch.zeros((N, w.shape[1] + 48), dtype=w.dtype, device="cuda")
-            wide[:, :w.shape[1]] = w
-            w = wide[:, :w.shape[1]]
-        for M in (1, 5, 8):
-            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
-            for cfg in TMA_CONFIGS:
-                _check_gpu_gemv(w, x, s, fmt, "cuda", cfg, exact, f"tma {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} "
-                                f"seed={seed}")
-
-
-@pytest.mark.gpu
-def test_gpu_tma_bad_config(requires_gpus):
-    requires_gpus(1)
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA needs compute capability >= 9.0")
-    x = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="TMA=1 takes w8a16/w4a16"):
-        gemv(torch.randn(64, 256, device="cuda", dtype=torch.bfloat16), x, config=dict(KERNEL="tc", TMA=1),
-             impl="cuda")
-    q, s = pack_w8a16(torch.randn(64, 200, device="cuda"))
-    with pytest.raises(ValueError, match="K a multiple of 128, got K=200"):
-        gemv(q, x[:, :200], s, "w8a16", config=dict(KERNEL="tc", TMA=1), impl="cuda")
-    q, s = pack_w8a16(torch.randn(64, 256, device="cuda"))
-    with pytest.raises(ValueError, match="TMA=3 must be a power of two"):
-        gemv(q, x, s, "w8a16", config=dict(KERNEL="tc", TMA=3), impl="cuda")
-    wide = torch.zeros(64, 264, dtype=torch.int8, device="cuda")
-    with pytest.raises(ValueError, match="16-byte aligned weight rows"):
-        gemv(wide[:, :256], x, s, "w8a16", config=dict(KERNEL="tc", TMA=1), impl="cuda")
-
-
 @pytest.mark.gpu
 def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
     requires_gpus(1)

@@ -199,17 +199,6 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
     if sweep == "pdl":
         yield from (dict(PDL="early"), dict(PDL="late"))
         return
-    if sweep == "tma":  # the tensor-core kernel with TMA-loaded weights: steps a box, row tiles, warps, split
-        if fmt == "bf16":
-            return
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        for box, rt, warps, split in ((1, None, None, None), (2, None, None, None), (4, None, None, None),
-                                      (2, 1, 4, 1), (2, 1, 8, 1), (1, 1, 4, 2), (2, 2, 4, 1), (2, 4, 4, 1)):
-            cfg = dict(KERNEL="tc", **tc_config(M, N, K, fmt, sms, rt, warps), TMA=box)
-            if split:
-                cfg["SPLIT"] = split
-            yield cfg
-        return
     tc_only = sweep == "tc"
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -407,7 +396,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="one shape per family, fewer rounds (smoke test)")
     parser.add_argument("--sweep", nargs="?", const="gemm,gemv", default="",
                         help="also time tuning variants (configs) of these families (default gemm,gemv; "
-                             "gemv-tc: the tensor-core GEMV's only; gemv-pdl: its launch options; gemv-tma: its TMA variant)")
+                             "gemv-tc: the tensor-core GEMV's only; gemv-pdl: its launch options)")
     parser.add_argument("--commit", default=None,
                         help="commit to record instead of git's HEAD (default: the .commit file, if any)")
     args = parser.parse_args(argv)
@@ -436,7 +425,7 @@ def main(argv=None) -> int:
             elif family == "gemv":
                 run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds,
                          sweep="all" if "gemv" in sweep else "tc" if "gemv-tc" in sweep else
-                         "pdl" if "gemv-pdl" in sweep else "tma" if "gemv-tma" in sweep else "")
+                         "pdl" if "gemv-pdl" in sweep else "")
             else:
                 run_norm(report, rounds=rounds)
     text = "\n".join([f"commit {man['commit']}  devices {man['devices']}  torch {man['versions']['torch']}  "

@@ -37,8 +37,6 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .pdl import pdl_launch, pdl_wait
     # Gluon is experimental and its API moves between releases: only the release this was built and
@@ -275,15 +273,8 @@ if gluon is not None:
                 acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
 
         pdl_launch(PDL)
-        _store(acc, s_ptr, y_ptr, pid_n, pid_s, M, N, stride_sn, stride_ym, stride_ys, FMT, PARTIAL, BN)
-
-    @gluon.jit
-    def _store(acc, s_ptr, y_ptr, pid_n, pid_s, M, N, stride_sn, stride_ym, stride_ys, FMT: gl.constexpr,
-               PARTIAL: gl.constexpr, BN: gl.constexpr):
-        """Add the warps' partial sums and store the program's [BN rows of W, 8 rows of x] outputs (W8A16:
-        times the row scales; PARTIAL: fp32 partial sums of grid split pid_s)."""
-        y = gl.sum(acc, axis=0)  # [BN, 8]
-        ol: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
+        y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
+        ol: gl.constexpr = gl.SliceLayout(0, mma)
         rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
         rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
         if FMT == 1:
@@ -294,85 +285,6 @@ if gluon is not None:
             gl.store(y_ptrs, y, mask=y_ok)
         else:
             gl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=y_ok)
-
-    @gluon.jit
-    def _gemv_tma_kernel(w_desc, x_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_sn, stride_ym, stride_ys,
-                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, BIASED: gl.constexpr,
-                         ROW_TILES: gl.constexpr, STEPS: gl.constexpr, PDL: gl.constexpr,
-                         num_warps: gl.constexpr):
-        # The tc kernel with the weights brought in by TMA. W is seen as [K / 128, N, bytes a step]
-        # (w_desc); warp w's step i is chunk c0 + i * WARPS + w of 128 columns. A box of w_desc holds
-        # BOX steps of every warp ([BOX * WARPS, BN, bytes]); every box of the program is requested at
-        # once, each with its own mbarrier, so the program's whole slice of W is in flight from its start.
-        # The warps wait for a box, read their part of each step from shared memory (16 contiguous bytes
-        # a lane, no bank conflicts) and go on as the tc kernel does. Activations and scales come from
-        # global memory, one step ahead. (Few boxes: the compiler puts a CTA barrier next to each
-        # mbarrier operation.)
-        WARPS: gl.constexpr = num_warps
-        BN: gl.constexpr = 16 * ROW_TILES
-        BOX: gl.constexpr = w_desc.block_type.shape[0] // WARPS
-        BOXES: gl.constexpr = STEPS // BOX
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
-                                                      instr_shape=[1, 16, 8])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        W_COLS: gl.constexpr = w_desc.block_type.shape[2]
-        wl: gl.constexpr = _load_layout(WARPS, BN, W_COLS)
-        xl: gl.constexpr = _load_layout(WARPS, 8, _STEP)
-        sl: gl.constexpr = gl.SliceLayout(2, mma)
-
-        pid_n = gl.program_id(0)
-        pid_s = gl.program_id(1)
-        c0 = pid_s * (STEPS * WARPS)  # the program's first chunk of 128 columns
-        bars = gl.allocate_shared_memory(gl.int64, [BOXES, 1], mbarrier.MBarrierLayout())
-        bufs = gl.allocate_shared_memory(w_desc.dtype, [BOXES, BOX * WARPS, BN, W_COLS], w_desc.layout)
-        for g in gl.static_range(BOXES):
-            mbarrier.init(bars.index(g), count=1)
-        fence_async_shared()
-        pdl_wait(PDL)
-        for g in gl.static_range(BOXES):
-            mbarrier.expect(bars.index(g), w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w_desc, [c0 + g * BOX * WARPS, pid_n * BN, 0], bars.index(g),
-                                            bufs.index(g))
-
-        x_c = c0 + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
-        rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
-        rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
-        x_kk = x_c[:, None, None] * _STEP + rk[None, None, :]
-        x_ptrs = x_ptr + rm[None, :, None] * stride_xm + x_kk
-        x_rows = (rm < M)[None, :, None]
-        s_c = c0 + gl.arange(0, WARPS, layout=gl.SliceLayout(1, sl))
-        s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
-        s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_c[:, None]
-        acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
-        zero_acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
-        offset = gl.full([WARPS, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
-        x, s = _step_xs(x_ptrs, s_ptrs, x_kk, x_rows, s_c, 0, K, FMT, EVEN)
-        for g in range(BOXES):
-            mbarrier.wait(bars.index(g), 0)
-            for j in gl.static_range(BOX):
-                # The next step's activations and scales (the last step reloads its own: no read past x).
-                c_next = gl.minimum(g * BOX + j + 1, STEPS - 1) * WARPS
-                x_next, s_next = _step_xs(x_ptrs, s_ptrs, x_kk, x_rows, s_c, c_next, K, FMT, EVEN)
-                p = bufs.index(g).slice(j * WARPS, WARPS).load(wl)
-                acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
-                x = x_next
-                s = s_next
-        pdl_launch(PDL)
-        _store(acc, s_ptr, y_ptr, pid_n, pid_s, M, N, stride_sn, stride_ym, stride_ys, FMT, PARTIAL, BN)
-
-    @gluon.jit
-    def _step_xs(x_ptrs, s_ptrs, x_kk, x_rows, s_c, c, K, FMT: gl.constexpr, EVEN: gl.constexpr):
-        """The activations [WARPS, 8, 128] and (W4A16) scales [WARPS, BN] of the chunks c + warp."""
-        if EVEN:
-            x = gl.load(x_ptrs + c * _STEP, mask=x_rows, other=0.0)
-        else:
-            x = gl.load(x_ptrs + c * _STEP, mask=x_rows & (x_kk + c * _STEP < K), other=0.0)
-        if FMT == 2:
-            s = gl.load(s_ptrs + c, mask=(s_c + c < K // _STEP)[:, None], other=0.0).to(gl.float32)
-        else:
-            s = 0.0
-        return x, s
 
 
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None = None,
@@ -410,9 +322,7 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2), ``BIASED``
     (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a packed fma a
     weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see pdl.py, sm90+;
-    default 0), ``TMA`` (0: weights loaded into registers; a power of two: quantized weights brought
-    into shared memory by TMA, sm90+, K a multiple of 128, that many steps a box; default 0), each
-    defaulted; ``sum_kernel(parts, y, pdl)`` adds the fp32 partial sums of a grid split."""
+    default 0), each defaulted; ``sum_kernel(parts, y, pdl)`` adds the fp32 partial sums of a grid split."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
@@ -420,7 +330,6 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
     biased = cfg.pop("BIASED", False)
     pdl = cfg.pop("PDL", 0)
-    box = cfg.pop("TMA", 0)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
@@ -430,11 +339,8 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
         raise ValueError(f"gemv: KERNEL='tc' config UNROLL={unroll!r} must be 1 or 2")
     M, K = x.shape
     N = w.shape[0]
-    biased = bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16
     steps = -(-K // STEP)
     split = max(1, min(split, -(-steps // warps)))
-    if box:
-        return _launch_tma(w, x, scales, fmt_code, y, sum_kernel, row_tiles, warps, split, box, biased, pdl)
     per_warp = -(-steps // (split * warps))
     split = -(-steps // (per_warp * warps))
     per_warp = -(-per_warp // unroll) * unroll  # whole unrolled iterations; steps past K are masked
@@ -446,54 +352,8 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     grid = (-(-N // (16 * row_tiles)), split)
     _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
                           out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
-                          UNROLL=unroll, BIASED=biased, ROW_TILES=row_tiles, PDL=pdl, num_warps=warps,
-                          launch_pdl=pdl > 0)
-    if split > 1:
-        sum_kernel(out, y, pdl)
-    return y
-
-
-TMA_SMEM = 226 * 1024  # bytes of shared memory a block may have on sm90 (227 KB), less the barriers
-
-
-def _launch_tma(w, x, scales, fmt_code, y, sum_kernel, row_tiles, warps, split, box, biased, pdl):
-    """The TMA variant (``_gemv_tma_kernel``): W [N, K] quantized, K a multiple of 128, seen as
-    [K / 128, N, bytes a step]; a program takes ``steps`` steps a warp, a whole number of boxes."""
-    M, K = x.shape
-    N = w.shape[0]
-    if fmt_code not in (1, 2) or K % STEP:
-        raise ValueError(f"gemv: KERNEL='tc' config TMA={box!r} takes w8a16/w4a16 weights with K a multiple "
-                         f"of {STEP}, got K={K}")
-    if not isinstance(box, int) or box < 1 or box & (box - 1) or box * warps > 256:
-        raise ValueError(f"gemv: KERNEL='tc' config TMA={box!r} must be a power of two with TMA * num_warps "
-                         f"<= 256")
-    if torch.cuda.get_device_capability(x.device) < (9, 0):
-        raise ValueError(f"gemv: KERNEL='tc' config TMA={box!r} needs a GPU of compute capability >= 9.0")
-    wb = w.view(torch.uint8)
-    if wb.data_ptr() % 16 or wb.stride(0) % 16:
-        raise ValueError(f"gemv: KERNEL='tc' config TMA needs 16-byte aligned weight rows (row stride "
-                         f"{wb.stride(0)} bytes, address {wb.data_ptr():#x})")
-    chunks, cols, bn = K // STEP, STEP // 2 if fmt_code == 2 else STEP, 16 * row_tiles
-    if box * warps * bn * cols > TMA_SMEM:
-        raise ValueError(f"gemv: KERNEL='tc' config TMA={box}: a box of {box} steps x {warps} warps x {bn} rows "
-                         f"x {cols} bytes exceeds the {TMA_SMEM} bytes of shared memory a block")
-    while True:  # the program's whole slice of W lives in shared memory: split K further until it fits
-        steps = -(-chunks // (split * warps))
-        steps = -(-steps // box) * box
-        if steps * warps * bn * cols <= TMA_SMEM:
-            break
-        split *= 2
-    split = -(-chunks // (steps * warps))
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
-    desc = TensorDescriptor(wb, [chunks, N, cols], [cols, wb.stride(0), 1], [box * warps, bn, cols], layout)
-    s = scales if scales is not None else w
-    stride_sn = scales.stride(0) if scales is not None else 0
-    out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    _gemv_tma_kernel[(-(-N // bn), split)](desc, x, s, out, M, N, K, x.stride(0), stride_sn, out.stride(-2),
-                                           out.stride(0) if split > 1 else 0, FMT=fmt_code,
-                                           EVEN=chunks == split * steps * warps, PARTIAL=split > 1, BIASED=biased,
-                                           ROW_TILES=row_tiles, STEPS=steps, PDL=pdl, num_warps=warps,
-                                           launch_pdl=pdl > 0)
+                          UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
+                          ROW_TILES=row_tiles, PDL=pdl, num_warps=warps, launch_pdl=pdl > 0)
     if split > 1:
         sum_kernel(out, y, pdl)
     return y
