@@ -1,6 +1,6 @@
 """Local-kernel benchmark: xelink's named Triton paths against torch, co-measured in one run.
 
-``python -m xelink.bench.kernels [--only gemm,gemv,norm] [--out DIR] [--quick] [--sweep]``
+``python -m xelink.bench.kernels [--only gemm,gemv,norm,decode] [--out DIR] [--quick] [--sweep]``
 
 - GEMM bf16 at 8192^3, 4096^3 and M x N x K = 16384 x 8192 x 1024: ``gemm(impl="hopper")`` and
   ``gemm(impl="triton")`` vs ``torch.matmul``, CUDA events around back-to-back launches.
@@ -11,6 +11,9 @@
 - RMSNorm on 8192x4096 bf16 (with and without the fused residual) and RoPE on q 1x32x8192x128,
   k 1x8x8192x128: vs torch eager and vs ``copy_`` of the same number of bytes (all reads + all
   writes), which gives the bandwidth the machine reaches in this run; eager and CUDA-graph timings.
+- A decode layer's chain at one token (W4A16, Llama-3-8B-like, attention left out: residual RMSNorm,
+  QKV GEMV, RoPE, O GEMV, residual RMSNorm, gate/up GEMV, down GEMV), four layers in a CUDA graph, with
+  programmatic dependent launch on every kernel, on the GEMVs only, and off (the baseline).
 
 The outputs of the timed runs are checked against a float32 torch computation (``#wrong`` counts
 elements off by more than 2% of the value plus 2% of the output's RMS). Rows go to a JSON Lines file
@@ -28,7 +31,7 @@ import torch
 
 from .harness import JsonlWriter, co_measure, format_table, make_row, manifest, summarize, time_cuda_events
 
-__all__ = ["main", "run_gemm", "run_gemv", "run_norm", "GEMM_SHAPES", "GEMV_SHAPES"]
+__all__ = ["main", "run_decode", "run_gemm", "run_gemv", "run_norm", "GEMM_SHAPES", "GEMV_SHAPES"]
 
 GEMM_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024))  # M, N, K
 GEMV_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))  # N, K
@@ -234,6 +237,82 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
             yield cfg
 
 
+# -- a decode layer's chain of kernels ------------------------------------------------------------------
+
+# A Llama-3-8B-like layer at one token, W4A16, attention and the activation left out: residual RMSNorm,
+# the QKV GEMV, RoPE of q and k, the O GEMV, residual RMSNorm, the gate/up GEMV, the down GEMV.
+DECODE_H, DECODE_HEADS, DECODE_KV_HEADS, DECODE_FFN = 4096, 32, 8, 14336
+
+
+def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 3) -> None:
+    """Time a chain of decode layers (``layers`` distinct weight sets, more bytes than L2) in a CUDA
+    graph with programmatic dependent launch on every kernel (the sm90 default), on the GEMVs only, and
+    on none, all in the same run; the baseline is the chain without it."""
+    from ..kernels.gemv import gemv, pack_w4a16, unpack_w4a16
+    from ..kernels.norm import rmsnorm, rope
+
+    H, D, ffn = DECODE_H, DECODE_H // DECODE_HEADS, DECODE_FFN
+    qkv_n = (DECODE_HEADS + 2 * DECODE_KV_HEADS) * D
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def packed(n, k):
+        return pack_w4a16(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5)
+
+    weights = [dict(n1=torch.ones(H, device="cuda", dtype=torch.bfloat16), qkv=packed(qkv_n, H), o=packed(H, H),
+                    n2=torch.ones(H, device="cuda", dtype=torch.bfloat16), gu=packed(2 * ffn, H),
+                    down=packed(H, ffn)) for _ in range(layers)]
+    x0 = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    angle = torch.rand(1, D // 2, device="cuda", generator=gen) * 6.28
+    cos, sin = torch.cat((angle, angle), -1).cos(), torch.cat((angle, angle), -1).sin()
+
+    def layer(y, h, lw, norm_pdl, gemv_pdl, mm):
+        normed, h = rmsnorm(y, lw["n1"], 1e-5, residual=h, pdl=norm_pdl)
+        qkv = mm(lw["qkv"], normed, gemv_pdl).view(1, 1, -1, D).transpose(1, 2)  # (1, heads, 1, D)
+        q, k = rope(qkv[:, :DECODE_HEADS], qkv[:, DECODE_HEADS:DECODE_HEADS + DECODE_KV_HEADS], cos, sin,
+                    pdl=norm_pdl)
+        o = mm(lw["o"], q.reshape(1, H), gemv_pdl)
+        normed, h = rmsnorm(o, lw["n2"], 1e-5, residual=h, pdl=norm_pdl)
+        gu = mm(lw["gu"], normed, gemv_pdl)
+        return mm(lw["down"], gu[:, :ffn], gemv_pdl), h
+
+    def xelink_mm(w, x, pdl):
+        return gemv(w[0], x, w[1], "w4a16", "cuda", config=dict(PDL=pdl))
+
+    def float_mm(w, x, pdl):  # the reference: the same weights, float32
+        return (x.float() @ unpack_w4a16(*w).T).to(x.dtype)
+
+    def chain(norm_pdl, gemv_pdl, mm=xelink_mm):
+        y, h = x0, torch.zeros_like(x0)
+        for lw in weights:
+            y, h = layer(y, h, lw, norm_pdl, gemv_pdl, mm)
+        return y
+
+    ref = chain(False, False, float_mm).float()
+    plans = {"xelink:pdl=off": (False, False), "xelink:pdl=gemv": (False, True),
+             "xelink:pdl=all": (None, True)}
+    graphs, outs, launches = {}, {}, {}
+    for name, (norm_pdl, gemv_pdl) in plans.items():
+        graphs[name], outs[name], launches[name] = _graph([functools.partial(chain, norm_pdl, gemv_pdl)], 4)
+    wrong = {}
+
+    def check(name):
+        wrong[name] = wrong.get(name, 0) + _wrong(outs[name][0], ref)
+
+    samples = co_measure({n: g.replay for n, g in graphs.items()}, warmup=1, iters=iters, rounds=rounds,
+                         timing=_events, after_block=check)
+    base = [t / (launches["xelink:pdl=off"] * layers) for t in samples["xelink:pdl=off"]]
+    wbytes = sum(weights[0][k][0].numel() + 2 * weights[0][k][1].numel() for k in ("qkv", "o", "gu", "down"))
+    for name, s in samples.items():
+        is_base = name == "xelink:pdl=off"
+        report.add(make_row("decode-layer", name, [t / (launches[name] * layers) for t in s],
+                            size_bytes=wbytes, count=1, dtype="w4a16", nranks=1, wrong=wrong.get(name, 0),
+                            baseline=None if is_base else "xelink:pdl=off", baseline_samples=None if is_base else base,
+                            extra={"shape": f"H={H},heads={DECODE_HEADS}/{DECODE_KV_HEADS},ffn={ffn},M=1",
+                                   "timing": "cuda-graph", "layers": layers, "per": "layer"}))
+    del graphs, outs, weights
+    torch.cuda.empty_cache()
+
+
 # -- RMSNorm / RoPE -----------------------------------------------------------------------------------
 
 def _torch_rmsnorm(x, w, eps, residual=None):
@@ -383,6 +462,9 @@ def _summary(rows) -> str:
             sp = ", ".join(f"{n} {v:.2f}x" for n, v in r.extra["speedup_vs"].items())
             lines.append(f"{r.op:<16} {r.extra['timing']:<5} {r.path:<14} {r.time_us:8.2f} us {r.algbw_GBps:7.0f} GB/s "
                          f"= {r.extra['bw_vs_copy']:.2f} of copy_; vs {sp}")
+        elif r.op == "decode-layer":
+            vs = f"  vs pdl=off {r.ratio:5.2f}x" if r.ratio else ""
+            lines.append(f"decode-layer {shape} {r.path:<16} {r.time_us:8.2f} us a layer{vs}")
         elif r.path.startswith("torch:copy_"):
             lines.append(f"{r.op:<16} {r.extra['timing']:<5} {r.path:<14} {r.time_us:8.2f} us {r.algbw_GBps:7.0f} GB/s")
     return "\n".join(lines)
@@ -391,7 +473,8 @@ def _summary(rows) -> str:
 def main(argv=None) -> int:
     """Run the kernel benchmark; returns a process exit code (1 if any timed output was wrong)."""
     parser = argparse.ArgumentParser(prog="python -m xelink.bench.kernels", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemm,gemv,norm", help="comma-separated families, run in this order: gemm, gemv, norm")
+    parser.add_argument("--only", default="gemm,gemv,norm,decode",
+                        help="comma-separated families, run in this order: gemm, gemv, norm, decode")
     parser.add_argument("--out", default="xelink-results", help="folder for kernels.jsonl and kernels.txt")
     parser.add_argument("--quick", action="store_true", help="one shape per family, fewer rounds (smoke test)")
     parser.add_argument("--sweep", nargs="?", const="gemm,gemv", default="",
@@ -402,7 +485,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     families = [f.strip() for f in args.only.split(",") if f.strip()]
     sweep = [f.strip() for f in args.sweep.split(",") if f.strip()]
-    unknown = set(families) - {"gemm", "gemv", "norm"}
+    unknown = set(families) - {"gemm", "gemv", "norm", "decode"}
     if unknown:
         parser.error(f"--only: unknown families {sorted(unknown)}")
     if not torch.cuda.is_available():
@@ -426,8 +509,10 @@ def main(argv=None) -> int:
                 run_gemv(report, GEMV_SHAPES[:1] if args.quick else GEMV_SHAPES, rounds=rounds,
                          sweep="all" if "gemv" in sweep else "tc" if "gemv-tc" in sweep else
                          "pdl" if "gemv-pdl" in sweep else "")
-            else:
+            elif family == "norm":
                 run_norm(report, rounds=rounds)
+            else:
+                run_decode(report, rounds=rounds)
     text = "\n".join([f"commit {man['commit']}  devices {man['devices']}  torch {man['versions']['torch']}  "
                       f"triton {man['versions']['triton']}", "", format_table(report.rows), "", _summary(report.rows)]
                      + ([""] + report.notes if report.notes else []))

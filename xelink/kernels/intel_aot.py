@@ -141,7 +141,7 @@ def _merge(d=128):
 def _rmsnorm(residual):
     def args():
         H = 4096
-        return ([_t("bfloat16")] * 5 + [H, H, H, H, H, 1e-6], dict(HAS_RES=residual, ONE_PASS=True, BLOCK_H=H))
+        return ([_t("bfloat16")] * 5 + [H, H, H, H, H, 1e-6], dict(HAS_RES=residual, ONE_PASS=True, BLOCK_H=H, PDL=0))
     return args
 
 
@@ -151,7 +151,7 @@ def _rope():
         q, k, c = _contiguous(B, HQ, S, D), _contiguous(B, HK, S, D), _contiguous(1, 1, S, D)
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"),
                  S, HQ, HK, *q[:3], *k[:3], 0, c[2], 0, c[2], *q[:3], *k[:3]],
-                dict(HALF=D // 2, BLOCK_S=16, BLOCK_D=D // 2, HEADS=8))
+                dict(HALF=D // 2, BLOCK_S=16, BLOCK_D=D // 2, HEADS=8, PDL=0))
     return args
 
 

@@ -3,12 +3,18 @@
 Both are one pass over memory: every input is read once and every output written once, in one launch
 (RoPE handles Q and K in the same launch, reading each cos/sin tile once for a group of heads).
 Arithmetic is float32 with one rounding to the output dtype.
+
+On CUDA sm90+ both launch with programmatic dependent launch (``pdl``, pdl.py), as the GEMV kernels do:
+a kernel waits for the one before it before touching memory, and lets the next be placed while it
+runs, so a decode step's chain of norms, RoPE and GEMVs overlaps each launch with the previous tail.
 """
 from __future__ import annotations
 
 import torch
 
-from .gemm import _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton, _triton_can_run, tl, triton
+from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
+                   _sm_count, _triton_can_run, tl, triton)
+from .pdl import PDL_MODES, pdl_launch, pdl_wait
 
 __all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
 
@@ -58,8 +64,9 @@ if triton is not None:
 
     @triton.jit
     def _rmsnorm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, H, stride_x, stride_r, stride_o, stride_h, eps,
-                        HAS_RES: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_H: tl.constexpr):
+                        HAS_RES: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
+        pdl_wait(PDL)
         x_row = x_ptr + row * stride_x
         r_row = r_ptr + row * stride_r
         o_row = o_ptr + row * stride_o
@@ -75,6 +82,7 @@ if triton is not None:
             xf = x.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / H + eps)
             w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            pdl_launch(PDL)
             tl.store(o_row + cols, (xf * rstd * w).to(o_ptr.dtype.element_ty), mask=ok)
         else:
             acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -87,6 +95,7 @@ if triton is not None:
                 xf = x.to(tl.float32)
                 acc += xf * xf
             rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / H + eps)
+            pdl_launch(PDL)
             # Second pass re-reads the row (from the new residual when there is one): rows this wide
             # do not fit in registers.
             src = h_row if HAS_RES else x_row
@@ -113,7 +122,8 @@ if triton is not None:
     def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, S, HQ, HK,
                      sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sc_b, sc_s, ss_b, ss_s,
                      soq_b, soq_h, soq_s, sok_b, sok_h, sok_s,
-                     HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr):
+                     HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr,
+                     PDL: tl.constexpr):
         pid_s = tl.program_id(0)
         group = tl.program_id(1)
         b = tl.program_id(2).to(tl.int64)
@@ -122,6 +132,7 @@ if triton is not None:
         ok = (rs < S)[:, None] & (rd < HALF)[None, :]
         c_off = b * sc_b + rs[:, None] * sc_s + rd[None, :]
         s_off = b * ss_b + rs[:, None] * ss_s + rd[None, :]
+        pdl_wait(PDL)
         # cos/sin tiles are read once and reused for HEADS heads of q or of k.
         c1 = tl.load(cos_ptr + c_off, mask=ok, other=0.0).to(tl.float32)
         c2 = tl.load(cos_ptr + c_off + HALF, mask=ok, other=0.0).to(tl.float32)
@@ -136,6 +147,7 @@ if triton is not None:
             h0 = (group - q_groups) * HEADS
             _rope_heads(k_ptr, ko_ptr, b, h0, tl.minimum(h0 + HEADS, HK), sk_b, sk_h, sk_s, sok_b, sok_h, sok_s,
                         rs, rd, ok, c1, c2, s1, s2, HALF)
+        pdl_launch(PDL)
 
 
 # -- host side: rmsnorm -------------------------------------------------------------------------------
@@ -149,12 +161,37 @@ def _resolve(fn: str, impl: str, device: torch.device) -> str:
     return impl
 
 
+def _pdl_option(fn: str, pdl, impl: str, device: torch.device) -> str:
+    """Check the ``pdl`` argument before anything runs; returns "auto", "off", "early" or "late".
+    None: on where it exists (the Triton path on CUDA sm90+, not interpreted); True: the same, required;
+    "early" / "late": where the next kernel is let go (pdl.py), required; False: off."""
+    if not (pdl is None or isinstance(pdl, bool) or (isinstance(pdl, str) and pdl in ("early", "late"))):
+        raise ValueError(f"{fn}: pdl={pdl!r} must be None, True, False, 'early' or 'late'")
+    sm90 = impl == "triton" and not _interpreting() and (_capability(device) or (0, 0)) >= (9, 0)
+    if pdl is None or pdl is False:
+        return "auto" if pdl is None and sm90 else "off"
+    if not sm90:
+        raise ValueError(f"{fn}: pdl={pdl!r} needs impl='triton' on a CUDA GPU of compute capability >= 9.0 "
+                         f"(griddepcontrol), got impl={impl!r} on {device}")
+    return "auto" if pdl is True else pdl
+
+
+def _pdl_launch(option: str, programs: int, device: torch.device) -> dict:
+    """The kernel's PDL constexpr and launch option: "auto" lets the next kernel go early when the grid
+    fits on the GPU at once (decode: a few rows) and late otherwise, where early programs would crowd
+    the running grid (as the GEMV sweeps found, benchmarks/results/h200-kernels run 15)."""
+    if option == "auto":
+        option = "early" if programs <= _sm_count(device) else "late"
+    mode = PDL_MODES[False if option == "off" else option]
+    return dict(PDL=mode, launch_pdl=True) if mode else dict(PDL=0)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _rmsnorm_triton(x, w, eps: float, residual=None):
+def _rmsnorm_triton(x, w, eps: float, residual=None, pdl: str = "off"):
     shape, H = x.shape, x.shape[-1]
     x2 = _rows(x)
     rows = x2.shape[0]
@@ -171,38 +208,38 @@ def _rmsnorm_triton(x, w, eps: float, residual=None):
     warps = max(1, min(16, block // 512))
     _rmsnorm_kernel[(rows,)](x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
                              float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK_H=block,
-                             num_warps=warps)
+                             num_warps=warps, **_pdl_launch(pdl, rows, x.device))
     return out if residual is None else (out, h)
 
 
 @torch.library.custom_op("xelink::rmsnorm", mutates_args=())
-def _rmsnorm_op(x: torch.Tensor, w: torch.Tensor, eps: float, impl: str) -> torch.Tensor:
+def _rmsnorm_op(x: torch.Tensor, w: torch.Tensor, eps: float, impl: str, pdl: str) -> torch.Tensor:
     if impl == "reference":
         return reference_rmsnorm(x, w, eps)
-    return _rmsnorm_triton(x, w, eps)
+    return _rmsnorm_triton(x, w, eps, pdl=pdl)
 
 
 @_rmsnorm_op.register_fake
-def _rmsnorm_fake(x, w, eps, impl):
+def _rmsnorm_fake(x, w, eps, impl, pdl):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("xelink::rmsnorm_residual", mutates_args=())
 def _rmsnorm_residual_op(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float,
-                         impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+                         impl: str, pdl: str) -> tuple[torch.Tensor, torch.Tensor]:
     if impl == "reference":
         return reference_rmsnorm(x, w, eps, residual)
-    return _rmsnorm_triton(x, w, eps, residual)
+    return _rmsnorm_triton(x, w, eps, residual, pdl)
 
 
 @_rmsnorm_residual_op.register_fake
-def _rmsnorm_residual_fake(x, residual, w, eps, impl):
+def _rmsnorm_residual_fake(x, residual, w, eps, impl, pdl):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None,
-            impl: str = "auto"):
+            impl: str = "auto", pdl: bool | str | None = None):
     """RMSNorm over the last dimension, optionally fused with the residual add before it.
 
     Args:
@@ -212,6 +249,9 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
         residual: None, or a tensor of x's shape and dtype; then ``h = x + residual`` (float32 add,
             rounded to x's dtype) is normalized and returned as the new residual.
         impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+        pdl: programmatic dependent launch (pdl.py): None (on where it exists: the Triton path on CUDA
+            sm90+), True (the same, but an error elsewhere), False, or "early" / "late" (where the next
+            kernel may start: after this one's wait, or before its stores).
 
     Returns:
         ``out`` (x's shape and dtype, contiguous) or, with ``residual``, ``(out, new_residual)``.
@@ -220,7 +260,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
     Raises:
         TypeError: non-tensors or non-float dtypes, residual dtype != x dtype.
         ValueError: shape mismatches, negative eps, mixed devices, an unknown impl or one that cannot
-            run on these tensors.
+            run on these tensors, a bad pdl or one this GPU cannot do.
     """
     fn = "rmsnorm"
     _check_impl(fn, impl, NORM_IMPLS)
@@ -244,21 +284,22 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
             raise TypeError(f"rmsnorm: residual.dtype={residual.dtype} != x.dtype={x.dtype}")
     _check_same_device(fn, x=x, w=w, residual=residual)
     impl = _resolve(fn, impl, x.device)
+    pdl = _pdl_option(fn, pdl, impl, x.device)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_rmsnorm(x, w, float(eps), residual)
     w = w if w.stride(0) == 1 else w.contiguous()
     if torch.compiler.is_compiling():  # traced: the custom ops with their fake implementations
         if residual is None:
-            return torch.ops.xelink.rmsnorm(x, w, float(eps), impl)
-        return torch.ops.xelink.rmsnorm_residual(x, residual, w, float(eps), impl)
+            return torch.ops.xelink.rmsnorm(x, w, float(eps), impl, pdl)
+        return torch.ops.xelink.rmsnorm_residual(x, residual, w, float(eps), impl, pdl)
     # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
     # microseconds of host time a call, more than the kernel runs.
-    return _rmsnorm_triton(x, w, float(eps), residual)
+    return _rmsnorm_triton(x, w, float(eps), residual, pdl)
 
 
 # -- host side: rope ----------------------------------------------------------------------------------
 
-def _rope_triton(q, k, cos, sin):
+def _rope_triton(q, k, cos, sin, pdl: str = "off"):
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -286,20 +327,21 @@ def _rope_triton(q, k, cos, sin):
     _rope_kernel[grid](q, k, c, s, qo, ko, S, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
                        k.stride(0), k.stride(1), k.stride(2), cb, c.stride(2), sb, s.stride(2),
                        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
-                       HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, HEADS=heads, num_warps=4)
+                       HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, HEADS=heads, num_warps=4,
+                       **_pdl_launch(pdl, grid[0] * grid[1] * grid[2], q.device))
     return qo, ko
 
 
 @torch.library.custom_op("xelink::rope", mutates_args=())
 def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+             impl: str, pdl: str) -> tuple[torch.Tensor, torch.Tensor]:
     if impl == "reference":
         return reference_rope(q, k, cos, sin)
-    return _rope_triton(q, k, cos, sin)
+    return _rope_triton(q, k, cos, sin, pdl)
 
 
 @_rope_op.register_fake
-def _rope_fake(q, k, cos, sin, impl):
+def _rope_fake(q, k, cos, sin, impl, pdl):
     return (q.new_empty(q.shape), k.new_empty(k.shape))
 
 
@@ -315,7 +357,8 @@ def _check_cos_sin(name: str, c, B: int, S: int, D: int) -> None:
                          f"(B or 1, 1, S, D) with B={B}")
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: str = "auto"):
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: str = "auto",
+         pdl: bool | str | None = None):
     """Rotary position embedding of q and k, rotate-half convention (Llama / Hugging Face).
 
     For each head vector x of length D, with x1 = x[:D/2] and x2 = x[D/2:]:
@@ -329,13 +372,15 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         k: ``(B, Hk, S, D)``, same B, S, D and dtype (GQA: Hk may differ from Hq).
         cos, sin: ``(S, D)``, ``(B or 1, S, D)`` or ``(B or 1, 1, S, D)``, any float dtype.
         impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+        pdl: programmatic dependent launch, as for :func:`rmsnorm` ("late": after the heads).
 
     Returns:
         ``(q_rot, k_rot)``: new contiguous tensors of q's and k's shapes and dtype.
 
     Raises:
         TypeError: non-tensors, non-float dtypes, q/k dtypes differ.
-        ValueError: shape mismatches, odd D, mixed devices, an unknown impl or one that cannot run here.
+        ValueError: shape mismatches, odd D, mixed devices, an unknown impl or one that cannot run here,
+            a bad pdl or one this GPU cannot do.
     """
     fn = "rope"
     _check_impl(fn, impl, NORM_IMPLS)
@@ -356,8 +401,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _check_cos_sin("sin", sin, B, S, D)
     _check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
     impl = _resolve(fn, impl, q.device)
+    pdl = _pdl_option(fn, pdl, impl, q.device)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_rope(q, k, cos, sin)
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
-        return torch.ops.xelink.rope(q, k, cos, sin, impl)
-    return _rope_triton(q, k, cos, sin)
+        return torch.ops.xelink.rope(q, k, cos, sin, impl, pdl)
+    return _rope_triton(q, k, cos, sin, pdl)
