@@ -156,7 +156,7 @@ def test_fake_implementations_give_shapes():
     out, lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton")
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 5) and lse.dtype == torch.float32
     lens = torch.empty(2, dtype=torch.int32, device="meta")
-    out, lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton")
+    out, lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton", "off")
     assert out.shape == q.shape and lse.shape == (2, 8, 5) and out.device.type == "meta"
     out, lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton")
     assert out.shape == q.shape and lse.shape == (2, 8, 5)
@@ -251,6 +251,10 @@ def test_decode_bad_inputs():
         A.decode_attention(q[:, :, :0], kc, vc, lens)
     with pytest.raises(ValueError, match="^decode_attention: q heads 4 must be a multiple of k_cache heads 3"):
         A.decode_attention(q, kc[:, :1].expand(2, 3, 16, 64), vc[:, :1].expand(2, 3, 16, 64), lens)
+    with pytest.raises(ValueError, match="^decode_attention: pdl='soon' must be None, True, False"):
+        A.decode_attention(q, kc, vc, lens, pdl="soon")
+    with pytest.raises(ValueError, match="^decode_attention: pdl='late' needs a Triton kernel on a CUDA GPU"):
+        A.decode_attention(q, kc, vc, lens, impl="reference", pdl="late")
 
 
 # -- kernels against references (GPU, or the interpreter on the CPU) -------------------------------

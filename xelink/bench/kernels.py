@@ -11,9 +11,10 @@
 - RMSNorm on 8192x4096 bf16 (with and without the fused residual) and RoPE on q 1x32x8192x128,
   k 1x8x8192x128: vs torch eager and vs ``copy_`` of the same number of bytes (all reads + all
   writes), which gives the bandwidth the machine reaches in this run; eager and CUDA-graph timings.
-- A decode layer's chain at one token (W4A16, Llama-3-8B-like, attention left out: residual RMSNorm,
-  QKV GEMV, RoPE, O GEMV, residual RMSNorm, gate/up GEMV, down GEMV), four layers in a CUDA graph, with
-  programmatic dependent launch on every kernel, on the GEMVs only, and off (the baseline).
+- A decode layer's chain at one token (W4A16, Llama-3-8B-like, the activation left out: residual
+  RMSNorm, QKV GEMV, RoPE, decode attention over 4096 cached tokens, O GEMV, residual RMSNorm, gate/up
+  GEMV, down GEMV), four layers in a CUDA graph, with programmatic dependent launch on every kernel, on
+  the GEMVs only, and off (the baseline).
 
 The outputs of the timed runs are checked against a float32 torch computation (``#wrong`` counts
 elements off by more than 2% of the value plus 2% of the output's RMS). Rows go to a JSON Lines file
@@ -239,15 +240,17 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
 
 # -- a decode layer's chain of kernels ------------------------------------------------------------------
 
-# A Llama-3-8B-like layer at one token, W4A16, attention and the activation left out: residual RMSNorm,
-# the QKV GEMV, RoPE of q and k, the O GEMV, residual RMSNorm, the gate/up GEMV, the down GEMV.
-DECODE_H, DECODE_HEADS, DECODE_KV_HEADS, DECODE_FFN = 4096, 32, 8, 14336
+# A Llama-3-8B-like layer at one token, W4A16, the activation left out: residual RMSNorm, the QKV GEMV,
+# RoPE of q and k, decode attention over a KV cache, the O GEMV, residual RMSNorm, the gate/up GEMV, the
+# down GEMV.
+DECODE_H, DECODE_HEADS, DECODE_KV_HEADS, DECODE_FFN, DECODE_CONTEXT = 4096, 32, 8, 14336, 4096
 
 
 def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 3) -> None:
-    """Time a chain of decode layers (``layers`` distinct weight sets, more bytes than L2) in a CUDA
+    """Time a chain of decode layers (``layers`` distinct weight and cache sets, more bytes than L2) in a CUDA
     graph with programmatic dependent launch on every kernel (the sm90 default), on the GEMVs only, and
     on none, all in the same run; the baseline is the chain without it."""
+    from ..kernels.attention import decode_attention, reference_decode_attention
     from ..kernels.gemv import gemv, pack_w4a16, unpack_w4a16
     from ..kernels.norm import rmsnorm, rope
 
@@ -260,7 +263,10 @@ def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 
 
     weights = [dict(n1=torch.ones(H, device="cuda", dtype=torch.bfloat16), qkv=packed(qkv_n, H), o=packed(H, H),
                     n2=torch.ones(H, device="cuda", dtype=torch.bfloat16), gu=packed(2 * ffn, H),
-                    down=packed(H, ffn)) for _ in range(layers)]
+                    down=packed(H, ffn),
+                    kv=torch.randn(2, 1, DECODE_KV_HEADS, DECODE_CONTEXT, D, device="cuda", generator=gen)
+                    .to(torch.bfloat16)) for _ in range(layers)]
+    lens = torch.tensor([DECODE_CONTEXT], device="cuda")
     x0 = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
     angle = torch.rand(1, D // 2, device="cuda", generator=gen) * 6.28
     cos, sin = torch.cat((angle, angle), -1).cos(), torch.cat((angle, angle), -1).sin()
@@ -270,7 +276,11 @@ def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 
         qkv = mm(lw["qkv"], normed, gemv_pdl).view(1, 1, -1, D).transpose(1, 2)  # (1, heads, 1, D)
         q, k = rope(qkv[:, :DECODE_HEADS], qkv[:, DECODE_HEADS:DECODE_HEADS + DECODE_KV_HEADS], cos, sin,
                     pdl=norm_pdl)
-        o = mm(lw["o"], q.reshape(1, H), gemv_pdl)
+        if mm is float_mm:  # (k would be appended to the cache; the timing leaves the cache as it is)
+            a = reference_decode_attention(q, lw["kv"][0], lw["kv"][1], lens)
+        else:
+            a = decode_attention(q, lw["kv"][0], lw["kv"][1], lens, pdl=norm_pdl)
+        o = mm(lw["o"], a.reshape(1, H), gemv_pdl)
         normed, h = rmsnorm(o, lw["n2"], 1e-5, residual=h, pdl=norm_pdl)
         gu = mm(lw["gu"], normed, gemv_pdl)
         return mm(lw["down"], gu[:, :ffn], gemv_pdl), h
@@ -302,12 +312,14 @@ def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 
                          timing=_events, after_block=check)
     base = [t / (launches["xelink:pdl=off"] * layers) for t in samples["xelink:pdl=off"]]
     wbytes = sum(weights[0][k][0].numel() + 2 * weights[0][k][1].numel() for k in ("qkv", "o", "gu", "down"))
+    wbytes += 2 * weights[0]["kv"].numel()
     for name, s in samples.items():
         is_base = name == "xelink:pdl=off"
         report.add(make_row("decode-layer", name, [t / (launches[name] * layers) for t in s],
                             size_bytes=wbytes, count=1, dtype="w4a16", nranks=1, wrong=wrong.get(name, 0),
                             baseline=None if is_base else "xelink:pdl=off", baseline_samples=None if is_base else base,
-                            extra={"shape": f"H={H},heads={DECODE_HEADS}/{DECODE_KV_HEADS},ffn={ffn},M=1",
+                            extra={"shape": f"H={H},heads={DECODE_HEADS}/{DECODE_KV_HEADS},ffn={ffn},"
+                                            f"context={DECODE_CONTEXT},M=1",
                                    "timing": "cuda-graph", "layers": layers, "per": "layer"}))
     del graphs, outs, weights
     torch.cuda.empty_cache()

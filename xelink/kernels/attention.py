@@ -31,6 +31,7 @@ import torch
 # Triton is optional (gemm.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .gemm import _capability, _interpreting, tl, triton
+from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = [
     "HEAD_DIMS",
@@ -484,6 +485,7 @@ if triton is not None:
         stride_vb, stride_vh, stride_vn, stride_vd,
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -500,6 +502,7 @@ if triton is not None:
         t = rows % SQ
         h = kvh * GROUP + rows // SQ
         offs_d = tl.arange(0, HEAD_DIM)
+        pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
         q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
                  + offs_d[None, :] * stride_qd)
         q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
@@ -521,6 +524,7 @@ if triton is not None:
                                   (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
         out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
                                        BLOCK_M, BLOCK_N, HEAD_DIM)
+        pdl_launch(PDL)
         hq = HKV * GROUP
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
         tl.store(OP + (part * n_splits + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
@@ -533,7 +537,7 @@ if triton is not None:
         stride_ln, stride_lb, stride_lh, stride_ls,
         stride_xb, stride_xh, stride_xs, stride_xd,
         N, H, S, D,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
     ):
         """out = sum_i w_i o_i / sum_i w_i with w_i = exp(lse_i - max lse); LSE_OUT is (B, H, S) contiguous."""
         pid_s = tl.program_id(0)
@@ -546,6 +550,7 @@ if triton is not None:
         od_ok = s_ok[:, None] & (offs_d[None, :] < D)
         lse_ptr = LSE + b * stride_lb + h * stride_lh + offs_s * stride_ls
         o_ptr = O + b * stride_ob + h * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :] * stride_od
+        pdl_wait(PDL)  # the partials are the previous kernel's output
         m = tl.full([BLOCK_S], float("-inf"), tl.float32)
         p = lse_ptr
         for _ in range(N):  # pointers step shard by shard: no index product to overflow
@@ -564,6 +569,7 @@ if triton is not None:
         empty = den == 0.0
         out = acc / tl.where(empty, 1.0, den)[:, None]
         lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, den)))
+        pdl_launch(PDL)
         x_ptr = OUT + b * stride_xb + h * stride_xh + offs_s[:, None] * stride_xs + offs_d[None, :] * stride_xd
         tl.store(x_ptr, out.to(OUT.dtype.element_ty), mask=od_ok)
         tl.store(LSE_OUT + bh.to(tl.int64) * S + offs_s, lse, mask=s_ok)
@@ -615,8 +621,9 @@ def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None):
     return out, lse
 
 
-def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides):
-    """Merge n partials: o_strides = (shard, b, h, s, d), lse_strides = (shard, b, h, s)."""
+def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
+    """Merge n partials: o_strides = (shard, b, h, s, d), lse_strides = (shard, b, h, s); ``pdl``: as
+    pdl.pdl_launch_args takes it."""
     B, H, S, D = out.shape
     if out.numel() == 0:
         return
@@ -624,7 +631,8 @@ def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides):
     block_s = max(1, min(triton.next_power_of_2(S), max(1, 4096 // block_d)))
     grid = (triton.cdiv(S, block_s), B * H)
     _merge_kernel[grid](o, lse, out, lse_out, *o_strides, *lse_strides, *out.stride(), n, H, S, D,
-                        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4)
+                        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
+                        **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
 
 
 def _merge_forward(outs, lses):
@@ -665,7 +673,8 @@ def _decode_splits(q, k_cache, block_n: int) -> int:
     return max(1, min(want, most, 256))
 
 
-def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None):
+def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None,
+                    pdl: str = "off"):
     B, HQ, SQ, D = q.shape
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
     block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
@@ -685,11 +694,12 @@ def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, nu
         *q.stride(), *k_cache.stride(), *v_cache.stride(),
         HKV, group, SQ, SMAX, scale * _LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch_args(pdl, grid[0] * grid[1] * grid[2], q.device))
     po = part_o.stride()
     pl = part_lse.stride()
     _merge_launch(part_o, part_lse, out, lse, num_splits, (po[3], po[0], po[1], po[2], po[4]),
-                  (pl[3], pl[0], pl[1], pl[2]))
+                  (pl[3], pl[0], pl[1], pl[2]), pdl)
     return out, lse
 
 
@@ -711,15 +721,15 @@ def _(q, k, v, causal, scale, impl):
 
 @torch.library.custom_op("xelink::decode_attention", mutates_args=(),
                          schema="(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, bool causal, float scale, "
-                                "int num_splits, str impl) -> (Tensor, Tensor)")
-def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl):
+                                "int num_splits, str impl, str pdl) -> (Tensor, Tensor)")
+def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl):
     if impl == "reference":
         return reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale, return_lse=True)
-    return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits)
+    return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, pdl=pdl)
 
 
 @_decode_attention_op.register_fake
-def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl):
+def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl):
     B, H, S, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, S), dtype=torch.float32)
 
@@ -794,7 +804,7 @@ def merge_attention(outs, lses, impl="auto"):
 
 
 def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, num_splits=None,
-                     impl="auto"):
+                     impl="auto", pdl=None):
     """Attention of a few new query tokens over a long KV cache, split along the keys and then merged.
 
     Batch b attends to ``k_cache[b, :, :kv_lens[b]]``. The work is split into ``num_splits`` pieces of the
@@ -811,6 +821,8 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
         return_lse: also return the float32 LSE (B, Hq, Sq).
         num_splits: KV splits per (batch, KV head); None picks from the device size and Smax.
         impl: "auto", "triton"/"hopper" (the same portable split kernel) or "reference".
+        pdl: programmatic dependent launch of the split and merge kernels (pdl.py; CUDA sm90+): None
+            (on where it exists), True (the same, required), False, "early" or "late".
 
     Returns:
         out (B, Hq, Sq, D) in q's dtype, or (out, lse).
@@ -819,10 +831,12 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
     _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
     _check_flags(fn, causal, scale, return_lse, impl)
     path = _fit(resolve_impl(fn, impl, q.device), impl, q)
+    pdl = pdl_option(fn, pdl, path, q.device)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     if path == "reference":
         return reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale,
                                           return_lse=return_lse)
     _check_kernel_inputs(fn, path, q)
-    out, lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits or 0, path)
+    out, lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits or 0, path,
+                                                 pdl)
     return (out, lse) if return_lse else out

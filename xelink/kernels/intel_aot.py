@@ -124,7 +124,7 @@ def _decode(d=128, dtype="bfloat16"):
         q = _contiguous(B, HQ, SQ, d)
         kv = _contiguous(B, HKV, SMAX, d)
         return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), *q, *kv, *kv,
-                 HKV, HQ // HKV, SQ, SMAX, 0.127], dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False))
+                 HKV, HQ // HKV, SQ, SMAX, 0.127], dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, PDL=0))
     return args
 
 
@@ -134,7 +134,7 @@ def _merge(d=128):
         o = _contiguous(n, B, H, S, d)
         lse = _contiguous(n, B, H, S)
         return ([_t("float32"), _t("float32"), _t("bfloat16"), _t("float32"), *o, *lse, *_contiguous(B, H, S, d),
-                 n, H, S, d], dict(BLOCK_S=32, BLOCK_D=d))
+                 n, H, S, d], dict(BLOCK_S=32, BLOCK_D=d, PDL=0))
     return args
 
 

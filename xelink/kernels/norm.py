@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
-                   _sm_count, _triton_can_run, tl, triton)
-from .pdl import PDL_MODES, pdl_launch, pdl_wait
+from .gemm import (_check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton, _triton_can_run,
+                   tl, triton)
+from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
 
@@ -161,31 +161,6 @@ def _resolve(fn: str, impl: str, device: torch.device) -> str:
     return impl
 
 
-def _pdl_option(fn: str, pdl, impl: str, device: torch.device) -> str:
-    """Check the ``pdl`` argument before anything runs; returns "auto", "off", "early" or "late".
-    None: on where it exists (the Triton path on CUDA sm90+, not interpreted); True: the same, required;
-    "early" / "late": where the next kernel is let go (pdl.py), required; False: off."""
-    if not (pdl is None or isinstance(pdl, bool) or (isinstance(pdl, str) and pdl in ("early", "late"))):
-        raise ValueError(f"{fn}: pdl={pdl!r} must be None, True, False, 'early' or 'late'")
-    sm90 = impl == "triton" and not _interpreting() and (_capability(device) or (0, 0)) >= (9, 0)
-    if pdl is None or pdl is False:
-        return "auto" if pdl is None and sm90 else "off"
-    if not sm90:
-        raise ValueError(f"{fn}: pdl={pdl!r} needs impl='triton' on a CUDA GPU of compute capability >= 9.0 "
-                         f"(griddepcontrol), got impl={impl!r} on {device}")
-    return "auto" if pdl is True else pdl
-
-
-def _pdl_launch(option: str, programs: int, device: torch.device) -> dict:
-    """The kernel's PDL constexpr and launch option: "auto" lets the next kernel go early when the grid
-    fits on the GPU at once (decode: a few rows) and late otherwise, where early programs would crowd
-    the running grid (as the GEMV sweeps found, benchmarks/results/h200-kernels run 15)."""
-    if option == "auto":
-        option = "early" if programs <= _sm_count(device) else "late"
-    mode = PDL_MODES[False if option == "off" else option]
-    return dict(PDL=mode, launch_pdl=True) if mode else dict(PDL=0)
-
-
 def _rows(t: torch.Tensor) -> torch.Tensor:
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
@@ -208,7 +183,7 @@ def _rmsnorm_triton(x, w, eps: float, residual=None, pdl: str = "off"):
     warps = max(1, min(16, block // 512))
     _rmsnorm_kernel[(rows,)](x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
                              float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK_H=block,
-                             num_warps=warps, **_pdl_launch(pdl, rows, x.device))
+                             num_warps=warps, **pdl_launch_args(pdl, rows, x.device))
     return out if residual is None else (out, h)
 
 
@@ -284,7 +259,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
             raise TypeError(f"rmsnorm: residual.dtype={residual.dtype} != x.dtype={x.dtype}")
     _check_same_device(fn, x=x, w=w, residual=residual)
     impl = _resolve(fn, impl, x.device)
-    pdl = _pdl_option(fn, pdl, impl, x.device)
+    pdl = pdl_option(fn, pdl, impl, x.device)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_rmsnorm(x, w, float(eps), residual)
     w = w if w.stride(0) == 1 else w.contiguous()
@@ -328,7 +303,7 @@ def _rope_triton(q, k, cos, sin, pdl: str = "off"):
                        k.stride(0), k.stride(1), k.stride(2), cb, c.stride(2), sb, s.stride(2),
                        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
                        HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, HEADS=heads, num_warps=4,
-                       **_pdl_launch(pdl, grid[0] * grid[1] * grid[2], q.device))
+                       **pdl_launch_args(pdl, grid[0] * grid[1] * grid[2], q.device))
     return qo, ko
 
 
@@ -401,7 +376,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _check_cos_sin("sin", sin, B, S, D)
     _check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
     impl = _resolve(fn, impl, q.device)
-    pdl = _pdl_option(fn, pdl, impl, q.device)
+    pdl = pdl_option(fn, pdl, impl, q.device)
     if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
         return reference_rope(q, k, cos, sin)
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation

@@ -8,12 +8,18 @@ the previous kernel finished and its writes are visible) and lets the next kerne
 :func:`pdl_launch`, once its own main loop is done (mode 2, "late"); mode 0 compiles to nothing. Back
 to back, one kernel's launch and placement then overlap the other's tail. Both helpers are
 ``triton.jit`` functions, callable from Triton and Gluon kernels alike.
+
+The RMSNorm, RoPE and decode-attention functions take a ``pdl`` argument, checked by
+:func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; gemv has its own
+``PDL`` config key with a rule measured on its sweeps.
 """
 from __future__ import annotations
 
-from .gemm import tl, triton
+import torch
 
-__all__ = ["PDL_MODES", "pdl_launch", "pdl_wait"]
+from .gemm import _capability, _interpreting, _sm_count, tl, triton
+
+__all__ = ["PDL_MODES", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait"]
 
 PDL_MODES = {False: 0, "early": 1, "late": 2}  # config value -> the kernels' PDL constexpr
 
@@ -36,3 +42,30 @@ if triton is not None:
             tl.inline_asm_elementwise(_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 else:  # no Triton: the kernel modules import, their Triton paths refuse to run
     pdl_wait = pdl_launch = None
+
+
+def pdl_option(fn: str, pdl, impl: str, device: torch.device) -> str:
+    """Check a ``pdl`` argument before anything runs; returns "auto", "off", "early" or "late".
+    ``impl``: the path that will run ("triton" or "hopper": Triton kernels). None: on where it exists
+    (Triton kernels on CUDA sm90+, not interpreted); True: the same, required; "early" / "late": where
+    the next kernel is let go, required; False: off."""
+    if not (pdl is None or isinstance(pdl, bool) or (isinstance(pdl, str) and pdl in ("early", "late"))):
+        raise ValueError(f"{fn}: pdl={pdl!r} must be None, True, False, 'early' or 'late'")
+    sm90 = impl in ("triton", "hopper") and not _interpreting() and (_capability(device) or (0, 0)) >= (9, 0)
+    if pdl is None or pdl is False:
+        return "auto" if pdl is None and sm90 else "off"
+    if not sm90:
+        raise ValueError(f"{fn}: pdl={pdl!r} needs a Triton kernel on a CUDA GPU of compute capability >= 9.0 "
+                         f"(griddepcontrol), got impl={impl!r} on {device}")
+    return "auto" if pdl is True else pdl
+
+
+def pdl_launch_args(option: str, programs: int, device: torch.device) -> dict:
+    """A kernel's ``PDL`` constexpr and launch option for ``option`` (from :func:`pdl_option`): "auto"
+    lets the next kernel go early when the grid fits on the GPU at once (decode: a few rows) and late
+    otherwise, where early programs would crowd the running grid (the GEMV sweeps,
+    benchmarks/results/h200-kernels run 15)."""
+    if option == "auto":
+        option = "early" if programs <= _sm_count(device) else "late"
+    mode = PDL_MODES[False if option == "off" else option]
+    return dict(PDL=mode, launch_pdl=True) if mode else dict(PDL=0)
