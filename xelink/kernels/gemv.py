@@ -50,7 +50,7 @@ import torch
 
 from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
                    _sm_count, _triton_can_run, tl, triton)
-from .gemv_tc import TC_AVAILABLE, W8_PTX, gemv_tc, tc_config, w4_ptx
+from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, gemv_tc, tc_config, w4_ptx
 from .pdl import PDL_MODES, pdl_launch, pdl_wait
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -171,40 +171,37 @@ if triton is not None:
     # one lop3 ((a & b) | c) puts a nibble under the magic exponent (B + nibble exactly), and one packed
     # fma subtracts B + 8: 1.5 instructions a weight, exact.
     _W4_PTX = """{
-        .reg .b32 z, m, one, off, t01, t23, s01, s23;
+        .reg .b32 z, m, one, off, u0, u1, u2, u3;
         mov.b32 z, 0;
         mov.b32 m, MAGIC2;
         mov.b32 one, ONE2;
         mov.b32 off, OFF2;
-        prmt.b32 t01, $4, z, 0x4140;
-        prmt.b32 t23, $4, z, 0x4342;
-        shr.b32 s01, t01, 4;
-        shr.b32 s23, t23, 4;
-        lop3.b32 t01, t01, 0x000F000F, m, 0xEA;
-        lop3.b32 t23, t23, 0x000F000F, m, 0xEA;
-        lop3.b32 s01, s01, 0x000F000F, m, 0xEA;
-        lop3.b32 s23, s23, 0x000F000F, m, 0xEA;
+        prmt.b32 u0, $4, z, 0x4140;
+        prmt.b32 u1, $4, z, 0x4342;
+        shr.b32 u2, u0, 4;
+        shr.b32 u3, u1, 4;
+        lop3.b32 u0, u0, 0x000F000F, m, 0xEA;
+        lop3.b32 u1, u1, 0x000F000F, m, 0xEA;
+        lop3.b32 u2, u2, 0x000F000F, m, 0xEA;
+        lop3.b32 u3, u3, 0x000F000F, m, 0xEA;
         FINISH
     }"""
-    _W4_EXACT = """fma.rn.TY $0, t01, one, off;
-        fma.rn.TY $1, t23, one, off;
-        fma.rn.TY $2, s01, one, off;
-        fma.rn.TY $3, s23, one, off;"""
-    # The same with the scale applied: (nibble - 8) exactly, then one packed multiply by the scale pair
-    # ($5, $6: the group's scale twice), rounded once: 2 instructions a weight.
-    _W4_SCALED = """fma.rn.TY t01, t01, one, off;
-        mul.rn.TY $0, t01, $5;
-        fma.rn.TY t23, t23, one, off;
-        mul.rn.TY $1, t23, $6;
-        fma.rn.TY s01, s01, one, off;
-        mul.rn.TY $2, s01, $5;
-        fma.rn.TY s23, s23, one, off;
-        mul.rn.TY $3, s23, $6;"""
+    # u0 / u1: the low nibbles of bytes 0, 1 / 2, 3; u2 / u3: their high nibbles. Exact finish:
+    # gemv_tc.W4_EXACT. The same with the scale applied: (nibble - 8) exactly, then one packed multiply
+    # by the scale pair ($5, $6: the group's scale twice), rounded once: 2 instructions a weight.
+    _W4_SCALED = """fma.rn.TY u0, u0, one, off;
+        mul.rn.TY $0, u0, $5;
+        fma.rn.TY u1, u1, one, off;
+        mul.rn.TY $1, u1, $6;
+        fma.rn.TY u2, u2, one, off;
+        mul.rn.TY $2, u2, $5;
+        fma.rn.TY u3, u3, one, off;
+        mul.rn.TY $3, u3, $6;"""
 
     def _w4_ptx(finish: str, ty: str):
         return tl.constexpr(w4_ptx(_W4_PTX, finish, ty))
 
-    _W4_PTX_BF16, _W4_PTX_FP16 = _w4_ptx(_W4_EXACT, "bf16"), _w4_ptx(_W4_EXACT, "fp16")
+    _W4_PTX_BF16, _W4_PTX_FP16 = _w4_ptx(W4_EXACT, "bf16"), _w4_ptx(W4_EXACT, "fp16")
     _W4S_PTX_BF16, _W4S_PTX_FP16 = _w4_ptx(_W4_SCALED, "bf16"), _w4_ptx(_W4_SCALED, "fp16")
     # W8 to bf16 / fp16, exact (gemv_tc.W8_PTX).
     _W8_PTX_BF16, _W8_PTX_FP16 = tl.constexpr(W8_PTX["bf16"]), tl.constexpr(W8_PTX["fp16"])

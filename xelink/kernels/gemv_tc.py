@@ -86,6 +86,15 @@ W4_MAGIC = {"bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
             "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2")}
 
 
+# The exact finish of the W4 dequantizers (gemv.py's and this module's): each template leaves its four
+# packed pairs B + nibble in u0..u3 (in its kernel's weight order) and one = 1.0, off = -(B + 8) in
+# registers; one packed fma a pair gives nibble - 8 exactly.
+W4_EXACT = """fma.rn.TY $0, u0, one, off;
+        fma.rn.TY $1, u1, one, off;
+        fma.rn.TY $2, u2, one, off;
+        fma.rn.TY $3, u3, one, off;"""
+
+
 def w4_ptx(template: str, finish: str, ty: str) -> str:
     """A W4 dequantizer template (placeholders FINISH, MAGIC2, ONE2, OFF2, TY) filled for activation
     dtype ``ty`` ("bf16" or "fp16") with the ``finish`` lines."""
@@ -136,19 +145,15 @@ if gluon is not None:
     # Four bytes in, their eight weights out as (low, high) nibble pairs of each byte, in order: the
     # first output holds weights 0-3 of the word, the second 4-7. prmt copies byte j into the low half
     # and byte j of (word >> 4) into the high half; lop3 keeps the two nibbles under the 16-bit float
-    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly. Exact finish: fma
-    # subtracts B + 8. Biased finish (bf16): B + nibble as is, the offset removed in the mma.
-    _W4_EXACT = """fma.rn.TY $0, u0, one, off;
-        fma.rn.TY $1, u1, one, off;
-        fma.rn.TY $2, u2, one, off;
-        fma.rn.TY $3, u3, one, off;"""
+    # B (bf16 128 = 0x4300, fp16 1024 = 0x6400), which is then B + nibble exactly. Exact finish
+    # (W4_EXACT): fma subtracts B + 8. Biased finish (bf16): B + nibble as is, the offset removed in the mma.
     _W4_BIASED = """mov.b32 $0, u0;
         mov.b32 $1, u1;
         mov.b32 $2, u2;
         mov.b32 $3, u3;"""
 
-    _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (gl.constexpr(w4_ptx(_W4_PAIRS, _W4_EXACT, "bf16")),
-                                           gl.constexpr(w4_ptx(_W4_PAIRS, _W4_EXACT, "fp16")),
+    _W4_BF16, _W4_FP16, _W4_BF16_BIASED = (gl.constexpr(w4_ptx(_W4_PAIRS, W4_EXACT, "bf16")),
+                                           gl.constexpr(w4_ptx(_W4_PAIRS, W4_EXACT, "fp16")),
                                            gl.constexpr(w4_ptx(_W4_PAIRS, _W4_BIASED, "bf16")))
     _W8_BF16, _W8_FP16 = gl.constexpr(W8_PTX["bf16"]), gl.constexpr(W8_PTX["fp16"])
     @gluon.jit
