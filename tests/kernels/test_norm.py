@@ -213,4 +213,3 @@ def test_gpu_auto_graph_and_compile(requires_gpus):
     compiled = torch.compile(lambda a, r: rmsnorm(a, w, 1e-6, residual=r), fullgraph=True, backend="aot_eager")
     out, h = compiled(x, x)
     assert _rel(out, _rms64(h, w, 1e-6)) < TOL[torch.bfloat16]
-
