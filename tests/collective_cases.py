@@ -145,3 +145,134 @@ def run_rooted(comm, dtypes=DTYPES):
             outs = [torch.empty(2, dtype=dtype) for _ in range(n)]
             xelink.all_gather(outs, torch.full((2,), r, dtype=torch.int64).to(dtype), group=comm)
             assert_same(torch.stack(outs), torch.arange(n).repeat_interleave(2).view(n, 2).to(dtype), "all_gather list")
+
+
+# -- back-to-back calls, the way real jobs make them -------------------------------------------------
+
+# Element counts a sequence draws from: empty, tiny, odd, the parameter sizes of a small MLP (64x32,
+# 64, 10x64, 10), and a few larger ones, so that consecutive calls differ in size by up to 3000x.
+SEQUENCE_COUNTS = (0, 1, 3, 10, 17, 64, 640, 1009, 2048, 4099, 32773)
+SEQUENCE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtypes=DTYPES, device="cpu",
+                 delay=None, symmetric=None, what="sequence"):
+    """``steps`` back-to-back collectives drawn at random, every result checked element by element.
+
+    Every rank draws the same sequence (op, count, dtype, reduction, algorithm, sync or async) from
+    ``seed``; each rank also draws its own delays (``delay(seconds)`` before about a third of the calls:
+    a sleep on the host, or one on the GPU stream), so ranks arrive at each call in a different order.
+    Up to three asynchronous calls are in flight before their handles are waited on and checked.
+
+    Args:
+        algos: op -> algorithm names to draw from (besides "auto").
+        symmetric: ``symmetric(nbytes) -> uint8 tensor`` of peer memory (``xelink.empty``) to place the
+            inputs of about half the calls in (GPU), never one of the last four it handed out (up to
+            three calls are in flight, and their checks read their buffers later); None: ordinary tensors.
+    """
+    import random
+
+    n, r = comm.size, comm.rank
+    draw, late = random.Random(seed), random.Random(seed * 7919 + r)
+    pending = []
+
+    def flush():
+        for work, check in pending:
+            work.wait()
+            check()
+        pending.clear()
+
+    def place(t):
+        if symmetric is None or t.numel() == 0 or draw.random() < 0.5:
+            return t.to(device)
+        buf = symmetric(t.numel() * t.element_size())[: t.numel() * t.element_size()].view(t.dtype)
+        buf.copy_(t)
+        return buf
+
+    for case in range(seed * 1000, seed * 1000 + steps):
+        name, count, dtype = draw.choice(ops), draw.choice(SEQUENCE_COUNTS), draw.choice(dtypes)
+        algo = draw.choice(("auto",) + tuple(algos.get(name, ())))
+        rop = draw.choice([o for o in OPS if o != "avg" or dtype.is_floating_point])
+        async_op = draw.random() < 0.25
+        label = f"{what} call {case - seed * 1000}: {name} algo={algo} op={rop} {dtype} count={count}"
+        if late.random() < 0.35 and delay is not None:
+            delay(late.uniform(0, 0.003))
+        if name == "all_reduce":
+            x = place(data(r, case, count, dtype, rop))
+            work = xelink.all_reduce(x, op=rop, group=comm, algo=algo, async_op=async_op)
+            want = expected_reduce(n, case, count, dtype, rop)
+            check = lambda x=x, want=want, label=label: assert_same(x.cpu(), want, label)  # noqa: E731
+        elif name == "all_gather":
+            out = torch.full((n * count,), 99, dtype=dtype, device=device)
+            work = xelink.all_gather_into_tensor(out, place(data(r, case, count, dtype)), group=comm, algo=algo,
+                                                 async_op=async_op)
+            want = torch.cat([data(p, case, count, dtype) for p in range(n)])
+            check = lambda out=out, want=want, label=label: assert_same(out.cpu(), want, label)  # noqa: E731
+        elif name == "reduce_scatter":
+            out = torch.full((count,), 99, dtype=dtype, device=device)
+            work = xelink.reduce_scatter_tensor(out, place(data(r, case, n * count, dtype, rop)), op=rop,
+                                                group=comm, algo=algo, async_op=async_op)
+            want = expected_reduce(n, case, n * count, dtype, rop)[r * count:(r + 1) * count]
+            check = lambda out=out, want=want, label=label: assert_same(out.cpu(), want, label)  # noqa: E731
+        elif name == "all_to_all":
+            out = torch.full((n * count,), 99, dtype=dtype, device=device)
+            work = xelink.all_to_all_single(out, place(data(r, case, n * count, dtype)), group=comm, algo=algo,
+                                            async_op=async_op)
+            want = torch.cat([data(p, case, n * count, dtype)[r * count:(r + 1) * count] for p in range(n)])
+            check = lambda out=out, want=want, label=label: assert_same(out.cpu(), want, label)  # noqa: E731
+        else:
+            root = draw.randrange(n)
+            x = data(r, case, count, dtype).to(device)
+            work = xelink.broadcast(x, src=root, group=comm, async_op=async_op)
+            want = data(root, case, count, dtype)
+            check = lambda x=x, want=want, label=label: assert_same(x.cpu(), want, label)  # noqa: E731
+        if async_op:
+            pending.append((work, check))
+            if len(pending) == 3 or draw.random() < 0.3:
+                flush()
+        else:
+            check()
+    flush()
+
+
+# -- a real client: data-parallel training ----------------------------------------------------------
+
+def train_mlp(steps, *, all_reduce=None, rank=0, size=1, device="cpu", seed=0):
+    """SGD on a small MLP (32 -> 64 -> 10) for ``steps`` steps, float32; returns its parameters.
+
+    With ``all_reduce(grad)`` (averaging over ``size`` ranks) rank ``rank`` trains on its
+    1/size of every batch, data-parallel; without, one process trains on whole batches. The two give
+    the same weights up to summation order.
+    """
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 10))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    batch = 60  # divisible by 1..6 ranks
+    for _ in range(steps):
+        x = torch.randn(batch, 32, generator=g)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        rows = slice(rank * batch // size, (rank + 1) * batch // size)
+        loss = torch.nn.functional.cross_entropy(model(x[rows].to(device)), y[rows].to(device))
+        opt.zero_grad()
+        loss.backward()
+        if all_reduce is not None:
+            for p in model.parameters():
+                all_reduce(p.grad)
+        opt.step()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def compare_training(comm, algos, *, device="cpu", steps=30, tol=1e-5):
+    """Data-parallel training with ``xelink.all_reduce(grad, op="avg", algo=a)`` for each ``a`` gives
+    the weights of one process trained on the whole batches."""
+    want = train_mlp(steps, device=device)
+    for algo in algos:
+        got = train_mlp(steps, rank=comm.rank, size=comm.size, device=device,
+                        all_reduce=lambda t: xelink.all_reduce(t, op="avg", group=comm, algo=algo))
+        err = max(float((a - b).abs().max()) for a, b in zip(got, want))
+        assert err <= tol, f"data-parallel training with algo={algo!r} on {comm.size} ranks: weights differ " \
+                           f"from one process's by {err:.3g} (> {tol:g})"

@@ -28,7 +28,7 @@ class RanksModule(pytest.File):
         env = getattr(module, "ENV", None)
         for launcher in launchers:
             for n in sizes:
-                for name in ranks.check_names(module):
+                for name in ranks.check_names(module, launcher, n):
                     item = RanksItem.from_parent(self, name=f"{name}[{launcher}-{n}]", check=name,
                                                  launcher=launcher, n=n, timeout=timeout, gpus=gpus, env=env)
                     if gpus:

@@ -10,7 +10,10 @@ Each rank writes its results after every check (``<out>/rank<r>.json``), so a ra
 hangs still leaves what it finished, and ``progress`` says where it stopped. A launch that outlives
 its timeout is killed, process group and all.
 
-This file is also the per-rank runner: ``python tests/ranks.py <module.py> <outdir>``.
+A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
+and world sizes.
+
+This file is also the per-rank runner: ``python tests/ranks.py <module.py> <outdir> <launcher>``.
 """
 from __future__ import annotations
 
@@ -42,10 +45,26 @@ def load_module(path: Path):
     return module
 
 
-def check_names(module) -> list[str]:
-    """The ``check_*`` functions of a module, in definition order."""
-    funcs = [(f.__code__.co_firstlineno, n) for n, f in vars(module).items() if n.startswith("check_") and callable(f)]
-    return [n for _, n in sorted(funcs)]
+def only(*, launchers=None, sizes=None):
+    """Decorator: run this check only under these launchers ("mpi", "torchrun") and world sizes.
+
+    The check is then neither collected nor run elsewhere (it does not show up as a skip), e.g. one
+    that exercises MPI shared memory, which torchrun's transport does not have.
+    """
+    def mark(fn):
+        fn.launchers, fn.sizes = launchers, sizes
+        return fn
+    return mark
+
+
+def check_names(module, launcher: str | None = None, n: int | None = None) -> list[str]:
+    """The ``check_*`` functions of a module, in definition order (those that run under ``launcher``
+    at ``n`` ranks, when given)."""
+    funcs = [(f.__code__.co_firstlineno, name) for name, f in vars(module).items()
+             if name.startswith("check_") and callable(f)
+             and (launcher is None or getattr(f, "launchers", None) is None or launcher in f.launchers)
+             and (n is None or getattr(f, "sizes", None) is None or n in f.sizes)]
+    return [name for _, name in sorted(funcs)]
 
 
 def mpiexec() -> str | None:
@@ -55,7 +74,7 @@ def mpiexec() -> str | None:
 
 
 def launch_command(launcher: str, n: int, module: Path, outdir: Path) -> list[str]:
-    runner = [str(Path(__file__).resolve()), str(module), str(outdir)]
+    runner = [str(Path(__file__).resolve()), str(module), str(outdir), launcher]
     if launcher == "mpi":
         exe = mpiexec()
         if exe is None:
@@ -131,7 +150,7 @@ def explain(result: LaunchResult, name: str) -> str | None:
     return "\n".join(problems) + f"\n---- output of the launch (tail) ----\n{result.tail()}"
 
 
-def _run_rank(module_path: str, outdir: str) -> int:
+def _run_rank(module_path: str, outdir: str, launcher: str) -> int:
     """Per rank: init xelink, run every check, record each result as it finishes."""
     import xelink
 
@@ -146,7 +165,7 @@ def _run_rank(module_path: str, outdir: str) -> int:
         tmp.replace(out)
 
     failed = False
-    for name in check_names(module):
+    for name in check_names(module, launcher, world.size):
         record["progress"] = name
         save()
         try:
@@ -164,4 +183,4 @@ def _run_rank(module_path: str, outdir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_run_rank(sys.argv[1], sys.argv[2]))
+    sys.exit(_run_rank(sys.argv[1], sys.argv[2], sys.argv[3]))

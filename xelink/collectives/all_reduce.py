@@ -130,7 +130,7 @@ def _direct_peer_memory(comm, x, op, deadline):
     comm._peer_calls = calls + 1
     offset = (calls % 2) * slot
     win.torch_view(win.node_rank, x.dtype, x.numel(), offset).copy_(x.view(-1))
-    win.counters.barrier(deadline, "all_reduce")
+    win.barrier(deadline, "all_reduce")
     acc = win.torch_view(0, x.dtype, x.numel(), offset).to(work_dtype(x.dtype), copy=True)
     for p in range(1, n):
         combine(acc, win.torch_view(p, x.dtype, x.numel(), offset), op)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import weakref
 from typing import Iterable
 
@@ -114,6 +115,25 @@ def _as_deadline(fn: str, deadline, comm) -> Deadline | None:
     if deadline is None or isinstance(deadline, Deadline):
         return deadline
     return comm.deadline(deadline, fn)
+
+
+def _read_delay(comm) -> float:
+    """Seconds this rank sleeps after each ``PeerWindow.barrier`` (test hook, 0 unless asked for).
+
+    ``XELINK_TEST_READ_DELAY="<world rank>[,<world rank>...]:<seconds>"`` makes the named ranks late
+    readers: they leave the barrier, sleep, then read their peers' segments. Tests use it to make a
+    slot-reuse race happen on every run instead of now and then. Read when a window is made.
+    """
+    spec = os.environ.get("XELINK_TEST_READ_DELAY", "")
+    if not spec:
+        return 0.0
+    try:
+        ranks, seconds = spec.split(":")
+        late = {int(r) for r in ranks.split(",")}
+        delay = float(seconds)
+    except ValueError:
+        raise ValueError(f"XELINK_TEST_READ_DELAY={spec!r} is not '<rank>[,<rank>...]:<seconds>'") from None
+    return delay if comm.world_ranks[comm.rank] in late else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -569,6 +589,7 @@ class PeerWindow(_OnNode):
         self.generation = 0
         self._win, self._segs = _allocate(self._node, self.capacity)
         self.counters._guard([self.counters._win, self._win])
+        self.read_delay = _read_delay(comm)
         _register(comm, self)
 
     @property
@@ -654,6 +675,8 @@ class PeerWindow(_OnNode):
     def barrier(self, deadline=None, what: str = "PeerWindow.barrier") -> None:
         """``counters.barrier``: after it, every node rank's stores before it are visible to all."""
         self.counters.barrier(deadline, what)
+        if self.read_delay:
+            time.sleep(self.read_delay)
 
     # -- growth and release ------------------------------------------------------------------------
     def ensure(self, nbytes: int, timeout=None) -> bool:

@@ -1,0 +1,94 @@
+"""Buffers reused across calls: back-to-back calls that change op, size, dtype and algorithm, late
+ranks, a data-parallel training client, and a stalled rank that every rank's error names."""
+import os
+import time
+
+import pytest
+import torch
+
+import xelink
+from collective_cases import assert_same, compare_training, expected_reduce, data, run_sequence
+from ranks import only
+from xelink.collectives import ALGORITHMS
+
+WORLD_SIZES = (2, 3, 4, 5)
+LAUNCHERS = ("mpi", "torchrun")
+LAUNCH_TIMEOUT = 400
+
+# The parameter shapes of train_mlp's model, in the order its gradients are all-reduced.
+MLP_SHAPES = ((64, 32), (64,), (10, 64), (10,))
+
+
+def _two_packages(world):
+    """A copy of the world split into two packages (uneven at odd sizes), so hierarchical/topo layer."""
+    comm = world.split(0)
+    half = (world.size + 1) // 2
+    comm.packages = [list(range(half)), list(range(half, world.size))]
+    return comm
+
+
+@only(launchers=("mpi",))
+def check_late_reader_of_direct_all_reduce(world):
+    """One rank leaves the peer-memory barrier late (test hook): its peers' next, smaller call must
+    not overwrite what it has yet to read. Sizes alternate like a model's gradients; one extra call
+    halfway through puts every size on the other slot parity too."""
+    comm = world.split(0)
+    os.environ["XELINK_TEST_READ_DELAY"] = "1:0.01"
+    try:
+        case = 0
+        for rep in range(4):
+            for shape in (((1,),) if rep == 2 else ()) + MLP_SHAPES:
+                case += 1
+                count = torch.Size(shape).numel()
+                x = data(comm.rank, case, count, torch.float32).view(shape)
+                # The first call makes comm's peer window, which reads the hook.
+                xelink.all_reduce(x, op="avg", group=comm, algo="direct")
+                assert_same(x.view(-1), expected_reduce(comm.size, case, count, torch.float32, "avg"),
+                            f"direct all_reduce avg {shape}, call {case}, rank 1 reading late")
+    finally:
+        del os.environ["XELINK_TEST_READ_DELAY"]
+    comm.free()
+
+
+def check_back_to_back_calls(world):
+    """The same random sequence of calls on every rank, random per-rank delays, every result checked."""
+    run_sequence(world, 150, seed=1, delay=time.sleep, what="flat")
+    comm = _two_packages(world)
+    run_sequence(comm, 100, seed=2, delay=time.sleep, what=f"packages {comm.packages}")
+    comm.free()
+
+
+def check_data_parallel_training(world):
+    """Averaged gradients give one process's weights, with algo auto and with each algorithm named."""
+    compare_training(world, ("auto",) + ALGORITHMS["all_reduce"])
+    comm = _two_packages(world)
+    compare_training(comm, ("auto", "hierarchical"), steps=10)
+    comm.free()
+
+
+@only(launchers=("mpi",))
+def check_stalled_rank_is_named_by_every_rank(world):
+    """Rank 1 stops (here: sleeps past the deadline) before a ring all-reduce. Ranks that wait on a
+    neighbour name rank 1 as the rank furthest behind; so does rank 1 itself when it arrives late."""
+    comm = world.split(0)
+    xelink.all_reduce(torch.ones(4), group=comm)  # the progress board is made by the first collective
+    if comm.rank == 1:
+        time.sleep(1.6)
+    with pytest.raises(xelink.TimeoutError) as info:
+        xelink.all_reduce(torch.ones(1000), group=comm, algo="ring", timeout=1.0)
+    err = info.value
+    assert err.behind == [1], f"rank {comm.rank}: {err} (behind={err.behind}, missing={err.missing})"
+    assert "furthest behind: rank(s) 1" in str(err), str(err)
+    comm.free()
+    world.barrier()
+
+
+def check_send_to_self_is_refused(world):
+    x = torch.zeros(3)
+    for call, name, peer in ((xelink.send, "send", "dst"), (xelink.isend, "isend", "dst"),
+                             (xelink.recv, "recv", "src"), (xelink.irecv, "irecv", "src")):
+        with pytest.raises(ValueError, match=rf"{name}: {peer}={world.rank} is this rank itself"):
+            call(x, world.rank)
+    with pytest.raises(ValueError, match=rf"isend: dst={world.rank} is this rank itself"):
+        xelink.batch_isend_irecv([xelink.P2POp(xelink.isend, x, world.rank)])
+    world.barrier()
