@@ -156,7 +156,7 @@ SEQUENCE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "bro
 
 
 def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtypes=DTYPES, device="cpu",
-                 delay=None, symmetric=None, what="sequence"):
+                 delay=None, symmetric=None, symmetric_only=(("all_reduce", "copy_engine"),), what="sequence"):
     """``steps`` back-to-back collectives drawn at random, every result checked element by element.
 
     Every rank draws the same sequence (op, count, dtype, reduction, algorithm, sync or async) from
@@ -169,6 +169,7 @@ def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtype
         symmetric: ``symmetric(nbytes) -> uint8 tensor`` of peer memory (``xelink.empty``) to place the
             inputs of about half the calls in (GPU), never one of the last four it handed out (up to
             three calls are in flight, and their checks read their buffers later); None: ordinary tensors.
+        symmetric_only: (op, algo) pairs whose input must be symmetric (with ``symmetric``).
     """
     import random
 
@@ -182,8 +183,8 @@ def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtype
             check()
         pending.clear()
 
-    def place(t):
-        if symmetric is None or t.numel() == 0 or draw.random() < 0.5:
+    def place(t, must=False):
+        if symmetric is None or t.numel() == 0 or (not must and draw.random() < 0.5):
             return t.to(device)
         buf = symmetric(t.numel() * t.element_size())[: t.numel() * t.element_size()].view(t.dtype)
         buf.copy_(t)
@@ -194,11 +195,14 @@ def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtype
         algo = draw.choice(("auto",) + tuple(algos.get(name, ())))
         rop = draw.choice([o for o in OPS if o != "avg" or dtype.is_floating_point])
         async_op = draw.random() < 0.25
+        if symmetric is None and (name, algo) in symmetric_only:
+            algo = "auto"
+        must = (name, algo) in symmetric_only
         label = f"{what} call {case - seed * 1000}: {name} algo={algo} op={rop} {dtype} count={count}"
         if late.random() < 0.35 and delay is not None:
             delay(late.uniform(0, 0.003))
         if name == "all_reduce":
-            x = place(data(r, case, count, dtype, rop))
+            x = place(data(r, case, count, dtype, rop), must)
             work = xelink.all_reduce(x, op=rop, group=comm, algo=algo, async_op=async_op)
             want = expected_reduce(n, case, count, dtype, rop)
             check = lambda x=x, want=want, label=label: assert_same(x.cpu(), want, label)  # noqa: E731
@@ -250,20 +254,24 @@ def train_mlp(steps, *, all_reduce=None, rank=0, size=1, device="cpu", seed=0):
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     model.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    params = list(model.parameters())
+    velocity = [torch.zeros_like(p) for p in params]
     batch = 60  # divisible by 1..6 ranks
     for _ in range(steps):
         x = torch.randn(batch, 32, generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
         rows = slice(rank * batch // size, (rank + 1) * batch // size)
         loss = torch.nn.functional.cross_entropy(model(x[rows].to(device)), y[rows].to(device))
-        opt.zero_grad()
+        for p in params:
+            p.grad = None
         loss.backward()
-        if all_reduce is not None:
-            for p in model.parameters():
-                all_reduce(p.grad)
-        opt.step()
-    return [p.detach().cpu() for p in model.parameters()]
+        with torch.no_grad():
+            for p, v in zip(params, velocity):
+                if all_reduce is not None:
+                    all_reduce(p.grad)
+                v.mul_(0.9).add_(p.grad)  # SGD with momentum (torch.optim's first use costs a second)
+                p.sub_(0.2 * v)
+    return [p.detach().cpu() for p in params]
 
 
 def compare_training(comm, algos, *, device="cpu", steps=30, tol=1e-5):

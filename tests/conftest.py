@@ -51,6 +51,9 @@ class RanksItem(pytest.Item):
         why = ranks.explain(_launches[key], self.check)
         if why is not None:
             raise RanksFailure(why)
+        why = ranks.skipped(_launches[key], self.check)
+        if why is not None:
+            pytest.skip(why)
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, RanksFailure):

@@ -11,7 +11,8 @@ hangs still leaves what it finished, and ``progress`` says where it stopped. A l
 its timeout is killed, process group and all.
 
 A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
-and world sizes.
+and world sizes; a check that calls ``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot
+run on this machine) is reported skipped with that reason.
 
 This file is also the per-rank runner: ``python tests/ranks.py <module.py> <outdir> <launcher>``.
 """
@@ -150,6 +151,21 @@ def explain(result: LaunchResult, name: str) -> str | None:
     return "\n".join(problems) + f"\n---- output of the launch (tail) ----\n{result.tail()}"
 
 
+def skipped(result: LaunchResult, name: str) -> str | None:
+    """The reason check ``name`` skipped itself (``pytest.skip``) on some rank, if it did and passed."""
+    for r in range(result.n):
+        why = result.results.get(r, {}).get(name, {}).get("skipped")
+        if why:
+            return f"rank {r}: {why}"
+    return None
+
+
+def _skipped():
+    import pytest
+
+    return pytest.skip.Exception
+
+
 def _run_rank(module_path: str, outdir: str, launcher: str) -> int:
     """Per rank: init xelink, run every check, record each result as it finishes."""
     import xelink
@@ -171,6 +187,8 @@ def _run_rank(module_path: str, outdir: str, launcher: str) -> int:
         try:
             getattr(module, name)(world)
             record["results"][name] = {"ok": True, "error": ""}
+        except _skipped() as exc:  # pytest.skip("why") inside a check: the item is reported skipped
+            record["results"][name] = {"ok": True, "error": "", "skipped": str(exc) or "skipped"}
         except BaseException:  # noqa: BLE001 - a failing check is recorded, then the next one runs
             failed = True
             record["results"][name] = {"ok": False, "error": traceback.format_exc()}

@@ -10,7 +10,10 @@ DATA = Path(__file__).parent / "data"
 def test_failing_rank_and_hung_rank_are_reported():
     result = ranks.launch(DATA / "bad_checks.py", 2, "mpi", timeout=25)
     assert result.timed_out and 25 <= result.seconds < 40
-    assert ranks.explain(result, "check_passes") is None
+    assert ranks.explain(result, "check_passes") is None and ranks.skipped(result, "check_passes") is None
+    assert ranks.explain(result, "check_skips_on_rank_0") is None
+    assert ranks.skipped(result, "check_skips_on_rank_0") == "rank 0: nothing to compare against here"
+    assert not any("check_only_at_three_ranks" in r for r in result.results.values())  # not run at 2 ranks
     why = ranks.explain(result, "check_fails_on_rank_1")
     assert "rank 1:" in why and "AssertionError: rank 1 disagrees" in why and "rank 0:" not in why
     why = ranks.explain(result, "check_hangs_on_rank_1")
@@ -29,12 +32,14 @@ def test_crashed_rank_fails_the_launch():
 
 def test_check_names_in_definition_order():
     module = ranks.load_module(DATA / "bad_checks.py")
-    assert ranks.check_names(module) == ["check_passes", "check_fails_on_rank_1", "check_hangs_on_rank_1",
-                                         "check_never_reached"]
+    assert ranks.check_names(module) == ["check_passes", "check_skips_on_rank_0", "check_only_at_three_ranks",
+                                         "check_fails_on_rank_1", "check_hangs_on_rank_1", "check_never_reached"]
+    assert ranks.check_names(module, "mpi", 2) == ["check_passes", "check_skips_on_rank_0", "check_fails_on_rank_1",
+                                                   "check_hangs_on_rank_1", "check_never_reached"]
 
 
 def test_launch_commands():
     mpi = ranks.launch_command("mpi", 4, Path("m.py"), Path("/o"))
-    assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-2:] == ["m.py", "/o"]
+    assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-3:] == ["m.py", "/o", "mpi"]
     tr = ranks.launch_command("torchrun", 2, Path("m.py"), Path("/o"))
     assert tr[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--nproc-per-node=2" in tr

@@ -6,6 +6,7 @@ make sub-communicators; ``process_group()`` bridges to torch.distributed. Every 
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Sequence
 
 from .errors import TimeoutError, XelinkError
@@ -38,9 +39,14 @@ class Communicator:
     """
 
     def __init__(self, transport: Transport, *, name: str, world_ranks: Sequence[int], hosts: Sequence[str],
-                 device, timeout: float, launch, topology=None, world_placement=None):
+                 device, timeout: float, launch, topology=None, world_placement=None, board=None):
         self.transport = transport
         self.name = name  # unique in the job and equal on every member: "w", "w.1c0", ...
+        # The world's progress board (shm.ProgressBoard, on one host under MPI; else None): collectives
+        # post (board_id, calls) to it as they start, so a timeout can name the ranks furthest behind.
+        self.board = board
+        self.board_id = zlib.crc32(name.encode())
+        self.calls = 0  # collectives entered on this communicator
         self._splits = 0
         self.rank, self.size = transport.rank, transport.size
         self.world_ranks = list(world_ranks)
@@ -129,7 +135,7 @@ class Communicator:
             return self._live(fn).exchange(obj, deadline, fn)
         except TimeoutError as exc:
             self._broken = exc
-            raise
+            raise exc.restate(group=exc.group or self)
 
     def deadline(self, timeout=None, fn: str = "wait") -> Deadline:
         """A deadline ``timeout`` seconds from now (the communicator's default when None)."""
@@ -179,7 +185,7 @@ class Communicator:
                             world_ranks=[self.world_ranks[r] for r in members],
                             hosts=[self.hosts[r] for r in members], device=self.device,
                             timeout=self.timeout, launch=self.launch, topology=self.topology,
-                            world_placement=self.world_placement)
+                            world_placement=self.world_placement, board=self.board)
 
     # -- torch.distributed bridge -------------------------------------------------------------
     def process_group(self):

@@ -21,17 +21,44 @@ class TimeoutError(XelinkError, builtins.TimeoutError):
         what: the operation that waited (e.g. ``"barrier"``).
         missing: the ranks (of the communicator that waited) that did not arrive, when known.
         timeout: the deadline in seconds.
+        behind: the ranks holding the others up, when known: on one host, the ranks furthest behind in
+            the sequence of collectives (a stalled rank, which a ring's ranks see only through the
+            neighbour that stopped forwarding), else empty.
+        group: the communicator whose ranks ``missing`` and ``behind`` name (None: not recorded).
     """
 
-    def __init__(self, what: str, missing, timeout: float, detail: str = ""):
+    def __init__(self, what: str, missing, timeout: float, detail: str = "", group=None):
         self.what = what
-        self.missing = sorted(missing)
         self.timeout = timeout
+        self.group = group
+        self._detail = detail
+        self.behind: list[int] = []
+        self._behind_detail = ""
+        self.missing = sorted(missing)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
         ranks = ", ".join(map(str, self.missing)) if self.missing else "unknown"
-        msg = f"{what}: timed out after {timeout:g} s waiting for rank(s) {ranks}"
-        if detail:
-            msg += f" ({detail})"
-        super().__init__(msg)
+        msg = f"{self.what}: timed out after {self.timeout:g} s waiting for rank(s) {ranks}"
+        if self._detail:
+            msg += f" ({self._detail})"
+        if self.behind:
+            msg += f"; furthest behind: rank(s) {', '.join(map(str, self.behind))}"
+            if self._behind_detail:
+                msg += f" ({self._behind_detail})"
+        return msg
+
+    def restate(self, *, missing=None, behind=None, behind_detail: str = "", group=None) -> "TimeoutError":
+        """Name other ranks (e.g. those of the communicator the user called instead of a sub-group's,
+        and the ranks furthest behind); the message follows. Returns ``self``."""
+        if missing is not None:
+            self.missing = sorted(missing)
+        if behind is not None:
+            self.behind, self._behind_detail = sorted(behind), behind_detail
+        if group is not None:
+            self.group = group
+        self.args = (self._message(),)
+        return self
 
 
 class LaunchError(XelinkError):

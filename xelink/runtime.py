@@ -328,6 +328,10 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     _world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
                           timeout=timeout, launch=launch)
     _state["ranks_per_device"] = rpd
+    if launch.transport == "mpi" and launch.local_size > 1:
+        from .transport import shm
+
+        _world.board = shm.ProgressBoard(_world, timeout)
     _attach_topology(_world, rpd)
     if abort_on_exception and launch.transport == "mpi" and launch.size > 1:
         _install_abort_hook()
@@ -487,6 +491,8 @@ def finalize() -> None:
             comm.free()
     if world.size > 1:
         world.barrier()
+    if world.board is not None:  # every rank is past the barrier, so MPI_Win_free cannot wait on one
+        world.board.free()
     if _state.pop("own_default_pg", False):
         import torch.distributed as dist
 

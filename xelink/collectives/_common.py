@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..comm import Communicator, resolve_group
+from ..errors import TimeoutError
 from ..transport import Deadline, wait_all
 
 __all__ = ["Work", "ReduceOp", "DTYPES", "REDUCE_DTYPES"]
@@ -144,7 +145,10 @@ def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadlin
     reqs = [t.irecv(buf, peer, tag) for peer, buf in recvs if buf.numel()]
     reqs += [t.isend(buf, peer, tag) for peer, buf in sends if buf.numel()]
     if reqs:
-        wait_all(reqs, deadline, what)
+        try:
+            wait_all(reqs, deadline, what)
+        except TimeoutError as exc:
+            raise exc.restate(group=exc.group or comm)
 
 
 class Work:
@@ -186,7 +190,7 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
         from ..runtime import resolve_timeout
 
         timeout = resolve_timeout(timeout, what)
-    fn = lambda: body(comm.deadline(timeout, what))  # noqa: E731
+    fn = lambda: _entered(comm, what, body, timeout)  # noqa: E731
     worker = getattr(comm, "_worker", None)
     pending = getattr(comm, "_pending", 0)
     if not async_op and pending == 0:
@@ -208,6 +212,55 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     if async_op:
         return Work(future, what, comm.timeout if timeout is None else timeout)
     return future.result()
+
+
+def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], timeout):
+    """Run one collective's ``body``: post its start on the progress board, and make its timeout name
+    the ranks of ``comm`` (not of a sub-group it ran on) and those furthest behind."""
+    comm.calls += 1
+    board = comm.board
+    if board is not None:
+        board.enter(comm.board_id, comm.calls)
+    deadline = comm.deadline(timeout, what)
+    try:
+        return body(deadline)
+    except TimeoutError as exc:
+        raise _restate(comm, exc, deadline)
+
+
+def _restate(comm: Communicator, exc: TimeoutError, deadline: Deadline) -> TimeoutError:
+    if exc.group is not None and exc.group is not comm:  # a sub-group's ranks: say which ranks of comm
+        here = {w: r for r, w in enumerate(comm.world_ranks)}
+        exc.restate(missing=[here[w] for w in (exc.group.world_ranks[m] for m in exc.missing) if w in here])
+    exc.restate(group=comm)
+    board = comm.board
+    rows = {} if board is None else board.entries()
+    rows = {r: rows[w] for r, w in enumerate(comm.world_ranks) if w in rows}
+    if not rows:
+        return exc
+    # Ranks not inside this call: on another communicator's collective (or none since), or behind
+    # on this one; of the latter, those furthest behind.
+    elsewhere = [r for r, (cid, _, _) in rows.items() if cid != comm.board_id]
+    lagging = {r: seq for r, (cid, seq, _) in rows.items() if cid == comm.board_id and seq < comm.calls}
+    if elsewhere or lagging:
+        least = min(lagging.values(), default=None)
+        behind = elsewhere + [r for r, seq in lagging.items() if seq == least]
+        parts = []
+        if least is not None:
+            parts.append(f"last entered call #{least} on {comm.name}, this rank is in #{comm.calls}")
+        if elsewhere:
+            parts.append(f"rank(s) {', '.join(map(str, elsewhere))} last entered a collective of another "
+                         f"communicator")
+        return exc.restate(behind=behind, behind_detail="; ".join(parts))
+    # Everyone entered this call: name those who came after the first rank's deadline had passed.
+    first = min(at for _, _, at in rows.values())
+    late = [r for r, (_, _, at) in rows.items() if at - first > deadline.seconds * 1e9]
+    if late:
+        lag = max(rows[r][2] for r in late) - first
+        who = "this rank " if late == [comm.rank] else ""
+        return exc.restate(behind=late, behind_detail=f"{who}entered this call {lag / 1e9:.2f} s after the first "
+                                                      f"rank, past the deadline")
+    return exc
 
 
 def group_of(group, fn: str) -> Communicator:

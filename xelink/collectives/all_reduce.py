@@ -115,20 +115,15 @@ def _direct(comm, x, op, deadline):
 def _direct_peer_memory(comm, x, op, deadline):
     """One-shot through MPI-3 shared memory: copy in, one peer-counter barrier, read every peer.
 
-    The window holds two slots per rank and calls alternate between them, so one barrier per call is
-    enough: a rank overwrites slot k % 2 only after passing call k-1's barrier, which every rank
-    reaches only after it finished reading call k-2 (the last user of that slot).
+    One barrier per call is enough because calls alternate between the window's two fixed slots
+    (``PeerWindow.next_slot`` says why that holds whatever the sizes of consecutive calls).
     """
     n, nbytes = comm.size, x.numel() * x.element_size()
-    slot = -(-nbytes // 64) * 64
     win = comm.__dict__.get("_peer_window")
-    if win is None or win.freed:
-        win = comm._peer_window = shm.PeerWindow(comm, 2 * slot, timeout=max(deadline.remaining(), 1e-3))
-    else:
-        win.ensure(2 * slot, timeout=max(deadline.remaining(), 1e-3))
-    calls = comm.__dict__.get("_peer_calls", 0)
-    comm._peer_calls = calls + 1
-    offset = (calls % 2) * slot
+    if win is None or win.freed:  # sized for two slots of this call at once (no growth in next_slot)
+        win = comm._peer_window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64),
+                                                 timeout=max(deadline.remaining(), 1e-3))
+    offset = win.next_slot(nbytes, timeout=max(deadline.remaining(), 1e-3))
     win.torch_view(win.node_rank, x.dtype, x.numel(), offset).copy_(x.view(-1))
     win.barrier(deadline, "all_reduce")
     acc = win.torch_view(0, x.dtype, x.numel(), offset).to(work_dtype(x.dtype), copy=True)

@@ -17,6 +17,9 @@ def _check(fn, tensor, peer_name, peer, group, tag):
     check_rank(fn, peer_name, peer, comm.size)
     if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < USER_TAG_LIMIT:
         raise ValueError(f"{fn}: tag={tag!r} must be an int in [0, {USER_TAG_LIMIT})")
+    if peer == comm.rank:  # as torch.distributed: a rank's message to itself would wait for itself
+        raise ValueError(f"{fn}: {peer_name}={peer} is this rank itself (rank {comm.rank} of {comm.name}); "
+                         f"copy the tensor instead")
     return comm, x
 
 
@@ -80,6 +83,8 @@ def batch_isend_irecv(p2p_op_list) -> list:
     ops = list(p2p_op_list)
     if not ops or not all(isinstance(o, P2POp) for o in ops):
         raise ValueError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
+    for o in ops:  # every op is checked before any starts: a bad one leaves nothing posted
+        _check(o.op.__name__, o.tensor, "dst" if o.op is isend else "src", o.peer, o.group, o.tag)
     handles = [None] * len(ops)
     for i in sorted(range(len(ops)), key=lambda i: ops[i].op is isend):
         o = ops[i]

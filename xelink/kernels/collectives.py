@@ -9,9 +9,15 @@ monotonic: a block's local epoch says how many barriers it passed, so the kernel
 replay unchanged inside CUDA graphs. A wait that outlives ``timeout_ns`` (global timer) writes the
 missing peers into the pinned error word and moves on; the host raises ``xelink.TimeoutError``.
 
-Scratch parity rule: a copy-in kernel stages into slot ``epoch & 1``. After a one-barrier kernel
-(direct) the next kernel's epoch has the other parity, so it never overwrites a slot a peer may
-still be reading; a two-barrier kernel ends with no peer touching this rank's memory.
+Scratch parity rule. The scratch buffer of every rank has two slots. A kernel that starts at
+epoch ``e`` and ends at epoch ``E`` (one more per barrier) may, before its first barrier, write only
+slot ``e & 1`` (of any rank), and after its last barrier touch only slot ``(E - 1) & 1``. Then the
+next kernel, which a fast peer may start while this rank is still after its last barrier, writes
+slot ``E & 1``, never the one still being read; between barriers every rank is inside the same
+kernel. One-barrier kernels (direct, gather, reduce_scatter) stage and read slot ``e & 1``; the
+two-shot all-reduce stages its input in slot ``e & 1`` and writes the reduced chunks into slot
+``(e + 1) & 1``, from which each rank copies its result after the second barrier (reading slot
+``e & 1`` there let a peer's next direct all-reduce push into it mid-copy).
 
 Peer addresses are separate pointer arguments (``B0..B7``, ``S0..S7``) so that Triton specializes
 them on 16-byte alignment and emits vector loads; unused ones are None.
@@ -139,14 +145,16 @@ if triton is not None:
                              COPY: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):
         """Two-shot: rank r reduces chunk r from every rank and writes the result into every rank.
 
-        Chunk q is ``[q*chunk, min((q+1)*chunk, n))``. COPY stages X into the scratch slot first;
-        otherwise B are X's peer addresses (X symmetric) and the result lands in X in place. OUT
-        copies this rank's buffer to Y at the end (COPY, or Y is not X).
+        Chunk q is ``[q*chunk, min((q+1)*chunk, n))``. COPY stages X into scratch slot ``e0 & 1``
+        first and the reduced chunks go to slot ``(e0 + 1) & 1`` (the parity rule: that is the slot
+        read after the last barrier); otherwise B are X's peer addresses (X symmetric) and the result
+        lands in X in place. OUT copies this rank's result to Y at the end (COPY, or Y is not X).
         """
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         e0 = tl.load(EPOCH + pid)
         off = (e0 & 1).to(tl.int64) * slot if COPY else 0
+        res = ((e0 + 1) & 1).to(tl.int64) * slot if COPY else 0
         mine = _pick(RANK, B0, B1, B2, B3, B4, B5, B6, B7) + off
         ar = tl.arange(0, BLOCK)
         tiles = tl.cdiv(chunk, BLOCK)
@@ -168,18 +176,19 @@ if triton is not None:
                 acc = _combine(acc, tl.load(src + o, mask=m).to(ACC), OP)
             if OP == 1:
                 acc = acc / WORLD
-            res = acc.to(X.dtype.element_ty)
+            val = acc.to(X.dtype.element_ty)
             for p in tl.static_range(WORLD):
-                dst = _pick(p, B0, B1, B2, B3, B4, B5, B6, B7) + off
-                tl.store(dst + o, res, mask=m)
+                dst = _pick(p, B0, B1, B2, B3, B4, B5, B6, B7) + res
+                tl.store(dst + o, val, mask=m)
         _barrier(S0, S1, S2, S3, S4, S5, S6, S7, ERR, e0 + 2, timeout_ns, pid, RANK, WORLD)
         if OUT:
+            out = _pick(RANK, B0, B1, B2, B3, B4, B5, B6, B7) + res
             for q in tl.static_range(WORLD):
                 for j in range(pid, tiles, G):
                     c = j * BLOCK + ar
                     o = q * chunk + c
                     m = (c < chunk) & (o < n)
-                    tl.store(Y + o, tl.load(mine + o, mask=m), mask=m)
+                    tl.store(Y + o, tl.load(out + o, mask=m), mask=m)
         tl.store(EPOCH + pid, e0 + 2)
 
     @triton.jit

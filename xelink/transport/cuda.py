@@ -132,6 +132,7 @@ class Team:
         self.pad_ptrs = self._share(self.pads)
         self.slot = 0
         self.scratch = None
+        self._retired: list[torch.Tensor] = []  # earlier, smaller scratch buffers (see ensure_scratch)
         self.scratch_ptrs: list[int] = []
         self.symmetric = _Registry()
         self.kernels: dict = {}  # collectives/gpu.py's kernels and launch plans (plans hold scratch addresses)
@@ -169,9 +170,13 @@ class Team:
             raise XelinkError(f"{fn}: needs {need} B of peer scratch on {self.comm.name} but has {self.slot}; "
                               "grow it before CUDA graph capture by running the same call once first")
         slot = 1 << math.ceil(math.log2(need))
-        # Peers may still read the old buffer: finish every queued kernel everywhere before dropping it.
+        # Peers may still read the old buffer: finish every queued kernel everywhere before replacing it.
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
+        if self.scratch is not None:
+            # A CUDA graph captured earlier replays the plans that use the old buffer (and the peers'
+            # mappings of theirs): it must stay allocated, not go back to the allocator for reuse.
+            self._retired.append(self.scratch)
         self.scratch = torch.empty(2 * slot, dtype=torch.uint8, device=self.device)
         self.scratch_ptrs = self._share(self.scratch)
         self.slot = slot

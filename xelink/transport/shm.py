@@ -54,6 +54,7 @@ __all__ = [
     "PeerWindow",
     "PeerCounters",
     "PeerMemoryUnavailable",
+    "ProgressBoard",
     "available",
     "free_all",
     "unlink_mpich_init_segment",
@@ -410,7 +411,8 @@ class PeerCounters(_OnNode):
             if deadline is None:
                 deadline = Deadline(self.comm.timeout)
             if not spin_until(poll, deadline):
-                exc = TimeoutError(what, [self._node.comm_ranks[i] for i in pending], deadline.seconds)
+                exc = TimeoutError(what, [self._node.comm_ranks[i] for i in pending], deadline.seconds,
+                                   group=self.comm)
                 if mark_broken:
                     self._broken = exc
                 raise exc
@@ -542,6 +544,72 @@ class PeerCounters(_OnNode):
 
 
 # ---------------------------------------------------------------------------------------------
+# Progress board
+
+
+class ProgressBoard(_OnNode):
+    """Which collective each rank of this host entered last, for errors that name the rank holding
+    the others up (one board for the world, shared by every communicator made from it).
+
+    Each rank owns one cache line and stores three values in it as it enters a collective: the
+    communicator's id, the call's sequence number on that communicator, and the time
+    (``time.monotonic_ns``: CLOCK_MONOTONIC, one clock for every process of a host). Nobody waits on
+    these values: they are read only when a wait has timed out, long after they were stored, so
+    plain stores with no fence cost a few nanoseconds on the collectives' path and are visible by
+    the time anyone looks.
+
+    Not in ``free_all``'s registry: the world owns it and ``free()``s it last, in ``finalize``.
+
+    Collective: every rank of ``world`` must call this.
+    """
+
+    _ID, _SEQ, _AT = 0, 1, 2
+
+    def __init__(self, world, timeout=None):
+        transport = _check_comm("ProgressBoard", world)
+        self.comm = world
+        self._freed = False
+        world.allgather_object("ProgressBoard", timeout)  # everyone is here before the MPI calls
+        self._node = _Node(world, transport)
+        self._win, segs = _allocate(self._node, _ALIGN, 8)
+        self._lines = [memoryview(seg).cast("q") for seg in segs]
+        self._mine = self._lines[self._node.rank]
+        for k in range(_LINE_SLOTS):
+            self._mine[k] = 0
+        self._win.Sync()
+        self._node.mpi.Barrier()
+        self._win.Sync()
+        self._index = {w: i for i, w in enumerate(world.world_ranks[r] for r in self._node.comm_ranks)}
+
+    def enter(self, comm_id: int, seq: int) -> None:
+        """Post that this rank entered call ``seq`` of the communicator ``comm_id``; never waits."""
+        mine = self._mine
+        mine[self._AT] = time.monotonic_ns()
+        mine[self._SEQ] = seq
+        mine[self._ID] = comm_id
+
+    def entries(self) -> dict[int, tuple[int, int, int]]:
+        """``{world rank: (communicator id, sequence number, monotonic ns)}`` for this host's ranks."""
+        if self._freed:
+            return {}
+        self._win.Sync()
+        return {w: (self._lines[i][self._ID], self._lines[i][self._SEQ], self._lines[i][self._AT])
+                for w, i in self._index.items()}
+
+    def free(self) -> None:
+        """Release the board (collective over this host's ranks, like ``MPI_Win_free``). Idempotent."""
+        if self._freed:
+            return
+        self._freed = True
+        for mv in self._lines:
+            mv.release()
+        self._lines = self._mine = None
+        _release(self._win)
+        self._win = None
+        self._node.free()
+
+
+# ---------------------------------------------------------------------------------------------
 # Windows
 
 
@@ -590,6 +658,7 @@ class PeerWindow(_OnNode):
         self._win, self._segs = _allocate(self._node, self.capacity)
         self.counters._guard([self.counters._win, self._win])
         self.read_delay = _read_delay(comm)
+        self._calls = 0  # next_slot's parity
         _register(comm, self)
 
     @property
@@ -709,6 +778,27 @@ class PeerWindow(_OnNode):
         self.counters._guard([self.counters._win, self._win])
         self.generation += 1
         return True
+
+    def next_slot(self, nbytes: int, timeout=None) -> int:
+        """Byte offset of this call's slot, for protocols with one barrier per call: write, barrier, read.
+
+        The segments are two slots of ``capacity // 2`` bytes and calls alternate between them, so a
+        rank overwrites slot k % 2 in call k only after passing call k-1's barrier, which every rank
+        reaches only after it finished reading call k-2, the last user of that slot. The slots stay
+        where they are whatever a call's size: a small call after a large one must not land inside
+        the large call's slot while a late rank still reads it. A call larger than a slot grows the
+        window (``ensure``), whose rendezvous waits until every rank is inside this call, so nobody
+        reads the old segments any more; the parity carries on across the growth.
+
+        Collective: every rank of ``comm`` must call this, with the same ``nbytes``, once per call.
+        """
+        fn = "PeerWindow.next_slot"
+        nbytes = _check_count(fn, "nbytes", nbytes)
+        self.ensure(2 * _round_up(nbytes), timeout)
+        half = self.capacity // 2 // _ALIGN * _ALIGN
+        self.nbytes = max(self.nbytes, 2 * half)
+        self._calls += 1
+        return (self._calls % 2) * half
 
     def free(self, timeout=None) -> None:
         """Release the window, its counters and its node communicator. Idempotent.
