@@ -93,3 +93,18 @@ def check_send_to_self_is_refused(world):
     with pytest.raises(ValueError, match=rf"isend: dst={world.rank} is this rank itself"):
         xelink.batch_isend_irecv([xelink.P2POp(xelink.isend, x, world.rank)])
     world.barrier()
+
+
+@only(sizes=(4,))
+def check_timeouts_inside_sub_groups_name_the_callers_ranks(world):
+    """Rank 3 skips a hierarchical all-reduce over packages [[0, 1], [2, 3]]: rank 2 waits for it inside
+    its package's sub-communicator (where it is rank 1), and the error names rank 3 of the caller's group."""
+    comm = world.split(0)
+    comm.packages = [[0, 1], [2, 3]]
+    xelink.all_reduce(torch.ones(8), group=comm, algo="hierarchical")  # makes the package sub-communicators
+    if comm.rank == 2:
+        with pytest.raises(xelink.TimeoutError) as info:
+            xelink.all_reduce(torch.ones(8), group=comm, algo="hierarchical", timeout=0.5)
+        assert info.value.missing == [3] and info.value.group is comm, (str(info.value), info.value.missing)
+    comm.free()
+    world.barrier()

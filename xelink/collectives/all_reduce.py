@@ -156,7 +156,7 @@ def _hierarchical(comm, x, op, deadline):
     Uneven packages are fine: each package has one leader whatever its size. The fabric carries
     only the leaders' ring, so each package's data crosses it 2(P-1)/P times for P packages.
     """
-    pkg, leaders = _groups.package_comms(comm)
+    pkg, leaders = _groups.package_comms(comm, deadline)
     acc = x.to(work_dtype(x.dtype), copy=True)
     inner = "sum" if op == "avg" else op
     _reduce_to_first(pkg, acc, inner, deadline)
