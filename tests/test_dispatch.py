@@ -4,7 +4,7 @@ import json
 import torch
 
 import xelink
-from xelink.bench.tuning import fingerprint
+from xelink.tuning import fingerprint
 from xelink.collectives.dispatch import choose
 
 

@@ -342,7 +342,7 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
 
 def _attach_topology(world: Communicator, rpd: int) -> None:
     """Give the world its topology (``XELINK_TOPOLOGY`` or discovery), placement and tuning table."""
-    from .bench.tuning import find_table, fingerprint
+    from .tuning import find_table, fingerprint
     from .topology import from_env_or_discover, place
 
     topo = from_env_or_discover(world)

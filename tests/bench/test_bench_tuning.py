@@ -137,7 +137,7 @@ def test_malformed_file_raises_naming_the_file_and_the_problem(tmp_path, content
 
 
 def test_save_merged_keeps_the_other_families_entries(tmp_path):
-    from xelink.bench.tuning import save_merged
+    from xelink.tuning import save_merged
 
     path = tmp_path / "t.tuning.json"
     host = build_table(_sweep(), FP)

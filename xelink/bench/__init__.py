@@ -3,7 +3,8 @@ table that every xelink benchmark builds on."""
 from .harness import (BUSBW_FACTORS, JsonlWriter, Progress, Row, algbw, busbw, co_measure, dtype_name, format_table,
                       make_row, manifest, pred_over_meas, rank_max, read_jsonl, summarize, time_cuda_events, time_fn,
                       write_csv)
-from .tuning import TuningTable, build_table, find_table, fingerprint, load
+from ..tuning import TuningTable, find_table, fingerprint, load
+from .tune import build_table
 
 __all__ = [
     "BUSBW_FACTORS",

@@ -305,7 +305,8 @@ def run(ctx, family: str = "collectives") -> list:
         ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}, {where}; ratio = "
                       f"baseline time / xelink time (>1: xelink faster); {model}")
         if args.tune:
-            from .tuning import build_table, fingerprint, save_merged
+            from ..tuning import fingerprint, save_merged
+            from .tune import build_table
 
             meta = ctx.manifest({"topology": job_topo.name})
             # algo="auto" on CUDA tensors looks up "cuda:<op>" (collectives/gpu.py).

@@ -186,7 +186,8 @@ def tuning_table(rows, topology_name, hosts, manifest=None):
     """
     import dataclasses
 
-    from .tuning import build_table, fingerprint
+    from ..tuning import fingerprint
+    from .tune import build_table
 
     picked = []
     for row in rows:
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
     if world.rank == 0:
         if args.tune:
             meta = manifest(world, " ".join(sys.argv))
-            from .tuning import save_merged
+            from ..tuning import save_merged
 
             table = tuning_table(rows, world.topology.name if world.topology else None, world.hosts, meta)
             if save_merged(table, args.tune):

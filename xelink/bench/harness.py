@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from ..tuning import dtype_name
+
 __all__ = [
     "BUSBW_FACTORS",
     "JsonlWriter",
@@ -393,16 +395,6 @@ def busbw(op: str, nbytes: int, seconds: float, n: int) -> float:
 
 
 # -- result rows ------------------------------------------------------------------------------
-
-def dtype_name(dtype) -> str:
-    """The short name of a torch or numpy dtype, or a name given as a string: ``"float32"``."""
-    if isinstance(dtype, str):
-        return dtype
-    text = str(dtype)
-    if text.startswith("torch."):
-        return text[len("torch."):]
-    return np.dtype(dtype).name
-
 
 @dataclasses.dataclass
 class Row:

@@ -1,8 +1,8 @@
 """The tuning table: per op, dtype and size range, the fastest path measured on one machine.
 
 ``algo="auto"`` reads it when its fingerprint matches the machine it runs on; a table of another
-machine is never applied. The benchmark suite writes it (``build_table`` from result rows, then
-``save``).
+machine is never applied. The benchmark suite writes it (``xelink.bench.tune.build_table`` from result
+rows, then ``save``); ``xelink.init`` finds the table of its machine (``XELINK_TUNING``).
 
 File format (JSON)::
 
@@ -34,17 +34,28 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..log import get_logger
-from .harness import Row, dtype_name
+import numpy as np
 
-__all__ = ["FORMAT", "VERSION", "TuningTable", "build_table", "find_table", "fingerprint", "load", "save_merged"]
+from .log import get_logger
+
+__all__ = ["FORMAT", "VERSION", "TuningTable", "dtype_name", "find_table", "fingerprint", "load", "save_merged"]
 
 FORMAT = "xelink-tuning"
 VERSION = 1
 # Directories are searched for files with this suffix only, so other JSON files can live beside them.
 SUFFIX = ".tuning.json"
 
-_log = get_logger("bench.tuning")
+_log = get_logger("tuning")
+
+
+def dtype_name(dtype) -> str:
+    """The short name of a torch or numpy dtype, or a name given as a string: ``"float32"``."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    return np.dtype(dtype).name
 
 
 def fingerprint(topology: str | None, hosts: Sequence[str]) -> dict:
@@ -262,70 +273,3 @@ def find_table(fingerprint, search_paths: Iterable) -> TuningTable | None:
             _log.debug("tuning table %s is for %s, not this machine's %s; skipped",
                        file, _canonical(table.fingerprint), _canonical(fp))
     return None
-
-
-def _candidates(rows: Sequence[Row]):
-    """(op, dtype, size) -> {algo: best median us}, from every correct measurement in ``rows``."""
-    out: dict[tuple[str, str, int], dict[str, float]] = {}
-
-    def add(key, path: str, us: float | None):
-        if us is None:
-            return
-        # Anything not xelink's own is a vendor baseline; auto dispatches to it by backend.
-        algo = path if path.startswith("xelink:") else "baseline:" + path.split(":")[0]
-        best = out.setdefault(key, {})
-        best[algo] = min(us, best.get(algo, us))
-
-    for row in rows:
-        if row.wrong:
-            continue  # a path that gave wrong results cannot be the fastest
-        key = (row.op, row.dtype, row.size_bytes)
-        add(key, row.path, row.time_us)
-        if row.baseline is not None:
-            add(key, row.baseline, row.baseline_us)
-    return out
-
-
-def build_table(rows: Iterable[Row], fingerprint, *, manifest: Mapping[str, Any] | None = None) -> TuningTable:
-    """The tuning table of measured result rows: per op, dtype and size, the fastest path.
-
-    Candidates are xelink's own paths (``xelink:*``) and the baselines (other paths, both their own
-    rows and the ``baseline_us`` of xelink rows), recorded as ``baseline:<backend>`` when faster.
-    Rows with wrong results are ignored. Each measured size ``s`` gets the range up to the next
-    measured size; the smallest size's range starts at 0 and the largest has no upper end, so sizes
-    outside the sweep take the winner at its nearest end. Neighbouring ranges with the same winner
-    are merged. Ties go to xelink's path, then to the name.
-
-    Args:
-        rows: result rows of one machine layout (all with the same ``nranks``).
-        fingerprint: the fingerprint of that layout.
-        manifest: the measuring run's manifest, kept in the table for provenance.
-
-    Returns:
-        the table.
-    """
-    fp = fingerprint  # the argument hides the module's fingerprint(), which is not needed here
-    _check_fingerprint("build_table", fp)
-    rows = list(rows)
-    for row in rows:
-        if not isinstance(row, Row):
-            raise TypeError(f"build_table: rows must be Row objects, found {row!r}")
-    nranks = sorted({row.nranks for row in rows})
-    if len(nranks) > 1:
-        raise ValueError(f"build_table: rows measured at nranks {nranks}; one table covers one machine layout")
-    winners: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    for (op, dtype, size), times in sorted(_candidates(rows).items()):
-        best = min(times, key=lambda algo: (times[algo], algo.startswith("baseline:"), algo))
-        winners.setdefault((op, dtype), []).append((size, best))
-    entries = {}
-    for key, points in winners.items():
-        ranges: list[list] = []
-        for i, (size, algo) in enumerate(points):
-            lo = 0 if i == 0 else size
-            if ranges and ranges[-1][2] == algo:
-                continue  # the previous range extends over this size
-            if ranges:
-                ranges[-1][1] = lo
-            ranges.append([lo, None, algo])
-        entries[key] = [tuple(r) for r in ranges]
-    return TuningTable(fingerprint=fp, entries=entries, manifest=dict(manifest) if manifest is not None else None)
