@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xelink
-from xelink.collectives.gpu import ALGOS
+from xelink.collectives import GPU_ALGORITHMS as ALGOS
 
 WORLD_SIZES = (2,)
 # One rank per GPU; with XELINK_RANKS_PER_DEVICE=2 in the environment both ranks share one GPU (peer
@@ -172,7 +172,7 @@ def check_stream_semantics_and_async(world):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         work = xelink.all_reduce(x, algo="two_shot", async_op=True)
-    assert isinstance(work, xelink.collectives.gpu.GpuWork), type(work)
+    assert isinstance(work, xelink.collectives.GpuWork), type(work)
     work.wait()  # the current stream now waits for the side stream's all-reduce
     y = x * 1
     _same("all_reduce async on a side stream", y, want)

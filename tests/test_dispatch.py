@@ -35,9 +35,9 @@ def test_auto_ignores_a_table_of_another_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
     world = xelink.init()
     try:
-        from xelink.runtime import tuning_table
+        from xelink.tuning import active
 
-        assert tuning_table() is None
+        assert active() is None
         assert choose(world, "all_reduce", 1000, torch.float32) in xelink.collectives.ALGORITHMS["all_reduce"]
     finally:
         xelink.finalize()

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import xelink
 from xelink.bench.gpu_collectives import tuning_table
 from xelink.bench.harness import Row
-from xelink.collectives import gpu
+from xelink.collectives import GPU_ALGORITHMS, dispatch, gpu, registry
+from xelink.collectives.gpu.launch import kernels, pieces
 from xelink.transport import cuda
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200x2-gpu-collectives"
@@ -16,11 +18,11 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200
 
 def test_pieces_cover_the_buffer_exactly():
     for count, per in [(0, 16), (1, 16), (16, 16), (17, 16), (1000, 48), (5, 1)]:
-        pieces = gpu._pieces(count, per)
-        assert all(0 < m <= per for _, m in pieces) or count == 0
-        covered = [i for s, m in pieces for i in range(s, s + m)]
+        got = pieces(count, per)
+        assert all(0 < m <= per for _, m in got) or count == 0
+        covered = [i for s, m in got for i in range(s, s + m)]
         assert covered == list(range(count))
-    assert gpu._pieces(0, 16) == [(0, 0)]
+    assert pieces(0, 16) == [(0, 0)]
 
 
 class _At:
@@ -97,8 +99,8 @@ def test_measured_tuning_table_sends_small_calls_to_xelink_and_large_user_buffer
 
 
 def test_gpu_algorithms_are_listed_per_op():
-    assert gpu.ALGOS["all_reduce"] == ("direct", "two_shot", "copy_engine", "hierarchical", "nccl")
-    assert "copy_engine" in gpu.ALGOS["all_gather"] and "topo" in gpu.ALGOS["all_gather"]
+    assert GPU_ALGORITHMS["all_reduce"] == ("direct", "two_shot", "copy_engine", "hierarchical", "nccl")
+    assert "copy_engine" in GPU_ALGORITHMS["all_gather"] and "topo" in GPU_ALGORITHMS["all_gather"]
 
 
 class _Comm:
@@ -108,35 +110,47 @@ class _Comm:
         self.size, self.rank, self.device, self.name = size, 0, device, "stub"
         self.hosts = hosts or ["h"] * size
         self.timeout = 5.0
+        self._resources, self._packages = {}, None
+        self.packages = [list(range(size))]
+        self.topology = self.world_placement = None
+
+    def resource(self, key, make=None):
+        return self._resources.setdefault(key, make()) if make else self._resources.get(key)
 
 
 def test_one_rank_copies_its_own_data_and_checks_arguments_first():
     comm = _Comm()
     out, inp = torch.zeros(6), torch.arange(6.0)
     # (algo "nccl": the stub's CPU device has no peer memory; one rank never reaches the backend)
-    assert gpu.all_gather_into_tensor(comm, out, inp, "nccl", False, None) is None
+    nccl = {op: registry.get("test", op, "nccl", "cuda") for op in ("all_gather", "reduce_scatter")}
+    assert gpu.all_gather_into_tensor(comm, out, inp, nccl["all_gather"], False, None) is None
     assert torch.equal(out, inp)
     out = torch.zeros(6)
-    gpu.reduce_scatter_tensor(comm, out, inp, "sum", "nccl", False, None)
+    gpu.reduce_scatter_tensor(comm, out, inp, "sum", nccl["reduce_scatter"], False, None)
     assert torch.equal(out, inp)
-    with pytest.raises(TypeError, match="all_to_all_single: output.dtype=torch.float64 != input.dtype=torch.float32"):
-        gpu.all_to_all_single(comm, torch.zeros(6, dtype=torch.float64), inp, "direct", False, None)
-    with pytest.raises(ValueError, match=r"all_gather_into_tensor: output.numel\(\)=5"):
-        gpu.all_gather_into_tensor(_Comm(2), torch.zeros(5), inp, "direct", False, None)
-    with pytest.raises(ValueError, match="algo='ring' is not one of"):
-        gpu.all_reduce(comm, inp, "sum", "ring", False, None)
+    # The front door checks every argument before a backend sees the call.
+    xelink.init()
+    try:
+        with pytest.raises(TypeError, match="all_to_all_single: output.dtype=torch.float64 != input.dtype=torch.float32"):
+            xelink.all_to_all_single(torch.zeros(6, dtype=torch.float64), inp)
+        with pytest.raises(ValueError, match=r"all_gather_into_tensor: output.numel\(\)=5"):
+            xelink.all_gather_into_tensor(torch.zeros(5), inp)
+    finally:
+        xelink.finalize()
+    with pytest.raises(ValueError, match="all_reduce: algo='ring' is not one of auto, direct, two_shot"):
+        registry.get("all_reduce", "all_reduce", "ring", "cuda")
 
 
 def test_auto_takes_nccl_without_peer_memory_and_the_size_rule_with_it():
     two_hosts = _Comm(2, device="cuda:0", hosts=["a", "b"])
-    assert gpu._auto(two_hosts, "all_reduce", 1 << 20, torch.bfloat16) == "nccl"
+    assert dispatch.choose(two_hosts, "all_reduce", 1 << 20, torch.bfloat16, "cuda") == "nccl"
     with pytest.raises(ValueError, match="needs peer memory"):
-        gpu._algo("all_reduce", "all_reduce", "direct", two_hosts, 1024, torch.bfloat16)
+        dispatch.resolve("all_reduce", "all_reduce", "direct", two_hosts, "cuda", 1024, torch.bfloat16)
     one_host = _Comm(4, device="cuda:0")
-    one_host._cuda_team = object()  # peer memory set up: the rule decides (no tuning table here)
-    if gpu._kernels().available():
-        assert gpu._auto(one_host, "all_reduce", 1 << 10, torch.bfloat16) == "direct"
-        assert gpu._auto(one_host, "all_reduce", 16 << 20, torch.bfloat16) == "two_shot"
+    one_host._resources["cuda.team"] = object()  # peer memory set up: the rule decides (no tuning table here)
+    if kernels().available():
+        assert dispatch.choose(one_host, "all_reduce", 1 << 10, torch.bfloat16, "cuda") == "direct"
+        assert dispatch.choose(one_host, "all_reduce", 16 << 20, torch.bfloat16, "cuda") == "two_shot"
 
 
 def test_an_ipc_failure_says_when_the_peers_gpus_are_hidden(monkeypatch):

@@ -3,16 +3,55 @@
 ``xelink.init()`` returns the world communicator; ``split(color, key)`` and ``new_group(ranks)``
 make sub-communicators; ``process_group()`` bridges to torch.distributed. Every collective takes
 ``group=`` (a communicator or None for the world) and resolves it once, with ``resolve_group``.
+
+A communicator also owns what other layers attach to it (``attach``/``resource``): peer windows,
+GPU peer-memory teams, package sub-communicators, caches. ``free()`` releases them in the reverse
+order of attachment, which every rank shares (they are attached inside collective calls), then the
+transport. This module imports no layer above the transports.
 """
 from __future__ import annotations
 
+import weakref
 import zlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from .errors import TimeoutError, XelinkError
+from . import bridge, config
+from .errors import NotInitializedError, TimeoutError, XelinkError
 from .transport import Deadline, Transport, shm
 
-__all__ = ["Communicator", "new_group", "resolve_group"]
+__all__ = ["Communicator", "new_group", "resolve_group", "get_world", "named"]
+
+# Every live communicator of this process (finalize frees them) and the world (None: not initialised).
+_live: "weakref.WeakSet" = weakref.WeakSet()
+_world: "Communicator | None" = None
+
+
+def get_world() -> "Communicator":
+    """The world communicator; raises ``NotInitializedError`` before ``xelink.init()``."""
+    if _world is None:
+        raise NotInitializedError("xelink.init() has not been called (or xelink.finalize() was)")
+    return _world
+
+
+def set_world(world: "Communicator | None") -> None:
+    """Make ``world`` the communicator that ``group=None`` means (``xelink.init``/``finalize``)."""
+    global _world
+    _world = world
+
+
+def live() -> list["Communicator"]:
+    """Every communicator of this process not yet freed, in name order (the same order on every rank)."""
+    return sorted((c for c in list(_live) if not c._freed), key=lambda c: c.name)
+
+
+def named(name: str) -> "Communicator":
+    """The live communicator called ``name`` ("" is the world), e.g. for a custom op that names its group."""
+    if not name:
+        return get_world()
+    for c in list(_live):
+        if c.name == name and not c._freed:
+            return c
+    raise XelinkError(f"no live communicator named {name!r}")
 
 
 def _check_int(fn: str, name: str, value, minimum: int | None = 0):
@@ -39,7 +78,8 @@ class Communicator:
     """
 
     def __init__(self, transport: Transport, *, name: str, world_ranks: Sequence[int], hosts: Sequence[str],
-                 device, timeout: float, launch, topology=None, world_placement=None, board=None):
+                 device, timeout: float, launch, topology=None, world_placement=None, board=None,
+                 device_idents: Sequence | None = None):
         self.transport = transport
         self.name = name  # unique in the job and equal on every member: "w", "w.1c0", ...
         # The world's progress board (shm.ProgressBoard, on one host under MPI; else None): collectives
@@ -56,13 +96,16 @@ class Communicator:
         self.launch = launch
         self.topology = topology
         self.world_placement = world_placement
+        # device_idents[r]: (host, device UUID) of rank r's device, None for CPU ranks.
+        self.device_idents = list(device_idents) if device_idents is not None else [None] * self.size
+        # XELINK_CHECK=1: every collective first checks that all ranks make the same call.
+        self.check_calls = config.env_flag("XELINK_CHECK")
         self._packages: list[list[int]] | None = None
         self._pg = None
         self._freed = False
         self._broken: Exception | None = None
-        from . import runtime
-
-        runtime.track(self)
+        self._resources: dict[Any, Any] = {}
+        _live.add(self)
 
     # -- placement --------------------------------------------------------------------------
     @property
@@ -110,6 +153,29 @@ class Communicator:
                              f"packages")
         self._packages = [sorted(p) for p in groups]
 
+    def package_index(self, rank: int) -> tuple[int, int]:
+        """(package index, local index) of ``rank`` in ``packages``."""
+        for p, members in enumerate(self.packages):
+            if rank in members:
+                return p, members.index(rank)
+        raise ValueError(f"package_index: rank {rank!r} is in no package of {self.name} ({self.packages})")
+
+    def package_groups(self, timeout=None) -> tuple["Communicator", "Communicator"]:
+        """(my package's communicator, the communicator of the ranks with my local index in every
+        package), made once per layout and kept as resources (freed with this communicator).
+
+        With uneven packages a cross group holds only the packages that have my local index.
+        Collective on first use for a layout: every rank of the communicator must call this.
+        """
+        packages = self.packages
+        key = ("package_groups", tuple(map(tuple, packages)))
+        found = self._resources.get(key)
+        if found is None:
+            p, i = self.package_index(self.rank)
+            found = self.attach(key, _Groups(self.split(p, key=i, timeout=timeout),
+                                             self.split(i, key=p, timeout=timeout)))
+        return found.package, found.cross
+
     def __repr__(self) -> str:
         state = ", freed" if self._freed else ""
         return (f"Communicator(rank={self.rank}, size={self.size}, device={self.device}, "
@@ -139,9 +205,7 @@ class Communicator:
 
     def deadline(self, timeout=None, fn: str = "wait") -> Deadline:
         """A deadline ``timeout`` seconds from now (the communicator's default when None)."""
-        from .runtime import resolve_timeout
-
-        return Deadline(self.timeout if timeout is None else resolve_timeout(timeout, fn))
+        return Deadline(self.timeout if timeout is None else config.resolve_timeout(timeout, fn))
 
     def allgather_object(self, obj: Any, timeout=None) -> list:
         """Every rank's ``obj`` (picklable), indexed by rank.
@@ -185,7 +249,32 @@ class Communicator:
                             world_ranks=[self.world_ranks[r] for r in members],
                             hosts=[self.hosts[r] for r in members], device=self.device,
                             timeout=self.timeout, launch=self.launch, topology=self.topology,
-                            world_placement=self.world_placement, board=self.board)
+                            world_placement=self.world_placement, board=self.board,
+                            device_idents=[self.device_idents[r] for r in members])
+
+    # -- resources ------------------------------------------------------------------------------
+    def attach(self, key, obj):
+        """Attach ``obj`` under ``key``; ``free()`` releases it (its ``free()`` or ``close()``). Returns ``obj``.
+
+        Attach collective resources (whose release communicates) inside collective calls, so that
+        every rank attaches, and so releases, them in the same order.
+        """
+        self._live("attach")
+        if key in self._resources:
+            raise XelinkError(f"attach: {self.name} already has a resource {key!r}")
+        self._resources[key] = obj
+        return obj
+
+    def resource(self, key, make: Callable[[], Any] | None = None):
+        """The resource attached under ``key``; when there is none, ``make()``'s result, attached (or None)."""
+        obj = self._resources.get(key)
+        if obj is None and make is not None:
+            obj = self.attach(key, make())
+        return obj
+
+    def detach(self, key):
+        """Forget the resource under ``key`` without releasing it; returns it (or None)."""
+        return self._resources.pop(key, None)
 
     # -- torch.distributed bridge -------------------------------------------------------------
     def process_group(self):
@@ -202,41 +291,52 @@ class Communicator:
         if self._pg is None:
             import torch.distributed as dist
 
-            from . import runtime
-
-            world = runtime.get_world()
+            world = get_world()
             if self.world_ranks == list(range(world.size)):
-                self._pg = runtime.torch_world_group(world)
+                self._pg = bridge.world_group(world)
             elif not dist.is_initialized():
                 raise XelinkError("process_group: torch.distributed is not initialised yet; call "
                                   "process_group() on the world communicator, on every rank, first")
             else:
-                self._pg = runtime.torch_subgroup(self)
+                self._pg = bridge.subgroup(self)
         return self._pg
 
     def free(self) -> None:
-        """Release the transport (and the torch group xelink made for it). Idempotent."""
+        """Release the attached resources (last attached first), then the transport. Idempotent.
+
+        Collective: every rank of the communicator must call this (peer memory and sub-communicators
+        are released together with the other ranks).
+        """
         if self._freed:
             return
+        shm.free_all(self)  # windows made on this communicator directly (shm.PeerWindow(comm, ...))
+        for key in reversed(list(self._resources)):
+            obj = self._resources.pop(key)
+            release = getattr(obj, "free", None) or getattr(obj, "close", None)
+            if release is not None:
+                release()
         self._freed = True
-        shm.free_all(self)
-        team = self.__dict__.pop("_cuda_team", None)
-        if team is not None:
-            team.close()
         self._pg = None  # a sub-group's backends close when the last reference goes
         self.transport.free()
 
 
-_get_world = None
+class _Groups:
+    """The package and cross-package sub-communicators of one layout (a resource of their parent)."""
+
+    def __init__(self, package: Communicator, cross: Communicator):
+        self.package, self.cross = package, cross
+
+    def free(self) -> None:
+        self.cross.free()
+        self.package.free()
 
 
 def resolve_group(group, fn: str) -> Communicator:
     """The communicator a collective runs on: ``group`` itself, or the world for None."""
     if group is None:
-        global _get_world
-        if _get_world is None:  # runtime imports this module: bind it on first use (hot path)
-            from .runtime import get_world as _get_world
-        return _get_world()
+        if _world is None:
+            raise NotInitializedError("xelink.init() has not been called (or xelink.finalize() was)")
+        return _world
     if isinstance(group, Communicator):
         if group._freed:
             raise XelinkError(f"{fn}: group {group!r} was freed")

@@ -58,7 +58,8 @@ all_reduce ring         reduce-scatter ring then all-gather ring: 2(n-1) steps o
 all_reduce direct       one-shot: one step, every rank reads the whole buffer of every peer and sums as it
                         reads (peer memory); copy in before, copy out after
 all_reduce two_shot     direct reduce-scatter (each rank reads its chunk from every peer), then direct all-gather
-all_reduce hierarchical reduce to each package's first rank, ring all-reduce among those leaders, broadcast back
+all_reduce hierarchical reduce-scatter inside each package, each chunk's package partials exchanged with the
+                        ranks that hold the same bytes in the other packages, all-gather inside each package
 all_gather ring         n-1 steps, each rank forwards one shard to the next
 all_gather direct       one step, each rank writes its shard to every peer
 all_gather topo         step 1: each shard goes to *one* rank of every remote package (the one with the
@@ -70,21 +71,15 @@ reduce_scatter          one step, every rank sends each destination its block (t
 reduce_scatter          chunk d is first reduced inside each package on the rank with d's local index
   hierarchical          (modulo package size), which then sends that package partial to d: every chunk
                         crosses the fabric once per remote package
-all_to_all ring         n-1 steps; in step k rank r sends its block for rank r+k directly (pairwise exchange)
 all_to_all dest_split   one step, every block straight to its destination
-all_to_all hierarchical blocks for a remote rank d go first to the package member with d's local index,
-                        which forwards them all at once: cross-package traffic only between equal indices
-broadcast ring          pipelined chain from rank 0 in n chunks: 2n-2 steps of one chunk per hop
 broadcast direct        one step, the root writes the buffer to every rank
-broadcast two_shot      the root scatters chunks, then every rank writes its chunk to every other
-broadcast topo          the root writes to its package and to one rank of every remote package, which
-                        then write to their packages
 ======================  ===================================================================================
 
-The schedules and the local work follow ``xelink.collectives`` step for step (the names are its
-``algo=`` names), so ``best`` can choose among the algorithms a collective implements; ``dest_split`` is
-the one-step push to each destination, as the Intel reference names it. ``best`` picks the fastest
-algorithm; it is what ``algo="auto"`` consults when no measured tuning table exists.
+The schedules and the local work follow ``xelink.collectives`` step for step. Every algorithm of the
+collectives' registry (``xelink.collectives.registry``, every backend) names the schedule it runs, so
+``best`` can choose among the algorithms a collective implements; ``dest_split`` is the one-step push
+to each destination, as the Intel reference names it. ``best`` picks the fastest algorithm; it is what
+``algo="auto"`` consults when no measured tuning table exists.
 """
 from __future__ import annotations
 
@@ -118,12 +113,14 @@ __all__ = [
     "save_calibration",
 ]
 
+# The schedules the model prices: every algorithm of ``xelink.collectives.registry`` names one of these
+# (the registry's test checks it), and there is no schedule that no algorithm implements.
 ALGOS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "direct", "two_shot", "hierarchical"),
     "all_gather": ("ring", "direct", "topo"),
     "reduce_scatter": ("ring", "dest_split", "hierarchical"),
-    "all_to_all": ("ring", "dest_split", "hierarchical"),
-    "broadcast": ("ring", "direct", "two_shot", "topo"),
+    "all_to_all": ("dest_split",),
+    "broadcast": ("direct",),
 }
 OPS = tuple(ALGOS)
 
@@ -449,19 +446,33 @@ def _all_reduce(algo, n, nbytes, placement):
         # The reducer clones the first part, sums the others, and writes its chunk back.
         return [_Phase(first, after=_work({r: 2 * c[r] for r in range(n)}, _received(first))),
                 _Phase([Transfer(r, p, c[r]) for r in range(n) for p in range(n) if p != r])]
+    # hierarchical: reduce-scatter inside each package (member i of a package of k keeps chunk i of k),
+    # then the holders of each byte in the other packages exchange their package partials (with uneven
+    # packages a chunk overlaps several holders elsewhere), then an all-gather inside each package.
+    span = _spans(placement, nbytes)
     pk, _ = _groups(placement)
-    leaders = [g[0] for g in pk]
-    cross = _chunks(nbytes, len(leaders))
-    first = [Transfer(m, g[0], nbytes) for g in pk for m in g[1:]]
-    # Leaders of a multi-package job run the ring all-reduce among themselves: a clone in, a copy out.
-    ring_copy = {r: nbytes for r in leaders} if len(leaders) > 1 else {}
-    phases = [_local(everyone), _Phase(first, after=_work(ring_copy, _received(first)))]
-    lift = lambda ring: [[Transfer(leaders[t.src], leaders[t.dst], t.nbytes) for t in s] for s in ring]  # noqa: E731
-    phases += _reducing(lift(_ring_steps(len(leaders), cross, -1)))
-    phases += [_Phase(s) for s in lift(_ring_steps(len(leaders), cross, 0))]
-    phases.append(_local(ring_copy))
-    phases.append(_Phase([Transfer(g[0], m, nbytes) for g in pk for m in g[1:]]))
-    return phases + [_local(everyone)]
+    size = {r: hi - lo for r, (lo, hi) in span.items()}
+    inside = [Transfer(m, r, size[r]) for g in pk for r in g for m in g if m != r]
+    across = [Transfer(r, s, _overlap(span[r], span[s])) for g in pk for r in g for h in pk if h is not g
+              for s in h if _overlap(span[r], span[s])]
+    spread = [Transfer(r, m, size[r]) for g in pk for r in g for m in g if m != r]
+    return [_Phase(inside, after=_work(size, _received(inside))),
+            _Phase(across, after=_work({r: 2 * size[r] for r in range(n)}, _received(across))),
+            _Phase(spread, after=_work(size))]
+
+
+def _spans(placement: Placement, nbytes: int) -> dict:
+    """rank -> (lo, hi): the chunk of the buffer a rank holds after a reduce-scatter inside its package."""
+    out = {}
+    for g in _groups(placement)[0]:
+        c = _chunks(nbytes, len(g))
+        for i, r in enumerate(g):
+            out[r] = (sum(c[:i]), sum(c[:i + 1]))
+    return out
+
+
+def _overlap(a, b) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
 def _all_gather(algo, n, nbytes, placement):
@@ -511,44 +522,11 @@ def _reduce_scatter(algo, n, nbytes, placement):
 def _all_to_all(algo, n, nbytes, placement):
     c = _chunks(nbytes, n)
     own = _local({r: c[r] for r in range(n)})  # a rank's block for itself
-    if algo == "ring":
-        return [own] + [_Phase([Transfer(r, (r + k) % n, c[(r + k) % n]) for r in range(n)]) for k in range(1, n)]
-    if algo == "dest_split":
-        return [own, _Phase([Transfer(r, d, c[d]) for r in range(n) for d in range(n) if d != r])]
-    pk, where = _groups(placement)
-    first, second = [], []
-    for d in range(n):
-        dp, li = where[d]
-        for q, g in enumerate(pk):
-            if q == dp:
-                first += [Transfer(m, d, c[d]) for m in g if m != d]
-                continue
-            relay = _landing(g, li)
-            first += [Transfer(m, relay, c[d]) for m in g if m != relay]
-            second.append(Transfer(relay, d, len(g) * c[d]))
-    return [own, _Phase(first), _Phase(second)]
+    return [own, _Phase([Transfer(r, d, c[d]) for r in range(n) for d in range(n) if d != r])]
 
 
 def _broadcast(algo, n, nbytes, placement):
-    c = _chunks(nbytes, n)
-    if algo == "direct":
-        steps = [[Transfer(0, r, nbytes) for r in range(1, n)]]
-    elif algo == "ring":
-        steps = [[Transfer(h, h + 1, c[t - h]) for h in range(n - 1) if 0 <= t - h < n] for t in range(2 * n - 2)]
-    elif algo == "two_shot":
-        steps = [[Transfer(0, r, c[r]) for r in range(1, n)],
-                 [Transfer(r, p, c[r]) for r in range(1, n) for p in range(1, n) if p != r]]
-    else:
-        pk, where = _groups(placement)
-        mine, li = where[0]
-        first, second = [Transfer(0, m, nbytes) for m in pk[mine] if m != 0], []
-        for q, g in enumerate(pk):
-            if q != mine:
-                land = _landing(g, li)
-                first.append(Transfer(0, land, nbytes))
-                second += [Transfer(land, m, nbytes) for m in g if m != land]
-        steps = [first, second]
-    return [_Phase(s) for s in steps]
+    return [_Phase([Transfer(0, r, nbytes) for r in range(1, n)])]
 
 
 _BUILDERS = {"all_reduce": _all_reduce, "all_gather": _all_gather, "reduce_scatter": _reduce_scatter,
@@ -848,24 +826,26 @@ def table(topology: Topology, placement_or_nranks, op: str, sizes: Sequence[int]
           algos: Sequence[str] | None = None, calibration: Calibration | None = None) -> str:
     """Predicted time of every algorithm at every size, with the ratio ring time / algorithm time.
 
-    A ratio above 1 means the model predicts the algorithm faster than the ring.
+    A ratio above 1 means the model predicts the algorithm faster than the ring (for an op without a
+    ring, than its first algorithm).
     """
     placement = _placement("table", topology, placement_or_nranks)
     if op not in ALGOS:
         raise ValueError(f"table: op={op!r} is not one of {', '.join(OPS)}")
     algos = list(ALGOS[op] if algos is None else algos)
+    ref = "ring" if "ring" in ALGOS[op] else ALGOS[op][0]
     npk = len(placement.packages())
     lines = [f"{op} on {topology.name}: {placement.nranks} rank(s) in {npk} package(s); size = "
-             f"{_SIZE_MEANING[op]}; ratio = ring time / time (> 1: faster than ring)"
+             f"{_SIZE_MEANING[op]}; ratio = {ref} time / time (> 1: faster than {ref})"
              + (f"; calibration {calibration.name}" if calibration is not None else "")]
     rows = [["size"] + [f"{a}" for a in algos] + ["best"]]
     for n in sizes:
         preds = predict_all(topology, placement, op, n, algos, calibration)
-        ring = predict(topology, placement, op, "ring", n, calibration).time_s
+        base = predict(topology, placement, op, ref, n, calibration).time_s
         row = [_fmt_size(n)]
         for a in algos:
             t = preds[a].time_s
-            ratio = f"{ring / t:.2f}x" if t > 0 else "-"
+            ratio = f"{base / t:.2f}x" if t > 0 else "-"
             row.append(f"{_fmt_time(t)} {ratio}")
         row.append(min(preds, key=lambda a: preds[a].time_s))
         rows.append(row)

@@ -8,20 +8,17 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime
-import math
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
-import weakref
 from typing import Mapping
 
-from . import log
-from .comm import Communicator
-from .errors import LaunchError, NotInitializedError, XelinkError
-from .transport import Deadline, SelfTransport, Transport
+from . import bridge, config, log, tuning
+from .comm import Communicator, get_world, live, set_world
+from .config import DEFAULT_TIMEOUT_S, resolve_timeout
+from .errors import LaunchError, NotInitializedError
+from .transport import Deadline, SelfTransport, Transport, shm
 
 __all__ = [
     "Launch",
@@ -35,7 +32,6 @@ __all__ = [
     "check_device_sharing",
 ]
 
-DEFAULT_TIMEOUT_S = 300.0
 _log = log.get_logger("runtime")
 
 
@@ -101,27 +97,6 @@ def detect_launch(env: Mapping[str, str] = os.environ) -> Launch:
     return Launch(launcher, rank, size, local_rank, local_size, host)
 
 
-def resolve_timeout(timeout, fn: str = "init") -> float:
-    """The deadline in seconds: ``timeout`` if given, else ``XELINK_TIMEOUT``, else 300 s."""
-    source = f"{fn}: timeout"
-    if timeout is None:
-        env = os.environ.get("XELINK_TIMEOUT")
-        if env is None:
-            return DEFAULT_TIMEOUT_S
-        source = "XELINK_TIMEOUT"
-        try:
-            timeout = float(env)
-        except ValueError:
-            raise ValueError(f"{source}={env!r} is not a number of seconds") from None
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{source}={timeout!r} must be a number of seconds")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"{source}={timeout!r} must be a positive, finite number of seconds")
-    return float(timeout)
-
-
 # ---------------------------------------------------------------------------------------------
 # Devices
 
@@ -131,7 +106,7 @@ def _device_kind(device: str | None) -> str:
     import torch
 
     if device is None:
-        device = os.environ.get("XELINK_DEVICE") or None
+        device = config.env("XELINK_DEVICE")
     if device is None:
         if torch.cuda.is_available():
             return "cuda"
@@ -205,13 +180,7 @@ def _bind_device(kind: str, index: int):
 
 def _ranks_per_device(value) -> int:
     if value is None:
-        env = os.environ.get("XELINK_RANKS_PER_DEVICE")
-        if env is None:
-            return 1
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(f"XELINK_RANKS_PER_DEVICE={env!r} is not an integer") from None
+        value = config.env_int("XELINK_RANKS_PER_DEVICE", 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"init: ranks_per_device={value!r} must be a positive int")
     return value
@@ -220,22 +189,7 @@ def _ranks_per_device(value) -> int:
 # ---------------------------------------------------------------------------------------------
 # init / finalize
 
-_world: Communicator | None = None
-_state: dict = {}
-_generation = [0]
-
-
-def _torch_backend(kind: str) -> str:
-    return {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl", "xpu": "cpu:gloo,xpu:xccl"}[kind]
-
-
-def _use_loopback() -> None:
-    """Jobs on one host: gloo talks over loopback, never over the host's external interfaces."""
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        names = [n for _, n in socket.if_nameindex()]
-        lo = next((n for n in ("lo", "lo0") if n in names), None)
-        if lo:
-            os.environ["GLOO_SOCKET_IFNAME"] = lo
+_state: dict = {}  # this process's init: the previous excepthook while the abort hook is installed
 
 
 def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
@@ -263,12 +217,12 @@ def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
 
     if not dist.is_initialized():
         if launch.size == launch.local_size:
-            _use_loopback()
+            bridge.use_loopback()
         # No device_id: NCCL communicators are made lazily, on the device init() binds just after.
         # Kept across finalize(): torch cannot make a default group twice on one torchrun store (the
         # second finds the first one's stale addresses), so a later init() adopts this one; it is
         # destroyed when the process exits.
-        dist.init_process_group(_torch_backend(kind), timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(bridge.backend_string(kind), timeout=datetime.timedelta(seconds=timeout))
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if (dist.get_rank(), dist.get_world_size()) != (launch.rank, launch.size):
         raise LaunchError(
@@ -276,8 +230,8 @@ def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
             f"{dist.get_rank()} of {dist.get_world_size()}"
         )
     store = dist.PrefixStore("xelink", dist.distributed_c10d._get_default_store())
-    _state["store"] = store
-    return TorchTransport(store, f"world{_generation[0]}", range(launch.size), launch.rank, timeout)
+    bridge.adopt_store(store)
+    return TorchTransport(store, f"world{bridge.generation()}", range(launch.size), launch.rank, timeout)
 
 
 def init(timeout=None, *, device: str | None = None, ranks_per_device: int | None = None,
@@ -302,16 +256,14 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
 
     Collective: every rank of the job must call this.
     """
-    global _world
-    if _world is not None:
-        return _world
+    if is_initialized():
+        return get_world()
     timeout = resolve_timeout(timeout)
     rpd = _ranks_per_device(ranks_per_device)
     launch = detect_launch(os.environ)
     log.configure(launch.rank)
     kind = _device_kind(device)
-    # Each init() of the process names its store keys afresh, so nothing of an earlier world is read back.
-    _generation[0] += 1
+    bridge.generation(bump=True)  # store keys of this world differ from an earlier init()'s
     transport = _make_transport(launch, kind, timeout)
     deadline = Deadline(timeout)
     hosts = transport.exchange(launch.host, deadline, "init")
@@ -324,25 +276,21 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     dev, uuid = _bind_device(kind, index) if index is not None else _bind_device("cpu", 0)
     idents = transport.exchange(None if uuid is None else (launch.host, uuid), deadline, "init")
     check_device_sharing(idents, rpd)
-    _state["device_idents"] = idents
-    _world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
-                          timeout=timeout, launch=launch)
-    _state["ranks_per_device"] = rpd
+    world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
+                         timeout=timeout, launch=launch, device_idents=idents)
     if launch.transport == "mpi" and launch.local_size > 1:
-        from .transport import shm
-
-        _world.board = shm.ProgressBoard(_world, timeout)
-    _attach_topology(_world, rpd)
+        world.board = shm.ProgressBoard(world, timeout)
+    _attach_topology(world, rpd)
+    set_world(world)
     if abort_on_exception and launch.transport == "mpi" and launch.size > 1:
         _install_abort_hook()
     _log.debug("init: %s rank %d/%d local %d/%d on %s, device %s, timeout %g s", launch.launcher,
                launch.rank, launch.size, launch.local_rank, launch.local_size, launch.host, dev, timeout)
-    return _world
+    return world
 
 
 def _attach_topology(world: Communicator, rpd: int) -> None:
     """Give the world its topology (``XELINK_TOPOLOGY`` or discovery), placement and tuning table."""
-    from .tuning import find_table, fingerprint
     from .topology import from_env_or_discover, place
 
     topo = from_env_or_discover(world)
@@ -351,14 +299,8 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
     except ValueError as exc:
         raise LaunchError(f"init: topology {topo.name!r} does not fit this launch: {exc}") from None
     world.topology = topo
-    paths = [os.environ["XELINK_TUNING"]] if os.environ.get("XELINK_TUNING") else [
-        os.path.join(os.path.expanduser("~"), ".cache", "xelink")]
-    _state["tuning"] = find_table(fingerprint(topo.name, world.hosts), paths)
-
-
-def tuning_table():
-    """The measured tuning table that matches the world's topology (``XELINK_TUNING``), or None."""
-    return _state.get("tuning")
+    paths = [config.env("XELINK_TUNING") or os.path.join(os.path.expanduser("~"), ".cache", "xelink")]
+    tuning.set_active(tuning.find_table(tuning.fingerprint(topo.name, world.hosts), paths))
 
 
 def _install_abort_hook() -> None:
@@ -380,97 +322,11 @@ def _install_abort_hook() -> None:
 
 
 def is_initialized() -> bool:
-    return _world is not None
-
-
-def get_world() -> Communicator:
-    """The world communicator; raises ``NotInitializedError`` before ``xelink.init()``."""
-    if _world is None:
-        raise NotInitializedError("xelink.init() has not been called (or xelink.finalize() was)")
-    return _world
-
-
-def track(comm: Communicator) -> None:
-    """Remember a communicator so that ``finalize()`` frees it."""
-    _state.setdefault("comms", weakref.WeakSet()).add(comm)
-
-
-def _check_nccl_devices(comm: Communicator) -> None:
-    """NCCL refuses a communicator in which two ranks drive one GPU; say so before it fails inside."""
-    idents = [_state.get("device_idents", [None] * (max(comm.world_ranks) + 1))[w] for w in comm.world_ranks]
-    shared = [i for i in idents if i is not None and idents.count(i) > 1]
-    if comm.device.type == "cuda" and shared:
-        raise XelinkError(f"process_group: ranks of this communicator share GPU {shared[0][1]} (ranks_per_device > 1), "
-                          f"and NCCL cannot put two ranks of one GPU in a communicator; use one rank per GPU "
-                          f"for the torch.distributed bridge")
-
-
-def torch_world_group(world: Communicator):
-    """The torch.distributed default group for ``world``, created (or adopted) on first use."""
-    import torch.distributed as dist
-
-    _check_nccl_devices(world)
-    if dist.is_initialized():
-        if (dist.get_rank(), dist.get_world_size()) != (world.rank, world.size):
-            raise LaunchError(
-                f"process_group: torch.distributed is already initialised as rank {dist.get_rank()} of "
-                f"{dist.get_world_size()}, but the xelink world is rank {world.rank} of {world.size}"
-            )
-        _state.setdefault("store", dist.PrefixStore("xelink", dist.distributed_c10d._get_default_store()))
-        return dist.group.WORLD
-    kind = world.device.type
-    deadline = Deadline(world.timeout)
-    if len(set(world.hosts)) == 1:
-        # One host: a file store in a private directory; no socket is opened for the rendezvous.
-        path = tempfile.mkdtemp(prefix="xelink-store-") if world.rank == 0 else None
-        path = world.transport.exchange(path, deadline, "process_group")[0]
-        store = dist.FileStore(os.path.join(path, "store"), world.size)
-        _state["store_dir"] = path
-        if world.rank == 0:
-            atexit.register(shutil.rmtree, path, True)
-        _use_loopback()
-    else:
-        # Several hosts: torch's TCPStore on rank 0 (it listens on every interface; torch gives no choice).
-        td = datetime.timedelta(seconds=world.timeout)
-        server = dist.TCPStore(world.hosts[0], 0, world.size, True, timeout=td) if world.rank == 0 else None
-        port = world.transport.exchange(server.port if server else None, deadline, "process_group")[0]
-        store = server or dist.TCPStore(world.hosts[0], port, world.size, False, timeout=td)
-    kwargs = {"device_id": world.device} if kind != "cpu" else {}
-    dist.init_process_group(_torch_backend(kind), store=store, rank=world.rank, world_size=world.size,
-                            timeout=datetime.timedelta(seconds=world.timeout), **kwargs)
-    _state["own_default_pg"] = True
-    _state["store"] = dist.PrefixStore("xelink", store)
-    return dist.group.WORLD
-
-
-def torch_subgroup(comm: Communicator):
-    """A torch ProcessGroup of ``comm``'s ranks (gloo for CPU tensors, plus nccl/xccl for the device).
-
-    Built directly on the world's store under the communicator's unique name, so that only the
-    members take part (see ``transport.torchdist.gloo_backend`` for why not ``new_group``).
-    """
-    import torch
-    import torch.distributed as dist
-
-    from .transport.torchdist import gloo_backend
-
-    _check_nccl_devices(comm)
-    store = dist.PrefixStore(f"bridge{_generation[0]}/{comm.name}", _state["store"])
-    Type = dist.ProcessGroup.BackendType
-    pg = dist.ProcessGroup(store, comm.rank, comm.size)
-    gloo = gloo_backend(dist.PrefixStore("cpu/", store), comm.rank, comm.size, comm.timeout)
-    pg._register_backend(torch.device("cpu"), Type.GLOO, gloo)
-    default = Type.GLOO
-    if comm.device.type == "cuda":
-        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), comm.rank, comm.size,
-                                     dist.ProcessGroupNCCL.Options())
-        pg._register_backend(torch.device("cuda"), Type.NCCL, nccl)
-        default = Type.NCCL
-    elif comm.device.type == "xpu":
-        raise XelinkError("process_group: sub-communicator groups on XPU are not supported yet (no xccl "
-                          "backend can be built here to test it); use the world communicator's group")
-    pg._set_default_backend(default)
-    return pg
+    try:
+        get_world()
+    except NotInitializedError:
+        return False
+    return True
 
 
 def finalize() -> None:
@@ -478,31 +334,22 @@ def finalize() -> None:
 
     Collective when the world has more than one rank. ``init()`` may be called again afterwards.
     """
-    global _world
-    if _world is None:
+    if not is_initialized():
         return
-    world = _world
-    from .transport import shm
-
-    # Peer memory first, in an order every rank agrees on (the communicator set below is unordered).
+    world = get_world()
+    # Peer memory first, then every other communicator, each in name order: the same on every rank.
     shm.free_all()
-    for comm in list(_state.get("comms", ())):
+    for comm in live():
         if comm is not world:
             comm.free()
     if world.size > 1:
         world.barrier()
     if world.board is not None:  # every rank is past the barrier, so MPI_Win_free cannot wait on one
         world.board.free()
-    if _state.pop("own_default_pg", False):
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    store_dir = _state.pop("store_dir", None)
-    if store_dir and world.rank == 0:
-        shutil.rmtree(store_dir, ignore_errors=True)
+    bridge.close()
     if "previous_excepthook" in _state:
         sys.excepthook = _state.pop("previous_excepthook")
     world.free()
+    tuning.set_active(None)
+    set_world(None)
     _state.clear()
-    _world = None

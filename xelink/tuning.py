@@ -38,7 +38,8 @@ import numpy as np
 
 from .log import get_logger
 
-__all__ = ["FORMAT", "VERSION", "TuningTable", "dtype_name", "find_table", "fingerprint", "load", "save_merged"]
+__all__ = ["FORMAT", "VERSION", "TuningTable", "active", "dtype_name", "find_table", "fingerprint", "load",
+           "save_merged", "set_active"]
 
 FORMAT = "xelink-tuning"
 VERSION = 1
@@ -46,6 +47,17 @@ VERSION = 1
 SUFFIX = ".tuning.json"
 
 _log = get_logger("tuning")
+_active: list = [None]  # the table xelink.init found for this machine
+
+
+def active() -> "TuningTable | None":
+    """The measured tuning table ``xelink.init`` found for this machine (``XELINK_TUNING``), or None."""
+    return _active[0]
+
+
+def set_active(table: "TuningTable | None") -> None:
+    """Make ``table`` the one ``algo="auto"`` reads (``xelink.init``; tests)."""
+    _active[0] = table
 
 
 def dtype_name(dtype) -> str:

@@ -136,17 +136,17 @@ def test_collectives_on_cuda_ranks_time_the_gpu_algorithms_the_model_can_price()
 
     from xelink import cost
     from xelink.bench import collectives as B
-    from xelink.collectives import ALGORITHMS, gpu
+    from xelink.collectives import ALGORITHMS, GPU_ALGORITHMS
 
     cuda, cpu = SimpleNamespace(device=torch.device("cuda", 0)), SimpleNamespace(device=torch.device("cpu"))
     for op in B.OPS:
         assert B.algorithms(cpu, op) == tuple(ALGORITHMS[op])
         assert B.model_algo(cpu, op, ALGORITHMS[op][0]) == ALGORITHMS[op][0]
         family = op.replace("_tensor", "")
-        assert set(B.algorithms(cuda, op)) <= set(gpu.ALGOS[family]) - {"nccl"}  # nccl is the baseline
+        assert set(B.algorithms(cuda, op)) <= set(GPU_ALGORITHMS[family]) - {"nccl"}  # nccl is the baseline
         for algo in B.algorithms(cuda, op):
             named = B.model_algo(cuda, op, algo)
-            assert named is None or named in cost.ALGOS[op]
+            assert named in cost.ALGOS[op]
     # Every op has at least one GPU algorithm that model-check can price.
     assert all(any(B.model_algo(cuda, op, a) for a in B.algorithms(cuda, op)) for op in B.OPS)
 

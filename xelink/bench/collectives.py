@@ -3,7 +3,7 @@
 Run under a launcher: ``mpiexec -n 4 python -m xelink.bench.collectives`` (or ``xelink bench
 collectives``). The baseline is MPI's own collective under mpirun and torch.distributed (gloo) under
 torchrun, timed in the same run, interleaved with xelink's paths. On CUDA ranks the tensors live on the
-GPUs, the algorithms are xelink's GPU ones (``GPU_ALGOS``), the baseline is NCCL (torch.distributed) and
+GPUs, the algorithms are xelink's GPU ones (the registry's ``cuda`` entries), the baseline is NCCL (torch.distributed) and
 every call is timed with CUDA events; its tuning entries are ``cuda:<op>``, what ``algo="auto"`` reads
 for CUDA tensors. Each timed call copies the user's
 input into the buffer first (copy-in counted, as a user pays it) and the output of the last timed run
@@ -25,16 +25,9 @@ import torch
 from .. import collectives as C
 from .harness import co_measure, make_row, pred_over_meas, rank_max
 
-__all__ = ["run_sweep", "measure_case", "algorithms", "model_algo", "GPU_ALGOS", "main", "run", "add_arguments", "copy_in_s", "OPS", "SIZES", "QUICK_SIZES"]
+__all__ = ["run_sweep", "measure_case", "algorithms", "model_algo", "main", "run", "add_arguments", "copy_in_s", "OPS", "SIZES", "QUICK_SIZES"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-# CUDA tensors: xelink's GPU algorithms that take any tensor (the copy_engine all-reduce needs buffers from
-# xelink.empty; nccl is the baseline), each with the cost model's name for its schedule (None: none fits:
-# the GPU hierarchical all-reduce reduce-scatters inside the package, the model's reduces to a leader).
-GPU_ALGOS = {"all_reduce": {"direct": "direct", "two_shot": "two_shot", "hierarchical": None},
-             "all_gather": {"direct": "direct", "copy_engine": "direct", "topo": "topo"},
-             "reduce_scatter": {"direct": "dest_split"},
-             "all_to_all": {"direct": "dest_split"}}
 _MPI_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64}
 
 
@@ -148,21 +141,30 @@ def _on_cuda(comm) -> bool:
     return getattr(comm.device, "type", "cpu") == "cuda"
 
 
+def _entries(comm, op: str):
+    """xelink's registered algorithms of ``op`` for tensors of ``comm``'s device that take any tensor (not
+    the baseline's; not those whose input must come from ``xelink.empty``)."""
+    from ..collectives import registry
+
+    backend = "cuda" if _on_cuda(comm) else "cpu"
+    return [a for a in registry.algorithms(op, backend) if not a.needs & {"baseline", "symmetric"}]
+
+
 def algorithms(comm, op: str) -> tuple:
-    """xelink's algorithms of ``op`` for tensors of ``comm``'s device (``GPU_ALGOS`` on CUDA)."""
-    return tuple(GPU_ALGOS[op]) if _on_cuda(comm) else tuple(C.ALGORITHMS[op])
+    """xelink's algorithms of ``op`` for tensors of ``comm``'s device (the registry's, any tensor)."""
+    return tuple(a.name for a in _entries(comm, op))
 
 
 def model_algo(comm, op: str, algo: str) -> str | None:
-    """The cost model's name for ``algo`` of ``op`` on ``comm``'s device (None: the model has no schedule for it)."""
-    return GPU_ALGOS[op][algo] if _on_cuda(comm) else algo
+    """The cost model's schedule for ``algo`` of ``op`` on ``comm``'s device (the registry says it)."""
+    return next((a.schedule for a in _entries(comm, op) if a.name == algo), None)
 
 
 def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, rounds: int, baseline=None,
                  algos=None):
     """Co-measure every algorithm of ``op`` (and ``baseline``'s collective) at one size, checked.
 
-    On CUDA ranks the tensors live on the GPU (``GPU_ALGOS``) and each call is timed with CUDA events.
+    On CUDA ranks the tensors live on the GPU (the registry's CUDA algorithms) and each call is timed with CUDA events.
     ``algos``: the algorithms to time (default ``algorithms(comm, op)``).
 
     Returns:
@@ -309,7 +311,7 @@ def run(ctx, family: str = "collectives") -> list:
             from .tune import build_table
 
             meta = ctx.manifest({"topology": job_topo.name})
-            # algo="auto" on CUDA tensors looks up "cuda:<op>" (collectives/gpu.py).
+            # algo="auto" on CUDA tensors looks up "cuda:<op>" (collectives/dispatch.py).
             # The copy_engine all-gather stages a plain tensor in the peer scratch, which caps its size: not a
             # path auto may extend to every size above the sweep.
             keyed = [dataclasses.replace(r, op=f"cuda:{r.op}") for r in rows

@@ -51,7 +51,7 @@ import torch
 
 from .. import cost
 from ..topology import Placement, Topology, validate
-from ..collectives._common import step
+from ..collectives.cpu.base import step
 from .harness import co_measure, rank_max, time_cuda_events, time_fn
 
 __all__ = ["Fit", "ProbeResult", "QUICK", "fit_alpha_beta", "probe", "calibrated", "calibrated_topology",
@@ -547,7 +547,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
             if cuda:
                 from ..collectives import gpu
 
-                with_chains = gpu._kernels().available()  # the GPU barrier is a Triton kernel
+                with_chains = gpu.kernels().available()  # the GPU barrier is a Triton kernel
             for name, (_, cycle) in pattern_fn(comm.size, comm.rank).items():
                 for k in chain_lengths if with_chains else ():
                     variants[f"chain|{name}|{k}"] = _barriers(comm, k) if cuda else _chain(comm, cycle, k, deadline)

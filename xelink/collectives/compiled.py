@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import torch
 
+from ..comm import named
 from ..errors import XelinkError
 
-__all__ = ["comm_named", "group_name", "traced"]
+__all__ = ["comm_named", "group_name", "traced", "bind"]
 
 
 def comm_named(name: str):
     """The live communicator called ``name`` ("" is the world)."""
-    from .. import runtime
-
-    if not name:
-        return runtime.get_world()
-    for c in list(runtime._state.get("comms", ())):
-        if c.name == name and not c._freed:
-            return c
-    raise XelinkError(f"xelink custom op: no live communicator named {name!r}")
+    try:
+        return named(name)
+    except XelinkError as exc:
+        raise XelinkError(f"xelink custom op: {exc}") from None
 
 
 def group_name(group) -> str:
@@ -35,25 +32,28 @@ def traced(fn: str, async_op: bool) -> None:
         raise ValueError(f"{fn}: async_op=True cannot be traced by torch.compile; use async_op=False")
 
 
+# The front doors the ops run eagerly (``api`` binds them when it is imported; this module cannot import it:
+# ``api`` calls the ops).
+_front: dict = {}
+
+
+def bind(**functions) -> None:
+    _front.update(functions)
+
+
 @torch.library.custom_op("xelink::all_reduce_", mutates_args=("tensor",))
 def all_reduce_(tensor: torch.Tensor, op: str, algo: str, group: str) -> None:
-    from .all_reduce import all_reduce
-
-    all_reduce(tensor, op, comm_named(group), algo=algo)
+    _front["all_reduce"](tensor, op, comm_named(group), algo=algo)
 
 
 @torch.library.custom_op("xelink::all_gather_into_tensor_", mutates_args=("output",))
 def all_gather_into_tensor_(output: torch.Tensor, input: torch.Tensor, algo: str, group: str) -> None:
-    from .all_gather import all_gather_into_tensor
-
-    all_gather_into_tensor(output, input, comm_named(group), algo=algo)
+    _front["all_gather_into_tensor"](output, input, comm_named(group), algo=algo)
 
 
 @torch.library.custom_op("xelink::reduce_scatter_tensor_", mutates_args=("output",))
 def reduce_scatter_tensor_(output: torch.Tensor, input: torch.Tensor, op: str, algo: str, group: str) -> None:
-    from .reduce_scatter import reduce_scatter_tensor
-
-    reduce_scatter_tensor(output, input, op, comm_named(group), algo=algo)
+    _front["reduce_scatter_tensor"](output, input, op, comm_named(group), algo=algo)
 
 
 for _op in (all_reduce_, all_gather_into_tensor_, reduce_scatter_tensor_):

@@ -1,39 +1,64 @@
-"""``algo="auto"``: which algorithm runs for an op, a message size and a communicator.
+"""Which algorithm runs: ``algo=`` checked against the registry, or ``algo="auto"`` chosen (the one auto).
 
-Order of authority: a measured tuning table that matches the machine's topology (written by
-``xelink bench collectives --tune`` and found through ``XELINK_TUNING``), else the cost model on the
-communicator's placement in the topology, else a size rule (for layouts set by hand).
-Decisions are cached per communicator, op, dtype and power-of-two size class.
+Order of authority for ``auto``, over the algorithms of the tensor's backend that can run here (not
+the baseline-only paths whose input must be symmetric): a measured tuning table of this machine
+(``xelink.tuning``; written by ``xelink bench collectives --tune`` / ``gpu-collectives --tune``), else
+the cost model on the communicator's placement (backends that trust it for the choice: the CPU one),
+else the backend's size rule. Decisions are cached per communicator, backend, op, dtype and
+power-of-two size class.
 """
 from __future__ import annotations
 
+from .. import tuning
+from ..comm import get_world
+from ..errors import XelinkError
 from ..log import get_logger
+from . import registry
 
-__all__ = ["choose"]
+__all__ = ["resolve", "choose"]
 
 _log = get_logger("dispatch")
-# The size rule: below this many bytes one round of messages (direct) beats the 2(n-1) rounds of a
-# ring; above it the ring's bandwidth efficiency wins, or the hierarchical path with several packages.
-_DIRECT_MAX_BYTES = 64 << 10
-_RULE = {"all_reduce": ("direct", "ring", "hierarchical"), "all_gather": ("direct", "ring", "topo"),
-         "reduce_scatter": ("dest_split", "ring", "hierarchical")}
 
 
-def _from_table(comm, op, nbytes, dtype, algos):
-    from ..runtime import get_world, tuning_table
+def _backend(name: str):
+    from . import cpu, gpu
 
-    table = tuning_table()
+    return {"cpu": cpu, "cuda": gpu}[name]
+
+
+def resolve(fn: str, op: str, algo, comm, backend: str, nbytes: int, dtype, x=None) -> registry.Algorithm:
+    """The registry entry that runs ``fn``: ``algo`` checked (known here, and able to run on ``comm`` with
+    the input ``x``), or ``auto``'s choice. Raises before anything is sent."""
+    if not registry.algorithms(op, backend):
+        raise ValueError(f"{fn}: {backend.upper()} tensors are not supported by this op (CPU tensors and numpy "
+                         f"arrays only)")
+    if algo == "auto":
+        return registry.get(fn, op, choose(comm, op, nbytes, dtype, backend), backend)
+    entry = registry.get(fn, op, algo, backend)
+    why = _backend(backend).unmet(comm, entry, x)
+    if why is not None:
+        exc = XelinkError if "not installed" in why else ValueError
+        raise exc(f"{fn}: algo={algo!r} {why}")
+    return entry
+
+
+def _candidates(comm, op: str, backend: str) -> list[registry.Algorithm]:
+    b = _backend(backend)
+    return [a for a in registry.algorithms(op, backend) if "symmetric" not in a.needs and b.unmet(comm, a) is None]
+
+
+def _from_table(comm, op, backend, nbytes, dtype, names):
+    table = tuning.active()
     # A table describes the whole world on its own topology; a sub-communicator or a hand-set layout
     # is another machine as far as the measurements go.
     if table is None or comm.size != get_world().size or comm._packages is not None:
         return None
-    algo = table.lookup(op, dtype, nbytes)
-    if algo is not None and algo.startswith("xelink:"):
-        algo = algo.split(":", 1)[1]
-    if algo not in algos:
-        _log.debug("dispatch: tuning table says %r for %s at %d B; not an xelink path here", algo, op, nbytes)
+    found = table.lookup(op if backend == "cpu" else f"{backend}:{op}", dtype, nbytes)
+    name = None if found is None else found.split(":", 1)[-1]  # "xelink:two_shot", "baseline:nccl"
+    if name not in names:
+        _log.debug("dispatch: tuning table says %r for %s at %d B; not runnable here", found, op, nbytes)
         return None
-    return algo
+    return name
 
 
 def _from_model(comm, op, nbytes, algos):
@@ -44,23 +69,28 @@ def _from_model(comm, op, nbytes, algos):
 
     wp = comm.world_placement
     placement = Placement(comm.topology, tuple(wp.devices[w] for w in comm.world_ranks))
-    return best(comm.topology, placement, op, nbytes, algos)
+    schedule = best(comm.topology, placement, op, nbytes, [a.schedule for a in algos])
+    return next(a.name for a in algos if a.schedule == schedule)
 
 
-def choose(comm, op: str, nbytes: int, dtype) -> str:
-    """The algorithm ``auto`` runs for ``op`` ("all_reduce", "all_gather", "reduce_scatter")."""
-    if op not in _RULE:
+def choose(comm, op: str, nbytes: int, dtype, backend: str = "cpu") -> str:
+    """The algorithm ``auto`` runs for ``op`` on ``backend`` at ``nbytes`` bytes of ``dtype``."""
+    if op not in registry.OPS:
         raise ValueError(f"choose: unknown op {op!r}")
-    cache = comm.__dict__.setdefault("_auto_cache", {})
-    key = (op, str(dtype), max(nbytes, 1).bit_length())
+    cache = comm.resource("dispatch.auto", dict)
+    key = (backend, op, str(dtype), max(nbytes, 1).bit_length())
     if key not in cache:
-        from . import ALGORITHMS
-
-        algos = ALGORITHMS[op]
-        algo = _from_table(comm, op, nbytes, dtype, algos) or _from_model(comm, op, nbytes, algos)
+        algos = _candidates(comm, op, backend)
+        if not algos:
+            raise XelinkError(f"{op}: no {backend} algorithm can run on {comm.name}")
+        names = [a.name for a in algos]
+        b = _backend(backend)
+        algo = _from_table(comm, op, backend, nbytes, dtype, names)
+        if algo is None and b.MODEL_AUTO:
+            algo = _from_model(comm, op, nbytes, algos)
         if algo is None:
-            small, flat, hier = _RULE[op]
-            algo = small if nbytes <= _DIRECT_MAX_BYTES else (hier if len(comm.packages) > 1 else flat)
-        _log.debug("dispatch: %s %s %d B on %s -> %s", op, dtype, nbytes, comm.name, algo)
+            rule = b.size_rule(comm, op, nbytes)
+            algo = rule if rule in names else names[0]
+        _log.debug("dispatch: %s %s %s %d B on %s -> %s", backend, op, dtype, nbytes, comm.name, algo)
         cache[key] = algo
     return cache[key]

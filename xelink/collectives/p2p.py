@@ -1,17 +1,19 @@
-"""Point-to-point: send, recv, isend, irecv, batch_isend_irecv, and barrier."""
+"""Point-to-point on CPU tensors and numpy arrays: send, recv, isend, irecv, batch_isend_irecv."""
 from __future__ import annotations
 
 import dataclasses
 
 from ..transport import wait_all
-from ._common import USER_TAG_LIMIT, as_tensor, check_rank, group_of, run
+from .checks import USER_TAG_LIMIT, check_rank, group_of, tensor as _tensor
 
-__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "barrier", "P2PWork"]
+__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork"]
 
 
 def _check(fn, tensor, peer_name, peer, group, tag):
     comm = group_of(group, fn)
-    x = as_tensor(fn, "tensor", tensor)
+    x = _tensor(fn, "tensor", tensor, comm)
+    if x.is_cuda:
+        raise ValueError(f"{fn}: tensor is on {x.device}; point-to-point moves CPU tensors and numpy arrays only")
     if peer is None:
         raise ValueError(f"{fn}: {peer_name}=None (any source) is not supported; name the peer rank")
     check_rank(fn, peer_name, peer, comm.size)
@@ -90,13 +92,3 @@ def batch_isend_irecv(p2p_op_list) -> list:
         o = ops[i]
         handles[i] = o.op(o.tensor, o.peer, o.group, o.tag)
     return handles
-
-
-def barrier(group=None, async_op: bool = False, timeout=None):
-    """Block until every rank of ``group`` has called ``barrier`` (deadline: the group's timeout).
-
-    Raises ``xelink.TimeoutError`` naming the ranks that did not arrive.
-    Collective: every rank of ``group`` must call this.
-    """
-    comm = group_of(group, "barrier")
-    return run(comm, "barrier", lambda deadline: comm.barrier(deadline.remaining() or 1e-9), async_op, timeout)

@@ -86,9 +86,8 @@ def available(comm) -> bool:
 
 
 def _check_comm(fn: str, comm):
-    from ..comm import Communicator
-
-    if not isinstance(comm, Communicator):
+    # Duck-typed: this module sits below ``comm`` (which imports it to free windows) and must not import it.
+    if not all(hasattr(comm, a) for a in ("transport", "allgather_object", "world_ranks", "_live")):
         raise TypeError(f"{fn}: comm={comm!r} is not an xelink Communicator")
     transport = comm._live(fn)
     if transport.name != "mpi":

@@ -1,99 +1,46 @@
-"""What every collective shares: argument checks, reduction ops, chunking, message steps, async handles."""
+"""What the CPU schedules share: reductions, chunking, message steps, and running a call (now, or on the
+communicator's worker thread for ``async_op``), with the progress board that names late ranks."""
 from __future__ import annotations
 
 import concurrent.futures
 import threading
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
-from ..comm import Communicator, resolve_group
-from ..errors import TimeoutError
-from ..transport import Deadline, wait_all
+from ...comm import Communicator
+from ...config import resolve_timeout
+from ...errors import TimeoutError
+from ...transport import Deadline, wait_all
+from ..checks import USER_TAG_LIMIT, ReduceOp
 
-__all__ = ["Work", "ReduceOp", "DTYPES", "REDUCE_DTYPES"]
+__all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "combine", "finish", "bounds"]
 
-DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-REDUCE_DTYPES = DTYPES
 _HALF = (torch.float16, torch.bfloat16)
-# Point-to-point tags of users live below this bound; collectives use the tags above it, so the two
-# never match each other's messages on the same transport.
-USER_TAG_LIMIT = 1 << 14
 
 
-class ReduceOp:
-    """Reduction names accepted by ``op=`` (torch's ``ReduceOp`` values are accepted too)."""
+class _State:
+    """The CPU backend's state of one communicator (its resource ``"cpu"``): the tag counter of the
+    collectives, the worker thread of asynchronous calls, and the shared-memory window of the
+    one-shot all-reduce."""
 
-    SUM, AVG, MAX, MIN, PROD = "sum", "avg", "max", "min", "prod"
-    ALL = (SUM, AVG, MAX, MIN, PROD)
+    def __init__(self, comm: Communicator):
+        self.name = comm.name
+        self.tags = 0
+        self.worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.window = None
 
-
-def is_cuda(x) -> bool:
-    """Whether ``x`` is a CUDA tensor (the collectives then run on the GPU path, ``collectives/gpu.py``)."""
-    return isinstance(x, torch.Tensor) and x.is_cuda
-
-
-def parse_op(fn: str, op) -> str:
-    name = op
-    if not isinstance(op, str):
-        # torch.distributed.ReduceOp and its RedOpType members print as e.g. "RedOpType.SUM"/"SUM".
-        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1]
-    name = name.lower()
-    if name not in ReduceOp.ALL:
-        raise ValueError(f"{fn}: op={op!r} is not one of {', '.join(ReduceOp.ALL)}")
-    return name
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown(wait=False)
+            self.worker = None
 
 
-def as_tensor(fn: str, name: str, x, *, reduce: bool = False) -> torch.Tensor:
-    """The torch CPU tensor behind ``x`` (a numpy array is wrapped without a copy), checked."""
-    if isinstance(x, np.ndarray):
-        if not (x.flags.c_contiguous and x.flags.writeable):
-            raise ValueError(f"{fn}: {name} must be a C-contiguous, writeable numpy array")
-        try:
-            x = torch.from_numpy(x)
-        except TypeError:
-            raise TypeError(f"{fn}: {name} has numpy dtype {x.dtype}, which torch cannot wrap") from None
-    elif not isinstance(x, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
-    if x.device.type != "cpu":
-        raise ValueError(f"{fn}: {name} is on {x.device}; this op moves CPU tensors only (CUDA tensors "
-                         f"go through all_reduce, all_gather(_into_tensor), reduce_scatter_tensor and "
-                         f"all_to_all_single)")
-    if not x.is_contiguous():
-        raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
-    if reduce and x.dtype not in REDUCE_DTYPES:
-        raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not reducible here; use one of "
-                        f"{', '.join(str(d).replace('torch.', '') for d in REDUCE_DTYPES)}")
-    return x
-
-
-def output_input(fn: str, output, input, *, reduce: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``as_tensor`` of an op's output and input, which must share a dtype."""
-    out = as_tensor(fn, "output", output, reduce=reduce)
-    inp = as_tensor(fn, "input", input, reduce=reduce)
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
-    return out, inp
-
-
-def check_op_dtype(fn: str, op: str, dtype: torch.dtype) -> None:
-    if op == ReduceOp.AVG and not dtype.is_floating_point:
-        raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {dtype}")
-
-
-def check_algo(fn: str, algo, choices: Sequence[str]) -> str:
-    if algo != "auto" and algo not in choices:
-        raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(choices)}")
-    return algo
-
-
-def check_rank(fn: str, name: str, value, size: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
-    if not 0 <= value < size:
-        raise ValueError(f"{fn}: {name}={value} is out of range for a group of size {size}")
-    return value
+def state(comm: Communicator) -> _State:
+    found = comm._resources.get("cpu")
+    return found if found is not None else comm.attach("cpu", _State(comm))
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -130,9 +77,9 @@ def bounds(count: int, n: int) -> list[int]:
 
 def tag_for(comm: Communicator) -> int:
     """A fresh tag for one collective call: every rank calls collectives in the same order."""
-    seq = getattr(comm, "_coll_seq", 0)
-    comm._coll_seq = seq + 1
-    return USER_TAG_LIMIT + seq % USER_TAG_LIMIT
+    st = state(comm)
+    st.tags += 1
+    return USER_TAG_LIMIT + (st.tags - 1) % USER_TAG_LIMIT
 
 
 def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadline: Deadline, what: str) -> None:
@@ -169,8 +116,6 @@ class Work:
         try:
             self._future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
-            from ..errors import TimeoutError
-
             raise TimeoutError(self._what, [], limit, "the operation is still running") from None
         return True
 
@@ -187,28 +132,24 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     queues behind them instead of overtaking them on the wire.
     """
     if timeout is not None:
-        from ..runtime import resolve_timeout
-
         timeout = resolve_timeout(timeout, what)
     fn = lambda: _entered(comm, what, body, timeout)  # noqa: E731
-    worker = getattr(comm, "_worker", None)
-    pending = getattr(comm, "_pending", 0)
-    if not async_op and pending == 0:
+    st = state(comm)
+    if not async_op and st.pending == 0:
         return fn()
-    if worker is None:
-        worker = comm._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"xelink-{comm.name}")
-        comm._pending_lock = threading.Lock()
-    with comm._pending_lock:
-        comm._pending = getattr(comm, "_pending", 0) + 1
+    if st.worker is None:
+        st.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"xelink-{comm.name}")
+    with st.lock:
+        st.pending += 1
 
     def task():
         try:
             return fn()
         finally:
-            with comm._pending_lock:
-                comm._pending -= 1
+            with st.lock:
+                st.pending -= 1
 
-    future = worker.submit(task)
+    future = st.worker.submit(task)
     if async_op:
         return Work(future, what, comm.timeout if timeout is None else timeout)
     return future.result()
@@ -261,24 +202,3 @@ def _restate(comm: Communicator, exc: TimeoutError, deadline: Deadline) -> Timeo
         return exc.restate(behind=late, behind_detail=f"{who}entered this call {lag / 1e9:.2f} s after the first "
                                                       f"rank, past the deadline")
     return exc
-
-
-def group_of(group, fn: str) -> Communicator:
-    comm = resolve_group(group, fn)
-    if comm._broken is not None or comm._freed:
-        comm._live(fn)
-    return comm
-
-
-def fingerprint_check(comm: Communicator, fn: str, signature: tuple) -> None:
-    """With ``XELINK_CHECK=1`` (``comm.check_calls``): every rank must call the same op on the same shapes.
-
-    Costs one control exchange per call, so it is off by default (like TORCH_DISTRIBUTED_DEBUG).
-    """
-    if not getattr(comm, "check_calls", False) or comm.size == 1:
-        return
-    seen = comm.allgather_object(signature)
-    differ = [r for r, s in enumerate(seen) if s != signature]
-    if differ:
-        raise ValueError(f"{fn}: ranks disagree about the call: rank {comm.rank} has {signature}, rank "
-                         f"{differ[0]} has {seen[differ[0]]}")

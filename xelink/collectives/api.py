@@ -1,0 +1,285 @@
+"""The front doors of the collectives, with torch.distributed's names and semantics.
+
+Each call checks its arguments once (``checks``), resolves the group once, picks the backend by the
+tensor's device (``cpu``: CPU tensors and numpy arrays; ``cuda``: CUDA tensors), resolves ``algo=``
+through the registry (``dispatch``: the one ``auto``), and hands the checked call to the backend.
+Nothing is sent before every check has passed.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import checks, compiled, cpu, dispatch, gpu
+from .checks import backend_of, check_op_dtype, check_rank, fingerprint_check, group_of, pair, parse_op, splits
+
+__all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_to_all_single",
+           "broadcast", "reduce", "gather", "scatter", "barrier", "device_barrier", "synchronize"]
+
+_BACKENDS = {"cpu": cpu, "cuda": gpu}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str = "auto", timeout=None):
+    """Reduce ``tensor`` over every rank of ``group``, in place (torch.distributed.all_reduce).
+
+    Args:
+        tensor: torch CPU or CUDA tensor or numpy array, any shape, contiguous; float64/32/16,
+            bfloat16, int32 or int64 (half types are reduced in float32 on CPU ranks). CUDA tensors run
+            on the GPU with NCCL's stream semantics.
+        op: "sum", "avg" (floating dtypes), "max", "min", "prod", or a torch ``ReduceOp``.
+        group: xelink communicator (None: the world).
+        async_op: return a handle (``Work``; ``GpuWork`` on CUDA) instead of waiting.
+        algo: "auto" or an algorithm of the tensor's backend (``ALGORITHMS``, ``GPU_ALGORITHMS``).
+        timeout: deadline in seconds (default: the group's); expiry raises ``xelink.TimeoutError``.
+
+    Returns:
+        None, or the handle when ``async_op``.
+
+    Collective: every rank of ``group`` must call this with the same shape, dtype, op and algo.
+    """
+    fn = "all_reduce"
+    if torch.compiler.is_compiling():
+        compiled.traced(fn, async_op)
+        return torch.ops.xelink.all_reduce_(tensor, parse_op(fn, op), algo, compiled.group_name(group))
+    comm = group_of(group, fn)
+    x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
+    op = parse_op(fn, op)
+    check_op_dtype(fn, op, x.dtype)
+    backend = backend_of(x)
+    entry = dispatch.resolve(fn, "all_reduce", algo, comm, backend, _nbytes(x), x.dtype, x)
+    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, algo))
+    return _BACKENDS[backend].all_reduce(comm, x, op, entry, async_op, timeout)
+
+
+def all_gather_into_tensor(output, input, group=None, async_op: bool = False, algo: str = "auto", timeout=None):
+    """Concatenate every rank's ``input`` into ``output`` in rank order (torch.distributed semantics).
+
+    Args:
+        output: tensor/array of ``world_size * input.numel()`` elements, same dtype; either shape
+            ``(world_size * d0, ...)`` or any shape with that many elements.
+        input: this rank's shard (any dtype on CPU ranks).
+        algo: "auto" or an algorithm of the backend.
+        timeout: deadline in seconds (default: the group's).
+
+    Returns:
+        None, or a handle when ``async_op``.
+
+    Collective: every rank of ``group`` must call this with inputs of the same shape and dtype.
+    """
+    fn = "all_gather_into_tensor"
+    if torch.compiler.is_compiling():
+        compiled.traced(fn, async_op)
+        return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group))
+    comm = group_of(group, fn)
+    out, inp = pair(fn, output, input, comm)
+    if out.numel() != comm.size * inp.numel():
+        raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()="
+                         f"{comm.size * inp.numel()}")
+    backend = backend_of(out)
+    entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, _nbytes(out), out.dtype, inp)
+    fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
+    return _BACKENDS[backend].all_gather_into_tensor(comm, out, inp, entry, async_op, timeout)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: str = "auto", timeout=None):
+    """List form: ``tensor_list[r]`` receives rank r's ``tensor`` (torch.distributed.all_gather).
+
+    Collective: every rank of ``group`` must call this with tensors of the same shape and dtype.
+    """
+    fn = "all_gather"
+    comm = group_of(group, fn)
+    inp = checks.tensor(fn, "tensor", tensor, comm)
+    if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != comm.size:
+        got = len(tensor_list) if isinstance(tensor_list, (list, tuple)) else type(tensor_list).__name__
+        raise ValueError(f"{fn}: tensor_list must be a list of world_size={comm.size} tensors, got {got}")
+    outs = [checks.tensor(fn, f"tensor_list[{i}]", t, comm) for i, t in enumerate(tensor_list)]
+    for i, t in enumerate(outs):
+        if t.is_cuda != inp.is_cuda or t.dtype != inp.dtype or t.numel() != inp.numel():
+            raise ValueError(f"{fn}: tensor_list[{i}] has {t.numel()} x {t.dtype} on {t.device}, expected "
+                             f"{inp.numel()} x {inp.dtype} on {inp.device} like tensor")
+    backend = backend_of(inp)
+    entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, comm.size * _nbytes(inp), inp.dtype, inp)
+    fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
+    return _BACKENDS[backend].all_gather(comm, outs, inp, entry, async_op, timeout)
+
+
+def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = False, algo: str = "auto",
+                          timeout=None):
+    """Reduce ``input`` over all ranks and leave block ``rank`` of the result in ``output``.
+
+    Args:
+        output: this rank's block, ``input.numel() / world_size`` elements, same dtype.
+        input: ``world_size`` equal blocks in rank order (torch.distributed.reduce_scatter_tensor).
+        op: "sum", "avg" (floating dtypes), "max", "min", "prod" (half types reduced in float32).
+        algo: "auto" or an algorithm of the backend.
+        timeout: deadline in seconds (default: the group's).
+
+    Returns:
+        None, or a handle when ``async_op``.
+
+    Collective: every rank of ``group`` must call this with the same shapes, dtype and op.
+    """
+    fn = "reduce_scatter_tensor"
+    if torch.compiler.is_compiling():
+        compiled.traced(fn, async_op)
+        return torch.ops.xelink.reduce_scatter_tensor_(output, input, parse_op(fn, op), algo,
+                                                       compiled.group_name(group))
+    comm = group_of(group, fn)
+    out, inp = pair(fn, output, input, comm, reduce=True)
+    op = parse_op(fn, op)
+    check_op_dtype(fn, op, inp.dtype)
+    if inp.numel() != comm.size * out.numel():
+        raise ValueError(f"{fn}: input.numel()={inp.numel()} != world_size*output.numel()="
+                         f"{comm.size * out.numel()}")
+    backend = backend_of(out)
+    entry = dispatch.resolve(fn, "reduce_scatter", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
+    fingerprint_check(comm, fn, (fn, tuple(out.shape), str(out.dtype), op, algo))
+    return _BACKENDS[backend].reduce_scatter_tensor(comm, out, inp, op, entry, async_op, timeout)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op: bool = False, algo: str = "auto", timeout=None):
+    """Split ``input`` along dim 0 and send block j to rank j; blocks from rank i fill ``output`` in order.
+
+    Args:
+        output, input: tensors/arrays of one dtype with equal trailing dims.
+        output_split_sizes, input_split_sizes: rows per rank (None: equal splits of dim 0). On CUDA
+            tensors split sizes run on NCCL (``algo`` "auto" or "nccl").
+
+    Returns:
+        None, or a handle when ``async_op``.
+
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "all_to_all_single"
+    comm = group_of(group, fn)
+    out, inp = pair(fn, output, input, comm)
+    n = comm.size
+    if out.is_cuda:
+        if output_split_sizes is not None or input_split_sizes is not None:
+            if algo not in ("auto", "nccl"):
+                raise ValueError(f"{fn}: split sizes on CUDA tensors run on NCCL only (algo='auto' or 'nccl'), "
+                                 f"got algo={algo!r}")
+            algo = "nccl"
+        elif out.numel() != inp.numel() or inp.numel() % n:
+            raise ValueError(f"{fn}: input.numel()={inp.numel()} and output.numel()={out.numel()} must be equal and "
+                             f"divisible by world_size={n} (equal splits on CUDA tensors)")
+        outs, ins = output_split_sizes, input_split_sizes
+    else:
+        if out.dim() == 0 or inp.dim() == 0:
+            raise ValueError(f"{fn}: output and input need at least one dimension")
+        if tuple(out.shape[1:]) != tuple(inp.shape[1:]):
+            raise ValueError(f"{fn}: trailing dims differ: output {tuple(out.shape)} vs input {tuple(inp.shape)}")
+        ins = splits(fn, "input_split_sizes", input_split_sizes, inp.shape[0], n)
+        outs = splits(fn, "output_split_sizes", output_split_sizes, out.shape[0], n)
+        if ins[comm.rank] != outs[comm.rank]:
+            raise ValueError(f"{fn}: rank {comm.rank} sends itself {ins[comm.rank]} rows but expects "
+                             f"{outs[comm.rank]} from itself")
+    backend = backend_of(out)
+    entry = dispatch.resolve(fn, "all_to_all", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
+    fingerprint_check(comm, fn, (fn, tuple(inp.shape[1:]), str(inp.dtype), algo))
+    return _BACKENDS[backend].all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
+
+
+def _host_only(fn: str, name: str, x, comm):
+    t = checks.tensor(fn, name, x, comm)
+    if t.is_cuda:
+        raise ValueError(f"{fn}: {name} is on {t.device}; {fn} moves CPU tensors and numpy arrays only (CUDA "
+                         f"tensors go through all_reduce, all_gather(_into_tensor), reduce_scatter_tensor and "
+                         f"all_to_all_single)")
+    return t
+
+
+def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None):
+    """Copy ``tensor`` of rank ``src`` (a rank of ``group``) into ``tensor`` on every rank, in place.
+
+    Collective: every rank of ``group`` must call this with the same shape and dtype.
+    """
+    fn = "broadcast"
+    comm = group_of(group, fn)
+    x = _host_only(fn, "tensor", tensor, comm)
+    check_rank(fn, "src", src, comm.size)
+    entry = dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
+    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
+    return cpu.broadcast(comm, x, src, entry, async_op, timeout)
+
+
+def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeout=None):
+    """Reduce ``tensor`` over all ranks into ``tensor`` of rank ``dst`` (others keep theirs).
+
+    Collective: every rank of ``group`` must call this with the same shape, dtype and op.
+    """
+    fn = "reduce"
+    comm = group_of(group, fn)
+    x = _host_only(fn, "tensor", tensor, comm)
+    checks.tensor(fn, "tensor", x, comm, reduce=True)
+    op = parse_op(fn, op)
+    check_op_dtype(fn, op, x.dtype)
+    check_rank(fn, "dst", dst, comm.size)
+    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
+    return cpu.reduce(comm, x, dst, op, async_op, timeout)
+
+
+def _list(fn, name, items, comm, like):
+    if not isinstance(items, (list, tuple)) or len(items) != comm.size:
+        raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors on the root")
+    out = [_host_only(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
+    for i, t in enumerate(out):
+        if t.dtype != like.dtype or t.numel() != like.numel():
+            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype}, expected {like.numel()} x {like.dtype}")
+    return out
+
+
+def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False, timeout=None):
+    """Rank ``dst`` receives every rank's ``tensor`` in ``gather_list`` (None on the other ranks).
+
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "gather"
+    comm = group_of(group, fn)
+    x = _host_only(fn, "tensor", tensor, comm)
+    check_rank(fn, "dst", dst, comm.size)
+    outs = None
+    if comm.rank == dst:
+        outs = _list(fn, "gather_list", gather_list, comm, x)
+    elif gather_list is not None:
+        raise ValueError(f"{fn}: gather_list must be None on non-destination rank {comm.rank}")
+    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), dst))
+    return cpu.gather(comm, x, outs, dst, async_op, timeout)
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False, timeout=None):
+    """Rank ``src`` sends ``scatter_list[r]`` to rank r, which receives it into ``tensor``.
+
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "scatter"
+    comm = group_of(group, fn)
+    x = _host_only(fn, "tensor", tensor, comm)
+    check_rank(fn, "src", src, comm.size)
+    ins = None
+    if comm.rank == src:
+        ins = _list(fn, "scatter_list", scatter_list, comm, x)
+    elif scatter_list is not None:
+        raise ValueError(f"{fn}: scatter_list must be None on non-source rank {comm.rank}")
+    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
+    return cpu.scatter(comm, x, ins, src, async_op, timeout)
+
+
+def barrier(group=None, async_op: bool = False, timeout=None):
+    """Block until every rank of ``group`` has called ``barrier`` (deadline: the group's timeout).
+
+    Raises ``xelink.TimeoutError`` naming the ranks that did not arrive.
+    Collective: every rank of ``group`` must call this.
+    """
+    return cpu.barrier(group_of(group, "barrier"), async_op, timeout)
+
+
+device_barrier = gpu.device_barrier
+synchronize = gpu.synchronize_group
+
+compiled.bind(all_reduce=all_reduce, all_gather_into_tensor=all_gather_into_tensor,
+              reduce_scatter_tensor=reduce_scatter_tensor)

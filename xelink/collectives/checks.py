@@ -1,0 +1,148 @@
+"""Argument checks of the collectives, made once at the front door for every backend.
+
+Each raises ``ValueError``/``TypeError`` prefixed with the function name and naming the bad value,
+before anything is sent.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..comm import Communicator, resolve_group
+
+__all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op_dtype",
+           "check_rank", "group_of", "fingerprint_check", "backend_of"]
+
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+REDUCE_DTYPES = DTYPES
+# Point-to-point tags of users live below this bound; collectives use the tags above it, so the two
+# never match each other's messages on the same transport.
+USER_TAG_LIMIT = 1 << 14
+
+
+class ReduceOp:
+    """Reduction names accepted by ``op=`` (torch's ``ReduceOp`` values are accepted too)."""
+
+    SUM, AVG, MAX, MIN, PROD = "sum", "avg", "max", "min", "prod"
+    ALL = (SUM, AVG, MAX, MIN, PROD)
+
+
+def parse_op(fn: str, op) -> str:
+    name = op
+    if not isinstance(op, str):
+        # torch.distributed.ReduceOp and its RedOpType members print as e.g. "RedOpType.SUM"/"SUM".
+        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+    name = name.lower()
+    if name not in ReduceOp.ALL:
+        raise ValueError(f"{fn}: op={op!r} is not one of {', '.join(ReduceOp.ALL)}")
+    return name
+
+
+def backend_of(x) -> str:
+    """The backend that moves ``x``: ``"cuda"`` for CUDA tensors, ``"cpu"`` for CPU tensors and numpy arrays."""
+    return "cuda" if isinstance(x, torch.Tensor) and x.is_cuda else "cpu"
+
+
+def _dtypes(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -> torch.Tensor:
+    """The torch tensor behind ``x`` (a numpy array is wrapped without a copy), checked for ``comm``.
+
+    CPU tensors and numpy arrays take any dtype (``reduce``: a reducible one); CUDA tensors must be on
+    the device this rank of ``comm`` drives and have one of ``DTYPES``.
+    """
+    if isinstance(x, np.ndarray):
+        if not (x.flags.c_contiguous and x.flags.writeable):
+            raise ValueError(f"{fn}: {name} must be a C-contiguous, writeable numpy array")
+        try:
+            x = torch.from_numpy(x)
+        except TypeError:
+            raise TypeError(f"{fn}: {name} has numpy dtype {x.dtype}, which torch cannot wrap") from None
+    elif not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if x.is_cuda:
+        if x.device != _cuda_device(comm):
+            raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
+        if not x.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
+        if x.dtype not in DTYPES:
+            raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported on GPUs; use one of {_dtypes(DTYPES)}")
+        return x
+    if x.device.type != "cpu":
+        raise ValueError(f"{fn}: {name} is on {x.device}; collectives move CPU tensors, numpy arrays and "
+                         f"CUDA tensors")
+    if not x.is_contiguous():
+        raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
+    if reduce and x.dtype not in REDUCE_DTYPES:
+        raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not reducible here; use one of {_dtypes(REDUCE_DTYPES)}")
+    return x
+
+
+def _cuda_device(comm: Communicator) -> torch.device:
+    dev = torch.device(comm.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def pair(fn: str, output, input, comm: Communicator, *, reduce: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tensor`` of an op's output and input, which must share a backend and a dtype."""
+    out = tensor(fn, "output", output, comm, reduce=reduce)
+    inp = tensor(fn, "input", input, comm, reduce=reduce)
+    if out.is_cuda != inp.is_cuda:
+        raise ValueError(f"{fn}: output is on {out.device} and input on {inp.device}; both must be on one device")
+    if out.dtype != inp.dtype:
+        raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
+    return out, inp
+
+
+def check_op_dtype(fn: str, op: str, dtype: torch.dtype) -> None:
+    if op == ReduceOp.AVG and not dtype.is_floating_point:
+        raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {dtype}")
+
+
+def check_rank(fn: str, name: str, value, size: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    if not 0 <= value < size:
+        raise ValueError(f"{fn}: {name}={value} is out of range for a group of size {size}")
+    return value
+
+
+def group_of(group, fn: str) -> Communicator:
+    comm = resolve_group(group, fn)
+    if comm._broken is not None or comm._freed:
+        comm._live(fn)
+    return comm
+
+
+def fingerprint_check(comm: Communicator, fn: str, signature: tuple) -> None:
+    """With ``XELINK_CHECK=1`` (``comm.check_calls``): every rank must call the same op on the same shapes.
+
+    Costs one control exchange per call, so it is off by default (like TORCH_DISTRIBUTED_DEBUG).
+    """
+    if not comm.check_calls or comm.size == 1:
+        return
+    seen = comm.allgather_object(signature)
+    differ = [r for r, s in enumerate(seen) if s != signature]
+    if differ:
+        raise ValueError(f"{fn}: ranks disagree about the call: rank {comm.rank} has {signature}, rank "
+                         f"{differ[0]} has {seen[differ[0]]}")
+
+
+def splits(fn: str, name: str, sizes: Sequence[int] | None, rows: int, n: int) -> list[int]:
+    """Rows per rank of an all-to-all (``sizes`` None: equal splits of ``rows``)."""
+    if sizes is None:
+        if rows % n:
+            raise ValueError(f"{fn}: {name} is None, so dim 0 ({rows}) must divide by world_size={n}")
+        return [rows // n] * n
+    sizes = list(sizes)
+    if len(sizes) != n or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
+        raise ValueError(f"{fn}: {name}={sizes} must be {n} non-negative ints (one per rank)")
+    if sum(sizes) != rows:
+        raise ValueError(f"{fn}: sum({name})={sum(sizes)} != dim 0 of the tensor ({rows})")
+    return sizes

@@ -1,0 +1,64 @@
+"""All-gather on CPU ranks: ring, direct, and topology-aware (each shard crosses the fabric once per
+remote package). ``out`` is flat with this rank's shard already in place; ``b`` are the shard offsets."""
+from __future__ import annotations
+
+from .all_reduce import ring_all_gather
+from .base import step, tag_for
+
+__all__ = ["ring", "direct", "topo", "cross_target"]
+
+
+def ring(comm, out, inp, b, deadline):
+    ring_all_gather(comm, out, b, tag_for(comm), deadline)
+
+
+def direct(comm, out, inp, b, deadline):
+    n, r = comm.size, comm.rank
+    step(comm, [(p, inp) for p in range(n) if p != r], [(p, out[b[p]:b[p + 1]]) for p in range(n) if p != r],
+         tag_for(comm), deadline, "all_gather_into_tensor")
+
+
+def cross_target(packages, src_local: int, dst_package: int) -> int:
+    """The rank of package ``dst_package`` that receives shards from local index ``src_local``.
+
+    Same local index where it exists; a smaller package wraps (local index mod its size), so uneven
+    packages still receive every shard exactly once.
+    """
+    members = packages[dst_package]
+    return members[src_local % len(members)]
+
+
+def topo(comm, out, inp, b, deadline):
+    """Topology-aware all-gather in two steps.
+
+    1. Across the fabric: my shard goes to one rank of every other package (``cross_target``), so
+       it crosses the fabric once per remote package.
+    2. Inside the package: each rank sends the shards it holds (its own and those it received) to
+       every other member of its package over the fast local link.
+    """
+    fn = "all_gather_into_tensor"
+    packages = comm.packages
+    me_p, me_i = comm.package_index(comm.rank)
+    chunk = lambda q: out[b[q]:b[q + 1]]  # noqa: E731
+    # Who sends me what across: every rank q in another package whose target in my package is me.
+    held = [comm.rank]
+    sends, recvs = [], []
+    for p, members in enumerate(packages):
+        if p == me_p:
+            continue
+        sends.append((cross_target(packages, me_i, p), chunk(comm.rank)))
+        for q_i, q in enumerate(members):
+            if cross_target(packages, q_i, me_p) == comm.rank:
+                recvs.append((q, chunk(q)))
+                held.append(q)
+    step(comm, sends, recvs, tag_for(comm), deadline, fn)
+    # Inside the package: I send what I hold to each member and receive what each member holds.
+    sends, recvs = [], []
+    for m in packages[me_p]:
+        if m == comm.rank:
+            continue
+        theirs = [m] + [q for p, members in enumerate(packages) if p != me_p
+                        for q_i, q in enumerate(members) if cross_target(packages, q_i, me_p) == m]
+        sends += [(m, chunk(q)) for q in held]
+        recvs += [(m, chunk(q)) for q in theirs]
+    step(comm, sends, recvs, tag_for(comm), deadline, fn)

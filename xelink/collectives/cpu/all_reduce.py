@@ -1,0 +1,170 @@
+"""All-reduce on CPU ranks: ring, direct (one-shot), two-shot and hierarchical.
+
+Every algorithm reduces half types in float32 and produces bit-identical results on every rank
+(each rank combines the same values in the same order). ``x`` is flat and contiguous.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...transport import shm
+from .base import bounds, combine, finish, state, step, tag_for, work_dtype
+
+__all__ = ["ring", "direct", "two_shot", "hierarchical", "ring_reduce_scatter", "ring_all_gather"]
+
+
+def ring(comm, x, op, deadline):
+    """Reduce-scatter around the ring, then all-gather around it: 2(n-1) steps, 2(n-1)/n of the data."""
+    n, r = comm.size, comm.rank
+    acc = x.to(work_dtype(x.dtype), copy=True)
+    ring_reduce_scatter(comm, acc, op, tag_for(comm), deadline)
+    b = bounds(acc.numel(), n)
+    finish(acc[b[r]:b[r + 1]], op, n)
+    ring_all_gather(comm, acc, b, tag_for(comm), deadline)
+    x.copy_(acc)
+
+
+def ring_reduce_scatter(comm, acc, op, tag, deadline):
+    """After it, chunk ``rank`` of ``acc`` holds the reduction of that chunk over all ranks."""
+    n, r = comm.size, comm.rank
+    b = bounds(acc.numel(), n)
+    right, left = (r + 1) % n, (r - 1) % n
+    incoming = torch.empty(b[1] - b[0], dtype=acc.dtype)
+    for s in range(n - 1):
+        out_c, in_c = (r - s - 1) % n, (r - s - 2) % n
+        buf = incoming[: b[in_c + 1] - b[in_c]]
+        step(comm, [(right, acc[b[out_c]:b[out_c + 1]])], [(left, buf)], tag, deadline, "all_reduce")
+        combine(acc[b[in_c]:b[in_c + 1]], buf, op)
+
+
+def ring_all_gather(comm, buf, b, tag, deadline):
+    """Chunk ``rank`` of ``buf`` (offsets ``b``) is known; after it, every chunk is."""
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        out_c, in_c = (r - s) % n, (r - s - 1) % n
+        step(comm, [(right, buf[b[out_c]:b[out_c + 1]])], [(left, buf[b[in_c]:b[in_c + 1]])], tag, deadline,
+             "all_gather")
+
+
+def direct(comm, x, op, deadline):
+    """One-shot: every rank gets every peer's whole buffer and reduces all n in rank order.
+
+    On one host under MPI the buffers are read straight from the peers' shared memory
+    (``_direct_peer_memory``); otherwise every rank sends its buffer to every peer in one step.
+    """
+    if shm.available(comm) and comm.local_size == comm.size:
+        return _direct_peer_memory(comm, x, op, deadline)
+    n, r = comm.size, comm.rank
+    parts = [x if p == r else torch.empty_like(x) for p in range(n)]
+    step(comm, [(p, x) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],
+         tag_for(comm), deadline, "all_reduce")
+    acc = parts[0].to(work_dtype(x.dtype), copy=True)
+    for p in range(1, n):
+        combine(acc, parts[p], op)
+    x.copy_(finish(acc, op, n))
+
+
+def _direct_peer_memory(comm, x, op, deadline):
+    """One-shot through MPI-3 shared memory: copy in, one peer-counter barrier, read every peer.
+
+    One barrier per call is enough because calls alternate between the window's two fixed slots
+    (``PeerWindow.next_slot`` says why that holds whatever the sizes of consecutive calls).
+    """
+    n, nbytes = comm.size, x.numel() * x.element_size()
+    st = state(comm)
+    win = st.window
+    if win is None or win.freed:  # sized for two slots of this call at once (no growth in next_slot)
+        win = st.window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64), timeout=max(deadline.remaining(), 1e-3))
+    offset = win.next_slot(nbytes, timeout=max(deadline.remaining(), 1e-3))
+    win.torch_view(win.node_rank, x.dtype, x.numel(), offset).copy_(x)
+    win.barrier(deadline, "all_reduce")
+    acc = win.torch_view(0, x.dtype, x.numel(), offset).to(work_dtype(x.dtype), copy=True)
+    for p in range(1, n):
+        combine(acc, win.torch_view(p, x.dtype, x.numel(), offset), op)
+    x.copy_(finish(acc, op, n))
+
+
+def two_shot(comm, x, op, deadline):
+    """Each rank reduces one chunk from all peers (direct reduce-scatter), then sends it to all."""
+    n, r = comm.size, comm.rank
+    b = bounds(x.numel(), n)
+    mine = slice(b[r], b[r + 1])
+    incoming = [torch.empty(b[r + 1] - b[r], dtype=x.dtype) for _ in range(n)]
+    step(comm, [(p, x[b[p]:b[p + 1]]) for p in range(n) if p != r], [(p, incoming[p]) for p in range(n) if p != r],
+         tag_for(comm), deadline, "all_reduce")
+    incoming[r] = x[mine]
+    acc = incoming[0].to(work_dtype(x.dtype), copy=True)
+    for p in range(1, n):
+        combine(acc, incoming[p], op)
+    x[mine] = finish(acc, op, n)
+    step(comm, [(p, x[mine]) for p in range(n) if p != r], [(p, x[b[p]:b[p + 1]]) for p in range(n) if p != r],
+         tag_for(comm), deadline, "all_reduce")
+
+
+def spans(packages, count: int) -> dict:
+    """rank -> (lo, hi): the chunk a rank holds after a reduce-scatter inside its package (member i of a
+    package of k holds chunk i of k)."""
+    out = {}
+    for members in packages:
+        b = bounds(count, len(members))
+        for i, m in enumerate(members):
+            out[m] = (b[i], b[i + 1])
+    return out
+
+
+def hierarchical(comm, x, op, deadline):
+    """Reduce-scatter inside each package, all-reduce each chunk across packages, all-gather inside.
+
+    1. Inside my package: member i of a package of k ranks receives chunk i of k from every member and
+       reduces it (member order): the package's partial of that chunk.
+    2. Across packages: the partial goes to the ranks that hold the same elements in the other
+       packages (with uneven packages a chunk overlaps several of them), which send theirs back; each
+       element is combined in package order, so every holder computes the same bits. Each rank's
+       1/k share crosses the fabric, once per remote package.
+    3. Inside my package: every member sends its finished chunk to the others.
+
+    Partials travel in the working type (float32 for half types). The GPU ``hierarchical`` runs the
+    same schedule on equal packages.
+    """
+    packages, r = comm.packages, comm.rank
+    me_p, _ = comm.package_index(r)
+    wd = work_dtype(x.dtype)
+    inner = "sum" if op == "avg" else op
+    span = spans(packages, x.numel())
+    lo, hi = span[r]
+    members = [m for m in packages[me_p] if m != r]
+    # 1. reduce-scatter inside the package
+    got = {m: torch.empty(hi - lo, dtype=x.dtype) for m in members}
+    step(comm, [(m, x[span[m][0]:span[m][1]]) for m in members], list(got.items()), tag_for(comm), deadline,
+         "all_reduce")
+    acc = None
+    for m in packages[me_p]:
+        part = x[lo:hi] if m == r else got[m]
+        if acc is None:
+            acc = part.to(wd, copy=True)
+        else:
+            combine(acc, part, inner)
+    # 2. across packages: each overlap with a holder of another package, both ways
+    partial = {me_p: acc}
+    sends, recvs = [], []
+    for q, others in enumerate(packages):
+        if q == me_p:
+            continue
+        partial[q] = torch.empty(hi - lo, dtype=wd)
+        for s in others:
+            a, b = max(lo, span[s][0]), min(hi, span[s][1])
+            if a < b:
+                sends.append((s, acc[a - lo:b - lo]))
+                recvs.append((s, partial[q][a - lo:b - lo]))
+    step(comm, sends, recvs, tag_for(comm), deadline, "all_reduce")
+    total = partial[0].clone()
+    for q in range(1, len(packages)):
+        combine(total, partial[q], inner)
+    if op == "avg":
+        total.div_(comm.size)
+    done = total.to(x.dtype)
+    # 3. all-gather inside the package
+    step(comm, [(m, done) for m in members], [(m, x[span[m][0]:span[m][1]]) for m in members], tag_for(comm),
+         deadline, "all_reduce")
+    x[lo:hi] = done

@@ -1,0 +1,15 @@
+"""All-to-all on CPU ranks: destination-split (every rank sends each block straight to its destination)."""
+from __future__ import annotations
+
+from .base import step, tag_for
+
+__all__ = ["dest_split"]
+
+
+def dest_split(comm, fo, fi, io, oo, deadline):
+    """``fi[io[p]:io[p+1]]`` goes to rank p, whose block from this rank lands in ``fo[oo[r]:oo[r+1]]``."""
+    n, r = comm.size, comm.rank
+    fo[oo[r]:oo[r + 1]].copy_(fi[io[r]:io[r + 1]])
+    if n > 1:
+        step(comm, [(p, fi[io[p]:io[p + 1]]) for p in range(n) if p != r],
+             [(p, fo[oo[p]:oo[p + 1]]) for p in range(n) if p != r], tag_for(comm), deadline, "all_to_all_single")

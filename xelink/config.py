@@ -1,0 +1,74 @@
+"""Timeouts and environment knobs: what a job can set from outside, read in one place.
+
+A leaf module: it imports nothing of xelink, so every layer may use it. Library code reads the
+environment only through these functions, when a knob is used (never at import time).
+
+Knobs (environment variables):
+    XELINK_TIMEOUT           default deadline of every wait, seconds (``init(timeout=...)`` wins)
+    XELINK_DEVICE            cuda, xpu or cpu (``init(device=...)`` wins)
+    XELINK_RANKS_PER_DEVICE  ranks that may share one GPU (``init(ranks_per_device=...)`` wins)
+    XELINK_TOPOLOGY          a shipped topology name or a TOML path (else discovery)
+    XELINK_TUNING            a tuning table file or folder (else ~/.cache/xelink)
+    XELINK_CHECK             1: every collective checks that all ranks make the same call
+    XELINK_LOG               logging level of the ``xelink`` logger (debug, info, ...)
+    XELINK_GPU_SCRATCH       cap of the GPU collectives' scratch slot, bytes
+    XELINK_GPU_BLOCKS        blocks of every GPU collective kernel (default: one per multiprocessor)
+    XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+
+__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag"]
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """The knob ``name`` (``XELINK_*``), or ``default`` when unset or empty."""
+    value = os.environ.get(name)
+    return default if value is None or value.strip() == "" else value
+
+
+def env_int(name: str, default: int) -> int:
+    """The integer knob ``name``, or ``default``; a value that is not an integer is a ``ValueError``."""
+    value = env(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def env_flag(name: str) -> bool:
+    """Whether the knob ``name`` is set to something other than 0/false/no/off."""
+    value = env(name)
+    return value is not None and value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def resolve_timeout(timeout, fn: str = "init") -> float:
+    """The deadline in seconds: ``timeout`` if given, else ``XELINK_TIMEOUT``, else 300 s.
+
+    Accepts numbers and ``datetime.timedelta``; raises ``TypeError``/``ValueError`` naming ``fn``
+    (or the variable) for anything that is not a positive, finite number of seconds.
+    """
+    source = f"{fn}: timeout"
+    if timeout is None:
+        value = os.environ.get("XELINK_TIMEOUT")
+        if value is None:
+            return DEFAULT_TIMEOUT_S
+        source = "XELINK_TIMEOUT"
+        try:
+            timeout = float(value)
+        except ValueError:
+            raise ValueError(f"{source}={value!r} is not a number of seconds") from None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{source}={timeout!r} must be a number of seconds")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"{source}={timeout!r} must be a positive, finite number of seconds")
+    return float(timeout)
