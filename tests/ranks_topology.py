@@ -69,7 +69,9 @@ def check_env_variable_overrides_discovery(world):
 
 
 def _check_groups(world, placement, want_package, want_cross):
-    pkg, cross = T.split_groups(world, placement)
+    comm = world.split(0)
+    comm.packages = T.packages(placement) if placement.nranks == world.size else [list(range(world.size))]
+    pkg, cross = comm.package_groups()
     try:
         assert pkg.world_ranks == want_package, (pkg.world_ranks, want_package)
         assert cross.world_ranks == want_cross, (cross.world_ranks, want_cross)
@@ -77,12 +79,13 @@ def _check_groups(world, placement, want_package, want_cross):
         # the groups carry messages among exactly their members
         assert pkg.allgather_object(world.rank) == want_package
         assert cross.allgather_object(world.rank) == want_cross
+        assert comm.package_groups() == (pkg, cross)  # made once per layout
     finally:
-        pkg.free()
-        cross.free()
+        comm.free()
+    assert pkg._freed and cross._freed  # released with the communicator that made them
 
 
-def check_split_groups_cpu_2x2(world):
+def check_package_groups_cpu_2x2(world):
     placement = T.place(T.load("cpu-2x2"), world.size)
     r = world.rank
     if world.size == 4:
@@ -97,7 +100,7 @@ def check_split_groups_cpu_2x2(world):
     _check_groups(world, placement, want_package, want_cross)
 
 
-def check_split_groups_uneven(world):
+def check_package_groups_uneven(world):
     placement = T.place(T.loads(UNEVEN, path="cpu-3+2.toml"), world.size)
     r = world.rank
     if world.size == 4:
@@ -111,9 +114,10 @@ def check_split_groups_uneven(world):
     _check_groups(world, placement, want_package, want_cross)
 
 
-def check_split_groups_wrong_size(world):
-    other = T.place(T.load("cpu-2x2"), 4 if world.size != 4 else 3)
-    with pytest.raises(ValueError, match=rf"split_groups: placement is for {other.nranks} rank\(s\) but comm "
-                                         rf"has {world.size}"):
-        T.split_groups(world, other)
+def check_a_layout_that_is_not_a_partition_is_refused(world):
+    comm = world.split(0)
+    with pytest.raises(ValueError, match=rf"packages: \[\[0\], \[{world.size}\]\] is not a partition of ranks "
+                                         rf"0..{world.size - 1}"):
+        comm.packages = [[0], [world.size]]
+    comm.free()
     world.barrier()  # nothing was exchanged: the communicator still works

@@ -364,14 +364,6 @@ def test_placement_errors():
         T.packages(4)
 
 
-def test_split_groups_rejects_a_placement_of_another_size():
-    class FakeComm:
-        rank, size = 0, 3
-
-    with pytest.raises(ValueError, match=r"split_groups: placement is for 4 rank\(s\) but comm has 3"):
-        T.split_groups(FakeComm(), T.place(T.load("cpu-2x2"), 4))
-
-
 # ---------------------------------------------------------------------------------------------
 # Discovery (pure builders, the nvidia-smi parser, NVML through a stand-in module)
 

@@ -24,7 +24,8 @@ builds one from the running job, and ``from_env_or_discover`` lets ``XELINK_TOPO
 
 Ranks and groups: ``place(topology, nranks)`` maps rank r to a device (ranks fill the devices in file
 order, package by package); ``packages``, ``package_of``, ``local_index`` and ``cross_peers`` are the
-groups algorithms compose, and ``split_groups`` turns them into communicators.
+groups algorithms compose; ``Communicator.package_groups`` turns a communicator's packages into
+sub-communicators.
 """
 from __future__ import annotations
 
@@ -60,7 +61,6 @@ __all__ = [
     "package_of",
     "local_index",
     "cross_peers",
-    "split_groups",
     "discover",
     "from_env_or_discover",
     "parse_nvidia_smi_topo",
@@ -713,7 +713,7 @@ class Placement:
       - ``cross_peers(r)``: for every other package, its rank with r's local index, if it has one.
         With uneven packages (3 + 2 ranks) the rank with local index 2 has no peer in the 2-rank
         package, so it is simply absent from that rank's ``cross_peers`` (and its cross group in
-        ``split_groups`` holds only the packages that have that index).
+        ``Communicator.package_groups`` holds only the packages that have that index).
     """
 
     topology: Topology
@@ -826,27 +826,6 @@ def local_index(placement: Placement, rank: int) -> int:
 def cross_peers(placement: Placement, rank: int) -> list[int]:
     """The ranks of other packages with ``rank``'s local index; packages without that index are skipped."""
     return _check_placement(placement, "cross_peers").cross_peers(rank)
-
-
-def split_groups(comm, placement: Placement):
-    """The package communicator and the cross-package communicator of this rank.
-
-    ``package_comm`` holds the ranks of my package (``packages(placement)[package_of(rank)]``, in rank
-    order); ``cross_comm`` holds the ranks of every package with my local index (me and my
-    ``cross_peers``, in rank order); with uneven packages a cross group can be smaller, down to one rank.
-
-    Returns:
-        ``(package_comm, cross_comm)``.
-
-    Collective: every rank of ``comm`` must call this with an equal placement of ``comm.size`` ranks.
-    """
-    placement = _check_placement(placement, "split_groups")
-    if placement.nranks != comm.size:
-        raise ValueError(f"split_groups: placement is for {placement.nranks} rank(s) but comm has {comm.size}")
-    r = comm.rank
-    package_comm = comm.split(placement.package_of(r), key=r)
-    cross_comm = comm.split(placement.local_index(r), key=r)
-    return package_comm, cross_comm
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import weakref
 
 import torch
 
+from .. import config
 from ..errors import TimeoutError, XelinkError
 from ..log import get_logger
 
@@ -33,7 +34,7 @@ _log = get_logger("cuda")
 MAX_WORLD = 8
 MAX_BLOCKS = 1024
 _SLOT_MIN = 1 << 20
-_SLOT_MAX = int(os.environ.get("XELINK_GPU_SCRATCH", 256 << 20))
+_SLOT_MAX = 256 << 20  # default cap of a scratch slot (XELINK_GPU_SCRATCH)
 
 
 class _Handle(ctypes.Structure):
@@ -123,7 +124,7 @@ class Team:
         self._opened: dict[bytes, int] = {}
         # Every kernel of the team runs on this many blocks (one per multiprocessor by default, the
         # same on every rank: blocks pair up across ranks).
-        want = int(os.environ.get("XELINK_GPU_BLOCKS", 0)) or torch.cuda.get_device_properties(self.device).multi_processor_count
+        want = config.env_int("XELINK_GPU_BLOCKS", 0) or torch.cuda.get_device_properties(self.device).multi_processor_count
         self.blocks = min(MAX_BLOCKS, min(comm.allgather_object(want)))
         self.pads = torch.zeros(MAX_BLOCKS * MAX_WORLD, dtype=torch.int32, device=self.device)
         self.epochs = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=self.device)
@@ -135,7 +136,7 @@ class Team:
         self._retired: list[torch.Tensor] = []  # earlier, smaller scratch buffers (see ensure_scratch)
         self.scratch_ptrs: list[int] = []
         self.symmetric = _Registry()
-        self.kernels: dict = {}  # collectives/gpu.py's kernels and launch plans (plans hold scratch addresses)
+        self.kernels: dict = {}  # collectives/gpu/launch.py's kernels and launch plans (plans hold scratch addresses)
         self.plans: dict = {}
         torch.cuda.synchronize(self.device)
         comm.barrier()
@@ -163,7 +164,7 @@ class Team:
 
     def ensure_scratch(self, nbytes: int, fn: str) -> int:
         """Slot size (bytes) of at least ``nbytes`` (capped); collective when it has to grow."""
-        need = min(max(nbytes, _SLOT_MIN), _SLOT_MAX)
+        need = min(max(nbytes, _SLOT_MIN), self.slot_max)
         if need <= self.slot:
             return self.slot
         if torch.cuda.is_current_stream_capturing():
@@ -186,7 +187,7 @@ class Team:
 
     @property
     def slot_max(self) -> int:
-        return _SLOT_MAX
+        return config.env_int("XELINK_GPU_SCRATCH", _SLOT_MAX)
 
     def peer_addresses(self, t: torch.Tensor) -> list[int] | None:
         """Every rank's address of tensor ``t`` if ``t`` lies in memory from ``empty`` on this team."""
@@ -256,11 +257,9 @@ def _visibility_hint(ranks: int) -> str:
             f"or use algo='nccl'")
 
 
-def team_of(comm, fn: str) -> Team:
-    team = comm.__dict__.get("_cuda_team")
-    if team is None:
-        team = comm._cuda_team = Team(comm)
-    return team
+def team_of(comm, fn: str = "peer memory") -> Team:
+    """The communicator's team (its resource ``"cuda.team"``, closed when it is freed), made on first use."""
+    return comm.resource("cuda.team", lambda: Team(comm))
 
 
 def empty(*size, dtype=torch.float32, group=None) -> torch.Tensor:

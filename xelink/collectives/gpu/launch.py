@@ -35,8 +35,7 @@ def kernels():
 
 def team(comm, fn: str = "peer memory"):
     """The communicator's peer-memory team (its resource ``"cuda.team"``), set up on first use (collective)."""
-    found = comm._resources.get("cuda.team")
-    return found if found is not None else comm.attach("cuda.team", peer.Team(comm))
+    return peer.team_of(comm, fn)
 
 
 class GpuWork:

@@ -1,0 +1,113 @@
+"""The library's layers point down: no import cycle among xelink's modules (imports inside functions
+included), nothing outside the benchmark suite imports it, and ``xelink.init()`` loads none of it."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import xelink
+
+ROOT = Path(xelink.__file__).resolve().parent
+# The command line sits above everything: it runs the suite (``xelink bench``), so it may import it.
+ABOVE_THE_LIBRARY = ("xelink.bench", "xelink.cli", "xelink.__main__")
+
+
+def _modules() -> dict:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _edges(name: str, path: Path, known) -> set:
+    """Every xelink module ``name`` imports, anywhere in the file (function bodies included)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+
+    def nearest(target: str):
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("xelink"):
+                    nearest(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = ".".join(base[: len(base) - (node.level - 1)])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if not module.startswith("xelink"):
+                continue
+            for alias in node.names:
+                nearest(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+    return found
+
+
+def _graph() -> dict:
+    known = _modules()
+    return {name: _edges(name, path, known) for name, path in known.items()}
+
+
+def _cycles(graph: dict) -> list:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_imports_inside_functions():
+    graph = _graph()
+    assert "xelink.collectives.registry" in graph["xelink.collectives.cpu"]  # a module-level relative import
+    assert "xelink.kernels.collectives" in graph["xelink.collectives.gpu.launch"]  # one inside a function
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_graph())
+    assert not cycles, f"import cycles among xelink's modules: {cycles}"
+
+
+def test_the_library_does_not_import_the_benchmark_suite():
+    bad = {(m, t) for m, targets in _graph().items() if not m.startswith(ABOVE_THE_LIBRARY)
+           for t in targets if t.startswith("xelink.bench")}
+    assert not bad, f"library modules importing the suite: {sorted(bad)}"
+
+
+def test_init_loads_no_benchmark_module():
+    code = ("import sys, xelink; xelink.init(); loaded = sorted(m for m in sys.modules if m.startswith('xelink.bench')); "
+            "xelink.finalize(); print(loaded); sys.exit(1 if loaded else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
