@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU collectives on a 2-GPU host: the GPU tests (ranks_gpu_*), then the benchmark against NCCL and torch
 # symmetric memory. Run from the repository root on the GPU machine; logs go to $OUT (default: ./out).
-# Usage: OUT=/tmp/out bash benchmarks/h200_collectives.sh [--quick]
+# Usage: OUT=/tmp/out bash benchmarks/scripts/h200_collectives.sh [--quick]
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole suite on a 2-GPU host (issue 9) and the probe + model check on its links (issue 3), in one command.
 # Run from the repository root on the GPU machine:
-#     OUT=/tmp/out bash benchmarks/h200_suite.sh            # full: under 7 minutes
-#     OUT=/tmp/out bash benchmarks/h200_suite.sh --smoke    # same steps, smallest sizes: under 4 minutes
+#     OUT=/tmp/out bash benchmarks/scripts/h200_suite.sh            # full: under 7 minutes
+#     OUT=/tmp/out bash benchmarks/scripts/h200_suite.sh --smoke    # same steps, smallest sizes: under 4 minutes
 #                                                           # (or SMOKE=1)
 # Steps, in order, each under `timeout` (a hang costs its cap, not the run); a failing step is logged and
 # the next one runs:
 #   env        versions, nvidia-smi -L / topo -m, the commit (.commit)            -> env.log
-#   ipc-one    benchmarks/h200_ipc_check.py through xelink-run (one GPU visible per rank)   -> ipc-one.log
+#   ipc-one    benchmarks/scripts/h200_ipc_check.py through xelink-run (one GPU visible per rank)   -> ipc-one.log
 #   ipc-all    the same with every GPU visible (xelink-run --visible all)         -> ipc-all.log
 #   discover   xelink topology --discover --save (NVML or nvidia-smi, logged)     -> discover.log, discovered.toml
 #   suite      xelink bench all --quick --tune h200.tuning.json --out suite/ (2 ranks through xelink-run,
@@ -82,8 +82,8 @@ step env 30 env.log bash -c env_report
 cat "$OUT/env.log"
 
 # CUDA IPC under each binding (item: does cuIpcOpenMemHandle work when each rank sees only its GPU?).
-step ipc-one "$CAP_IPC" ipc-one.log "${RUN[@]}" "$PY" benchmarks/h200_ipc_check.py; ONE=$?
-step ipc-all "$CAP_IPC" ipc-all.log "${RUN[@]}" --visible all "$PY" benchmarks/h200_ipc_check.py; ALL=$?
+step ipc-one "$CAP_IPC" ipc-one.log "${RUN[@]}" "$PY" benchmarks/scripts/h200_ipc_check.py; ONE=$?
+step ipc-all "$CAP_IPC" ipc-all.log "${RUN[@]}" --visible all "$PY" benchmarks/scripts/h200_ipc_check.py; ALL=$?
 if [ "$ONE" = 0 ]; then VISIBLE=one; elif [ "$ALL" = 0 ]; then VISIBLE=all; else VISIBLE=all; fi
 echo "binding for the next steps: --visible $VISIBLE (ipc-one exit $ONE, ipc-all exit $ALL)" | tee -a "$OUT/run.log"
 RUNV=("${RUN[@]}" --visible "$VISIBLE")

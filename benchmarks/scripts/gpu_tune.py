@@ -1,6 +1,6 @@
 """Kernel configurations of the GPU collectives, side by side (grid size, tile, warps), one rank per GPU.
 
-mpirun -n 2 python3 benchmarks/gpu_tune.py   — prints one line per (config, case): µs per op (max over ranks).
+mpirun -n 2 python3 benchmarks/scripts/gpu_tune.py   — prints one line per (config, case): µs per op (max over ranks).
 """
 import os
 import sys

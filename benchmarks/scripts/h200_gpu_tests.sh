@@ -3,7 +3,7 @@
 # reused across calls (tests/ranks_gpu_reuse.py, 2-4 ranks on GPU 0) and every op x algorithm x dtype x
 # size (tests/ranks_gpu_collectives.py, 2 ranks on GPU 0; its checks against NCCL skip: NCCL refuses two
 # ranks of one GPU). Run from the repository root on the GPU machine.
-# Usage: OUT=/tmp/out bash benchmarks/h200_gpu_tests.sh      (writes $OUT/gpu_tests_1gpu.log)
+# Usage: OUT=/tmp/out bash benchmarks/scripts/h200_gpu_tests.sh      (writes $OUT/gpu_tests_1gpu.log)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

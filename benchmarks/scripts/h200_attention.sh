@@ -1,6 +1,6 @@
 #!/bin/bash
 # Attention on a 2 x H200 machine, from the repository root:
-#   XELINK_COMMIT=<commit> bash benchmarks/results/h200-attention/run.sh [final|sweep] OUTDIR
+#   XELINK_COMMIT=<commit> bash benchmarks/scripts/h200_attention.sh [final|sweep] OUTDIR
 # GPU 0 runs the attention tests (GPU ones included, parallel workers); GPU 1 runs the benchmark
 # (final: the issue-6 shapes through the public API; sweep: the tile candidates). Both at once, so
 # their compile time overlaps; the timed kernels run alone on their GPU.

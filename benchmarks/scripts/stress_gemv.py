@@ -1,7 +1,7 @@
 """Repeat the random-seed GPU gemv checks of tests/kernels/test_gemv.py for a time budget, in one process
 (the kernels compile once), and print every failure with its seed: a hunt for a rare failure.
 
-``python3 benchmarks/results/h200-kernels/run15/stress_gemv.py SECONDS [SUBSTRING]`` (only the cases whose
+``python3 benchmarks/scripts/stress_gemv.py SECONDS [SUBSTRING]`` (only the cases whose
 function name and arguments contain SUBSTRING)
 """
 import itertools

@@ -1,6 +1,6 @@
 """Latency of the shared-memory peer-counter barrier next to MPI_Barrier, in the same run.
 
-    .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/shm_barrier.py [--iters 2000] [--reps 7]
+    .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/scripts/shm_barrier.py [--iters 2000] [--reps 7]
 
 Each repetition times ``iters`` back-to-back barriers of each kind, interleaved (peer counters,
 MPI_Barrier on the same node communicator, peer counters, ...), so that both see the same machine

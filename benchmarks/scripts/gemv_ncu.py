@@ -1,10 +1,10 @@
 """Profile chosen GEMV configs with Nsight Compute (hardware counters; the Firecracker GPU machines).
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section WarpStateStats --section LaunchStats python3 benchmarks/gemv_ncu.py > ncu.txt
+        --section WarpStateStats --section LaunchStats python3 benchmarks/scripts/gemv_ncu.py > ncu.txt
 
 Each config is compiled and warmed outside the profiled range, then launched once inside it
-(cudaProfilerStart/Stop), on 128256 x 4096 weights (M = 1 and 8). ``python3 benchmarks/gemv_ncu.py tc``
+(cudaProfilerStart/Stop), on 128256 x 4096 weights (M = 1 and 8). ``python3 benchmarks/scripts/gemv_ncu.py tc``
 profiles the tensor-core kernel's variants instead of the defaults.
 """
 import sys

@@ -5,7 +5,7 @@ with ``xelink.cost`` on the shipped ``nvidia-h200x2`` topology (NVLink 390 GB/s 
 a copy-engine peer copy on that machine; 3 us latency, estimated) and prints predicted vs measured.
 Rows: CUDA-graph times up to 16 MiB, eager beyond; copy_engine paths have no model algorithm.
 
-    python benchmarks/h200_model_check.py [--out DIR]
+    python benchmarks/scripts/h200_model_check.py [--out DIR]
 """
 import argparse
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xelink import cost, topology
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "benchmarks" / "results" / "h200x2-gpu-collectives" / "gpu_collectives.jsonl"
 
 

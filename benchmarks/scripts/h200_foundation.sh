@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch, device binding, the torch.distributed bridge (NCCL) and topology discovery on a GPU host.
 # Run from the repository root on the GPU machine; logs go to $OUT (default: ./out).
-# Usage: OUT=/tmp/out bash benchmarks/h200_foundation.sh
+# Usage: OUT=/tmp/out bash benchmarks/scripts/h200_foundation.sh
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

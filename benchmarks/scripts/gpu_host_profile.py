@@ -1,6 +1,6 @@
 """Where the host time of one eager GPU collective goes (cProfile of rank 0), one rank per GPU.
 
-mpirun -n 2 python3 benchmarks/gpu_host_profile.py
+mpirun -n 2 python3 benchmarks/scripts/gpu_host_profile.py
 """
 import cProfile
 import pstats

@@ -2,7 +2,7 @@
 # GPU tests of the local kernels and the kernel benchmark (xelink.bench.kernels).
 # With two or more GPUs the tests run on the last GPU while the benchmark runs alone on GPU 0;
 # with one GPU they run one after the other.
-# Usage, from the repository root:  OUT=/tmp/out bash benchmarks/results/h200-kernels/run.sh [benchmark args]
+# Usage, from the repository root:  OUT=/tmp/out bash benchmarks/scripts/h200_kernels.sh [benchmark args]
 # Writes $OUT/gpu_tests.log, $OUT/bench.log, $OUT/kernels.jsonl, $OUT/kernels.txt.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
