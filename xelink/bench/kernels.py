@@ -11,10 +11,11 @@
 - RMSNorm on 8192x4096 bf16 (with and without the fused residual) and RoPE on q 1x32x8192x128,
   k 1x8x8192x128: vs torch eager and vs ``copy_`` of the same number of bytes (all reads + all
   writes), which gives the bandwidth the machine reaches in this run; eager and CUDA-graph timings.
-- A decode layer's chain at one token (W4A16, Llama-3-8B-like, the activation left out: residual
-  RMSNorm, QKV GEMV, RoPE, decode attention over 4096 cached tokens, O GEMV, residual RMSNorm, gate/up
-  GEMV, down GEMV), four layers in a CUDA graph, with programmatic dependent launch on every kernel, on
-  the GEMVs only, and off (the baseline).
+- A decode layer's chain at one token (``xelink.models.decode_layers`` at ``LLAMA3_8B``: W4A16, the
+  activation left out: residual RMSNorm, QKV GEMV, RoPE, decode attention over 4096 cached tokens, O GEMV,
+  residual RMSNorm, gate/up GEMV, down GEMV), four layers in a CUDA graph, with programmatic dependent
+  launch on every kernel, on the GEMVs only, and off (the baseline); checked against the layer's
+  pure-torch twin (``reference_decode_layers``).
 
 The outputs of the timed runs are checked against a float32 torch computation (``#wrong`` counts
 elements off by more than 2% of the value plus 2% of the output's RMS). Rows go to a JSON Lines file
@@ -240,64 +241,26 @@ def _gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
 
 # -- a decode layer's chain of kernels ------------------------------------------------------------------
 
-# A Llama-3-8B-like layer at one token, W4A16, the activation left out: residual RMSNorm, the QKV GEMV,
-# RoPE of q and k, decode attention over a KV cache, the O GEMV, residual RMSNorm, the gate/up GEMV, the
-# down GEMV.
-DECODE_H, DECODE_HEADS, DECODE_KV_HEADS, DECODE_FFN, DECODE_CONTEXT = 4096, 32, 8, 14336, 4096
+def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 3, config=None) -> None:
+    """Time a chain of decode layers (``xelink.models.decode_layers``: ``layers`` distinct weight and cache
+    sets, more bytes than L2; default config ``LLAMA3_8B``) in a CUDA graph with programmatic dependent launch
+    on every kernel (the sm90 default), on the GEMVs only, and on none, all in the same run; the baseline is
+    the chain without it. Outputs checked against ``reference_decode_layers``."""
+    from ..models import LLAMA3_8B, DecodeLayerWeights, decode_layers, reference_decode_layers
 
-
-def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 3) -> None:
-    """Time a chain of decode layers (``layers`` distinct weight and cache sets, more bytes than L2) in a CUDA
-    graph with programmatic dependent launch on every kernel (the sm90 default), on the GEMVs only, and
-    on none, all in the same run; the baseline is the chain without it."""
-    from ..kernels.attention import decode_attention, reference_decode_attention
-    from ..kernels.gemv import gemv, pack_w4a16, unpack_w4a16
-    from ..kernels.norm import rmsnorm, rope
-
-    H, D, ffn = DECODE_H, DECODE_H // DECODE_HEADS, DECODE_FFN
-    qkv_n = (DECODE_HEADS + 2 * DECODE_KV_HEADS) * D
+    cfg = config or LLAMA3_8B
+    D = cfg.head_dim
     gen = torch.Generator(device="cuda").manual_seed(7)
-
-    def packed(n, k):
-        return pack_w4a16(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5)
-
-    weights = [dict(n1=torch.ones(H, device="cuda", dtype=torch.bfloat16), qkv=packed(qkv_n, H), o=packed(H, H),
-                    n2=torch.ones(H, device="cuda", dtype=torch.bfloat16), gu=packed(2 * ffn, H),
-                    down=packed(H, ffn),
-                    kv=torch.randn(2, 1, DECODE_KV_HEADS, DECODE_CONTEXT, D, device="cuda", generator=gen)
-                    .to(torch.bfloat16)) for _ in range(layers)]
-    lens = torch.tensor([DECODE_CONTEXT], device="cuda")
-    x0 = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    weights = [DecodeLayerWeights.random(cfg, device="cuda", generator=gen) for _ in range(layers)]
+    lens = torch.tensor([cfg.context], device="cuda")
+    x0 = torch.randn(1, cfg.hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
     angle = torch.rand(1, D // 2, device="cuda", generator=gen) * 6.28
     cos, sin = torch.cat((angle, angle), -1).cos(), torch.cat((angle, angle), -1).sin()
 
-    def layer(y, h, lw, norm_pdl, gemv_pdl, mm):
-        normed, h = rmsnorm(y, lw["n1"], 1e-5, residual=h, pdl=norm_pdl)
-        qkv = mm(lw["qkv"], normed, gemv_pdl).view(1, 1, -1, D).transpose(1, 2)  # (1, heads, 1, D)
-        q, k = rope(qkv[:, :DECODE_HEADS], qkv[:, DECODE_HEADS:DECODE_HEADS + DECODE_KV_HEADS], cos, sin,
-                    pdl=norm_pdl)
-        if mm is float_mm:  # (k would be appended to the cache; the timing leaves the cache as it is)
-            a = reference_decode_attention(q, lw["kv"][0], lw["kv"][1], lens)
-        else:
-            a = decode_attention(q, lw["kv"][0], lw["kv"][1], lens, pdl=norm_pdl)
-        o = mm(lw["o"], a.reshape(1, H), gemv_pdl)
-        normed, h = rmsnorm(o, lw["n2"], 1e-5, residual=h, pdl=norm_pdl)
-        gu = mm(lw["gu"], normed, gemv_pdl)
-        return mm(lw["down"], gu[:, :ffn], gemv_pdl), h
+    def chain(norm_pdl, gemv_pdl):
+        return decode_layers(x0, weights, cos, sin, lens, pdl=norm_pdl, gemv_pdl=gemv_pdl)[0]
 
-    def xelink_mm(w, x, pdl):
-        return gemv(w[0], x, w[1], "w4a16", "cuda", config=dict(PDL=pdl))
-
-    def float_mm(w, x, pdl):  # the reference: the same weights, float32
-        return (x.float() @ unpack_w4a16(*w).T).to(x.dtype)
-
-    def chain(norm_pdl, gemv_pdl, mm=xelink_mm):
-        y, h = x0, torch.zeros_like(x0)
-        for lw in weights:
-            y, h = layer(y, h, lw, norm_pdl, gemv_pdl, mm)
-        return y
-
-    ref = chain(False, False, float_mm).float()
+    ref = reference_decode_layers(x0, weights, cos, sin, lens)[0].float()
     plans = {"xelink:pdl=off": (False, False), "xelink:pdl=gemv": (False, True),
              "xelink:pdl=all": (None, True)}
     graphs, outs, launches = {}, {}, {}
@@ -311,15 +274,16 @@ def run_decode(report: _Report, layers: int = 4, iters: int = 10, rounds: int = 
     samples = co_measure({n: g.replay for n, g in graphs.items()}, warmup=1, iters=iters, rounds=rounds,
                          timing=_events, after_block=check)
     base = [t / (launches["xelink:pdl=off"] * layers) for t in samples["xelink:pdl=off"]]
-    wbytes = sum(weights[0][k][0].numel() + 2 * weights[0][k][1].numel() for k in ("qkv", "o", "gu", "down"))
-    wbytes += 2 * weights[0]["kv"].numel()
+    lw = weights[0]
+    wbytes = sum(w[0].numel() + 2 * w[1].numel() for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+    wbytes += 2 * (lw.k_cache.numel() + lw.v_cache.numel())
     for name, s in samples.items():
         is_base = name == "xelink:pdl=off"
         report.add(make_row("decode-layer", name, [t / (launches[name] * layers) for t in s],
                             size_bytes=wbytes, count=1, dtype="w4a16", nranks=1, wrong=wrong.get(name, 0),
                             baseline=None if is_base else "xelink:pdl=off", baseline_samples=None if is_base else base,
-                            extra={"shape": f"H={H},heads={DECODE_HEADS}/{DECODE_KV_HEADS},ffn={ffn},"
-                                            f"context={DECODE_CONTEXT},M=1",
+                            extra={"shape": f"H={cfg.hidden},heads={cfg.heads}/{cfg.kv_heads},ffn={cfg.ffn},"
+                                            f"context={cfg.context},M=1",
                                    "timing": "cuda-graph", "layers": layers, "per": "layer"}))
     del graphs, outs, weights
     torch.cuda.empty_cache()
