@@ -4,6 +4,7 @@ import math
 from xelink import cost
 from xelink import topology as T
 from xelink.bench import model_check, probe
+from xelink.collectives import ALGORITHMS
 
 WORLD_SIZES = (1, 2)
 KiB = 1 << 10
@@ -44,7 +45,7 @@ def check_model_check_prices_and_measures_every_algorithm(world):
     rows = model_check.run_check(world, topo, placement, cal, base_topology=world.topology,
                                  ops=("all_reduce", "all_gather"), sizes=sizes, iters=2, rounds=1, warmup=1)
     want = [(op, a, s) for op in ("all_reduce", "all_gather") for s in sizes for a in cost.ALGOS[op]
-            if a in model_check.C.ALGORITHMS[op]]
+            if a in ALGORITHMS[op]]
     assert [(c.row.op, c.row.path.split(":")[1], c.row.size_bytes) for c in rows] == want
     assert all(c.row.wrong == 0 and c.row.time_us > 0 for c in rows)
     by = {(c.row.op, c.row.path, c.row.size_bytes): c for c in rows}

@@ -5,7 +5,8 @@ from pathlib import Path
 
 from xelink import cost
 from xelink import topology as T
-from xelink.bench import collectives, links, local_kernels, probe, suite
+from xelink.bench import local_kernels, probe, suite
+from xelink.bench.families import collectives, links
 
 WORLD_SIZES = (2,)
 
@@ -20,7 +21,7 @@ def check_links_measures_every_pair_and_writes_the_matrix(world):
         ["--quick", "--sizes", "8", "64K", "--iters", "2", "--rounds", "1", "--out", str(out), "--plots",
          "--topology-out", str(out / "t.toml"), "--calibration-out", str(out / "c.toml")])
     ctx = suite.Context(world, "links", args)
-    rows = links.run(ctx, "links")
+    rows = links.run(ctx)
     assert [(r.op, r.path, r.size_bytes, r.extra["pair"]) for r in rows] == \
         [("p2p", "xelink:pingpong", 8, [0, 1]), ("p2p", "xelink:pingpong", 65536, [0, 1])]
     assert all(r.time_us > 0 and r.wrong == 0 for r in rows)

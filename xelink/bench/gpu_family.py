@@ -18,11 +18,11 @@ __all__ = ["PASS_THROUGH", "add_arguments", "run"]
 PASS_THROUGH = True
 
 
-def add_arguments(p, family: str) -> None:
+def add_arguments(p) -> None:
     p.add_argument("--tune", metavar="PATH", help="write (or merge into) the tuning table auto uses on CUDA tensors")
 
 
-def run(ctx, family: str) -> list:
+def run(ctx) -> list:
     """Run the GPU collectives benchmark on every rank; rows on rank 0. Collective; ends the world."""
     from . import gpu_collectives
     from .suite import rows_of_jsonl

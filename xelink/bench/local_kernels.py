@@ -48,7 +48,7 @@ QUICK_SHAPES = {
 GEMV_ROWS = (1, 8)
 
 
-def add_arguments(p, family: str) -> None:
+def add_arguments(p) -> None:
     p.add_argument("--iters", type=int, help="timed calls per variant per round (CPU; default 5, quick 3)")
     p.add_argument("--rounds", type=int, help="rounds, variants interleaved (CPU; default 3, quick 2)")
 
@@ -206,11 +206,12 @@ def _run_gpu(ctx, family: str) -> list:
     return rows_of_jsonl(jsonl)
 
 
-def run(ctx, family: str) -> list:
+def run(ctx) -> list:
     """Rank 0 runs the family (CPU reference paths, or the GPU benchmark on CUDA); rows on rank 0, [] elsewhere.
 
     Collective: every rank of the world must call this.
     """
+    family = ctx.family
     cuda = getattr(ctx.world.device, "type", "cpu") == "cuda"
     if not cuda and ctx.rest:  # every rank refuses, so none waits for rank 0
         raise SystemExit(f"xelink bench {family}: unrecognized arguments (the GPU benchmark's options have no "

@@ -1,8 +1,8 @@
 """The benchmark suite: ``xelink bench <family>`` for one family, ``xelink bench all`` for every family
 this machine can run, in one launch, into one results folder.
 
-Families (each a module of ``xelink.bench`` with ``add_arguments(parser, family)`` and
-``run(ctx, family) -> rows``):
+Families (each a module of ``xelink.bench.families`` with ``add_arguments(parser)`` and
+``run(ctx) -> rows``):
 
 - ``links``: latency and bandwidth between every pair of ranks (a matrix, from the probe: a ping-pong
   through the transport on CPU ranks, copy-engine pulls through xelink's peer memory next to NCCL
@@ -47,9 +47,9 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("links", "links", "latency and bandwidth between every pair of ranks (matrix, heatmap, measured "
+    Family("links", "families.links", "latency and bandwidth between every pair of ranks (matrix, heatmap, measured "
                              "topology TOML, probe calibration)", plot="links"),
-    Family("collectives", "collectives", "every collective op x algorithm over a size sweep vs MPI's own, with "
+    Family("collectives", "families.collectives", "every collective op x algorithm over a size sweep vs MPI's own, with "
                                          "the cost model's prediction"),
     Family("gemm", "local_kernels", "GEMM: reference path vs torch.matmul on CPU; Triton kernels on CUDA",
            plot="kernels"),
@@ -85,7 +85,7 @@ def family_parser(name: str) -> argparse.ArgumentParser:
     """The argument parser of ``xelink bench <name>``."""
     fam = FAMILIES[name]
     p = argparse.ArgumentParser(prog=f"xelink bench {name}", description=fam.summary)
-    _module(fam).add_arguments(p, name)
+    _module(fam).add_arguments(p)
     add_output_arguments(p)
     return p
 
@@ -214,7 +214,7 @@ def _run_family(ctx: Context) -> tuple[str, list[Row]]:
         if ctx.lead:
             print(f"{ctx.family}: {why}", file=sys.stderr)
         return why, []
-    rows = _module(fam).run(ctx, ctx.family) or []
+    rows = _module(fam).run(ctx) or []
     if ctx.lead:
         write_outputs(ctx, rows)
     bad = sum(max(r.wrong, 0) for r in rows)
