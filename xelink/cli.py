@@ -244,8 +244,8 @@ def main(argv=None) -> int:
 
 # ``xelink bench <family>``: the suite's families (xelink.bench.suite), ``all``, and the tools beside them
 # (the module of xelink.bench whose main(argv) runs it).
-_SUITE_FAMILIES = ("links", "collectives", "gemm", "gemv", "attention", "gpu-collectives")
-_BENCH_TOOLS = {"probe": "probe", "model-check": "model_check", "kernels": "kernels"}
+_SUITE_FAMILIES = ("links", "collectives", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
+_BENCH_TOOLS = {"probe": "probe", "model-check": "model_check"}
 _BENCH_FAMILIES = (*_SUITE_FAMILIES, "all", *_BENCH_TOOLS)
 
 

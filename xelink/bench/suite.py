@@ -10,8 +10,9 @@ Families (each a module of ``xelink.bench.families`` with ``add_arguments(parser
 - ``collectives``: every op x algorithm over a size sweep next to MPI's own collective (CPU ranks) or
   NCCL (CUDA ranks: device tensors, xelink's GPU algorithms), with the cost model's prediction beside
   each row, priced with the links family's calibration.
-- ``gemm``, ``gemv``, ``attention``: on CPU the kernels' reference paths against torch at small shapes;
-  on CUDA the GPU kernel benchmarks (``kernels.py``, ``attention.py``).
+- ``gemm``, ``gemv``, ``norm``, ``attention``, ``decode``: on CPU the kernels' reference paths against
+  torch at small shapes (``decode``: the decode layer's kernel chain of ``xelink.models``); on CUDA the
+  GPU kernel benchmarks, rank 0 alone (``kernel_timing.run_single_device``).
 - ``gpu-collectives``: xelink's GPU collectives against NCCL and torch symmetric memory (CUDA only).
 
 Output, rank 0 only: the table on stdout, a progress line per step on stderr, and with ``--out DIR``
@@ -47,22 +48,26 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("links", "families.links", "latency and bandwidth between every pair of ranks (matrix, heatmap, measured "
-                             "topology TOML, probe calibration)", plot="links"),
-    Family("collectives", "families.collectives", "every collective op x algorithm over a size sweep vs MPI's own, with "
-                                         "the cost model's prediction"),
-    Family("gemm", "local_kernels", "GEMM: reference path vs torch.matmul on CPU; Triton kernels on CUDA",
+    Family("links", "families.links", "latency and bandwidth between every pair of ranks (matrix, heatmap, "
+                                      "measured topology TOML, probe calibration)", plot="links"),
+    Family("collectives", "families.collectives", "every collective op x algorithm over a size sweep vs MPI's own "
+                                                  "(NCCL on CUDA), with the cost model's prediction"),
+    Family("gemm", "families.gemm", "GEMM: reference path vs torch.matmul on CPU; Triton kernels on CUDA",
            plot="kernels"),
-    Family("gemv", "local_kernels", "GEMV bf16/W8A16/W4A16: reference path vs torch.matmul on CPU; Triton on CUDA",
+    Family("gemv", "families.gemv", "GEMV bf16/W8A16/W4A16: reference path vs torch.matmul on CPU; Triton on CUDA",
            plot="kernels"),
-    Family("attention", "local_kernels", "flash/decode attention: reference path vs SDPA on CPU; Triton on CUDA",
-           plot="kernels"),
+    Family("norm", "families.norm", "RMSNorm (+ residual) and RoPE: reference path vs torch on CPU; Triton vs torch "
+                                    "and copy_ on CUDA", plot="kernels"),
+    Family("attention", "families.attention", "flash/decode attention: reference path vs SDPA on CPU; Triton on "
+                                              "CUDA", plot="kernels"),
+    Family("decode", "families.decode", "a decode layer's kernel chain (xelink.models, W4A16): reference path vs "
+                                        "torch on CPU; PDL on/off in a CUDA graph on CUDA", plot="kernels"),
     Family("gpu-collectives", "gpu_family", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
 )}
 # ``all`` runs links first (its calibration prices the collectives) and gpu-collectives last (its
 # benchmark ends the xelink world it runs in; the suite starts a new one only if more were to follow).
-ALL_ORDER = ("links", "collectives", "gemm", "gemv", "attention", "gpu-collectives")
+ALL_ORDER = ("links", "collectives", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
 # compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
 SOLO_WAIT_S = 3 * 3600.0
@@ -79,6 +84,9 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the rows as CSV (PATH, else DIR/<family>.csv, else ./<family>.csv)")
     g.add_argument("--plots", nargs="?", const=True, default=None, metavar="DIR",
                    help="write PNG plots into DIR (default: the --out folder, else the current folder)")
+    g.add_argument("--commit", metavar="SHA", help="record this commit in the manifest instead of git's HEAD (a copy "
+                                                   "of the tree on a GPU machine may carry a stale .git; git's "
+                                                   "HEAD is kept as extra.git_head_here)")
 
 
 def family_parser(name: str) -> argparse.ArgumentParser:
@@ -103,6 +111,9 @@ class Context:
         args: its parsed options (``family_parser``), ``rest`` the arguments it passes on to a GPU benchmark.
         out: the results folder, or None.
         notes: lines printed under the table and kept in ``<family>.txt``.
+        header: a line (or block) printed above the table.
+        extra: fields the family adds to the manifest's ``extra`` (its options, the path it ran).
+        failed: set by a family that could not measure (the run's status is then "wrong").
         delegated: set by a family whose rows a GPU benchmark wrote itself (JSONL not written again).
     """
 
@@ -111,6 +122,7 @@ class Context:
         self.lead = world.rank == 0  # kept: a GPU benchmark may end the world before the outputs are written
         self.out = Path(out) if out else (Path(args.out) if args.out else None)
         self.notes: list[str] = []
+        self.extra: dict = {}
         self.delegated = False
         self.failed = False
         self.header = ""
@@ -137,7 +149,13 @@ class Context:
         return result
 
     def manifest(self, extra=None) -> dict:
-        return manifest(self.world, extra={"family": self.family, "quick": self.quick, **(extra or {})})
+        """The run manifest of this family's rows (``harness.manifest``), with ``--commit`` applied."""
+        man = manifest(self.world, extra={"family": self.family, "quick": self.quick, **self.extra, **(extra or {})})
+        commit = getattr(self.args, "commit", None)
+        if commit:
+            man["extra"]["git_head_here"] = man["commit"]
+            man["commit"] = commit
+        return man
 
 
 def rows_of_jsonl(path) -> list[Row]:
@@ -251,11 +269,13 @@ def _all_parser() -> argparse.ArgumentParser:
                                                          "(default: the one the links family measures)")
     p.add_argument("--topology", metavar="PATH", help="with --calibration: the probe's calibrated topology")
     p.add_argument("--only", metavar="FAMILIES", help=f"comma-separated subset of {','.join(ALL_ORDER)}")
+    p.add_argument("--commit", metavar="SHA", help="record this commit in every manifest instead of git's HEAD")
     return p
 
 
 def _family_argv(name: str, args, out: Path) -> list[str]:
     argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--csv"] if args.csv else [])
+    argv += ["--commit", args.commit] if getattr(args, "commit", None) else []
     if not args.no_plots:
         argv += ["--plots", str(args.plots or out)]
     if name == "links":
