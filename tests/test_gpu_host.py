@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xelink.bench.gpu_collectives import tuning_table
+from xelink.bench.families.gpu_collectives import tuning_table
 from xelink.bench.harness import Row
 from xelink.collectives import gpu
 from xelink.transport import cuda

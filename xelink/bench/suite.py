@@ -30,10 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import JsonlWriter, Progress, Row, format_table, manifest, read_jsonl, write_csv
+from .harness import JsonlWriter, Progress, Row, format_table, manifest, write_csv
 
 __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "family_parser", "main", "main_all",
-           "plots_dir", "rows_of_jsonl", "write_outputs"]
+           "plots_dir", "write_outputs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +62,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                               "CUDA", plot="kernels"),
     Family("decode", "families.decode", "a decode layer's kernel chain (xelink.models, W4A16): reference path vs "
                                         "torch on CPU; PDL on/off in a CUDA graph on CUDA", plot="kernels"),
-    Family("gpu-collectives", "gpu_family", "GPU collectives vs NCCL and torch symmetric memory",
+    Family("gpu-collectives", "families.gpu_collectives", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
 )}
-# ``all`` runs links first (its calibration prices the collectives) and gpu-collectives last (its
-# benchmark ends the xelink world it runs in; the suite starts a new one only if more were to follow).
+# ``all`` runs links first: its calibration prices the collectives.
 ALL_ORDER = ("links", "collectives", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
 # compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
@@ -108,22 +107,20 @@ class Context:
     Attributes:
         world: the xelink world communicator.
         family: the family's name.
-        args: its parsed options (``family_parser``), ``rest`` the arguments it passes on to a GPU benchmark.
+        args: its parsed options (``family_parser``).
         out: the results folder, or None.
         notes: lines printed under the table and kept in ``<family>.txt``.
         header: a line (or block) printed above the table.
         extra: fields the family adds to the manifest's ``extra`` (its options, the path it ran).
         failed: set by a family that could not measure (the run's status is then "wrong").
-        delegated: set by a family whose rows a GPU benchmark wrote itself (JSONL not written again).
     """
 
-    def __init__(self, world, family: str, args, rest=(), out=None):
-        self.world, self.family, self.args, self.rest = world, family, args, list(rest)
-        self.lead = world.rank == 0  # kept: a GPU benchmark may end the world before the outputs are written
+    def __init__(self, world, family: str, args, out=None):
+        self.world, self.family, self.args = world, family, args
+        self.lead = world.rank == 0
         self.out = Path(out) if out else (Path(args.out) if args.out else None)
         self.notes: list[str] = []
         self.extra: dict = {}
-        self.delegated = False
         self.failed = False
         self.header = ""
 
@@ -156,12 +153,6 @@ class Context:
             man["extra"]["git_head_here"] = man["commit"]
             man["commit"] = commit
         return man
-
-
-def rows_of_jsonl(path) -> list[Row]:
-    """The rows of a JSON Lines file a benchmark wrote (empty if it does not exist)."""
-    path = Path(path)
-    return [Row.from_dict(d) for d in read_jsonl(path)] if path.is_file() else []
 
 
 def _csv_path(ctx: Context) -> Path | None:
@@ -201,7 +192,7 @@ def write_outputs(ctx: Context, rows: list[Row], extra_manifest=None) -> None:
         ctx.path(".txt").write_text(table + "\n", encoding="utf-8")
         written.append(ctx.path(".txt"))
     jsonl = Path(ctx.args.jsonl) if ctx.args.jsonl else ctx.path(".jsonl")
-    if jsonl is not None and not ctx.delegated and rows:
+    if jsonl is not None and rows:
         with JsonlWriter(jsonl, ctx.manifest(extra_manifest)) as w:
             for r in rows:
                 w.write(r)
@@ -244,12 +235,9 @@ def main(name: str, argv=None) -> int:
     2 if the family cannot run on this machine)."""
     import xelink
 
-    fam = FAMILIES[name]
-    p = family_parser(name)
-    # The GPU benchmarks take options of their own (--impl, --sweep, ...): passed on to them unparsed.
-    args, rest = p.parse_known_args(argv) if getattr(_module(fam), "PASS_THROUGH", False) else (p.parse_args(argv), [])
+    args = family_parser(name).parse_args(argv)
     world = xelink.init()
-    status, _ = _run_family(Context(world, name, args, rest))
+    status, _ = _run_family(Context(world, name, args))
     xelink.finalize()
     return 0 if status == "ok" else 2 if status.startswith("skipped") else 1
 
@@ -323,24 +311,19 @@ def main_all(argv=None) -> int:
               f"device {world.device}; results in {out}/", flush=True)
     start = time.perf_counter()
     status = {}
-    for i, name in enumerate(names):
-        if world is None:  # a GPU benchmark ended the world it ran in
-            world = xelink.init()
+    for name in names:
         if lead:
             print(f"\n## {name}: {FAMILIES[name].summary}", flush=True)
         fargs = family_parser(name).parse_args(_family_argv(name, args, out))
         t0 = time.perf_counter()
         status[name], _ = _run_family(Context(world, name, fargs))
         status[name] += f" ({time.perf_counter() - t0:.1f} s)"
-        if name == "gpu-collectives" and not status[name].startswith("skipped"):
-            world = None
     total = time.perf_counter() - start
     if lead:
         lines = [f"xelink bench all{' --quick' if args.quick else ''} on {where}: {total:.1f} s"] + [f"  {n:<16} {s}" for n, s in status.items()]
         summary = "\n".join(lines)
         print("\n" + summary)
         (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
-    if world is not None:
-        xelink.finalize()
+    xelink.finalize()
     return 1 if any(s.startswith("wrong") for s in status.values()) else 0
 
