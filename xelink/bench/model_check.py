@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 
 import torch
 
@@ -229,6 +228,3 @@ def _figures(topology: Topology, placement: Placement, cal: cost.Calibration) ->
             "copy_gbps": cal.local.copy_gbps, "reduce_gbps": cal.local.reduce_gbps, "links": links,
             "injection_gbps": {d.id: d.injection_gbps for d in topology.devices if d.id in used}}
 
-
-if __name__ == "__main__":
-    sys.exit(main())
