@@ -1,5 +1,5 @@
-"""The benchmark suite: ``xelink bench <family>`` for one family, ``xelink bench all`` for every family
-this machine can run, in one launch, into one results folder.
+"""The suite's runner: ``xelink bench <family>`` for one family, ``xelink bench all`` for every family
+this machine can run, in one launch, into one results folder (the command line is ``cli.py``).
 
 Families (each a module of ``xelink.bench.families`` with ``add_arguments(parser)`` and
 ``run(ctx) -> rows``):
@@ -38,13 +38,21 @@ __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments",
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A benchmark family: its module (``add_arguments``/``run``), what it needs, and its plot kind."""
+    """A benchmark family of the table.
+
+    Fields:
+        name: what ``xelink bench`` takes.
+        module: its module, relative to ``xelink.bench`` (``families.<name>``, with ``add_arguments``/``run``).
+        summary: one line for the help and the ``all`` report.
+        cuda_only: every rank needs a CUDA GPU (skipped with the reason elsewhere).
+        plot: ``"sweep"`` (lines versus size), ``"kernels"`` (bars per shape) or ``"links"`` (its own).
+    """
 
     name: str
     module: str
     summary: str
     cuda_only: bool = False
-    plot: str = "sweep"  # "sweep" (lines versus size), "kernels" (bars per shape) or "links" (its own)
+    plot: str = "sweep"
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
