@@ -47,3 +47,16 @@ def test_xelink_bench_help_lists_the_families_and_tools():
     assert set(cli.NAMES) <= listed
     r = subprocess.run([sys.executable, "-m", "xelink.bench", "kernels"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "invalid choice: 'kernels'" in r.stderr
+
+
+def test_commit_option_replaces_the_manifest_commit_and_keeps_gits():
+    from types import SimpleNamespace
+
+    world = SimpleNamespace(rank=0, size=1, device="cpu", hosts=["here"], launch=None, topology=None)
+    ctx = suite.Context(world, "decode", suite.family_parser("decode").parse_args(["--commit", "abc1234"]))
+    ctx.extra["layers"] = 2
+    man = ctx.manifest()
+    assert man["commit"] == "abc1234" and "git_head_here" in man["extra"]
+    assert man["extra"]["family"] == "decode" and man["extra"]["layers"] == 2
+    plain = suite.Context(world, "decode", suite.family_parser("decode").parse_args([])).manifest()
+    assert "git_head_here" not in plain["extra"] and plain["commit"] == man["extra"]["git_head_here"]
