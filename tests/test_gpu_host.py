@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import xelink
-from xelink.bench.gpu_collectives import tuning_table
+from xelink.bench.families.gpu_collectives import tuning_table
 from xelink.bench.harness import Row
 from xelink.collectives import GPU_ALGORITHMS, dispatch, gpu, registry
 from xelink.collectives.gpu.launch import kernels, pieces

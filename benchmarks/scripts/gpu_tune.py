@@ -8,7 +8,7 @@ import sys
 import torch
 
 import xelink
-from xelink.collectives import gpu
+from xelink.collectives.gpu import launch
 
 CONFIGS = [(int(b), int(t), int(w)) for b, t, w in (c.split("/") for c in
            (sys.argv[1:] or ["132/4096/8", "132/2048/4", "264/4096/8"]))]
@@ -42,8 +42,8 @@ world = xelink.init()
 dev = torch.device(world.device)
 for blocks, tile, warps in CONFIGS:
     os.environ["XELINK_GPU_BLOCKS"] = str(blocks)
-    gpu._BLOCK[2] = tile
-    gpu._NUM_WARPS = warps
+    launch.BLOCK[2] = tile
+    launch.NUM_WARPS = warps
     comm = world.split(0)
     res = []
     for nbytes in (32 << 10, 256 << 10, 1 << 20):

@@ -16,7 +16,7 @@ bench_args=(--out "$out" --warm-jobs 12)
 (CUDA_VISIBLE_DEVICES=0 timeout 140 python3 -m pytest -q -n 12 --timeout 120 -p no:cacheprovider \
     tests/kernels/test_attention.py 2>&1 | tee "$out/gpu_tests.log") &
 tests=$!
-CUDA_VISIBLE_DEVICES=1 timeout 140 python3 -m xelink.bench.attention "${bench_args[@]}" 2>&1 | tee "$out/bench.log"
+CUDA_VISIBLE_DEVICES=1 timeout 140 python3 -m xelink.bench attention "${bench_args[@]}" 2>&1 | tee "$out/bench.log"
 bench_rc=$?
 wait $tests
 tests_rc=$?

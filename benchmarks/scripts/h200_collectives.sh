@@ -18,7 +18,7 @@ COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unkno
   fi
 } 2>&1 | tee "$OUT/gpu_tests.log"
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  { echo "commit: $COMMIT"; echo "\$ mpirun -n 2 python3 -m xelink.bench.gpu_collectives --out $OUT $*"
-    timeout "${BENCH_TIMEOUT:-300}" mpirun -n 2 $PY -m xelink.bench.gpu_collectives --out "$OUT" "$@"
+  { echo "commit: $COMMIT"; echo "\$ mpirun -n 2 python3 -m xelink.bench gpu-collectives --out $OUT $*"
+    timeout "${BENCH_TIMEOUT:-300}" mpirun -n 2 $PY -m xelink.bench gpu-collectives --out "$OUT" "$@"
     echo "[exit $?]"; } 2>&1 | tee "$OUT/gpu_bench.log"
 fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU tests of the local kernels and the kernel benchmark (xelink.bench.kernels).
+# GPU tests of the local kernels and the kernel benchmark families (xelink bench gemm, gemv, norm, decode).
 # With two or more GPUs the tests run on the last GPU while the benchmark runs alone on GPU 0;
 # with one GPU they run one after the other.
 # Usage, from the repository root:  OUT=/tmp/out bash benchmarks/scripts/h200_kernels.sh [benchmark args]
-# Writes $OUT/gpu_tests.log, $OUT/bench.log, $OUT/kernels.jsonl, $OUT/kernels.txt.
+# Writes $OUT/gpu_tests.log, $OUT/bench.log and each family's $OUT/<family>.jsonl and .txt.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -23,10 +23,14 @@ tests() {
   } > "$OUT/gpu_tests.log" 2>&1
 }
 bench() {
-  echo "\$ CUDA_VISIBLE_DEVICES=0 python3 -m xelink.bench.kernels --out \$OUT $*" > "$OUT/bench.log"
-  CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m xelink.bench.kernels --out "$OUT" --commit "$COMMIT" "$@" \
-    >> "$OUT/bench.log" 2>&1
-  echo "[bench exit $?]" >> "$OUT/bench.log"
+  # One family after another; extra options go to every family (FAMILIES=gemv for the gemv sweeps).
+  : > "$OUT/bench.log"
+  for fam in ${FAMILIES:-gemm gemv norm decode}; do
+    echo "\$ CUDA_VISIBLE_DEVICES=0 python3 -m xelink.bench $fam --out \$OUT --commit $COMMIT $*" >> "$OUT/bench.log"
+    CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m xelink.bench "$fam" --out "$OUT" --commit "$COMMIT" "$@" \
+      >> "$OUT/bench.log" 2>&1
+    echo "[bench $fam exit $?]" >> "$OUT/bench.log"
+  done
 }
 if [ "$NGPU" -ge 2 ]; then
   tests $((NGPU - 1)) &

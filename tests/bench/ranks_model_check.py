@@ -5,6 +5,7 @@ from xelink import cost
 from xelink.collectives import ALGORITHMS
 from xelink import topology as T
 from xelink.bench import model_check, probe
+from xelink.collectives import ALGORITHMS
 
 WORLD_SIZES = (1, 2)
 KiB = 1 << 10

@@ -5,7 +5,9 @@ from pathlib import Path
 
 from xelink import cost
 from xelink import topology as T
-from xelink.bench import collectives, links, local_kernels, probe, suite
+from xelink.bench import probe, suite
+from xelink.bench.families import attention, collectives, decode, gemm, gemv, links, norm
+from xelink.models import DecodeLayerConfig
 
 WORLD_SIZES = (2,)
 
@@ -20,7 +22,7 @@ def check_links_measures_every_pair_and_writes_the_matrix(world):
         ["--quick", "--sizes", "8", "64K", "--iters", "2", "--rounds", "1", "--out", str(out), "--plots",
          "--topology-out", str(out / "t.toml"), "--calibration-out", str(out / "c.toml")])
     ctx = suite.Context(world, "links", args)
-    rows = links.run(ctx, "links")
+    rows = links.run(ctx)
     assert [(r.op, r.path, r.size_bytes, r.extra["pair"]) for r in rows] == \
         [("p2p", "xelink:pingpong", 8, [0, 1]), ("p2p", "xelink:pingpong", 65536, [0, 1])]
     assert all(r.time_us > 0 and r.wrong == 0 for r in rows)
@@ -39,13 +41,15 @@ def check_links_measures_every_pair_and_writes_the_matrix(world):
 def check_all_quick_runs_every_family_into_one_folder(world):
     out = _shared_dir(world)
     # The quick suite at tiny sizes: the same code paths in a few seconds.
-    saved = (dict(probe.QUICK), collectives.QUICK_SIZES, dict(collectives.QUICK), dict(local_kernels.QUICK_SHAPES))
+    saved = (dict(probe.QUICK), collectives.QUICK_SIZES, dict(collectives.QUICK), gemm.QUICK_SHAPES, gemv.QUICK_SHAPES,
+             norm.QUICK_SHAPES, attention.QUICK_SHAPES, decode.QUICK_CPU_CONFIG)
     probe.QUICK.update(pingpong_sizes=(8, 4096), exchange_sizes=(4096, 16384), local_sizes=(4096, 16384),
                        iters=1, rounds=1)
     collectives.QUICK_SIZES = (1024, 8192)
     collectives.QUICK["iters"], collectives.QUICK["rounds"] = 1, 1
-    local_kernels.QUICK_SHAPES.update(gemm=((32, 32, 32),), gemv=((256, 256),),
-                                      attention=(("mha", 1, 2, 2, 32, 64, False), ("decode", 1, 4, 2, 64, 64, False)))
+    gemm.QUICK_SHAPES, gemv.QUICK_SHAPES, norm.QUICK_SHAPES = ((32, 32, 32),), ((256, 256),), ((16, 256),)
+    attention.QUICK_SHAPES = (("mha", 1, 2, 2, 32, 64, False), ("decode", 1, 4, 2, 64, 64, False))
+    decode.QUICK_CPU_CONFIG = DecodeLayerConfig(hidden=128, heads=2, kv_heads=1, ffn=128, context=16)
     try:
         status = suite.main_all(["--quick", "--out", str(out), "--csv", "--tune", str(out / "t.tuning.json")])
     finally:
@@ -53,16 +57,16 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         probe.QUICK.update(saved[0])
         collectives.QUICK_SIZES = saved[1]
         collectives.QUICK.update(saved[2])
-        local_kernels.QUICK_SHAPES.clear()
-        local_kernels.QUICK_SHAPES.update(saved[3])
+        gemm.QUICK_SHAPES, gemv.QUICK_SHAPES, norm.QUICK_SHAPES, attention.QUICK_SHAPES = saved[3:7]
+        decode.QUICK_CPU_CONFIG = saved[7]
     assert status == 0
     if world.rank == 0:
         names = {p.name for p in out.iterdir()}
-        for family in ("links", "collectives", "gemm", "gemv", "attention"):
+        for family in ("links", "collectives", "gemm", "gemv", "norm", "attention", "decode"):
             assert {f"{family}.jsonl", f"{family}.txt", f"{family}.csv"} <= names, (family, sorted(names))
         assert {"links-matrix.png", "collectives-all_to_all-float32.png", "gemm-gemm.png",
-                "attention-decode_attention.png", "calibration.toml", "topology.toml", "summary.txt",
-                "t.tuning.json"} <= names
+                "attention-decode_attention.png", "norm-rope.png", "decode-decode-layer.png", "calibration.toml",
+                "topology.toml", "summary.txt", "t.tuning.json"} <= names
         rows = [json.loads(line) for line in (out / "collectives.jsonl").read_text().splitlines()]
         assert {r["op"] for r in rows} == set(collectives.OPS) and all(r["wrong"] == 0 for r in rows)
         ours = [r for r in rows if r["path"].startswith("xelink:")]
@@ -71,4 +75,4 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         assert rows[0]["manifest"]["extra"]["family"] == "collectives"
         summary = (out / "summary.txt").read_text()
         assert "gpu-collectives  skipped: needs one CUDA GPU per rank" in summary
-        assert summary.count(" ok (") == 5
+        assert summary.count(" ok (") == 7

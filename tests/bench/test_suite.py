@@ -9,7 +9,7 @@ import pytest
 
 from xelink.bench import make_row, plots, suite
 from xelink.bench.harness import Progress
-from xelink.bench.links import format_matrix, matrices
+from xelink.bench.families.links import format_matrix, matrices
 from xelink.bench.probe import Fit
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -135,7 +135,7 @@ def test_collectives_on_cuda_ranks_time_the_gpu_algorithms_the_model_can_price()
     import torch
 
     from xelink import cost
-    from xelink.bench import collectives as B
+    from xelink.bench.families import collectives as B
     from xelink.collectives import ALGORITHMS, GPU_ALGORITHMS
 
     cuda, cpu = SimpleNamespace(device=torch.device("cuda", 0)), SimpleNamespace(device=torch.device("cpu"))
@@ -154,7 +154,7 @@ def test_collectives_on_cuda_ranks_time_the_gpu_algorithms_the_model_can_price()
 def test_a_cuda_case_builds_its_tensors_on_the_device_it_is_given():
     import torch
 
-    from xelink.bench.collectives import _case
+    from xelink.bench.families.collectives import _case
 
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         src, out, want, _, _ = _case(op, 2, 1, 64, torch.float32, torch.device("cpu"))

@@ -1,6 +1,6 @@
-"""``python -m xelink.bench <family> [options]``: the same as ``xelink bench <family> [options]``."""
+"""``python -m xelink.bench <name> [options]``: the same as ``xelink bench <name> [options]``."""
 import sys
 
-from ..cli import main
+from .cli import main
 
-sys.exit(main(["bench", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:]))

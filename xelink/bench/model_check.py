@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 
 import torch
 
 from .. import cost
 from ..topology import Placement, Topology
-from .collectives import algorithms, copy_in_s, measure_case, model_algo
+from .families.collectives import OPS as ALL_OPS
+from .families.collectives import algorithms, copy_in_s, measure_case, model_algo
 from .harness import JsonlWriter, make_row, manifest
 from .probe import add_arguments, calibrated, cpu_snapshot, job_placement, other_cpu, report, run_probe
 
@@ -67,13 +67,13 @@ def run_check(comm, topology: Topology, placement: Placement, calibration: cost.
         comm: the job's communicator.
         topology, placement, calibration: what the model prices with (a probe's ``calibrated``).
         base_topology: the topology before calibration, for the links-only column (default: ``topology``).
-        ops: ops of ``xelink.collectives.ALGORITHMS``; sizes: bytes, nccl-tests convention.
+        ops: ops of the collectives family (``families.collectives.OPS``); sizes: bytes, nccl-tests convention.
 
     all_reduce is timed as ``xelink bench collectives`` times it, copying the user's input into the
     buffer first (the collective is in place); its prediction adds that copy at the probe's copy
     bandwidth of the slowest device. On CUDA ranks the tensors are on the GPUs, each call is timed with
     CUDA events (eager), and the algorithms are the GPU ones the model has a schedule for, priced under
-    the model's schedule for it (the registry's ``schedule``; the GPU path has no ring).
+    the model's schedule for it (the registry's ``schedule``, through ``families.collectives.model_algo``).
 
     Collective: every rank of ``comm`` must call this with the same arguments.
     """
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     import xelink
 
     p = argparse.ArgumentParser(prog="xelink bench model-check", description=__doc__.splitlines()[0])
-    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=ALL_OPS)
     p.add_argument("--sizes", nargs="+", type=cost.parse_size, default=list(SIZES),
                    help="sizes in bytes (suffixes K, M, G allowed), nccl-tests convention")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
@@ -228,6 +228,3 @@ def _figures(topology: Topology, placement: Placement, cal: cost.Calibration) ->
             "copy_gbps": cal.local.copy_gbps, "reduce_gbps": cal.local.reduce_gbps, "links": links,
             "injection_gbps": {d.id: d.injection_gbps for d in topology.devices if d.id in used}}
 
-
-if __name__ == "__main__":
-    sys.exit(main())

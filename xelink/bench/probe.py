@@ -44,7 +44,6 @@ import datetime
 import functools
 import json
 import statistics
-import sys
 
 import numpy as np
 import torch
@@ -760,6 +759,3 @@ def main(argv=None) -> int:
     xelink.finalize()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
-"""The benchmark suite: ``xelink bench <family>`` for one family, ``xelink bench all`` for every family
-this machine can run, in one launch, into one results folder.
+"""The suite's runner: ``xelink bench <family>`` for one family, ``xelink bench all`` for every family
+this machine can run, in one launch, into one results folder (the command line is ``cli.py``).
 
-Families (each a module of ``xelink.bench`` with ``add_arguments(parser, family)`` and
-``run(ctx, family) -> rows``):
+Families (each a module of ``xelink.bench.families`` with ``add_arguments(parser)`` and
+``run(ctx) -> rows``):
 
 - ``links``: latency and bandwidth between every pair of ranks (a matrix, from the probe: a ping-pong
   through the transport on CPU ranks, copy-engine pulls through xelink's peer memory next to NCCL
@@ -10,8 +10,9 @@ Families (each a module of ``xelink.bench`` with ``add_arguments(parser, family)
 - ``collectives``: every op x algorithm over a size sweep next to MPI's own collective (CPU ranks) or
   NCCL (CUDA ranks: device tensors, xelink's GPU algorithms), with the cost model's prediction beside
   each row, priced with the links family's calibration.
-- ``gemm``, ``gemv``, ``attention``: on CPU the kernels' reference paths against torch at small shapes;
-  on CUDA the GPU kernel benchmarks (``kernels.py``, ``attention.py``).
+- ``gemm``, ``gemv``, ``norm``, ``attention``, ``decode``: on CPU the kernels' reference paths against
+  torch at small shapes (``decode``: the decode layer's kernel chain of ``xelink.models``); on CUDA the
+  GPU kernel benchmarks, rank 0 alone (``kernel_timing.run_single_device``).
 - ``gpu-collectives``: xelink's GPU collectives against NCCL and torch symmetric memory (CUDA only).
 
 Output, rank 0 only: the table on stdout, a progress line per step on stderr, and with ``--out DIR``
@@ -29,40 +30,51 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import JsonlWriter, Progress, Row, format_table, manifest, read_jsonl, write_csv
+from .harness import JsonlWriter, Progress, Row, format_table, manifest, write_csv
 
 __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "family_parser", "main", "main_all",
-           "plots_dir", "rows_of_jsonl", "write_outputs"]
+           "plots_dir", "write_outputs"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A benchmark family: its module (``add_arguments``/``run``), what it needs, and its plot kind."""
+    """A benchmark family of the table.
+
+    Fields:
+        name: what ``xelink bench`` takes.
+        module: its module, relative to ``xelink.bench`` (``families.<name>``, with ``add_arguments``/``run``).
+        summary: one line for the help and the ``all`` report.
+        cuda_only: every rank needs a CUDA GPU (skipped with the reason elsewhere).
+        plot: ``"sweep"`` (lines versus size), ``"kernels"`` (bars per shape) or ``"links"`` (its own).
+    """
 
     name: str
     module: str
     summary: str
     cuda_only: bool = False
-    plot: str = "sweep"  # "sweep" (lines versus size), "kernels" (bars per shape) or "links" (its own)
+    plot: str = "sweep"
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("links", "links", "latency and bandwidth between every pair of ranks (matrix, heatmap, measured "
-                             "topology TOML, probe calibration)", plot="links"),
-    Family("collectives", "collectives", "every collective op x algorithm over a size sweep vs MPI's own, with "
-                                         "the cost model's prediction"),
-    Family("gemm", "local_kernels", "GEMM: reference path vs torch.matmul on CPU; Triton kernels on CUDA",
+    Family("links", "families.links", "latency and bandwidth between every pair of ranks (matrix, heatmap, "
+                                      "measured topology TOML, probe calibration)", plot="links"),
+    Family("collectives", "families.collectives", "every collective op x algorithm over a size sweep vs MPI's own "
+                                                  "(NCCL on CUDA), with the cost model's prediction"),
+    Family("gemm", "families.gemm", "GEMM: reference path vs torch.matmul on CPU; Triton kernels on CUDA",
            plot="kernels"),
-    Family("gemv", "local_kernels", "GEMV bf16/W8A16/W4A16: reference path vs torch.matmul on CPU; Triton on CUDA",
+    Family("gemv", "families.gemv", "GEMV bf16/W8A16/W4A16: reference path vs torch.matmul on CPU; Triton on CUDA",
            plot="kernels"),
-    Family("attention", "local_kernels", "flash/decode attention: reference path vs SDPA on CPU; Triton on CUDA",
-           plot="kernels"),
-    Family("gpu-collectives", "gpu_family", "GPU collectives vs NCCL and torch symmetric memory",
+    Family("norm", "families.norm", "RMSNorm (+ residual) and RoPE: reference path vs torch on CPU; Triton vs torch "
+                                    "and copy_ on CUDA", plot="kernels"),
+    Family("attention", "families.attention", "flash/decode attention: reference path vs SDPA on CPU; Triton on "
+                                              "CUDA", plot="kernels"),
+    Family("decode", "families.decode", "a decode layer's kernel chain (xelink.models, W4A16): reference path vs "
+                                        "torch on CPU; PDL on/off in a CUDA graph on CUDA", plot="kernels"),
+    Family("gpu-collectives", "families.gpu_collectives", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
 )}
-# ``all`` runs links first (its calibration prices the collectives) and gpu-collectives last (its
-# benchmark ends the xelink world it runs in; the suite starts a new one only if more were to follow).
-ALL_ORDER = ("links", "collectives", "gemm", "gemv", "attention", "gpu-collectives")
+# ``all`` runs links first: its calibration prices the collectives.
+ALL_ORDER = ("links", "collectives", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
 # compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
 SOLO_WAIT_S = 3 * 3600.0
@@ -79,13 +91,16 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the rows as CSV (PATH, else DIR/<family>.csv, else ./<family>.csv)")
     g.add_argument("--plots", nargs="?", const=True, default=None, metavar="DIR",
                    help="write PNG plots into DIR (default: the --out folder, else the current folder)")
+    g.add_argument("--commit", metavar="SHA", help="record this commit in the manifest instead of git's HEAD (a copy "
+                                                   "of the tree on a GPU machine may carry a stale .git; git's "
+                                                   "HEAD is kept as extra.git_head_here)")
 
 
 def family_parser(name: str) -> argparse.ArgumentParser:
     """The argument parser of ``xelink bench <name>``."""
     fam = FAMILIES[name]
     p = argparse.ArgumentParser(prog=f"xelink bench {name}", description=fam.summary)
-    _module(fam).add_arguments(p, name)
+    _module(fam).add_arguments(p)
     add_output_arguments(p)
     return p
 
@@ -100,18 +115,20 @@ class Context:
     Attributes:
         world: the xelink world communicator.
         family: the family's name.
-        args: its parsed options (``family_parser``), ``rest`` the arguments it passes on to a GPU benchmark.
+        args: its parsed options (``family_parser``).
         out: the results folder, or None.
         notes: lines printed under the table and kept in ``<family>.txt``.
-        delegated: set by a family whose rows a GPU benchmark wrote itself (JSONL not written again).
+        header: a line (or block) printed above the table.
+        extra: fields the family adds to the manifest's ``extra`` (its options, the path it ran).
+        failed: set by a family that could not measure (the run's status is then "wrong").
     """
 
-    def __init__(self, world, family: str, args, rest=(), out=None):
-        self.world, self.family, self.args, self.rest = world, family, args, list(rest)
-        self.lead = world.rank == 0  # kept: a GPU benchmark may end the world before the outputs are written
+    def __init__(self, world, family: str, args, out=None):
+        self.world, self.family, self.args = world, family, args
+        self.lead = world.rank == 0
         self.out = Path(out) if out else (Path(args.out) if args.out else None)
         self.notes: list[str] = []
-        self.delegated = False
+        self.extra: dict = {}
         self.failed = False
         self.header = ""
 
@@ -137,13 +154,13 @@ class Context:
         return result
 
     def manifest(self, extra=None) -> dict:
-        return manifest(self.world, extra={"family": self.family, "quick": self.quick, **(extra or {})})
-
-
-def rows_of_jsonl(path) -> list[Row]:
-    """The rows of a JSON Lines file a benchmark wrote (empty if it does not exist)."""
-    path = Path(path)
-    return [Row.from_dict(d) for d in read_jsonl(path)] if path.is_file() else []
+        """The run manifest of this family's rows (``harness.manifest``), with ``--commit`` applied."""
+        man = manifest(self.world, extra={"family": self.family, "quick": self.quick, **self.extra, **(extra or {})})
+        commit = getattr(self.args, "commit", None)
+        if commit:
+            man["extra"]["git_head_here"] = man["commit"]
+            man["commit"] = commit
+        return man
 
 
 def _csv_path(ctx: Context) -> Path | None:
@@ -183,7 +200,7 @@ def write_outputs(ctx: Context, rows: list[Row], extra_manifest=None) -> None:
         ctx.path(".txt").write_text(table + "\n", encoding="utf-8")
         written.append(ctx.path(".txt"))
     jsonl = Path(ctx.args.jsonl) if ctx.args.jsonl else ctx.path(".jsonl")
-    if jsonl is not None and not ctx.delegated and rows:
+    if jsonl is not None and rows:
         with JsonlWriter(jsonl, ctx.manifest(extra_manifest)) as w:
             for r in rows:
                 w.write(r)
@@ -214,7 +231,7 @@ def _run_family(ctx: Context) -> tuple[str, list[Row]]:
         if ctx.lead:
             print(f"{ctx.family}: {why}", file=sys.stderr)
         return why, []
-    rows = _module(fam).run(ctx, ctx.family) or []
+    rows = _module(fam).run(ctx) or []
     if ctx.lead:
         write_outputs(ctx, rows)
     bad = sum(max(r.wrong, 0) for r in rows)
@@ -226,12 +243,9 @@ def main(name: str, argv=None) -> int:
     2 if the family cannot run on this machine)."""
     import xelink
 
-    fam = FAMILIES[name]
-    p = family_parser(name)
-    # The GPU benchmarks take options of their own (--impl, --sweep, ...): passed on to them unparsed.
-    args, rest = p.parse_known_args(argv) if getattr(_module(fam), "PASS_THROUGH", False) else (p.parse_args(argv), [])
+    args = family_parser(name).parse_args(argv)
     world = xelink.init()
-    status, _ = _run_family(Context(world, name, args, rest))
+    status, _ = _run_family(Context(world, name, args))
     xelink.finalize()
     return 0 if status == "ok" else 2 if status.startswith("skipped") else 1
 
@@ -251,11 +265,13 @@ def _all_parser() -> argparse.ArgumentParser:
                                                          "(default: the one the links family measures)")
     p.add_argument("--topology", metavar="PATH", help="with --calibration: the probe's calibrated topology")
     p.add_argument("--only", metavar="FAMILIES", help=f"comma-separated subset of {','.join(ALL_ORDER)}")
+    p.add_argument("--commit", metavar="SHA", help="record this commit in every manifest instead of git's HEAD")
     return p
 
 
 def _family_argv(name: str, args, out: Path) -> list[str]:
     argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--csv"] if args.csv else [])
+    argv += ["--commit", args.commit] if getattr(args, "commit", None) else []
     if not args.no_plots:
         argv += ["--plots", str(args.plots or out)]
     if name == "links":
@@ -303,24 +319,19 @@ def main_all(argv=None) -> int:
               f"device {world.device}; results in {out}/", flush=True)
     start = time.perf_counter()
     status = {}
-    for i, name in enumerate(names):
-        if world is None:  # a GPU benchmark ended the world it ran in
-            world = xelink.init()
+    for name in names:
         if lead:
             print(f"\n## {name}: {FAMILIES[name].summary}", flush=True)
         fargs = family_parser(name).parse_args(_family_argv(name, args, out))
         t0 = time.perf_counter()
         status[name], _ = _run_family(Context(world, name, fargs))
         status[name] += f" ({time.perf_counter() - t0:.1f} s)"
-        if name == "gpu-collectives" and not status[name].startswith("skipped"):
-            world = None
     total = time.perf_counter() - start
     if lead:
         lines = [f"xelink bench all{' --quick' if args.quick else ''} on {where}: {total:.1f} s"] + [f"  {n:<16} {s}" for n, s in status.items()]
         summary = "\n".join(lines)
         print("\n" + summary)
         (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
-    if world is not None:
-        xelink.finalize()
+    xelink.finalize()
     return 1 if any(s.startswith("wrong") for s in status.values()) else 0
 

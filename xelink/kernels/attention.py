@@ -52,7 +52,7 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 # Tile shapes (BLOCK_M, BLOCK_N, num_warps, num_stages) per (impl, head_dim), chosen from the sweep in
-# xelink/bench/attention.py on an H200 (benchmarks/results/h200-attention, B=1, 32 heads, S=8192, bf16):
+# `xelink bench attention --sweep` on an H200 (benchmarks/results/h200-attention, B=1, 32 heads, S=8192, bf16):
 # HD=128 non-causal, TMA 128x128 (3 stages) 569 TFLOP/s against 490 for the best block-pointer tiles and
 # 531 for TMA 128x64; HD=256, TMA 128x64 (2 stages) 479 against 447 block-pointer and 334 for 128x32.
 # So the TMA path pays on sm90 and "auto" takes it there. HD=256 needs BLOCK_N=64 and two stages: a

@@ -1,6 +1,6 @@
 """Link benchmark (``xelink bench links``): latency and bandwidth between every pair of ranks, as a matrix.
 
-Built on the probe (``probe.py``): one ``probe(every_pair=True)`` measures every pair of ranks on
+Built on the probe (``xelink/bench/probe.py``): one ``probe(every_pair=True)`` measures every pair of ranks on
 different devices (the others wait), at every size, all interleaved, next to the probe's other
 measurements (injection under load, software per call/step/message, local copy and sum). On CPU ranks a
 pair ping-pongs through xelink's transport step; on CUDA ranks one rank pulls device memory from the
@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 
-from .. import cost
-from . import probe as P
-from .harness import make_row
+from ... import cost
+from .. import probe as P
+from ..harness import make_row
 
-__all__ = ["add_arguments", "run", "main", "matrices", "format_matrix"]
+__all__ = ["add_arguments", "run", "matrices", "format_matrix"]
 
 
-def add_arguments(p, family: str) -> None:
+def add_arguments(p) -> None:
+    """The options of ``xelink bench links``."""
     p.add_argument("--sizes", nargs="+", type=cost.parse_size,
                    help="ping-pong sizes in bytes (default: the probe's, 8 B to 16 MiB; quick 8 B and 256 KiB; "
                         "CUDA 8 B to 128 MiB, quick 8 B to 32 MiB)")
@@ -59,7 +60,7 @@ def format_matrix(grid: list, title: str, spec: str) -> str:
     return "\n".join(lines)
 
 
-def run(ctx, family: str) -> list:
+def run(ctx) -> list:
     """Measure every pair (collective); rows on every rank, outputs written by rank 0."""
     world, args = ctx.world, ctx.args
     topology, placement = P.job_placement(world)
@@ -104,7 +105,7 @@ def run(ctx, family: str) -> list:
 
 
 def _report(ctx, world, topo, cal, result, measured, path) -> None:
-    from .suite import plots_dir
+    from ..suite import plots_dir
 
     args = ctx.args
     lat, bw = matrices(world.size, measured)
@@ -121,7 +122,7 @@ def _report(ctx, world, topo, cal, result, measured, path) -> None:
     if not measured:
         ctx.notes.append("links: no pair of ranks on different devices (one rank, or every rank on one device)")
     if args.topology_out:
-        from ..topology import save
+        from ...topology import save
 
         save(topo, args.topology_out)
         ctx.notes.append(f"measured topology written to {args.topology_out}")
@@ -134,7 +135,7 @@ def _report(ctx, world, topo, cal, result, measured, path) -> None:
         ctx.notes.append(f"probe measurements written to {args.probe_json}")
     folder = plots_dir(ctx)
     if folder is not None and measured:
-        from . import plots
+        from .. import plots
 
         if plots.available():
             png = plots.plot_link_matrix(lat, bw, folder / "links-matrix.png", f"links: {path}, {where}")
@@ -142,8 +143,3 @@ def _report(ctx, world, topo, cal, result, measured, path) -> None:
         else:
             ctx.notes.append("links: heatmap skipped: matplotlib is not installed (pip install \"xelink[bench]\")")
 
-
-def main(argv=None) -> int:
-    from .suite import main as run_family
-
-    return run_family("links", argv)

@@ -1,32 +1,46 @@
-"""Attention benchmark: xelink's flash-attention and decode kernels next to torch SDPA, same run, interleaved.
+"""``xelink bench attention``: xelink's flash-attention and decode kernels next to torch SDPA, same run,
+interleaved.
 
-Run on one GPU: ``python -m xelink.bench.attention [--impl hopper] [--out DIR]``.
-
-- Prefill (issue 6 shapes): B=1, 32 q heads, S=8192, bf16, HD 128 and 256, non-causal MHA and causal GQA
-  (8 KV heads). xelink's path named by ``--impl`` is timed through the public ``flash_attention`` against
-  SDPA's flash backend and its cuDNN backend (``sdpa_kernel``; ``enable_gqa=True`` for GQA), with CUDA
-  events around back-to-back launches. TFLOP/s = 4*B*Hq*S^2*D / time, halved for causal.
-- Decode: 1 query token, 32/8 heads, HD=128, KV 8K/32K/128K, B=1 and 8, timed as CUDA-graph replays of
-  calls over rotating KV caches (more bytes than L2), against SDPA (default dispatch, and the flash and
-  cuDNN backends where they take the inputs). TB/s counts the K and V bytes read.
+- CPU: ``flash_attention(impl="reference")`` (MHA, causal GQA) and ``decode_attention(impl="reference")``
+  vs ``torch.nn.functional.scaled_dot_product_attention`` at small shapes, host clock, checked against
+  float32 SDPA.
+- CUDA, prefill (issue 6 shapes): B=1, 32 q heads, S=8192, bf16, HD 128 and 256 (``--quick``: 128),
+  non-causal MHA and causal GQA (8 KV heads). xelink's path named by ``--impl`` is timed through the
+  public ``flash_attention`` against SDPA's flash backend and its cuDNN backend (``sdpa_kernel``;
+  ``enable_gqa=True`` for GQA), with CUDA events around back-to-back launches. TFLOP/s =
+  4*B*Hq*S^2*D / time, halved for causal.
+- CUDA, decode: 1 query token, 32/8 heads, HD=128, KV 8K/32K/128K (``--quick``: 8K, 32K), B=1 and 8, timed
+  as CUDA-graph replays of calls over rotating KV caches (more bytes than L2), against SDPA (default
+  dispatch, and the flash and cuDNN backends where they take the inputs). TB/s counts the K and V bytes
+  read.
 
 The outputs of the timed runs are checked against the float32 reference (``#wrong`` = elements off by
-more than the tolerance, NaN included). Prints a table and writes JSON Lines with the run manifest.
-``--sweep`` times tile configurations instead (tuning; compiles them in parallel processes first).
+more than the tolerance, NaN included). ``--only prefill|decode`` times one half; ``--sweep`` times tile
+configurations instead (tuning; compiles them in parallel processes first, ``--warm-jobs``).
+
+Rank 0 runs the family while the other ranks wait.
 """
-import argparse
+from __future__ import annotations
+
 import functools
 import math
 import multiprocessing
-import sys
-from pathlib import Path
 
 import torch
 
-from ..kernels import attention as A
-from .harness import JsonlWriter, co_measure, make_row, manifest, summarize, time_cuda_events
+from ...kernels import attention as A
+from ..harness import co_measure, make_row, summarize, time_cuda_events
+from ..kernel_timing import add_timing_arguments, cpu_rows, measure_checked, run_single_device, timing
 
-__all__ = ["DECODE_CASES", "PREFILL_CASES", "main", "run_decode", "run_prefill"]
+__all__ = ["DECODE_CASES", "PREFILL_CASES", "QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu",
+           "run_decode", "run_prefill"]
+
+# CPU cases: name, B, Hq, Hkv, S, D, causal ("decode": one query token over S cached keys).
+SHAPES = (("mha", 1, 8, 8, 256, 64, False), ("gqa_causal", 1, 8, 2, 256, 64, True),
+          ("mha", 1, 8, 8, 1024, 128, False), ("gqa_causal", 1, 8, 2, 1024, 128, True),
+          ("decode", 1, 8, 2, 4096, 128, False))
+QUICK_SHAPES = (("mha", 1, 8, 8, 256, 64, False), ("gqa_causal", 1, 8, 2, 256, 64, True),
+                ("decode", 1, 8, 2, 1024, 64, False))
 
 # (name, B, Hq, Hkv, S, D, causal)
 PREFILL_CASES = (
@@ -347,26 +361,74 @@ def _summary(rows):
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xelink.bench.attention", description=__doc__.split("\n")[0])
-    parser.add_argument("--impl", default=None, choices=("triton", "hopper"),
-                        help="xelink path to time (default: what impl='auto' picks on this GPU)")
-    parser.add_argument("--only", choices=("all", "prefill", "decode"), default="all")
-    parser.add_argument("--out", default=None, help="folder for attention.jsonl and attention.md")
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per variant per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sweep", action="store_true", help="time the tile candidates (tuning) instead")
-    parser.add_argument("--warm-jobs", type=int, default=8, help="processes that compile kernels before timing")
-    parser.add_argument("--quick", action="store_true", help="head dim 128 only and the two shortest decode caches, "
-                                                             "one round (the suite's quick run)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("xelink.bench.attention: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
+
+# -- the family -------------------------------------------------------------------------------------
+
+def add_arguments(p) -> None:
+    """The options of ``xelink bench attention``."""
+    add_timing_arguments(p, cpu="default 5, quick 3 (rounds 3, quick 2)",
+                         gpu="default 10 prefill, 20 decode, quick 5 (rounds 3, quick 1)")
+    g = p.add_argument_group("CUDA only")
+    g.add_argument("--impl", default=None, choices=("triton", "hopper"),
+                   help="xelink path to time (default: what impl='auto' picks on this GPU)")
+    g.add_argument("--only", default=None, choices=("all", "prefill", "decode"), help="time one half (default all)")
+    g.add_argument("--sweep", action="store_true", help="time the tile candidates (tuning) instead")
+    g.add_argument("--warm-jobs", type=int, default=None, help="processes that compile kernels before timing "
+                                                               "(default 8)")
+
+
+def run_cpu(cases, *, iters: int, rounds: int, progress=None) -> list:
+    """Flash (prefill) and decode attention, reference path vs SDPA, checked against float32 SDPA."""
+    import torch.nn.functional as F
+
+    from ...kernels.attention import decode_attention, flash_attention
+
+    rows = []
+    for name, B, hq, hkv, S, D, causal in cases:
+        g = torch.Generator().manual_seed(S + D + hq)
+        decode = name == "decode"
+        sq = 1 if decode else S
+        q = torch.randn(B, hq, sq, D, generator=g).to(torch.bfloat16)
+        k = torch.randn(B, hkv, S, D, generator=g).to(torch.bfloat16)
+        v = torch.randn(B, hkv, S, D, generator=g).to(torch.bfloat16)
+        gqa = hq != hkv
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, enable_gqa=gqa)
+        if decode:
+            lens = torch.full((B,), S, dtype=torch.int32)
+            ours = lambda: decode_attention(q, k, v, lens, impl="reference")  # noqa: E731
+        else:
+            ours = lambda: flash_attention(q, k, v, causal=causal, impl="reference")  # noqa: E731
+        variants = {"xelink:reference": ours,
+                    "torch:sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)}
+        checks = {n: (lambda out: _wrong(out, ref)) for n in variants}
+        samples, wrong = measure_checked(variants, checks, iters=iters, rounds=rounds)
+        flops = 4.0 * B * hq * sq * S * D / (2 if causal else 1)
+        nbytes = 2 * (2 * q.numel() + k.numel() + v.numel())
+        op = "decode_attention" if decode else "flash_attention"
+        shape = f"{name} B={B} Hq={hq} Hkv={hkv} S={S} D={D}"
+        rows += cpu_rows(op, samples, wrong, "torch:sdpa", size_bytes=nbytes, count=q.numel(), dtype=torch.bfloat16,
+                         flops=flops, extra={"shape": shape, "causal": causal})
+        if progress is not None:
+            progress.step(shape)
+    return rows
+
+
+def _cpu(ctx) -> list:
+    cases = QUICK_SHAPES if ctx.quick else SHAPES
+    return run_cpu(cases, progress=ctx.progress(len(cases)),
+                   **timing(ctx, {"iters": 5, "rounds": 3}, {"iters": 3, "rounds": 2}))
+
+
+def _gpu(ctx) -> list:
+    """The GPU benchmark with the family's options; rows (rank 0)."""
+    args = ctx.args
+    only = args.only or "all"
     impl = args.impl or A.resolve_impl("bench.attention", "auto", torch.device("cuda", torch.cuda.current_device()))
     if impl == "reference":
-        print("xelink.bench.attention: Triton is not installed, nothing to time", file=sys.stderr)
-        return 2
+        ctx.notes.append("attention: Triton is not installed, nothing to time")
+        ctx.failed = True
+        return []
+    ctx.extra.update(impl=impl, sweep=args.sweep, only=only)
     jobs = []
     if args.sweep:
         for d, cands in SWEEP_PREFILL.items():
@@ -374,35 +436,33 @@ def main(argv=None) -> int:
                 jobs += [("prefill", ci, d, causal, cfg) for ci, cfg in cands]
         jobs += [("decode", cfg) for cfg in {c for c, _ in SWEEP_DECODE}]
     else:
-        dims = (128,) if args.quick else (128, 256)
+        dims = (128,) if ctx.quick else (128, 256)
         jobs += [("prefill", impl, d, causal, A._fwd_config(impl, d)) for d in dims for causal in (False, True)]
         jobs.append(("decode", A._DECODE_CONFIGS[128]))
-    if args.only == "prefill":
+    if only == "prefill":
         jobs = [j for j in jobs if j[0] == "prefill"]
-    elif args.only == "decode":
+    elif only == "decode":
         jobs = [j for j in jobs if j[0] == "decode"]
-    _warm(jobs, args.warm_jobs)
+    _warm(jobs, 8 if args.warm_jobs is None else args.warm_jobs)
     rows = []
     prefill_cfg = SWEEP_PREFILL if args.sweep else None
     decode_cfg = SWEEP_DECODE if args.sweep else None
-    prefill_cases = tuple(c for c in PREFILL_CASES if c[5] == 128) if args.quick else PREFILL_CASES
-    decode_cases = DECODE_CASES[:2] if args.quick else DECODE_CASES
-    rounds = 1 if args.quick else args.rounds
-    if args.only in ("all", "prefill"):
-        rows += run_prefill(impl, prefill_cases, iters=args.iters or 10, rounds=rounds, configs=prefill_cfg)
-    if args.only in ("all", "decode"):
-        rows += run_decode(impl, decode_cases, iters=args.iters or 20, rounds=rounds, configs=decode_cfg)
-    table = _summary(rows)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        meta = manifest(extra={"benchmark": "attention", "impl": impl, "sweep": args.sweep})
-        with JsonlWriter(out / "attention.jsonl", meta) as w:
-            for r in rows:
-                w.write(r)
-        (out / "attention.md").write_text(table.lstrip() + "\n")
-    return 0 if all(r.wrong == 0 for r in rows) else 1
+    prefill_cases = tuple(c for c in PREFILL_CASES if c[5] == 128) if ctx.quick else PREFILL_CASES
+    decode_cases = DECODE_CASES[:2] if ctx.quick else DECODE_CASES
+    rounds = args.rounds or (1 if ctx.quick else 3)
+    show = ctx.progress(None).step  # a line per row on stderr
+    if only in ("all", "prefill"):
+        rows += run_prefill(impl, prefill_cases, iters=args.iters or (5 if ctx.quick else 10), rounds=rounds,
+                            configs=prefill_cfg, progress=show)
+    if only in ("all", "decode"):
+        rows += run_decode(impl, decode_cases, iters=args.iters or (5 if ctx.quick else 20), rounds=rounds,
+                           configs=decode_cfg, progress=show)
+    ctx.notes.append(_summary(rows).lstrip())
+    return rows
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run(ctx) -> list:
+    """The attention family (CPU reference run, or the GPU benchmark on CUDA); rows on rank 0. Collective."""
+    return run_single_device(ctx, cpu=_cpu, gpu=_gpu,
+                             gpu_only={"impl": "--impl", "only": "--only", "sweep": "--sweep",
+                                       "warm_jobs": "--warm-jobs"})

@@ -1,10 +1,9 @@
 """Collectives benchmark: every op x algorithm over a size sweep, next to the transport's own collective.
 
-Run under a launcher: ``mpiexec -n 4 python -m xelink.bench.collectives`` (or ``xelink bench
-collectives``). The baseline is MPI's own collective under mpirun and torch.distributed (gloo) under
-torchrun, timed in the same run, interleaved with xelink's paths. On CUDA ranks the tensors live on the
-GPUs, the algorithms are xelink's GPU ones (the registry's ``cuda`` entries), the baseline is NCCL (torch.distributed) and
-every call is timed with CUDA events; its tuning entries are ``cuda:<op>``, what ``algo="auto"`` reads
+Run under a launcher: ``mpiexec -n 4 xelink bench collectives``. The baseline is MPI's own collective
+under mpirun and torch.distributed (gloo) under torchrun, timed in the same run, interleaved with xelink's paths. On CUDA ranks the tensors live on the
+GPUs, the algorithms are xelink's GPU ones (the registry's ``cuda`` entries), the baseline is NCCL
+(torch.distributed) and every call is timed with CUDA events; its tuning entries are ``cuda:<op>``, what ``algo="auto"`` reads
 for CUDA tensors. Each timed call copies the user's
 input into the buffer first (copy-in counted, as a user pays it) and the output of the last timed run
 of every block is checked against the known answer (#wrong). Beside each of xelink's rows, the cost
@@ -17,15 +16,15 @@ manifest (``--out``/``--jsonl``), CSV and plots on request, and the tuning table
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 import torch
 
-from .. import collectives as C
-from .harness import co_measure, make_row, pred_over_meas, rank_max
+from ... import collectives as C
+from ..harness import co_measure, make_row, pred_over_meas, rank_max
 
-__all__ = ["run_sweep", "measure_case", "algorithms", "model_algo", "main", "run", "add_arguments", "copy_in_s", "OPS", "SIZES", "QUICK_SIZES"]
+__all__ = ["run_sweep", "measure_case", "algorithms", "model_algo", "run", "add_arguments", "copy_in_s",
+           "OPS", "SIZES", "QUICK_SIZES"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _MPI_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64}
@@ -128,7 +127,7 @@ def _predict(topology, placement, calibration, op, algo, nbytes):
     the model does not describe the algorithm."""
     if topology is None:
         return None
-    from ..cost import predict
+    from ...cost import predict
 
     try:
         seconds = predict(topology, placement, op, algo, nbytes, calibration).time_s
@@ -144,7 +143,7 @@ def _on_cuda(comm) -> bool:
 def _entries(comm, op: str):
     """xelink's registered algorithms of ``op`` for tensors of ``comm``'s device that take any tensor (not
     the baseline's; not those whose input must come from ``xelink.empty``)."""
-    from ..collectives import registry
+    from ...collectives import registry
 
     backend = "cuda" if _on_cuda(comm) else "cpu"
     return [a for a in registry.algorithms(op, backend) if not a.needs & {"baseline", "symmetric"}]
@@ -186,7 +185,7 @@ def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, 
     if cuda:
         import functools
 
-        from .harness import time_cuda_events
+        from ..harness import time_cuda_events
 
         timing = functools.partial(time_cuda_events, warmup=0)
     samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
@@ -211,7 +210,7 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
     """
     n = comm.size
     if topology is not None and placement is None:
-        from ..topology import place
+        from ...topology import place
 
         placement = place(topology, n)
     base = _MPIBaseline(comm) if comm.transport.name == "mpi" and not _on_cuda(comm) else _TorchBaseline(comm)
@@ -246,7 +245,7 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
 
 
 def _size(text: str) -> int:
-    from ..cost import parse_size
+    from ...cost import parse_size
 
     return parse_size(text)
 
@@ -256,7 +255,8 @@ QUICK_SIZES = tuple(1 << k for k in range(10, 23, 2))  # 1 KiB to 4 MiB, x4
 QUICK = {"iters": 3, "rounds": 2, "warmup": 1}
 
 
-def add_arguments(p, family: str = "collectives") -> None:
+def add_arguments(p) -> None:
+    """The options of ``xelink bench collectives``."""
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     p.add_argument("--sizes", nargs="+", type=_size, default=None,
                    help="sizes in bytes (suffixes K, M, G allowed), nccl-tests convention (default 1K to 16M x4; "
@@ -271,11 +271,11 @@ def add_arguments(p, family: str = "collectives") -> None:
     p.add_argument("--topology", metavar="PATH", help="price them on this (measured) topology; default: the job's")
 
 
-def run(ctx, family: str = "collectives") -> list:
+def run(ctx) -> list:
     """The sweep with the options of ``add_arguments``; tuning table and header on rank 0. Collective."""
-    from .. import cost
-    from ..topology import Placement, from_env_or_discover, load
-    from .probe import job_placement
+    from ... import cost
+    from ...topology import Placement, from_env_or_discover, load
+    from ..probe import job_placement
 
     world, args = ctx.world, ctx.args
     cuda = _on_cuda(world)
@@ -307,8 +307,8 @@ def run(ctx, family: str = "collectives") -> list:
         ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}, {where}; ratio = "
                       f"baseline time / xelink time (>1: xelink faster); {model}")
         if args.tune:
-            from ..tuning import fingerprint, save_merged
-            from .tune import build_table
+            from ...tuning import fingerprint, save_merged
+            from ..tune import build_table
 
             meta = ctx.manifest({"topology": job_topo.name})
             # algo="auto" on CUDA tensors looks up "cuda:<op>" (collectives/dispatch.py).
@@ -321,12 +321,3 @@ def run(ctx, family: str = "collectives") -> list:
                                                                       if merged else ""))
     return rows
 
-
-def main(argv=None) -> int:
-    from .suite import main as run_family
-
-    return run_family("collectives", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
-"""GPU collectives against NCCL and torch's symmetric-memory ops, in the same run (``xelink bench gpu-collectives``).
+"""``xelink bench gpu-collectives``: GPU collectives against NCCL and torch's symmetric-memory ops, in the same
+run (CUDA only; the suite skips it elsewhere with the reason).
 
-Launch one rank per GPU: ``mpirun -n 2 python -m xelink.bench.gpu_collectives --out DIR``.
+Launch one rank per GPU: ``mpirun -n 2 xelink bench gpu-collectives --out DIR``.
 
 Every timed variant goes through a public API on tensors the caller allocated, its path named
 (``xelink:<algo>`` with ``algo=`` set, never auto): ``user`` tensors come from ``torch.empty`` (the copy
@@ -15,15 +16,16 @@ so its row is timed on that data and not checked (``wrong`` = -1); its out-of-pl
 Latency sizes are timed eagerly (CUDA events around back-to-back calls) and inside a CUDA graph
 (``graph_calls`` calls captured once, replayed); large sizes eagerly with events. Variants are
 interleaved in rounds and the median over rounds, max over ranks, is reported.
+
+With ``--tune PATH`` its ``cuda:<op>`` entries are merged into a table already at PATH for the same
+machine layout (the collectives family's, in ``xelink bench all``; ``tuning.save_merged``), so one file
+holds both.
 """
 from __future__ import annotations
 
-import argparse
-import sys
-
 import torch
 
-__all__ = ["main", "tuning_table"]
+__all__ = ["LATENCY_SIZES", "add_arguments", "run", "tuning_table"]
 
 LATENCY_SIZES = (1 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
@@ -124,7 +126,7 @@ def _graph(fn, calls):
 
 
 def _measure(world, op, nbytes, count, dtype, variants, *, calls, rounds, graph, rows):
-    from .harness import make_row
+    from ..harness import make_row
 
     timed = {}
     for v in variants:
@@ -186,8 +188,8 @@ def tuning_table(rows, topology_name, hosts, manifest=None):
     """
     import dataclasses
 
-    from ..tuning import fingerprint
-    from .tune import build_table
+    from ...tuning import fingerprint
+    from ..tune import build_table
 
     picked = []
     for row in rows:
@@ -201,26 +203,25 @@ def tuning_table(rows, topology_name, hosts, manifest=None):
     return build_table(picked, fingerprint(topology_name, hosts), manifest=manifest)
 
 
-def main(argv=None) -> int:
-    import xelink
+def add_arguments(p) -> None:
+    """The options of ``xelink bench gpu-collectives``."""
+    p.add_argument("--rounds", type=int, default=5, help="rounds, variants interleaved (default 5)")
+    p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timing (latency sizes; default 50)")
+    p.add_argument("--large-calls", type=int, default=10, help="back-to-back calls per timing (large sizes; "
+                                                                "default 10)")
+    p.add_argument("--tune", metavar="PATH", default=None,
+                   help="write the tuning table auto uses on CUDA tensors here (merged into a table already there "
+                        "for this machine layout)")
 
-    from .harness import JsonlWriter, format_table, manifest
 
-    p = argparse.ArgumentParser(prog="xelink bench gpu-collectives", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="folder for collectives.jsonl and collectives.txt (rank 0)")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timing (latency sizes)")
-    p.add_argument("--large-calls", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="two latency sizes and smaller large sizes")
-    p.add_argument("--tune", default=None, help="write the tuning table auto uses on CUDA tensors here (merged "
-                                                "into a table already there for this machine layout)")
-    args = p.parse_args(argv)
+def run(ctx) -> list:
+    """The GPU collectives against NCCL (and torch symmetric memory where it works) on every rank; rows on
+    rank 0 (path ``<variant> [<mode>]``), [] elsewhere; the tuning table with ``--tune``.
 
-    world = xelink.init()
+    Collective: every rank of the world must call this; each rank needs a CUDA GPU (the suite checks).
+    """
+    world, args = ctx.world, ctx.args
     dev = torch.device(world.device)
-    if dev.type != "cuda":
-        print("xelink bench gpu-collectives: needs one CUDA GPU per rank", file=sys.stderr)
-        return 2
     pg = world.process_group()
     group_name = pg.group_name
     with_torch_symm = True
@@ -231,53 +232,42 @@ def main(argv=None) -> int:
         symm_mem.rendezvous(probe, group_name)
     except Exception as e:  # noqa: BLE001 - a missing baseline is reported, not fatal
         with_torch_symm = False
-        if world.rank == 0:
-            print(f"torch symmetric memory unavailable, its rows are left out: {e}")
+        if ctx.lead:
+            ctx.notes.append(f"torch symmetric memory unavailable, its rows are left out: {e}")
     rows = []
     dtype = torch.bfloat16
-    sizes = LATENCY_SIZES[1:4:2] if args.quick else LATENCY_SIZES
+    sizes = LATENCY_SIZES[1:4:2] if ctx.quick else LATENCY_SIZES
+    big = (16 << 20) if ctx.quick else (256 << 20)
+    out_bytes = (32 << 20) if ctx.quick else (512 << 20)
+    progress = ctx.progress(len(sizes) + 4)
     for nbytes in sizes:
         n = nbytes // 2
         _measure(world, "all_reduce", nbytes, n, dtype,
                  _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm),
                  calls=args.calls, rounds=args.rounds, graph=True, rows=rows)
-    big = (16 << 20) if args.quick else (256 << 20)
+        progress.step(f"all_reduce {nbytes} B, eager and CUDA graph")
     _measure(world, "all_reduce", big, big // 2, dtype,
              _all_reduce_variants(world, big // 2, dtype, dev, group_name, with_torch_symm),
              calls=args.large_calls, rounds=args.rounds, graph=False, rows=rows)
-    out_bytes = (32 << 20) if args.quick else (512 << 20)
+    progress.step(f"all_reduce {big} B, eager")
     n = out_bytes // 2 // world.size
     _measure(world, "all_gather", out_bytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
              calls=args.large_calls, rounds=args.rounds, graph=False, rows=rows)
+    progress.step(f"all_gather {out_bytes} B, eager")
     for nbytes in (32 << 10, 1 << 20):
         n = nbytes // 2 // world.size
         _measure(world, "all_gather", nbytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
                  calls=args.calls, rounds=args.rounds, graph=True, rows=rows)
-    if world.rank == 0:
-        if args.tune:
-            meta = manifest(world, " ".join(sys.argv))
-            from ..tuning import save_merged
+        progress.step(f"all_gather {nbytes} B, eager and CUDA graph")
+    if not ctx.lead:
+        return []
+    if args.tune:
+        from ...tuning import save_merged
 
-            table = tuning_table(rows, world.topology.name if world.topology else None, world.hosts, meta)
-            if save_merged(table, args.tune):
-                print(f"tuning table {args.tune}: cuda entries merged with the ones already there")
-        for row in rows:
-            row.path = f"{row.extra['variant']} [{row.extra['mode']}]"
-        table = format_table(rows)
-        print(table)
-        if args.out:
-            from pathlib import Path
-
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "gpu_collectives.txt").write_text(table + "\n")
-            with JsonlWriter(out / "gpu_collectives.jsonl", manifest(world, " ".join(sys.argv))) as w:
-                for row in rows:
-                    w.write(row)
-    wrong = sum(max(row.wrong, 0) for row in rows)  # -1: torch's unchecked in-place two-shot
-    xelink.finalize()
-    return 1 if wrong else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        table = tuning_table(rows, world.topology.name if world.topology else None, world.hosts, ctx.manifest())
+        merged = save_merged(table, args.tune)
+        ctx.notes.append(f"tuning table written to {args.tune}" + (" (cuda entries merged with the ones already "
+                                                                   "there)" if merged else ""))
+    for row in rows:
+        row.path = f"{row.extra['variant']} [{row.extra['mode']}]"
+    return rows

@@ -1,0 +1,135 @@
+"""``xelink bench gemm``: bf16 GEMM, xelink's paths next to ``torch.matmul``, co-measured in one run.
+
+- CPU: ``gemm(a, b, impl="reference")`` (the pure-torch twin the GPU kernels are tested against) vs
+  ``torch.matmul`` at small shapes, host clock, checked against float64.
+- CUDA: ``gemm(impl="hopper")`` and ``gemm(impl="triton")`` vs ``torch.matmul`` at 8192^3, 4096^3 and
+  M x N x K = 16384 x 8192 x 1024 (``--quick``: 4096^3), CUDA events around back-to-back launches;
+  ``--sweep`` adds tile configurations (tuning). Checked against float32 (``#wrong``: elements off by
+  more than 2% of the value plus 2% of the output's RMS).
+
+Rank 0 runs the family while the other ranks wait.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..harness import co_measure, make_row, summarize, time_cuda_events
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, measure_checked, run_single_device, timing,
+                             wrong_elements)
+
+__all__ = ["GPU_SHAPES", "QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu"]
+
+# CPU shapes, M, N, K: torch.matmul in bf16 is slow on CPUs without bf16 instructions (0.7 s at 512^3 here).
+SHAPES = ((128, 128, 128), (256, 256, 256), (512, 512, 512))
+QUICK_SHAPES = ((128, 128, 128), (256, 256, 256))
+GPU_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024))  # M, N, K
+_events = functools.partial(time_cuda_events, warmup=0)
+
+
+def add_arguments(p) -> None:
+    """The options of ``xelink bench gemm``."""
+    add_timing_arguments(p, cpu="default 5, quick 3 (rounds 3, quick 2)", gpu="default 10 (rounds 3, quick or "
+                                                                             "sweep 2)")
+    g = p.add_argument_group("CUDA only")
+    g.add_argument("--sweep", nargs="?", const="gemm", default=None, choices=("gemm",),
+                   help="also time tile configurations of the hopper and triton kernels (tuning)")
+
+
+def run_cpu(shapes, *, iters: int, rounds: int, progress=None) -> list:
+    """bf16 GEMM: xelink's reference path vs torch.matmul, checked against float64. Returns rows."""
+    from ...kernels.gemm import gemm
+
+    rows = []
+    for M, N, K in shapes:
+        g = torch.Generator().manual_seed(M * 7 + N * 3 + K)
+        a = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        b = torch.randn(K, N, generator=g).to(torch.bfloat16)
+        ref = (a.double() @ b.double()).float()
+        variants = {"xelink:reference": lambda: gemm(a, b, impl="reference"), "torch:matmul": lambda: torch.matmul(a, b)}
+        checks = {n: (lambda out: wrong_elements(out, ref)) for n in variants}
+        samples, wrong = measure_checked(variants, checks, iters=iters, rounds=rounds)
+        rows += cpu_rows("gemm", samples, wrong, "torch:matmul", size_bytes=2 * (M * K + K * N + M * N), count=M * N,
+                         dtype=torch.bfloat16, flops=2.0 * M * N * K, extra={"shape": f"{M}x{N}x{K}"})
+        if progress is not None:
+            progress.step(f"gemm {M}x{N}x{K}")
+    return rows
+
+
+def run_gpu(report, shapes=GPU_SHAPES, iters: int = 10, rounds: int = 3, sweep: bool = False, progress=None) -> None:
+    """Time ``gemm(impl="hopper"|"triton")`` (and with ``sweep`` tile configs) against torch.matmul on the
+    current CUDA device, CUDA events; rows and notes into ``report`` (``kernel_timing.KernelReport``)."""
+    from ...kernels.gemm import gemm
+
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        outs = {}
+        variants = {"torch:matmul": lambda: outs.__setitem__("torch:matmul", torch.matmul(a, b))}
+        configs = {"xelink:hopper": ("hopper", None), "xelink:triton": ("triton", None)}
+        if sweep:
+            for bm, bn, bk, w, s in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
+                                     (128, 256, 64, 8, 4), (256, 128, 64, 8, 3)):
+                for impl in ("hopper", "triton"):
+                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=s)
+                    configs[f"xelink:{impl}[{bm}x{bn}x{bk},w{w},s{s}]"] = (impl, cfg)
+        for name, (impl, cfg) in configs.items():
+            def call(name=name, impl=impl, cfg=cfg):
+                outs[name] = gemm(a, b, impl=impl, config=cfg)
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 - a sweep config that does not fit is reported, not fatal
+                if cfg is None:
+                    raise
+                report.notes.append(f"gemm {M}x{N}x{K} {name}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            variants[name] = call
+        wrong = {}
+
+        def check(name):
+            wrong[name] = wrong.get(name, 0) + wrong_elements(outs[name], ref)
+
+        ref = (a.float() @ b.float()) if M * N * K <= 4096 ** 3 else torch.matmul(a, b).float()
+        samples = co_measure(variants, warmup=2, iters=iters, rounds=rounds, timing=_events, after_block=check)
+        flops = 2.0 * M * N * K
+        nbytes = 2 * (M * K + K * N + M * N)
+        base = samples["torch:matmul"]
+        for name, s in samples.items():
+            t = summarize(s)["median"]
+            report.add(make_row("gemm", name, s, size_bytes=nbytes, count=M * N, dtype=torch.bfloat16, nranks=1,
+                                wrong=wrong.get(name, 0), baseline=None if name == "torch:matmul" else "torch:matmul",
+                                baseline_samples=None if name == "torch:matmul" else base,
+                                extra={"shape": f"{M}x{N}x{K}", "TFLOPs": flops / t / 1e12, "timing": "events"}))
+        del a, b, outs, ref
+        torch.cuda.empty_cache()
+        if progress is not None:
+            progress.step(f"gemm {M}x{N}x{K}: {len(variants)} variant(s)")
+
+
+def _summary(rows) -> str:
+    """One line per xelink path and shape: TFLOP/s and the ratio to torch."""
+    return "\n".join(f"gemm {r.extra.get('shape', ''):>18} {r.path:<40} {r.extra['TFLOPs']:7.1f} TFLOP/s  vs torch "
+                     f"{r.ratio:5.2f}x" for r in rows if r.path != "torch:matmul" and r.ratio is not None)
+
+
+def _cpu(ctx) -> list:
+    shapes = QUICK_SHAPES if ctx.quick else SHAPES
+    return run_cpu(shapes, progress=ctx.progress(len(shapes)),
+                   **timing(ctx, {"iters": 5, "rounds": 3}, {"iters": 3, "rounds": 2}))
+
+
+def _gpu(ctx) -> list:
+    sweep = bool(ctx.args.sweep)
+    shapes = GPU_SHAPES[1:2] if ctx.quick else GPU_SHAPES
+    report = KernelReport()
+    ctx.extra["sweep"] = sweep
+    run_gpu(report, shapes, sweep=sweep, progress=ctx.progress(len(shapes)),
+            **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick or sweep else 3}))
+    ctx.notes += [_summary(report.rows)] + report.notes
+    return report.rows
+
+
+def run(ctx) -> list:
+    """The gemm family (CPU reference run, or the GPU benchmark on CUDA); rows on rank 0. Collective."""
+    return run_single_device(ctx, cpu=_cpu, gpu=_gpu, gpu_only={"sweep": "--sweep"})
