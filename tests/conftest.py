@@ -10,6 +10,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ranks  # noqa: E402
 
 _launches: dict = {}
+# (launcher, size, env, gpus) -> {module path: its LAUNCH_TIMEOUT}: the modules one launch runs, in
+# collection order (a session launches only the modules it collected).
+_plan: dict = {}
 
 
 def pytest_collect_file(file_path: Path, parent):
@@ -25,33 +28,35 @@ class RanksModule(pytest.File):
         launchers = getattr(module, "LAUNCHERS", ranks.DEFAULT_LAUNCHERS)
         timeout = getattr(module, "LAUNCH_TIMEOUT", ranks.DEFAULT_LAUNCH_TIMEOUT)
         gpus = getattr(module, "GPUS", 0)
-        env = getattr(module, "ENV", None)
+        env = tuple(sorted((getattr(module, "ENV", None) or {}).items()))
         for launcher in launchers:
             for n in sizes:
+                key = (launcher, n, env, gpus)
+                _plan.setdefault(key, {})[self.path] = timeout
                 for name in ranks.check_names(module, launcher, n):
-                    item = RanksItem.from_parent(self, name=f"{name}[{launcher}-{n}]", check=name,
-                                                 launcher=launcher, n=n, timeout=timeout, gpus=gpus, env=env)
+                    item = RanksItem.from_parent(self, name=f"{name}[{launcher}-{n}]", check=name, key=key)
                     if gpus:
                         item.add_marker(pytest.mark.gpu)
                     yield item
 
 
 class RanksItem(pytest.Item):
-    def __init__(self, *, check, launcher, n, timeout, gpus=0, env=None, **kwargs):
+    def __init__(self, *, check, key, **kwargs):
         super().__init__(**kwargs)
-        self.check, self.launcher, self.n, self.timeout = check, launcher, n, timeout
-        self.gpus, self.env = gpus, env
+        self.check, self.key = check, key
 
     def runtest(self):
-        if self.gpus:
-            _need_gpus(self.gpus)
-        key = (self.path, self.launcher, self.n)
-        if key not in _launches:
-            _launches[key] = ranks.launch(self.path, self.n, self.launcher, self.timeout, env=self.env)
-        why = ranks.explain(_launches[key], self.check)
+        launcher, n, env, gpus = self.key
+        if gpus:
+            _need_gpus(gpus)
+        if self.key not in _launches:
+            modules = _plan[self.key]
+            _launches[self.key] = ranks.launch(list(modules), n, launcher, sum(modules.values()), env=dict(env))
+        result = _launches[self.key]
+        why = ranks.explain(result, ranks.key(self.path, self.check))
         if why is not None:
             raise RanksFailure(why)
-        why = ranks.skipped(_launches[key], self.check)
+        why = ranks.skipped(result, ranks.key(self.path, self.check))
         if why is not None:
             pytest.skip(why)
 
@@ -61,7 +66,8 @@ class RanksItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self):
-        return self.path, None, f"{self.name} ({self.launcher}, {self.n} ranks)"
+        launcher, n, _, _ = self.key
+        return self.path, None, f"{self.name} ({launcher}, {n} ranks)"
 
 
 class RanksFailure(Exception):

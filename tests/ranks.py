@@ -1,20 +1,22 @@
-"""Multi-rank test harness: launch a module of checks once per world size, every rank running them all.
+"""Multi-rank test harness: one launch per (launcher, world size) runs every module's checks on every rank.
 
 A module ``tests/**/ranks_*.py`` defines ``check_*(world)`` functions and, optionally,
-``WORLD_SIZES`` (default ``(1, 2, 4)``), ``LAUNCHERS`` (default ``("mpi",)``; ``"torchrun"`` too) and
-``LAUNCH_TIMEOUT`` (seconds, default 300). The conftest turns each (check, launcher, size) into one
-pytest item; the first item of a (module, launcher, size) triggers one launch that runs every check
-on every rank, so a module costs one start-up per size, not one per check.
+``WORLD_SIZES`` (default ``(1, 2, 4)``), ``LAUNCHERS`` (default ``("mpi",)``; ``"torchrun"`` too),
+``LAUNCH_TIMEOUT`` (seconds, default 300), ``ENV`` (variables for its launches) and ``GPUS``. The
+conftest turns each (module, check, launcher, size) into one pytest item. Modules that share a
+launcher, a world size and an environment share one launch: its ranks run the checks of every such
+module collected in the session, module after module, so the suite pays one start-up per size, not
+one per module and size.
 
-Each rank writes its results after every check (``<out>/rank<r>.json``), so a rank that dies or
-hangs still leaves what it finished, and ``progress`` says where it stopped. A launch that outlives
-its timeout is killed, process group and all.
+Each rank writes its results after every check (``<out>/rank<r>.json``, keyed ``<module>::<check>``),
+so a rank that dies or hangs still leaves what it finished, and ``progress`` says where it stopped. A
+launch that outlives its timeout (the sum of its modules') is killed, process group and all.
 
 A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
 and world sizes; a check that calls ``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot
 run on this machine) is reported skipped with that reason.
 
-This file is also the per-rank runner: ``python tests/ranks.py <module.py> <outdir> <launcher>``.
+This file is also the per-rank runner: ``python tests/ranks.py <outdir> <launcher> <module.py>...``.
 """
 from __future__ import annotations
 
@@ -40,6 +42,10 @@ CHECK_TIMEOUT = "60"
 
 
 def load_module(path: Path):
+    """Import a checks module from its path; its folder goes on ``sys.path`` for its own helpers."""
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"ranks_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,8 +80,9 @@ def mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def launch_command(launcher: str, n: int, module: Path, outdir: Path) -> list[str]:
-    runner = [str(Path(__file__).resolve()), str(module), str(outdir), launcher]
+def launch_command(launcher: str, n: int, modules, outdir: Path) -> list[str]:
+    modules = [modules] if isinstance(modules, (str, Path)) else list(modules)
+    runner = [str(Path(__file__).resolve()), str(outdir), launcher, *map(str, modules)]
     if launcher == "mpi":
         exe = mpiexec()
         if exe is None:
@@ -84,6 +91,11 @@ def launch_command(launcher: str, n: int, module: Path, outdir: Path) -> list[st
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *runner]
     raise ValueError(f"unknown launcher {launcher!r}")
+
+
+def key(module: Path, check: str) -> str:
+    """The name of ``check`` of ``module`` in a launch's results."""
+    return f"{Path(module).resolve()}::{check}"
 
 
 @dataclasses.dataclass
@@ -95,18 +107,20 @@ class LaunchResult:
     timed_out: bool
     seconds: float
     output: str
-    results: dict  # rank -> {check name -> {"ok": bool, "error": str}}
-    progress: dict  # rank -> name of the check it was in when last heard of ("<done>" at the end)
+    results: dict  # rank -> {"<module>::<check>" -> {"ok": bool, "error": str, "skipped"?: str}}
+    progress: dict  # rank -> the check it was in when last heard of ("<done>" at the end)
+    modules: tuple = ()  # the modules the launch ran, in order
 
     def tail(self, chars: int = 4000) -> str:
         return self.output[-chars:]
 
 
-def launch(module: Path, n: int, launcher: str = "mpi", timeout: float = DEFAULT_LAUNCH_TIMEOUT,
+def launch(modules, n: int, launcher: str = "mpi", timeout: float = DEFAULT_LAUNCH_TIMEOUT,
            env: dict | None = None) -> LaunchResult:
-    """Run every check of ``module`` on ``n`` ranks; never waits longer than ``timeout``."""
+    """Run every check of ``modules`` (a path or a list) on ``n`` ranks; never waits longer than ``timeout``."""
+    modules = tuple(Path(m).resolve() for m in ([modules] if isinstance(modules, (str, Path)) else modules))
     outdir = Path(tempfile.mkdtemp(prefix="xelink-ranks-"))
-    cmd = launch_command(launcher, n, module, outdir)
+    cmd = launch_command(launcher, n, modules, outdir)
     full_env = dict(os.environ)
     full_env.setdefault("XELINK_TIMEOUT", CHECK_TIMEOUT)
     full_env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 5)  # second line of defence, if we are killed
@@ -131,16 +145,28 @@ def launch(module: Path, n: int, launcher: str = "mpi", timeout: float = DEFAULT
             results[r], progress[r] = data["results"], data["progress"]
     shutil.rmtree(outdir, ignore_errors=True)
     return LaunchResult(n, None if timed_out else proc.returncode, timed_out, seconds,
-                        out.decode(errors="replace"), results, progress)
+                        out.decode(errors="replace"), results, progress, modules)
+
+
+def _short(name: str) -> str:
+    """``<module file>::<check>`` of a results key, for messages."""
+    module, sep, check = name.rpartition("::")
+    return f"{Path(module).name}::{check}" if sep else name
+
+
+def _find(result: LaunchResult, name: str) -> str:
+    """The results key of ``name``: a ``key()``, or a bare check name of a launch of one module."""
+    return key(result.modules[0], name) if "::" not in name and len(result.modules) == 1 else name
 
 
 def explain(result: LaunchResult, name: str) -> str | None:
-    """Why check ``name`` failed in this launch (None if it passed on every rank)."""
+    """Why check ``name`` (``key(module, check)``) failed in this launch (None if it passed on every rank)."""
+    name = _find(result, name)
     problems = []
     for r in range(result.n):
         got = result.results.get(r, {}).get(name)
         if got is None:
-            where = result.progress.get(r, "start-up")
+            where = _short(result.progress.get(r, "start-up"))
             how = (f"the launch was killed after {result.seconds:.0f} s" if result.timed_out
                    else f"the launch exited with code {result.returncode}")
             problems.append(f"rank {r}: no result ({how}; rank {r} was last in {where})")
@@ -153,6 +179,7 @@ def explain(result: LaunchResult, name: str) -> str | None:
 
 def skipped(result: LaunchResult, name: str) -> str | None:
     """The reason check ``name`` skipped itself (``pytest.skip``) on some rank, if it did and passed."""
+    name = _find(result, name)
     for r in range(result.n):
         why = result.results.get(r, {}).get(name, {}).get("skipped")
         if why:
@@ -166,12 +193,11 @@ def _skipped():
     return pytest.skip.Exception
 
 
-def _run_rank(module_path: str, outdir: str, launcher: str) -> int:
-    """Per rank: init xelink, run every check, record each result as it finishes."""
+def _run_rank(outdir: str, launcher: str, module_paths: list[str]) -> int:
+    """Per rank: init xelink, run every check of every module, record each result as it finishes."""
     import xelink
 
     world = xelink.init()
-    module = load_module(Path(module_path))
     out = Path(outdir) / f"rank{world.rank}.json"
     record = {"results": {}, "progress": "start-up"}
 
@@ -181,19 +207,23 @@ def _run_rank(module_path: str, outdir: str, launcher: str) -> int:
         tmp.replace(out)
 
     failed = False
-    for name in check_names(module, launcher, world.size):
-        record["progress"] = name
+    for path in map(Path, module_paths):
+        record["progress"] = f"{path} (import)"
         save()
-        try:
-            getattr(module, name)(world)
-            record["results"][name] = {"ok": True, "error": ""}
-        except _skipped() as exc:  # pytest.skip("why") inside a check: the item is reported skipped
-            record["results"][name] = {"ok": True, "error": "", "skipped": str(exc) or "skipped"}
-        except BaseException:  # noqa: BLE001 - a failing check is recorded, then the next one runs
-            failed = True
-            record["results"][name] = {"ok": False, "error": traceback.format_exc()}
-        save()
-        world = xelink.get_world() if xelink.is_initialized() else xelink.init()
+        module = load_module(path)
+        for name in check_names(module, launcher, world.size):
+            record["progress"] = k = key(path, name)
+            save()
+            try:
+                getattr(module, name)(world)
+                record["results"][k] = {"ok": True, "error": ""}
+            except _skipped() as exc:  # pytest.skip("why") inside a check: the item is reported skipped
+                record["results"][k] = {"ok": True, "error": "", "skipped": str(exc) or "skipped"}
+            except BaseException:  # noqa: BLE001 - a failing check is recorded, then the next one runs
+                failed = True
+                record["results"][k] = {"ok": False, "error": traceback.format_exc()}
+            save()
+            world = xelink.get_world() if xelink.is_initialized() else xelink.init()
     record["progress"] = "<done>"
     save()
     xelink.finalize()
@@ -201,4 +231,4 @@ def _run_rank(module_path: str, outdir: str, launcher: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_run_rank(sys.argv[1], sys.argv[2], sys.argv[3]))
+    sys.exit(_run_rank(sys.argv[1], sys.argv[2], sys.argv[3:]))

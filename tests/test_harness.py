@@ -8,8 +8,8 @@ DATA = Path(__file__).parent / "data"
 
 
 def test_failing_rank_and_hung_rank_are_reported():
-    result = ranks.launch(DATA / "bad_checks.py", 2, "mpi", timeout=25)
-    assert result.timed_out and 25 <= result.seconds < 40
+    result = ranks.launch(DATA / "bad_checks.py", 2, "mpi", timeout=15)
+    assert result.timed_out and 15 <= result.seconds < 30
     assert ranks.explain(result, "check_passes") is None and ranks.skipped(result, "check_passes") is None
     assert ranks.explain(result, "check_skips_on_rank_0") is None
     assert ranks.skipped(result, "check_skips_on_rank_0") == "rank 0: nothing to compare against here"
@@ -18,16 +18,18 @@ def test_failing_rank_and_hung_rank_are_reported():
     assert "rank 1:" in why and "AssertionError: rank 1 disagrees" in why and "rank 0:" not in why
     why = ranks.explain(result, "check_hangs_on_rank_1")
     assert "rank 1: no result (the launch was killed after" in why
-    assert "rank 1 was last in check_hangs_on_rank_1" in why
+    assert "rank 1 was last in bad_checks.py::check_hangs_on_rank_1" in why
     # Rank 0 went on to the next check, where it could not get past the hung rank either.
-    assert "rank 1 was last in check_hangs_on_rank_1" in ranks.explain(result, "check_never_reached")
+    assert "rank 1 was last in bad_checks.py::check_hangs_on_rank_1" in ranks.explain(result, "check_never_reached")
 
 
-def test_crashed_rank_fails_the_launch():
-    result = ranks.launch(DATA / "crash_checks.py", 2, "mpi", timeout=60)
+def test_crashed_rank_fails_the_launch_and_the_modules_before_it_keep_their_results():
+    first, crash = DATA / "first_checks.py", DATA / "crash_checks.py"
+    result = ranks.launch([first, crash], 2, "mpi", timeout=60)  # two modules, one launch
     assert not result.timed_out and result.returncode != 0
-    why = ranks.explain(result, "check_rank_1_exits")
-    assert "rank 1: no result (the launch exited with code" in why
+    assert ranks.explain(result, ranks.key(first, "check_passes_first")) is None
+    why = ranks.explain(result, ranks.key(crash, "check_rank_1_exits"))
+    assert "rank 1: no result (the launch exited with code" in why and "check_rank_1_exits" in why
 
 
 def test_check_names_in_definition_order():
@@ -40,6 +42,8 @@ def test_check_names_in_definition_order():
 
 def test_launch_commands():
     mpi = ranks.launch_command("mpi", 4, Path("m.py"), Path("/o"))
-    assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-3:] == ["m.py", "/o", "mpi"]
+    assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-3:] == ["/o", "mpi", "m.py"]
+    both = ranks.launch_command("mpi", 2, [Path("a.py"), Path("b.py")], Path("/o"))
+    assert both[-4:] == ["/o", "mpi", "a.py", "b.py"]
     tr = ranks.launch_command("torchrun", 2, Path("m.py"), Path("/o"))
     assert tr[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--nproc-per-node=2" in tr

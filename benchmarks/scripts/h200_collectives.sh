@@ -11,9 +11,9 @@ COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unkno
 {
   echo "commit: $COMMIT"; date -u; nvidia-smi -L
   if [ "${SKIP_TESTS:-0}" != 1 ]; then
-    echo "\$ pytest tests/ranks_gpu_collectives.py tests/ranks_gpu_shared.py"
+    echo "\$ pytest tests/collectives/ranks_gpu_collectives.py tests/collectives/ranks_gpu_shared.py"
     timeout "${TEST_TIMEOUT:-420}" $PY -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
-      tests/ranks_gpu_collectives.py tests/ranks_gpu_shared.py
+      tests/collectives/ranks_gpu_collectives.py tests/collectives/ranks_gpu_shared.py
     echo "[exit $?]"
   fi
 } 2>&1 | tee "$OUT/gpu_tests.log"

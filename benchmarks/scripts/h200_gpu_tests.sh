@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The multi-rank GPU tests on one GPU, several ranks sharing it (XELINK_RANKS_PER_DEVICE): buffers
-# reused across calls (tests/ranks_gpu_reuse.py, 2-4 ranks on GPU 0) and every op x algorithm x dtype x
-# size (tests/ranks_gpu_collectives.py, 2 ranks on GPU 0; its checks against NCCL skip: NCCL refuses two
+# reused across calls (tests/collectives/ranks_gpu_reuse.py, 2-4 ranks on GPU 0) and every op x algorithm x dtype x
+# size (tests/collectives/ranks_gpu_collectives.py, 2 ranks on GPU 0; its checks against NCCL skip: NCCL refuses two
 # ranks of one GPU). Run from the repository root on the GPU machine.
 # Usage: OUT=/tmp/out bash benchmarks/scripts/h200_gpu_tests.sh      (writes $OUT/gpu_tests_1gpu.log)
 set -u
@@ -12,11 +12,11 @@ COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unkno
 {
   echo "commit: $COMMIT"; date -u; nvidia-smi -L
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  echo "\$ pytest tests/ranks_gpu_reuse.py"
-  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-} tests/ranks_gpu_reuse.py
+  echo "\$ pytest tests/collectives/ranks_gpu_reuse.py"
+  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-} tests/collectives/ranks_gpu_reuse.py
   echo "[exit $?]"
-  echo "\$ XELINK_RANKS_PER_DEVICE=2 pytest tests/ranks_gpu_collectives.py"
+  echo "\$ XELINK_RANKS_PER_DEVICE=2 pytest tests/collectives/ranks_gpu_collectives.py"
   XELINK_RANKS_PER_DEVICE=2 timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -rfEs -p no:cacheprovider \
-    ${PYTEST_ARGS:-} tests/ranks_gpu_collectives.py
+    ${PYTEST_ARGS:-} tests/collectives/ranks_gpu_collectives.py
   echo "[exit $?]"
 } 2>&1 | tee "$OUT/gpu_tests_1gpu.log"

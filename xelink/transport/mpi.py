@@ -12,6 +12,13 @@ __all__ = ["MPITransport"]
 # cycles with the exchange count so that a message left over from a timed-out exchange cannot be
 # taken for the next one.
 _TAG_CYCLE = 1 << 15
+# A message left over from a timed-out exchange can also outlive its communicator: MPI reuses a freed
+# communicator's context for a new one (MPICH does, soon), and a message still queued for the old one
+# then matches a receive of the new one. Seen: an allgather of the window sizes of a new communicator
+# received a stale size, the ranks' windows differed, and a one-shot all-reduce returned wrong sums. So
+# every control message carries its communicator's id (unique in the job) and its exchange number;
+# the receiver drops one that is not for this exchange. Data messages (``isend``/``irecv``) cannot carry
+# one: ``free`` drains what is queued, and every collective of a communicator uses its own tag.
 
 
 def mpi():
@@ -38,33 +45,40 @@ class MPITransport(Transport):
 
     name = "mpi"
 
-    def __init__(self, comm):
+    def __init__(self, comm, uid: str = "w"):
         self.comm = comm
         self.ctl = comm.Dup()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.uid = uid  # the same on every member, unique in the job (see _TAG_CYCLE)
         self._epoch = 0
+        self._splits = 0
 
     @classmethod
-    def world(cls) -> "MPITransport":
+    def world(cls, uid: str = "w") -> "MPITransport":
         MPI = mpi()
         # A duplicate, so that the user's own traffic on COMM_WORLD never matches ours.
-        return cls(MPI.COMM_WORLD.Dup())
+        return cls(MPI.COMM_WORLD.Dup(), uid)
 
     def exchange(self, obj: Any, deadline: Deadline, what: str) -> list:
-        tag = self._epoch % _TAG_CYCLE
+        epoch = self._epoch
+        tag = epoch % _TAG_CYCLE
         self._epoch += 1
         out: list = [None] * self.size
         out[self.rank] = obj
         if self.size == 1:
             return out
-        sends = [_MPIRequest(self.ctl.isend(obj, dest=p, tag=tag), p) for p in iter_peers(self.rank, self.size)]
+        stamp = (self.uid, epoch)
+        sends = [_MPIRequest(self.ctl.isend((stamp, obj), dest=p, tag=tag), p) for p in iter_peers(self.rank, self.size)]
         pending = set(iter_peers(self.rank, self.size))
 
         def poll() -> bool:
             for p in list(pending):
                 msg = self.ctl.improbe(source=p, tag=tag)
                 if msg is not None:
-                    out[p] = msg.recv()
+                    got, value = msg.recv()
+                    if got != stamp:  # left over from another communicator or exchange: not ours
+                        continue
+                    out[p] = value
                     pending.discard(p)
             return not pending
 
@@ -77,10 +91,11 @@ class MPITransport(Transport):
 
     def split(self, color, key, members: Sequence[int]):
         MPI = mpi()
+        self._splits += 1
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         if sub == MPI.COMM_NULL:
             return None
-        return MPITransport(sub)
+        return MPITransport(sub, f"{self.uid}.{self._splits}c{color}")
 
     def isend(self, buf, dst: int, tag: int = 0) -> Request:
         return _MPIRequest(self.comm.Isend(as_bytes(buf), dest=dst, tag=tag), dst)
@@ -89,9 +104,16 @@ class MPITransport(Transport):
         return _MPIRequest(self.comm.Irecv(as_bytes(buf), source=src, tag=tag), src)
 
     def free(self) -> None:
+        """Drop what is still queued for this communicator (after a timeout), then free it."""
         MPI = mpi()
         if MPI.Is_finalized():
             return
+        status = MPI.Status()
         for c in (self.ctl, self.comm):
             if c != MPI.COMM_NULL:
+                while True:
+                    msg = c.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                    if msg is None:
+                        break
+                    msg.Recv(bytearray(max(status.Get_count(MPI.BYTE), 1)))
                 c.Free()

@@ -76,10 +76,15 @@ def bounds(count: int, n: int) -> list[int]:
 
 
 def tag_for(comm: Communicator) -> int:
-    """A fresh tag for one collective call: every rank calls collectives in the same order."""
+    """A fresh tag for one collective call: every rank calls collectives in the same order.
+
+    Each communicator starts its tags at its own offset (from its id), so that a message a timed-out
+    call of a freed communicator left queued is unlikely to match a call of a new one that MPI gave the
+    same context (``transport.mpi`` drains such messages when a communicator is freed, too).
+    """
     st = state(comm)
     st.tags += 1
-    return USER_TAG_LIMIT + (st.tags - 1) % USER_TAG_LIMIT
+    return USER_TAG_LIMIT + (comm.board_id + st.tags - 1) % USER_TAG_LIMIT
 
 
 def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadline: Deadline, what: str) -> None:
@@ -166,6 +171,11 @@ def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], 
     try:
         return body(deadline)
     except TimeoutError as exc:
+        # The ranks no longer agree on which messages belong to which call: the communicator (and
+        # the sub-group the wait was on) refuse further use, as after an NCCL timeout.
+        comm._broken = exc
+        if exc.group is not None:
+            exc.group._broken = exc
         raise _restate(comm, exc, deadline)
 
 

@@ -30,7 +30,7 @@ import pytest
 
 import ranks
 
-JOB = Path(__file__).parent / "data" / "shm_leak_job.py"
+JOB = Path(__file__).resolve().parents[1] / "data" / "shm_leak_job.py"
 SHM = Path("/dev/shm")
 N = 4
 _SLAB = re.compile(r"^mpich_shm_([0-9a-f]+)_\d+$")
@@ -82,7 +82,7 @@ def run_job(mode: str, tmp_path: Path, kill_rank: int | None = None) -> Job:
     outdir = tmp_path / mode
     outdir.mkdir()
     env = dict(os.environ, XELINK_TIMEOUT="60", MPIEXEC_TIMEOUT="90",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
     before = listing()
     start = time.time()
     proc = subprocess.Popen([ranks.mpiexec(), "-n", str(N), sys.executable, str(JOB), mode, str(outdir)],

@@ -108,3 +108,29 @@ def check_timeouts_inside_sub_groups_name_the_callers_ranks(world):
         assert info.value.missing == [3] and info.value.group is comm, (str(info.value), info.value.missing)
     comm.free()
     world.barrier()
+
+
+def check_a_timed_out_call_leaves_nothing_for_later_communicators(world):
+    """Rank 0 times out alone in an exchange and in a collective, leaving messages queued at rank 1 for
+    a communicator that is then freed; the communicators made next (MPI may give them the freed one's
+    context) must not take those messages for theirs."""
+    n = world.size
+    subs = [world.split(0), world.split(0)]  # a timeout leaves a communicator unusable: one for each
+    if world.rank == 0:
+        with pytest.raises(xelink.TimeoutError):
+            subs[0].allgather_object(("stale", 12345), timeout=0.3)
+        with pytest.raises(xelink.TimeoutError):
+            xelink.all_reduce(torch.full((8,), 99.0), group=subs[1], algo="two_shot", timeout=0.3)
+        with pytest.raises(xelink.XelinkError, match="unusable after an earlier failure"):
+            xelink.all_reduce(torch.full((8,), 99.0), group=subs[1])
+    world.barrier()
+    for sub in subs:
+        sub.free()
+    for i in range(12):
+        comm = world.split(0)
+        assert comm.allgather_object((i, comm.rank)) == [(i, r) for r in range(n)]
+        for algo in ("two_shot", "direct", "ring"):
+            x = data(comm.rank, i, 8, torch.float32)
+            xelink.all_reduce(x, group=comm, algo=algo)
+            assert_same(x, expected_reduce(n, i, 8, torch.float32, "sum"), f"new communicator {i} {algo}")
+        comm.free()

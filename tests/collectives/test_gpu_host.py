@@ -13,7 +13,7 @@ from xelink.collectives import GPU_ALGORITHMS, dispatch, gpu, registry
 from xelink.collectives.gpu.launch import kernels, pieces
 from xelink.transport import cuda
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200x2-gpu-collectives"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200x2-gpu-collectives"
 
 
 def test_pieces_cover_the_buffer_exactly():
