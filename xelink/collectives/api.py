@@ -184,8 +184,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _BACKENDS[backend].all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
 
 
-def _host_only(fn: str, name: str, x, comm):
-    t = checks.tensor(fn, name, x, comm)
+def _host_only(fn: str, name: str, x, comm, reduce: bool = False):
+    t = checks.tensor(fn, name, x, comm, reduce=reduce)
     if t.is_cuda:
         raise ValueError(f"{fn}: {name} is on {t.device}; {fn} moves CPU tensors and numpy arrays only (CUDA "
                          f"tensors go through all_reduce, all_gather(_into_tensor), reduce_scatter_tensor and "
@@ -214,8 +214,7 @@ def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeo
     """
     fn = "reduce"
     comm = group_of(group, fn)
-    x = _host_only(fn, "tensor", tensor, comm)
-    checks.tensor(fn, "tensor", x, comm, reduce=True)
+    x = _host_only(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
     check_op_dtype(fn, op, x.dtype)
     check_rank(fn, "dst", dst, comm.size)
@@ -223,14 +222,25 @@ def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeo
     return cpu.reduce(comm, x, dst, op, async_op, timeout)
 
 
-def _list(fn, name, items, comm, like):
+def _rooted(fn: str, tensor, items, root_name: str, root: int, group):
+    """The checked (comm, tensor, list) of ``gather``/``scatter``: the list of ``world_size`` tensors like
+    ``tensor`` on the root, None elsewhere."""
+    comm = group_of(group, fn)
+    x = _host_only(fn, "tensor", tensor, comm)
+    check_rank(fn, root_name, root, comm.size)
+    name = f"{fn}_list"
+    if comm.rank != root:
+        if items is not None:
+            where = "destination" if root_name == "dst" else "source"
+            raise ValueError(f"{fn}: {name} must be None on non-{where} rank {comm.rank}")
+        return comm, x, None
     if not isinstance(items, (list, tuple)) or len(items) != comm.size:
         raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors on the root")
     out = [_host_only(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
     for i, t in enumerate(out):
-        if t.dtype != like.dtype or t.numel() != like.numel():
-            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype}, expected {like.numel()} x {like.dtype}")
-    return out
+        if t.dtype != x.dtype or t.numel() != x.numel():
+            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype}, expected {x.numel()} x {x.dtype}")
+    return comm, x, out
 
 
 def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False, timeout=None):
@@ -238,16 +248,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
 
     Collective: every rank of ``group`` must call this.
     """
-    fn = "gather"
-    comm = group_of(group, fn)
-    x = _host_only(fn, "tensor", tensor, comm)
-    check_rank(fn, "dst", dst, comm.size)
-    outs = None
-    if comm.rank == dst:
-        outs = _list(fn, "gather_list", gather_list, comm, x)
-    elif gather_list is not None:
-        raise ValueError(f"{fn}: gather_list must be None on non-destination rank {comm.rank}")
-    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), dst))
+    comm, x, outs = _rooted("gather", tensor, gather_list, "dst", dst, group)
+    fingerprint_check(comm, "gather", ("gather", tuple(x.shape), str(x.dtype), dst))
     return cpu.gather(comm, x, outs, dst, async_op, timeout)
 
 
@@ -256,16 +258,8 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
 
     Collective: every rank of ``group`` must call this.
     """
-    fn = "scatter"
-    comm = group_of(group, fn)
-    x = _host_only(fn, "tensor", tensor, comm)
-    check_rank(fn, "src", src, comm.size)
-    ins = None
-    if comm.rank == src:
-        ins = _list(fn, "scatter_list", scatter_list, comm, x)
-    elif scatter_list is not None:
-        raise ValueError(f"{fn}: scatter_list must be None on non-source rank {comm.rank}")
-    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
+    comm, x, ins = _rooted("scatter", tensor, scatter_list, "src", src, group)
+    fingerprint_check(comm, "scatter", ("scatter", tuple(x.shape), str(x.dtype), src))
     return cpu.scatter(comm, x, ins, src, async_op, timeout)
 
 
