@@ -83,7 +83,9 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
 
 
 def _cuda_device(comm: Communicator) -> torch.device:
-    dev = torch.device(comm.device)
+    dev = comm.device  # a torch.device with its index from xelink.init: no conversion on the hot path
+    if not isinstance(dev, torch.device):
+        dev = torch.device(dev)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
