@@ -117,7 +117,7 @@ def check_symmetric_tensors_take_the_zero_copy_path(world):
         want = _reduce([_data(r, n, torch.bfloat16, "cpu") for r in range(w)], "sum", torch.bfloat16)
         for algo in ("two_shot", "direct", "copy_engine"):
             x = xelink.empty(n, dtype=torch.bfloat16)
-            assert world._cuda_team.peer_addresses(x) is not None, "xelink.empty tensor is not registered"
+            assert world.resource("cuda.team").peer_addresses(x) is not None, "xelink.empty tensor is not registered"
             x.copy_(_data(world.rank, n, torch.bfloat16, dev))
             xelink.all_reduce(x, algo=algo)
             _same(f"all_reduce {algo} symmetric n={n}", x, want)
