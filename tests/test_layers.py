@@ -50,8 +50,11 @@ def _edges(name: str, path: Path, known) -> set:
                 nearest(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args:
             arg = node.args[0]  # importlib.import_module("x.y") or f".bench.{name}" (its constant head)
-            head = arg.value if isinstance(arg, ast.Constant) else (
-                arg.values[0].value if isinstance(arg, ast.JoinedStr) and isinstance(arg.values[0], ast.Constant) else "")
+            head = ""
+            if isinstance(arg, ast.Constant):
+                head = arg.value
+            elif isinstance(arg, ast.JoinedStr) and isinstance(arg.values[0], ast.Constant):
+                head = arg.values[0].value
             if isinstance(head, str) and head.startswith("."):
                 head = f"{package}{head}"
             if isinstance(head, str) and head.startswith("xelink"):

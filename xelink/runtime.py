@@ -16,7 +16,7 @@ from typing import Mapping
 
 from . import bridge, config, log, tuning
 from .comm import Communicator, get_world, live, set_world
-from .config import DEFAULT_TIMEOUT_S, resolve_timeout
+from .config import DEFAULT_TIMEOUT_S, resolve_timeout  # noqa: F401 (public here since before config.py)
 from .errors import LaunchError, NotInitializedError
 from .transport import Deadline, SelfTransport, Transport, shm
 

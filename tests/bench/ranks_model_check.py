@@ -2,7 +2,6 @@
 import math
 
 from xelink import cost
-from xelink.collectives import ALGORITHMS
 from xelink import topology as T
 from xelink.bench import model_check, probe
 from xelink.collectives import ALGORITHMS

@@ -131,7 +131,8 @@ def test_one_rank_copies_its_own_data_and_checks_arguments_first():
     # The front door checks every argument before a backend sees the call.
     xelink.init()
     try:
-        with pytest.raises(TypeError, match="all_to_all_single: output.dtype=torch.float64 != input.dtype=torch.float32"):
+        with pytest.raises(TypeError,
+                           match="all_to_all_single: output.dtype=torch.float64 != input.dtype=torch.float32"):
             xelink.all_to_all_single(torch.zeros(6, dtype=torch.float64), inp)
         with pytest.raises(ValueError, match=r"all_gather_into_tensor: output.numel\(\)=5"):
             xelink.all_gather_into_tensor(torch.zeros(5), inp)

@@ -124,7 +124,8 @@ class Team:
         self._opened: dict[bytes, int] = {}
         # Every kernel of the team runs on this many blocks (one per multiprocessor by default, the
         # same on every rank: blocks pair up across ranks).
-        want = config.env_int("XELINK_GPU_BLOCKS", 0) or torch.cuda.get_device_properties(self.device).multi_processor_count
+        want = (config.env_int("XELINK_GPU_BLOCKS", 0)
+                or torch.cuda.get_device_properties(self.device).multi_processor_count)
         self.blocks = min(MAX_BLOCKS, min(comm.allgather_object(want)))
         self.pads = torch.zeros(MAX_BLOCKS * MAX_WORLD, dtype=torch.int32, device=self.device)
         self.epochs = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=self.device)

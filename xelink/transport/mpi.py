@@ -68,7 +68,8 @@ class MPITransport(Transport):
         if self.size == 1:
             return out
         stamp = (self.uid, epoch)
-        sends = [_MPIRequest(self.ctl.isend((stamp, obj), dest=p, tag=tag), p) for p in iter_peers(self.rank, self.size)]
+        sends = [_MPIRequest(self.ctl.isend((stamp, obj), dest=p, tag=tag), p)
+                 for p in iter_peers(self.rank, self.size)]
         pending = set(iter_peers(self.rank, self.size))
 
         def poll() -> bool:

@@ -13,7 +13,8 @@ from .. import registry
 from . import all_gather as _ag, all_reduce as _ar, all_to_all as _a2a, reduce_scatter as _rs, rooted
 from .base import Work, run
 
-__all__ = ["BACKEND", "MODEL_AUTO", "size_rule", "unmet", "Work", "all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor",
+__all__ = ["BACKEND", "MODEL_AUTO", "size_rule", "unmet", "Work", "all_reduce", "all_gather_into_tensor", "all_gather",
+           "reduce_scatter_tensor",
            "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier"]
 
 BACKEND = "cpu"

@@ -76,8 +76,7 @@ def unmet(comm, algo: registry.Algorithm, x=None) -> str | None:
         if not kernels().available():
             return "runs Triton kernels, and Triton is not installed"
     if "symmetric" in algo.needs and x is not None and x.numel() and peer.symmetric(comm, x) is None:
-        return (f"reads the input in place on every rank: allocate it with xelink.empty (or use "
-                f"algo='two_shot')")
+        return "reads the input in place on every rank: allocate it with xelink.empty (or use algo='two_shot')"
     if "equal_packages" in algo.needs and len({len(p) for p in comm.packages}) != 1:
         return f"on CUDA tensors needs packages of equal size; {comm.name} has packages {comm.packages}"
     return None
