@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, compiled, cpu, dispatch, gpu
+from . import checks, compiled, cpu, dispatch, gpu, registry
 from .checks import backend_of, check_op_dtype, check_rank, fingerprint_check, group_of, pair, parse_op, splits
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_to_all_single",
            "broadcast", "reduce", "gather", "scatter", "barrier", "device_barrier", "synchronize"]
-
-_BACKENDS = {"cpu": cpu, "cuda": gpu}
-
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -51,7 +48,7 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     backend = backend_of(x)
     entry = dispatch.resolve(fn, "all_reduce", algo, comm, backend, _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, algo))
-    return _BACKENDS[backend].all_reduce(comm, x, op, entry, async_op, timeout)
+    return registry.backend(backend).all_reduce(comm, x, op, entry, async_op, timeout)
 
 
 def all_gather_into_tensor(output, input, group=None, async_op: bool = False, algo: str = "auto", timeout=None):
@@ -81,7 +78,7 @@ def all_gather_into_tensor(output, input, group=None, async_op: bool = False, al
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, _nbytes(out), out.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
-    return _BACKENDS[backend].all_gather_into_tensor(comm, out, inp, entry, async_op, timeout)
+    return registry.backend(backend).all_gather_into_tensor(comm, out, inp, entry, async_op, timeout)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: str = "auto", timeout=None):
@@ -103,7 +100,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     backend = backend_of(inp)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, comm.size * _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
-    return _BACKENDS[backend].all_gather(comm, outs, inp, entry, async_op, timeout)
+    return registry.backend(backend).all_gather(comm, outs, inp, entry, async_op, timeout)
 
 
 def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = False, algo: str = "auto",
@@ -137,7 +134,7 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "reduce_scatter", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(out.shape), str(out.dtype), op, algo))
-    return _BACKENDS[backend].reduce_scatter_tensor(comm, out, inp, op, entry, async_op, timeout)
+    return registry.backend(backend).reduce_scatter_tensor(comm, out, inp, op, entry, async_op, timeout)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -181,7 +178,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_to_all", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape[1:]), str(inp.dtype), algo))
-    return _BACKENDS[backend].all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
+    return registry.backend(backend).all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
 
 
 def _host_only(fn: str, name: str, x, comm, reduce: bool = False):

@@ -20,12 +20,6 @@ __all__ = ["resolve", "choose"]
 _log = get_logger("dispatch")
 
 
-def _backend(name: str):
-    from . import cpu, gpu
-
-    return {"cpu": cpu, "cuda": gpu}[name]
-
-
 def resolve(fn: str, op: str, algo, comm, backend: str, nbytes: int, dtype, x=None) -> registry.Algorithm:
     """The registry entry that runs ``fn``: ``algo`` checked (known here, and able to run on ``comm`` with
     the input ``x``), or ``auto``'s choice. Raises before anything is sent."""
@@ -35,7 +29,7 @@ def resolve(fn: str, op: str, algo, comm, backend: str, nbytes: int, dtype, x=No
     if algo == "auto":
         return registry.get(fn, op, choose(comm, op, nbytes, dtype, backend), backend)
     entry = registry.get(fn, op, algo, backend)
-    why = _backend(backend).unmet(comm, entry, x)
+    why = registry.backend(backend).unmet(comm, entry, x)
     if why is not None:
         exc = XelinkError if "not installed" in why else ValueError
         raise exc(f"{fn}: algo={algo!r} {why}")
@@ -43,7 +37,7 @@ def resolve(fn: str, op: str, algo, comm, backend: str, nbytes: int, dtype, x=No
 
 
 def _candidates(comm, op: str, backend: str) -> list[registry.Algorithm]:
-    b = _backend(backend)
+    b = registry.backend(backend)
     return [a for a in registry.algorithms(op, backend) if "symmetric" not in a.needs and b.unmet(comm, a) is None]
 
 
@@ -84,7 +78,7 @@ def choose(comm, op: str, nbytes: int, dtype, backend: str = "cpu") -> str:
         if not algos:
             raise XelinkError(f"{op}: no {backend} algorithm can run on {comm.name}")
         names = [a.name for a in algos]
-        b = _backend(backend)
+        b = registry.backend(backend)
         algo = _from_table(comm, op, backend, nbytes, dtype, names)
         if algo is None and b.MODEL_AUTO:
             algo = _from_model(comm, op, nbytes, algos)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-__all__ = ["Algorithm", "OPS", "NEEDS", "register", "algorithms", "get", "names", "backends", "alias"]
+__all__ = ["Algorithm", "OPS", "NEEDS", "register", "algorithms", "get", "names", "backends", "alias", "add_backend",
+           "backend"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 NEEDS = frozenset({"peer_memory", "symmetric", "equal_packages", "baseline"})
@@ -48,6 +49,20 @@ class Algorithm:
 
 _table: dict[tuple[str, str], dict[str, Algorithm]] = {}
 _aliases: dict[tuple[str, str], str] = {}
+_modules: dict = {}
+
+
+def add_backend(name: str, module) -> None:
+    """Make ``module`` the backend of tensors whose device type is ``name``: it runs the ops (the
+    functions ``all_reduce``, ``all_gather_into_tensor``, ... that ``api`` calls), says what an algorithm
+    needs that a communicator lacks (``unmet``), and gives ``auto`` its size rule (``size_rule``,
+    ``MODEL_AUTO``: whether the cost model may choose)."""
+    _modules[name] = module
+
+
+def backend(name: str):
+    """The backend module of device type ``name`` (``add_backend``)."""
+    return _modules[name]
 
 
 def register(op: str, name: str, backend: str, impl: Callable, *, schedule: str | None = None, needs=(),
@@ -88,7 +103,7 @@ def names(backend: str) -> dict[str, tuple[str, ...]]:
 
 
 def backends() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(b for _, b in _table))
+    return tuple(_modules)
 
 
 def get(fn: str, op: str, name: str, backend: str) -> Algorithm:

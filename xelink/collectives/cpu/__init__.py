@@ -7,6 +7,8 @@ thread when ``async_op`` (a ``Work`` handle).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .. import registry
@@ -42,6 +44,9 @@ for _op, _algos in (
     for _impl, _summary in _algos:
         registry.register(_op, "direct" if _op == "broadcast" else _impl.__name__, BACKEND, _impl,
                           summary=_summary)
+
+
+registry.add_backend(BACKEND, sys.modules[__name__])
 
 
 def size_rule(comm, op: str, nbytes: int) -> str | None:

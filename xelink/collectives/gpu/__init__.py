@@ -10,6 +10,7 @@ tensors and a resolved ``registry.Algorithm``.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -51,6 +52,7 @@ for _op, _name, _impl, _schedule, _needs, _summary in (
     registry.register(_op, _name, BACKEND, _impl, schedule=_schedule, needs=_needs, summary=_summary)
 for _other in ("dest_split", "one_shot"):
     registry.alias(BACKEND, _other, "direct")
+registry.add_backend(BACKEND, sys.modules[__name__])
 
 # algo="auto" on CUDA tensors: the measured tuning table, else the size rule below. The cost model is not
 # consulted: its figures for these kernels (latency per barrier, copy-engine overlap) are not measured.
