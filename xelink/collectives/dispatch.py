@@ -31,8 +31,7 @@ def resolve(fn: str, op: str, algo, comm, backend: str, nbytes: int, dtype, x=No
     entry = registry.get(fn, op, algo, backend)
     why = registry.backend(backend).unmet(comm, entry, x)
     if why is not None:
-        exc = XelinkError if "not installed" in why else ValueError
-        raise exc(f"{fn}: algo={algo!r} {why}")
+        raise type(why)(f"{fn}: algo={algo!r} {why}")
     return entry
 
 

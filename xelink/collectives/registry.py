@@ -55,7 +55,7 @@ _modules: dict = {}
 def add_backend(name: str, module) -> None:
     """Make ``module`` the backend of tensors whose device type is ``name``: it runs the ops (the
     functions ``all_reduce``, ``all_gather_into_tensor``, ... that ``api`` calls), says what an algorithm
-    needs that a communicator lacks (``unmet``), and gives ``auto`` its size rule (``size_rule``,
+    needs that a communicator lacks (``unmet``: the exception to raise, or None), and gives ``auto`` its size rule (``size_rule``,
     ``MODEL_AUTO``: whether the cost model may choose)."""
     _modules[name] = module
 

@@ -277,6 +277,25 @@ def _allocate(node: _Node, nbytes: int, disp_unit: int = 1):
     return win, segs
 
 
+def _lines(node: _Node):
+    """A window of one zeroed cache line of int64 slots per node rank, seen by every node rank.
+
+    Returns the window, one memoryview of int64 ('q') per node rank and this rank's own. Item access
+    through a memoryview is a single aligned 8-byte load or store (CPython copies a fixed 8 bytes) and
+    costs a third of a numpy scalar access on a polling path. Collective over the node's ranks.
+    """
+    win, segs = _allocate(node, _ALIGN, 8)
+    lines = [memoryview(s).cast("q") for s in segs]
+    mine = lines[node.rank]
+    for k in range(_LINE_SLOTS):
+        mine[k] = 0
+    # Zeroed lines must be visible before anyone reads them; every node rank is inside this call.
+    win.Sync()
+    node.mpi.Barrier()
+    win.Sync()
+    return win, lines, mine
+
+
 def _release(win) -> None:
     MPI = _mpi()
     if win is None or MPI.Is_finalized():
@@ -349,21 +368,11 @@ class PeerCounters(_OnNode):
             comm.allgather_object(_what, timeout)
             _node = _Node(comm, transport)
         self._node = _node
-        self._win, segs = _allocate(_node, _ALIGN, 8)
-        # memoryviews of int64 ('q'): item access is a single aligned 8-byte load or store (CPython
-        # copies a fixed 8 bytes), and costs a third of a numpy scalar access on the polling path.
-        self._lines = [memoryview(s).cast("q") for s in segs]
-        self._mine = self._lines[_node.rank]
-        for k in range(_LINE_SLOTS):
-            self._mine[k] = 0
+        self._win, self._lines, self._mine = _lines(_node)
         self.epoch = 0  # barriers this rank has arrived at
         self.posted = 0  # the last value this rank posted
         self._control = 0
         self._guard([self._win])
-        # Zeroed lines must be visible before anyone polls them; every rank is inside this call.
-        self._win.Sync()
-        _node.mpi.Barrier()
-        self._win.Sync()
         if self._own_node:
             _register(comm, self)
 
@@ -570,14 +579,7 @@ class ProgressBoard(_OnNode):
         self._freed = False
         world.allgather_object("ProgressBoard", timeout)  # everyone is here before the MPI calls
         self._node = _Node(world, transport)
-        self._win, segs = _allocate(self._node, _ALIGN, 8)
-        self._lines = [memoryview(seg).cast("q") for seg in segs]
-        self._mine = self._lines[self._node.rank]
-        for k in range(_LINE_SLOTS):
-            self._mine[k] = 0
-        self._win.Sync()
-        self._node.mpi.Barrier()
-        self._win.Sync()
+        self._win, self._lines, self._mine = _lines(self._node)
         self._index = {w: i for i, w in enumerate(world.world_ranks[r] for r in self._node.comm_ranks)}
 
     def enter(self, comm_id: int, seq: int) -> None:

@@ -56,7 +56,7 @@ def size_rule(comm, op: str, nbytes: int) -> str | None:
     return small if nbytes <= _DIRECT_MAX_BYTES else (hier if len(comm.packages) > 1 else flat)
 
 
-def unmet(comm, algo, x=None) -> None:
+def unmet(comm, algo, x=None) -> Exception | None:
     """Every CPU algorithm runs on any communicator (layouts of any shape included)."""
     return None
 

@@ -24,8 +24,7 @@ class _State:
     collectives, the worker thread of asynchronous calls, and the shared-memory window of the
     one-shot all-reduce."""
 
-    def __init__(self, comm: Communicator):
-        self.name = comm.name
+    def __init__(self):
         self.tags = 0
         self.worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.pending = 0
@@ -40,7 +39,7 @@ class _State:
 
 def state(comm: Communicator) -> _State:
     found = comm._resources.get("cpu")
-    return found if found is not None else comm.attach("cpu", _State(comm))
+    return found if found is not None else comm.attach("cpu", _State())
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:

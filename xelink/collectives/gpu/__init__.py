@@ -15,6 +15,7 @@ import sys
 import torch
 
 from ...comm import resolve_group
+from ...errors import XelinkError
 from ...transport import cuda as peer_memory
 from .. import registry
 from . import compose, nccl, peer
@@ -69,18 +70,21 @@ def size_rule(comm, op: str, nbytes: int) -> str:
     return "direct"
 
 
-def unmet(comm, algo: registry.Algorithm, x=None) -> str | None:
-    """Why ``algo`` cannot run on ``comm`` (for the tensor ``x``), or None when it can."""
+def unmet(comm, algo: registry.Algorithm, x=None) -> Exception | None:
+    """Why ``algo`` cannot run on ``comm`` (for the tensor ``x``): the error to raise (its message a
+    sentence to follow ``algo=...``; a ``ValueError`` for the caller's choice, ``XelinkError`` for the
+    install), or None when it can."""
     if "peer_memory" in algo.needs and "cuda.team" not in comm._resources:
         if not peer_memory.available(comm):
-            return (f"needs peer memory: every rank of {comm.name} on one host's CUDA GPUs, at most "
-                    f"{peer_memory.MAX_WORLD} ranks (use algo='nccl' or 'auto')")
+            return ValueError(f"needs peer memory: every rank of {comm.name} on one host's CUDA GPUs, at most "
+                              f"{peer_memory.MAX_WORLD} ranks (use algo='nccl' or 'auto')")
         if not kernels().available():
-            return "runs Triton kernels, and Triton is not installed"
+            return XelinkError("runs Triton kernels, and Triton is not installed")
     if "symmetric" in algo.needs and x is not None and x.numel() and peer.symmetric(comm, x) is None:
-        return "reads the input in place on every rank: allocate it with xelink.empty (or use algo='two_shot')"
+        return ValueError("reads the input in place on every rank: allocate it with xelink.empty (or use "
+                          "algo='two_shot')")
     if "equal_packages" in algo.needs and len({len(p) for p in comm.packages}) != 1:
-        return f"on CUDA tensors needs packages of equal size; {comm.name} has packages {comm.packages}"
+        return ValueError(f"on CUDA tensors needs packages of equal size; {comm.name} has packages {comm.packages}")
     return None
 
 
