@@ -5,7 +5,7 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
 from .comm import Communicator, new_group
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
 from .runtime import finalize, get_world, init, is_initialized
-from .transport.cuda import empty
+from .symm import empty
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The multi-rank GPU tests on one GPU, several ranks sharing it (XELINK_RANKS_PER_DEVICE): buffers
-# reused across calls (tests/collectives/ranks_gpu_reuse.py, 2-4 ranks on GPU 0) and every op x algorithm x dtype x
+# The multi-rank GPU tests on one GPU, several ranks sharing it (XELINK_RANKS_PER_DEVICE): the peer-memory
+# layer and point-to-point on CUDA tensors (tests/symm/ranks_gpu_symm.py, 2-3 ranks), buffers
+# reused across calls (tests/collectives/ranks_gpu_reuse.py, 2-4 ranks on GPU 0; one launch per size with
+# the symm checks) and every op x algorithm x dtype x
 # size (tests/collectives/ranks_gpu_collectives.py, 2 ranks on GPU 0; its checks against NCCL skip: NCCL refuses two
 # ranks of one GPU), and the decode layer's GPU test (tests/models). Run from the repository root on the
 # GPU machine.
@@ -14,8 +16,9 @@ COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unkno
 {
   echo "commit: $COMMIT"; date -u; nvidia-smi -L
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  echo "\$ pytest tests/collectives/ranks_gpu_reuse.py"
-  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-} tests/collectives/ranks_gpu_reuse.py
+  echo "\$ pytest tests/symm tests/collectives/ranks_gpu_reuse.py"
+  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-} tests/symm \
+    tests/collectives/ranks_gpu_reuse.py
   echo "[exit $?]"
   echo "\$ XELINK_RANKS_PER_DEVICE=2 pytest tests/collectives/ranks_gpu_collectives.py"
   XELINK_RANKS_PER_DEVICE=2 timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -rfEs -p no:cacheprovider \

@@ -5,7 +5,7 @@ Run on 2+ GPUs of one host, one rank per GPU, under each binding to compare:
     launch_scripts/xelink-run -n 2 python3 benchmarks/scripts/h200_ipc_check.py                 # one GPU visible per rank
     launch_scripts/xelink-run --visible all -n 2 python3 benchmarks/scripts/h200_ipc_check.py   # every GPU visible
 
-It maps peer memory (``transport/cuda.py``: cuIpcGetMemHandle / cuIpcOpenMemHandle) through the paths the
+It maps peer memory (``xelink/symm/cuda.py``: cuIpcGetMemHandle / cuIpcOpenMemHandle) through the paths the
 suite uses: a one-shot all-reduce (Triton kernel storing into the peers' scratch), a copy-engine
 all-gather on ``xelink.empty`` tensors (DMA reads of peer memory) and a GPU barrier, and checks every
 element. Prints ``IPC-CHECK OK`` on rank 0 when every rank got exact results; exit status 1 otherwise

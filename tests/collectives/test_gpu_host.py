@@ -10,8 +10,8 @@ import xelink
 from xelink.bench.families.gpu_collectives import tuning_table
 from xelink.bench.harness import Row
 from xelink.collectives import GPU_ALGORITHMS, dispatch, gpu, registry
-from xelink.collectives.gpu.launch import kernels, pieces
-from xelink.transport import cuda
+from xelink.collectives.gpu.launch import kernel_module, pieces
+from xelink.symm import cuda
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200x2-gpu-collectives"
 
@@ -149,7 +149,7 @@ def test_auto_takes_nccl_without_peer_memory_and_the_size_rule_with_it():
         dispatch.resolve("all_reduce", "all_reduce", "direct", two_hosts, "cuda", 1024, torch.bfloat16)
     one_host = _Comm(4, device="cuda:0")
     one_host._resources["cuda.team"] = object()  # peer memory set up: the rule decides (no tuning table here)
-    if kernels().available():
+    if kernel_module().available():
         assert dispatch.choose(one_host, "all_reduce", 1 << 10, torch.bfloat16, "cuda") == "direct"
         assert dispatch.choose(one_host, "all_reduce", 16 << 20, torch.bfloat16, "cuda") == "two_shot"
 

@@ -20,7 +20,7 @@ Everything goes through xelink's own transport, with the step primitive every co
    the fitted betas are the device's ``copy_gbps`` and ``reduce_gbps``.
 
 On CUDA ranks (one GPU each, one host) the same four measurements use xelink's own peer memory
-(``transport/cuda.py``: CUDA IPC, no NCCL) on device memory, timed with CUDA events:
+(``xelink.symm``: CUDA IPC, no NCCL) on device memory, timed with CUDA events:
 
 1. links: rank a pulls from rank b's buffer (``xelink.empty``, IPC-mapped) with the copy engine
    (``cuMemcpyAsync`` over NVLink/PCIe); each copy is one way, the other ranks wait. NCCL send/recv
@@ -390,13 +390,13 @@ class _PeerPull:
     """
 
     def __init__(self, comm, nbytes: int):
-        from ..transport import cuda as peer
+        from .. import symm
 
-        self.comm, self.copy = comm, peer.copy
-        self.src = peer.empty(max(nbytes, 1), dtype=torch.uint8, group=comm)
+        self.comm, self.copy = comm, symm.copy_engine
+        self.src = symm.empty(max(nbytes, 1), dtype=torch.uint8, group=comm)
         self.src.copy_(_bytes(max(nbytes, 1), comm.device))
         self.dst = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=comm.device)
-        self.addresses = peer.team_of(comm, "probe").peer_addresses(self.src)
+        self.addresses = symm.peer_addresses(self.src, comm)
         torch.cuda.synchronize()
 
     def pull(self, p: int, nbytes: int) -> None:
@@ -546,7 +546,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
             if cuda:
                 from ..collectives import gpu
 
-                with_chains = gpu.kernels().available()  # the GPU barrier is a Triton kernel
+                with_chains = gpu.kernel_module().available()  # the GPU barrier is a Triton kernel
             for name, (_, cycle) in pattern_fn(comm.size, comm.rank).items():
                 for k in chain_lengths if with_chains else ():
                     variants[f"chain|{name}|{k}"] = _barriers(comm, k) if cuda else _chain(comm, cycle, k, deadline)

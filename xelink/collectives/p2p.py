@@ -1,7 +1,11 @@
-"""Point-to-point on CPU tensors and numpy arrays: send, recv, isend, irecv, batch_isend_irecv."""
+"""Point-to-point: send, recv, isend, irecv, batch_isend_irecv, on CPU tensors and numpy arrays (the host
+transport; ``wait()`` blocks the host) and on CUDA tensors (``gpu.p2p``: peer memory or NCCL, stream-ordered;
+``wait()`` makes the current stream wait, as torch.distributed's NCCL works do)."""
 from __future__ import annotations
 
 import dataclasses
+
+import torch
 
 from ..transport import wait_all
 from .checks import USER_TAG_LIMIT, check_rank, group_of, tensor as _tensor
@@ -11,9 +15,14 @@ __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PW
 
 def _check(fn, tensor, peer_name, peer, group, tag):
     comm = group_of(group, fn)
-    x = _tensor(fn, "tensor", tensor, comm)
-    if x.is_cuda:
-        raise ValueError(f"{fn}: tensor is on {x.device}; point-to-point moves CPU tensors and numpy arrays only")
+    cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
+    if cuda:  # any dtype: the transfer moves bytes
+        from .gpu import p2p as gpu_p2p
+
+        gpu_p2p.check_tensor(fn, tensor, comm)
+        x = tensor
+    else:
+        x = _tensor(fn, "tensor", tensor, comm)
     if peer is None:
         raise ValueError(f"{fn}: {peer_name}=None (any source) is not supported; name the peer rank")
     check_rank(fn, peer_name, peer, comm.size)
@@ -22,7 +31,20 @@ def _check(fn, tensor, peer_name, peer, group, tag):
     if peer == comm.rank:  # as torch.distributed: a rank's message to itself would wait for itself
         raise ValueError(f"{fn}: {peer_name}={peer} is this rank itself (rank {comm.rank} of {comm.name}); "
                          f"copy the tensor instead")
+    if cuda:
+        problem = gpu_p2p.unsupported(comm)
+        if problem is not None:
+            raise problem
     return comm, x
+
+
+def _start(fn, comm, x, peer, tag, send):
+    if x.is_cuda:
+        from .gpu import p2p as gpu_p2p
+
+        return gpu_p2p.start(comm, x, peer, send)
+    t = comm.transport
+    return P2PWork(comm, [t.isend(x, peer, tag) if send else t.irecv(x, peer, tag)], fn)
 
 
 class P2PWork:
@@ -39,20 +61,26 @@ class P2PWork:
         return True
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0) -> P2PWork:
-    """Start sending ``tensor`` to rank ``dst`` of ``group``; returns a handle with ``wait()``."""
+def isend(tensor, dst: int, group=None, tag: int = 0):
+    """Start sending ``tensor`` to rank ``dst`` of ``group``; returns a handle with ``wait()``.
+
+    CPU tensors: ``wait()`` blocks until the buffer may be reused (deadline applies). CUDA tensors: the
+    transfer is enqueued after the work queued on the current stream; ``wait()`` makes the current stream
+    wait for it; messages to one rank match its receives in order (tags are not matched, as with NCCL).
+    """
     comm, x = _check("isend", tensor, "dst", dst, group, tag)
-    return P2PWork(comm, [comm.transport.isend(x, dst, tag)], "isend")
+    return _start("isend", comm, x, dst, tag, True)
 
 
-def irecv(tensor, src: int, group=None, tag: int = 0) -> P2PWork:
-    """Start receiving into ``tensor`` from rank ``src`` of ``group``; returns a handle with ``wait()``."""
+def irecv(tensor, src: int, group=None, tag: int = 0):
+    """Start receiving into ``tensor`` from rank ``src`` of ``group``; returns a handle with ``wait()``
+    (see ``isend`` for CUDA tensors)."""
     comm, x = _check("irecv", tensor, "src", src, group, tag)
-    return P2PWork(comm, [comm.transport.irecv(x, src, tag)], "irecv")
+    return _start("irecv", comm, x, src, tag, False)
 
 
 def send(tensor, dst: int, group=None, tag: int = 0) -> None:
-    """Send ``tensor`` to rank ``dst``; returns when the buffer may be reused (deadline applies)."""
+    """Send ``tensor`` to rank ``dst``: ``isend(...).wait()`` (CUDA: ordered on the current stream)."""
     isend(tensor, dst, group, tag).wait()
 
 

@@ -16,10 +16,10 @@ import torch
 
 from ...comm import resolve_group
 from ...errors import XelinkError
-from ...transport import cuda as peer_memory
+from ... import symm
 from .. import registry
 from . import compose, nccl, peer
-from .launch import GpuWork, done, kernel, kernels, launch
+from .launch import done, kernel_module
 
 __all__ = ["BACKEND", "GpuWork", "all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor",
            "all_to_all_single", "barrier", "synchronize", "device_barrier", "synchronize_group", "unmet", "size_rule"]
@@ -55,6 +55,8 @@ for _other in ("dest_split", "one_shot"):
     registry.alias(BACKEND, _other, "direct")
 registry.add_backend(BACKEND, sys.modules[__name__])
 
+GpuWork = symm.Work  # the handle of an async_op=True call on CUDA tensors
+
 # algo="auto" on CUDA tensors: the measured tuning table, else the size rule below. The cost model is not
 # consulted: its figures for these kernels (latency per barrier, copy-engine overlap) are not measured.
 MODEL_AUTO = False
@@ -75,10 +77,10 @@ def unmet(comm, algo: registry.Algorithm, x=None) -> Exception | None:
     sentence to follow ``algo=...``; a ``ValueError`` for the caller's choice, ``XelinkError`` for the
     install), or None when it can."""
     if "peer_memory" in algo.needs and "cuda.team" not in comm._resources:
-        if not peer_memory.available(comm):
+        if not symm.available(comm):
             return ValueError(f"needs peer memory: every rank of {comm.name} on one host's CUDA GPUs, at most "
-                              f"{peer_memory.MAX_WORLD} ranks (use algo='nccl' or 'auto')")
-        if not kernels().available():
+                              f"{symm.MAX_WORLD} ranks (use algo='nccl' or 'auto')")
+        if not kernel_module().available():
             return XelinkError("runs Triton kernels, and Triton is not installed")
     if "symmetric" in algo.needs and x is not None and x.numel() and peer.symmetric(comm, x) is None:
         return ValueError("reads the input in place on every rank: allocate it with xelink.empty (or use "
@@ -132,16 +134,12 @@ def all_to_all_single(comm, out, inp, out_splits, in_splits, algo, async_op, tim
 
 def barrier(comm, timeout=None):
     """A GPU-resident barrier on the current stream: later work waits until every rank reached it."""
-    launch(comm, "device_barrier", timeout, ("barrier", timeout),
-           lambda team, t_ns: [kernel(team, "barrier", torch.int32).bind(timeout_ns=t_ns)])
+    symm.barrier(comm, timeout=timeout)
 
 
 def synchronize(comm) -> None:
-    """Wait for this rank's GPU work, then raise ``xelink.TimeoutError`` if a GPU barrier timed out."""
-    torch.cuda.synchronize(torch.device(comm.device))
-    team = comm._resources.get("cuda.team")
-    if team is not None:
-        team.check("synchronize")
+    """Wait for this rank's GPU work, then raise ``xelink.TimeoutError`` if a GPU wait timed out."""
+    symm.synchronize(comm)
 
 
 def device_barrier(group=None, timeout=None) -> None:
@@ -151,9 +149,9 @@ def device_barrier(group=None, timeout=None) -> None:
     the next call (or ``xelink.synchronize``) raises ``xelink.TimeoutError`` naming it.
     Collective: every rank of ``group`` must call this.
     """
-    barrier(resolve_group(group, "device_barrier"), timeout)
+    symm.barrier(resolve_group(group, "device_barrier"), timeout=timeout)
 
 
 def synchronize_group(group=None) -> None:
     """Block until this rank's GPU work is done; raise ``xelink.TimeoutError`` if a GPU wait timed out."""
-    synchronize(resolve_group(group, "synchronize"))
+    symm.synchronize(resolve_group(group, "synchronize"))

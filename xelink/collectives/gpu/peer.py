@@ -3,13 +3,14 @@ all-reduce, the copy-engine paths, the pull all-gather / all-to-all and the redu
 
 Each call builds its launch plan once (``launch``) and then replays it; inputs that are symmetric
 (``xelink.empty``) are read in place by the peers, others are staged through the team's scratch slots
-(the parity rule of ``xelink.kernels.collectives`` says which slot each kernel may touch when).
+(the parity rule of ``xelink.symm.cuda`` says which slot each kernel may touch when).
 """
 from __future__ import annotations
 
 import torch
 
-from .launch import Copy, Join, OPS, done, kernel, launch, peers, pieces, round16, symmetric
+from ...symm import Copy, Join
+from .launch import OPS, done, kernel, launch, peers, pieces, round16, symmetric
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "SMALL"]
 
@@ -97,7 +98,7 @@ def _copy_engine_all_reduce_plan(team, x, code, sym, timeout_ns):
         size = (bounds[p + 1] - bounds[p]) * es
         if size:
             plan.append(Copy(ptr + bounds[p] * es, sym[p] + bounds[p] * es, size))
-    plan.append(kernel(team, "barrier", torch.int32).bind(timeout_ns=timeout_ns))
+    plan.append(team.barrier_piece(timeout_ns))
     return plan
 
 
@@ -125,7 +126,7 @@ def _copy_engine_plan(team, out, inp, sym, timeout_ns):
     """
     es, n = inp.element_size(), inp.numel()
     nbytes = n * es
-    barrier = kernel(team, "barrier", torch.int32).bind(timeout_ns=timeout_ns)
+    barrier = team.barrier_piece(timeout_ns)
     plan = []
     if sym is None:
         team.ensure_scratch(nbytes, "all_gather_into_tensor")
@@ -155,3 +156,4 @@ def _reduce_scatter_plan(team, y, x, op, sym, timeout_ns):
     return [k.bind(X=x.data_ptr() + s * es, Y=y.data_ptr() + s * es, **peers(team.scratch_ptrs), n=m,
                    x_stride=n, b_stride=m, slot=slot, timeout_ns=timeout_ns)
             for s, m in pieces(n, slot // team.size // 16 * 16)]
+

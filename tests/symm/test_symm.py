@@ -1,0 +1,46 @@
+"""The peer-memory layer's checks that run without a GPU: bad arguments are refused with the function and
+the value named, before anything is set up or enqueued."""
+import pytest
+import torch
+
+import xelink
+from xelink import symm
+
+
+@pytest.fixture()
+def world():
+    w = xelink.init()
+    yield w
+    xelink.finalize()
+
+
+def test_views_and_transfers_need_a_symmetric_tensor(world):
+    plain = torch.zeros(4)
+    for call in (lambda: symm.peer_tensor(plain, 0), lambda: symm.put(plain, plain, 0),
+                 lambda: symm.get(plain, plain, 0)):
+        with pytest.raises(ValueError, match=r"(peer_tensor|put|get): the tensor is not in symmetric memory of w"):
+            call()
+    assert symm.peer_addresses(plain) is None
+
+
+def test_signals_name_a_bad_rank_or_slot(world):
+    with pytest.raises(ValueError, match=r"signal: rank=1 is not a rank of w\S* \(size 1\)"):
+        symm.signal(1)
+    with pytest.raises(ValueError, match=r"wait: rank=True is not a rank"):
+        symm.wait(True)
+    with pytest.raises(ValueError, match=rf"signal: slot=64 must be an int in \[0, {symm.SIGNAL_SLOTS}\)"):
+        symm.signal(0, slot=64)
+    with pytest.raises(ValueError, match=r"wait: slot=-1 must be an int"):
+        symm.wait(0, slot=-1)
+
+
+def test_symmetric_memory_needs_a_cuda_device(world):
+    with pytest.raises(xelink.XelinkError, match="empty: symmetric memory needs a CUDA device"):
+        symm.empty(4)
+    with pytest.raises(ValueError, match=r"empty: size=\(-1,\) must be non-negative ints"):
+        symm.empty(-1)
+
+
+def test_point_to_point_refuses_itself_on_every_device(world):
+    with pytest.raises(ValueError, match=r"isend: dst=0 is this rank itself"):
+        xelink.isend(torch.zeros(2), 0)

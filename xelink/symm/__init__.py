@@ -1,0 +1,16 @@
+"""Device peer memory behind one interface: symmetric allocation, peer views, put/get by the SMs and by the
+copy engine, semaphores ordered on a stream with deadlines, the device barrier, and the rules every kernel
+on peer memory follows (epochs, scratch parity, graph replay, calls in flight: ``xelink.symm.cuda``'s
+docstring). ``cuda`` is the NVIDIA backend; the SYCL backend will offer the same names.
+
+Every function takes the group and, where it enqueues work, an explicit ``stream`` (None: the current
+stream of the group's device). Kernels of composed ops use ``xelink.symm.device`` (Triton device
+functions: ``pick``, ``notify``, ``wait_at_least``, ``block_barrier``) and ``Team.kernel``/``Team.run``.
+"""
+from .cuda import (MAX_BLOCKS, MAX_WORLD, SIGNAL_SLOTS, Bound, Copy, Join, Kernel, Pair, Team, Work, available,
+                   barrier, copy_engine, empty, get, pair_of, peer_addresses, peer_tensor, put, signal, synchronize,
+                   team_of, wait)
+
+__all__ = ["MAX_BLOCKS", "MAX_WORLD", "SIGNAL_SLOTS", "Bound", "Copy", "Join", "Kernel", "Pair", "Team", "Work",
+           "available", "barrier", "copy_engine", "empty", "get", "pair_of", "peer_addresses", "peer_tensor", "put",
+           "signal", "synchronize", "team_of", "wait"]
