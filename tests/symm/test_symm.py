@@ -35,6 +35,8 @@ def test_signals_name_a_bad_rank_or_slot(world):
 
 
 def test_symmetric_memory_needs_a_cuda_device(world):
+    if torch.device(world.device).type == "cuda":
+        pytest.skip("xelink.init bound a GPU here")
     with pytest.raises(xelink.XelinkError, match="empty: symmetric memory needs a CUDA device"):
         symm.empty(4)
     with pytest.raises(ValueError, match=r"empty: size=\(-1,\) must be non-negative ints"):

@@ -6,8 +6,8 @@ Two kinds of peer memory:
   IPC maps memory between processes of one device as well). It is made collectively, on first use, and
   holds per rank: a scratch buffer of two slots, the barrier pads, the semaphore pads, the local epochs,
   an error word, the symmetric tensors (``empty``) and the cached launch plans.
-- A ``Pair`` joins two ranks of a communicator for point-to-point: an inbox the other rank writes into
-  and flags it signals, set up by those two ranks alone (over the host transport) on their first transfer.
+- ``Mailboxes`` hold a rank's point-to-point memory on a communicator (an inbox and flags per peer), made
+  on its first transfer without waiting for anyone; a ``Pair`` views the two sides of one rank pair.
 
 Everything is enqueued on a CUDA stream (the caller's, or the current stream of the team's device) and
 nothing synchronizes the host, so calls can be captured in CUDA graphs and replayed.
@@ -58,7 +58,7 @@ from ..errors import TimeoutError, XelinkError
 from ..log import get_logger
 from .device import MAX_WORLD
 
-__all__ = ["Team", "Pair", "Kernel", "Bound", "Copy", "Join", "Work", "team_of", "pair_of", "empty", "available",
+__all__ = ["Team", "Mailboxes", "Pair", "Kernel", "Bound", "Copy", "Join", "Work", "team_of", "pair_of", "empty", "available",
            "copy_engine", "peer_addresses", "peer_tensor", "put", "get", "signal", "wait", "barrier", "synchronize",
            "MAX_WORLD", "MAX_BLOCKS", "SIGNAL_SLOTS"]
 
@@ -334,41 +334,81 @@ class Team:
         self._maps.close()
 
 
-class Pair:
-    """Peer memory of two ranks of a communicator (point-to-point), made by those two ranks alone.
-
-    Each side owns an ``inbox`` of ``inbox_bytes`` the other writes into, ``flags`` (int32 counters the
-    other signals) and ``counts`` (its own counters, never touched by the other); ``peer_inbox`` and
-    ``peer_flags`` are the other side's addresses. What the counters mean is the protocol's business
-    (``xelink.collectives.gpu.p2p``); rule 4 of the module docstring applies.
+class Mailboxes:
+    """This rank's point-to-point memory on a communicator (resource ``"cuda.mailboxes"``), made on its first
+    transfer without waiting for anyone: one inbox of ``inbox_bytes`` per peer, flags (int32 counters the
+    peers signal) and counts (this rank's own), in one allocation each; their IPC handles are sent to every
+    other rank right away (nonblocking), so a pair is ready as soon as the peer made its own mailboxes, and
+    no rank waits for a third one (a ring of first transfers cannot deadlock on set-up).
     """
 
-    FLAGS = 2 * MAX_BLOCKS
+    FLAGS = 2 * MAX_BLOCKS  # per peer
 
-    def __init__(self, comm, peer: int, inbox_bytes: int, blocks: int, timeout=None):
+    def __init__(self, comm, inbox_bytes: int, blocks: int):
         if not available(comm):
             raise XelinkError(f"peer memory: communicator {comm.name} needs its ranks on one host's CUDA devices")
-        _refuse_capture(f"peer memory: the first transfer between ranks {comm.rank} and {peer} of {comm.name} "
-                        "sets up their peer memory")
-        self.comm, self.peer = comm, peer
+        _refuse_capture(f"peer memory: the first point-to-point transfer of rank {comm.rank} on {comm.name} sets "
+                        "up its mailboxes")
+        self.comm, self.inbox_bytes, self.blocks = comm, inbox_bytes, blocks
         self.device = _device_of(comm)
+        n = comm.size
         self._maps = _Mappings()
-        self.inbox = torch.empty(inbox_bytes, dtype=torch.uint8, device=self.device)
-        self.flags = torch.zeros(self.FLAGS, dtype=torch.int32, device=self.device)
-        self.counts = torch.zeros(self.FLAGS, dtype=torch.int32, device=self.device)
-        self._error = _ErrorWord()
-        self.error = self._error.tensor
-        torch.cuda.synchronize(self.device)  # the zeroed flags are in place before the peer may signal them
+        self.inboxes = torch.empty(n * inbox_bytes, dtype=torch.uint8, device=self.device)
+        self.flags = torch.zeros(n * self.FLAGS, dtype=torch.int32, device=self.device)
+        self.counts = torch.zeros(n * self.FLAGS, dtype=torch.int32, device=self.device)
+        self.errors = torch.zeros((n, 1 + MAX_WORLD), dtype=torch.int32, pin_memory=True)
+        torch.cuda.synchronize(self.device)  # the zeroed flags are in place before any peer may signal them
         drv = _drv()
-        mine = (drv.export(self.inbox.data_ptr()), drv.export(self.flags.data_ptr()), inbox_bytes, blocks)
-        (inbox_h, flags_h, their_bytes, their_blocks) = _swap(comm, peer, mine, timeout)
-        if their_bytes != inbox_bytes:
-            raise XelinkError(f"peer memory: ranks {comm.rank} and {peer} of {comm.name} disagree on the inbox size "
-                              f"({inbox_bytes} vs {their_bytes} B): set XELINK_P2P_* the same on every rank")
-        self.blocks = min(blocks, their_blocks)
-        what = f"peer memory: rank {comm.rank} of {comm.name} cannot map rank {peer}'s memory"
-        self.peer_inbox = self._maps.open(*inbox_h, what, 2)
-        self.peer_flags = self._maps.open(*flags_h, what, 2)
+        mine = (drv.export(self.inboxes.data_ptr()), drv.export(self.flags.data_ptr()), inbox_bytes, blocks)
+        self._sent = _post(comm, mine)  # kept until freed: the buffers of nonblocking sends
+        self.pairs: dict[int, "Pair"] = {}
+
+    def pair(self, peer: int, timeout=None) -> "Pair":
+        found = self.pairs.get(peer)
+        if found is None:
+            _refuse_capture(f"peer memory: the first transfer between ranks {self.comm.rank} and {peer} of "
+                            f"{self.comm.name} maps the peer's mailboxes")
+            inbox_h, flags_h, their_bytes, their_blocks = _take(self.comm, peer, timeout)
+            if their_bytes != self.inbox_bytes or their_blocks != self.blocks:
+                raise XelinkError(f"peer memory: ranks {self.comm.rank} and {peer} of {self.comm.name} disagree on "
+                                  f"the mailboxes ({self.inbox_bytes} B x {self.blocks} blocks vs {their_bytes} B x "
+                                  f"{their_blocks}): set XELINK_P2P_BLOCKS the same on every rank")
+            what = f"peer memory: rank {self.comm.rank} of {self.comm.name} cannot map rank {peer}'s memory"
+            peer_inboxes = self._maps.open(*inbox_h, what, 2)
+            peer_flags = self._maps.open(*flags_h, what, 2)
+            found = self.pairs[peer] = Pair(self, peer, peer_inboxes, peer_flags)
+        return found
+
+    def check(self, fn: str) -> None:
+        for p in self.pairs.values():
+            p.check(fn)
+
+    def close(self) -> None:
+        for req in self._sent[1:]:  # a peer that never talked to this rank never took its message
+            if not req.test():
+                req.cancel()
+        self._maps.close()
+
+
+class Pair:
+    """Peer memory of this rank and ``peer`` (point-to-point), views into the two ranks' ``Mailboxes``.
+
+    ``inbox`` (``inbox_bytes``) is what the peer writes into here, ``flags`` (int32 counters) what the peer
+    signals here, ``counts`` this rank's own counters for the pair; ``peer_inbox`` and ``peer_flags`` are
+    the addresses of this rank's inbox and flags in the peer's mailboxes. What the counters mean is the
+    protocol's business (``xelink.collectives.gpu.p2p``); rule 4 of the module docstring applies.
+    """
+
+    def __init__(self, boxes: Mailboxes, peer: int, peer_inboxes: int, peer_flags: int):
+        me, f = boxes.comm.rank, Mailboxes.FLAGS
+        self.comm, self.peer, self.device, self.blocks = boxes.comm, peer, boxes.device, boxes.blocks
+        self.inbox = boxes.inboxes[peer * boxes.inbox_bytes:(peer + 1) * boxes.inbox_bytes]
+        self.flags = boxes.flags[peer * f:(peer + 1) * f]
+        self.counts = boxes.counts[peer * f:(peer + 1) * f]
+        self.error = boxes.errors[peer]
+        self._view = self.error.numpy()
+        self.peer_inbox = peer_inboxes + me * boxes.inbox_bytes
+        self.peer_flags = peer_flags + me * f * 4
         self.kernels: dict = {}  # the protocol's Kernel objects and cached launches, by its keys
         self.plans: dict = {}
         self.streams: dict = {}  # the protocol's side streams, by its keys
@@ -386,37 +426,43 @@ class Pair:
         """Raise what a transfer's kernel reported: its error word holds ``[0]`` a wait timed out, ``[1]``
         it waited for the peer, ``[2]`` a received message had another size than the receive, ``[3]``
         that size (bytes, low 32 bits). Either breaks the communicator."""
-        view = self._error._view
+        view = self._view
         if view[2]:
             err = XelinkError(f"{fn}: rank {self.peer} of {self.comm.name} sent a message of {int(view[3])} B to "
                               f"a receive of another size on rank {self.comm.rank}; the data was dropped and "
                               f"{self.comm.name} is unusable (post receives of the sizes sent)")
             self.comm._broken = err
             raise err
-        self._error.raise_if_set(self.comm, fn, [self.peer],
-                                 "a point-to-point transfer waited past its deadline for the peer named")
-
-    def close(self) -> None:
-        self._maps.close()
+        if view[0]:
+            err = TimeoutError(fn, [self.peer], self.comm.timeout,
+                               "a point-to-point transfer waited past its deadline for the peer named")
+            self.comm._broken = err
+            raise err
 
 
 _SETUP_TAG = 1 << 15  # above the user (< 2**14) and collective (< 2**15) tags of the host transport
 _SETUP_BYTES = 512
 
 
-def _swap(comm, peer: int, obj, timeout):
-    """Send ``obj`` to ``peer`` and receive its counterpart, over the host transport (two ranks only)."""
-    from ..transport import wait_all
-
+def _post(comm, obj) -> list:
+    """Send ``obj`` to every other rank of ``comm`` without waiting (host transport); returns what must
+    stay alive until the sends complete (the requests and their buffers)."""
     blob = pickle.dumps(obj)
     if len(blob) > _SETUP_BYTES:
         raise XelinkError(f"peer memory: set-up message of {len(blob)} B exceeds {_SETUP_BYTES}")
     out = torch.zeros(_SETUP_BYTES, dtype=torch.uint8)
     out[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    got = torch.zeros(_SETUP_BYTES, dtype=torch.uint8)
     t = comm._live("point-to-point set-up")
-    reqs = [t.irecv(got, peer, _SETUP_TAG), t.isend(out, peer, _SETUP_TAG)]
-    wait_all(reqs, comm.deadline(timeout, "point-to-point set-up"), "point-to-point set-up")
+    return [out] + [t.isend(out, p, _SETUP_TAG) for p in range(comm.size) if p != comm.rank]
+
+
+def _take(comm, peer: int, timeout):
+    """The object ``peer`` posted (``_post``), waiting for it up to the deadline."""
+    from ..transport import wait_all
+
+    got = torch.zeros(_SETUP_BYTES, dtype=torch.uint8)
+    req = comm._live("point-to-point set-up").irecv(got, peer, _SETUP_TAG)
+    wait_all([req], comm.deadline(timeout, "point-to-point set-up"), "point-to-point set-up")
     return pickle.loads(got.numpy().tobytes())
 
 
@@ -647,9 +693,11 @@ def team_of(comm, fn: str = "peer memory") -> Team:
 
 
 def pair_of(comm, peer: int, inbox_bytes: int, blocks: int, timeout=None) -> Pair:
-    """The ``Pair`` of this rank and ``peer`` on ``comm`` (resource ``("cuda.pair", peer)``), made on first
-    use by those two ranks."""
-    return comm.resource(("cuda.pair", peer), lambda: Pair(comm, peer, inbox_bytes, blocks, timeout))
+    """The ``Pair`` of this rank and ``peer`` on ``comm``, from this rank's ``Mailboxes`` (resource
+    ``"cuda.mailboxes"``, made on first use without waiting); the first call for a peer waits until the
+    peer made its mailboxes (its own first transfer on ``comm``). Not collective."""
+    boxes = comm.resource("cuda.mailboxes", lambda: Mailboxes(comm, inbox_bytes, blocks))
+    return boxes.pair(peer, timeout)
 
 
 def _comm(group, fn):
@@ -838,6 +886,7 @@ def synchronize(group=None) -> None:
     (team or point-to-point) timed out."""
     comm = _comm(group, "synchronize")
     torch.cuda.synchronize(_device_of(comm))
-    for key, obj in list(comm._resources.items()):
-        if key == "cuda.team" or (isinstance(key, tuple) and key[0] == "cuda.pair"):
+    for key in ("cuda.team", "cuda.mailboxes"):
+        obj = comm._resources.get(key)
+        if obj is not None:
             obj.check("synchronize")
