@@ -96,7 +96,7 @@ def _gemm(dtype="bfloat16", a_row=True, b_row=True, even=True):
         sb = (N, 1) if b_row else (1, K)
         return ([_t(dtype), _t(dtype), _t(dtype), M, N, K, *sa, *sb, N, 1],
                 dict(A_ROW_MAJOR=a_row, B_ROW_MAJOR=b_row, EVEN=even, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32,
-                     GROUP_M=8))
+                     GROUP_M=8, PDL=0))
     return args
 
 
