@@ -15,7 +15,11 @@ import torch
 
 from xelink.kernels import attention as A
 
+from out_blocks import only_block_written, poisoned
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" and A.triton is not None
+# impl="cuda" needs Triton's host tensor descriptors (NVIDIA's Triton; Intel's 3.3 has none).
+needs_descriptors = pytest.mark.skipif(A.TensorDescriptor is None, reason="this Triton has no host tensor descriptors")
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 3e-3, torch.float32: 1e-5}
 
 
@@ -153,13 +157,65 @@ def test_fake_implementations_give_shapes():
     """Meta tensors dispatch to the fake implementations torch.compile traces with (no kernel runs)."""
     q = torch.empty(2, 8, 5, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2, 2, 9, 64, dtype=torch.bfloat16, device="meta")
-    out, lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton")
-    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 5) and lse.dtype == torch.float32
+    out = torch.empty_like(q)
+    lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton", out)
+    assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32 and lse.device.type == "meta"
     lens = torch.empty(2, dtype=torch.int32, device="meta")
-    out, lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton", "off")
-    assert out.shape == q.shape and lse.shape == (2, 8, 5) and out.device.type == "meta"
-    out, lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton")
-    assert out.shape == q.shape and lse.shape == (2, 8, 5)
+    lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton", "off", out)
+    assert lse.shape == (2, 8, 5) and lse.device.type == "meta"
+    lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton", out)
+    assert lse.shape == (2, 8, 5)
+
+
+def test_out_writes_only_its_block():
+    # CPU (reference paths): flash attention into the (B, H, S, D) transpose of a row block of a poisoned
+    # (B, S, H, D) buffer, decode and merge into a head block; the LSE is new each time. torch.compile
+    # goes through the custom ops, which write out.
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _qkv(1, 4, 2, 6, 9, 16, torch.float32, gen=gen)
+    want, want_lse = A.reference_flash_attention(q, k, v, causal=True, return_lse=True)
+    for run in (A.flash_attention, torch.compile(A.flash_attention, backend="aot_eager", fullgraph=True)):
+        big = poisoned(1, 10, 4, 16, dtype=torch.float32)
+        block = big[:, 2:8].transpose(1, 2)
+        out, lse = run(q, k, v, causal=True, return_lse=True, out=block)
+        assert out is block and torch.equal(out, want) and torch.equal(lse, want_lse)
+        only_block_written(big, block)
+    lens = torch.tensor([7])
+    big = poisoned(1, 6, 6, 16, dtype=torch.float32)
+    block = big[:, 1:5]
+    assert A.decode_attention(q, k, v, lens, out=block) is block
+    assert torch.equal(block, A.reference_decode_attention(q, k, v, lens))
+    only_block_written(big, block)
+    o1, s1 = A.reference_flash_attention(q, k[:, :, :4], v[:, :, :4], return_lse=True)
+    o2, s2 = A.reference_flash_attention(q, k[:, :, 4:], v[:, :, 4:], return_lse=True)
+    big = poisoned(1, 6, 6, 16, dtype=torch.float32)
+    block = big[:, 2:6]
+    out, lse = A.merge_attention([o1, o2], [s1, s2], out=block)
+    assert out is block and torch.equal(out, A.reference_merge_attention([o1, o2], [s1, s2])[0])
+    only_block_written(big, block)
+    out, _ = A.merge_attention([o1, o2], [s1, s2], out=o1)  # the partials are read from a copy
+    assert torch.equal(out, block)
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda q, k, v: A.flash_attention(q, k, v, out=q[:, :2]), ValueError, "out.shape=(1, 2, 8, 64) must be"),
+    (lambda q, k, v: A.flash_attention(q, k, v, out=q.half()), TypeError, "out.dtype=torch.float16 must be"),
+    (lambda q, k, v: A.flash_attention(q, k, v, out=q.to("meta")), ValueError, "out is on meta"),
+    (lambda q, k, v: A.flash_attention(q, k, v, out=q.transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
+     "must be 1 along the last dim"),
+    (lambda q, k, v: A.flash_attention(q, k, v, out=q), ValueError, "out overlaps q in memory"),
+    (lambda q, k, v: A.decode_attention(q, k, v, torch.tensor([8]), out=k.repeat(1, 2, 1, 1)[:, :, :, :32]),
+     ValueError, "out.shape=(1, 4, 8, 32) must be (1, 4, 8, 64)"),
+    (lambda q, k, v: A.decode_attention(q, k, v, torch.tensor([8]), out=torch.empty(1, 4, 8, 64)), TypeError,
+     "out.dtype=torch.float32"),
+    (lambda q, k, v: A.merge_attention([q], [torch.zeros(1, 4, 8)], out=torch.empty(1, 4, 8, 32, dtype=q.dtype)),
+     ValueError, "out.shape=(1, 4, 8, 32) must be (1, 4, 8, 64)"),
+])
+def test_bad_out(call, error, text):
+    with pytest.raises(error) as info:
+        call(*_good())
+    name = info.value.args[0].split(":")[0]
+    assert name in ("flash_attention", "decode_attention", "merge_attention") and text in str(info.value)
 
 
 # -- bad inputs: clear errors before anything runs ------------------------------------------------
@@ -187,7 +243,7 @@ def test_flash_bad_tensors(mutate, error, text):
 
 
 @pytest.mark.parametrize("kwargs, error, text", [
-    ({"impl": "cuda"}, ValueError, "impl='cuda' is not one of"),
+    ({"impl": "fast"}, ValueError, "impl='fast' is not one of auto, triton, cuda, reference"),
     ({"scale": -1.0}, ValueError, "scale=-1.0 must be finite and > 0"),
     ({"scale": float("nan")}, ValueError, "must be finite and > 0"),
     ({"scale": "0.1"}, TypeError, "scale='0.1' must be a float or None"),
@@ -201,10 +257,10 @@ def test_flash_bad_flags(kwargs, error, text):
 
 
 @pytest.mark.skipif(INTERPRET, reason="the interpreter runs kernel paths on the CPU")
-@pytest.mark.parametrize("impl", ["triton", "hopper"])
-def test_kernel_path_on_cpu_is_refused(impl):
+@pytest.mark.parametrize("impl, named", [("triton", "triton"), ("cuda", "cuda"), ("hopper", "cuda")])
+def test_kernel_path_on_cpu_is_refused(impl, named):
     error = RuntimeError if A.triton is None else ValueError
-    with pytest.raises(error, match=f"^flash_attention: impl='{impl}'"):
+    with pytest.raises(error, match=f"^flash_attention: impl='{named}'"):
         A.flash_attention(*_good(), impl=impl)
 
 
@@ -291,25 +347,28 @@ GPU_SHAPES = [  # (B, Hq, Hkv, Sq, Sk): aligned, tails, GQA, Sq < Sk, Sq > Sk, o
 ]
 
 
+def _need_sm90(impl):
+    if impl == "cuda" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("impl='cuda' needs a compute-capability-9 GPU")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", A.HEAD_DIMS)
-@pytest.mark.parametrize("impl", ["triton", "hopper"])
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_flash_kernel_gpu(requires_gpus, impl, d, dtype, causal):
     requires_gpus(1)
-    if impl == "hopper" and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("impl='hopper' needs a compute-capability-9 GPU")
+    _need_sm90(impl)
     _check_flash("cuda", impl, d, dtype, causal, GPU_SHAPES, seed=d * 10 + int(causal))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["triton", "hopper"])
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_flash_kernel_strided_gpu(requires_gpus, impl):
     """(B, S, H, D) storage seen as (B, H, S, D): the portable kernel takes the strides as they are."""
     requires_gpus(1)
-    if impl == "hopper" and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("impl='hopper' needs a compute-capability-9 GPU")
+    _need_sm90(impl)
     q = torch.randn(2, 130, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 190, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(2, 190, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -317,13 +376,63 @@ def test_flash_kernel_strided_gpu(requires_gpus, impl):
     assert _rel(out, A.reference_flash_attention(q, k, v, causal=True)) < TOL[torch.bfloat16]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda", "hopper"])
+def test_flash_out_blocks_gpu(requires_gpus, impl):
+    """out= the (B, H, S, D) transpose of a block of a poisoned (B, S, H, D) buffer: both kernels store
+    there (the TMA kernel loads through descriptors, stores through block pointers), nothing outside it."""
+    requires_gpus(1)
+    _need_sm90("cuda" if impl == "hopper" else impl)
+    gen = torch.Generator().manual_seed(17)
+    q, k, v = _qkv(2, 8, 2, 300, 500, 128, torch.bfloat16, device="cuda", gen=gen)
+    big = poisoned(2, 320, 12, 128, device="cuda")
+    block = big[:, 10:310, 2:10].transpose(1, 2)
+    out, lse = A.flash_attention(q, k, v, causal=True, return_lse=True, impl=impl, out=block)
+    torch.cuda.synchronize()
+    assert out is block
+    only_block_written(big, block)
+    ref, ref_lse = A.reference_flash_attention(q, k, v, causal=True, return_lse=True)
+    assert _rel(out, ref) < TOL[torch.bfloat16] and (lse - ref_lse).abs().max() < 2e-3
+    if impl == "hopper":  # the old name runs the same kernel
+        assert torch.equal(out, A.flash_attention(q, k, v, causal=True, impl="cuda"))
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("impl", ["triton", "hopper"])
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=needs_descriptors)])
 def test_flash_kernel_interpreter(impl, d, causal):
     shapes = [(1, 2, 1, 40, 70), (1, 2, 2, 150, 100), (1, 1, 1, 1, 200)]
     _check_flash("cpu", impl, d, torch.float16, causal, shapes, seed=d + int(causal))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_out_blocks_interpreter():
+    """The flash, decode and merge kernels store into a head block of a poisoned (B, S, H, D) buffer's
+    transpose: every element of the block, nothing outside it."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = _qkv(1, 2, 1, 40, 70, 64, torch.float16, gen=gen)
+
+    def block_of(sq):
+        big = poisoned(1, sq + 3, 5, 64, dtype=torch.float16)
+        return big, big[:, 1:1 + sq, 2:4].transpose(1, 2)
+
+    big, block = block_of(40)
+    assert A.flash_attention(q, k, v, causal=True, impl="triton", out=block) is block
+    only_block_written(big, block)
+    assert _rel(block, A.reference_flash_attention(q, k, v, causal=True)) < TOL[torch.float16]
+    qd, lens = q[:, :, :3], torch.tensor([50], dtype=torch.int32)
+    big, block = block_of(3)
+    assert A.decode_attention(qd, k, v, lens, num_splits=3, impl="triton", out=block) is block
+    only_block_written(big, block)
+    assert _rel(block, A.reference_decode_attention(qd, k, v, lens)) < TOL[torch.float16]
+    parts = [A.reference_flash_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], return_lse=True)
+             for lo, hi in ((0, 30), (30, 70))]
+    big, block = block_of(40)
+    out, _ = A.merge_attention([p[0] for p in parts], [p[1] for p in parts], impl="triton", out=block)
+    assert out is block
+    only_block_written(big, block)
+    assert _rel(block, A.reference_flash_attention(q, k, v)) < TOL[torch.float16]
 
 
 def _check_decode(device, d, dtype, causal, cases, seed):
@@ -403,7 +512,7 @@ def test_auto_compile_and_cuda_graph_gpu(requires_gpus):
     """impl='auto' names a kernel; torch.compile traces the custom ops; decode replays in a CUDA graph."""
     requires_gpus(1)
     device = torch.device("cuda", torch.cuda.current_device())
-    want = "hopper" if torch.cuda.get_device_capability()[0] == 9 else "triton"
+    want = "cuda" if torch.cuda.get_device_capability()[0] == 9 else "triton"
     assert A.resolve_impl("t", "auto", device) == want
     q, k, v = _qkv(1, 8, 2, 200, 300, 128, torch.bfloat16, device="cuda")
 
@@ -411,7 +520,8 @@ def test_auto_compile_and_cuda_graph_gpu(requires_gpus):
 
     @torch.compile(backend="aot_eager", fullgraph=True)
     def op(q, k, v):  # the custom op itself: traced through its fake implementation, no graph break
-        out, lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want)
+        out = torch.empty_like(q)
+        lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want, out)
         return out * 2, lse
 
     @torch.compile(backend="aot_eager")

@@ -1,5 +1,6 @@
-"""GEMV: packing formats and their round trips, the reference against float64, argument checks, and the
-Triton kernels (GPU: every format, dtype, row count, tails, split-K; CPU interpreter with TRITON_INTERPRET=1)."""
+"""GEMV: packing formats and their round trips, the reference against float64, argument checks (out=, pdl=
+and its config["PDL"] alias included), and the Triton kernels (GPU: every format, dtype, row count, tails,
+split-K; CPU interpreter with TRITON_INTERPRET=1)."""
 import importlib.util
 import os
 import random
@@ -9,6 +10,8 @@ import torch
 
 from xelink.kernels.gemv import (W4_GROUP, gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16,
                                  unpack_w8a16)
+
+from out_blocks import only_block_written, poisoned
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
@@ -144,9 +147,72 @@ def test_triton_impl_on_cpu_is_refused(impl):
 def test_fake_impl():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        y = torch.ops.xelink.gemv(torch.empty(7, 64, dtype=torch.uint8), torch.empty(3, 128, dtype=torch.float16),
-                                  torch.empty(7, 1, dtype=torch.float16), "w4a16", "cuda")
-        assert y.shape == (3, 7) and y.dtype == torch.float16
+        y = torch.empty(3, 7, dtype=torch.float16)
+        assert torch.ops.xelink.gemv(torch.empty(7, 64, dtype=torch.uint8), torch.empty(3, 128, dtype=torch.float16),
+                                     torch.empty(7, 1, dtype=torch.float16), "w4a16", "cuda", "auto", y) is None
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "w4a16"])
+@pytest.mark.parametrize("where", ["rows", "cols"])
+def test_out_writes_only_its_block(fmt, where):
+    # CPU: the reference path copies into out, a row or column block of a poisoned buffer; a 1-D x takes a
+    # 1-D out. Under torch.compile the same call goes through the custom op, which writes out.
+    w, s, _ = _weights(fmt, 12, 256, torch.bfloat16)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    want = reference_gemv(w, x, s, fmt)
+    big = poisoned(8, 20)
+    block = big[4:7, :12] if where == "rows" else big[1:4, 5:17]
+    assert gemv(w, x, s, fmt, out=block) is block
+    assert torch.equal(block, want)
+    only_block_written(big, block)
+    row = poisoned(2, 16)
+    piece = row[1, 2:14]
+    assert gemv(w, x[1], s, fmt, out=piece) is piece
+    assert torch.equal(piece, want[1])
+    only_block_written(row, piece)
+    big = poisoned(8, 20)
+    compiled = torch.compile(lambda a, o: gemv(w, a, s, fmt, out=o), backend="aot_eager", fullgraph=True)
+    compiled(x, big[1:4, 5:17])
+    assert torch.equal(big[1:4, 5:17], want)
+    only_block_written(big, big[1:4, 5:17])
+
+
+_W, _XG = torch.ones(4, 256, dtype=torch.bfloat16), torch.ones(2, 256, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("x, out, error, match", [
+    (_XG, "y", TypeError, "gemv: out must be a torch.Tensor, got str"),
+    (_XG, torch.empty(2, 5, dtype=torch.bfloat16), ValueError, r"gemv: out.shape=\(2, 5\) must be \(2, 4\)"),
+    (_XG[0], torch.empty(1, 4, dtype=torch.bfloat16), ValueError, r"gemv: out.shape=\(1, 4\) must be \(4,\)"),
+    (_XG, torch.empty(2, 4, dtype=torch.float16), TypeError, "gemv: out.dtype=torch.float16 must be torch.bfloat16"),
+    (_XG, torch.empty(2, 4, dtype=torch.bfloat16, device="meta"), ValueError, "gemv: out is on meta"),
+    (_XG, torch.empty(4, 2, dtype=torch.bfloat16).T, ValueError, "must be 1 along the last dim"),
+    (_XG, _XG[:, :4], ValueError, "gemv: out overlaps x in memory"),
+])
+def test_bad_out(x, out, error, match):
+    with pytest.raises(error, match=match):
+        gemv(_W, x, out=out)
+
+
+def test_pdl_and_its_config_alias():
+    # pdl= takes pdl.pdl_option's values; config["PDL"] (the old spelling) is mapped to it, the two must agree.
+    want = reference_gemv(_W, _XG)
+    for off in (None, False):
+        assert torch.equal(gemv(_W, _XG, pdl=off), want)
+    assert torch.equal(gemv(_W, _XG, config={"PDL": False}), want)
+    assert torch.equal(gemv(_W, _XG, pdl=False, config={"PDL": False}), want)
+    for bad in ("soon", 1):
+        with pytest.raises(ValueError, match=f"gemv: pdl={bad!r} must be None, True, False, 'early' or 'late'"):
+            gemv(_W, _XG, pdl=bad)
+    with pytest.raises(ValueError, match=r"gemv: config\['PDL'\]=1 must be None, True, False"):
+        gemv(_W, _XG, config={"PDL": 1})
+    with pytest.raises(ValueError, match=r"gemv: pdl=True and config\['PDL'\]=False differ; pass one"):
+        gemv(_W, _XG, pdl=True, config={"PDL": False})
+    for want_on in (True, "late"):  # a CUDA sm90 launch: refused on the CPU, by either spelling
+        with pytest.raises(ValueError, match=r"gemv: pdl=.* needs a Triton kernel on a CUDA GPU"):
+            gemv(_W, _XG, pdl=want_on)
+        with pytest.raises(ValueError, match=r"gemv: config\['PDL'\]=.* needs a Triton kernel on a CUDA GPU"):
+            gemv(_W, _XG, config={"PDL": want_on})
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
@@ -192,14 +258,33 @@ def test_tensor_core_config():
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
-@pytest.mark.parametrize("launch, match", [(dict(PDL=True), "compute capability >= 9.0"),
-                                           (dict(PDL="late"), "compute capability >= 9.0"),
-                                           (dict(PDL=1), "PDL=1 must be True, False")])
+@pytest.mark.parametrize("launch, match", [(dict(pdl=True), "compute capability >= 9.0"),
+                                           (dict(pdl="late"), "compute capability >= 9.0"),
+                                           (dict(config=dict(PDL=True)), "compute capability >= 9.0"),
+                                           (dict(config=dict(PDL=1)), r"config\['PDL'\]=1 must be None, True")])
 def test_interpreted_launch_options_need_sm90(launch, match):
     # Programmatic dependent launch is PTX of sm90+: asked for off that path, gemv refuses before launching.
     w, s, _ = _weights("w8a16", 16, 256, torch.float16)
     with pytest.raises(ValueError, match=match):
-        gemv(w, torch.randn(1, 256).to(torch.float16), s, "w8a16", impl="triton", config=launch)
+        gemv(w, torch.randn(1, 256).to(torch.float16), s, "w8a16", impl="triton", **launch)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("kernel, fmt", [("fma", "w8a16"), ("mma", "w4a16"), ("words", "w4a16")])
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("where", ["rows", "cols"])
+def test_interpreted_out_blocks(kernel, fmt, split, where):
+    # Each kernel (and, with split 2, the split-K sum) stores into a row or column block of a poisoned
+    # buffer: every element of the block, nothing outside it.
+    N, K, M = 24, 256, 3
+    w, s, exact = _weights(fmt, N, K, torch.float16)
+    x = torch.randn(M, K).to(torch.float16)
+    big = poisoned(8, 40, dtype=torch.float16)
+    block = big[4:4 + M, :N] if where == "rows" else big[2:2 + M, 9:9 + N]
+    cfg = dict(KERNEL=kernel, BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1)
+    assert gemv(w, x, s, fmt, impl="triton", config=cfg, out=block) is block
+    only_block_written(big, block)
+    assert _relerr(block, x, exact) < TOL[torch.float16]
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
@@ -336,6 +421,33 @@ def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+def test_gpu_out_blocks(requires_gpus, impl, fmt):
+    # out= a row block or a column block of a poisoned buffer, through the default kernel choice, a split-K
+    # tile (the sum kernel stores the rows) and, on the CUDA path, the tensor-core kernel with a grid split.
+    requires_gpus(1)
+    gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(2**31))
+    N, K = 300, 1024
+    w, s, exact = _weights(fmt, N, K, torch.bfloat16, "cuda", gen)
+    configs = [None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=3)]
+    if impl == "cuda" and fmt != "bf16":
+        configs.append(dict(KERNEL="tc", ROW_TILES=1, num_warps=2, SPLIT=2))
+    for M in (1, 5, 8):
+        x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+        for cfg in configs:
+            for where in ("rows", "cols"):
+                big = poisoned(M + 8, 520, device="cuda")
+                block = big[5:5 + M, :N] if where == "rows" else big[3:3 + M, 7:7 + N]
+                assert gemv(w, x, s, fmt, impl, config=cfg, out=block) is block
+                torch.cuda.synchronize()
+                only_block_written(big, block)
+                fold = cfg is None and impl == "triton" and fmt == "w4a16" and M > 4  # rounds each weight once
+                ref = exact.to(torch.bfloat16).double() if fold else exact
+                assert _relerr(block, x, ref) < TOL[torch.bfloat16], f"{impl} {fmt} M={M} cfg={cfg} {where}"
+
+
+@pytest.mark.gpu
 def test_gpu_graph_capture_and_compile(requires_gpus):
     requires_gpus(1)
     w, s, exact = _weights("w4a16", 512, 1024, torch.bfloat16, "cuda")
@@ -386,17 +498,17 @@ def test_gpu_pdl_chain(requires_gpus, fmt):
     def chain(cfg, launch):
         y = x
         for w, s, _ in layers:
-            y = gemv(w, y, s, fmt, "cuda", config={**(cfg or {}), **launch})
+            y = gemv(w, y, s, fmt, "cuda", config=cfg, pdl=launch)
         return y
 
     for cfg in PDL_CONFIGS[fmt]:
         where = f"{fmt} cfg={cfg} seed={seed}"
-        plain = chain(cfg, dict(PDL=False))
+        plain = chain(cfg, False)
         want = x.double()
         for _, _, exact in layers:
             want = want @ exact.T
         assert float((plain.double() - want).norm() / want.norm()) < 0.05, where
-        for launch in (dict(PDL=True), dict(PDL="early"), dict(PDL="late")):
+        for launch in (True, "early", "late"):
             _poison_allocator(1 << 22)
             assert _close(chain(cfg, launch), plain), f"eager {launch} {where}"
             graph = torch.cuda.CUDAGraph()

@@ -5,6 +5,7 @@ installs it); skips under NVIDIA's Triton (GPU machines). CI refuses a run where
 """
 import dataclasses
 import importlib
+import os
 
 import pytest
 
@@ -17,7 +18,9 @@ def _intel_triton():
     return "intel" in triton.backends.backends
 
 
-pytestmark = pytest.mark.skipif(not _intel_triton(), reason="needs Intel's Triton (pip install triton-xpu)")
+pytestmark = [pytest.mark.skipif(not _intel_triton(), reason="needs Intel's Triton (pip install triton-xpu)"),
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="TRITON_INTERPRET=1 replaces compiling with the interpreter")]
 
 
 @pytest.fixture(scope="module")

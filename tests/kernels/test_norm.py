@@ -1,4 +1,4 @@
-"""RMSNorm (+ fused residual) and RoPE: references against float64, argument checks, custom ops, and the
+"""RMSNorm (+ fused residual, out=) and RoPE: references against float64, argument checks, custom ops, and the
 Triton kernels (GPU: every dtype, tails, wide rows, cos/sin layouts; CPU interpreter with TRITON_INTERPRET=1)."""
 import importlib.util
 import os
@@ -9,6 +9,8 @@ import torch
 
 from xelink.kernels import norm as norm_module
 from xelink.kernels.norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+
+from out_blocks import only_block_written, poisoned
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
@@ -73,7 +75,18 @@ Q, K = torch.ones(1, 2, 3, 8), torch.ones(1, 1, 3, 8)
     (lambda: rmsnorm(X, torch.ones(8), residual=torch.ones(2, 7)), ValueError,
      r"rmsnorm: residual.shape=\(2, 7\) != x.shape=\(2, 8\)"),
     (lambda: rmsnorm(X, torch.ones(8), residual=X.half()), TypeError, "rmsnorm: residual.dtype=torch.float16"),
-    (lambda: rmsnorm(X, torch.ones(8), impl="cuda"), ValueError, "rmsnorm: impl='cuda' is not one of"),
+    (lambda: rmsnorm(X, torch.ones(8), impl="cuda"), ValueError,
+     r"rmsnorm: impl='cuda' is not one of auto, triton, reference \(rmsnorm has no cuda kernel\)"),
+    (lambda: rope(Q, K, torch.ones(3, 8), torch.ones(3, 8), impl="hopper"), ValueError,
+     "rope: impl='hopper' is not one of auto, triton, reference"),
+    (lambda: rmsnorm(X, torch.ones(8), out=torch.empty(2, 7)), ValueError,
+     r"rmsnorm: out.shape=\(2, 7\) must be \(2, 8\)"),
+    (lambda: rmsnorm(X, torch.ones(8), out=X.half()), TypeError, "rmsnorm: out.dtype=torch.float16 must be"),
+    (lambda: rmsnorm(X, torch.ones(8), out=torch.empty(2, 8, device="meta")), ValueError, "rmsnorm: out is on meta"),
+    (lambda: rmsnorm(X, torch.ones(8), out=torch.empty(8, 2).T), ValueError, "must be 1 along the last dim"),
+    (lambda: rmsnorm(torch.ones(2, 3, 8), torch.ones(8), out=torch.empty(2, 4, 8)[:, :3]), ValueError,
+     r"must let out be viewed as rows \[-1, H\]"),
+    (lambda: rmsnorm(X, torch.ones(8), residual=X.clone(), out=X), ValueError, "rmsnorm: out overlaps x in memory"),
     (lambda: rmsnorm([1.0], torch.ones(8)), TypeError, "rmsnorm: x must be a torch.Tensor"),
     (lambda: rope(Q, K.half(), torch.ones(3, 8), torch.ones(3, 8)), TypeError, "rope: k.dtype=torch.float16"),
     (lambda: rope(Q[0], K, torch.ones(3, 8), torch.ones(3, 8)), ValueError, "rope: q and k must be"),
@@ -117,13 +130,36 @@ def test_pdl_is_checked_before_running():
         torch.testing.assert_close(rope(Q, K, torch.ones(3, 8), torch.zeros(3, 8), pdl=off), (Q, K))
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("where", ["rows", "cols"])
+def test_rmsnorm_out_writes_only_its_block(residual, where):
+    # CPU: the reference path copies the normalized rows into out (a row or column block of a poisoned
+    # buffer); the new residual is returned as a new tensor. torch.compile goes through the custom ops.
+    x, w = torch.randn(3, 16).to(torch.bfloat16), torch.randn(16)
+    r = torch.randn(3, 16).to(torch.bfloat16) if residual else None
+    want = reference_rmsnorm(x, w, 1e-6, r)
+
+    def check(fn):
+        big = poisoned(6, 24)
+        block = big[2:5, :16] if where == "rows" else big[1:4, 5:21]
+        got = fn(x, r, block)
+        out, h = got if residual else (got, None)
+        assert out is block and torch.equal(out, want[0] if residual else want)
+        only_block_written(big, block)
+        if residual:
+            assert torch.equal(h, want[1])
+
+    check(lambda a, res, o: rmsnorm(a, w, residual=res, out=o))
+    check(torch.compile(lambda a, res, o: rmsnorm(a, w, residual=res, out=o), backend="aot_eager", fullgraph=True))
+
+
 def test_fake_impls():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         x = torch.empty(4, 6, 32, dtype=torch.bfloat16)
-        assert torch.ops.xelink.rmsnorm(x, torch.empty(32), 1e-6, "triton", "off").shape == x.shape
-        out, h = torch.ops.xelink.rmsnorm_residual(x, x, torch.empty(32), 1e-6, "triton", "auto")
-        assert out.shape == h.shape == x.shape
+        assert torch.ops.xelink.rmsnorm(x, torch.empty(32), 1e-6, "triton", "off", torch.empty_like(x)) is None
+        h = torch.ops.xelink.rmsnorm_residual(x, x, torch.empty(32), 1e-6, "triton", "auto", torch.empty_like(x))
+        assert h.shape == x.shape
         qo, ko = torch.ops.xelink.rope(torch.empty(1, 4, 5, 16), torch.empty(1, 2, 5, 16), torch.empty(5, 16),
                                        torch.empty(5, 16), "triton", "late")
         assert qo.shape == (1, 4, 5, 16) and ko.shape == (1, 2, 5, 16)
@@ -139,6 +175,15 @@ def test_interpreted_kernels(dtype, monkeypatch):
     monkeypatch.setattr(norm_module, "_ONE_PASS_MAX", 16)  # the two-pass path for wide rows
     out, h = rmsnorm(x, w, 1e-6, residual=r, impl="triton")
     assert torch.equal(h, (x.float() + r.float()).to(dtype)) and _rel(out, _rms64(h, w, 1e-6)) < TOL[dtype]
+    for one_pass in (16, 16384):  # out= a row block and a column block, both passes
+        monkeypatch.setattr(norm_module, "_ONE_PASS_MAX", one_pass)
+        for where in ("rows", "cols"):
+            big = poisoned(6, 56, dtype=dtype)
+            block = big[2:5, :40] if where == "rows" else big[1:4, 9:49]
+            out, h = rmsnorm(x, w, 1e-6, residual=r, impl="triton", out=block)
+            assert out is block and torch.equal(h, (x.float() + r.float()).to(dtype))
+            only_block_written(big, block)
+            assert _rel(out, _rms64(h, w, 1e-6)) < TOL[dtype]
     q, k = torch.randn(2, 3, 5, 12).to(dtype), torch.randn(2, 1, 5, 12).to(dtype)
     cos, sin = torch.randn(2, 5, 12), torch.randn(1, 5, 12)
     qo, ko = rope(q, k, cos, sin, impl="triton")
@@ -195,6 +240,30 @@ def test_gpu_rope(requires_gpus, dtype):
     cos, sin = torch.randn(5, 64, device="cuda"), torch.randn(5, 64, device="cuda")
     qo, _ = rope(qt, qt[:, :1], cos, sin, impl="triton")
     assert _rel(qo, _rope64(qt, cos, sin)) < TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", [False, True])
+def test_gpu_rmsnorm_out_blocks(requires_gpus, residual):
+    # out= a row block and a column block of a poisoned buffer, one-pass and two-pass rows, with PDL at
+    # its default: only the block is written.
+    requires_gpus(1)
+    gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(2**31))
+    for rows, H in [(1, 4096), (7, 5000), (3, 20000)]:
+        x = torch.randn(rows, H, device="cuda", generator=gen).to(torch.bfloat16)
+        w = torch.randn(H, device="cuda", generator=gen)
+        r = torch.randn(rows, H, device="cuda", generator=gen).to(torch.bfloat16) if residual else None
+        for where in ("rows", "cols"):
+            big = poisoned(rows + 4, H + 24, device="cuda")
+            block = big[2:2 + rows, :H] if where == "rows" else big[1:1 + rows, 9:9 + H]
+            got = rmsnorm(x, w, 1e-6, residual=r, out=block)
+            out, h = got if residual else (got, x)
+            torch.cuda.synchronize()
+            assert out is block
+            only_block_written(big, block)
+            if residual:
+                assert torch.equal(h, (x.float() + r.float()).to(torch.bfloat16))
+            assert _rel(out, _rms64(h, w, 1e-6)) < TOL[torch.bfloat16], f"{rows}x{H} {where}"
 
 
 @pytest.mark.gpu

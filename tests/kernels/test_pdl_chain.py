@@ -44,7 +44,7 @@ def test_gpu_pdl_decode_chain(requires_gpus, rows, H):
         for w_norm, (q, s) in layers:
             normed, h = rmsnorm(y, w_norm, 1e-6, residual=h, pdl=pdl)
             if rows <= 8:
-                g = gemv(q, normed, s, "w4a16", "cuda", config=dict(PDL=pdl is not False))
+                g = gemv(q, normed, s, "w4a16", "cuda", pdl=pdl is not False)
             else:
                 g = rmsnorm(normed[:, :n], w_norm[:n], 1e-6, pdl=pdl)
             g = g.view(1, rows, 4, 128)

@@ -102,7 +102,7 @@ def cpu_rows(op, samples, wrong, base, *, size_bytes, count, dtype, flops, extra
 
 
 def _given(args, gpu_only: dict) -> list[str]:
-    """The GPU-only options given, as they would be typed (``--impl hopper``, ``--sweep``)."""
+    """The GPU-only options given, as they would be typed (``--impl cuda``, ``--sweep``)."""
     given = []
     for dest, flag in gpu_only.items():
         value = getattr(args, dest, None)

@@ -6,36 +6,44 @@ keys ``0 .. i + Sk - Sq``); the log-sum-exp (LSE) is float32, natural log, shape
 A query row that sees no key at all (causal with ``Sq > Sk``, an empty KV shard, a zero KV length) has
 output 0 and LSE ``-inf``, so it carries no weight in a merge.
 
-Paths (``impl=``):
+Paths (``impl=``; which each function takes: ``FLASH_IMPLS``, ``DECODE_IMPLS``, ``MERGE_IMPLS``):
 
 - ``"triton"``: the portable kernel, block pointers and plain loads only (features Intel's Triton 3.3
   has too), so the same source serves NVIDIA and Intel GPUs.
-- ``"hopper"``: tuned for sm90: K/V/Q tiles come through TMA tensor descriptors and the tile shapes
-  were measured on an H200 (``benchmarks/results/h200-attention``). Falls back to the portable kernel
-  for layouts TMA cannot address (a non-contiguous tensor, a base not 16-byte aligned).
+- ``"cuda"`` (old name ``"hopper"``; flash attention only): tuned for sm90: K/V/Q tiles come through
+  TMA tensor descriptors and the tile shapes were measured on an H200
+  (``benchmarks/results/h200-attention``). Falls back to the portable kernel for layouts TMA cannot
+  address (a non-contiguous tensor, a base not 16-byte aligned). Decode and merge have one kernel each,
+  the portable one.
 - ``"reference"``: pure torch in float32 with explicit masking; runs anywhere.
-- ``"auto"``: ``"hopper"`` on a compute-capability-9 CUDA device, ``"triton"`` on other GPUs,
-  ``"reference"`` on the CPU, where Triton is missing, or for a dtype / head dim no kernel takes.
+- ``"auto"``: ``"cuda"`` on a compute-capability-9 CUDA device (flash attention), ``"triton"`` on other
+  GPUs, ``"reference"`` on the CPU, where Triton is missing, or for a dtype / head dim no kernel takes.
 
-Each fast path is a ``torch.library`` custom op (``xelink::flash_attention``, ``xelink::decode_attention``,
-``xelink::merge_attention``) with a fake implementation, so ``torch.compile`` traces through it and CUDA
-graphs capture it. Triton is imported guarded: this module imports and its references run without it.
-Setting ``TRITON_INTERPRET=1`` before import runs the Triton kernels on CPU tensors (slow; for tests).
+``out=`` (each function) writes the attention output into a caller's view, e.g. the ``(B, H, S, D)``
+transpose of a ``(B, S, H, D)`` buffer; the LSE is always a new tensor.
+
+Eager calls launch the kernels directly; under ``torch.compile`` each function goes through its
+``torch.library`` custom op (``xelink::flash_attention``, ``xelink::decode_attention``,
+``xelink::merge_attention``, each writing its ``out`` argument) with a fake implementation, so
+``torch.compile`` traces through it; CUDA graphs capture either. Triton is imported guarded: this module
+imports and its references run without it. Setting ``TRITON_INTERPRET=1`` before import runs the Triton
+kernels on CPU tensors (slow; for tests).
 """
-import functools
 import math
-from typing import Optional
 
 import torch
 
-# Triton is optional (gemm.py imports it for every kernel module): without it the references (and
+# Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
-from .gemm import _capability, _interpreting, tl, triton
+from .common import (TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
+                     check_tensor, require_triton, sm_count, tl, triton)
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = [
+    "DECODE_IMPLS",
+    "FLASH_IMPLS",
     "HEAD_DIMS",
-    "IMPLS",
+    "MERGE_IMPLS",
     "decode_attention",
     "flash_attention",
     "merge_attention",
@@ -45,7 +53,8 @@ __all__ = [
     "resolve_impl",
 ]
 
-IMPLS = ("auto", "triton", "hopper", "reference")
+FLASH_IMPLS = ("auto", "triton", "cuda", "reference")
+DECODE_IMPLS = MERGE_IMPLS = ("auto", "triton", "reference")
 HEAD_DIMS = (64, 128, 256)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
@@ -61,9 +70,9 @@ _FWD_CONFIGS = {
     ("triton", 64): (128, 64, 4, 3),
     ("triton", 128): (128, 128, 8, 3),
     ("triton", 256): (128, 64, 8, 2),
-    ("hopper", 64): (128, 128, 8, 3),
-    ("hopper", 128): (128, 128, 8, 3),
-    ("hopper", 256): (128, 64, 8, 2),
+    ("cuda", 64): (128, 128, 8, 3),
+    ("cuda", 128): (128, 128, 8, 3),
+    ("cuda", 256): (128, 64, 8, 2),
 }
 # Decode: (BLOCK_N, num_warps, num_stages) per head dim, and the target number of programs per
 # multiprocessor (H200 sweep: 2 per SM with 3 stages of 64-key tiles beat 3-4 per SM or 128-key tiles).
@@ -75,19 +84,12 @@ _DECODE_MIN_CHUNK = 256  # keys per split at least: below that the merge costs m
 
 # -- argument checks ----------------------------------------------------------------------------
 
-def _check_tensor(fn: str, name: str, x, ndim: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != ndim:
-        raise ValueError(f"{fn}: {name}.shape={tuple(x.shape)} must have {ndim} dims")
-
-
 def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k") -> None:
     """Shapes, dtypes and devices shared by flash_attention and decode_attention."""
     vname = "v" if kv_name == "k" else "v_cache"
-    _check_tensor(fn, "q", q, 4)
-    _check_tensor(fn, kv_name, k, 4)
-    _check_tensor(fn, vname, v, 4)
+    check_tensor(fn, "q", q, 4)
+    check_tensor(fn, kv_name, k, 4)
+    check_tensor(fn, vname, v, 4)
     if not q.dtype.is_floating_point:
         raise TypeError(f"{fn}: q.dtype={q.dtype} must be a floating-point dtype")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -105,7 +107,7 @@ def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k") -> None:
         raise ValueError(f"{fn}: q heads {hq} must be a multiple of {kv_name} heads {hkv} (GQA)")
 
 
-def _check_flags(fn: str, causal, scale, return_lse, impl) -> None:
+def _check_flags(fn: str, causal, scale, return_lse) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: causal={causal!r} must be a bool")
     if not isinstance(return_lse, bool):
@@ -115,38 +117,38 @@ def _check_flags(fn: str, causal, scale, return_lse, impl) -> None:
             raise TypeError(f"{fn}: scale={scale!r} must be a float or None")
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"{fn}: scale={scale!r} must be finite and > 0")
-    if impl not in IMPLS:
-        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(map(repr, IMPLS))}")
 
 
-def resolve_impl(fn: str, impl: str, device: torch.device) -> str:
-    """The path ``impl`` names on ``device``: ``"auto"`` becomes a concrete path, the others are checked.
+def resolve_impl(fn: str, impl, device: torch.device, allowed=FLASH_IMPLS) -> str:
+    """The path ``impl`` names on ``device``, of the ``allowed`` ones: ``"auto"`` becomes a concrete path,
+    the others are checked (old spellings mapped).
 
     Raises:
-        ValueError: an unknown impl, a kernel path for a CPU tensor (outside ``TRITON_INTERPRET=1``), or
-            ``"hopper"`` on a CUDA device that is not compute capability 9.
+        TypeError: a non-str impl.
+        ValueError: an impl not in ``allowed``, a kernel path for a CPU tensor (outside
+            ``TRITON_INTERPRET=1``), or ``"cuda"`` where its TMA kernel cannot run (a CUDA device that is
+            not compute capability 9, an XPU, a Triton without host tensor descriptors).
         RuntimeError: a kernel path named while Triton is not installed.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(map(repr, IMPLS))}")
-    on_gpu = device.type in ("cuda", "xpu")
+    impl = check_impl(fn, impl, allowed)
     if impl == "auto":
-        if triton is None or not on_gpu:
+        if not auto_takes_triton(device):
             return "reference"
-        if device.type == "cuda" and _capability(device)[0] == 9:
-            return "hopper"
+        if "cuda" in allowed and TensorDescriptor is not None and (capability(device) or (0,))[0] == 9:
+            return "cuda"
         return "triton"
     if impl == "reference":
         return impl
-    if triton is None:
-        raise RuntimeError(f"{fn}: impl={impl!r} needs Triton, which is not installed; use impl='reference'")
-    if not (on_gpu or _interpreting()):
-        raise ValueError(f"{fn}: impl={impl!r} runs on a GPU, but the tensors are on {device} "
-                         f"(use impl='reference' or 'auto', or set TRITON_INTERPRET=1 for the interpreter)")
-    if impl == "hopper" and device.type == "cuda":
-        cap = _capability(device)
-        if cap[0] != 9:
-            raise ValueError(f"{fn}: impl='hopper' needs a compute-capability-9 GPU (H100/H200), "
+    require_triton(fn, impl, device)
+    if impl == "cuda":
+        if TensorDescriptor is None:
+            raise ValueError(f"{fn}: impl='cuda' needs Triton's host tensor descriptors "
+                             "(triton.tools.tensor_descriptor), which this Triton lacks; use impl='triton'")
+        if device.type == "xpu":
+            raise ValueError(f"{fn}: impl='cuda' is NVIDIA's (TMA); {device} is an Intel GPU: use impl='triton'")
+        cap = capability(device)
+        if cap is not None and cap[0] != 9:
+            raise ValueError(f"{fn}: impl='cuda' needs a compute-capability-9 GPU (H100/H200), "
                              f"{device} is sm{cap[0]}{cap[1]}; use impl='triton'")
     return impl
 
@@ -220,7 +222,7 @@ def reference_flash_attention(q, k, v, causal=False, scale=None, return_lse=Fals
     """
     fn = "reference_flash_attention"
     _check_qkv(fn, q, k, v)
-    _check_flags(fn, causal, scale, return_lse, "reference")
+    _check_flags(fn, causal, scale, return_lse)
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -246,8 +248,8 @@ def _check_merge(fn: str, outs, lses):
     if len(outs) != len(lses):
         raise ValueError(f"{fn}: len(outs)={len(outs)} != len(lses)={len(lses)}")
     for i, (o, s) in enumerate(zip(outs, lses)):
-        _check_tensor(fn, f"outs[{i}]", o, 4)
-        _check_tensor(fn, f"lses[{i}]", s, 3)
+        check_tensor(fn, f"outs[{i}]", o, 4)
+        check_tensor(fn, f"lses[{i}]", s, 3)
         if o.shape != outs[0].shape:
             raise ValueError(f"{fn}: outs[{i}].shape={tuple(o.shape)} != outs[0].shape={tuple(outs[0].shape)}")
         if o.dtype != outs[0].dtype or not o.dtype.is_floating_point:
@@ -302,7 +304,7 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale
     """
     fn = "reference_decode_attention"
     _check_decode(fn, q, k_cache, v_cache, kv_lens, None)
-    _check_flags(fn, causal, scale, return_lse, "reference")
+    _check_flags(fn, causal, scale, return_lse)
     B, Hq, Sq, D = q.shape
     smax = k_cache.shape[2]
     outs, lses = [], []
@@ -575,7 +577,7 @@ if triton is not None:
         tl.store(LSE_OUT + bh.to(tl.int64) * S + offs_s, lse, mask=s_ok)
 
 
-# -- host wrappers (run inside the custom ops) ----------------------------------------------------
+# -- host wrappers (the eager calls and the custom ops' bodies) -----------------------------------
 
 def _fwd_config(impl: str, head_dim: int):
     return _FWD_CONFIGS[(impl, head_dim)]
@@ -587,11 +589,12 @@ def _tma_ok(*tensors) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None):
-    """Launch the forward kernel; returns (out, lse). ``config`` overrides the tile table (tuning)."""
+def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, out=None):
+    """Launch the forward kernel; returns (out, lse). ``config`` overrides the tile table (tuning); ``out``
+    (any strides: the kernels store through block pointers) receives the output."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     lse = torch.empty((B, H, SQ), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
@@ -602,9 +605,7 @@ def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None):
     block_m, block_n, num_warps, num_stages = config or _fwd_config(impl, D)
     grid = (triton.cdiv(SQ, block_m), B * H)
     qk_scale = scale * _LOG2E
-    if impl == "hopper" and _tma_ok(q, k, v):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+    if impl == "cuda" and _tma_ok(q, k, v):
         q_desc = TensorDescriptor(q.view(B * H * SQ, D), [B * H * SQ, D], [D, 1], [block_m, D])
         k_desc = TensorDescriptor(k.view(B * HKV * SK, D), [B * HKV * SK, D], [D, 1], [block_n, D])
         v_desc = TensorDescriptor(v.view(B * HKV * SK, D), [B * HKV * SK, D], [D, 1], [block_n, D])
@@ -635,27 +636,16 @@ def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
                         **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
 
 
-def _merge_forward(outs, lses):
+def _merge_forward(outs, lses, out=None):
     o = torch.stack(outs)
     s = torch.stack(lses)
-    out = torch.empty(outs[0].shape, dtype=outs[0].dtype, device=outs[0].device)
+    out = torch.empty(outs[0].shape, dtype=outs[0].dtype, device=outs[0].device) if out is None else out
     lse = torch.empty(lses[0].shape, dtype=torch.float32, device=outs[0].device)
     if out.numel() == 0:
         lse.fill_(float("-inf"))
         return out, lse
     _merge_launch(o, s, out, lse, len(outs), o.stride(), s.stride())
     return out, lse
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_type: str, index: Optional[int]) -> int:
-    if device_type == "cuda":
-        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()) \
-            .multi_processor_count
-    if device_type == "xpu":
-        props = torch.xpu.get_device_properties(index if index is not None else torch.xpu.current_device())
-        return int(getattr(props, "gpu_subslice_count", 0) or getattr(props, "max_compute_units", 64))
-    return 8  # the interpreter: a few splits so tests exercise the merge
 
 
 def _decode_rows_block(rows: int) -> int:
@@ -668,13 +658,13 @@ def _decode_splits(q, k_cache, block_n: int) -> int:
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
     row_blocks = triton.cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
     programs = max(1, B * HKV * row_blocks)
-    want = triton.cdiv(_DECODE_PROGRAMS_PER_SM * _sm_count(q.device.type, q.device.index), programs)
+    want = triton.cdiv(_DECODE_PROGRAMS_PER_SM * sm_count(q.device), programs)
     most = max(1, triton.cdiv(SMAX, max(_DECODE_MIN_CHUNK, block_n)))
     return max(1, min(want, most, 256))
 
 
 def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None,
-                    pdl: str = "off"):
+                    pdl: str = "off", out=None):
     B, HQ, SQ, D = q.shape
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
     block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
@@ -684,7 +674,7 @@ def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, nu
     block_m = _decode_rows_block(group * SQ)
     part_o = torch.empty((B, HQ, SQ, num_splits, D), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, HQ, SQ, num_splits), dtype=torch.float32, device=q.device)
-    out = torch.empty((B, HQ, SQ, D), dtype=q.dtype, device=q.device)
+    out = torch.empty((B, HQ, SQ, D), dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty((B, HQ, SQ), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
@@ -703,53 +693,90 @@ def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, nu
     return out, lse
 
 
-# -- custom ops --------------------------------------------------------------------------------
+def _into(out, got):
+    """A reference's (result, lse) with the result copied into ``out`` when given."""
+    o, lse = got
+    return (o if out is None else out.copy_(o)), lse
 
-@torch.library.custom_op("xelink::flash_attention", mutates_args=(),
-                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, str impl) -> (Tensor, Tensor)")
-def _flash_attention_op(q, k, v, causal, scale, impl):
+
+def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None):
+    if out is not None:
+        check_no_overlap("flash_attention", out, q=q, k=k, v=v)
     if impl == "reference":
-        return reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
-    return _flash_forward(q, k, v, causal, scale, impl)
+        return _into(out, reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True))
+    return _flash_forward(q, k, v, causal, scale, impl, out=out)
+
+
+def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, impl: str, pdl: str,
+                out=None):
+    if out is not None:
+        check_no_overlap("decode_attention", out, q=q, k_cache=k_cache, v_cache=v_cache, kv_lens=kv_lens)
+    if impl == "reference":
+        return _into(out, reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale,
+                                                     return_lse=True))
+    return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, pdl=pdl, out=out)
+
+
+def _merge_run(outs, lses, impl: str, out=None):
+    # No overlap check: the kernel reads stacked copies of the partials, so out may even be one of them.
+    if impl == "reference":
+        return _into(out, reference_merge_attention(outs, lses))
+    return _merge_forward(outs, lses, out)
+
+
+# -- custom ops (traced calls) --------------------------------------------------------------------
+
+@torch.library.custom_op("xelink::flash_attention", mutates_args=("out",),
+                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, str impl, Tensor(a!) out) "
+                                "-> Tensor")
+def _flash_attention_op(q, k, v, causal, scale, impl, out):
+    return _flash_run(q, k, v, causal, scale, impl, out)[1]
 
 
 @_flash_attention_op.register_fake
-def _(q, k, v, causal, scale, impl):
+def _(q, k, v, causal, scale, impl, out):
     B, H, S, _ = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, S), dtype=torch.float32)
+    return q.new_empty((B, H, S), dtype=torch.float32)
 
 
-@torch.library.custom_op("xelink::decode_attention", mutates_args=(),
+@torch.library.custom_op("xelink::decode_attention", mutates_args=("out",),
                          schema="(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, bool causal, float scale, "
-                                "int num_splits, str impl, str pdl) -> (Tensor, Tensor)")
-def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl):
-    if impl == "reference":
-        return reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale, return_lse=True)
-    return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, pdl=pdl)
+                                "int num_splits, str impl, str pdl, Tensor(a!) out) -> Tensor")
+def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out):
+    return _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out)[1]
 
 
 @_decode_attention_op.register_fake
-def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl):
+def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out):
     B, H, S, _ = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, S), dtype=torch.float32)
+    return q.new_empty((B, H, S), dtype=torch.float32)
 
 
-@torch.library.custom_op("xelink::merge_attention", mutates_args=(),
-                         schema="(Tensor[] outs, Tensor[] lses, str impl) -> (Tensor, Tensor)")
-def _merge_attention_op(outs, lses, impl):
-    if impl == "reference":
-        return reference_merge_attention(outs, lses)
-    return _merge_forward(list(outs), list(lses))
+@torch.library.custom_op("xelink::merge_attention", mutates_args=("out",),
+                         schema="(Tensor[] outs, Tensor[] lses, str impl, Tensor(a!) out) -> Tensor")
+def _merge_attention_op(outs, lses, impl, out):
+    return _merge_run(list(outs), list(lses), impl, out)[1]
 
 
 @_merge_attention_op.register_fake
-def _(outs, lses, impl):
-    return torch.empty_like(outs[0], memory_format=torch.contiguous_format), torch.empty_like(lses[0])
+def _(outs, lses, impl, out):
+    return torch.empty_like(lses[0])
 
 
 # -- public API --------------------------------------------------------------------------------
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto"):
+def _check_out_like(fn: str, out, like):
+    """``out`` (if given) checked for an output shaped like ``like`` (B, H, S, D), in its dtype and on its
+    device."""
+    if out is not None:
+        check_out(fn, out, like.shape, like.dtype, like.device)
+
+
+def _traced_out(out, like):
+    return torch.empty_like(like, memory_format=torch.contiguous_format) if out is None else out
+
+
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None):
     """Attention forward, ``softmax(q k^T * scale) v``, with GQA, causal masking and the LSE.
 
     Args:
@@ -760,27 +787,35 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
             when Sq == Sk). Rows that see no key (Sq > Sk) give 0 and LSE -inf.
         scale: softmax scale, > 0; default 1/sqrt(D).
         return_lse: also return the float32 natural-log LSE, (B, Hq, Sq).
-        impl: "auto", "triton" (portable), "hopper" (sm90) or "reference" (pure torch); see the module.
+        impl: "auto", "triton" (portable), "cuda" (sm90 TMA; old name "hopper") or "reference" (pure
+            torch); see the module.
+        out: optional (B, Hq, Sq, D) tensor of q's dtype and device for the output: any view with unit
+            stride along D (e.g. ``buf.transpose(1, 2)`` of a (B, Sq, Hq, D) buffer) sharing no memory with
+            q, k or v (address ranges compared). The LSE is a new tensor either way.
 
     Returns:
-        out (B, Hq, Sq, D), contiguous, in q's dtype; or (out, lse) with ``return_lse=True``.
+        ``out`` (a new contiguous tensor unless given) in q's dtype; or (out, lse) with ``return_lse=True``.
 
     Raises:
-        TypeError / ValueError: bad tensors, dtypes, shapes, devices or flags, before anything runs.
+        TypeError / ValueError: bad tensors, dtypes, shapes, devices, flags or out, before anything runs.
     """
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
-    _check_flags(fn, causal, scale, return_lse, impl)
+    _check_flags(fn, causal, scale, return_lse)
     path = _fit(resolve_impl(fn, impl, q.device), impl, q)
+    if path != "reference":
+        _check_kernel_inputs(fn, path, q)
+    _check_out_like(fn, out, q)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    if path == "reference":
-        return reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
-    _check_kernel_inputs(fn, path, q)
-    out, lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path)
+    if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
+        out = _traced_out(out, q)
+        lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path, out)
+    else:  # eager (CUDA graph capture included): launch directly, no custom-op dispatch
+        out, lse = _flash_run(q, k, v, causal, scale, path, out)
     return (out, lse) if return_lse else out
 
 
-def merge_attention(outs, lses, impl="auto"):
+def merge_attention(outs, lses, impl="auto", *, out=None):
     """Combine attention results over disjoint KV shards into the result over all of them.
 
     With ``w_i = exp(lse_i - max_j lse_j)``: ``out = sum_i w_i out_i / sum_i w_i`` and
@@ -790,21 +825,25 @@ def merge_attention(outs, lses, impl="auto"):
     Args:
         outs: sequence of n >= 1 tensors (B, H, S, D) of one floating dtype (or one (n, B, H, S, D) tensor).
         lses: sequence of n float32 tensors (B, H, S) (or one (n, B, H, S) tensor).
-        impl: "auto", "triton"/"hopper" (one Triton kernel, the same for both) or "reference".
+        impl: "auto", "triton" (one Triton kernel) or "reference" (no "cuda": no NVIDIA-specific kernel).
+        out: optional (B, H, S, D) tensor of the outs' dtype and device for the merged output: any view
+            with unit stride along D; it may be one of ``outs`` (the partials are read from a stacked copy).
 
     Returns:
-        (out (B, H, S, D) in the outs' dtype, lse (B, H, S) float32).
+        (out (B, H, S, D) in the outs' dtype, lse (B, H, S) float32, a new tensor).
     """
     fn = "merge_attention"
     outs, lses = _check_merge(fn, outs, lses)
-    path = resolve_impl(fn, impl, outs[0].device)
-    if path == "reference":
-        return reference_merge_attention(outs, lses)
-    return torch.ops.xelink.merge_attention(outs, lses, path)
+    path = resolve_impl(fn, impl, outs[0].device, MERGE_IMPLS)
+    _check_out_like(fn, out, outs[0])
+    if torch.compiler.is_compiling():
+        out = _traced_out(out, outs[0])
+        return out, torch.ops.xelink.merge_attention(outs, lses, path, out)
+    return _merge_run(outs, lses, path, out)
 
 
 def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, num_splits=None,
-                     impl="auto", pdl=None):
+                     impl="auto", pdl=None, *, out=None):
     """Attention of a few new query tokens over a long KV cache, split along the keys and then merged.
 
     Batch b attends to ``k_cache[b, :, :kv_lens[b]]``. The work is split into ``num_splits`` pieces of the
@@ -820,23 +859,30 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
         scale: softmax scale, > 0; default 1/sqrt(D).
         return_lse: also return the float32 LSE (B, Hq, Sq).
         num_splits: KV splits per (batch, KV head); None picks from the device size and Smax.
-        impl: "auto", "triton"/"hopper" (the same portable split kernel) or "reference".
+        impl: "auto", "triton" (the split and merge kernels) or "reference" (no "cuda": no
+            NVIDIA-specific kernel).
         pdl: programmatic dependent launch of the split and merge kernels (pdl.py; CUDA sm90+): None
             (on where it exists), True (the same, required), False, "early" or "late".
+        out: optional (B, Hq, Sq, D) tensor of q's dtype and device for the output (the merge writes it):
+            any view with unit stride along D sharing no memory with q, the caches or kv_lens.
 
     Returns:
-        out (B, Hq, Sq, D) in q's dtype, or (out, lse).
+        ``out`` (a new tensor unless given) in q's dtype, or (out, lse).
     """
     fn = "decode_attention"
     _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
-    _check_flags(fn, causal, scale, return_lse, impl)
-    path = _fit(resolve_impl(fn, impl, q.device), impl, q)
+    _check_flags(fn, causal, scale, return_lse)
+    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS), impl, q)
     pdl = pdl_option(fn, pdl, path, q.device)
+    if path != "reference":
+        _check_kernel_inputs(fn, path, q)
+    _check_out_like(fn, out, q)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    if path == "reference":
-        return reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale,
-                                          return_lse=return_lse)
-    _check_kernel_inputs(fn, path, q)
-    out, lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits or 0, path,
-                                                 pdl)
+    num_splits = num_splits or 0
+    if torch.compiler.is_compiling():
+        out = _traced_out(out, q)
+        lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl,
+                                                out)
+    else:
+        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl, out)
     return (out, lse) if return_lse else out

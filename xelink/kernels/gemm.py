@@ -5,98 +5,31 @@ Two Triton paths:
 - ``impl="triton"``: the portable kernel. Block pointers (``tl.make_block_ptr``) over any strides, so
   row- and column-major inputs and every M, N, K (tails) go through one kernel; it uses only features
   Intel's Triton 3.3 also has.
-- ``impl="hopper"``: for compute capability 9.x. A persistent kernel (one program per multiprocessor,
-  tiles handed out in L2-friendly groups) that moves tiles with TMA through host-built tensor
-  descriptors and flattens the tile and K loops into one software pipeline, so the next tile's loads
-  overlap the current tile's epilogue. TMA needs 16-byte aligned bases and strides, so ``auto`` picks
-  it only when those hold.
+- ``impl="cuda"`` (old name ``"hopper"``): for compute capability 9.x. A persistent kernel (one program
+  per multiprocessor, tiles handed out in L2-friendly groups) that moves tiles with TMA through
+  host-built tensor descriptors and flattens the tile and K loops into one software pipeline, so the
+  next tile's loads overlap the current tile's epilogue. TMA needs 16-byte aligned bases and strides
+  (of ``out`` too), so ``auto`` picks it only when those hold.
 
-``impl="auto"`` takes the Hopper kernel where it applies, else the portable kernel on a GPU, else the
+``impl="auto"`` takes the TMA kernel where it applies, else the portable kernel on a GPU, else the
 reference (CPU tensors). Setting ``TRITON_INTERPRET=1`` lets the Triton paths run on CPU tensors
 through Triton's interpreter (tests on tiny shapes).
 
-This module also holds the few helpers the other kernel modules share (Triton import, device checks).
+``out=`` writes the product into a caller's ``[M, N]`` view (a row block ``big[r0:r1]`` or a column
+block ``big[:, c0:c1]`` of a larger buffer), so composed ops need no copy.
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 
-try:  # Kernel modules import without Triton; the Triton paths then raise a clear error when asked for.
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-    tl = None
-
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # Triton without host-side tensor descriptors (older, or Intel's): no Hopper path
-    TensorDescriptor = None
+from .common import (TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
+                     check_same_device, check_tensor, interpreting, require_triton, sm_count, tl, triton)
+from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
 
-GEMM_IMPLS = ("auto", "triton", "hopper", "reference")
+GEMM_IMPLS = ("auto", "triton", "cuda", "reference")
 _FLOAT16 = (torch.bfloat16, torch.float16)
-
-
-# -- helpers shared by the kernel modules -------------------------------------------------------
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _check_impl(fn: str, impl, allowed) -> str:
-    if not isinstance(impl, str):
-        raise TypeError(f"{fn}: impl={impl!r} must be a str, one of {', '.join(allowed)}")
-    if impl not in allowed:
-        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(allowed)}")
-    return impl
-
-
-def _check_tensor(fn: str, name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _check_same_device(fn: str, **tensors) -> None:
-    devices = {name: t.device for name, t in tensors.items() if t is not None}
-    if len(set(devices.values())) > 1:
-        listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
-        raise ValueError(f"{fn}: tensors must be on one device ({listed})")
-
-
-def _triton_can_run(device: torch.device) -> bool:
-    """True when a Triton kernel can run on tensors of ``device`` (a GPU, or any device when interpreting)."""
-    if triton is None:
-        return False
-    return device.type in ("cuda", "xpu") or _interpreting()
-
-
-def _require_triton(fn: str, impl: str, device: torch.device) -> None:
-    if triton is None:
-        raise RuntimeError(f"{fn}: impl={impl!r} needs Triton, which is not installed; use impl='reference'")
-    if not _triton_can_run(device):
-        raise ValueError(f"{fn}: impl={impl!r} needs CUDA or XPU tensors, got device {device} "
-                         "(use impl='reference', or set TRITON_INTERPRET=1 to interpret Triton on the CPU)")
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_capability(device)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
-        return getattr(torch.xpu.get_device_properties(device), "gpu_subslice_count", 64)
-    return 4  # the interpreter: any small number keeps grids short
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -134,7 +67,8 @@ if triton is not None:
                      stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                      A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr):
+                     GROUP_M: tl.constexpr, PDL: tl.constexpr):
+        pdl_wait(PDL)  # a and b may be the previous kernel's output
         pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
         # `order` names the fastest-moving dimension first, which tells the compiler how to vectorize.
         if A_ROW_MAJOR:
@@ -160,6 +94,7 @@ if triton is not None:
             acc = tl.dot(a, b, acc)
             a_blk = tl.advance(a_blk, (0, BLOCK_K))
             b_blk = tl.advance(b_blk, (BLOCK_K, 0))
+        pdl_launch(PDL)
         c_blk = tl.make_block_ptr(c_ptr, (M, N), (stride_cm, stride_cn), (pid_m * BLOCK_M, pid_n * BLOCK_N),
                                   (BLOCK_M, BLOCK_N), order=(1, 0))
         tl.store(c_blk, acc.to(c_ptr.dtype.element_ty), boundary_check=(0, 1))
@@ -168,7 +103,8 @@ if triton is not None:
     def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,
                          A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+                         GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PDL: tl.constexpr):
+        pdl_wait(PDL)
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         # flatten=True fuses the tile loop and the K loop into one pipelined loop: the loads of the next
@@ -191,6 +127,7 @@ if triton is not None:
                     b = b_desc.load([off_n, off_k]).T
                 acc = tl.dot(a, b, acc)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        pdl_launch(PDL)  # the tile loop holds the epilogue: the go comes after the last tile
 
 
 # -- host side ------------------------------------------------------------------------------------
@@ -225,12 +162,13 @@ def _tma_ok(t: torch.Tensor) -> bool:
     return lead > 0 and (lead * t.element_size()) % 16 == 0
 
 
-def _hopper_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _tma_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The TMA kernel can take these inputs: sm90 (or the interpreter) and TMA's alignment."""
     if triton is None or TensorDescriptor is None:
         return False
-    cap = _capability(a.device)
+    cap = capability(a.device)
     if cap is None:
-        if not _interpreting():
+        if not interpreting():
             return False
     elif cap[0] != 9:
         return False
@@ -238,15 +176,12 @@ def _hopper_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _tma_ok(a) and _tma_ok(b) and (n * a.element_size()) % 16 == 0
 
 
-def _resolve_gemm_impl(a: torch.Tensor, b: torch.Tensor, impl: str) -> str:
-    if impl != "auto":
-        return impl
-    if not _triton_can_run(a.device) or _interpreting() and a.device.type == "cpu":
-        return "reference"
-    return "hopper" if _hopper_applies(a, b) else "triton"
+def _tma_out_ok(out: torch.Tensor | None) -> bool:
+    # out is stored through a TMA descriptor of its row-major view (check_out made its last stride 1).
+    return out is None or _tma_ok(out)
 
 
-def _gemm_config(M: int, N: int, K: int, hopper: bool) -> dict:
+def _gemm_config(M: int, N: int, K: int) -> dict:
     # 128x256x64 with 8 warps: two warpgroups, each owning 64x256 of the accumulator (128 fp32
     # registers a thread), a 48 KiB stage, so 3 stages plus the 64 KiB epilogue tile fit in shared
     # memory. Measured on H200 (benchmarks/results/h200-kernels): the best of the tried shapes at 4096^3,
@@ -257,11 +192,12 @@ def _gemm_config(M: int, N: int, K: int, hopper: bool) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
 
 
-def _gemm_output(a: torch.Tensor, b: torch.Tensor):
-    """(c, done): the [M, N] output, and True when it is already final (empty, or K == 0: zeros)."""
+def _gemm_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None):
+    """(c, done): the [M, N] output (``out``, or a new row-major tensor), and True when it is already
+    final (empty, or K == 0: zeros)."""
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
     if M == 0 or N == 0:
         return c, True
     if K == 0:
@@ -269,63 +205,83 @@ def _gemm_output(a: torch.Tensor, b: torch.Tensor):
     return c, False
 
 
-def _gemm_triton(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+def _gemm_triton(a, b, c, cfg: dict, pdl: str) -> None:
     (M, K), N = a.shape, b.shape[1]
-    c, done = _gemm_output(a, b)
-    if done:
-        return c
-    cfg = dict(cfg or _gemm_config(M, N, K, hopper=False))
     a_row, b_row = _orientation(a), _orientation(b)
     even = M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0 and K % cfg["BLOCK_K"] == 0
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
     _gemm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                        c.stride(0), c.stride(1), A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False,
-                       EVEN=even, **cfg)
-    return c
+                       EVEN=even, **cfg, **pdl_launch_args(pdl, grid[0], a.device))
 
 
-def _gemm_hopper(a: torch.Tensor, b: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
+def _gemm_cuda(a, b, c, cfg: dict, pdl: str) -> None:
     (M, K), N = a.shape, b.shape[1]
-    c, done = _gemm_output(a, b)
-    if done:
-        return c
-    cfg = dict(cfg or _gemm_config(M, N, K, hopper=True))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     a_row, b_row = _orientation(a), _orientation(b)
-    # Descriptors over the row-major view; the kernel transposes column-major tiles back.
+    # Descriptors over the row-major view; the kernel transposes column-major tiles back. c's descriptor
+    # has c's own shape, so a tile past its last row or column (out a block of a wider buffer) is clipped.
     a_desc = TensorDescriptor(*_tma_view(a), [bm, bk] if a_row else [bk, bm])
     b_desc = TensorDescriptor(*_tma_view(b), [bk, bn] if b_row else [bn, bk])
     c_desc = TensorDescriptor(*_tma_view(c), [bm, bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    programs = max(1, min(tiles, _sm_count(a.device)))
+    programs = max(1, min(tiles, sm_count(a.device)))
     _gemm_tma_kernel[(programs,)](a_desc, b_desc, c_desc, M, N, K, A_ROW_MAJOR=bool(a_row),
-                                  B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg)
+                                  B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg,
+                                  **pdl_launch_args(pdl, programs, a.device))
+
+
+def _pick_gemm_impl(a, b, impl: str, out) -> str:
+    """``auto`` resolved, and the chosen path checked against the tensors (pointers: not traceable)."""
+    if impl == "auto":
+        if not auto_takes_triton(a.device):
+            return "reference"
+        return "cuda" if _tma_applies(a, b) and _tma_out_ok(out) else "triton"
+    if impl in ("triton", "cuda"):
+        require_triton("gemm", impl, a.device)
+    if impl == "cuda" and not _tma_applies(a, b):
+        raise ValueError(f"gemm: impl='cuda' needs a compute capability 9.x GPU, Triton tensor descriptors, "
+                         f"row- or column-major inputs with 16-byte aligned pointers and strides and N*itemsize "
+                         f"a multiple of 16 (got a.stride()={a.stride()}, b.stride()={b.stride()}, N={b.shape[1]}); "
+                         "use impl='triton'")
+    if impl == "cuda" and not _tma_out_ok(out):
+        raise ValueError(f"gemm: impl='cuda' stores through TMA, which needs out at a 16-byte aligned address with "
+                         f"a row stride of a multiple of 16 bytes (got out.data_ptr() % 16 = {out.data_ptr() % 16}, "
+                         f"out.stride()={out.stride()}); use impl='triton' or 'auto'")
+    return impl
+
+
+def _gemm_run(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
+    """The eager call (also the custom op's body): path picked, ``out`` checked against the inputs, launch."""
+    impl = _pick_gemm_impl(a, b, impl, out)
+    if out is not None:
+        check_no_overlap("gemm", out, a=a, b=b)
+    if impl == "reference":
+        c = reference_gemm(a, b)
+        return c if out is None else out.copy_(c)
+    c, done = _gemm_output(a, b, out)
+    if not done:
+        cfg = cfg or _gemm_config(a.shape[0], b.shape[1], a.shape[1])
+        (_gemm_cuda if impl == "cuda" else _gemm_triton)(a, b, c, cfg, pdl)
     return c
 
 
-def _gemm_run(a: torch.Tensor, b: torch.Tensor, impl: str, cfg: dict | None = None) -> torch.Tensor:
-    if impl == "reference":
-        return reference_gemm(a, b)
-    if impl == "hopper":
-        return _gemm_hopper(a, b, cfg)
-    return _gemm_triton(a, b, cfg)
-
-
-@torch.library.custom_op("xelink::gemm", mutates_args=())
-def _gemm_op(a: torch.Tensor, b: torch.Tensor, impl: str) -> torch.Tensor:
-    return _gemm_run(a, b, _pick_gemm_impl(a, b, impl))
+@torch.library.custom_op("xelink::gemm", mutates_args=("out",))
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, impl: str, pdl: str, out: torch.Tensor) -> None:
+    _gemm_run(a, b, impl, pdl, out)
 
 
 @_gemm_op.register_fake
-def _gemm_fake(a, b, impl):
-    return a.new_empty((a.shape[0], b.shape[1]))
+def _gemm_fake(a, b, impl, pdl, out):
+    return None
 
 
-def _validate_gemm(a, b, impl) -> None:
+def _check_gemm(a, b, impl, out, pdl) -> tuple[str, str]:
+    """Every check that needs no pointer; returns (impl, pdl option), impl still "auto" on a GPU."""
     fn = "gemm"
-    _check_impl(fn, impl, GEMM_IMPLS)
-    _check_tensor(fn, "a", a)
-    _check_tensor(fn, "b", b)
+    impl = check_impl(fn, impl, GEMM_IMPLS)
+    check_tensor(fn, "a", a)
+    check_tensor(fn, "b", b)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"gemm: a and b must be 2-D, got a.shape={tuple(a.shape)}, b.shape={tuple(b.shape)}")
     if a.dtype not in _FLOAT16:
@@ -334,48 +290,53 @@ def _validate_gemm(a, b, impl) -> None:
         raise TypeError(f"gemm: b.dtype={b.dtype} must equal a.dtype={a.dtype}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"gemm: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
-    _check_same_device(fn, a=a, b=b)
+    check_same_device(fn, a=a, b=b)
+    if out is not None:
+        check_out(fn, out, (a.shape[0], b.shape[1]), a.dtype, a.device)
+    if impl == "auto" and not auto_takes_triton(a.device):
+        impl = "reference"
+    # None is off: a GEMM worth this kernel is compute-bound, and PDL pays where launches dominate
+    # (the decode chain's GEMVs and norms); so gemm's launches stay as they were unless asked.
+    pdl = "off" if pdl is None else pdl_option(fn, pdl, impl, a.device)
+    return impl, pdl
 
 
-def _pick_gemm_impl(a, b, impl) -> str:
-    """``auto`` resolved, and the chosen path checked against the tensors (pointers: not traceable)."""
-    impl = _resolve_gemm_impl(a, b, impl)
-    if impl in ("triton", "hopper"):
-        _require_triton("gemm", impl, a.device)
-    if impl == "hopper" and not _hopper_applies(a, b):
-        raise ValueError(f"gemm: impl='hopper' needs a compute capability 9.x GPU, Triton tensor descriptors, "
-                         f"row- or column-major inputs with 16-byte aligned pointers and strides and N*itemsize "
-                         f"a multiple of 16 (got a.stride()={a.stride()}, b.stride()={b.stride()}, N={b.shape[1]}); "
-                         "use impl='triton'")
-    return impl
-
-
-def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, config: dict | None = None) -> torch.Tensor:
+def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None,
+         config: dict | None = None) -> torch.Tensor:
     """``c = a @ b`` with fp32 accumulation, rounded once to the input dtype.
 
     Args:
         a: ``[M, K]`` bf16 or fp16; row- or column-major (other strides work on the portable path).
         b: ``[K, N]``, same dtype and device; row- or column-major.
-        impl: ``"auto"`` (Hopper kernel on compute capability 9.x when TMA's alignment holds, else the
+        impl: ``"auto"`` (the TMA kernel on compute capability 9.x when TMA's alignment holds, else the
             portable Triton kernel on a GPU, else the reference), ``"triton"`` (portable, block
-            pointers), ``"hopper"`` (TMA + persistent) or ``"reference"`` (torch, float32).
+            pointers), ``"cuda"`` (TMA + persistent, sm90; ``"hopper"`` is its old name) or ``"reference"``
+            (torch, float32).
+        out: optional ``[M, N]`` tensor of a's dtype and device to write ``c`` into: any view with unit
+            stride along N (``big[r0:r1]``, ``big[:, c0:c1]``) that shares no memory with a or b (address
+            ranges compared: interleaved views of one buffer count as shared). ``impl="cuda"`` also needs
+            its base 16-byte aligned and its row stride a multiple of 16 bytes; ``auto`` takes the
+            portable kernel where that fails.
+        pdl: programmatic dependent launch (``pdl.py``; a Triton path on CUDA sm90+): None or False (off:
+            gemm's launches as they always were), True (the next kernel's go early when the grid fits the
+            GPU at once, as the persistent kernel's does, else after the main loop), ``"early"`` or
+            ``"late"``; True/"early"/"late" elsewhere are an error.
         config: tuning override for the Triton paths (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
-            ``num_warps``, ``num_stages``); bypasses the custom op, for benchmarks.
+            ``num_warps``, ``num_stages``), for benchmarks; eager calls only (a traced call uses the table).
 
     Returns:
-        ``[M, N]`` row-major tensor in ``a.dtype``.
+        ``out``, or a new ``[M, N]`` row-major tensor in ``a.dtype``.
 
     Raises:
-        TypeError: a non-tensor, a dtype other than bf16/fp16, or mixed dtypes.
-        ValueError: shapes that do not chain, mixed devices, an unknown impl, or an impl that cannot run
-            on these tensors.
+        TypeError: a non-tensor, a dtype other than bf16/fp16, mixed dtypes, out of another dtype.
+        ValueError: shapes that do not chain, mixed devices, an unknown impl, an impl that cannot run on
+            these tensors, a bad out (shape, device, strides, memory shared with an input) or pdl.
     """
-    _validate_gemm(a, b, impl)
+    impl, pdl = _check_gemm(a, b, impl, out, pdl)
     if torch.compiler.is_compiling():  # traced: the custom op (fake implementation), which picks the path
-        return torch.ops.xelink.gemm(a, b, impl)
-    impl = _pick_gemm_impl(a, b, impl)
-    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
-        return reference_gemm(a, b)
+        out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
+        torch.ops.xelink.gemm(a, b, impl, pdl, out)
+        return out
     # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
     # microseconds of host time a call.
-    return _gemm_run(a, b, impl, config)
+    return _gemm_run(a, b, impl, pdl, out, config)

@@ -35,10 +35,10 @@ tile alignment and keeps the loads 16 bytes wide.
   a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
 
-With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (config
-``PDL``, on by default; ``pdl.py``): it waits for the previous kernel before it touches
+With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (``pdl=``,
+on by default there; ``pdl.py``): it waits for the previous kernel before it touches
 memory, and lets the next one be placed early, so back-to-back GEMVs overlap one's launch with the
-other's tail (2-10% on 4096-row matrices).
+other's tail (2-10% on 4096-row matrices). ``out=`` writes y into a caller's ``[M, N]`` view.
 
 H200 results against torch's bf16 GEMV: benchmarks/results/h200-kernels.
 ``pack_w8a16`` / ``pack_w4a16`` quantize a float weight to these formats (symmetric, per row / per
@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import torch
 
-from .gemm import (_capability, _check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton,
-                   _sm_count, _triton_can_run, tl, triton)
+from .common import (auto_takes_triton, capability, check_impl, check_no_overlap, check_out, check_same_device,
+                     check_tensor, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, gemv_tc, tc_config, w4_ptx
-from .pdl import PDL_MODES, pdl_launch, pdl_wait
+from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -77,7 +77,7 @@ def _scale_up(amax: torch.Tensor, qmax: int, dtype: torch.dtype) -> torch.Tensor
 
 
 def _check_float_weight(fn: str, w) -> None:
-    _check_tensor(fn, "w", w)
+    check_tensor(fn, "w", w)
     if w.dim() != 2:
         raise ValueError(f"{fn}: w must be 2-D [N, K], got shape {tuple(w.shape)}")
     if not w.is_floating_point():
@@ -618,14 +618,16 @@ if triton is not None:
                     ROWS)
 
     @triton.jit
-    def _splitk_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _splitk_sum_kernel(part_ptr, y_ptr, MN, N, stride_ym, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
         pdl_wait(PDL)  # the partial sums are the previous kernel's output
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         total = tl.zeros((BLOCK,), dtype=tl.float32)
         for s in tl.static_range(SPLIT):
             total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
-        tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+        # y's rows may be apart (out= a block of a wider buffer); the partial sums are contiguous.
+        tl.store(y_ptr + offs // N * stride_ym + offs % N, total.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 # -- host side ------------------------------------------------------------------------------------
@@ -676,26 +678,16 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     return cfg
 
 
-def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = False) -> torch.Tensor:
+def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out=None) -> torch.Tensor:
     M, K = x.shape
     N = w.shape[0]
-    # Programmatic dependent launch (pdl.py): a launch option apart from the tile, on by
-    # default where it exists (impl="cuda", sm90+).
-    cfg = dict(cfg or {})
-    sm90 = ptx and (_capability(x.device) or (0, 0)) >= (9, 0)
-    pdl = cfg.pop("PDL", sm90)
-    if pdl is True:
+    if pdl == "auto":
         # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
         # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
         # to 20% slower, where a late go gains 0-5%); from 128256 rows either is within 1-3%.
         pdl = "early" if N <= 8192 else "late"
-    if not (pdl is False or pdl in ("early", "late")):
-        raise ValueError(f"gemv: config PDL={pdl!r} must be True, False, 'early' or 'late'")
-    if pdl and not sm90:
-        raise ValueError(f"gemv: config PDL={pdl!r} needs impl='cuda' on a GPU of compute capability >= 9.0 "
-                         f"(griddepcontrol)")
-    pdl = PDL_MODES[pdl]
-    cfg = cfg or _gemv_config(M, N, K, fmt, _sm_count(x.device), ptx)
+    pdl = PDL_MODES[False if pdl == "off" else pdl]
+    cfg = dict(cfg) if cfg else _gemv_config(M, N, K, fmt, sm_count(x.device), ptx)  # popped below: a copy
     kernel = cfg.get("KERNEL", "mma")
     if kernel not in ("fma", "mma", "words", "tc"):
         raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
@@ -709,19 +701,19 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
         # The word kernel reads whole 32-bit words and has no K masks: a W8A16 K that is not whole tiles
         # goes to the byte kernel (same tiles), a row stride off 4 bytes to the tensor-core kernel.
         cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
-            _gemv_config(MAX_ROWS, N, K, fmt, _sm_count(x.device), ptx)
+            _gemv_config(MAX_ROWS, N, K, fmt, sm_count(x.device), ptx)
         kernel = cfg["KERNEL"]
     if kernel == "tc" and not ptx:
         raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
     if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
         raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     if M == 0 or N == 0:
         return y
     if K == 0:
         return y.zero_()
     if kernel == "tc":
-        cfg = {**tc_config(M, N, K, fmt, _sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
+        cfg = {**tc_config(M, N, K, fmt, sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
                            cfg.get("UNROLL")), **cfg, "PDL": pdl}
         cfg.pop("KERNEL")
         return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
@@ -742,11 +734,11 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
     wk = w.view(torch.uint8) if fmt == "w8a16" else w
     s = scales if scales is not None else w  # unused by the dense kernel; any pointer does
     stride_sn = scales.stride(0) if scales is not None else 0
-    out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    dst = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
-    common = (wk, x, s, out)
+    common = (wk, x, s, dst)
     launch = dict(PDL=pdl, launch_pdl=pdl > 0)
-    strides = (w.stride(0), x.stride(0), stride_sn, out.stride(-2), out.stride(0) if split > 1 else 0)
+    strides = (w.stride(0), x.stride(0), stride_sn, dst.stride(-2), dst.stride(0) if split > 1 else 0)
     if kernel == "words":
         cfg.pop("FOLD", None)
         _gemv_words_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
@@ -766,42 +758,64 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None = None, ptx: bool = Fa
                            PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **launch,
                            **cfg)
     if split > 1:
-        _splitk_sum(out, y, pdl)
+        _splitk_sum(dst, y, pdl)
     return y
 
 
 def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: int = 0) -> None:
-    """y = the sum of the fp32 partial sums parts [split, M, N] (both contiguous)."""
+    """y = the sum of the fp32 partial sums parts [split, M, N] (contiguous; y's rows may be apart)."""
     block, MN = 1024, y.numel()
-    _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, SPLIT=parts.shape[0], BLOCK=block, PDL=pdl,
-                                                  num_warps=4, launch_pdl=pdl > 0)
+    _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, y.shape[1], y.stride(0), SPLIT=parts.shape[0],
+                                                  BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0)
 
 
-def _gemv_run(w, x, scales, fmt: str, impl: str, cfg: dict | None = None) -> torch.Tensor:
+def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
+    """The eager call (also the custom op's body): ``out`` checked against the inputs, then the launch."""
+    if out is not None:
+        check_no_overlap("gemv", out, w=w, x=x, scales=scales)
     if impl == "reference":
-        return reference_gemv(w, x, scales, fmt)
-    return _gemv_triton(w, x, scales, fmt, cfg, ptx=impl == "cuda")
+        y = reference_gemv(w, x, scales, fmt)
+        return y if out is None else out.copy_(y)
+    return _gemv_triton(w, x, scales, fmt, cfg, impl == "cuda", pdl, out)
 
 
-@torch.library.custom_op("xelink::gemv", mutates_args=())
-def _gemv_op(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, fmt: str, impl: str) -> torch.Tensor:
-    return _gemv_run(w, x, scales, fmt, impl)
+@torch.library.custom_op("xelink::gemv", mutates_args=("out",))
+def _gemv_op(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, fmt: str, impl: str, pdl: str,
+             out: torch.Tensor) -> None:
+    _gemv_run(w, x, scales, fmt, impl, pdl, out)
 
 
 @_gemv_op.register_fake
-def _gemv_fake(w, x, scales, fmt, impl):
-    return x.new_empty((x.shape[0], w.shape[0]))
+def _gemv_fake(w, x, scales, fmt, impl, pdl, out):
+    return None
 
 
-def _check_gemv(w, x, scales, fmt, impl) -> str:
+def _pdl_alias(pdl, config):
+    """``config["PDL"]`` is the old spelling of ``pdl``: (pdl, config without it, the name the value came
+    by, for errors); both given must agree."""
+    if not config or "PDL" not in config:
+        return pdl, config, "pdl"
+    alias = config["PDL"]
+    if pdl is not None and (pdl != alias or type(pdl) is not type(alias)):
+        raise ValueError(f"gemv: pdl={pdl!r} and config['PDL']={alias!r} differ; pass one (config['PDL'] is the "
+                         "old spelling of pdl)")
+    return alias, {k: v for k, v in config.items() if k != "PDL"} or None, "config['PDL']"
+
+
+def _check_gemv(w, x, scales, fmt, impl, out, pdl, config):
+    """Every check before a launch; returns (impl resolved, x as [M, K], out as [M, N] or None, pdl option,
+    config without its PDL key)."""
     fn = "gemv"
-    _check_impl(fn, impl, GEMV_IMPLS)
+    impl = check_impl(fn, impl, GEMV_IMPLS)
     if not isinstance(fmt, str) or fmt not in GEMV_FORMATS:
         raise ValueError(f"gemv: fmt={fmt!r} is not one of {', '.join(GEMV_FORMATS)}")
-    _check_tensor(fn, "w", w)
-    _check_tensor(fn, "x", x)
+    check_tensor(fn, "w", w)
+    check_tensor(fn, "x", x)
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"gemv: x.dtype={x.dtype} must be torch.bfloat16 or torch.float16")
+    one_row = x.dim() == 1
+    if one_row:
+        x = x.reshape(1, -1)
     if x.dim() != 2:
         raise ValueError(f"gemv: x must be [K] or [M, K], got shape {tuple(x.shape)}")
     M, K = x.shape
@@ -824,7 +838,7 @@ def _check_gemv(w, x, scales, fmt, impl) -> str:
         want_w = torch.int8 if fmt == "w8a16" else torch.uint8
         if w.dtype != want_w:
             raise TypeError(f"gemv: fmt={fmt!r} needs w.dtype={want_w}, got {w.dtype} (see pack_{fmt})")
-        _check_tensor(fn, "scales", scales)
+        check_tensor(fn, "scales", scales)
         if scales.dtype != x.dtype:
             raise TypeError(f"gemv: scales.dtype={scales.dtype} must equal x.dtype={x.dtype}")
         if fmt == "w8a16":
@@ -841,27 +855,34 @@ def _check_gemv(w, x, scales, fmt, impl) -> str:
                 raise ValueError(f"gemv: w4a16 scales.shape={tuple(scales.shape)} must be ({N}, {K // W4_GROUP})")
             if scales.stride(1) != 1 and scales.shape[1] > 1:
                 raise ValueError(f"gemv: scales must be contiguous along groups (stride {scales.stride()})")
-    _check_same_device(fn, w=w, x=x, scales=scales)
+    check_same_device(fn, w=w, x=x, scales=scales)
+    if out is not None:
+        check_out(fn, out, (N,) if one_row else (M, N), x.dtype, x.device)
+        out = out.unsqueeze(0) if one_row else out
     if impl == "auto":
-        if not _triton_can_run(x.device) or (_interpreting() and x.device.type == "cpu"):
+        if not auto_takes_triton(x.device):
             impl = "reference"
         else:
             impl = "cuda" if _cuda_ptx_ok(x.device) else "triton"
     if impl in ("triton", "cuda"):
-        _require_triton(fn, impl, x.device)
+        require_triton(fn, impl, x.device)
     if impl == "cuda" and not _cuda_ptx_ok(x.device):
         raise ValueError(f"gemv: impl='cuda' needs a CUDA GPU of compute capability >= 8.0 (its PTX uses "
                          f"bf16x2 instructions), got device {x.device}; use impl='triton'")
-    return impl
+    pdl, config, name = _pdl_alias(pdl, config)
+    option = pdl_option(fn, pdl, impl, x.device, name=name)
+    if pdl is None and impl != "cuda":
+        option = "off"  # on by default only where it was measured: the CUDA kernels
+    return impl, x, out, option, config
 
 
 def _cuda_ptx_ok(device: torch.device) -> bool:
-    cap = _capability(device)
+    cap = capability(device)
     return cap is not None and cap >= (8, 0)
 
 
 def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, fmt: str = "bf16",
-         impl: str = "auto", *, config: dict | None = None) -> torch.Tensor:
+         impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None, config: dict | None = None) -> torch.Tensor:
     """``y = x @ W^T`` for 1-8 rows of activations, W dense or quantized (split-K over K).
 
     Args:
@@ -872,29 +893,36 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
         fmt: ``"bf16"``, ``"fp16"``, ``"w8a16"`` or ``"w4a16"``.
         impl: ``"auto"`` (``"cuda"`` on a CUDA GPU of compute capability >= 8.0, ``"triton"`` on other
             GPUs, else the reference), ``"triton"`` (portable Triton ops), ``"cuda"`` (inline-PTX
-            dequantization in the tensor-core kernel; otherwise the same) or ``"reference"``.
+            dequantization, the Gluon tensor-core kernel; otherwise the same) or ``"reference"``.
+        out: optional tensor of y's shape (``[M, N]``, ``[N]`` for a 1-D x) in ``x.dtype`` on x's device to
+            write y into: any view with unit stride along N (a row or column block of a larger buffer)
+            sharing no memory with w, x or scales (address ranges compared).
+        pdl: programmatic dependent launch (``pdl.py``; CUDA sm90+): None (on with ``impl="cuda"`` there,
+            the measured default; off for the portable kernels), True (on; the next kernel's go "early" up
+            to 8192 rows of W, "late" above), False, ``"early"`` or ``"late"``. ``config["PDL"]`` is its
+            old spelling, still taken (both given must agree).
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
             ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL``, ``BIASED``; for
-            benchmarks. ``PDL`` (any kernel, alone or with a tile; impl="cuda" on sm90+): programmatic
-            dependent launch, True (the default there: the next kernel's go "early" up to 8192 rows of
-            W, "late" above), False, "early" or "late".
+            benchmarks, eager calls only (a traced call uses the defaults).
 
     Returns:
-        ``[M, N]`` (``[N]`` for a 1-D x) in ``x.dtype``, accumulated in fp32.
+        ``out``, or a new ``[M, N]`` (``[N]`` for a 1-D x) tensor in ``x.dtype``, accumulated in fp32.
 
     Raises:
-        TypeError: wrong dtypes (weights for the format, scales vs activations).
+        TypeError: wrong dtypes (weights for the format, scales vs activations, out).
         ValueError: bad shapes, more than 8 rows, K not a multiple of 128 for w4a16, mixed devices, an
-            unknown fmt/impl, or an impl that cannot run on these tensors.
+            unknown fmt/impl, an impl that cannot run on these tensors, a bad out or pdl.
     """
-    if isinstance(x, torch.Tensor) and x.dim() == 1:
-        return gemv(w, x.reshape(1, -1), scales, fmt, impl, config=config).reshape(-1)
-    impl = _check_gemv(w, x, scales, fmt, impl)
-    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
-        return reference_gemv(w, x, scales, fmt)
+    one_row = isinstance(x, torch.Tensor) and x.dim() == 1
+    impl, x2, out2, pdl, config = _check_gemv(w, x, scales, fmt, impl, out, pdl, config)
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
-        return torch.ops.xelink.gemv(w, x, scales, fmt, impl)
-    # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
-    # microseconds of host time a call, more than the kernel runs.
-    return _gemv_run(w, x, scales, fmt, impl, config)
+        y = x2.new_empty((x2.shape[0], w.shape[0])) if out2 is None else out2
+        torch.ops.xelink.gemv(w, x2, scales, fmt, impl, pdl, y)
+    else:
+        # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
+        # microseconds of host time a call, more than the kernel runs.
+        y = _gemv_run(w, x2, scales, fmt, impl, pdl, out2, config)
+    if out is not None:
+        return out
+    return y.reshape(-1) if one_row else y

@@ -96,7 +96,7 @@ def _gemm(dtype="bfloat16", a_row=True, b_row=True, even=True):
         sb = (N, 1) if b_row else (1, K)
         return ([_t(dtype), _t(dtype), _t(dtype), M, N, K, *sa, *sb, N, 1],
                 dict(A_ROW_MAJOR=a_row, B_ROW_MAJOR=b_row, EVEN=even, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32,
-                     GROUP_M=8))
+                     GROUP_M=8, PDL=0))
     return args
 
 
@@ -199,7 +199,7 @@ LAUNCHES: list[Launch] = [
     *[Launch(f"gemv._gemv_kernel[{f}, 8 rows, split-K]", "gemv", "_gemv_kernel", _gemv_mma(f), matrix=True,
              block_io=False, shared=12288 if f == "w4a16" else 24576, sub_groups=(16,)) for f in _GEMV_FORMATS],
     Launch("gemv._splitk_sum_kernel", "gemv", "_splitk_sum_kernel",
-           lambda: ([_t("float32"), _t("bfloat16"), 8 * 4096], dict(SPLIT=4, BLOCK=1024, PDL=0)), shared=0),
+           lambda: ([_t("float32"), _t("bfloat16"), 8 * 4096, 4096, 4096], dict(SPLIT=4, BLOCK=1024, PDL=0)), shared=0),
     Launch("norm._rmsnorm_kernel", "norm", "_rmsnorm_kernel", _rmsnorm(False), num_warps=8, shared=32),
     Launch("norm._rmsnorm_kernel[residual]", "norm", "_rmsnorm_kernel", _rmsnorm(True), num_warps=8, shared=32),
     Launch("norm._rope_kernel", "norm", "_rope_kernel", _rope(), shared=0),

@@ -7,13 +7,16 @@ Arithmetic is float32 with one rounding to the output dtype.
 On CUDA sm90+ both launch with programmatic dependent launch (``pdl``, pdl.py), as the GEMV kernels do:
 a kernel waits for the one before it before touching memory, and lets the next be placed while it
 runs, so a decode step's chain of norms, RoPE and GEMVs overlaps each launch with the previous tail.
+
+``rmsnorm(..., out=)`` writes the normalized rows into a caller's view (a row or column block of a
+larger buffer); the new residual of the fused variant is still a new tensor.
 """
 from __future__ import annotations
 
 import torch
 
-from .gemm import (_check_impl, _check_same_device, _check_tensor, _interpreting, _require_triton, _triton_can_run,
-                   tl, triton)
+from .common import (auto_takes_triton, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
+                     require_triton, tl, triton)
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
@@ -154,10 +157,9 @@ if triton is not None:
 
 def _resolve(fn: str, impl: str, device: torch.device) -> str:
     if impl == "auto":
-        use = _triton_can_run(device) and not (_interpreting() and device.type == "cpu")
-        return "triton" if use else "reference"
+        return "triton" if auto_takes_triton(device) else "reference"
     if impl == "triton":
-        _require_triton(fn, impl, device)
+        require_triton(fn, impl, device)
     return impl
 
 
@@ -166,11 +168,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _rmsnorm_triton(x, w, eps: float, residual=None, pdl: str = "off"):
+def _rmsnorm_triton(x, w, eps: float, residual, pdl: str, out=None):
     shape, H = x.shape, x.shape[-1]
     x2 = _rows(x)
     rows = x2.shape[0]
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device) if out is None else out
     h = torch.empty(shape, dtype=x.dtype, device=x.device) if residual is not None else out
     if rows == 0 or H == 0:
         return out if residual is None else (out, h.copy_(x))
@@ -187,34 +189,55 @@ def _rmsnorm_triton(x, w, eps: float, residual=None, pdl: str = "off"):
     return out if residual is None else (out, h)
 
 
-@torch.library.custom_op("xelink::rmsnorm", mutates_args=())
-def _rmsnorm_op(x: torch.Tensor, w: torch.Tensor, eps: float, impl: str, pdl: str) -> torch.Tensor:
-    if impl == "reference":
-        return reference_rmsnorm(x, w, eps)
-    return _rmsnorm_triton(x, w, eps, pdl=pdl)
+def _rmsnorm_run(x, w, eps: float, residual, impl: str, pdl: str, out=None):
+    """The eager call (also the custom ops' body): ``out`` checked against the inputs, then the launch."""
+    if out is not None:
+        check_no_overlap("rmsnorm", out, x=x, w=w, residual=residual)
+    if impl == "triton":
+        return _rmsnorm_triton(x, w, eps, residual, pdl, out)
+    got = reference_rmsnorm(x, w, eps, residual)
+    if out is None:
+        return got
+    if residual is None:
+        return out.copy_(got)
+    return out.copy_(got[0]), got[1]
+
+
+@torch.library.custom_op("xelink::rmsnorm", mutates_args=("out",))
+def _rmsnorm_op(x: torch.Tensor, w: torch.Tensor, eps: float, impl: str, pdl: str, out: torch.Tensor) -> None:
+    _rmsnorm_run(x, w, eps, None, impl, pdl, out)
 
 
 @_rmsnorm_op.register_fake
-def _rmsnorm_fake(x, w, eps, impl, pdl):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+def _rmsnorm_fake(x, w, eps, impl, pdl, out):
+    return None
 
 
-@torch.library.custom_op("xelink::rmsnorm_residual", mutates_args=())
+@torch.library.custom_op("xelink::rmsnorm_residual", mutates_args=("out",))
 def _rmsnorm_residual_op(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float,
-                         impl: str, pdl: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if impl == "reference":
-        return reference_rmsnorm(x, w, eps, residual)
-    return _rmsnorm_triton(x, w, eps, residual, pdl)
+                         impl: str, pdl: str, out: torch.Tensor) -> torch.Tensor:
+    return _rmsnorm_run(x, w, eps, residual, impl, pdl, out)[1]
 
 
 @_rmsnorm_residual_op.register_fake
-def _rmsnorm_residual_fake(x, residual, w, eps, impl, pdl):
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format))
+def _rmsnorm_residual_fake(x, residual, w, eps, impl, pdl, out):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _check_rows_out(fn: str, out, x) -> None:
+    """``out`` for x's normalized rows: x's shape, dtype and device, unit stride along H, and its leading
+    dims one stride apart so that the kernel sees it as ``[rows, H]`` with a row stride."""
+    check_out(fn, out, x.shape, x.dtype, x.device)
+    if out.numel():
+        try:
+            out.view(-1, x.shape[-1])
+        except RuntimeError:
+            raise ValueError(f"{fn}: out.stride()={out.stride()} for out.shape={tuple(out.shape)} must let out be "
+                             "viewed as rows [-1, H] (its leading dims one stride apart)") from None
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None,
-            impl: str = "auto", pdl: bool | str | None = None):
+            impl: str = "auto", pdl: bool | str | None = None, *, out: torch.Tensor | None = None):
     """RMSNorm over the last dimension, optionally fused with the residual add before it.
 
     Args:
@@ -223,24 +246,30 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
         eps: added to the mean square; a float >= 0.
         residual: None, or a tensor of x's shape and dtype; then ``h = x + residual`` (float32 add,
             rounded to x's dtype) is normalized and returned as the new residual.
-        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"`` (no
+            ``"cuda"``: the portable kernel is the only one).
         pdl: programmatic dependent launch (pdl.py): None (on where it exists: the Triton path on CUDA
             sm90+), True (the same, but an error elsewhere), False, or "early" / "late" (where the next
             kernel may start: after this one's wait, or before its stores).
+        out: optional tensor of x's shape and dtype on x's device for the normalized output: any view
+            with unit stride along H whose leading dims flatten to rows (``big[r0:r1]``, ``big[:, c0:c1]``
+            of a 2-D buffer), sharing no memory with x, w or residual (address ranges compared). With
+            ``residual`` only the normalized output goes there: the new residual is still a new tensor
+            (the next layer's ``residual`` argument), so the pair is ``(out, new_residual)``.
 
     Returns:
-        ``out`` (x's shape and dtype, contiguous) or, with ``residual``, ``(out, new_residual)``.
+        ``out`` (a new contiguous tensor unless given) or, with ``residual``, ``(out, new_residual)``.
         ``out = h * rsqrt(mean(h^2) + eps) * w`` in float32, rounded once.
 
     Raises:
-        TypeError: non-tensors or non-float dtypes, residual dtype != x dtype.
+        TypeError: non-tensors or non-float dtypes, residual or out dtype != x dtype.
         ValueError: shape mismatches, negative eps, mixed devices, an unknown impl or one that cannot
-            run on these tensors, a bad pdl or one this GPU cannot do.
+            run on these tensors, a bad out, a bad pdl or one this GPU cannot do.
     """
     fn = "rmsnorm"
-    _check_impl(fn, impl, NORM_IMPLS)
-    _check_tensor(fn, "x", x)
-    _check_tensor(fn, "w", w)
+    impl = check_impl(fn, impl, NORM_IMPLS)
+    check_tensor(fn, "x", x)
+    check_tensor(fn, "w", w)
     if x.dtype not in _FLOATS:
         raise TypeError(f"rmsnorm: x.dtype={x.dtype} must be bfloat16, float16 or float32")
     if not w.is_floating_point():
@@ -252,24 +281,27 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"rmsnorm: eps={eps!r} must be a float >= 0")
     if residual is not None:
-        _check_tensor(fn, "residual", residual)
+        check_tensor(fn, "residual", residual)
         if residual.shape != x.shape:
             raise ValueError(f"rmsnorm: residual.shape={tuple(residual.shape)} != x.shape={tuple(x.shape)}")
         if residual.dtype != x.dtype:
             raise TypeError(f"rmsnorm: residual.dtype={residual.dtype} != x.dtype={x.dtype}")
-    _check_same_device(fn, x=x, w=w, residual=residual)
+    check_same_device(fn, x=x, w=w, residual=residual)
+    if out is not None:
+        _check_rows_out(fn, out, x)
     impl = _resolve(fn, impl, x.device)
     pdl = pdl_option(fn, pdl, impl, x.device)
-    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
-        return reference_rmsnorm(x, w, float(eps), residual)
+    eps = float(eps)
     w = w if w.stride(0) == 1 else w.contiguous()
     if torch.compiler.is_compiling():  # traced: the custom ops with their fake implementations
+        out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
         if residual is None:
-            return torch.ops.xelink.rmsnorm(x, w, float(eps), impl, pdl)
-        return torch.ops.xelink.rmsnorm_residual(x, residual, w, float(eps), impl, pdl)
+            torch.ops.xelink.rmsnorm(x, w, eps, impl, pdl, out)
+            return out
+        return out, torch.ops.xelink.rmsnorm_residual(x, residual, w, eps, impl, pdl, out)
     # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
     # microseconds of host time a call, more than the kernel runs.
-    return _rmsnorm_triton(x, w, float(eps), residual, pdl)
+    return _rmsnorm_run(x, w, eps, residual, impl, pdl, out)
 
 
 # -- host side: rope ----------------------------------------------------------------------------------
@@ -307,12 +339,14 @@ def _rope_triton(q, k, cos, sin, pdl: str = "off"):
     return qo, ko
 
 
+def _rope_run(q, k, cos, sin, impl: str, pdl: str):
+    return reference_rope(q, k, cos, sin) if impl == "reference" else _rope_triton(q, k, cos, sin, pdl)
+
+
 @torch.library.custom_op("xelink::rope", mutates_args=())
 def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              impl: str, pdl: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if impl == "reference":
-        return reference_rope(q, k, cos, sin)
-    return _rope_triton(q, k, cos, sin, pdl)
+    return _rope_run(q, k, cos, sin, impl, pdl)
 
 
 @_rope_op.register_fake
@@ -321,7 +355,7 @@ def _rope_fake(q, k, cos, sin, impl, pdl):
 
 
 def _check_cos_sin(name: str, c, B: int, S: int, D: int) -> None:
-    _check_tensor("rope", name, c)
+    check_tensor("rope", name, c)
     if not c.is_floating_point():
         raise TypeError(f"rope: {name}.dtype={c.dtype} must be a floating dtype")
     shape = tuple(c.shape)
@@ -346,7 +380,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         q: ``(B, Hq, S, D)``, bf16/fp16/fp32, D even.
         k: ``(B, Hk, S, D)``, same B, S, D and dtype (GQA: Hk may differ from Hq).
         cos, sin: ``(S, D)``, ``(B or 1, S, D)`` or ``(B or 1, 1, S, D)``, any float dtype.
-        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
+        impl: ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"`` (no
+            ``"cuda"``).
         pdl: programmatic dependent launch, as for :func:`rmsnorm` ("late": after the heads).
 
     Returns:
@@ -358,9 +393,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             a bad pdl or one this GPU cannot do.
     """
     fn = "rope"
-    _check_impl(fn, impl, NORM_IMPLS)
-    _check_tensor(fn, "q", q)
-    _check_tensor(fn, "k", k)
+    impl = check_impl(fn, impl, NORM_IMPLS)
+    check_tensor(fn, "q", q)
+    check_tensor(fn, "k", k)
     if q.dtype not in _FLOATS:
         raise TypeError(f"rope: q.dtype={q.dtype} must be bfloat16, float16 or float32")
     if k.dtype != q.dtype:
@@ -374,11 +409,10 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         raise ValueError(f"rope: head dim D={D} must be even")
     _check_cos_sin("cos", cos, B, S, D)
     _check_cos_sin("sin", sin, B, S, D)
-    _check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
+    check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
     impl = _resolve(fn, impl, q.device)
     pdl = pdl_option(fn, pdl, impl, q.device)
-    if impl == "reference":  # plain torch: no custom-op dispatch (whose first call imports torch._dynamo)
-        return reference_rope(q, k, cos, sin)
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
         return torch.ops.xelink.rope(q, k, cos, sin, impl, pdl)
-    return _rope_triton(q, k, cos, sin, pdl)
+    # Eager: launch directly (no custom-op dispatch).
+    return _rope_run(q, k, cos, sin, impl, pdl)

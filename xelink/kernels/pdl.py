@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (CUDA sm90+) for the kernels of a decode step: gemv (every kernel with
-``impl="cuda"``), rmsnorm, rope and decode_attention (split and merge kernels).
+"""Programmatic dependent launch (CUDA sm90+) for the kernels of a decode step: gemv, rmsnorm, rope and
+decode_attention (split and merge kernels), and gemm (off unless asked for).
 
 A kernel launched with ``launch_pdl=True`` may be placed on the GPU while the kernel before it in the
 stream still runs. It calls :func:`pdl_wait` before it reads or writes any memory (``griddepcontrol.wait``:
@@ -10,15 +10,15 @@ to back, one kernel's launch and placement then overlap the other's tail (a W4A1
 H200: 5-8% faster with every kernel under PDL, 1% with the GEMVs alone; benchmarks/results/h200-kernels
 run 16). Both helpers are ``triton.jit`` functions, callable from Triton and Gluon kernels alike.
 
-The RMSNorm, RoPE and decode-attention functions take a ``pdl`` argument, checked by
-:func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; gemv has its own
-``PDL`` config key with a rule measured on its sweeps.
+Every one of these functions takes one ``pdl`` argument (None, True, False, "early" or "late"), checked
+by :func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; what None means and
+where True lets the next kernel go are each kernel's (measured) choice, in its docstring.
 """
 from __future__ import annotations
 
 import torch
 
-from .gemm import _capability, _interpreting, _sm_count, tl, triton
+from .common import capability, interpreting, sm_count, tl, triton
 
 __all__ = ["PDL_MODES", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait"]
 
@@ -45,18 +45,19 @@ else:  # no Triton: the kernel modules import, their Triton paths refuse to run
     pdl_wait = pdl_launch = None
 
 
-def pdl_option(fn: str, pdl, impl: str, device: torch.device) -> str:
+def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:
     """Check a ``pdl`` argument before anything runs; returns "auto", "off", "early" or "late".
-    ``impl``: the path that will run ("triton" or "hopper": Triton kernels). None: on where it exists
-    (Triton kernels on CUDA sm90+, not interpreted); True: the same, required; "early" / "late": where
-    the next kernel is let go, required; False: off."""
+    ``impl``: the path that will run (any but "reference" is a Triton kernel); ``name``: what the caller
+    called the argument, for the error. None: on where it exists (Triton kernels on CUDA sm90+, not
+    interpreted); True: the same, required; "early" / "late": where the next kernel is let go, required;
+    False: off."""
     if not (pdl is None or isinstance(pdl, bool) or (isinstance(pdl, str) and pdl in ("early", "late"))):
-        raise ValueError(f"{fn}: pdl={pdl!r} must be None, True, False, 'early' or 'late'")
-    sm90 = impl in ("triton", "hopper") and not _interpreting() and (_capability(device) or (0, 0)) >= (9, 0)
+        raise ValueError(f"{fn}: {name}={pdl!r} must be None, True, False, 'early' or 'late'")
+    sm90 = impl != "reference" and not interpreting() and (capability(device) or (0, 0)) >= (9, 0)
     if pdl is None or pdl is False:
         return "auto" if pdl is None and sm90 else "off"
     if not sm90:
-        raise ValueError(f"{fn}: pdl={pdl!r} needs a Triton kernel on a CUDA GPU of compute capability >= 9.0 "
+        raise ValueError(f"{fn}: {name}={pdl!r} needs a Triton kernel on a CUDA GPU of compute capability >= 9.0 "
                          f"(griddepcontrol), got impl={impl!r} on {device}")
     return "auto" if pdl is True else pdl
 
@@ -67,6 +68,6 @@ def pdl_launch_args(option: str, programs: int, device: torch.device) -> dict:
     otherwise, where early programs would crowd the running grid (the GEMV sweeps,
     benchmarks/results/h200-kernels run 15)."""
     if option == "auto":
-        option = "early" if programs <= _sm_count(device) else "late"
+        option = "early" if programs <= sm_count(device) else "late"
     mode = PDL_MODES[False if option == "off" else option]
     return dict(PDL=mode, launch_pdl=True) if mode else dict(PDL=0)

@@ -198,8 +198,8 @@ def decode_layer(x: torch.Tensor, residual: torch.Tensor, layer: DecodeLayerWeig
             else the reference paths), ``"triton"`` or ``"reference"``, passed to every kernel.
         pdl: programmatic dependent launch of RMSNorm, RoPE and decode attention (``xelink.kernels.rmsnorm``'s
             ``pdl``): None (on where it exists), True, False, ``"early"`` or ``"late"``.
-        gemv_pdl: the GEMVs' ``config["PDL"]`` (``xelink.kernels.gemv``): None (gemv's default: on for the
-            CUDA GEMV on sm90+), True, False, ``"early"`` or ``"late"``.
+        gemv_pdl: the GEMVs' ``pdl`` (``xelink.kernels.gemv``): None (gemv's default: on for the CUDA GEMV
+            on sm90+), True, False, ``"early"`` or ``"late"``.
 
     Returns:
         ``(y, residual)``: ``y [B, hidden]`` the down projection (the next layer's ``x``) and the residual
@@ -212,10 +212,9 @@ def decode_layer(x: torch.Tensor, residual: torch.Tensor, layer: DecodeLayerWeig
     _check_impl(fn, impl)
     _check_step(fn, x, residual, layer, cos, sin, kv_lens)
     cfg, B = layer.config, x.shape[0]
-    config = None if gemv_pdl is None else dict(PDL=gemv_pdl)
 
     def mm(w, a):
-        return gemv(w[0], a, w[1], "w4a16", impl, config=config)
+        return gemv(w[0], a, w[1], "w4a16", impl, pdl=gemv_pdl)
 
     normed, h = rmsnorm(x, layer.norm1, cfg.eps, residual=residual, impl=impl, pdl=pdl)
     q, k = _split_heads(mm(layer.qkv, normed), cfg)

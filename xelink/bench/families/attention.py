@@ -56,9 +56,9 @@ _L2_ROTATE_BYTES = 512 << 20  # decode rotates KV caches until this many bytes: 
 # Candidates for --sweep: prefill (impl, (BLOCK_M, BLOCK_N, warps, stages)) per head dim; decode
 # ((BLOCK_N, warps, stages), programs per SM).
 SWEEP_PREFILL = {
-    128: [("hopper", (128, 128, 8, 3)), ("hopper", (128, 128, 8, 2)), ("hopper", (128, 64, 8, 3)),
+    128: [("cuda", (128, 128, 8, 3)), ("cuda", (128, 128, 8, 2)), ("cuda", (128, 64, 8, 3)),
           ("triton", (128, 64, 8, 3)), ("triton", (128, 128, 8, 3))],
-    256: [("hopper", (128, 64, 8, 2)), ("hopper", (128, 32, 8, 2)), ("triton", (128, 64, 8, 2))],
+    256: [("cuda", (128, 64, 8, 2)), ("cuda", (128, 32, 8, 2)), ("triton", (128, 64, 8, 2))],
 }
 SWEEP_DECODE = [((64, 4, 3), 2), ((64, 4, 4), 3), ((128, 4, 2), 2), ((64, 4, 3), 4)]
 
@@ -369,8 +369,9 @@ def add_arguments(p) -> None:
     add_timing_arguments(p, cpu="default 5, quick 3 (rounds 3, quick 2)",
                          gpu="default 10 prefill, 20 decode, quick 5 (rounds 3, quick 1)")
     g = p.add_argument_group("CUDA only")
-    g.add_argument("--impl", default=None, choices=("triton", "hopper"),
-                   help="xelink path to time (default: what impl='auto' picks on this GPU)")
+    g.add_argument("--impl", default=None, choices=("triton", "cuda"),
+                   help="xelink flash-attention path to time (default: what impl='auto' picks on this GPU; "
+                        "decode has the one portable kernel)")
     g.add_argument("--only", default=None, choices=("all", "prefill", "decode"), help="time one half (default all)")
     g.add_argument("--sweep", action="store_true", help="time the tile candidates (tuning) instead")
     g.add_argument("--warm-jobs", type=int, default=None, help="processes that compile kernels before timing "
@@ -455,7 +456,7 @@ def _gpu(ctx) -> list:
         rows += run_prefill(impl, prefill_cases, iters=args.iters or (5 if ctx.quick else 10), rounds=rounds,
                             configs=prefill_cfg, progress=show)
     if only in ("all", "decode"):
-        rows += run_decode(impl, decode_cases, iters=args.iters or (5 if ctx.quick else 20), rounds=rounds,
+        rows += run_decode("triton", decode_cases, iters=args.iters or (5 if ctx.quick else 20), rounds=rounds,
                            configs=decode_cfg, progress=show)
     ctx.notes.append(_summary(rows).lstrip())
     return rows

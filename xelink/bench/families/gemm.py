@@ -2,7 +2,7 @@
 
 - CPU: ``gemm(a, b, impl="reference")`` (the pure-torch twin the GPU kernels are tested against) vs
   ``torch.matmul`` at small shapes, host clock, checked against float64.
-- CUDA: ``gemm(impl="hopper")`` and ``gemm(impl="triton")`` vs ``torch.matmul`` at 8192^3, 4096^3 and
+- CUDA: ``gemm(impl="cuda")`` (the TMA kernel) and ``gemm(impl="triton")`` vs ``torch.matmul`` at 8192^3, 4096^3 and
   M x N x K = 16384 x 8192 x 1024 (``--quick``: 4096^3), CUDA events around back-to-back launches;
   ``--sweep`` adds tile configurations (tuning). Checked against float32 (``#wrong``: elements off by
   more than 2% of the value plus 2% of the output's RMS).
@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
                                                                              "sweep 2)")
     g = p.add_argument_group("CUDA only")
     g.add_argument("--sweep", nargs="?", const="gemm", default=None, choices=("gemm",),
-                   help="also time tile configurations of the hopper and triton kernels (tuning)")
+                   help="also time tile configurations of the cuda (TMA) and triton kernels (tuning)")
 
 
 def run_cpu(shapes, *, iters: int, rounds: int, progress=None) -> list:
@@ -58,7 +58,7 @@ def run_cpu(shapes, *, iters: int, rounds: int, progress=None) -> list:
 
 
 def run_gpu(report, shapes=GPU_SHAPES, iters: int = 10, rounds: int = 3, sweep: bool = False, progress=None) -> None:
-    """Time ``gemm(impl="hopper"|"triton")`` (and with ``sweep`` tile configs) against torch.matmul on the
+    """Time ``gemm(impl="cuda"|"triton")`` (and with ``sweep`` tile configs) against torch.matmul on the
     current CUDA device, CUDA events; rows and notes into ``report`` (``kernel_timing.KernelReport``)."""
     from ...kernels.gemm import gemm
 
@@ -67,11 +67,11 @@ def run_gpu(report, shapes=GPU_SHAPES, iters: int = 10, rounds: int = 3, sweep: 
         b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
         outs = {}
         variants = {"torch:matmul": lambda: outs.__setitem__("torch:matmul", torch.matmul(a, b))}
-        configs = {"xelink:hopper": ("hopper", None), "xelink:triton": ("triton", None)}
+        configs = {"xelink:cuda": ("cuda", None), "xelink:triton": ("triton", None)}
         if sweep:
             for bm, bn, bk, w, s in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
                                      (128, 256, 64, 8, 4), (256, 128, 64, 8, 3)):
-                for impl in ("hopper", "triton"):
+                for impl in ("cuda", "triton"):
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=s)
                     configs[f"xelink:{impl}[{bm}x{bn}x{bk},w{w},s{s}]"] = (impl, cfg)
         for name, (impl, cfg) in configs.items():

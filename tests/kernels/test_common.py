@@ -1,0 +1,70 @@
+"""The helpers the kernel modules share (xelink.kernels.common): one impl vocabulary with its aliases, the
+out= checks, and that every public kernel speaks that vocabulary."""
+import pytest
+import torch
+
+from xelink.kernels import attention, norm
+from xelink.kernels.common import IMPL_ALIASES, IMPLS, check_impl, check_no_overlap, check_out
+from xelink.kernels.gemm import GEMM_IMPLS
+from xelink.kernels.gemv import GEMV_IMPLS
+
+KERNEL_IMPLS = {"gemm": GEMM_IMPLS, "gemv": GEMV_IMPLS, "rmsnorm": norm.NORM_IMPLS, "rope": norm.NORM_IMPLS,
+                "flash_attention": attention.FLASH_IMPLS, "decode_attention": attention.DECODE_IMPLS,
+                "merge_attention": attention.MERGE_IMPLS}
+
+
+def test_every_kernel_takes_a_subset_of_the_one_vocabulary():
+    assert IMPLS == ("auto", "triton", "cuda", "reference")
+    assert IMPL_ALIASES == {"hopper": "cuda"}
+    for name, impls in KERNEL_IMPLS.items():
+        assert set(impls) <= set(IMPLS) and {"auto", "triton", "reference"} <= set(impls), name
+    assert {n for n, impls in KERNEL_IMPLS.items() if "cuda" in impls} == {"gemm", "gemv", "flash_attention"}
+
+
+def test_check_impl_maps_aliases_and_names_what_is_missing():
+    assert check_impl("gemm", "hopper", GEMM_IMPLS) == "cuda"
+    assert check_impl("gemm", "cuda", GEMM_IMPLS) == "cuda"
+    with pytest.raises(ValueError, match=r"^rmsnorm: impl='cuda' is not one of auto, triton, reference "
+                                         r"\(rmsnorm has no cuda kernel\)$"):
+        check_impl("rmsnorm", "cuda", norm.NORM_IMPLS)
+    with pytest.raises(ValueError, match=r"^rmsnorm: impl='hopper' is not one of .*'hopper' is an old name of 'cuda'"):
+        check_impl("rmsnorm", "hopper", norm.NORM_IMPLS)
+    with pytest.raises(ValueError, match=r"^gemm: impl='fast' is not one of auto, triton, cuda, reference$"):
+        check_impl("gemm", "fast", GEMM_IMPLS)
+    with pytest.raises(TypeError, match="^gemm: impl=None must be a str"):
+        check_impl("gemm", None, GEMM_IMPLS)
+
+
+_X = torch.ones(2, 8, dtype=torch.bfloat16)
+_Q = torch.ones(1, 2, 3, 64, dtype=torch.bfloat16)
+_LENS = torch.tensor([3])
+
+
+@pytest.mark.parametrize("name, call", [
+    ("rmsnorm", lambda impl: norm.rmsnorm(_X, torch.ones(8), impl=impl)),
+    ("rope", lambda impl: norm.rope(_Q, _Q, torch.ones(3, 64), torch.ones(3, 64), impl=impl)),
+    ("decode_attention", lambda impl: attention.decode_attention(_Q, _Q, _Q, _LENS, impl=impl)),
+    ("merge_attention", lambda impl: attention.merge_attention([_Q], [torch.zeros(1, 2, 3)], impl=impl)),
+])
+@pytest.mark.parametrize("impl", ["cuda", "hopper"])
+def test_kernels_without_a_cuda_path_refuse_it(name, call, impl):
+    with pytest.raises(ValueError, match=rf"^{name}: impl='{impl}' is not one of auto, triton, reference \({name} "
+                                         r"has no cuda kernel"):
+        call(impl)
+
+
+def test_check_out():
+    check_out("f", torch.empty(10, 8)[2:6, 1:5], (4, 4), torch.float32, torch.device("cpu"))  # a block: fine
+    check_out("f", torch.empty(4, 1), (4, 1), torch.float32, torch.device("cpu"))  # one column: any stride
+    with pytest.raises(ValueError, match="puts several elements at one address"):
+        check_out("f", torch.empty(8).as_strided((3, 4), (2, 1)), (3, 4), torch.float32, torch.device("cpu"))
+
+
+def test_check_no_overlap():
+    big = torch.empty(8, 8)
+    check_no_overlap("f", big[:4], a=big[4:], b=None, c=torch.empty(3))  # disjoint rows: fine
+    with pytest.raises(ValueError, match="^f: out overlaps a in memory"):
+        check_no_overlap("f", big[:5], a=big[4:])
+    with pytest.raises(ValueError, match="^f: out overlaps a"):  # interleaved columns: conservative
+        check_no_overlap("f", big[:, :4], a=big[:, 4:])
+    check_no_overlap("f", big[:0], a=big)  # an empty out touches nothing

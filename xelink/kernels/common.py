@@ -1,0 +1,158 @@
+"""What the kernel modules share: the guarded Triton import, the one ``impl`` vocabulary, argument and
+``out=`` checks, and device queries.
+
+Every public kernel takes ``impl=`` from one vocabulary (:data:`IMPLS`): ``"auto"``, ``"triton"`` (the
+portable Triton kernel), ``"cuda"`` (the NVIDIA-specific kernel: TMA/persistent kernels, inline PTX) and
+``"reference"`` (pure torch); each module's ``*_IMPLS`` constant says which of the four its kernels
+take. Old spellings are accepted through :data:`IMPL_ALIASES`, mapped here and nowhere else.
+
+Kernels that write into a caller's buffer (``out=``) check it with :func:`check_out` (shape, dtype,
+device, strides: traceable, so it runs before a ``torch.compile`` trace too) and, just before they
+launch, with :func:`check_no_overlap` (addresses: eager tensors only).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Kernel modules import without Triton; the Triton paths then raise a clear error when asked for.
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+    tl = None
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton without host-side tensor descriptors (older, or Intel's): no TMA paths
+    TensorDescriptor = None
+
+__all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_impl",
+           "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting", "require_triton",
+           "sm_count", "tl", "triton", "triton_can_run"]
+
+IMPLS = ("auto", "triton", "cuda", "reference")
+IMPL_ALIASES = {"hopper": "cuda"}  # the Hopper TMA kernels of gemm and flash attention were "hopper" before
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_impl(fn: str, impl, allowed) -> str:
+    """``impl`` in the one vocabulary (aliases mapped), checked against ``allowed``, the paths ``fn`` has."""
+    if not isinstance(impl, str):
+        raise TypeError(f"{fn}: impl={impl!r} must be a str, one of {', '.join(allowed)}")
+    name = IMPL_ALIASES.get(impl, impl)
+    if name not in allowed:
+        why = f" ({fn} has no {name} kernel)" if name in IMPLS else ""
+        alias = f"; {impl!r} is an old name of {name!r}" if name != impl else ""
+        raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(allowed)}{why}{alias}")
+    return name
+
+
+def check_tensor(fn: str, name: str, t, ndim: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{fn}: {name}.shape={tuple(t.shape)} must have {ndim} dims")
+
+
+def check_same_device(fn: str, **tensors) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"{fn}: tensors must be on one device ({listed})")
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    # Sufficient for distinct elements: with the dims of size > 1 sorted by stride, each stride reaches
+    # past the whole extent of the dims inside it (a stride 0 or a broadcast fails).
+    reach = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False
+
+
+def check_out(fn: str, out, shape, dtype: torch.dtype, device: torch.device) -> None:
+    """``out`` can take a kernel's output of ``shape`` and ``dtype`` on ``device``: any view (a row or
+    column block of a larger buffer) with unit stride along the last dim and no two elements at one address.
+    Looks at shapes and strides only, so it runs under ``torch.compile`` too."""
+    check_tensor(fn, "out", out)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{fn}: out.shape={tuple(out.shape)} must be {tuple(shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{fn}: out.dtype={out.dtype} must be {dtype}")
+    if out.device != device:
+        raise ValueError(f"{fn}: out is on {out.device}, the inputs on {device}")
+    if out.dim() and out.shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError(f"{fn}: out.stride()={out.stride()} must be 1 along the last dim (the kernels store "
+                         "rows of contiguous elements)")
+    if _overlaps_itself(out):
+        raise ValueError(f"{fn}: out.stride()={out.stride()} for out.shape={tuple(out.shape)} puts several "
+                         "elements at one address")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses ``t`` can touch; empty for an empty tensor."""
+    if t.numel() == 0:
+        return 0, 0
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def check_no_overlap(fn: str, out: torch.Tensor, **inputs) -> None:
+    """``out`` shares no memory with the tensors in ``inputs`` (None entries skipped), which a kernel reads
+    while it writes ``out``. Compares address ranges, so two interleaved views of one buffer (column
+    blocks) count as overlapping even where no element is shared: conservative, and a few host
+    operations a call (a precise test of arbitrary strides is not)."""
+    lo, hi = _span(out)
+    for name, t in inputs.items():
+        if t is None or t.device != out.device:
+            continue
+        t_lo, t_hi = _span(t)
+        if lo < t_hi and t_lo < hi:
+            raise ValueError(f"{fn}: out overlaps {name} in memory (out must not share memory with an input)")
+
+
+def triton_can_run(device: torch.device) -> bool:
+    """True when a Triton kernel can run on tensors of ``device`` (a GPU, or any device when interpreting)."""
+    if triton is None:
+        return False
+    return device.type in ("cuda", "xpu") or interpreting()
+
+
+def auto_takes_triton(device: torch.device) -> bool:
+    """``impl="auto"`` runs a Triton kernel on GPUs; elsewhere (CPU tensors, interpreter included) the
+    reference, so interpreting stays opt-in per call (``impl="triton"``)."""
+    return triton is not None and device.type in ("cuda", "xpu")
+
+
+def require_triton(fn: str, impl: str, device: torch.device) -> None:
+    if triton is None:
+        raise RuntimeError(f"{fn}: impl={impl!r} needs Triton, which is not installed; use impl='reference'")
+    if not triton_can_run(device):
+        raise ValueError(f"{fn}: impl={impl!r} needs CUDA or XPU tensors, got device {device} "
+                         "(use impl='reference', or set TRITON_INTERPRET=1 to interpret Triton on the CPU)")
+
+
+@functools.lru_cache(maxsize=None)
+def capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors (CUDA) or subslices (XPU) of ``device``: what grids are sized by."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        props = torch.xpu.get_device_properties(device)
+        return int(getattr(props, "gpu_subslice_count", 0) or getattr(props, "max_compute_units", 64))
+    return 8  # the interpreter: a few, so grids stay short and decode still splits (tests exercise the merge)
