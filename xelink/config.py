@@ -13,6 +13,7 @@ Knobs (environment variables):
     XELINK_LOG               logging level of the ``xelink`` logger (debug, info, ...)
     XELINK_GPU_SCRATCH       cap of the GPU collectives' scratch slot, bytes
     XELINK_GPU_BLOCKS        blocks of every GPU collective kernel (default: one per multiprocessor)
+    XELINK_LAUNCH_CHECK      1: every fast kernel launch is checked against Triton's own cache key (tests)
     XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)
 """
 from __future__ import annotations

@@ -1,0 +1,579 @@
+"""The fast launcher (xelink.kernels.launcher): its key on CPU (fake pointers: what changes the key and what
+keeps it), the whole fast path against a fake Triton (what reaches the C launcher, descriptor caching,
+when it falls back), the fallback without Triton 3.6, the key checked against Triton 3.6's own
+specialization where that Triton is installed, and (GPU) every wired kernel launched through the fast
+path with changing tensors, alignments and shapes, and inside CUDA graphs."""
+from __future__ import annotations
+
+import inspect
+import itertools
+import types
+
+import pytest
+import torch
+
+from xelink.kernels import launcher as L
+
+EMPTY = inspect.Parameter.empty
+
+
+class Ptr:
+    """A fake pointer argument: what Triton reads of a tensor (data_ptr and dtype)."""
+
+    def __init__(self, addr: int, dtype=torch.float16):
+        self.addr, self.dtype = addr, dtype
+
+    def data_ptr(self) -> int:
+        return self.addr
+
+
+# (name, is_constexpr, default) of a small kernel: a pointer, two ints, a float, a constexpr with a default.
+PARAMS = [("x_ptr", False, EMPTY), ("n", False, EMPTY), ("m", False, EMPTY), ("eps", False, EMPTY),
+          ("BLOCK", True, EMPTY), ("EVEN", True, False)]
+BIND = L._binder(PARAMS)
+
+
+def key(*args, **kwargs):
+    spec, _, options = BIND(*args, **kwargs)
+    return spec, tuple(options.items()), tuple(map(type, options.values()))
+
+
+def base(**change):
+    args = dict(x_ptr=Ptr(4096), n=64, m=7, eps=1e-6, BLOCK=128)
+    args.update(change)
+    return key(**args)
+
+
+# -- the key ------------------------------------------------------------------------------------
+
+def test_equal_specialization_gives_equal_keys():
+    assert base() == base()
+    # Another 16-byte aligned address, ints of the same classes, another float: the same kernel.
+    assert base() == base(x_ptr=Ptr(4096 + 512), n=16 * 1000, m=9, eps=0.5)
+    assert base() == key(Ptr(160), 32, 3, 2.0, 128)  # positional as keyword
+    assert base() == base(EVEN=False)  # the default, given
+
+
+@pytest.mark.parametrize("change", [
+    dict(x_ptr=Ptr(4096 + 2)),                  # 16-byte alignment of the address
+    dict(x_ptr=Ptr(4096, torch.bfloat16)),      # dtype
+    dict(x_ptr=None),                           # None is a constant
+    dict(n=1), dict(n=17), dict(n=2 ** 31), dict(n=2 ** 63), dict(n=-(2 ** 31) - 16),  # 1, %16, i32/i64/u64
+    dict(m=1), dict(m=16), dict(m=2 ** 32 + 1),
+    dict(eps=3),                                # an int where a float was
+    dict(eps=True),                             # a bool (u1)
+    dict(BLOCK=64),                             # constexpr value
+    dict(EVEN=True), dict(EVEN=0),              # constexpr value and type (False vs 0)
+    dict(BLOCK=128.0),                          # 128 vs 128.0
+])
+def test_what_changes_the_key(change):
+    assert base(**change) != base()
+
+
+def test_int_classes_follow_triton():
+    s = L._spec
+    assert s(1) == 1 and s(True) == "u1" and s(1.0) == "fp32" and s(None) is None
+    assert s(0) == s(16) == s(-16) == s(2 ** 31 - 16) != s(17)
+    assert s(17) == s(2 ** 31 - 1) == s(-(2 ** 31) + 1) != s(2 ** 31 + 1)   # i32: -2^31 .. 2^31 - 1
+    assert s(-(2 ** 31)) == s(0) != s(-(2 ** 31) - 16)
+    assert s(-(2 ** 31) - 1) == s(2 ** 63 - 1) != s(2 ** 63 + 1)          # i64
+    assert s(2 ** 64 - 1) == s(2 ** 63 + 1)                                 # u64
+    with pytest.raises(L._Unsupported):
+        s(2 ** 64)
+
+
+def test_options_change_the_key_by_name_type_and_value():
+    assert base() == key(Ptr(16), 64, 7, 1e-6, 128)
+    k4 = key(Ptr(16), 64, 7, 1e-6, 128, num_warps=4)
+    assert k4 != base() and k4 == key(Ptr(16), 64, 7, 1e-6, 128, num_warps=4)
+    assert k4 != key(Ptr(16), 64, 7, 1e-6, 128, num_warps=8)
+    assert key(Ptr(16), 64, 7, 1e-6, 128, launch_pdl=True) != key(Ptr(16), 64, 7, 1e-6, 128, launch_pdl=1)
+
+
+def test_tensors_descriptors_and_unknown_arguments():
+    buf = torch.empty(64, dtype=torch.float16)
+    assert L._spec(buf) == (torch.float16, True) and L._spec(buf[1:]) == (torch.float16, False)
+    assert L._spec(torch.nn.Parameter(buf)) == L._spec(buf)
+    d = L.Descriptor(buf, [8, 8], [8, 1], [8, 4])
+    assert L._spec(d) == ("tensordesc", torch.float16, (8, 4), "zero")
+    assert L._spec(L.Descriptor(buf, [4, 16], [16, 1], [8, 4])) == L._spec(d)  # shape: not specialized on
+    assert L._spec(L.Descriptor(buf, [8, 8], [8, 1], [4, 8])) != L._spec(d)
+    assert L._spec(L.Descriptor(buf, [8, 8], [8, 1], [8, 4], "nan")) != L._spec(d)
+    for bad in ("x", (1, 2), torch.float16, 2 ** 64):
+        with pytest.raises(L._Unsupported):
+            L._spec(bad)
+
+
+def test_binder_binds_like_python_and_refuses_bad_calls():
+    spec, args, options = BIND(Ptr(16), 2, 3, 0.5, BLOCK=32, num_warps=4)
+    assert args[1:] == (2, 3, 0.5, 32, False) and options == {"num_warps": 4}
+    with pytest.raises(TypeError):
+        BIND(Ptr(16), 2, 3)  # missing arguments: the plain call raises Triton's error
+    with pytest.raises(TypeError):
+        BIND(Ptr(16), 2, 3, 0.5, 32, False, 9)
+    assert L._binder([("options", False, EMPTY)]) is not None
+    assert L._binder([("_xl_spec", False, EMPTY)]) is None  # would shadow the helper
+
+
+# -- the fast path against a fake Triton ------------------------------------------------------------
+
+class FakeChain:
+    def __init__(self):
+        self.calls = []
+
+
+def fake_triton(device=0, stream=77):
+    t = L._Triton.__new__(L._Triton)
+    t.reason = None
+    t.jit_types = (FakeJit,)
+    t.hook_chain = FakeChain
+    t.runtime = types.SimpleNamespace(debug=False, launch_enter_hook=FakeChain(), launch_exit_hook=FakeChain())
+    t.compilation = types.SimpleNamespace(instrumentation_mode="")
+    t.driver = object()
+    t.driver_config = types.SimpleNamespace(active=t.driver)
+    t.launcher_type = FakeLauncher
+    t.raw_type = types.MethodType  # FakeJit._raw stands for the C launcher
+    t.descriptor_type = type("NoTritonDescriptor", (), {})
+    t.expanded = []
+
+    def make_tensordesc_arg(d, meta):
+        t.expanded.append(d)
+        return [("map", d.base.data_ptr(), tuple(d.shape), tuple(d.strides), meta), *d.shape, *d.strides]
+
+    t.make_tensordesc_arg = make_tensordesc_arg
+    t.get_device = lambda: device
+    t.get_stream = lambda dev: stream + dev
+    return t
+
+
+class FakeLauncher:
+    def __init__(self, raw, descs, scratch=0):
+        self.raw = raw
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        if descs:
+            def wrap(launcher, tensordesc_indices, tensordesc_meta):
+                def inner(*args):  # stands for 3.6's Python wrapper around the C launcher
+                    raise AssertionError(f"the fast path must call {launcher} itself, not expand "
+                                         f"{tensordesc_indices} with {tensordesc_meta}")
+                return inner
+            self.launch = wrap(raw, set(descs), [{"swizzle": 128}] * len(descs))
+        else:
+            self.launch = raw
+
+
+class FakeJit:
+    """A JIT function of ``signature`` (a Python function) whose plain launch records itself."""
+
+    def __init__(self, fn, descs=(), scratch=0):
+        self.fn, self.signature = fn, inspect.signature(fn)
+        self.__name__ = fn.__name__
+        names = list(self.signature.parameters)
+        self.params = [types.SimpleNamespace(is_constexpr=n.isupper()) for n in names]
+        self.pre_run_hooks, self.debug, self.used_global_vals = [], None, {}
+        self.plain, self.raw_calls, self.compiled = [], [], []
+        sig = {n: ("tensordesc<fp16[8, 8]>" if i in descs else "constexpr" if n.isupper() else "i32")
+               for i, n in enumerate(names)}
+        self.descs, self.scratch, self.sig = descs, scratch, sig
+
+    def _raw(self, *args):
+        self.raw_calls.append(args)
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.plain.append((grid, args, kwargs))
+            c = types.SimpleNamespace(run=FakeLauncher(self._raw, self.descs, self.scratch), function=4242,
+                                      packed_metadata=(4, 1, 0), src=types.SimpleNamespace(signature=self.sig),
+                                      metadata=types.SimpleNamespace(
+                                          tensordesc_meta=[{"swizzle": 128}] * len(self.descs) or None))
+            self.compiled.append(c)
+            return c
+        return run
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    t = fake_triton()
+    monkeypatch.setattr(L, "_T", t)
+    monkeypatch.setattr(L, "_triton", lambda: t)
+    monkeypatch.setattr(L, "_KERNELS", {})
+    monkeypatch.setattr(L, "_CHECK", False)
+    return t
+
+
+def _kernel(x_ptr, n, BLOCK, EVEN=False):
+    pass
+
+
+def test_fast_path_compiles_once_then_calls_the_c_launcher(fake):
+    k = FakeJit(_kernel)
+    x = torch.empty(32)
+    c = L.launch(k, (3,), x, 64, BLOCK=16, num_warps=4)
+    assert len(k.plain) == 1 and not k.raw_calls and c is k.compiled[0]
+    y = torch.empty(32)
+    assert L.launch(k, (5, 2), y, 128, BLOCK=16, num_warps=4) is c  # the same classes: fast
+    assert len(k.plain) == 1 and len(k.raw_calls) == 1
+    # grid (z defaulted), the current stream, the kernel, cooperative, pdl, no scratch, metadata, no hooks
+    assert k.raw_calls[0][:13] == (5, 2, 1, 77, 4242, False, True, None, None, (4, 1, 0), None, None, None)
+    assert k.raw_calls[0][13] is y and k.raw_calls[0][14:] == (128, 16, False)
+    # Each change of class compiles (the plain call) once.
+    L.launch(k, (1,), x, 65, BLOCK=16, num_warps=4)       # n not a multiple of 16
+    L.launch(k, (1,), x[1:], 64, BLOCK=16, num_warps=4)   # misaligned
+    L.launch(k, (1,), x, 64, BLOCK=32, num_warps=4)       # constexpr
+    L.launch(k, (1,), x, 64, BLOCK=16, num_warps=8)       # option
+    assert len(k.plain) == 5 and len(k.raw_calls) == 1
+    L.launch(k, (1,), x, 64, BLOCK=16, num_warps=8)
+    assert len(k.plain) == 5 and len(k.raw_calls) == 2
+
+
+def test_device_and_knobs_are_in_the_key(fake):
+    k = FakeJit(_kernel)
+    x = torch.empty(32)
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    fake.get_device = lambda: 1
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    fake.runtime.debug = True
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    fake.runtime.debug = False
+    fake.compilation.instrumentation_mode = "consan"
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    assert len(k.plain) == 4 and not k.raw_calls
+    fake.compilation.instrumentation_mode = ""
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    assert len(k.raw_calls) == 1 and k.raw_calls[0][3] == 78  # device 1's stream
+
+
+def test_plain_call_whenever_the_fast_path_cannot_be_sure(fake):
+    k = FakeJit(_kernel)
+    x = torch.empty(32)
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    assert len(k.raw_calls) == 1
+    plain = len(k.plain)
+    fake.runtime.launch_enter_hook.calls.append(print)  # a profiler's hook
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    fake.runtime.launch_enter_hook.calls.clear()
+    k.pre_run_hooks.append(print)
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    k.pre_run_hooks.clear()
+    fake.driver_config.active = object()  # another driver made active
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    fake.driver_config.active = fake.driver
+    L.launch(k, lambda meta: (1,), x, 64, BLOCK=16)  # a callable grid
+    L.launch(k, (1,), "not an argument Triton takes", 64, BLOCK=16)
+    L.launch(k, (1,), x, 64, BLOCK=[16])  # unhashable constexpr
+    assert len(k.plain) == plain + 6 and len(k.raw_calls) == 1
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    assert len(k.raw_calls) == 2
+
+
+def test_rebound_global_and_scratch_take_the_plain_call(fake):
+    g = {"C": 3}
+    k = FakeJit(_kernel)
+    k.used_global_vals = {("C", id(g)): (3, g)}
+    x = torch.empty(32)
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    g["C"] = 4  # Triton checks the value on every call: the plain call does
+    L.launch(k, (1,), x, 64, BLOCK=16)
+    assert len(k.plain) == 2 and len(k.raw_calls) == 1
+    s = FakeJit(_kernel, scratch=64)
+    for _ in range(3):
+        L.launch(s, (1,), x, 64, BLOCK=16)
+    assert len(s.plain) == 3 and not s.raw_calls
+
+
+def _desc_kernel(a_desc, b_desc, n, BLOCK):
+    pass
+
+
+def test_descriptors_expand_once_per_key_and_go_to_the_c_launcher(fake):
+    k = FakeJit(_desc_kernel, descs=(0, 1))
+    buf = torch.empty(4096, dtype=torch.float16)
+    checked = []
+    real_triton = L.Descriptor.triton
+    L.Descriptor.triton = lambda self: checked.append(self) or self  # Triton's checks (construction)
+    try:
+        def call(a, b, n=64):
+            return L.launch(k, (1,), L.Descriptor(a, (8, 64), (64, 1), (8, 8)), L.Descriptor(b, (64, 8), (8, 1), (8, 8)),
+                            n, BLOCK=8)
+
+        call(buf, buf[512:])
+        assert len(k.plain) == 1 and len(checked) == 2  # the plain call turns them into Triton's
+        call(buf, buf[512:])
+        call(buf, buf[512:], n=128)
+        assert len(k.raw_calls) == 2 and len(checked) == 4  # checked once each on the fast path
+        a_map, *rest = k.raw_calls[0][13:]
+        assert a_map == ("map", buf.data_ptr(), (8, 64), (64, 1), {"swizzle": 128})
+        assert rest[:4] == [8, 64, 64, 1]
+        assert rest[4] == ("map", buf[512:].data_ptr(), (64, 8), (8, 1), {"swizzle": 128})
+        assert rest[5:] == [64, 8, 8, 1, 64, 8]
+        assert k.raw_calls[1][-2:] == (128, 8)
+        other = torch.empty(4096, dtype=torch.float16)
+        call(other, buf[512:])  # a new address: a new map for a, b's reused
+        assert k.raw_calls[2][13][1] == other.data_ptr() and len(checked) == 5
+        assert len(fake.expanded) == 3
+    finally:
+        L.Descriptor.triton = real_triton
+
+
+def test_fallback_without_triton_or_with_another_version(monkeypatch):
+    calls = []
+
+    class Plain:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((grid, a, kw)) or "compiled"
+
+    for triton, why in ((None, "not installed"),
+                        (types.SimpleNamespace(__version__="3.5.1"), "3.5.1")):
+        monkeypatch.setattr(L, "triton", triton)
+        monkeypatch.setattr(L, "_T", None)
+        monkeypatch.setattr(L, "_KERNELS", {})
+        fn = Plain()
+        assert why in L.fast_path(fn)
+        assert L.launch(fn, (2,), 1, 2, X=3) == "compiled"
+        assert calls[-1] == ((2,), (1, 2), {"X": 3})
+
+
+def test_fallback_for_interpreted_and_other_kernel_objects(fake):
+    interp = pytest.importorskip("triton.runtime.interpreter")
+
+    def body(x, BLOCK):
+        pass
+
+    fn = interp.InterpretedFunction(body)  # what @triton.jit makes under TRITON_INTERPRET=1
+    assert "not a plain Triton JIT function" in L.fast_path(fn)
+    assert "not a plain Triton JIT function" in L.fast_path(object())
+
+
+def test_installed_triton_decides_the_path():
+    """Here (CPU, Intel's Triton or none) the fast path is off and says why; on the H200 with Triton
+    3.6 it is on."""
+    pytest.importorskip("triton")
+    from xelink.kernels.gemm import _gemm_kernel
+
+    why = L.fast_path(_gemm_kernel)
+    import triton
+
+    if triton.__version__.startswith("3.6.") and torch.cuda.is_available():
+        assert why is None
+    else:
+        assert why
+
+
+# -- the key against Triton 3.6's own specialization -------------------------------------------------
+
+def _native():
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"needs NVIDIA Triton 3.6 (found {triton.__version__})")
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends import BaseBackend
+
+    return lambda v, specialize, align: native_specialize_impl(BaseBackend, v, False, specialize, align)
+
+
+def test_key_is_never_coarser_than_triton_specialization():
+    """Two arguments with equal keys specialize equally in Triton 3.6, for every specialize/align flag."""
+    native = _native()
+    ints = [0, 1, 2, 15, 16, 17, 31, 32, -1, -16, -17, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 16, -(2 ** 31),
+            -(2 ** 31) - 1, -(2 ** 31) - 16, 2 ** 32, 2 ** 63 - 1, 2 ** 63 - 16, 2 ** 63, 2 ** 63 + 16, 2 ** 64 - 1,
+            -(2 ** 63)]
+    values = ints + [True, False, 0.0, 1.5, float("inf"), None] + [
+        Ptr(a, dt) for a in (0, 16, 4096, 8, 4098) for dt in (torch.float16, torch.bfloat16, torch.int8)]
+    for a, b in itertools.combinations(values, 2):
+        if L._spec(a) == L._spec(b):
+            for flags in ((True, True), (True, False), (False, True), (False, False)):
+                assert native(a, *flags) == native(b, *flags), (a, b, flags)
+
+
+def test_descriptor_key_is_never_coarser_than_triton_specialization():
+    native = _native()
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.empty(64, 64, dtype=torch.bfloat16)
+    y = torch.empty(64, 64, dtype=torch.float16)
+    descs = [TensorDescriptor(t, [64, 64], [64, 1], blk) for t in (x, y) for blk in ([32, 16], [16, 32])]
+    descs += [TensorDescriptor(x, [32, 128], [128, 1], [32, 16])]
+    mine = [L._spec(L.Descriptor(d.base, d.shape, d.strides, d.block_shape)) for d in descs]
+    for (d1, k1), (d2, k2) in itertools.combinations(zip(descs, mine), 2):
+        if k1 == k2:
+            assert native(d1, True, True) == native(d2, True, True)
+
+
+# -- GPU: every wired kernel through the fast path ---------------------------------------------------
+
+def _fast_counts():
+    return {id(k.fn): k.fast for k in L._KERNELS.values()}
+
+
+@pytest.fixture
+def checked_launches(requires_gpus):
+    """GPU launches with every fast launch checked against Triton's own key; yields a function that says
+    whether the fast path ran since the last call (always True where Triton 3.6 is installed)."""
+    requires_gpus(1)
+    pytest.importorskip("triton")
+    import triton
+
+    L.set_check(True)
+    on = triton.__version__.startswith("3.6.")
+    before = [_fast_counts()]
+
+    def ran_fast():
+        now = _fast_counts()
+        moved = any(v > before[0].get(k, 0) for k, v in now.items())
+        before[0] = now
+        return moved or not on
+
+    yield ran_fast
+    L.set_check(None)
+
+
+def _rel(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_fast_path_new_tensors_alignments_shapes(checked_launches):
+    from xelink.kernels.gemm import gemm, reference_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for impl in ("hopper", "triton", "auto"):
+        for M, N, K, layout in ((256, 256, 128, "rr"), (256, 256, 128, "rr"), (192, 128, 320, "rc"),
+                                (64, 512, 256, "cr"), (130, 72, 48, "rr"), (256, 256, 128, "cc")):
+            for _ in range(3):  # fresh tensors each time (often at the same addresses)
+                a = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+                b = torch.randn(K, N, device="cuda", generator=g).to(torch.bfloat16)
+                if layout[0] == "c":
+                    a = a.T.contiguous().T
+                if layout[1] == "c":
+                    b = b.T.contiguous().T
+                out = gemm(a, b, impl=impl)
+                assert _rel(out, reference_gemm(a, b)) < 1e-2, (impl, M, N, K, layout)
+        assert checked_launches()
+    # A misaligned view after aligned calls of the same shape: auto leaves the Hopper kernel, hopper refuses.
+    buf = torch.randn(257 * 128 + 8, device="cuda").to(torch.bfloat16)
+    b = torch.randn(128, 128, device="cuda").to(torch.bfloat16)
+    a = buf[:256 * 128].view(256, 128)
+    assert _rel(gemm(a, b), reference_gemm(a, b)) < 1e-2
+    a1 = buf[1:1 + 256 * 128].view(256, 128)
+    assert _rel(gemm(a1, b), reference_gemm(a1, b)) < 1e-2
+    with pytest.raises(ValueError, match="impl='hopper' needs"):
+        gemm(a1, b, impl="hopper")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+def test_gpu_gemv_fast_path(checked_launches, fmt):
+    from xelink.kernels.gemv import gemv, pack_w4a16, pack_w8a16, reference_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for impl in ("cuda", "triton"):
+        for N, K, M in ((512, 1024, 1), (512, 1024, 1), (1024, 4096, 8), (384, 256, 3), (8192, 512, 1)):
+            for _ in range(2):
+                w = torch.randn(N, K, device="cuda", generator=g).to(torch.bfloat16) * 0.05
+                x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+                wq, s = (w, None) if fmt == "bf16" else (pack_w8a16(w) if fmt == "w8a16" else pack_w4a16(w))
+                out = gemv(wq, x, s, fmt, impl)
+                assert _rel(out, reference_gemv(wq, x, s, fmt)) < 1e-2, (impl, N, K, M)
+        assert checked_launches()
+
+
+@pytest.mark.gpu
+def test_gpu_norms_fast_path(checked_launches):
+    from xelink.kernels.norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for rows, H in ((8, 4096), (8, 4096), (33, 1000), (4, 20000)):
+        buf = torch.randn(rows * H + 8, device="cuda", generator=g).to(torch.bfloat16)
+        w = torch.randn(H, device="cuda", generator=g).to(torch.bfloat16)
+        for off in (0, 1, 8):  # the base's alignment changes
+            x = buf[off:off + rows * H].view(rows, H)
+            r = torch.randn(rows, H, device="cuda", generator=g).to(torch.bfloat16)
+            assert _rel(rmsnorm(x, w), reference_rmsnorm(x, w)) < 1e-2
+            out, h = rmsnorm(x, w, residual=r)
+            want, want_h = reference_rmsnorm(x, w, residual=r)
+            assert _rel(out, want) < 1e-2 and torch.equal(h, want_h)
+    for B, HQ, HK, S, D in ((1, 8, 2, 64, 128), (2, 4, 4, 7, 64), (1, 8, 2, 64, 128)):
+        q = torch.randn(B, HQ, S, D, device="cuda", generator=g).to(torch.bfloat16)
+        k = torch.randn(B, HK, S, D, device="cuda", generator=g).to(torch.bfloat16)
+        cos, sin = torch.randn(S, D, device="cuda", generator=g), torch.randn(S, D, device="cuda", generator=g)
+        for got, want in zip(rope(q, k, cos, sin), reference_rope(q, k, cos, sin)):
+            assert _rel(got, want) < 1e-2
+    assert checked_launches()
+
+
+@pytest.mark.gpu
+def test_gpu_attention_fast_path(checked_launches):
+    from xelink.kernels import attention as A
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    impls = ("hopper", "triton") if torch.cuda.get_device_capability()[0] == 9 else ("triton",)
+    for impl in impls:
+        for B, HQ, HKV, SQ, SK, D, causal in ((1, 4, 2, 128, 256, 128, True), (1, 4, 2, 128, 256, 128, True),
+                                              (2, 2, 2, 65, 65, 64, False), (1, 2, 1, 100, 300, 256, True)):
+            q = torch.randn(B, HQ, SQ, D, device="cuda", generator=g).to(torch.bfloat16)
+            k = torch.randn(B, HKV, SK, D, device="cuda", generator=g).to(torch.bfloat16)
+            v = torch.randn(B, HKV, SK, D, device="cuda", generator=g).to(torch.bfloat16)
+            out, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl)
+            ref, ref_lse = A.reference_flash_attention(q, k, v, causal=causal, return_lse=True)
+            assert _rel(out, ref) < 2e-2 and _rel(lse, ref_lse) < 1e-3
+            lens = torch.tensor([SK - 3] * B, device="cuda", dtype=torch.int32)
+            qd = q[:, :, :1]
+            out, lse = A.decode_attention(qd, k, v, lens, return_lse=True, impl=impl)
+            ref, ref_lse = A.reference_decode_attention(qd, k, v, lens, return_lse=True)
+            assert _rel(out, ref) < 2e-2 and _rel(lse, ref_lse) < 1e-3
+            halves = [A.flash_attention(q, k[:, :, s], v[:, :, s], return_lse=True, impl=impl)
+                      for s in (slice(0, SK // 2), slice(SK // 2, SK))]
+            out, lse = A.merge_attention([h[0] for h in halves], [h[1] for h in halves], impl=impl)
+            ref, ref_lse = A.reference_flash_attention(q, k, v, return_lse=True)
+            assert _rel(out, ref) < 2e-2 and _rel(lse, ref_lse) < 1e-3
+    assert checked_launches()
+
+
+@pytest.mark.gpu
+def test_gpu_fast_path_in_cuda_graphs_with_new_inputs(checked_launches):
+    """Each kernel warmed up (fast path), then captured; replays after new inputs are copied in give the
+    new results."""
+    from xelink.kernels import attention as A
+    from xelink.kernels.gemm import gemm, reference_gemm
+    from xelink.kernels.gemv import gemv, pack_w4a16, reference_gemv
+    from xelink.kernels.norm import reference_rmsnorm, rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+    a, b = rnd(256, 128), rnd(128, 192)
+    w4, s4 = pack_w4a16(rnd(512, 1024, scale=0.05))
+    x = rnd(1, 1024)
+    xn, wn = rnd(16, 2048), rnd(2048)
+    q, k, v = rnd(1, 4, 1, 128), rnd(1, 2, 512, 128), rnd(1, 2, 512, 128)
+    lens = torch.tensor([300], device="cuda", dtype=torch.int32)
+    calls = {
+        "gemm": (lambda: gemm(a, b), lambda: reference_gemm(a, b)),
+        "gemv": (lambda: gemv(w4, x, s4, "w4a16", "cuda"), lambda: reference_gemv(w4, x, s4, "w4a16")),
+        "rmsnorm": (lambda: rmsnorm(xn, wn), lambda: reference_rmsnorm(xn, wn)),
+        "decode": (lambda: A.decode_attention(q, k, v, lens), lambda: A.reference_decode_attention(q, k, v, lens)),
+    }
+    for name, (call, _) in calls.items():
+        call(), call()  # compile, then the fast path
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call, _ in calls.values():
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = {name: call() for name, (call, _) in calls.items()}
+    for _ in range(2):
+        for t in (a, b, x, xn, wn, q, k, v):
+            t.copy_(rnd(*t.shape))
+        lens.fill_(int(torch.randint(1, 512, (1,))))
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, (_, ref) in calls.items():
+            assert _rel(outs[name], ref()) < 2e-2, name
+    assert checked_launches()
