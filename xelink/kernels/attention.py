@@ -37,6 +37,7 @@ import torch
 # impl="auto" on any device) still work.
 from .common import (TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, require_triton, sm_count, tl, triton)
+from .launcher import Descriptor, launch
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = [
@@ -606,15 +607,18 @@ def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, 
     grid = (triton.cdiv(SQ, block_m), B * H)
     qk_scale = scale * _LOG2E
     if impl == "cuda" and _tma_ok(q, k, v):
-        q_desc = TensorDescriptor(q.view(B * H * SQ, D), [B * H * SQ, D], [D, 1], [block_m, D])
-        k_desc = TensorDescriptor(k.view(B * HKV * SK, D), [B * HKV * SK, D], [D, 1], [block_n, D])
-        v_desc = TensorDescriptor(v.view(B * HKV * SK, D), [B * HKV * SK, D], [D, 1], [block_n, D])
-        _flash_fwd_tma_kernel[grid](
+        # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
+        q_desc = Descriptor(q, (B * H * SQ, D), (D, 1), (block_m, D))
+        k_desc = Descriptor(k, (B * HKV * SK, D), (D, 1), (block_n, D))
+        v_desc = Descriptor(v, (B * HKV * SK, D), (D, 1), (block_n, D))
+        launch(
+            _flash_fwd_tma_kernel, grid,
             q_desc, k_desc, v_desc, out, lse, *out.stride(), H, HKV, H // HKV, SQ, SK, qk_scale,
             HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
             num_warps=num_warps, num_stages=num_stages)
     else:
-        _flash_fwd_kernel[grid](
+        launch(
+            _flash_fwd_kernel, grid,
             q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // HKV, SQ, SK, qk_scale,
             HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
@@ -631,9 +635,9 @@ def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
     block_d = triton.next_power_of_2(D)
     block_s = max(1, min(triton.next_power_of_2(S), max(1, 4096 // block_d)))
     grid = (triton.cdiv(S, block_s), B * H)
-    _merge_kernel[grid](o, lse, out, lse_out, *o_strides, *lse_strides, *out.stride(), n, H, S, D,
-                        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
-                        **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
+    launch(_merge_kernel, grid, o, lse, out, lse_out, *o_strides, *lse_strides, *out.stride(), n, H, S, D,
+           BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
+           **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
 
 
 def _merge_forward(outs, lses, out=None):
@@ -679,7 +683,8 @@ def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, nu
     if out.numel() == 0:
         return out, lse
     grid = (num_splits, B * HKV, triton.cdiv(group * SQ, block_m))
-    _decode_split_kernel[grid](
+    launch(
+        _decode_split_kernel, grid,
         q, k_cache, v_cache, kv_lens, part_o, part_lse,
         *q.stride(), *k_cache.stride(), *v_cache.stride(),
         HKV, group, SQ, SMAX, scale * _LOG2E,

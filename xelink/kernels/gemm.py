@@ -24,6 +24,7 @@ import torch
 
 from .common import (TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, interpreting, require_triton, sm_count, tl, triton)
+from .launcher import Descriptor, launch
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
@@ -143,22 +144,26 @@ def _orientation(t: torch.Tensor) -> bool | None:
 
 
 def _tma_view(t: torch.Tensor):
-    """(shape, strides) of ``t`` (or of ``t.T`` when column-major) as a row-major matrix for TMA.
+    """(shape, strides) of ``t`` (or of ``t.T`` when column-major) as a row-major matrix for TMA; the
+    descriptor's base is ``t`` itself (the same address), so no view is made.
 
     A single-row matrix's row stride is never used, whatever torch reports for it (often 1); TMA still
     needs a multiple of 16 bytes there, so it gets the padded row length.
     """
-    m = t if _orientation(t) else t.T
-    rows, cols = m.shape
-    lead = m.stride(0) if rows > 1 else -(-cols * t.element_size() // 16) * 16 // t.element_size()
-    return m, [rows, cols], [lead, 1]
+    if _orientation(t):
+        (rows, cols), lead = t.shape, t.stride(0)
+    else:
+        (cols, rows), lead = t.shape, t.stride(1)
+    if rows <= 1:
+        lead = -(-cols * t.element_size() // 16) * 16 // t.element_size()
+    return (rows, cols), (lead, 1)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
     # TMA: 16-byte aligned base and every non-unit stride a multiple of 16 bytes.
     if t.data_ptr() % 16 or _orientation(t) is None:
         return False
-    _, _, (lead, _) = _tma_view(t)
+    _, (lead, _) = _tma_view(t)
     return lead > 0 and (lead * t.element_size()) % 16 == 0
 
 
@@ -210,9 +215,9 @@ def _gemm_triton(a, b, c, cfg: dict, pdl: str) -> None:
     a_row, b_row = _orientation(a), _orientation(b)
     even = M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0 and K % cfg["BLOCK_K"] == 0
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-    _gemm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                       c.stride(0), c.stride(1), A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False,
-                       EVEN=even, **cfg, **pdl_launch_args(pdl, grid[0], a.device))
+    launch(_gemm_kernel, grid, a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+           c.stride(0), c.stride(1), A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False,
+           EVEN=even, **cfg, **pdl_launch_args(pdl, grid[0], a.device))
 
 
 def _gemm_cuda(a, b, c, cfg: dict, pdl: str) -> None:
@@ -221,14 +226,14 @@ def _gemm_cuda(a, b, c, cfg: dict, pdl: str) -> None:
     a_row, b_row = _orientation(a), _orientation(b)
     # Descriptors over the row-major view; the kernel transposes column-major tiles back. c's descriptor
     # has c's own shape, so a tile past its last row or column (out a block of a wider buffer) is clipped.
-    a_desc = TensorDescriptor(*_tma_view(a), [bm, bk] if a_row else [bk, bm])
-    b_desc = TensorDescriptor(*_tma_view(b), [bk, bn] if b_row else [bn, bk])
-    c_desc = TensorDescriptor(*_tma_view(c), [bm, bn])
+    a_desc = Descriptor(a, *_tma_view(a), (bm, bk) if a_row else (bk, bm))
+    b_desc = Descriptor(b, *_tma_view(b), (bk, bn) if b_row else (bn, bk))
+    c_desc = Descriptor(c, *_tma_view(c), (bm, bn))
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     programs = max(1, min(tiles, sm_count(a.device)))
-    _gemm_tma_kernel[(programs,)](a_desc, b_desc, c_desc, M, N, K, A_ROW_MAJOR=bool(a_row),
-                                  B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg,
-                                  **pdl_launch_args(pdl, programs, a.device))
+    launch(_gemm_tma_kernel, (programs,), a_desc, b_desc, c_desc, M, N, K, A_ROW_MAJOR=bool(a_row),
+           B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg,
+           **pdl_launch_args(pdl, programs, a.device))
 
 
 def _pick_gemm_impl(a, b, impl: str, out) -> str:
@@ -252,8 +257,12 @@ def _pick_gemm_impl(a, b, impl: str, out) -> str:
 
 
 def _gemm_run(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
-    """The eager call (also the custom op's body): path picked, ``out`` checked against the inputs, launch."""
-    impl = _pick_gemm_impl(a, b, impl, out)
+    """The eager call (also the custom op's body): path picked, then ``_gemm_launch``."""
+    return _gemm_launch(a, b, _pick_gemm_impl(a, b, impl, out), pdl, out, cfg)
+
+
+def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
+    """The picked path: ``out`` checked against the inputs (addresses), the output made, the launch."""
     if out is not None:
         check_no_overlap("gemm", out, a=a, b=b)
     if impl == "reference":
@@ -301,6 +310,34 @@ def _check_gemm(a, b, impl, out, pdl) -> tuple[str, str]:
     return impl, pdl
 
 
+# gemm()'s checks and path choice on CUDA tensors, by everything they read: impl, pdl (None or False:
+# off either way), the shapes, strides, dtypes and devices of a, b and out, and the 16-byte alignment of
+# their bases (TMA). Only passed checks are kept, so a hit is the same checks passing again, for a
+# dictionary lookup instead of ~10 us of Python; what reads addresses (out overlapping an input) runs
+# every call.
+_PATHS: dict = {}
+
+
+def _path_key(a, b, impl, out, pdl):
+    """The key of ``_PATHS`` for this call, or None (not plain CUDA tensors, a traced call, an impl that
+    is not a str, pdl on, whose check reads the environment: the checks run, as for every call that is
+    not remembered)."""
+    if torch.compiler.is_compiling() or a.__class__ is not torch.Tensor or b.__class__ is not torch.Tensor \
+            or impl.__class__ is not str or not (pdl is None or pdl is False):
+        return None
+    device = a.device
+    if device.type != "cuda":
+        return None
+    if out is None:
+        geometry = None
+    elif out.__class__ is torch.Tensor:
+        geometry = (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % 16 == 0)
+    else:
+        return None
+    return (impl, pdl, a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, device, b.device,
+            a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, geometry)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None,
          config: dict | None = None) -> torch.Tensor:
     """``c = a @ b`` with fp32 accumulation, rounded once to the input dtype.
@@ -332,6 +369,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
         ValueError: shapes that do not chain, mixed devices, an unknown impl, an impl that cannot run on
             these tensors, a bad out (shape, device, strides, memory shared with an input) or pdl.
     """
+    key = _path_key(a, b, impl, out, pdl)
+    picked = _PATHS.get(key) if key is not None else None
+    if picked is not None:
+        return _gemm_launch(a, b, *picked, out, config)
     impl, pdl = _check_gemm(a, b, impl, out, pdl)
     if torch.compiler.is_compiling():  # traced: the custom op (fake implementation), which picks the path
         out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
@@ -339,4 +380,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
         return out
     # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
     # microseconds of host time a call.
-    return _gemm_run(a, b, impl, pdl, out, config)
+    if key is None:
+        return _gemm_run(a, b, impl, pdl, out, config)
+    picked = (_pick_gemm_impl(a, b, impl, out), pdl)
+    if len(_PATHS) >= 4096:
+        _PATHS.clear()
+    _PATHS[key] = picked
+    return _gemm_launch(a, b, *picked, out, config)

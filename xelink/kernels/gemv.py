@@ -51,6 +51,7 @@ import torch
 from .common import (auto_takes_triton, capability, check_impl, check_no_overlap, check_out, check_same_device,
                      check_tensor, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, gemv_tc, tc_config, w4_ptx
+from .launcher import launch
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -737,26 +738,26 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, 
     dst = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, dst)
-    launch = dict(PDL=pdl, launch_pdl=pdl > 0)
+    pdl_args = dict(PDL=pdl, launch_pdl=pdl > 0)
     strides = (w.stride(0), x.stride(0), stride_sn, dst.stride(-2), dst.stride(0) if split > 1 else 0)
     if kernel == "words":
         cfg.pop("FOLD", None)
-        _gemv_words_kernel[grid](*common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
-                                 FMT=_FMT_CODE[fmt], PARTIAL=split > 1, ROWS=M,
-                                 PTX=ptx, BLOCK_K=block_k, **launch, **cfg)
+        launch(_gemv_words_kernel, grid, *common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
+               FMT=_FMT_CODE[fmt], PARTIAL=split > 1, ROWS=M,
+               PTX=ptx, BLOCK_K=block_k, **pdl_args, **cfg)
     elif kernel == "fma":
         cfg.pop("FOLD", None)
-        _gemv_fma_kernel[grid](*common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
-                               PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **launch, **cfg)
+        launch(_gemv_fma_kernel, grid, *common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
+               PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **pdl_args, **cfg)
     else:
         cfg.setdefault("FOLD", False)
         if x.dtype == torch.bfloat16:
             magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
         else:
             magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
-        _gemv_kernel[grid](*common, M, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
-                           PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **launch,
-                           **cfg)
+        launch(_gemv_kernel, grid, *common, M, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
+               PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **pdl_args,
+               **cfg)
     if split > 1:
         _splitk_sum(dst, y, pdl)
     return y
@@ -765,8 +766,8 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, 
 def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: int = 0) -> None:
     """y = the sum of the fp32 partial sums parts [split, M, N] (contiguous; y's rows may be apart)."""
     block, MN = 1024, y.numel()
-    _splitk_sum_kernel[(triton.cdiv(MN, block),)](parts, y, MN, y.shape[1], y.stride(0), SPLIT=parts.shape[0],
-                                                  BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0)
+    launch(_splitk_sum_kernel, (triton.cdiv(MN, block),), parts, y, MN, y.shape[1], y.stride(0), SPLIT=parts.shape[0],
+           BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0)
 
 
 def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:

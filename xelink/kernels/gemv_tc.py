@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from .launcher import launch
+
 try:
     import triton
     from triton.experimental import gluon
@@ -355,10 +357,10 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     stride_sn = scales.stride(0) if scales is not None else 0
     out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (-(-N // (16 * row_tiles)), split)
-    _gemv_tc_kernel[grid](wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn, out.stride(-2),
-                          out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
-                          UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
-                          ROW_TILES=row_tiles, PDL=pdl, num_warps=warps, launch_pdl=pdl > 0)
+    launch(_gemv_tc_kernel, grid, wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn,
+           out.stride(-2), out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
+           UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
+           ROW_TILES=row_tiles, PDL=pdl, num_warps=warps, launch_pdl=pdl > 0)
     if split > 1:
         sum_kernel(out, y, pdl)
     return y

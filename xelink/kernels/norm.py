@@ -17,6 +17,7 @@ import torch
 
 from .common import (auto_takes_triton, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
                      require_triton, tl, triton)
+from .launcher import launch
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
@@ -183,9 +184,9 @@ def _rmsnorm_triton(x, w, eps: float, residual, pdl: str, out=None):
     if not one_pass:
         block = 4096
     warps = max(1, min(16, block // 512))
-    _rmsnorm_kernel[(rows,)](x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
-                             float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK_H=block,
-                             num_warps=warps, **pdl_launch_args(pdl, rows, x.device))
+    launch(_rmsnorm_kernel, (rows,), x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
+           float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK_H=block,
+           num_warps=warps, **pdl_launch_args(pdl, rows, x.device))
     return out if residual is None else (out, h)
 
 
@@ -331,11 +332,11 @@ def _rope_triton(q, k, cos, sin, pdl: str = "off"):
     # A batch-broadcast cos/sin (leading dim 1) gets batch stride 0.
     cb = c.stride(0) if c.shape[0] > 1 else 0
     sb = s.stride(0) if s.shape[0] > 1 else 0
-    _rope_kernel[grid](q, k, c, s, qo, ko, S, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
-                       k.stride(0), k.stride(1), k.stride(2), cb, c.stride(2), sb, s.stride(2),
-                       qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
-                       HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, HEADS=heads, num_warps=4,
-                       **pdl_launch_args(pdl, grid[0] * grid[1] * grid[2], q.device))
+    launch(_rope_kernel, grid, q, k, c, s, qo, ko, S, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
+           k.stride(0), k.stride(1), k.stride(2), cb, c.stride(2), sb, s.stride(2),
+           qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+           HALF=half, BLOCK_S=block_s, BLOCK_D=block_d, HEADS=heads, num_warps=4,
+           **pdl_launch_args(pdl, grid[0] * grid[1] * grid[2], q.device))
     return qo, ko
 
 
