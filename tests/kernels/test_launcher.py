@@ -295,8 +295,8 @@ def test_descriptors_expand_once_per_key_and_go_to_the_c_launcher(fake):
     L.Descriptor.triton = lambda self: checked.append(self) or self  # Triton's checks (construction)
     try:
         def call(a, b, n=64):
-            return L.launch(k, (1,), L.Descriptor(a, (8, 64), (64, 1), (8, 8)), L.Descriptor(b, (64, 8), (8, 1), (8, 8)),
-                            n, BLOCK=8)
+            da, db = L.Descriptor(a, (8, 64), (64, 1), (8, 8)), L.Descriptor(b, (64, 8), (8, 1), (8, 8))
+            return L.launch(k, (1,), da, db, n, BLOCK=8)
 
         call(buf, buf[512:])
         assert len(k.plain) == 1 and len(checked) == 2  # the plain call turns them into Triton's

@@ -1,6 +1,7 @@
 """What the single-device kernel families (gemm, gemv, norm, attention, decode) share: rank 0 runs the
 family while the other ranks wait, the CPU reference run or the GPU benchmark by the device, the #wrong
-tolerance, co-measured CPU timing with checks, and CUDA-graph capture of a list of calls.
+tolerance, co-measured CPU timing with checks, CUDA-graph capture of a list of calls, and the host time
+of an eager call (``host_timing``, ``host_rows``: what a launch costs the CPU while the GPU is busy).
 
 A family's ``run(ctx)`` is ``run_single_device(ctx, cpu=..., gpu=..., gpu_only=...)``: on a CUDA rank
 the family's GPU benchmark, on any other device its CPU reference run (the kernels' ``impl="reference"``
@@ -9,12 +10,16 @@ shapes). Options that only the GPU benchmark knows are refused on CPU, by every 
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .harness import co_measure, make_row, summarize
 
-__all__ = ["KernelReport", "add_timing_arguments", "cpu_rows", "cuda_graph", "measure_checked", "run_single_device",
-           "timing", "wrong_elements"]
+__all__ = ["HOST_MARGIN_US", "KernelReport", "add_timing_arguments", "cpu_rows", "cuda_graph", "host_rows",
+           "host_summary", "host_timing", "measure_checked", "run_single_device", "timing", "wrong_elements"]
+
+HOST_MARGIN_US = 10.0  # issue 20: an eager call may cost the host at most torch's equivalent + 10 us
 
 
 def wrong_elements(out: torch.Tensor, ref: torch.Tensor) -> int:
@@ -45,6 +50,106 @@ def cuda_graph(calls, repeats: int):
         for _ in range(repeats):
             outs = [call() for call in calls]
     return graph, outs, repeats * len(calls)
+
+
+def _sleep_cycles_per_us() -> float:
+    """Clock cycles ``torch.cuda._sleep`` spins per microsecond on the current device (measured)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm-up
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int = 10,
+                warmup: int = 3) -> tuple[dict, dict]:
+    """Host time of one eager call of each variant, with the GPU busy: (samples, wrong).
+
+    Each round times every variant in turn (co-measured, interleaved): ``torch.cuda._sleep`` first puts
+    the stream behind a kernel that outlasts the block, then ``calls`` back-to-back calls run under
+    ``time.perf_counter`` with no synchronization, so what is timed is what the host spends to enqueue
+    the work (checks, allocation, launch), not the kernels. A block whose sleep ended before its last
+    call (the GPU caught up) is timed again with a longer sleep. ``calls`` stays far below the depth of
+    the launch queue (about 1000 launches), which would otherwise make the host wait.
+
+    Args:
+        variants: name -> a call returning its output (launching on the current CUDA stream).
+        checks: name -> fn(output) -> wrong elements, applied after synchronizing to the last output of
+            each timed block.
+        calls: calls per timed block.
+        rounds: timed blocks per variant.
+        warmup: untimed calls of each variant first (compilation, caches).
+
+    Returns:
+        ``({name: [seconds per call, one per round]}, {name: wrong elements over all blocks}))``.
+    """
+    per_us = _sleep_cycles_per_us()
+    budget_us = {}
+    for name, fn in variants.items():
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        budget_us[name] = (time.perf_counter() - t0) * 1e6  # an upper bound: the GPU may have made it wait
+        torch.cuda.synchronize()
+    samples = {name: [] for name in variants}
+    wrong = {name: 0 for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            for _attempt in range(4):
+                done = torch.cuda.Event()
+                torch.cuda._sleep(int(per_us * (2 * budget_us[name] + 1000)))
+                done.record()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    out = fn()
+                elapsed = time.perf_counter() - t0
+                busy = not done.query()
+                torch.cuda.synchronize()
+                if busy:
+                    break
+                budget_us[name] *= 4
+            samples[name].append(elapsed / calls)
+            wrong[name] += checks[name](out)
+            del out
+    return samples, wrong
+
+
+def host_rows(op: str, samples: dict, wrong: dict, base: str, *, size_bytes: int, count: int, dtype,
+              extra: dict) -> list:
+    """Rows of host-time samples (seconds per call) against ``base`` (torch's equivalent, same run):
+    ``time_us`` is the host time of one eager call; ``extra`` gets ``host_us``, the baseline's
+    ``torch_host_us``, ``host_diff_us`` and ``host_ok`` (within ``HOST_MARGIN_US`` of torch)."""
+    base_us = summarize(samples[base])["median"] * 1e6
+    out = []
+    for name, s in samples.items():
+        is_base = name == base
+        us = summarize(s)["median"] * 1e6
+        row_extra = {**extra, "timing": "host enqueue per eager call, GPU busy", "host_us": us}
+        if not is_base:
+            row_extra.update(torch_host_us=base_us, host_diff_us=us - base_us, host_ok=us <= base_us + HOST_MARGIN_US)
+        row = make_row(op, name, s, size_bytes=size_bytes, count=count, dtype=dtype, nranks=1, wrong=wrong[name],
+                       baseline=None if is_base else base, baseline_samples=None if is_base else samples[base],
+                       extra=row_extra)
+        row.algbw_GBps = None  # bytes over host time would be no bandwidth
+        out.append(row)
+    return out
+
+
+def host_summary(rows) -> str:
+    """One line per host-time row of xelink: its host time, torch's, the difference and the target."""
+    lines = []
+    for r in rows:
+        if r.extra.get("host_diff_us") is None:
+            continue
+        lines.append(f"{r.op:<24} {r.extra.get('shape', ''):>28} {r.path:<24} host {r.extra['host_us']:6.1f} us, "
+                     f"{r.baseline} {r.extra['torch_host_us']:6.1f} us, diff {r.extra['host_diff_us']:+6.1f} us "
+                     f"({'ok' if r.extra['host_ok'] else 'over'} the +{HOST_MARGIN_US:.0f} us target)")
+    return "\n".join(lines)
 
 
 class KernelReport:

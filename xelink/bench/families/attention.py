@@ -14,6 +14,12 @@ interleaved.
   dispatch, and the flash and cuDNN backends where they take the inputs). TB/s counts the K and V bytes
   read.
 
+- CUDA, host time (ops ``flash_attention:host``, ``decode_attention:host``, ``merge_attention:host``): the
+  host time of one eager call, the GPU kept busy (``kernel_timing.host_timing``), of each path against
+  SDPA (prefill B=1, 32 heads, S=512, HD=128; decode 1 token, 32/8 heads over 4096 keys) and, for the
+  merge of two partial results, against the same merge in torch ops (``reference_merge_attention``);
+  issue 20's target is torch's + 10 us. Default runs and ``--quick``, not ``--only`` or ``--sweep``.
+
 The outputs of the timed runs are checked against the float32 reference (``#wrong`` = elements off by
 more than the tolerance, NaN included). ``--only prefill|decode`` times one half; ``--sweep`` times tile
 configurations instead (tuning; compiles them in parallel processes first, ``--warm-jobs``).
@@ -30,10 +36,11 @@ import torch
 
 from ...kernels import attention as A
 from ..harness import co_measure, make_row, summarize, time_cuda_events
-from ..kernel_timing import add_timing_arguments, cpu_rows, measure_checked, run_single_device, timing
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_rows, host_summary, host_timing,
+                             measure_checked, run_single_device, timing)
 
 __all__ = ["DECODE_CASES", "PREFILL_CASES", "QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu",
-           "run_decode", "run_prefill"]
+           "run_decode", "run_host", "run_prefill"]
 
 # CPU cases: name, B, Hq, Hkv, S, D, causal ("decode": one query token over S cached keys).
 SHAPES = (("mha", 1, 8, 8, 256, 64, False), ("gqa_causal", 1, 8, 2, 256, 64, True),
@@ -281,6 +288,63 @@ def run_decode(impl, cases=DECODE_CASES, *, dtype=torch.bfloat16, warmup=3, iter
     return rows
 
 
+def run_host(impls, *, calls: int = 100, rounds: int = 10, progress=None) -> list:
+    """Host time of one eager flash_attention, decode_attention and merge_attention per path in ``impls``
+    against SDPA (and, for the merge, the torch-op merge); rows ``<op>:host``."""
+    import torch.nn.functional as F
+
+    report = KernelReport()
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    B, HQ, HKV, S, D = 1, 32, 8, 512, 128
+    q, k, v = rnd(B, HQ, S, D), rnd(B, HQ, S, D), rnd(B, HQ, S, D)
+    ref = A.reference_flash_attention(q, k, v)
+    variants = {"sdpa:default": lambda: F.scaled_dot_product_attention(q, k, v)}
+    variants.update({f"xelink:{impl}": functools.partial(A.flash_attention, q, k, v, impl=impl) for impl in impls})
+    samples, wrong = host_timing(variants, {n: (lambda out: _wrong(out, ref)) for n in variants}, calls=calls,
+                                 rounds=rounds)
+    for row in host_rows("flash_attention:host", samples, wrong, "sdpa:default", size_bytes=2 * 4 * q.numel(),
+                         count=q.numel(), dtype=torch.bfloat16, extra={"shape": f"mha B={B} H={HQ} S={S} D={D}"}):
+        report.add(row)
+    if progress is not None:
+        progress(f"flash_attention host time S={S}")
+
+    SK = 4096
+    qd, kc, vc = rnd(B, HQ, 1, D), rnd(B, HKV, SK, D), rnd(B, HKV, SK, D)
+    lens = torch.full((B,), SK, device="cuda", dtype=torch.int32)
+    ref = A.reference_decode_attention(qd, kc, vc, lens)
+    variants = {"sdpa:default": lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True)}
+    variants.update({f"xelink:{impl}": functools.partial(A.decode_attention, qd, kc, vc, lens, impl=impl)
+                     for impl in impls})
+    samples, wrong = host_timing(variants, {n: (lambda out: _wrong(out, ref)) for n in variants}, calls=calls,
+                                 rounds=rounds)
+    shape = f"decode B={B} Hq={HQ} Hkv={HKV} S={SK} D={D}"
+    for row in host_rows("decode_attention:host", samples, wrong, "sdpa:default",
+                         size_bytes=2 * (2 * qd.numel() + kc.numel() + vc.numel()), count=qd.numel(),
+                         dtype=torch.bfloat16, extra={"shape": shape}):
+        report.add(row)
+    if progress is not None:
+        progress(f"decode_attention host time S={SK}")
+
+    parts = [A.flash_attention(qd, kc[:, :, half], vc[:, :, half], return_lse=True, impl=impls[0])
+             for half in (slice(0, SK // 2), slice(SK // 2, SK))]
+    outs, lses = [p[0] for p in parts], [p[1] for p in parts]
+    ref = A.reference_merge_attention(outs, lses)[0]
+    variants = {"torch:merge": lambda: A.reference_merge_attention(outs, lses)}
+    variants.update({f"xelink:{impl}": functools.partial(A.merge_attention, outs, lses, impl=impl) for impl in impls})
+    samples, wrong = host_timing(variants, {n: (lambda out: _wrong(out[0], ref)) for n in variants}, calls=calls,
+                                 rounds=rounds)
+    for row in host_rows("merge_attention:host", samples, wrong, "torch:merge", size_bytes=2 * 3 * outs[0].numel(),
+                         count=outs[0].numel(), dtype=torch.bfloat16,
+                         extra={"shape": f"2 partials B={B} H={HQ} S=1 D={D}"}):
+        report.add(row)
+    if progress is not None:
+        progress("merge_attention host time")
+    return report.rows
+
+
 def _splits_for(q, k_cache, block_n, per_sm):
     old = A._DECODE_PROGRAMS_PER_SM
     A._DECODE_PROGRAMS_PER_SM = per_sm
@@ -459,6 +523,11 @@ def _gpu(ctx) -> list:
         rows += run_decode("triton", decode_cases, iters=args.iters or (5 if ctx.quick else 20), rounds=rounds,
                            configs=decode_cfg, progress=show)
     ctx.notes.append(_summary(rows).lstrip())
+    if only == "all" and not args.sweep:
+        impls = ("hopper", "triton") if impl == "hopper" else (impl,)
+        host = run_host(impls, rounds=5 if ctx.quick else 10, progress=show)
+        ctx.notes.append(host_summary(host))
+        rows += host
     return rows
 
 

@@ -6,6 +6,9 @@
   M x N x K = 16384 x 8192 x 1024 (``--quick``: 4096^3), CUDA events around back-to-back launches;
   ``--sweep`` adds tile configurations (tuning). Checked against float32 (``#wrong``: elements off by
   more than 2% of the value plus 2% of the output's RMS).
+- CUDA, host time (op ``gemm:host``): the host time of one eager call of each path and of
+  ``torch.matmul`` at 2048^3, b row-major and column-major (an ``nn.Linear`` weight's ``.t()``), the
+  GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us.
 
 Rank 0 runs the family while the other ranks wait.
 """
@@ -16,15 +19,17 @@ import functools
 import torch
 
 from ..harness import co_measure, make_row, summarize, time_cuda_events
-from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, measure_checked, run_single_device, timing,
-                             wrong_elements)
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_rows, host_summary, host_timing,
+                             measure_checked, run_single_device, timing, wrong_elements)
 
-__all__ = ["GPU_SHAPES", "QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu"]
+__all__ = ["GPU_SHAPES", "HOST_SHAPE", "QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu",
+           "run_host"]
 
 # CPU shapes, M, N, K: torch.matmul in bf16 is slow on CPUs without bf16 instructions (0.7 s at 512^3 here).
 SHAPES = ((128, 128, 128), (256, 256, 256), (512, 512, 512))
 QUICK_SHAPES = ((128, 128, 128), (256, 256, 256))
 GPU_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024))  # M, N, K
+HOST_SHAPE = (2048, 2048, 2048)  # host-time rows: M, N, K
 _events = functools.partial(time_cuda_events, warmup=0)
 
 
@@ -107,6 +112,30 @@ def run_gpu(report, shapes=GPU_SHAPES, iters: int = 10, rounds: int = 3, sweep: 
             progress.step(f"gemm {M}x{N}x{K}: {len(variants)} variant(s)")
 
 
+def run_host(report, shape=HOST_SHAPE, *, calls: int = 100, rounds: int = 10, progress=None) -> None:
+    """Host time of one eager ``gemm(impl=...)`` (each Triton path) and ``torch.matmul``, b row- and
+    column-major; rows ``gemm:host`` into ``report``."""
+    from ...kernels.gemm import gemm
+
+    M, N, K = shape
+    impls = ("hopper", "triton") if torch.cuda.get_device_capability()[0] == 9 else ("triton",)
+    for layout in ("row-major b", "column-major b"):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        if layout == "column-major b":
+            b = b.T.contiguous().T
+        ref = a.float() @ b.float()
+        variants = {"torch:matmul": lambda: torch.matmul(a, b)}
+        variants.update({f"xelink:{impl}": functools.partial(gemm, a, b, impl=impl) for impl in impls})
+        samples, wrong = host_timing(variants, {n: (lambda out: wrong_elements(out, ref)) for n in variants},
+                                     calls=calls, rounds=rounds)
+        for row in host_rows("gemm:host", samples, wrong, "torch:matmul", size_bytes=2 * (M * K + K * N + M * N),
+                             count=M * N, dtype=torch.bfloat16, extra={"shape": f"{M}x{N}x{K}, {layout}"}):
+            report.add(row)
+        if progress is not None:
+            progress.step(f"gemm host time {M}x{N}x{K}, {layout}")
+
+
 def _summary(rows) -> str:
     """One line per xelink path and shape: TFLOP/s and the ratio to torch."""
     return "\n".join(f"gemm {r.extra.get('shape', ''):>18} {r.path:<40} {r.extra['TFLOPs']:7.1f} TFLOP/s  vs torch "
@@ -124,10 +153,13 @@ def _gpu(ctx) -> list:
     shapes = GPU_SHAPES[1:2] if ctx.quick else GPU_SHAPES
     report = KernelReport()
     ctx.extra["sweep"] = sweep
-    run_gpu(report, shapes, sweep=sweep, progress=ctx.progress(len(shapes)),
+    progress = ctx.progress(len(shapes) + 2)
+    run_gpu(report, shapes, sweep=sweep, progress=progress,
             **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick or sweep else 3}))
-    ctx.notes += [_summary(report.rows)] + report.notes
-    return report.rows
+    host = KernelReport()
+    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
+    ctx.notes += [_summary(report.rows), host_summary(host.rows)] + report.notes
+    return report.rows + host.rows
 
 
 def run(ctx) -> list:

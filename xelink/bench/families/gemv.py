@@ -10,6 +10,9 @@
   from HBM, not L2). ``--sweep`` adds tuning variants: ``gemv`` every kernel's tiles, ``gemv-tc`` the
   tensor-core kernel's, ``gemv-pdl`` the go for the next kernel early or late. Checked against float32
   (``#wrong``: elements off by more than 2% of the value plus 2% of the output's RMS).
+- CUDA, host time (op ``gemv:host``): the host time of one eager call of each path (impl cuda and
+  triton, every weight format) and of torch's bf16 ``x @ w.t()``, W 4096x4096, 1 and 8 rows, the GPU kept
+  busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us.
 
 Rank 0 runs the family while the other ranks wait.
 """
@@ -20,11 +23,11 @@ import functools
 import torch
 
 from ..harness import co_measure, make_row, time_cuda_events
-from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
-                             run_single_device, timing, wrong_elements)
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows, host_summary,
+                             host_timing, measure_checked, run_single_device, timing, wrong_elements)
 
-__all__ = ["COPIES", "GPU_ROWS", "GPU_SHAPES", "QUICK_SHAPES", "ROWS", "SHAPES", "SWEEPS", "add_arguments",
-           "gemv_sweep", "run", "run_cpu", "run_gpu"]
+__all__ = ["COPIES", "GPU_ROWS", "GPU_SHAPES", "HOST_SHAPE", "QUICK_SHAPES", "ROWS", "SHAPES", "SWEEPS",
+           "add_arguments", "gemv_sweep", "run", "run_cpu", "run_gpu", "run_host"]
 
 SHAPES = ((1024, 1024), (4096, 4096))  # CPU: N, K (rows 1 and 8 each)
 QUICK_SHAPES = ((1024, 1024),)
@@ -32,6 +35,7 @@ ROWS = (1, 8)
 GPU_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))  # N, K
 GPU_ROWS = (1, 8)
 COPIES = 8  # rotating weight copies for GEMV
+HOST_SHAPE = (4096, 4096)  # host-time rows: N, K (rows GPU_ROWS)
 # --sweep NAME -> gemv_sweep's kind
 SWEEPS = {"gemv": "all", "gemv-tc": "tc", "gemv-pdl": "pdl"}
 _events = functools.partial(time_cuda_events, warmup=0)
@@ -150,6 +154,34 @@ def run_gpu(report, shapes=GPU_SHAPES, rows=GPU_ROWS, copies: int = COPIES, repe
         torch.cuda.empty_cache()
 
 
+def run_host(report, shape=HOST_SHAPE, rows=GPU_ROWS, *, calls: int = 100, rounds: int = 10, progress=None) -> None:
+    """Host time of one eager ``gemv`` (impl cuda and triton, each weight format) and torch's bf16
+    ``x @ w.t()``; rows ``gemv:host`` into ``report``."""
+    from ...kernels.gemv import gemv, pack_w4a16, pack_w8a16, unpack_w4a16, unpack_w8a16
+
+    N, K = shape
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+    (q8, s8), (q4, s4) = pack_w8a16(w), pack_w4a16(w)
+    packs = {"bf16": (w, None, w.float()), "w8a16": (q8, s8, unpack_w8a16(q8, s8)),
+             "w4a16": (q4, s4, unpack_w4a16(q4, s4))}  # fmt -> (weight, scales, the exact float32 weight)
+    for M in rows:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        refs = {fmt: x.float() @ exact.T for fmt, (_, _, exact) in packs.items()}
+        variants = {"torch:matmul(bf16)": lambda: x @ w.t()}
+        checks = {"torch:matmul(bf16)": lambda out: wrong_elements(out, refs["bf16"])}
+        for impl in ("cuda", "triton"):
+            for fmt, (wq, scales, _) in packs.items():
+                name = f"xelink:{impl}:{fmt}"
+                variants[name] = functools.partial(gemv, wq, x, scales, fmt, impl)
+                checks[name] = functools.partial(lambda out, f: wrong_elements(out, refs[f]), f=fmt)
+        samples, wrong = host_timing(variants, checks, calls=calls, rounds=rounds)
+        for row in host_rows("gemv:host", samples, wrong, "torch:matmul(bf16)", size_bytes=2 * (N * K + M * K + M * N),
+                             count=M * N, dtype=torch.bfloat16, extra={"shape": f"N={N},K={K},M={M}"}):
+            report.add(row)
+        if progress is not None:
+            progress.step(f"gemv host time N={N} K={K} M={M}")
+
+
 def gemv_sweep(N: int, K: int, fmt: str, M: int, sweep: str = "all"):
     """Tuning variants of gemv's config: CUDA-core (``fma``) and tensor-core (``mma``) tiles
     (BLOCK_N, BLOCK_K, num_warps, num_stages), each with the K split of ``gemv.split_k``; ``sweep="tc"``:
@@ -212,10 +244,13 @@ def _gpu(ctx) -> list:
     shapes = GPU_SHAPES[:1] if ctx.quick else GPU_SHAPES
     report = KernelReport()
     ctx.extra["sweep"] = ctx.args.sweep
-    run_gpu(report, shapes, sweep=sweep, progress=ctx.progress(len(shapes) * len(GPU_ROWS)),
+    progress = ctx.progress((len(shapes) + 1) * len(GPU_ROWS))
+    run_gpu(report, shapes, sweep=sweep, progress=progress,
             **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick or sweep else 3}))
-    ctx.notes += [_summary(report.rows)] + report.notes
-    return report.rows
+    host = KernelReport()
+    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
+    ctx.notes += [_summary(report.rows), host_summary(host.rows)] + report.notes
+    return report.rows + host.rows
 
 
 def run(ctx) -> list:

@@ -8,6 +8,10 @@ to torch.
   (all reads + all writes), which gives the bandwidth the machine reaches in this run; eager and
   CUDA-graph timings (``bw_vs_copy``: xelink's bandwidth over copy_'s). Checked against float32
   (``#wrong``: elements off by more than 2% of the value plus 2% of the output's RMS).
+- CUDA, host time (ops ``rmsnorm:host``, ``rmsnorm+residual:host``, ``rope:host``): the host time of one
+  eager call at decode sizes (8x4096; q 1x32x1x128, k 1x8x1x128) against ``F.rms_norm`` (after the add)
+  and torch's eager RoPE, the GPU kept busy (``kernel_timing.host_timing``); issue 20's target is
+  torch's + 10 us.
 
 Rank 0 runs the family while the other ranks wait.
 """
@@ -18,10 +22,10 @@ import functools
 import torch
 
 from ..harness import co_measure, make_row, summarize, time_cuda_events
-from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
-                             run_single_device, timing, wrong_elements)
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows, host_summary,
+                             host_timing, measure_checked, run_single_device, timing, wrong_elements)
 
-__all__ = ["QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu"]
+__all__ = ["QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu", "run_host"]
 
 # CPU: (rows, H) of the norms; RoPE there on q (1, 8, rows, 64) and k (1, 2, rows, 64).
 SHAPES = ((256, 1024), (1024, 4096))
@@ -231,6 +235,51 @@ def run_gpu(report, iters: int = 10, rounds: int = 3, progress=None) -> None:
     _step(progress, f"rope q {B}x{HQ}x{S}x{D}, k {B}x{HK}x{S}x{D}")
 
 
+def run_host(report, *, calls: int = 100, rounds: int = 10, progress=None) -> None:
+    """Host time of one eager rmsnorm (with and without the residual) and rope at decode sizes against
+    torch's; rows ``rmsnorm:host``, ``rmsnorm+residual:host``, ``rope:host`` into ``report``."""
+    from ...kernels.norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+
+    F = torch.nn.functional
+    rows, H, eps = 8, 4096, 1e-6
+    x, r = (torch.randn(rows, H, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(H, device="cuda", dtype=torch.bfloat16)
+    ref, (ref_res, ref_h) = reference_rmsnorm(x, w, eps), reference_rmsnorm(x, w, eps, r)
+    act = rows * H * 2
+    cases = (
+        ("rmsnorm:host", 2 * act + 2 * H, "torch:F.rms_norm",
+         {"xelink:triton": lambda: rmsnorm(x, w, eps, impl="triton"),
+          "torch:F.rms_norm": lambda: F.rms_norm(x, (H,), w, eps)},
+         lambda out: wrong_elements(out, ref)),
+        ("rmsnorm+residual:host", 4 * act + 2 * H, "torch:add+F.rms_norm",
+         {"xelink:triton": lambda: rmsnorm(x, w, eps, residual=r, impl="triton"),
+          "torch:add+F.rms_norm": lambda: (lambda h: (F.rms_norm(h, (H,), w, eps), h))(x + r)},
+         lambda out: wrong_elements(out[0], ref_res) + wrong_elements(out[1], ref_h)),
+    )
+    for op, nbytes, base, variants, check in cases:
+        samples, wrong = host_timing(variants, {n: check for n in variants}, calls=calls, rounds=rounds)
+        for row in host_rows(op, samples, wrong, base, size_bytes=nbytes, count=rows * H, dtype=torch.bfloat16,
+                             extra={"shape": f"{rows}x{H}"}):
+            report.add(row)
+        _step(progress, f"{op} {rows}x{H}")
+    B, HQ, HK, S, D = 1, 32, 8, 1, 128
+    q = torch.randn(B, HQ, S, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16)
+    emb = torch.randn(S, D, device="cuda")
+    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    want = reference_rope(q, k, cos, sin)
+    check = lambda out: wrong_elements(out[0], want[0]) + wrong_elements(out[1], want[1])  # noqa: E731
+    variants = {"xelink:triton": lambda: rope(q, k, cos, sin, impl="triton"),
+                "torch:eager": lambda: _torch_rope(q, k, cos, sin)}
+    samples, wrong = host_timing(variants, {n: check for n in variants}, calls=calls, rounds=rounds)
+    label = f"q {B}x{HQ}x{S}x{D}, k {B}x{HK}x{S}x{D}"
+    nbytes = 2 * 2 * (q.numel() + k.numel()) + 2 * 2 * S * D
+    for row in host_rows("rope:host", samples, wrong, "torch:eager", size_bytes=nbytes, count=q.numel() + k.numel(),
+                         dtype=torch.bfloat16, extra={"shape": label}):
+        report.add(row)
+    _step(progress, f"rope:host {label}")
+
+
 def _summary(rows) -> str:
     """One line per xelink path and copy_: time, GB/s, the share of copy_'s bandwidth, the ratio to torch."""
     lines = []
@@ -251,10 +300,12 @@ def _cpu(ctx) -> list:
 
 
 def _gpu(ctx) -> list:
-    report = KernelReport()
-    run_gpu(report, progress=ctx.progress(3), **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick else 3}))
-    ctx.notes += [_summary(report.rows)] + report.notes
-    return report.rows
+    report, host = KernelReport(), KernelReport()
+    progress = ctx.progress(6)
+    run_gpu(report, progress=progress, **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick else 3}))
+    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
+    ctx.notes += [_summary(report.rows), host_summary(host.rows)] + report.notes
+    return report.rows + host.rows
 
 
 def run(ctx) -> list:
