@@ -401,6 +401,119 @@ def test_descriptor_key_is_never_coarser_than_triton_specialization():
             assert native(d1, True, True) == native(d2, True, True)
 
 
+# -- against Triton 3.6's own binder, cache key and descriptor expansion (no GPU needed) ---------------
+
+@pytest.fixture
+def triton36(monkeypatch):
+    """Triton 3.6's CUDA driver made active on a machine without a GPU (it makes no CUDA call here; the
+    TMA descriptor fill is stubbed), so JIT functions build their real binders and the launcher finds
+    3.6's pieces."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"needs NVIDIA Triton 3.6 (found {triton.__version__})")
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime.driver import driver
+
+    fake = object.__new__(CudaDriver)
+    fake.get_current_target = lambda: GPUTarget("cuda", 90, 32)
+    fake.get_current_device = lambda: 0
+    fake.utils = types.SimpleNamespace(fill_tma_descriptor=lambda *a: ("tma", a))
+    monkeypatch.setattr(driver, "_active", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0, raising=False)
+    monkeypatch.setattr(L, "_T", None)
+    monkeypatch.setattr(L, "_KERNELS", {})
+    return triton
+
+
+def _real_kernel(x_ptr, y_ptr, n, m, eps, flag, BLOCK: "tl.constexpr", EVEN: "tl.constexpr" = False):
+    pass
+
+
+def _real_desc_kernel(a_desc, n, BLOCK: "tl.constexpr"):
+    pass
+
+
+def test_triton36_pieces_are_found(triton36):
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    t = L._triton()
+    assert t.reason is None and t.launcher_type is CudaLauncher
+    assert L.fast_path(triton36.jit(_real_kernel)) is None
+
+
+def test_key_is_never_coarser_than_triton36_cache_key(triton36):
+    """Calls whose fast-path keys are equal have equal Triton cache keys (Triton's binder and
+    compute_cache_key, as JITFunction.run builds them), over a product of argument classes."""
+    import random
+
+    kern = triton36.jit(do_not_specialize=["m"])(_real_kernel)
+    t = L._triton()
+    k = L._Kernel(kern)
+    assert k.reason is None
+    buf = torch.empty(256, dtype=torch.float16)
+    ptrs = [buf, buf[8:], buf[1:], buf.view(torch.bfloat16), torch.empty(8, dtype=torch.int8)]
+    ints = [0, 1, 2, 16, 17, 48, 2 ** 31 - 1, 2 ** 31, 2 ** 40 + 16, 2 ** 63 + 1]
+    rng = random.Random(0)
+    groups: dict = {}
+    for _ in range(600):
+        args = [rng.choice(ptrs), rng.choice(ptrs + [None]), rng.choice(ints), rng.choice(ints),
+                rng.choice([0.5, 1e30, 3]), rng.choice([True, False])]
+        kwargs = {"BLOCK": rng.choice([16, 32, 16.0])}
+        if rng.random() < 0.5:
+            kwargs["EVEN"] = rng.choice([True, False, 0])
+        for opt, values in (("num_warps", [4, 8]), ("launch_pdl", [True, False, 1])):
+            if rng.random() < 0.5:
+                kwargs[opt] = rng.choice(values)
+        mine = L._key(t, k, args, kwargs)[0]
+        groups.setdefault(mine, set()).add(L._triton_key(t, kern, 0, args, kwargs))
+    assert len(groups) > 50
+    assert all(len(v) == 1 for v in groups.values()), [v for v in groups.values() if len(v) > 1][:2]
+
+
+def test_descriptor_key_and_expansion_match_triton36(triton36):
+    from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    kern = triton36.jit(_real_desc_kernel)
+    t = L._triton()
+    k = L._Kernel(kern)
+    x = torch.empty(64, 64, dtype=torch.float16)
+    descs = [L.Descriptor(b, s, st, blk) for b in (x, x[8:], x.view(torch.bfloat16))
+             for s, st in (((64, 64), (64, 1)), ((32, 128), (128, 1))) for blk in ((16, 16), (8, 32))]
+    groups: dict = {}
+    for d in descs:
+        for n in (16, 17):
+            mine = L._key(t, k, (d, n), {"BLOCK": 8})[0]
+            groups.setdefault(mine, set()).add(L._triton_key(t, kern, 0, (d, n), {"BLOCK": 8}))
+            mine_td = L._key(t, k, (d.triton(), n), {"BLOCK": 8})[0]
+            assert mine_td == mine  # Triton's TensorDescriptor and ours have the same key
+    assert all(len(v) == 1 for v in groups.values())
+
+    # The expansion the fast path hands the C launcher is what 3.6's wrapper hands it, with and without
+    # TMA metadata.
+    signature = {"a_desc": "tensordesc<fp16[16, 16]>", "n": "i32", "BLOCK": "constexpr"}
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 6, "block_size": [16, 16], "fp4_padded": False}
+    for metas in (None, [meta]):
+        got = []
+        run = object.__new__(CudaLauncher)
+        run.launch = wrap_handle_tensordesc(lambda *a: got.append(a), signature, metas)
+        run.global_scratch_size = run.profile_scratch_size = 0
+        run.launch_cooperative_grid, run.launch_pdl = False, True
+        c = types.SimpleNamespace(run=run, function=7, packed_metadata=(4, 1, 0),
+                                  src=types.SimpleNamespace(signature=signature),
+                                  metadata=types.SimpleNamespace(tensordesc_meta=metas))
+        t.raw_type = types.FunctionType
+        d = descs[0]
+        e = L._entry(t, k, c, (d, 16, 16))
+        assert e is not L._PLAIN and e.descs[0][:2] == (0, None if metas is None else meta)
+        run.launch(*range(13), TensorDescriptor(x, [64, 64], [64, 1], [16, 16]), 16, 16)  # 3.6's own path
+        for _ in range(2):  # a miss, then the cached expansion
+            assert L._expand(t, e, (d, 16, 16)) == list(got[0][13:])
+
+
 # -- GPU: every wired kernel through the fast path ---------------------------------------------------
 
 def _fast_counts():

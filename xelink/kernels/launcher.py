@@ -213,7 +213,7 @@ class _Triton:
             return
         from triton import knobs
         from triton.backends.nvidia import driver as nvidia
-        from triton.runtime import driver as runtime_driver
+        from triton.runtime.driver import driver as driver_config
         from triton.runtime.jit import JITFunction, compute_cache_key
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -225,7 +225,7 @@ class _Triton:
         self.knobs = knobs
         self.runtime, self.compilation = knobs.runtime, knobs.compilation
         self.hook_chain = knobs.HookChain
-        self.driver_config = runtime_driver.driver
+        self.driver_config = driver_config
         self.driver = self.driver_config.active
         if not isinstance(self.driver, nvidia.CudaDriver):
             self.reason = f"the active Triton driver is {type(self.driver).__name__}, not CUDA's"
@@ -385,19 +385,33 @@ def _plain(k: _Kernel | None, fn, grid, args, kwargs):
     return fn[grid](*args, **kwargs)
 
 
-def _verify(t: _Triton, k: _Kernel, e: _Entry, device: int, args, kwargs) -> None:
-    """Fail if Triton's own key for this call names another compiled kernel than the entry's."""
+def _triton_key(t: _Triton, fn, device: int, args, kwargs) -> str:
+    """Triton 3.6's own cache key of ``fn[grid](*args, **kwargs)`` on ``device`` (what ``JITFunction.run``
+    computes: the options get the debug and instrumentation knobs, then its binder and
+    ``compute_cache_key``)."""
     args, kwargs = _triton_args(args, kwargs)
     kwargs = dict(kwargs)
-    kwargs["debug"] = kwargs.get("debug", k.fn.debug) or t.runtime.debug
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or t.runtime.debug
     kwargs["instrumentation_mode"] = t.compilation.instrumentation_mode
-    kernel_cache, key_cache, _, _, binder = k.fn.device_caches[device]
+    _, key_cache, _, _, binder = fn.device_caches[device]
     _, specialization, options = binder(*args, **kwargs)
-    want = kernel_cache.get(t.compute_cache_key(key_cache, specialization, options))
-    if want is not e.c:
-        raise RuntimeError(f"launcher: the fast path would run another compiled {k.fn.__name__} than Triton "
-                           f"(specialization {specialization}, options {options}): a key that is too coarse, "
-                           "a bug in xelink.kernels.launcher")
+    return t.compute_cache_key(key_cache, specialization, options)
+
+
+def _verify(t: _Triton, k: _Kernel, e: _Entry, device: int, args, kwargs) -> None:
+    """Fail if Triton's own key for this call names another compiled kernel than the entry's."""
+    key = _triton_key(t, k.fn, device, args, kwargs)
+    if k.fn.device_caches[device][0].get(key) is not e.c:
+        raise RuntimeError(f"launcher: the fast path would run another compiled {k.fn.__name__} than Triton's "
+                           f"(Triton's key {key}): a key that is too coarse, a bug in xelink.kernels.launcher")
+
+
+def _key(t: _Triton, k: _Kernel, args, kwargs):
+    """(the fast path's key of this call, all the kernel's arguments in order, the current device)."""
+    spec, full, options = k.bind(*args, **kwargs)
+    device = t.get_device()
+    return ((device, spec, tuple(options.items()), tuple(map(type, options.values())), t.runtime.debug,
+             t.compilation.instrumentation_mode, k.fn.debug), full, device)
 
 
 def fast_path(fn) -> str | None:
@@ -429,10 +443,7 @@ def launch(fn, grid, *args, **kwargs):
     if not t.quiet(fn) or grid.__class__ not in (tuple, list) or not 1 <= len(grid) <= 3:
         return _plain(k, fn, grid, args, kwargs)
     try:
-        spec, full, options = k.bind(*args, **kwargs)
-        device = t.get_device()
-        key = (device, spec, tuple(options.items()), tuple(map(type, options.values())), t.runtime.debug,
-               t.compilation.instrumentation_mode, k.fn.debug)
+        key, full, device = _key(t, k, args, kwargs)
         e = k.entries.get(key)
     except (TypeError, RuntimeError, _Unsupported):
         # Wrong arguments, or ones the key does not know (or whose address torch will not give): the
