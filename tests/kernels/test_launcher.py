@@ -411,6 +411,8 @@ def triton36(monkeypatch):
     triton = pytest.importorskip("triton")
     if not triton.__version__.startswith("3.6."):
         pytest.skip(f"needs NVIDIA Triton 3.6 (found {triton.__version__})")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the GPU tests check the real launches (XELINK_LAUNCH_CHECK)")
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime.driver import driver
@@ -512,6 +514,71 @@ def test_descriptor_key_and_expansion_match_triton36(triton36):
         run.launch(*range(13), TensorDescriptor(x, [64, 64], [64, 1], [16, 16]), 16, 16)  # 3.6's own path
         for _ in range(2):  # a miss, then the cached expansion
             assert L._expand(t, e, (d, 16, 16)) == list(got[0][13:])
+
+
+def test_every_call_site_keys_like_triton36(triton36, monkeypatch):
+    """The arguments xelink's wrappers pass at each launch site (captured on CPU tensors, TRITON_INTERPRET
+    set for the wrappers' device checks while the kernels stay JIT functions): every one is of a kind the
+    key knows, and equal keys give equal Triton cache keys, over shapes, layouts, alignments, dtypes."""
+    import importlib
+
+    mods = {m: importlib.import_module(f"xelink.kernels.{m}") for m in ("gemm", "gemv", "norm", "attention")}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seen = []
+    for m in mods.values():
+        monkeypatch.setattr(m, "launch", lambda fn, grid, *a, **kw: seen.append((fn, grid, a, kw)))
+    gemm, gemv, norm, A = (mods[m] for m in ("gemm", "gemv", "norm", "attention"))
+    g = torch.Generator().manual_seed(5)
+
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for M, N, K in ((64, 64, 64), (128, 256, 64), (33, 48, 80), (256, 256, 4096)):
+            for a_col, b_col in ((False, False), (False, True), (True, False)):
+                a = rnd(K, M, dtype=dtype).T if a_col else rnd(M, K, dtype=dtype)
+                b = rnd(N, K, dtype=dtype).T if b_col else rnd(K, N, dtype=dtype)
+                for impl in ("hopper", "triton"):
+                    if impl == "triton" or gemm._hopper_applies(a, b):
+                        gemm.gemm(a, b, impl=impl)
+            big = rnd(M * K + 8, dtype=dtype)
+            gemm.gemm(big[1:1 + M * K].view(M, K), rnd(K, N, dtype=dtype), impl="triton")  # misaligned
+    for fmt in ("bf16", "w8a16", "w4a16"):
+        for N, K, M in ((256, 512, 1), (256, 512, 8), (4096, 1024, 2), (128, 8192, 1)):
+            w = rnd(N, K)
+            wq, sc = (w, None) if fmt == "bf16" else (gemv.pack_w8a16(w) if fmt == "w8a16" else gemv.pack_w4a16(w))
+            gemv.gemv(wq, rnd(M, K), sc, fmt, "triton")
+    for rows, H in ((8, 4096), (3, 1000), (2, 20000)):
+        for res in (None, rnd(rows, H)):
+            norm.rmsnorm(rnd(rows, H), rnd(H), residual=res, impl="triton")
+            norm.rmsnorm(rnd(rows * H + 1)[1:].view(rows, H), rnd(H), residual=res, impl="triton")
+    for S in (1, 7, 64):
+        norm.rope(rnd(1, 8, S, 128), rnd(1, 2, S, 128), rnd(S, 128), rnd(S, 128), impl="triton")
+        norm.rope(rnd(2, 4, S, 64), rnd(2, 4, S, 64), rnd(2, S, 64), rnd(2, S, 64), impl="triton")
+    for impl in ("hopper", "triton"):
+        for B, HQ, HKV, SQ, SK, D, causal in ((1, 4, 2, 128, 256, 128, True), (2, 2, 2, 65, 65, 64, False),
+                                              (1, 2, 1, 100, 300, 256, True)):
+            q, k, v = rnd(B, HQ, SQ, D), rnd(B, HKV, SK, D), rnd(B, HKV, SK, D)
+            A.flash_attention(q, k, v, causal=causal, impl=impl)
+            A.flash_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, causal=causal, impl=impl)
+            lens = torch.full((B,), SK - 3, dtype=torch.int32)
+            A.decode_attention(q[:, :, :1], k, v, lens, impl=impl)
+            o, lse = rnd(B, HQ, 1, D), torch.randn(B, HQ, 1)
+            A.merge_attention([o, o, o], [lse, lse, lse], impl=impl)
+    t = L._triton()
+    groups: dict = {}
+    kernels = set()
+    for fn, grid, args, kwargs in seen:
+        k = L._KERNELS.get(id(fn)) or L._KERNELS.setdefault(id(fn), L._Kernel(fn))
+        assert k.reason is None, (fn, k.reason)
+        mine = L._key(t, k, args, kwargs)[0]
+        groups.setdefault((id(fn), mine), set()).add(L._triton_key(t, fn, 0, args, kwargs))
+        kernels.add(fn.__name__)
+    assert {"_gemm_kernel", "_gemm_tma_kernel", "_gemv_kernel", "_gemv_fma_kernel", "_gemv_words_kernel",
+            "_splitk_sum_kernel", "_rmsnorm_kernel", "_rope_kernel", "_flash_fwd_kernel", "_flash_fwd_tma_kernel",
+            "_decode_split_kernel", "_merge_kernel"} <= kernels
+    assert all(len(v) == 1 for v in groups.values())
+    assert len(groups) > 60
 
 
 # -- GPU: every wired kernel through the fast path ---------------------------------------------------
