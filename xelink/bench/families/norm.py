@@ -43,12 +43,32 @@ def _step(progress, what: str) -> None:
         progress.step(what)
 
 
+def _norm_cases(x, r, w, eps: float, impl: str, want, want_res, want_h, suffix: str = "") -> tuple:
+    """``(op, bytes, baseline, variants, check)`` of rmsnorm and rmsnorm+residual on ``x [rows, H]``:
+    ``rmsnorm(impl=impl)`` next to ``F.rms_norm`` (after the add), checked against the float32 results
+    ``want`` and (``want_res``, ``want_h``: the new residual); ``suffix`` goes after the op names."""
+    from ...kernels.norm import rmsnorm
+
+    F = torch.nn.functional
+    rows, H = x.shape
+    act = rows * H * 2
+    return (
+        ("rmsnorm" + suffix, 2 * act + 2 * H, "torch:F.rms_norm",
+         {f"xelink:{impl}": lambda: rmsnorm(x, w, eps, impl=impl),
+          "torch:F.rms_norm": lambda: F.rms_norm(x, (H,), w, eps)},
+         lambda out: wrong_elements(out, want)),
+        ("rmsnorm+residual" + suffix, 4 * act + 2 * H, "torch:add+F.rms_norm",
+         {f"xelink:{impl}": lambda: rmsnorm(x, w, eps, residual=r, impl=impl),
+          "torch:add+F.rms_norm": lambda: (lambda h: (F.rms_norm(h, (H,), w, eps), h))(x + r)},
+         lambda out: wrong_elements(out[0], want_res) + wrong_elements(out[1], want_h)),
+    )
+
+
 def run_cpu(shapes, *, iters: int, rounds: int, progress=None) -> list:
     """RMSNorm (plain and with the residual) and RoPE: xelink's reference paths vs torch, checked against
     float32. RoPE runs on q ``(1, 8, rows, 64)`` and k ``(1, 2, rows, 64)``. Returns rows."""
-    from ...kernels.norm import rmsnorm, rope
+    from ...kernels.norm import rope
 
-    F = torch.nn.functional
     out = []
     eps = 1e-6
     for rows, H in shapes:
@@ -59,18 +79,7 @@ def run_cpu(shapes, *, iters: int, rounds: int, progress=None) -> list:
         xf, hf = x.float(), (x.float() + r.float()).to(torch.bfloat16).float()
         ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
         href = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-        act = rows * H * 2
-        cases = (
-            ("rmsnorm", 2 * act + 2 * H, "torch:F.rms_norm",
-             {"xelink:reference": lambda: rmsnorm(x, w, eps, impl="reference"),
-              "torch:F.rms_norm": lambda: F.rms_norm(x, (H,), w, eps)},
-             lambda out: wrong_elements(out, ref)),
-            ("rmsnorm+residual", 4 * act + 2 * H, "torch:add+F.rms_norm",
-             {"xelink:reference": lambda: rmsnorm(x, w, eps, residual=r, impl="reference"),
-              "torch:add+F.rms_norm": lambda: (lambda h: (F.rms_norm(h, (H,), w, eps), h))(x + r)},
-             lambda out: wrong_elements(out[0], href) + wrong_elements(out[1], hf)),
-        )
-        for op, nbytes, base, variants, check in cases:
+        for op, nbytes, base, variants, check in _norm_cases(x, r, w, eps, "reference", ref, href, hf):
             samples, wrong = measure_checked(variants, {n: check for n in variants}, iters=iters, rounds=rounds)
             out += cpu_rows(op, samples, wrong, base, size_bytes=nbytes, count=rows * H, dtype=torch.bfloat16,
                             flops=None, extra={"shape": f"{rows}x{H}"})
@@ -238,25 +247,13 @@ def run_gpu(report, iters: int = 10, rounds: int = 3, progress=None) -> None:
 def run_host(report, *, calls: int = 100, rounds: int = 10, progress=None) -> None:
     """Host time of one eager rmsnorm (with and without the residual) and rope at decode sizes against
     torch's; rows ``rmsnorm:host``, ``rmsnorm+residual:host``, ``rope:host`` into ``report``."""
-    from ...kernels.norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+    from ...kernels.norm import reference_rmsnorm, reference_rope, rope
 
-    F = torch.nn.functional
     rows, H, eps = 8, 4096, 1e-6
     x, r = (torch.randn(rows, H, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     w = torch.randn(H, device="cuda", dtype=torch.bfloat16)
     ref, (ref_res, ref_h) = reference_rmsnorm(x, w, eps), reference_rmsnorm(x, w, eps, r)
-    act = rows * H * 2
-    cases = (
-        ("rmsnorm:host", 2 * act + 2 * H, "torch:F.rms_norm",
-         {"xelink:triton": lambda: rmsnorm(x, w, eps, impl="triton"),
-          "torch:F.rms_norm": lambda: F.rms_norm(x, (H,), w, eps)},
-         lambda out: wrong_elements(out, ref)),
-        ("rmsnorm+residual:host", 4 * act + 2 * H, "torch:add+F.rms_norm",
-         {"xelink:triton": lambda: rmsnorm(x, w, eps, residual=r, impl="triton"),
-          "torch:add+F.rms_norm": lambda: (lambda h: (F.rms_norm(h, (H,), w, eps), h))(x + r)},
-         lambda out: wrong_elements(out[0], ref_res) + wrong_elements(out[1], ref_h)),
-    )
-    for op, nbytes, base, variants, check in cases:
+    for op, nbytes, base, variants, check in _norm_cases(x, r, w, eps, "triton", ref, ref_res, ref_h, ":host"):
         samples, wrong = host_timing(variants, {n: check for n in variants}, calls=calls, rounds=rounds)
         for row in host_rows(op, samples, wrong, base, size_bytes=nbytes, count=rows * H, dtype=torch.bfloat16,
                              extra={"shape": f"{rows}x{H}"}):
