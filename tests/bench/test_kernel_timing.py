@@ -7,7 +7,7 @@ from xelink.bench.kernel_timing import HOST_MARGIN_US, host_rows, host_summary, 
 
 
 def _rows():
-    samples = {"torch:matmul": [20e-6, 21e-6, 19e-6], "xelink:hopper": [25e-6, 26e-6, 24e-6],
+    samples = {"torch:matmul": [20e-6, 21e-6, 19e-6], "xelink:cuda": [25e-6, 26e-6, 24e-6],
                "xelink:triton": [40e-6, 41e-6, 39e-6]}
     wrong = {name: 0 for name in samples}
     return host_rows("gemm:host", samples, wrong, "torch:matmul", size_bytes=3 * 2 * 2048 ** 2, count=2048 ** 2,
@@ -16,16 +16,16 @@ def _rows():
 
 def test_host_rows_report_host_time_torch_and_the_difference():
     rows = {r.path: r for r in _rows()}
-    base, hopper, triton = rows["torch:matmul"], rows["xelink:hopper"], rows["xelink:triton"]
+    base, cuda, triton = rows["torch:matmul"], rows["xelink:cuda"], rows["xelink:triton"]
     assert base.baseline is None and base.extra["host_us"] == pytest.approx(20.0)
-    assert hopper.time_us == pytest.approx(25.0) and hopper.baseline == "torch:matmul"
-    assert hopper.baseline_us == pytest.approx(20.0) and hopper.ratio == pytest.approx(0.8)
-    assert hopper.extra["host_diff_us"] == pytest.approx(5.0) and hopper.extra["host_ok"]
+    assert cuda.time_us == pytest.approx(25.0) and cuda.baseline == "torch:matmul"
+    assert cuda.baseline_us == pytest.approx(20.0) and cuda.ratio == pytest.approx(0.8)
+    assert cuda.extra["host_diff_us"] == pytest.approx(5.0) and cuda.extra["host_ok"]
     assert triton.extra["host_diff_us"] == pytest.approx(20.0) and not triton.extra["host_ok"]
     assert HOST_MARGIN_US == 10.0
     assert all(r.algbw_GBps is None and r.extra["shape"] == "2048x2048x2048" for r in rows.values())
     text = host_summary(list(rows.values()))
-    assert "xelink:hopper" in text and "ok the +10 us target" in text and "over the +10 us target" in text
+    assert "xelink:cuda" in text and "ok the +10 us target" in text and "over the +10 us target" in text
     assert len(text.splitlines()) == 2  # one line per xelink path; the baseline's time is on each
 
 

@@ -15,8 +15,9 @@ interleaved.
   read.
 
 - CUDA, host time (ops ``flash_attention:host``, ``decode_attention:host``, ``merge_attention:host``): the
-  host time of one eager call, the GPU kept busy (``kernel_timing.host_timing``), of each path against
-  SDPA (prefill B=1, 32 heads, S=512, HD=128; decode 1 token, 32/8 heads over 4096 keys) and, for the
+  host time of one eager call, the GPU kept busy (``kernel_timing.host_timing``), of each path (flash:
+  cuda and triton; decode and merge: triton) against SDPA (prefill B=1, 32 heads, S=512, HD=128; decode
+  1 token, 32/8 heads over 4096 keys) and, for the
   merge of two partial results, against the same merge in torch ops (``reference_merge_attention``);
   issue 20's target is torch's + 10 us. Default runs and ``--quick``, not ``--only`` or ``--sweep``.
 
@@ -289,8 +290,9 @@ def run_decode(impl, cases=DECODE_CASES, *, dtype=torch.bfloat16, warmup=3, iter
 
 
 def run_host(impls, *, calls: int = 100, rounds: int = 10, progress=None) -> list:
-    """Host time of one eager flash_attention, decode_attention and merge_attention per path in ``impls``
-    against SDPA (and, for the merge, the torch-op merge); rows ``<op>:host``."""
+    """Host time of one eager flash_attention (each path in ``impls``), decode_attention and
+    merge_attention (their one Triton path) against SDPA (and, for the merge, the torch-op merge); rows
+    ``<op>:host``."""
     import torch.nn.functional as F
 
     report = KernelReport()
@@ -315,9 +317,8 @@ def run_host(impls, *, calls: int = 100, rounds: int = 10, progress=None) -> lis
     qd, kc, vc = rnd(B, HQ, 1, D), rnd(B, HKV, SK, D), rnd(B, HKV, SK, D)
     lens = torch.full((B,), SK, device="cuda", dtype=torch.int32)
     ref = A.reference_decode_attention(qd, kc, vc, lens)
-    variants = {"sdpa:default": lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True)}
-    variants.update({f"xelink:{impl}": functools.partial(A.decode_attention, qd, kc, vc, lens, impl=impl)
-                     for impl in impls})
+    variants = {"sdpa:default": lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True),
+                "xelink:triton": functools.partial(A.decode_attention, qd, kc, vc, lens, impl="triton")}
     samples, wrong = host_timing(variants, {n: (lambda out: _wrong(out, ref)) for n in variants}, calls=calls,
                                  rounds=rounds)
     shape = f"decode B={B} Hq={HQ} Hkv={HKV} S={SK} D={D}"
@@ -332,8 +333,8 @@ def run_host(impls, *, calls: int = 100, rounds: int = 10, progress=None) -> lis
              for half in (slice(0, SK // 2), slice(SK // 2, SK))]
     outs, lses = [p[0] for p in parts], [p[1] for p in parts]
     ref = A.reference_merge_attention(outs, lses)[0]
-    variants = {"torch:merge": lambda: A.reference_merge_attention(outs, lses)}
-    variants.update({f"xelink:{impl}": functools.partial(A.merge_attention, outs, lses, impl=impl) for impl in impls})
+    variants = {"torch:merge": lambda: A.reference_merge_attention(outs, lses),
+                "xelink:triton": functools.partial(A.merge_attention, outs, lses, impl="triton")}
     samples, wrong = host_timing(variants, {n: (lambda out: _wrong(out[0], ref)) for n in variants}, calls=calls,
                                  rounds=rounds)
     for row in host_rows("merge_attention:host", samples, wrong, "torch:merge", size_bytes=2 * 3 * outs[0].numel(),
@@ -524,7 +525,7 @@ def _gpu(ctx) -> list:
                            configs=decode_cfg, progress=show)
     ctx.notes.append(_summary(rows).lstrip())
     if only == "all" and not args.sweep:
-        impls = ("hopper", "triton") if impl == "hopper" else (impl,)
+        impls = ("cuda", "triton") if impl == "cuda" else (impl,)
         host = run_host(impls, rounds=5 if ctx.quick else 10, progress=show)
         ctx.notes.append(host_summary(host))
         rows += host

@@ -118,7 +118,7 @@ def run_host(report, shape=HOST_SHAPE, *, calls: int = 100, rounds: int = 10, pr
     from ...kernels.gemm import gemm
 
     M, N, K = shape
-    impls = ("hopper", "triton") if torch.cuda.get_device_capability()[0] == 9 else ("triton",)
+    impls = ("cuda", "triton") if torch.cuda.get_device_capability()[0] == 9 else ("triton",)
     for layout in ("row-major b", "column-major b"):
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
