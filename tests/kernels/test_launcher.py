@@ -613,6 +613,15 @@ def _rel(out, ref):
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
+def _took_fast_path(*kernels) -> bool:
+    """Each of ``kernels`` launched through the fast path at least once (where Triton 3.6 makes it on)."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        return True
+    return all(L._KERNELS[id(k)].fast > 0 for k in kernels)
+
+
 @pytest.mark.gpu
 def test_gpu_gemm_fast_path_new_tensors_alignments_shapes(checked_launches):
     from xelink.kernels.gemm import gemm, reference_gemm
@@ -631,6 +640,9 @@ def test_gpu_gemm_fast_path_new_tensors_alignments_shapes(checked_launches):
                 out = gemm(a, b, impl=impl)
                 assert _rel(out, reference_gemm(a, b)) < 1e-2, (impl, M, N, K, layout)
         assert checked_launches()
+    from xelink.kernels.gemm import _gemm_kernel, _gemm_tma_kernel
+
+    assert _took_fast_path(_gemm_kernel, _gemm_tma_kernel)  # the TMA kernel's descriptors included
     # A misaligned view after aligned calls of the same shape: auto leaves the TMA kernel, cuda refuses it.
     buf = torch.randn(257 * 128 + 8, device="cuda").to(torch.bfloat16)
     b = torch.randn(128, 128, device="cuda").to(torch.bfloat16)
@@ -668,6 +680,10 @@ def test_gpu_gemv_fast_path(checked_launches, fmt):
                 out = gemv(wq, x, s, fmt, impl)
                 assert _rel(out, reference_gemv(wq, x, s, fmt)) < 1e-2, (impl, N, K, M)
         assert checked_launches()
+    from xelink.kernels import gemv_tc
+
+    if fmt != "bf16" and gemv_tc.TC_AVAILABLE:  # the Gluon kernel (8 rows of quantized weights) too
+        assert _took_fast_path(gemv_tc._gemv_tc_kernel)
 
 
 @pytest.mark.gpu
@@ -720,6 +736,8 @@ def test_gpu_attention_fast_path(checked_launches):
             ref, ref_lse = A.reference_flash_attention(q, k, v, return_lse=True)
             assert _rel(out, ref) < 2e-2 and _rel(lse, ref_lse) < 1e-3
     assert checked_launches()
+    kernels = [A._flash_fwd_kernel, A._decode_split_kernel, A._merge_kernel]
+    assert _took_fast_path(*kernels, *([A._flash_fwd_tma_kernel] if "cuda" in impls else []))
 
 
 @pytest.mark.gpu
