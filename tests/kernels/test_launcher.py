@@ -430,26 +430,29 @@ def triton36(monkeypatch):
     return triton
 
 
-def _real_kernel(x_ptr, y_ptr, n, m, eps, flag, BLOCK: "tl.constexpr", EVEN: "tl.constexpr" = False):
-    pass
-
-
-def _real_desc_kernel(a_desc, n, BLOCK: "tl.constexpr"):
-    pass
-
-
 def test_triton36_pieces_are_found(triton36):
     from triton.backends.nvidia.driver import CudaLauncher
 
     t = L._triton()
     assert t.reason is None and t.launcher_type is CudaLauncher
-    assert L.fast_path(triton36.jit(_real_kernel)) is None
+
+    tl = triton36.language
+
+    def kern(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    assert L.fast_path(triton36.jit(kern)) is None
 
 
 def test_key_is_never_coarser_than_triton36_cache_key(triton36):
     """Calls whose fast-path keys are equal have equal Triton cache keys (Triton's binder and
     compute_cache_key, as JITFunction.run builds them), over a product of argument classes."""
     import random
+
+    tl = triton36.language
+
+    def _real_kernel(x_ptr, y_ptr, n, m, eps, flag, BLOCK: tl.constexpr, EVEN: tl.constexpr = False):
+        pass
 
     kern = triton36.jit(do_not_specialize=["m"])(_real_kernel)
     t = L._triton()
@@ -478,6 +481,11 @@ def test_key_is_never_coarser_than_triton36_cache_key(triton36):
 def test_descriptor_key_and_expansion_match_triton36(triton36):
     from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    tl = triton36.language
+
+    def _real_desc_kernel(a_desc, n, BLOCK: tl.constexpr):
+        pass
 
     kern = triton36.jit(_real_desc_kernel)
     t = L._triton()
