@@ -158,12 +158,12 @@ def test_fake_implementations_give_shapes():
     q = torch.empty(2, 8, 5, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2, 2, 9, 64, dtype=torch.bfloat16, device="meta")
     out = torch.empty_like(q)
-    lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton", out)
+    lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton", "off", out)
     assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32 and lse.device.type == "meta"
     lens = torch.empty(2, dtype=torch.int32, device="meta")
     lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton", "off", out)
     assert lse.shape == (2, 8, 5) and lse.device.type == "meta"
-    lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton", out)
+    lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton", "off", out)
     assert lse.shape == (2, 8, 5)
 
 
@@ -311,6 +311,19 @@ def test_decode_bad_inputs():
         A.decode_attention(q, kc, vc, lens, pdl="soon")
     with pytest.raises(ValueError, match="^decode_attention: pdl='late' needs a Triton kernel on a CUDA GPU"):
         A.decode_attention(q, kc, vc, lens, impl="reference", pdl="late")
+
+
+def test_flash_and_merge_take_the_same_pdl_argument():
+    q, k, v = _qkv(1, 2, 2, 8, 8, 64, torch.float32)
+    o, lse = A.flash_attention(q, k, v, return_lse=True, impl="reference", pdl=False)  # off: fine anywhere
+    assert torch.equal(o, A.flash_attention(q, k, v, impl="reference"))
+    with pytest.raises(ValueError, match="^flash_attention: pdl='soon' must be None, True, False"):
+        A.flash_attention(q, k, v, pdl="soon")
+    with pytest.raises(ValueError, match="^flash_attention: pdl=True needs a Triton kernel on a CUDA GPU"):
+        A.flash_attention(q, k, v, impl="reference", pdl=True)
+    A.merge_attention([o, o], [lse, lse], impl="reference", pdl=None)
+    with pytest.raises(ValueError, match="^merge_attention: pdl='early' needs a Triton kernel on a CUDA GPU"):
+        A.merge_attention([o, o], [lse, lse], impl="reference", pdl="early")
 
 
 # -- kernels against references (GPU, or the interpreter on the CPU) -------------------------------
@@ -521,7 +534,7 @@ def test_auto_compile_and_cuda_graph_gpu(requires_gpus):
     @torch.compile(backend="aot_eager", fullgraph=True)
     def op(q, k, v):  # the custom op itself: traced through its fake implementation, no graph break
         out = torch.empty_like(q)
-        lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want, out)
+        lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want, "off", out)
         return out * 2, lse
 
     @torch.compile(backend="aot_eager")

@@ -69,3 +69,39 @@ def test_gpu_pdl_decode_chain(requires_gpus, rows, H):
         for outs in runs:
             for got, want in zip(outs, plain):
                 assert torch.equal(got, want), f"graph pdl={pdl} rows={rows} H={H}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_gpu_pdl_flash_and_merge_chain(requires_gpus, impl):
+    # Two flash attentions over the halves of the keys, merged, feeding the next layer's queries: with
+    # PDL in every placement of the go, eager and in a CUDA graph, equal to the chain without PDL.
+    requires_gpus(1)
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability >= 9.0")
+    from xelink.kernels.attention import flash_attention, merge_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(2**31))
+    q = torch.randn(2, 4, 256, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    halves = [torch.randn(2, 2, 2, 256, 128, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2)]
+
+    def chain(pdl):
+        x, outs = q, []
+        for _ in range(3):
+            parts = [flash_attention(x, kv[0], kv[1], return_lse=True, impl=impl, pdl=pdl) for kv in halves]
+            x, _ = merge_attention([p[0] for p in parts], [p[1] for p in parts], pdl=pdl)
+            outs.append(x)
+        return outs
+
+    plain = chain(False)
+    for pdl in (True, "early", "late"):
+        _poison(1 << 24)
+        for got, want in zip(chain(pdl), plain):
+            assert torch.equal(got, want), f"eager pdl={pdl} impl={impl}"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            runs = chain(pdl)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(runs, plain):
+            assert torch.equal(got, want), f"graph pdl={pdl} impl={impl}"

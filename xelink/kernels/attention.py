@@ -403,8 +403,10 @@ if triton is not None:
         stride_ob, stride_oh, stride_om, stride_od,
         H, GROUP, SQ, SK, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+        PDL: tl.constexpr = 0,
     ):
         """Portable forward: one program per (query block, batch*head), block pointers only."""
+        pdl_wait(PDL)  # q, k and v may be the previous kernel's output
         pid_m = tl.program_id(0)
         if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
             pid_m = tl.num_programs(0) - 1 - pid_m
@@ -428,6 +430,7 @@ if triton is not None:
         full, end = _causal_bounds(m0, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
         out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, 0, full, end, row_last, SK, qk_scale,
                                        BLOCK_M, BLOCK_N, HEAD_DIM)
+        pdl_launch(PDL)
         o_ptr = tl.make_block_ptr(O + b * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
                                   (stride_om, stride_od), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
         tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
@@ -439,12 +442,14 @@ if triton is not None:
         stride_ob, stride_oh, stride_om, stride_od,
         H, HKV, GROUP, SQ, SK, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+        PDL: tl.constexpr = 0,
     ):
         """sm90 forward: Q/K/V tiles through TMA descriptors over the (B*H*S, D) row view.
 
         A tile that runs past its head's last key reads the next head's rows (or TMA's zero fill past
         the tensor): the mask drops those keys and their V rows are zeroed, so they cannot leak in.
         """
+        pdl_wait(PDL)
         pid_m = tl.program_id(0)
         if CAUSAL:
             pid_m = tl.num_programs(0) - 1 - pid_m
@@ -475,6 +480,7 @@ if triton is not None:
             v = tl.where((offs_n < SK)[:, None], v, 0.0)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, SK, qk_scale, True)
         out, lse = _attn_finish(acc, l_i, m_i)
+        pdl_launch(PDL)
         o_ptr = tl.make_block_ptr(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
                                   (stride_om, stride_od), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
         tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
@@ -590,9 +596,10 @@ def _tma_ok(*tensors) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, out=None):
+def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, out=None, pdl: str = "off"):
     """Launch the forward kernel; returns (out, lse). ``config`` overrides the tile table (tuning); ``out``
-    (any strides: the kernels store through block pointers) receives the output."""
+    (any strides: the kernels store through block pointers) receives the output; ``pdl``: as
+    pdl.pdl_launch_args takes it."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
@@ -615,14 +622,14 @@ def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, 
             _flash_fwd_tma_kernel, grid,
             q_desc, k_desc, v_desc, out, lse, *out.stride(), H, HKV, H // HKV, SQ, SK, qk_scale,
             HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages, **pdl_launch_args(pdl, grid[0] * grid[1], q.device))
     else:
         launch(
             _flash_fwd_kernel, grid,
             q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // HKV, SQ, SK, qk_scale,
             HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages, **pdl_launch_args(pdl, grid[0] * grid[1], q.device))
     return out, lse
 
 
@@ -640,7 +647,7 @@ def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
            **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
 
 
-def _merge_forward(outs, lses, out=None):
+def _merge_forward(outs, lses, out=None, pdl: str = "off"):
     o = torch.stack(outs)
     s = torch.stack(lses)
     out = torch.empty(outs[0].shape, dtype=outs[0].dtype, device=outs[0].device) if out is None else out
@@ -648,7 +655,7 @@ def _merge_forward(outs, lses, out=None):
     if out.numel() == 0:
         lse.fill_(float("-inf"))
         return out, lse
-    _merge_launch(o, s, out, lse, len(outs), o.stride(), s.stride())
+    _merge_launch(o, s, out, lse, len(outs), o.stride(), s.stride(), pdl)
     return out, lse
 
 
@@ -704,12 +711,12 @@ def _into(out, got):
     return (o if out is None else out.copy_(o)), lse
 
 
-def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None):
+def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None, pdl: str = "off"):
     if out is not None:
         check_no_overlap("flash_attention", out, q=q, k=k, v=v)
     if impl == "reference":
         return _into(out, reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True))
-    return _flash_forward(q, k, v, causal, scale, impl, out=out)
+    return _flash_forward(q, k, v, causal, scale, impl, out=out, pdl=pdl)
 
 
 def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, impl: str, pdl: str,
@@ -722,24 +729,24 @@ def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_sp
     return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, pdl=pdl, out=out)
 
 
-def _merge_run(outs, lses, impl: str, out=None):
+def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
     # No overlap check: the kernel reads stacked copies of the partials, so out may even be one of them.
     if impl == "reference":
         return _into(out, reference_merge_attention(outs, lses))
-    return _merge_forward(outs, lses, out)
+    return _merge_forward(outs, lses, out, pdl)
 
 
 # -- custom ops (traced calls) --------------------------------------------------------------------
 
 @torch.library.custom_op("xelink::flash_attention", mutates_args=("out",),
-                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, str impl, Tensor(a!) out) "
-                                "-> Tensor")
-def _flash_attention_op(q, k, v, causal, scale, impl, out):
-    return _flash_run(q, k, v, causal, scale, impl, out)[1]
+                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, str impl, str pdl, "
+                                "Tensor(a!) out) -> Tensor")
+def _flash_attention_op(q, k, v, causal, scale, impl, pdl, out):
+    return _flash_run(q, k, v, causal, scale, impl, out, pdl)[1]
 
 
 @_flash_attention_op.register_fake
-def _(q, k, v, causal, scale, impl, out):
+def _(q, k, v, causal, scale, impl, pdl, out):
     B, H, S, _ = q.shape
     return q.new_empty((B, H, S), dtype=torch.float32)
 
@@ -758,13 +765,13 @@ def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out):
 
 
 @torch.library.custom_op("xelink::merge_attention", mutates_args=("out",),
-                         schema="(Tensor[] outs, Tensor[] lses, str impl, Tensor(a!) out) -> Tensor")
-def _merge_attention_op(outs, lses, impl, out):
-    return _merge_run(list(outs), list(lses), impl, out)[1]
+                         schema="(Tensor[] outs, Tensor[] lses, str impl, str pdl, Tensor(a!) out) -> Tensor")
+def _merge_attention_op(outs, lses, impl, pdl, out):
+    return _merge_run(list(outs), list(lses), impl, out, pdl)[1]
 
 
 @_merge_attention_op.register_fake
-def _(outs, lses, impl, out):
+def _(outs, lses, impl, pdl, out):
     return torch.empty_like(lses[0])
 
 
@@ -781,7 +788,7 @@ def _traced_out(out, like):
     return torch.empty_like(like, memory_format=torch.contiguous_format) if out is None else out
 
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None):
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None, pdl=None):
     """Attention forward, ``softmax(q k^T * scale) v``, with GQA, causal masking and the LSE.
 
     Args:
@@ -797,6 +804,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         out: optional (B, Hq, Sq, D) tensor of q's dtype and device for the output: any view with unit
             stride along D (e.g. ``buf.transpose(1, 2)`` of a (B, Sq, Hq, D) buffer) sharing no memory with
             q, k or v (address ranges compared). The LSE is a new tensor either way.
+        pdl: programmatic dependent launch (pdl.py; a Triton path on CUDA sm90+): None or False (off: the
+            forward kernel is compute-bound and launched as it always was), True, "early" or "late".
 
     Returns:
         ``out`` (a new contiguous tensor unless given) in q's dtype; or (out, lse) with ``return_lse=True``.
@@ -811,16 +820,17 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
     _check_out_like(fn, out, q)
+    pdl = "off" if pdl is None else pdl_option(fn, pdl, path, q.device)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
         out = _traced_out(out, q)
-        lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path, out)
+        lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path, pdl, out)
     else:  # eager (CUDA graph capture included): launch directly, no custom-op dispatch
-        out, lse = _flash_run(q, k, v, causal, scale, path, out)
+        out, lse = _flash_run(q, k, v, causal, scale, path, out, pdl)
     return (out, lse) if return_lse else out
 
 
-def merge_attention(outs, lses, impl="auto", *, out=None):
+def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
     """Combine attention results over disjoint KV shards into the result over all of them.
 
     With ``w_i = exp(lse_i - max_j lse_j)``: ``out = sum_i w_i out_i / sum_i w_i`` and
@@ -833,6 +843,8 @@ def merge_attention(outs, lses, impl="auto", *, out=None):
         impl: "auto", "triton" (one Triton kernel) or "reference" (no "cuda": no NVIDIA-specific kernel).
         out: optional (B, H, S, D) tensor of the outs' dtype and device for the merged output: any view
             with unit stride along D; it may be one of ``outs`` (the partials are read from a stacked copy).
+        pdl: programmatic dependent launch of the merge kernel (pdl.py; CUDA sm90+): None (on where it
+            exists, as decode_attention's merge), True, False, "early" or "late".
 
     Returns:
         (out (B, H, S, D) in the outs' dtype, lse (B, H, S) float32, a new tensor).
@@ -841,10 +853,11 @@ def merge_attention(outs, lses, impl="auto", *, out=None):
     outs, lses = _check_merge(fn, outs, lses)
     path = resolve_impl(fn, impl, outs[0].device, MERGE_IMPLS)
     _check_out_like(fn, out, outs[0])
+    pdl = pdl_option(fn, pdl, path, outs[0].device)
     if torch.compiler.is_compiling():
         out = _traced_out(out, outs[0])
-        return out, torch.ops.xelink.merge_attention(outs, lses, path, out)
-    return _merge_run(outs, lses, path, out)
+        return out, torch.ops.xelink.merge_attention(outs, lses, path, pdl, out)
+    return _merge_run(outs, lses, path, out, pdl)
 
 
 def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, num_splits=None,
