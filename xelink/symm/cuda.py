@@ -620,8 +620,13 @@ class Bound:
             self._launch(self._kernel.grid, 1, 1, stream, *self._tail)
             return
         k = self._kernel
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
-            c = k.compiled[self._key] = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
+        # Triton's JIT launches on the current stream: make ``stream`` current only when it is another one.
+        if stream == _raw_stream(torch.cuda.current_device()):
+            c = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
+        else:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+                c = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
+        k.compiled[self._key] = c
         self._bind(c)
 
 
