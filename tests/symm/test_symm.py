@@ -46,3 +46,19 @@ def test_symmetric_memory_needs_a_cuda_device(world):
 def test_point_to_point_refuses_itself_on_every_device(world):
     with pytest.raises(ValueError, match=r"isend: dst=0 is this rank itself"):
         xelink.isend(torch.zeros(2), 0)
+
+
+def test_a_first_launch_goes_to_the_stream_it_names(monkeypatch):
+    # Triton's JIT launches on the current stream. The launch on the current stream makes nothing
+    # current; the default stream (raw 0) is the default stream itself, never ExternalStream(0), which
+    # torch turns into a fresh pool stream (the bug that made first GPU collective launches race).
+    from xelink.symm import cuda as sc
+
+    made = []
+    monkeypatch.setattr(sc, "_raw_stream", lambda device: 1234)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda: "default")
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda raw: made.append(raw) or f"external {raw}")
+    assert sc._other_stream(1234) is None
+    assert sc._other_stream(0) == "default" and made == []
+    assert sc._other_stream(777) == "external 777" and made == [777]

@@ -620,14 +620,27 @@ class Bound:
             self._launch(self._kernel.grid, 1, 1, stream, *self._tail)
             return
         k = self._kernel
-        # Triton's JIT launches on the current stream: make ``stream`` current only when it is another one.
-        if stream == _raw_stream(torch.cuda.current_device()):
+        other = _other_stream(stream)
+        if other is None:
             c = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
         else:
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+            with torch.cuda.stream(other):
                 c = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
         k.compiled[self._key] = c
         self._bind(c)
+
+
+def _other_stream(raw: int):
+    """The torch stream to make current for a JIT launch on the raw stream ``raw`` (Triton's JIT launches
+    on the current stream), or None when ``raw`` is the current one.
+
+    Raw 0 is the device's default stream: ``torch.cuda.ExternalStream(0)`` would not wrap it but hand out a
+    fresh stream of torch's pool (a pointer of 0 reads as "none given"), and a first launch there ran
+    unordered with the caller's work (the GPU collectives read inputs not yet written).
+    """
+    if raw == _raw_stream(torch.cuda.current_device()):
+        return None
+    return torch.cuda.default_stream() if raw == 0 else torch.cuda.ExternalStream(raw)
 
 
 class Copy:
