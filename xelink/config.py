@@ -13,6 +13,7 @@ Knobs (environment variables):
     XELINK_LOG               logging level of the ``xelink`` logger (debug, info, ...)
     XELINK_GPU_SCRATCH       cap of the GPU collectives' scratch slot, bytes
     XELINK_GPU_BLOCKS        blocks of every GPU collective kernel (default: one per multiprocessor)
+    XELINK_P2P_BLOCKS        blocks of the point-to-point kernels on CUDA tensors (default 16; same on every rank)
     XELINK_LAUNCH_CHECK      1: every fast kernel launch is checked against Triton's own cache key (tests)
     XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)
 """

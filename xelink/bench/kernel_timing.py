@@ -17,7 +17,8 @@ import torch
 from .harness import co_measure, make_row, summarize
 
 __all__ = ["HOST_MARGIN_US", "KernelReport", "add_timing_arguments", "cpu_rows", "cuda_graph", "host_rows",
-           "host_summary", "host_timing", "measure_checked", "run_single_device", "timing", "wrong_elements"]
+           "host_summary", "host_timing", "measure_checked", "run_single_device", "timing", "with_host_rows",
+           "wrong_elements"]
 
 HOST_MARGIN_US = 10.0  # issue 20: an eager call may cost the host at most torch's equivalent + 10 us
 
@@ -157,6 +158,16 @@ class KernelReport:
 
     def __init__(self):
         self.rows, self.notes = [], []
+
+
+def with_host_rows(ctx, report: KernelReport, summary: str, run_host, progress=None) -> list:
+    """A GPU family's rows followed by its host-time rows: ``run_host(report, rounds=..., progress=...)``
+    (5 rounds under --quick, else 10) fills a report of its own; ``summary`` (the family's), the host
+    summary and the family's notes go to ``ctx.notes``."""
+    host = KernelReport()
+    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
+    ctx.notes += [summary, host_summary(host.rows)] + report.notes
+    return report.rows + host.rows
 
     def add(self, row) -> None:
         self.rows.append(row)

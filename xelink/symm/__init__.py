@@ -9,8 +9,8 @@ functions: ``pick``, ``notify``, ``wait_at_least``, ``block_barrier``) and ``Tea
 """
 from .cuda import (MAX_BLOCKS, MAX_WORLD, SIGNAL_SLOTS, Bound, Copy, Join, Kernel, Mailboxes, Pair, Team, Work, available,
                    barrier, copy_engine, empty, get, pair_of, peer_addresses, peer_tensor, put, signal, synchronize,
-                   team_of, wait)
+                   team_of, timeout_ns, wait, word_dtype, WORDS)
 
 __all__ = ["MAX_BLOCKS", "MAX_WORLD", "SIGNAL_SLOTS", "Bound", "Copy", "Join", "Kernel", "Mailboxes", "Pair", "Team", "Work",
            "available", "barrier", "copy_engine", "empty", "get", "pair_of", "peer_addresses", "peer_tensor", "put",
-           "signal", "synchronize", "team_of", "wait"]
+           "signal", "synchronize", "team_of", "timeout_ns", "wait", "word_dtype", "WORDS"]

@@ -45,6 +45,7 @@ with ``xelink.symm.device`` must too):
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import math
 import os
@@ -60,7 +61,7 @@ from .device import MAX_WORLD
 
 __all__ = ["Team", "Mailboxes", "Pair", "Kernel", "Bound", "Copy", "Join", "Work", "team_of", "pair_of", "empty", "available",
            "copy_engine", "peer_addresses", "peer_tensor", "put", "get", "signal", "wait", "barrier", "synchronize",
-           "MAX_WORLD", "MAX_BLOCKS", "SIGNAL_SLOTS"]
+           "MAX_WORLD", "MAX_BLOCKS", "SIGNAL_SLOTS", "WORDS", "word_dtype", "timeout_ns"]
 
 _log = get_logger("symm")
 MAX_BLOCKS = 1024
@@ -139,6 +140,20 @@ def available(comm) -> bool:
             and len(set(comm.hosts)) == 1)
 
 
+WORDS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))  # widest first
+
+
+def word_dtype(nbytes: int, *addresses: int) -> torch.dtype:
+    """The widest integer type that divides ``nbytes`` and every address: the element a raw byte copy
+    moves (wider elements vectorize better)."""
+    return next(d for d, w in WORDS if nbytes % w == 0 and all(a % w == 0 for a in addresses))
+
+
+def timeout_ns(comm, timeout=None) -> int:
+    """A kernel's deadline in nanoseconds: ``timeout`` seconds, or the communicator's default."""
+    return int((comm.timeout if timeout is None else config.resolve_timeout(timeout, "timeout")) * 1e9)
+
+
 def _device_of(comm) -> torch.device:
     dev = torch.device(comm.device)
     return torch.device("cuda", torch.cuda.current_device()) if dev.index is None else dev
@@ -186,8 +201,8 @@ class _Mappings:
 class _ErrorWord:
     """A pinned host word a kernel sets when a wait ran past its deadline, with the peers it waited for."""
 
-    def __init__(self):
-        self.tensor = torch.zeros(1 + MAX_WORLD, dtype=torch.int32, pin_memory=True)
+    def __init__(self, tensor: torch.Tensor | None = None):
+        self.tensor = torch.zeros(1 + MAX_WORLD, dtype=torch.int32, pin_memory=True) if tensor is None else tensor
         self._view = self.tensor.numpy()
 
     def raise_if_set(self, comm, fn: str, ranks, what: str) -> None:
@@ -322,7 +337,7 @@ class Team:
         return self.kernel(KERNELS["barrier"], ("symm.barrier",), torch.int32).bind(timeout_ns=timeout_ns)
 
     def timeout_ns(self, timeout=None) -> int:
-        return int((self.comm.timeout if timeout is None else config.resolve_timeout(timeout, "timeout")) * 1e9)
+        return timeout_ns(self.comm, timeout)
 
     # -- errors ---------------------------------------------------------------------------------
     def check(self, fn: str) -> None:
@@ -405,8 +420,8 @@ class Pair:
         self.inbox = boxes.inboxes[peer * boxes.inbox_bytes:(peer + 1) * boxes.inbox_bytes]
         self.flags = boxes.flags[peer * f:(peer + 1) * f]
         self.counts = boxes.counts[peer * f:(peer + 1) * f]
-        self.error = boxes.errors[peer]
-        self._view = self.error.numpy()
+        self._error = _ErrorWord(boxes.errors[peer])
+        self.error = self._error.tensor
         self.peer_inbox = peer_inboxes + me * boxes.inbox_bytes
         self.peer_flags = peer_flags + me * f * 4
         self.kernels: dict = {}  # the protocol's Kernel objects and cached launches, by its keys
@@ -426,18 +441,15 @@ class Pair:
         """Raise what a transfer's kernel reported: its error word holds ``[0]`` a wait timed out, ``[1]``
         it waited for the peer, ``[2]`` a received message had another size than the receive, ``[3]``
         that size (bytes, low 32 bits). Either breaks the communicator."""
-        view = self._view
+        view = self._error._view
         if view[2]:
             err = XelinkError(f"{fn}: rank {self.peer} of {self.comm.name} sent a message of {int(view[3])} B to "
                               f"a receive of another size on rank {self.comm.rank}; the data was dropped and "
                               f"{self.comm.name} is unusable (post receives of the sizes sent)")
             self.comm._broken = err
             raise err
-        if view[0]:
-            err = TimeoutError(fn, [self.peer], self.comm.timeout,
-                               "a point-to-point transfer waited past its deadline for the peer named")
-            self.comm._broken = err
-            raise err
+        self._error.raise_if_set(self.comm, fn, [self.peer],
+                                 "a point-to-point transfer waited past its deadline for the peer named")
 
 
 _SETUP_TAG = 1 << 15  # above the user (< 2**14) and collective (< 2**15) tags of the host transport
@@ -559,11 +571,15 @@ class Kernel:
         self.types = pointers
         self.compiled: dict = {}
 
-    def bind(self, **dynamic) -> "Bound":
+    def _fill(self, dynamic: dict) -> tuple[list, tuple]:
+        """(every argument in order, the specialization key of the dynamic ones)."""
         args = self._template.copy()
         for name, value in dynamic.items():
             args[self._slots[name]] = value
-        return Bound(self, args, tuple(map(_spec, dynamic.values())))
+        return args, tuple(map(_spec, dynamic.values()))
+
+    def bind(self, **dynamic) -> "Bound":
+        return Bound(self, *self._fill(dynamic))
 
     def typed(self, args) -> list:
         """``args`` with raw addresses wrapped as typed pointers, as Triton's JIT takes them."""
@@ -577,10 +593,7 @@ class Kernel:
         another stream) must never meet the other's first launch: under CUDA's lazy loading, loading a
         kernel may wait for the running ones to finish, which would deadlock until the deadline.
         """
-        args = self._template.copy()
-        for name, value in dynamic.items():
-            args[self._slots[name]] = value
-        key = tuple(map(_spec, dynamic.values()))
+        args, key = self._fill(dynamic)
         if key not in self.compiled:
             c = self.fn.warmup(*self.typed(args), grid=(self.grid,), num_warps=self.num_warps)
             getattr(c, "_init_handles", lambda: None)()
@@ -621,11 +634,8 @@ class Bound:
             return
         k = self._kernel
         other = _other_stream(stream)
-        if other is None:
+        with contextlib.nullcontext() if other is None else torch.cuda.stream(other):
             c = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
-        else:
-            with torch.cuda.stream(other):
-                c = k.fn[(k.grid,)](*k.typed(self._args), num_warps=k.num_warps)
         k.compiled[self._key] = c
         self._bind(c)
 
@@ -710,11 +720,16 @@ def team_of(comm, fn: str = "peer memory") -> Team:
     return comm.resource("cuda.team", lambda: Team(comm))
 
 
-def pair_of(comm, peer: int, inbox_bytes: int, blocks: int, timeout=None) -> Pair:
+def pair_of(comm, peer: int, inbox_bytes: int, blocks: int | None = None, timeout=None) -> Pair:
     """The ``Pair`` of this rank and ``peer`` on ``comm``, from this rank's ``Mailboxes`` (resource
-    ``"cuda.mailboxes"``, made on first use without waiting); the first call for a peer waits until the
-    peer made its mailboxes (its own first transfer on ``comm``). Not collective."""
-    boxes = comm.resource("cuda.mailboxes", lambda: Mailboxes(comm, inbox_bytes, blocks))
+    ``"cuda.mailboxes"``, made on first use without waiting; ``blocks`` then fixes its kernels' programs,
+    default ``XELINK_P2P_BLOCKS`` or 16); the first call for a peer waits until the peer made its own
+    mailboxes (its own first transfer on ``comm``). Not collective."""
+    boxes = comm._resources.get("cuda.mailboxes")
+    if boxes is None:
+        if blocks is None:
+            blocks = min(config.env_int("XELINK_P2P_BLOCKS", 16), MAX_BLOCKS)
+        boxes = comm.attach("cuda.mailboxes", Mailboxes(comm, inbox_bytes, blocks))
     return boxes.pair(peer, timeout)
 
 
@@ -780,9 +795,7 @@ def peer_tensor(t: torch.Tensor, rank: int, group=None) -> torch.Tensor:
     nothing: pair it with ``signal``/``wait`` or ``barrier``. Valid while ``t`` lives and the group is not
     freed."""
     comm, team, ptrs = _symmetric_team("peer_tensor", t, group)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < comm.size:
-        raise ValueError(f"peer_tensor: rank={rank!r} is not a rank of {comm.name} (size {comm.size})")
-    if rank == comm.rank:
+    if _rank("peer_tensor", rank, comm) == comm.rank:
         return t
     span = (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0) * t.element_size()
     storage = torch._C._construct_storage_from_data_pointer(ptrs[rank], team.device, span)
@@ -801,8 +814,7 @@ def _transfer(fn, dst_addr, src_addr, ref: torch.Tensor, team, engine, stream):
         return
     from .kernels import KERNELS
 
-    kind = next(d for d, w in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
-                if nbytes % w == 0 and dst_addr % w == 0 and src_addr % w == 0)
+    kind = word_dtype(nbytes, dst_addr, src_addr)
     k = team.kernel(KERNELS["copy"], ("symm.copy", kind), kind, num_warps=4, BLOCK=2048)
     n = nbytes // kind.itemsize
     k.bind(X=src_addr, Y=dst_addr, n=n)(raw)

@@ -23,8 +23,9 @@ import functools
 import torch
 
 from ..harness import co_measure, make_row, time_cuda_events
-from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows, host_summary,
-                             host_timing, measure_checked, run_single_device, timing, wrong_elements)
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows,
+                             host_timing, measure_checked, run_single_device, timing, with_host_rows,
+                             wrong_elements)
 
 __all__ = ["COPIES", "GPU_ROWS", "GPU_SHAPES", "HOST_SHAPE", "QUICK_SHAPES", "ROWS", "SHAPES", "SWEEPS",
            "add_arguments", "gemv_sweep", "run", "run_cpu", "run_gpu", "run_host"]
@@ -247,10 +248,7 @@ def _gpu(ctx) -> list:
     progress = ctx.progress((len(shapes) + 1) * len(GPU_ROWS))
     run_gpu(report, shapes, sweep=sweep, progress=progress,
             **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick or sweep else 3}))
-    host = KernelReport()
-    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
-    ctx.notes += [_summary(report.rows), host_summary(host.rows)] + report.notes
-    return report.rows + host.rows
+    return with_host_rows(ctx, report, _summary(report.rows), run_host, progress)
 
 
 def run(ctx) -> list:

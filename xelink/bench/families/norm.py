@@ -22,8 +22,9 @@ import functools
 import torch
 
 from ..harness import co_measure, make_row, summarize, time_cuda_events
-from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows, host_summary,
-                             host_timing, measure_checked, run_single_device, timing, wrong_elements)
+from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows,
+                             host_timing, measure_checked, run_single_device, timing, with_host_rows,
+                             wrong_elements)
 
 __all__ = ["QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu", "run_host"]
 
@@ -297,12 +298,10 @@ def _cpu(ctx) -> list:
 
 
 def _gpu(ctx) -> list:
-    report, host = KernelReport(), KernelReport()
+    report = KernelReport()
     progress = ctx.progress(6)
     run_gpu(report, progress=progress, **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick else 3}))
-    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
-    ctx.notes += [_summary(report.rows), host_summary(host.rows)] + report.notes
-    return report.rows + host.rows
+    return with_host_rows(ctx, report, _summary(report.rows), run_host, progress)
 
 
 def run(ctx) -> list:

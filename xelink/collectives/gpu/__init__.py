@@ -14,7 +14,6 @@ import sys
 
 import torch
 
-from ...comm import resolve_group
 from ...errors import XelinkError
 from ... import symm
 from .. import registry
@@ -149,9 +148,9 @@ def device_barrier(group=None, timeout=None) -> None:
     the next call (or ``xelink.synchronize``) raises ``xelink.TimeoutError`` naming it.
     Collective: every rank of ``group`` must call this.
     """
-    symm.barrier(resolve_group(group, "device_barrier"), timeout=timeout)
+    symm.barrier(group, timeout=timeout)
 
 
 def synchronize_group(group=None) -> None:
     """Block until this rank's GPU work is done; raise ``xelink.TimeoutError`` if a GPU wait timed out."""
-    symm.synchronize(resolve_group(group, "synchronize"))
+    symm.synchronize(group)

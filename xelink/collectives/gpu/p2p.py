@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import config, symm
+from ... import symm
 from ...errors import XelinkError
 from .launch import kernel_module
 
@@ -26,21 +26,11 @@ __all__ = ["start", "CHUNK_BYTES", "SLOTS"]
 CHUNK_BYTES = 1 << 20
 SLOTS = 4
 TILE_BYTES = 16 << 10  # bytes a block moves per step; the same on both sides, whatever the word
-_WORDS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
 _INBOX = SLOTS * CHUNK_BYTES + SLOTS * symm.MAX_BLOCKS * 8  # data slots, then the per-block headers
 
 
 def _peer_memory(comm) -> bool:
     return symm.available(comm) and kernel_module().available()
-
-
-def _pair(comm, peer, timeout):
-    blocks = min(config.env_int("XELINK_P2P_BLOCKS", 16), symm.MAX_BLOCKS)
-    return symm.pair_of(comm, peer, _INBOX, blocks, timeout)
-
-
-def _word(nbytes: int, addr: int):
-    return next(d for d, w in _WORDS if nbytes % w == 0 and addr % w == 0)
 
 
 def _nccl(comm, x, peer, send):
@@ -58,7 +48,7 @@ def start(comm, x: torch.Tensor, peer: int, send: bool, timeout=None):
         return symm.Work(None, fn)
     if not _peer_memory(comm):
         return _nccl(comm, x, peer, send)
-    pair = _pair(comm, peer, timeout)
+    pair = symm.pair_of(comm, peer, _INBOX, timeout=timeout)
     if not pair.kernels:
         _preload(pair)
     pair.check(fn)
@@ -98,8 +88,8 @@ def _arguments(pair, send, addr, nbytes, w, t_ns) -> dict:
 
 
 def _build(pair, x, nbytes, send, timeout):
-    word = _word(nbytes, x.data_ptr())
-    t_ns = int((pair.comm.timeout if timeout is None else config.resolve_timeout(timeout, "timeout")) * 1e9)
+    word = symm.word_dtype(nbytes, x.data_ptr())
+    t_ns = symm.timeout_ns(pair.comm, timeout)
     return _kernel(pair, send, word).bind(**_arguments(pair, send, x.data_ptr(), nbytes, word.itemsize, t_ns))
 
 
@@ -110,7 +100,7 @@ def _preload(pair) -> None:
     kernels, so only a process's first pair pays (a few seconds, less from Triton's disk cache)."""
     base = pair.inbox.data_ptr()  # any 16-byte aligned address: nothing is launched
     for send in (True, False):
-        for word, w in _WORDS:
+        for word, w in symm.WORDS:
             for addr in (base, base + w if w < 16 else None):
                 if addr is not None:
                     _kernel(pair, send, word).preload(**_arguments(pair, send, addr, 1 << 40, w, 1 << 40))
