@@ -1,0 +1,152 @@
+"""Where the host time of one eager kernel call goes (gemm 2048^3, rmsnorm 8x4096), on one GPU.
+
+Each piece of the eager path is timed on its own (median of rounds of ``CALLS`` back-to-back calls,
+the GPU kept busy by ``torch.cuda._sleep`` so that no call waits for the device), next to the whole
+call and torch's equivalent; then cProfile lists the Python functions of the whole call.
+
+python3 benchmarks/scripts/kernel_host_profile.py
+"""
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from xelink.kernels import gemm as gemm_mod
+from xelink.kernels import launcher, norm
+from xelink.kernels.common import sm_count
+from xelink.ops import gemm, rmsnorm
+
+CALLS, ROUNDS = 200, 7
+_cycles = None
+
+
+def busy():
+    global _cycles
+    if _cycles is None:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        s.record()
+        torch.cuda._sleep(10_000_000)
+        e.record()
+        e.synchronize()
+        _cycles = 10_000_000 / (s.elapsed_time(e) * 1e3)
+    torch.cuda._sleep(int(_cycles * 20_000))  # 20 ms
+
+
+def per_call_us(fn, gpu=True):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    got = []
+    for _ in range(ROUNDS):
+        if gpu:
+            busy()
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        got.append((time.perf_counter() - t0) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(got)
+
+
+def row(name, fn, gpu=True):
+    try:
+        print(f"{name:58s} {per_call_us(fn, gpu):8.2f} us", flush=True)
+    except Exception as e:  # a piece that cannot run alone: say so, go on
+        print(f"{name:58s} failed: {type(e).__name__}: {e}", flush=True)
+
+
+def profile(name, fn, n=3000):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        if i % 200 == 0:
+            busy()
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"== cProfile of {n} calls of {name}")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+
+
+def main():
+    dev = torch.device("cuda", 0)
+    print(torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)
+    M = N = K = 2048
+    a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
+    c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+    print("-- gemm 2048^3 bf16")
+    row("torch.matmul(a, b)", lambda: torch.matmul(a, b))
+    row("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))
+    row("gemm(a, b, impl='cuda')", lambda: gemm(a, b, impl="cuda"))
+    row("gemm(a, b, impl='triton')", lambda: gemm(a, b, impl="triton"))
+    row("gemm(a, b) auto", lambda: gemm(a, b))
+    row("gemm(a, b, impl='cuda', out=c)", lambda: gemm(a, b, impl="cuda", out=c))
+    row("torch.empty((M, N), dtype, device)", lambda: torch.empty((M, N), dtype=a.dtype, device=a.device))
+    row("a.device", lambda: a.device, gpu=False)
+    row("a.shape, a.stride(), a.dtype, a.data_ptr()", lambda: (a.shape, a.stride(), a.dtype, a.data_ptr()), gpu=False)
+    row("_path_key", lambda: gemm_mod._path_key(a, b, "cuda", None, None), gpu=False)
+    row("_gemm_config", lambda: gemm_mod._gemm_config(M, N, K), gpu=False)
+    cfg = gemm_mod._gemm_config(M, N, K)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+
+    def descs():
+        return (launcher.Descriptor(a, *gemm_mod._tma_view(a), (bm, bk)),
+                launcher.Descriptor(b, *gemm_mod._tma_view(b), (bk, bn)),
+                launcher.Descriptor(c, *gemm_mod._tma_view(c), (bm, bn)))
+
+    row("3 Descriptors with _tma_view", descs, gpu=False)
+    row("sm_count(a.device)", lambda: sm_count(a.device), gpu=False)
+    row("_gemm_cuda(a, b, c, cfg, 'off') (no alloc, no checks)", lambda: gemm_mod._gemm_cuda(a, b, c, cfg, "off"))
+    row("_gemm_triton(a, b, c, cfg, 'off')", lambda: gemm_mod._gemm_triton(a, b, c, cfg, "off"))
+    ad, bd, cd = descs()
+    programs = min(triton_cdiv(M, bm) * triton_cdiv(N, bn), sm_count(dev))
+    args = (ad, bd, cd, M, N, K)
+    kw = dict(A_ROW_MAJOR=True, B_ROW_MAJOR=True, NUM_PROGRAMS=programs, **cfg, PDL=0)
+    row("launcher.launch(tma kernel, prebuilt args)", lambda: launcher.launch(gemm_mod._gemm_tma_kernel, (programs,), *args, **kw))
+    k = launcher._KERNELS[id(gemm_mod._gemm_tma_kernel)]
+    t = launcher._T
+    row("launcher._key", lambda: launcher._key(t, k, args, kw), gpu=False)
+    row("launcher._T.quiet", lambda: t.quiet(gemm_mod._gemm_tma_kernel), gpu=False)
+    row("triton knobs: runtime.debug + instrumentation_mode", lambda: (t.runtime.debug, t.compilation.instrumentation_mode), gpu=False)
+    key, full, device = launcher._key(t, k, args, kw)
+    e = k.entries[key]
+    row("launcher._expand (cached descriptors)", lambda: launcher._expand(t, e, full), gpu=False)
+    x = launcher._expand(t, e, full)
+    stream = t.get_stream(device)
+
+    def raw():
+        e.raw(programs, 1, 1, stream, e.function, e.coop, e.pdl, None, None, e.packed, None, None, None, *x)
+
+    row("C launcher alone (expanded args)", raw)
+    row("torch._C._cuda_getCurrentRawStream", lambda: t.get_stream(device), gpu=False)
+    profile("gemm(a, b, impl='cuda')", lambda: gemm(a, b, impl="cuda"))
+
+    print("-- rmsnorm 8x4096 bf16")
+    x8 = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
+    r8 = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(4096, device=dev, dtype=torch.bfloat16)
+    row("F.rms_norm", lambda: F.rms_norm(x8, (4096,), w, 1e-6))
+    row("rmsnorm(x, w) (pdl auto)", lambda: rmsnorm(x8, w))
+    row("rmsnorm(x, w, pdl=False)", lambda: rmsnorm(x8, w, pdl=False))
+    row("rmsnorm(x, w, residual=r)", lambda: rmsnorm(x8, w, residual=r8))
+    row("norm._rmsnorm_triton(x, w, eps, None, 'off')", lambda: norm._rmsnorm_triton(x8, w, 1e-6, None, "off"))
+    row("norm._rmsnorm_triton(x, w, eps, None, 'auto')", lambda: norm._rmsnorm_triton(x8, w, 1e-6, None, "auto"))
+    row("torch.empty(shape) + reshape + 2 views", lambda: (torch.empty(x8.shape, dtype=x8.dtype, device=x8.device),
+                                                           x8.reshape(-1, 4096), x8.view(-1, 4096), x8.view(-1, 4096)), gpu=False)
+    profile("rmsnorm(x, w)", lambda: rmsnorm(x8, w))
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+if __name__ == "__main__":
+    main()
