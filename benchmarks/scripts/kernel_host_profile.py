@@ -93,6 +93,8 @@ def main():
     row("gemm(a, b) auto", lambda: gemm(a, b))
     row("gemm(a, b, impl='cuda', out=c)", lambda: gemm(a, b, impl="cuda", out=c))
     row("torch.empty((M, N), dtype, device)", lambda: torch.empty((M, N), dtype=a.dtype, device=a.device))
+    row("a.new_empty((M, N))", lambda: a.new_empty((M, N)))
+    row("torch.empty(M, N, dtype=, device=)", lambda: torch.empty(M, N, dtype=a.dtype, device=a.device))
     row("a.device", lambda: a.device, gpu=False)
     row("a.shape, a.stride(), a.dtype, a.data_ptr()", lambda: (a.shape, a.stride(), a.dtype, a.data_ptr()), gpu=False)
     row("_path_key", lambda: gemm_mod._path_key(a, b, "cuda", None, None), gpu=False)
@@ -107,8 +109,10 @@ def main():
 
     row("3 Descriptors with _tma_view", descs, gpu=False)
     row("sm_count(a.device)", lambda: sm_count(a.device), gpu=False)
-    row("_gemm_cuda(a, b, c, cfg, 'off') (no alloc, no checks)", lambda: gemm_mod._gemm_cuda(a, b, c, cfg, "off"))
-    row("_gemm_triton(a, b, c, cfg, 'off')", lambda: gemm_mod._gemm_triton(a, b, c, cfg, "off"))
+    for impl in ("cuda", "triton"):
+        plan = gemm_mod._Launch(a, b, c, impl, "off", cfg, True)
+        row(f"_Launch(impl={impl!r}, remembered)(a, b, c): no checks, no alloc", lambda: plan(a, b, c))
+    row("_Launch(impl='cuda', not remembered)(a, b, c)", lambda: gemm_mod._Launch(a, b, c, "cuda", "off", cfg, False)(a, b, c))
     ad, bd, cd = descs()
     programs = min(triton_cdiv(M, bm) * triton_cdiv(N, bn), sm_count(dev))
     args = (ad, bd, cd, M, N, K)

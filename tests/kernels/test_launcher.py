@@ -226,6 +226,38 @@ def test_fast_path_compiles_once_then_calls_the_c_launcher(fake):
     assert len(k.plain) == 5 and len(k.raw_calls) == 2
 
 
+def test_slot_skips_the_key_while_the_call_matches(fake, monkeypatch):
+    keys = []
+    real_key = L._key
+    monkeypatch.setattr(L, "_key", lambda *a: keys.append(1) or real_key(*a))
+    k = FakeJit(_kernel)
+    slot = L.Slot(k)
+    x, y = torch.empty(32), torch.empty(32)
+    L.launch_slot(slot, (1,), x, 64, BLOCK=16)  # compiles (plain call), then the slot remembers the entry
+    assert len(k.plain) == 1 and slot.entry is not None
+    keys.clear()
+    assert L.launch_slot(slot, (2,), y, 128, BLOCK=16) is k.compiled[0]
+    assert not keys and len(k.raw_calls) == 1
+    assert k.raw_calls[0][:3] == (2, 1, 1) and k.raw_calls[0][13] is y and k.raw_calls[0][14:] == (128, 16, False)
+    # Another constexpr, another device, a hook: the slot's entry is not used; launch() decides.
+    L.launch_slot(slot, (1,), x, 64, BLOCK=32)
+    assert len(k.plain) == 2 and slot.kwargs == {"BLOCK": 32}
+    L.launch_slot(slot, (1,), x, 64, BLOCK=32)
+    assert len(k.raw_calls) == 2
+    fake.get_device = lambda: 1
+    L.launch_slot(slot, (1,), x, 64, BLOCK=32)
+    assert len(k.plain) == 3
+    fake.runtime.launch_enter_hook.calls.append(print)
+    L.launch_slot(slot, (1,), x, 64, BLOCK=32)
+    assert len(k.plain) == 4 and slot.entry is None
+    fake.runtime.launch_enter_hook.calls.clear()
+    # A runtime argument passed by keyword is no fixed tail: never remembered, still launched.
+    other = L.Slot(k)
+    for _ in range(2):
+        L.launch_slot(other, (1,), x, n=64, BLOCK=32)
+    assert other.entry is None and len(k.raw_calls) == 4  # both fast: launch() knows the key
+
+
 def test_device_and_knobs_are_in_the_key(fake):
     k = FakeJit(_kernel)
     x = torch.empty(32)

@@ -36,7 +36,7 @@ import torch
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .common import (TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
-                     check_tensor, require_triton, sm_count, tl, triton)
+                     check_tensor, cdiv, next_power_of_2, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, launch
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -611,7 +611,7 @@ def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, 
         lse.fill_(float("-inf"))
         return out, lse
     block_m, block_n, num_warps, num_stages = config or _fwd_config(impl, D)
-    grid = (triton.cdiv(SQ, block_m), B * H)
+    grid = (cdiv(SQ, block_m), B * H)
     qk_scale = scale * _LOG2E
     if impl == "cuda" and _tma_ok(q, k, v):
         # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
@@ -639,9 +639,9 @@ def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
     B, H, S, D = out.shape
     if out.numel() == 0:
         return
-    block_d = triton.next_power_of_2(D)
-    block_s = max(1, min(triton.next_power_of_2(S), max(1, 4096 // block_d)))
-    grid = (triton.cdiv(S, block_s), B * H)
+    block_d = next_power_of_2(D)
+    block_s = max(1, min(next_power_of_2(S), max(1, 4096 // block_d)))
+    grid = (cdiv(S, block_s), B * H)
     launch(_merge_kernel, grid, o, lse, out, lse_out, *o_strides, *lse_strides, *out.stride(), n, H, S, D,
            BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
            **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
@@ -660,17 +660,17 @@ def _merge_forward(outs, lses, out=None, pdl: str = "off"):
 
 
 def _decode_rows_block(rows: int) -> int:
-    return max(16, min(128, triton.next_power_of_2(rows)))
+    return max(16, min(128, next_power_of_2(rows)))
 
 
 def _decode_splits(q, k_cache, block_n: int) -> int:
     """Splits so that the grid covers the device a few times over, each split >= _DECODE_MIN_CHUNK keys."""
     B, Hq, SQ, _ = q.shape
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
-    row_blocks = triton.cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
+    row_blocks = cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
     programs = max(1, B * HKV * row_blocks)
-    want = triton.cdiv(_DECODE_PROGRAMS_PER_SM * sm_count(q.device), programs)
-    most = max(1, triton.cdiv(SMAX, max(_DECODE_MIN_CHUNK, block_n)))
+    want = cdiv(_DECODE_PROGRAMS_PER_SM * sm_count(q.device), programs)
+    most = max(1, cdiv(SMAX, max(_DECODE_MIN_CHUNK, block_n)))
     return max(1, min(want, most, 256))
 
 
@@ -689,7 +689,7 @@ def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, nu
     lse = torch.empty((B, HQ, SQ), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    grid = (num_splits, B * HKV, triton.cdiv(group * SQ, block_m))
+    grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
     launch(
         _decode_split_kernel, grid,
         q, k_cache, v_cache, kv_lens, part_o, part_lse,

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from .common import (TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
+from .common import (TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, interpreting, require_triton, sm_count, tl, triton)
-from .launcher import Descriptor, launch
+from .launcher import Descriptor, Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
@@ -192,7 +192,7 @@ def _gemm_config(M: int, N: int, K: int) -> dict:
     # memory. Measured on H200 (benchmarks/results/h200-kernels): the best of the tried shapes at 4096^3,
     # 8192^3 and 16384x8192x1024 for both kernels. Problems with fewer tiles than multiprocessors take
     # 128x128 to spread out.
-    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 132:
+    if cdiv(M, 128) * cdiv(N, 256) >= 132:
         return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
 
@@ -210,30 +210,48 @@ def _gemm_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None):
     return c, False
 
 
-def _gemm_triton(a, b, c, cfg: dict, pdl: str) -> None:
-    (M, K), N = a.shape, b.shape[1]
-    a_row, b_row = _orientation(a), _orientation(b)
-    even = M % cfg["BLOCK_M"] == 0 and N % cfg["BLOCK_N"] == 0 and K % cfg["BLOCK_K"] == 0
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-    launch(_gemm_kernel, grid, a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-           c.stride(0), c.stride(1), A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False,
-           EVEN=even, **cfg, **pdl_launch_args(pdl, grid[0], a.device))
+class _Launch:
+    """How one gemm path launches, worked out from the shapes, strides and config alone (no addresses):
+    the kernel, its grid, the descriptors' fields (``cuda``) or the integer arguments, the constexprs and
+    launch options, and (for a remembered path) the launcher slot that skips the launcher's key."""
 
+    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot")
 
-def _gemm_cuda(a, b, c, cfg: dict, pdl: str) -> None:
-    (M, K), N = a.shape, b.shape[1]
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    a_row, b_row = _orientation(a), _orientation(b)
-    # Descriptors over the row-major view; the kernel transposes column-major tiles back. c's descriptor
-    # has c's own shape, so a tile past its last row or column (out a block of a wider buffer) is clipped.
-    a_desc = Descriptor(a, *_tma_view(a), (bm, bk) if a_row else (bk, bm))
-    b_desc = Descriptor(b, *_tma_view(b), (bk, bn) if b_row else (bn, bk))
-    c_desc = Descriptor(c, *_tma_view(c), (bm, bn))
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    programs = max(1, min(tiles, sm_count(a.device)))
-    launch(_gemm_tma_kernel, (programs,), a_desc, b_desc, c_desc, M, N, K, A_ROW_MAJOR=bool(a_row),
-           B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg,
-           **pdl_launch_args(pdl, programs, a.device))
+    def __init__(self, a, b, c, impl: str, pdl: str, cfg: dict, remembered: bool):
+        (M, K), N = a.shape, b.shape[1]
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        a_row, b_row = _orientation(a), _orientation(b)
+        if impl == "cuda":
+            # Descriptors over the row-major view; the kernel transposes column-major tiles back. c's
+            # descriptor has c's own shape, so a tile past its last row or column (out a block of a wider
+            # buffer) is clipped.
+            self.fn = _gemm_tma_kernel
+            self.views = (_tma_view(a) + ((bm, bk) if a_row else (bk, bm),),
+                          _tma_view(b) + ((bk, bn) if b_row else (bn, bk),), _tma_view(c) + ((bm, bn),))
+            self.ints = (M, N, K)
+            programs = max(1, min(cdiv(M, bm) * cdiv(N, bn), sm_count(a.device)))
+            self.grid = (programs,)
+            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, **cfg,
+                               **pdl_launch_args(pdl, programs, a.device))
+        else:
+            self.fn, self.views = _gemm_kernel, None
+            self.ints = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+            even = M % bm == 0 and N % bn == 0 and K % bk == 0
+            self.grid = (cdiv(M, bm) * cdiv(N, bn),)
+            self.kwargs = dict(A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False, EVEN=even, **cfg,
+                               **pdl_launch_args(pdl, self.grid[0], a.device))
+        self.slot = Slot(self.fn) if remembered else None
+
+    def __call__(self, a, b, c) -> None:
+        if self.views is None:
+            args = (a, b, c) + self.ints
+        else:
+            av, bv, cv = self.views
+            args = (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv)) + self.ints
+        if self.slot is None:
+            launch(self.fn, self.grid, *args, **self.kwargs)
+        else:
+            launch_slot(self.slot, self.grid, *args, **self.kwargs)
 
 
 def _pick_gemm_impl(a, b, impl: str, out) -> str:
@@ -261,8 +279,9 @@ def _gemm_run(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> t
     return _gemm_launch(a, b, _pick_gemm_impl(a, b, impl, out), pdl, out, cfg)
 
 
-def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
-    """The picked path: ``out`` checked against the inputs (addresses), the output made, the launch."""
+def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None, plan=None) -> torch.Tensor:
+    """The picked path: ``out`` checked against the inputs (addresses), the output made, the launch
+    (``plan``: the remembered path's :class:`_Launch`, else one is worked out for this call)."""
     if out is not None:
         check_no_overlap("gemm", out, a=a, b=b)
     if impl == "reference":
@@ -270,8 +289,9 @@ def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -
         return c if out is None else out.copy_(c)
     c, done = _gemm_output(a, b, out)
     if not done:
-        cfg = cfg or _gemm_config(a.shape[0], b.shape[1], a.shape[1])
-        (_gemm_cuda if impl == "cuda" else _gemm_triton)(a, b, c, cfg, pdl)
+        if plan is None:
+            plan = _Launch(a, b, c, impl, pdl, cfg or _gemm_config(a.shape[0], b.shape[1], a.shape[1]), False)
+        plan(a, b, c)
     return c
 
 
@@ -314,7 +334,9 @@ def _check_gemm(a, b, impl, out, pdl) -> tuple[str, str]:
 # off either way), the shapes, strides, dtypes and devices of a, b and out, and the 16-byte alignment of
 # their bases (TMA). Only passed checks are kept, so a hit is the same checks passing again, for a
 # dictionary lookup instead of ~10 us of Python; what reads addresses (out overlapping an input) runs
-# every call.
+# every call. The value is (impl, pdl, the path's _Launch): its grid, descriptor fields and kernel
+# arguments follow from the same key, and its launcher slot may skip the launcher's own key because this
+# key decides every argument's class (launcher.Slot's promise).
 _PATHS: dict = {}
 
 
@@ -369,10 +391,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
         ValueError: shapes that do not chain, mixed devices, an unknown impl, an impl that cannot run on
             these tensors, a bad out (shape, device, strides, memory shared with an input) or pdl.
     """
-    key = _path_key(a, b, impl, out, pdl)
-    picked = _PATHS.get(key) if key is not None else None
-    if picked is not None:
-        return _gemm_launch(a, b, *picked, out, config)
+    key = _path_key(a, b, impl, out, pdl) if config is None else None
+    path = _PATHS.get(key) if key is not None else None
+    if path is not None:
+        return _gemm_launch(a, b, path[0], path[1], out, None, path[2])
     impl, pdl = _check_gemm(a, b, impl, out, pdl)
     if torch.compiler.is_compiling():  # traced: the custom op (fake implementation), which picks the path
         out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out
@@ -382,8 +404,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
     # microseconds of host time a call.
     if key is None:
         return _gemm_run(a, b, impl, pdl, out, config)
-    picked = (_pick_gemm_impl(a, b, impl, out), pdl)
+    impl = _pick_gemm_impl(a, b, impl, out)
+    c = _gemm_launch(a, b, impl, pdl, out)
+    (M, K), N = a.shape, b.shape[1]
+    plan = None
+    if impl != "reference" and M and N and K:  # c has the geometry of every later call's output
+        plan = _Launch(a, b, c, impl, pdl, _gemm_config(M, N, K), True)
     if len(_PATHS) >= 4096:
         _PATHS.clear()
-    _PATHS[key] = picked
-    return _gemm_launch(a, b, *picked, out, config)
+    _PATHS[key] = (impl, pdl, plan)
+    return c

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import (auto_takes_triton, capability, check_impl, check_no_overlap, check_out, check_same_device,
+from .common import (auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out, check_same_device,
                      check_tensor, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, gemv_tc, tc_config, w4_ptx
 from .launcher import launch
@@ -736,7 +736,7 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, 
     s = scales if scales is not None else w  # unused by the dense kernel; any pointer does
     stride_sn = scales.stride(0) if scales is not None else 0
     dst = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
+    grid = (cdiv(N, cfg["BLOCK_N"]), split)
     common = (wk, x, s, dst)
     pdl_args = dict(PDL=pdl, launch_pdl=pdl > 0)
     strides = (w.stride(0), x.stride(0), stride_sn, dst.stride(-2), dst.stride(0) if split > 1 else 0)
@@ -766,7 +766,7 @@ def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, 
 def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: int = 0) -> None:
     """y = the sum of the fp32 partial sums parts [split, M, N] (contiguous; y's rows may be apart)."""
     block, MN = 1024, y.numel()
-    launch(_splitk_sum_kernel, (triton.cdiv(MN, block),), parts, y, MN, y.shape[1], y.stride(0), SPLIT=parts.shape[0],
+    launch(_splitk_sum_kernel, (cdiv(MN, block),), parts, y, MN, y.shape[1], y.stride(0), SPLIT=parts.shape[0],
            BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0)
 
 

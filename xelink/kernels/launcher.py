@@ -72,7 +72,7 @@ try:
 except ImportError:  # CPU-only installs: every launch is the plain call (which the callers never reach)
     triton = None
 
-__all__ = ["Descriptor", "fast_path", "launch", "set_check"]
+__all__ = ["Descriptor", "Slot", "fast_path", "launch", "launch_slot", "set_check"]
 
 _MAX_ENTRIES = 512      # specializations remembered per kernel (then forgotten, all at once)
 _MAX_DESCRIPTORS = 1024  # expanded descriptors remembered per compiled kernel
@@ -285,13 +285,13 @@ def set_check(flag: bool | None) -> None:
 class _Kernel:
     """The fast-path state of one JIT function: its binder and its entries, by key."""
 
-    __slots__ = ("fn", "bind", "reason", "entries", "fast", "plain")
+    __slots__ = ("fn", "bind", "reason", "entries", "fast", "plain", "runtime_names")
 
     def __init__(self, fn):
         self.fn, self.entries, self.fast, self.plain = fn, {}, 0, 0
         t = _triton()
         self.reason = t.reason
-        self.bind = None
+        self.bind, self.runtime_names = None, frozenset()
         if self.reason is None and type(fn) not in t.jit_types:
             self.reason = f"{type(fn).__name__} is not a plain Triton JIT function (interpreted, autotuned?)"
         if self.reason is None:
@@ -299,6 +299,8 @@ class _Kernel:
             self.bind = _binder(params) if params is not None else None
             if self.bind is None:
                 self.reason = "a signature the binder does not reproduce"
+            else:
+                self.runtime_names = frozenset(name for name, constexpr, _ in params if not constexpr)
 
 
 class _Entry:
@@ -465,9 +467,15 @@ def launch(fn, grid, *args, **kwargs):
         return c
     if e is _PLAIN:
         return _plain(k, fn, grid, args, kwargs)
+    return _fire(t, k, e, device, grid, full, args, kwargs)
+
+
+def _fire(t: _Triton, k: _Kernel, e: _Entry, device: int, grid, full, args, kwargs):
+    """The fast launch of entry ``e`` (``full``: every argument in order), or the plain call where a global
+    the kernel read was rebound since it compiled."""
     for g, name, obj in e.globals:
         if g.get(name, _MISSING) is not obj:  # rebound since compilation: Triton's check decides
-            return _plain(k, fn, grid, args, kwargs)
+            return _plain(k, k.fn, grid, args, kwargs)
     if _CHECK is None:
         set_check(None)
     if _CHECK:
@@ -479,3 +487,57 @@ def launch(fn, grid, *args, **kwargs):
           None, None, e.packed, None, None, None, *full)
     k.fast += 1
     return e.c
+
+
+class Slot:
+    """One call site's compiled kernel, for hot callers that keep their own cache of checked calls (gemm's).
+
+    The caller promises that the calls it routes to one slot pass the same kernel, the same grid length,
+    equal keyword arguments (constexprs and launch options only) and positional arguments of the same
+    classes (a tensor: dtype and 16-byte alignment; an int: 1, i32, i64 or u64 and alignment to 16; a
+    descriptor: dtype, block shape, padding; see the module docstring): every part of the launcher's key
+    but the current device and Triton's global knobs, which :func:`launch_slot` checks itself. Then a call
+    skips the binder and the key (about 5 us on an H200). ``XELINK_LAUNCH_CHECK=1`` verifies every
+    slot launch against Triton's own key, so a broken promise fails the GPU tests instead of launching
+    another specialization.
+    """
+
+    __slots__ = ("fn", "entry", "kwargs", "nargs", "tail", "state")
+
+    def __init__(self, fn):
+        self.fn, self.entry, self.kwargs, self.nargs, self.tail, self.state = fn, None, None, -1, (), None
+
+
+def launch_slot(slot: Slot, grid, *args, **kwargs):
+    """:func:`launch` through ``slot``: the slot's kernel when this call matches it (same keyword
+    arguments and argument count, same device and knobs, no hook), else :func:`launch`, whose kernel the
+    slot then remembers."""
+    e = slot.entry
+    if e is not None and len(args) == slot.nargs and kwargs == slot.kwargs:
+        t = _T
+        device = t.get_device()
+        if slot.state == (device, t.runtime.debug, t.compilation.instrumentation_mode, slot.fn.debug) \
+                and t.quiet(slot.fn):
+            return _fire(t, _KERNELS[id(slot.fn)], e, device, grid, args + slot.tail, args, kwargs)
+    c = launch(slot.fn, grid, *args, **kwargs)
+    _remember(slot, args, kwargs)
+    return c
+
+
+def _remember(slot: Slot, args, kwargs) -> None:
+    """Point ``slot`` at the entry :func:`launch` just used for this call (none: the slot stays empty)."""
+    slot.entry = None
+    k = _KERNELS.get(id(slot.fn))
+    t = _T
+    if k is None or k.bind is None or t is None or not t.quiet(slot.fn):
+        return
+    if any(name in k.runtime_names for name in kwargs):  # a runtime argument by keyword: not a fixed tail
+        return
+    try:
+        key, full, device = _key(t, k, args, kwargs)
+    except (TypeError, RuntimeError, _Unsupported):
+        return
+    e = k.entries.get(key)
+    if e.__class__ is _Entry:
+        slot.entry, slot.kwargs, slot.nargs, slot.tail = e, dict(kwargs), len(args), tuple(full[len(args):])
+        slot.state = (device, t.runtime.debug, t.compilation.instrumentation_mode, slot.fn.debug)

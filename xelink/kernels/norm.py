@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .common import (auto_takes_triton, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
-                     require_triton, tl, triton)
+                     cdiv, next_power_of_2, require_triton, tl, triton)
 from .launcher import launch
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -179,7 +179,7 @@ def _rmsnorm_triton(x, w, eps: float, residual, pdl: str, out=None):
         return out if residual is None else (out, h.copy_(x))
     r2 = _rows(residual) if residual is not None else x2
     o2, h2 = out.view(-1, H), h.view(-1, H)
-    block = triton.next_power_of_2(H)
+    block = next_power_of_2(H)
     one_pass = block <= _ONE_PASS_MAX
     if not one_pass:
         block = 4096
@@ -321,14 +321,14 @@ def _rope_triton(q, k, cos, sin, pdl: str = "off"):
     if B == 0 or S == 0 or D == 0 or HQ + HK == 0:
         return qo, ko
     half = D // 2
-    block_d = triton.next_power_of_2(half)
+    block_d = next_power_of_2(half)
     # Tiles of BLOCK_S positions x D/2 (1024 elements: the four cos/sin halves stay in 32 registers a
     # thread, so many programs fit on a multiprocessor), 8 heads a program: each cos/sin tile is
     # loaded once per 8 heads.
-    block_s = max(1, min(triton.next_power_of_2(S), 1024 // block_d))
+    block_s = max(1, min(next_power_of_2(S), 1024 // block_d))
     heads = 8
-    groups = triton.cdiv(HQ, heads) + triton.cdiv(HK, heads)
-    grid = (triton.cdiv(S, block_s), groups, B)
+    groups = cdiv(HQ, heads) + cdiv(HK, heads)
+    grid = (cdiv(S, block_s), groups, B)
     # A batch-broadcast cos/sin (leading dim 1) gets batch stride 0.
     cb = c.stride(0) if c.shape[0] > 1 else 0
     sb = s.stride(0) if s.shape[0] > 1 else 0
