@@ -741,6 +741,21 @@ def test_gpu_norms_fast_path(checked_launches):
             out, h = rmsnorm(x, w, residual=r)
             want, want_h = reference_rmsnorm(x, w, residual=r)
             assert _rel(out, want) < 1e-2 and torch.equal(h, want_h)
+    # Remembered paths (norm._PATHS): eps changes between equal calls, out= blocks, 3-D rows, a column view
+    # of x (not rows: never remembered), each call twice or more.
+    x3 = torch.randn(2, 5, 512, device="cuda", generator=g).to(torch.bfloat16)
+    w3 = torch.randn(512, device="cuda", generator=g).to(torch.bfloat16)
+    big = torch.zeros(2, 5, 1024, device="cuda", dtype=torch.bfloat16)
+    for eps in (1e-6, 0.5, 1e-6, 2.0):
+        assert _rel(rmsnorm(x3, w3, eps), reference_rmsnorm(x3, w3, eps)) < 1e-2, eps
+        out = big[..., 256:768]
+        got, h = rmsnorm(x3, w3, eps, residual=x3 * 2, out=out)
+        want, want_h = reference_rmsnorm(x3, w3, eps, residual=x3 * 2)
+        assert got is out and _rel(out, want) < 1e-2 and torch.equal(h, want_h), eps
+        wide = torch.randn(512, 8, device="cuda", generator=g).to(torch.bfloat16)[:, 1:5]  # stride(-1)=1, rows 8 apart
+        assert _rel(rmsnorm(wide, w3[:4]), reference_rmsnorm(wide, w3[:4])) < 1e-2
+        col = torch.randn(4, 512, device="cuda", generator=g).to(torch.bfloat16).T  # stride(-1) != 1: a copy
+        assert _rel(rmsnorm(col, w3[:4]), reference_rmsnorm(col, w3[:4])) < 1e-2
     for B, HQ, HK, S, D in ((1, 8, 2, 64, 128), (2, 4, 4, 7, 64), (1, 8, 2, 64, 128)):
         q = torch.randn(B, HQ, S, D, device="cuda", generator=g).to(torch.bfloat16)
         k = torch.randn(B, HK, S, D, device="cuda", generator=g).to(torch.bfloat16)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from .common import (TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
-                     check_same_device, check_tensor, interpreting, require_triton, sm_count, tl, triton)
+from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap,
+                     check_out, check_same_device, check_tensor, geometry, interpreting, require_triton, sm_count, tl,
+                     triton)
 from .launcher import Descriptor, Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -337,7 +338,7 @@ def _check_gemm(a, b, impl, out, pdl) -> tuple[str, str]:
 # every call. The value is (impl, pdl, the path's _Launch): its grid, descriptor fields and kernel
 # arguments follow from the same key, and its launcher slot may skip the launcher's own key because this
 # key decides every argument's class (launcher.Slot's promise).
-_PATHS: dict = {}
+_PATHS = Paths()
 
 
 def _path_key(a, b, impl, out, pdl):
@@ -345,19 +346,13 @@ def _path_key(a, b, impl, out, pdl):
     is not a str, pdl on, whose check reads the environment: the checks run, as for every call that is
     not remembered)."""
     if torch.compiler.is_compiling() or a.__class__ is not torch.Tensor or b.__class__ is not torch.Tensor \
-            or impl.__class__ is not str or not (pdl is None or pdl is False):
-        return None
-    device = a.device
-    if device.type != "cuda":
+            or impl.__class__ is not str or not (pdl is None or pdl is False) or a.device.type != "cuda":
         return None
     if out is None:
-        geometry = None
-    elif out.__class__ is torch.Tensor:
-        geometry = (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % 16 == 0)
-    else:
-        return None
-    return (impl, pdl, a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, device, b.device,
-            a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, geometry)
+        return impl, pdl, geometry(a), geometry(b), None
+    if out.__class__ is torch.Tensor:
+        return impl, pdl, geometry(a), geometry(b), geometry(out)
+    return None
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None,
@@ -410,7 +405,5 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
     plan = None
     if impl != "reference" and M and N and K:  # c has the geometry of every later call's output
         plan = _Launch(a, b, c, impl, pdl, _gemm_config(M, N, K), True)
-    if len(_PATHS) >= 4096:
-        _PATHS.clear()
-    _PATHS[key] = (impl, pdl, plan)
+    _PATHS.remember(key, (impl, pdl, plan))
     return c

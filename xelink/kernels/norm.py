@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .common import (auto_takes_triton, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
-                     cdiv, next_power_of_2, require_triton, tl, triton)
-from .launcher import launch
+from .common import (Paths, auto_takes_triton, cdiv, check_impl, check_no_overlap, check_out, check_same_device,
+                     check_tensor, geometry, next_power_of_2, require_triton, tl, triton)
+from .launcher import Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
@@ -179,15 +179,70 @@ def _rmsnorm_triton(x, w, eps: float, residual, pdl: str, out=None):
         return out if residual is None else (out, h.copy_(x))
     r2 = _rows(residual) if residual is not None else x2
     o2, h2 = out.view(-1, H), h.view(-1, H)
+    launch(_rmsnorm_kernel, (rows,), x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
+           float(eps), **_rmsnorm_options(rows, H, residual is not None, pdl, x.device))
+    return out if residual is None else (out, h)
+
+
+def _rmsnorm_options(rows: int, H: int, has_res: bool, pdl: str, device) -> dict:
     block = next_power_of_2(H)
     one_pass = block <= _ONE_PASS_MAX
     if not one_pass:
         block = 4096
-    warps = max(1, min(16, block // 512))
-    launch(_rmsnorm_kernel, (rows,), x2, r2, w, o2, h2, H, x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0),
-           float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK_H=block,
-           num_warps=warps, **pdl_launch_args(pdl, rows, x.device))
-    return out if residual is None else (out, h)
+    return dict(HAS_RES=has_res, ONE_PASS=one_pass, BLOCK_H=block, num_warps=max(1, min(16, block // 512)),
+                **pdl_launch_args(pdl, rows, device))
+
+
+class _NormLaunch:
+    """A remembered rmsnorm path (``_PATHS``): the kernel's integer arguments, grid and options, worked out
+    from a call whose x, residual and out are views of ``[rows, H]`` (so the kernel takes the tensors
+    themselves), and a launcher slot (the key decides every argument's class)."""
+
+    __slots__ = ("grid", "ints", "kwargs", "slot")
+
+    def __init__(self, x, residual, out, pdl: str):
+        H = x.shape[-1]
+        x2 = x.view(-1, H)
+        r2 = residual.view(-1, H) if residual is not None else x2
+        stride_o = out.view(-1, H).stride(0) if out is not None else H  # else a new contiguous tensor
+        self.grid = (x2.shape[0],)
+        self.ints = (H, x2.stride(0), r2.stride(0), stride_o, stride_o if residual is None else H)
+        self.kwargs = _rmsnorm_options(x2.shape[0], H, residual is not None, pdl, x.device)
+        self.slot = Slot(_rmsnorm_kernel)
+
+    def __call__(self, x, w, eps: float, residual, out):
+        if out is not None:
+            check_no_overlap("rmsnorm", out, x=x, w=w, residual=residual)
+        o = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+        h = o if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        launch_slot(self.slot, self.grid, x, x if residual is None else residual, w, o, h, *self.ints, eps,
+                    **self.kwargs)
+        return o if residual is None else (o, h)
+
+
+# rmsnorm()'s checks and path choice, remembered by everything they read (as gemm's ``_PATHS``): impl,
+# pdl, the geometry of x, w, residual and out; eps only by class (a float; its sign is checked every
+# call). Kept only for the Triton path on CUDA tensors that need no copy (x, residual, out views of rows).
+_PATHS = Paths()
+
+
+def _rmsnorm_key(x, w, eps, residual, impl, pdl, out):
+    if torch.compiler.is_compiling() or x.__class__ is not torch.Tensor or w.__class__ is not torch.Tensor \
+            or impl.__class__ is not str or eps.__class__ is not float or not eps >= 0 \
+            or not (pdl is None or pdl is True or pdl is False or (pdl.__class__ is str and pdl in ("early", "late"))) \
+            or x.device.type != "cuda":
+        return None
+    if (residual is not None and residual.__class__ is not torch.Tensor) or (out is not None
+                                                                            and out.__class__ is not torch.Tensor):
+        return None
+    return (impl, pdl, geometry(x), geometry(w), None if residual is None else geometry(residual),
+            None if out is None else geometry(out))
+
+
+def _rows_view(t) -> bool:
+    """``t`` (None counts) is seen by the kernel as ``[rows, H]`` rows without a copy."""
+    return t is None or ((t.stride(-1) == 1 or t.shape[-1] <= 1)
+                         and t.reshape(-1, t.shape[-1]).data_ptr() == t.data_ptr())
 
 
 def _rmsnorm_run(x, w, eps: float, residual, impl: str, pdl: str, out=None):
@@ -267,6 +322,10 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
         ValueError: shape mismatches, negative eps, mixed devices, an unknown impl or one that cannot
             run on these tensors, a bad out, a bad pdl or one this GPU cannot do.
     """
+    key = _rmsnorm_key(x, w, eps, residual, impl, pdl, out)
+    plan = _PATHS.get(key) if key is not None else None
+    if plan is not None:
+        return plan(x, w, eps, residual, out)
     fn = "rmsnorm"
     impl = check_impl(fn, impl, NORM_IMPLS)
     check_tensor(fn, "x", x)
@@ -293,6 +352,9 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
     impl = _resolve(fn, impl, x.device)
     pdl = pdl_option(fn, pdl, impl, x.device)
     eps = float(eps)
+    if key is not None and impl == "triton" and x.numel() and w.stride(0) == 1 and _rows_view(x) \
+            and _rows_view(residual) and not torch.compiler.is_compiling():
+        _PATHS.remember(key, _NormLaunch(x, residual, out, pdl))
     w = w if w.stride(0) == 1 else w.contiguous()
     if torch.compiler.is_compiling():  # traced: the custom ops with their fake implementations
         out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
