@@ -425,3 +425,158 @@ def test_broken_calibrations_are_rejected_by_name(edit, exc, message):
         cost.loads_calibration(CAL_TOML.replace(*edit))
     with pytest.raises(ValueError, match=r"load_calibration: calibration file 'nowhere.toml' does not exist"):
         cost.load_calibration("nowhere.toml")
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed GEMM: the collective, the GEMM, and the overlap
+
+
+@pytest.mark.parametrize("name", T.available())
+@pytest.mark.parametrize("op", cost.DIST_GEMM_OPS)
+def test_every_dist_gemm_algorithm_is_priced(name, op):
+    t = T.load(name)
+    n = len(t.devices)
+    for algo in cost.DIST_GEMM_ALGOS[op]:
+        p = cost.predict_dist_gemm(t, n, op, algo, 1024 * n, 2048, 4096)
+        assert p.compute_s == pytest.approx(2 * 1024 * n * 2048 * 4096 / (cost.GEMM_TFLOPS[t.devices[0].kind] * 1e12))
+        assert p.time_s >= p.compute_s > 0 and p.steps and sum(p.link_bytes.values()) > 0, algo
+        assert (p.op, p.algo, p.nranks) == (op, algo, n)
+        # sequential is the collective then the GEMM, exactly
+        if algo == "sequential":
+            coll = {"all_gather_matmul": "all_gather", "matmul_reduce_scatter": "reduce_scatter"}.get(op, "all_reduce")
+            nbytes = 1024 * n * (4096 if coll == "all_gather" else 2048) * 2
+            best = cost.best(t, n, coll, nbytes)
+            assert p.time_s == pytest.approx(cost.predict(t, n, coll, best, nbytes).time_s + p.compute_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", T.available())
+@pytest.mark.parametrize("op", cost.DIST_GEMM_OPS)
+@pytest.mark.parametrize("shape", [(6144, 1024, 1024), (12288, 8192, 8192), (24576, 8192, 4096)])
+def test_pipelining_the_ring_never_loses_to_the_ring_then_the_gemm(name, op, shape):
+    # pipelined runs the ring's own steps, so it can only hide time; with comm it hides some
+    t = T.load(name)
+    n = len(t.devices)
+    seq = cost.predict_dist_gemm(t, n, op, "sequential", *shape, collective_algo="ring")
+    pip = cost.predict_dist_gemm(t, n, op, "pipelined", *shape)
+    assert seq.time_s > seq.compute_s
+    assert seq.time_s > pip.time_s >= pip.compute_s
+
+
+@pytest.mark.parametrize("op", cost.DIST_GEMM_OPS)
+def test_two_ranks_hide_one_step_behind_the_gemm(op):
+    t = T.load("nvidia-h200x2")
+    M = N = K = 8192
+    seq = cost.predict_dist_gemm(t, 2, op, "sequential", M, N, K)
+    pip = cost.predict_dist_gemm(t, 2, op, "pipelined", M, N, K)
+    top = cost.predict_dist_gemm(t, 2, op, "topo", M, N, K)
+    gemm = 2 * M * N * K / 766e12
+    step = 3e-6 + M * (K if op == "all_gather_matmul" else N) * 2 / 2 / 390e9
+    # (the all-reduce: the one-shot direct one, a single latency for both halves)
+    assert seq.time_s == pytest.approx(gemm + (2 * step - 3e-6 if op == "matmul_all_reduce" else step), rel=1e-9)
+    if op == "matmul_all_reduce":  # the reduce-scatter hides, the all-gather of the sum cannot
+        assert pip.time_s == pytest.approx(gemm + step, rel=1e-9)
+    else:  # one step, shorter than the GEMM of the own half: hidden
+        assert step < gemm / 2 and pip.time_s == pytest.approx(gemm, rel=1e-12)
+        assert pip.bottleneck == "GEMM"
+    assert top.time_s == pytest.approx(pip.time_s, rel=1e-12)  # one package: the same single exchange
+
+
+def test_ranks_sharing_a_gpu_share_its_gemm_rate():
+    t = T.load("nvidia-h200x2")
+    one = cost.predict_dist_gemm(t, 2, "all_gather_matmul", "topo", 8192, 8192, 8192)
+    shared = cost.predict_dist_gemm(t, T.place(t, 2, 2), "all_gather_matmul", "topo", 8192, 8192, 8192)
+    assert shared.compute_s == pytest.approx(2 * one.compute_s) and shared.link_bytes == {}
+
+
+@pytest.mark.parametrize("op", ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"])
+def test_topo_beats_the_flat_pipeline_across_slow_xelink(intel, op):
+    M = N = K = 6144
+    pip = cost.predict_dist_gemm(intel, 12, op, "pipelined", M, N, K)
+    top = cost.predict_dist_gemm(intel, 12, op, "topo", M, N, K)
+    assert top.time_s < 0.8 * pip.time_s
+    # each shard (or partial) crosses XeLink once per remote card, as the topo collectives; the ring
+    # carries it over 6 of its 11 hops
+    coll = M * (K if op == "all_gather_matmul" else N) * 2
+    assert top.link_bytes["xelink"] == (10 if op == "matmul_all_reduce" else 5) * coll
+    assert pip.link_bytes["xelink"] == (12 if op == "matmul_all_reduce" else 6) * coll - (
+        coll if op == "matmul_all_reduce" else coll // 2)
+    # the paper's comparison: materialise with the topo gather, then the GEMM, against a flat gather
+    flat = cost.predict_dist_gemm(intel, 12, "all_gather_matmul", "sequential", M, N, K, collective_algo="direct")
+    topo = cost.predict_dist_gemm(intel, 12, "all_gather_matmul", "sequential", M, N, K, collective_algo="topo")
+    assert 1.2 < flat.time_s / topo.time_s < 1.5
+
+
+@pytest.mark.parametrize("op", cost.DIST_GEMM_OPS)
+def test_dist_gemm_on_uneven_packages_and_one_rank(op):
+    t = _uneven()
+    for algo in cost.DIST_GEMM_ALGOS[op]:
+        p = cost.predict_dist_gemm(t, 5, op, algo, 640, 512, 512, 4)
+        assert p.time_s >= p.compute_s > 0 and sum(p.link_bytes.values()) > 0
+        one = cost.predict_dist_gemm(t, 1, op, algo, 640, 512, 512, 4)
+        assert one.time_s == one.compute_s == pytest.approx(2 * 640 * 512 * 512 / 0.05e12) and one.steps == ()
+
+
+def test_topo_rounds_deliver_every_shard_and_block_once():
+    from xelink.cost import _gather_rounds, _scatter_rounds
+
+    for t, n in ((T.load("intel-max-1550x6"), 12), (_uneven(), 5), (T.load("cpu-2x2"), 3)):
+        pl = T.place(t, n)
+        rounds = _gather_rounds(pl, "topo", 7)
+        assert [sum(got.get(r, 0) for _, got in rounds) for r in range(n)] == [n - 1] * n
+        # a shard arrives once at every rank (from its owner or the landing rank of its package)
+        assert sum(len(ph.transfers) for ph, _ in rounds) >= n * (n - 1)
+        rs = _scatter_rounds(pl, "topo", 7)
+        assert all(need[r] <= n - 1 for _, need in rs for r in need)
+        got = [0] * n  # every destination receives one partial per package, its own package's per member
+        for ph, _ in rs:
+            for tr in ph.transfers:
+                got[tr.dst] += 1
+        assert all(g >= len(pl.packages()) - 1 for g in got)
+
+
+def test_dist_gemm_calibration_adds_the_software_terms(cpu):
+    base = cost.predict_dist_gemm(cpu, 4, "all_gather_matmul", "sequential", 1024, 1024, 1024, 4)
+    cal = cost.predict_dist_gemm(cpu, 4, "all_gather_matmul", "sequential", 1024, 1024, 1024, 4, CAL)
+    assert cal.time_s > base.time_s and cal.calibration == CAL.name and cal.overhead_s > 0
+    pip = cost.predict_dist_gemm(cpu, 4, "all_gather_matmul", "pipelined", 64, 64, 64, 4, CAL)
+    assert pip.time_s > cost.predict_dist_gemm(cpu, 4, "all_gather_matmul", "pipelined", 64, 64, 64, 4).time_s
+
+
+def test_dist_gemm_bad_inputs_raise_named_errors(intel):
+    f = cost.predict_dist_gemm
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: op='gemm' is not one of all_gather_matmul, "):
+        f(intel, 12, "gemm", "topo", 12, 1, 1)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: algo='fused' is not an algorithm of "
+                                         r"op='all_gather_matmul' \(choose from sequential, pipelined, topo\)"):
+        f(intel, 12, "all_gather_matmul", "fused", 12, 1, 1)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: M=100 is not divisible by the 12 rank\(s\)"):
+        f(intel, 12, "all_gather_matmul", "topo", 100, 1, 1)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: N=0 must be >= 1"):
+        f(intel, 12, "matmul_reduce_scatter", "topo", 12, 0, 1)
+    with pytest.raises(TypeError, match=r"predict_dist_gemm: K=1.5 must be an int"):
+        f(intel, 12, "matmul_reduce_scatter", "topo", 12, 1, 1.5)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: dtype_bytes=0 must be a positive int"):
+        f(intel, 12, "matmul_all_reduce", "topo", 12, 1, 1, dtype_bytes=0)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: gemm_tflops=-1 must be a positive"):
+        f(intel, 12, "matmul_all_reduce", "topo", 12, 1, 1, gemm_tflops=-1)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: collective_algo='ring' applies to algo='sequential'"):
+        f(intel, 12, "all_gather_matmul", "topo", 12, 1, 1, collective_algo="ring")
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: collective_algo='two_shot' is not an algorithm of "
+                                         r"all_gather"):
+        f(intel, 12, "all_gather_matmul", "sequential", 12, 1, 1, collective_algo="two_shot")
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: place: 13 ranks"):
+        f(intel, 13, "all_gather_matmul", "topo", 13, 1, 1)
+    with pytest.raises(ValueError, match=r"dist_gemm_table: op='all_gather' is not one of"):
+        cost.dist_gemm_table(intel, 12, "all_gather", [(12, 1, 1)])
+    with pytest.raises(ValueError, match=r"parse_shape: '8x8' is not a shape"):
+        cost.parse_shape("8x8")
+    assert cost.parse_shape("8192") == (8192,) * 3 and cost.parse_shape("16384x8192x4096") == (16384, 8192, 4096)
+
+
+def test_cost_command_prices_dist_gemm(capsys):
+    assert cli.main(["cost", "--topology", "intel-max-1550x6", "--op", "all_gather_matmul",
+                     "--shapes", "6144", "12288x12288x12288"]) == 0
+    out = capsys.readouterr().out
+    assert "all_gather_matmul on intel-max-1550x6: 12 rank(s) in 6 package(s)" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("6144x", "12288x"))]
+    assert rows[0][0] == "6144x6144x6144" and rows[0][-1] == "topo" and len(rows) == 2

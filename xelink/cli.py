@@ -178,7 +178,8 @@ def _cmd_topology(args) -> int:
 
 
 def _cmd_cost(args) -> int:
-    """Print the cost model's predicted time of every algorithm per size, and its ratio to the ring."""
+    """Print the cost model's predicted time of every algorithm per size, and its ratio to the ring (for a
+    distributed GEMM op: per shape, and its share of GEMM-alone speed)."""
     from . import cost, topology
 
     world = None
@@ -192,8 +193,13 @@ def _cmd_cost(args) -> int:
     nranks = args.nranks or len(topo.devices)
     ops = cost.OPS if args.op == "all" else (args.op,)
     if world is None or world.rank == 0:
-        sizes = [cost.parse_size(s) for s in args.sizes]
-        print("\n\n".join(cost.table(topo, nranks, op, sizes) for op in ops))
+        if args.op in cost.DIST_GEMM_OPS:
+            shapes = [cost.parse_shape(s) for s in args.shapes]
+            print(cost.dist_gemm_table(topo, nranks, args.op, shapes, args.dtype_bytes,
+                                       gemm_tflops=args.gemm_tflops))
+        else:
+            sizes = [cost.parse_size(s) for s in args.sizes]
+            print("\n\n".join(cost.table(topo, nranks, op, sizes) for op in ops))
     if world is not None:
         import xelink
 
@@ -202,9 +208,9 @@ def _cmd_cost(args) -> int:
 
 
 def _cost_ops() -> tuple:
-    from .cost import OPS
+    from .cost import DIST_GEMM_OPS, OPS
 
-    return OPS
+    return OPS + DIST_GEMM_OPS
 
 
 def main(argv=None) -> int:
@@ -233,10 +239,16 @@ def main(argv=None) -> int:
     p = sub.add_parser("cost", help="predicted time of each collective algorithm (alpha-beta link model)")
     p.add_argument("--topology", help="a shipped topology name or a .toml path (default: XELINK_TOPOLOGY, "
                                       "else discovery)")
-    p.add_argument("--op", default="all_gather", choices=("all",) + _cost_ops(), help="default: all_gather")
+    p.add_argument("--op", default="all_gather", choices=("all",) + _cost_ops(),
+                   help="a collective, all (every collective), or a distributed GEMM op (default: all_gather)")
     p.add_argument("--sizes", nargs="+", default=["1K", "24K", "1M", "16M", "96M", "1G"],
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
     p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
+    p.add_argument("--shapes", nargs="+", default=["6144", "12288"],
+                   help="distributed GEMM shapes, M (a cube) or MxNxK (default: 6144 12288)")
+    p.add_argument("--dtype-bytes", type=int, default=2, help="distributed GEMM element size (default: 2, bf16)")
+    p.add_argument("--gemm-tflops", type=float,
+                   help="distributed GEMM rate of one device (default: cost.GEMM_TFLOPS of its kind)")
     p.set_defaults(fn=_cmd_cost)
     # Never parsed here (main hands `xelink bench ...` to the suite first): listed for `xelink --help`.
     sub.add_parser("bench", add_help=False, help="the benchmark suite (multi-rank families under a launcher): "

@@ -105,7 +105,13 @@ __all__ = [
     "predict",
     "predict_all",
     "best",
+    "DIST_GEMM_OPS",
+    "DIST_GEMM_ALGOS",
+    "GEMM_TFLOPS",
+    "predict_dist_gemm",
+    "dist_gemm_table",
     "parse_size",
+    "parse_shape",
     "table",
     "load_calibration",
     "loads_calibration",
@@ -158,6 +164,8 @@ class Prediction:
         latency_s: link and device latencies on the critical path (the alpha of each step's bottleneck).
         local_s: local copies and reductions on the critical path (0 without a calibration).
         calibration: the name of the calibration used, or None.
+        compute_s: for a distributed GEMM (``predict_dist_gemm``), the slowest rank's GEMM time; the
+            rest of ``time_s`` is communication the GEMM did not hide. 0 for a collective.
     """
 
     topology: str
@@ -174,6 +182,7 @@ class Prediction:
     latency_s: float = 0.0
     local_s: float = 0.0
     calibration: str | None = None
+    compute_s: float = 0.0
 
     @property
     def algbw_gbps(self) -> float:
@@ -731,34 +740,64 @@ def predict(topology: Topology, placement_or_nranks, op: str, algo: str, nbytes:
     nbytes = _check("predict", op, algo, nbytes)
     placement = _placement("predict", topology, placement_or_nranks)
     cal = _calibration("predict", topology, calibration)
-    total = overhead = latency = local = 0.0
-    steps = []
-    traffic: dict = defaultdict(int)
-    link_bytes: dict = defaultdict(int)
-    blame: dict = defaultdict(float)
+    priced = _price_phases(topology, placement, _phases(placement, op, algo, nbytes), cal)
+    return priced.prediction(topology, placement, op, algo, nbytes, cal)
+
+
+@dataclasses.dataclass
+class _Priced:
+    """A list of phases priced one after the other: what ``Prediction`` reports, and each phase's time."""
+
+    times: list
+    steps: list
+    traffic: dict
+    link_bytes: dict
+    blame: dict
+    overhead: float = 0.0
+    latency: float = 0.0
+    local: float = 0.0
+    call: float = 0.0  # the calibration's call_us, if the phases communicate
+
+    @property
+    def total(self) -> float:
+        return self.call + sum(self.times)
+
+    def prediction(self, topology, placement, op, algo, nbytes, cal, time_s=None, compute_s=0.0,
+                   extra_blame=None) -> Prediction:
+        blame = dict(self.blame)
+        for k, v in (extra_blame or {}).items():
+            blame[k] = blame.get(k, 0.0) + v
+        return Prediction(topology=topology.name, nranks=placement.nranks, op=op, algo=algo, nbytes=nbytes,
+                          time_s=self.total if time_s is None else time_s, steps=tuple(self.steps),
+                          traffic=dict(self.traffic), link_bytes=dict(self.link_bytes),
+                          bottleneck=max(blame, key=blame.get) if blame else "", overhead_s=self.overhead,
+                          latency_s=self.latency, local_s=self.local, calibration=None if cal is None else cal.name,
+                          compute_s=compute_s)
+
+
+def _price_phases(topology: Topology, placement: Placement, phases: Iterable[_Phase],
+                  cal: Calibration | None) -> _Priced:
+    """Price ``phases`` one after the other (``times[i]``: phase i's time, 0 for one that costs nothing)."""
+    out = _Priced([], [], defaultdict(int), defaultdict(int), defaultdict(float))
     communicates = False
-    for phase in _phases(placement, op, algo, nbytes):
+    for phase in phases:
         cost, o, lat, loc, who, chan = _price_phase(topology, placement, phase, cal)
+        out.times.append(0.0 if cost is None else cost.time_s)
         if cost is None:
             continue
         communicates = communicates or bool(phase.transfers)
-        steps.append(cost)
-        total += cost.time_s
-        overhead, latency, local = overhead + o, latency + lat, local + loc
+        out.steps.append(cost)
+        out.overhead, out.latency, out.local = out.overhead + o, out.latency + lat, out.local + loc
         for k, v in who.items():
-            blame[k] += v
+            out.blame[k] += v
         for (name, ea, eb), nb in chan.items():
-            traffic[f"{name} {ea}->{eb}"] += nb
-            link_bytes[name] += nb
+            out.traffic[f"{name} {ea}->{eb}"] += nb
+            out.link_bytes[name] += nb
     if cal is not None and communicates and cal.call_us:
-        total += cal.call_us * 1e-6
-        overhead += cal.call_us * 1e-6
-        blame["software"] += cal.call_us * 1e-6
-    bottleneck = max(blame, key=blame.get) if blame else ""
-    return Prediction(topology=topology.name, nranks=placement.nranks, op=op, algo=algo, nbytes=nbytes,
-                      time_s=total, steps=tuple(steps), traffic=dict(traffic), link_bytes=dict(link_bytes),
-                      bottleneck=bottleneck, overhead_s=overhead, latency_s=latency, local_s=local,
-                      calibration=None if cal is None else cal.name)
+        out.call = cal.call_us * 1e-6
+        out.overhead += out.call
+        out.blame["software"] += out.call
+    return out
 
 
 def predict_all(topology: Topology, placement_or_nranks, op: str, nbytes: int,
@@ -783,6 +822,236 @@ def best(topology: Topology, nranks, op: str, nbytes: int, algos: Sequence[str] 
     """
     preds = predict_all(topology, nranks, op, nbytes, algos, calibration)
     return min(preds, key=lambda a: preds[a].time_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed GEMM: a collective and the GEMM it feeds, with or without overlap
+
+DIST_GEMM_ALGOS: dict[str, tuple[str, ...]] = {
+    "all_gather_matmul": ("sequential", "pipelined", "topo"),
+    "matmul_reduce_scatter": ("sequential", "pipelined", "topo"),
+    "matmul_all_reduce": ("sequential", "pipelined", "topo"),
+}
+DIST_GEMM_OPS = tuple(DIST_GEMM_ALGOS)
+
+# Dense GEMM rate of one device (TFLOP/s, 2*M*N*K flops) by device kind, when ``gemm_tflops`` is not
+# given: neither the topology files nor a calibration carry one yet.
+GEMM_TFLOPS: dict[str, float] = {"cuda": 766.0, "xpu": 197.5, "cpu": 0.05}
+GEMM_TFLOPS_SOURCES: dict[str, str] = {
+    "cuda": "measured here: bf16 torch.matmul (cuBLAS) 8192^3 on one H200, 766 TFLOP/s (ANCHORS.md)",
+    "xpu": "paper: the oneDNN bf16 4096^3 baseline of one Intel Max stack, 197.5 TFLOP/s (SyclKittens §C.2)",
+    "cpu": "estimate: float32 torch.matmul of one CPU rank sharing a few cores, 50 GFLOP/s",
+}
+
+
+def _dist_check(fn: str, op, algo, shape, dtype_bytes, gemm_tflops, collective_algo) -> tuple:
+    if op not in DIST_GEMM_ALGOS:
+        raise ValueError(f"{fn}: op={op!r} is not one of {', '.join(DIST_GEMM_OPS)}")
+    if algo not in DIST_GEMM_ALGOS[op]:
+        raise ValueError(f"{fn}: algo={algo!r} is not an algorithm of op={op!r} (choose from "
+                         f"{', '.join(DIST_GEMM_ALGOS[op])})")
+    dims = []
+    for name, v in zip("MNK", shape):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{fn}: {name}={v!r} must be an int")
+        if v < 1:
+            raise ValueError(f"{fn}: {name}={v} must be >= 1")
+        dims.append(v)
+    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, int) or dtype_bytes < 1:
+        raise ValueError(f"{fn}: dtype_bytes={dtype_bytes!r} must be a positive int")
+    if gemm_tflops is not None and (isinstance(gemm_tflops, bool) or not isinstance(gemm_tflops, (int, float))
+                                    or not math.isfinite(gemm_tflops) or gemm_tflops <= 0):
+        raise ValueError(f"{fn}: gemm_tflops={gemm_tflops!r} must be a positive, finite number")
+    if collective_algo is not None and algo != "sequential":
+        raise ValueError(f"{fn}: collective_algo={collective_algo!r} applies to algo='sequential' only "
+                         f"(pipelined and topo fix their own order)")
+    return tuple(dims)
+
+
+def _target(npk: int, p: int, j: int, i: int) -> int:
+    """The remote package that the rank with local index ``i`` of package ``p`` serves in round ``j``
+    (1 <= j < npk): every remote package once over the rounds, and the ranks of one package serve
+    different packages in the same round, so that they do not share a package-to-package channel."""
+    return (p + 1 + (j - 1 + i) % (npk - 1)) % npk
+
+
+def _gather_rounds(placement: Placement, algo: str, shard: int) -> list[tuple[_Phase, dict]]:
+    """The transfer rounds of a pipelined all-gather of one ``shard`` per rank: (phase, rank -> shards
+    delivered to it by that phase).
+
+    ``pipelined``: the ring, one shard per rank per step. ``topo``: round 0 sends each rank's shard to
+    the rest of its package and across to one remote package (to its rank with the sender's local
+    index, as ``all_gather topo``); round j copies inside each package what landed in round j-1 and
+    crosses to the next remote package (``_target``); the last round copies the last landings inside
+    the package. XeLink and MDFI work in the same round.
+    """
+    n = placement.nranks
+    if algo == "pipelined":
+        steps = _ring_steps(n, [shard] * n, 0)
+    else:
+        pk, where = _groups(placement)
+        npk = len(pk)
+        cross = [[Transfer(r, _landing(pk[_target(npk, where[r][0], j, where[r][1])], where[r][1]), shard)
+                  for r in range(n)] for j in range(1, npk)]
+        steps = [[Transfer(r, m, shard) for r in range(n) for m in pk[where[r][0]] if m != r]
+                 + (cross[0] if cross else [])]
+        for j, landed in enumerate(cross):
+            spread = [Transfer(t.dst, m, shard) for t in landed for m in pk[where[t.dst][0]] if m != t.dst]
+            steps.append(spread + (cross[j + 1] if j + 1 < len(cross) else []))
+    return [(_Phase(s), _count(t.dst for t in s)) for s in steps]
+
+
+def _scatter_rounds(placement: Placement, algo: str, block: int) -> list[tuple[_Phase, dict]]:
+    """The rounds of a pipelined reduce-scatter of one ``block`` per destination: (phase, rank -> blocks
+    it must have computed before the phase starts). Each receiver sums what it receives.
+
+    ``pipelined``: the ring reduce-scatter; step s sends the (s+1)-th block computed. ``topo``: in round
+    j the rank with local index i of each package sums inside the package the blocks of the remote
+    package it serves (``_target``) whose destination has its local index (as ``reduce_scatter
+    hierarchical``), and sends the partial of round j-1 across to its destination; the last round
+    sends the own package's blocks straight to their owners. A rank computes the blocks in the order
+    the rounds need them, its own last.
+    """
+    n = placement.nranks
+    if algo == "pipelined":
+        return [(_Phase(s, after=_work(reduce=_received(s))), {r: i + 1 for r in range(n)})
+                for i, s in enumerate(_ring_steps(n, [block] * n, -1))]
+    pk, where = _groups(placement)
+    npk = len(pk)
+    inside, cross, need = [], [], []
+    done = {r: 0 for r in range(n)}
+    for j in range(1, npk):
+        ins, crs = [], []
+        for p, g in enumerate(pk):
+            for i, reducer in enumerate(g):
+                for d in pk[_target(npk, p, j, i)]:
+                    if _landing(g, where[d][1]) == reducer:
+                        ins += [Transfer(m, reducer, block) for m in g if m != reducer]
+                        crs.append(Transfer(reducer, d, block))
+                        for m in g:
+                            done[m] += 1
+        inside.append(ins)
+        cross.append(crs)
+        need.append(dict(done))
+    inside.append([Transfer(m, d, block) for g in pk for d in g for m in g if m != d])
+    need.append({r: n - 1 for r in range(n)})
+    steps = [ins + (cross[j - 1] if j else []) for j, ins in enumerate(inside)]
+    return [(_Phase(s, after=_work(reduce=_received(s))), nd) for s, nd in zip(steps, need)]
+
+
+def _count(ranks: Iterable[int]) -> dict:
+    out: dict = defaultdict(int)
+    for r in ranks:
+        out[r] += 1
+    return dict(out)
+
+
+def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: str, M: int, N: int, K: int,
+                      dtype_bytes: int = 2, calibration: Calibration | None = None,
+                      gemm_tflops: float | None = None, collective_algo: str | None = None) -> Prediction:
+    """Predict a distributed GEMM: its collective's transfers, the GEMM, and how much of one hides the other.
+
+    Shapes (c = a @ b, ``[M, K] @ [K, N]``, ``n`` ranks; M must be divisible by n):
+      - ``all_gather_matmul``: every rank holds ``M/n`` rows of a; the gather moves ``M*K`` elements
+        (output bytes per rank, as ``predict`` counts an all-gather) and every rank computes all of c.
+      - ``matmul_reduce_scatter``: every rank computes its ``[M, N]`` partial and keeps ``M/n`` rows of
+        the sum (``M*N`` elements in, per rank).
+      - ``matmul_all_reduce``: the same GEMM, and the sum of the ``[M, N]`` partials on every rank.
+
+    The GEMM runs at ``gemm_tflops`` (default ``GEMM_TFLOPS[device kind]``), divided among the ranks that
+    share a device, and at the same rate on any block of rows (small blocks are not penalised). Chunks
+    are one rank's shard (``M/n`` rows); the collective's phases are priced as ``predict`` prices them
+    (links, and a calibration's software and local terms), and the GEMM is assumed not to slow the
+    transfers down (no contention for memory or compute units).
+
+    Algorithms:
+      - ``sequential``: the collective (``collective_algo``, default the one ``best`` picks), then the
+        GEMM (``matmul_*``: the GEMM, then the collective): ``T = T_collective + T_gemm``.
+      - ``pipelined`` (ring order) and ``topo`` (topology-aware order: the package, then one crossing
+        per remote package and the copy inside it): a max-plus pipeline over chunks. For
+        ``all_gather_matmul`` the rounds run back to back and the GEMM of chunk i starts when it has
+        arrived and the GEMM of chunk i-1 is done (the own shard first, at time 0). For
+        ``matmul_reduce_scatter`` the GEMM computes the blocks in the order they are sent and a round
+        starts when the previous one is done and its blocks are computed; the own block is computed
+        last. ``matmul_all_reduce`` is that reduce-scatter followed by an all-gather of the result (ring
+        for ``pipelined``, ``topo`` for ``topo``), which has nothing left to hide behind.
+
+    Returns:
+        A ``Prediction``: ``time_s``, ``compute_s`` (the slowest rank's whole GEMM), the collective's
+        steps and traffic; ``nbytes`` is the collective's size. Bottleneck ``"GEMM"`` when the GEMM
+        takes more time than the communication left exposed.
+
+    Raises:
+        ValueError: unknown op or algo, dimensions below 1 or M not divisible by the rank count, bad
+            ``dtype_bytes`` / ``gemm_tflops``, ``collective_algo`` with an algo other than sequential or
+            not an algorithm of the collective, a placement the topology cannot make.
+        TypeError: arguments of the wrong type.
+    """
+    fn = "predict_dist_gemm"
+    M, N, K = _dist_check(fn, op, algo, (M, N, K), dtype_bytes, gemm_tflops, collective_algo)
+    placement = _placement(fn, topology, placement_or_nranks)
+    cal = _calibration(fn, topology, calibration)
+    n = placement.nranks
+    if M % n:
+        raise ValueError(f"{fn}: M={M} is not divisible by the {n} rank(s)")
+    share = _count(placement.devices)
+    gemm = {r: 2.0 * M * N * K / ((gemm_tflops or GEMM_TFLOPS[placement.device(r).kind]) * 1e12
+                                  / share[placement.devices[r]]) for r in range(n)}
+    compute = max(gemm.values())
+    coll = "all_gather" if op == "all_gather_matmul" else "reduce_scatter" if op == "matmul_reduce_scatter" \
+        else "all_reduce"
+    nbytes = (M * K if coll == "all_gather" else M * N) * dtype_bytes
+    if algo == "sequential" or n == 1:
+        calgo = collective_algo or best(topology, placement, coll, nbytes, calibration=cal)
+        if calgo not in ALGOS[coll]:
+            raise ValueError(f"{fn}: collective_algo={calgo!r} is not an algorithm of {coll} (choose from "
+                             f"{', '.join(ALGOS[coll])})")
+        priced = _price_phases(topology, placement, _phases(placement, coll, calgo, nbytes), cal)
+        total = priced.total + compute
+        return priced.prediction(topology, placement, op, algo, nbytes, cal, total, compute,
+                                 {"GEMM": compute})
+    chunk = {r: g / n for r, g in gemm.items()}  # the GEMM of one rank's rows
+    if coll == "all_gather":
+        rounds = _gather_rounds(placement, algo, nbytes // n)
+        priced = _price_phases(topology, placement, [ph for ph, _ in rounds], cal)
+        arrive = {r: [priced.call] for r in range(n)}  # the own shard, once the call has started
+        end = priced.call
+        for t, (_, got) in zip(priced.times, rounds):
+            end += t
+            for r, k in got.items():
+                arrive[r] += [end] * k
+        total = 0.0
+        for r, times in arrive.items():
+            f = 0.0
+            for a in times:
+                f = max(f, a) + chunk[r]
+            total = max(total, f)
+    else:
+        rounds = _scatter_rounds(placement, algo, nbytes // n)
+        priced = _price_phases(topology, placement, [ph for ph, _ in rounds], cal)
+        end = priced.call
+        for t, (_, need) in zip(priced.times, rounds):
+            end = max(end, max(k * chunk[r] for r, k in need.items())) + t
+        total = max(end, compute)
+        if coll == "all_reduce":
+            ag = _price_phases(topology, placement,
+                               _phases(placement, "all_gather", "ring" if algo == "pipelined" else "topo", nbytes),
+                               cal)
+            total += ag.total
+            for k in ("steps", "times"):
+                getattr(priced, k).extend(getattr(ag, k))
+            for k in ("traffic", "link_bytes", "blame"):
+                for key, v in getattr(ag, k).items():
+                    getattr(priced, k)[key] += v
+            priced.overhead, priced.latency, priced.local = (priced.overhead + ag.overhead,
+                                                             priced.latency + ag.latency, priced.local + ag.local)
+    # Blame: the GEMM, and the communication it left exposed, split as the collective's blame is.
+    exposed = max(0.0, total - compute)
+    comm = sum(priced.blame.values())
+    blame = {k: v * exposed / comm for k, v in priced.blame.items()} if comm > 0 else {}
+    blame["GEMM"] = compute
+    priced.blame = defaultdict(float, blame)
+    return priced.prediction(topology, placement, op, algo, nbytes, cal, total, compute)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -849,7 +1118,43 @@ def table(topology: Topology, placement_or_nranks, op: str, sizes: Sequence[int]
             row.append(f"{_fmt_time(t)} {ratio}")
         row.append(min(preds, key=lambda a: preds[a].time_s))
         rows.append(row)
+    return "\n".join(lines + _aligned(rows))
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    return "\n".join(lines)
+    return ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """``"8192"`` (a cube) or ``"16384x8192x4096"`` (M x N x K) -> (M, N, K)."""
+    parts = str(text).lower().split("x")
+    if len(parts) not in (1, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"parse_shape: {text!r} is not a shape such as 8192 or 16384x8192x4096 (M x N x K)")
+    dims = [int(p) for p in parts]
+    return tuple(dims * 3 if len(dims) == 1 else dims)
+
+
+def dist_gemm_table(topology: Topology, placement_or_nranks, op: str, shapes: Sequence[tuple[int, int, int]],
+                    dtype_bytes: int = 2, calibration: Calibration | None = None,
+                    gemm_tflops: float | None = None) -> str:
+    """Predicted time of every algorithm of a distributed GEMM op per (M, N, K), with the share of
+    GEMM-alone speed (the slowest rank's GEMM time / the op's time: 100% when the collective is hidden)."""
+    placement = _placement("dist_gemm_table", topology, placement_or_nranks)
+    if op not in DIST_GEMM_ALGOS:
+        raise ValueError(f"dist_gemm_table: op={op!r} is not one of {', '.join(DIST_GEMM_OPS)}")
+    algos = DIST_GEMM_ALGOS[op]
+    kinds = sorted({placement.device(r).kind for r in range(placement.nranks)})
+    rate = f"{gemm_tflops:g}" if gemm_tflops else "/".join(f"{GEMM_TFLOPS[k]:g}" for k in kinds)
+    lines = [f"{op} on {topology.name}: {placement.nranks} rank(s) in {len(placement.packages())} package(s); "
+             f"shape M x N x K, {dtype_bytes}-byte elements, GEMM at {rate} TFLOP/s a device; "
+             f"% = GEMM alone / time" + (f"; calibration {calibration.name}" if calibration is not None else "")]
+    rows = [["shape", "GEMM alone", *algos, "best"]]
+    for M, N, K in shapes:
+        preds = {a: predict_dist_gemm(topology, placement, op, a, M, N, K, dtype_bytes, calibration, gemm_tflops)
+                 for a in algos}
+        gemm = preds[algos[0]].compute_s
+        rows.append([f"{M}x{N}x{K}", _fmt_time(gemm)]
+                    + [f"{_fmt_time(p.time_s)} {100 * gemm / p.time_s:.0f}%" for p in preds.values()]
+                    + [min(preds, key=lambda a: preds[a].time_s)])
+    return "\n".join(lines + _aligned(rows))

@@ -65,7 +65,7 @@ def _sleep_cycles_per_us() -> float:
 
 
 def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int = 10,
-                warmup: int = 3) -> tuple[dict, dict]:
+                warmup: int = 3, agree=None) -> tuple[dict, dict]:
     """Host time of one eager call of each variant, with the GPU busy: (samples, wrong).
 
     Each round times every variant in turn (co-measured, interleaved): ``torch.cuda._sleep`` first puts
@@ -82,6 +82,9 @@ def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int =
         calls: calls per timed block.
         rounds: timed blocks per variant.
         warmup: untimed calls of each variant first (compilation, caches).
+        agree: for calls that communicate (several ranks, every one calling this with the same
+            variants): maps this rank's "the GPU stayed busy" to every rank's (``lambda ok:
+            all(world.allgather_object(ok))``), so that the ranks time a block again together.
 
     Returns:
         ``({name: [seconds per call, one per round]}, {name: wrong elements over all blocks}))``.
@@ -111,6 +114,8 @@ def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int =
                 elapsed = time.perf_counter() - t0
                 busy = not done.query()
                 torch.cuda.synchronize()
+                if agree is not None:
+                    busy = agree(busy)
                 if busy:
                     break
                 budget_us[name] *= 4

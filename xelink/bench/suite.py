@@ -13,6 +13,8 @@ Families (each a module of ``xelink.bench.families`` with ``add_arguments(parser
 - ``gemm``, ``gemv``, ``norm``, ``attention``, ``decode``: on CPU the kernels' reference paths against
   torch at small shapes (``decode``: the decode layer's kernel chain of ``xelink.models``); on CUDA the
   GPU kernel benchmarks, rank 0 alone (``kernel_timing.run_single_device``).
+- ``dist-gemm``: the distributed GEMM ops, every algorithm against the GEMM alone, the launch's
+  collective then ``torch.matmul``, and (one GPU per rank) torch's fused ops.
 - ``gpu-collectives``: xelink's GPU collectives against NCCL and torch symmetric memory (CUDA only).
 
 Output, rank 0 only: the table on stdout, a progress line per step on stderr, and with ``--out DIR``
@@ -70,11 +72,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                               "CUDA", plot="kernels"),
     Family("decode", "families.decode", "a decode layer's kernel chain (xelink.models, W4A16): reference path vs "
                                         "torch on CPU; PDL on/off in a CUDA graph on CUDA", plot="kernels"),
+    Family("dist-gemm", "families.dist_gemm", "distributed GEMM (all_gather_matmul, matmul_reduce_scatter), every "
+                                              "algorithm vs the GEMM alone, collective then matmul, torch's fused ops",
+           plot="kernels"),
     Family("gpu-collectives", "families.gpu_collectives", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
 )}
 # ``all`` runs links first: its calibration prices the collectives.
-ALL_ORDER = ("links", "collectives", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
+ALL_ORDER = ("links", "collectives", "dist-gemm", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
 # compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
 SOLO_WAIT_S = 3 * 3600.0

@@ -23,7 +23,7 @@ import torch
 from ... import collectives as C
 from ..harness import co_measure, make_row, pred_over_meas, rank_max
 
-__all__ = ["run_sweep", "measure_case", "algorithms", "model_algo", "run", "add_arguments", "copy_in_s",
+__all__ = ["run_sweep", "measure_case", "transport_baseline", "algorithms", "model_algo", "run", "add_arguments", "copy_in_s",
            "OPS", "SIZES", "QUICK_SIZES"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -107,6 +107,13 @@ class _TorchBaseline:
 
     def all_to_all(self, out, src):
         self.d.all_to_all_single(out, src, group=self.pg)
+
+
+def transport_baseline(comm):
+    """The baseline collectives of ``comm``'s launch: MPI's own on CPU ranks under mpirun, else
+    torch.distributed's (gloo on host tensors, NCCL on CUDA), with ``all_reduce(x)``, ``all_gather(out,
+    src)``, ``reduce_scatter(out, src)``, ``all_to_all(out, src)`` and ``name``."""
+    return _MPIBaseline(comm) if comm.transport.name == "mpi" and not _on_cuda(comm) else _TorchBaseline(comm)
 
 
 def copy_in_s(calibration, placement, nbytes: int) -> float:
@@ -213,7 +220,7 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
         from ...topology import place
 
         placement = place(topology, n)
-    base = _MPIBaseline(comm) if comm.transport.name == "mpi" and not _on_cuda(comm) else _TorchBaseline(comm)
+    base = transport_baseline(comm)
     if base.name == "mpi" and dtype not in _MPI_DTYPES:
         raise ValueError(f"run_sweep: dtype={dtype} has no MPI datatype; the MPI baseline needs one of "
                          f"{', '.join(map(str, _MPI_DTYPES))}")

@@ -6,6 +6,9 @@
   M x N x K = 16384 x 8192 x 1024 (``--quick``: 4096^3), CUDA events around back-to-back launches;
   ``--sweep`` adds tile configurations (tuning). Checked against float32 (``#wrong``: elements off by
   more than 2% of the value plus 2% of the output's RMS).
+- CUDA, row blocks (op ``gemm:row-blocks``): ``gemm(a[r0:r1], b, out=c[r0:r1])`` for 2, 4 and 8 row blocks
+  of one output back to back in a CUDA graph against one ``torch.matmul`` (the GEMMs of the pipelined
+  distributed GEMM, issue 21) at 8192^3, 16384x8192x4096 and 2048x4096x4096 (``--quick``: the last).
 - CUDA, host time (op ``gemm:host``): the host time of one eager call of each path and of
   ``torch.matmul`` at 2048^3, b row-major and column-major (an ``nn.Linear`` weight's ``.t()``), the
   GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us.
@@ -23,14 +26,15 @@ from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_
                              measure_checked, run_single_device, timing, with_host_rows,
                              wrong_elements)
 
-__all__ = ["GPU_SHAPES", "HOST_SHAPE", "QUICK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu", "run_gpu",
-           "run_host"]
+__all__ = ["GPU_SHAPES", "HOST_SHAPE", "QUICK_SHAPES", "ROW_BLOCK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu",
+           "run_gpu", "run_host", "run_row_blocks"]
 
 # CPU shapes, M, N, K: torch.matmul in bf16 is slow on CPUs without bf16 instructions (0.7 s at 512^3 here).
 SHAPES = ((128, 128, 128), (256, 256, 256), (512, 512, 512))
 QUICK_SHAPES = ((128, 128, 128), (256, 256, 256))
 GPU_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024))  # M, N, K
 HOST_SHAPE = (2048, 2048, 2048)  # host-time rows: M, N, K
+ROW_BLOCK_SHAPES = ((8192, 8192, 8192), (16384, 8192, 4096), (2048, 4096, 4096))  # gemm:row-blocks rows
 _events = functools.partial(time_cuda_events, warmup=0)
 
 
@@ -113,6 +117,55 @@ def run_gpu(report, shapes=GPU_SHAPES, iters: int = 10, rounds: int = 3, sweep: 
             progress.step(f"gemm {M}x{N}x{K}: {len(variants)} variant(s)")
 
 
+def run_row_blocks(report, shapes=ROW_BLOCK_SHAPES, blocks=(2, 4, 8), *, repeats: int = 5, rounds: int = 3,
+                   progress=None) -> None:
+    """``gemm(a[r0:r1], b, out=c[r0:r1])`` for ``n`` row blocks of one output, launched back to back in a
+    CUDA graph, against one ``torch.matmul`` in a graph (the GEMMs of the pipelined distributed GEMM,
+    issue 21: >= 0.97x at 8192^3 and 16384x8192x4096); rows ``gemm:row-blocks`` into ``report``."""
+    from ...kernels.gemm import gemm
+    from ..kernel_timing import cuda_graph
+
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        ref = torch.matmul(a, b).float()
+        outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
+        calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
+        for n in blocks:
+            c = outs[f"xelink:gemm x{n} row blocks"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            edges = [M * i // n for i in range(n + 1)]
+            calls[f"xelink:gemm x{n} row blocks"] = [
+                (lambda r0=r0, r1=r1, c=c: gemm(a[r0:r1], b, out=c[r0:r1])) for r0, r1 in zip(edges, edges[1:])]
+        graphs = {}
+        for name, fns in calls.items():
+            try:
+                graphs[name] = cuda_graph(fns, repeats)[0].replay
+            except Exception as e:  # noqa: BLE001 - reported, the other rows still run
+                report.notes.append(f"gemm row blocks {M}x{N}x{K} {name}: {type(e).__name__}: {str(e)[:160]}")
+        if "torch:matmul" not in graphs:
+            continue
+        wrong = {name: 0 for name in graphs}
+
+        def check(name):
+            wrong[name] += wrong_elements(outs[name], ref)
+
+        samples = co_measure(graphs, warmup=1, iters=1, rounds=rounds, timing=_events, after_block=check)
+        samples = {k: [t / repeats for t in v] for k, v in samples.items()}
+        base = samples["torch:matmul"]
+        for name, smp in samples.items():
+            t = summarize(smp)["median"]
+            report.add(make_row("gemm:row-blocks", name, smp, size_bytes=2 * (M * K + K * N + M * N), count=M * N,
+                                dtype=torch.bfloat16, nranks=1, wrong=wrong[name],
+                                baseline=None if name == "torch:matmul" else "torch:matmul",
+                                baseline_samples=None if name == "torch:matmul" else base,
+                                extra={"shape": f"{M}x{N}x{K}", "TFLOPs": 2.0 * M * N * K / t / 1e12,
+                                       "timing": f"CUDA graph of {repeats} x the calls, events"}))
+        del a, b, outs, ref, graphs
+        torch.cuda.empty_cache()
+        if progress is not None:
+            progress.step(f"gemm row blocks {M}x{N}x{K}")
+
+
 def run_host(report, shape=HOST_SHAPE, *, calls: int = 100, rounds: int = 10, progress=None) -> None:
     """Host time of one eager ``gemm(impl=...)`` (each Triton path) and ``torch.matmul``, b row- and
     column-major; rows ``gemm:host`` into ``report``."""
@@ -154,9 +207,11 @@ def _gpu(ctx) -> list:
     shapes = GPU_SHAPES[1:2] if ctx.quick else GPU_SHAPES
     report = KernelReport()
     ctx.extra["sweep"] = sweep
-    progress = ctx.progress(len(shapes) + 2)
+    blocks = ROW_BLOCK_SHAPES[2:] if ctx.quick else ROW_BLOCK_SHAPES
+    progress = ctx.progress(len(shapes) + len(blocks) + 2)
     run_gpu(report, shapes, sweep=sweep, progress=progress,
             **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick or sweep else 3}))
+    run_row_blocks(report, blocks, rounds=2 if ctx.quick else 3, progress=progress)
     return with_host_rows(ctx, report, _summary(report.rows), run_host, progress)
 
 
