@@ -41,3 +41,12 @@ def test_host_timing_needs_a_gpu():
         pytest.skip("a GPU is here: the GPU families time it")
     with pytest.raises((RuntimeError, AssertionError)):
         host_timing({"x": lambda: None}, {"x": lambda out: 0}, calls=1, rounds=1)
+
+
+def test_kernel_report_collects_rows_and_notes():
+    from xelink.bench.kernel_timing import KernelReport
+
+    report = KernelReport()
+    report.add("row")
+    report.notes.append("note")
+    assert report.rows == ["row"] and report.notes == ["note"]

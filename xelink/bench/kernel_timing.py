@@ -164,6 +164,9 @@ class KernelReport:
     def __init__(self):
         self.rows, self.notes = [], []
 
+    def add(self, row) -> None:
+        self.rows.append(row)
+
 
 def with_host_rows(ctx, report: KernelReport, summary: str, run_host, progress=None) -> list:
     """A GPU family's rows followed by its host-time rows: ``run_host(report, rounds=..., progress=...)``
@@ -173,9 +176,6 @@ def with_host_rows(ctx, report: KernelReport, summary: str, run_host, progress=N
     run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
     ctx.notes += [summary, host_summary(host.rows)] + report.notes
     return report.rows + host.rows
-
-    def add(self, row) -> None:
-        self.rows.append(row)
 
 
 def add_timing_arguments(p, *, cpu: str, gpu: str) -> None:
