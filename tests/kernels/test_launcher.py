@@ -719,6 +719,17 @@ def test_gpu_gemv_fast_path(checked_launches, fmt):
                 wq, s = (w, None) if fmt == "bf16" else (pack_w8a16(w) if fmt == "w8a16" else pack_w4a16(w))
                 out = gemv(wq, x, s, fmt, impl)
                 assert _rel(out, reference_gemv(wq, x, s, fmt)) < 1e-2, (impl, N, K, M)
+        # Remembered checks (gemv._PATHS): a 1-D x with and without out= (a block of a larger buffer), the
+        # same geometry at new addresses, each twice.
+        big = torch.zeros(2, 1024, device="cuda", dtype=torch.bfloat16)
+        for i in range(4):
+            w = torch.randn(512, 1024, device="cuda", generator=g).to(torch.bfloat16) * 0.05
+            x1 = torch.randn(1024, device="cuda", generator=g).to(torch.bfloat16)
+            wq, s = (w, None) if fmt == "bf16" else (pack_w8a16(w) if fmt == "w8a16" else pack_w4a16(w))
+            want = reference_gemv(wq, x1, s, fmt)
+            got = gemv(wq, x1, s, fmt, impl) if i % 2 else gemv(wq, x1, s, fmt, impl, out=big[1, 256:768])
+            assert got.shape == (512,) and _rel(got, want) < 1e-2, (impl, i)
+            assert i % 2 or got.data_ptr() == big[1, 256:].data_ptr()
         assert checked_launches()
     from xelink.kernels import gemv_tc
 
