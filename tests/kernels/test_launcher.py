@@ -801,6 +801,13 @@ def test_gpu_attention_fast_path(checked_launches):
             out, lse = A.merge_attention([h[0] for h in halves], [h[1] for h in halves], impl="triton")
             ref, ref_lse = A.reference_flash_attention(q, k, v, return_lse=True)
             assert _rel(out, ref) < 2e-2 and _rel(lse, ref_lse) < 1e-3
+    # Remembered checks (attention._PATHS): a flag of another class after an equal good call is still refused.
+    A.flash_attention(q, k, v, causal=True, impl=impls[0])
+    with pytest.raises(TypeError, match="causal=1 must be a bool"):
+        A.flash_attention(q, k, v, causal=1, impl=impls[0])
+    A.decode_attention(qd, k, v, lens, num_splits=2)
+    with pytest.raises(TypeError, match="return_lse"):
+        A.decode_attention(qd, k, v, lens, num_splits=2, return_lse=0)
     assert checked_launches()
     kernels = [A._flash_fwd_kernel, A._decode_split_kernel, A._merge_kernel]
     assert _took_fast_path(*kernels, *([A._flash_fwd_tma_kernel] if "cuda" in impls else []))
