@@ -220,3 +220,30 @@ def check_calls_that_differ_are_refused_with_check_calls(world):
     a = torch.ones(2 * sub.size, 4)
     _same(xelink.all_gather_matmul(a, w, group=sub), torch.full((2 * sub.size ** 2, 3), 4.0), "after the refusal")
     sub.free()
+
+
+def check_bad_inputs_raise_before_sending(world):
+    """A scatter dim that the group size does not divide, and the other refusals at this size: every rank
+    raises the same error before anything is sent, and a correct call right after still matches."""
+    n = world.size
+    w = torch.ones(4, 3)
+    cases = [(lambda: xelink.matmul_reduce_scatter(torch.ones(n + 1, 4), w), ValueError,
+              f"matmul_reduce_scatter: a.shape[0]={n + 1} (scatter_dim=0) is not divisible by the group size {n}"),
+             (lambda: xelink.matmul_reduce_scatter(torch.ones(2, 2 * n + 1, 4), w, scatter_dim=1), ValueError,
+              f"a.shape[1]={2 * n + 1} (scatter_dim=1) is not divisible"),
+             (lambda: xelink.all_gather_matmul(torch.ones(2, 4), torch.ones(3, 3)), ValueError, "b.shape[0]=3"),
+             (lambda: xelink.all_gather_matmul(torch.ones(2, 4), w, out=torch.ones(2 * n + 1, 3)), ValueError,
+              f"out.shape=({2 * n + 1}, 3) != ({2 * n}, 3)"),
+             (lambda: xelink.matmul_all_reduce(torch.ones(2, 4), w, algo="fused"), ValueError, "not built yet")]
+    if n == 1:
+        cases = cases[2:]  # every size divides by 1
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), f"{e!s} lacks {text!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for {text!r}")
+    a = _ints((2 * n, 4), 500 + world.rank)
+    want = sum(_ints((2 * n, 4), 500 + q) @ w for q in range(n))
+    _same(xelink.matmul_reduce_scatter(a, w), want.chunk(n)[world.rank].contiguous(), "after the refusals")
