@@ -41,6 +41,7 @@ import math
 import torch
 
 from .. import symm
+from ..errors import XelinkError
 from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from . import schedule
 from .host import gathered
@@ -74,8 +75,15 @@ def _side(comm, device) -> torch.cuda.Stream:
 
 def _stage(comm, kind: str, shape: tuple, dtype) -> torch.Tensor:
     """The group's symmetric buffer for (kind, shape, dtype): made by the first call (collective), reused."""
-    return comm.resource(("xelink.dist", kind, shape, str(dtype)),
-                         lambda: symm.empty(shape, dtype=dtype, group=comm))
+    key = ("xelink.dist", kind, shape, str(dtype))
+    found = comm.resource(key)
+    if found is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise XelinkError(f"{kind} buffer of shape {shape} ({dtype}) on {comm.name}: the first call of a shape "
+                              f"allocates symmetric memory, which a CUDA graph capture cannot; run it once before "
+                              f"capturing")
+        found = comm.attach(key, symm.empty(shape, dtype=dtype, group=comm))
+    return found
 
 
 def _mm_into(x: torch.Tensor, w: torch.Tensor, dst: torch.Tensor) -> None:
