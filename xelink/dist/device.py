@@ -19,10 +19,11 @@ buffer and pushed by the copy engines into slot r of j's symmetric inbox ``[n, *
 stream (then ``RS_READY``), while the next partial is computed; the own partial is computed into the own
 slot last; after every ``RS_READY`` the slots are summed (float32 for half types) into the result, and
 ``RS_FREE`` tells each writer its slot was consumed. ``topo`` only orders the destinations (other
-packages first, then the package): the ranks of one host's peer memory share one fabric, so there is
-nothing to aggregate yet. ``matmul_all_reduce``: row chunks, each GEMM on the current stream and its
-all-reduce (``xelink.all_reduce``; ``topo``: the hierarchical algorithm on equal packages) on the side
-stream after an event.
+packages first, then the package) and does not sum inside the package before crossing as the CPU path
+does: on one host's peer memory that saves no measured time yet, and it would add a second handshake.
+``matmul_all_reduce``: row chunks, each GEMM on the current stream and its all-reduce
+(``xelink.all_reduce``; ``topo``: the hierarchical algorithm on equal packages of several ranks, else
+``auto``) on the side stream after an event.
 
 What it allocates: per (group, shape, dtype) one symmetric staging buffer (``xelink.symm.empty``, a
 collective call made by the first call of that shape and kept as a resource of the group until it is
@@ -234,7 +235,8 @@ def matmul_all_reduce(comm, a, w, out, algo):
         all_reduce(c, group=comm)
         return c if out is None or c is out else out.copy_(c)
     packages = comm.packages
-    even = len(packages) > 1 and len({len(p) for p in packages}) == 1
+    # The GPU hierarchical all-reduce runs on equal packages; packages of one rank have nothing to gain.
+    even = len(packages) > 1 and len({len(p) for p in packages}) == 1 and len(packages[0]) > 1
     name = "hierarchical" if algo == "topo" and even else "auto"
     rows = math.prod(a.shape[:-1])
     a2, c2 = a.reshape(rows, a.shape[-1]), c.view(rows, w.shape[1])
