@@ -130,3 +130,40 @@ def test_init_loads_no_benchmark_module():
             "xelink.finalize(); print(loaded); sys.exit(1 if loaded else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+COMPOSED = ("xelink.dist", "xelink.models")
+# What a composed op may build on: the public names of these layers (and the communicator), no more.
+BELOW_COMPOSED = ("xelink.symm", "xelink.collectives", "xelink.kernels", "xelink.comm", "xelink.errors")
+
+
+def test_composed_ops_import_only_public_names_of_the_layers_below():
+    known = _modules()
+    bad = []
+    for name, path in known.items():
+        if not name.startswith(COMPOSED):
+            continue
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        own = ".".join(name.split(".")[:2])  # xelink.dist, xelink.models
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("xelink")):
+                if node.level:
+                    base = package.split(".")
+                    base = ".".join(base[: len(base) - (node.level - 1)])
+                    module = f"{base}.{node.module}" if node.module else base
+                else:
+                    module = node.module
+                if module == own or module.startswith(own + "."):
+                    continue
+                targets = [(module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [(a.name, "") for a in node.names if a.name.startswith("xelink")]
+            else:
+                continue
+            for module, item in targets:
+                where = f"{name}: from {module} import {item}"
+                if not module.startswith(BELOW_COMPOSED) and module != "xelink":
+                    bad.append(f"{where} (not a layer below the composed ops)")
+                elif any(part.startswith("_") for part in module.split(".") + [item]):
+                    bad.append(f"{where} (a private name)")
+    assert not bad, "composed ops reach past the public layers: " + "; ".join(bad)

@@ -3,6 +3,7 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
                           barrier, batch_isend_irecv, broadcast, device_barrier, gather, irecv, isend, recv, reduce,
                           reduce_scatter_tensor, scatter, send, synchronize)
 from .comm import Communicator, new_group
+from .dist import DIST_GEMM_ALGOS, all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
 from .runtime import finalize, get_world, init, is_initialized
 from .symm import empty
@@ -14,6 +15,7 @@ __all__ = [
     "barrier", "batch_isend_irecv", "broadcast", "gather", "irecv", "isend", "recv", "reduce",
     "reduce_scatter_tensor", "scatter", "send", "device_barrier", "synchronize", "empty",
     "Communicator",
+    "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
     "LaunchError",
     "NotInitializedError",
     "TimeoutError",

@@ -1,0 +1,249 @@
+"""Distributed GEMM on CPU ranks: every algorithm of all_gather_matmul, matmul_reduce_scatter and
+matmul_all_reduce against all_gather + torch.matmul (computed on every rank from the same seeded shards),
+exact on integer-valued float32 and bfloat16, close on random bfloat16; 2-D and 3-D, both gather/scatter
+dims, lists of b, transposed b, tails of 0, 1 and 3 rows per rank, out=, return_gathered, back-to-back calls
+that change shape, dtype and algorithm; flat and as packages (one rank each at 2, 2+1 at 3, 2x2 at 4)."""
+import torch
+
+import xelink
+
+WORLD_SIZES = (1, 2, 3, 4)
+LAUNCH_TIMEOUT = 300
+ALGOS = ("auto", "sequential", "pipelined", "topo")
+LAYOUTS = {2: [[[0], [1]]], 3: [[[0, 1], [2]]], 4: [[[0, 1], [2, 3]]]}
+
+
+def _groups(world):
+    """(name, communicator) of the flat world and of every package layout that fits, made on every rank."""
+    out = [("flat", world)]
+    for packages in LAYOUTS.get(world.size, []):
+        sub = world.split(0)
+        sub.packages = packages
+        out.append((f"packages {packages}", sub))
+    return out
+
+
+def _free(groups):
+    for _, g in groups[1:]:
+        g.free()
+
+
+def _ints(shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def _weight(k, n, seed, dtype, transposed):
+    """[K, N]: contiguous, or the transposed view of an [N, K] nn.Linear-style weight."""
+    return _ints((n, k), seed, dtype).t() if transposed else _ints((k, n), seed, dtype)
+
+
+def _same(got, want, what):
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"{what}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
+    if not torch.equal(got, want):
+        bad = (got.float() != want.float()).nonzero()
+        raise AssertionError(f"{what}: {bad.shape[0]} of {want.numel()} wrong, first at {bad[:3].tolist()}")
+
+
+def _close(got, want, what, tol=2e-2):
+    err = (got.double() - want.double()).norm() / max(want.double().norm().item(), 1e-30)
+    if not err <= tol:
+        raise AssertionError(f"{what}: relative error {err:.3g} > {tol}")
+
+
+# -- all_gather_matmul ------------------------------------------------------------------------------
+
+def _gather_case(comm, algo, shard_shape, dim, dtype, ns, transposed, salt, what):
+    n, r = comm.size, comm.rank
+    k = shard_shape[-1]
+    shards = [_ints(shard_shape, 100 * salt + q, dtype) for q in range(n)]
+    weights = [_weight(k, m, 7 + i + salt, dtype, transposed[i % len(transposed)]) for i, m in enumerate(ns)]
+    a_full = torch.cat(shards, dim)
+    many = len(ns) > 1
+    got = xelink.all_gather_matmul(shards[r], weights if many else weights[0], group=comm, gather_dim=dim, algo=algo)
+    got = got if many else [got]
+    assert len(got) == len(ns), what
+    for i, (c, w) in enumerate(zip(got, weights)):
+        _same(c, a_full @ w, f"{what} b[{i}]")
+
+
+def check_all_gather_matmul_every_algo(world):
+    groups = _groups(world)
+    for name, comm in groups:
+        for algo in ALGOS:
+            w = f"all_gather_matmul {name} {algo}"
+            for rows in (1, 3, 0):
+                _gather_case(comm, algo, (rows, 5), 0, torch.float32, [4], [False], rows, f"{w} 2-D rows={rows}")
+            _gather_case(comm, algo, (3, 6), 0, torch.float32, [5], [True], 4, f"{w} transposed b")
+            _gather_case(comm, algo, (2, 3, 5), 0, torch.float32, [4], [False], 5, f"{w} 3-D gather_dim=0")
+            _gather_case(comm, algo, (2, 3, 5), 1, torch.float32, [4], [True], 6, f"{w} 3-D gather_dim=1")
+            _gather_case(comm, algo, (2, 1, 5), -2, torch.float32, [3], [False], 7, f"{w} 3-D gather_dim=-2")
+            _gather_case(comm, algo, (3, 8), 0, torch.float32, [4, 2, 6], [False, True], 8, f"{w} list of b")
+            _gather_case(comm, algo, (2, 2, 8), 1, torch.bfloat16, [4, 3], [True, False], 9, f"{w} bf16 3-D list")
+    _free(groups)
+
+
+def check_all_gather_matmul_random_bf16_and_float64(world):
+    n, r = world.size, world.rank
+    for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 5e-3), (torch.float64, 1e-12)):
+        g = torch.Generator().manual_seed(11)
+        shards = [torch.randn(5, 32, generator=g).to(dtype) for _ in range(n)]
+        w = torch.randn(24, 32, generator=g).to(dtype).t()
+        want = torch.cat(shards).double() @ w.double()
+        for algo in ALGOS:
+            _close(xelink.all_gather_matmul(shards[r], w, algo=algo), want, f"{dtype} {algo}", tol)
+
+
+def check_all_gather_matmul_reference_is_the_gather(world):
+    """The reference the other checks compute locally, built as the issue states it: xelink's all-gather,
+    then torch.matmul, equal to every algorithm."""
+    n = world.size
+    a = _ints((3, 5), 40 + world.rank)
+    w = _ints((5, 4), 41)
+    full = torch.empty(3 * n, 5)
+    xelink.all_gather_into_tensor(full, a)
+    for algo in ALGOS:
+        _same(xelink.all_gather_matmul(a, w, algo=algo), full @ w, f"vs all_gather {algo}")
+
+
+def check_return_gathered_and_out(world):
+    groups = _groups(world)
+    n, r = world.size, world.rank
+    for name, comm in groups:
+        for algo in ALGOS:
+            for dim, shape in ((0, (3, 4)), (1, (2, 3, 4))):
+                shards = [_ints(shape, 60 + q) for q in range(n)]
+                ws = [_ints((4, 5), 1), _ints((2, 4), 2).t()]
+                full = torch.cat(shards, dim)
+                outs = [torch.full(tuple(full.shape[:-1]) + (m,), float("nan")) for m in (5, 2)]
+                a_full, cs = xelink.all_gather_matmul(shards[r], ws, group=comm, gather_dim=dim, return_gathered=True,
+                                                      algo=algo, out=outs)
+                what = f"return_gathered/out {name} {algo} dim={dim}"
+                _same(a_full, full, f"{what} a_full")
+                assert all(c is o for c, o in zip(cs, outs)), f"{what}: out not returned"
+                for c, w in zip(cs, ws):
+                    _same(c, full @ w, what)
+                # a strided out (a column block of a wider buffer)
+                wide = torch.full(tuple(full.shape[:-1]) + (9,), float("nan"))
+                c = xelink.all_gather_matmul(shards[r], ws[0], group=comm, gather_dim=dim, algo=algo,
+                                             out=wide[..., 2:7])
+                _same(wide[..., 2:7], full @ ws[0], f"{what} strided out")
+                assert torch.isnan(wide[..., :2]).all() and torch.isnan(wide[..., 7:]).all(), what
+    _free(groups)
+
+
+def check_back_to_back_calls_change_shape_dtype_and_algo(world):
+    n, r = world.size, world.rank
+    plan = [((4, 6), torch.float32, "pipelined"), ((1, 6), torch.bfloat16, "topo"), ((2, 3, 6), torch.float32, "auto"),
+            ((5, 2), torch.float64, "sequential"), ((4, 6), torch.bfloat16, "pipelined"), ((3, 6), torch.float32, "topo")]
+    for i, (shape, dtype, algo) in enumerate(plan):
+        shards = [_ints(shape, 80 + 10 * i + q, dtype) for q in range(n)]
+        w = _ints((shape[-1], 3), 90 + i, dtype)
+        _same(xelink.all_gather_matmul(shards[r], w, algo=algo), torch.cat(shards) @ w, f"call {i} all_gather_matmul")
+        a = _ints(shape[:-1] + (shape[-1],), 200 + i + r, dtype)
+        if a.shape[0] % n == 0:
+            want = sum(_ints(a.shape, 200 + i + q, dtype) @ w for q in range(n))
+            _same(xelink.matmul_reduce_scatter(a, w, algo=algo), want.chunk(n)[r].contiguous(), f"call {i} rs")
+        want = sum(_ints(a.shape, 200 + i + q, dtype) @ w for q in range(n))
+        _same(xelink.matmul_all_reduce(a, w, algo=algo), want, f"call {i} all_reduce")
+
+
+# -- matmul_reduce_scatter / matmul_all_reduce --------------------------------------------------------
+
+def _partials(n, shape, k, m, salt, dtype, transposed):
+    aa = [_ints(shape + (k,), 300 + 10 * salt + q, dtype) for q in range(n)]
+    w = _weight(k, m, 301 + salt, dtype, transposed)
+    return aa, w, sum(x.float() @ w.float() for x in aa)
+
+
+def check_matmul_reduce_scatter_every_algo(world):
+    groups = _groups(world)
+    n, r = world.size, world.rank
+    for name, comm in groups:
+        for algo in ALGOS:
+            cases = [((n, ), 0, torch.float32, False, "sum"), ((3 * n,), 0, torch.float32, True, "sum"),
+                     ((n, 3), 0, torch.float32, False, "sum"), ((2, 2 * n), 1, torch.float32, True, "sum"),
+                     ((2, n), -2, torch.bfloat16, True, "sum"), ((2 * n,), 0, torch.bfloat16, False, "avg"),
+                     ((0,), 0, torch.float32, False, "sum")]
+            for salt, (shape, dim, dtype, transposed, op) in enumerate(cases):
+                aa, w, total = _partials(n, shape, 5, 4, salt, dtype, transposed)
+                what = f"matmul_reduce_scatter {name} {algo} {shape} dim={dim} {dtype} {op}"
+                want = total.chunk(n, dim)[r] if total.shape[dim] else total
+                if op == "avg":
+                    want = want / n
+                got = xelink.matmul_reduce_scatter(aa[r], w, group=comm, scatter_dim=dim, op=op, algo=algo)
+                _same(got, want.to(dtype).contiguous(), what)
+            aa, w, total = _partials(n, (2 * n,), 6, 3, 9, torch.float32, False)
+            out = torch.full((2, 3), float("nan"))
+            got = xelink.matmul_reduce_scatter(aa[r], w, group=comm, algo=algo, out=out)
+            assert got is out
+            _same(out, total.chunk(n)[r], f"matmul_reduce_scatter {name} {algo} out=")
+    _free(groups)
+
+
+def check_matmul_all_reduce_every_algo(world):
+    groups = _groups(world)
+    n, r = world.size, world.rank
+    for name, comm in groups:
+        for algo in ALGOS:
+            for salt, (shape, dtype, transposed) in enumerate((((7,), torch.float32, False), ((1,), torch.float32, True),
+                                                               ((2, 5), torch.bfloat16, True), ((0,), torch.float32, False),
+                                                               ((9,), torch.float64, False))):
+                aa, w, total = _partials(n, shape, 5, 4, 20 + salt, dtype, transposed)
+                got = xelink.matmul_all_reduce(aa[r], w, group=comm, algo=algo)
+                _same(got, total.to(dtype), f"matmul_all_reduce {name} {algo} {shape} {dtype}")
+            aa, w, total = _partials(n, (6,), 5, 4, 30, torch.float32, False)
+            wide = torch.full((6, 8), float("nan"))
+            got = xelink.matmul_all_reduce(aa[r], w, group=comm, algo=algo, out=wide[:, 1:5])
+            _same(wide[:, 1:5], total, f"matmul_all_reduce {name} {algo} strided out")
+    _free(groups)
+
+
+def check_calls_that_differ_are_refused_with_check_calls(world):
+    """XELINK_CHECK's fingerprint: rank 0 passes another shard shape; every rank raises before any byte moves,
+    and the group still works afterwards."""
+    if world.size == 1:
+        return
+    sub = world.split(0)
+    sub.check_calls = True
+    w = torch.ones(4, 3)
+    a = torch.ones(3 if sub.rank == 0 else 2, 4)
+    for call in (lambda: xelink.all_gather_matmul(a, w, group=sub),
+                 lambda: xelink.matmul_all_reduce(a, w, group=sub)):
+        try:
+            call()
+        except ValueError as e:
+            assert "ranks disagree about the call" in str(e), str(e)
+        else:
+            raise AssertionError("differing shard shapes were not detected")
+    a = torch.ones(2 * sub.size, 4)
+    _same(xelink.all_gather_matmul(a, w, group=sub), torch.full((2 * sub.size ** 2, 3), 4.0), "after the refusal")
+    sub.free()
+
+
+def check_bad_inputs_raise_before_sending(world):
+    """A scatter dim that the group size does not divide, and the other refusals at this size: every rank
+    raises the same error before anything is sent, and a correct call right after still matches."""
+    n = world.size
+    w = torch.ones(4, 3)
+    cases = [(lambda: xelink.matmul_reduce_scatter(torch.ones(n + 1, 4), w), ValueError,
+              f"matmul_reduce_scatter: a.shape[0]={n + 1} (scatter_dim=0) is not divisible by the group size {n}"),
+             (lambda: xelink.matmul_reduce_scatter(torch.ones(2, 2 * n + 1, 4), w, scatter_dim=1), ValueError,
+              f"a.shape[1]={2 * n + 1} (scatter_dim=1) is not divisible"),
+             (lambda: xelink.all_gather_matmul(torch.ones(2, 4), torch.ones(3, 3)), ValueError, "b.shape[0]=3"),
+             (lambda: xelink.all_gather_matmul(torch.ones(2, 4), w, out=torch.ones(2 * n + 1, 3)), ValueError,
+              f"out.shape=({2 * n + 1}, 3) != ({2 * n}, 3)"),
+             (lambda: xelink.matmul_all_reduce(torch.ones(2, 4), w, algo="fused"), ValueError, "not built yet")]
+    if n == 1:
+        cases = cases[2:]  # every size divides by 1
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), f"{e!s} lacks {text!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for {text!r}")
+    a = _ints((2 * n, 4), 500 + world.rank)
+    want = sum(_ints((2 * n, 4), 500 + q) @ w for q in range(n))
+    _same(xelink.matmul_reduce_scatter(a, w), want.chunk(n)[world.rank].contiguous(), "after the refusals")

@@ -1,0 +1,186 @@
+"""Distributed GEMM on CUDA tensors with ranks sharing one GPU (peer memory between processes of one device):
+every algorithm of the three ops against all_gather + torch.matmul computed on the host from the same seeded
+shards (exact on integer-valued float32 and bfloat16, close on random bfloat16), 2-D and 3-D, lists of b,
+transposed b, tails, back-to-back calls that change shape, a package layout (1+1 at 2 ranks, 2+1 at 3), and
+CUDA-graph capture and replay with new inputs. Skips without a GPU (CPU CI); run on a GPU machine, log
+committed."""
+import torch
+
+import xelink
+
+WORLD_SIZES = (2, 3)
+GPUS = 1
+LAUNCH_TIMEOUT = 900
+# The same environment as tests/symm/ranks_gpu_symm.py, so both run in one launch.
+ENV = {"XELINK_RANKS_PER_DEVICE": "4", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+ALGOS = ("auto", "sequential", "pipelined", "topo")
+LAYOUTS = {2: [[0], [1]], 3: [[0, 1], [2]]}
+
+
+def _dev(world):
+    return torch.device(world.device)
+
+
+def _ints(shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def _weight(k, n, seed, dtype, transposed):
+    return _ints((n, k), seed, dtype).t() if transposed else _ints((k, n), seed, dtype)
+
+
+def _same(got, want, what):
+    got = got.cpu()
+    if got.shape != want.shape or not torch.equal(got.float().nan_to_num(12345.0), want.float()):
+        bad = (got.float() != want.float()).nonzero() if got.shape == want.shape else "shape"
+        raise AssertionError(f"{what}: got {tuple(got.shape)}, want {tuple(want.shape)}; wrong at {bad[:3]}")
+
+
+def _close(got, want, what, tol=2e-2):
+    err = (got.cpu().double() - want.double()).norm() / max(want.double().norm().item(), 1e-30)
+    if not err <= tol:
+        raise AssertionError(f"{what}: relative error {err:.3g} > {tol}")
+
+
+def _groups(world):
+    sub = world.split(0)
+    sub.packages = LAYOUTS[world.size]
+    return [("flat", world), (f"packages {LAYOUTS[world.size]}", sub)]
+
+
+def _gather(comm, dev, algo, shard, dim, dtype, ns, transposed, salt, what):
+    n, r = comm.size, comm.rank
+    shards = [_ints(shard, 100 * salt + q, dtype) for q in range(n)]
+    ws = [_weight(shard[-1], m, 7 + i + salt, dtype, transposed[i % len(transposed)]) for i, m in enumerate(ns)]
+    full = torch.cat(shards, dim)
+    many = len(ns) > 1
+    wd = [w.to(dev) for w in ws]  # .to keeps a transposed view's strides
+    got = xelink.all_gather_matmul(shards[r].to(dev), wd if many else wd[0], group=comm, gather_dim=dim, algo=algo)
+    for i, (c, w) in enumerate(zip(got if many else [got], ws)):
+        _same(c, (full.double() @ w.double()).to(dtype), f"{what} b[{i}]")
+
+
+def check_all_gather_matmul_every_algo(world):
+    dev = _dev(world)
+    groups = _groups(world)
+    for name, comm in groups:
+        for algo in ALGOS:
+            for dtype in (torch.bfloat16, torch.float32):
+                w = f"all_gather_matmul {name} {algo} {dtype}"
+                _gather(comm, dev, algo, (64, 128), 0, dtype, [96], [False], 1, f"{w} 2-D")
+                _gather(comm, dev, algo, (3, 40), 0, dtype, [24], [True], 2, f"{w} tail, transposed b")
+                _gather(comm, dev, algo, (2, 16, 64), 0, dtype, [32], [False], 3, f"{w} 3-D gather_dim=0")
+                _gather(comm, dev, algo, (2, 16, 64), 1, dtype, [32], [True], 4, f"{w} 3-D gather_dim=1")
+                _gather(comm, dev, algo, (32, 64), 0, dtype, [48, 16, 80], [True, False], 5, f"{w} list of b")
+            a_full, c = xelink.all_gather_matmul(_ints((8, 32), 60 + comm.rank, torch.bfloat16).to(dev),
+                                                 _ints((32, 16), 61, torch.bfloat16).to(dev), group=comm,
+                                                 return_gathered=True, algo=algo)
+            want = torch.cat([_ints((8, 32), 60 + q, torch.bfloat16) for q in range(comm.size)])
+            _same(a_full, want, f"{name} {algo} return_gathered")
+    groups[1][1].free()
+    xelink.synchronize()
+
+
+def check_random_bf16_within_tolerance(world):
+    dev, n, r = _dev(world), world.size, world.rank
+    g = torch.Generator().manual_seed(5)
+    shards = [torch.randn(256, 512, generator=g).bfloat16() for _ in range(n)]
+    w = torch.randn(384, 512, generator=g).bfloat16().t()
+    want = torch.cat(shards).double() @ w.double()
+    for algo in ALGOS:
+        _close(xelink.all_gather_matmul(shards[r].to(dev), w.to(dev), algo=algo), want, f"random bf16 {algo}")
+    xelink.synchronize()
+
+
+def check_matmul_reduce_scatter_and_all_reduce_every_algo(world):
+    dev = _dev(world)
+    groups = _groups(world)
+    for name, comm in groups:
+        n, r = comm.size, comm.rank
+        for algo in ALGOS:
+            for dtype in (torch.bfloat16, torch.float32):
+                for salt, (shape, dim, transposed) in enumerate((((16 * n,), 0, False), ((2, 8 * n), 1, True),
+                                                                  ((3 * n,), 0, True))):
+                    aa = [_ints(shape + (64,), 300 + 10 * salt + q, dtype) for q in range(n)]
+                    w = _weight(64, 48, 301 + salt, dtype, transposed)
+                    total = sum(x.double() @ w.double() for x in aa)
+                    what = f"{name} {algo} {dtype} {shape}"
+                    got = xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), group=comm, scatter_dim=dim, algo=algo)
+                    _same(got, total.chunk(n, dim)[r].to(dtype), f"matmul_reduce_scatter {what} dim={dim}")
+                    got = xelink.matmul_all_reduce(aa[r].to(dev), w.to(dev), group=comm, algo=algo)
+                    _same(got, total.to(dtype), f"matmul_all_reduce {what}")
+    groups[1][1].free()
+    xelink.synchronize()
+
+
+def check_back_to_back_calls_change_shape(world):
+    dev, n, r = _dev(world), world.size, world.rank
+    for i, (rows, k, m, algo) in enumerate(((64, 64, 32, "pipelined"), (5, 64, 32, "topo"), (64, 128, 16, "pipelined"),
+                                            (64, 64, 32, "topo"), (1, 32, 8, "pipelined"), (64, 64, 32, "auto"))):
+        shards = [_ints((rows, k), 700 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        w = _ints((k, m), 701 + i, torch.bfloat16)
+        _same(xelink.all_gather_matmul(shards[r].to(dev), w.to(dev), algo=algo),
+              (torch.cat(shards).double() @ w.double()).bfloat16(), f"call {i}")
+        aa = [_ints((rows * n, k), 800 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        _same(xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo=algo),
+              sum(x.double() @ w.double() for x in aa).chunk(n)[r].bfloat16(), f"rs call {i}")
+    xelink.synchronize()
+
+
+def check_cuda_graph_replays_with_new_inputs(world):
+    """Each op captured once (after an eager warm-up call of the shape), replayed with new inputs copied
+    into the captured input tensors; nothing is synchronised inside."""
+    dev, n, r = _dev(world), world.size, world.rank
+    dtype = torch.bfloat16
+    a = torch.zeros(32, 64, dtype=dtype, device=dev)
+    big = torch.zeros(32 * n, 64, dtype=dtype, device=dev)
+    w = torch.zeros(48, 64, dtype=dtype, device=dev).t()
+    for algo in ("pipelined", "topo", "sequential"):
+        def step():
+            return (xelink.all_gather_matmul(a, [w, w[:, :16]], algo=algo),
+                    xelink.matmul_reduce_scatter(big, w, algo=algo),
+                    xelink.matmul_all_reduce(a, w, algo=algo))
+
+        step()  # warm-up: peer memory, staging buffers, compilation
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            (c0, c1), rs, ar = step()
+        for replay in range(3):
+            salt = 1000 * replay + 17 * len(algo)
+            shards = [_ints((32, 64), salt + q, dtype) for q in range(n)]
+            bigs = [_ints((32 * n, 64), salt + 50 + q, dtype) for q in range(n)]
+            wt = _ints((48, 64), salt + 99, dtype)
+            a.copy_(shards[r].to(dev))
+            big.copy_(bigs[r].to(dev))
+            w.copy_(wt.t().to(dev))
+            if replay % 2:
+                torch.cuda._sleep(int(5e7 * (r + 1)))
+            graph.replay()
+            wtd = wt.t().double()
+            full = torch.cat(shards).double()
+            what = f"graph {algo} replay {replay}"
+            _same(c0, (full @ wtd).to(dtype), f"{what} all_gather_matmul b[0]")
+            _same(c1, (full @ wtd[:, :16]).to(dtype), f"{what} all_gather_matmul b[1]")
+            _same(rs, sum(x.double() @ wtd for x in bigs).chunk(n)[r].to(dtype), f"{what} matmul_reduce_scatter")
+            _same(ar, sum(x.double() @ wtd for x in shards).to(dtype), f"{what} matmul_all_reduce")
+        del graph
+    xelink.synchronize()
+
+
+def check_bad_arguments(world):
+    dev = _dev(world)
+    a = torch.ones(4, 8, device=dev, dtype=torch.bfloat16)
+    cases = [(lambda: xelink.all_gather_matmul(a, torch.ones(8, 4, dtype=torch.bfloat16)), ValueError,
+              "all_gather_matmul: b is on cpu and a on cuda"),
+             (lambda: xelink.matmul_reduce_scatter(torch.ones(world.size + 1, 8, device=dev), torch.ones(8, 4, device=dev)),
+              ValueError, "not divisible by the group size"),
+             (lambda: xelink.all_gather_matmul(a, torch.ones(8, 4, device=dev)), TypeError, "b.dtype=torch.float32")]
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), f"{e!s} lacks {text!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for {text!r}")

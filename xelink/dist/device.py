@@ -1,0 +1,258 @@
+"""The distributed GEMM schedules on CUDA tensors, on the public peer-memory layer (``xelink.symm``), the
+public collectives and ``xelink.kernels.gemm`` (``torch.matmul`` for float32/float64, which it lacks).
+
+``all_gather_matmul``, pipelined and topo: this rank's shard is copied into its slot of a symmetric staging
+buffer ``stage [n, *shard]`` on the current stream, which then signals (``symm.signal``, slot ``READY``)
+every rank that reads it from here. A side stream waits for the current one, then for each shard of the
+plan (``schedule.direct_plan``: shard r+s from its owner at step s; ``schedule.topo_plan``: the package's
+shards from their owners, each remote shard across once and then from the member that fetched it) waits
+for the holder's signal, pulls the shard into its own slot with the copy engines (``symm.get``,
+``engine="copy"``), records an event, signals the holder that its memory was read (slot ``FREE``) and
+signals the ranks it forwards the shard to. The current stream runs the GEMM of the own shard at once and
+of each other shard after its event, into the shard's row block of the output (``gemm(out=block)``).
+The side stream finally consumes a ``FREE`` signal for every read of this rank's memory, and the current
+stream waits for it: when the call's work is done, nobody reads the staging buffer any more, so the next
+call may overwrite it. No host synchronisation anywhere.
+
+``matmul_reduce_scatter``: the partial of destination j is computed on the current stream into a local
+buffer and pushed by the copy engines into slot r of j's symmetric inbox ``[n, *block]`` on the side
+stream (then ``RS_READY``), while the next partial is computed; the own partial is computed into the own
+slot last; after every ``RS_READY`` the slots are summed (float32 for half types) into the result, and
+``RS_FREE`` tells each writer its slot was consumed. ``topo`` only orders the destinations (other
+packages first, then the package) and does not sum inside the package before crossing as the CPU path
+does: on one host's peer memory that saves no measured time yet, and it would add a second handshake.
+``matmul_all_reduce``: row chunks, each GEMM on the current stream and its all-reduce
+(``xelink.all_reduce``; ``topo``: the hierarchical algorithm on equal packages of several ranks, else
+``auto``) on the side stream after an event.
+
+What it allocates: per (group, shape, dtype) one symmetric staging buffer (``xelink.symm.empty``, a
+collective call made by the first call of that shape and kept as a resource of the group until it is
+freed; the reuse rule is the ``FREE`` handshake above), one side stream per group; per call the output
+(unless ``out=``), the local partials of the reduce-scatter, the sum, and ``return_gathered``'s copy,
+all from torch's caching allocator (the graph's private pool under capture, so replays reuse them).
+
+CUDA graphs: the first call of a shape sets up peer memory and the staging buffer and compiles the
+semaphore kernels, which capture refuses, so run each shape once before capturing it (as for every
+``xelink.symm`` user). Semaphore slots ``READY``..``RS_FREE`` of the group's team belong to these ops.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import symm
+from ..errors import XelinkError
+from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
+from . import schedule
+from .host import gathered
+
+__all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "unmet", "all_gather_matmul",
+           "matmul_reduce_scatter", "matmul_all_reduce"]
+
+READY, FREE, RS_READY, RS_FREE = 8, 9, 10, 11
+AR_CHUNKS = 4
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def unmet(comm, algo: str) -> str | None:
+    """Why ``algo`` cannot run on CUDA tensors of ``comm`` (None: it can)."""
+    if algo in ("pipelined", "topo") and not symm.available(comm):
+        return (f"algo={algo!r} on CUDA tensors needs peer memory between the ranks (one host, at most "
+                f"{symm.MAX_WORLD} ranks); use 'sequential'")
+    return None
+
+
+class _Side:
+    """The group's side stream of these ops (a resource of the group)."""
+
+    def __init__(self, device):
+        self.stream = torch.cuda.Stream(device)
+
+
+def _side(comm, device) -> torch.cuda.Stream:
+    return comm.resource(("xelink.dist", "side", str(device)), lambda: _Side(device)).stream
+
+
+def _stage(comm, kind: str, shape: tuple, dtype) -> torch.Tensor:
+    """The group's symmetric buffer for (kind, shape, dtype): made by the first call (collective), reused."""
+    key = ("xelink.dist", kind, shape, str(dtype))
+    found = comm.resource(key)
+    if found is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise XelinkError(f"{kind} buffer of shape {shape} ({dtype}) on {comm.name}: the first call of a shape "
+                              f"allocates symmetric memory, which a CUDA graph capture cannot; run it once before "
+                              f"capturing")
+        found = comm.attach(key, symm.empty(shape, dtype=dtype, group=comm))
+    return found
+
+
+def _mm_into(x: torch.Tensor, w: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst = x @ w`` without a copy where it can: ``gemm`` into ``dst`` (a row block) for half types."""
+    if dst.numel() == 0:
+        return
+    if x.shape[-1] == 0:
+        dst.zero_()
+        return
+    if dst.dtype in _HALF and dst.stride(-1) == 1:
+        from ..kernels import gemm
+
+        x2 = x.reshape(-1, x.shape[-1])
+        try:
+            d2 = dst.view(-1, dst.shape[-1])
+        except RuntimeError:  # [B, s, N] block of a sequence-gathered output: one GEMM per batch row
+            d2 = None
+        if d2 is not None:
+            gemm(x2, w, out=d2)
+            return
+        for i in range(dst.shape[0]):
+            gemm(x[i], w, out=dst[i])
+        return
+    if dst.is_contiguous():
+        torch.matmul(x, w, out=dst)
+    else:
+        dst.copy_(torch.matmul(x, w))
+
+
+def _fwd(reads, me: int) -> dict:
+    """shard -> the ranks that obtain it from this rank, in plan order."""
+    out = {q: [] for q in range(len(reads))}
+    for x in range(len(reads)):
+        for q, src in reads[x]:
+            if src == me:
+                out[q].append(x)
+    return out
+
+
+def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
+    n, r, dev = comm.size, comm.rank, a.device
+    shard = tuple(a.shape)
+    full = list(shard)
+    full[dim] *= n
+    cs = [o if o is not None else torch.empty(tuple(full[:-1]) + (w.shape[1],), dtype=a.dtype, device=dev)
+          for w, o in zip(weights, outs)]
+    if algo == "sequential":
+        buf = torch.empty((n,) + shard, dtype=a.dtype, device=dev)
+        all_gather_into_tensor(buf, a.contiguous(), group=comm)
+        a_full = gathered(buf, dim)
+        for w, c in zip(weights, cs):
+            _mm_into(a_full, w, c)
+        return (a_full if return_gathered else None), cs
+    stage = _stage(comm, "gather", (n,) + shard, a.dtype)
+    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.direct_plan(n)
+    fwd = _fwd(reads, r)
+    stage[r].copy_(a)
+    for x in fwd[r]:
+        symm.signal(x, READY, group=comm, stream=main)
+    side.wait_stream(main)  # the slots this call fills are no longer read by the previous call's GEMMs
+    landed = {}
+    for q, src in reads[r]:
+        symm.wait(src, READY, group=comm, stream=side)
+        symm.get(stage[q], stage[q], src, group=comm, engine="copy", stream=side)
+        landed[q] = torch.cuda.Event()
+        landed[q].record(side)
+        symm.signal(src, FREE, group=comm, stream=side)
+        for x in fwd[q]:
+            symm.signal(x, READY, group=comm, stream=side)
+    rows = shard[dim]
+
+    def compute(q):
+        for w, c in zip(weights, cs):
+            _mm_into(stage[q], w, c.narrow(dim, q * rows, rows))
+
+    compute(r)
+    for q, _ in reads[r]:
+        main.wait_event(landed[q])
+        compute(q)
+    for x in range(n):
+        for _ in schedule.serves(reads, r, x):
+            symm.wait(x, FREE, group=comm, stream=side)
+    main.wait_stream(side)
+    a_full = gathered(stage, dim).clone() if return_gathered else None
+    return a_full, cs
+
+
+def _order(comm, algo: str) -> list[int]:
+    """Destinations of the reduce-scatter partials, the own block last."""
+    n, r = comm.size, comm.rank
+    if algo != "topo":
+        return [(r + s) % n for s in range(1, n)]
+    packages = comm.packages
+    p, i = schedule.package_index(packages, r)
+    mine = packages[p]
+    remote = [j for t in range(1, len(packages)) for j in packages[(p + t) % len(packages)]]
+    return remote + [mine[(i + s) % len(mine)] for s in range(1, len(mine))]
+
+
+def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
+    n, r, dev = comm.size, comm.rank, a.device
+    blk = a.shape[dim] // n
+    shape = list(a.shape[:-1]) + [w.shape[1]]
+    shape[dim] = blk
+    shape = tuple(shape)
+    if algo == "sequential":
+        p = torch.empty(tuple(a.shape[:-1]) + (w.shape[1],), dtype=a.dtype, device=dev)
+        _mm_into(a, w, p)
+        blocks = p if dim == 0 else p.unflatten(dim, (n, blk)).movedim(dim, 0).contiguous()
+        res = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
+        reduce_scatter_tensor(res, blocks, op=op, group=comm)
+        return res if out is None or res is out else out.copy_(res)
+    inbox = _stage(comm, "reduce", (n,) + shape, a.dtype)
+    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    parts = torch.empty((n,) + shape, dtype=a.dtype, device=dev)
+    side.wait_stream(main)
+    for j in _order(comm, algo):
+        _mm_into(a.narrow(dim, j * blk, blk), w, parts[j])
+        done = torch.cuda.Event()
+        done.record(main)
+        side.wait_event(done)
+        symm.put(inbox[r], parts[j], j, group=comm, engine="copy", stream=side)
+        symm.signal(j, RS_READY, group=comm, stream=side)
+    _mm_into(a.narrow(dim, r * blk, blk), w, inbox[r])
+    for q in range(n):
+        if q != r:
+            symm.wait(q, RS_READY, group=comm, stream=main)
+    acc = (inbox.float() if a.dtype in _HALF else inbox).sum(0)
+    if op == "avg":
+        acc.div_(n)
+    for q in range(n):
+        if q != r:
+            symm.signal(q, RS_FREE, group=comm, stream=main)
+            symm.wait(q, RS_FREE, group=comm, stream=side)
+    main.wait_stream(side)
+    if out is None:
+        return acc.to(a.dtype)
+    return out.copy_(acc)
+
+
+def matmul_all_reduce(comm, a, w, out, algo):
+    dev = a.device
+    shape = tuple(a.shape[:-1]) + (w.shape[1],)
+    c = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
+    if algo == "sequential":
+        _mm_into(a, w, c)
+        all_reduce(c, group=comm)
+        return c if out is None or c is out else out.copy_(c)
+    packages = comm.packages
+    # The GPU hierarchical all-reduce runs on equal packages; packages of one rank have nothing to gain.
+    even = len(packages) > 1 and len({len(p) for p in packages}) == 1 and len(packages[0]) > 1
+    name = "hierarchical" if algo == "topo" and even else "auto"
+    rows = math.prod(a.shape[:-1])
+    a2, c2 = a.reshape(rows, a.shape[-1]), c.view(rows, w.shape[1])
+    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    chunks = max(1, min(AR_CHUNKS, rows))
+    base, extra = divmod(rows, chunks)
+    lo = 0
+    for k in range(chunks):
+        hi = lo + base + (1 if k < extra else 0)
+        if hi > lo:
+            _mm_into(a2[lo:hi], w, c2[lo:hi])
+            done = torch.cuda.Event()
+            done.record(main)
+            side.wait_event(done)
+            with torch.cuda.stream(side):
+                all_reduce(c2[lo:hi], group=comm, algo=name)
+        lo = hi
+    main.wait_stream(side)
+    return c if out is None or c is out else out.copy_(c)

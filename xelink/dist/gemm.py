@@ -1,0 +1,316 @@
+"""Distributed GEMM of tensor-parallel layers, with the communication under the local GEMMs.
+
+- ``all_gather_matmul(a_shard, b)``: ``cat(a_shard over ranks, gather_dim) @ b`` (the column-parallel
+  layer after a sequence-parallel one; ``b`` a list of weights sharing one gather, e.g. Q, K and V).
+- ``matmul_reduce_scatter(a, b)``: this rank's block, along ``scatter_dim``, of the sum over ranks of
+  ``a @ b`` (the row-parallel layer before a sequence-parallel one).
+- ``matmul_all_reduce(a, b)``: the sum over ranks of ``a @ b``, on every rank.
+
+Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
+
+- ``"sequential"``: xelink's own collective, then the GEMM (or the GEMM, then the collective): the
+  unfused reference.
+- ``"pipelined"``: one chunk per rank, the local chunk first; chunk i's GEMM runs while chunk i+1
+  moves. CPU ranks: a ring over nonblocking point-to-point (a private duplicate of the group, so no
+  message meets the user's own); CUDA: peer reads by the copy engines on a side stream, each chunk's
+  GEMM on the current stream into its row block of the output, ordered by events and ``xelink.symm``
+  semaphores (``schedule.direct_plan``).
+- ``"topo"``: the pipelined schedule in the topology-aware order of ``group.packages``: own shard, the
+  package's shards, then each remote shard, which crosses the package boundary once per remote package
+  (to one member, who forwards it inside the package); uneven packages included
+  (``schedule.topo_plan``). ``matmul_reduce_scatter``: partials summed inside the package before they
+  cross (CPU ranks). ``matmul_all_reduce``: the pipelined chunks all-reduced by the hierarchical
+  algorithm.
+- ``"fused"``: a kernel that consumes chunks as they land: named for the next issue, not built yet
+  (refused with a ``ValueError``).
+- ``"auto"``: world size 1 is a local matmul; else ``topo`` when the group has more than one package
+  and some package holds more than one rank, else ``pipelined`` (on CUDA tensors without peer memory
+  between the ranks: ``sequential``).
+
+Every argument is checked before any byte moves (with ``XELINK_CHECK=1``, also that every rank makes the
+same call). The CUDA path's staging buffers and the rules for CUDA graphs are in ``device``'s docstring.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..collectives.checks import fingerprint_check, group_of, parse_op
+
+__all__ = ["DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "auto_algo"]
+
+DIST_GEMM_ALGOS = ("sequential", "pipelined", "topo", "fused")
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_REDUCE_OPS = ("sum", "avg")
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+def _algo(fn: str, algo) -> str:
+    if algo == "fused":
+        raise ValueError(f"{fn}: algo='fused' (a kernel that consumes chunks as they land) is not built yet; "
+                         f"use 'auto', 'sequential', 'pipelined' or 'topo'")
+    if not isinstance(algo, str) or algo not in ("auto",) + DIST_GEMM_ALGOS:
+        raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(DIST_GEMM_ALGOS)}")
+    return algo
+
+
+def _device_of(comm) -> torch.device:
+    dev = comm.device if isinstance(comm.device, torch.device) else torch.device(comm.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _tensor(fn: str, name: str, x, comm, dims: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in dims:
+        want = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{fn}: {name} must be {want}, got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or "
+                        f"bfloat16")
+    if x.device.type == "cuda":
+        if x.device != _device_of(comm):
+            raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
+    elif x.device.type != "cpu":
+        raise ValueError(f"{fn}: {name} is on {x.device}; CPU and CUDA tensors are supported")
+    return x
+
+
+def _weights(fn: str, b, a: torch.Tensor, comm, allow_list: bool) -> tuple[list[torch.Tensor], bool]:
+    """(the weights as a list, whether a list was given), each checked to chain with ``a``."""
+    many = isinstance(b, (list, tuple))
+    if many and not allow_list:
+        raise TypeError(f"{fn}: b must be one [K, N] tensor, got a {type(b).__name__}")
+    items = list(b) if many else [b]
+    if many and not items:
+        raise ValueError(f"{fn}: b is an empty {type(b).__name__}; give at least one [K, N] tensor")
+    k = a.shape[-1]
+    for i, w in enumerate(items):
+        name = f"b[{i}]" if many else "b"
+        _tensor(fn, name, w, comm, (2,))
+        if w.dtype != a.dtype:
+            raise TypeError(f"{fn}: {name}.dtype={w.dtype} != a.dtype={a.dtype}")
+        if w.device != a.device:
+            raise ValueError(f"{fn}: {name} is on {w.device} and a on {a.device}; both must be on one device")
+        if w.shape[0] != k:
+            raise ValueError(f"{fn}: {name}.shape[0]={w.shape[0]} != a.shape[-1]={k} (a is [..., K], b is [K, N])")
+    return items, many
+
+
+def _dim(fn: str, name: str, value, a: torch.Tensor) -> int:
+    """``value`` as a non-negative dimension of ``a`` other than the last (K)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    d = value + a.dim() if value < 0 else value
+    if not 0 <= d < a.dim() - 1:
+        valid = ", ".join(map(str, range(a.dim() - 1)))
+        raise ValueError(f"{fn}: {name}={value} is not valid for a {a.dim()}-D input of shape {tuple(a.shape)} "
+                         f"(one of {valid}; the last dim is K)")
+    return d
+
+
+def _outputs(fn: str, out, shapes: list[tuple], a: torch.Tensor, many: bool) -> list:
+    """The caller's output tensors (None each when ``out`` is None), checked against the result shapes."""
+    if out is None:
+        return [None] * len(shapes)
+    if many:
+        if not isinstance(out, (list, tuple)) or len(out) != len(shapes):
+            got = f"{len(out)} items" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise ValueError(f"{fn}: out must be a list of {len(shapes)} tensors (one per b), got {got}")
+        items, names = list(out), [f"out[{i}]" for i in range(len(shapes))]
+    else:
+        items, names = [out], ["out"]
+    for t, name, shape in zip(items, names, shapes):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{fn}: {name}.shape={tuple(t.shape)} != {tuple(shape)}, the shape of the result")
+        if t.dtype != a.dtype:
+            raise TypeError(f"{fn}: {name}.dtype={t.dtype} != a.dtype={a.dtype}")
+        if t.device != a.device:
+            raise ValueError(f"{fn}: {name} is on {t.device} and a on {a.device}")
+    return items
+
+
+def auto_algo(comm, cuda: bool = False) -> str:
+    """What ``algo="auto"`` runs on ``comm``: ``topo`` when it has more than one package and some package
+    holds more than one rank, else ``pipelined`` (``sequential`` for CUDA tensors without peer memory).
+    World size 1 runs a local matmul whatever the name."""
+    if cuda:
+        from .. import symm
+
+        if not symm.available(comm):
+            return "sequential"
+    packages = comm.packages
+    return "topo" if len(packages) > 1 and max(len(p) for p in packages) > 1 else "pipelined"
+
+
+def _pick(fn: str, comm, a: torch.Tensor, algo: str) -> str:
+    """The algorithm that runs: ``auto`` resolved, and the choice checked against the tensors' backend."""
+    picked = auto_algo(comm, a.is_cuda) if algo == "auto" else algo
+    if a.is_cuda and comm.size > 1:
+        from . import device
+
+        why = device.unmet(comm, picked)
+        if why is not None:
+            raise ValueError(f"{fn}: {why}")
+    return picked
+
+
+def _backend(a: torch.Tensor):
+    if a.is_cuda:
+        from . import device
+
+        return device
+    from . import host
+
+    return host
+
+
+def _local(a, weights, outs):
+    """World size 1 (and the empty problem): the local product into ``outs``."""
+    cs = []
+    for w, o in zip(weights, outs):
+        c = torch.matmul(a, w)
+        cs.append(c if o is None else o.copy_(c))
+    return cs
+
+
+# -- the ops --------------------------------------------------------------------------------------
+
+def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gathered: bool = False,
+                      algo: str = "auto", out=None):
+    """``cat(a_shard of every rank, gather_dim) @ b``, the gather hidden under the GEMM of the chunks.
+
+    Args:
+        a_shard: this rank's shard, ``[M/n, K]`` or ``[B, S/n, K]``, the same shape on every rank; float64,
+            float32, float16 or bfloat16; a CPU tensor, or a CUDA tensor on this rank's device.
+        b: one ``[K, N]`` weight (contiguous or a transposed view such as an ``nn.Linear`` weight's
+            ``.t()``), or a list/tuple of them (each its own N) multiplied with one gather; same dtype and
+            device as ``a_shard``.
+        group: xelink communicator (None: the world).
+        gather_dim: the dimension gathered: 0 for 2-D; 0 or 1 (the sequence) for 3-D; negative counts
+            from the end, the last (K) is not allowed.
+        return_gathered: also return the gathered ``a`` (a new tensor on CUDA; on CPU ranks with
+            ``gather_dim=0`` the gather buffer itself).
+        algo: "auto", "sequential", "pipelined" or "topo" (module docstring); "fused" is not built yet.
+        out: a tensor of the result's shape (a list of them, one per ``b``, for a list), written in place.
+
+    Returns:
+        ``c`` (``[M, N]`` or the 3-D shape with the gathered dim ``n`` times larger), a list of ``c`` for a
+        list of ``b``, or ``(a_full, c)`` with ``return_gathered``.
+
+    Raises:
+        TypeError: non-tensors, unsupported or mixed dtypes, a non-int gather_dim.
+        ValueError: shapes that do not chain, mixed devices, a bad gather_dim, an empty list of b, a bad out,
+            an unknown algo, or (``XELINK_CHECK=1``) ranks whose calls differ; all before any byte moves.
+
+    Collective: every rank of ``group`` must call this with the same shapes, dtype, gather_dim and algo.
+    """
+    fn = "all_gather_matmul"
+    comm = group_of(group, fn)
+    algo = _algo(fn, algo)
+    a = _tensor(fn, "a_shard", a_shard, comm, (2, 3))
+    dim = _dim(fn, "gather_dim", gather_dim, a)
+    weights, many = _weights(fn, b, a, comm, allow_list=True)
+    n = comm.size
+    full = list(a.shape)
+    full[dim] *= n
+    shapes = [tuple(full[:-1]) + (w.shape[1],) for w in weights]
+    outs = _outputs(fn, out, shapes, a, many)
+    picked = _pick(fn, comm, a, algo)
+    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(tuple(w.shape) for w in weights),
+                                 algo, bool(return_gathered)))
+    if n == 1:
+        a_full, cs = a, _local(a, weights, outs)
+    else:
+        a_full, cs = _backend(a).all_gather_matmul(comm, a, weights, dim, outs, picked, bool(return_gathered))
+    c = cs if many else cs[0]
+    return (a_full, c) if return_gathered else c
+
+
+def _scatter_shape(fn: str, a: torch.Tensor, dim: int, n: int, ncols: int) -> tuple:
+    if a.shape[dim] % n:
+        raise ValueError(f"{fn}: a.shape[{dim}]={a.shape[dim]} (scatter_dim={dim}) is not divisible by the group "
+                         f"size {n}")
+    shape = list(a.shape[:-1]) + [ncols]
+    shape[dim] //= n
+    return tuple(shape)
+
+
+def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", algo: str = "auto", out=None):
+    """This rank's block (rank order, along ``scatter_dim``) of the sum over ranks of ``a @ b``.
+
+    Args:
+        a: ``[M, K]`` or ``[B, S, K]`` (this rank's partial input, e.g. the output of a column-parallel layer),
+            float64/32/16 or bfloat16, CPU or this rank's CUDA device.
+        b: one ``[K, N]`` weight, contiguous or a transposed view; same dtype and device.
+        group: xelink communicator (None: the world).
+        scatter_dim: the dimension split over the ranks (0 for 2-D, 0 or 1 for 3-D); its size must be
+            divisible by the group size.
+        op: "sum" or "avg" (or torch's ``ReduceOp`` of them). Half types are summed in float32, rounded once.
+        algo: "auto", "sequential", "pipelined" or "topo" (module docstring); "fused" is not built yet.
+        out: a tensor of the block's shape (``scatter_dim`` divided by the group size, last dim N).
+
+    Returns:
+        The block (``out`` when given).
+
+    Raises:
+        TypeError / ValueError: as ``all_gather_matmul``; also a scatter dim not divisible by the group size
+            and an op other than sum/avg; all before any byte moves.
+
+    Collective: every rank of ``group`` must call this with the same shapes, dtype, scatter_dim, op and algo.
+    """
+    fn = "matmul_reduce_scatter"
+    comm = group_of(group, fn)
+    algo = _algo(fn, algo)
+    a = _tensor(fn, "a", a, comm, (2, 3))
+    dim = _dim(fn, "scatter_dim", scatter_dim, a)
+    (w,), _ = _weights(fn, b, a, comm, allow_list=False)
+    op = parse_op(fn, op)
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"{fn}: op={op!r} is not supported here; use 'sum' or 'avg'")
+    n = comm.size
+    shape = _scatter_shape(fn, a, dim, n, w.shape[1])
+    (o,) = _outputs(fn, out, [shape], a, False)
+    picked = _pick(fn, comm, a, algo)
+    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(w.shape), op, algo))
+    if n == 1:
+        return _local(a, [w], [o])[0]
+    return _backend(a).matmul_reduce_scatter(comm, a, w, dim, op, o, picked)
+
+
+def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
+    """The sum over ranks of ``a @ b``, on every rank (the row-parallel layer of tensor parallelism).
+
+    Args:
+        a: ``[M, K]`` or ``[B, S, K]``, float64/32/16 or bfloat16, CPU or this rank's CUDA device.
+        b: one ``[K, N]`` weight, contiguous or a transposed view; same dtype and device.
+        group: xelink communicator (None: the world).
+        algo: "auto", "sequential" (the GEMM, then ``all_reduce``), "pipelined" (row chunks: chunk i
+            all-reduced asynchronously while chunk i+1 is computed) or "topo" (the same with the
+            hierarchical all-reduce); "fused" is not built yet.
+        out: a tensor of the result's shape (``a``'s with the last dim N).
+
+    Returns:
+        The sum (``out`` when given). Half types are summed in float32 and rounded once per chunk.
+
+    Raises:
+        TypeError / ValueError: as ``all_gather_matmul``, before any byte moves.
+
+    Collective: every rank of ``group`` must call this with the same shapes, dtype and algo.
+    """
+    fn = "matmul_all_reduce"
+    comm = group_of(group, fn)
+    algo = _algo(fn, algo)
+    a = _tensor(fn, "a", a, comm, (2, 3))
+    (w,), _ = _weights(fn, b, a, comm, allow_list=False)
+    shape = tuple(a.shape[:-1]) + (w.shape[1],)
+    (o,) = _outputs(fn, out, [shape], a, False)
+    picked = _pick(fn, comm, a, algo)
+    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), tuple(w.shape), algo))
+    if comm.size == 1:
+        return _local(a, [w], [o])[0]
+    return _backend(a).matmul_all_reduce(comm, a, w, o, picked)
