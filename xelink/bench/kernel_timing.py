@@ -72,8 +72,9 @@ def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int =
     the stream behind a kernel that outlasts the block, then ``calls`` back-to-back calls run under
     ``time.perf_counter`` with no synchronization, so what is timed is what the host spends to enqueue
     the work (checks, allocation, launch), not the kernels. A block whose sleep ended before its last
-    call (the GPU caught up) is timed again with a longer sleep. ``calls`` stays far below the depth of
-    the launch queue (about 1000 launches), which would otherwise make the host wait.
+    call (the GPU caught up) is timed again with a longer sleep. ``calls`` times the kernels a call
+    launches must stay far below the depth of the launch queue (about 1000 launches), which would
+    otherwise make the host wait for the sleeping GPU (and every retry sleep longer).
 
     Args:
         variants: name -> a call returning its output (launching on the current CUDA stream).
