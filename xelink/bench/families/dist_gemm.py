@@ -101,8 +101,9 @@ def _variants(world, op, a, b, full, algos, fused_group):
             block = torch.empty(a.shape[0] // n, b.shape[1], dtype=a.dtype, device=a.device)
             out[f"{base.name}:matmul+reduce_scatter"] = lambda: (base.reduce_scatter(block, a @ b), block)[1]
     else:
-        notes.append(f"{op}: the NCCL baseline (all-gather then matmul) skipped: {n} ranks share a GPU, and NCCL "
-                     f"needs one GPU per rank")
+        unfused = "all-gather then matmul" if op == "all_gather_matmul" else "matmul then reduce-scatter"
+        notes.append(f"{op}: the NCCL baseline ({unfused}) skipped: {n} ranks share a GPU, and NCCL needs one GPU "
+                     f"per rank")
     if _one_gpu_per_rank(world) and fused_group is not None:
         if op == "all_gather_matmul":
             out["torch-symm:fused_all_gather_matmul"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
