@@ -6,6 +6,7 @@ that change shape, dtype and algorithm; flat and as packages (one rank each at 2
 import torch
 
 import xelink
+from dist_cases import ints, weight
 
 WORLD_SIZES = (1, 2, 3, 4)
 LAUNCH_TIMEOUT = 300
@@ -28,16 +29,6 @@ def _free(groups):
         g.free()
 
 
-def _ints(shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(-3, 4, shape, generator=g).to(dtype)
-
-
-def _weight(k, n, seed, dtype, transposed):
-    """[K, N]: contiguous, or the transposed view of an [N, K] nn.Linear-style weight."""
-    return _ints((n, k), seed, dtype).t() if transposed else _ints((k, n), seed, dtype)
-
-
 def _same(got, want, what):
     if got.shape != want.shape or got.dtype != want.dtype:
         raise AssertionError(f"{what}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
@@ -57,8 +48,8 @@ def _close(got, want, what, tol=2e-2):
 def _gather_case(comm, algo, shard_shape, dim, dtype, ns, transposed, salt, what):
     n, r = comm.size, comm.rank
     k = shard_shape[-1]
-    shards = [_ints(shard_shape, 100 * salt + q, dtype) for q in range(n)]
-    weights = [_weight(k, m, 7 + i + salt, dtype, transposed[i % len(transposed)]) for i, m in enumerate(ns)]
+    shards = [ints(shard_shape, 100 * salt + q, dtype) for q in range(n)]
+    weights = [weight(k, m, 7 + i + salt, dtype, transposed[i % len(transposed)]) for i, m in enumerate(ns)]
     a_full = torch.cat(shards, dim)
     many = len(ns) > 1
     got = xelink.all_gather_matmul(shards[r], weights if many else weights[0], group=comm, gather_dim=dim, algo=algo)
@@ -99,8 +90,8 @@ def check_all_gather_matmul_reference_is_the_gather(world):
     """The reference the other checks compute locally, built as the issue states it: xelink's all-gather,
     then torch.matmul, equal to every algorithm."""
     n = world.size
-    a = _ints((3, 5), 40 + world.rank)
-    w = _ints((5, 4), 41)
+    a = ints((3, 5), 40 + world.rank)
+    w = ints((5, 4), 41)
     full = torch.empty(3 * n, 5)
     xelink.all_gather_into_tensor(full, a)
     for algo in ALGOS:
@@ -113,8 +104,8 @@ def check_return_gathered_and_out(world):
     for name, comm in groups:
         for algo in ALGOS:
             for dim, shape in ((0, (3, 4)), (1, (2, 3, 4))):
-                shards = [_ints(shape, 60 + q) for q in range(n)]
-                ws = [_ints((4, 5), 1), _ints((2, 4), 2).t()]
+                shards = [ints(shape, 60 + q) for q in range(n)]
+                ws = [ints((4, 5), 1), ints((2, 4), 2).t()]
                 full = torch.cat(shards, dim)
                 outs = [torch.full(tuple(full.shape[:-1]) + (m,), float("nan")) for m in (5, 2)]
                 a_full, cs = xelink.all_gather_matmul(shards[r], ws, group=comm, gather_dim=dim, return_gathered=True,
@@ -138,22 +129,22 @@ def check_back_to_back_calls_change_shape_dtype_and_algo(world):
     plan = [((4, 6), torch.float32, "pipelined"), ((1, 6), torch.bfloat16, "topo"), ((2, 3, 6), torch.float32, "auto"),
             ((5, 2), torch.float64, "sequential"), ((4, 6), torch.bfloat16, "pipelined"), ((3, 6), torch.float32, "topo")]
     for i, (shape, dtype, algo) in enumerate(plan):
-        shards = [_ints(shape, 80 + 10 * i + q, dtype) for q in range(n)]
-        w = _ints((shape[-1], 3), 90 + i, dtype)
+        shards = [ints(shape, 80 + 10 * i + q, dtype) for q in range(n)]
+        w = ints((shape[-1], 3), 90 + i, dtype)
         _same(xelink.all_gather_matmul(shards[r], w, algo=algo), torch.cat(shards) @ w, f"call {i} all_gather_matmul")
-        a = _ints(shape[:-1] + (shape[-1],), 200 + i + r, dtype)
+        a = ints(shape[:-1] + (shape[-1],), 200 + i + r, dtype)
         if a.shape[0] % n == 0:
-            want = sum(_ints(a.shape, 200 + i + q, dtype) @ w for q in range(n))
+            want = sum(ints(a.shape, 200 + i + q, dtype) @ w for q in range(n))
             _same(xelink.matmul_reduce_scatter(a, w, algo=algo), want.chunk(n)[r].contiguous(), f"call {i} rs")
-        want = sum(_ints(a.shape, 200 + i + q, dtype) @ w for q in range(n))
+        want = sum(ints(a.shape, 200 + i + q, dtype) @ w for q in range(n))
         _same(xelink.matmul_all_reduce(a, w, algo=algo), want, f"call {i} all_reduce")
 
 
 # -- matmul_reduce_scatter / matmul_all_reduce --------------------------------------------------------
 
 def _partials(n, shape, k, m, salt, dtype, transposed):
-    aa = [_ints(shape + (k,), 300 + 10 * salt + q, dtype) for q in range(n)]
-    w = _weight(k, m, 301 + salt, dtype, transposed)
+    aa = [ints(shape + (k,), 300 + 10 * salt + q, dtype) for q in range(n)]
+    w = weight(k, m, 301 + salt, dtype, transposed)
     return aa, w, sum(x.float() @ w.float() for x in aa)
 
 
@@ -244,6 +235,6 @@ def check_bad_inputs_raise_before_sending(world):
             assert text in str(e), f"{e!s} lacks {text!r}"
         else:
             raise AssertionError(f"no {exc.__name__} for {text!r}")
-    a = _ints((2 * n, 4), 500 + world.rank)
-    want = sum(_ints((2 * n, 4), 500 + q) @ w for q in range(n))
+    a = ints((2 * n, 4), 500 + world.rank)
+    want = sum(ints((2 * n, 4), 500 + q) @ w for q in range(n))
     _same(xelink.matmul_reduce_scatter(a, w), want.chunk(n)[world.rank].contiguous(), "after the refusals")

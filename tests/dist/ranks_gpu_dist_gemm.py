@@ -7,6 +7,7 @@ committed."""
 import torch
 
 import xelink
+from dist_cases import ints, weight
 
 WORLD_SIZES = (2, 3)
 GPUS = 1
@@ -19,15 +20,6 @@ LAYOUTS = {2: [[0], [1]], 3: [[0, 1], [2]]}
 
 def _dev(world):
     return torch.device(world.device)
-
-
-def _ints(shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(-3, 4, shape, generator=g).to(dtype)
-
-
-def _weight(k, n, seed, dtype, transposed):
-    return _ints((n, k), seed, dtype).t() if transposed else _ints((k, n), seed, dtype)
 
 
 def _same(got, want, what):
@@ -51,8 +43,8 @@ def _groups(world):
 
 def _gather(comm, dev, algo, shard, dim, dtype, ns, transposed, salt, what):
     n, r = comm.size, comm.rank
-    shards = [_ints(shard, 100 * salt + q, dtype) for q in range(n)]
-    ws = [_weight(shard[-1], m, 7 + i + salt, dtype, transposed[i % len(transposed)]) for i, m in enumerate(ns)]
+    shards = [ints(shard, 100 * salt + q, dtype) for q in range(n)]
+    ws = [weight(shard[-1], m, 7 + i + salt, dtype, transposed[i % len(transposed)]) for i, m in enumerate(ns)]
     full = torch.cat(shards, dim)
     many = len(ns) > 1
     wd = [w.to(dev) for w in ws]  # .to keeps a transposed view's strides
@@ -73,10 +65,10 @@ def check_all_gather_matmul_every_algo(world):
                 _gather(comm, dev, algo, (2, 16, 64), 0, dtype, [32], [False], 3, f"{w} 3-D gather_dim=0")
                 _gather(comm, dev, algo, (2, 16, 64), 1, dtype, [32], [True], 4, f"{w} 3-D gather_dim=1")
                 _gather(comm, dev, algo, (32, 64), 0, dtype, [48, 16, 80], [True, False], 5, f"{w} list of b")
-            a_full, c = xelink.all_gather_matmul(_ints((8, 32), 60 + comm.rank, torch.bfloat16).to(dev),
-                                                 _ints((32, 16), 61, torch.bfloat16).to(dev), group=comm,
+            a_full, c = xelink.all_gather_matmul(ints((8, 32), 60 + comm.rank, torch.bfloat16).to(dev),
+                                                 ints((32, 16), 61, torch.bfloat16).to(dev), group=comm,
                                                  return_gathered=True, algo=algo)
-            want = torch.cat([_ints((8, 32), 60 + q, torch.bfloat16) for q in range(comm.size)])
+            want = torch.cat([ints((8, 32), 60 + q, torch.bfloat16) for q in range(comm.size)])
             _same(a_full, want, f"{name} {algo} return_gathered")
     groups[1][1].free()
     xelink.synchronize()
@@ -102,8 +94,8 @@ def check_matmul_reduce_scatter_and_all_reduce_every_algo(world):
             for dtype in (torch.bfloat16, torch.float32):
                 for salt, (shape, dim, transposed) in enumerate((((16 * n,), 0, False), ((2, 8 * n), 1, True),
                                                                   ((3 * n,), 0, True))):
-                    aa = [_ints(shape + (64,), 300 + 10 * salt + q, dtype) for q in range(n)]
-                    w = _weight(64, 48, 301 + salt, dtype, transposed)
+                    aa = [ints(shape + (64,), 300 + 10 * salt + q, dtype) for q in range(n)]
+                    w = weight(64, 48, 301 + salt, dtype, transposed)
                     total = sum(x.double() @ w.double() for x in aa)
                     what = f"{name} {algo} {dtype} {shape}"
                     got = xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), group=comm, scatter_dim=dim, algo=algo)
@@ -118,11 +110,11 @@ def check_back_to_back_calls_change_shape(world):
     dev, n, r = _dev(world), world.size, world.rank
     for i, (rows, k, m, algo) in enumerate(((64, 64, 32, "pipelined"), (5, 64, 32, "topo"), (64, 128, 16, "pipelined"),
                                             (64, 64, 32, "topo"), (1, 32, 8, "pipelined"), (64, 64, 32, "auto"))):
-        shards = [_ints((rows, k), 700 + 10 * i + q, torch.bfloat16) for q in range(n)]
-        w = _ints((k, m), 701 + i, torch.bfloat16)
+        shards = [ints((rows, k), 700 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        w = ints((k, m), 701 + i, torch.bfloat16)
         _same(xelink.all_gather_matmul(shards[r].to(dev), w.to(dev), algo=algo),
               (torch.cat(shards).double() @ w.double()).bfloat16(), f"call {i}")
-        aa = [_ints((rows * n, k), 800 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        aa = [ints((rows * n, k), 800 + 10 * i + q, torch.bfloat16) for q in range(n)]
         _same(xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo=algo),
               sum(x.double() @ w.double() for x in aa).chunk(n)[r].bfloat16(), f"rs call {i}")
     xelink.synchronize()
@@ -149,9 +141,9 @@ def check_cuda_graph_replays_with_new_inputs(world):
             (c0, c1), rs, ar = step()
         for replay in range(3):
             salt = 1000 * replay + 17 * len(algo)
-            shards = [_ints((32, 64), salt + q, dtype) for q in range(n)]
-            bigs = [_ints((32 * n, 64), salt + 50 + q, dtype) for q in range(n)]
-            wt = _ints((48, 64), salt + 99, dtype)
+            shards = [ints((32, 64), salt + q, dtype) for q in range(n)]
+            bigs = [ints((32 * n, 64), salt + 50 + q, dtype) for q in range(n)]
+            wt = ints((48, 64), salt + 99, dtype)
             a.copy_(shards[r].to(dev))
             big.copy_(bigs[r].to(dev))
             w.copy_(wt.t().to(dev))

@@ -68,3 +68,18 @@ def test_check_no_overlap():
     with pytest.raises(ValueError, match="^f: out overlaps a"):  # interleaved columns: conservative
         check_no_overlap("f", big[:, :4], a=big[:, 4:])
     check_no_overlap("f", big[:0], a=big)  # an empty out touches nothing
+
+
+def test_path_key_remembers_only_plain_cuda_calls():
+    from xelink.kernels.common import Paths, path_key
+
+    x = torch.ones(2, 3)
+    assert path_key(("auto", None), (x, x)) is None  # CPU tensors: the checks run every call
+    assert path_key(("auto", [1]), (x,)) is None  # an option of another class
+    assert path_key(("auto",), (x.numpy(),)) is None  # not a torch.Tensor
+    assert path_key(("auto",), (x,), (object(),)) is None
+    paths = Paths()
+    paths.LIMIT = 2
+    for i in range(3):
+        paths.remember(i, i)
+    assert paths == {2: 2}  # past the limit everything is forgotten, then the new entry kept

@@ -36,7 +36,7 @@ import torch
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
-                     check_tensor, cdiv, geometry, next_power_of_2, require_triton, sm_count, tl, triton)
+                     check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, launch
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -788,26 +788,10 @@ def _traced_out(out, like):
     return torch.empty_like(like, memory_format=torch.contiguous_format) if out is None else out
 
 
-# flash_attention()'s and decode_attention()'s checks, remembered by everything they read (as gemm's
-# ``_PATHS``): the op, impl, pdl, the flags (bools, None, a float scale, an int split count: by value),
-# the geometry of every tensor and of out (flags with their classes). The value is (path, pdl option, scale[, splits]); what reads
-# addresses (out overlapping an input) runs every call.
+# flash_attention()'s and decode_attention()'s checks, remembered by everything they read
+# (``common.path_key``): the op, impl, pdl, the flags, the geometry of every tensor and of out. The value
+# is (path, pdl option, scale[, splits]); what reads addresses (out overlapping an input) runs every call.
 _PATHS = Paths()
-_FLAG_TYPES = (bool, int, float, type(None))
-
-
-def _path_key(op: str, tensors, out, impl, pdl, flags):
-    if torch.compiler.is_compiling() or impl.__class__ is not str \
-            or not (pdl is None or pdl is True or pdl is False or (pdl.__class__ is str and pdl in ("early", "late"))) \
-            or any(f.__class__ not in _FLAG_TYPES for f in flags) \
-            or any(t.__class__ is not torch.Tensor for t in tensors) or tensors[0].device.type != "cuda":
-        return None
-    if out is not None and out.__class__ is not torch.Tensor:
-        return None
-    return (op, impl, pdl, tuple((f.__class__, f) for f in flags), tuple(geometry(t) for t in tensors),
-            None if out is None else geometry(out))  # flags with their classes: True and 1 differ
-
-
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None, pdl=None):
     """Attention forward, ``softmax(q k^T * scale) v``, with GQA, causal masking and the LSE.
 
@@ -833,7 +817,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     Raises:
         TypeError / ValueError: bad tensors, dtypes, shapes, devices, flags or out, before anything runs.
     """
-    key = _path_key("flash", (q, k, v), out, impl, pdl, (causal, scale, return_lse))
+    key = path_key(("flash", impl, pdl, causal, scale, return_lse), (q, k, v), (out,))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
         out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1])
@@ -914,7 +898,8 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
     Returns:
         ``out`` (a new tensor unless given) in q's dtype, or (out, lse).
     """
-    key = _path_key("decode", (q, k_cache, v_cache, kv_lens), out, impl, pdl, (causal, scale, return_lse, num_splits))
+    key = path_key(("decode", impl, pdl, causal, scale, return_lse, num_splits), (q, k_cache, v_cache, kv_lens),
+                   (out,))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
         out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, hit[2], hit[3], hit[0], hit[1], out)

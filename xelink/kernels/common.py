@@ -31,7 +31,7 @@ except ImportError:  # Triton without host-side tensor descriptors (older, or In
 
 __all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_impl",
            "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting", "require_triton",
-           "cdiv", "geometry", "next_power_of_2", "Paths", "sm_count", "tl", "triton", "triton_can_run"]
+           "cdiv", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton", "triton_can_run"]
 
 IMPLS = ("auto", "triton", "cuda", "reference")
 IMPL_ALIASES = {"hopper": "cuda"}  # the Hopper TMA kernels of gemm and flash attention were "hopper" before
@@ -53,6 +53,32 @@ def geometry(t: torch.Tensor) -> tuple:
     """What a kernel's checks and launch choices read of a tensor, and no address: shape, strides, dtype,
     device and whether the base is 16-byte aligned (Triton specializes on it; TMA needs it)."""
     return (t.shape, t.stride(), t.dtype, t.device, (t.data_ptr() & 15) == 0)
+
+
+_OPTION_TYPES = frozenset((str, bool, int, float, type(None)))
+
+
+def path_key(options: tuple, tensors: tuple, optional: tuple = ()):
+    """The key a kernel's eager call is remembered under in its :class:`Paths`, or None when the call
+    must run its checks: traced, an option that is not a plain str/bool/int/float/None, a tensor (or a
+    non-None ``optional`` tensor) that is not a plain ``torch.Tensor``, or a first tensor not on CUDA.
+    Options enter with their classes (``True`` and ``1`` differ) and tensors by :func:`geometry`. An
+    invalid option needs no test here: only calls whose checks passed are remembered."""
+    if torch.compiler.is_compiling():
+        return None
+    for o in options:
+        if o.__class__ not in _OPTION_TYPES:
+            return None
+    for t in tensors:
+        if t.__class__ is not torch.Tensor:
+            return None
+    for t in optional:
+        if t is not None and t.__class__ is not torch.Tensor:
+            return None
+    if tensors[0].device.type != "cuda":
+        return None
+    return (tuple((o.__class__, o) for o in options), tuple(geometry(t) for t in tensors),
+            tuple(None if t is None else geometry(t) for t in optional))
 
 
 class Paths(dict):

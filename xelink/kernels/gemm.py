@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap,
-                     check_out, check_same_device, check_tensor, geometry, interpreting, require_triton, sm_count, tl,
+                     check_out, check_same_device, check_tensor, interpreting, path_key, require_triton, sm_count, tl,
                      triton)
 from .launcher import Descriptor, Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
@@ -341,20 +341,6 @@ def _check_gemm(a, b, impl, out, pdl) -> tuple[str, str]:
 _PATHS = Paths()
 
 
-def _path_key(a, b, impl, out, pdl):
-    """The key of ``_PATHS`` for this call, or None (not plain CUDA tensors, a traced call, an impl that
-    is not a str, pdl on, whose check reads the environment: the checks run, as for every call that is
-    not remembered)."""
-    if torch.compiler.is_compiling() or a.__class__ is not torch.Tensor or b.__class__ is not torch.Tensor \
-            or impl.__class__ is not str or not (pdl is None or pdl is False) or a.device.type != "cuda":
-        return None
-    if out is None:
-        return impl, pdl, geometry(a), geometry(b), None
-    if out.__class__ is torch.Tensor:
-        return impl, pdl, geometry(a), geometry(b), geometry(out)
-    return None
-
-
 def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None,
          config: dict | None = None) -> torch.Tensor:
     """``c = a @ b`` with fp32 accumulation, rounded once to the input dtype.
@@ -386,7 +372,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
         ValueError: shapes that do not chain, mixed devices, an unknown impl, an impl that cannot run on
             these tensors, a bad out (shape, device, strides, memory shared with an input) or pdl.
     """
-    key = _path_key(a, b, impl, out, pdl) if config is None else None
+    # pdl on is not remembered: its check reads the environment (TRITON_INTERPRET).
+    key = path_key((impl, pdl), (a, b), (out,)) if config is None and (pdl is None or pdl is False) else None
     path = _PATHS.get(key) if key is not None else None
     if path is not None:
         return _gemm_launch(a, b, path[0], path[1], out, None, path[2])

@@ -51,7 +51,7 @@ import functools
 import torch
 
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
-                     check_same_device, check_tensor, geometry, require_triton, sm_count, tl, triton)
+                     check_same_device, check_tensor, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, gemv_tc, tc_config, w4_ptx
 from .launcher import launch
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
@@ -885,23 +885,10 @@ def _check_gemv(w, x, scales, fmt, impl, out, pdl, config):
     return impl, x, out, option, config
 
 
-# gemv()'s checks, remembered by everything they read (as gemm's ``_PATHS``): fmt, impl, pdl, the geometry
-# of w, x, scales and out; calls with a config (benchmarks) are not remembered. The value is (impl, pdl
+# gemv()'s checks, remembered by everything they read (``common.path_key``): fmt, impl, pdl, the geometry
+# of x, w, scales and out; calls with a config (benchmarks) are not remembered. The value is (impl, pdl
 # option); what reads addresses (out overlapping an input) runs every call.
 _PATHS = Paths()
-
-
-def _path_key(w, x, scales, fmt, impl, out, pdl, config):
-    if config is not None or torch.compiler.is_compiling() or w.__class__ is not torch.Tensor \
-            or x.__class__ is not torch.Tensor or fmt.__class__ is not str or impl.__class__ is not str \
-            or not (pdl is None or pdl is True or pdl is False or (pdl.__class__ is str and pdl in ("early", "late"))) \
-            or x.device.type != "cuda":
-        return None
-    if (scales is not None and scales.__class__ is not torch.Tensor) or (out is not None
-                                                                        and out.__class__ is not torch.Tensor):
-        return None
-    return (fmt, impl, pdl, geometry(w), geometry(x), None if scales is None else geometry(scales),
-            None if out is None else geometry(out))
 
 
 def _cuda_ptx_ok(device: torch.device) -> bool:
@@ -943,7 +930,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             unknown fmt/impl, an impl that cannot run on these tensors, a bad out or pdl.
     """
     one_row = isinstance(x, torch.Tensor) and x.dim() == 1
-    key = _path_key(w, x, scales, fmt, impl, out, pdl, config)
+    key = path_key((fmt, impl, pdl), (x, w), (scales, out)) if config is None else None
     path = _PATHS.get(key) if key is not None else None
     if path is not None:
         y = _gemv_run(w, x.reshape(1, -1) if one_row else x, scales, fmt, path[0], path[1],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .common import (Paths, auto_takes_triton, cdiv, check_impl, check_no_overlap, check_out, check_same_device,
-                     check_tensor, geometry, next_power_of_2, require_triton, tl, triton)
+                     check_tensor, next_power_of_2, path_key, require_triton, tl, triton)
 from .launcher import Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -215,28 +215,15 @@ class _NormLaunch:
             check_no_overlap("rmsnorm", out, x=x, w=w, residual=residual)
         o = x.new_empty(x.shape) if out is None else out  # contiguous, x's dtype and device
         h = o if residual is None else x.new_empty(x.shape)
-        launch_slot(self.slot, self.grid, x, x if residual is None else residual, w, o, h, *self.ints, eps,
+        launch_slot(self.slot, self.grid, x, x if residual is None else residual, w, o, h, *self.ints, float(eps),
                     **self.kwargs)
         return o if residual is None else (o, h)
 
 
-# rmsnorm()'s checks and path choice, remembered by everything they read (as gemm's ``_PATHS``): impl,
-# pdl, the geometry of x, w, residual and out; eps only by class (a float; its sign is checked every
-# call). Kept only for the Triton path on CUDA tensors that need no copy (x, residual, out views of rows).
+# rmsnorm()'s checks and path choice, remembered by everything they read (``common.path_key``): impl, pdl,
+# eps, the geometry of x, w, residual and out. Kept only for the Triton path on CUDA tensors that need no
+# copy (x, residual, out views of rows).
 _PATHS = Paths()
-
-
-def _rmsnorm_key(x, w, eps, residual, impl, pdl, out):
-    if torch.compiler.is_compiling() or x.__class__ is not torch.Tensor or w.__class__ is not torch.Tensor \
-            or impl.__class__ is not str or eps.__class__ is not float or not eps >= 0 \
-            or not (pdl is None or pdl is True or pdl is False or (pdl.__class__ is str and pdl in ("early", "late"))) \
-            or x.device.type != "cuda":
-        return None
-    if (residual is not None and residual.__class__ is not torch.Tensor) or (out is not None
-                                                                            and out.__class__ is not torch.Tensor):
-        return None
-    return (impl, pdl, geometry(x), geometry(w), None if residual is None else geometry(residual),
-            None if out is None else geometry(out))
 
 
 def _rows_view(t) -> bool:
@@ -322,7 +309,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
         ValueError: shape mismatches, negative eps, mixed devices, an unknown impl or one that cannot
             run on these tensors, a bad out, a bad pdl or one this GPU cannot do.
     """
-    key = _rmsnorm_key(x, w, eps, residual, impl, pdl, out)
+    key = path_key((impl, pdl, eps), (x, w), (residual, out))
     plan = _PATHS.get(key) if key is not None else None
     if plan is not None:
         return plan(x, w, eps, residual, out)
