@@ -24,6 +24,9 @@ What it allocates: per (group, slot shape, dtype) the staging buffer (``xelink.s
 the first call of that shape, kept as a resource of the group), the group's side stream (shared with the
 distributed GEMM); per call the float32 accumulator and the partials, from torch's caching allocator.
 
+``all_gather`` (in ``cp_engine``, shared with CPU ranks) runs its gather here (``start_gather``): xelink's
+``all_gather_into_tensor`` on the side stream while the current stream attends to the own block.
+
 CUDA graphs: run each shape once before capturing it (peer memory, the staging buffer and the semaphore
 kernels are set up by the first call). Semaphore slots ``CP_READY`` and ``CP_FREE`` of the group's team
 belong to this ring.
@@ -33,11 +36,12 @@ from __future__ import annotations
 import torch
 
 from .. import symm
+from ..collectives import all_gather_into_tensor
 from ..errors import XelinkError
 from . import schedule
-from .cp_attention import Accumulator, attend, local_pieces
+from .cp_engine import Accumulator, attend, local_pieces
 
-__all__ = ["CP_READY", "CP_FREE", "unmet", "ring_attention"]
+__all__ = ["CP_READY", "CP_FREE", "unmet", "start_gather", "ring_attention"]
 
 CP_READY, CP_FREE = 12, 13
 
@@ -70,6 +74,26 @@ def _stage(comm, numel: int, dtype) -> torch.Tensor:
                               f"before capturing")
         found = comm.attach(key, symm.empty((2, numel), dtype=dtype, group=comm))
     return found
+
+
+class _Joined:
+    """``wait()``: the current stream waits for the side stream (the handle of ``start_gather``)."""
+
+    def __init__(self, side):
+        self.side = side
+
+    def wait(self):
+        torch.cuda.current_stream(self.side.device).wait_stream(self.side)
+
+
+def start_gather(comm, stage, send):
+    """The all-gather of ``all_gather`` on the group's side stream, after the work queued so far (the packing
+    of ``send``), so the own block's attention on the current stream runs beside it."""
+    main, side = torch.cuda.current_stream(send.device), _side(comm, send.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        all_gather_into_tensor(stage, send, group=comm)
+    return _Joined(side)
 
 
 def ring_attention(comm, q, kv, lengths, layout, causal, scale):

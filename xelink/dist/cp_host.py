@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import torch
 
-from ..collectives import irecv, isend
+from ..collectives import all_gather_into_tensor, irecv, isend
 from . import schedule
-from .cp_attention import Accumulator, attend, local_pieces
+from .cp_engine import Accumulator, attend, local_pieces
 from .host import private
 
-__all__ = ["unmet", "ring_attention"]
+__all__ = ["unmet", "start_gather", "ring_attention"]
 
 
 def unmet(comm, algo: str) -> str | None:
     """Why ``algo`` cannot run on CPU tensors of ``comm`` (None: every algorithm can)."""
     return None
+
+
+def start_gather(comm, stage, send):
+    """The all-gather of ``all_gather``, on the group's worker thread (``async_op=True``): truly beside the
+    attention of the own block."""
+    return all_gather_into_tensor(stage, send, group=comm, async_op=True)
 
 
 def ring_attention(comm, q, kv, lengths, layout, causal, scale):
