@@ -3,9 +3,10 @@
 it), float32 (1e-5, out and LSE) and bfloat16, against reference_flash_attention over the whole sequence
 (computed on every rank from the same seed) sliced to the rank's positions; flat and as packages (one rank
 each at 2, 2+1 at 3, 2x2 at 4: the ring then runs package after package); cp_shard/cp_unshard round trips,
-cp_positions, seq_len= without the exchange, back-to-back calls that change shape and algorithm, and ranks
-that disagree (every rank raises the same error)."""
+cp_positions, seq_len= without the exchange, back-to-back calls that change shape and algorithm, ranks that
+disagree (every rank raises the same error), and torch.compile through the custom op (2 ranks)."""
 import torch
+from ranks import only
 
 import xelink
 from xelink.kernels import reference_flash_attention
@@ -14,15 +15,16 @@ WORLD_SIZES = (1, 2, 3, 4)
 LAUNCH_TIMEOUT = 120
 ALGOS = ("ring", "all_gather")
 LAYOUTS = ("zigzag", "contiguous")
-PACKAGES = {2: [[0], [1]], 3: [[0, 1], [2]], 4: [[0, 1], [2, 3]]}
+# 2x2 at 4 twice: in rank order, and interleaved (the ring's order is then 0, 2, 1, 3, not the ranks')
+PACKAGES = {2: [[[0], [1]]], 3: [[[0, 1], [2]]], 4: [[[0, 1], [2, 3]], [[0, 2], [1, 3]]]}
 
 
 def _groups(world):
     out = [("flat", world)]
-    if world.size in PACKAGES:
+    for packages in PACKAGES.get(world.size, []):
         sub = world.split(0)
-        sub.packages = PACKAGES[world.size]
-        out.append((f"packages {PACKAGES[world.size]}", sub))
+        sub.packages = packages
+        out.append((f"packages {packages}", sub))
     return out
 
 
@@ -168,3 +170,19 @@ def check_ranks_that_disagree_all_raise(world):
         else:
             raise AssertionError(f"no ValueError for {text!r}")
     _case(world, 1, 4, 2, 15, 64, True, "zigzag", "ring", 9)
+
+
+@only(sizes=(2,))  # compiling costs seconds per launch; one size shows the op traces and runs
+def check_torch_compile_traces_the_custom_op(world):
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def step(q, k, v):
+        out, lse = xelink.cp_attention(q * 1.0, k, v, causal=True, layout="zigzag", algo="ring", return_lse=True)
+        return out + 0.0, lse
+
+    q, k, v = _qkv(1, 4, 2, 19, 64, 11)
+    pos = xelink.cp_positions(19)
+    want, want_lse = reference_flash_attention(q, k, v, causal=True, return_lse=True)
+    with torch.no_grad():
+        out, lse = step(*(xelink.cp_shard(x) for x in (q, k, v)))
+    _check(out, want[:, :, pos], "compiled", 1e-5)
+    _check(lse, want_lse[:, :, pos], "compiled lse", 1e-5)

@@ -42,6 +42,11 @@ one call. For zigzag this is the standard halving: from a rank before this one o
 KV is needed (by all of this rank's queries), from a rank after it all of its KV but only by the second
 half of this rank's queries.
 
+Under ``torch.compile`` the call goes through the custom op ``xelink::cp_attention`` (a fake implementation
+gives the shapes; the op's body is the eager call on the communicator named by ``group``), so a compiled
+function traces through it; the group must then be the world or a named communicator, as for the
+collectives' ops.
+
 Forward only: tensors that require grad (with grad mode on) are refused. Every check runs before any byte
 moves. World size 1 is one ``flash_attention`` call. Local kernels: ``xelink.kernels.flash_attention`` and
 ``merge_attention`` with ``impl="auto"`` (the references on CPU ranks, float32 math; Triton on GPUs).
@@ -54,6 +59,7 @@ import torch
 
 from ..collectives import all_gather_into_tensor
 from ..collectives.checks import fingerprint_check, group_of
+from ..collectives.compiled import comm_named, group_name
 from ..kernels import flash_attention
 from . import schedule
 from .cp_engine import all_gather_attention, local_pieces
@@ -245,6 +251,10 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
     layout and algo, and the local lengths of one sequence cut by the layout.
     """
     fn = "cp_attention"
+    if torch.compiler.is_compiling():  # traced: the custom op (its eager body is this function, checks and all)
+        out, lse = torch.ops.xelink.cp_attention(q, k, v, causal, None if scale is None else float(scale),
+                                                 group_name(group), layout, algo, -1 if seq_len is None else seq_len)
+        return (out, lse) if return_lse else out
     comm = group_of(group, fn)
     _check_qkv(fn, q, k, v, comm)
     scale_f = _check_flags(fn, causal, scale, return_lse)
@@ -273,6 +283,19 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
         acc = backend.ring_attention(comm, q, kv, lengths, layout, causal, scale_f)
     out, lse = acc.result(q.dtype)
     return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("xelink::cp_attention", mutates_args=())
+def _cp_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, group: str,
+                     layout: str, algo: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return cp_attention(q, k, v, causal=causal, scale=scale, group=comm_named(group), layout=layout, algo=algo,
+                        return_lse=True, seq_len=None if seq_len < 0 else seq_len)
+
+
+@_cp_attention_op.register_fake
+def _(q, k, v, causal, scale, group, layout, algo, seq_len):
+    B, H, S, D = q.shape
+    return q.new_empty((B, H, S, D)), q.new_empty((B, H, S), dtype=torch.float32)
 
 
 def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2):
