@@ -5,7 +5,7 @@ Layouts (``layout=``, ``schedule.CP_LAYOUTS``; ``DESIGN.md``, "Context paralleli
 the sequence into n blocks, rank r holding block r; ``"zigzag"`` into 2n blocks, rank r holding blocks r and
 2n-1-r concatenated in that order (every rank then has the same causal work). Block sizes are
 ``numpy.array_split``'s: the first ``S % blocks`` blocks are one position longer, so ranks' local lengths may
-differ by one or two. ``cp_shard`` cuts a full tensor, ``cp_unshard`` gathers it back, ``cp_positions`` gives
+differ by one. ``cp_shard`` cuts a full tensor, ``cp_unshard`` gathers it back, ``cp_positions`` gives
 a rank's global positions (for RoPE and masks).
 
 The total length. Ranks may hold different local lengths, and one rank's length does not determine the
