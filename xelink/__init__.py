@@ -3,7 +3,8 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
                           barrier, batch_isend_irecv, broadcast, device_barrier, gather, irecv, isend, recv, reduce,
                           reduce_scatter_tensor, scatter, send, synchronize)
 from .comm import Communicator, new_group
-from .dist import DIST_GEMM_ALGOS, all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
+from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
+                   cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
 from .runtime import finalize, get_world, init, is_initialized
 from .symm import empty
@@ -16,6 +17,7 @@ __all__ = [
     "reduce_scatter_tensor", "scatter", "send", "device_barrier", "synchronize", "empty",
     "Communicator",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
+    "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_positions", "cp_shard", "cp_unshard",
     "LaunchError",
     "NotInitializedError",
     "TimeoutError",

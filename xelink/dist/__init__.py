@@ -1,5 +1,8 @@
 """Composed distributed ops on the public layers below (``xelink.symm``, ``xelink.collectives``,
-``xelink.kernels``): ``gemm`` (all-gather + matmul, matmul + reduce-scatter, matmul + all-reduce)."""
+``xelink.kernels``): ``gemm`` (all-gather + matmul, matmul + reduce-scatter, matmul + all-reduce) and
+``cp_attention`` (context-parallel attention: ring and all-gather, cp_shard/cp_unshard/cp_positions)."""
+from .cp_attention import CP_ALGOS, CP_LAYOUTS, cp_attention, cp_positions, cp_shard, cp_unshard
 from .gemm import DIST_GEMM_ALGOS, all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 
-__all__ = ["DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter"]
+__all__ = ["CP_ALGOS", "CP_LAYOUTS", "DIST_GEMM_ALGOS", "all_gather_matmul", "cp_attention", "cp_positions",
+           "cp_shard", "cp_unshard", "matmul_all_reduce", "matmul_reduce_scatter"]

@@ -19,14 +19,14 @@ import torch
 from ..collectives import all_gather_into_tensor, all_reduce, irecv, isend, reduce_scatter_tensor
 from . import schedule
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "AR_CHUNKS"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "AR_CHUNKS", "private", "gathered"]
 
 # Row chunks of the pipelined matmul_all_reduce: enough to hide all but one chunk's all-reduce.
 AR_CHUNKS = 4
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _private(comm):
+def private(comm):
     """The group's duplicate for this module's point-to-point (collective on first use)."""
     return comm.resource(("xelink.dist", "p2p"), lambda: comm.split(0))
 
@@ -102,7 +102,7 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
             _mm_into(stage[q], w, c.narrow(dim, q * rows, rows))
 
     reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.ring_plan(n)
-    _run_gather_plan(_private(comm), stage, reads, compute)
+    _run_gather_plan(private(comm), stage, reads, compute)
     return (gathered(stage, dim) if return_gathered else None), cs
 
 
@@ -128,7 +128,7 @@ def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
     def partial(j):
         return torch.matmul(a.narrow(dim, j * blk, blk), w).to(wd).contiguous()
 
-    p2p = _private(comm)
+    p2p = private(comm)
     sends = []
     if algo == "pipelined":
         acc = _ring_reduce(p2p, partial, shape, wd, sends)

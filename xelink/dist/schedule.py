@@ -10,11 +10,18 @@ path count one semaphore signal per shard and the CPU path post forwards as shar
 
 Reduce plans (``matmul_reduce_scatter``) are described where they run (``host``): a ring, and the
 topology-aware one whose aggregators are given by ``aggregator``.
+
+Context parallelism (``cp_attention``): ``cp_blocks`` cuts a sequence into the layout's blocks
+(``numpy.array_split`` sizes), ``cp_pieces`` gives each rank's blocks as global ranges, ``topo_ring`` the
+ring order with the packages contiguous, and ``attend_parts`` decomposes a (query range, key range) pair
+into what the end-aligned causal kernels can compute.
 """
 from __future__ import annotations
 
 __all__ = ["ring_plan", "direct_plan", "topo_plan", "serves", "cross_target", "aggregator", "package_index",
-           "check_plan"]
+           "check_plan", "CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "attend_parts"]
+
+CP_LAYOUTS = ("contiguous", "zigzag")
 
 
 def package_index(packages, rank: int) -> tuple[int, int]:
@@ -99,3 +106,69 @@ def check_plan(reads) -> None:
             if -1 in positions or positions != sorted(positions):
                 raise ValueError(f"check_plan: rank {x} takes {got} from rank {m}, which holds them in the order "
                                  f"{held_order[m]}")
+
+
+# -- context parallelism ----------------------------------------------------------------------------
+
+def cp_blocks(seq_len: int, n: int, layout: str) -> list[tuple[int, int]]:
+    """The layout's blocks of a sequence of ``seq_len`` over ``n`` ranks as ``(start, length)``, in global
+    order: n blocks (contiguous) or 2n (zigzag), sized as ``numpy.array_split`` sizes them (the first
+    ``seq_len % blocks`` are one longer)."""
+    count = n if layout == "contiguous" else 2 * n
+    base, extra = divmod(seq_len, count)
+    out, start = [], 0
+    for b in range(count):
+        length = base + (1 if b < extra else 0)
+        out.append((start, length))
+        start += length
+    return out
+
+
+def cp_pieces(seq_len: int, n: int, layout: str, rank: int) -> list[tuple[int, int]]:
+    """The global ranges ``(start, length)`` rank ``rank`` holds, in its local order: block ``rank``
+    (contiguous), or blocks ``rank`` and ``2n - 1 - rank`` concatenated (zigzag)."""
+    blocks = cp_blocks(seq_len, n, layout)
+    if layout == "contiguous":
+        return [blocks[rank]]
+    return [blocks[rank], blocks[2 * n - 1 - rank]]
+
+
+def cp_lengths(seq_len: int, n: int, layout: str) -> list[int]:
+    """Every rank's local length."""
+    return [sum(length for _, length in cp_pieces(seq_len, n, layout, r)) for r in range(n)]
+
+
+def topo_ring(packages) -> list[int]:
+    """The ring's order of the ranks: package after package (members in rank order), so the ring crosses
+    each package boundary once per step instead of at every hop of a rank-ordered ring over interleaved
+    packages."""
+    return [r for members in packages for r in members]
+
+
+def attend_parts(q_range: tuple[int, int], k_range: tuple[int, int], causal: bool) -> list[tuple]:
+    """What queries at global positions ``[qs, qe)`` see of keys ``[ks, ke)``, as kernel calls
+    ``((qs', qe'), (ks', ke'), causal')`` whose end-aligned causal mask (query i of Sq sees key j of Sk iff
+    j <= i + Sk - Sq) is the global one (query p sees key k iff k <= p).
+
+    Non-causal: one call, everything. Causal: keys after the last query are dropped (nothing if the keys
+    all lie after it: the pair is skipped); a key range that ends no later than the first query plus one is
+    fully visible (one non-causal call); otherwise, the keys clipped to end at ``ke' = min(ke, qe)``, the
+    queries before ``ke'`` take one causal call over keys ``[ks, ke')`` (their ends are aligned, so the
+    kernel's mask is the global one; queries before ``ks`` see nothing and get LSE -inf) and the queries
+    from ``ke'`` on, which see every key, one non-causal call. The layouts' blocks are equal or disjoint,
+    so between two of them this is always one of: skipped, fully visible, or the diagonal (one causal call).
+    """
+    (qs, qe), (ks, ke) = q_range, k_range
+    if qe <= qs or ke <= ks:
+        return []
+    if not causal:
+        return [((qs, qe), (ks, ke), False)]
+    if ks >= qe:
+        return []
+    if ke <= qs + 1:
+        return [((qs, qe), (ks, ke), False)]
+    ke = min(ke, qe)
+    parts = [((qs, ke), (ks, ke), True)]
+    if ke < qe:
+        parts.append(((ke, qe), (ks, ke), False))
+    return parts

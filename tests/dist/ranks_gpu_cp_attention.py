@@ -1,0 +1,125 @@
+"""Context-parallel attention on CUDA tensors with ranks sharing one GPU (peer memory between processes of one
+device): both algorithms, both layouts, causal and not, GQA, bfloat16 (head dims 64 and 128, lengths the
+block count does not divide), against one flash_attention over the whole sequence on the same GPU, sliced to
+the rank's positions; a package layout (1+1 at 2 ranks, 2+1 at 3: the ring goes package after package);
+back-to-back calls that change shape; CUDA-graph capture and replay with new inputs after a warm-up call of
+the shape. Skips without a GPU (CPU CI); run on a GPU machine, log committed."""
+import torch
+
+import xelink
+from xelink.kernels import flash_attention
+
+WORLD_SIZES = (2, 3)
+GPUS = 1
+LAUNCH_TIMEOUT = 600
+# The same environment as tests/dist/ranks_gpu_dist_gemm.py (and tests/symm/ranks_gpu_symm.py): one launch.
+ENV = {"XELINK_RANKS_PER_DEVICE": "4", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+ALGOS = ("ring", "all_gather")
+LAYOUTS = ("zigzag", "contiguous")
+PACKAGES = {2: [[0], [1]], 3: [[0, 1], [2]]}
+
+
+def _dev(world):
+    return torch.device(world.device)
+
+
+def _qkv(B, hq, hkv, S, D, seed, dev, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, h, S, D, generator=g).to(dtype).to(dev) for h in (hq, hkv, hkv))
+
+
+def _close(got, want, what, tol=2e-2):
+    got, want = got.float().cpu(), want.float().cpu()
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    err = (got.double() - want.double()).norm() / max(want.double().norm().item(), 1e-30)
+    if not (err <= tol and torch.isfinite(got).all()):
+        raise AssertionError(f"{what}: relative error {err:.3g} > {tol}")
+
+
+def _case(comm, dev, B, hq, hkv, S, D, causal, layout, algo, seed):
+    q, k, v = _qkv(B, hq, hkv, S, D, seed, dev)
+    want, want_lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    pos = xelink.cp_positions(S, group=comm, layout=layout).to(dev)
+    shard = lambda x: xelink.cp_shard(x, group=comm, layout=layout)  # noqa: E731
+    out, lse = xelink.cp_attention(shard(q), shard(k), shard(v), causal=causal, group=comm, layout=layout, algo=algo,
+                                   return_lse=True)
+    what = f"S={S} D={D} hq={hq} hkv={hkv} causal={causal} {layout} {algo}"
+    _close(out, want[:, :, pos], what)
+    _close(lse, want_lse[:, :, pos], f"{what} lse", 1e-3)
+
+
+def check_every_algo_layout_and_mask(world):
+    dev = _dev(world)
+    sub = world.split(0)
+    sub.packages = PACKAGES[world.size]
+    for name, comm in (("flat", world), (f"packages {PACKAGES[world.size]}", sub)):
+        for layout in LAYOUTS:
+            for algo in ALGOS:
+                for causal in (False, True):
+                    try:
+                        _case(comm, dev, 1, 8, 2, 1000, 128, causal, layout, algo, 1)
+                        _case(comm, dev, 2, 4, 4, 333, 64, causal, layout, algo, 2)
+                    except AssertionError as e:
+                        raise AssertionError(f"{name}: {e}") from None
+    sub.free()
+    xelink.synchronize()
+
+
+def check_back_to_back_calls_change_shape(world):
+    dev = _dev(world)
+    for i, (S, D, causal, layout, algo) in enumerate(((512, 128, True, "zigzag", "ring"),
+                                                      (77, 64, False, "contiguous", "ring"),
+                                                      (512, 128, True, "zigzag", "all_gather"),
+                                                      (2049, 128, True, "zigzag", "ring"),
+                                                      (512, 128, True, "zigzag", "auto"))):
+        _case(world, dev, 1, 4, 2, S, D, causal, layout, algo, 10 + i)
+    xelink.synchronize()
+
+
+def check_cuda_graph_replays_with_new_inputs(world):
+    """cp_attention captured once per algorithm (after an eager warm-up call of the shape), replayed with new
+    inputs copied into the captured tensors; a rank sleeps before some replays so the peers run ahead."""
+    dev, r = _dev(world), world.rank
+    S, D, layout = 700, 128, "zigzag"
+    pos = xelink.cp_positions(S, layout=layout).to(dev)
+    local = pos.numel()
+    q = torch.zeros(1, 8, local, D, dtype=torch.bfloat16, device=dev)
+    k = torch.zeros(1, 2, local, D, dtype=torch.bfloat16, device=dev)
+    v = torch.zeros_like(k)
+    for algo in ALGOS:
+        def step():
+            return xelink.cp_attention(q, k, v, causal=True, layout=layout, algo=algo, seq_len=S, return_lse=True)
+
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = step()
+        for replay in range(3):
+            fq, fk, fv = _qkv(1, 8, 2, S, D, 100 * replay + len(algo), dev)
+            q.copy_(fq[:, :, pos])
+            k.copy_(fk[:, :, pos])
+            v.copy_(fv[:, :, pos])
+            if replay % 2:
+                torch.cuda._sleep(int(5e7 * (r + 1)))
+            graph.replay()
+            want, want_lse = flash_attention(fq, fk, fv, causal=True, return_lse=True)
+            _close(out, want[:, :, pos], f"graph {algo} replay {replay}")
+            _close(lse, want_lse[:, :, pos], f"graph {algo} replay {replay} lse", 1e-3)
+        del graph
+    xelink.synchronize()
+
+
+def check_bad_arguments(world):
+    dev = _dev(world)
+    q = torch.ones(1, 4, 8, 64, device=dev, dtype=torch.bfloat16)
+    cases = [(lambda: xelink.cp_attention(q, q.cpu(), q.cpu()), ValueError, "cp_attention: devices differ"),
+             (lambda: xelink.cp_attention(q, q.float(), q.float()), TypeError, "cp_attention: dtypes differ")]
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), f"{e!s} lacks {text!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for {text!r}")

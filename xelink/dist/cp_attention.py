@@ -1,0 +1,397 @@
+"""Context-parallel attention: one sequence split by position over the ranks of a group, each rank's
+queries attending to the keys of all of them.
+
+Layouts (``layout=``, ``schedule.CP_LAYOUTS``; ``DESIGN.md``, "Context parallelism"): ``"contiguous"`` cuts
+the sequence into n blocks, rank r holding block r; ``"zigzag"`` into 2n blocks, rank r holding blocks r and
+2n-1-r concatenated in that order (every rank then has the same causal work). Block sizes are
+``numpy.array_split``'s: the first ``S % blocks`` blocks are one position longer, so ranks' local lengths may
+differ by one. ``cp_shard`` cuts a full tensor, ``cp_unshard`` gathers it back, ``cp_positions`` gives
+a rank's global positions (for RoPE and masks).
+
+The total length. Ranks may hold different local lengths, and one rank's length does not determine the
+total (at 2 ranks, contiguous, rank 1 holds 5 positions of both 10 and 11). ``cp_attention`` therefore
+exchanges every rank's call signature (local length, batch, heads, head dim, dtype, flags: a few ints, one
+host ``allgather_object`` on the group) once per call and checks that the ranks agree and that the lengths
+are the layout's for their sum; a caller that knows the total passes ``seq_len=`` (an extension of the
+contract's signature) and no exchange happens (only this rank's length is checked against the layout).
+The exchange is host-only, so it is allowed during CUDA-graph capture; a replay reuses the captured lengths.
+
+Algorithms (``algo=``, ``CP_ALGOS``):
+
+- ``"ring"``: the KV blocks (K and V of this rank packed into one ``(2, B, Hkv, S_local, D)`` buffer: GQA
+  moves only the KV heads) travel around a ring whose order is ``schedule.topo_ring`` (the packages
+  contiguous). At each of the n steps the flash attention of the block at hand runs while the next one
+  moves; the partials are merged with their LSE (``merge_attention``) into a float32 accumulator.
+  CPU ranks (``cp_host``): nonblocking ``isend``/``irecv`` on a private duplicate of the group (tag: the
+  owner of the block). CUDA (``cp_device``): copy-engine pulls of the left neighbour's symmetric slot on a
+  side stream, double-buffered, ordered by events and ``xelink.symm`` semaphores, no host sync.
+- ``"all_gather"``: every rank's packed KV (padded to the longest local length) gathered with xelink's
+  ``all_gather_into_tensor`` (asynchronously; its ``auto`` takes the topology-aware algorithm where the group
+  has packages) while this rank's queries attend to its own KV; then the other ranks' blocks, put in global
+  order and coalesced into runs of adjacent blocks (one copy), are attended run by run and merged.
+- ``"auto"``: ``all_gather`` when the gathered KV, counted twice (the gather buffer and its global-order
+  copy), fits ``AUTO_GATHER_BYTES`` (256 MiB, a memory rule: no tuning-table entry or cost model yet),
+  else ``ring``; on CUDA tensors without peer memory between the ranks always ``all_gather``.
+
+Causal masks. The local kernels mask causally only with the queries aligned to the end of the keys, over
+contiguous ranges; a rank's positions are not contiguous (zigzag) and the key blocks come from anywhere.
+So every (query piece, key block) pair is decomposed by ``schedule.attend_parts`` into calls the kernel
+computes exactly: skipped (the keys all lie after the queries), fully visible (all before: non-causal), or
+diagonal (the same block: causal with aligned ends); adjacent query pieces that see one key block fully are
+one call. For zigzag this is the standard halving: from a rank before this one only the first half of its
+KV is needed (by all of this rank's queries), from a rank after it all of its KV but only by the second
+half of this rank's queries.
+
+Under ``torch.compile`` the call goes through the custom op ``xelink::cp_attention`` (a fake implementation
+gives the shapes; the op's body is the eager call on the communicator named by ``group``), so a compiled
+function traces through it; the group must then be the world or a named communicator, as for the
+collectives' ops.
+
+Forward only: tensors that require grad (with grad mode on) are refused. Every check runs before any byte
+moves. World size 1 is one ``flash_attention`` call. Local kernels: ``xelink.kernels.flash_attention`` and
+``merge_attention`` with ``impl="auto"`` (the references on CPU ranks, float32 math; Triton on GPUs).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..collectives import all_gather_into_tensor
+from ..collectives.checks import fingerprint_check, group_of
+from ..collectives.compiled import comm_named, group_name
+from ..kernels import flash_attention
+from . import schedule
+from .cp_engine import all_gather_attention, local_pieces
+
+__all__ = ["CP_ALGOS", "CP_LAYOUTS", "AUTO_GATHER_BYTES", "cp_attention", "cp_shard", "cp_unshard", "cp_positions",
+           "auto_algo"]
+
+CP_ALGOS = ("ring", "all_gather")
+CP_LAYOUTS = schedule.CP_LAYOUTS
+AUTO_GATHER_BYTES = 256 << 20
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+def _layout(fn: str, layout) -> str:
+    if not isinstance(layout, str) or layout not in CP_LAYOUTS:
+        raise ValueError(f"{fn}: layout={layout!r} is not one of {', '.join(CP_LAYOUTS)}")
+    return layout
+
+
+def _algo(fn: str, algo) -> str:
+    if not isinstance(algo, str) or algo not in ("auto",) + CP_ALGOS:
+        raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(CP_ALGOS)}")
+    return algo
+
+
+def _int(fn: str, name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    if value < minimum:
+        raise ValueError(f"{fn}: {name}={value} must be >= {minimum}")
+    return value
+
+
+def _device_of(comm) -> torch.device:
+    dev = comm.device if isinstance(comm.device, torch.device) else torch.device(comm.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _tensor(fn: str, name: str, x, comm) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"{fn}: {name} must be 4-D (batch, heads, seq_local, head_dim), got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or bfloat16")
+    if x.device.type == "cuda":
+        if x.device != _device_of(comm):
+            raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
+    elif x.device.type != "cpu":
+        raise ValueError(f"{fn}: {name} is on {x.device}; CPU and CUDA tensors are supported")
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{fn}: {name} requires grad, but cp_attention is forward only (no backward yet); call it "
+                         f"under torch.no_grad() or pass {name}.detach()")
+    return x
+
+
+def _check_qkv(fn: str, q, k, v, comm) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(fn, name, x, comm)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{fn}: dtypes differ: q.dtype={q.dtype}, k.dtype={k.dtype}, v.dtype={v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{fn}: devices differ: q on {q.device}, k on {k.device}, v on {v.device}")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"{fn}: k.shape={tuple(k.shape)} != v.shape={tuple(v.shape)}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"{fn}: batch differs: q.shape[0]={q.shape[0]} != k.shape[0]={k.shape[0]}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"{fn}: local lengths differ: q.shape[2]={q.shape[2]} != k.shape[2]={k.shape[2]} (q, k and "
+                         f"v are shards of one sequence, at the same positions)")
+    if k.shape[3] != q.shape[3] or q.shape[3] == 0:
+        raise ValueError(f"{fn}: head_dim: q.shape[3]={q.shape[3]}, k.shape[3]={k.shape[3]}; they must be equal "
+                         f"and > 0")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"{fn}: q heads {hq} must be a multiple of k heads {hkv} (GQA)")
+
+
+def _check_flags(fn: str, causal, scale, return_lse) -> float | None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"{fn}: causal={causal!r} must be a bool")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"{fn}: return_lse={return_lse!r} must be a bool")
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{fn}: scale={scale!r} must be a float or None")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{fn}: scale={scale!r} must be finite and > 0")
+    return float(scale)
+
+
+def _seq_dim(fn: str, dim, x: torch.Tensor) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{fn}: dim={dim!r} must be an int")
+    d = dim + x.dim() if dim < 0 else dim
+    if not 0 <= d < x.dim():
+        raise ValueError(f"{fn}: dim={dim} is not valid for a {x.dim()}-D tensor of shape {tuple(x.shape)}")
+    return d
+
+
+def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, return_lse: bool, seq_len):
+    """Every rank's local length (the layout's for their sum), checked; exchanged unless ``seq_len`` is given."""
+    n, r = comm.size, comm.rank
+    mine = q.shape[2]
+    if seq_len is not None:
+        want = schedule.cp_lengths(seq_len, n, layout)
+        if want[r] != mine:
+            raise ValueError(f"{fn}: q.shape[2]={mine} on rank {r}, but seq_len={seq_len} with layout={layout!r} "
+                             f"over {n} ranks gives rank {r} {want[r]} positions")
+        fingerprint_check(comm, fn, (fn, seq_len, tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype),
+                                     layout, algo, causal, scale, return_lse))
+        return want
+    sig = (tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype), q.device.type, layout, algo, causal,
+           scale, return_lse)
+    seen = comm.allgather_object((mine, sig))
+    differ = [x for x, (_, s) in enumerate(seen) if s != sig]
+    if differ:
+        raise ValueError(f"{fn}: ranks disagree about the call: rank {r} has {sig}, rank {differ[0]} has "
+                         f"{seen[differ[0]][1]} (batch and heads, head_dim, dtype, device, layout, algo, causal, "
+                         f"scale, return_lse)")
+    got = [length for length, _ in seen]
+    want = schedule.cp_lengths(sum(got), n, layout)
+    if got != want:
+        raise ValueError(f"{fn}: the ranks' local lengths {got} are not those of layout={layout!r} for a sequence "
+                         f"of {sum(got)} positions over {n} ranks ({want}); cut it with xelink.cp_shard")
+    return got
+
+
+def auto_algo(comm, nbytes_gathered: int, cuda: bool = False) -> str:
+    """What ``algo="auto"`` runs: ``all_gather`` when twice the gathered KV (``nbytes_gathered``: the gather
+    buffer plus its global-order copy) fits ``AUTO_GATHER_BYTES``, else ``ring``; on CUDA tensors without
+    peer memory between the ranks (which the CUDA ring needs) ``all_gather`` whatever the size."""
+    if cuda:
+        from .. import symm
+
+        if not symm.available(comm):
+            return "all_gather"
+    return "all_gather" if 2 * nbytes_gathered <= AUTO_GATHER_BYTES else "ring"
+
+
+# -- the ops --------------------------------------------------------------------------------------
+
+def _backend(q: torch.Tensor):
+    if q.is_cuda:
+        from . import cp_device
+
+        return cp_device
+    from . import cp_host
+
+    return cp_host
+
+
+def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layout: str = "zigzag",
+                 algo: str = "auto", return_lse: bool = False, seq_len=None):
+    """Attention of this rank's queries over the whole sequence, which the ranks of ``group`` hold in shards.
+
+    Args:
+        q: (B, Hq, S_local, D) this rank's queries, at the positions the layout gives it (``cp_positions``);
+            float64, float32, float16 or bfloat16; a CPU tensor or a CUDA tensor on this rank's device; any
+            strides.
+        k, v: (B, Hkv, S_local, D) this rank's keys and values at the same positions; Hq divisible by Hkv
+            (GQA: only the Hkv heads move); q's dtype and device.
+        causal: position p sees keys at positions <= p (global positions; SDPA's ``is_causal`` over the whole
+            sequence).
+        scale: softmax scale, > 0; default 1/sqrt(D).
+        group: xelink communicator (None: the world).
+        layout: "zigzag" (2n blocks, rank r holds blocks r and 2n-1-r) or "contiguous" (n blocks).
+        algo: "auto", "ring" or "all_gather" (module docstring).
+        return_lse: also return the float32 natural-log LSE of this rank's rows.
+        seq_len: the total length, if the caller knows it (an extension of the contract): skips the one host
+            exchange of the local lengths that the call otherwise makes.
+
+    Returns:
+        out (B, Hq, S_local, D) in q's dtype (a new tensor), equal to full attention over the whole sequence
+        restricted to this rank's queries; or (out, lse (B, Hq, S_local) float32) with ``return_lse``.
+
+    Raises:
+        TypeError / ValueError: non-tensors, unsupported or mixed dtypes, mixed devices, shapes that do not
+            match (batch, local lengths, head dims, GQA heads), tensors that require grad, a bad layout, algo,
+            scale or flag, before anything is sent; after the exchange of the call signatures (every rank
+            raises the same): ranks that disagree, or local lengths that are not the layout's.
+
+    Collective: every rank of ``group`` must call this with the same batch, heads, head dim, dtype, flags,
+    layout and algo, and the local lengths of one sequence cut by the layout.
+    """
+    fn = "cp_attention"
+    if torch.compiler.is_compiling():  # traced: the custom op (its eager body is this function, checks and all)
+        out, lse = torch.ops.xelink.cp_attention(q, k, v, causal, None if scale is None else float(scale),
+                                                 group_name(group), layout, algo, -1 if seq_len is None else seq_len)
+        return (out, lse) if return_lse else out
+    comm = group_of(group, fn)
+    _check_qkv(fn, q, k, v, comm)
+    scale_f = _check_flags(fn, causal, scale, return_lse)
+    layout = _layout(fn, layout)
+    algo = _algo(fn, algo)
+    if seq_len is not None:
+        _int(fn, "seq_len", seq_len)
+    n = comm.size
+    if n == 1:
+        if seq_len is not None and seq_len != q.shape[2]:
+            raise ValueError(f"{fn}: q.shape[2]={q.shape[2]} but seq_len={seq_len} on a group of one rank")
+        out, lse = flash_attention(q, k, v, causal=causal, scale=scale_f, return_lse=True)
+        return (out, lse) if return_lse else out
+    lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len)
+    B, Hkv, _, D = k.shape
+    gathered_bytes = n * max(lengths) * 2 * B * Hkv * D * k.element_size()
+    picked = auto_algo(comm, gathered_bytes, q.is_cuda) if algo == "auto" else algo
+    backend = _backend(q)
+    why = backend.unmet(comm, picked)
+    if why is not None:
+        raise ValueError(f"{fn}: {why}")
+    kv = torch.stack((k, v))  # (2, B, Hkv, S_local, D), contiguous: one message per block
+    if picked == "all_gather":
+        acc = all_gather_attention(comm, q, kv, lengths, layout, causal, scale_f, backend.start_gather)
+    else:
+        acc = backend.ring_attention(comm, q, kv, lengths, layout, causal, scale_f)
+    out, lse = acc.result(q.dtype)
+    return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("xelink::cp_attention", mutates_args=())
+def _cp_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, group: str,
+                     layout: str, algo: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return cp_attention(q, k, v, causal=causal, scale=scale, group=comm_named(group), layout=layout, algo=algo,
+                        return_lse=True, seq_len=None if seq_len < 0 else seq_len)
+
+
+@_cp_attention_op.register_fake
+def _(q, k, v, causal, scale, group, layout, algo, seq_len):
+    B, H, S, D = q.shape
+    return q.new_empty((B, H, S, D)), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2):
+    """This rank's shard of a full-sequence tensor: its layout blocks of ``x`` along ``dim``, concatenated.
+
+    Args:
+        x: any tensor holding the whole sequence along ``dim`` (e.g. (B, H, S, D) with dim=2, or token ids
+            (B, S) with dim=1).
+        group: xelink communicator (None: the world): its size and this rank.
+        layout: "zigzag" or "contiguous".
+        dim: the sequence dimension (negative counts from the end).
+
+    Returns:
+        A new contiguous tensor, ``x``'s shape with ``S_local`` along ``dim``.
+
+    Raises:
+        TypeError / ValueError: a non-tensor, a bad dim or layout.
+
+    Local: no communication (each rank cuts its own shard of the same ``x``).
+    """
+    fn = "cp_shard"
+    comm = group_of(group, fn)
+    layout = _layout(fn, layout)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
+    d = _seq_dim(fn, dim, x)
+    pieces = schedule.cp_pieces(x.shape[d], comm.size, layout, comm.rank)
+    return torch.cat([x.narrow(d, start, length) for start, length in pieces], dim=d)
+
+
+def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int = 2):
+    """The full-sequence tensor from every rank's shard (the inverse of ``cp_shard``), on every rank.
+
+    Args:
+        x_local: this rank's shard, ``S_local`` (the layout's length for this rank) along ``dim``; the same
+            other dims and dtype on every rank; a CPU tensor or a CUDA tensor on this rank's device.
+        seq_len: the total length S.
+        group: xelink communicator (None: the world).
+        layout: "zigzag" or "contiguous".
+        dim: the sequence dimension.
+
+    Returns:
+        A new tensor, ``x_local``'s shape with S along ``dim``.
+
+    Raises:
+        TypeError / ValueError: a non-tensor, a bad seq_len, dim or layout, or a local length that is not
+            the layout's for ``seq_len``, before anything is sent.
+
+    Collective: every rank of ``group`` must call this (one ``all_gather_into_tensor`` of the shards, padded
+    to the longest local length).
+    """
+    fn = "cp_unshard"
+    comm = group_of(group, fn)
+    layout = _layout(fn, layout)
+    if not isinstance(x_local, torch.Tensor):
+        raise TypeError(f"{fn}: x_local must be a torch.Tensor, got {type(x_local).__name__}")
+    seq_len = _int(fn, "seq_len", seq_len)
+    d = _seq_dim(fn, dim, x_local)
+    n, r = comm.size, comm.rank
+    lengths = schedule.cp_lengths(seq_len, n, layout)
+    if x_local.shape[d] != lengths[r]:
+        raise ValueError(f"{fn}: x_local.shape[{d}]={x_local.shape[d]} on rank {r}, but seq_len={seq_len} with "
+                         f"layout={layout!r} over {n} ranks gives rank {r} {lengths[r]} positions")
+    fingerprint_check(comm, fn, (fn, seq_len, tuple(s for i, s in enumerate(x_local.shape) if i != d), d,
+                                 str(x_local.dtype), layout))
+    if n == 1:
+        return x_local.clone(memory_format=torch.contiguous_format)
+    lmax = max(lengths)
+    moved = x_local.movedim(d, 0)
+    send = moved.new_zeros((lmax,) + tuple(moved.shape[1:]))
+    send[:lengths[r]].copy_(moved)
+    stage = moved.new_empty((n, lmax) + tuple(moved.shape[1:]))
+    all_gather_into_tensor(stage, send, group=comm)
+    full = moved.new_empty((seq_len,) + tuple(moved.shape[1:]))
+    for x in range(n):
+        for start, length, off in local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+            full[start:start + length].copy_(stage[x, off:off + length])
+    return full.movedim(0, d).contiguous()
+
+
+def cp_positions(seq_len, *, group=None, layout: str = "zigzag") -> torch.Tensor:
+    """This rank's global positions, in its local order (for RoPE and masks).
+
+    Args:
+        seq_len: the total length S.
+        group: xelink communicator (None: the world).
+        layout: "zigzag" or "contiguous".
+
+    Returns:
+        A CPU LongTensor of S_local positions (``.to(device)`` it for GPU work).
+
+    Local: no communication.
+    """
+    fn = "cp_positions"
+    comm = group_of(group, fn)
+    layout = _layout(fn, layout)
+    seq_len = _int(fn, "seq_len", seq_len)
+    pieces = schedule.cp_pieces(seq_len, comm.size, layout, comm.rank)
+    return torch.cat([torch.arange(start, start + length, dtype=torch.long) for start, length in pieces])
