@@ -87,6 +87,30 @@ def check_the_graph_holds_the_xelink_ops(world):
     assert seen == want, seen
 
 
+def check_calls_reuse_the_graph_and_each_group_gets_its_own(world):
+    """Same shapes and group: no recompile. Another communicator of the same size: its own graph, its own name."""
+    n, r = world.size, world.rank
+    first, second = world.split(0), world.split(0)
+    w = _ints((3, 2), 1)
+
+    def f(x, group):
+        return xelink.matmul_all_reduce(x, w, group=group), xelink.all_gather_matmul(x, [w], group=group)[0]
+
+    torch._dynamo.reset()
+    seen = []
+    cf = torch.compile(f, backend=_recording(seen), fullgraph=True)
+    for group in (first, second):
+        with torch._dynamo.config.patch(error_on_recompile=group is first):
+            for i in range(2):
+                x = _ints((2, 3), 10 * i + r)
+                xs = [_ints((2, 3), 10 * i + q) for q in range(n)]
+                ar, ag = cf(x, group)
+                assert torch.equal(ar, sum(xs) @ w) and torch.equal(ag, torch.cat(xs) @ w), (group.name, i)
+    assert len(seen) == 4, seen  # two graphs of two ops: one per group
+    second.free()
+    first.free()
+
+
 def check_out_under_compile(world):
     n, r = world.size, world.rank
     a_shard, w1, w2 = _ints((2, 5), 10 + r), _ints((5, 3), 11), _ints((4, 5), 12).t()
