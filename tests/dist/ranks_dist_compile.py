@@ -2,7 +2,9 @@
 three ops compiled with fullgraph=True (backends "eager" and "aot_eager") gives exactly the eager results on
 integer-valued float32, on the world and on a sub-communicator with packages (the group passed by name);
 lists of b, transposed b, 3-D gather/scatter dims, return_gathered, out=, op="avg"; bad arguments are refused
-while tracing with the eager message; the ops' fake implementations agree with the real ones (opcheck)."""
+while tracing with the eager message; repeated calls reuse the graph, another communicator gets its own; the
+ops' fake implementations agree with the real ones (opcheck). Inductor (a C++ build per graph) is left out to
+keep CI short."""
 import torch
 
 import xelink
