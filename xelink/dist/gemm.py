@@ -29,12 +29,15 @@ Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
 
 Every argument is checked before any byte moves (with ``XELINK_CHECK=1``, also that every rank makes the
 same call). The CUDA path's staging buffers and the rules for CUDA graphs are in ``device``'s docstring.
+Under ``torch.compile`` the checks that move no bytes are traced and the call becomes a custom op
+(``torch.ops.xelink.all_gather_matmul`` ..., ``compiled``), which runs the eager call.
 """
 from __future__ import annotations
 
 import torch
 
 from ..collectives.checks import fingerprint_check, group_of, parse_op
+from . import compiled
 
 __all__ = ["DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "auto_algo"]
 
@@ -220,13 +223,16 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
     full[dim] *= n
     shapes = [tuple(full[:-1]) + (w.shape[1],) for w in weights]
     outs = _outputs(fn, out, shapes, a, many)
-    picked = _pick(fn, comm, a, algo)
-    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(tuple(w.shape) for w in weights),
-                                 algo, bool(return_gathered)))
-    if n == 1:
-        a_full, cs = a, _local(a, weights, outs)
+    if torch.compiler.is_compiling():  # traced: the custom op, which runs this function eagerly (``compiled``)
+        a_full, cs = compiled.all_gather_matmul(a, weights, dim, bool(return_gathered), algo, group, outs)
     else:
-        a_full, cs = _backend(a).all_gather_matmul(comm, a, weights, dim, outs, picked, bool(return_gathered))
+        picked = _pick(fn, comm, a, algo)
+        fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim,
+                                     tuple(tuple(w.shape) for w in weights), algo, bool(return_gathered)))
+        if n == 1:
+            a_full, cs = a, _local(a, weights, outs)
+        else:
+            a_full, cs = _backend(a).all_gather_matmul(comm, a, weights, dim, outs, picked, bool(return_gathered))
     c = cs if many else cs[0]
     return (a_full, c) if return_gathered else c
 
@@ -275,6 +281,8 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
     n = comm.size
     shape = _scatter_shape(fn, a, dim, n, w.shape[1])
     (o,) = _outputs(fn, out, [shape], a, False)
+    if torch.compiler.is_compiling():
+        return compiled.matmul_reduce_scatter(a, w, dim, op, algo, group, o)
     picked = _pick(fn, comm, a, algo)
     fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(w.shape), op, algo))
     if n == 1:
@@ -309,8 +317,14 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
     (w,), _ = _weights(fn, b, a, comm, allow_list=False)
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
     (o,) = _outputs(fn, out, [shape], a, False)
+    if torch.compiler.is_compiling():
+        return compiled.matmul_all_reduce(a, w, algo, group, o)
     picked = _pick(fn, comm, a, algo)
     fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), tuple(w.shape), algo))
     if comm.size == 1:
         return _local(a, [w], [o])[0]
     return _backend(a).matmul_all_reduce(comm, a, w, o, picked)
+
+
+compiled.bind(all_gather_matmul=all_gather_matmul, matmul_reduce_scatter=matmul_reduce_scatter,
+              matmul_all_reduce=matmul_all_reduce)
