@@ -11,3 +11,20 @@ def ints(shape, seed, dtype=torch.float32):
 def weight(k, n, seed, dtype, transposed):
     """[K, N]: contiguous, or the transposed view of an [N, K] nn.Linear-style weight."""
     return ints((n, k), seed, dtype).t() if transposed else ints((k, n), seed, dtype)
+
+
+def layouts(world, packages_by_size):
+    """(name, communicator) of the flat world and of every package layout of ``packages_by_size[world.size]``
+    (lists of packages), each a split of the world made on every rank."""
+    out = [("flat", world)]
+    for packages in packages_by_size.get(world.size, []):
+        sub = world.split(0)
+        sub.packages = packages
+        out.append((f"packages {packages}", sub))
+    return out
+
+
+def free(groups):
+    """Free the communicators ``layouts`` made (not the world)."""
+    for _, g in groups[1:]:
+        g.free()

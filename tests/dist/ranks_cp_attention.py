@@ -9,6 +9,7 @@ import torch
 from ranks import only
 
 import xelink
+from dist_cases import free, layouts
 from xelink.kernels import reference_flash_attention
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -17,20 +18,6 @@ ALGOS = ("ring", "all_gather")
 LAYOUTS = ("zigzag", "contiguous")
 # 2x2 at 4 twice: in rank order, and interleaved (the ring's order is then 0, 2, 1, 3, not the ranks')
 PACKAGES = {2: [[[0], [1]]], 3: [[[0, 1], [2]]], 4: [[[0, 1], [2, 3]], [[0, 2], [1, 3]]]}
-
-
-def _groups(world):
-    out = [("flat", world)]
-    for packages in PACKAGES.get(world.size, []):
-        sub = world.split(0)
-        sub.packages = packages
-        out.append((f"packages {packages}", sub))
-    return out
-
-
-def _free(groups):
-    for _, g in groups[1:]:
-        g.free()
 
 
 def _qkv(B, hq, hkv, S, D, seed, dtype=torch.float32):
@@ -61,7 +48,7 @@ def _case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float3
 
 
 def check_every_algo_layout_and_mask(world):
-    groups = _groups(world)
+    groups = layouts(world, PACKAGES)
     for name, comm in groups:
         for layout in LAYOUTS:
             for algo in ALGOS:
@@ -71,7 +58,7 @@ def check_every_algo_layout_and_mask(world):
                             _case(comm, 1, 4, 2, S, D, causal, layout, algo, 10 * i + causal)
                         except AssertionError as e:
                             raise AssertionError(f"{name}: {e}") from None
-    _free(groups)
+    free(groups)
 
 
 def check_head_dims_mha_batch_and_scale(world):

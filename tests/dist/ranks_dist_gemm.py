@@ -6,27 +6,12 @@ that change shape, dtype and algorithm; flat and as packages (one rank each at 2
 import torch
 
 import xelink
-from dist_cases import ints, weight
+from dist_cases import free, ints, layouts, weight
 
 WORLD_SIZES = (1, 2, 3, 4)
 LAUNCH_TIMEOUT = 300
 ALGOS = ("auto", "sequential", "pipelined", "topo")
 LAYOUTS = {2: [[[0], [1]]], 3: [[[0, 1], [2]]], 4: [[[0, 1], [2, 3]]]}
-
-
-def _groups(world):
-    """(name, communicator) of the flat world and of every package layout that fits, made on every rank."""
-    out = [("flat", world)]
-    for packages in LAYOUTS.get(world.size, []):
-        sub = world.split(0)
-        sub.packages = packages
-        out.append((f"packages {packages}", sub))
-    return out
-
-
-def _free(groups):
-    for _, g in groups[1:]:
-        g.free()
 
 
 def _same(got, want, what):
@@ -60,7 +45,7 @@ def _gather_case(comm, algo, shard_shape, dim, dtype, ns, transposed, salt, what
 
 
 def check_all_gather_matmul_every_algo(world):
-    groups = _groups(world)
+    groups = layouts(world, LAYOUTS)
     for name, comm in groups:
         for algo in ALGOS:
             w = f"all_gather_matmul {name} {algo}"
@@ -72,7 +57,7 @@ def check_all_gather_matmul_every_algo(world):
             _gather_case(comm, algo, (2, 1, 5), -2, torch.float32, [3], [False], 7, f"{w} 3-D gather_dim=-2")
             _gather_case(comm, algo, (3, 8), 0, torch.float32, [4, 2, 6], [False, True], 8, f"{w} list of b")
             _gather_case(comm, algo, (2, 2, 8), 1, torch.bfloat16, [4, 3], [True, False], 9, f"{w} bf16 3-D list")
-    _free(groups)
+    free(groups)
 
 
 def check_all_gather_matmul_random_bf16_and_float64(world):
@@ -99,7 +84,7 @@ def check_all_gather_matmul_reference_is_the_gather(world):
 
 
 def check_return_gathered_and_out(world):
-    groups = _groups(world)
+    groups = layouts(world, LAYOUTS)
     n, r = world.size, world.rank
     for name, comm in groups:
         for algo in ALGOS:
@@ -121,7 +106,7 @@ def check_return_gathered_and_out(world):
                                              out=wide[..., 2:7])
                 _same(wide[..., 2:7], full @ ws[0], f"{what} strided out")
                 assert torch.isnan(wide[..., :2]).all() and torch.isnan(wide[..., 7:]).all(), what
-    _free(groups)
+    free(groups)
 
 
 def check_back_to_back_calls_change_shape_dtype_and_algo(world):
@@ -149,7 +134,7 @@ def _partials(n, shape, k, m, salt, dtype, transposed):
 
 
 def check_matmul_reduce_scatter_every_algo(world):
-    groups = _groups(world)
+    groups = layouts(world, LAYOUTS)
     n, r = world.size, world.rank
     for name, comm in groups:
         for algo in ALGOS:
@@ -170,11 +155,11 @@ def check_matmul_reduce_scatter_every_algo(world):
             got = xelink.matmul_reduce_scatter(aa[r], w, group=comm, algo=algo, out=out)
             assert got is out
             _same(out, total.chunk(n)[r], f"matmul_reduce_scatter {name} {algo} out=")
-    _free(groups)
+    free(groups)
 
 
 def check_matmul_all_reduce_every_algo(world):
-    groups = _groups(world)
+    groups = layouts(world, LAYOUTS)
     n, r = world.size, world.rank
     for name, comm in groups:
         for algo in ALGOS:
@@ -188,7 +173,7 @@ def check_matmul_all_reduce_every_algo(world):
             wide = torch.full((6, 8), float("nan"))
             got = xelink.matmul_all_reduce(aa[r], w, group=comm, algo=algo, out=wide[:, 1:5])
             _same(wide[:, 1:5], total, f"matmul_all_reduce {name} {algo} strided out")
-    _free(groups)
+    free(groups)
 
 
 def check_calls_that_differ_are_refused_with_check_calls(world):

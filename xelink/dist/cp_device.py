@@ -40,6 +40,7 @@ from ..collectives import all_gather_into_tensor
 from ..errors import XelinkError
 from . import schedule
 from .cp_engine import Accumulator, attend, local_pieces
+from .device import side_stream
 
 __all__ = ["CP_READY", "CP_FREE", "unmet", "start_gather", "ring_attention"]
 
@@ -52,16 +53,6 @@ def unmet(comm, algo: str) -> str | None:
         return (f"algo='ring' on CUDA tensors needs peer memory between the ranks (one host, at most "
                 f"{symm.MAX_WORLD} ranks); use 'all_gather'")
     return None
-
-
-class _Side:
-    def __init__(self, device):
-        self.stream = torch.cuda.Stream(device)
-
-
-def _side(comm, device) -> torch.cuda.Stream:
-    # The same resource key as the distributed GEMM's side stream: one side stream per group and device.
-    return comm.resource(("xelink.dist", "side", str(device)), lambda: _Side(device)).stream
 
 
 def _stage(comm, numel: int, dtype) -> torch.Tensor:
@@ -89,7 +80,7 @@ class _Joined:
 def start_gather(comm, stage, send):
     """The all-gather of ``all_gather`` on the group's side stream, after the work queued so far (the packing
     of ``send``), so the own block's attention on the current stream runs beside it."""
-    main, side = torch.cuda.current_stream(send.device), _side(comm, send.device)
+    main, side = torch.cuda.current_stream(send.device), side_stream(comm, send.device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         all_gather_into_tensor(stage, send, group=comm)
@@ -115,7 +106,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
 
     qpieces = local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
     acc = Accumulator(q)
-    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     slot(0, r).copy_(kv.reshape(-1))
     symm.signal(right, CP_READY, group=comm, stream=main)
     side.wait_stream(main)  # this call's copy-in, and the previous call's reads of the slots, come first

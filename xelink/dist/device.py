@@ -47,7 +47,7 @@ from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_ten
 from . import schedule
 from .host import gathered
 
-__all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "unmet", "all_gather_matmul",
+__all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "unmet", "all_gather_matmul",
            "matmul_reduce_scatter", "matmul_all_reduce"]
 
 READY, FREE, RS_READY, RS_FREE = 8, 9, 10, 11
@@ -70,7 +70,9 @@ class _Side:
         self.stream = torch.cuda.Stream(device)
 
 
-def _side(comm, device) -> torch.cuda.Stream:
+def side_stream(comm, device) -> torch.cuda.Stream:
+    """The group's side stream on ``device``, shared by the distributed GEMM and context-parallel attention
+    (their calls on one group are ordered on the caller's stream anyway)."""
     return comm.resource(("xelink.dist", "side", str(device)), lambda: _Side(device)).stream
 
 
@@ -139,7 +141,7 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
             _mm_into(a_full, w, c)
         return (a_full if return_gathered else None), cs
     stage = _stage(comm, "gather", (n,) + shard, a.dtype)
-    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.direct_plan(n)
     fwd = _fwd(reads, r)
     stage[r].copy_(a)
@@ -199,7 +201,7 @@ def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
         reduce_scatter_tensor(res, blocks, op=op, group=comm)
         return res if out is None or res is out else out.copy_(res)
     inbox = _stage(comm, "reduce", (n,) + shape, a.dtype)
-    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     parts = torch.empty((n,) + shape, dtype=a.dtype, device=dev)
     side.wait_stream(main)
     for j in _order(comm, algo):
@@ -240,7 +242,7 @@ def matmul_all_reduce(comm, a, w, out, algo):
     name = "hierarchical" if algo == "topo" and even else "auto"
     rows = math.prod(a.shape[:-1])
     a2, c2 = a.reshape(rows, a.shape[-1]), c.view(rows, w.shape[1])
-    main, side = torch.cuda.current_stream(dev), _side(comm, dev)
+    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     chunks = max(1, min(AR_CHUNKS, rows))
     base, extra = divmod(rows, chunks)
     lo = 0
