@@ -28,3 +28,14 @@ def free(groups):
     """Free the communicators ``layouts`` made (not the world)."""
     for _, g in groups[1:]:
         g.free()
+
+
+def expect_errors(cases):
+    """Each ``(call, exception type, text)``: the call raises that type with ``text`` in its message."""
+    for call, exc, text in cases:
+        try:
+            call()
+        except exc as e:
+            assert text in str(e), f"{e!s} lacks {text!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for {text!r}")
