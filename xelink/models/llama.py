@@ -242,6 +242,8 @@ class Llama:
                 torch.int32, torch.int64):
             raise ValueError(f"{fn}: input_ids must be an int tensor [B, S]")
         B, S = input_ids.shape
+        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < self.config.vocab_size):
+            raise ValueError(f"{fn}: token ids must be in [0, vocab_size={self.config.vocab_size})")
         if not 1 <= B <= self.max_batch:
             raise ValueError(f"{fn}: batch {B} must be in 1..max_batch={self.max_batch}")
         if S < 1:
