@@ -17,22 +17,34 @@ from xelink.models import CONFIGS, Llama, save_random_llama  # noqa: E402
 TOL = 1e-4
 
 
+class _Folders(dict):
+    """(path, HF model) per (case, sharded), written on first use."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, key):
+        name, shard = key
+        path = self.factory.mktemp(f"{name}-{'sharded' if shard else 'one'}")
+        self[key] = (path, save(name, path, shard=shard))
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    out = {}
-    for name in CASES:
-        for shard in (False, True):
-            path = tmp_path_factory.mktemp(f"{name}-{'sharded' if shard else 'one'}")
-            out[name, shard] = (path, save(name, path, shard=shard))
-    return out
+    return _Folders(tmp_path_factory)
+
+
+# Every case from one file; the GQA cases also from shards (model.safetensors.index.json).
+MATCH = [(name, False) for name in CASES] + [("llama3.1", True), ("llama3.2", True)]
 
 
 def _rel(got, want):
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
-@pytest.mark.parametrize("shard", [False, True], ids=["one-file", "sharded"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name,shard", MATCH, ids=[f"{n}-{'sharded' if s else 'one-file'}" for n, s in MATCH])
 def test_logits_and_greedy_tokens_match_transformers(folders, name, shard):
     path, hf = folders[name, shard]
     model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
