@@ -213,6 +213,63 @@ def _cost_ops() -> tuple:
     return OPS + DIST_GEMM_OPS
 
 
+def _cmd_generate(args) -> int:
+    """Load a Hugging Face folder across the ranks (TP groups of consecutive ranks) and continue a prompt."""
+    import time
+    from pathlib import Path
+
+    import torch
+
+    import xelink
+    from xelink.models import Llama
+
+    ids, tokenizer = None, None
+    if args.prompt_ids is not None:
+        ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    else:
+        if not (Path(args.model) / "tokenizer.json").exists():
+            print(f"xelink generate: --prompt needs {Path(args.model) / 'tokenizer.json'}; this folder has none "
+                  f"(pass --prompt-ids 1,2,3)", file=sys.stderr)
+            return 2
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            print("xelink generate: --prompt needs the `tokenizers` package (pip install tokenizers), or pass "
+                  "--prompt-ids", file=sys.stderr)
+            return 2
+        tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
+        ids = tokenizer.encode(args.prompt).ids
+    world = xelink.init()
+    tp = args.tp or world.size // args.cp
+    if tp < 1 or world.size % (tp * args.cp):
+        if world.rank == 0:
+            print(f"xelink generate: --tp {tp} x --cp {args.cp} does not tile {world.size} rank(s)", file=sys.stderr)
+        xelink.finalize()
+        return 2
+    tp_group = world.split(world.rank // tp)
+    cp_group = world.split(world.rank % tp + tp * (world.rank // (tp * args.cp))) if args.cp > 1 else None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    t0 = time.perf_counter()
+    model = Llama.from_pretrained(args.model, tp_group=tp_group, cp_group=cp_group, dtype=dtype,
+                                  weights=args.weights, max_seq_len=args.max_seq_len, impl=args.impl)
+    load_s = time.perf_counter() - t0
+    out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    new = out[0, len(ids):].tolist()
+    t = model.last_timings
+    if world.rank == 0:
+        print(f"model {args.model}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+              f"{world.size} rank(s), TP {tp}, weights {args.weights}, {args.dtype}, device {model.device}, "
+              f"loaded in {load_s:.2f} s")
+        print(f"prompt ({len(ids)} tokens): {ids}")
+        print(f"new tokens ({len(new)}): {new}")
+        if tokenizer is not None:
+            print("text:", tokenizer.decode(new))
+        if t:
+            print(f"time to first token: {t['ttft_s'] * 1e3:.1f} ms; time per output token: {t['tpot_s'] * 1e3:.1f} ms")
+    xelink.finalize()
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
@@ -250,6 +307,21 @@ def main(argv=None) -> int:
     p.add_argument("--gemm-tflops", type=float,
                    help="distributed GEMM rate of one device (default: cost.GEMM_TFLOPS of its kind)")
     p.set_defaults(fn=_cmd_cost)
+    p = sub.add_parser("generate", help="continue a prompt with a Hugging Face Llama folder (run under mpiexec for TP)")
+    p.add_argument("--model", required=True, help="the folder (config.json, *.safetensors)")
+    p.add_argument("--tp", type=int, help="tensor-parallel ranks per group (default: the world size / --cp)")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks (only 1 for now)")
+    p.add_argument("--weights", default="bf16", choices=("bf16", "w8a16", "w4a16"), help="weight format")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="activation dtype")
+    p.add_argument("--impl", default="auto", choices=("auto", "xelink", "reference"), help="kernels")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
+    g.add_argument("--prompt", help="text (needs tokenizer.json in the folder and the tokenizers package)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-seq-len", type=int, help="cache length (default: min(model maximum, 8192))")
+    p.add_argument("--temperature", type=float, help="0 greedy (default: generation_config.json's)")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.set_defaults(fn=_cmd_generate)
     # Never parsed here (main hands `xelink bench ...` to the suite first): listed for `xelink --help`.
     sub.add_parser("bench", add_help=False, help="the benchmark suite (multi-rank families under a launcher): "
                                                  "`xelink bench --help` lists its families and tools")

@@ -1,0 +1,246 @@
+"""The Llama model against Hugging Face's own code (LlamaForCausalLM / MistralForCausalLM) on folders that
+transformers' save_pretrained wrote: logits and greedy tokens in float32, ragged batches, quantized
+weights, generation options, and the errors raised before any work. Multi-rank TP: ranks_llama.py."""
+import json
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from llama_cases import CASES, hf_greedy, hf_logits, save  # noqa: E402
+
+from xelink.models import CONFIGS, Llama, save_random_llama  # noqa: E402
+
+TOL = 1e-4
+
+
+class _Folders(dict):
+    """(path, HF model) per (case, sharded), written on first use."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, key):
+        name, shard = key
+        path = self.factory.mktemp(f"{name}-{'sharded' if shard else 'one'}")
+        self[key] = (path, save(name, path, shard=shard))
+        return self[key]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return _Folders(tmp_path_factory)
+
+
+# Every case from one file; the GQA cases also from shards (model.safetensors.index.json).
+MATCH = [(name, False) for name in CASES] + [("llama3.1", True), ("llama3.2", True)]
+
+
+def _rel(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+@pytest.mark.parametrize("name,shard", MATCH, ids=[f"{n}-{'sharded' if s else 'one-file'}" for n, s in MATCH])
+def test_logits_and_greedy_tokens_match_transformers(folders, name, shard):
+    path, hf = folders[name, shard]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
+    vocab = hf.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    got, want = model(ids, 0), hf_logits(hf, ids)
+    assert (got - want).abs().max().item() < TOL
+    assert _rel(got, want) < TOL
+    # Greedy decode through the cache, one token a step, equals HF's greedy generation.
+    new = 6
+    assert torch.equal(model.generate(ids, new, eos_token_id=[]), hf_greedy(hf, ids, new))
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "mistral"])
+def test_ragged_left_padded_batch_matches_transformers(folders, name):
+    path, hf = folders[name, False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=3, max_seq_len=64)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, hf.config.vocab_size, (3, 8), generator=g)
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[0, :3] = 0
+    mask[2, :6] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    got, want = model(ids, 0, mask), hf_logits(hf, ids, mask)
+    real = mask.bool()
+    assert (got[real] - want[real]).abs().max().item() < TOL
+    # Each row alone (no padding) gives the same logits as in the padded batch.
+    for b in range(3):
+        alone = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)(ids[b:b + 1, mask[b].bool()], 0)
+        assert (alone[0] - got[b, mask[b].bool()]).abs().max().item() < TOL
+    new = 5
+    assert torch.equal(model.generate(ids, new, attention_mask=mask, eos_token_id=[]),
+                       hf_greedy(hf, ids, new, mask))
+
+
+def test_chunked_prefill_and_per_sequence_start(folders):
+    path, hf = folders["llama3.2", False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=32)
+    ids = torch.randint(0, hf.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(3))
+    want = hf_logits(hf, ids)
+    first = model(ids[:, :4], 0)
+    rest = model(ids[:, 4:], [4, 4])
+    assert (torch.cat([first, rest], 1) - want).abs().max().item() < TOL
+
+
+def test_eos_stops_each_sequence_and_generation_config_defaults(folders, tmp_path):
+    src, hf = folders["llama3.1", False]
+    path = tmp_path / "m"
+    shutil.copytree(src, path)
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
+    ids = torch.randint(0, 250, (2, 5), generator=torch.Generator().manual_seed(4))
+    free = model.generate(ids, 8, eos_token_id=[])
+    # The second sequence's 3rd new token becomes an EOS: it stops there, the first goes on.
+    stop = int(free[1, 5 + 2])
+    out = model.generate(ids, 8, eos_token_id=[stop, 254])
+    first_hit = {b: next((i for i in range(5, out.shape[1]) if int(free[b, i]) == stop), None) for b in (0, 1)}
+    for b in (0, 1):
+        end = first_hit[b]
+        if end is None:
+            assert torch.equal(out[b], free[b, :out.shape[1]])
+        else:
+            assert torch.equal(out[b, :end + 1], free[b, :end + 1])
+            assert (out[b, end + 1:] == stop).all()  # padded with the first EOS (no pad_token_id)
+    # generation_config.json: eos ids and sampling defaults.
+    gc = json.loads((path / "generation_config.json").read_text())
+    assert gc["eos_token_id"] == [251, 252, 253]
+    gc.update(do_sample=True, temperature=0.7, top_p=0.9, eos_token_id=stop)
+    (path / "generation_config.json").write_text(json.dumps(gc))
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
+    a = model.generate(ids, 6, seed=5)  # sampled (do_sample), reproducible by its seed
+    assert torch.equal(a, model.generate(ids, 6, seed=5))
+    greedy = model.generate(ids, 6, temperature=0.0)  # stops at the config's EOS
+    assert torch.equal(greedy, out[:, :greedy.shape[1]])
+
+
+def test_sampling_is_seeded_and_top_p_tiny_is_greedy(folders):
+    path, hf = folders["llama2", False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
+    ids = torch.randint(0, 160, (1, 4), generator=torch.Generator().manual_seed(6))
+    a = model.generate(ids, 8, temperature=1.0, seed=7)
+    assert torch.equal(a, model.generate(ids, 8, temperature=1.0, seed=7))
+    assert not torch.equal(a, model.generate(ids, 8, temperature=1.0, seed=8))
+    greedy = model.generate(ids, 8, eos_token_id=[])
+    assert torch.equal(model.generate(ids, 8, temperature=1.0, top_p=1e-6, seed=9, eos_token_id=[]), greedy)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import LlamaForCausalLM
+
+    path = save_random_llama(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
+    return path, LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("weights", ["w8a16", "w4a16"])
+def test_quantized_weights_equal_transformers_on_the_dequantized_weights(tiny, weights):
+    """Quantized at load: the logits are HF's on the exact dequantized projections (float32 scales)."""
+    import copy
+
+    from xelink.kernels import pack_w4a16, pack_w8a16, unpack_w4a16, unpack_w8a16
+
+    path, hf = tiny
+    pack, unpack = (pack_w8a16, unpack_w8a16) if weights == "w8a16" else (pack_w4a16, unpack_w4a16)
+    hf_q = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in hf_q.named_parameters():
+            if "proj" in name:
+                p.copy_(unpack(*pack(p, torch.float32)))
+    ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(10))
+    model = Llama.from_pretrained(path, dtype=torch.float32, weights=weights, max_batch=2, max_seq_len=32)
+    got, want = model(ids, 0), hf_logits(hf_q, ids)
+    assert (got - want).abs().max().item() < TOL
+    assert 1e-3 < _rel(got, hf_logits(hf, ids)) < 0.5  # and it did quantize
+    assert torch.equal(model.generate(ids, 4, eos_token_id=[]), hf_greedy(hf_q, ids, 4))
+
+
+def test_w4a16_needs_k_multiple_of_128(folders):
+    path, _ = folders["llama3.1", False]  # MLP 448
+    with pytest.raises(ValueError, match=r"down_proj input \(intermediate_size / TP\)=448 to be a multiple of 128"):
+        Llama.from_pretrained(path, dtype=torch.float32, weights="w4a16")
+
+
+def test_save_random_llama_tiny_read_by_transformers(tiny, tmp_path):
+    path, hf = tiny
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["hidden_size"] == CONFIGS["tiny"].hidden_size
+    ids = torch.randint(0, 512, (1, 7), generator=torch.Generator().manual_seed(11))
+    want = hf_logits(hf, ids)
+    assert _rel(Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=32)(ids, 0), want) < TOL
+    assert _rel(Llama.from_pretrained(path, dtype=torch.bfloat16, max_seq_len=32)(ids, 0), want) < 3e-2
+    # Sharded writes: an index and several files, read back the same.
+    sharded = save_random_llama(tmp_path / "sharded", "tiny", seed=1, max_shard_bytes=200_000)
+    assert (sharded / "model.safetensors.index.json").exists()
+    assert torch.equal(Llama.from_pretrained(sharded, dtype=torch.float32, max_seq_len=32)(ids, 0),
+                       Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=32)(ids, 0))
+
+
+def test_max_seq_len_default_is_bounded(folders):
+    path, _ = folders["llama3.1", False]  # max_position_embeddings 131072
+    assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 8192
+    path, _ = folders["bias", False]  # 2048
+    assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 2048
+
+
+def _edit(src, dst, config=None, drop=None, reshape=None):
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(config)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if drop or reshape:
+        from safetensors.torch import load_file, save_file
+
+        f = dst / "model.safetensors"
+        tensors = load_file(str(f))
+        if drop:
+            del tensors[drop]
+        if reshape:
+            tensors[reshape] = tensors[reshape][:-1].contiguous()
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    return dst
+
+
+def test_errors_before_any_work(folders, tmp_path):
+    path, _ = folders["llama3.1", False]
+    name = "model.layers.1.self_attn.k_proj.weight"
+    with pytest.raises(ValueError, match=f"tensor '{name}' is missing"):
+        Llama.from_pretrained(_edit(path, tmp_path / "a", drop=name))
+    with pytest.raises(ValueError, match=f"tensor '{name}' has shape"):
+        Llama.from_pretrained(_edit(path, tmp_path / "b", reshape=name))
+    with pytest.raises(ValueError, match="hidden_act='gelu' is not supported"):
+        Llama.from_pretrained(_edit(path, tmp_path / "c", config={"hidden_act": "gelu"}))
+    with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported"):
+        Llama.from_pretrained(_edit(path, tmp_path / "d", config={
+            "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}))
+    with pytest.raises(ValueError, match="model_type='gpt2' is not supported"):
+        Llama.from_pretrained(_edit(path, tmp_path / "e", config={"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="sliding_window=16 < max_seq_len=64"):
+        Llama.from_pretrained(_edit(path, tmp_path / "f", config={"sliding_window": 16}), max_seq_len=64)
+    with pytest.raises(TypeError, match="cannot be served"):
+        Llama.from_pretrained(path, dtype=torch.int8)
+    with pytest.raises(ValueError, match="impl='xelink' runs xelink's Triton kernels, which need a GPU"):
+        Llama.from_pretrained(path, impl="xelink")
+    with pytest.raises(ValueError, match="impl='fast' must be one of"):
+        Llama.from_pretrained(path, impl="fast")
+    with pytest.raises(ValueError, match="weights='int3' must be one of"):
+        Llama.from_pretrained(path, weights="int3")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Llama.from_pretrained(tmp_path / "nowhere")
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16, max_batch=1)
+    ids = torch.zeros(1, 17, dtype=torch.long)
+    with pytest.raises(ValueError, match="prompt of 17 tokens is longer than max_seq_len=16"):
+        model.generate(ids, 1)
+    with pytest.raises(ValueError, match="exceed max_seq_len=16"):
+        model.generate(ids[:, :10], 7)
+    with pytest.raises(ValueError, match="batch 2 must be in 1..max_batch=1"):
+        model(torch.zeros(2, 3, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="left-padded"):
+        model(torch.zeros(1, 3, dtype=torch.long), 0, torch.tensor([[1, 0, 1]]))

@@ -1,0 +1,314 @@
+"""Hugging Face Llama/Mistral folders: the config, slice-wise tensor reads, and random folders for tests.
+
+A folder holds ``config.json``, one ``*.safetensors`` file or several with ``model.safetensors.index.json``,
+and optionally ``generation_config.json`` and ``tokenizer.json``. ``LlamaConfig.from_hf`` reads the
+fields a Llama-style decoder needs and refuses the ones it cannot serve (a sliding window shorter than the
+cache, an activation other than SiLU, a RoPE scaling other than Llama 3's); ``Checkpoint`` opens the
+files lazily and reads row or column slices of a named tensor (``safetensors``' ``get_slice``), so each
+rank loads only what it keeps. ``save_random_llama`` writes such a folder with random weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import torch
+
+__all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "save_random_llama"]
+
+_SUPPORTED_TYPES = ("llama", "mistral")
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a Llama-style decoder, read from a Hugging Face ``config.json``.
+
+    Fields follow the HF names: ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size``, ``rms_norm_eps``,
+    ``rope_theta``, ``rope_scaling`` (None or a dict with ``rope_type`` "llama3"),
+    ``max_position_embeddings``, ``tie_word_embeddings``, ``attention_bias``, ``mlp_bias``.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    model_type: str = "llama"
+
+    @classmethod
+    def from_hf(cls, hf: dict, fn: str = "LlamaConfig.from_hf") -> "LlamaConfig":
+        """Read a Hugging Face config dict (old ``rope_theta``/``rope_scaling`` or new ``rope_parameters``)."""
+        if not isinstance(hf, dict):
+            raise TypeError(f"{fn}: config must be a dict, got {type(hf).__name__}")
+        model_type = hf.get("model_type", "llama")
+        if model_type not in _SUPPORTED_TYPES:
+            raise ValueError(f"{fn}: model_type={model_type!r} is not supported (one of {_SUPPORTED_TYPES})")
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"{fn}: hidden_act={act!r} is not supported (only 'silu')")
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+            if name not in hf:
+                raise ValueError(f"{fn}: config has no {name!r}")
+        heads = hf["num_attention_heads"]
+        kv = hf.get("num_key_value_heads") or heads
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+        # Transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; real folders have rope_theta
+        # and rope_scaling (None, or {rope_type|type: ..., factor, ...}).
+        rope = dict(hf.get("rope_parameters") or {})
+        theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+        scaling = dict(hf.get("rope_scaling") or {}) or rope
+        kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+        if kind == "default":
+            scaling = None
+        elif kind == "llama3":
+            missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                       if k not in scaling]
+            if missing:
+                raise ValueError(f"{fn}: rope_scaling of type 'llama3' lacks {missing}")
+            scaling = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                "original_max_position_embeddings")}
+            scaling["rope_type"] = "llama3"
+        else:
+            raise ValueError(f"{fn}: rope_scaling type {kind!r} is not supported (None or 'llama3')")
+        partial = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+        if partial != 1.0:
+            raise ValueError(f"{fn}: partial_rotary_factor={partial!r} is not supported (only 1.0)")
+        cfg = cls(hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+                  num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads, num_key_value_heads=kv,
+                  head_dim=head_dim, vocab_size=hf["vocab_size"], rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+                  rope_theta=theta, rope_scaling=scaling,
+                  max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+                  tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                  attention_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
+                  model_type=model_type)
+        cfg.check(fn)
+        return cfg
+
+    def check(self, fn: str) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{fn}: {name}={v!r} must be an int >= 1")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"{fn}: num_attention_heads={self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"{fn}: head_dim={self.head_dim} must be even (RoPE)")
+
+    def to_hf(self) -> dict:
+        """The ``config.json`` dict of this config (the classic field names every transformers reads)."""
+        arch = "MistralForCausalLM" if self.model_type == "mistral" else "LlamaForCausalLM"
+        out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu",
+               "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        return out
+
+
+# Real models' shapes (from their config.json) and a tiny one for tests and examples.
+CONFIGS = {
+    "llama-3.1-8b": LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072),
+    "llama-3.2-1b": LlamaConfig(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072, tie_word_embeddings=True),
+    # Widths of multiples of 128 per rank at TP = 2, so every weight format loads at TP 1 and 2.
+    "tiny": LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=512, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 256},
+        max_position_embeddings=2048),
+}
+
+
+def _resolve_config(config, fn: str) -> LlamaConfig:
+    if isinstance(config, LlamaConfig):
+        return config
+    if isinstance(config, str):
+        if config not in CONFIGS:
+            raise ValueError(f"{fn}: config={config!r} is not a named config ({', '.join(CONFIGS)})")
+        return CONFIGS[config]
+    if isinstance(config, dict):
+        return LlamaConfig.from_hf(config, fn)
+    raise TypeError(f"{fn}: config must be a name, a dict or a LlamaConfig, got {type(config).__name__}")
+
+
+def tensor_shapes(cfg: LlamaConfig) -> dict:
+    """Every tensor of a Hugging Face Llama folder of this config: name -> shape."""
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, H), "model.norm.weight": (H,)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                       p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                       p + "mlp.down_proj.weight": (H, I)})
+        if cfg.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (H,)})
+        if cfg.mlp_bias:
+            shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
+                           p + "mlp.down_proj.bias": (H,)})
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, H)
+    return shapes
+
+
+class Checkpoint:
+    """The safetensors files of a folder, opened lazily; reads whole tensors or slices by name.
+
+    Args:
+        path: the folder (``model.safetensors``, or shards listed in ``model.safetensors.index.json``, or
+            any ``*.safetensors`` files).
+    """
+
+    def __init__(self, path, fn: str = "Checkpoint"):
+        from safetensors import safe_open  # the test/model extra; imported where a folder is read
+
+        self.path, self._open, self._handles = Path(path), safe_open, {}
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            self.where = {name: self.path / f for name, f in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            files = sorted(self.path.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"{fn}: no *.safetensors files in {self.path}")
+            self.where = {}
+            for f in files:
+                for name in self._handle(f).keys():
+                    self.where[name] = f
+        self.fn = fn
+
+    def _handle(self, f: Path):
+        if f not in self._handles:
+            if not f.exists():
+                raise FileNotFoundError(f"{getattr(self, 'fn', 'Checkpoint')}: {f} (listed in the index) is missing")
+            self._handles[f] = self._open(str(f), framework="pt")
+        return self._handles[f]
+
+    def shape(self, name: str) -> tuple:
+        if name not in self.where:
+            raise ValueError(f"{self.fn}: tensor {name!r} is missing from {self.path}")
+        return tuple(self._handle(self.where[name]).get_slice(name).get_shape())
+
+    def check(self, shapes: dict) -> None:
+        """Every named tensor present with its shape, before any read."""
+        for name, want in shapes.items():
+            got = self.shape(name)
+            if got != tuple(want):
+                raise ValueError(f"{self.fn}: tensor {name!r} has shape {got}, the config needs {tuple(want)}")
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Tensor ``name``, or its ``[start:stop]`` slice along ``dim`` (0 or 1), read alone from the file."""
+        sl = self._handle(self.where[name]).get_slice(name) if name in self.where else None
+        if sl is None:
+            raise ValueError(f"{self.fn}: tensor {name!r} is missing from {self.path}")
+        if dim is None:
+            return sl[:]
+        return sl[start:stop] if dim == 0 else sl[:, start:stop]
+
+
+def save_random_llama(path, config, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                      max_shard_bytes: int = 2 << 30, generation_config: dict | None = None) -> Path:
+    """Write a Hugging Face Llama folder with random weights (no download needed): ``config.json``,
+    ``generation_config.json`` and ``model.safetensors`` (or shards with an index above ``max_shard_bytes``).
+
+    Args:
+        path: the folder (created).
+        config: a named config (``CONFIGS``: "llama-3.1-8b", "llama-3.2-1b", "tiny"), a HF-style dict or a
+            ``LlamaConfig``.
+        seed: weights are ``N(0, 0.02)`` (norms ``1 + N(0, 0.02)``) drawn from this seed, in name order.
+        dtype: the stored dtype.
+        max_shard_bytes: the largest shard file.
+        generation_config: the ``generation_config.json`` dict (default: greedy, eos 2).
+
+    Returns:
+        the folder's path.
+    """
+    from safetensors.torch import save_file
+
+    fn = "save_random_llama"
+    cfg = _resolve_config(config, fn)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: dtype={dtype!r} must be a floating torch.dtype")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf = cfg.to_hf()
+    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(hf, indent=2))
+    gen = generation_config or {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    g = torch.Generator().manual_seed(seed)
+    shards, current, size = [], {}, 0
+    for name, shape in tensor_shapes(cfg).items():
+        t = torch.randn(shape, generator=g) * 0.02
+        if name.endswith("norm.weight"):
+            t += 1.0
+        t = t.to(dtype).contiguous()
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = t
+        size += nbytes
+    shards.append(current)
+    for old in path.glob("*.safetensors"):
+        old.unlink()
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(path / fname), metadata={"format": "pt"})
+            weight_map.update({name: fname for name in shard})
+        total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return path
+
+
+def read_json(path: Path, name: str) -> dict | None:
+    f = Path(path) / name
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """The RoPE inverse frequencies ``[head_dim / 2]`` in float32, Llama 3's scaling applied (as HF)."""
+    D = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+

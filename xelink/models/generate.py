@@ -1,0 +1,120 @@
+"""Generation with a KV cache: one prefill of the (left-padded) prompts, then one token per step.
+
+Every rank of the TP group runs the same loop. Sampling draws from a ``torch.Generator`` seeded
+identically on every rank (the seed rank 0 picks when none is given), and rank 0's tokens are broadcast,
+so the ranks never disagree on a token even where their logits differ in the last bit.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+__all__ = ["generate", "sample"]
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None):
+    """Next tokens ``[B]`` from float logits ``[B, V]``: argmax at temperature 0, else nucleus sampling."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _eos_list(eos, fn):
+    if eos is None:
+        return []
+    items = [eos] if isinstance(eos, int) else list(eos)
+    for e in items:
+        if isinstance(e, bool) or not isinstance(e, int):
+            raise TypeError(f"{fn}: eos_token_id={eos!r} must be an int or a list of ints")
+    return items
+
+
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask=None, temperature=None,
+             top_p=None, eos_token_id=None, seed=None) -> torch.Tensor:
+    """Continue a batch of prompts.
+
+    Args:
+        model: a ``Llama``.
+        input_ids: ``[B, S]`` prompts, left-padded where their lengths differ (with ``attention_mask``).
+        max_new_tokens: tokens to add at most.
+        attention_mask: ``[B, S]`` 0/1, left-padded; None: every token real.
+        temperature: 0 greedy, > 0 sampling; None: ``generation_config.json``'s (when it has
+            ``do_sample``), else 0.
+        top_p: nucleus mass in (0, 1]; None: ``generation_config.json``'s when sampling, else 1.
+        eos_token_id: an int or a list (Llama 3.1 has three); None: ``generation_config.json``'s. A sequence
+            stops at its first EOS (later positions get the pad token: ``pad_token_id``, else the first EOS).
+        seed: the sampling generator's seed (the same on every rank); None: one rank 0 picks.
+
+    Returns:
+        ``[B, S + n]`` int64 on the CPU, the prompts then ``n <= max_new_tokens`` new tokens (fewer when
+        every sequence stopped). ``model.last_timings`` gets ``ttft_s`` (the prefill and first token) and
+        ``tpot_s`` (mean seconds a later token).
+
+    Collective over the TP group.
+    """
+    fn = "Llama.generate"
+    gc = model.generation_config
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"{fn}: max_new_tokens={max_new_tokens!r} must be an int >= 0")
+    sampling = bool(gc.get("do_sample", False))
+    if temperature is None:
+        temperature = float(gc.get("temperature", 1.0)) if sampling else 0.0
+    if top_p is None:
+        top_p = float(gc.get("top_p", 1.0)) if sampling else 1.0
+    if not temperature >= 0:
+        raise ValueError(f"{fn}: temperature={temperature!r} must be >= 0")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"{fn}: top_p={top_p!r} must be in (0, 1]")
+    eos = _eos_list(gc.get("eos_token_id") if eos_token_id is None else eos_token_id, fn)
+    pad = gc.get("pad_token_id")
+    pad = pad if isinstance(pad, int) else (eos[0] if eos else 0)
+    ids = input_ids.to("cpu", torch.int64)
+    if ids.dim() != 2:
+        raise ValueError(f"{fn}: input_ids.shape={tuple(ids.shape)} must be [B, S]")
+    B, S = ids.shape
+    lens = [S] * B if attention_mask is None else attention_mask.to("cpu", torch.int64).sum(1).tolist()
+    if max(lens) > model.max_seq_len:
+        raise ValueError(f"{fn}: a prompt of {max(lens)} tokens is longer than max_seq_len={model.max_seq_len}")
+    if max(lens) + max_new_tokens > model.max_seq_len:
+        raise ValueError(f"{fn}: {max(lens)} prompt tokens + max_new_tokens={max_new_tokens} exceed "
+                         f"max_seq_len={model.max_seq_len}")
+    tp = model.tp
+    if temperature > 0:
+        if seed is None:
+            seed = random.SystemRandom().randrange(2 ** 62)
+            seed = int(tp.agree(torch.tensor([seed], dtype=torch.int64))[0])
+        generator = torch.Generator().manual_seed(int(seed))
+    else:
+        generator = None
+    if max_new_tokens == 0:
+        return ids
+    t0 = time.perf_counter()
+    logits = model(ids, 0, attention_mask)[:, -1]
+    done = torch.zeros(B, dtype=torch.bool)
+    eos_t = torch.tensor(eos, dtype=torch.int64)
+    out, starts = [], list(lens)
+    ttft = None
+    for step in range(max_new_tokens):
+        token = tp.agree(sample(logits.float().cpu(), temperature, top_p, generator).to(torch.int64).contiguous())
+        token = torch.where(done, torch.full_like(token, pad), token)
+        out.append(token)
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        if eos:
+            done |= torch.isin(token, eos_t)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        logits = model(token[:, None], starts)[:, -1]
+        starts = [s + 1 for s in starts]
+    total = time.perf_counter() - t0
+    model.last_timings = {"ttft_s": ttft, "tpot_s": (total - ttft) / max(len(out) - 1, 1),
+                          "new_tokens": len(out)}
+    return torch.cat([ids, torch.stack(out, dim=1)], dim=1)

@@ -1,0 +1,334 @@
+"""A Llama-style decoder (Llama 2 / 3.x, Mistral without a sliding window) on xelink's kernels.
+
+The model reads as a one-device model: embedding, then per layer RMSNorm (the residual add fused in),
+fused QKV projection, RoPE, attention over the KV cache, O projection, RMSNorm, fused gate/up, SwiGLU,
+down projection; a final norm and the head. Tensor parallelism is applied from outside
+(``parallel.TensorParallel``): it chooses the slices each rank loads, and its collectives ride in the
+row-parallel ``Linear``s (``reduce``) and the head (``gather_vocab``); nothing here knows the rank.
+
+Ops (``impl``): ``"reference"`` runs the pure-torch twins (``xelink.kernels.reference_*``), ``"xelink"``
+forces the Triton kernels (a GPU and bf16/fp16 needed), ``"auto"`` lets each kernel pick (the references
+on CPU and for dtypes the kernels do not take). Projections of 1-8 rows go through ``gemv`` (any weight
+format), more rows through ``gemm`` (quantized weights dequantized first).
+
+Sequences of a batch may have different lengths: a prompt chunk comes left-padded with an
+``attention_mask``; each sequence's real tokens sit at cache positions ``start[b] ..``, so its RoPE
+positions and its cache hold no padding. Attention and the cache are one object, ``KVCache``: context
+parallelism plugs in as another cache with the same ``attend`` (prefill through ``cp_attention``, decode
+KV placed round-robin by position, partial attentions merged by LSE); it is not wired yet.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
+                       reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, rmsnorm, rope,
+                       unpack_w4a16, unpack_w8a16)
+from .checkpoint import Checkpoint, LlamaConfig, read_json, rope_inv_freq, tensor_shapes
+from .parallel import Linear, TensorParallel, check_groups
+
+__all__ = ["IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
+
+IMPLS = ("auto", "xelink", "reference")
+MAX_SEQ_LEN_DEFAULT = 8192
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+_GEMV_ROWS = 8
+
+
+class Ops:
+    """The model's local ops on one path: ``"reference"`` (pure torch), ``"xelink"`` (Triton forced) or
+    ``"auto"`` (each kernel's own choice)."""
+
+    def __init__(self, impl: str, dtype: torch.dtype):
+        self.impl, self.dtype = impl, dtype
+        self.ref = impl == "reference"
+        self.kimpl = "triton" if impl == "xelink" else "auto"
+        # gemv/gemm take bf16/fp16 only: other dtypes go through the reference under "auto".
+        self.dense_ref = self.ref or dtype not in _KERNEL_DTYPES
+
+    def linear(self, lin: Linear, x: torch.Tensor) -> torch.Tensor:
+        """``[M, K] -> [M, N]``: the projection, the TP sum of a row-parallel one, its bias."""
+        fmt = lin.fmt if lin.fmt != "dense" else ("bf16" if x.dtype == torch.bfloat16 else "fp16")
+        if self.dense_ref:
+            y = reference_gemv(lin.weight, x, lin.scales, fmt if lin.fmt != "dense" else "bf16")
+        elif x.shape[0] <= _GEMV_ROWS:
+            y = gemv(lin.weight, x, lin.scales, fmt, "triton" if self.impl == "xelink" else "auto")
+        else:
+            w = lin.weight
+            if lin.fmt == "w8a16":
+                w = unpack_w8a16(w, lin.scales).to(x.dtype)
+            elif lin.fmt == "w4a16":
+                w = unpack_w4a16(w, lin.scales).to(x.dtype)
+            y = gemm(x, w.t(), self.kimpl)
+        if lin.reduce is not None:
+            y = lin.reduce(y.contiguous())
+        if lin.bias is not None:
+            y = y + lin.bias
+        return y
+
+    def rmsnorm(self, x, w, eps, residual=None):
+        if self.ref:
+            return reference_rmsnorm(x, w, eps, residual)
+        return rmsnorm(x, w, eps, residual, impl=self.kimpl)
+
+    def rope(self, q, k, cos, sin):
+        return reference_rope(q, k, cos, sin) if self.ref else rope(q, k, cos, sin, impl=self.kimpl)
+
+    def attention(self, q, k, v, causal: bool):
+        if self.ref:
+            return reference_flash_attention(q, k, v, causal=causal)
+        return flash_attention(q, k, v, causal=causal, impl=self.kimpl)
+
+    def decode_attention(self, q, k_cache, v_cache, kv_lens):
+        if self.ref:
+            return reference_decode_attention(q, k_cache, v_cache, kv_lens)
+        return decode_attention(q, k_cache, v_cache, kv_lens, impl=self.kimpl)
+
+
+class KVCache:
+    """One layer's keys and values for ``batch`` sequences, and attention over them.
+
+    ``k, v``: ``(batch, kv_heads, max_seq_len, head_dim)``. Sequence b's real tokens sit at positions
+    ``0 .. len[b] - 1`` (no padding inside). This object is the model's one attention call site: a
+    context-parallel cache (each CP rank holding a shard of the positions) replaces it with the same
+    ``attend``.
+    """
+
+    def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device):
+        shape = (batch, kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
+        """Write this chunk's keys and values, then attend.
+
+        Args:
+            q: ``(B, Hq, S, D)``; k, v: ``(B, Hkv, S, D)`` of a chunk whose row b holds ``pads[b]`` left pads
+                then real tokens at positions ``starts[b] ..``.
+            starts, pads: per-sequence host ints.
+            ops: the local ops.
+
+        Returns:
+            ``(B, Hq, S, D)``: attention of each real token over its sequence's cache (causal); pads give 0.
+        """
+        B, _, S, _ = q.shape
+        if S == 1 and not any(pads):
+            idx = torch.arange(B, device=q.device)
+            pos = torch.tensor(starts, device=q.device)
+            self.k[idx, :, pos] = k[:, :, 0]
+            self.v[idx, :, pos] = v[:, :, 0]
+            return ops.decode_attention(q, self.k[:B], self.v[:B], pos + 1)
+        for b in range(B):
+            n = S - pads[b]
+            self.k[b, :, starts[b]:starts[b] + n] = k[b, :, pads[b]:]
+            self.v[b, :, starts[b]:starts[b] + n] = v[b, :, pads[b]:]
+        if not any(pads) and len(set(starts)) == 1:  # one rectangular call
+            end = starts[0] + S
+            return ops.attention(q, self.k[:B, :, :end], self.v[:B, :, :end], causal=True)
+        out = q.new_zeros(q.shape)
+        for b in range(B):
+            p, end = pads[b], starts[b] + S - pads[b]
+            if p < S:
+                out[b:b + 1, :, p:] = ops.attention(q[b:b + 1, :, p:], self.k[b:b + 1, :, :end],
+                                                    self.v[b:b + 1, :, :end], causal=True)
+        return out
+
+
+class Llama:
+    """A Llama-style causal LM with a KV cache (see the module). Build it with ``from_pretrained``.
+
+    Attributes:
+        config: the ``LlamaConfig``; tp: the ``TensorParallel`` plan; generation_config: the folder's
+        ``generation_config.json`` (or {}); max_batch, max_seq_len, dtype, device, impl.
+    """
+
+    def __init__(self, config: LlamaConfig, weights: dict, tp: TensorParallel, *, dtype, device, impl: str,
+                 max_batch: int, max_seq_len: int, generation_config: dict | None = None):
+        self.config, self.tp, self.dtype, self.device, self.impl = config, tp, dtype, device, impl
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.generation_config = generation_config or {}
+        self.ops = Ops(impl, dtype)
+        self.embed, self.norm, self.head, self.layers = (weights["embed"], weights["norm"], weights["head"],
+                                                         weights["layers"])
+        self.heads, self.kv_heads, self.head_dim = tp.heads, tp.kv_heads, config.head_dim
+        freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), rope_inv_freq(config))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        # As Hugging Face: cos/sin in float32, rounded to the activation dtype.
+        self.cos, self.sin = emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+        self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
+                       for _ in self.layers]
+        self.last_timings: dict = {}
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path, *, tp_group=None, cp_group=None, dtype: torch.dtype = torch.bfloat16,
+                        weights: str = "bf16", max_batch: int = 1, max_seq_len: int | None = None,
+                        impl: str = "auto", device=None) -> "Llama":
+        """Load a Hugging Face Llama/Mistral folder, each rank reading only the slices it keeps.
+
+        Args:
+            path: the folder (``config.json``, ``*.safetensors``, optional ``model.safetensors.index.json``,
+                ``generation_config.json``).
+            tp_group: the tensor-parallel communicator (None: no TP). Collective over it.
+            cp_group: the context-parallel communicator: None or a group of one rank (context parallelism
+                is not wired yet: a larger group raises ValueError).
+            dtype: activations, cache and dense weights: bfloat16, float16 or float32.
+            weights: ``"bf16"`` (dense in ``dtype``), ``"w8a16"`` or ``"w4a16"`` (quantized at load with
+                ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
+            max_batch: sequences the cache holds.
+            max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192).
+            impl: ``"auto"``, ``"xelink"`` (xelink's kernels forced: an error where they cannot run) or
+                ``"reference"`` (pure torch).
+            device: where the model runs; default the TP group's device (the world's when initialized), else CPU.
+
+        Returns:
+            the model.
+
+        Raises:
+            ValueError / TypeError / FileNotFoundError: before any weight is read, for an unsupported config
+            value, a missing or mis-shaped tensor (named), heads not divisible by the TP size, a bad dtype,
+            impl or weight format, a CP group of more than one rank.
+        """
+        fn = "Llama.from_pretrained"
+        path = Path(path)
+        if impl not in IMPLS:
+            raise ValueError(f"{fn}: impl={impl!r} must be one of {', '.join(map(repr, IMPLS))}")
+        if dtype not in _DTYPES:
+            raise TypeError(f"{fn}: dtype={dtype!r} cannot be served (one of float32, bfloat16, float16)")
+        for name, v in (("max_batch", max_batch), ("max_seq_len", max_seq_len)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{fn}: {name}={v!r} must be an int >= 1")
+        check_groups(tp_group, cp_group, fn)
+        if device is None:
+            device = tp_group.device if tp_group is not None else "cpu"
+        device = torch.device(device)
+        if impl == "xelink":
+            if device.type == "cpu":
+                raise ValueError(f"{fn}: impl='xelink' runs xelink's Triton kernels, which need a GPU (device is "
+                                 f"cpu); use impl='auto' or 'reference'")
+            if dtype not in _KERNEL_DTYPES:
+                raise TypeError(f"{fn}: impl='xelink' needs dtype bfloat16 or float16 (the kernels' dtypes), got "
+                                f"{dtype}")
+            if importlib.util.find_spec("triton") is None:
+                raise ValueError(f"{fn}: impl='xelink' needs Triton, which is not installed")
+        hf = read_json(path, "config.json")
+        if hf is None:
+            raise FileNotFoundError(f"{fn}: {path / 'config.json'} does not exist")
+        cfg = LlamaConfig.from_hf(hf, fn)
+        if max_seq_len is None:
+            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
+        window = hf.get("sliding_window")
+        if window is not None and window < max_seq_len:
+            raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
+                             f"attention only); pass max_seq_len <= {window}")
+        tp = TensorParallel(cfg, tp_group, fn)
+        tp.check_formats(weights, fn)
+        ckpt = Checkpoint(path, fn)
+        ckpt.check(tensor_shapes(cfg))
+        loaded = tp.load(ckpt, weights, dtype, device)
+        return cls(cfg, loaded, tp, dtype=dtype, device=device, impl=impl, max_batch=max_batch,
+                   max_seq_len=max_seq_len, generation_config=read_json(path, "generation_config.json"))
+
+    # -- forward ---------------------------------------------------------------------------------
+
+    def _lengths(self, fn, input_ids, start_pos, attention_mask):
+        """(starts, pads) as host lists, after the checks."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (
+                torch.int32, torch.int64):
+            raise ValueError(f"{fn}: input_ids must be an int tensor [B, S]")
+        B, S = input_ids.shape
+        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < self.config.vocab_size):
+            raise ValueError(f"{fn}: token ids must be in [0, vocab_size={self.config.vocab_size})")
+        if not 1 <= B <= self.max_batch:
+            raise ValueError(f"{fn}: batch {B} must be in 1..max_batch={self.max_batch}")
+        if S < 1:
+            raise ValueError(f"{fn}: input_ids has no tokens")
+        if isinstance(start_pos, torch.Tensor):
+            starts = [int(s) for s in start_pos.reshape(-1).tolist()]
+        elif isinstance(start_pos, int) and not isinstance(start_pos, bool):
+            starts = [start_pos] * B
+        else:
+            starts = [int(s) for s in start_pos]
+        if len(starts) != B or min(starts) < 0:
+            raise ValueError(f"{fn}: start_pos={start_pos!r} must be an int >= 0 or one per sequence")
+        if attention_mask is None:
+            pads = [0] * B
+        else:
+            mask = attention_mask.to("cpu", torch.int64)
+            if tuple(mask.shape) != (B, S):
+                raise ValueError(f"{fn}: attention_mask.shape={tuple(mask.shape)} != input_ids.shape={(B, S)}")
+            n = mask.sum(1)
+            want = (torch.arange(S)[None, :] >= (S - n)[:, None]).long()
+            if not torch.equal(mask, want):
+                raise ValueError(f"{fn}: attention_mask must be left-padded (zeros, then ones in each row)")
+            if (n == 0).any():
+                raise ValueError(f"{fn}: a row of attention_mask has no token")
+            pads = (S - n).tolist()
+        ends = [s + S - p for s, p in zip(starts, pads)]
+        if max(ends) > self.max_seq_len:
+            raise ValueError(f"{fn}: {max(ends)} tokens exceed max_seq_len={self.max_seq_len}")
+        return starts, pads
+
+    def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None):
+        """Logits of a chunk of tokens; writes their keys and values into the cache.
+
+        Args:
+            input_ids: ``[B, S]`` int token ids (B <= max_batch).
+            start_pos: tokens already cached per sequence: an int (the same for every sequence) or one per
+                sequence (a list or a ``[B]`` tensor).
+            attention_mask: None (every token real) or ``[B, S]`` of 0/1, left-padded: row b's real tokens go
+                to positions ``start_pos[b] ..``.
+
+        Returns:
+            ``[B, S, vocab]`` logits in the model's dtype (rows of pads hold whatever the pads compute).
+
+        Collective over the TP group.
+        """
+        starts, pads = self._lengths("Llama", input_ids, start_pos, attention_mask)
+        B, S = input_ids.shape
+        H, D, ops = self.config.hidden_size, self.head_dim, self.ops
+        pos = (torch.tensor(starts)[:, None] + torch.arange(S)[None, :] - torch.tensor(pads)[:, None]).clamp_(min=0)
+        pos = pos.to(self.device)
+        cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
+        x = self.embed[input_ids.to(self.device)]  # (B, S, H)
+        residual = None
+        for layer, cache in zip(self.layers, self.caches):
+            if residual is None:
+                normed, residual = ops.rmsnorm(x, layer["attn_norm"], self.config.rms_norm_eps), x
+            else:
+                normed, residual = ops.rmsnorm(x, layer["attn_norm"], self.config.rms_norm_eps, residual)
+            x = self._attention(layer, cache, normed, cos, sin, starts, pads)
+            normed, residual = ops.rmsnorm(x, layer["mlp_norm"], self.config.rms_norm_eps, residual)
+            x = self._mlp(layer, normed)
+        normed, _ = ops.rmsnorm(x, self.norm, self.config.rms_norm_eps, residual)
+        logits = self.tp.gather_vocab(ops.linear(self.head, normed.reshape(B * S, H)))
+        return logits.reshape(B, S, -1)
+
+    def _attention(self, layer, cache, x, cos, sin, starts, pads):
+        B, S, H = x.shape
+        hq, hk, D = self.heads, self.kv_heads, self.head_dim
+        qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D).transpose(1, 2)
+        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
+        q, k = self.ops.rope(q, k, cos, sin)
+        a = cache.attend(q, k, v, starts, pads, self.ops)  # (B, hq, S, D)
+        return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
+
+    def _mlp(self, layer, x):
+        B, S, H = x.shape
+        gu = self.ops.linear(layer["gate_up"], x.reshape(B * S, H))
+        g, u = gu.float().chunk(2, dim=-1)
+        act = (torch.nn.functional.silu(g) * u).to(x.dtype)
+        return self.ops.linear(layer["down"], act).view(B, S, H)
+
+    def generate(self, input_ids, max_new_tokens: int, *, attention_mask=None, temperature=None, top_p=None,
+                 eos_token_id=None, seed=None):
+        """Greedy or sampled continuation of a (left-padded) batch of prompts; see ``generate.generate``."""
+        from .generate import generate
+
+        return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, temperature=temperature,
+                        top_p=top_p, eos_token_id=eos_token_id, seed=seed)

@@ -1,0 +1,189 @@
+"""Tensor parallelism applied to the one-device Llama from outside (as gpt-fast does): which slice of
+each weight a rank loads, and the collectives after the row-parallel projections and the head.
+
+- Column-parallel: the fused QKV (this rank's query heads and their KV heads) and gate/up projections
+  (this rank's block of the MLP's inner width); no communication.
+- Row-parallel: the O and down projections read the matching columns; their partial outputs are summed
+  with ``xelink.all_reduce`` over the TP group (the bias added once, after the sum).
+- Vocabulary-parallel head: each rank computes its block of vocabulary rows; ``all_gather_into_tensor``
+  assembles the logits. The embedding is replicated.
+- KV heads: split over the ranks when there are at least as many KV heads as ranks; replicated otherwise
+  (rank r keeps the one KV head its query heads read).
+
+Context parallelism is not wired yet: ``check_groups`` accepts a CP group of one rank only (see
+``llama.KVCache``, the call site a context-parallel cache replaces).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..collectives import all_gather_into_tensor, all_reduce, broadcast
+from ..comm import Communicator
+from ..kernels import pack_w4a16, pack_w8a16
+from .checkpoint import Checkpoint, LlamaConfig
+
+__all__ = ["TensorParallel", "WEIGHT_FORMATS", "check_groups"]
+
+WEIGHT_FORMATS = ("bf16", "w8a16", "w4a16")
+_W4_GROUP = 128
+
+
+def check_groups(tp_group, cp_group, fn: str):
+    """(tp size, tp rank) after checking both groups; raises for a CP group of more than one rank."""
+    for name, g in (("tp_group", tp_group), ("cp_group", cp_group)):
+        if g is not None and not isinstance(g, Communicator):
+            raise TypeError(f"{fn}: {name}={g!r} must be an xelink Communicator or None")
+    if cp_group is not None and cp_group.size > 1:
+        raise ValueError(f"{fn}: cp_group of size {cp_group.size}: context parallelism is not wired into the model "
+                         f"yet (xelink.cp_attention is not in this tree); pass cp_group=None or a group of one rank")
+    return (1, 0) if tp_group is None else (tp_group.size, tp_group.rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """``y = x @ W^T`` (then the TP sum where ``reduce``, then ``+ bias``), W in a GEMV format.
+
+    ``weight`` is ``[N, K]`` dense, int8 ``[N, K]`` (w8a16) or packed uint8 ``[N, K/2]`` (w4a16), with
+    ``scales`` for the quantized formats (``xelink.kernels.pack_w8a16`` / ``pack_w4a16``).
+    """
+
+    weight: torch.Tensor
+    scales: torch.Tensor | None
+    fmt: str  # "dense", "w8a16", "w4a16"
+    bias: torch.Tensor | None = None
+    reduce: object = None  # callable summing the partial outputs over the TP group (row-parallel)
+
+
+class TensorParallel:
+    """A TP group's plan for one config: the slices each rank loads and the collectives.
+
+    Args:
+        cfg: the model's config.
+        group: the TP communicator (None: one rank).
+        fn: the caller's name for error messages.
+
+    Raises:
+        ValueError: heads, KV heads, MLP width not divisible by the group size.
+    """
+
+    def __init__(self, cfg: LlamaConfig, group: Communicator | None, fn: str):
+        self.cfg, self.group = cfg, group
+        self.size, self.rank = (1, 0) if group is None else (group.size, group.rank)
+        n, r = self.size, self.rank
+        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        if heads % n:
+            raise ValueError(f"{fn}: num_attention_heads={heads} is not divisible by the TP size {n}")
+        if kv % n and n % kv:
+            raise ValueError(f"{fn}: num_key_value_heads={kv} and the TP size {n} must divide one another "
+                             f"(KV heads are split, or replicated when there are more ranks than KV heads)")
+        if cfg.intermediate_size % n:
+            raise ValueError(f"{fn}: intermediate_size={cfg.intermediate_size} is not divisible by the TP size {n}")
+        self.heads = heads // n
+        self.q0 = r * self.heads
+        if kv >= n:
+            self.kv_heads, self.kv0 = kv // n, r * (kv // n)
+        else:  # replicated: the one KV head this rank's query heads read
+            self.kv_heads, self.kv0 = 1, self.q0 // (heads // kv)
+        self.ffn = cfg.intermediate_size // n
+        self.f0 = r * self.ffn
+        self.vocab = -(-cfg.vocab_size // n)  # rows per rank; the last rank's tail is zero padding
+        self.v0 = r * self.vocab
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of the row-parallel partial outputs ``x`` over the group, in place."""
+        if self.size > 1:
+            all_reduce(x, group=self.group)
+        return x
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[M, vocab/n]`` blocks of every rank -> ``[M, vocab]`` on every rank."""
+        if self.size == 1:
+            return logits[:, :self.cfg.vocab_size]
+        M, V = logits.shape
+        out = logits.new_empty(self.size * M, V)
+        all_gather_into_tensor(out, logits.contiguous(), group=self.group)
+        return out.view(self.size, M, V).permute(1, 0, 2).reshape(M, self.size * V)[:, :self.cfg.vocab_size]
+
+    def agree(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``tokens`` (a CPU int64 tensor) on every rank: sampling stays identical even where the
+        ranks' logits differ in the last bit."""
+        if self.size > 1:
+            broadcast(tokens, 0, group=self.group)
+        return tokens
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def check_formats(self, weights: str, fn: str) -> None:
+        """The quantized formats need every projection's K (this rank's slice) a multiple of 128."""
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"{fn}: weights={weights!r} must be one of {', '.join(map(repr, WEIGHT_FORMATS))}")
+        if weights != "w4a16":
+            return
+        D, H = self.cfg.head_dim, self.cfg.hidden_size
+        for name, k in (("hidden_size", H), ("o_proj input (heads per rank x head_dim)", self.heads * D),
+                        ("down_proj input (intermediate_size / TP)", self.ffn)):
+            if k % _W4_GROUP:
+                raise ValueError(f"{fn}: weights='w4a16' needs the {name}={k} to be a multiple of {_W4_GROUP} "
+                                 f"(one scale per {_W4_GROUP} columns); use weights='w8a16' or 'bf16'")
+
+    def load(self, ckpt: Checkpoint, weights: str, dtype: torch.dtype, device) -> dict:
+        """This rank's slices of every weight, quantized to ``weights``, on ``device``.
+
+        Returns:
+            ``{"embed", "norm", "head": Linear, "layers": [dict of attn_norm, mlp_norm, qkv, o, gate_up, down]}``.
+        """
+        cfg, D = self.cfg, self.cfg.head_dim
+
+        def get(name, dim=None, start=0, stop=None):
+            return ckpt.read(name, dim, start, stop).to(dtype)
+
+        def linear(w, bias=None, reduce=None, fmt=weights):
+            if fmt == "w8a16":
+                q, s = pack_w8a16(w, dtype)
+                return Linear(q.to(device), s.to(device), "w8a16", _dev(bias, device), reduce)
+            if fmt == "w4a16":
+                q, s = pack_w4a16(w, dtype)
+                return Linear(q.to(device), s.to(device), "w4a16", _dev(bias, device), reduce)
+            return Linear(w.to(device).contiguous(), None, "dense", _dev(bias, device), reduce)
+
+        qs, qe = self.q0 * D, (self.q0 + self.heads) * D
+        ks, ke = self.kv0 * D, (self.kv0 + self.kv_heads) * D
+        fs, fe = self.f0, self.f0 + self.ffn
+        layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            qkv = torch.cat([get(a + "q_proj.weight", 0, qs, qe), get(a + "k_proj.weight", 0, ks, ke),
+                             get(a + "v_proj.weight", 0, ks, ke)])
+            qkv_b = o_b = gu_b = down_b = None
+            if cfg.attention_bias:
+                qkv_b = torch.cat([get(a + "q_proj.bias", 0, qs, qe), get(a + "k_proj.bias", 0, ks, ke),
+                                   get(a + "v_proj.bias", 0, ks, ke)])
+                o_b = get(a + "o_proj.bias")
+            if cfg.mlp_bias:
+                gu_b = torch.cat([get(m + "gate_proj.bias", 0, fs, fe), get(m + "up_proj.bias", 0, fs, fe)])
+                down_b = get(m + "down_proj.bias")
+            gate_up = torch.cat([get(m + "gate_proj.weight", 0, fs, fe), get(m + "up_proj.weight", 0, fs, fe)])
+            layers.append({
+                "attn_norm": get(p + "input_layernorm.weight").to(device),
+                "mlp_norm": get(p + "post_attention_layernorm.weight").to(device),
+                "qkv": linear(qkv, qkv_b),
+                "o": linear(get(a + "o_proj.weight", 1, qs, qe), o_b, self.reduce),
+                "gate_up": linear(gate_up, gu_b),
+                "down": linear(get(m + "down_proj.weight", 1, fs, fe), down_b, self.reduce),
+            })
+        head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        head = get(head_name, 0, self.v0, min(self.v0 + self.vocab, cfg.vocab_size))
+        if head.shape[0] < self.vocab:  # the last rank's rows past the vocabulary
+            head = torch.cat([head, head.new_zeros(self.vocab - head.shape[0], head.shape[1])])
+        # The head and the embedding stay dense: the head's logits decide the tokens.
+        return {"embed": get("model.embed_tokens.weight").to(device), "norm": get("model.norm.weight").to(device),
+                "head": linear(head, fmt="dense"), "layers": layers}
+
+
+def _dev(t, device):
+    return None if t is None else t.to(device)
