@@ -214,7 +214,8 @@ def _cost_ops() -> tuple:
 
 
 def _cmd_generate(args) -> int:
-    """Load a Hugging Face folder across the ranks (TP groups of consecutive ranks) and continue a prompt."""
+    """Load a Hugging Face folder across the ranks (TP groups of consecutive ranks, CP groups strided by the TP
+    size) and continue a prompt."""
     import time
     from pathlib import Path
 
@@ -258,7 +259,7 @@ def _cmd_generate(args) -> int:
     t = model.last_timings
     if world.rank == 0:
         print(f"model {args.model}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-              f"{world.size} rank(s), TP {tp}, weights {args.weights}, {args.dtype}, device {model.device}, "
+              f"{world.size} rank(s), TP {tp}{f", CP {args.cp}" if args.cp > 1 else ""}, weights {args.weights}, {args.dtype}, device {model.device}, "
               f"loaded in {load_s:.2f} s")
         print(f"prompt ({len(ids)} tokens): {ids}")
         print(f"new tokens ({len(new)}): {new}")
@@ -310,7 +311,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("generate", help="continue a prompt with a Hugging Face Llama folder (run under mpiexec for TP)")
     p.add_argument("--model", required=True, help="the folder (config.json, *.safetensors)")
     p.add_argument("--tp", type=int, help="tensor-parallel ranks per group (default: the world size / --cp)")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks (only 1 for now)")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per group (strided by the TP size: "
+                   "--tp 2 --cp 2 on 4 ranks gives TP {0,1},{2,3} x CP {0,2},{1,3})")
     p.add_argument("--weights", default="bf16", choices=("bf16", "w8a16", "w4a16"), help="weight format")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="activation dtype")
     p.add_argument("--impl", default="auto", choices=("auto", "xelink", "reference"), help="kernels")

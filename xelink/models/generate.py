@@ -1,6 +1,6 @@
 """Generation with a KV cache: one prefill of the (left-padded) prompts, then one token per step.
 
-Every rank of the TP group runs the same loop. Sampling draws from a ``torch.Generator`` seeded
+Every rank of the TP and CP groups runs the same loop. Sampling draws from a ``torch.Generator`` seeded
 identically on every rank (the seed rank 0 picks when none is given), and rank 0's tokens are broadcast,
 so the ranks never disagree on a token even where their logits differ in the last bit.
 """
@@ -58,7 +58,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         every sequence stopped). ``model.last_timings`` gets ``ttft_s`` (the prefill and first token) and
         ``tpot_s`` (mean seconds a later token).
 
-    Collective over the TP group.
+    Collective over the TP and CP groups.
     """
     fn = "Llama.generate"
     gc = model.generation_config
@@ -86,11 +86,14 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     if max(lens) + max_new_tokens > model.max_seq_len:
         raise ValueError(f"{fn}: {max(lens)} prompt tokens + max_new_tokens={max_new_tokens} exceed "
                          f"max_seq_len={model.max_seq_len}")
-    tp = model.tp
+    def agree(t):  # rank 0's of the TP group, then of the CP group: TP rank 0 of CP rank 0's everywhere
+        t = model.tp.agree(t)
+        return t if model.cp is None else model.cp.agree(t)
+
     if temperature > 0:
         if seed is None:
             seed = random.SystemRandom().randrange(2 ** 62)
-            seed = int(tp.agree(torch.tensor([seed], dtype=torch.int64))[0])
+            seed = int(agree(torch.tensor([seed], dtype=torch.int64))[0])
         generator = torch.Generator().manual_seed(int(seed))
     else:
         generator = None
@@ -103,7 +106,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     out, starts = [], list(lens)
     ttft = None
     for step in range(max_new_tokens):
-        token = tp.agree(sample(logits.float().cpu(), temperature, top_p, generator).to(torch.int64).contiguous())
+        token = agree(sample(logits.float().cpu(), temperature, top_p, generator).to(torch.int64).contiguous())
         token = torch.where(done, torch.full_like(token, pad), token)
         out.append(token)
         if ttft is None:

@@ -13,9 +13,18 @@ format), more rows through ``gemm`` (quantized weights dequantized first).
 
 Sequences of a batch may have different lengths: a prompt chunk comes left-padded with an
 ``attention_mask``; each sequence's real tokens sit at cache positions ``start[b] ..``, so its RoPE
-positions and its cache hold no padding. Attention and the cache are one object, ``KVCache``: context
-parallelism plugs in as another cache with the same ``attend`` (prefill through ``cp_attention``, decode
-KV placed round-robin by position, partial attentions merged by LSE); it is not wired yet.
+positions and its cache hold no padding. Attention and the cache are one object, ``KVCache``.
+
+Context parallelism (``cp_group`` of n > 1 ranks, ``parallel.ContextParallel``) plugs in as another cache
+with the same ``attend``, ``CPKVCache``. The prompt (one call at ``start_pos`` 0, every rank given all of it)
+is computed on this rank's zigzag shard of the positions only (RoPE at their global positions), its
+attention through ``xelink.cp_attention``; each rank caches the KV of its positions; the final hidden states
+are gathered (``cp_unshard``) before the head, so every rank returns the logits of every position. A decode
+token (one per sequence) is computed on every rank; its KV is cached on rank ``position % n`` only; each rank
+attends the token's query to its own cached keys (all in the past: no mask) and the partials are merged by
+their LSE across the CP group. Under CP the sequences of a batch have one length: an ``attention_mask``
+with padding, a prompt chunk at ``start_pos`` > 0, or a token at another position than the cached length
+raise ValueError.
 """
 from __future__ import annotations
 
@@ -24,13 +33,14 @@ from pathlib import Path
 
 import torch
 
+from ..dist.cp_attention import cp_attention
 from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
                        reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, rmsnorm, rope,
                        unpack_w4a16, unpack_w8a16)
 from .checkpoint import Checkpoint, LlamaConfig, read_json, rope_inv_freq, tensor_shapes
-from .parallel import Linear, TensorParallel, check_groups
+from .parallel import ContextParallel, Linear, TensorParallel, check_groups
 
-__all__ = ["IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
+__all__ = ["CPKVCache", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
 
 IMPLS = ("auto", "xelink", "reference")
 MAX_SEQ_LEN_DEFAULT = 8192
@@ -78,10 +88,10 @@ class Ops:
     def rope(self, q, k, cos, sin):
         return reference_rope(q, k, cos, sin) if self.ref else rope(q, k, cos, sin, impl=self.kimpl)
 
-    def attention(self, q, k, v, causal: bool):
+    def attention(self, q, k, v, causal: bool, return_lse: bool = False):
         if self.ref:
-            return reference_flash_attention(q, k, v, causal=causal)
-        return flash_attention(q, k, v, causal=causal, impl=self.kimpl)
+            return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse)
+        return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl)
 
     def decode_attention(self, q, k_cache, v_cache, kv_lens):
         if self.ref:
@@ -138,6 +148,60 @@ class KVCache:
         return out
 
 
+class CPKVCache:
+    """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module).
+
+    ``k, v``: ``(batch, kv_heads, capacity, head_dim)``, the first ``len`` slots filled: this rank's prompt
+    positions (its zigzag shard), then the decode tokens it owns (``cp.owner``). The slots keep no position
+    order: decode attention over a set of past keys does not need one (RoPE is applied before caching).
+    ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt shard, at most ``S/n + 2``, and its
+    round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
+    """
+
+    def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
+                 cp: ContextParallel):
+        self.cp = cp
+        self.capacity = max_seq_len // cp.size + 4
+        shape = (batch, kv_heads, self.capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.len = 0  # slots filled on this rank
+        self.total = 0  # positions cached over the group
+
+    def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
+        """``KVCache.attend`` under CP; ``Llama`` has checked that every sequence has the same start and no pad.
+
+        A prompt (``cp.seq_len`` > 1 positions, start 0): q, k, v are this rank's shard of them (any length,
+        none included). A token (``cp.seq_len == 0``, at position ``total``): q, k, v of that token, the same
+        on every rank.
+        """
+        B, _, S, _ = q.shape
+        cp = self.cp
+        if cp.seq_len:
+            self._write(k, v, 0)
+            self.len, self.total = S, cp.seq_len
+            return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len)
+        pos = starts[0]
+        if cp.owner(pos) == cp.rank:
+            self._write(k, v, self.len)
+            self.len += 1
+        self.total = pos + 1
+        if self.len:
+            out, lse = ops.attention(q, self.k[:B, :, :self.len], self.v[:B, :, :self.len], causal=False,
+                                     return_lse=True)
+        else:  # no key here yet: an empty partial
+            out = q.new_zeros(q.shape)
+            lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
+
+    def _write(self, k, v, at: int):
+        B, _, n, _ = k.shape
+        if at + n > self.capacity:
+            raise ValueError(f"CPKVCache: {at + n} slots exceed this rank's capacity {self.capacity}")
+        self.k[:B, :, at:at + n] = k
+        self.v[:B, :, at:at + n] = v
+
+
 class Llama:
     """A Llama-style causal LM with a KV cache (see the module). Build it with ``from_pretrained``.
 
@@ -147,8 +211,9 @@ class Llama:
     """
 
     def __init__(self, config: LlamaConfig, weights: dict, tp: TensorParallel, *, dtype, device, impl: str,
-                 max_batch: int, max_seq_len: int, generation_config: dict | None = None):
-        self.config, self.tp, self.dtype, self.device, self.impl = config, tp, dtype, device, impl
+                 max_batch: int, max_seq_len: int, generation_config: dict | None = None,
+                 cp: ContextParallel | None = None):
+        self.config, self.tp, self.cp, self.dtype, self.device, self.impl = config, tp, cp, dtype, device, impl
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.generation_config = generation_config or {}
         self.ops = Ops(impl, dtype)
@@ -159,8 +224,12 @@ class Llama:
         emb = torch.cat([freqs, freqs], dim=-1)
         # As Hugging Face: cos/sin in float32, rounded to the activation dtype.
         self.cos, self.sin = emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
-        self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
-                       for _ in self.layers]
+        if cp is None:
+            self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
+                           for _ in self.layers]
+        else:
+            self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp)
+                           for _ in self.layers]
         self.last_timings: dict = {}
 
     # -- loading ---------------------------------------------------------------------------------
@@ -175,8 +244,10 @@ class Llama:
             path: the folder (``config.json``, ``*.safetensors``, optional ``model.safetensors.index.json``,
                 ``generation_config.json``).
             tp_group: the tensor-parallel communicator (None: no TP). Collective over it.
-            cp_group: the context-parallel communicator: None or a group of one rank (context parallelism
-                is not wired yet: a larger group raises ValueError).
+            cp_group: the context-parallel communicator (None: no CP; see the module for what CP runs and
+                refuses). Its ranks hold the same TP slice; ``check_groups`` checks that the TP and CP groups
+                tile the ranks (TP groups of consecutive ranks, CP groups strided by the TP size).
+                Collective over it.
             dtype: activations, cache and dense weights: bfloat16, float16 or float32.
             weights: ``"bf16"`` (dense in ``dtype``), ``"w8a16"`` or ``"w4a16"`` (quantized at load with
                 ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
@@ -192,7 +263,7 @@ class Llama:
         Raises:
             ValueError / TypeError / FileNotFoundError: before any weight is read, for an unsupported config
             value, a missing or mis-shaped tensor (named), heads not divisible by the TP size, a bad dtype,
-            impl or weight format, a CP group of more than one rank.
+            impl or weight format, TP and CP groups that do not tile the ranks.
         """
         fn = "Llama.from_pretrained"
         path = Path(path)
@@ -232,7 +303,8 @@ class Llama:
         ckpt.check(tensor_shapes(cfg))
         loaded = tp.load(ckpt, weights, dtype, device)
         return cls(cfg, loaded, tp, dtype=dtype, device=device, impl=impl, max_batch=max_batch,
-                   max_seq_len=max_seq_len, generation_config=read_json(path, "generation_config.json"))
+                   max_seq_len=max_seq_len, generation_config=read_json(path, "generation_config.json"),
+                   cp=ContextParallel(cp_group) if cp_group is not None and cp_group.size > 1 else None)
 
     # -- forward ---------------------------------------------------------------------------------
 
@@ -272,6 +344,24 @@ class Llama:
         ends = [s + S - p for s, p in zip(starts, pads)]
         if max(ends) > self.max_seq_len:
             raise ValueError(f"{fn}: {max(ends)} tokens exceed max_seq_len={self.max_seq_len}")
+        if self.cp is not None:
+            cached = self.caches[0].total
+            if any(pads):
+                raise ValueError(f"{fn}: an attention_mask with padding is not supported under context parallelism "
+                                 f"(cp_group of {self.cp.size} ranks): pass sequences of one length, or one at a time")
+            if len(set(starts)) != 1:
+                raise ValueError(f"{fn}: start_pos={starts} differ; under context parallelism the sequences of a "
+                                 f"batch have one length")
+            if S > 1 and starts[0] != 0:
+                raise ValueError(f"{fn}: under context parallelism a prompt of several tokens is computed in one "
+                                 f"call at start_pos 0 (got {S} tokens at start_pos {starts[0]}); decode one token "
+                                 f"at a time after it")
+            if S == 1 and starts[0] not in (0, cached):
+                raise ValueError(f"{fn}: under context parallelism a token goes at the cached length {cached} (or "
+                                 f"at 0, a new sequence), not at start_pos {starts[0]}")
+            if S == 1 and starts[0] == 0:
+                for cache in self.caches:
+                    cache.len = cache.total = 0
         return starts, pads
 
     def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None):
@@ -287,12 +377,18 @@ class Llama:
         Returns:
             ``[B, S, vocab]`` logits in the model's dtype (rows of pads hold whatever the pads compute).
 
-        Collective over the TP group.
+        Collective over the TP group and the CP group.
         """
         starts, pads = self._lengths("Llama", input_ids, start_pos, attention_mask)
         B, S = input_ids.shape
         H, D, ops = self.config.hidden_size, self.head_dim, self.ops
         pos = (torch.tensor(starts)[:, None] + torch.arange(S)[None, :] - torch.tensor(pads)[:, None]).clamp_(min=0)
+        full = S
+        if self.cp is not None:  # a CP prompt: this rank's positions only (a rank may get as few as none)
+            self.cp.seq_len = S if S > 1 else 0
+            if S > 1:
+                mine = self.cp.positions(S)
+                input_ids, pos, S = input_ids[:, mine], pos[:, mine], len(mine)
         pos = pos.to(self.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
@@ -306,6 +402,8 @@ class Llama:
             normed, residual = ops.rmsnorm(x, layer["mlp_norm"], self.config.rms_norm_eps, residual)
             x = self._mlp(layer, normed)
         normed, _ = ops.rmsnorm(x, self.norm, self.config.rms_norm_eps, residual)
+        if S != full:  # every position's hidden state, on every CP rank
+            normed, S = self.cp.unshard(normed, full), full
         logits = self.tp.gather_vocab(ops.linear(self.head, normed.reshape(B * S, H)))
         return logits.reshape(B, S, -1)
 

@@ -10,8 +10,11 @@ each weight a rank loads, and the collectives after the row-parallel projections
 - KV heads: split over the ranks when there are at least as many KV heads as ranks; replicated otherwise
   (rank r keeps the one KV head its query heads read).
 
-Context parallelism is not wired yet: ``check_groups`` accepts a CP group of one rank only (see
-``llama.KVCache``, the call site a context-parallel cache replaces).
+Context parallelism (``ContextParallel``): the ranks of a CP group hold the same weights (the same TP
+slice) and split the sequence. The prompt's positions are cut with ``cp_shard``'s zigzag layout and their
+attention runs through ``xelink.cp_attention``; each rank caches the KV of its positions; a decode token's KV
+goes to rank ``position % cp_size`` and the ranks' partial attentions are merged by their LSE
+(``llama.CPKVCache``). ``check_groups`` checks that the TP and CP groups tile the ranks as a grid.
 """
 from __future__ import annotations
 
@@ -21,24 +24,87 @@ import torch
 
 from ..collectives import all_gather_into_tensor, all_reduce, broadcast
 from ..comm import Communicator
-from ..kernels import pack_w4a16, pack_w8a16
+from ..dist.cp_attention import cp_positions, cp_unshard
+from ..kernels import merge_attention, pack_w4a16, pack_w8a16
 from .checkpoint import Checkpoint, LlamaConfig
 
-__all__ = ["TensorParallel", "WEIGHT_FORMATS", "check_groups"]
+__all__ = ["ContextParallel", "TensorParallel", "WEIGHT_FORMATS", "check_groups"]
 
 WEIGHT_FORMATS = ("bf16", "w8a16", "w4a16")
 _W4_GROUP = 128
 
 
 def check_groups(tp_group, cp_group, fn: str):
-    """(tp size, tp rank) after checking both groups; raises for a CP group of more than one rank."""
+    """(tp size, tp rank) after checking both groups, and that they tile the ranks consistently.
+
+    Consistent: the ranks of one CP group hold the same TP slice (the same TP size and TP rank), the ranks
+    of one TP group the same positions (the same CP size and CP rank), and the two groups share this rank
+    only. E.g. at 4 ranks, TP 2 x CP 2: TP groups {0, 1}, {2, 3} (consecutive), CP groups {0, 2}, {1, 3}
+    (strided), as ``xelink generate --tp 2 --cp 2`` builds them. Collective over each group of more than one
+    rank (one host ``allgather_object`` each, made before any rank raises, so every rank raises together).
+    """
     for name, g in (("tp_group", tp_group), ("cp_group", cp_group)):
         if g is not None and not isinstance(g, Communicator):
             raise TypeError(f"{fn}: {name}={g!r} must be an xelink Communicator or None")
-    if cp_group is not None and cp_group.size > 1:
-        raise ValueError(f"{fn}: cp_group of size {cp_group.size}: context parallelism is not wired into the model "
-                         f"yet (xelink.cp_attention is not in this tree); pass cp_group=None or a group of one rank")
-    return (1, 0) if tp_group is None else (tp_group.size, tp_group.rank)
+    tp = (1, 0) if tp_group is None else (tp_group.size, tp_group.rank)
+    cp = (1, 0) if cp_group is None else (cp_group.size, cp_group.rank)
+    tp_seen = tp_group.allgather_object(cp) if tp[0] > 1 else [cp]
+    cp_seen = cp_group.allgather_object(tp) if cp[0] > 1 else [tp]
+    grid = "the TP and CP groups must tile the ranks as a grid: TP groups of consecutive ranks, CP groups strided " \
+           "by the TP size (e.g. TP {0,1},{2,3} x CP {0,2},{1,3})"
+    if any(s != cp for s in tp_seen):
+        raise ValueError(f"{fn}: the ranks of tp_group hold different CP (size, rank) {tp_seen}; {grid}")
+    if any(s != tp for s in cp_seen):
+        raise ValueError(f"{fn}: the ranks of cp_group hold different TP (size, rank) {cp_seen}; {grid}")
+    if tp[0] > 1 and cp[0] > 1 and len(set(tp_group.world_ranks) & set(cp_group.world_ranks)) != 1:
+        raise ValueError(f"{fn}: tp_group (ranks {tp_group.world_ranks}) and cp_group (ranks "
+                         f"{cp_group.world_ranks}) share more than this rank; {grid}")
+    return tp
+
+
+class ContextParallel:
+    """A CP group's plan: the positions of the prompt this rank computes, the gather of the final hidden
+    states, the owner of a decode token's KV and the merge of the partial decode attentions.
+
+    Layout ``"zigzag"`` (``cp_shard``): rank r holds blocks r and 2n-1-r of 2n, so every rank has the same
+    causal work in the prefill. Which positions a rank caches does not matter to decode (every cached key is
+    in the past of the new token, and attention over a set of keys does not depend on their order), so the
+    layout is chosen for the prefill alone.
+    """
+
+    LAYOUT = "zigzag"
+
+    def __init__(self, group: Communicator):
+        self.group, self.size, self.rank = group, group.size, group.rank
+        self.seq_len = 0  # the prompt being computed (set by the model before its layers); 0: a decode token
+
+    def positions(self, seq_len: int) -> torch.Tensor:
+        """This rank's positions of a prompt of ``seq_len`` tokens (a CPU LongTensor, local order)."""
+        return cp_positions(seq_len, group=self.group, layout=self.LAYOUT)
+
+    def unshard(self, x: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """``(B, S_local, H)`` of every rank -> ``(B, seq_len, H)`` on every rank."""
+        return cp_unshard(x.contiguous(), seq_len=seq_len, group=self.group, layout=self.LAYOUT, dim=1)
+
+    def owner(self, pos: int) -> int:
+        """The rank caching the KV of decode position ``pos`` (round-robin)."""
+        return pos % self.size
+
+    def agree(self, tokens: torch.Tensor) -> torch.Tensor:
+        """CP rank 0's ``tokens`` on every rank of the group (after ``TensorParallel.agree``)."""
+        broadcast(tokens, 0, group=self.group)
+        return tokens
+
+    def merge(self, out: torch.Tensor, lse: torch.Tensor, impl: str) -> torch.Tensor:
+        """Every rank's partial ``out (B, H, S, D)`` with its float32 ``lse (B, H, S)`` -> the attention over
+        all of their keys (in ``out``'s dtype), on every rank: one ``all_gather_into_tensor`` of the partials
+        packed with their LSE in float32, then ``merge_attention``. A rank without keys sends LSE -inf."""
+        B, H, S, D = out.shape
+        packed = torch.cat([out.float(), lse[..., None]], dim=-1).contiguous()
+        stage = packed.new_empty((self.size,) + tuple(packed.shape))
+        all_gather_into_tensor(stage, packed, group=self.group)
+        merged, _ = merge_attention(stage[..., :D].contiguous(), stage[..., D].contiguous(), impl)
+        return merged.to(out.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
