@@ -1,11 +1,14 @@
-"""Tensor-parallel Llama on CPU ranks: TP = 1, 2, 4 (and two TP = 2 replicas at 4 ranks) give the same
-tokens and logits as one rank, ragged batches with attention masks included; seeded sampling draws the
-same tokens on every rank; KV heads replicated when TP > KV heads; the errors. The folder is written once
+"""Tensor- and context-parallel Llama on CPU ranks: TP = 1, 2, 4 (and two TP = 2 replicas at 4 ranks) give
+the same tokens and logits as one rank, ragged batches with attention masks included; CP = 2 (2 ranks), CP =
+4 and TP = 2 x CP = 2 (4 ranks) give transformers' logits and greedy tokens on a 7-token prompt (not a
+multiple of the 2 x CP zigzag blocks) and 6 decode steps (the round-robin KV placement wraps); seeded
+sampling draws the same tokens on every rank; KV heads replicated when TP > KV heads; the errors. The folder is written once
 per launch by rank 0 (transformers' save_pretrained) and its path shared."""
 import tempfile
 
 import pytest
 import torch
+from ranks import only
 
 WORLD_SIZES = (1, 2, 4)
 TOL = 1e-4
@@ -26,7 +29,8 @@ def _folder(world, name="llama3.1"):
             save(name, path, shard=True)
         hf = hf_model(name)
         ids, mask = _prompts()
-        want = (hf_logits(hf, ids, mask), hf_greedy(hf, ids, 5, mask))
+        # The padded batch, and the same rows unpadded (every token real: CP takes no padding).
+        want = (hf_logits(hf, ids, mask), hf_greedy(hf, ids, 5, mask), hf_logits(hf, ids), hf_greedy(hf, ids, 6))
         _state[name] = (world.allgather_object(path)[0],) + want
     return _state[name]
 
@@ -48,7 +52,7 @@ def _prompts():
 def check_tp_matches_one_rank_and_transformers(world):
     from xelink.models import Llama
 
-    path, want, want_tokens = _folder(world)
+    path, want, want_tokens = _folder(world)[:3]
     ids, mask = _prompts()
     # TP = the world size (1, 2, 4 over the launches), and at 4 ranks two TP = 2 replicas as well.
     for size in sorted({world.size, 2} if world.size == 4 else {world.size}):
@@ -66,6 +70,41 @@ def check_tp_matches_one_rank_and_transformers(world):
         seen = tp.allgather_object((got.numpy().tobytes(), tokens.tolist()))
         assert all(s == seen[0] for s in seen), f"TP={size}: ranks disagree"
         tp.free()
+
+
+@only(sizes=(2, 4))
+def check_cp_and_tp_x_cp_match_transformers(world):
+    """CP over the world, and at 4 ranks TP = 2 x CP = 2 (TP {0,1},{2,3}, CP {0,2},{1,3}), as ``xelink
+    generate --cp`` builds the groups."""
+    from xelink.models import Llama
+
+    path, _, _, want, want_tokens = _folder(world)
+    ids, _ = _prompts()
+    for tp_size in (1, 2) if world.size == 4 else (1,):
+        cp_size = world.size // tp_size
+        tp = _tp(world, tp_size)
+        cp = world.split(world.rank % tp_size)
+        model = Llama.from_pretrained(path, tp_group=tp, cp_group=cp, dtype=torch.float32, max_batch=3,
+                                      max_seq_len=16)
+        got = model(ids, 0)
+        err = (got - want).abs().max().item()
+        assert err < TOL, f"TP={tp_size} x CP={cp_size}: logits differ from transformers by {err}"
+        tokens = model.generate(ids, 6, eos_token_id=[])
+        assert torch.equal(tokens, want_tokens), f"TP={tp_size} x CP={cp_size}: {tokens} != {want_tokens}"
+        # Each rank cached its shard of the 7 prompt positions and its round-robin share of the 5 decoded ones.
+        cache = model.caches[0]
+        assert cache.total == 12
+        assert cache.len == len(model.cp.positions(7)) + sum(p % cp_size == cp.rank for p in range(7, 12))
+        seen = world.allgather_object((got.numpy().tobytes(), tokens.tolist()))
+        assert all(s == seen[0] for s in seen), f"TP={tp_size} x CP={cp_size}: ranks disagree"
+        with pytest.raises(ValueError, match="padding is not supported under context parallelism"):
+            model(ids, 0, _prompts()[1])
+        with pytest.raises(ValueError, match="prompt of several tokens is computed in one call at start_pos 0"):
+            model(ids[:, :2], 12)
+        with pytest.raises(ValueError, match="a token goes at the cached length 12"):
+            model(ids[:, :1], 5)
+        tp.free()
+        cp.free()
 
 
 def check_seeded_sampling_same_tokens_on_every_rank(world):
@@ -91,11 +130,22 @@ def check_errors(world):
         with pytest.raises(TypeError, match="tp_group=.* must be an xelink Communicator"):
             Llama.from_pretrained(path, tp_group="world")
         return
-    with pytest.raises(ValueError, match="context parallelism is not wired into the model yet"):
-        Llama.from_pretrained(path, cp_group=world)
-    one = world.split(world.rank)  # a CP group of one rank works
-    Llama.from_pretrained(path, cp_group=one, dtype=torch.float32, max_seq_len=8)
+    # TP and CP over the same ranks do not tile them.
+    with pytest.raises(ValueError, match="the TP and CP groups must tile the ranks as a grid"):
+        Llama.from_pretrained(path, tp_group=world, cp_group=world)
+    one = world.split(world.rank)  # a CP group of one rank is no CP
+    assert Llama.from_pretrained(path, tp_group=world, cp_group=one, dtype=torch.float32, max_seq_len=8).cp is None
     if world.size == 4:
+        # TP {0,1},{2,3} with CP {0,3},{1,2}: a CP group whose ranks hold different TP slices.
+        tp, cp = _tp(world, 2), world.split(0 if world.rank in (0, 3) else 1)
+        with pytest.raises(ValueError, match=r"the ranks of cp_group hold different TP \(size, rank\)"):
+            Llama.from_pretrained(path, tp_group=tp, cp_group=cp)
+        # TP {0,1},{2,3} with CP {0,2},{3,1}: CP ranks out of step with the TP groups.
+        cp2 = world.split(world.rank % 2, key=[0, 1, 1, 0][world.rank])
+        with pytest.raises(ValueError, match=r"the ranks of tp_group hold different CP \(size, rank\)"):
+            Llama.from_pretrained(path, tp_group=tp, cp_group=cp2)
+        for g in (tp, cp, cp2):
+            g.free()
         three = world.split(0 if world.rank < 3 else 1)
         if world.rank < 3:
             with pytest.raises(ValueError, match="num_attention_heads=4 is not divisible by the TP size 3"):
