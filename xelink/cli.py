@@ -257,9 +257,10 @@ def _cmd_generate(args) -> int:
     out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     new = out[0, len(ids):].tolist()
     t = model.last_timings
+    cp_note = f", CP {args.cp}" if args.cp > 1 else ""
     if world.rank == 0:
         print(f"model {args.model}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-              f"{world.size} rank(s), TP {tp}{f", CP {args.cp}" if args.cp > 1 else ""}, weights {args.weights}, {args.dtype}, device {model.device}, "
+              f"{world.size} rank(s), TP {tp}{cp_note}, weights {args.weights}, {args.dtype}, device {model.device}, "
               f"loaded in {load_s:.2f} s")
         print(f"prompt ({len(ids)} tokens): {ids}")
         print(f"new tokens ({len(new)}): {new}")
