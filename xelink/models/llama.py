@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..dist.cp_attention import cp_attention
+from .. import cp_attention
 from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
                        reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, rmsnorm, rope,
                        unpack_w4a16, unpack_w8a16)

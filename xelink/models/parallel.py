@@ -24,7 +24,7 @@ import torch
 
 from ..collectives import all_gather_into_tensor, all_reduce, broadcast
 from ..comm import Communicator
-from ..dist.cp_attention import cp_positions, cp_unshard
+from .. import cp_positions, cp_unshard
 from ..kernels import merge_attention, pack_w4a16, pack_w8a16
 from .checkpoint import Checkpoint, LlamaConfig
 
