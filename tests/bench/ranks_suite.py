@@ -7,7 +7,7 @@ from pathlib import Path
 from xelink import cost
 from xelink import topology as T
 from xelink.bench import probe, suite
-from xelink.bench.families import attention, collectives, decode, dist_gemm, gemm, gemv, links, norm
+from xelink.bench.families import attention, collectives, cp_attention, decode, dist_gemm, gemm, gemv, links, norm
 from xelink.models import DecodeLayerConfig
 
 WORLD_SIZES = (2,)
@@ -46,7 +46,8 @@ def check_all_quick_runs_every_family_into_one_folder(world):
     out = _shared_dir(world)
     # The quick suite at tiny sizes: the same code paths in a few seconds.
     saved = (dict(probe.QUICK), collectives.QUICK_SIZES, dict(collectives.QUICK), gemm.QUICK_SHAPES, gemv.QUICK_SHAPES,
-             norm.QUICK_SHAPES, attention.QUICK_SHAPES, decode.QUICK_CPU_CONFIG, dist_gemm.QUICK_SHAPES)
+             norm.QUICK_SHAPES, attention.QUICK_SHAPES, decode.QUICK_CPU_CONFIG, dist_gemm.QUICK_SHAPES,
+             cp_attention.QUICK_SHAPES)
     probe.QUICK.update(pingpong_sizes=(8, 4096), exchange_sizes=(4096, 16384), local_sizes=(4096, 16384),
                        iters=1, rounds=1)
     collectives.QUICK_SIZES = (1024, 8192)
@@ -55,6 +56,7 @@ def check_all_quick_runs_every_family_into_one_folder(world):
     attention.QUICK_SHAPES = (("mha", 1, 2, 2, 32, 64, False), ("decode", 1, 4, 2, 64, 64, False))
     decode.QUICK_CPU_CONFIG = DecodeLayerConfig(hidden=128, heads=2, kv_heads=1, ffn=128, context=16)
     dist_gemm.QUICK_SHAPES = ((32, 16, 16),)
+    cp_attention.QUICK_SHAPES = ((32, 2, 16),)
     try:
         with stand_in.ops():
             status = suite.main_all(["--quick", "--out", str(out), "--csv", "--tune", str(out / "t.tuning.json")])
@@ -64,14 +66,15 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         collectives.QUICK_SIZES = saved[1]
         collectives.QUICK.update(saved[2])
         gemm.QUICK_SHAPES, gemv.QUICK_SHAPES, norm.QUICK_SHAPES, attention.QUICK_SHAPES = saved[3:7]
-        decode.QUICK_CPU_CONFIG, dist_gemm.QUICK_SHAPES = saved[7:9]
+        decode.QUICK_CPU_CONFIG, dist_gemm.QUICK_SHAPES, cp_attention.QUICK_SHAPES = saved[7:10]
     assert status == 0
     if world.rank == 0:
         names = {p.name for p in out.iterdir()}
-        for family in ("links", "collectives", "dist-gemm", "gemm", "gemv", "norm", "attention", "decode"):
+        for family in ("links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode"):
             assert {f"{family}.jsonl", f"{family}.txt", f"{family}.csv"} <= names, (family, sorted(names))
         assert {"links-matrix.png", "collectives-all_to_all-float32.png", "gemm-gemm.png",
-                "attention-decode_attention.png", "norm-rope.png", "dist-gemm-matmul_reduce_scatter.png", "decode-decode-layer.png", "calibration.toml",
+                "attention-decode_attention.png", "norm-rope.png", "dist-gemm-matmul_reduce_scatter.png", "cp-attention-cp_attention_causal.png",
+                "decode-decode-layer.png", "calibration.toml",
                 "topology.toml", "summary.txt", "t.tuning.json"} <= names
         rows = [json.loads(line) for line in (out / "collectives.jsonl").read_text().splitlines()]
         assert {r["op"] for r in rows} == set(collectives.OPS) and all(r["wrong"] == 0 for r in rows)
@@ -81,4 +84,4 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         assert rows[0]["manifest"]["extra"]["family"] == "collectives"
         summary = (out / "summary.txt").read_text()
         assert "gpu-collectives  skipped: needs one CUDA GPU per rank" in summary
-        assert summary.count(" ok (") == 8
+        assert summary.count(" ok (") == 9

@@ -75,11 +75,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("dist-gemm", "families.dist_gemm", "distributed GEMM (all_gather_matmul, matmul_reduce_scatter), every "
                                               "algorithm vs the GEMM alone, collective then matmul, torch's fused ops",
            plot="kernels"),
+    Family("cp-attention", "families.cp_attention", "context-parallel attention (ring, all_gather) vs one device's "
+                                                    "flash attention, a blocking ring, all-gather then SDPA",
+           plot="kernels"),
     Family("gpu-collectives", "families.gpu_collectives", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
 )}
 # ``all`` runs links first: its calibration prices the collectives.
-ALL_ORDER = ("links", "collectives", "dist-gemm", "gemm", "gemv", "norm", "attention", "decode", "gpu-collectives")
+ALL_ORDER = ("links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode",
+             "gpu-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
 # compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
 SOLO_WAIT_S = 3 * 3600.0
