@@ -142,9 +142,9 @@ def test_zigzag_causal_takes_half_the_kv_or_half_the_queries():
 
     r = 1
     q = torch.zeros(1, 1, schedule.cp_lengths(S, n, "zigzag")[r], 8)
-    mine = cp_engine.local_pieces(schedule.cp_pieces(S, n, "zigzag", r))
+    mine = schedule.local_pieces(schedule.cp_pieces(S, n, "zigzag", r))
     for src in range(n):
-        theirs = cp_engine.local_pieces(schedule.cp_pieces(S, n, "zigzag", src))
+        theirs = schedule.local_pieces(schedule.cp_pieces(S, n, "zigzag", src))
         length = sum(x for _, x, _ in theirs)
         kv = torch.zeros(1, 1, length, 8)
         calls.clear()

@@ -13,7 +13,7 @@ import torch
 from ..comm import Communicator, resolve_group
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op_dtype",
-           "check_rank", "group_of", "fingerprint_check", "backend_of"]
+           "check_rank", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 REDUCE_DTYPES = DTYPES
@@ -65,7 +65,7 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
     elif not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
     if x.is_cuda:
-        if x.device != _cuda_device(comm):
+        if x.device != device_of(comm):
             raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
         if not x.is_contiguous():
             raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
@@ -82,13 +82,23 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
     return x
 
 
-def _cuda_device(comm: Communicator) -> torch.device:
+def device_of(comm: Communicator) -> torch.device:
+    """The device this rank of ``comm`` drives, with its index (the current CUDA device where none is set)."""
     dev = comm.device  # a torch.device with its index from xelink.init: no conversion on the hot path
     if not isinstance(dev, torch.device):
         dev = torch.device(dev)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def check_rank_device(fn: str, name: str, x: torch.Tensor, comm: Communicator) -> None:
+    """A composed op's tensor ``x`` is a CPU tensor or on the CUDA device this rank of ``comm`` drives."""
+    if x.device.type == "cuda":
+        if x.device != device_of(comm):
+            raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
+    elif x.device.type != "cpu":
+        raise ValueError(f"{fn}: {name} is on {x.device}; CPU and CUDA tensors are supported")
 
 
 def pair(fn: str, output, input, comm: Communicator, *, reduce: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,11 +58,11 @@ import math
 import torch
 
 from ..collectives import all_gather_into_tensor
-from ..collectives.checks import fingerprint_check, group_of
+from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
 from ..kernels import flash_attention
 from . import schedule
-from .cp_engine import all_gather_attention, local_pieces
+from .cp_engine import all_gather_attention
 
 __all__ = ["CP_ALGOS", "CP_LAYOUTS", "AUTO_GATHER_BYTES", "cp_attention", "cp_shard", "cp_unshard", "cp_positions",
            "auto_algo"]
@@ -95,13 +95,6 @@ def _int(fn: str, name: str, value, minimum: int = 0) -> int:
     return value
 
 
-def _device_of(comm) -> torch.device:
-    dev = comm.device if isinstance(comm.device, torch.device) else torch.device(comm.device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
 def _tensor(fn: str, name: str, x, comm) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
@@ -109,11 +102,7 @@ def _tensor(fn: str, name: str, x, comm) -> torch.Tensor:
         raise ValueError(f"{fn}: {name} must be 4-D (batch, heads, seq_local, head_dim), got shape {tuple(x.shape)}")
     if x.dtype not in _FLOATS:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or bfloat16")
-    if x.device.type == "cuda":
-        if x.device != _device_of(comm):
-            raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
-    elif x.device.type != "cpu":
-        raise ValueError(f"{fn}: {name} is on {x.device}; CPU and CUDA tensors are supported")
+    check_rank_device(fn, name, x, comm)
     if x.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{fn}: {name} requires grad, but cp_attention is forward only (no backward yet); call it "
                          f"under torch.no_grad() or pass {name}.detach()")
@@ -371,7 +360,7 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
     all_gather_into_tensor(stage, send, group=comm)
     full = moved.new_empty((seq_len,) + tuple(moved.shape[1:]))
     for x in range(n):
-        for start, length, off in local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+        for start, length, off in schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
             full[start:start + length].copy_(stage[x, off:off + length])
     return full.movedim(0, d).contiguous()
 

@@ -37,10 +37,9 @@ import torch
 
 from .. import symm
 from ..collectives import all_gather_into_tensor
-from ..errors import XelinkError
 from . import schedule
-from .cp_engine import Accumulator, attend, local_pieces
-from .device import side_stream
+from .cp_engine import Accumulator, attend
+from .device import side_stream, stage_buffer
 
 __all__ = ["CP_READY", "CP_FREE", "unmet", "start_gather", "ring_attention"]
 
@@ -53,18 +52,6 @@ def unmet(comm, algo: str) -> str | None:
         return (f"algo='ring' on CUDA tensors needs peer memory between the ranks (one host, at most "
                 f"{symm.MAX_WORLD} ranks); use 'all_gather'")
     return None
-
-
-def _stage(comm, numel: int, dtype) -> torch.Tensor:
-    key = ("xelink.dist", "cp_ring", numel, str(dtype))
-    found = comm.resource(key)
-    if found is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise XelinkError(f"cp_attention ring buffer of 2 x {numel} ({dtype}) on {comm.name}: the first call of "
-                              f"a shape allocates symmetric memory, which a CUDA graph capture cannot; run it once "
-                              f"before capturing")
-        found = comm.attach(key, symm.empty((2, numel), dtype=dtype, group=comm))
-    return found
 
 
 class _Joined:
@@ -96,7 +83,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
     owners = [order[(pos - s) % n] for s in range(n)]  # the block at hand at step s
     two, B, Hkv, _, D = kv.shape
     per_pos = two * B * Hkv * D
-    stage = _stage(comm, per_pos * max(lengths), kv.dtype)
+    stage = stage_buffer(comm, "cp_ring", (2, per_pos * max(lengths)), kv.dtype)
 
     def slot(s: int, owner: int) -> torch.Tensor:
         return stage[s % 2, :per_pos * lengths[owner]]
@@ -104,7 +91,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
     def packed(t: torch.Tensor, owner: int) -> torch.Tensor:
         return t.view(two, B, Hkv, lengths[owner], D)
 
-    qpieces = local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
+    qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
     acc = Accumulator(q)
     main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     slot(0, r).copy_(kv.reshape(-1))
@@ -131,7 +118,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
             main.wait_event(landed[s])
             block = packed(slot(s, owners[s]), owners[s])
             k_at, v_at = block[0], block[1]
-        attend(acc, q, qpieces, local_pieces(schedule.cp_pieces(seq_len, n, layout, owners[s])), k_at, v_at,
+        attend(acc, q, qpieces, schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, owners[s])), k_at, v_at,
                causal, scale)
         computed[s] = torch.cuda.Event()
         computed[s].record(main)

@@ -9,7 +9,7 @@ import torch
 from ..kernels import flash_attention, merge_attention
 from . import schedule
 
-__all__ = ["Accumulator", "local_pieces", "attend", "needed", "gathered_runs", "all_gather_attention"]
+__all__ = ["Accumulator", "attend", "needed", "gathered_runs", "all_gather_attention"]
 
 
 class Accumulator:
@@ -37,41 +37,14 @@ class Accumulator:
         return self.out.to(dtype), self.lse
 
 
-def local_pieces(pieces) -> list[tuple[int, int, int]]:
-    """This rank's pieces as ``(global start, length, local offset)``."""
-    out, off = [], 0
-    for start, length in pieces:
-        out.append((start, length, off))
-        off += length
-    return out
-
-
 def attend(acc: Accumulator, q: torch.Tensor, qpieces, kpieces, k: torch.Tensor, v: torch.Tensor,
            causal: bool, scale) -> int:
-    """Add what this rank's queries (``qpieces``: ``local_pieces``) see of the keys ``k``, ``v`` (B, Hkv, L, D)
+    """Add what this rank's queries (``qpieces``: ``schedule.local_pieces``) see of the keys ``k``, ``v`` (B, Hkv, L, D)
     to ``acc``, the keys' positions given as ``kpieces`` (``(global start, length, offset in k)``); returns the
     number of kernel calls made.
 
-    Calls are coalesced where the kernel allows: query rows adjacent in the local order that see one key
-    range fully are one call, and so are key pieces adjacent in ``k`` that one row range sees fully (zigzag:
-    the second half of the queries against both blocks of a later rank)."""
-    calls = []  # [local rows lo, hi, local keys lo, hi, causal]
-    for ks, kl, koff in kpieces:
-        for qs, ql, off in qpieces:
-            for (a, b), (ka, kb), c in schedule.attend_parts((qs, qs + ql), (ks, ks + kl), causal):
-                call = [off + a - qs, off + b - qs, koff + ka - ks, koff + kb - ks, c]
-                last = calls[-1] if calls else None
-                if last and not c and not last[4] and last[1] == call[0] and last[2:4] == call[2:4]:
-                    last[1] = call[1]
-                else:
-                    calls.append(call)
-    merged = []
-    for call in calls:
-        last = merged[-1] if merged else None
-        if last and not call[4] and not last[4] and last[:2] == call[:2] and last[3] == call[2]:
-            last[3] = call[3]
-        else:
-            merged.append(call)
+    The calls are ``schedule.attend_calls`` (split by ``attend_parts``, coalesced where the kernel allows)."""
+    merged = schedule.attend_calls(qpieces, kpieces, causal)
     for lo, hi, ka, kb, c in merged:
         o, lse = flash_attention(q[:, :, lo:hi], k[:, :, ka:kb], v[:, :, ka:kb], causal=c, scale=scale,
                                  return_lse=True)
@@ -89,7 +62,7 @@ def gathered_runs(n: int, me: int, seq_len: int, layout: str) -> list[list[tuple
     ``(owner, offset in the owner's local sequence, length)``. Empty blocks are left out."""
     owned = {}
     for x in range(n):
-        for start, length, off in local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+        for start, length, off in schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
             owned[start, length] = (x, off)
     runs, run = [], []
     for start, length in schedule.cp_blocks(seq_len, n, layout):
@@ -120,12 +93,12 @@ def all_gather_attention(comm, q, kv, lengths, layout, causal, scale, start_gath
     stage = kv.new_empty((n, two, B, Hkv, lmax, D))
     work = start_gather(comm, stage, send)
     acc = Accumulator(q)
-    qpieces = local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
+    qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
     attend(acc, q, qpieces, qpieces, kv[0], kv[1], causal, scale)
     work.wait()
     starts = {}
     for x in range(n):
-        for start, length, off in local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+        for start, length, off in schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
             starts[x, off] = start
     for run in gathered_runs(n, r, seq_len, layout):
         x0, off0, _ = run[0]

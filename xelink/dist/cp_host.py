@@ -11,11 +11,9 @@ receive completes before the call returns.
 """
 from __future__ import annotations
 
-import torch
-
 from ..collectives import all_gather_into_tensor, irecv, isend
 from . import schedule
-from .cp_engine import Accumulator, attend, local_pieces
+from .cp_engine import Accumulator, attend
 from .host import private
 
 __all__ = ["unmet", "start_gather", "ring_attention"]
@@ -39,7 +37,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
     pos = order.index(r)
     left, right = order[(pos - 1) % n], order[(pos + 1) % n]
     p2p = private(comm)
-    qpieces = local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
+    qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
     acc = Accumulator(q)
     two, B, Hkv, _, D = kv.shape
     cur, owner = kv, r
@@ -55,7 +53,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
                 sends.append(isend(cur, right, group=p2p, tag=owner))
         if recv is not None:
             recv.is_completed()  # let MPI progress before the attention
-        attend(acc, q, qpieces, local_pieces(schedule.cp_pieces(seq_len, n, layout, owner)), cur[0], cur[1],
+        attend(acc, q, qpieces, schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, owner)), cur[0], cur[1],
                causal, scale)
         if s < n - 1:
             if recv is not None:

@@ -47,8 +47,8 @@ from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_ten
 from . import schedule
 from .host import gathered
 
-__all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "unmet", "all_gather_matmul",
-           "matmul_reduce_scatter", "matmul_all_reduce"]
+__all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "stage_buffer", "unmet",
+           "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
 
 READY, FREE, RS_READY, RS_FREE = 8, 9, 10, 11
 AR_CHUNKS = 4
@@ -76,7 +76,7 @@ def side_stream(comm, device) -> torch.cuda.Stream:
     return comm.resource(("xelink.dist", "side", str(device)), lambda: _Side(device)).stream
 
 
-def _stage(comm, kind: str, shape: tuple, dtype) -> torch.Tensor:
+def stage_buffer(comm, kind: str, shape: tuple, dtype) -> torch.Tensor:
     """The group's symmetric buffer for (kind, shape, dtype): made by the first call (collective), reused."""
     key = ("xelink.dist", kind, shape, str(dtype))
     found = comm.resource(key)
@@ -140,7 +140,7 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
         for w, c in zip(weights, cs):
             _mm_into(a_full, w, c)
         return (a_full if return_gathered else None), cs
-    stage = _stage(comm, "gather", (n,) + shard, a.dtype)
+    stage = stage_buffer(comm, "gather", (n,) + shard, a.dtype)
     main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.direct_plan(n)
     fwd = _fwd(reads, r)
@@ -200,7 +200,7 @@ def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
         res = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
         reduce_scatter_tensor(res, blocks, op=op, group=comm)
         return res if out is None or res is out else out.copy_(res)
-    inbox = _stage(comm, "reduce", (n,) + shape, a.dtype)
+    inbox = stage_buffer(comm, "reduce", (n,) + shape, a.dtype)
     main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     parts = torch.empty((n,) + shape, dtype=a.dtype, device=dev)
     side.wait_stream(main)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from ..collectives.checks import fingerprint_check, group_of, parse_op
+from ..collectives.checks import check_rank_device, fingerprint_check, group_of, parse_op
 from . import compiled
 
 __all__ = ["DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "auto_algo"]
@@ -57,13 +57,6 @@ def _algo(fn: str, algo) -> str:
     return algo
 
 
-def _device_of(comm) -> torch.device:
-    dev = comm.device if isinstance(comm.device, torch.device) else torch.device(comm.device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
 def _tensor(fn: str, name: str, x, comm, dims: tuple[int, ...]) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
@@ -73,11 +66,7 @@ def _tensor(fn: str, name: str, x, comm, dims: tuple[int, ...]) -> torch.Tensor:
     if x.dtype not in _FLOATS:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or "
                         f"bfloat16")
-    if x.device.type == "cuda":
-        if x.device != _device_of(comm):
-            raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
-    elif x.device.type != "cpu":
-        raise ValueError(f"{fn}: {name} is on {x.device}; CPU and CUDA tensors are supported")
+    check_rank_device(fn, name, x, comm)
     return x
 
 

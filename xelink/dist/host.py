@@ -111,7 +111,7 @@ def _work_dtype(dtype):
 
 
 def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
-    n, r = comm.size, comm.rank
+    n = comm.size
     blk = a.shape[dim] // n
     shape = list(a.shape[:-1]) + [w.shape[1]]
     shape[dim] = blk

@@ -19,7 +19,8 @@ into what the end-aligned causal kernels can compute.
 from __future__ import annotations
 
 __all__ = ["ring_plan", "direct_plan", "topo_plan", "serves", "cross_target", "aggregator", "package_index",
-           "check_plan", "CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "attend_parts"]
+           "check_plan", "CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "attend_parts",
+           "local_pieces", "attend_calls"]
 
 CP_LAYOUTS = ("contiguous", "zigzag")
 
@@ -172,3 +173,38 @@ def attend_parts(q_range: tuple[int, int], k_range: tuple[int, int], causal: boo
     if ke < qe:
         parts.append(((ke, qe), (ks, ke), False))
     return parts
+
+
+def local_pieces(pieces) -> list[tuple[int, int, int]]:
+    """A rank's pieces (``cp_pieces``) as ``(global start, length, local offset)``."""
+    out, off = [], 0
+    for start, length in pieces:
+        out.append((start, length, off))
+        off += length
+    return out
+
+
+def attend_calls(qpieces, kpieces, causal: bool) -> list[list]:
+    """The kernel calls ``[local rows lo, hi, local keys lo, hi, causal]`` of a rank's queries (``qpieces``:
+    ``local_pieces``) against keys whose positions are ``kpieces`` (``(global start, length, offset in the
+    keys)``), each pair split by ``attend_parts`` and coalesced where the kernel allows: query rows adjacent in
+    the local order that see one key range fully are one call, and so are key pieces adjacent in the keys that
+    one row range sees fully (zigzag: the second half of the queries against both blocks of a later rank)."""
+    calls = []
+    for ks, kl, koff in kpieces:
+        for qs, ql, off in qpieces:
+            for (a, b), (ka, kb), c in attend_parts((qs, qs + ql), (ks, ks + kl), causal):
+                call = [off + a - qs, off + b - qs, koff + ka - ks, koff + kb - ks, c]
+                last = calls[-1] if calls else None
+                if last and not c and not last[4] and last[1] == call[0] and last[2:4] == call[2:4]:
+                    last[1] = call[1]
+                else:
+                    calls.append(call)
+    merged = []
+    for call in calls:
+        last = merged[-1] if merged else None
+        if last and not call[4] and not last[4] and last[:2] == call[:2] and last[3] == call[2]:
+            last[3] = call[3]
+        else:
+            merged.append(call)
+    return merged
