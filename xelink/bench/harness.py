@@ -46,8 +46,11 @@ __all__ = [
     "format_table",
     "make_row",
     "manifest",
+    "on_cuda",
+    "one_gpu_per_rank",
     "pred_over_meas",
     "rank_max",
+    "rank_sums",
     "read_jsonl",
     "summarize",
     "time_cuda_events",
@@ -328,6 +331,24 @@ def rank_max(comm) -> Callable[[float], float]:
     Collective: every rank of ``comm`` must call the returned function the same number of times.
     """
     return lambda value: max(comm.allgather_object(float(value)))
+
+
+def rank_sums(comm, counts: Mapping[str, int]) -> dict:
+    """``counts`` (name -> int, e.g. wrong elements) summed over the ranks of ``comm``, by name.
+
+    Collective: every rank of ``comm`` must call this with the same names in the same order.
+    """
+    return dict(zip(counts, map(sum, zip(*comm.allgather_object(list(counts.values()))))))
+
+
+def on_cuda(comm) -> bool:
+    """The ranks of ``comm`` run on CUDA devices."""
+    return getattr(comm.device, "type", "cpu") == "cuda"
+
+
+def one_gpu_per_rank(comm) -> bool:
+    """Every rank of ``comm`` has a GPU of its own (NCCL and torch's symmetric memory need it)."""
+    return on_cuda(comm) and len(set(map(str, comm.device_idents))) == comm.size
 
 
 def summarize(samples: Iterable[float]) -> dict:

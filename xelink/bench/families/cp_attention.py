@@ -11,8 +11,8 @@ H heads, total length N, head dim D; MHA; q, k, v drawn in full on every rank, e
 - ``single:flash_attention``: one ``xelink.kernels.flash_attention`` call over the whole sequence on rank 0
   alone (the others idle; CPU: the reference path), the baseline of every row (``ratio`` = its time /
   time); on CUDA also ``single:sdpa_cudnn`` (SDPA's cuDNN backend, same work) beside it;
-- ``blocking:ring``: a ring built in this module from the same local kernel (``flash_attention`` with the
-  LSE, ``merge_attention``, the causal split of ``xelink.dist.schedule.attend_parts``), then a blocking
+- ``blocking:ring``: a ring built in this module from the op's own local attention (``dist.cp_engine.attend``:
+  the same ``flash_attention`` calls, merged by LSE with ``merge_attention``), then a blocking
   exchange of the KV block (``xelink.batch_isend_irecv``, both waited) before the next step: nothing
   overlaps, so ``extra["vs_blocking_ring"]`` of ``xelink:ring`` (blocking time / ring time) is the
   overlap alone;
@@ -34,7 +34,7 @@ import functools
 
 import torch
 
-from ..harness import co_measure, make_row, rank_max, summarize, time_cuda_events
+from ..harness import co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, summarize, time_cuda_events
 from ..kernel_timing import add_timing_arguments, timing
 
 __all__ = ["ALGOS", "BLOCKING", "GPU_SHAPES", "QUICK_GPU_SHAPES", "QUICK_SHAPES", "SHAPES", "SINGLE", "add_arguments",
@@ -55,14 +55,6 @@ TARGETS = (("cp_attention", "xelink:all_gather", "vs_gather_sdpa", 1.0, False),
            ("cp_attention:causal", "xelink:ring", "ratio", 1.85, True))
 
 
-def _cuda(world) -> bool:
-    return getattr(world.device, "type", "cpu") == "cuda"
-
-
-def _one_gpu_per_rank(world) -> bool:
-    return _cuda(world) and len(set(map(str, world.device_idents))) == world.size
-
-
 def wrong_count(out: torch.Tensor, ref: torch.Tensor, rel: float) -> int:
     """Elements of ``out`` farther from ``ref`` than ``rel`` of the value plus ``rel`` of ref's RMS (NaN: wrong)."""
     ref = ref.double() if ref.device.type == "cpu" else ref.float()
@@ -72,71 +64,25 @@ def wrong_count(out: torch.Tensor, ref: torch.Tensor, rel: float) -> int:
 
 # -- the blocking ring ----------------------------------------------------------------------------
 
-def _local(pieces):
-    out, off = [], 0
-    for start, length in pieces:
-        out.append((start, length, off))
-        off += length
-    return out
-
-
-def _calls(qpieces, kpieces, causal):
-    """Kernel calls (local rows lo, hi, local keys lo, hi, causal) of this rank's queries against one key block,
-    coalesced as the op's engine does (adjacent rows that see one key range fully; adjacent key pieces that one
-    row range sees fully), so the blocking ring makes the same kernel calls as the ring."""
-    from ...dist.schedule import attend_parts
-
-    calls = []
-    for ks, kl, koff in kpieces:
-        for qs, ql, off in qpieces:
-            for (a, b), (ka, kb), c in attend_parts((qs, qs + ql), (ks, ks + kl), causal):
-                call = [off + a - qs, off + b - qs, koff + ka - ks, koff + kb - ks, c]
-                last = calls[-1] if calls else None
-                if last and not c and not last[4] and last[1] == call[0] and last[2:4] == call[2:4]:
-                    last[1] = call[1]
-                else:
-                    calls.append(call)
-    merged = []
-    for call in calls:
-        last = merged[-1] if merged else None
-        if last and not call[4] and not last[4] and last[:2] == call[:2] and last[3] == call[2]:
-            last[3] = call[3]
-        else:
-            merged.append(call)
-    return merged
-
-
 def blocking_ring(world, q, kv, seq_len, layout, causal, scale=None):
     """The blocking baseline: this rank's attention output (q's dtype) over the whole sequence, the packed
     KV blocks (``kv``: (2, B, H, S_local, D)) passed around the rank-ordered ring, each step attending to the
-    block at hand (``flash_attention`` with the LSE, merged into a float32 accumulator with
-    ``merge_attention``) and only then exchanging it (``batch_isend_irecv``, both transfers waited: on CUDA
+    block at hand with the op's own local attention (``dist.cp_engine.attend``: the same coalesced
+    ``flash_attention`` calls, merged by LSE into a float32 accumulator) and only then exchanging it (``batch_isend_irecv``, both transfers waited: on CUDA
     the next kernel is queued behind the transfer). Collective: every rank of ``world``."""
     import xelink
 
-    from ...dist.schedule import cp_lengths, cp_pieces
-    from ...kernels import flash_attention, merge_attention
+    from ...dist.cp_engine import Accumulator, attend
+    from ...dist.schedule import cp_lengths, cp_pieces, local_pieces
 
     n, r = world.size, world.rank
     lengths = cp_lengths(seq_len, n, layout)
-    qpieces = _local(cp_pieces(seq_len, n, layout, r))
-    B, H, S, D = q.shape
-    acc = torch.zeros((B, H, S, D), dtype=torch.float32, device=q.device)
-    acc_lse = torch.full((B, H, S), float("-inf"), dtype=torch.float32, device=q.device)
-    written = []
+    qpieces = local_pieces(cp_pieces(seq_len, n, layout, r))
+    B, _, _, D = q.shape
+    acc = Accumulator(q)
     cur, owner = kv, r
     for s in range(n):
-        for lo, hi, ka, kb, c in _calls(qpieces, _local(cp_pieces(seq_len, n, layout, owner)), causal):
-            o, lse = flash_attention(q[:, :, lo:hi], cur[0][:, :, ka:kb], cur[1][:, :, ka:kb], causal=c, scale=scale,
-                                     return_lse=True)
-            part, part_lse = acc[:, :, lo:hi], acc_lse[:, :, lo:hi]
-            if all(b <= lo or hi <= a for a, b in written):
-                part.copy_(o)
-                part_lse.copy_(lse)
-            else:
-                _, merged = merge_attention([part, o.float()], [part_lse, lse], out=part)
-                part_lse.copy_(merged)
-            written.append((lo, hi))
+        attend(acc, q, qpieces, local_pieces(cp_pieces(seq_len, n, layout, owner)), cur[0], cur[1], causal, scale)
         if s < n - 1:
             nxt_owner = (owner - 1) % n
             nxt = kv.new_empty((2, B, kv.shape[2], lengths[nxt_owner], D))
@@ -145,7 +91,7 @@ def blocking_ring(world, q, kv, seq_len, layout, causal, scale=None):
             for h in xelink.batch_isend_irecv(ops):
                 h.wait()
             cur, owner = nxt, nxt_owner
-    return acc.to(q.dtype)
+    return acc.result(q.dtype)[0]
 
 
 # -- the rows -------------------------------------------------------------------------------------
@@ -192,7 +138,7 @@ def _variants(world, cp, q, k, v, full, N, layout, causal, algos, cudnn_why):
 
     from .collectives import transport_baseline
 
-    n, lead, cuda = world.size, world.rank == 0, _cuda(world)
+    n, lead, cuda = world.size, world.rank == 0, on_cuda(world)
     out = {f"xelink:{a}": functools.partial(cp, q, k, v, causal=causal, layout=layout, algo=a, seq_len=N)
            for a in algos}
     qf, kf, vf = full
@@ -210,7 +156,7 @@ def _variants(world, cp, q, k, v, full, N, layout, causal, algos, cudnn_why):
     if causal:
         notes.append("causal: the all-gather + SDPA baseline left out (SDPA's is_causal cannot express the "
                      f"{layout} layout's positions without a dense mask)")
-    elif cuda and not _one_gpu_per_rank(world):
+    elif cuda and not one_gpu_per_rank(world):
         notes.append(f"the NCCL all-gather + cuDNN SDPA baseline left out: {n} ranks share a GPU, and NCCL needs "
                      f"one GPU per rank")
     elif N % (2 * n if layout == "zigzag" else n):
@@ -245,10 +191,6 @@ def _checked(variants, want, want_full, rel):
     return {name: keep(name, fn) for name, fn in variants.items()}, check, wrong
 
 
-def _summed(world, wrong: dict) -> dict:
-    return dict(zip(wrong, map(sum, zip(*world.allgather_object(list(wrong.values()))))))
-
-
 def _rows(world, op, samples, wrong, N, H, D, dtype, causal, layout):
     item = torch.tensor([], dtype=dtype).element_size()
     flops = 4.0 * H * N * N * D * (0.5 if causal else 1.0)
@@ -278,7 +220,7 @@ def run_shapes(world, shapes, *, algos=ALGOS, causals=(False, True), layout="zig
     cp = getattr(xelink, "cp_attention", None)  # looked up now: a test may wrap it
     if cp is None:
         return [], ["cp-attention: skipped: xelink.cp_attention does not exist in this tree (issue 24's op)"]
-    cuda = _cuda(world)
+    cuda = on_cuda(world)
     dev = torch.device(world.device) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     rel = TOL["cuda" if cuda else "cpu"]
@@ -299,7 +241,7 @@ def run_shapes(world, shapes, *, algos=ALGOS, causals=(False, True), layout="zig
             samples = co_measure(calls, warmup=2 if cuda else 1, iters=iters, rounds=rounds, barrier=world.barrier,
                                  reduce_max=rank_max(world), timing=timer, after_block=check)
             op = "cp_attention:causal" if causal else "cp_attention"
-            rows += _rows(world, op, samples, _summed(world, wrong), N, H, D, dtype, causal, layout)
+            rows += _rows(world, op, samples, rank_sums(world, wrong), N, H, D, dtype, causal, layout)
             del ref, want
             if progress is not None:
                 progress.step(f"{op} N={N} H={H} D={D}: {', '.join(variants)}")
@@ -308,7 +250,7 @@ def run_shapes(world, shapes, *, algos=ALGOS, causals=(False, True), layout="zig
 
 def _targets(world, rows) -> list[str]:
     """Issue 24's targets, each with its ratio, or why it waits."""
-    if not _cuda(world):
+    if not on_cuda(world):
         return ["targets (issue 24): CUDA only; these are CPU ranks (correctness and the code paths)"]
     longest = max((int(r.extra["shape"].split()[0][2:]) for r in rows), default=0)
     lines = []
@@ -316,7 +258,7 @@ def _targets(world, rows) -> list[str]:
         got = [r for r in rows if r.op == op and r.path == path
                and (not at_longest or int(r.extra["shape"].split()[0][2:]) == longest)]
         what = f"{op} {path} {key} >= {need}" + (" at the longest N" if at_longest else "")
-        if not _one_gpu_per_rank(world):
+        if not one_gpu_per_rank(world):
             lines.append(f"target {what}: waits for two GPUs ({world.size} ranks share a GPU here)")
             continue
         if not got or all(key not in r.extra and key != "ratio" for r in got):
@@ -356,7 +298,7 @@ def add_arguments(p) -> None:
 def run(ctx) -> list:
     """The family with the options of ``add_arguments``; rows on rank 0, [] elsewhere. Collective."""
     world, args = ctx.world, ctx.args
-    cuda = _cuda(world)
+    cuda = on_cuda(world)
     shapes = args.shapes or ((QUICK_GPU_SHAPES if ctx.quick else GPU_SHAPES) if cuda else
                              (QUICK_SHAPES if ctx.quick else SHAPES))
     dflt = (32, 128) if cuda else (4, 64)

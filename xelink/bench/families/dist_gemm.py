@@ -34,7 +34,8 @@ import functools
 
 import torch
 
-from ..harness import co_measure, make_row, pred_over_meas, rank_max, summarize, time_cuda_events
+from ..harness import (co_measure, make_row, on_cuda, one_gpu_per_rank, pred_over_meas, rank_max, rank_sums,
+                       summarize, time_cuda_events)
 from ..kernel_timing import add_timing_arguments, cuda_graph, host_rows, host_timing, timing, wrong_elements
 from .collectives import transport_baseline
 
@@ -49,14 +50,6 @@ GPU_SHAPES = ((8192, 8192, 8192), (16384, 8192, 4096), (2048, 4096, 4096))
 QUICK_GPU_SHAPES = ((2048, 4096, 4096),)
 GEMM = "torch:matmul"
 HOST_TARGET_US = 80.0  # issue 21: host time per eager call of pipelined / topo at 8192^3
-
-
-def _cuda(world) -> bool:
-    return getattr(world.device, "type", "cpu") == "cuda"
-
-
-def _one_gpu_per_rank(world) -> bool:
-    return _cuda(world) and len(set(map(str, world.device_idents))) == world.size
 
 
 def _inputs(op, n, M, N, K, dtype, dev):
@@ -92,7 +85,7 @@ def _variants(world, op, a, b, full, algos, fused_group):
     out[GEMM] = functools.partial(torch.matmul, full, b)
     notes = []
     n = world.size
-    if not _cuda(world) or _one_gpu_per_rank(world):
+    if not on_cuda(world) or one_gpu_per_rank(world):
         base = transport_baseline(world)
         if op == "all_gather_matmul":
             gathered = torch.empty(a.shape[0] * n, a.shape[1], dtype=a.dtype, device=a.device)
@@ -104,23 +97,23 @@ def _variants(world, op, a, b, full, algos, fused_group):
         unfused = "all-gather then matmul" if op == "all_gather_matmul" else "matmul then reduce-scatter"
         notes.append(f"{op}: the NCCL baseline ({unfused}) skipped: {n} ranks share a GPU, and NCCL needs one GPU "
                      f"per rank")
-    if _one_gpu_per_rank(world) and fused_group is not None:
+    if one_gpu_per_rank(world) and fused_group is not None:
         if op == "all_gather_matmul":
             out["torch-symm:fused_all_gather_matmul"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
                 a, [b], 0, fused_group)[1][0]
         else:
             out["torch-symm:fused_matmul_reduce_scatter"] = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(
                 a, b, "sum", 0, fused_group)
-    elif _cuda(world):
+    elif on_cuda(world):
         notes.append(f"{op}: torch's fused op skipped: "
-                     + ("symmetric memory unavailable" if _one_gpu_per_rank(world) else
+                     + ("symmetric memory unavailable" if one_gpu_per_rank(world) else
                         f"{n} ranks share a GPU, and torch's symmetric memory needs one GPU per rank"))
     return out, notes
 
 
 def _fused_group(world, notes):
     """The group name torch's fused ops take, with symmetric memory enabled; None where they cannot run."""
-    if not _one_gpu_per_rank(world):
+    if not one_gpu_per_rank(world):
         return None
     try:
         import torch.distributed._symmetric_memory as symm_mem
@@ -198,10 +191,6 @@ def _checked(world, variants, want, cuda):
     return {n: keep(n, f) for n, f in variants.items()}, check, wrong
 
 
-def _summed(world, wrong: dict) -> dict:
-    return dict(zip(wrong, map(sum, zip(*world.allgather_object(list(wrong.values()))))))
-
-
 def run_shapes(world, shapes, *, ops=OPS, algos=ALGOS, iters=3, rounds=2, graph_calls=0, host_calls=0,
                progress=None) -> tuple[list, list]:
     """Time every op x algorithm at every shape next to the GEMM alone and the baselines: (rows, notes),
@@ -215,7 +204,7 @@ def run_shapes(world, shapes, *, ops=OPS, algos=ALGOS, iters=3, rounds=2, graph_
     missing = [op for op in ops if not hasattr(xelink, op)]
     if missing:
         return [], [f"dist-gemm: skipped: xelink.{missing[0]} does not exist in this tree (issue 21's ops)"]
-    cuda = _cuda(world)
+    cuda = on_cuda(world)
     dev = torch.device(world.device) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     n = world.size
@@ -237,7 +226,7 @@ def run_shapes(world, shapes, *, ops=OPS, algos=ALGOS, iters=3, rounds=2, graph_
                                  reduce_max=rank_max(world), timing=timer,
                                  after_block=lambda name: (check(name) if name != GEMM else None))
             wrong[GEMM] = 0  # torch's own GEMM, the reference of the speed, not of the values
-            rows += _rows(world, op, "eager", samples, _summed(world, wrong), M, N, K, dtype, model)
+            rows += _rows(world, op, "eager", samples, rank_sums(world, wrong), M, N, K, dtype, model)
             if cuda and graph_calls:
                 rows += _graph_rows(world, op, variants, want, M, N, K, dtype, model, graph_calls, rounds)
             if cuda and host_calls and (M, N, K) == (max(n, largest[0] // n * n), *largest[1:]):
@@ -263,7 +252,7 @@ def _graph_rows(world, op, variants, want, M, N, K, dtype, model, calls, rounds)
 
     samples = co_measure(graphed, warmup=1, iters=1, rounds=rounds, barrier=world.barrier, reduce_max=rank_max(world),
                          timing=functools.partial(time_cuda_events, warmup=0), after_block=check)
-    return _rows(world, op, "graph", samples, _summed(world, wrong), M, N, K, dtype, model, per=calls)
+    return _rows(world, op, "graph", samples, rank_sums(world, wrong), M, N, K, dtype, model, per=calls)
 
 
 def _host(world, op, variants, want, M, N, K, dtype, calls, rounds):
@@ -273,7 +262,7 @@ def _host(world, op, variants, want, M, N, K, dtype, calls, rounds):
     samples, wrong = host_timing(picked, checks, calls=calls, rounds=rounds,
                                  agree=lambda busy: all(world.allgather_object(busy)))
     samples = {k: [max(x) for x in zip(*world.allgather_object(v))] for k, v in samples.items()}
-    rows = host_rows(f"{op}:host", samples, _summed(world, wrong), GEMM, size_bytes=M * K * 2, count=M * N,
+    rows = host_rows(f"{op}:host", samples, rank_sums(world, wrong), GEMM, size_bytes=M * K * 2, count=M * N,
                      dtype=dtype, extra={"shape": f"{M}x{N}x{K}"})
     for r in rows:
         r.nranks = world.size
@@ -305,7 +294,7 @@ def add_arguments(p) -> None:
 def run(ctx) -> list:
     """The family with the options of ``add_arguments``; rows on rank 0, [] elsewhere. Collective."""
     world, args = ctx.world, ctx.args
-    cuda = _cuda(world)
+    cuda = on_cuda(world)
     shapes = args.shapes or ((QUICK_GPU_SHAPES if ctx.quick else GPU_SHAPES) if cuda else
                              (QUICK_SHAPES if ctx.quick else SHAPES))
     knobs = timing(ctx, {"iters": 10 if cuda else 3, "rounds": 3}, {"iters": 10 if cuda else 2, "rounds": 2})
