@@ -51,7 +51,10 @@ class RanksItem(pytest.Item):
             _need_gpus(gpus)
         if self.key not in _launches:
             modules = _plan[self.key]
-            _launches[self.key] = ranks.launch(list(modules), n, launcher, sum(modules.values()), env=dict(env))
+            # CPU-rank modules run CPU ranks on a GPU host too: without this, init would bind every rank to
+            # the host's GPU (and refuse ranks sharing one).
+            launch_env = dict(env) if gpus else {"CUDA_VISIBLE_DEVICES": "", **dict(env)}
+            _launches[self.key] = ranks.launch(list(modules), n, launcher, sum(modules.values()), env=launch_env)
         result = _launches[self.key]
         why = ranks.explain(result, ranks.key(self.path, self.check))
         if why is not None:
