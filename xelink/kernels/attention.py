@@ -37,7 +37,7 @@ import torch
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
-from .launcher import Descriptor, launch
+from .launcher import Descriptor, Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = [
@@ -596,55 +596,82 @@ def _tma_ok(*tensors) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
+class _FlashLaunch:
+    """How one flash-attention path launches, worked out from the geometry of q, k, v and out alone (no
+    addresses): the kernel (TMA descriptors for ``impl="cuda"`` on contiguous aligned tensors, block
+    pointers otherwise), its grid, integer arguments and options, and (``remembered``: a call of
+    ``_PATHS``, whose key fixes every argument's class) the launcher slot that skips the launcher's key.
+    ``config`` overrides the tile table (tuning); ``pdl``: as ``pdl.pdl_launch_args`` takes it."""
+
+    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "lse_shape", "keys")
+
+    def __init__(self, q, k, v, out, causal: bool, scale: float, impl: str, pdl: str, config, remembered: bool):
+        B, H, SQ, D = q.shape
+        HKV, SK = k.shape[1], k.shape[2]
+        self.lse_shape, self.keys = (B, H, SQ), SK
+        block_m, block_n, num_warps, num_stages = config or _fwd_config(impl, D)
+        self.grid = (cdiv(SQ, block_m), B * H)
+        # out: the caller's (any strides: the kernels store through block pointers) or a new contiguous one.
+        o_strides = tuple(out.stride()) if out is not None else (H * SQ * D, SQ * D, D, 1)
+        qk_scale = scale * _LOG2E
+        self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
+                           num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device))
+        if impl == "cuda" and _tma_ok(q, k, v):
+            # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
+            self.fn = _flash_fwd_tma_kernel
+            self.views = (((B * H * SQ, D), (D, 1), (block_m, D)), ((B * HKV * SK, D), (D, 1), (block_n, D)),
+                          ((B * HKV * SK, D), (D, 1), (block_n, D)))
+            self.ints = o_strides + (H, HKV, H // HKV, SQ, SK, qk_scale)
+        else:
+            self.fn, self.views = _flash_fwd_kernel, None
+            self.ints = (*q.stride(), *k.stride(), *v.stride(), *o_strides, H, H // HKV, SQ, SK, qk_scale)
+        self.slot = Slot(self.fn) if remembered else None
+
+    def __call__(self, q, k, v, out):
+        """(out, lse): ``out`` (a new contiguous tensor unless given) and a new float32 LSE."""
+        out = q.new_empty(q.shape) if out is None else out
+        lse = q.new_empty(self.lse_shape, dtype=torch.float32)
+        if out.numel() == 0:
+            return out, lse
+        if self.keys == 0:
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return out, lse
+        if self.views is None:
+            args = (q, k, v, out, lse) + self.ints
+        else:
+            vq, vk, vv = self.views
+            args = (Descriptor(q, *vq), Descriptor(k, *vk), Descriptor(v, *vv), out, lse) + self.ints
+        if self.slot is None:
+            launch(self.fn, self.grid, *args, **self.kwargs)
+        else:
+            launch_slot(self.slot, self.grid, *args, **self.kwargs)
+        return out, lse
+
+
 def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, out=None, pdl: str = "off"):
-    """Launch the forward kernel; returns (out, lse). ``config`` overrides the tile table (tuning); ``out``
-    (any strides: the kernels store through block pointers) receives the output; ``pdl``: as
-    pdl.pdl_launch_args takes it."""
-    B, H, SQ, D = q.shape
-    HKV, SK = k.shape[1], k.shape[2]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-    lse = torch.empty((B, H, SQ), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
-    if SK == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
-    block_m, block_n, num_warps, num_stages = config or _fwd_config(impl, D)
-    grid = (cdiv(SQ, block_m), B * H)
-    qk_scale = scale * _LOG2E
-    if impl == "cuda" and _tma_ok(q, k, v):
-        # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
-        q_desc = Descriptor(q, (B * H * SQ, D), (D, 1), (block_m, D))
-        k_desc = Descriptor(k, (B * HKV * SK, D), (D, 1), (block_n, D))
-        v_desc = Descriptor(v, (B * HKV * SK, D), (D, 1), (block_n, D))
-        launch(
-            _flash_fwd_tma_kernel, grid,
-            q_desc, k_desc, v_desc, out, lse, *out.stride(), H, HKV, H // HKV, SQ, SK, qk_scale,
-            HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-            num_warps=num_warps, num_stages=num_stages, **pdl_launch_args(pdl, grid[0] * grid[1], q.device))
-    else:
-        launch(
-            _flash_fwd_kernel, grid,
-            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            H, H // HKV, SQ, SK, qk_scale,
-            HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-            num_warps=num_warps, num_stages=num_stages, **pdl_launch_args(pdl, grid[0] * grid[1], q.device))
-    return out, lse
+    """Launch the forward kernel; returns (out, lse). ``config`` overrides the tile table (tuning)."""
+    return _FlashLaunch(q, k, v, out, causal, scale, impl, pdl, config, False)(q, k, v, out)
 
 
-def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
-    """Merge n partials: o_strides = (shard, b, h, s, d), lse_strides = (shard, b, h, s); ``pdl``: as
+def _merge_args(shape, out_strides, n, o_strides, lse_strides, pdl, device):
+    """(grid, integer arguments, options) of the merge kernel for n partials into an output of ``shape``
+    (B, H, S, D): o_strides = (shard, b, h, s, d), lse_strides = (shard, b, h, s); ``pdl``: as
     pdl.pdl_launch_args takes it."""
-    B, H, S, D = out.shape
-    if out.numel() == 0:
-        return
+    B, H, S, D = shape
     block_d = next_power_of_2(D)
     block_s = max(1, min(next_power_of_2(S), max(1, 4096 // block_d)))
     grid = (cdiv(S, block_s), B * H)
-    launch(_merge_kernel, grid, o, lse, out, lse_out, *o_strides, *lse_strides, *out.stride(), n, H, S, D,
-           BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
-           **pdl_launch_args(pdl, grid[0] * grid[1], out.device))
+    return grid, (*o_strides, *lse_strides, *out_strides, n, H, S, D), dict(
+        BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4, **pdl_launch_args(pdl, grid[0] * grid[1], device))
+
+
+def _merge_launch(o, lse, out, lse_out, n, o_strides, lse_strides, pdl="off"):
+    """Merge n partials (strides as :func:`_merge_args` takes them)."""
+    if out.numel() == 0:
+        return
+    grid, ints, kwargs = _merge_args(out.shape, out.stride(), n, o_strides, lse_strides, pdl, out.device)
+    launch(_merge_kernel, grid, o, lse, out, lse_out, *ints, **kwargs)
 
 
 def _merge_forward(outs, lses, out=None, pdl: str = "off"):
@@ -674,35 +701,66 @@ def _decode_splits(q, k_cache, block_n: int) -> int:
     return max(1, min(want, most, 256))
 
 
+class _DecodeLaunch:
+    """How one decode-attention path launches, worked out from the geometry alone (as :class:`_FlashLaunch`):
+    the split kernel's grid, integers and options, the merge's, where the float32 partials lie in their
+    one scratch allocation, and (``remembered``) a launcher slot for each kernel."""
+
+    __slots__ = ("grid", "ints", "kwargs", "merge", "parts", "o_view", "lse_view", "out_shape", "slots")
+
+    def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
+                 remembered: bool):
+        B, HQ, SQ, D = q.shape
+        HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
+        block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
+        if num_splits <= 0:
+            num_splits = _decode_splits(q, k_cache, block_n)
+        group = HQ // HKV
+        block_m = _decode_rows_block(group * SQ)
+        self.out_shape = (B, HQ, SQ, D)
+        # The partials: o (B, HQ, SQ, splits, D) then lse (B, HQ, SQ, splits), one float32 allocation (the
+        # lse part starts 16-byte aligned).
+        n_o = B * HQ * SQ * num_splits * D
+        lse_at = -(-n_o // 4) * 4
+        self.parts = lse_at + B * HQ * SQ * num_splits
+        po = (HQ * SQ * num_splits * D, SQ * num_splits * D, num_splits * D, D, 1)
+        pl = (HQ * SQ * num_splits, SQ * num_splits, num_splits, 1)
+        self.o_view = ((B, HQ, SQ, num_splits, D), po, 0)
+        self.lse_view = ((B, HQ, SQ, num_splits), pl, lse_at)
+        self.grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
+        self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), HKV, group, SQ, SMAX, scale * _LOG2E)
+        self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
+                           num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
+                                                                    q.device))
+        o_strides = tuple(out.stride()) if out is not None else (HQ * SQ * D, SQ * D, D, 1)
+        self.merge = _merge_args(self.out_shape, o_strides, num_splits, (po[3], po[0], po[1], po[2], po[4]),
+                                 (pl[3], pl[0], pl[1], pl[2]), pdl, q.device)
+        self.slots = (Slot(_decode_split_kernel), Slot(_merge_kernel)) if remembered else None
+
+    def __call__(self, q, k_cache, v_cache, kv_lens, out):
+        """(out, lse): ``out`` (a new tensor unless given) and a new float32 LSE."""
+        out = q.new_empty(self.out_shape) if out is None else out
+        lse = q.new_empty(self.out_shape[:3], dtype=torch.float32)
+        if out.numel() == 0:
+            return out, lse
+        parts = q.new_empty((self.parts,), dtype=torch.float32)
+        part_o, part_lse = parts.as_strided(*self.o_view), parts.as_strided(*self.lse_view)
+        grid, ints, kwargs = self.merge
+        if self.slots is None:
+            launch(_decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, *self.ints,
+                   **self.kwargs)
+            launch(_merge_kernel, grid, part_o, part_lse, out, lse, *ints, **kwargs)
+        else:
+            launch_slot(self.slots[0], self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, *self.ints,
+                        **self.kwargs)
+            launch_slot(self.slots[1], grid, part_o, part_lse, out, lse, *ints, **kwargs)
+        return out, lse
+
+
 def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None,
                     pdl: str = "off", out=None):
-    B, HQ, SQ, D = q.shape
-    HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
-    block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
-    if num_splits <= 0:
-        num_splits = _decode_splits(q, k_cache, block_n)
-    group = HQ // HKV
-    block_m = _decode_rows_block(group * SQ)
-    part_o = torch.empty((B, HQ, SQ, num_splits, D), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((B, HQ, SQ, num_splits), dtype=torch.float32, device=q.device)
-    out = torch.empty((B, HQ, SQ, D), dtype=q.dtype, device=q.device) if out is None else out
-    lse = torch.empty((B, HQ, SQ), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
-    grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
-    launch(
-        _decode_split_kernel, grid,
-        q, k_cache, v_cache, kv_lens, part_o, part_lse,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(),
-        HKV, group, SQ, SMAX, scale * _LOG2E,
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-        num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch_args(pdl, grid[0] * grid[1] * grid[2], q.device))
-    po = part_o.stride()
-    pl = part_lse.stride()
-    _merge_launch(part_o, part_lse, out, lse, num_splits, (po[3], po[0], po[1], po[2], po[4]),
-                  (pl[3], pl[0], pl[1], pl[2]), pdl)
-    return out, lse
+    return _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, config, pdl, False)(
+        q, k_cache, v_cache, kv_lens, out)
 
 
 def _into(out, got):
@@ -711,22 +769,28 @@ def _into(out, got):
     return (o if out is None else out.copy_(o)), lse
 
 
-def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None, pdl: str = "off"):
+def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None, pdl: str = "off", plan=None):
+    """The eager call (also the custom op's body); ``plan``: the remembered path's :class:`_FlashLaunch`."""
     if out is not None:
         check_no_overlap("flash_attention", out, q=q, k=k, v=v)
     if impl == "reference":
         return _into(out, reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True))
-    return _flash_forward(q, k, v, causal, scale, impl, out=out, pdl=pdl)
+    if plan is None:
+        plan = _FlashLaunch(q, k, v, out, causal, scale, impl, pdl, None, False)
+    return plan(q, k, v, out)
 
 
 def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, impl: str, pdl: str,
-                out=None):
+                out=None, plan=None):
+    """The eager call (also the custom op's body); ``plan``: the remembered path's :class:`_DecodeLaunch`."""
     if out is not None:
         check_no_overlap("decode_attention", out, q=q, k_cache=k_cache, v_cache=v_cache, kv_lens=kv_lens)
     if impl == "reference":
         return _into(out, reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale,
                                                      return_lse=True))
-    return _decode_forward(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, pdl=pdl, out=out)
+    if plan is None:
+        plan = _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, False)
+    return plan(q, k_cache, v_cache, kv_lens, out)
 
 
 def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
@@ -790,7 +854,8 @@ def _traced_out(out, like):
 
 # flash_attention()'s and decode_attention()'s checks, remembered by everything they read
 # (``common.path_key``): the op, impl, pdl, the flags, the geometry of every tensor and of out. The value
-# is (path, pdl option, scale[, splits]); what reads addresses (out overlapping an input) runs every call.
+# is (path, pdl option, scale[, splits], the launch plan: None for the reference); what reads addresses (out
+# overlapping an input) runs every call.
 _PATHS = Paths()
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None, pdl=None):
     """Attention forward, ``softmax(q k^T * scale) v``, with GQA, causal masking and the LSE.
@@ -820,7 +885,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     key = path_key(("flash", impl, pdl, causal, scale, return_lse), (q, k, v), (out,))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
-        out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1])
+        out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1], hit[3])
         return (out, lse) if return_lse else out
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
@@ -832,7 +897,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     pdl = "off" if pdl is None else pdl_option(fn, pdl, path, q.device)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     if key is not None:
-        _PATHS.remember(key, (path, pdl, scale))
+        _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
+                              _FlashLaunch(q, k, v, out, causal, scale, path, pdl, None, True)))
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
         out = _traced_out(out, q)
         lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path, pdl, out)
@@ -902,7 +968,7 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
                    (out,))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
-        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, hit[2], hit[3], hit[0], hit[1], out)
+        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, hit[2], hit[3], hit[0], hit[1], out, hit[4])
         return (out, lse) if return_lse else out
     fn = "decode_attention"
     _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
@@ -915,7 +981,8 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     num_splits = num_splits or 0
     if key is not None:
-        _PATHS.remember(key, (path, pdl, scale, num_splits))
+        _PATHS.remember(key, (path, pdl, scale, num_splits, None if path == "reference" else
+                              _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, True)))
     if torch.compiler.is_compiling():
         out = _traced_out(out, q)
         lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl,

@@ -52,8 +52,8 @@ import torch
 
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, path_key, require_triton, sm_count, tl, triton)
-from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, gemv_tc, tc_config, w4_ptx
-from .launcher import launch
+from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
+from .launcher import Slot, launch, launch_slot
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -687,105 +687,142 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     return cfg
 
 
-def _gemv_triton(w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out=None) -> torch.Tensor:
-    M, K = x.shape
-    N = w.shape[0]
-    if pdl == "auto":
-        # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
-        # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
-        # to 20% slower, where a late go gains 0-5%); from 128256 rows either is within 1-3%.
-        pdl = "early" if N <= 8192 else "late"
-    pdl = PDL_MODES[False if pdl == "off" else pdl]
-    cfg = dict(cfg or _default_config(M, N, K, fmt, sm_count(x.device), ptx))  # popped below: a copy
-    kernel = cfg.get("KERNEL", "mma")
-    if kernel not in ("fma", "mma", "words", "tc"):
-        raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
-    if kernel == "words" and fmt not in ("w8a16", "w4a16"):
-        raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
-    if kernel == "fma" and fmt == "w4a16":
-        raise ValueError("gemv: config KERNEL='fma' takes dense and w8a16 weights; w4a16 runs on 'words' or 'mma'")
-    if kernel == "words" and cfg["BLOCK_K"] % 128:
-        raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of 128 for KERNEL='words'")
-    if kernel == "words" and (w.stride(0) % 4 or (fmt == "w8a16" and K % cfg["BLOCK_K"])):
-        # The word kernel reads whole 32-bit words and has no K masks: a W8A16 K that is not whole tiles
-        # goes to the byte kernel (same tiles), a row stride off 4 bytes to the tensor-core kernel.
-        cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
-            _gemv_config(MAX_ROWS, N, K, fmt, sm_count(x.device), ptx)
-        kernel = cfg["KERNEL"]
-    if kernel == "tc" and not ptx:
-        raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
-    if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
-        raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
-    if M == 0 or N == 0:
-        return y
-    if K == 0:
-        return y.zero_()
-    if kernel == "tc":
-        cfg = {**tc_config(M, N, K, fmt, sm_count(x.device), cfg.get("ROW_TILES"), cfg.get("num_warps"),
-                           cfg.get("UNROLL")), **cfg, "PDL": pdl}
-        cfg.pop("KERNEL")
-        return gemv_tc(w, x.contiguous(), scales, _FMT_CODE[fmt], cfg, y, _splitk_sum)
-    kernel = cfg.pop("KERNEL", "mma")
-    block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
-    k_blocks = -(-K // block_k)
-    split = max(1, min(split, k_blocks))
-    per_split = -(-k_blocks // split) * block_k
-    split = -(-K // per_split)
-    even_k = K % block_k == 0 and per_split % block_k == 0
-    if fmt == "w4a16" and not even_k:
-        # Groups are whole 128-column blocks, so a tile may run past K only by whole groups: shrink it.
-        block_k = W4_GROUP
-        per_split = -(-K // (split * W4_GROUP)) * W4_GROUP
-        split = -(-K // per_split)
-        even_k = True
-    x = x.contiguous()
-    wk = w.view(torch.uint8) if fmt == "w8a16" else w
-    s = scales if scales is not None else w  # unused by the dense kernel; any pointer does
-    stride_sn = scales.stride(0) if scales is not None else 0
-    dst = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    grid = (cdiv(N, cfg["BLOCK_N"]), split)
-    common = (wk, x, s, dst)
-    pdl_args = dict(PDL=pdl, launch_pdl=pdl > 0)
-    strides = (w.stride(0), x.stride(0), stride_sn, dst.stride(-2), dst.stride(0) if split > 1 else 0)
-    if kernel == "words":
-        cfg.pop("FOLD", None)
-        launch(_gemv_words_kernel, grid, *common, N, K, per_split // block_k, w.stride(0) // 4, *strides[1:],
-               FMT=_FMT_CODE[fmt], PARTIAL=split > 1, ROWS=M,
-               PTX=ptx, BLOCK_K=block_k, **pdl_args, **cfg)
-    elif kernel == "fma":
-        cfg.pop("FOLD", None)
-        launch(_gemv_fma_kernel, grid, *common, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
-               PARTIAL=split > 1, ROWS=M, BLOCK_K=block_k, **pdl_args, **cfg)
-    else:
-        cfg.setdefault("FOLD", False)
-        if x.dtype == torch.bfloat16:
-            magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
+class _GemvLaunch:
+    """How one gemv path launches, worked out from the shapes and strides alone (no addresses): the kernel
+    and its tiles (``config`` or the tuned table, checked), the grid, the integer arguments and options,
+    the K split and its sum kernel's launch, and (``remembered``: a call of ``_PATHS``, whose key fixes
+    every argument's class) a launcher slot for each kernel."""
+
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "w8", "sum", "slots")
+
+    def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool):
+        M, K = x.shape
+        N = w.shape[0]
+        self.shape, self.w8 = (M, N), fmt == "w8a16"
+        if pdl == "auto":
+            # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
+            # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
+            # to 20% slower, where a late go gains 0-5%); from 128256 rows either is within 1-3%.
+            pdl = "early" if N <= 8192 else "late"
+        pdl = PDL_MODES[False if pdl == "off" else pdl]
+        sms = sm_count(x.device)
+        cfg = dict(cfg or _default_config(M, N, K, fmt, sms, ptx))  # popped below: a copy
+        kernel = cfg.get("KERNEL", "mma")
+        if kernel not in ("fma", "mma", "words", "tc"):
+            raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
+        if kernel == "words" and fmt not in ("w8a16", "w4a16"):
+            raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
+        if kernel == "fma" and fmt == "w4a16":
+            raise ValueError("gemv: config KERNEL='fma' takes dense and w8a16 weights; w4a16 runs on 'words' or 'mma'")
+        if kernel == "words" and cfg["BLOCK_K"] % 128:
+            raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of 128 for KERNEL='words'")
+        if kernel == "words" and (w.stride(0) % 4 or (fmt == "w8a16" and K % cfg["BLOCK_K"])):
+            # The word kernel reads whole 32-bit words and has no K masks: a W8A16 K that is not whole tiles
+            # goes to the byte kernel (same tiles), a row stride off 4 bytes to the tensor-core kernel.
+            cfg = dict(cfg, KERNEL="fma") if fmt == "w8a16" and w.stride(0) % 4 == 0 else \
+                _gemv_config(MAX_ROWS, N, K, fmt, sms, ptx)
+            kernel = cfg["KERNEL"]
+        if kernel == "tc" and not ptx:
+            raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
+        if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
+            raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
+        y_stride = out.stride(0) if out is not None else N  # else a new contiguous [M, N]
+        if kernel == "tc":
+            cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
+                   **cfg, "PDL": pdl}
+            cfg.pop("KERNEL")
+            self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(w, x, scales, _FMT_CODE[fmt],
+                                                                                    cfg, y_stride)
         else:
-            magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
-        launch(_gemv_kernel, grid, *common, M, N, K, per_split // block_k, *strides, FMT=_FMT_CODE[fmt], EVEN_K=even_k,
-               PARTIAL=split > 1, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16, **pdl_args,
-               **cfg)
-    if split > 1:
-        _splitk_sum(dst, y, pdl)
-    return y
+            self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride)
+        self.sum = None
+        if self.split > 1:
+            block = 1024
+            self.sum = ((cdiv(M * N, block),), (M * N, N, y_stride),
+                        dict(SPLIT=self.split, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0))
+        self.slots = (Slot(self.fn), Slot(_splitk_sum_kernel)) if remembered else None
+
+    def _triton(self, w, x, scales, fmt, cfg, ptx, pdl, y_stride):
+        """The Triton kernels' launch (``cfg`` checked, a copy)."""
+        M, K = x.shape
+        N = w.shape[0]
+        kernel = cfg.pop("KERNEL", "mma")
+        block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+        k_blocks = -(-K // block_k)
+        split = max(1, min(split, k_blocks))
+        per_split = -(-k_blocks // split) * block_k
+        split = -(-K // per_split)
+        even_k = K % block_k == 0 and per_split % block_k == 0
+        if fmt == "w4a16" and not even_k:
+            # Groups are whole 128-column blocks, so a tile may run past K only by whole groups: shrink it.
+            block_k = W4_GROUP
+            per_split = -(-K // (split * W4_GROUP)) * W4_GROUP
+            split = -(-K // per_split)
+            even_k = True
+        self.split = split
+        x_stride = x.stride(0) if x.is_contiguous() else K  # the kernels read x.contiguous()
+        stride_sn = scales.stride(0) if scales is not None else 0
+        strides = (w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride, M * N if split > 1 else 0)
+        steps = per_split // block_k
+        self.grid = (cdiv(N, cfg["BLOCK_N"]), split)
+        common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
+        if kernel == "words":
+            cfg.pop("FOLD", None)
+            self.fn = _gemv_words_kernel
+            self.ints = (N, K, steps, w.stride(0) // 4, *strides[1:])
+            self.kwargs = dict(common, ROWS=M, PTX=ptx, BLOCK_K=block_k, **cfg)
+        elif kernel == "fma":
+            cfg.pop("FOLD", None)
+            self.fn = _gemv_fma_kernel
+            self.ints = (N, K, steps, *strides)
+            self.kwargs = dict(common, EVEN_K=even_k, ROWS=M, BLOCK_K=block_k, **cfg)
+        else:
+            cfg.setdefault("FOLD", False)
+            if x.dtype == torch.bfloat16:
+                magic, bias = 0x4300, 136.0  # bf16 0x4300 = 128.0, mantissa step 1 up to 256
+            else:
+                magic, bias = 0x6400, 1032.0  # fp16 0x6400 = 1024.0, mantissa step 1 up to 2048
+            self.fn = _gemv_kernel
+            self.ints = (M, N, K, steps, *strides)
+            self.kwargs = dict(common, EVEN_K=even_k, MAGIC=magic, BIAS=bias, PTX=ptx, BLOCK_K=block_k, BLOCK_M=16,
+                               **cfg)
+
+    def __call__(self, w, x, scales, out) -> torch.Tensor:
+        M, N = self.shape
+        y = x.new_empty(self.shape) if out is None else out
+        if M == 0 or N == 0:
+            return y
+        if x.shape[1] == 0:
+            return y.zero_()
+        x = x.contiguous()
+        wk = w.view(torch.uint8) if self.w8 else w
+        s = scales if scales is not None else w  # unused by the dense kernels; any pointer does
+        dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
+        if self.slots is None:
+            launch(self.fn, self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
+            if self.sum is not None:
+                grid, ints, kwargs = self.sum
+                launch(_splitk_sum_kernel, grid, dst, y, *ints, **kwargs)
+        else:
+            launch_slot(self.slots[0], self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
+            if self.sum is not None:
+                grid, ints, kwargs = self.sum
+                launch_slot(self.slots[1], grid, dst, y, *ints, **kwargs)
+        return y
 
 
-def _splitk_sum(parts: torch.Tensor, y: torch.Tensor, pdl: int = 0) -> None:
-    """y = the sum of the fp32 partial sums parts [split, M, N] (contiguous; y's rows may be apart)."""
-    block, MN = 1024, y.numel()
-    launch(_splitk_sum_kernel, (cdiv(MN, block),), parts, y, MN, y.shape[1], y.stride(0), SPLIT=parts.shape[0],
-           BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0)
-
-
-def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
-    """The eager call (also the custom op's body): ``out`` checked against the inputs, then the launch."""
+def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict | None = None,
+              plan=None) -> torch.Tensor:
+    """The eager call (also the custom op's body): ``out`` checked against the inputs, then the launch
+    (``plan``: the remembered path's :class:`_GemvLaunch`, else one worked out for this call)."""
     if out is not None:
         check_no_overlap("gemv", out, w=w, x=x, scales=scales)
     if impl == "reference":
         y = reference_gemv(w, x, scales, fmt)
         return y if out is None else out.copy_(y)
-    return _gemv_triton(w, x, scales, fmt, cfg, impl == "cuda", pdl, out)
+    if plan is None:
+        plan = _GemvLaunch(w, x, scales, fmt, cfg, impl == "cuda", pdl, out, False)
+    return plan(w, x, scales, out)
 
 
 @torch.library.custom_op("xelink::gemv", mutates_args=("out",))
@@ -887,7 +924,8 @@ def _check_gemv(w, x, scales, fmt, impl, out, pdl, config):
 
 # gemv()'s checks, remembered by everything they read (``common.path_key``): fmt, impl, pdl, the geometry
 # of x, w, scales and out; calls with a config (benchmarks) are not remembered. The value is (impl, pdl
-# option); what reads addresses (out overlapping an input) runs every call.
+# option, the launch plan: None for the reference); what reads addresses (out overlapping an input) runs
+# every call.
 _PATHS = Paths()
 
 
@@ -934,11 +972,12 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
     path = _PATHS.get(key) if key is not None else None
     if path is not None:
         y = _gemv_run(w, x.reshape(1, -1) if one_row else x, scales, fmt, path[0], path[1],
-                      None if out is None else (out.unsqueeze(0) if one_row else out))
+                      None if out is None else (out.unsqueeze(0) if one_row else out), None, path[2])
         return out if out is not None else (y.reshape(-1) if one_row else y)
     impl, x2, out2, pdl, config = _check_gemv(w, x, scales, fmt, impl, out, pdl, config)
     if key is not None:
-        _PATHS.remember(key, (impl, pdl))
+        _PATHS.remember(key, (impl, pdl, None if impl == "reference" else
+                              _GemvLaunch(w, x2, scales, fmt, None, impl == "cuda", pdl, out2, True)))
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
         y = x2.new_empty((x2.shape[0], w.shape[0])) if out2 is None else out2
         torch.ops.xelink.gemv(w, x2, scales, fmt, impl, pdl, y)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 
-from .launcher import launch
 
 try:
     import triton
@@ -48,7 +47,7 @@ try:
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
     gluon = None
 
-__all__ = ["TC_AVAILABLE", "tc_config", "gemv_tc"]
+__all__ = ["TC_AVAILABLE", "tc_config", "tc_launch_args"]
 
 TC_AVAILABLE = gluon is not None
 STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
@@ -323,13 +322,15 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
     return cfg
 
 
-def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y: torch.Tensor,
-            sum_kernel) -> torch.Tensor:
-    """Launch the tensor-core GEMV into ``y [M, N]`` (x contiguous, M <= 8; checks done by the caller).
-    ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2), ``BIASED``
-    (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a packed fma a
-    weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see pdl.py, sm90+;
-    default 0), each defaulted; ``sum_kernel(parts, y, pdl)`` adds the fp32 partial sums of a grid split."""
+def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y_stride: int) -> tuple:
+    """How the tensor-core GEMV launches for W ``w [N, *]`` and activations ``x [M, K]`` (x taken
+    contiguous, M <= 8; checks done by the caller) into ``y [M, N]`` of row stride ``y_stride``: (kernel,
+    grid, the integer arguments after (w, x, scales, out), the options, the grid split: > 1 means ``out``
+    is a float32 ``[split, M, N]`` partial-sum buffer the caller adds into y). Reads shapes and strides
+    only. ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2),
+    ``BIASED`` (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a
+    packed fma a weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see
+    pdl.py, sm90+; default 0), each defaulted."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
@@ -352,15 +353,12 @@ def gemv_tc(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, 
     split = -(-steps // (per_warp * warps))
     per_warp = -(-per_warp // unroll) * unroll  # whole unrolled iterations; steps past K are masked
     even = K == split * warps * per_warp * STEP
-    wk = w.view(torch.uint8) if fmt_code == 1 else w
-    s = scales if scales is not None else w
     stride_sn = scales.stride(0) if scales is not None else 0
-    out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    x_stride = x.stride(0) if x.is_contiguous() else K
     grid = (-(-N // (16 * row_tiles)), split)
-    launch(_gemv_tc_kernel, grid, wk, x, s, out, M, N, K, per_warp, w.stride(0), x.stride(0), stride_sn,
-           out.stride(-2), out.stride(0) if split > 1 else 0, FMT=fmt_code, EVEN=even, PARTIAL=split > 1,
-           UNROLL=unroll, BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16,
-           ROW_TILES=row_tiles, PDL=pdl, num_warps=warps, launch_pdl=pdl > 0)
-    if split > 1:
-        sum_kernel(out, y, pdl)
-    return y
+    ints = (M, N, K, per_warp, w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride,
+            M * N if split > 1 else 0)
+    kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll,
+                  BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
+                  num_warps=warps, launch_pdl=pdl > 0)
+    return _gemv_tc_kernel, grid, ints, kwargs, split

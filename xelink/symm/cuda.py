@@ -871,33 +871,42 @@ def signal(rank: int, slot: int = 0, *, group=None, stream=None) -> None:
     """Signal ``rank`` on semaphore ``slot``, on ``stream``: after everything queued before it there (the
     writes of earlier kernels and copies included) is done. Not collective; ``rank`` consumes it with
     ``wait(this rank, slot)``."""
-    from .kernels import KERNELS
-
     comm = _comm(group, "signal")
-    peer, slot = _rank("signal", rank, comm), _slot("signal", slot)
     team = team_of(comm, "signal")
+    # The bound launch of each (peer, slot), made once (the addresses are the team's for its lifetime).
+    key = ("symm.signal", rank, slot) if rank.__class__ is int and slot.__class__ is int else None
+    bound = team.plans.get(key)
+    if bound is None:
+        from .kernels import KERNELS
+
+        peer, slot = _rank("signal", rank, comm), _slot("signal", slot)
+        k = team.kernel(KERNELS["signal"], ("symm.signal",), torch.int32, num_warps=1, grid=1,
+                        pointers={"PEER_SLOT": torch.int32})
+        bound = team.plans[key] = k.bind(PEER_SLOT=team.signal_ptrs[peer] + 4 * (slot * MAX_WORLD + comm.rank))
     team.check("signal")
-    k = team.kernel(KERNELS["signal"], ("symm.signal",), torch.int32, num_warps=1, grid=1,
-                    pointers={"PEER_SLOT": torch.int32})
-    k.bind(PEER_SLOT=team.signal_ptrs[peer] + 4 * (slot * MAX_WORLD + comm.rank))(
-        _stream_handle(team.device, stream))
+    bound(_stream_handle(team.device, stream))
 
 
 def wait(rank: int, slot: int = 0, *, group=None, stream=None, timeout=None) -> None:
     """Make ``stream`` wait until ``rank`` signalled ``slot`` once more than this rank consumed (a
     semaphore: each call consumes one signal), with a deadline: past it the next call on the group raises
     ``xelink.TimeoutError`` naming ``rank``. Not collective."""
-    from .kernels import KERNELS
-
     comm = _comm(group, "wait")
-    peer, slot = _rank("wait", rank, comm), _slot("wait", slot)
     team = team_of(comm, "wait")
+    deadline = team.timeout_ns(timeout)
+    key = ("symm.wait", rank, slot, deadline) if rank.__class__ is int and slot.__class__ is int else None
+    bound = team.plans.get(key)
+    if bound is None:
+        from .kernels import KERNELS
+
+        peer, slot = _rank("wait", rank, comm), _slot("wait", slot)
+        k = team.kernel(KERNELS["wait"], ("symm.wait",), torch.int32, num_warps=1, grid=1,
+                        pointers={"MY_SLOT": torch.int32, "SEEN": torch.int32})
+        at = 4 * (slot * MAX_WORLD + peer)
+        bound = team.plans[key] = k.bind(MY_SLOT=team.signals.data_ptr() + at, SEEN=team.consumed.data_ptr() + at,
+                                         who=peer, timeout_ns=deadline)
     team.check("wait")
-    k = team.kernel(KERNELS["wait"], ("symm.wait",), torch.int32, num_warps=1, grid=1,
-                    pointers={"MY_SLOT": torch.int32, "SEEN": torch.int32})
-    at = 4 * (slot * MAX_WORLD + peer)
-    k.bind(MY_SLOT=team.signals.data_ptr() + at, SEEN=team.consumed.data_ptr() + at, who=peer,
-           timeout_ns=team.timeout_ns(timeout))(_stream_handle(team.device, stream))
+    bound(_stream_handle(team.device, stream))
 
 
 def barrier(group=None, *, stream=None, timeout=None) -> None:
