@@ -1,45 +1,144 @@
-"""Where the host time of one eager distributed GEMM call goes: rank 0's cProfile of back-to-back calls
-of each algorithm, and the unprofiled host time per call (no synchronization inside the timed loop).
+"""Where the host time of an eager distributed GEMM call goes, on 2 ranks sharing one GPU (issue 21's
+breakdown). First each piece the CUDA schedules are made of, in a loop of back-to-back calls (median of
+rounds, the GPU kept busy so that no call waits for the device); then the whole calls, and for each the
+time spent inside every function ``xelink.dist.device`` calls (each wrapped by a timer for that run; the
+rest is the schedule's own Python and its inline torch calls: copies, events, stream waits). Rank 0 prints.
 
 XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
 """
-import cProfile
-import pstats
+import collections
+import statistics
 import time
 
 import torch
 
 import xelink
+from xelink import symm
+from xelink.dist import device, gemm as front
+from xelink.kernels import gemm
 
+CALLS, ROUNDS, SLOT = 100, 5, 40  # SLOT: a semaphore slot no op uses
 world = xelink.init()
-n = world.size
+n, r, dev = world.size, world.rank, world.device
+peer = (r + 1) % n
 M, N, K = 2048, 4096, 4096
-a = torch.randn(M // n, K, dtype=torch.bfloat16, device=world.device)
-b = torch.randn(K, N, dtype=torch.bfloat16, device=world.device)
-ar = torch.randn(M, K, dtype=torch.bfloat16, device=world.device)
-calls = {f"all_gather_matmul {algo}": (lambda algo=algo: xelink.all_gather_matmul(a, b, algo=algo))
-         for algo in ("sequential", "pipelined", "topo")}
-calls["matmul_reduce_scatter pipelined"] = lambda: xelink.matmul_reduce_scatter(ar, b, algo="pipelined")
-for name, fn in calls.items():
-    for _ in range(5):
+a = torch.randn(M // n, K, dtype=torch.bfloat16, device=dev)
+b = torch.randn(K, N, dtype=torch.bfloat16, device=dev)
+c = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
+stage = symm.empty((n, M // n, K), dtype=torch.bfloat16, group=world)
+side = torch.cuda.Stream(dev)
+main = torch.cuda.current_stream(dev)
+ev = torch.cuda.Event()
+_cycles = None
+
+
+def busy():
+    global _cycles
+    if _cycles is None:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        s.record()
+        torch.cuda._sleep(10_000_000)
+        e.record()
+        e.synchronize()
+        _cycles = 10_000_000 / (s.elapsed_time(e) * 1e3)
+    torch.cuda._sleep(int(_cycles * 5_000))  # 5 ms
+
+
+def per_call_us(fn, calls=CALLS):
+    got = []
+    for _ in range(ROUNDS):
+        busy()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        got.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+        world.barrier()
+    return statistics.median(got)
+
+
+def row(name, fn, calls=CALLS):
+    for _ in range(3):
         fn()
     torch.cuda.synchronize()
     world.barrier()
-    t = time.perf_counter()
-    for _ in range(20):
-        fn()
-    plain = (time.perf_counter() - t) / 20 * 1e6
+    us = per_call_us(fn, calls)
+    if r == 0:
+        print(f"{name:60s} {us:8.2f} us", flush=True)
+
+
+def signal_wait():  # one signal to the peer and one wait for its signal: balanced on both ranks
+    symm.signal(peer, SLOT, group=world, stream=main)
+    symm.wait(peer, SLOT, group=world, stream=main)
+
+
+if r == 0:
+    print(f"{n} ranks on {torch.cuda.get_device_name(dev)}, torch {torch.__version__}", flush=True)
+row("torch.empty(M, N) output", lambda: torch.empty((M, N), dtype=a.dtype, device=dev))
+row("stage[r].copy_(a)", lambda: stage[r].copy_(a))
+row("stage[r] (a view)", lambda: stage[r])
+row("c.narrow(0, 0, rows)", lambda: c.narrow(0, 0, M // n))
+row("gemm(a, b, out=c.narrow(...))", lambda: gemm(a, b, out=c.narrow(0, 0, M // n)))
+row("torch.matmul(a, b)", lambda: torch.matmul(a, b))
+row("symm.signal + symm.wait", signal_wait)
+row("symm.get(stage[peer], stage[peer], peer, copy engine)",
+    lambda: symm.get(stage[peer], stage[peer], peer, group=world, engine="copy", stream=side))
+row("torch.cuda.Event() + record(side)", lambda: torch.cuda.Event().record(side))
+row("main.wait_event(ev)", lambda: main.wait_event(ev))
+row("side.wait_stream(main)", lambda: side.wait_stream(main))
+row("torch.cuda.current_stream(dev)", lambda: torch.cuda.current_stream(dev))
+spent = collections.defaultdict(float)
+counts = collections.Counter()
+
+
+def timed(name, f):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - t0
+            counts[name] += 1
+    return wrapper
+
+
+# What the schedules call, by the names they call it by (module attributes, patched for the timed loops).
+WRAPPED = [(device, n) for n in ("all_gather_matmul", "matmul_reduce_scatter", "_mm_into", "stage_buffer",
+                                 "side_stream", "all_gather_into_tensor", "reduce_scatter_tensor", "gathered",
+                                 "_fwd", "_order")]
+WRAPPED += [(symm, n) for n in ("signal", "wait", "get", "put")]
+WRAPPED += [(device.schedule, n) for n in ("topo_plan", "direct_plan", "serves")]
+
+
+def breakdown(name, fn, calls=20):
+    row(name, fn, calls)
+    saved = [(mod, n, getattr(mod, n)) for mod, n in WRAPPED]
+    for mod, n, f in saved:
+        setattr(mod, n, timed(f"{mod.__name__.split('.')[-1]}.{n}", f))
+    spent.clear()
+    counts.clear()
     torch.cuda.synchronize()
     world.barrier()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(20):
+    busy()
+    t0 = time.perf_counter()
+    for _ in range(calls):
         fn()
-    prof.disable()
+    total = time.perf_counter() - t0
     torch.cuda.synchronize()
     world.barrier()
-    if world.rank == 0:
-        print(f"== {name}: {plain:.1f} us host time per call (unprofiled, {n} ranks)", flush=True)
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    world.barrier()
+    for mod, n, f in saved:
+        setattr(mod, n, f)
+    if r == 0:
+        print(f"  instrumented: {total / calls * 1e6:8.2f} us a call, of which:")
+        for k, v in sorted(spent.items(), key=lambda kv: -kv[1]):
+            print(f"    {k:40s} {v / calls * 1e6:8.2f} us a call ({counts[k] // calls} calls)")
+
+
+assert front.all_gather_matmul is xelink.all_gather_matmul
+for algo in ("sequential", "pipelined", "topo"):
+    breakdown(f"all_gather_matmul(algo={algo!r})", lambda algo=algo: xelink.all_gather_matmul(a, b, algo=algo))
+ar = torch.randn(M, K, dtype=torch.bfloat16, device=dev)
+for algo in ("sequential", "pipelined"):
+    breakdown(f"matmul_reduce_scatter(algo={algo!r})", lambda algo=algo: xelink.matmul_reduce_scatter(ar, b, algo=algo))
 xelink.finalize()

@@ -1,10 +1,11 @@
-"""Where the host time of one eager kernel call goes (gemm 2048^3, rmsnorm 8x4096), on one GPU.
+"""Where the host time of one eager kernel call goes (gemm 2048^3, rmsnorm 8x4096, flash/decode attention,
+gemv), on one GPU.
 
 Each piece of the eager path is timed on its own (median of rounds of ``CALLS`` back-to-back calls,
 the GPU kept busy by ``torch.cuda._sleep`` so that no call waits for the device), next to the whole
 call and torch's equivalent; then cProfile lists the Python functions of the whole call.
 
-python3 benchmarks/scripts/kernel_host_profile.py
+python3 benchmarks/scripts/kernel_host_profile.py [gemm] [norm] [attention] [gemv]   (default: all)
 """
 import cProfile
 import pstats
@@ -20,6 +21,12 @@ from xelink.kernels import launcher
 from xelink.kernels.common import sm_count
 from xelink.ops import gemm, rmsnorm
 
+import sys
+
+from xelink.ops import decode_attention, flash_attention, gemv
+
+attn = importlib.import_module("xelink.kernels.attention")
+gemv_mod = importlib.import_module("xelink.kernels.gemv")
 gemm_mod = importlib.import_module("xelink.kernels.gemm")  # the module (the package re-exports the function)
 norm = importlib.import_module("xelink.kernels.norm")
 CALLS, ROUNDS = 200, 7
@@ -81,6 +88,18 @@ def profile(name, fn, n=3000):
 def main():
     dev = torch.device("cuda", 0)
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)
+    want = sys.argv[1:] or ["gemm", "norm", "attention", "gemv"]
+    if "gemm" in want:
+        gemm_rows(dev)
+    if "norm" in want:
+        norm_rows(dev)
+    if "attention" in want:
+        attention_rows(dev)
+    if "gemv" in want:
+        gemv_rows(dev)
+
+
+def gemm_rows(dev):
     M = N = K = 2048
     a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
     b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
@@ -136,6 +155,8 @@ def main():
     row("torch._C._cuda_getCurrentRawStream", lambda: t.get_stream(device), gpu=False)
     profile("gemm(a, b, impl='cuda')", lambda: gemm(a, b, impl="cuda"))
 
+
+def norm_rows(dev):
     print("-- rmsnorm 8x4096 bf16")
     x8 = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
     r8 = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
@@ -149,6 +170,56 @@ def main():
     row("torch.empty(shape) + reshape + 2 views", lambda: (torch.empty(x8.shape, dtype=x8.dtype, device=x8.device),
                                                            x8.reshape(-1, 4096), x8.view(-1, 4096), x8.view(-1, 4096)), gpu=False)
     profile("rmsnorm(x, w)", lambda: rmsnorm(x8, w))
+
+
+def attention_rows(dev):
+    print("-- flash_attention B=1 H=32 S=512 D=128 bf16")
+    q, k, v = (torch.randn(1, 32, 512, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(q)
+    row("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v))
+    for impl in ("cuda", "triton"):
+        row(f"flash_attention(impl={impl!r})", lambda: flash_attention(q, k, v, impl=impl))
+        row(f"flash_attention(impl={impl!r}, out=o)", lambda: flash_attention(q, k, v, impl=impl, out=o))
+        row(f"attn._flash_forward({impl!r})", lambda: attn._flash_forward(q, k, v, False, 0.088, impl))
+    row("path_key(flash, q, k, v, out None)", lambda: attn.path_key(("flash", "cuda", None, False, None, False),
+                                                                    (q, k, v), (None,)), gpu=False)
+    row("torch.empty_like(q) + torch.empty(lse)", lambda: (torch.empty_like(q, memory_format=torch.contiguous_format),
+                                                          torch.empty((1, 32, 512), dtype=torch.float32, device=dev)))
+    row("3 Descriptors", lambda: [attn.Descriptor(t, (32 * 512, 128), (128, 1), (128, 128)) for t in (q, k, v)],
+        gpu=False)
+    row("pdl_launch_args('off', 128, dev)", lambda: attn.pdl_launch_args("off", 128, dev), gpu=False)
+    row("_tma_ok(q, k, v)", lambda: attn._tma_ok(q, k, v), gpu=False)
+    profile("flash_attention(impl='cuda')", lambda: flash_attention(q, k, v, impl="cuda"))
+    print("-- decode_attention B=1 Hq=32 Hkv=8 S=4096 D=128 bf16")
+    qd = torch.randn(1, 32, 1, 128, device=dev, dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 8, 4096, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 4096, dtype=torch.int32, device=dev)
+    kr, vr = kc.repeat_interleave(4, 1), vc.repeat_interleave(4, 1)
+    row("F.scaled_dot_product_attention (repeated KV)", lambda: F.scaled_dot_product_attention(qd, kr, vr))
+    row("decode_attention", lambda: decode_attention(qd, kc, vc, lens))
+    row("attn._decode_forward", lambda: attn._decode_forward(qd, kc, vc, lens, False, 0.088, 0))
+    row("attn._decode_splits", lambda: attn._decode_splits(qd, kc, 64), gpu=False)
+    profile("decode_attention", lambda: decode_attention(qd, kc, vc, lens))
+
+
+def gemv_rows(dev):
+    print("-- gemv 1x4096 @ 4096x4096^T bf16, w4a16 4096x14336")
+    w = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
+    x8 = torch.randn(8, 4096, device=dev, dtype=torch.bfloat16)
+    w4, s4 = gemv_mod.pack_w4a16(torch.randn(4096, 14336, device=dev, dtype=torch.bfloat16))
+    x4 = torch.randn(1, 14336, device=dev, dtype=torch.bfloat16)
+    row("torch.matmul(x, w.t())", lambda: torch.matmul(x, w.t()))
+    row("F.linear(x, w)", lambda: F.linear(x, w))
+    for impl in ("cuda", "triton"):
+        row(f"gemv(w, x, impl={impl!r})", lambda: gemv(w, x, impl=impl))
+        row(f"gemv(w, x8, impl={impl!r})", lambda: gemv(w, x8, impl=impl))
+        row(f"gemv(w4, x4, s4, 'w4a16', impl={impl!r})", lambda: gemv(w4, x4, s4, "w4a16", impl=impl))
+    row("_gemv_run(w, x, cuda)", lambda: gemv_mod._gemv_run(w, x, None, "bf16", "cuda", "auto"))
+    row("path_key(gemv)", lambda: gemv_mod.path_key(("bf16", "auto", None), (x, w), (None, None)), gpu=False)
+    row("_default_config", lambda: gemv_mod._default_config(1, 4096, 4096, "bf16", 132, True), gpu=False)
+    profile("gemv(w, x)", lambda: gemv(w, x))
+    profile("gemv(w, x8)", lambda: gemv(w, x8))
 
 
 def triton_cdiv(a, b):
