@@ -7,6 +7,7 @@ rest is the schedule's own Python and its inline torch calls: copies, events, st
 XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
 """
 import collections
+import importlib
 import statistics
 import time
 
@@ -16,6 +17,8 @@ import xelink
 from xelink import symm
 from xelink.dist import device, gemm as front
 from xelink.kernels import gemm
+
+gemm_mod = importlib.import_module("xelink.kernels.gemm")  # the module (the package re-exports the function)
 
 CALLS, ROUNDS, SLOT = 100, 5, 40  # SLOT: a semaphore slot no op uses
 world = xelink.init()
@@ -80,6 +83,12 @@ row("stage[r].copy_(a)", lambda: stage[r].copy_(a))
 row("stage[r] (a view)", lambda: stage[r])
 row("c.narrow(0, 0, rows)", lambda: c.narrow(0, 0, M // n))
 row("gemm(a, b, out=c.narrow(...))", lambda: gemm(a, b, out=c.narrow(0, 0, M // n)))
+blk = c.narrow(0, 0, M // n)
+row("gemm(a, b, out=blk) (one view)", lambda: gemm(a, b, out=blk))
+row("gemm(a, b)", lambda: gemm(a, b))
+row("gemm(a, b, impl='triton', out=blk)", lambda: gemm(a, b, impl="triton", out=blk))
+plan = gemm_mod._Launch(a, b, blk, "cuda", "off", gemm_mod._gemm_config(M // n, N, K), True)
+row("gemm's remembered _Launch(a, b, blk) alone", lambda: plan(a, b, blk))
 row("torch.matmul(a, b)", lambda: torch.matmul(a, b))
 row("symm.signal + symm.wait", signal_wait)
 row("symm.get(stage[peer], stage[peer], peer, copy engine)",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The lent one-GPU H200 runs of issues 20 and 21, in two groups that each fit one device call (10 min):
+# The lent one-GPU H200 runs of issues 20 and 21, in two groups (``all``: both, about 8 minutes):
 #   host:  where the host time of the kernels (attention, gemv) and of the distributed GEMM goes, and the
 #          attention and gemv families' host-time rows against torch (issue 20's target: torch + 10 us);
 #   tests: the kernel GPU tests with every fast launch checked against Triton's own key
@@ -7,28 +7,30 @@
 #          GEMM, context-parallel attention and the Llama model (ranks sharing GPU 0), and the CPU-rank
 #          Llama checks (which must run on CPU ranks on a GPU host too).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 C=$(cat .commit 2>/dev/null || git rev-parse HEAD)
-{ echo "commit: $C"; date -u; nvidia-smi -L; } > "$OUT/machine.txt"
+GPU=$(nvidia-smi -L | head -1)
 step() {  # step NAME LIMIT command...: output to $OUT/NAME.log, the exit status appended
   local name=$1 limit=$2; shift 2
-  { echo "commit: $C"; echo "\$ $*"; timeout "$limit" "$@"; echo "[exit $?]"; } > "$OUT/$name.log" 2>&1
+  { echo "commit: $C, $(date -u), $GPU"; echo "\$ $*"; timeout "$limit" "$@"; echo "[exit $?]"; } > "$OUT/$name.log" 2>&1
   tail -n 3 "$OUT/$name.log"
 }
 case "$1" in
-host)
-  step kernel_host_profile 100 python3 benchmarks/scripts/kernel_host_profile.py attention gemv
+host|all)
+  step kernel_host_profile 120 python3 benchmarks/scripts/kernel_host_profile.py gemm attention gemv
   step dist_host_profile 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
   step bench_attention 110 python3 -m xelink.bench attention --quick --out "$OUT/bench" --commit "$C"
   step bench_gemv 150 python3 -m xelink.bench gemv --quick --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt  # the logs hold the tables; the device tool returns at most 8 files
   ;;
-tests)
+esac
+case "$1" in
+tests|all)
   step kernels_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu tests/kernels
   step gpu_rank_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py tests/models
   ;;
-*) echo "usage: OUT=dir bash $0 host|tests"; exit 2 ;;
 esac

@@ -46,6 +46,7 @@ from ..errors import XelinkError
 from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from . import schedule
 from .host import gathered
+from ..kernels import gemm
 
 __all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "stage_buffer", "unmet",
            "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
@@ -97,8 +98,9 @@ def _mm_into(x: torch.Tensor, w: torch.Tensor, dst: torch.Tensor) -> None:
         dst.zero_()
         return
     if dst.dtype in _HALF and dst.stride(-1) == 1:
-        from ..kernels import gemm
-
+        if dst.dim() == 2:
+            gemm(x, w, out=dst)
+            return
         x2 = x.reshape(-1, x.shape[-1])
         try:
             d2 = dst.view(-1, dst.shape[-1])
@@ -126,52 +128,65 @@ def _fwd(reads, me: int) -> dict:
     return out
 
 
+class _Gather:
+    """This rank's part of one (group, shard shape, dtype, algo, device) gather schedule, worked out by
+    the first call and kept as a resource of the group: the staging buffer and a view of each slot, the
+    ranks signalled once the own shard is staged, the shards read in order with their holder and the
+    ranks each is forwarded to, the ``FREE`` signals to consume (one per read of this rank's memory), an
+    event per read shard (re-recorded by every call: a stream waits for an event's latest record when the
+    wait is enqueued, so reuse is safe) and the side stream."""
+
+    def __init__(self, comm, shard: tuple, dtype, algo: str, dev):
+        n, r = comm.size, comm.rank
+        self.stage = stage_buffer(comm, "gather", (n,) + shard, dtype)
+        self.slots = [self.stage[q] for q in range(n)]
+        reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.direct_plan(n)
+        fwd = _fwd(reads, r)
+        self.mine = fwd[r]
+        self.reads = [(q, src, fwd[q], torch.cuda.Event()) for q, src in reads[r]]
+        self.frees = [x for x in range(n) for _ in schedule.serves(reads, r, x)]
+        self.side = side_stream(comm, dev)
+
+
 def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
     n, r, dev = comm.size, comm.rank, a.device
     shard = tuple(a.shape)
     full = list(shard)
     full[dim] *= n
-    cs = [o if o is not None else torch.empty(tuple(full[:-1]) + (w.shape[1],), dtype=a.dtype, device=dev)
-          for w, o in zip(weights, outs)]
+    cs = [o if o is not None else a.new_empty(tuple(full[:-1]) + (w.shape[1],)) for w, o in zip(weights, outs)]
     if algo == "sequential":
-        buf = torch.empty((n,) + shard, dtype=a.dtype, device=dev)
+        buf = a.new_empty((n,) + shard)
         all_gather_into_tensor(buf, a.contiguous(), group=comm)
         a_full = gathered(buf, dim)
         for w, c in zip(weights, cs):
             _mm_into(a_full, w, c)
         return (a_full if return_gathered else None), cs
-    stage = stage_buffer(comm, "gather", (n,) + shard, a.dtype)
-    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
-    reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.direct_plan(n)
-    fwd = _fwd(reads, r)
-    stage[r].copy_(a)
-    for x in fwd[r]:
+    g = comm.resource(("xelink.dist", "gather-plan", shard, a.dtype, algo, dev),
+                      lambda: _Gather(comm, shard, a.dtype, algo, dev))
+    slots, side = g.slots, g.side
+    main = torch.cuda.current_stream(dev)
+    slots[r].copy_(a)
+    for x in g.mine:
         symm.signal(x, READY, group=comm, stream=main)
     side.wait_stream(main)  # the slots this call fills are no longer read by the previous call's GEMMs
-    landed = {}
-    for q, src in reads[r]:
+    for q, src, to, landed in g.reads:
         symm.wait(src, READY, group=comm, stream=side)
-        symm.get(stage[q], stage[q], src, group=comm, engine="copy", stream=side)
-        landed[q] = torch.cuda.Event()
-        landed[q].record(side)
+        symm.get(slots[q], slots[q], src, group=comm, engine="copy", stream=side)
+        landed.record(side)
         symm.signal(src, FREE, group=comm, stream=side)
-        for x in fwd[q]:
+        for x in to:
             symm.signal(x, READY, group=comm, stream=side)
     rows = shard[dim]
-
-    def compute(q):
+    for w, c in zip(weights, cs):
+        _mm_into(slots[r], w, c.narrow(dim, r * rows, rows))
+    for q, _, _, landed in g.reads:
+        main.wait_event(landed)
         for w, c in zip(weights, cs):
-            _mm_into(stage[q], w, c.narrow(dim, q * rows, rows))
-
-    compute(r)
-    for q, _ in reads[r]:
-        main.wait_event(landed[q])
-        compute(q)
-    for x in range(n):
-        for _ in schedule.serves(reads, r, x):
-            symm.wait(x, FREE, group=comm, stream=side)
+            _mm_into(slots[q], w, c.narrow(dim, q * rows, rows))
+    for x in g.frees:
+        symm.wait(x, FREE, group=comm, stream=side)
     main.wait_stream(side)
-    a_full = gathered(stage, dim).clone() if return_gathered else None
+    a_full = gathered(g.stage, dim).clone() if return_gathered else None
     return a_full, cs
 
 
@@ -187,6 +202,20 @@ def _order(comm, algo: str) -> list[int]:
     return remote + [mine[(i + s) % len(mine)] for s in range(1, len(mine))]
 
 
+class _Scatter:
+    """This rank's part of one (group, block shape, dtype, algo, device) reduce-scatter schedule, kept as
+    :class:`_Gather` is: the inbox, the view of this rank's slot in it, the destinations in order with an
+    event each, the peers and the side stream."""
+
+    def __init__(self, comm, shape: tuple, dtype, algo: str, dev):
+        r = comm.rank
+        self.inbox = stage_buffer(comm, "reduce", (comm.size,) + shape, dtype)
+        self.mine = self.inbox[r]
+        self.order = [(j, torch.cuda.Event()) for j in _order(comm, algo)]
+        self.peers = [q for q in range(comm.size) if q != r]
+        self.side = side_stream(comm, dev)
+
+
 def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
     n, r, dev = comm.size, comm.rank, a.device
     blk = a.shape[dim] // n
@@ -194,34 +223,33 @@ def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
     shape[dim] = blk
     shape = tuple(shape)
     if algo == "sequential":
-        p = torch.empty(tuple(a.shape[:-1]) + (w.shape[1],), dtype=a.dtype, device=dev)
+        p = a.new_empty(tuple(a.shape[:-1]) + (w.shape[1],))
         _mm_into(a, w, p)
         blocks = p if dim == 0 else p.unflatten(dim, (n, blk)).movedim(dim, 0).contiguous()
-        res = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
+        res = out if out is not None and out.is_contiguous() else a.new_empty(shape)
         reduce_scatter_tensor(res, blocks, op=op, group=comm)
         return res if out is None or res is out else out.copy_(res)
-    inbox = stage_buffer(comm, "reduce", (n,) + shape, a.dtype)
-    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
-    parts = torch.empty((n,) + shape, dtype=a.dtype, device=dev)
+    g = comm.resource(("xelink.dist", "scatter-plan", shape, a.dtype, algo, dev),
+                      lambda: _Scatter(comm, shape, a.dtype, algo, dev))
+    main, side = torch.cuda.current_stream(dev), g.side
+    parts = a.new_empty((n,) + shape)
     side.wait_stream(main)
-    for j in _order(comm, algo):
-        _mm_into(a.narrow(dim, j * blk, blk), w, parts[j])
-        done = torch.cuda.Event()
+    for j, done in g.order:
+        part = parts[j]
+        _mm_into(a.narrow(dim, j * blk, blk), w, part)
         done.record(main)
         side.wait_event(done)
-        symm.put(inbox[r], parts[j], j, group=comm, engine="copy", stream=side)
+        symm.put(g.mine, part, j, group=comm, engine="copy", stream=side)
         symm.signal(j, RS_READY, group=comm, stream=side)
-    _mm_into(a.narrow(dim, r * blk, blk), w, inbox[r])
-    for q in range(n):
-        if q != r:
-            symm.wait(q, RS_READY, group=comm, stream=main)
-    acc = (inbox.float() if a.dtype in _HALF else inbox).sum(0)
+    _mm_into(a.narrow(dim, r * blk, blk), w, g.mine)
+    for q in g.peers:
+        symm.wait(q, RS_READY, group=comm, stream=main)
+    acc = (g.inbox.float() if a.dtype in _HALF else g.inbox).sum(0)
     if op == "avg":
         acc.div_(n)
-    for q in range(n):
-        if q != r:
-            symm.signal(q, RS_FREE, group=comm, stream=main)
-            symm.wait(q, RS_FREE, group=comm, stream=side)
+    for q in g.peers:
+        symm.signal(q, RS_FREE, group=comm, stream=main)
+        symm.wait(q, RS_FREE, group=comm, stream=side)
     main.wait_stream(side)
     if out is None:
         return acc.to(a.dtype)

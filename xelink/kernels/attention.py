@@ -706,10 +706,10 @@ class _DecodeLaunch:
     the split kernel's grid, integers and options, the merge's, where the float32 partials lie in their
     one scratch allocation, and (``remembered``) a launcher slot for each kernel."""
 
-    __slots__ = ("grid", "ints", "kwargs", "merge", "parts", "o_view", "lse_view", "out_shape", "slots")
+    __slots__ = ("grid", "ints", "kwargs", "merge", "parts", "lse_at", "out_lse_at", "out_shape", "slots")
 
     def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
-                 remembered: bool):
+                 remembered: bool, keep_lse: bool = True):
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
@@ -718,15 +718,16 @@ class _DecodeLaunch:
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
         self.out_shape = (B, HQ, SQ, D)
-        # The partials: o (B, HQ, SQ, splits, D) then lse (B, HQ, SQ, splits), one float32 allocation (the
-        # lse part starts 16-byte aligned).
+        # One float32 allocation: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
+        # unless the caller keeps it (``keep_lse``), the result's lse (B, HQ, SQ), each 16-byte aligned. The
+        # kernels take pointers and the strides below, so the pieces are flat slices.
         n_o = B * HQ * SQ * num_splits * D
-        lse_at = -(-n_o // 4) * 4
-        self.parts = lse_at + B * HQ * SQ * num_splits
+        self.lse_at = -(-n_o // 4) * 4
+        end = self.lse_at + B * HQ * SQ * num_splits
+        self.out_lse_at = None if keep_lse else -(-end // 4) * 4
+        self.parts = end if keep_lse else self.out_lse_at + B * HQ * SQ
         po = (HQ * SQ * num_splits * D, SQ * num_splits * D, num_splits * D, D, 1)
         pl = (HQ * SQ * num_splits, SQ * num_splits, num_splits, 1)
-        self.o_view = ((B, HQ, SQ, num_splits, D), po, 0)
-        self.lse_view = ((B, HQ, SQ, num_splits), pl, lse_at)
         self.grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
         self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), HKV, group, SQ, SMAX, scale * _LOG2E)
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
@@ -738,13 +739,15 @@ class _DecodeLaunch:
         self.slots = (Slot(_decode_split_kernel), Slot(_merge_kernel)) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):
-        """(out, lse): ``out`` (a new tensor unless given) and a new float32 LSE."""
+        """(out, lse): ``out`` (a new tensor unless given) and the float32 LSE (a new tensor with
+        ``keep_lse``, else a flat scratch slice)."""
         out = q.new_empty(self.out_shape) if out is None else out
-        lse = q.new_empty(self.out_shape[:3], dtype=torch.float32)
         if out.numel() == 0:
-            return out, lse
-        parts = q.new_empty((self.parts,), dtype=torch.float32)
-        part_o, part_lse = parts.as_strided(*self.o_view), parts.as_strided(*self.lse_view)
+            return out, q.new_empty(self.out_shape[:3], dtype=torch.float32)
+        part_o = q.new_empty((self.parts,), dtype=torch.float32)
+        part_lse = part_o[self.lse_at:]
+        lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else \
+            part_o[self.out_lse_at:]
         grid, ints, kwargs = self.merge
         if self.slots is None:
             launch(_decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, *self.ints,
@@ -982,7 +985,8 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
     num_splits = num_splits or 0
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, num_splits, None if path == "reference" else
-                              _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, True)))
+                              _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, True,
+                                            return_lse)))
     if torch.compiler.is_compiling():
         out = _traced_out(out, q)
         lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl,
