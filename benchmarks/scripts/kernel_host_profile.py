@@ -116,7 +116,7 @@ def gemm_rows(dev):
     row("torch.empty(M, N, dtype=, device=)", lambda: torch.empty(M, N, dtype=a.dtype, device=a.device))
     row("a.device", lambda: a.device, gpu=False)
     row("a.shape, a.stride(), a.dtype, a.data_ptr()", lambda: (a.shape, a.stride(), a.dtype, a.data_ptr()), gpu=False)
-    row("_path_key", lambda: gemm_mod._path_key(a, b, "cuda", None, None), gpu=False)
+    row("path_key (gemm's)", lambda: gemm_mod.path_key(("cuda", None), (a, b), (None,)), gpu=False)
     row("_gemm_config", lambda: gemm_mod._gemm_config(M, N, K), gpu=False)
     cfg = gemm_mod._gemm_config(M, N, K)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
