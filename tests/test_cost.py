@@ -1,5 +1,6 @@
 """The alpha-beta cost model: the Intel Max predictions, exact traffic and times, growth, bad inputs, CLI."""
 import dataclasses
+import importlib
 
 import pytest
 
@@ -580,3 +581,84 @@ def test_cost_command_prices_dist_gemm(capsys):
     assert "all_gather_matmul on intel-max-1550x6: 12 rank(s) in 6 package(s)" in out
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("6144x", "12288x"))]
     assert rows[0][0] == "6144x6144x6144" and rows[0][-1] == "topo" and len(rows) == 2
+
+
+# -- context-parallel attention ----------------------------------------------------------------
+
+def _pairs_brute(pieces_q, pieces_k, causal):
+    return sum(1 for qs, ql in pieces_q for q in range(qs, qs + ql) for ks, kl in pieces_k
+               for k in range(ks, ks + kl) if not causal or k <= q)
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cp_attention_work_is_the_visible_pairs(layout, causal):
+    """Compute-bound (links made free): the time is the slowest rank's visible (query, key) pairs at
+    4 * head_dim flops each; zigzag balances the causal work, contiguous does not."""
+    from xelink.dist import schedule
+
+    topo = T.load("nvidia-h200x8")
+    n, S, B, H, D, rate = 4, 1003, 2, 4, 64, 1.0  # S not divisible by the block count
+    pieces = [schedule.cp_pieces(S, n, layout, r) for r in range(n)]
+    worst = max(sum(_pairs_brute(pieces[r], pieces[o], causal) for o in range(n)) for r in range(n))
+    for algo in cost.CP_ATTENTION_ALGOS:
+        p = cost.predict_cp_attention(topo, n, algo, seq_len=S, batch=B, heads=H, head_dim=D, causal=causal,
+                                      layout=layout, attn_tflops=rate * 1e-6)  # 1 MFLOP/s: links are free
+        assert p.op == "cp_attention" and p.algo == algo and p.bottleneck == "attention"
+        assert p.compute_s == pytest.approx(4 * B * H * D * worst / 1e6, rel=1e-12)
+        assert p.time_s == pytest.approx(p.compute_s, rel=1e-9)
+    if causal:
+        share = [sum(_pairs_brute(pieces[r], pieces[o], True) for o in range(n)) for r in range(n)]
+        spread = max(share) / min(share)
+        assert spread < 1.01 if layout == "zigzag" else spread > 3
+
+
+def test_cp_attention_ring_hides_the_transfers_until_the_link_is_slower():
+    topo = T.load("nvidia-h200x2")
+    # 64K positions: a rank's own block takes longer than moving the other's KV, so nothing is exposed.
+    flops = 4 * 32 * 128 * 65536 ** 2  # non-causal MHA
+    p = cost.predict_cp_attention(topo, 2, "ring", seq_len=65536)
+    assert p.time_s == pytest.approx(flops / 2 / (cost.ATTN_TFLOPS["cuda"] * 1e12), rel=1e-9)
+    # 2K positions: the own block (half a rank's work) is shorter than the transfer, which shows.
+    short = cost.predict_cp_attention(topo, 2, "ring", seq_len=2048)
+    move = sum(st.time_s for st in short.steps)
+    assert short.time_s == pytest.approx(move + short.compute_s / 2, rel=1e-9) and short.time_s > short.compute_s
+    free = cost.predict_cp_attention(topo, 2, "ring", seq_len=2048, attn_tflops=1e9)  # attention ~free
+    assert free.bottleneck != "attention" and free.time_s == pytest.approx(move, rel=1e-6)
+
+
+def test_cp_attention_auto_takes_the_faster_by_the_model():
+    import types
+
+    cpa = importlib.import_module("xelink.dist.cp_attention")  # the module (xelink.dist re-exports the op)
+
+    def comm(topo_name, n):
+        topo = T.load(topo_name)
+        return types.SimpleNamespace(topology=topo, placement=T.place(topo, n), packages=[list(range(n))])
+
+    problem = dict(seq_len=16384, batch=1, heads=32, kv_heads=32, head_dim=128, causal=True, layout="zigzag",
+                   dtype_bytes=2)
+    for name, n in (("nvidia-h200x8", 8), ("two-hosts-4gpu", 8)):
+        c = comm(name, n)
+        times = {a: cost.predict_cp_attention(c.topology, c.placement, a, **problem).time_s for a in cpa.CP_ALGOS}
+        assert cpa.auto_algo(c, 1 << 20, problem=problem) == min(times, key=times.get)
+    assert cpa.auto_algo(comm("nvidia-h200x8", 8), 1 << 20, problem=problem) == "ring"  # the links at 8 GPUs
+    assert cpa.auto_algo(comm("two-hosts-4gpu", 8), 1 << 20, problem=problem) == "all_gather"  # the ring's IB hop
+    # Too large to gather: ring whatever the model says; no placement: all_gather.
+    assert cpa.auto_algo(comm("two-hosts-4gpu", 8), cpa.AUTO_GATHER_BYTES, problem=problem) == "ring"
+    assert cpa.auto_algo(types.SimpleNamespace(packages=[[0, 1]]), 1 << 20, problem=problem) == "all_gather"
+
+
+def test_cp_attention_model_bad_inputs_raise_named_errors():
+    topo = T.load("nvidia-h200x2")
+    f = cost.predict_cp_attention
+    with pytest.raises(ValueError, match=r"predict_cp_attention: algo='fused' is not one of ring, all_gather"):
+        f(topo, 2, "fused", seq_len=8)
+    with pytest.raises(ValueError, match=r"predict_cp_attention: layout='striped' is not one of"):
+        f(topo, 2, "ring", seq_len=8, layout="striped")
+    with pytest.raises(ValueError, match=r"predict_cp_attention: seq_len=0 must be an int >= 1"):
+        f(topo, 2, "ring", seq_len=0)
+    with pytest.raises(ValueError, match=r"predict_cp_attention: heads=6 is not a multiple of kv_heads=4"):
+        f(topo, 2, "ring", seq_len=8, heads=6, kv_heads=4)
+    with pytest.raises(ValueError, match=r"predict_cp_attention: attn_tflops=0 must be > 0"):
+        f(topo, 2, "ring", seq_len=8, attn_tflops=0)

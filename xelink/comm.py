@@ -153,6 +153,17 @@ class Communicator:
                              f"packages")
         self._packages = [sorted(p) for p in groups]
 
+    @property
+    def placement(self):
+        """Where this communicator's ranks sit in ``topology`` (an ``xelink.topology.Placement``: what the
+        cost model prices), or None without a topology or with ``packages`` assigned by hand (the model
+        would price a layout that is not the one in use)."""
+        if self.topology is None or self.world_placement is None or self._packages is not None:
+            return None
+        from .topology import Placement
+
+        return Placement(self.topology, tuple(self.world_placement.devices[w] for w in self.world_ranks))
+
     def package_index(self, rank: int) -> tuple[int, int]:
         """(package index, local index) of ``rank`` in ``packages``."""
         for p, members in enumerate(self.packages):

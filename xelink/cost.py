@@ -109,6 +109,9 @@ __all__ = [
     "DIST_GEMM_ALGOS",
     "GEMM_TFLOPS",
     "predict_dist_gemm",
+    "ATTN_TFLOPS",
+    "CP_ATTENTION_ALGOS",
+    "predict_cp_attention",
     "dist_gemm_table",
     "parse_size",
     "parse_shape",
@@ -1052,6 +1055,128 @@ def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: st
     blame["GEMM"] = compute
     priced.blame = defaultdict(float, blame)
     return priced.prediction(topology, placement, op, algo, nbytes, cal, total, compute)
+
+
+# Attention rate of one device (TFLOP/s, 4*D flops per visible (query, key) pair) by device kind, when
+# ``attn_tflops`` is not given.
+ATTN_TFLOPS: dict[str, float] = {"cuda": 623.0, "xpu": 118.5, "cpu": 0.02}
+ATTN_TFLOPS_SOURCES: dict[str, str] = {
+    "cuda": "measured here: xelink flash_attention impl='cuda', bf16 B=1 H=32 S=8192 HD=128 non-causal, one H200, "
+            "623 TFLOP/s (benchmarks/results/h200-issue20/bench_attention.log)",
+    "xpu": "estimate: 0.6 of the GEMM rate of one Intel Max stack (GEMM_TFLOPS['xpu']); no measured attention rate",
+    "cpu": "estimate: float32 reference attention of one CPU rank sharing a few cores, 20 GFLOP/s",
+}
+CP_ATTENTION_ALGOS = ("ring", "all_gather")
+
+
+def _visible(qs: int, qe: int, ks: int, ke: int, causal: bool) -> int:
+    """(query, key) pairs of queries ``[qs, qe)`` and keys ``[ks, ke)`` that attend (causal: key <= query)."""
+    nq, nk = max(0, qe - qs), max(0, ke - ks)
+    if not causal or not nq or not nk:
+        return nq * nk
+    # Query q sees clamp(q + 1 - ks, 0, nk) keys; sum over x = q + 1 in [qs + 1, qe].
+    lo, hi = qs + 1, qe
+    total = 0
+    a, b = max(lo, ks + 1), min(hi, ke - 1)  # the rising part: x - ks
+    if a <= b:
+        total += (a - ks + b - ks) * (b - a + 1) // 2
+    a = max(lo, ke)  # the flat part: all nk keys
+    if a <= hi:
+        total += nk * (hi - a + 1)
+    return total
+
+
+def predict_cp_attention(topology: Topology, placement_or_nranks, algo: str, *, seq_len: int, batch: int = 1,
+                         heads: int = 32, kv_heads: int | None = None, head_dim: int = 128, causal: bool = False,
+                         layout: str = "zigzag", dtype_bytes: int = 2, calibration: Calibration | None = None,
+                         attn_tflops: float | None = None) -> Prediction:
+    """Predict ``xelink.cp_attention`` of one sequence of ``seq_len`` positions split over the ranks.
+
+    Work: each rank's queries against every rank's keys, counted exactly for the layout (``cp_pieces``) and
+    the causal mask (visible pairs, 4 * head_dim flops each, at ``attn_tflops`` or ``ATTN_TFLOPS`` of the
+    device kind, divided among ranks that share a device). Traffic: every rank's K and V (``kv_heads``).
+
+      - ``ring`` (the ranks in ``topo_ring`` order, packages contiguous): n steps; at step s every rank
+        attends to the block it holds while passing it on to the next rank (no transfer after the last
+        step). A block is passed on as soon as it lands, so the s-th block reaches a rank after s
+        transfers (each priced as one step of all ranks' transfers); a rank attends to it once it has
+        landed and the previous block is done.
+      - ``all_gather``: every rank's KV, padded to the longest local length, gathered (the algorithm
+        ``best`` picks) while each rank attends to its own block; then the other blocks.
+
+    The merges of partial results and the local copies are not priced (their bytes are a fraction of the
+    attention's); the attention is assumed not to slow the transfers down.
+
+    Returns:
+        A ``Prediction`` (``op`` "cp_attention"; ``nbytes``: the KV bytes of the whole sequence;
+        ``compute_s``: the slowest rank's attention; bottleneck "attention" when it exceeds the exposed
+        communication).
+
+    Raises:
+        ValueError: an unknown algo or layout, sizes below 1, heads not a multiple of kv_heads, a bad rate
+            or dtype size, a placement the topology cannot make.
+    """
+    fn = "predict_cp_attention"
+    from .dist import schedule  # pure Python; imported here so that the model loads without the ops
+
+    if algo not in CP_ATTENTION_ALGOS:
+        raise ValueError(f"{fn}: algo={algo!r} is not one of {', '.join(CP_ATTENTION_ALGOS)}")
+    if layout not in schedule.CP_LAYOUTS:
+        raise ValueError(f"{fn}: layout={layout!r} is not one of {', '.join(schedule.CP_LAYOUTS)}")
+    kv_heads = heads if kv_heads is None else kv_heads
+    for name, v in (("seq_len", seq_len), ("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
+                    ("head_dim", head_dim), ("dtype_bytes", dtype_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{fn}: {name}={v!r} must be an int >= 1")
+    if heads % kv_heads:
+        raise ValueError(f"{fn}: heads={heads} is not a multiple of kv_heads={kv_heads}")
+    if attn_tflops is not None and not (isinstance(attn_tflops, (int, float)) and attn_tflops > 0):
+        raise ValueError(f"{fn}: attn_tflops={attn_tflops!r} must be > 0")
+    placement = _placement(fn, topology, placement_or_nranks)
+    cal = _calibration(fn, topology, calibration)
+    n = placement.nranks
+    pieces = [schedule.cp_pieces(seq_len, n, layout, r) for r in range(n)]
+    share = _count(placement.devices)
+    rate = {r: (attn_tflops or ATTN_TFLOPS[placement.device(r).kind]) * 1e12 / share[placement.devices[r]]
+            for r in range(n)}
+
+    def attend(r: int, owner: int) -> float:
+        pairs = sum(_visible(qs, qs + ql, ks, ks + kl, causal) for qs, ql in pieces[r] for ks, kl in pieces[owner])
+        return 4.0 * batch * heads * head_dim * pairs / rate[r]
+
+    per_pos = 2 * batch * kv_heads * head_dim * dtype_bytes  # K and V bytes of one position
+    kv = {r: per_pos * sum(length for _, length in pieces[r]) for r in range(n)}
+    compute = max(sum(attend(r, o) for o in range(n)) for r in range(n))
+    if algo == "ring":
+        ring = schedule.topo_ring(placement.packages())
+        where = {r: i for i, r in enumerate(ring)}
+        held = [{r: ring[(where[r] - s) % n] for r in range(n)} for s in range(n)]  # whose block r has at step s
+        phases = [_Phase([Transfer(r, ring[(where[r] + 1) % n], kv[held[s][r]]) for r in range(n)])
+                  for s in range(n - 1)]
+        priced = _price_phases(topology, placement, phases, cal)
+        # A block moves on as soon as it lands (the sender holds it from then), so step s's block reaches
+        # every rank after the first s transfers; a rank starts a step once the block is there and its
+        # previous step is done.
+        total = 0.0
+        for r in range(n):
+            landed = done = priced.call
+            for s in range(n):
+                if s:
+                    landed += priced.times[s - 1]
+                done = max(done, landed) + attend(r, held[s][r])
+            total = max(total, done)
+    else:
+        nbytes = per_pos * max(sum(length for _, length in p) for p in pieces) * n
+        galgo = best(topology, placement, "all_gather", nbytes, calibration=cal)
+        priced = _price_phases(topology, placement, _phases(placement, "all_gather", galgo, nbytes), cal)
+        total = max(max(priced.total, attend(r, r)) + sum(attend(r, o) for o in range(n) if o != r)
+                    for r in range(n))
+    exposed = max(0.0, total - compute)
+    comm = sum(priced.blame.values())
+    blame = {k: v * exposed / comm for k, v in priced.blame.items()} if comm > 0 else {}
+    blame["attention"] = compute
+    priced.blame = defaultdict(float, blame)
+    return priced.prediction(topology, placement, "cp_attention", algo, per_pos * seq_len, cal, total, compute)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,13 +55,11 @@ def _from_table(comm, op, backend, nbytes, dtype, names):
 
 
 def _from_model(comm, op, nbytes, algos):
-    if comm.topology is None or comm.world_placement is None or comm._packages is not None:
+    placement = comm.placement
+    if placement is None:
         return None
     from ..cost import best
-    from ..topology import Placement
 
-    wp = comm.world_placement
-    placement = Placement(comm.topology, tuple(wp.devices[w] for w in comm.world_ranks))
     schedule = best(comm.topology, placement, op, nbytes, [a.schedule for a in algos])
     return next(a.name for a in algos if a.schedule == schedule)
 

@@ -29,9 +29,11 @@ Algorithms (``algo=``, ``CP_ALGOS``):
   ``all_gather_into_tensor`` (asynchronously; its ``auto`` takes the topology-aware algorithm where the group
   has packages) while this rank's queries attend to its own KV; then the other ranks' blocks, put in global
   order and coalesced into runs of adjacent blocks (one copy), are attended run by run and merged.
-- ``"auto"``: ``all_gather`` when the gathered KV, counted twice (the gather buffer and its global-order
-  copy), fits ``AUTO_GATHER_BYTES`` (256 MiB, a memory rule: no tuning-table entry or cost model yet),
-  else ``ring``; on CUDA tensors without peer memory between the ranks always ``all_gather``.
+- ``"auto"``: ``ring`` when the gathered KV, counted twice (the gather buffer and its global-order copy),
+  does not fit ``AUTO_GATHER_BYTES`` (256 MiB, a memory rule); otherwise the one the cost model
+  (``xelink.cost.predict_cp_attention``) predicts faster on the group's placement in its topology, and
+  ``all_gather`` where there is none (no topology, or packages assigned by hand); on CUDA tensors without
+  peer memory between the ranks always ``all_gather``. No tuning-table entry exists for it yet.
 
 Causal masks. The local kernels mask causally only with the queries aligned to the end of the keys, over
 contiguous ranges; a rank's positions are not contiguous (zigzag) and the key blocks come from anywhere.
@@ -58,6 +60,7 @@ import math
 import torch
 
 from ..collectives import all_gather_into_tensor
+from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
 from ..kernels import flash_attention
@@ -67,7 +70,7 @@ from .cp_engine import all_gather_attention
 __all__ = ["CP_ALGOS", "CP_LAYOUTS", "AUTO_GATHER_BYTES", "cp_attention", "cp_shard", "cp_unshard", "cp_positions",
            "auto_algo"]
 
-CP_ALGOS = ("ring", "all_gather")
+CP_ALGOS = CP_ATTENTION_ALGOS  # ("ring", "all_gather"): the cost model prices the same names
 CP_LAYOUTS = schedule.CP_LAYOUTS
 AUTO_GATHER_BYTES = 256 << 20
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -182,16 +185,26 @@ def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, r
     return got
 
 
-def auto_algo(comm, nbytes_gathered: int, cuda: bool = False) -> str:
-    """What ``algo="auto"`` runs: ``all_gather`` when twice the gathered KV (``nbytes_gathered``: the gather
-    buffer plus its global-order copy) fits ``AUTO_GATHER_BYTES``, else ``ring``; on CUDA tensors without
-    peer memory between the ranks (which the CUDA ring needs) ``all_gather`` whatever the size."""
+def auto_algo(comm, nbytes_gathered: int, cuda: bool = False, problem: dict | None = None) -> str:
+    """What ``algo="auto"`` runs: ``ring`` when twice the gathered KV (``nbytes_gathered``: the gather buffer
+    plus its global-order copy) does not fit ``AUTO_GATHER_BYTES``; else the faster of the two by the cost
+    model (``xelink.cost.predict_cp_attention`` of ``problem``, its keyword arguments) where the group has a
+    placement in a topology, else ``all_gather``. On CUDA tensors without peer memory between the ranks
+    (which the CUDA ring needs) ``all_gather`` whatever the size."""
     if cuda:
         from .. import symm
 
         if not symm.available(comm):
             return "all_gather"
-    return "all_gather" if 2 * nbytes_gathered <= AUTO_GATHER_BYTES else "ring"
+    if 2 * nbytes_gathered > AUTO_GATHER_BYTES:
+        return "ring"
+    placement = getattr(comm, "placement", None)
+    if placement is None or problem is None:
+        return "all_gather"
+    from ..cost import predict_cp_attention
+
+    times = {a: predict_cp_attention(comm.topology, placement, a, **problem).time_s for a in CP_ALGOS}
+    return min(CP_ALGOS, key=lambda a: (times[a], a != "all_gather"))  # a tie: all_gather
 
 
 # -- the ops --------------------------------------------------------------------------------------
@@ -260,7 +273,12 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
     lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len)
     B, Hkv, _, D = k.shape
     gathered_bytes = n * max(lengths) * 2 * B * Hkv * D * k.element_size()
-    picked = auto_algo(comm, gathered_bytes, q.is_cuda) if algo == "auto" else algo
+    if algo == "auto":
+        problem = dict(seq_len=sum(lengths), batch=B, heads=q.shape[1], kv_heads=Hkv, head_dim=D, causal=causal,
+                       layout=layout, dtype_bytes=k.element_size())
+        picked = auto_algo(comm, gathered_bytes, q.is_cuda, problem)
+    else:
+        picked = algo
     backend = _backend(q)
     why = backend.unmet(comm, picked)
     if why is not None:

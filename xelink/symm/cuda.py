@@ -872,14 +872,15 @@ def signal(rank: int, slot: int = 0, *, group=None, stream=None) -> None:
     writes of earlier kernels and copies included) is done. Not collective; ``rank`` consumes it with
     ``wait(this rank, slot)``."""
     comm = _comm(group, "signal")
-    team = team_of(comm, "signal")
     # The bound launch of each (peer, slot), made once (the addresses are the team's for its lifetime).
     key = ("symm.signal", rank, slot) if rank.__class__ is int and slot.__class__ is int else None
-    bound = team.plans.get(key)
+    team = comm._resources.get("cuda.team")
+    bound = None if team is None else team.plans.get(key)
     if bound is None:
         from .kernels import KERNELS
 
         peer, slot = _rank("signal", rank, comm), _slot("signal", slot)
+        team = team_of(comm, "signal")
         k = team.kernel(KERNELS["signal"], ("symm.signal",), torch.int32, num_warps=1, grid=1,
                         pointers={"PEER_SLOT": torch.int32})
         bound = team.plans[key] = k.bind(PEER_SLOT=team.signal_ptrs[peer] + 4 * (slot * MAX_WORLD + comm.rank))
@@ -892,14 +893,15 @@ def wait(rank: int, slot: int = 0, *, group=None, stream=None, timeout=None) -> 
     semaphore: each call consumes one signal), with a deadline: past it the next call on the group raises
     ``xelink.TimeoutError`` naming ``rank``. Not collective."""
     comm = _comm(group, "wait")
-    team = team_of(comm, "wait")
-    deadline = team.timeout_ns(timeout)
+    deadline = timeout_ns(comm, timeout)
     key = ("symm.wait", rank, slot, deadline) if rank.__class__ is int and slot.__class__ is int else None
-    bound = team.plans.get(key)
+    team = comm._resources.get("cuda.team")
+    bound = None if team is None else team.plans.get(key)
     if bound is None:
         from .kernels import KERNELS
 
         peer, slot = _rank("wait", rank, comm), _slot("wait", slot)
+        team = team_of(comm, "wait")
         k = team.kernel(KERNELS["wait"], ("symm.wait",), torch.int32, num_warps=1, grid=1,
                         pointers={"MY_SLOT": torch.int32, "SEEN": torch.int32})
         at = 4 * (slot * MAX_WORLD + peer)
