@@ -255,7 +255,8 @@ class Llama:
             max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192).
             impl: ``"auto"``, ``"xelink"`` (xelink's kernels forced: an error where they cannot run) or
                 ``"reference"`` (pure torch).
-            device: where the model runs; default the TP group's device (the world's when initialized), else CPU.
+            device: where the model runs; default the TP group's device, else the CP group's, else the world's
+                when xelink is initialized, else the CPU.
 
         Returns:
             the model.
@@ -275,8 +276,12 @@ class Llama:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{fn}: {name}={v!r} must be an int >= 1")
         check_groups(tp_group, cp_group, fn)
-        if device is None:
-            device = tp_group.device if tp_group is not None else "cpu"
+        if device is None:  # the groups' device, else the world's, else the CPU
+            from ..comm import get_world
+            from ..runtime import is_initialized
+
+            group = tp_group if tp_group is not None else cp_group
+            device = group.device if group is not None else get_world().device if is_initialized() else "cpu"
         device = torch.device(device)
         if impl == "xelink":
             if device.type == "cpu":
