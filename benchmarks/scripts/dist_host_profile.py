@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from xelink.bench import kernel_timing
+
 import xelink
 from xelink import symm
 from xelink.dist import device, gemm as front
@@ -32,20 +34,10 @@ stage = symm.empty((n, M // n, K), dtype=torch.bfloat16, group=world)
 side = torch.cuda.Stream(dev)
 main = torch.cuda.current_stream(dev)
 ev = torch.cuda.Event()
-_cycles = None
 
 
 def busy():
-    global _cycles
-    if _cycles is None:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        s.record()
-        torch.cuda._sleep(10_000_000)
-        e.record()
-        e.synchronize()
-        _cycles = 10_000_000 / (s.elapsed_time(e) * 1e3)
-    torch.cuda._sleep(int(_cycles * 5_000))  # 5 ms
+    kernel_timing.busy(5_000)  # 5 ms
 
 
 def per_call_us(fn, calls=CALLS):

@@ -8,42 +8,29 @@ call and torch's equivalent; then cProfile lists the Python functions of the who
 python3 benchmarks/scripts/kernel_host_profile.py [gemm] [norm] [attention] [gemv]   (default: all)
 """
 import cProfile
+import importlib
 import pstats
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-import importlib
-
+from xelink.bench import kernel_timing
 from xelink.kernels import launcher
 from xelink.kernels.common import sm_count
-from xelink.ops import gemm, rmsnorm
-
-import sys
-
-from xelink.ops import decode_attention, flash_attention, gemv
+from xelink.ops import decode_attention, flash_attention, gemm, gemv, rmsnorm
 
 attn = importlib.import_module("xelink.kernels.attention")
 gemv_mod = importlib.import_module("xelink.kernels.gemv")
 gemm_mod = importlib.import_module("xelink.kernels.gemm")  # the module (the package re-exports the function)
 norm = importlib.import_module("xelink.kernels.norm")
 CALLS, ROUNDS = 200, 7
-_cycles = None
 
 
 def busy():
-    global _cycles
-    if _cycles is None:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        s.record()
-        torch.cuda._sleep(10_000_000)
-        e.record()
-        e.synchronize()
-        _cycles = 10_000_000 / (s.elapsed_time(e) * 1e3)
-    torch.cuda._sleep(int(_cycles * 20_000))  # 20 ms
+    kernel_timing.busy(20_000)  # 20 ms
 
 
 def per_call_us(fn, gpu=True):

@@ -64,6 +64,18 @@ def _sleep_cycles_per_us() -> float:
     return 20_000_000 / (start.elapsed_time(end) * 1e3)
 
 
+_PER_US: dict = {}
+
+
+def busy(us: float) -> None:
+    """Keep the current CUDA device busy for about ``us`` microseconds (``torch.cuda._sleep``, its rate
+    measured once per device): host-time measurements enqueue behind it, so no call waits for the GPU."""
+    dev = torch.cuda.current_device()
+    if dev not in _PER_US:
+        _PER_US[dev] = _sleep_cycles_per_us()
+    torch.cuda._sleep(int(_PER_US[dev] * us))
+
+
 def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int = 10,
                 warmup: int = 3, agree=None) -> tuple[dict, dict]:
     """Host time of one eager call of each variant, with the GPU busy: (samples, wrong).
