@@ -662,3 +662,15 @@ def test_cp_attention_model_bad_inputs_raise_named_errors():
         f(topo, 2, "ring", seq_len=8, heads=6, kv_heads=4)
     with pytest.raises(ValueError, match=r"predict_cp_attention: attn_tflops=0 must be > 0"):
         f(topo, 2, "ring", seq_len=8, attn_tflops=0)
+
+
+def test_cost_command_prices_cp_attention(capsys):
+    assert cli.main(["cost", "--topology", "nvidia-h200x8", "--op", "cp_attention", "--causal",
+                     "--seq-lens", "16384", "131072", "--kv-heads", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "cp_attention on nvidia-h200x8: 8 rank(s) in 1 package(s); 32 heads (8 KV), head dim 128, causal" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("16384", "131072"))]
+    assert len(rows) == 2 and all(r[-1] in cost.CP_ATTENTION_ALGOS for r in rows)
+    p = {a: cost.predict_cp_attention(T.load("nvidia-h200x8"), 8, a, seq_len=131072, kv_heads=8, causal=True)
+         for a in cost.CP_ATTENTION_ALGOS}
+    assert rows[1][-1] == min(p, key=lambda a: p[a].time_s)

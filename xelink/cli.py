@@ -193,7 +193,10 @@ def _cmd_cost(args) -> int:
     nranks = args.nranks or len(topo.devices)
     ops = cost.OPS if args.op == "all" else (args.op,)
     if world is None or world.rank == 0:
-        if args.op in cost.DIST_GEMM_OPS:
+        if args.op == "cp_attention":
+            print(cost.cp_attention_table(topo, nranks, args.seq_lens, heads=args.heads, kv_heads=args.kv_heads,
+                                          head_dim=args.head_dim, causal=args.causal, dtype_bytes=args.dtype_bytes))
+        elif args.op in cost.DIST_GEMM_OPS:
             shapes = [cost.parse_shape(s) for s in args.shapes]
             print(cost.dist_gemm_table(topo, nranks, args.op, shapes, args.dtype_bytes,
                                        gemm_tflops=args.gemm_tflops))
@@ -210,7 +213,7 @@ def _cmd_cost(args) -> int:
 def _cost_ops() -> tuple:
     from .cost import DIST_GEMM_OPS, OPS
 
-    return OPS + DIST_GEMM_OPS
+    return OPS + DIST_GEMM_OPS + ("cp_attention",)
 
 
 def _cmd_generate(args) -> int:
@@ -299,13 +302,21 @@ def main(argv=None) -> int:
     p.add_argument("--topology", help="a shipped topology name or a .toml path (default: XELINK_TOPOLOGY, "
                                       "else discovery)")
     p.add_argument("--op", default="all_gather", choices=("all",) + _cost_ops(),
-                   help="a collective, all (every collective), or a distributed GEMM op (default: all_gather)")
+                   help="a collective, all (every collective), a distributed GEMM op, or cp_attention "
+                        "(default: all_gather)")
     p.add_argument("--sizes", nargs="+", default=["1K", "24K", "1M", "16M", "96M", "1G"],
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
     p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
     p.add_argument("--shapes", nargs="+", default=["6144", "12288"],
                    help="distributed GEMM shapes, M (a cube) or MxNxK (default: 6144 12288)")
-    p.add_argument("--dtype-bytes", type=int, default=2, help="distributed GEMM element size (default: 2, bf16)")
+    p.add_argument("--dtype-bytes", type=int, default=2,
+                   help="distributed GEMM / cp_attention element size (default: 2, bf16)")
+    p.add_argument("--seq-lens", nargs="+", type=int, default=[16384, 65536, 131072],
+                   help="cp_attention: positions of the one sequence (default: 16384 65536 131072)")
+    p.add_argument("--heads", type=int, default=32, help="cp_attention: query heads (default: 32)")
+    p.add_argument("--kv-heads", type=int, help="cp_attention: KV heads (default: --heads)")
+    p.add_argument("--head-dim", type=int, default=128, help="cp_attention: head dim (default: 128)")
+    p.add_argument("--causal", action="store_true", help="cp_attention: causal (zigzag layout)")
     p.add_argument("--gemm-tflops", type=float,
                    help="distributed GEMM rate of one device (default: cost.GEMM_TFLOPS of its kind)")
     p.set_defaults(fn=_cmd_cost)

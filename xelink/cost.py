@@ -112,6 +112,7 @@ __all__ = [
     "ATTN_TFLOPS",
     "CP_ATTENTION_ALGOS",
     "predict_cp_attention",
+    "cp_attention_table",
     "dist_gemm_table",
     "parse_size",
     "parse_shape",
@@ -1258,6 +1259,34 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         raise ValueError(f"parse_shape: {text!r} is not a shape such as 8192 or 16384x8192x4096 (M x N x K)")
     dims = [int(p) for p in parts]
     return tuple(dims * 3 if len(dims) == 1 else dims)
+
+
+def cp_attention_table(topology: Topology, placement_or_nranks, seq_lens: Sequence[int], *, heads: int = 32,
+                       kv_heads: int | None = None, head_dim: int = 128, causal: bool = False,
+                       layout: str = "zigzag", dtype_bytes: int = 2, calibration: Calibration | None = None,
+                       attn_tflops: float | None = None) -> str:
+    """Predicted time of both context-parallel attention algorithms per sequence length (one sequence), with
+    the share of attention-alone speed (the slowest rank's attention / the op's time: 100% when the
+    transfers are hidden)."""
+    placement = _placement("cp_attention_table", topology, placement_or_nranks)
+    kinds = sorted({placement.device(r).kind for r in range(placement.nranks)})
+    rate = f"{attn_tflops:g}" if attn_tflops else "/".join(f"{ATTN_TFLOPS[k]:g}" for k in kinds)
+    lines = [f"cp_attention on {topology.name}: {placement.nranks} rank(s) in {len(placement.packages())} "
+             f"package(s); {heads} heads ({kv_heads or heads} KV), head dim {head_dim}, "
+             f"{'causal' if causal else 'non-causal'}, {layout}, {dtype_bytes}-byte elements, attention at {rate} "
+             f"TFLOP/s a device; % = attention alone / time"
+             + (f"; calibration {calibration.name}" if calibration is not None else "")]
+    rows = [["positions", "attention alone", *CP_ATTENTION_ALGOS, "best"]]
+    for S in seq_lens:
+        preds = {a: predict_cp_attention(topology, placement, a, seq_len=S, heads=heads, kv_heads=kv_heads,
+                                         head_dim=head_dim, causal=causal, layout=layout, dtype_bytes=dtype_bytes,
+                                         calibration=calibration, attn_tflops=attn_tflops)
+                 for a in CP_ATTENTION_ALGOS}
+        alone = preds["ring"].compute_s
+        rows.append([str(S), _fmt_time(alone)]
+                    + [f"{_fmt_time(p.time_s)} {100 * alone / p.time_s:.0f}%" for p in preds.values()]
+                    + [min(preds, key=lambda a: preds[a].time_s)])
+    return "\n".join(lines + _aligned(rows))
 
 
 def dist_gemm_table(topology: Topology, placement_or_nranks, op: str, shapes: Sequence[tuple[int, int, int]],
