@@ -134,7 +134,10 @@ def test_init_loads_no_benchmark_module():
 
 COMPOSED = ("xelink.dist", "xelink.models")
 # What a composed op may build on: the public names of these layers (and the communicator), no more.
-BELOW_COMPOSED = ("xelink.symm", "xelink.collectives", "xelink.kernels", "xelink.comm", "xelink.errors")
+# The cost model and the layouts are plain functions below every op (the collectives' dispatch reads the
+# model too); composed ops take their algorithm choices from them.
+BELOW_COMPOSED = ("xelink.symm", "xelink.collectives", "xelink.kernels", "xelink.comm", "xelink.errors", "xelink.cost",
+                  "xelink.layout")
 
 
 def test_composed_ops_import_only_public_names_of_the_layers_below():

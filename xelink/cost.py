@@ -91,6 +91,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from .layout import CP_LAYOUTS, cp_pieces, topo_ring
 from .topology import SOURCE_KINDS, Placement, Topology, place
 
 __all__ = [
@@ -1118,12 +1119,11 @@ def predict_cp_attention(topology: Topology, placement_or_nranks, algo: str, *, 
             or dtype size, a placement the topology cannot make.
     """
     fn = "predict_cp_attention"
-    from .dist import schedule  # pure Python; imported here so that the model loads without the ops
 
     if algo not in CP_ATTENTION_ALGOS:
         raise ValueError(f"{fn}: algo={algo!r} is not one of {', '.join(CP_ATTENTION_ALGOS)}")
-    if layout not in schedule.CP_LAYOUTS:
-        raise ValueError(f"{fn}: layout={layout!r} is not one of {', '.join(schedule.CP_LAYOUTS)}")
+    if layout not in CP_LAYOUTS:
+        raise ValueError(f"{fn}: layout={layout!r} is not one of {', '.join(CP_LAYOUTS)}")
     kv_heads = heads if kv_heads is None else kv_heads
     for name, v in (("seq_len", seq_len), ("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
                     ("head_dim", head_dim), ("dtype_bytes", dtype_bytes)):
@@ -1136,7 +1136,7 @@ def predict_cp_attention(topology: Topology, placement_or_nranks, algo: str, *, 
     placement = _placement(fn, topology, placement_or_nranks)
     cal = _calibration(fn, topology, calibration)
     n = placement.nranks
-    pieces = [schedule.cp_pieces(seq_len, n, layout, r) for r in range(n)]
+    pieces = [cp_pieces(seq_len, n, layout, r) for r in range(n)]
     share = _count(placement.devices)
     rate = {r: (attn_tflops or ATTN_TFLOPS[placement.device(r).kind]) * 1e12 / share[placement.devices[r]]
             for r in range(n)}
@@ -1149,7 +1149,7 @@ def predict_cp_attention(topology: Topology, placement_or_nranks, algo: str, *, 
     kv = {r: per_pos * sum(length for _, length in pieces[r]) for r in range(n)}
     compute = max(sum(attend(r, o) for o in range(n)) for r in range(n))
     if algo == "ring":
-        ring = schedule.topo_ring(placement.packages())
+        ring = topo_ring(placement.packages())
         where = {r: i for i, r in enumerate(ring)}
         held = [{r: ring[(where[r] - s) % n] for r in range(n)} for s in range(n)]  # whose block r has at step s
         phases = [_Phase([Transfer(r, ring[(where[r] + 1) % n], kv[held[s][r]]) for r in range(n)])

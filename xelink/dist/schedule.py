@@ -11,18 +11,19 @@ path count one semaphore signal per shard and the CPU path post forwards as shar
 Reduce plans (``matmul_reduce_scatter``) are described where they run (``host``): a ring, and the
 topology-aware one whose aggregators are given by ``aggregator``.
 
-Context parallelism (``cp_attention``): ``cp_blocks`` cuts a sequence into the layout's blocks
-(``numpy.array_split`` sizes), ``cp_pieces`` gives each rank's blocks as global ranges, ``topo_ring`` the
-ring order with the packages contiguous, and ``attend_parts`` decomposes a (query range, key range) pair
+Context parallelism (``cp_attention``): ``cp_blocks``, ``cp_pieces``, ``cp_lengths`` and ``topo_ring``
+(the layouts and the ring order, from ``xelink.layout``, which the cost model reads too), and
+``attend_parts`` decomposes a (query range, key range) pair
 into what the end-aligned causal kernels can compute.
 """
 from __future__ import annotations
+
+from ..layout import CP_LAYOUTS, cp_blocks, cp_lengths, cp_pieces, topo_ring
 
 __all__ = ["ring_plan", "direct_plan", "topo_plan", "serves", "cross_target", "aggregator", "package_index",
            "check_plan", "CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "attend_parts",
            "local_pieces", "attend_calls"]
 
-CP_LAYOUTS = ("contiguous", "zigzag")
 
 
 def package_index(packages, rank: int) -> tuple[int, int]:
@@ -110,41 +111,6 @@ def check_plan(reads) -> None:
 
 
 # -- context parallelism ----------------------------------------------------------------------------
-
-def cp_blocks(seq_len: int, n: int, layout: str) -> list[tuple[int, int]]:
-    """The layout's blocks of a sequence of ``seq_len`` over ``n`` ranks as ``(start, length)``, in global
-    order: n blocks (contiguous) or 2n (zigzag), sized as ``numpy.array_split`` sizes them (the first
-    ``seq_len % blocks`` are one longer)."""
-    count = n if layout == "contiguous" else 2 * n
-    base, extra = divmod(seq_len, count)
-    out, start = [], 0
-    for b in range(count):
-        length = base + (1 if b < extra else 0)
-        out.append((start, length))
-        start += length
-    return out
-
-
-def cp_pieces(seq_len: int, n: int, layout: str, rank: int) -> list[tuple[int, int]]:
-    """The global ranges ``(start, length)`` rank ``rank`` holds, in its local order: block ``rank``
-    (contiguous), or blocks ``rank`` and ``2n - 1 - rank`` concatenated (zigzag)."""
-    blocks = cp_blocks(seq_len, n, layout)
-    if layout == "contiguous":
-        return [blocks[rank]]
-    return [blocks[rank], blocks[2 * n - 1 - rank]]
-
-
-def cp_lengths(seq_len: int, n: int, layout: str) -> list[int]:
-    """Every rank's local length."""
-    return [sum(length for _, length in cp_pieces(seq_len, n, layout, r)) for r in range(n)]
-
-
-def topo_ring(packages) -> list[int]:
-    """The ring's order of the ranks: package after package (members in rank order), so the ring crosses
-    each package boundary once per step instead of at every hop of a rank-ordered ring over interleaved
-    packages."""
-    return [r for members in packages for r in members]
-
 
 def attend_parts(q_range: tuple[int, int], k_range: tuple[int, int], causal: bool) -> list[tuple]:
     """What queries at global positions ``[qs, qe)`` see of keys ``[ks, ke)``, as kernel calls

@@ -277,11 +277,16 @@ class Llama:
                 raise ValueError(f"{fn}: {name}={v!r} must be an int >= 1")
         check_groups(tp_group, cp_group, fn)
         if device is None:  # the groups' device, else the world's, else the CPU
-            from ..comm import get_world
-            from ..runtime import is_initialized
-
             group = tp_group if tp_group is not None else cp_group
-            device = group.device if group is not None else get_world().device if is_initialized() else "cpu"
+            if group is None:
+                from ..comm import get_world
+                from ..errors import NotInitializedError
+
+                try:
+                    group = get_world()
+                except NotInitializedError:
+                    pass
+            device = group.device if group is not None else "cpu"
         device = torch.device(device)
         if impl == "xelink":
             if device.type == "cpu":
