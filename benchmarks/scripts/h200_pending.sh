@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The lent one-GPU H200 runs of issues 20 and 21, in two groups (``all``: both, about 8 minutes):
+# The lent one-GPU H200 runs of issues 20, 21, 24 and 25, in three groups (``all``: host + tests, about 8
+# minutes; ``bench``: about 4):
 #   host:  where the host time of the kernels (attention, gemv) and of the distributed GEMM goes, and the
 #          attention and gemv families' host-time rows against torch (issue 20's target: torch + 10 us);
 #   tests: the kernel GPU tests with every fast launch checked against Triton's own key
 #          (XELINK_LAUNCH_CHECK=1), the multi-rank GPU tests of the peer-memory layer, the distributed
 #          GEMM, context-parallel attention and the Llama model (ranks sharing GPU 0), and the CPU-rank
-#          Llama checks (which must run on CPU ranks on a GPU host too).
+#          Llama checks (which must run on CPU ranks on a GPU host too);
+#   bench: the distributed GEMM and context-parallel attention families with 2 ranks sharing the GPU
+#          (correctness and a time-sliced sanity figure; their targets need one GPU per rank).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -32,5 +35,14 @@ tests|all)
   step kernels_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu tests/kernels
   step gpu_rank_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py tests/models
+  ;;
+esac
+case "$1" in
+bench)
+  step bench_dist_gemm 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \
+    --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
+  step bench_cp_attention 120 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench cp-attention --quick \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
   ;;
 esac
