@@ -275,3 +275,18 @@ def test_rejects_bad_input_before_any_kernel():
     assert comms[0].team.last is last, "a rejected call enqueued work"
     for x in a:
         np.testing.assert_array_equal(x.to_host(), np.arange(4))
+
+
+def test_handle_wait_has_a_deadline():
+    """A handle whose work never completes raises xelink.TimeoutError naming the rank (and device)."""
+    from xelink.symm import sycl as symm_sycl
+
+    class Stuck:
+        execution_status = dpctl.event_status_type.running
+
+    comms = comms_of("sub2")
+    work = symm_sycl.Work(comms[0].team, "all_reduce", [None, Stuck()])
+    with pytest.raises(xelink.TimeoutError, match=r"all_reduce: timed out after 0.2 s waiting for rank\(s\) 1 "
+                                                  r"\(rank 1: .*sub-device"):
+        work.wait(timeout=0.2)
+    assert not work.is_completed()
