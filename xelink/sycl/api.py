@@ -12,7 +12,9 @@ Algorithms (names as in ``xelink.cost.ALGOS``):
                     hierarchical (package leaders reduce their package, then every package's partial,
                     then each rank copies from its leader)
     all_gather      direct, ring, topo (one crossing per remote package, then copies inside the package)
-    reduce_scatter  dest_split (each rank reduces its block of every input), ring
+    reduce_scatter  dest_split (each rank reduces its block of every input), ring, hierarchical (each
+                    package reduces every block over its members, then each rank reduces one partial
+                    per package)
     all_to_all      dest_split
     broadcast       direct
 """
@@ -28,7 +30,7 @@ __all__ = ["ALGOS", "SyclCommunicator", "SyclArray", "communicators", "empty", "
 ALGOS = {
     "all_reduce": ("direct", "two_shot", "ring", "hierarchical"),
     "all_gather": ("direct", "ring", "topo"),
-    "reduce_scatter": ("dest_split", "ring"),
+    "reduce_scatter": ("dest_split", "ring", "hierarchical"),
     "all_to_all": ("dest_split",),
     "broadcast": ("direct",),
 }
@@ -83,7 +85,8 @@ class SyclArray:
         if a.size != self.n:
             raise ValueError(f"SyclArray.from_host: values has {a.size} elements, the array {self.n}")
         if self.n:
-            _s.wait_events([self.comm.team.last[self.comm.rank]], None, "from_host", None)
+            # Every rank's queue may still read this array (collectives pull from peers): wait for all.
+            _s.wait_events(self.comm.team.last, None, "from_host", self.comm.team)
             self.comm.queue.memcpy(self.buffer.usm_memory(), a, a.nbytes)
         return self
 
@@ -91,7 +94,8 @@ class SyclArray:
         """A numpy copy of the array, read by a queue copy after the rank's enqueued work completes."""
         out = np.empty(self.n, dtype=_s.DTYPES[self.dtype][0])
         if self.n:
-            _s.wait_events([self.comm.team.last[self.comm.rank]], None, "to_host", None)
+            # Only rank r's queue writes rank r's arrays (every schedule pulls), so its own events suffice.
+            _s.wait_events([self.comm.team.last[self.comm.rank]], None, "to_host", self.comm.team)
             self.comm.queue.memcpy(out, self.buffer.usm_memory(), out.nbytes)
         return out
 
@@ -442,7 +446,7 @@ def team_size(arrays) -> int:
 def reduce_scatter_tensor(outs, ins, op: str = "sum", algo: str = "auto", async_op: bool = False):
     """Reduce ``ins`` (size*n elements each) elementwise; ``outs[r]`` (n elements) gets block r of the result.
 
-    ``outs`` must not overlap ``ins``. ``algo``: ``"auto"``, ``"dest_split"`` or ``"ring"``.
+    ``outs`` must not overlap ``ins``. ``algo``: ``"auto"``, ``"dest_split"``, ``"ring"`` or ``"hierarchical"``.
     collective: one call covers every communicator of the group.
     """
     fn = "reduce_scatter_tensor"
@@ -459,7 +463,9 @@ def reduce_scatter_tensor(outs, ins, op: str = "sum", algo: str = "auto", async_
     ph = _Phases(team)
     keep: list = list(outs) + list(ins)
     if n > 0:
-        if algo == "dest_split" or p == 1:
+        if algo == "hierarchical" and p > 1:
+            keep += _reduce_scatter_hierarchical(team, outs, ins, op, ph, outs[0].comm.packages)
+        elif algo in ("dest_split", "hierarchical") or p == 1:
             ph.step(lambda r, q, deps: _s.reduce(q, outs[r].elements(0, n), [ins[r].elements(r * n, n)] +
                                                  [ins[j].elements(r * n, n) for j in range(p) if j != r],
                                                  n, dt, op, deps))
@@ -474,6 +480,35 @@ def reduce_scatter_tensor(outs, ins, op: str = "sum", algo: str = "auto", async_
                     return _s.reduce(q, dst, srcs, n, dt, op, deps)
                 ph.step(step)
     return _finish(team, fn, ph.events, keep, async_op)
+
+
+def _reduce_scatter_hierarchical(team, outs, ins, op, ph, packages):
+    p, n, dt = team.size, outs[0].n, outs[0].dtype
+    # holder[(i, d)]: the member of package i that reduces block d over package i (spread over members)
+    holder, slot, count = {}, {}, [0] * p
+    for i, pkg in enumerate(packages):
+        for d in range(p):
+            m = pkg[d % len(pkg)]
+            holder[(i, d)], slot[(i, d)] = m, count[m]
+            count[m] += 1
+    scratch = [_s.alloc(team.queues[r], max(count[r], 1) * n * outs[0].itemsize, "device") for r in range(p)]
+    part = {key: scratch[m].sub(slot[key] * n * outs[0].itemsize, n * outs[0].itemsize) for key, m in holder.items()}
+
+    def within(r, q, deps):
+        ev = None
+        for (i, d), m in holder.items():
+            if m == r:
+                srcs = [ins[j].elements(d * n, n) for j in packages[i]]
+                ev = _s.reduce(q, part[(i, d)], srcs, n, dt, op, deps) or ev
+        return ev
+
+    def across(r, q, deps):
+        own = next(i for i, pkg in enumerate(packages) if r in pkg)
+        order = [own] + [i for i in range(len(packages)) if i != own]
+        return _s.reduce(q, outs[r].elements(0, n), [part[(i, r)] for i in order], n, dt, op, deps)
+    ph.step(within)
+    ph.step(across)
+    return scratch
 
 
 def all_to_all_single(outs, ins, algo: str = "auto", async_op: bool = False):

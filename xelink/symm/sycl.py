@@ -97,9 +97,9 @@ def program(queue):
     key = (queue.sycl_context.addressof_ref(), queue.sycl_device.addressof_ref())
     prog = _programs.get(key)
     if prog is None:
-        # The cache keeps the context alive, so its address cannot be reused by another context.
+        # The cache keeps the context and device objects alive: their addresses cannot name others later.
         prog = dpctl.program.create_program_from_source(queue, kernel_source())
-        _programs[key] = (prog, queue.sycl_context)
+        _programs[key] = (prog, queue.sycl_context, queue.sycl_device)
         return prog
     return prog[0]
 
