@@ -290,3 +290,23 @@ def test_handle_wait_has_a_deadline():
                                                   r"\(rank 1: .*sub-device"):
         work.wait(timeout=0.2)
     assert not work.is_completed()
+
+
+def test_more_ranks_than_one_kernel_reads():
+    """9 queues: a reduce over more than 8 sources chains kernel launches (csrc reads at most 8 per launch)."""
+    comms = xs.communicators(["opencl:cpu"] * 9, packages=[[0, 1, 2, 3, 4], [5, 6, 7, 8]])
+    p, n = len(comms), 41
+    for algo in xs.ALGOS["all_reduce"]:
+        data = [pattern(r, n) for r in range(p)]
+        arrs = [fill(c, n, "int32", data[c.rank]) for c in comms]
+        xs.all_reduce(arrs, algo=algo)
+        for r, a in enumerate(arrs):
+            check(a.to_host(), np.sum(np.stack(data), axis=0), "int32", f"{algo} rank {r}")
+    for algo in xs.ALGOS["reduce_scatter"]:
+        data = [pattern(r, p * n, salt=1) for r in range(p)]
+        ins = [fill(c, p * n, "float32", data[c.rank]) for c in comms]
+        outs = [fill(c, n, "float32", np.full(n, 99)) for c in comms]
+        xs.reduce_scatter_tensor(outs, ins, op="max", algo=algo)
+        full = np.max(np.stack(data), axis=0)
+        for r, o in enumerate(outs):
+            check(o.to_host(), full[r * n:(r + 1) * n], "float32", f"{algo} rank {r}")
