@@ -384,7 +384,7 @@ def all_gather_into_tensor(outs, ins, algo: str = "auto", async_op: bool = False
     """
     fn = "all_gather_into_tensor"
     _check_algo(fn, "all_gather", algo)
-    team = _check_pair(fn, outs, ins, team_size(outs), 1)
+    team = _check_pair(fn, outs, ins, _team_size(outs), 1)
     p, n = team.size, ins[0].n
     for r in range(p):
         own = outs[r].elements(r * n, n)
@@ -437,7 +437,7 @@ def all_gather_into_tensor(outs, ins, algo: str = "auto", async_op: bool = False
     return _finish(team, fn, ph.events, list(outs) + list(ins), async_op)
 
 
-def team_size(arrays) -> int:
+def _team_size(arrays) -> int:
     if isinstance(arrays, (list, tuple)) and arrays and isinstance(arrays[0], SyclArray):
         return arrays[0].comm.size
     return 1
@@ -452,7 +452,7 @@ def reduce_scatter_tensor(outs, ins, op: str = "sum", algo: str = "auto", async_
     fn = "reduce_scatter_tensor"
     _check_op(fn, op)
     _check_algo(fn, "reduce_scatter", algo)
-    team = _check_pair(fn, outs, ins, 1, team_size(outs))
+    team = _check_pair(fn, outs, ins, 1, _team_size(outs))
     p, n, dt = team.size, outs[0].n, outs[0].dtype
     for r in range(p):
         for j in range(p):
