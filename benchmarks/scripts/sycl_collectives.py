@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/scripts/sycl_collectives.py [--devices tiles4|sub2] [--iters 20] [--jsonl PATH]
 
 Each timed run is checked (#wrong: elements that differ from the exact answer). The reference is numpy on
-the host over the same shared-USM buffers (``np.sum`` of the inputs written back into each buffer), so the
-ratio says how the OpenCL path compares with plain host code on this machine, nothing about a GPU. On the
+the host over the same shared-USM buffers (``np.sum`` of the inputs written back into each buffer); ratio =
+numpy time / xelink time (> 1: xelink faster), which says how the OpenCL path compares with plain host code
+on this machine, nothing about a GPU. On the
 CPU OpenCL device kernels of different queues run one at a time (``xelink.symm.sycl``).
 """
 from __future__ import annotations
@@ -111,7 +112,7 @@ def main(argv=None):
     print(f"{'op':<11}{'algo':<13}{'count':>9}{'bytes':>10}{'time_us':>11}{'numpy_us':>11}{'ratio':>8}{'#wrong':>8}")
     for r in rows:
         print(f"{r['op']:<11}{r['algo']:<13}{r['count']:>9}{r['bytes']:>10}{r['time_us']:>11.1f}{r['numpy_us']:>11.1f}"
-              f"{r['time_us'] / r['numpy_us']:>8.2f}{r['wrong']:>8}")
+              f"{r['numpy_us'] / r['time_us']:>8.2f}{r['wrong']:>8}")
     if args.jsonl:
         with open(args.jsonl, "w") as f:
             for r in rows:
