@@ -87,7 +87,8 @@ class SyclArray:
         if self.n:
             # Every rank's queue may still read this array (collectives pull from peers): wait for all.
             _s.wait_events(self.comm.team.last, None, "from_host", self.comm.team)
-            self.comm.queue.memcpy(self.buffer.usm_memory(), a, a.nbytes)
+            ev = self.comm.queue.memcpy_async(self.buffer.usm_memory(), a, a.nbytes)
+            _s.wait_events([None] * self.comm.rank + [ev], None, "from_host", self.comm.team)
         return self
 
     def to_host(self) -> np.ndarray:
@@ -95,8 +96,10 @@ class SyclArray:
         out = np.empty(self.n, dtype=_s.DTYPES[self.dtype][0])
         if self.n:
             # Only rank r's queue writes rank r's arrays (every schedule pulls), so its own events suffice.
-            _s.wait_events([self.comm.team.last[self.comm.rank]], None, "to_host", self.comm.team)
-            self.comm.queue.memcpy(out, self.buffer.usm_memory(), out.nbytes)
+            last = [None] * self.comm.rank + [self.comm.team.last[self.comm.rank]]
+            _s.wait_events(last, None, "to_host", self.comm.team)
+            ev = self.comm.queue.memcpy_async(out, self.buffer.usm_memory(), out.nbytes)
+            _s.wait_events([None] * self.comm.rank + [ev], None, "to_host", self.comm.team)
         return out
 
     def elements(self, start: int, count: int):

@@ -98,7 +98,11 @@ def program(queue):
     prog = _programs.get(key)
     if prog is None:
         # The cache keeps the context and device objects alive: their addresses cannot name others later.
-        prog = dpctl.program.create_program_from_source(queue, kernel_source())
+        try:
+            prog = dpctl.program.create_program_from_source(queue, kernel_source())
+        except dpctl.program.SyclProgramCompilationError as exc:  # dpctl gives no build log
+            raise RuntimeError(f"program: csrc/sycl_collectives.cl did not build for "
+                               f"{queue.sycl_device.name.strip()} (dpctl reports no build log: {exc!r})") from exc
         _programs[key] = (prog, queue.sycl_context, queue.sycl_device)
         return prog
     return prog[0]
