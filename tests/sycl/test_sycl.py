@@ -310,3 +310,44 @@ def test_more_ranks_than_one_kernel_reads():
         full = np.max(np.stack(data), axis=0)
         for r, o in enumerate(outs):
             check(o.to_host(), full[r * n:(r + 1) * n], "float32", f"{algo} rank {r}")
+
+
+def _bf16_rne(x32):
+    """float32 -> bfloat16 words, rounded to nearest even (finite inputs)."""
+    u = x32.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("algo", xs.ALGOS["all_reduce"])
+@pytest.mark.parametrize("config", ["sub2", "sub2_split"])
+def test_16_bit_sums_round_once_to_nearest_even(config, algo, dtype):
+    """Two ranks: a + b in float32, rounded once (a sum of two is the same in every order)."""
+    comms = comms_of(config)
+    rng = np.random.default_rng(7)
+    n = 4097
+    x32 = [rng.standard_normal(n).astype(np.float32) * 3 for _ in comms]
+    if dtype == "bfloat16":
+        stored = [_bf16_rne(x) for x in x32]
+        as32 = [(s.astype(np.uint32) << 16).view(np.float32) for s in stored]
+        expect = _bf16_rne(as32[0] + as32[1])
+    else:
+        stored = [x.astype(np.float16) for x in x32]
+        expect = (stored[0].astype(np.float32) + stored[1].astype(np.float32)).astype(np.float16)
+    arrs = [xs.empty(c, n, dtype, usm="device").from_host(s) for c, s in zip(comms, stored)]
+    xs.all_reduce(arrs, algo=algo)
+    for r, a in enumerate(arrs):
+        got = a.to_host()
+        bad = np.flatnonzero(got.view(np.uint16) != expect.view(np.uint16))
+        assert bad.size == 0, f"rank {r}: {bad.size} elements differ, first at {bad[0]}"
+
+
+def test_icd_path_set_by_xelink_when_unset():
+    """Without OCL_ICD_FILENAMES, xelink.sycl points the loader at the environment's libintelocl.so itself."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OCL_ICD_FILENAMES"}
+    out = subprocess.run([sys.executable, "-c", "import xelink.sycl as xs; print(len(xs.communicators()))"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2"
