@@ -1,7 +1,9 @@
 """Device peer memory behind one interface: symmetric allocation, peer views, put/get by the SMs and by the
 copy engine, semaphores ordered on a stream with deadlines, the device barrier, and the rules every kernel
 on peer memory follows (epochs, scratch parity, graph replay, calls in flight: ``xelink.symm.cuda``'s
-docstring). ``cuda`` is the NVIDIA backend; the SYCL backend will offer the same names.
+docstring). ``cuda`` is the NVIDIA backend. ``xelink.symm.sycl`` is the SYCL one, for one process driving
+several devices: its calls take explicit queues and events (``alloc``, ``copy``, ``reduce``, ``barrier``,
+``Team``, ``Work``); it is not re-exported here, so importing xelink never loads dpctl.
 
 Every function takes the group and, where it enqueues work, an explicit ``stream`` (None: the current
 stream of the group's device). Kernels of composed ops use ``xelink.symm.device`` (Triton device
