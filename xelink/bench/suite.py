@@ -80,8 +80,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            plot="kernels"),
     Family("gpu-collectives", "families.gpu_collectives", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
+    Family("sycl-collectives", "families.sycl_collectives", "xelink.sycl (one process, several SYCL queues through "
+                                                            "dpctl) vs host numpy, with the cost model"),
 )}
-# ``all`` runs links first: its calibration prices the collectives.
+# ``all`` runs links first: its calibration prices the collectives. ``sycl-collectives`` is not in it: the
+# main job's install has no dpctl, and it is a single-process backend (run it alone).
 ALL_ORDER = ("links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode",
              "gpu-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks

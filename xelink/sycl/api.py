@@ -25,7 +25,7 @@ import numpy as np
 from ..symm import sycl as _s
 
 __all__ = ["ALGOS", "SyclCommunicator", "SyclArray", "communicators", "empty", "all_reduce", "all_gather_into_tensor",
-           "reduce_scatter_tensor", "all_to_all_single", "broadcast", "barrier"]
+           "reduce_scatter_tensor", "all_to_all_single", "broadcast", "barrier", "topology"]
 
 ALGOS = {
     "all_reduce": ("direct", "two_shot", "ring", "hierarchical"),
@@ -576,3 +576,37 @@ def barrier(comms, timeout=None) -> None:
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"{fn}: ranks {ranks} repeat")
     _s.barrier(team, ranks, timeout)
+
+
+# The cost model's figures for the queues' shared memory. CPU OpenCL device: fitted by eye to
+# benchmarks/results/cpu-sycl (about 0.25 ms a call of a few phases at 4 KiB, copies at a few GB/s with the
+# 2 cores shared); GPU stacks: the MDFI figures of topologies/intel-max-1550x6.toml (unmeasured here).
+_USM_FIGURES = {
+    "cpu": (4.0, "estimate: the CPU OpenCL device of the 2-core CI VM (benchmarks/results/cpu-sycl)", 60.0,
+            "estimate: enqueue and event wait of one phase through dpctl on that device"),
+    "xpu": (152.0, "estimate: MDFI between the stacks of one Intel Max card (topologies/intel-max-1550x6.toml)",
+            2.0, "estimate: MDFI latency (topologies/intel-max-1550x6.toml)"),
+}
+
+
+def topology(comms):
+    """The cost model's ``Topology`` of these communicators and the placement of their ranks: one device per
+    rank (kind ``xpu`` for GPU devices, ``cpu`` otherwise), the communicators' packages, and one USM link
+    joining every device (all allocations of the one context are reachable from every device), with the
+    estimated figures of ``_USM_FIGURES``."""
+    from ..topology import Device, Link, Package, Placement, Topology, validate
+
+    if not comms or any(not isinstance(c, SyclCommunicator) for c in comms):
+        raise ValueError(f"topology: comms={comms!r} must be the list communicators() returned")
+    dpctl = _s.dpctl_module()
+    kind = "xpu" if comms[0].device.device_type == dpctl.device_type.gpu else "cpu"
+    bw, bw_src, lat, lat_src = _USM_FIGURES[kind]
+    ids = [f"q{r}" for r in range(len(comms))]
+    pkgs = tuple(Package(id=f"p{i}", devices=tuple(ids[r] for r in p), name=f"queues {p}")
+                 for i, p in enumerate(comms[0].packages))
+    devs = tuple(Device(id=ids[r], package=f"p{i}", kind=kind, name=comms[r].device.name.strip(), injection_gbps=bw,
+                        injection_source=bw_src) for i, p in enumerate(comms[0].packages) for r in p)
+    links = (Link("usm", "usm", tuple(ids), bw, bw_src, lat, lat_src),)
+    topo = validate(Topology(name="sycl-queues", description=f"{len(comms)} SYCL queue(s) of one context",
+                             packages=pkgs, devices=devs, links=links), fn="topology")
+    return topo, Placement(topo, tuple(ids))

@@ -1,0 +1,54 @@
+"""``xelink bench sycl-collectives`` and ``xelink.sycl.topology``: rows for every op x algorithm, checked
+outputs, the cost model's prediction; a wrong output is counted. Never skipped (no dpctl: a failure)."""
+import json
+import os
+import subprocess
+import sys
+
+os.environ["OCL_ICD_FILENAMES"] = os.path.join(sys.prefix, "lib", "libintelocl.so")
+
+import numpy as np  # noqa: E402
+
+import xelink.sycl as xs  # noqa: E402
+from xelink import cost  # noqa: E402
+from xelink.bench.families import sycl_collectives as fam  # noqa: E402
+
+
+def test_topology_has_the_communicators_packages_and_prices_every_algorithm():
+    comms = xs.communicators(["opencl:cpu"] * 4, packages=[[0, 1], [2, 3]])
+    topo, placement = xs.topology(comms)
+    assert placement.packages() == [[0, 1], [2, 3]] and {d.kind for d in topo.devices} == {"cpu"}
+    for op in fam.OPS:
+        for algo in xs.ALGOS[op]:
+            assert cost.predict(topo, placement, op, algo, 1 << 20).time_s > 0
+
+
+def test_a_wrong_output_is_counted():
+    comms = xs.communicators()
+    for op in fam.OPS:
+        mine, _, wrong, _ = fam._case(xs, comms, op, 37, xs.ALGOS[op][0])
+        mine()
+        assert wrong() == 0
+        # Corrupt one element of rank 1's output (all_reduce: its buffer) and the check must see it.
+        out = _last_output(mine)
+        out.numpy()[5] += 1
+        assert wrong() == 1, op
+
+
+def _last_output(call):
+    """The array the case writes on rank 1 (from the closure: all_reduce's buffers, else the outputs)."""
+    cells = dict(zip(call.__code__.co_freevars, (c.cell_contents for c in call.__closure__)))
+    return (cells.get("outs") or cells["bufs"])[1]
+
+
+def test_the_family_runs_every_op_and_algorithm_with_checked_outputs(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "xelink.bench", "sycl-collectives", "--quick", "--counts", "37",
+                           "--iters", "1", "--rounds", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "sycl-collectives.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "op" in r]
+    got = {(r["op"], r["path"]) for r in rows}
+    assert got == {(op, f"xelink:{a}") for op in fam.OPS for a in xs.ALGOS[op]}
+    assert all(r["wrong"] == 0 and r["baseline"] == "numpy:host" and r["predicted_us"] > 0 for r in rows)
+    assert np.isfinite([r["ratio"] for r in rows]).all()
