@@ -52,3 +52,22 @@ def test_the_family_runs_every_op_and_algorithm_with_checked_outputs(tmp_path):
     assert got == {(op, f"xelink:{a}") for op in fam.OPS for a in xs.ALGOS[op]}
     assert all(r["wrong"] == 0 and r["baseline"] == "numpy:host" and r["predicted_us"] > 0 for r in rows)
     assert np.isfinite([r["ratio"] for r in rows]).all()
+
+
+def test_the_algorithms_are_registered_and_priced():
+    import pytest
+
+    from xelink.collectives import registry
+    from xelink import topology as T
+
+    assert registry.names("sycl") == xs.ALGOS and xs.ALGOS["all_reduce"] == ("direct", "two_shot", "ring",
+                                                                               "hierarchical")
+    t = T.load("cpu-2x2")
+    for op in registry.OPS:
+        for a in registry.algorithms(op, "sycl"):
+            assert a.schedule == a.name and cost.predict(t, 4, op, a.schedule, 1 << 20).time_s > 0
+    comms = xs.communicators()
+    bufs = [xs.empty(c, 4, "float32") for c in comms]
+    with pytest.raises(ValueError, match=r"all_reduce: algo='tree' is not one of auto, direct, two_shot, ring, "
+                                         r"hierarchical for xelink.sycl arrays"):
+        xs.all_reduce(bufs, algo="tree")

@@ -1,7 +1,9 @@
 """The one table of collective algorithms: op x algorithm x backend.
 
 Every algorithm a collective can run is registered here once, by the backend that implements it
-(``cpu/``: CPU tensors over the host transports; ``gpu/``: CUDA tensors over peer memory or NCCL).
+(``cpu/``: CPU tensors over the host transports; ``gpu/``: CUDA tensors over peer memory or NCCL;
+``xelink.sycl``: arrays of one process's SYCL queues, registered as backend ``"sycl"`` when it is imported,
+without a dispatch module: its front door takes lists of arrays, not one tensor per rank).
 ``algo=`` names, ``algo="auto"`` (``dispatch``), the cost model (each entry names the schedule of
 ``xelink.cost`` it runs), the tuning table and the benchmark suite all read this table; adding a
 backend means registering its algorithms, not editing the ops.
@@ -31,7 +33,7 @@ class Algorithm:
     Attributes:
         op: the op family (one of ``OPS``).
         name: its ``algo=`` name.
-        backend: ``"cpu"`` or ``"cuda"`` (the device type of the tensors it moves).
+        backend: ``"cpu"`` or ``"cuda"`` (the device type of the tensors it moves), or ``"sycl"``.
         impl: the backend's implementation (its signature is the backend's business).
         schedule: the ``xelink.cost`` schedule of ``op`` it runs (the cost model prices it by this).
         needs: when it can run (see the module docstring).
@@ -111,6 +113,6 @@ def get(fn: str, op: str, name: str, backend: str) -> Algorithm:
     algos = _table.get((op, backend), {})
     found = algos.get(_aliases.get((backend, name), name))
     if found is None:
-        where = "" if backend == "cpu" else f" for {backend.upper()} tensors"
+        where = {"cuda": " for CUDA tensors", "sycl": " for xelink.sycl arrays"}.get(backend, "")
         raise ValueError(f"{fn}: algo={name!r} is not one of auto, {', '.join(algos)}{where}")
     return found

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives import registry
 from ..symm import sycl as _s
 
 __all__ = ["ALGOS", "SyclCommunicator", "SyclArray", "communicators", "empty", "all_reduce", "all_gather_into_tensor",
            "reduce_scatter_tensor", "all_to_all_single", "broadcast", "barrier", "topology"]
 
-ALGOS = {
+# The algorithms of this backend, registered in ``xelink.collectives.registry`` (backend ``"sycl"``, each name
+# the cost model's schedule of the same name) at the end of this module; ``ALGOS`` is the registry's view.
+_ALGOS = {
     "all_reduce": ("direct", "two_shot", "ring", "hierarchical"),
     "all_gather": ("direct", "ring", "topo"),
     "reduce_scatter": ("dest_split", "ring", "hierarchical"),
@@ -236,8 +239,8 @@ def _check_op(fn: str, op):
 
 
 def _check_algo(fn: str, family: str, algo):
-    if algo != "auto" and algo not in ALGOS[family]:
-        raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(ALGOS[family])}")
+    if algo != "auto":
+        registry.get(fn, family, algo, "sycl")  # a ValueError naming fn and the choices
 
 
 def _check_pair(fn: str, outs, ins, out_factor: int, in_factor: int):
@@ -610,3 +613,16 @@ def topology(comms):
     topo = validate(Topology(name="sycl-queues", description=f"{len(comms)} SYCL queue(s) of one context",
                              packages=pkgs, devices=devs, links=links), fn="topology")
     return topo, Placement(topo, tuple(ids))
+
+
+def _register() -> dict:
+    """Register every algorithm of ``_ALGOS`` (the op's public function as its implementation); the names."""
+    impls = {"all_reduce": all_reduce, "all_gather": all_gather_into_tensor, "reduce_scatter": reduce_scatter_tensor,
+             "all_to_all": all_to_all_single, "broadcast": broadcast}
+    for op, names in _ALGOS.items():
+        for name in names:
+            registry.register(op, name, "sycl", impls[op], summary=f"xelink.sycl {op} {name} (one process, SYCL queues)")
+    return registry.names("sycl")
+
+
+ALGOS = _register()
