@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["TARGETS", "SUB_GROUPS", "LAUNCHES", "EXCEPTIONS", "Launch", "compile_launch", "check", "main"]
+__all__ = ["TARGETS", "SUB_GROUPS", "LAUNCHES", "EXCEPTIONS", "Launch", "compile_launch", "check", "main",
+           "spirv_capabilities", "without_kernel_attributes"]
 
 # Capability sets, as torch.xpu.get_device_capability() reports them. Xe2 (Battlemage / Lunar Lake)
 # and Intel Max (Ponte Vecchio) have the same flags for what xelink uses (DPAS, 2D block IO, bf16
@@ -300,6 +301,44 @@ def compile_launch(launch: Launch, target: str, sub_group: int, *, target_props:
         return fn.warmup(*args, grid=(1,), num_warps=launch.num_warps, threads_per_warp=sub_group, **kwargs)
     finally:
         driver.reset_active()
+
+
+_OP_EXECUTION_MODE, _OP_CAPABILITY = 16, 17
+_KERNEL_ATTRIBUTES_INTEL = 5892  # capability of SPV_INTEL_kernel_attributes
+_MAX_WORKGROUP_SIZE_INTEL = 5893  # its execution mode, which Triton's Intel backend emits for every kernel
+
+
+def _instructions(spv: bytes):
+    import struct
+
+    words = struct.unpack(f"<{len(spv) // 4}I", spv)
+    i = 5  # after the header
+    while i < len(words):
+        count = max(words[i] >> 16, 1)
+        yield words[i:i + count]
+        i += count
+
+
+def spirv_capabilities(spv: bytes) -> list[int]:
+    """The capabilities a SPIR-V module declares (the operands of its ``OpCapability`` instructions)."""
+    return [ins[1] for ins in _instructions(spv) if ins[0] & 0xFFFF == _OP_CAPABILITY]
+
+
+def without_kernel_attributes(spv: bytes) -> bytes:
+    """``spv`` without the ``MaxWorkgroupSizeINTEL`` execution mode and the ``KernelAttributesINTEL``
+    capability it needs (SPV_INTEL_kernel_attributes): Intel's CPU OpenCL runtime refuses every module that
+    declares the capability ("SPIRV module requires unsupported capability 5892"), and the mode is only a
+    bound on the work-group size, which the launch sets anyway. Everything else is kept word for word."""
+    import struct
+
+    words = list(struct.unpack("<5I", spv[:20]))
+    for ins in _instructions(spv):
+        op = ins[0] & 0xFFFF
+        if (op == _OP_CAPABILITY and ins[1] == _KERNEL_ATTRIBUTES_INTEL) or \
+                (op == _OP_EXECUTION_MODE and ins[2] == _MAX_WORKGROUP_SIZE_INTEL):
+            continue
+        words += ins
+    return struct.pack(f"<{len(words)}I", *words)
 
 
 def problems(launch: Launch, compiled, sub_group: int | None = None) -> list[str]:
