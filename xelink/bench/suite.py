@@ -47,6 +47,8 @@ class Family:
         module: its module, relative to ``xelink.bench`` (``families.<name>``, with ``add_arguments``/``run``).
         summary: one line for the help and the ``all`` report.
         cuda_only: every rank needs a CUDA GPU (skipped with the reason elsewhere).
+        sycl_only: needs dpctl and a SYCL device (``xelink.symm.sycl.available``; skipped with the reason
+            elsewhere); runs on rank 0 alone (the SYCL backend is one process).
         plot: ``"sweep"`` (lines versus size), ``"kernels"`` (bars per shape) or ``"links"`` (its own).
     """
 
@@ -55,6 +57,7 @@ class Family:
     summary: str
     cuda_only: bool = False
     plot: str = "sweep"
+    sycl_only: bool = False
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -81,12 +84,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpu-collectives", "families.gpu_collectives", "GPU collectives vs NCCL and torch symmetric memory",
            cuda_only=True),
     Family("sycl-collectives", "families.sycl_collectives", "xelink.sycl (one process, several SYCL queues through "
-                                                            "dpctl) vs host numpy, with the cost model"),
+                                                            "dpctl) vs host numpy, with the cost model",
+           sycl_only=True),
 )}
-# ``all`` runs links first: its calibration prices the collectives. ``sycl-collectives`` is not in it: the
-# main job's install has no dpctl, and it is a single-process backend (run it alone).
+# ``all`` runs links first: its calibration prices the collectives.
 ALL_ORDER = ("links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode",
-             "gpu-collectives")
+             "gpu-collectives", "sycl-collectives")
 # How long the other ranks wait while rank 0 alone runs a single-device family (GPU kernel benchmarks
 # compile and sweep for many minutes); a rank that fails aborts the job, so nobody waits for nothing.
 SOLO_WAIT_S = 3 * 3600.0
@@ -243,6 +246,14 @@ def _run_family(ctx: Context) -> tuple[str, list[Row]]:
         if ctx.lead:
             print(f"{ctx.family}: {why}", file=sys.stderr)
         return why, []
+    if fam.sycl_only:
+        from ..symm import sycl
+
+        if not sycl.available():
+            why = "skipped: needs dpctl and a SYCL device (pip install dpctl intel-opencl-rt: the test extra has them)"
+            if ctx.lead:
+                print(f"{ctx.family}: {why}", file=sys.stderr)
+            return why, []
     rows = _module(fam).run(ctx) or []
     if ctx.lead:
         write_outputs(ctx, rows)

@@ -105,17 +105,11 @@ def run(ctx) -> list:
     """The rows of ``add_arguments``' options on rank 0 ([] elsewhere, with a note)."""
     if not ctx.lead:
         return []
-    args = ctx.args
-    try:
-        import xelink.sycl as xs
-        from xelink.symm import sycl as symm_sycl
+    import xelink.sycl as xs  # the suite checked that dpctl and a device are there (Family.sycl_only)
 
-        symm_sycl.dpctl_module()
-    except (ImportError, RuntimeError) as e:
-        ctx.notes.append(f"sycl-collectives: skipped: dpctl or a SYCL device is missing ({e}); the test extra "
-                         f"installs dpctl and intel-opencl-rt")
-        return []
     from ... import cost
+
+    args = ctx.args
 
     if args.devices == "sub2":
         comms = xs.communicators()
