@@ -70,7 +70,8 @@ def check_all_quick_runs_every_family_into_one_folder(world):
     assert status == 0
     if world.rank == 0:
         names = {p.name for p in out.iterdir()}
-        for family in ("links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode"):
+        for family in ("links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode",
+                       "sycl-collectives"):
             assert {f"{family}.jsonl", f"{family}.txt", f"{family}.csv"} <= names, (family, sorted(names))
         assert {"links-matrix.png", "collectives-all_to_all-float32.png", "gemm-gemm.png",
                 "attention-decode_attention.png", "norm-rope.png", "dist-gemm-matmul_reduce_scatter.png", "cp-attention-cp_attention_causal.png",
@@ -84,4 +85,5 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         assert rows[0]["manifest"]["extra"]["family"] == "collectives"
         summary = (out / "summary.txt").read_text()
         assert "gpu-collectives  skipped: needs one CUDA GPU per rank" in summary
-        assert summary.count(" ok (") == 9
+        assert "sycl-collectives ok (" in summary  # the test extra installs dpctl (tests/sycl never skip)
+        assert summary.count(" ok (") == 10

@@ -24,7 +24,7 @@ def test_every_family_of_the_table_is_a_module_under_bench_families_with_the_int
     assert modules == {fam.module.split(".")[-1] for fam in suite.FAMILIES.values()}
     assert set(suite.ALL_ORDER) == set(suite.FAMILIES) and len(suite.ALL_ORDER) == len(suite.FAMILIES)
     assert {"links", "collectives", "dist-gemm", "cp-attention", "gemm", "gemv", "norm", "attention", "decode",
-            "gpu-collectives"} == \
+            "gpu-collectives", "sycl-collectives"} == \
         set(suite.FAMILIES)
 
 
