@@ -37,7 +37,7 @@ import torch
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
-from .launcher import Descriptor, Slot, launch, launch_slot
+from .launcher import Descriptor, Slot, launch, launch_with
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = [
@@ -642,10 +642,7 @@ class _FlashLaunch:
         else:
             vq, vk, vv = self.views
             args = (Descriptor(q, *vq), Descriptor(k, *vk), Descriptor(v, *vv), out, lse) + self.ints
-        if self.slot is None:
-            launch(self.fn, self.grid, *args, **self.kwargs)
-        else:
-            launch_slot(self.slot, self.grid, *args, **self.kwargs)
+        launch_with(self.slot, self.fn, self.grid, *args, **self.kwargs)
         return out, lse
 
 
@@ -749,14 +746,10 @@ class _DecodeLaunch:
         lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else \
             part_o[self.out_lse_at:]
         grid, ints, kwargs = self.merge
-        if self.slots is None:
-            launch(_decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, *self.ints,
-                   **self.kwargs)
-            launch(_merge_kernel, grid, part_o, part_lse, out, lse, *ints, **kwargs)
-        else:
-            launch_slot(self.slots[0], self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, *self.ints,
-                        **self.kwargs)
-            launch_slot(self.slots[1], grid, part_o, part_lse, out, lse, *ints, **kwargs)
+        split, merge = self.slots or (None, None)
+        launch_with(split, _decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse,
+                    *self.ints, **self.kwargs)
+        launch_with(merge, _merge_kernel, grid, part_o, part_lse, out, lse, *ints, **kwargs)
         return out, lse
 
 

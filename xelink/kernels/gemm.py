@@ -25,7 +25,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap,
                      check_out, check_same_device, check_tensor, interpreting, path_key, require_triton, sm_count, tl,
                      triton)
-from .launcher import Descriptor, Slot, launch, launch_slot
+from .launcher import Descriptor, Slot, launch_with
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
@@ -249,10 +249,7 @@ class _Launch:
         else:
             av, bv, cv = self.views
             args = (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv)) + self.ints
-        if self.slot is None:
-            launch(self.fn, self.grid, *args, **self.kwargs)
-        else:
-            launch_slot(self.slot, self.grid, *args, **self.kwargs)
+        launch_with(self.slot, self.fn, self.grid, *args, **self.kwargs)
 
 
 def _pick_gemm_impl(a, b, impl: str, out) -> str:

@@ -53,7 +53,7 @@ import torch
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
-from .launcher import Slot, launch, launch_slot
+from .launcher import Slot, launch_with
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -798,16 +798,11 @@ class _GemvLaunch:
         wk = w.view(torch.uint8) if self.w8 else w
         s = scales if scales is not None else w  # unused by the dense kernels; any pointer does
         dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
-        if self.slots is None:
-            launch(self.fn, self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
-            if self.sum is not None:
-                grid, ints, kwargs = self.sum
-                launch(_splitk_sum_kernel, grid, dst, y, *ints, **kwargs)
-        else:
-            launch_slot(self.slots[0], self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
-            if self.sum is not None:
-                grid, ints, kwargs = self.sum
-                launch_slot(self.slots[1], grid, dst, y, *ints, **kwargs)
+        main, summed = self.slots or (None, None)
+        launch_with(main, self.fn, self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
+        if self.sum is not None:
+            grid, ints, kwargs = self.sum
+            launch_with(summed, _splitk_sum_kernel, grid, dst, y, *ints, **kwargs)
         return y
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 
-
 try:
     import triton
     from triton.experimental import gluon

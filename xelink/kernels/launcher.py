@@ -72,7 +72,7 @@ try:
 except ImportError:  # CPU-only installs: every launch is the plain call (which the callers never reach)
     triton = None
 
-__all__ = ["Descriptor", "Slot", "fast_path", "launch", "launch_slot", "set_check"]
+__all__ = ["Descriptor", "Slot", "fast_path", "launch", "launch_slot", "launch_with", "set_check"]
 
 _MAX_ENTRIES = 512      # specializations remembered per kernel (then forgotten, all at once)
 _MAX_DESCRIPTORS = 1024  # expanded descriptors remembered per compiled kernel
@@ -522,6 +522,14 @@ def launch_slot(slot: Slot, grid, *args, **kwargs):
     c = launch(slot.fn, grid, *args, **kwargs)
     _remember(slot, args, kwargs)
     return c
+
+
+def launch_with(slot: Slot | None, fn, grid, *args, **kwargs):
+    """:func:`launch_slot` through ``slot``, or, for a call site that keeps none (``slot`` None: a launch plan
+    used once), :func:`launch` of ``fn``."""
+    if slot is None:
+        return launch(fn, grid, *args, **kwargs)
+    return launch_slot(slot, grid, *args, **kwargs)
 
 
 def _remember(slot: Slot, args, kwargs) -> None:
