@@ -646,7 +646,7 @@ def test_cp_attention_auto_takes_the_faster_by_the_model():
     assert cpa.auto_algo(comm("two-hosts-4gpu", 8), 1 << 20, problem=problem) == "all_gather"  # the ring's IB hop
     # Too large to gather: ring whatever the model says; no placement: all_gather.
     assert cpa.auto_algo(comm("two-hosts-4gpu", 8), cpa.AUTO_GATHER_BYTES, problem=problem) == "ring"
-    assert cpa.auto_algo(types.SimpleNamespace(packages=[[0, 1]]), 1 << 20, problem=problem) == "all_gather"
+    assert cpa.auto_algo(types.SimpleNamespace(placement=None), 1 << 20, problem=problem) == "all_gather"
 
 
 def test_cp_attention_model_bad_inputs_raise_named_errors():

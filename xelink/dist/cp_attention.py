@@ -73,6 +73,7 @@ __all__ = ["CP_ALGOS", "CP_LAYOUTS", "AUTO_GATHER_BYTES", "cp_attention", "cp_sh
 CP_ALGOS = CP_ATTENTION_ALGOS  # ("ring", "all_gather"): the cost model prices the same names
 CP_LAYOUTS = schedule.CP_LAYOUTS
 AUTO_GATHER_BYTES = 256 << 20
+AUTO_CACHE = 1024  # auto's choices a group remembers (then forgets all at once)
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -198,8 +199,8 @@ def auto_algo(comm, nbytes_gathered: int, cuda: bool = False, problem: dict | No
             return "all_gather"
     if 2 * nbytes_gathered > AUTO_GATHER_BYTES:
         return "ring"
-    placement = getattr(comm, "placement", None)
-    if placement is None or problem is None:
+    placement = None if problem is None else comm.placement
+    if placement is None:
         return "all_gather"
     from ..cost import predict_cp_attention
 
@@ -273,12 +274,17 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
     lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len)
     B, Hkv, _, D = k.shape
     gathered_bytes = n * max(lengths) * 2 * B * Hkv * D * k.element_size()
-    if algo == "auto":
+    picked = algo
+    if algo == "auto":  # the choice per problem, remembered by the group (the model prices it once)
         problem = dict(seq_len=sum(lengths), batch=B, heads=q.shape[1], kv_heads=Hkv, head_dim=D, causal=causal,
                        layout=layout, dtype_bytes=k.element_size())
-        picked = auto_algo(comm, gathered_bytes, q.is_cuda, problem)
-    else:
-        picked = algo
+        chosen = comm.resource(("xelink.dist", "cp-auto"), dict)
+        key = (gathered_bytes, q.is_cuda, tuple(problem.values()))
+        picked = chosen.get(key)
+        if picked is None:
+            if len(chosen) >= AUTO_CACHE:
+                chosen.clear()
+            picked = chosen[key] = auto_algo(comm, gathered_bytes, q.is_cuda, problem)
     backend = _backend(q)
     why = backend.unmet(comm, picked)
     if why is not None:
