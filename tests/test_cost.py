@@ -543,13 +543,25 @@ def test_dist_gemm_calibration_adds_the_software_terms(cpu):
     assert pip.time_s > cost.predict_dist_gemm(cpu, 4, "all_gather_matmul", "pipelined", 64, 64, 64, 4).time_s
 
 
+def test_fused_all_gather_matmul_is_priced_in_the_order_it_reads(intel, flat):
+    # On 12 stacks in packages of 2 the fused kernel reads in topo's order, so it is priced as topo; on
+    # one package (the flat topology) it reads, and is priced, as pipelined.
+    f = cost.predict_dist_gemm
+    for M, N, K in ((6144, 6144, 6144), (1200, 96, 4096)):
+        fused = f(intel, 12, "all_gather_matmul", "fused", M, N, K)
+        assert fused.time_s == pytest.approx(f(intel, 12, "all_gather_matmul", "topo", M, N, K).time_s)
+        assert fused.time_s != pytest.approx(f(intel, 12, "all_gather_matmul", "pipelined", M, N, K).time_s)
+        assert f(flat, 8, "all_gather_matmul", "fused", M, N, K).time_s == pytest.approx(
+            f(flat, 8, "all_gather_matmul", "pipelined", M, N, K).time_s)
+
+
 def test_dist_gemm_bad_inputs_raise_named_errors(intel):
     f = cost.predict_dist_gemm
     with pytest.raises(ValueError, match=r"predict_dist_gemm: op='gemm' is not one of all_gather_matmul, "):
         f(intel, 12, "gemm", "topo", 12, 1, 1)
     with pytest.raises(ValueError, match=r"predict_dist_gemm: algo='fused' is not an algorithm of "
-                                         r"op='all_gather_matmul' \(choose from sequential, pipelined, topo\)"):
-        f(intel, 12, "all_gather_matmul", "fused", 12, 1, 1)
+                                         r"op='matmul_reduce_scatter' \(choose from sequential, pipelined, topo\)"):
+        f(intel, 12, "matmul_reduce_scatter", "fused", 12, 1, 1)
     with pytest.raises(ValueError, match=r"predict_dist_gemm: M=100 is not divisible by the 12 rank\(s\)"):
         f(intel, 12, "all_gather_matmul", "topo", 100, 1, 1)
     with pytest.raises(ValueError, match=r"predict_dist_gemm: N=0 must be >= 1"):

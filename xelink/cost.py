@@ -833,7 +833,7 @@ def best(topology: Topology, nranks, op: str, nbytes: int, algos: Sequence[str] 
 # Distributed GEMM: a collective and the GEMM it feeds, with or without overlap
 
 DIST_GEMM_ALGOS: dict[str, tuple[str, ...]] = {
-    "all_gather_matmul": ("sequential", "pipelined", "topo"),
+    "all_gather_matmul": ("sequential", "pipelined", "topo", "fused"),
     "matmul_reduce_scatter": ("sequential", "pipelined", "topo"),
     "matmul_all_reduce": ("sequential", "pipelined", "topo"),
 }
@@ -980,6 +980,9 @@ def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: st
         starts when the previous one is done and its blocks are computed; the own block is computed
         last. ``matmul_all_reduce`` is that reduce-scatter followed by an all-gather of the result (ring
         for ``pipelined``, ``topo`` for ``topo``), which has nothing left to hide behind.
+      - ``fused`` (``all_gather_matmul``): one GEMM kernel whose tiles start as their shard lands; the
+        model has no per-launch cost, so it is the pipeline above over the rounds of ``topo`` where a
+        package holds several ranks, else of ``pipelined`` (the order ``xelink.dist`` reads in).
 
     Returns:
         A ``Prediction``: ``time_s``, ``compute_s`` (the slowest rank's whole GEMM), the collective's
@@ -1017,7 +1020,11 @@ def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: st
                                  {"GEMM": compute})
     chunk = {r: g / n for r, g in gemm.items()}  # the GEMM of one rank's rows
     if coll == "all_gather":
-        rounds = _gather_rounds(placement, algo, nbytes // n)
+        # fused: one GEMM kernel whose tiles start as their shard lands, priced as the chunks of the
+        # schedule it reads in (topo's where a package holds several ranks, as xelink.dist.device does)
+        sched = algo if algo != "fused" else \
+            "topo" if len(placement.packages()) > 1 and max(map(len, placement.packages())) > 1 else "pipelined"
+        rounds = _gather_rounds(placement, sched, nbytes // n)
         priced = _price_phases(topology, placement, [ph for ph, _ in rounds], cal)
         arrive = {r: [priced.call] for r in range(n)}  # the own shard, once the call has started
         end = priced.call

@@ -170,3 +170,97 @@ def check_bad_arguments(world):
               ValueError, "not divisible by the group size"),
              (lambda: xelink.all_gather_matmul(a, torch.ones(8, 4, device=dev)), TypeError, "b.dtype=torch.float32")]
     expect_errors(cases)
+
+
+# -- algo="fused" (issue 22): one persistent GEMM whose tiles wait for their shard's flag ---------------
+
+def check_fused_all_gather_matmul(world):
+    dev = _dev(world)
+    groups = _groups(world)
+    for name, comm in groups:
+        for dtype in (torch.bfloat16, torch.float16):
+            w = f"all_gather_matmul fused {name} {dtype}"
+            _gather(comm, dev, "fused", (64, 128), 0, dtype, [96], [False], 1, f"{w} 2-D")
+            _gather(comm, dev, "fused", (200, 64), 0, dtype, [40], [False], 11, f"{w} rows not whole tiles")
+            _gather(comm, dev, "fused", (3, 40), 0, dtype, [24], [True], 2, f"{w} tail, transposed b")
+            _gather(comm, dev, "fused", (5, 20), 0, dtype, [12], [False], 12, f"{w} no TMA alignment (portable)")
+            _gather(comm, dev, "fused", (2, 16, 64), 0, dtype, [32], [False], 3, f"{w} 3-D gather_dim=0")
+            _gather(comm, dev, "fused", (1, 16, 64), 1, dtype, [32], [True], 4, f"{w} 3-D gather_dim=1, batch 1")
+            _gather(comm, dev, "fused", (32, 64), 0, dtype, [48, 16, 80], [True, False], 5, f"{w} list of b")
+        a_full, c = xelink.all_gather_matmul(ints((8, 32), 60 + comm.rank, torch.bfloat16).to(dev),
+                                             ints((32, 16), 61, torch.bfloat16).to(dev), group=comm,
+                                             return_gathered=True, algo="fused")
+        _same(a_full, torch.cat([ints((8, 32), 60 + q, torch.bfloat16) for q in range(comm.size)]),
+              f"{name} fused return_gathered")
+    expect_errors([
+        (lambda: xelink.all_gather_matmul(torch.ones(2, 4, 8, device=dev), torch.ones(8, 4, device=dev), gather_dim=1,
+                                          algo="fused"), ValueError, "algo='fused' needs float16 or bfloat16"),
+        (lambda: xelink.all_gather_matmul(torch.ones(2, 4, 8, device=dev, dtype=torch.bfloat16),
+                                          torch.ones(8, 4, device=dev, dtype=torch.bfloat16), gather_dim=1,
+                                          algo="fused"), ValueError, "algo='fused' needs the gathered rows in shard order"),
+    ])
+    groups[1][1].free()
+    xelink.synchronize()
+
+
+def check_fused_tiles_wait_for_a_delayed_shard(world):
+    """The side stream sleeps before reading one shard (the test hook), or random shards for random times:
+    a tile that read its rows before they landed would read the previous call's shard, which differs."""
+    from xelink.dist import device
+
+    dev, n, r = _dev(world), world.size, world.rank
+    g = torch.Generator().manual_seed(77)
+    w = ints((256, 512), 9, torch.bfloat16)
+    wd = w.to(dev)
+    try:
+        for i in range(2 * n + 4):
+            if i < n:
+                delays = {i: 200_000_000}  # about 0.1 s: every other tile is done long before
+            else:
+                delays = {q: int(torch.randint(0, 50_000_000, (1,), generator=g)) for q in range(n)
+                          if torch.rand(1, generator=g).item() < 0.6}
+            device.DELAY_CYCLES.clear()
+            device.DELAY_CYCLES.update(delays)
+            shards = [ints((320, 256), 900 + 10 * i + q, torch.bfloat16) for q in range(n)]
+            want = (torch.cat(shards).double() @ w.double()).bfloat16()
+            for algo in ("fused", "pipelined"):
+                got = xelink.all_gather_matmul(shards[r].to(dev), wd, algo=algo)
+                _same(got, want, f"{algo} call {i}, delays {delays}")
+    finally:
+        device.DELAY_CYCLES.clear()
+    xelink.synchronize()
+
+
+def check_fused_cuda_graph_replays_and_eager_calls_between(world):
+    dev, n, r = _dev(world), world.size, world.rank
+    dtype = torch.bfloat16
+    a = torch.zeros(96, 64, dtype=dtype, device=dev)
+    w = torch.zeros(48, 64, dtype=dtype, device=dev).t()
+
+    def step():
+        return xelink.all_gather_matmul(a, [w, w[:, :16]], algo="fused")
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c0, c1 = step()
+    for replay in range(4):
+        shards = [ints((96, 64), 3000 + 100 * replay + q, dtype) for q in range(n)]
+        wt = ints((48, 64), 3099 + replay, dtype)
+        a.copy_(shards[r].to(dev))
+        w.copy_(wt.t().to(dev))
+        if replay % 2:
+            torch.cuda._sleep(int(5e7 * (r + 1)))
+        graph.replay()
+        full, wtd = torch.cat(shards).double(), wt.t().double()
+        _same(c0, (full @ wtd).to(dtype), f"fused graph replay {replay} b[0]")
+        _same(c1, (full @ wtd[:, :16]).to(dtype), f"fused graph replay {replay} b[1]")
+        # an eager call of the same shape (the same staging buffer and flags) and one of another shape
+        e0, e1 = step()
+        _same(e0, (full @ wtd).to(dtype), f"eager fused after replay {replay}")
+        other = [ints((7, 64), 3050 + q, dtype) for q in range(n)]
+        _same(xelink.all_gather_matmul(other[r].to(dev), w, algo="fused"),
+              (torch.cat(other).double() @ wtd).to(dtype), f"eager fused other shape after replay {replay}")
+    del graph
+    xelink.synchronize()

@@ -25,6 +25,16 @@ does: on one host's peer memory that saves no measured time yet, and it would ad
 (``xelink.all_reduce``; ``topo``: the hierarchical algorithm on equal packages of several ranks, else
 ``auto``) on the side stream after an event.
 
+``all_gather_matmul``, fused (issue 22): the same staging, semaphores and copy-engine reads, but the
+GEMM is one persistent kernel over the whole gathered matrix (``xelink.kernels.gated_gemm``) whose tiles
+wait for the flag of the shard their rows belong to; after each read lands, the side stream sets that
+shard's flag (a 4-byte copy-engine copy, so no multiprocessor is needed while the GEMM holds them: the
+kernel leaves one free for the semaphore kernels of the side stream). The own shard's flag is set on the
+current stream after it is staged, tiles go out in the plan's order (own shard first), and the current
+stream zeroes the flags after the GEMMs, so the next call (or graph replay) starts from zero. A late wait
+marks the team's error word (the next call raises ``xelink.TimeoutError``). It needs half-precision
+inputs and gathered rows in stage order (2-D, 3-D along dim 0, or along dim 1 with batch 1).
+
 What it allocates: per (group, shape, dtype) one symmetric staging buffer (``xelink.symm.empty``, a
 collective call made by the first call of that shape and kept as a resource of the group until it is
 freed; the reuse rule is the ``FREE`` handshake above), one side stream per group; per call the output
@@ -47,6 +57,7 @@ from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_ten
 from . import schedule
 from .host import gathered
 from ..kernels import gemm
+from ..kernels.gated_gemm import gated_gemm
 
 __all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "stage_buffer", "unmet",
            "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
@@ -58,7 +69,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def unmet(comm, algo: str) -> str | None:
     """Why ``algo`` cannot run on CUDA tensors of ``comm`` (None: it can)."""
-    if algo in ("pipelined", "topo") and not symm.available(comm):
+    if algo in ("pipelined", "topo", "fused") and not symm.available(comm):
         return (f"algo={algo!r} on CUDA tensors needs peer memory between the ranks (one host, at most "
                 f"{symm.MAX_WORLD} ranks); use 'sequential'")
     return None
@@ -140,12 +151,74 @@ class _Gather:
         n, r = comm.size, comm.rank
         self.stage = stage_buffer(comm, "gather", (n,) + shard, dtype)
         self.slots = [self.stage[q] for q in range(n)]
-        reads = schedule.topo_plan(comm.packages) if algo == "topo" else schedule.direct_plan(n)
+        packages = comm.packages
+        topo = algo == "topo" or (algo == "fused" and len(packages) > 1 and max(map(len, packages)) > 1)
+        reads = schedule.topo_plan(packages) if topo else schedule.direct_plan(n)
         fwd = _fwd(reads, r)
         self.mine = fwd[r]
         self.reads = [(q, src, fwd[q], torch.cuda.Event()) for q, src in reads[r]]
         self.frees = [x for x in range(n) for _ in schedule.serves(reads, r, x)]
         self.side = side_stream(comm, dev)
+        if algo == "fused":
+            # flags [n] then the constant one: the side stream copies the one onto a shard's flag once it
+            # landed; the current stream copies the zeros (the last n words) back after the GEMMs.
+            self.words = torch.zeros(2 * n + 1, dtype=torch.int32, device=dev)
+            self.words[n] = 1
+            self.flags = self.words[:n]
+            base = self.words.data_ptr()
+            self.flag_at, self.one, self.zeros = [base + 4 * q for q in range(n)], base + 4 * n, base + 4 * (n + 1)
+            self.order = [r] + [q for q, _ in reads[r]]
+            self.team = symm.team_of(comm)
+
+
+# Test hook: shard -> clock cycles the side stream sleeps before reading it (fused and pipelined), so
+# that tests can hold one chunk back and check that no tile reads it early.
+DELAY_CYCLES: dict = {}
+
+
+def fused_unmet(a, weights, dim) -> str | None:
+    """Why ``algo="fused"`` cannot take this all-gather (None: it can)."""
+    if a.dtype not in _HALF:
+        return f"algo='fused' needs float16 or bfloat16 (a kernel GEMM), got {a.dtype}; use 'pipelined'"
+    if any(s != 1 for s in a.shape[:dim]):
+        return (f"algo='fused' needs the gathered rows in shard order (2-D, gather_dim=0, or batch 1), got shape "
+                f"{tuple(a.shape)} with gather_dim={dim}; use 'pipelined'")
+    return None
+
+
+def _fused_gather(comm, g, a, weights, dim, cs):
+    n, r = comm.size, comm.rank
+    slots, side = g.slots, g.side
+    main = torch.cuda.current_stream(a.device)
+    rows = a.numel() // a.shape[-1]
+    a2 = g.stage.view(n * rows, a.shape[-1])
+    raw_main, raw_side = main.cuda_stream, side.cuda_stream
+    slots[r].copy_(a)
+    symm.copy_engine(g.flag_at[r], g.one, 4, raw_main)
+    for x in g.mine:
+        symm.signal(x, READY, group=comm, stream=main)
+    side.wait_stream(main)  # the previous call's GEMMs are done with the slots, and its flags are zero
+    for q, src, to, _ in g.reads:
+        symm.wait(src, READY, group=comm, stream=side)
+        if q in DELAY_CYCLES:
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(DELAY_CYCLES[q])
+        symm.get(slots[q], slots[q], src, group=comm, engine="copy", stream=side)
+        symm.copy_engine(g.flag_at[q], g.one, 4, raw_side)
+        symm.signal(src, FREE, group=comm, stream=side)
+        for x in to:
+            symm.signal(x, READY, group=comm, stream=side)
+    deadline = g.team.timeout_ns()
+    for w, c in zip(weights, cs):
+        c2 = c.view(n * rows, w.shape[1]) if c.is_contiguous() else None
+        got = gated_gemm(a2, w, g.flags, chunk_rows=rows, order=g.order, out=c2, error=g.team.error,
+                         timeout_ns=deadline)
+        if c2 is None:
+            c.copy_(got.view(c.shape))
+    symm.copy_engine(g.flag_at[0], g.zeros, 4 * n, raw_main)
+    for x in g.frees:
+        symm.wait(x, FREE, group=comm, stream=side)
+    main.wait_stream(side)
 
 
 def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
@@ -163,6 +236,9 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
         return (a_full if return_gathered else None), cs
     g = comm.resource(("xelink.dist", "gather-plan", shard, a.dtype, algo, dev),
                       lambda: _Gather(comm, shard, a.dtype, algo, dev))
+    if algo == "fused":
+        _fused_gather(comm, g, a, weights, dim, cs)
+        return (gathered(g.stage, dim).clone() if return_gathered else None), cs
     slots, side = g.slots, g.side
     main = torch.cuda.current_stream(dev)
     slots[r].copy_(a)
@@ -171,6 +247,9 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
     side.wait_stream(main)  # the slots this call fills are no longer read by the previous call's GEMMs
     for q, src, to, landed in g.reads:
         symm.wait(src, READY, group=comm, stream=side)
+        if q in DELAY_CYCLES:
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(DELAY_CYCLES[q])
         symm.get(slots[q], slots[q], src, group=comm, engine="copy", stream=side)
         landed.record(side)
         symm.signal(src, FREE, group=comm, stream=side)

@@ -21,8 +21,10 @@ Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
   (``schedule.topo_plan``). ``matmul_reduce_scatter``: partials summed inside the package before they
   cross (CPU ranks). ``matmul_all_reduce``: the pipelined chunks all-reduced by the hierarchical
   algorithm.
-- ``"fused"``: a kernel that consumes chunks as they land: named for the next issue, not built yet
-  (refused with a ``ValueError``).
+- ``"fused"`` (``all_gather_matmul`` on CUDA tensors, half precision): the pipelined reads, consumed by
+  one persistent GEMM whose tiles wait for their shard's flag (``xelink.kernels.gated_gemm``; ``device``'s
+  docstring), in the plan's order (``topo``'s on a group with packages of several ranks). Not built for
+  ``matmul_reduce_scatter`` and ``matmul_all_reduce``, nor for CPU ranks (a ``ValueError`` says so).
 - ``"auto"``: world size 1 is a local matmul; else ``topo`` when the group has more than one package
   and some package holds more than one rank, else ``pipelined`` (on CUDA tensors without peer memory
   between the ranks: ``sequential``).
@@ -49,9 +51,9 @@ _REDUCE_OPS = ("sum", "avg")
 # -- checks ---------------------------------------------------------------------------------------
 
 def _algo(fn: str, algo) -> str:
-    if algo == "fused":
-        raise ValueError(f"{fn}: algo='fused' (a kernel that consumes chunks as they land) is not built yet; "
-                         f"use 'auto', 'sequential', 'pipelined' or 'topo'")
+    if algo == "fused" and fn != "all_gather_matmul":
+        raise ValueError(f"{fn}: algo='fused' (a kernel that consumes chunks as they land) is built for "
+                         f"all_gather_matmul only; use 'auto', 'sequential', 'pipelined' or 'topo'")
     if not isinstance(algo, str) or algo not in ("auto",) + DIST_GEMM_ALGOS:
         raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(DIST_GEMM_ALGOS)}")
     return algo
@@ -187,7 +189,7 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
             from the end, the last (K) is not allowed.
         return_gathered: also return the gathered ``a`` (a new tensor on CUDA; on CPU ranks with
             ``gather_dim=0`` the gather buffer itself).
-        algo: "auto", "sequential", "pipelined" or "topo" (module docstring); "fused" is not built yet.
+        algo: "auto", "sequential", "pipelined", "topo" or "fused" (CUDA, half precision; module docstring).
         out: a tensor of the result's shape (a list of them, one per ``b``, for a list), written in place.
 
     Returns:
@@ -212,10 +214,19 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
     full[dim] *= n
     shapes = [tuple(full[:-1]) + (w.shape[1],) for w in weights]
     outs = _outputs(fn, out, shapes, a, many)
+    if algo == "fused" and not a.is_cuda:
+        raise ValueError(f"{fn}: algo='fused' is a GPU kernel and runs on CUDA tensors; CPU ranks take "
+                         f"'pipelined' or 'topo'")
     if torch.compiler.is_compiling():  # traced: the custom op, which runs this function eagerly (``compiled``)
         a_full, cs = compiled.all_gather_matmul(a, weights, dim, bool(return_gathered), algo, group, outs)
     else:
         picked = _pick(fn, comm, a, algo)
+        if picked == "fused":
+            from . import device
+
+            why = device.fused_unmet(a, weights, dim)
+            if why is not None:
+                raise ValueError(f"{fn}: {why}")
         fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim,
                                      tuple(tuple(w.shape) for w in weights), algo, bool(return_gathered)))
         if n == 1:
@@ -246,7 +257,8 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
         scatter_dim: the dimension split over the ranks (0 for 2-D, 0 or 1 for 3-D); its size must be
             divisible by the group size.
         op: "sum" or "avg" (or torch's ``ReduceOp`` of them). Half types are summed in float32, rounded once.
-        algo: "auto", "sequential", "pipelined" or "topo" (module docstring); "fused" is not built yet.
+        algo: "auto", "sequential", "pipelined" or "topo" (module docstring); "fused" is built for
+            all_gather_matmul only (a ValueError here).
         out: a tensor of the block's shape (``scatter_dim`` divided by the group size, last dim N).
 
     Returns:
@@ -288,7 +300,7 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
         group: xelink communicator (None: the world).
         algo: "auto", "sequential" (the GEMM, then ``all_reduce``), "pipelined" (row chunks: chunk i
             all-reduced asynchronously while chunk i+1 is computed) or "topo" (the same with the
-            hierarchical all-reduce); "fused" is not built yet.
+            hierarchical all-reduce); "fused" is built for all_gather_matmul only (a ValueError here).
         out: a tensor of the result's shape (``a``'s with the last dim N).
 
     Returns:

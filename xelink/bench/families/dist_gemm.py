@@ -7,7 +7,8 @@ M x N x K (c = a @ b, ``[M, K] @ [K, N]``; M rounded down to a multiple of the r
 
 - ``all_gather_matmul``: every rank holds ``M/n`` rows of a; ``matmul_reduce_scatter``: every rank
   holds an ``[M, K]`` a and keeps ``M/n`` rows of the sum of the ``a @ b`` over ranks;
-- ``xelink:<algo>`` for ``sequential``, ``pipelined``, ``topo`` (the path named, never auto);
+- ``xelink:<algo>`` for ``sequential``, ``pipelined``, ``topo`` and, for ``all_gather_matmul`` on CUDA,
+  ``fused`` (the path named, never auto);
 - ``torch:matmul``: the GEMM alone, the full-size local GEMM every rank computes (the baseline of
   every row: ``ratio`` = GEMM-alone time / time, the share of GEMM-alone speed);
 - the unfused baseline, the launch's own collective and ``torch.matmul`` (``mpi:`` under mpirun and
@@ -21,7 +22,7 @@ Every row carries the cost model's prediction (``predicted_us``, ``cost.predict_
 topology with the GEMM rate measured by the GEMM-alone row). CPU ranks: float32 integer-valued data,
 host clock, checked exactly; CUDA: bf16, CUDA events, eager and (op ``<op>:graph``) replays of a CUDA
 graph of back-to-back calls, and at the largest shape the host time of one eager call of
-``pipelined`` and ``topo`` next to ``torch.matmul``'s (op ``<op>:host``; issue 21's target: 80 us).
+``pipelined``, ``topo`` and ``fused`` next to ``torch.matmul``'s (op ``<op>:host``; issue 21's target: 80 us).
 The outputs of the timed calls are checked (``#wrong``: exact on CPU, ``kernel_timing.wrong_elements``
 against float32 on CUDA), summed over ranks.
 
@@ -43,7 +44,7 @@ __all__ = ["ALGOS", "GPU_SHAPES", "OPS", "QUICK_GPU_SHAPES", "QUICK_SHAPES", "SH
            "run_shapes"]
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter")
-ALGOS = ("sequential", "pipelined", "topo")
+ALGOS = ("sequential", "pipelined", "topo", "fused")  # fused: all_gather_matmul on CUDA only
 SHAPES = ((512, 512, 512), (1024, 1024, 1024))  # CPU ranks, M x N x K
 QUICK_SHAPES = ((256, 256, 256),)
 GPU_SHAPES = ((8192, 8192, 8192), (16384, 8192, 4096), (2048, 4096, 4096))
@@ -81,9 +82,11 @@ def _variants(world, op, a, b, full, algos, fused_group):
     import xelink
 
     fn = getattr(xelink, op)
-    out = {f"xelink:{algo}": functools.partial(fn, a, b, algo=algo) for algo in algos}
+    fused_ok = on_cuda(world) and op == "all_gather_matmul"
+    out = {f"xelink:{algo}": functools.partial(fn, a, b, algo=algo) for algo in algos if algo != "fused" or fused_ok}
     out[GEMM] = functools.partial(torch.matmul, full, b)
-    notes = []
+    notes = [] if fused_ok or "fused" not in algos else \
+        [f"{op}: xelink:fused left out: it is all_gather_matmul's GPU kernel (CUDA tensors)"]
     n = world.size
     if not on_cuda(world) or one_gpu_per_rank(world):
         base = transport_baseline(world)
@@ -257,7 +260,7 @@ def _graph_rows(world, op, variants, want, M, N, K, dtype, model, calls, rounds)
 
 def _host(world, op, variants, want, M, N, K, dtype, calls, rounds):
     """Host time of one eager call of pipelined and topo next to torch.matmul's (every rank, max reported)."""
-    picked = {k: v for k, v in variants.items() if k in ("xelink:pipelined", "xelink:topo", GEMM)}
+    picked = {k: v for k, v in variants.items() if k in ("xelink:pipelined", "xelink:topo", "xelink:fused", GEMM)}
     checks = {k: (lambda out: 0) if k == GEMM else (lambda out: wrong_elements(out, want)) for k in picked}
     samples, wrong = host_timing(picked, checks, calls=calls, rounds=rounds,
                                  agree=lambda busy: all(world.allgather_object(busy)))

@@ -9,6 +9,11 @@
 - CUDA, row blocks (op ``gemm:row-blocks``): ``gemm(a[r0:r1], b, out=c[r0:r1])`` for 2, 4 and 8 row blocks
   of one output back to back in a CUDA graph against one ``torch.matmul`` (the GEMMs of the pipelined
   distributed GEMM, issue 21) at 8192^3, 16384x8192x4096 and 2048x4096x4096 (``--quick``: the last).
+- CUDA, gated (op ``gemm:gated``, issue 22): ``gated_gemm`` (the fused distributed GEMM's kernel) over 8
+  chunks of rows against one ``torch.matmul``, in CUDA graphs, at the row-block shapes: every flag already
+  set (targets >= 0.97x at 8192^3 and 16384x8192x4096, >= 0.9x at 2048x4096x4096), and the chunks copied
+  in from another buffer by a copy-engine stream that sets each flag after its chunk (target: within 5%
+  of the flags-set row, ``extra["vs_flags_set"]``); ``cuda`` with and without ``flatten``, and ``triton``.
 - CUDA, host time (op ``gemm:host``): the host time of one eager call of each path and of
   ``torch.matmul`` at 2048^3, b row-major and column-major (an ``nn.Linear`` weight's ``.t()``), the
   GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us.
@@ -27,7 +32,7 @@ from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_
                              wrong_elements)
 
 __all__ = ["GPU_SHAPES", "HOST_SHAPE", "QUICK_SHAPES", "ROW_BLOCK_SHAPES", "SHAPES", "add_arguments", "run", "run_cpu",
-           "run_gpu", "run_host", "run_row_blocks"]
+           "run_gated", "run_gpu", "run_host", "run_row_blocks"]
 
 # CPU shapes, M, N, K: torch.matmul in bf16 is slow on CPUs without bf16 instructions (0.7 s at 512^3 here).
 SHAPES = ((128, 128, 128), (256, 256, 256), (512, 512, 512))
@@ -166,6 +171,84 @@ def run_row_blocks(report, shapes=ROW_BLOCK_SHAPES, blocks=(2, 4, 8), *, repeats
             progress.step(f"gemm row blocks {M}x{N}x{K}")
 
 
+def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int = 5, rounds: int = 3,
+              progress=None) -> None:
+    """``gated_gemm`` with every flag set and with copy-engine arrivals, against ``torch.matmul``, in CUDA
+    graphs of ``repeats`` calls; rows ``gemm:gated`` into ``report`` (module docstring)."""
+    from ...kernels.gated_gemm import gated_gemm
+    from ..kernel_timing import cuda_graph
+
+    variants = [("cuda", False), ("cuda", True), ("triton", False)]
+    if torch.cuda.get_device_capability()[0] != 9:
+        variants = variants[2:]
+    for M, N, K in shapes:
+        rows = -(-M // chunks)
+        src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        a = src.clone()
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        ref = torch.matmul(a, b).float()
+        err = torch.zeros(1 + chunks, dtype=torch.int32, device="cuda")
+        ones = torch.ones(chunks, dtype=torch.int32, device="cuda")
+        side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+        outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
+        calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
+        for impl, flatten in variants:
+            tag = f"{impl}{', flatten' if flatten else ''}"
+            set_flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
+            c = outs[f"xelink:gated({tag}) flags set"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            calls[f"xelink:gated({tag}) flags set"] = [
+                lambda c=c, f=set_flags, i=impl, fl=flatten: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i,
+                                                                       flatten=fl, out=c)]
+            flags = torch.zeros(chunks, dtype=torch.int32, device="cuda")
+            c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
+                                                                                 dtype=torch.bfloat16)
+
+            def arrive(c=c2, f=flags, i=impl, fl=flatten):
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    for q in range(chunks):
+                        a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
+                        f[q:q + 1].copy_(ones[q:q + 1], non_blocking=True)
+                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, flatten=fl, out=c)
+                main.wait_stream(side)
+                f.zero_()
+
+            calls[f"xelink:gated({tag}) copy-engine arrivals"] = [arrive]
+        graphs = {}
+        for name, fns in calls.items():
+            try:
+                graphs[name] = cuda_graph(fns, repeats)[0].replay
+            except Exception as e:  # noqa: BLE001 - reported, the other rows still run
+                report.notes.append(f"gemm gated {M}x{N}x{K} {name}: {type(e).__name__}: {str(e)[:200]}")
+        if "torch:matmul" not in graphs:
+            continue
+        wrong = {name: 0 for name in graphs}
+
+        def check(name):
+            wrong[name] += wrong_elements(outs[name], ref)
+
+        samples = co_measure(graphs, warmup=1, iters=1, rounds=rounds, timing=_events, after_block=check)
+        samples = {k: [t / repeats for t in v] for k, v in samples.items()}
+        if err.any():
+            report.notes.append(f"gemm gated {M}x{N}x{K}: a wait ran past its deadline: {err.tolist()}")
+        base = samples["torch:matmul"]
+        med = {k: summarize(v)["median"] for k, v in samples.items()}
+        for name, smp in samples.items():
+            extra = {"shape": f"{M}x{N}x{K}", "TFLOPs": 2.0 * M * N * K / med[name] / 1e12, "chunks": chunks,
+                     "timing": f"CUDA graph of {repeats} x the call, events"}
+            set_name = name.replace("copy-engine arrivals", "flags set")
+            if set_name != name and set_name in med:
+                extra["vs_flags_set"] = med[set_name] / med[name]
+            report.add(make_row("gemm:gated", name, smp, size_bytes=2 * (M * K + K * N + M * N), count=M * N,
+                                dtype=torch.bfloat16, nranks=1, wrong=wrong[name],
+                                baseline=None if name == "torch:matmul" else "torch:matmul",
+                                baseline_samples=None if name == "torch:matmul" else base, extra=extra))
+        del a, b, src, outs, ref, graphs
+        torch.cuda.empty_cache()
+        if progress is not None:
+            progress.step(f"gemm gated {M}x{N}x{K}")
+
+
 def run_host(report, shape=HOST_SHAPE, *, calls: int = 100, rounds: int = 10, progress=None) -> None:
     """Host time of one eager ``gemm(impl=...)`` (each Triton path) and ``torch.matmul``, b row- and
     column-major; rows ``gemm:host`` into ``report``."""
@@ -208,10 +291,11 @@ def _gpu(ctx) -> list:
     report = KernelReport()
     ctx.extra["sweep"] = sweep
     blocks = ROW_BLOCK_SHAPES[2:] if ctx.quick else ROW_BLOCK_SHAPES
-    progress = ctx.progress(len(shapes) + len(blocks) + 2)
+    progress = ctx.progress(len(shapes) + 2 * len(blocks) + 2)
     run_gpu(report, shapes, sweep=sweep, progress=progress,
             **timing(ctx, {"iters": 10, "rounds": 2 if ctx.quick or sweep else 3}))
     run_row_blocks(report, blocks, rounds=2 if ctx.quick else 3, progress=progress)
+    run_gated(report, blocks, rounds=2 if ctx.quick else 3, progress=progress)
     return with_host_rows(ctx, report, _summary(report.rows), run_host, progress)
 
 

@@ -1,0 +1,194 @@
+"""gated_gemm: the tile order, argument checks, the portable kernel under the CPU interpreter
+(TRITON_INTERPRET=1), and on a GPU both kernels against gemm's reference with every flag set, with the
+flags set by a copy-engine stream as the chunks land (in order and out of order), a chunk that never
+lands (the deadline marks the error word), and CUDA-graph replays with the flags reset in the graph."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from xelink.kernels.gated_gemm import block_order, gated_gemm
+from xelink.kernels.gemm import reference_gemm
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
+TINY = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
+
+
+def _relerr(c, a, b):
+    want = a.float() @ b.float()
+    return ((c.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def test_block_order_follows_the_last_chunk_a_block_spans():
+    assert block_order(40, 16, 8, [4, 3, 2, 1, 0]) == [2, 1, 0]
+    assert block_order(40, 16, 10, [0, 1, 2, 3]) == [0, 1, 2]
+    # block 1 (rows 16-31) spans chunks 1 and 2 (rows 10-19, 20-29): ready when the later of them lands
+    assert block_order(40, 16, 10, [2, 0, 3, 1]) == [2, 0, 1]
+    assert block_order(64, 16, 32, [1, 0]) == [2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("call, exc, text", [
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f.float(), chunk_rows=2, error=e),
+     ValueError, "flags must be int32 with at least 2 entries"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=0, error=e),
+     ValueError, "chunk_rows=0 must be a positive int"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, order=[0, 0],
+                             error=e), ValueError, "order=(0, 0) must list each of the 2 chunks once"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e[:2]),
+     ValueError, "error must be a contiguous int32 tensor of at least 3 entries"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4), torch.ones(4, 4), f, chunk_rows=2, error=e), TypeError,
+     "must both be bfloat16 or both float16"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(3, 4).half(), f, chunk_rows=2, error=e), ValueError,
+     "a.shape[1]=4 != b.shape[0]=3"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e,
+                             timeout_ns=-1), ValueError, "timeout_ns=-1 must be a positive int or None"),
+])
+def test_bad_arguments_are_named(call, exc, text):
+    with pytest.raises(exc) as info:
+        call(torch.ones(8, dtype=torch.int32), torch.zeros(9, dtype=torch.int32))
+    assert text in str(info.value)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+def test_interpreted_portable_kernel(monkeypatch):
+    import xelink.kernels.gated_gemm as gg
+
+    monkeypatch.setattr(gg, "_gemm_config", lambda M, N, K: dict(TINY))
+    a, b = torch.randn(40, 56).half(), torch.randn(56, 24).half()
+    flags, err = torch.ones(8, dtype=torch.int32), torch.zeros(9, dtype=torch.int32)
+    for rows in (8, 10, 16, 40, 64):
+        chunks = -(-40 // rows)
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl="triton", order=list(reversed(range(chunks))),
+                       programs=3)
+        assert _relerr(c, a, b) < 1e-3 and not err.any()
+    flags[2] = 0  # rows 16-23 never land: the deadline (counted polls here) marks chunk 2 and moves on
+    gated_gemm(a, b, flags, chunk_rows=8, error=err, impl="triton", timeout_ns=2000)
+    assert err.tolist() == [1, 0, 0, 1, 0, 0, 0, 0, 0]
+
+
+# -- GPU ------------------------------------------------------------------------------------------------
+
+VARIANTS = [("triton", False), ("cuda", False), ("cuda", True)]
+
+
+def _skip_unless(impl):
+    if impl == "cuda" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("impl='cuda' needs compute capability 9.x")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl, flatten", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_every_flag_set_matches_gemm(requires_gpus, impl, flatten, dtype):
+    requires_gpus(1)
+    _skip_unless(impl)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    err = torch.zeros(64, dtype=torch.int32, device="cuda")
+    for (M, N, K), rows in (((1000, 136, 2056), 100), ((256, 512, 512), 128), ((2048, 1024, 4096), 256),
+                            ((64, 64, 64), 7), ((200, 264, 136), 200)):
+        a = torch.randn(M, K, generator=g, device="cuda").to(dtype)
+        b = torch.randn(K, N, generator=g, device="cuda").to(dtype).T.contiguous().T  # an nn.Linear weight's .t()
+        flags = torch.ones(-(-M // rows), dtype=torch.int32, device="cuda")
+        out = torch.full((M + 8, N), 7.0, dtype=dtype, device="cuda")
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, flatten=flatten, out=out[8:],
+                       order=list(reversed(range(flags.numel()))), timeout_ns=10**9)
+        assert c.data_ptr() == out[8:].data_ptr() and bool((out[:8] == 7).all())
+        want = reference_gemm(a, b).float()
+        assert ((c.float() - want).norm() / want.norm()).item() < 1e-2, (M, N, K, rows)
+    torch.cuda.synchronize()
+    assert not err.any()
+
+
+def _arrivals(src, a, flags, rows, order, side, delay_cycles=0):
+    """On ``side``: (a sleep, then) each chunk of ``src`` copied into ``a`` in ``order``, its flag set after
+    it (a copy of a one: the copy engine)."""
+    one = torch.ones(1, dtype=torch.int32, device="cuda")
+    with torch.cuda.stream(side):
+        if delay_cycles:
+            torch.cuda._sleep(delay_cycles)
+        for q in order:
+            a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
+            flags[q:q + 1].copy_(one, non_blocking=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl, flatten", VARIANTS)
+def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, impl, flatten):
+    requires_gpus(1)
+    _skip_unless(impl)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    M, N, K, rows = 2048, 1024, 2048, 256
+    src = torch.randn(M, K, generator=g, device="cuda").bfloat16()
+    b = torch.randn(K, N, generator=g, device="cuda").bfloat16()
+    want = reference_gemm(src, b).float()
+    err = torch.zeros(16, dtype=torch.int32, device="cuda")
+    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+    for trial, order in enumerate(([0, 1, 2, 3, 4, 5, 6, 7], [7, 6, 5, 4, 3, 2, 1, 0], [3, 0, 6, 1, 7, 2, 5, 4])):
+        a = torch.full((M, K), float("nan"), device="cuda").bfloat16()  # a tile that reads early sees NaN
+        flags = torch.zeros(8, dtype=torch.int32, device="cuda")
+        side.wait_stream(main)
+        _arrivals(src, a, flags, rows, order, side, delay_cycles=100_000_000 if trial != 1 else 0)
+        # the kernel is told a different order than the real one in trial 2: still correct, only slower
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, flatten=flatten,
+                       order=order if trial < 2 else None, timeout_ns=10 * 10**9)
+        main.wait_stream(side)
+        torch.cuda.synchronize()
+        assert not err.any() and not c.isnan().any(), (order, err.tolist())
+        assert ((c.float() - want).norm() / want.norm()).item() < 1e-2, order
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl, flatten", VARIANTS)
+def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl, flatten):
+    requires_gpus(1)
+    _skip_unless(impl)
+    a = torch.ones(512, 256, device="cuda").bfloat16()
+    b = torch.ones(256, 256, device="cuda").bfloat16()
+    flags = torch.ones(4, dtype=torch.int32, device="cuda")
+    flags[2] = 0
+    err = torch.zeros(5, dtype=torch.int32, pin_memory=True)  # pinned host memory, as xelink.symm's error word
+    c = gated_gemm(a, b, flags, chunk_rows=128, error=err, impl=impl, flatten=flatten, timeout_ns=2_000_000)
+    torch.cuda.synchronize()
+    assert err.tolist() == [1, 0, 0, 1, 0]
+    assert bool((c[:256] == 256).all()) and bool((c[384:] == 256).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl, flatten", VARIANTS)
+def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, flatten):
+    requires_gpus(1)
+    _skip_unless(impl)
+    M, N, K, rows = 1024, 512, 512, 128
+    src = torch.zeros(M, K, device="cuda").bfloat16()
+    a = torch.zeros(M, K, device="cuda").bfloat16()
+    b = torch.zeros(K, N, device="cuda").bfloat16()
+    flags = torch.zeros(M // rows, dtype=torch.int32, device="cuda")
+    err = torch.zeros(16, dtype=torch.int32, device="cuda")
+    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+    order = [5, 1, 7, 0, 3, 2, 6, 4]
+
+    def step():
+        side.wait_stream(main)
+        _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000)
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, flatten=flatten, order=order)
+        main.wait_stream(side)
+        flags.zero_()
+        return c
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = step()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(3):
+        src.copy_(torch.randn(M, K, generator=g, device="cuda"))
+        b.copy_(torch.randn(K, N, generator=g, device="cuda"))
+        a.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference_gemm(src, b).float()
+        assert not c.isnan().any() and ((c.float() - want).norm() / want.norm()).item() < 1e-2
+        assert not err.any() and not flags.any()

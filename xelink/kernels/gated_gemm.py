@@ -1,0 +1,320 @@
+"""``gated_gemm``: ``c = a @ b`` in one persistent kernel whose tiles wait for their rows of ``a`` to land.
+
+The rows of ``a`` come in chunks of ``chunk_rows`` (the last may be shorter); chunk ``q`` may be read once
+``flags[q]`` is nonzero. Whoever fills a chunk (a copy-engine copy on another stream, a peer's write, a
+kernel) sets its flag after the data, in stream or memory order; each tile of the kernel polls the flags
+of the chunks its rows span (an acquire at system scope, then a block barrier), then reads. Tiles are
+handed out in the order the chunks are expected to land (``order``), so the first tiles are those of the
+chunks already there. This is the fused all-gather + GEMM of ``xelink.dist`` (issue 22): one launch for
+the whole gathered matrix instead of one GEMM per chunk, with no kernel boundary between chunks.
+
+Rules for callers:
+
+- **Flags** are int32, one per chunk, zero before the call; the kernel never writes them. Reset them
+  after the call, ordered after it (a stream-ordered ``zero_`` or a copy of zeros on the kernel's stream)
+  and before the producers of the next call set them; a graph replays that the same way.
+- **Programs.** The kernel is persistent: ``programs`` programs (default: the multiprocessors less one)
+  loop over the tiles, and a program that waits keeps its multiprocessor. The flags must be set by
+  something that does not need those multiprocessors (copy engines, another GPU, the spare
+  multiprocessor left by the default), or a waiting kernel starves its own producer.
+- **Deadline.** A wait polls the global timer (CUDA; elsewhere it counts polls, about 100 ns each);
+  past ``timeout_ns`` it writes ``error[0] = 1`` and ``error[1 + q] = 1`` for the late chunk ``q`` and
+  reads the rows anyway: the result is then garbage, and the caller raises from ``error`` (the
+  peer-memory layer's error word works: ``xelink.symm`` raises ``xelink.TimeoutError`` on its next call).
+
+Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; ``flatten=True`` also
+fuses the tile and K loops into one software pipeline, and then each tile waits for the rows of the
+program's next tile, since that pipeline issues a tile's first loads during the previous one) and
+``impl="triton"`` (portable: block pointers, the one the Intel compile check covers).
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
+                     interpreting, path_key, require_triton, sm_count, tl, triton)
+from .gemm import _gemm_config, _grouped_tile, _orientation, _tma_applies, _tma_out_ok, _tma_view
+from .launcher import Descriptor, Slot, launch_with
+
+__all__ = ["GATED_GEMM_IMPLS", "gated_gemm"]
+
+GATED_GEMM_IMPLS = ("auto", "triton", "cuda")
+_POLL_NS = 100  # the deadline of a poll-counting wait: polls = timeout_ns / _POLL_NS
+
+
+if triton is not None:
+
+    @triton.jit
+    def _await_chunk(flag, err, q, timeout_ns, TIMER: tl.constexpr):
+        v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        if v == 0:
+            late = 0
+            if TIMER:
+                start = tl.extra.cuda.globaltimer()
+                while (v == 0) & (late == 0):
+                    v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+                    late = ((tl.extra.cuda.globaltimer() - start) > timeout_ns).to(tl.int32)
+            else:
+                polls = 0
+                while (v == 0) & (late == 0):
+                    v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+                    polls += 1
+                    late = (polls > timeout_ns // 100).to(tl.int32)
+            if late != 0:
+                tl.store(err + 1 + q, 1)
+                tl.store(err, 1)
+
+    @triton.jit
+    def _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M: tl.constexpr, TIMER: tl.constexpr):
+        """Wait for every chunk rows [off_m, off_m + BLOCK_M) of a span, then order the block after it."""
+        q = off_m // chunk_rows
+        last = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows
+        while q <= last:
+            _await_chunk(flags + q, err, q, timeout_ns, TIMER)
+            q += 1
+        tl.debug_barrier()  # thread 0's acquires happen before every thread's reads below
+
+    @triton.jit
+    def _tile_of(tile, order, num_m, num_n, GROUP_M: tl.constexpr):
+        lm, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
+        return tl.load(order + lm), pid_n
+
+    @triton.jit
+    def _gated_gemm_tma_kernel(a_desc, b_desc, c_desc, flags, order, err, M, N, K, chunk_rows, timeout_ns,
+                               A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
+                               TIMER: tl.constexpr):
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        tiles = num_m * num_n
+        pid = tl.program_id(0)
+        if FLATTEN:
+            # The fused loop issues a tile's first loads while the previous tile finishes: wait for the rows
+            # of this program's first tile before the loop, and inside it for those of the next tile.
+            if pid < tiles:
+                pm, _ = _tile_of(pid, order, num_m, num_n, GROUP_M)
+                _await_rows(flags, err, pm * BLOCK_M, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
+            for tile in tl.range(pid, tiles, NUM_PROGRAMS, flatten=True):
+                pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
+                nxt = tile + NUM_PROGRAMS
+                if nxt < tiles:
+                    nm, _ = _tile_of(nxt, order, num_m, num_n, GROUP_M)
+                    _await_rows(flags, err, nm * BLOCK_M, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for off_k in range(0, K, BLOCK_K):
+                    if A_ROW_MAJOR:
+                        a = a_desc.load([off_m, off_k])
+                    else:
+                        a = a_desc.load([off_k, off_m]).T
+                    if B_ROW_MAJOR:
+                        b = b_desc.load([off_k, off_n])
+                    else:
+                        b = b_desc.load([off_n, off_k]).T
+                    acc = tl.dot(a, b, acc)
+                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        else:
+            for tile in tl.range(pid, tiles, NUM_PROGRAMS):
+                pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
+                _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for off_k in range(0, K, BLOCK_K):
+                    if A_ROW_MAJOR:
+                        a = a_desc.load([off_m, off_k])
+                    else:
+                        a = a_desc.load([off_k, off_m]).T
+                    if B_ROW_MAJOR:
+                        b = b_desc.load([off_k, off_n])
+                    else:
+                        b = b_desc.load([off_n, off_k]).T
+                    acc = tl.dot(a, b, acc)
+                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+    @triton.jit
+    def _gated_gemm_kernel(a_ptr, b_ptr, c_ptr, flags, order, err, M, N, K,
+                           stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, chunk_rows, timeout_ns,
+                           A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr):
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        for tile in range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+            pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
+            _await_rows(flags, err, pid_m * BLOCK_M, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
+            if A_ROW_MAJOR:
+                a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
+                                          (BLOCK_M, BLOCK_K), order=(1, 0))
+            else:
+                a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
+                                          (BLOCK_M, BLOCK_K), order=(0, 1))
+            if B_ROW_MAJOR:
+                b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
+                                          (BLOCK_K, BLOCK_N), order=(1, 0))
+            else:
+                b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
+                                          (BLOCK_K, BLOCK_N), order=(0, 1))
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for _ in range(0, K, BLOCK_K):
+                if EVEN:
+                    a = tl.load(a_blk)
+                    b = tl.load(b_blk)
+                else:
+                    a = tl.load(a_blk, boundary_check=(0, 1), padding_option="zero")
+                    b = tl.load(b_blk, boundary_check=(0, 1), padding_option="zero")
+                acc = tl.dot(a, b, acc)
+                a_blk = tl.advance(a_blk, (0, BLOCK_K))
+                b_blk = tl.advance(b_blk, (BLOCK_K, 0))
+            c_blk = tl.make_block_ptr(c_ptr, (M, N), (stride_cm, stride_cn), (pid_m * BLOCK_M, pid_n * BLOCK_N),
+                                      (BLOCK_M, BLOCK_N), order=(1, 0))
+            tl.store(c_blk, acc.to(c_ptr.dtype.element_ty), boundary_check=(0, 1))
+
+
+def block_order(M: int, block_m: int, chunk_rows: int, order) -> list[int]:
+    """The row blocks of ``a`` in the order their chunks land: a block is ready once the last of the
+    chunks it spans (by position in ``order``) has landed; ties keep row order."""
+    pos = {q: i for i, q in enumerate(order)}
+    blocks = range(cdiv(M, block_m))
+    ready = [max(pos[q] for q in range(b * block_m // chunk_rows, (min(M, (b + 1) * block_m) - 1) // chunk_rows + 1))
+             for b in blocks]
+    return sorted(blocks, key=lambda b: (ready[b], b))
+
+
+class _Plan:
+    """One gated_gemm path: the kernel, grid, block order on the device, descriptors' fields or integer
+    arguments, constexprs and the launcher slot."""
+
+    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "order", "slot")
+
+    def __init__(self, a, b, c, impl: str, chunk_rows: int, order, programs, flatten: bool, cfg: dict):
+        (M, K), N = a.shape, b.shape[1]
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        if torch.cuda.is_available() and a.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gated_gemm: the first call of a shape uploads its tile order, which a CUDA graph "
+                               "capture cannot; run it once before capturing")
+        self.order = torch.tensor(block_order(M, bm, chunk_rows, order), dtype=torch.int32, device=a.device)
+        tiles = cdiv(M, bm) * cdiv(N, bn)
+        if programs is None:
+            programs = max(1, sm_count(a.device) - 1) if a.is_cuda else 4
+        programs = max(1, min(programs, tiles))
+        self.grid = (programs,)
+        timer = a.is_cuda and not interpreting()
+        a_row, b_row = _orientation(a), _orientation(b)
+        if impl == "cuda":
+            self.fn = _gated_gemm_tma_kernel
+            self.views = (_tma_view(a) + ((bm, bk) if a_row else (bk, bm),),
+                          _tma_view(b) + ((bk, bn) if b_row else (bn, bk),), _tma_view(c) + ((bm, bn),))
+            self.ints = (M, N, K, chunk_rows)
+            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs,
+                               FLATTEN=flatten and K >= cfg["num_stages"] * bk, TIMER=timer, **cfg)
+        else:
+            self.fn, self.views = _gated_gemm_kernel, None
+            self.ints = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                         chunk_rows)
+            even = M % bm == 0 and N % bn == 0 and K % bk == 0
+            self.kwargs = dict(A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False, EVEN=even,
+                               NUM_PROGRAMS=programs, TIMER=timer, **cfg)
+        self.slot = Slot(self.fn)
+
+    def __call__(self, a, b, c, flags, error, timeout_ns: int) -> None:
+        if self.views is None:
+            head = (a, b, c)
+        else:
+            av, bv, cv = self.views
+            head = (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv))
+        launch_with(self.slot, self.fn, self.grid, *head, flags, self.order, error, *self.ints, timeout_ns,
+                    **self.kwargs)
+
+
+_PATHS = Paths()
+_NEVER = 1 << 62  # timeout_ns=None: wait without a deadline (fits the kernels' int64)
+
+
+def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl, flatten):
+    fn = "gated_gemm"
+    impl = check_impl(fn, impl, GATED_GEMM_IMPLS)
+    check_tensor(fn, "a", a, 2)
+    check_tensor(fn, "b", b, 2)
+    check_tensor(fn, "flags", flags, 1)
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise TypeError(f"gated_gemm: a.dtype={a.dtype} and b.dtype={b.dtype} must both be bfloat16 or both float16")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gated_gemm: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0:
+        raise ValueError(f"gated_gemm: chunk_rows={chunk_rows!r} must be a positive int")
+    chunks = max(1, cdiv(a.shape[0], chunk_rows))
+    if flags.dtype != torch.int32 or flags.numel() < chunks:
+        raise ValueError(f"gated_gemm: flags must be int32 with at least {chunks} entries (one per chunk of "
+                         f"{chunk_rows} rows), got {flags.dtype} with {flags.numel()}")
+    order = tuple(range(chunks)) if order is None else tuple(order)
+    if sorted(order) != list(range(chunks)):
+        raise ValueError(f"gated_gemm: order={order} must list each of the {chunks} chunks once")
+    if error is None or not isinstance(error, torch.Tensor) or error.dtype != torch.int32 or \
+            error.numel() < 1 + chunks or not error.is_contiguous():
+        raise ValueError(f"gated_gemm: error must be a contiguous int32 tensor of at least {1 + chunks} entries "
+                         f"(on the device or in pinned host memory), got {error!r:.80}")
+    if timeout_ns is not None and (isinstance(timeout_ns, bool) or not isinstance(timeout_ns, int) or timeout_ns <= 0):
+        raise ValueError(f"gated_gemm: timeout_ns={timeout_ns!r} must be a positive int or None")
+    if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs <= 0):
+        raise ValueError(f"gated_gemm: programs={programs!r} must be a positive int or None")
+    check_same_device(fn, a=a, b=b, flags=flags)
+    if out is not None:
+        check_out(fn, out, (a.shape[0], b.shape[1]), a.dtype, a.device)
+    if impl == "auto":
+        impl = "cuda" if _tma_applies(a, b) and _tma_out_ok(out) else "triton"
+    require_triton(fn, impl, a.device)
+    if impl == "cuda" and not (_tma_applies(a, b) and _tma_out_ok(out)):
+        raise ValueError("gated_gemm: impl='cuda' needs sm90, TMA's 16-byte alignment of a, b and out, and "
+                         f"N*itemsize a multiple of 16 (a.stride()={a.stride()}, b.stride()={b.stride()}); use "
+                         "impl='triton'")
+    return impl, order
+
+
+def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_rows: int, error: torch.Tensor,
+               order=None, out: torch.Tensor | None = None, timeout_ns: int | None = None,
+               programs: int | None = None, impl: str = "auto", flatten: bool = False) -> torch.Tensor:
+    """``c = a @ b`` (fp32 accumulation) where the rows of chunk ``q`` of ``a`` are read only after
+    ``flags[q]`` is nonzero (module docstring: the rules).
+
+    Args:
+        a: ``[M, K]`` bf16/fp16 CUDA tensor (row- or column-major); chunk ``q`` is rows
+            ``[q * chunk_rows, (q + 1) * chunk_rows)``.
+        b: ``[K, N]``, same dtype and device.
+        flags: int32 ``[>= ceil(M / chunk_rows)]`` on the device, zero for chunks not yet there.
+        chunk_rows: rows per chunk.
+        error: contiguous int32 ``[>= 1 + chunks]`` (device or pinned host memory) the late waits mark.
+        order: the chunks in their expected order of arrival (default 0, 1, ...): tiles go out in it.
+        out: optional ``[M, N]`` destination (``gemm``'s rules).
+        timeout_ns: each wait's deadline (None: none).
+        programs: persistent programs (default: multiprocessors - 1).
+        impl: ``"auto"`` (``"cuda"`` where TMA applies, else ``"triton"``), ``"cuda"``, ``"triton"``.
+        flatten: ``impl="cuda"``: one software pipeline over tiles and K (waits one tile ahead).
+
+    Returns:
+        ``out`` or a new ``[M, N]`` tensor.
+    """
+    # Remembered by everything the checks and the launch read (timeout_ns too: its value decides the
+    # class Triton specializes it on, which the launcher slot relies on); addresses are checked every call.
+    key = path_key((impl, chunk_rows, programs, flatten, timeout_ns), (a, b, flags, error), (out,))
+    if key is not None:
+        key = (key, None if order is None else tuple(order))
+    hit = _PATHS.get(key) if key is not None else None
+    if hit is None:
+        impl, order_t = _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl, flatten)
+    if out is not None:
+        check_no_overlap("gated_gemm", out, a=a, b=b)
+    (M, K), N = a.shape, b.shape[1]
+    c = a.new_empty((M, N)) if out is None else out
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        return c.zero_()
+    if hit is None:
+        hit = _Plan(a, b, c, impl, chunk_rows, order_t, programs, flatten, _gemm_config(M, N, K))
+        if key is not None:
+            _PATHS.remember(key, hit)
+    hit(a, b, c, flags, error, _NEVER if timeout_ns is None else timeout_ns)
+    return c
