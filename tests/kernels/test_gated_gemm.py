@@ -104,8 +104,8 @@ def test_gpu_every_flag_set_matches_gemm(requires_gpus, impl, flatten, dtype):
 def _arrivals(src, a, flags, rows, order, side, delay_cycles=0):
     """On ``side``: (a sleep, then) each chunk of ``src`` copied into ``a`` in ``order``, its flag set after
     it (a copy of a one: the copy engine)."""
-    one = torch.ones(1, dtype=torch.int32, device="cuda")
     with torch.cuda.stream(side):
+        one = torch.ones(1, dtype=torch.int32, device="cuda")  # filled on side, before the copies read it
         if delay_cycles:
             torch.cuda._sleep(delay_cycles)
         for q in order:

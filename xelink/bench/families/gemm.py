@@ -189,7 +189,7 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
         ref = torch.matmul(a, b).float()
         err = torch.zeros(1 + chunks, dtype=torch.int32, device="cuda")
         ones = torch.ones(chunks, dtype=torch.int32, device="cuda")
-        side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+        side = torch.cuda.Stream()
         outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
         calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
         for impl, flatten in variants:
@@ -198,18 +198,19 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
             c = outs[f"xelink:gated({tag}) flags set"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             calls[f"xelink:gated({tag}) flags set"] = [
                 lambda c=c, f=set_flags, i=impl, fl=flatten: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i,
-                                                                       flatten=fl, out=c)]
+                                                                       flatten=fl, out=c, timeout_ns=10**10)]
             flags = torch.zeros(chunks, dtype=torch.int32, device="cuda")
             c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
                                                                                  dtype=torch.bfloat16)
 
             def arrive(c=c2, f=flags, i=impl, fl=flatten):
+                main = torch.cuda.current_stream()  # the capture's stream inside a graph
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
                     for q in range(chunks):
                         a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
                         f[q:q + 1].copy_(ones[q:q + 1], non_blocking=True)
-                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, flatten=fl, out=c)
+                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, flatten=fl, out=c, timeout_ns=10**10)
                 main.wait_stream(side)
                 f.zero_()
 
