@@ -70,7 +70,7 @@ def test_interpreted_portable_kernel(monkeypatch):
 
 # -- GPU ------------------------------------------------------------------------------------------------
 
-VARIANTS = [("triton", False), ("cuda", False), ("cuda", True)]
+IMPLS = ["triton", "cuda"]
 
 
 def _skip_unless(impl):
@@ -79,9 +79,9 @@ def _skip_unless(impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl, flatten", VARIANTS)
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_every_flag_set_matches_gemm(requires_gpus, impl, flatten, dtype):
+def test_gpu_every_flag_set_matches_gemm(requires_gpus, impl, dtype):
     requires_gpus(1)
     _skip_unless(impl)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -92,7 +92,7 @@ def test_gpu_every_flag_set_matches_gemm(requires_gpus, impl, flatten, dtype):
         b = torch.randn(K, N, generator=g, device="cuda").to(dtype).T.contiguous().T  # an nn.Linear weight's .t()
         flags = torch.ones(-(-M // rows), dtype=torch.int32, device="cuda")
         out = torch.full((M + 8, N), 7.0, dtype=dtype, device="cuda")
-        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, flatten=flatten, out=out[8:],
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, out=out[8:],
                        order=list(reversed(range(flags.numel()))), timeout_ns=10**9)
         assert c.data_ptr() == out[8:].data_ptr() and bool((out[:8] == 7).all())
         want = reference_gemm(a, b).float()
@@ -114,8 +114,8 @@ def _arrivals(src, a, flags, rows, order, side, delay_cycles=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl, flatten", VARIANTS)
-def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, impl, flatten):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, impl):
     requires_gpus(1)
     _skip_unless(impl)
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -131,7 +131,7 @@ def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, imp
         side.wait_stream(main)
         _arrivals(src, a, flags, rows, order, side, delay_cycles=100_000_000 if trial != 1 else 0)
         # the kernel is told a different order than the real one in trial 2: still correct, only slower
-        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, flatten=flatten,
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl,
                        order=order if trial < 2 else None, timeout_ns=10 * 10**9)
         main.wait_stream(side)
         torch.cuda.synchronize()
@@ -140,8 +140,8 @@ def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, imp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl, flatten", VARIANTS)
-def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl, flatten):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl):
     requires_gpus(1)
     _skip_unless(impl)
     a = torch.ones(512, 256, device="cuda").bfloat16()
@@ -149,15 +149,15 @@ def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl, 
     flags = torch.ones(4, dtype=torch.int32, device="cuda")
     flags[2] = 0
     err = torch.zeros(5, dtype=torch.int32, pin_memory=True)  # pinned host memory, as xelink.symm's error word
-    c = gated_gemm(a, b, flags, chunk_rows=128, error=err, impl=impl, flatten=flatten, timeout_ns=2_000_000)
+    c = gated_gemm(a, b, flags, chunk_rows=128, error=err, impl=impl, timeout_ns=2_000_000)
     torch.cuda.synchronize()
     assert err.tolist() == [1, 0, 0, 1, 0]
     assert bool((c[:256] == 256).all()) and bool((c[384:] == 256).all())
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl, flatten", VARIANTS)
-def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, flatten):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl):
     requires_gpus(1)
     _skip_unless(impl)
     M, N, K, rows = 1024, 512, 512, 128
@@ -172,7 +172,7 @@ def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, fl
     def step():
         side.wait_stream(main)
         _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000)
-        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, flatten=flatten, order=order)
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, order=order)
         main.wait_stream(side)
         flags.zero_()
         return c

@@ -22,10 +22,10 @@ Rules for callers:
   reads the rows anyway: the result is then garbage, and the caller raises from ``error`` (the
   peer-memory layer's error word works: ``xelink.symm`` raises ``xelink.TimeoutError`` on its next call).
 
-Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; ``flatten=True`` also
-fuses the tile and K loops into one software pipeline, and then each tile waits for the rows of the
-program's next tile, since that pipeline issues a tile's first loads during the previous one) and
-``impl="triton"`` (portable: block pointers, the one the Intel compile check covers).
+Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; each tile waits, then
+runs its own pipelined K loop: fusing the tile and K loops into one pipeline as ``gemm`` does, with each
+tile waiting one tile ahead, measured 3.5x slower on an H200, so it is not offered) and ``impl="triton"``
+(portable: block pointers, the one the Intel compile check covers).
 """
 from __future__ import annotations
 
@@ -83,56 +83,28 @@ if triton is not None:
     def _gated_gemm_tma_kernel(a_desc, b_desc, c_desc, flags, order, err, M, N, K, chunk_rows, timeout_ns,
                                A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
-                               TIMER: tl.constexpr):
+                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr):
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         tiles = num_m * num_n
         pid = tl.program_id(0)
-        if FLATTEN:
-            # The fused loop issues a tile's first loads while the previous tile finishes: wait for the rows
-            # of this program's first tile before the loop, and inside it for those of the next tile.
-            if pid < tiles:
-                pm, _ = _tile_of(pid, order, num_m, num_n, GROUP_M)
-                _await_rows(flags, err, pm * BLOCK_M, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-            for tile in tl.range(pid, tiles, NUM_PROGRAMS, flatten=True):
-                pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
-                nxt = tile + NUM_PROGRAMS
-                if nxt < tiles:
-                    nm, _ = _tile_of(nxt, order, num_m, num_n, GROUP_M)
-                    _await_rows(flags, err, nm * BLOCK_M, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for off_k in range(0, K, BLOCK_K):
-                    if A_ROW_MAJOR:
-                        a = a_desc.load([off_m, off_k])
-                    else:
-                        a = a_desc.load([off_k, off_m]).T
-                    if B_ROW_MAJOR:
-                        b = b_desc.load([off_k, off_n])
-                    else:
-                        b = b_desc.load([off_n, off_k]).T
-                    acc = tl.dot(a, b, acc)
-                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-        else:
-            for tile in tl.range(pid, tiles, NUM_PROGRAMS):
-                pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for off_k in range(0, K, BLOCK_K):
-                    if A_ROW_MAJOR:
-                        a = a_desc.load([off_m, off_k])
-                    else:
-                        a = a_desc.load([off_k, off_m]).T
-                    if B_ROW_MAJOR:
-                        b = b_desc.load([off_k, off_n])
-                    else:
-                        b = b_desc.load([off_n, off_k]).T
-                    acc = tl.dot(a, b, acc)
-                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        for tile in tl.range(pid, tiles, NUM_PROGRAMS):
+            pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for off_k in range(0, K, BLOCK_K):
+                if A_ROW_MAJOR:
+                    a = a_desc.load([off_m, off_k])
+                else:
+                    a = a_desc.load([off_k, off_m]).T
+                if B_ROW_MAJOR:
+                    b = b_desc.load([off_k, off_n])
+                else:
+                    b = b_desc.load([off_n, off_k]).T
+                acc = tl.dot(a, b, acc)
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     @triton.jit
     def _gated_gemm_kernel(a_ptr, b_ptr, c_ptr, flags, order, err, M, N, K,
@@ -189,7 +161,7 @@ class _Plan:
 
     __slots__ = ("fn", "grid", "views", "ints", "kwargs", "order", "slot")
 
-    def __init__(self, a, b, c, impl: str, chunk_rows: int, order, programs, flatten: bool, cfg: dict):
+    def __init__(self, a, b, c, impl: str, chunk_rows: int, order, programs, cfg: dict):
         (M, K), N = a.shape, b.shape[1]
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         if torch.cuda.is_available() and a.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -208,8 +180,8 @@ class _Plan:
             self.views = (_tma_view(a) + ((bm, bk) if a_row else (bk, bm),),
                           _tma_view(b) + ((bk, bn) if b_row else (bn, bk),), _tma_view(c) + ((bm, bn),))
             self.ints = (M, N, K, chunk_rows)
-            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs,
-                               FLATTEN=flatten and K >= cfg["num_stages"] * bk, TIMER=timer, **cfg)
+            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, TIMER=timer,
+                               **cfg)
         else:
             self.fn, self.views = _gated_gemm_kernel, None
             self.ints = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
@@ -233,7 +205,7 @@ _PATHS = Paths()
 _NEVER = 1 << 62  # timeout_ns=None: wait without a deadline (fits the kernels' int64)
 
 
-def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl, flatten):
+def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl):
     fn = "gated_gemm"
     impl = check_impl(fn, impl, GATED_GEMM_IMPLS)
     check_tensor(fn, "a", a, 2)
@@ -275,7 +247,7 @@ def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, imp
 
 def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_rows: int, error: torch.Tensor,
                order=None, out: torch.Tensor | None = None, timeout_ns: int | None = None,
-               programs: int | None = None, impl: str = "auto", flatten: bool = False) -> torch.Tensor:
+               programs: int | None = None, impl: str = "auto") -> torch.Tensor:
     """``c = a @ b`` (fp32 accumulation) where the rows of chunk ``q`` of ``a`` are read only after
     ``flags[q]`` is nonzero (module docstring: the rules).
 
@@ -291,19 +263,18 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
         timeout_ns: each wait's deadline (None: none).
         programs: persistent programs (default: multiprocessors - 1).
         impl: ``"auto"`` (``"cuda"`` where TMA applies, else ``"triton"``), ``"cuda"``, ``"triton"``.
-        flatten: ``impl="cuda"``: one software pipeline over tiles and K (waits one tile ahead).
 
     Returns:
         ``out`` or a new ``[M, N]`` tensor.
     """
     # Remembered by everything the checks and the launch read (timeout_ns too: its value decides the
     # class Triton specializes it on, which the launcher slot relies on); addresses are checked every call.
-    key = path_key((impl, chunk_rows, programs, flatten, timeout_ns), (a, b, flags, error), (out,))
+    key = path_key((impl, chunk_rows, programs, timeout_ns), (a, b, flags, error), (out,))
     if key is not None:
         key = (key, None if order is None else tuple(order))
     hit = _PATHS.get(key) if key is not None else None
     if hit is None:
-        impl, order_t = _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl, flatten)
+        impl, order_t = _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl)
     if out is not None:
         check_no_overlap("gated_gemm", out, a=a, b=b)
     (M, K), N = a.shape, b.shape[1]
@@ -313,7 +284,7 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
     if K == 0:
         return c.zero_()
     if hit is None:
-        hit = _Plan(a, b, c, impl, chunk_rows, order_t, programs, flatten, _gemm_config(M, N, K))
+        hit = _Plan(a, b, c, impl, chunk_rows, order_t, programs, _gemm_config(M, N, K))
         if key is not None:
             _PATHS.remember(key, hit)
     hit(a, b, c, flags, error, _NEVER if timeout_ns is None else timeout_ns)

@@ -13,7 +13,7 @@
   chunks of rows against one ``torch.matmul``, in CUDA graphs, at the row-block shapes: every flag already
   set (targets >= 0.97x at 8192^3 and 16384x8192x4096, >= 0.9x at 2048x4096x4096), and the chunks copied
   in from another buffer by a copy-engine stream that sets each flag after its chunk (target: within 5%
-  of the flags-set row, ``extra["vs_flags_set"]``); ``cuda`` with and without ``flatten``, and ``triton``.
+  of the flags-set row, ``extra["vs_flags_set"]``); ``cuda`` and ``triton``.
 - CUDA, host time (op ``gemm:host``): the host time of one eager call of each path and of
   ``torch.matmul`` at 2048^3, b row-major and column-major (an ``nn.Linear`` weight's ``.t()``), the
   GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us.
@@ -178,9 +178,7 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
     from ...kernels.gated_gemm import gated_gemm
     from ..kernel_timing import cuda_graph
 
-    variants = [("cuda", False), ("cuda", True), ("triton", False)]
-    if torch.cuda.get_device_capability()[0] != 9:
-        variants = variants[2:]
+    variants = ["cuda", "triton"] if torch.cuda.get_device_capability()[0] == 9 else ["triton"]
     for M, N, K in shapes:
         rows = -(-M // chunks)
         src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -192,25 +190,25 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
         side = torch.cuda.Stream()
         outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
         calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
-        for impl, flatten in variants:
-            tag = f"{impl}{', flatten' if flatten else ''}"
+        for impl in variants:
+            tag = impl
             set_flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
             c = outs[f"xelink:gated({tag}) flags set"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             calls[f"xelink:gated({tag}) flags set"] = [
-                lambda c=c, f=set_flags, i=impl, fl=flatten: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i,
-                                                                       flatten=fl, out=c, timeout_ns=10**10)]
+                lambda c=c, f=set_flags, i=impl: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c,
+                                                            timeout_ns=10**10)]
             flags = torch.zeros(chunks, dtype=torch.int32, device="cuda")
             c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
                                                                                  dtype=torch.bfloat16)
 
-            def arrive(c=c2, f=flags, i=impl, fl=flatten):
+            def arrive(c=c2, f=flags, i=impl):
                 main = torch.cuda.current_stream()  # the capture's stream inside a graph
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
                     for q in range(chunks):
                         a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
                         f[q:q + 1].copy_(ones[q:q + 1], non_blocking=True)
-                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, flatten=fl, out=c, timeout_ns=10**10)
+                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c, timeout_ns=10**10)
                 main.wait_stream(side)
                 f.zero_()
 
