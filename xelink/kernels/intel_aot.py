@@ -190,6 +190,16 @@ def _gemv_mma(fmt):
     return args
 
 
+def _gated_gemm():
+    def args():
+        M = N = K = 4096
+        return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("int32"), _t("int32"), _t("int32"), M, N, K,
+                 K, 1, N, 1, N, 1, 512, 10**9],
+                dict(A_ROW_MAJOR=True, B_ROW_MAJOR=True, EVEN=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8,
+                     NUM_PROGRAMS=64, TIMER=False))
+    return args
+
+
 LAUNCHES: list[Launch] = [
     # The CUDA-core GEMV reduces across the sub-group through a little shared memory; the matrix-engine
     # GEMV loads through plain pointers (its weights are dequantized on the way), so DPAS but no block IO.
@@ -216,6 +226,8 @@ LAUNCHES: list[Launch] = [
            shared=0, sub_groups=(16,)),
     Launch("gemm._gemm_kernel[fp16, row x col, tails]", "gemm", "_gemm_kernel",
            _gemm("float16", b_row=False, even=False), num_warps=8, matrix=True, sub_groups=(16,)),
+    Launch("gated_gemm._gated_gemm_kernel[bf16, 8 chunks]", "gated_gemm", "_gated_gemm_kernel", _gated_gemm(),
+           num_warps=8, matrix=True, sub_groups=(16,)),
 ]
 # Kernels Intel's Triton 3.3 cannot compile, with the reason (checked: they are not in LAUNCHES).
 EXCEPTIONS = {
@@ -224,6 +236,7 @@ EXCEPTIONS = {
                      "Intel's compiler cannot build, and peers are CUDA IPC addresses; the Intel path needs a "
                      "SYCL timer and USM peer pointers (not built)",
     "gemm._gemm_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on sm90",
+    "gated_gemm._gated_gemm_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on sm90",
     "attention._flash_fwd_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on sm90",
 }
 
