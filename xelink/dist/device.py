@@ -176,7 +176,7 @@ class _Gather:
 DELAY_CYCLES: dict = {}
 
 
-def fused_unmet(a, weights, dim) -> str | None:
+def fused_unmet(a, dim) -> str | None:
     """Why ``algo="fused"`` cannot take this all-gather (None: it can)."""
     if a.dtype not in _HALF:
         return f"algo='fused' needs float16 or bfloat16 (a kernel GEMM), got {a.dtype}; use 'pipelined'"
@@ -186,28 +186,40 @@ def fused_unmet(a, weights, dim) -> str | None:
     return None
 
 
-def _fused_gather(comm, g, a, weights, dim, cs):
-    n, r = comm.size, comm.rank
+def _stage_and_read(comm, g, a, main, landed) -> None:
+    """Stage the own shard on ``main`` and signal its readers; on the side stream, read every shard of
+    the plan (``landed(q, event)`` right after shard q is in its slot), then free and forward it."""
     slots, side = g.slots, g.side
-    main = torch.cuda.current_stream(a.device)
-    rows = a.numel() // a.shape[-1]
-    a2 = g.stage.view(n * rows, a.shape[-1])
-    raw_main, raw_side = main.cuda_stream, side.cuda_stream
-    slots[r].copy_(a)
-    symm.copy_engine(g.flag_at[r], g.one, 4, raw_main)
+    slots[comm.rank].copy_(a)
     for x in g.mine:
         symm.signal(x, READY, group=comm, stream=main)
-    side.wait_stream(main)  # the previous call's GEMMs are done with the slots, and its flags are zero
-    for q, src, to, _ in g.reads:
+    side.wait_stream(main)  # the previous call's GEMMs are done with the slots (and its flags are zero)
+    for q, src, to, event in g.reads:
         symm.wait(src, READY, group=comm, stream=side)
         if q in DELAY_CYCLES:
             with torch.cuda.stream(side):
                 torch.cuda._sleep(DELAY_CYCLES[q])
         symm.get(slots[q], slots[q], src, group=comm, engine="copy", stream=side)
-        symm.copy_engine(g.flag_at[q], g.one, 4, raw_side)
+        landed(q, event)
         symm.signal(src, FREE, group=comm, stream=side)
         for x in to:
             symm.signal(x, READY, group=comm, stream=side)
+
+
+def _release(comm, g, main) -> None:
+    """Consume a ``FREE`` for every read of this rank's slot, and make ``main`` wait for the side stream."""
+    for x in g.frees:
+        symm.wait(x, FREE, group=comm, stream=g.side)
+    main.wait_stream(g.side)
+
+
+def _fused_gather(comm, g, a, weights, cs, main):
+    n = comm.size
+    rows = a.numel() // a.shape[-1]
+    a2 = g.stage.view(n * rows, a.shape[-1])
+    raw_side = g.side.cuda_stream
+    _stage_and_read(comm, g, a, main, lambda q, _: symm.copy_engine(g.flag_at[q], g.one, 4, raw_side))
+    symm.copy_engine(g.flag_at[comm.rank], g.one, 4, main.cuda_stream)  # the own shard: staged on main
     deadline = g.team.timeout_ns()
     for w, c in zip(weights, cs):
         c2 = c.view(n * rows, w.shape[1]) if c.is_contiguous() else None
@@ -215,10 +227,8 @@ def _fused_gather(comm, g, a, weights, dim, cs):
                          timeout_ns=deadline)
         if c2 is None:
             c.copy_(got.view(c.shape))
-    symm.copy_engine(g.flag_at[0], g.zeros, 4 * n, raw_main)
-    for x in g.frees:
-        symm.wait(x, FREE, group=comm, stream=side)
-    main.wait_stream(side)
+    symm.copy_engine(g.flag_at[0], g.zeros, 4 * n, main.cuda_stream)
+    _release(comm, g, main)
 
 
 def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
@@ -236,25 +246,12 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
         return (a_full if return_gathered else None), cs
     g = comm.resource(("xelink.dist", "gather-plan", shard, a.dtype, algo, dev),
                       lambda: _Gather(comm, shard, a.dtype, algo, dev))
-    if algo == "fused":
-        _fused_gather(comm, g, a, weights, dim, cs)
-        return (gathered(g.stage, dim).clone() if return_gathered else None), cs
-    slots, side = g.slots, g.side
     main = torch.cuda.current_stream(dev)
-    slots[r].copy_(a)
-    for x in g.mine:
-        symm.signal(x, READY, group=comm, stream=main)
-    side.wait_stream(main)  # the slots this call fills are no longer read by the previous call's GEMMs
-    for q, src, to, landed in g.reads:
-        symm.wait(src, READY, group=comm, stream=side)
-        if q in DELAY_CYCLES:
-            with torch.cuda.stream(side):
-                torch.cuda._sleep(DELAY_CYCLES[q])
-        symm.get(slots[q], slots[q], src, group=comm, engine="copy", stream=side)
-        landed.record(side)
-        symm.signal(src, FREE, group=comm, stream=side)
-        for x in to:
-            symm.signal(x, READY, group=comm, stream=side)
+    if algo == "fused":
+        _fused_gather(comm, g, a, weights, cs, main)
+        return (gathered(g.stage, dim).clone() if return_gathered else None), cs
+    slots = g.slots
+    _stage_and_read(comm, g, a, main, lambda q, landed: landed.record(g.side))
     rows = shard[dim]
     for w, c in zip(weights, cs):
         _mm_into(slots[r], w, c.narrow(dim, r * rows, rows))
@@ -262,9 +259,7 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
         main.wait_event(landed)
         for w, c in zip(weights, cs):
             _mm_into(slots[q], w, c.narrow(dim, q * rows, rows))
-    for x in g.frees:
-        symm.wait(x, FREE, group=comm, stream=side)
-    main.wait_stream(side)
+    _release(comm, g, main)
     a_full = gathered(g.stage, dim).clone() if return_gathered else None
     return a_full, cs
 

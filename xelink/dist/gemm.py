@@ -224,7 +224,7 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
         if picked == "fused":
             from . import device
 
-            why = device.fused_unmet(a, weights, dim)
+            why = device.fused_unmet(a, dim)
             if why is not None:
                 raise ValueError(f"{fn}: {why}")
         fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim,

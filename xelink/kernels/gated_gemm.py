@@ -33,7 +33,8 @@ import torch
 
 from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
                      interpreting, path_key, require_triton, sm_count, tl, triton)
-from .gemm import _gemm_config, _grouped_tile, _orientation, _tma_applies, _tma_out_ok, _tma_view
+from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
+                   _tma_tile, _tma_view)
 from .launcher import Descriptor, Slot, launch_with
 
 __all__ = ["GATED_GEMM_IMPLS", "gated_gemm"]
@@ -87,23 +88,12 @@ if triton is not None:
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         tiles = num_m * num_n
-        pid = tl.program_id(0)
-        for tile in tl.range(pid, tiles, NUM_PROGRAMS):
+        for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS):
             pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for off_k in range(0, K, BLOCK_K):
-                if A_ROW_MAJOR:
-                    a = a_desc.load([off_m, off_k])
-                else:
-                    a = a_desc.load([off_k, off_m]).T
-                if B_ROW_MAJOR:
-                    b = b_desc.load([off_k, off_n])
-                else:
-                    b = b_desc.load([off_n, off_k]).T
-                acc = tl.dot(a, b, acc)
+            acc = _tma_tile(a_desc, b_desc, off_m, off_n, K, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     @triton.jit
@@ -116,33 +106,12 @@ if triton is not None:
         num_n = tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
             pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
-            _await_rows(flags, err, pid_m * BLOCK_M, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-            if A_ROW_MAJOR:
-                a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
-                                          (BLOCK_M, BLOCK_K), order=(1, 0))
-            else:
-                a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
-                                          (BLOCK_M, BLOCK_K), order=(0, 1))
-            if B_ROW_MAJOR:
-                b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
-                                          (BLOCK_K, BLOCK_N), order=(1, 0))
-            else:
-                b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
-                                          (BLOCK_K, BLOCK_N), order=(0, 1))
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for _ in range(0, K, BLOCK_K):
-                if EVEN:
-                    a = tl.load(a_blk)
-                    b = tl.load(b_blk)
-                else:
-                    a = tl.load(a_blk, boundary_check=(0, 1), padding_option="zero")
-                    b = tl.load(b_blk, boundary_check=(0, 1), padding_option="zero")
-                acc = tl.dot(a, b, acc)
-                a_blk = tl.advance(a_blk, (0, BLOCK_K))
-                b_blk = tl.advance(b_blk, (BLOCK_K, 0))
-            c_blk = tl.make_block_ptr(c_ptr, (M, N), (stride_cm, stride_cn), (pid_m * BLOCK_M, pid_n * BLOCK_N),
-                                      (BLOCK_M, BLOCK_N), order=(1, 0))
-            tl.store(c_blk, acc.to(c_ptr.dtype.element_ty), boundary_check=(0, 1))
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
+            acc = _block_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, off_m, off_n,
+                              A_ROW_MAJOR, B_ROW_MAJOR, EVEN, BLOCK_M, BLOCK_N, BLOCK_K)
+            _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, off_m, off_n, BLOCK_M, BLOCK_N)
 
 
 def block_order(M: int, block_m: int, chunk_rows: int, order) -> list[int]:

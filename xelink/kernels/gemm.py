@@ -65,26 +65,23 @@ if triton is not None:
         return pid_m, pid_n
 
     @triton.jit
-    def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
-                     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                     A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, PDL: tl.constexpr):
-        pdl_wait(PDL)  # a and b may be the previous kernel's output
-        pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    def _block_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, off_m, off_n,
+                    A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The fp32 tile ``a[off_m:+BLOCK_M] @ b[:, off_n:+BLOCK_N]`` through block pointers (any strides)."""
         # `order` names the fastest-moving dimension first, which tells the compiler how to vectorize.
         if A_ROW_MAJOR:
-            a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
-                                      (BLOCK_M, BLOCK_K), order=(1, 0))
+            a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (off_m, 0), (BLOCK_M, BLOCK_K),
+                                      order=(1, 0))
         else:
-            a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (pid_m * BLOCK_M, 0),
-                                      (BLOCK_M, BLOCK_K), order=(0, 1))
+            a_blk = tl.make_block_ptr(a_ptr, (M, K), (stride_am, stride_ak), (off_m, 0), (BLOCK_M, BLOCK_K),
+                                      order=(0, 1))
         if B_ROW_MAJOR:
-            b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
-                                      (BLOCK_K, BLOCK_N), order=(1, 0))
+            b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, off_n), (BLOCK_K, BLOCK_N),
+                                      order=(1, 0))
         else:
-            b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, pid_n * BLOCK_N),
-                                      (BLOCK_K, BLOCK_N), order=(0, 1))
+            b_blk = tl.make_block_ptr(b_ptr, (K, N), (stride_bk, stride_bn), (0, off_n), (BLOCK_K, BLOCK_N),
+                                      order=(0, 1))
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for _ in range(0, K, BLOCK_K):
             if EVEN:
@@ -96,10 +93,46 @@ if triton is not None:
             acc = tl.dot(a, b, acc)
             a_blk = tl.advance(a_blk, (0, BLOCK_K))
             b_blk = tl.advance(b_blk, (BLOCK_K, 0))
-        pdl_launch(PDL)
-        c_blk = tl.make_block_ptr(c_ptr, (M, N), (stride_cm, stride_cn), (pid_m * BLOCK_M, pid_n * BLOCK_N),
-                                  (BLOCK_M, BLOCK_N), order=(1, 0))
+        return acc
+
+    @triton.jit
+    def _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, off_m, off_n, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        c_blk = tl.make_block_ptr(c_ptr, (M, N), (stride_cm, stride_cn), (off_m, off_n), (BLOCK_M, BLOCK_N),
+                                  order=(1, 0))
         tl.store(c_blk, acc.to(c_ptr.dtype.element_ty), boundary_check=(0, 1))
+
+    @triton.jit
+    def _tma_tile(a_desc, b_desc, off_m, off_n, K, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The fp32 tile ``a[off_m:+BLOCK_M] @ b[:, off_n:+BLOCK_N]`` through TMA descriptors."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for off_k in range(0, K, BLOCK_K):
+            # Column-major operands are described by their transpose, which is row-major, and
+            # transposed back in shared memory (wgmma reads either orientation of 16-bit types).
+            if A_ROW_MAJOR:
+                a = a_desc.load([off_m, off_k])
+            else:
+                a = a_desc.load([off_k, off_m]).T
+            if B_ROW_MAJOR:
+                b = b_desc.load([off_k, off_n])
+            else:
+                b = b_desc.load([off_n, off_k]).T
+            acc = tl.dot(a, b, acc)
+        return acc
+
+    @triton.jit
+    def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, PDL: tl.constexpr):
+        pdl_wait(PDL)  # a and b may be the previous kernel's output
+        pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+        acc = _block_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m * BLOCK_M,
+                          pid_n * BLOCK_N, A_ROW_MAJOR, B_ROW_MAJOR, EVEN, BLOCK_M, BLOCK_N, BLOCK_K)
+        pdl_launch(PDL)
+        _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N)
 
     @triton.jit
     def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,
@@ -115,19 +148,7 @@ if triton is not None:
             pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for off_k in range(0, K, BLOCK_K):
-                # Column-major operands are described by their transpose, which is row-major, and
-                # transposed back in shared memory (wgmma reads either orientation of 16-bit types).
-                if A_ROW_MAJOR:
-                    a = a_desc.load([off_m, off_k])
-                else:
-                    a = a_desc.load([off_k, off_m]).T
-                if B_ROW_MAJOR:
-                    b = b_desc.load([off_k, off_n])
-                else:
-                    b = b_desc.load([off_n, off_k]).T
-                acc = tl.dot(a, b, acc)
+            acc = _tma_tile(a_desc, b_desc, off_m, off_n, K, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
         pdl_launch(PDL)  # the tile loop holds the epilogue: the go comes after the last tile
 

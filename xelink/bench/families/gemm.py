@@ -122,13 +122,48 @@ def run_gpu(report, shapes=GPU_SHAPES, iters: int = 10, rounds: int = 3, sweep: 
             progress.step(f"gemm {M}x{N}x{K}: {len(variants)} variant(s)")
 
 
+def _graph_rows(report, op: str, shape, calls: dict, outs: dict, ref, *, repeats: int, rounds: int,
+                extra=None) -> bool:
+    """Each of ``calls`` (name -> the calls of one round) captured ``repeats`` times in a CUDA graph and
+    co-measured against ``torch:matmul``'s graph; rows ``op`` into ``report``, outputs (``outs[name]``)
+    checked against ``ref``. ``extra(name, medians)``: more fields for a row. False when torch's own
+    graph could not be made (nothing measured)."""
+    from ..kernel_timing import cuda_graph
+
+    M, N, K = shape
+    graphs = {}
+    for name, fns in calls.items():
+        try:
+            graphs[name] = cuda_graph(fns, repeats)[0].replay
+        except Exception as e:  # noqa: BLE001 - reported, the other rows still run
+            report.notes.append(f"{op} {M}x{N}x{K} {name}: {type(e).__name__}: {str(e)[:200]}")
+    if "torch:matmul" not in graphs:
+        return False
+    wrong = {name: 0 for name in graphs}
+
+    def check(name):
+        wrong[name] += wrong_elements(outs[name], ref)
+
+    samples = co_measure(graphs, warmup=1, iters=1, rounds=rounds, timing=_events, after_block=check)
+    samples = {k: [t / repeats for t in v] for k, v in samples.items()}
+    base = samples["torch:matmul"]
+    med = {k: summarize(v)["median"] for k, v in samples.items()}
+    for name, smp in samples.items():
+        fields = {"shape": f"{M}x{N}x{K}", "TFLOPs": 2.0 * M * N * K / med[name] / 1e12,
+                  "timing": f"CUDA graph of {repeats} x the calls, events", **(extra(name, med) if extra else {})}
+        report.add(make_row(op, name, smp, size_bytes=2 * (M * K + K * N + M * N), count=M * N,
+                            dtype=torch.bfloat16, nranks=1, wrong=wrong[name],
+                            baseline=None if name == "torch:matmul" else "torch:matmul",
+                            baseline_samples=None if name == "torch:matmul" else base, extra=fields))
+    return True
+
+
 def run_row_blocks(report, shapes=ROW_BLOCK_SHAPES, blocks=(2, 4, 8), *, repeats: int = 5, rounds: int = 3,
                    progress=None) -> None:
     """``gemm(a[r0:r1], b, out=c[r0:r1])`` for ``n`` row blocks of one output, launched back to back in a
     CUDA graph, against one ``torch.matmul`` in a graph (the GEMMs of the pipelined distributed GEMM,
     issue 21: >= 0.97x at 8192^3 and 16384x8192x4096); rows ``gemm:row-blocks`` into ``report``."""
     from ...kernels.gemm import gemm
-    from ..kernel_timing import cuda_graph
 
     for M, N, K in shapes:
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -141,31 +176,8 @@ def run_row_blocks(report, shapes=ROW_BLOCK_SHAPES, blocks=(2, 4, 8), *, repeats
             edges = [M * i // n for i in range(n + 1)]
             calls[f"xelink:gemm x{n} row blocks"] = [
                 (lambda r0=r0, r1=r1, c=c: gemm(a[r0:r1], b, out=c[r0:r1])) for r0, r1 in zip(edges, edges[1:])]
-        graphs = {}
-        for name, fns in calls.items():
-            try:
-                graphs[name] = cuda_graph(fns, repeats)[0].replay
-            except Exception as e:  # noqa: BLE001 - reported, the other rows still run
-                report.notes.append(f"gemm row blocks {M}x{N}x{K} {name}: {type(e).__name__}: {str(e)[:160]}")
-        if "torch:matmul" not in graphs:
-            continue
-        wrong = {name: 0 for name in graphs}
-
-        def check(name):
-            wrong[name] += wrong_elements(outs[name], ref)
-
-        samples = co_measure(graphs, warmup=1, iters=1, rounds=rounds, timing=_events, after_block=check)
-        samples = {k: [t / repeats for t in v] for k, v in samples.items()}
-        base = samples["torch:matmul"]
-        for name, smp in samples.items():
-            t = summarize(smp)["median"]
-            report.add(make_row("gemm:row-blocks", name, smp, size_bytes=2 * (M * K + K * N + M * N), count=M * N,
-                                dtype=torch.bfloat16, nranks=1, wrong=wrong[name],
-                                baseline=None if name == "torch:matmul" else "torch:matmul",
-                                baseline_samples=None if name == "torch:matmul" else base,
-                                extra={"shape": f"{M}x{N}x{K}", "TFLOPs": 2.0 * M * N * K / t / 1e12,
-                                       "timing": f"CUDA graph of {repeats} x the calls, events"}))
-        del a, b, outs, ref, graphs
+        _graph_rows(report, "gemm:row-blocks", (M, N, K), calls, outs, ref, repeats=repeats, rounds=rounds)
+        del a, b, outs, ref
         torch.cuda.empty_cache()
         if progress is not None:
             progress.step(f"gemm row blocks {M}x{N}x{K}")
@@ -176,7 +188,6 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
     """``gated_gemm`` with every flag set and with copy-engine arrivals, against ``torch.matmul``, in CUDA
     graphs of ``repeats`` calls; rows ``gemm:gated`` into ``report`` (module docstring)."""
     from ...kernels.gated_gemm import gated_gemm
-    from ..kernel_timing import cuda_graph
 
     variants = ["cuda", "triton"] if torch.cuda.get_device_capability()[0] == 9 else ["triton"]
     for M, N, K in shapes:
@@ -190,18 +201,17 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
         side = torch.cuda.Stream()
         outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
         calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
-        for impl in variants:
-            tag = impl
+        for tag in variants:
             set_flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
             c = outs[f"xelink:gated({tag}) flags set"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             calls[f"xelink:gated({tag}) flags set"] = [
-                lambda c=c, f=set_flags, i=impl: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c,
+                lambda c=c, f=set_flags, i=tag: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c,
                                                             timeout_ns=10**10)]
             flags = torch.zeros(chunks, dtype=torch.int32, device="cuda")
             c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
                                                                                  dtype=torch.bfloat16)
 
-            def arrive(c=c2, f=flags, i=impl):
+            def arrive(c=c2, f=flags, i=tag):
                 main = torch.cuda.current_stream()  # the capture's stream inside a graph
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
@@ -213,36 +223,17 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
                 f.zero_()
 
             calls[f"xelink:gated({tag}) copy-engine arrivals"] = [arrive]
-        graphs = {}
-        for name, fns in calls.items():
-            try:
-                graphs[name] = cuda_graph(fns, repeats)[0].replay
-            except Exception as e:  # noqa: BLE001 - reported, the other rows still run
-                report.notes.append(f"gemm gated {M}x{N}x{K} {name}: {type(e).__name__}: {str(e)[:200]}")
-        if "torch:matmul" not in graphs:
-            continue
-        wrong = {name: 0 for name in graphs}
 
-        def check(name):
-            wrong[name] += wrong_elements(outs[name], ref)
+        def vs_flags_set(name, med):
+            set_name = name.replace("copy-engine arrivals", "flags set")
+            return {"chunks": chunks, **({"vs_flags_set": med[set_name] / med[name]}
+                                         if set_name != name and set_name in med else {})}
 
-        samples = co_measure(graphs, warmup=1, iters=1, rounds=rounds, timing=_events, after_block=check)
-        samples = {k: [t / repeats for t in v] for k, v in samples.items()}
+        _graph_rows(report, "gemm:gated", (M, N, K), calls, outs, ref, repeats=repeats, rounds=rounds,
+                    extra=vs_flags_set)
         if err.any():
             report.notes.append(f"gemm gated {M}x{N}x{K}: a wait ran past its deadline: {err.tolist()}")
-        base = samples["torch:matmul"]
-        med = {k: summarize(v)["median"] for k, v in samples.items()}
-        for name, smp in samples.items():
-            extra = {"shape": f"{M}x{N}x{K}", "TFLOPs": 2.0 * M * N * K / med[name] / 1e12, "chunks": chunks,
-                     "timing": f"CUDA graph of {repeats} x the call, events"}
-            set_name = name.replace("copy-engine arrivals", "flags set")
-            if set_name != name and set_name in med:
-                extra["vs_flags_set"] = med[set_name] / med[name]
-            report.add(make_row("gemm:gated", name, smp, size_bytes=2 * (M * K + K * N + M * N), count=M * N,
-                                dtype=torch.bfloat16, nranks=1, wrong=wrong[name],
-                                baseline=None if name == "torch:matmul" else "torch:matmul",
-                                baseline_samples=None if name == "torch:matmul" else base, extra=extra))
-        del a, b, src, outs, ref, graphs
+        del a, b, src, outs, ref
         torch.cuda.empty_cache()
         if progress is not None:
             progress.step(f"gemm gated {M}x{N}x{K}")
