@@ -57,7 +57,7 @@ from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_ten
 from . import schedule
 from .host import gathered
 from ..kernels import gemm
-from ..kernels.gated_gemm import gated_gemm
+from ..kernels import gated_gemm
 
 __all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "stage_buffer", "unmet",
            "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]

@@ -5,6 +5,7 @@ Modules import without Triton; a kernel that needs Triton raises a clear error w
 
 from .attention import (decode_attention, flash_attention, merge_attention, reference_decode_attention,
                         reference_flash_attention, reference_merge_attention)
+from .gated_gemm import gated_gemm
 from .gemm import gemm, reference_gemm
 from .gemv import gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
 from .norm import reference_rmsnorm, reference_rope, rmsnorm, rope
@@ -12,6 +13,6 @@ from .norm import reference_rmsnorm, reference_rope, rmsnorm, rope
 __all__: list[str] = [
     "decode_attention", "flash_attention", "merge_attention", "reference_decode_attention",
     "reference_flash_attention", "reference_merge_attention",
-    "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
+    "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
     "reference_rope", "rmsnorm", "rope", "unpack_w4a16", "unpack_w8a16",
 ]
