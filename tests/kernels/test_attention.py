@@ -482,6 +482,54 @@ def test_decode_kernel_gpu(requires_gpus, d, dtype, causal):
     _check_decode("cuda", d, dtype, causal, DECODE_CASES, seed=d + int(causal))
 
 
+@pytest.mark.gpu
+def test_decode_merged_in_one_launch(requires_gpus):
+    # The last split of each block merges the partials (split.py), with counters and partials kept per
+    # stream: calls that change the split count back to back, the same calls on two streams at once, a CUDA
+    # graph replayed (new lengths) between eager calls on its stream; repeated calls give the same bits.
+    requires_gpus(1)
+    gen = torch.Generator().manual_seed(11)
+    made = []
+    for b, hq, hkv, sq, smax, lens, splits in [(1, 32, 8, 1, 32768, [32768], None), (8, 32, 8, 1, 4096, [4096] * 8, 5),
+                                               (2, 16, 2, 4, 3000, [3000, 17], 64), (1, 8, 8, 1, 700, [700], 1)]:
+        q, kc, vc = _qkv(b, hq, hkv, sq, smax, 128, torch.bfloat16, device="cuda", gen=gen)
+        made.append((q, kc, vc, torch.tensor(lens, dtype=torch.int32, device="cuda"), splits))
+
+    def run_all():
+        return [A.decode_attention(q, kc, vc, n, num_splits=s, impl="triton", return_lse=True)
+                for q, kc, vc, n, s in made]
+
+    first = run_all()
+    for (q, kc, vc, n, _), (out, lse) in zip(made, first):
+        ref, ref_lse = A.reference_decode_attention(q, kc, vc, n, return_lse=True)
+        assert _rel(out, ref) < TOL[torch.bfloat16] and (lse - ref_lse).abs().max() < 2e-3
+
+    def same(got):
+        return all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, first))
+
+    assert all(same(run_all()) for _ in range(3))
+    side = [torch.cuda.Stream() for _ in range(2)]
+    outs = [None, None]
+    torch.cuda.synchronize()
+    for i, st in enumerate(side):
+        with torch.cuda.stream(st):
+            outs[i] = [run_all() for _ in range(4)]
+    torch.cuda.synchronize()
+    assert all(same(got) for per_stream in outs for got in per_stream)
+    q, kc, vc, n, splits = made[1]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = A.decode_attention(q, kc, vc, n, num_splits=splits, impl="triton")
+    for length in (4096, 1, 2049):
+        n.fill_(length)
+        graph.replay()
+        eager = A.decode_attention(q, kc, vc, n, num_splits=splits, impl="triton")
+        run_all()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, eager) and _rel(yg, A.reference_decode_attention(q, kc, vc, n)) < TOL[torch.bfloat16]
+    n.fill_(4096)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("causal", [False, True])
 def test_decode_kernel_interpreter(causal):

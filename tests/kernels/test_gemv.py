@@ -288,6 +288,21 @@ def test_interpreted_out_blocks(kernel, fmt, split, where):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+def test_interpreted_split_counters_return_to_zero():
+    # The last split of each tile adds the partials and resets the tile's ticket counter (split.py): calls
+    # that change the split and the tile count back to back share the counters and stay right.
+    from xelink.kernels.split import SCRATCH
+    for kernel, fmt, split, n in [("fma", "w8a16", 2, 24), ("mma", "w4a16", 3, 40), ("words", "w4a16", 2, 9),
+                                  ("fma", "fp16", 4, 33)]:
+        w, s, exact = _weights(fmt, n, 512, torch.float16)
+        x = torch.randn(2, 512).to(torch.float16)
+        cfg = dict(KERNEL=kernel, BLOCK_N=8, BLOCK_K=128, SPLIT_K=split, num_warps=1, num_stages=1)
+        assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16], (kernel, split)
+        counters, _ = SCRATCH.get(torch.device("cpu"), 1, 1)
+        assert not counters.any(), (kernel, split)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 def test_interpreted_tensor_core_kernel_needs_cuda():
     w, s, _ = _weights("w4a16", 16, 256, torch.float16)
     with pytest.raises(ValueError, match="impl='cuda' only"):
@@ -463,6 +478,53 @@ def test_gpu_graph_capture_and_compile(requires_gpus):
         assert _relerr(y, x, exact) < TOL[torch.bfloat16]
     compiled = torch.compile(lambda a: gemv(w, a, s, "w4a16") + 1, fullgraph=True, backend="aot_eager")
     assert _relerr(compiled(x) - 1, x, exact) < 2 * TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_in_one_launch(requires_gpus):
+    # The K split is finished by the last split of each tile (split.py), with counters and partials kept per
+    # stream: back-to-back calls that change shape, split and kernel on one stream; the same calls on two
+    # streams at once; a CUDA graph replayed between eager calls on its stream; repeated calls give the same
+    # bits (the partials are added in split order, whichever split finishes last).
+    requires_gpus(1)
+    cases = [("bf16", 8, 4096, 4096, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, num_warps=4,
+                                           num_stages=3)),
+             ("w8a16", 1, 4096, 14336, dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=1024, SPLIT_K=7, num_warps=4,
+                                            num_stages=3)),
+             ("w4a16", 1, 512, 14336, dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=8, num_warps=1,
+                                           num_stages=1)),
+             ("w4a16", 8, 1000, 4096, None), ("bf16", 3, 77, 8192, None)]
+    made = []
+    for fmt, m, n, k, cfg in cases:
+        w, s, exact = _weights(fmt, n, k, torch.bfloat16, "cuda")
+        made.append((fmt, w, s, exact, torch.randn(m, k, device="cuda", dtype=torch.bfloat16), cfg))
+
+    def run_all():
+        return [gemv(w, x, s, fmt, "triton", config=cfg) for fmt, w, s, _, x, cfg in made]
+
+    first = run_all()
+    for (fmt, _, _, exact, x, _), y in zip(made, first):
+        assert _relerr(y, x, exact) < TOL[torch.bfloat16], fmt
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(run_all(), first))
+    side = [torch.cuda.Stream() for _ in range(2)]
+    outs = [None, None]
+    torch.cuda.synchronize()
+    for i, st in enumerate(side):
+        with torch.cuda.stream(st):
+            outs[i] = [run_all() for _ in range(4)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for got in outs for ys in got for a, b in zip(ys, first))
+    fmt, w, s, exact, x, cfg = made[1]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = gemv(w, x, s, fmt, "triton", config=cfg)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        eager = run_all()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, eager[1]) and _relerr(yg, x, exact) < TOL[torch.bfloat16]
 
 
 PDL_CONFIGS = {"bf16": [None, dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=1),

@@ -620,7 +620,7 @@ def test_every_call_site_keys_like_triton36(triton36, monkeypatch):
         groups.setdefault((id(fn), mine), set()).add(L._triton_key(t, fn, 0, args, kwargs))
         kernels.add(fn.__name__)
     assert {"_gemm_kernel", "_gemm_tma_kernel", "_gemv_kernel", "_gemv_fma_kernel", "_gemv_words_kernel",
-            "_splitk_sum_kernel", "_rmsnorm_kernel", "_rope_kernel", "_flash_fwd_kernel", "_flash_fwd_tma_kernel",
+            "_rmsnorm_kernel", "_rope_kernel", "_flash_fwd_kernel", "_flash_fwd_tma_kernel",
             "_decode_split_kernel", "_merge_kernel"} <= kernels
     assert all(len(v) == 1 for v in groups.values())
     assert len(groups) > 60

@@ -39,6 +39,7 @@ from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, che
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_with
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
+from .split import SCRATCH, last_split
 
 __all__ = [
     "DECODE_IMPLS",
@@ -488,10 +489,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
     def _decode_split_kernel(
-        Q, K, V, KV_LENS, OP, LSEP,
+        Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_xb, stride_xh, stride_xs, stride_xd,
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         PDL: tl.constexpr,
@@ -499,7 +501,9 @@ if triton is not None:
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
         Partial results go to OP (B, Hq, SQ, splits, D) and LSEP (B, Hq, SQ, splits), float32,
-        contiguous; an empty split writes 0 and -inf.
+        contiguous; an empty split writes 0 and -inf. The last split of a row block to finish (a ticket of
+        COUNTERS, one a (batch, KV head, row block): split.py) merges the splits' partials as
+        ``_merge_kernel`` does, in split order, into OUT (strides x) and LSE_OUT (B, Hq, SQ) contiguous.
         """
         split = tl.program_id(0)
         n_splits = tl.num_programs(0)
@@ -538,6 +542,27 @@ if triton is not None:
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
         tl.store(OP + (part * n_splits + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(LSEP + part * n_splits + split, lse, mask=row_ok)
+        if last_split(COUNTERS, bk * tl.num_programs(2) + tl.program_id(2), n_splits):
+            lp = LSEP + part * n_splits
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            for s in range(n_splits):
+                m = tl.maximum(m, tl.load(lp + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+            m_use = tl.where(m == float("-inf"), 0.0, m)
+            den = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            op = OP + (part * n_splits)[:, None] * HEAD_DIM + offs_d[None, :]
+            for s in range(n_splits):
+                w = tl.exp(tl.load(lp + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_use)
+                o = tl.load(op + s * HEAD_DIM, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+                acc += tl.where(w[:, None] > 0, w[:, None] * o, 0.0)
+                den += w
+            empty = den == 0.0
+            merged = acc / tl.where(empty, 1.0, den)[:, None]
+            x_off = (b.to(tl.int64) * stride_xb + h.to(tl.int64)[:, None] * stride_xh + t[:, None] * stride_xs
+                     + offs_d[None, :] * stride_xd)
+            tl.store(OUT + x_off, merged.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(LSE_OUT + part, tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, den))),
+                     mask=row_ok)
 
     @triton.jit(do_not_specialize=["N", "H", "S", "D"])
     def _merge_kernel(
@@ -700,10 +725,10 @@ def _decode_splits(q, k_cache, block_n: int) -> int:
 
 class _DecodeLaunch:
     """How one decode-attention path launches, worked out from the geometry alone (as :class:`_FlashLaunch`):
-    the split kernel's grid, integers and options, the merge's, where the float32 partials lie in their
-    one scratch allocation, and (``remembered``) a launcher slot for each kernel."""
+    one kernel (its splits merged by the last of them to finish), its grid, integers and options, where the
+    float32 partials lie in the scratch (``split.SCRATCH``), and (``remembered``) a launcher slot."""
 
-    __slots__ = ("grid", "ints", "kwargs", "merge", "parts", "lse_at", "out_lse_at", "out_shape", "slots")
+    __slots__ = ("grid", "ints", "kwargs", "parts", "lse_at", "out_lse_at", "out_shape", "tiles", "slot")
 
     def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
                  remembered: bool, keep_lse: bool = True):
@@ -715,25 +740,23 @@ class _DecodeLaunch:
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
         self.out_shape = (B, HQ, SQ, D)
-        # One float32 allocation: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
+        # The float32 scratch: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
         # unless the caller keeps it (``keep_lse``), the result's lse (B, HQ, SQ), each 16-byte aligned. The
-        # kernels take pointers and the strides below, so the pieces are flat slices.
+        # kernel takes pointers, so the pieces are flat slices.
         n_o = B * HQ * SQ * num_splits * D
         self.lse_at = -(-n_o // 4) * 4
         end = self.lse_at + B * HQ * SQ * num_splits
         self.out_lse_at = None if keep_lse else -(-end // 4) * 4
         self.parts = end if keep_lse else self.out_lse_at + B * HQ * SQ
-        po = (HQ * SQ * num_splits * D, SQ * num_splits * D, num_splits * D, D, 1)
-        pl = (HQ * SQ * num_splits, SQ * num_splits, num_splits, 1)
         self.grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
-        self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), HKV, group, SQ, SMAX, scale * _LOG2E)
+        self.tiles = self.grid[1] * self.grid[2]
+        o_strides = tuple(out.stride()) if out is not None else (HQ * SQ * D, SQ * D, D, 1)
+        self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, HKV, group, SQ, SMAX,
+                     scale * _LOG2E)
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
-        o_strides = tuple(out.stride()) if out is not None else (HQ * SQ * D, SQ * D, D, 1)
-        self.merge = _merge_args(self.out_shape, o_strides, num_splits, (po[3], po[0], po[1], po[2], po[4]),
-                                 (pl[3], pl[0], pl[1], pl[2]), pdl, q.device)
-        self.slots = (Slot(_decode_split_kernel), Slot(_merge_kernel)) if remembered else None
+        self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):
         """(out, lse): ``out`` (a new tensor unless given) and the float32 LSE (a new tensor with
@@ -741,15 +764,12 @@ class _DecodeLaunch:
         out = q.new_empty(self.out_shape) if out is None else out
         if out.numel() == 0:
             return out, q.new_empty(self.out_shape[:3], dtype=torch.float32)
-        part_o = q.new_empty((self.parts,), dtype=torch.float32)
+        counters, part_o = SCRATCH.get(q.device, self.tiles, self.parts)
         part_lse = part_o[self.lse_at:]
         lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else \
             part_o[self.out_lse_at:]
-        grid, ints, kwargs = self.merge
-        split, merge = self.slots or (None, None)
-        launch_with(split, _decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse,
-                    *self.ints, **self.kwargs)
-        launch_with(merge, _merge_kernel, grid, part_o, part_lse, out, lse, *ints, **kwargs)
+        launch_with(self.slot, _decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, out,
+                    lse, counters, *self.ints, **self.kwargs)
         return out, lse
 
 
@@ -939,8 +959,9 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
 
     Batch b attends to ``k_cache[b, :, :kv_lens[b]]``. The work is split into ``num_splits`` pieces of the
     KV range per (batch, KV head), all q heads of a KV head packed into one tile (one read of the cache for
-    the group), and the partial results merged as in ``merge_attention``. ``kv_lens`` stays on the device
-    (no host synchronisation), so the call can be captured in a CUDA graph and replayed as lengths change.
+    the group); the last split of a block to finish merges the partials as ``merge_attention`` does, in the
+    same launch (split.py). ``kv_lens`` stays on the device (no host synchronisation), so the call can be
+    captured in a CUDA graph and replayed as lengths change.
 
     Args:
         q: (B, Hq, Sq, D), Sq new tokens per sequence (designed for 1-16).
@@ -950,9 +971,9 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
         scale: softmax scale, > 0; default 1/sqrt(D).
         return_lse: also return the float32 LSE (B, Hq, Sq).
         num_splits: KV splits per (batch, KV head); None picks from the device size and Smax.
-        impl: "auto", "triton" (the split and merge kernels) or "reference" (no "cuda": no
+        impl: "auto", "triton" (one split kernel whose last split merges) or "reference" (no "cuda": no
             NVIDIA-specific kernel).
-        pdl: programmatic dependent launch of the split and merge kernels (pdl.py; CUDA sm90+): None
+        pdl: programmatic dependent launch of the split kernel (pdl.py; CUDA sm90+): None
             (on where it exists), True (the same, required), False, "early" or "late".
         out: optional (B, Hq, Sq, D) tensor of q's dtype and device for the output (the merge writes it):
             any view with unit stride along D sharing no memory with q, the caches or kv_lens.

@@ -9,8 +9,8 @@ Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` wi
   in the activation dtype; value = (nibble - 8) * scale[n, k // 128]. K must be a multiple of 128.
 
 Three Triton kernels stream W once (a fourth, ``tc``, below); each program owns ``BLOCK_N`` rows of W
-and one of ``SPLIT_K`` slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums that a
-second small kernel adds). A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the
+and one of ``SPLIT_K`` slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums, and the
+last split of each tile to finish adds them in split order, in the same launch: ``split.py``). A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the
 tile alignment and keeps the loads 16 bytes wide.
 
 - ``fma`` (1-4 rows, dense and W8A16): CUDA-core FMAs into per-row fp32 accumulators reduced once at
@@ -55,6 +55,7 @@ from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, che
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_with
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
+from .split import SCRATCH, last_split
 
 __all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
@@ -270,8 +271,8 @@ if triton is not None:
         return lo, hi
 
     @triton.jit(do_not_specialize=["M", "K_STEPS"])
-    def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, K_STEPS,
-                     stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+    def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, M, N, K, K_STEPS,
+                     stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
@@ -346,6 +347,8 @@ if triton is not None:
         y_ok = (rn < N)[:, None] & m_ok[None, :]
         if PARTIAL:
             tl.store(y_ptrs, acc, mask=y_ok)
+            if last_split(cnt_ptr, pid_n, tl.num_programs(1)):
+                _sum_splits(y_ptr, o_ptr, rn, N, M, stride_ys, stride_ym, stride_om, BLOCK_M)
         else:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
 
@@ -382,8 +385,8 @@ if triton is not None:
         _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
 
     @triton.jit(do_not_specialize=["K_STEPS"])
-    def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS,
-                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
+    def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, N, K, K_STEPS,
+                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
@@ -441,6 +444,9 @@ if triton is not None:
             scale = 1.0
         _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL,
                     ROWS)
+        if PARTIAL:
+            if last_split(cnt_ptr, pid_n, tl.num_programs(1)):
+                _sum_splits(y_ptr, o_ptr, rn, N, ROWS, stride_ys, stride_ym, stride_om, 8)
 
     @triton.jit
     def _w4_words_row(acc, m: tl.constexpr, w, s, x_ptr, stride_xm, offs, ROWS: tl.constexpr):
@@ -561,8 +567,8 @@ if triton is not None:
             return _w8_words_row(acc, m, w, x_ptr, stride_xm, offs, ROWS)
 
     @triton.jit(do_not_specialize=["K_STEPS", "WORDS_N"])
-    def _gemv_words_kernel(w_ptr, x_ptr, s_ptr, y_ptr, N, K, K_STEPS, WORDS_N,
-                           stride_xm, stride_sn, stride_ym, stride_ys,
+    def _gemv_words_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, N, K, K_STEPS, WORDS_N,
+                           stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                            FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
@@ -619,10 +625,25 @@ if triton is not None:
             scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
         _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL,
                     ROWS)
+        if PARTIAL:
+            if last_split(cnt_ptr, pid_n, tl.num_programs(1)):
+                _sum_splits(y_ptr, o_ptr, rn, N, ROWS, stride_ys, stride_ym, stride_om, 8)
+
+    @triton.jit
+    def _sum_splits(part_ptr, o_ptr, rn, N, rows, stride_ps, stride_pm, stride_om, RB: tl.constexpr):
+        # The last split of a BLOCK_N-row tile: the splits' float32 partials [rows, rn] added in split order.
+        rm = tl.arange(0, RB)
+        ok = (rm < rows)[:, None] & (rn < N)[None, :]
+        offs = rm[:, None] * stride_pm + rn[None, :]
+        total = tl.load(part_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        for s in range(1, tl.num_programs(1)):
+            total += tl.load(part_ptr + s * stride_ps + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(o_ptr + rm[:, None] * stride_om + rn[None, :], total.to(o_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
     def _splitk_sum_kernel(part_ptr, y_ptr, MN, N, stride_ym, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
                            PDL: tl.constexpr):
+        # The tensor-core (Gluon) kernel's K split: its partial sums added by a second launch.
         pdl_wait(PDL)  # the partial sums are the previous kernel's output
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
@@ -637,7 +658,7 @@ if triton is not None:
 
 def split_k(N: int, K: int, block_n: int, block_k: int, sms: int, num_warps: int = 4) -> int:
     """The smallest power-of-two K split giving 8 warps a multiprocessor while each split keeps at least
-    4 tiles of K (a split's partial sums cost a second launch)."""
+    4 tiles of K (a split's partial sums cost one more pass over [split, M, N] floats)."""
     programs, split = -(-N // block_n), 1
     while programs * split * num_warps < 8 * sms and K // (block_k * split) >= 4:
         split *= 2
@@ -657,7 +678,8 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     "fma" (CUDA cores, dense and W8A16 tiles) and "words" (CUDA cores, quantized weights read as 32-bit
     words, one-warp programs) stream W with many resident programs; "mma" (tensor cores, activations
     padded to 16 rows) keeps the multiply off the ALUs, which pays once FMAs would bound the kernel
-    (5-8 rows). A K split (split_k) adds a second launch.
+    (5-8 rows). A K split (split_k) is finished in the same launch (split.py); the tc kernel's adds a
+    second one.
     """
     if ptx and TC_AVAILABLE and fmt in ("w8a16", "w4a16") and (M > 4 or N >= 8192 or fmt == "w4a16" and K <= N):
         # Quantized weights on the tensor cores with the operands loaded into the mma fragments (gemv_tc):
@@ -690,10 +712,10 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
 class _GemvLaunch:
     """How one gemv path launches, worked out from the shapes and strides alone (no addresses): the kernel
     and its tiles (``config`` or the tuned table, checked), the grid, the integer arguments and options,
-    the K split and its sum kernel's launch, and (``remembered``: a call of ``_PATHS``, whose key fixes
-    every argument's class) a launcher slot for each kernel."""
+    the K split (and, for the tc kernel, its sum kernel's launch), and (``remembered``: a call of ``_PATHS``,
+    whose key fixes every argument's class) a launcher slot for each kernel."""
 
-    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "w8", "sum", "slots")
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "w8", "sum", "slots", "tiles", "tc")
 
     def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool):
         M, K = x.shape
@@ -735,8 +757,12 @@ class _GemvLaunch:
                                                                                     cfg, y_stride)
         else:
             self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride)
-        self.sum = None
-        if self.split > 1:
+        self.sum, self.tiles, self.tc = None, 0, kernel == "tc"
+        if not self.tc:
+            # The Triton kernels finish a K split in the same launch (split.py): the last split of each tile
+            # adds the partials; the tile counters and partials come from SCRATCH at each call.
+            self.tiles = self.grid[0] if self.split > 1 else 0
+        elif self.split > 1:
             block = 1024
             self.sum = ((cdiv(M * N, block),), (M * N, N, y_stride),
                         dict(SPLIT=self.split, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0))
@@ -762,7 +788,8 @@ class _GemvLaunch:
         self.split = split
         x_stride = x.stride(0) if x.is_contiguous() else K  # the kernels read x.contiguous()
         stride_sn = scales.stride(0) if scales is not None else 0
-        strides = (w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride, M * N if split > 1 else 0)
+        strides = (w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride, M * N if split > 1 else 0,
+                   y_stride)
         steps = per_split // block_k
         self.grid = (cdiv(N, cfg["BLOCK_N"]), split)
         common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
@@ -797,8 +824,12 @@ class _GemvLaunch:
         x = x.contiguous()
         wk = w.view(torch.uint8) if self.w8 else w
         s = scales if scales is not None else w  # unused by the dense kernels; any pointer does
-        dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
         main, summed = self.slots or (None, None)
+        if not self.tc:  # (w, x, scales, partials or y, y, tile counters): unsplit, y stands for the last two
+            counters, dst = SCRATCH.get(x.device, self.tiles, self.split * M * N) if self.tiles else (y, y)
+            launch_with(main, self.fn, self.grid, wk, x, s, dst, y, counters, *self.ints, **self.kwargs)
+            return y
+        dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
         launch_with(main, self.fn, self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
         if self.sum is not None:
             grid, ints, kwargs = self.sum

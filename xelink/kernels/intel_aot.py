@@ -124,8 +124,9 @@ def _decode(d=128, dtype="bfloat16"):
         B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
         q = _contiguous(B, HQ, SQ, d)
         kv = _contiguous(B, HKV, SMAX, d)
-        return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), *q, *kv, *kv,
-                 HKV, HQ // HKV, SQ, SMAX, 0.127], dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, PDL=0))
+        return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), _t(dtype), _t("float32"),
+                 _t("int32"), *q, *kv, *kv, *q, HKV, HQ // HKV, SQ, SMAX, 0.127],
+                dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, PDL=0))
     return args
 
 
@@ -164,8 +165,9 @@ def _gemv_fma(fmt):
     def args():
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
-        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, K, K // per_byte, K, s_stride, N, 0],
-                dict(FMT=code, EVEN_K=True, PARTIAL=False, ROWS=1, BLOCK_N=4, BLOCK_K=1024, PDL=0))
+        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("bfloat16"), _t("int32"), N, K, K // 4,
+                 K // per_byte, K, s_stride, N, N, N],
+                dict(FMT=code, EVEN_K=True, PARTIAL=True, ROWS=1, BLOCK_N=4, BLOCK_K=1024, PDL=0))
     return args
 
 
@@ -173,8 +175,9 @@ def _gemv_words(fmt):
     def args():
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
-        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, 8, K // per_byte // 4, K, s_stride,
-                 N, 0], dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512, PDL=0))
+        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, 8,
+                 K // per_byte // 4, K, s_stride, N, 0, N],
+                dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512, PDL=0))
     return args
 
 
@@ -183,8 +186,8 @@ def _gemv_mma(fmt):
         M, N, K = 8, 4096, 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         magic, bias = 0x4300, 136.0
-        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), M, N, K, K // 4, K // per_byte, K,
-                 s_stride, N, M * N],
+        return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("bfloat16"), _t("int32"), M, N, K, K // 4,
+                 K // per_byte, K, s_stride, N, M * N, N],
                 dict(FMT=code, EVEN_K=True, PARTIAL=True, MAGIC=magic, BIAS=bias, PTX=False, FOLD=False, BLOCK_N=32,
                      BLOCK_K=512 if fmt == "w4a16" else 256, BLOCK_M=16, PDL=0))
     return args
@@ -203,7 +206,7 @@ def _gated_gemm():
 LAUNCHES: list[Launch] = [
     # The CUDA-core GEMV reduces across the sub-group through a little shared memory; the matrix-engine
     # GEMV loads through plain pointers (its weights are dequantized on the way), so DPAS but no block IO.
-    *[Launch(f"gemv._gemv_fma_kernel[{f}, 1 row]", "gemv", "_gemv_fma_kernel", _gemv_fma(f),
+    *[Launch(f"gemv._gemv_fma_kernel[{f}, 1 row, split-K]", "gemv", "_gemv_fma_kernel", _gemv_fma(f),
              shared={"bf16": 64, "w8a16": 2048}[f]) for f in ("bf16", "w8a16")],
     *[Launch(f"gemv._gemv_words_kernel[{f}, 1 row]", "gemv", "_gemv_words_kernel", _gemv_words(f), num_warps=1,
              shared={"w8a16": 16, "w4a16": {16: 544, 32: 1056}}[f]) for f in ("w8a16", "w4a16")],

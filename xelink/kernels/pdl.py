@@ -1,5 +1,5 @@
 """Programmatic dependent launch (CUDA sm90+) for the kernels of a decode step: gemv, rmsnorm, rope and
-decode_attention (split and merge kernels), and gemm (off unless asked for).
+decode_attention (one split kernel, merged in-kernel), and gemm (off unless asked for).
 
 A kernel launched with ``launch_pdl=True`` may be placed on the GPU while the kernel before it in the
 stream still runs. It calls :func:`pdl_wait` before it reads or writes any memory (``griddepcontrol.wait``:
