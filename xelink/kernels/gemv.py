@@ -715,12 +715,12 @@ class _GemvLaunch:
     the K split (and, for the tc kernel, its sum kernel's launch), and (``remembered``: a call of ``_PATHS``,
     whose key fixes every argument's class) a launcher slot for each kernel."""
 
-    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "w8", "sum", "slots", "tiles", "tc")
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc")
 
     def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool):
         M, K = x.shape
         N = w.shape[0]
-        self.shape, self.w8 = (M, N), fmt == "w8a16"
+        self.shape = (M, N)  # (int8 weights go to the kernels as they are: each reads them as raw bits)
         if pdl == "auto":
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
             # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
@@ -822,15 +822,14 @@ class _GemvLaunch:
         if x.shape[1] == 0:
             return y.zero_()
         x = x.contiguous()
-        wk = w.view(torch.uint8) if self.w8 else w
         s = scales if scales is not None else w  # unused by the dense kernels; any pointer does
         main, summed = self.slots or (None, None)
         if not self.tc:  # (w, x, scales, partials or y, y, tile counters): unsplit, y stands for the last two
             counters, dst = SCRATCH.get(x.device, self.tiles, self.split * M * N) if self.tiles else (y, y)
-            launch_with(main, self.fn, self.grid, wk, x, s, dst, y, counters, *self.ints, **self.kwargs)
+            launch_with(main, self.fn, self.grid, w, x, s, dst, y, counters, *self.ints, **self.kwargs)
             return y
         dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
-        launch_with(main, self.fn, self.grid, wk, x, s, dst, *self.ints, **self.kwargs)
+        launch_with(main, self.fn, self.grid, w, x, s, dst, *self.ints, **self.kwargs)
         if self.sum is not None:
             grid, ints, kwargs = self.sum
             launch_with(summed, _splitk_sum_kernel, grid, dst, y, *ints, **kwargs)

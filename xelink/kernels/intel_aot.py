@@ -158,7 +158,7 @@ def _rope():
 
 
 # GEMV formats: (weight dtype, columns stored per row of K, scale row stride, FMT code)
-_GEMV_FORMATS = {"bf16": ("bfloat16", 1, 0, 0), "w8a16": ("uint8", 1, 1, 1), "w4a16": ("uint8", 2, 32, 2)}
+_GEMV_FORMATS = {"bf16": ("bfloat16", 1, 0, 0), "w8a16": ("int8", 1, 1, 1), "w4a16": ("uint8", 2, 32, 2)}
 
 
 def _gemv_fma(fmt):

@@ -49,7 +49,7 @@ class Scratch:
 
     def get(self, device: torch.device, counters: int, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(counters, partials): at least ``counters`` zeroed int32 and ``floats`` float32 on ``device``."""
-        if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        if device.type == "cuda" and not torch._C._cuda_isCurrentStreamCapturing():
             index = device.index if device.index is not None else torch.cuda.current_device()
             key = (index, torch._C._cuda_getCurrentRawStream(index))
         elif device.type == "cpu":  # the interpreter: one program at a time, one call at a time
