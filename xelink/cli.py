@@ -216,9 +216,18 @@ def _cost_ops() -> tuple:
     return OPS + DIST_GEMM_OPS + ("cp_attention",)
 
 
+def _generate_tp(world, cp: int) -> int:
+    """The default TP size: the ranks of one package (TP's all-reduces stay on its links) when the packages are
+    of one size that divides ``world.size // cp``, else ``world.size // cp``."""
+    sizes = {len(p) for p in world.packages}
+    pkg = sizes.pop() if len(sizes) == 1 else 0
+    per = world.size // cp
+    return pkg if pkg and per % pkg == 0 else per
+
+
 def _cmd_generate(args) -> int:
-    """Load a Hugging Face folder across the ranks (TP groups of consecutive ranks, CP groups strided by the TP
-    size) and continue a prompt."""
+    """Load a Hugging Face folder across the ranks (TP groups of consecutive ranks, inside a package by default;
+    CP groups strided by the TP size; the rest replicas) and continue a prompt."""
     import time
     from pathlib import Path
 
@@ -228,8 +237,20 @@ def _cmd_generate(args) -> int:
     from xelink.models import Llama
 
     ids, tokenizer = None, None
+    for name in ("tp", "cp"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            print(f"xelink generate: --{name} {v} must be >= 1", file=sys.stderr)
+            return 2
     if args.prompt_ids is not None:
-        ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        try:
+            ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            ids = []
+        if not ids:
+            print(f"xelink generate: --prompt-ids {args.prompt_ids!r} must be comma-separated token ids, e.g. 1,2,3",
+                  file=sys.stderr)
+            return 2
     else:
         if not (Path(args.model) / "tokenizer.json").exists():
             print(f"xelink generate: --prompt needs {Path(args.model) / 'tokenizer.json'}; this folder has none "
@@ -244,7 +265,7 @@ def _cmd_generate(args) -> int:
         tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
         ids = tokenizer.encode(args.prompt).ids
     world = xelink.init()
-    tp = args.tp or world.size // args.cp
+    tp = args.tp or _generate_tp(world, args.cp)
     if tp < 1 or world.size % (tp * args.cp):
         if world.rank == 0:
             print(f"xelink generate: --tp {tp} x --cp {args.cp} does not tile {world.size} rank(s)", file=sys.stderr)
@@ -254,17 +275,25 @@ def _cmd_generate(args) -> int:
     cp_group = world.split(world.rank % tp + tp * (world.rank // (tp * args.cp))) if args.cp > 1 else None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     t0 = time.perf_counter()
-    model = Llama.from_pretrained(args.model, tp_group=tp_group, cp_group=cp_group, dtype=dtype,
-                                  weights=args.weights, max_seq_len=args.max_seq_len, impl=args.impl)
-    load_s = time.perf_counter() - t0
-    out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    try:  # the checks made before any work: every rank raises the same
+        model = Llama.from_pretrained(args.model, tp_group=tp_group, cp_group=cp_group, dtype=dtype,
+                                      weights=args.weights, max_seq_len=args.max_seq_len, impl=args.impl)
+        load_s = time.perf_counter() - t0
+        out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        if world.rank == 0:
+            print(f"xelink generate: {e}", file=sys.stderr)
+        xelink.finalize()
+        return 2
     new = out[0, len(ids):].tolist()
     t = model.last_timings
     cp_note = f", CP {args.cp}" if args.cp > 1 else ""
+    replicas = world.size // (tp * args.cp)
+    rep_note = f", {replicas} replicas" if replicas > 1 else ""
     if world.rank == 0:
         print(f"model {args.model}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-              f"{world.size} rank(s), TP {tp}{cp_note}, weights {args.weights}, {args.dtype}, device {model.device}, "
-              f"loaded in {load_s:.2f} s")
+              f"{world.size} rank(s), TP {tp}{cp_note}{rep_note}, weights {args.weights}, {args.dtype}, device "
+              f"{model.device}, loaded in {load_s:.2f} s")
         print(f"prompt ({len(ids)} tokens): {ids}")
         print(f"new tokens ({len(new)}): {new}")
         if tokenizer is not None:
@@ -322,7 +351,8 @@ def main(argv=None) -> int:
     p.set_defaults(fn=_cmd_cost)
     p = sub.add_parser("generate", help="continue a prompt with a Hugging Face Llama folder (run under mpiexec for TP)")
     p.add_argument("--model", required=True, help="the folder (config.json, *.safetensors)")
-    p.add_argument("--tp", type=int, help="tensor-parallel ranks per group (default: the world size / --cp)")
+    p.add_argument("--tp", type=int, help="tensor-parallel ranks per group, consecutive (default: the ranks of a "
+                   "package when that divides the world size / --cp, else the world size / --cp)")
     p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per group (strided by the TP size: "
                    "--tp 2 --cp 2 on 4 ranks gives TP {0,1},{2,3} x CP {0,2},{1,3})")
     p.add_argument("--weights", default="bf16", choices=("bf16", "w8a16", "w4a16"), help="weight format")

@@ -2,7 +2,8 @@
 the same tokens and logits as one rank, ragged batches with attention masks included; CP = 2 (2 ranks), CP =
 4 and TP = 2 x CP = 2 (4 ranks) give transformers' logits and greedy tokens on a 7-token prompt (not a
 multiple of the 2 x CP zigzag blocks) and 6 decode steps (the round-robin KV placement wraps); seeded
-sampling draws the same tokens on every rank; KV heads replicated when TP > KV heads; the errors. The folder is written once
+sampling draws the same tokens on every rank (TP, CP and TP x CP); KV heads replicated when TP > KV heads; biases and
+a vocabulary the TP size does not divide; the errors. The folder is written once
 per launch by rank 0 (transformers' save_pretrained) and its path shared."""
 import tempfile
 
@@ -42,7 +43,7 @@ def _tp(world, size):
 
 def _prompts():
     g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 150, (3, 7), generator=g)  # in every case's vocabulary
+    ids = torch.randint(0, 128, (3, 7), generator=g)  # in every case's vocabulary
     mask = torch.ones(3, 7, dtype=torch.long)
     mask[1, :4] = 0
     mask[2, :2] = 0
@@ -103,8 +104,29 @@ def check_cp_and_tp_x_cp_match_transformers(world):
             model(ids[:, :2], 12)
         with pytest.raises(ValueError, match="a token goes at the cached length 12"):
             model(ids[:, :1], 5)
+        # Sampling (rank 0's seed) draws the same tokens on every rank of the grid.
+        sampled = model.generate(ids, 4, temperature=1.0, top_p=0.9, eos_token_id=[])
+        seen = world.allgather_object(sampled.tolist())
+        assert all(s == seen[0] for s in seen), f"TP={tp_size} x CP={cp_size}: ranks sampled different tokens"
         tp.free()
         cp.free()
+
+
+def check_tp_biases_and_uneven_vocab_match_transformers(world):
+    """The "bias" case (attention and MLP biases, vocabulary 130: 33 rows a rank at TP 4, the last padded):
+    the row-parallel biases added once after the all-reduce, the head's padding cut."""
+    from xelink.models import Llama
+
+    path, want, want_tokens = _folder(world, "bias")[:3]
+    ids, mask = _prompts()
+    tp = _tp(world, world.size)
+    model = Llama.from_pretrained(path, tp_group=tp, dtype=torch.float32, max_batch=3, max_seq_len=32)
+    got = model(ids, 0, mask)
+    assert got.shape[-1] == 130
+    err = (got[mask.bool()] - want[mask.bool()]).abs().max().item()
+    assert err < TOL, f"TP={world.size}: logits differ from transformers by {err}"
+    tokens = model.generate(ids, 5, attention_mask=mask, eos_token_id=[])
+    assert torch.equal(tokens, want_tokens), f"TP={world.size}: {tokens} != {want_tokens}"
 
 
 def check_seeded_sampling_same_tokens_on_every_rank(world):

@@ -182,6 +182,26 @@ def test_save_random_llama_tiny_read_by_transformers(tiny, tmp_path):
                        Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=32)(ids, 0))
 
 
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_named_configs_are_the_shapes_transformers_builds(name):
+    """Each named config's folder layout (every tensor name and shape save_random_llama writes) is the state
+    dict transformers builds from its config.json (on the meta device: no memory), tied head included."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from xelink.models.checkpoint import tensor_shapes
+
+    cfg = CONFIGS[name]
+    hf_cfg = AutoConfig.for_model(**cfg.to_hf())
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_cfg)
+    want = {k: tuple(v.shape) for k, v in hf.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        want.pop("lm_head.weight")
+    assert tensor_shapes(cfg) == want
+    assert hf_cfg.tie_word_embeddings == cfg.tie_word_embeddings
+    assert hf_cfg.head_dim == cfg.head_dim and hf_cfg.num_key_value_heads == cfg.num_key_value_heads
+
+
 def test_max_seq_len_default_is_bounded(folders):
     path, _ = folders["llama3.1", False]  # max_position_embeddings 131072
     assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 8192
@@ -208,6 +228,15 @@ def _edit(src, dst, config=None, drop=None, reshape=None):
     return dst
 
 
+def _retype(folder, name, dtype):
+    from safetensors.torch import load_file, save_file
+
+    f = folder / "model.safetensors"
+    tensors = load_file(str(f))
+    tensors[name] = tensors[name].to(dtype)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+
+
 def test_errors_before_any_work(folders, tmp_path):
     path, _ = folders["llama3.1", False]
     name = "model.layers.1.self_attn.k_proj.weight"
@@ -226,6 +255,16 @@ def test_errors_before_any_work(folders, tmp_path):
         Llama.from_pretrained(_edit(path, tmp_path / "f", config={"sliding_window": 16}), max_seq_len=64)
     with pytest.raises(TypeError, match="cannot be served"):
         Llama.from_pretrained(path, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"quantization_config \(quant_method='fp8'\) is not supported"):
+        Llama.from_pretrained(_edit(path, tmp_path / "g", config={"quantization_config": {"quant_method": "fp8"}}))
+    fp8 = _edit(path, tmp_path / "h")
+    _retype(fp8, name, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=f"tensor '{name}' is stored as F8_E4M3, which cannot be served"):
+        Llama.from_pretrained(fp8)
+    with pytest.raises(ValueError, match="num_attention_heads=8 must be a multiple of num_key_value_heads=3"):
+        Llama.from_pretrained(_edit(path, tmp_path / "i", config={"num_key_value_heads": 3}))
+    with pytest.raises(TypeError, match="impl='xelink' needs dtype bfloat16 or float16"):
+        Llama.from_pretrained(path, impl="xelink", dtype=torch.float32, device="cuda")
     with pytest.raises(ValueError, match="impl='xelink' runs xelink's Triton kernels, which need a GPU"):
         Llama.from_pretrained(path, impl="xelink")
     with pytest.raises(ValueError, match="impl='fast' must be one of"):

@@ -19,6 +19,7 @@ import torch
 __all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "save_random_llama"]
 
 _SUPPORTED_TYPES = ("llama", "mistral")
+_SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,11 @@ class LlamaConfig:
         model_type = hf.get("model_type", "llama")
         if model_type not in _SUPPORTED_TYPES:
             raise ValueError(f"{fn}: model_type={model_type!r} is not supported (one of {_SUPPORTED_TYPES})")
+        quant = hf.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+            raise ValueError(f"{fn}: quantization_config (quant_method={method!r}) is not supported: load the "
+                             f"unquantized folder and pass weights='w8a16' or 'w4a16' to quantize at load")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"{fn}: hidden_act={act!r} is not supported (only 'silu')")
@@ -214,11 +220,16 @@ class Checkpoint:
         return tuple(self._handle(self.where[name]).get_slice(name).get_shape())
 
     def check(self, shapes: dict) -> None:
-        """Every named tensor present with its shape, before any read."""
+        """Every named tensor present with its shape and stored in a float dtype that can be served (F32, F16,
+        BF16, F64), before any read."""
         for name, want in shapes.items():
             got = self.shape(name)
             if got != tuple(want):
                 raise ValueError(f"{self.fn}: tensor {name!r} has shape {got}, the config needs {tuple(want)}")
+            stored = self._handle(self.where[name]).get_slice(name).get_dtype()
+            if stored not in _SERVED_STORAGE:
+                raise ValueError(f"{self.fn}: tensor {name!r} is stored as {stored}, which cannot be served (one of "
+                                 f"{', '.join(_SERVED_STORAGE)}; quantized checkpoints are not read)")
 
     def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Tensor ``name``, or its ``[start:stop]`` slice along ``dim`` (0 or 1), read alone from the file."""

@@ -38,7 +38,7 @@ from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_
                        reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, rmsnorm, rope,
                        unpack_w4a16, unpack_w8a16)
 from .checkpoint import Checkpoint, LlamaConfig, read_json, rope_inv_freq, tensor_shapes
-from .parallel import ContextParallel, Linear, TensorParallel, check_groups
+from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
 
 __all__ = ["CPKVCache", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
 
@@ -253,8 +253,8 @@ class Llama:
                 ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
             max_batch: sequences the cache holds.
             max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192).
-            impl: ``"auto"``, ``"xelink"`` (xelink's kernels forced: an error where they cannot run) or
-                ``"reference"`` (pure torch).
+            impl: ``"auto"``, ``"xelink"`` (xelink's kernels and, on CUDA, xelink's collective algorithms
+                forced: an error where they cannot run) or ``"reference"`` (pure torch).
             device: where the model runs; default the TP group's device, else the CP group's, else the world's
                 when xelink is initialized, else the CPU.
 
@@ -297,6 +297,7 @@ class Llama:
                                 f"{dtype}")
             if importlib.util.find_spec("triton") is None:
                 raise ValueError(f"{fn}: impl='xelink' needs Triton, which is not installed")
+            check_xelink_collectives((("tp_group", tp_group), ("cp_group", cp_group)), device, fn)
         hf = read_json(path, "config.json")
         if hf is None:
             raise FileNotFoundError(f"{fn}: {path / 'config.json'} does not exist")
@@ -307,14 +308,15 @@ class Llama:
         if window is not None and window < max_seq_len:
             raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
                              f"attention only); pass max_seq_len <= {window}")
-        tp = TensorParallel(cfg, tp_group, fn)
+        tp = TensorParallel(cfg, tp_group, fn, force_xelink=impl == "xelink")
         tp.check_formats(weights, fn)
         ckpt = Checkpoint(path, fn)
         ckpt.check(tensor_shapes(cfg))
         loaded = tp.load(ckpt, weights, dtype, device)
         return cls(cfg, loaded, tp, dtype=dtype, device=device, impl=impl, max_batch=max_batch,
                    max_seq_len=max_seq_len, generation_config=read_json(path, "generation_config.json"),
-                   cp=ContextParallel(cp_group) if cp_group is not None and cp_group.size > 1 else None)
+                   cp=ContextParallel(cp_group, force_xelink=impl == "xelink")
+                   if cp_group is not None and cp_group.size > 1 else None)
 
     # -- forward ---------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from .. import cp_positions, cp_unshard
 from ..kernels import merge_attention, pack_w4a16, pack_w8a16
 from .checkpoint import Checkpoint, LlamaConfig
 
-__all__ = ["ContextParallel", "TensorParallel", "WEIGHT_FORMATS", "check_groups"]
+__all__ = ["ContextParallel", "TensorParallel", "WEIGHT_FORMATS", "check_groups", "check_xelink_collectives"]
 
 WEIGHT_FORMATS = ("bf16", "w8a16", "w4a16")
 _W4_GROUP = 128
@@ -62,6 +62,32 @@ def check_groups(tp_group, cp_group, fn: str):
     return tp
 
 
+def check_xelink_collectives(groups, device, fn: str) -> None:
+    """Under ``impl="xelink"`` on CUDA: xelink's GPU collectives (peer memory) can run over each group of more
+    than one rank, else ValueError before any work (``auto`` would fall back to NCCL there)."""
+    if device.type != "cuda":
+        return
+    from ..collectives import registry
+
+    backend = registry.backend("cuda")
+    for name, g in groups:
+        if g is not None and g.size > 1:
+            why = backend.unmet(g, registry.get(fn, "all_reduce", "direct", "cuda"))
+            if why is not None:
+                raise ValueError(f"{fn}: impl='xelink' runs xelink's GPU collectives over {name}, which cannot run "
+                                 f"there: {why}; use impl='auto'")
+
+
+def _algo(group, op: str, x: torch.Tensor, nbytes: int, force: bool) -> str:
+    """``"auto"``, or where ``force`` (``impl="xelink"``) on a CUDA tensor the xelink algorithm that ``auto``'s
+    size rule gives (never the NCCL baseline a tuning table or a missing peer memory could pick)."""
+    if not force or not x.is_cuda:
+        return "auto"
+    from ..collectives import registry
+
+    return registry.backend("cuda").size_rule(group, op, nbytes)
+
+
 class ContextParallel:
     """A CP group's plan: the positions of the prompt this rank computes, the gather of the final hidden
     states, the owner of a decode token's KV and the merge of the partial decode attentions.
@@ -74,8 +100,9 @@ class ContextParallel:
 
     LAYOUT = "zigzag"
 
-    def __init__(self, group: Communicator):
+    def __init__(self, group: Communicator, force_xelink: bool = False):
         self.group, self.size, self.rank = group, group.size, group.rank
+        self.force_xelink = force_xelink  # impl="xelink": xelink's collective algorithms, never NCCL's
         self.seq_len = 0  # the prompt being computed (set by the model before its layers); 0: a decode token
 
     def positions(self, seq_len: int) -> torch.Tensor:
@@ -102,7 +129,8 @@ class ContextParallel:
         B, H, S, D = out.shape
         packed = torch.cat([out.float(), lse[..., None]], dim=-1).contiguous()
         stage = packed.new_empty((self.size,) + tuple(packed.shape))
-        all_gather_into_tensor(stage, packed, group=self.group)
+        all_gather_into_tensor(stage, packed, group=self.group,
+                               algo=_algo(self.group, "all_gather", packed, stage.nbytes, self.force_xelink))
         merged, _ = merge_attention(stage[..., :D].contiguous(), stage[..., D].contiguous(), impl)
         return merged.to(out.dtype)
 
@@ -129,13 +157,15 @@ class TensorParallel:
         cfg: the model's config.
         group: the TP communicator (None: one rank).
         fn: the caller's name for error messages.
+        force_xelink: ``impl="xelink"``: the all-reduce and the head's all-gather on CUDA run xelink's
+            algorithms (the size rule's), never the NCCL baseline.
 
     Raises:
         ValueError: heads, KV heads, MLP width not divisible by the group size.
     """
 
-    def __init__(self, cfg: LlamaConfig, group: Communicator | None, fn: str):
-        self.cfg, self.group = cfg, group
+    def __init__(self, cfg: LlamaConfig, group: Communicator | None, fn: str, force_xelink: bool = False):
+        self.cfg, self.group, self.force_xelink = cfg, group, force_xelink
         self.size, self.rank = (1, 0) if group is None else (group.size, group.rank)
         n, r = self.size, self.rank
         heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -162,7 +192,7 @@ class TensorParallel:
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of the row-parallel partial outputs ``x`` over the group, in place."""
         if self.size > 1:
-            all_reduce(x, group=self.group)
+            all_reduce(x, group=self.group, algo=_algo(self.group, "all_reduce", x, x.nbytes, self.force_xelink))
         return x
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -171,7 +201,8 @@ class TensorParallel:
             return logits[:, :self.cfg.vocab_size]
         M, V = logits.shape
         out = logits.new_empty(self.size * M, V)
-        all_gather_into_tensor(out, logits.contiguous(), group=self.group)
+        all_gather_into_tensor(out, logits.contiguous(), group=self.group,
+                               algo=_algo(self.group, "all_gather", logits, out.nbytes, self.force_xelink))
         return out.view(self.size, M, V).permute(1, 0, 2).reshape(M, self.size * V)[:, :self.cfg.vocab_size]
 
     def agree(self, tokens: torch.Tensor) -> torch.Tensor:

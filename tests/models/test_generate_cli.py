@@ -1,0 +1,89 @@
+"""``xelink generate`` under mpiexec on the tiny config: the tokens equal one-rank ``Llama.generate``'s (TP 2 by
+default: the ranks of the one package; CP 2; two TP-1 replicas), text through the folder's tokenizer.json, the
+timings printed, and the clear messages (no tokenizer, an error of the model's checks) with exit status 2."""
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+import ranks
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from xelink.models import Llama, save_random_llama  # noqa: E402
+
+PROMPT = [1, 2, 3, 4]
+
+
+def _run(*args, n=None, env=None):
+    cmd = [sys.executable, "-m", "xelink", "generate", *args]
+    if n is not None:
+        cmd = [ranks.mpiexec(), "-n", str(n), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = save_random_llama(tmp_path_factory.mktemp("tiny-cli"), "tiny", seed=2, dtype=torch.float32)
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
+    return path, model.generate(torch.tensor([PROMPT]), 6, eos_token_id=[])[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("layout,note", [((), "TP 2,"), (("--cp", "2"), "TP 1, CP 2,"),
+                                         (("--tp", "1"), "TP 1, 2 replicas,")], ids=["tp2", "cp2", "replicas"])
+def test_generate_under_mpiexec_prints_the_one_rank_tokens(tiny, layout, note):
+    path, want = tiny
+    r = _run("--model", str(path), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "6",
+             "--dtype", "fp32", *layout, n=2)
+    assert r.returncode == 0, r.stderr
+    assert f"2 rank(s), {note}" in r.stdout
+    assert f"prompt (4 tokens): {PROMPT}" in r.stdout
+    assert f"new tokens (6): {want}" in r.stdout  # the generation config's EOS (2) is not among them
+    assert "time to first token: " in r.stdout and "ms; time per output token: " in r.stdout
+    assert r.stdout.count("new tokens") == 1  # rank 0 prints
+
+
+def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path, _ = tiny
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(512)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "with-tokenizer"
+    folder.mkdir()
+    for f in path.iterdir():
+        (folder / f.name).symlink_to(f)
+    tok.save(str(folder / "tokenizer.json"))
+    r = _run("--model", str(folder), "--prompt", "w1 w2 w3 w4", "--max-new-tokens", "6", "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr
+    assert f"prompt (4 tokens): {PROMPT}" in r.stdout
+    new = ast.literal_eval(r.stdout.split("new tokens (6): ")[1].splitlines()[0])
+    assert new == tiny[1]
+    assert f"text: {' '.join(f'w{t}' for t in new)}" in r.stdout
+
+
+def test_generate_clear_messages(tiny, tmp_path):
+    path, _ = tiny
+    r = _run("--model", str(path), "--prompt", "hello")
+    assert r.returncode == 2 and "--prompt needs" in r.stderr and "tokenizer.json; this folder has none" in r.stderr
+    # tokenizer.json present but the tokenizers package missing (an import that fails).
+    (tmp_path / "tokenizers").mkdir()
+    (tmp_path / "tokenizers" / "__init__.py").write_text("raise ImportError('no tokenizers here')\n")
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    r = _run("--model", str(folder), "--prompt", "hello", env=env)
+    assert r.returncode == 2 and "--prompt needs the `tokenizers` package" in r.stderr
+    r = _run("--model", str(path), "--prompt-ids", "1,x")
+    assert r.returncode == 2 and "--prompt-ids '1,x' must be comma-separated token ids" in r.stderr
+    # The model's checks, before any work, on every rank; rank 0 says why.
+    r = _run("--model", str(path), "--prompt-ids", "1,2,3,4", "--max-new-tokens", "8", "--max-seq-len", "6", n=2)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("xelink generate: Llama.generate: 4 prompt tokens + max_new_tokens=8 exceed "
+                          "max_seq_len=6") == 1
+    r = _run("--model", str(path), "--prompt-ids", "1,2", "--tp", "3", n=2)
+    assert r.returncode == 2 and "--tp 3 x --cp 1 does not tile 2 rank(s)" in r.stderr
