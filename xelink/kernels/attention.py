@@ -543,19 +543,25 @@ if triton is not None:
         tl.store(OP + (part * n_splits + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(LSEP + part * n_splits + split, lse, mask=row_ok)
         if last_split(COUNTERS, bk * tl.num_programs(2) + tl.program_id(2), n_splits):
+            # Four splits a step, their loads independent (a loop of one load a step waits an L2 round trip
+            # each: 7 us at 33 splits on an H200), added in split order.
             lp = LSEP + part * n_splits
             m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            for s in range(n_splits):
-                m = tl.maximum(m, tl.load(lp + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+            for s0 in range(0, n_splits, 4):
+                for j in tl.static_range(4):
+                    ok = row_ok & (s0 + j < n_splits)
+                    m = tl.maximum(m, tl.load(lp + s0 + j, mask=ok, other=float("-inf"), cache_modifier=".cg"))
             m_use = tl.where(m == float("-inf"), 0.0, m)
             den = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
             op = OP + (part * n_splits)[:, None] * HEAD_DIM + offs_d[None, :]
-            for s in range(n_splits):
-                w = tl.exp(tl.load(lp + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_use)
-                o = tl.load(op + s * HEAD_DIM, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-                acc += tl.where(w[:, None] > 0, w[:, None] * o, 0.0)
-                den += w
+            for s0 in range(0, n_splits, 4):
+                for j in tl.static_range(4):
+                    ok = row_ok & (s0 + j < n_splits)
+                    w = tl.exp(tl.load(lp + s0 + j, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_use)
+                    o = tl.load(op + (s0 + j) * HEAD_DIM, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+                    acc += tl.where(w[:, None] > 0, w[:, None] * o, 0.0)
+                    den += w
             empty = den == 0.0
             merged = acc / tl.where(empty, 1.0, den)[:, None]
             x_off = (b.to(tl.int64) * stride_xb + h.to(tl.int64)[:, None] * stride_xh + t[:, None] * stride_xs

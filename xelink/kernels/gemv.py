@@ -635,9 +635,12 @@ if triton is not None:
         rm = tl.arange(0, RB)
         ok = (rm < rows)[:, None] & (rn < N)[None, :]
         offs = rm[:, None] * stride_pm + rn[None, :]
-        total = tl.load(part_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
-        for s in range(1, tl.num_programs(1)):
-            total += tl.load(part_ptr + s * stride_ps + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        splits = tl.num_programs(1)
+        total = tl.zeros((RB, rn.shape[0]), tl.float32)
+        for s0 in range(0, splits, 4):  # four independent loads a step (one a step waits an L2 round trip each)
+            for j in tl.static_range(4):
+                total += tl.load(part_ptr + (s0 + j) * stride_ps + offs, mask=ok & (s0 + j < splits), other=0.0,
+                                 cache_modifier=".cg")
         tl.store(o_ptr + rm[:, None] * stride_om + rn[None, :], total.to(o_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
