@@ -30,6 +30,7 @@ def aot():
 
 def test_every_kernel_module_imports_under_intel_triton():
     for name in ("xelink.kernels.attention", "xelink.kernels.gemm", "xelink.kernels.gated_gemm", "xelink.kernels.gemv",
+                 "xelink.kernels.scatter_gemm",
                  "xelink.kernels.norm",
                  "xelink.collectives.gpu.kernels", "xelink.symm.kernels"):
         importlib.import_module(name)
@@ -42,7 +43,7 @@ def test_every_kernel_compiles_for_xe2_and_max(aot):
     expected = sum(len(aot.TARGETS) * len(launch.sub_groups) for launch in aot.LAUNCHES)
     assert len(lines) == expected
     modules = {launch.module for launch in aot.LAUNCHES}
-    assert {"attention", "gemm", "gated_gemm", "gemv", "norm"} <= modules
+    assert {"attention", "gemm", "gated_gemm", "scatter_gemm", "gemv", "norm"} <= modules
 
 
 def test_a_gemm_without_dpas_is_caught(aot):

@@ -46,24 +46,31 @@ _POLL_NS = 100  # the deadline of a poll-counting wait: polls = timeout_ns / _PO
 if triton is not None:
 
     @triton.jit
-    def _await_chunk(flag, err, q, timeout_ns, TIMER: tl.constexpr):
-        v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-        if v == 0:
+    def _await_count(counter, target, err, who, timeout_ns, TIMER: tl.constexpr):
+        """Acquire-poll ``counter`` (int32, system scope) until it reaches ``target`` (wrap-safe: counters
+        that only grow may pass 2**31) or the deadline passes; a late wait marks ``err[1 + who]`` and
+        ``err[0]`` and returns. The caller orders its block after the wait (a block barrier)."""
+        v = tl.atomic_add(counter, 0, sem="acquire", scope="sys")
+        if (v - target) < 0:
             late = 0
             if TIMER:
                 start = tl.extra.cuda.globaltimer()
-                while (v == 0) & (late == 0):
-                    v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+                while ((v - target) < 0) & (late == 0):
+                    v = tl.atomic_add(counter, 0, sem="acquire", scope="sys")
                     late = ((tl.extra.cuda.globaltimer() - start) > timeout_ns).to(tl.int32)
             else:
                 polls = 0
-                while (v == 0) & (late == 0):
-                    v = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+                while ((v - target) < 0) & (late == 0):
+                    v = tl.atomic_add(counter, 0, sem="acquire", scope="sys")
                     polls += 1
                     late = (polls > timeout_ns // 100).to(tl.int32)
             if late != 0:
-                tl.store(err + 1 + q, 1)
+                tl.store(err + 1 + who, 1)
                 tl.store(err, 1)
+
+    @triton.jit
+    def _await_chunk(flag, err, q, timeout_ns, TIMER: tl.constexpr):
+        _await_count(flag, 1, err, q, timeout_ns, TIMER)  # flags are 0 or 1
 
     @triton.jit
     def _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M: tl.constexpr, TIMER: tl.constexpr):

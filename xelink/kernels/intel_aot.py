@@ -203,6 +203,28 @@ def _gated_gemm():
     return args
 
 
+
+def _scatter_gemm():
+    def args():
+        M = N = K = 4096
+        world = 2
+        peers = [_t("bfloat16")] * world + [None] * (8 - world)
+        counters = [_t("int32")] * world + [None] * (8 - world)
+        return ([_t("bfloat16"), _t("bfloat16"), *peers, *counters, _t("int32"), M, N, K, K, 1, N, 1, M // world,
+                 M // world, 0],
+                dict(RANK=1, WORLD=world, BLOCKS=1, A_ROW_MAJOR=True, B_ROW_MAJOR=True, EVEN=True, BLOCK_M=128,
+                     BLOCK_N=128, BLOCK_K=32, GROUP_M=8, NUM_PROGRAMS=64))
+    return args
+
+
+def _scatter_reduce():
+    def args():
+        N, rows = 4096, 2048
+        return ([_t("bfloat16"), _t("int32"), _t("int32"), _t("int32"), _t("bfloat16"), N, rows, N, 1, N // 128,
+                 10**9, 0.5],
+                dict(WORLD=2, BLOCKS=1, CHUNK_ROWS=128, ROWS=32, BLOCK_N=256, AVG=False, NUM_PROGRAMS=64, TIMER=False))
+    return args
+
 LAUNCHES: list[Launch] = [
     # The CUDA-core GEMV reduces across the sub-group through a little shared memory; the matrix-engine
     # GEMV loads through plain pointers (its weights are dequantized on the way), so DPAS but no block IO.
@@ -231,6 +253,10 @@ LAUNCHES: list[Launch] = [
            _gemm("float16", b_row=False, even=False), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("gated_gemm._gated_gemm_kernel[bf16, 8 chunks]", "gated_gemm", "_gated_gemm_kernel", _gated_gemm(),
            num_warps=8, matrix=True, sub_groups=(16,)),
+    Launch("scatter_gemm._scatter_gemm_kernel[bf16, 2 ranks]", "scatter_gemm", "_scatter_gemm_kernel",
+           _scatter_gemm(), num_warps=8, matrix=True, sub_groups=(16,)),
+    Launch("scatter_gemm._scatter_reduce_kernel[bf16, 2 ranks]", "scatter_gemm", "_scatter_reduce_kernel",
+           _scatter_reduce(), num_warps=4),
 ]
 # Kernels Intel's Triton 3.3 cannot compile, with the reason (checked: they are not in LAUNCHES).
 EXCEPTIONS = {
@@ -240,6 +266,8 @@ EXCEPTIONS = {
                      "SYCL timer and USM peer pointers (not built)",
     "gemm._gemm_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on sm90",
     "gated_gemm._gated_gemm_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on sm90",
+    "scatter_gemm._scatter_gemm_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on "
+                                             "sm90",
     "attention._flash_fwd_tma_kernel": "Hopper variant (TMA descriptors), selected by a capability check on sm90",
 }
 
