@@ -211,9 +211,9 @@ def check_bad_inputs_raise_before_sending(world):
              (lambda: xelink.all_gather_matmul(torch.ones(2, 4), w, out=torch.ones(2 * n + 1, 3)), ValueError,
               f"out.shape=({2 * n + 1}, 3) != ({2 * n}, 3)"),
              (lambda: xelink.matmul_all_reduce(torch.ones(2, 4), w, algo="fused"), ValueError,
-              "built for all_gather_matmul only"),
+              "matmul_all_reduce: algo='fused' is a GPU kernel and runs on CUDA tensors"),
              (lambda: xelink.matmul_reduce_scatter(torch.ones(2 * n, 4), w, algo="fused"), ValueError,
-              "built for all_gather_matmul only"),
+              "matmul_reduce_scatter: algo='fused' is a GPU kernel and runs on CUDA tensors"),
              (lambda: xelink.all_gather_matmul(torch.ones(2, 4), w, algo="fused"), ValueError,
               "algo='fused' is a GPU kernel and runs on CUDA tensors")]
     if n == 1:

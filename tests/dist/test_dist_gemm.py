@@ -56,6 +56,8 @@ BAD = [
     (lambda: xelink.matmul_reduce_scatter(A, B, out=torch.ones(2, 3)), ValueError, r"out.shape=\(2, 3\) != \(4, 3\)"),
     (lambda: xelink.matmul_reduce_scatter(A, B.half()), TypeError, r"matmul_reduce_scatter: b.dtype=torch.float16"),
     (lambda: xelink.matmul_all_reduce(A, B, algo="fused"), ValueError, r"matmul_all_reduce: algo='fused'"),
+    (lambda: xelink.matmul_reduce_scatter(A, B, algo="fused"), ValueError,
+     r"matmul_reduce_scatter: algo='fused' is a GPU kernel and runs on CUDA tensors"),
     (lambda: xelink.matmul_all_reduce(A, torch.ones(3, 3)), ValueError, r"matmul_all_reduce: b.shape\[0\]=3"),
     (lambda: xelink.matmul_all_reduce(torch.ones(2, 2, 2, 5), B), ValueError, r"matmul_all_reduce: a must be 2-D or 3-D"),
     (lambda: xelink.matmul_all_reduce(A, B, out=torch.ones(4, 3, 1)), ValueError, r"matmul_all_reduce: out.shape"),
@@ -140,3 +142,16 @@ def test_the_cuda_module_imports_without_a_gpu():
     import xelink.dist.device as device
 
     assert {device.READY, device.FREE, device.RS_READY, device.RS_FREE} <= set(range(xelink.symm.SIGNAL_SLOTS))
+
+
+def test_fused_reduce_scatter_layout_and_reasons():
+    from xelink.dist import device
+
+    assert device._scatter_layout((8, 5), 0, 2) == (1, 4, 4, 0)           # 2-D: one row block per owner
+    assert device._scatter_layout((4, 6, 5), 0, 2) == (1, 12, 12, 0)      # [B, S, K] along B: B/n * S rows
+    assert device._scatter_layout((3, 6, 5), 1, 2) == (3, 3, 3, 6)        # along S: B sub-blocks of S/n rows
+    assert "float16 or bfloat16" in device.fused_scatter_unmet(torch.ones(4, 4))
+    assert device.fused_scatter_unmet(torch.ones(4, 4).half()) is None
+    why = device.fused_all_reduce_unmet(torch.ones(3, 4).half(), 2)
+    assert "rows (prod of a.shape[:-1] = 3) divisible by the group size 2" in why
+    assert device.fused_all_reduce_unmet(torch.ones(2, 3, 4).half(), 2) is None

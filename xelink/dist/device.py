@@ -35,6 +35,17 @@ stream zeroes the flags after the GEMMs, so the next call (or graph replay) star
 marks the team's error word (the next call raises ``xelink.TimeoutError``). It needs half-precision
 inputs and gathered rows in stage order (2-D, 3-D along dim 0, or along dim 1 with batch 1).
 
+``matmul_reduce_scatter``, fused: ``xelink.kernels.scatter_gemm`` computes this rank's ``a @ b`` in one
+persistent kernel, owner by owner from the next rank on, each tile stored into its owner's receive buffer
+(slot [parity, this rank]) through peer memory and counted on the owner's chunk counter; then
+``scatter_reduce`` waits for every rank's tiles of each chunk and sums them in rank order (float32,
+rounded once: the same bits every run). Both kernels on the current stream; the epochs live on the device
+and the two slots alternate, so no host reset, no handshake per call, and graph replays are new calls (the
+kernel module's docstring says why a slot is never overwritten before its owner read it). The buffer, the
+counters and the epochs are per (group, output block layout, N, dtype): the first call of such a shape
+makes them (collective). ``matmul_all_reduce``, fused: that reduce-scatter of the rows, then
+``all_gather_into_tensor``.
+
 What it allocates: per (group, shape, dtype) one symmetric staging buffer (``xelink.symm.empty``, a
 collective call made by the first call of that shape and kept as a resource of the group until it is
 freed; the reuse rule is the ``FREE`` handshake above), one side stream per group; per call the output
@@ -58,9 +69,11 @@ from . import schedule
 from .host import gathered
 from ..kernels import gemm
 from ..kernels import gated_gemm
+from ..kernels import reduce_programs, scatter_gemm, scatter_geometry, scatter_reduce
 
 __all__ = ["READY", "FREE", "RS_READY", "RS_FREE", "AR_CHUNKS", "side_stream", "stage_buffer", "unmet",
-           "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
+           "fused_unmet", "fused_scatter_unmet", "fused_all_reduce_unmet", "all_gather_matmul", "matmul_reduce_scatter",
+           "matmul_all_reduce"]
 
 READY, FREE, RS_READY, RS_FREE = 8, 9, 10, 11
 AR_CHUNKS = 4
@@ -290,12 +303,94 @@ class _Scatter:
         self.side = side_stream(comm, dev)
 
 
+def fused_scatter_unmet(a) -> str | None:
+    """Why ``algo="fused"`` cannot take this GEMM + reduce-scatter (None: it can)."""
+    if a.dtype not in _HALF:
+        return f"algo='fused' needs float16 or bfloat16 (a kernel GEMM), got {a.dtype}; use 'pipelined'"
+    return None
+
+
+def fused_all_reduce_unmet(a, n: int) -> str | None:
+    """Why ``algo="fused"`` cannot take this GEMM + all-reduce (None: it can)."""
+    why = fused_scatter_unmet(a)
+    if why is None and math.prod(a.shape[:-1]) % n:
+        why = (f"algo='fused' reduce-scatters the rows and gathers them back, so it needs the rows "
+               f"(prod of a.shape[:-1] = {math.prod(a.shape[:-1])}) divisible by the group size {n}; use 'pipelined'")
+    return why
+
+
+def _scatter_layout(shape: tuple, dim: int, n: int) -> tuple[int, int, int, int]:
+    """(blocks, block_rows, block_stride, batch_stride) of ``a`` viewed as ``[rows, K]``: a 2-D input or
+    a scatter along dim 0 is one row block per owner; a scatter along the sequence of ``[B, S, K]`` is
+    B sub-blocks of S/n rows per owner, S rows apart."""
+    rows = math.prod(shape[:-1])
+    if dim == 0:
+        return 1, rows // n, rows // n, 0
+    s = shape[1] // n
+    return shape[0], s, s, shape[1]
+
+
+class _FusedScatter:
+    """The fused reduce-scatter's state for one (group, block layout, N, dtype, device), kept as a resource
+    of the group: this rank's receive buffer ``[2, n, rows, N]`` and chunk counters (symmetric memory),
+    every rank's views of both, and the local epochs of the reduction (``xelink.kernels.scatter_gemm``'s
+    docstring: why two slots and the epochs make reuse and graph replays safe without a host reset).
+    Keyed by what fixes the chunk geometry, not by K, so calls of one output shape share the buffer and
+    its epochs."""
+
+    def __init__(self, comm, blocks: int, block_rows: int, n_cols: int, dtype, dev):
+        if torch.cuda.is_current_stream_capturing():
+            raise XelinkError(f"matmul_reduce_scatter (fused) on {comm.name}: the first call of a shape allocates "
+                              f"symmetric memory, which a CUDA graph capture cannot; run it once before capturing")
+        n = comm.size
+        geo = scatter_geometry(n, blocks, block_rows, n_cols)
+        self.inbox = symm.empty((2, n, blocks * block_rows, n_cols), dtype=dtype, group=comm)
+        self.counters = symm.empty((n * geo.chunks,), dtype=torch.int32, group=comm)
+        self.counters.zero_()
+        self.seen = torch.zeros(reduce_programs(dev), dtype=torch.int32, device=dev)
+        self.inboxes = [symm.peer_tensor(self.inbox, q, group=comm) for q in range(n)]
+        self.counter_views = [symm.peer_tensor(self.counters, q, group=comm) for q in range(n)]
+        self.team = symm.team_of(comm)
+        torch.cuda.synchronize(dev)  # every rank's counters are zero before any peer adds to them
+        comm.barrier()
+
+
+def _fused_scatter(comm, a, w, dim, op, out):
+    n, r = comm.size, comm.rank
+    K, N = a.shape[-1], w.shape[1]
+    blocks, block_rows, block_stride, batch_stride = _scatter_layout(tuple(a.shape), dim, n)
+    shape = list(a.shape[:-1]) + [N]
+    shape[dim] //= n
+    res = out if out is not None else a.new_empty(tuple(shape))
+    rows = blocks * block_rows
+    if rows == 0 or N == 0:
+        return res
+    st = comm.resource(("xelink.dist", "fused-scatter", blocks, block_rows, N, a.dtype, a.device),
+                       lambda: _FusedScatter(comm, blocks, block_rows, N, a.dtype, a.device))
+    st.team.check("matmul_reduce_scatter")  # a deadline that expired in an earlier call raises here
+    a2 = a.reshape(-1, K)
+    scatter_gemm(a2, w, st.inboxes, st.counter_views, st.seen, rank=r, blocks=blocks, block_rows=block_rows,
+                 block_stride=block_stride, batch_stride=batch_stride)
+    try:
+        r2 = res.view(rows, N)
+    except RuntimeError:  # an out whose rows are not one strided run: reduce into a temporary
+        r2 = None
+    got = scatter_reduce(st.inbox, st.counters, st.seen, r2 if r2 is not None else a.new_empty((rows, N)),
+                         error=st.team.error, blocks=blocks, block_rows=block_rows, avg=op == "avg",
+                         timeout_ns=st.team.timeout_ns())
+    if r2 is None:
+        res.copy_(got.view(res.shape))
+    return res
+
+
 def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
     n, r, dev = comm.size, comm.rank, a.device
     blk = a.shape[dim] // n
     shape = list(a.shape[:-1]) + [w.shape[1]]
     shape[dim] = blk
     shape = tuple(shape)
+    if algo == "fused":
+        return _fused_scatter(comm, a, w, dim, op, out)
     if algo == "sequential":
         p = a.new_empty(tuple(a.shape[:-1]) + (w.shape[1],))
         _mm_into(a, w, p)
@@ -334,6 +429,13 @@ def matmul_all_reduce(comm, a, w, out, algo):
     dev = a.device
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
     c = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
+    if algo == "fused":
+        # The fused reduce-scatter of the rows, then xelink's all-gather of the blocks back into c.
+        rows, n = math.prod(a.shape[:-1]), comm.size
+        c2 = c.view(rows, w.shape[1])
+        mine = _fused_scatter(comm, a.reshape(rows, a.shape[-1]), w, 0, "sum", None)
+        all_gather_into_tensor(c2, mine, group=comm)
+        return c if out is None or c is out else out.copy_(c)
     if algo == "sequential":
         _mm_into(a, w, c)
         all_reduce(c, group=comm)

@@ -21,10 +21,14 @@ Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
   (``schedule.topo_plan``). ``matmul_reduce_scatter``: partials summed inside the package before they
   cross (CPU ranks). ``matmul_all_reduce``: the pipelined chunks all-reduced by the hierarchical
   algorithm.
-- ``"fused"`` (``all_gather_matmul`` on CUDA tensors, half precision): the pipelined reads, consumed by
+- ``"fused"`` (CUDA tensors, half precision): ``all_gather_matmul``: the pipelined reads, consumed by
   one persistent GEMM whose tiles wait for their shard's flag (``xelink.kernels.gated_gemm``; ``device``'s
-  docstring), in the plan's order (``topo``'s on a group with packages of several ranks). Not built for
-  ``matmul_reduce_scatter`` and ``matmul_all_reduce``, nor for CPU ranks (a ``ValueError`` says so).
+  docstring), in the plan's order (``topo``'s on a group with packages of several ranks).
+  ``matmul_reduce_scatter``: one persistent GEMM whose tiles are stored straight into their owner's
+  receive buffer in peer memory and counted there, then the owner's reduction, which waits per chunk and
+  sums the partials in rank order (deterministic; ``xelink.kernels.scatter_gemm``). ``matmul_all_reduce``:
+  that reduce-scatter of the rows, then xelink's all-gather (the rows divisible by the group size). CPU
+  ranks get a ``ValueError``.
 - ``"auto"``: world size 1 is a local matmul; else ``topo`` when the group has more than one package
   and some package holds more than one rank, else ``pipelined`` (on CUDA tensors without peer memory
   between the ranks: ``sequential``).
@@ -51,9 +55,6 @@ _REDUCE_OPS = ("sum", "avg")
 # -- checks ---------------------------------------------------------------------------------------
 
 def _algo(fn: str, algo) -> str:
-    if algo == "fused" and fn != "all_gather_matmul":
-        raise ValueError(f"{fn}: algo='fused' (a kernel that consumes chunks as they land) is built for "
-                         f"all_gather_matmul only; use 'auto', 'sequential', 'pipelined' or 'topo'")
     if not isinstance(algo, str) or algo not in ("auto",) + DIST_GEMM_ALGOS:
         raise ValueError(f"{fn}: algo={algo!r} is not one of auto, {', '.join(DIST_GEMM_ALGOS)}")
     return algo
@@ -153,6 +154,19 @@ def _pick(fn: str, comm, a: torch.Tensor, algo: str) -> str:
     return picked
 
 
+def _fused_checks(fn: str, a: torch.Tensor, picked: str, why) -> None:
+    """``algo="fused"`` on these tensors, or the ``ValueError`` that says why not (``why``: the device
+    module's reason for this op, called only for a CUDA ``a``)."""
+    if picked != "fused":
+        return
+    if not a.is_cuda:
+        raise ValueError(f"{fn}: algo='fused' is a GPU kernel and runs on CUDA tensors; CPU ranks take "
+                         f"'pipelined' or 'topo'")
+    reason = why()
+    if reason is not None:
+        raise ValueError(f"{fn}: {reason}")
+
+
 def _backend(a: torch.Tensor):
     if a.is_cuda:
         from . import device
@@ -215,8 +229,7 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
     shapes = [tuple(full[:-1]) + (w.shape[1],) for w in weights]
     outs = _outputs(fn, out, shapes, a, many)
     if algo == "fused" and not a.is_cuda:
-        raise ValueError(f"{fn}: algo='fused' is a GPU kernel and runs on CUDA tensors; CPU ranks take "
-                         f"'pipelined' or 'topo'")
+        _fused_checks(fn, a, algo, None)
     if torch.compiler.is_compiling():  # traced: the custom op, which runs this function eagerly (``compiled``)
         a_full, cs = compiled.all_gather_matmul(a, weights, dim, bool(return_gathered), algo, group, outs)
     else:
@@ -257,8 +270,7 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
         scatter_dim: the dimension split over the ranks (0 for 2-D, 0 or 1 for 3-D); its size must be
             divisible by the group size.
         op: "sum" or "avg" (or torch's ``ReduceOp`` of them). Half types are summed in float32, rounded once.
-        algo: "auto", "sequential", "pipelined" or "topo" (module docstring); "fused" is built for
-            all_gather_matmul only (a ValueError here).
+        algo: "auto", "sequential", "pipelined", "topo" or "fused" (CUDA, half precision; module docstring).
         out: a tensor of the block's shape (``scatter_dim`` divided by the group size, last dim N).
 
     Returns:
@@ -282,9 +294,15 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
     n = comm.size
     shape = _scatter_shape(fn, a, dim, n, w.shape[1])
     (o,) = _outputs(fn, out, [shape], a, False)
+    if algo == "fused" and not a.is_cuda:
+        _fused_checks(fn, a, algo, None)
     if torch.compiler.is_compiling():
         return compiled.matmul_reduce_scatter(a, w, dim, op, algo, group, o)
     picked = _pick(fn, comm, a, algo)
+    if picked == "fused" and n > 1:
+        from . import device
+
+        _fused_checks(fn, a, picked, lambda: device.fused_scatter_unmet(a))
     fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(w.shape), op, algo))
     if n == 1:
         return _local(a, [w], [o])[0]
@@ -300,7 +318,8 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
         group: xelink communicator (None: the world).
         algo: "auto", "sequential" (the GEMM, then ``all_reduce``), "pipelined" (row chunks: chunk i
             all-reduced asynchronously while chunk i+1 is computed) or "topo" (the same with the
-            hierarchical all-reduce); "fused" is built for all_gather_matmul only (a ValueError here).
+            hierarchical all-reduce) or "fused" (CUDA, half precision, rows divisible by the group size: the
+            fused reduce-scatter, then an all-gather).
         out: a tensor of the result's shape (``a``'s with the last dim N).
 
     Returns:
@@ -318,9 +337,15 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
     (w,), _ = _weights(fn, b, a, comm, allow_list=False)
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
     (o,) = _outputs(fn, out, [shape], a, False)
+    if algo == "fused" and not a.is_cuda:
+        _fused_checks(fn, a, algo, None)
     if torch.compiler.is_compiling():
         return compiled.matmul_all_reduce(a, w, algo, group, o)
     picked = _pick(fn, comm, a, algo)
+    if picked == "fused" and comm.size > 1:
+        from . import device
+
+        _fused_checks(fn, a, picked, lambda: device.fused_all_reduce_unmet(a, comm.size))
     fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), tuple(w.shape), algo))
     if comm.size == 1:
         return _local(a, [w], [o])[0]

@@ -48,7 +48,7 @@ from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _stor
 from .launcher import Descriptor, Slot, launch_with
 
 __all__ = ["SCATTER_GEMM_IMPLS", "ScatterGeometry", "scatter_geometry", "scatter_gemm", "scatter_reduce",
-           "reference_scatter_reduce"]
+           "reduce_programs", "reference_scatter_reduce"]
 
 SCATTER_GEMM_IMPLS = ("auto", "triton", "cuda")
 _MAX_WORLD = 8
