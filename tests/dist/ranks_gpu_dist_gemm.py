@@ -264,3 +264,157 @@ def check_fused_cuda_graph_replays_and_eager_calls_between(world):
               (torch.cat(other).double() @ wtd).to(dtype), f"eager fused other shape after replay {replay}")
     del graph
     xelink.synchronize()
+
+
+# -- algo="fused" for matmul_reduce_scatter (issue 22): tiles stored into their owner's peer buffer, counted,
+# then the owner's reduction in rank order; matmul_all_reduce on it --------------------------------------
+
+def _scatter(comm, dev, shape, dim, k, m, dtype, transposed, salt, what, op="sum", out=None, algo="fused"):
+    n, r = comm.size, comm.rank
+    aa = [ints(shape + (k,), 4000 + 10 * salt + q, dtype) for q in range(n)]
+    w = weight(k, m, 4001 + salt, dtype, transposed)
+    total = sum(x.double() @ w.double() for x in aa)
+    got = xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), group=comm, scatter_dim=dim, op=op, algo=algo,
+                                       out=out)
+    if out is not None:
+        assert got is out, what
+    want = total.chunk(n, dim)[r]
+    if op == "avg":
+        _close(got, want / n, what, tol=1e-2)
+    else:
+        _same(got, want.to(dtype), what)
+
+
+def check_fused_matmul_reduce_scatter(world):
+    dev = _dev(world)
+    groups = _groups(world)
+    for name, comm in groups:
+        n = comm.size
+        for dtype in (torch.bfloat16, torch.float16):
+            w = f"matmul_reduce_scatter fused {name} {dtype}"
+            _scatter(comm, dev, (16 * n,), 0, 64, 48, dtype, False, 1, f"{w} 2-D")
+            _scatter(comm, dev, (3 * n,), 0, 64, 48, dtype, True, 2, f"{w} tail, transposed b")
+            _scatter(comm, dev, (200 * n,), 0, 128, 264, dtype, False, 3, f"{w} rows and columns not whole tiles")
+            _scatter(comm, dev, (5 * n,), 0, 20, 12, dtype, False, 4, f"{w} no TMA alignment (portable)")
+            _scatter(comm, dev, (2 * n, 8), 0, 64, 32, dtype, False, 5, f"{w} 3-D scatter_dim=0")
+            _scatter(comm, dev, (2, 8 * n), 1, 64, 48, dtype, True, 6, f"{w} 3-D scatter_dim=1 (batch 2)")
+            _scatter(comm, dev, (3, 5 * n), 1, 40, 24, dtype, False, 7, f"{w} 3-D scatter_dim=1, tails")
+            _scatter(comm, dev, (64 * n,), 0, 64, 48, dtype, False, 8, f"{w} avg", op="avg")
+            out = torch.full((16, 48), float("nan"), dtype=dtype, device=dev)
+            _scatter(comm, dev, (16 * n,), 0, 64, 48, dtype, False, 9, f"{w} out=", out=out)
+            big = torch.full((2, 8, 96), float("nan"), dtype=dtype, device=dev)  # a column block: not one 2-D view
+            _scatter(comm, dev, (2, 8 * n), 1, 64, 48, dtype, False, 10, f"{w} out= strided", out=big[:, :, 16:64])
+            assert bool(big[:, :, :16].isnan().all()) and bool(big[:, :, 64:].isnan().all()), f"{w} out= wrote outside"
+    expect_errors([
+        (lambda: xelink.matmul_reduce_scatter(torch.ones(2 * world.size, 8, device=dev), torch.ones(8, 4, device=dev),
+                                              algo="fused"), ValueError,
+         "matmul_reduce_scatter: algo='fused' needs float16 or bfloat16"),
+        (lambda: xelink.matmul_all_reduce(torch.ones(2 * world.size + 1, 8, device=dev, dtype=torch.bfloat16),
+                                          torch.ones(8, 4, device=dev, dtype=torch.bfloat16), algo="fused"), ValueError,
+         "divisible by the group size"),
+    ])
+    groups[1][1].free()
+    xelink.synchronize()
+
+
+def check_fused_matmul_all_reduce(world):
+    dev = _dev(world)
+    groups = _groups(world)
+    for name, comm in groups:
+        n, r = comm.size, comm.rank
+        for dtype in (torch.bfloat16, torch.float16):
+            for salt, (shape, k, m, transposed) in enumerate((((16 * n,), 64, 48, False), ((2, 4 * n), 64, 40, True),
+                                                              ((3 * n,), 24, 16, False))):
+                aa = [ints(shape + (k,), 5000 + 10 * salt + q, dtype) for q in range(n)]
+                w = weight(k, m, 5001 + salt, dtype, transposed)
+                got = xelink.matmul_all_reduce(aa[r].to(dev), w.to(dev), group=comm, algo="fused")
+                _same(got, sum(x.double() @ w.double() for x in aa).to(dtype), f"all_reduce fused {name} {shape}")
+    groups[1][1].free()
+    xelink.synchronize()
+
+
+def check_fused_reduce_scatter_random_bf16(world):
+    dev, n, r = _dev(world), world.size, world.rank
+    g = torch.Generator().manual_seed(6)
+    aa = [torch.randn(512 * n, 768, generator=g).bfloat16() for _ in range(n)]
+    w = torch.randn(1024, 768, generator=g).bfloat16().t()
+    total = sum(x.double() @ w.double() for x in aa)
+    got = xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo="fused")
+    _close(got, total.chunk(n)[r], "fused reduce-scatter, random bf16")
+    again = xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo="fused")
+    assert torch.equal(got, again), "fused reduce-scatter: two runs differ (the reduction order is fixed)"
+    xelink.synchronize()
+
+
+def check_fused_reduce_scatter_back_to_back_shapes(world):
+    """Calls of changing shapes, some sharing an output shape (one buffer, one set of epochs) with another K,
+    interleaved with the other algorithms."""
+    dev, n, r = _dev(world), world.size, world.rank
+    plan = ((64, 64, 32, "fused"), (5, 64, 32, "fused"), (64, 128, 32, "fused"), (64, 64, 32, "pipelined"),
+            (64, 64, 32, "fused"), (1, 32, 8, "fused"), (64, 16, 32, "fused"), (5, 64, 32, "fused"),
+            (256, 256, 128, "fused"))
+    for i, (rows, k, m, algo) in enumerate(plan):
+        w = ints((k, m), 6001 + i, torch.bfloat16)
+        aa = [ints((rows * n, k), 6000 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        _same(xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo=algo),
+              sum(x.double() @ w.double() for x in aa).chunk(n)[r].bfloat16(), f"rs call {i} {algo}")
+        _same(xelink.matmul_all_reduce(aa[r].to(dev), w.to(dev), algo=algo),
+              sum(x.double() @ w.double() for x in aa).bfloat16(), f"ar call {i} {algo}")
+    xelink.synchronize()
+
+
+def check_fused_reduce_scatter_with_a_delayed_rank(world):
+    """Each rank in turn starts late (its stream sleeps before the call, about 0.1 s): the others' reductions
+    wait for its tiles, and several calls in a row (both slots, epochs moving) stay right."""
+    dev, n, r = _dev(world), world.size, world.rank
+    w = ints((256, 192), 7001, torch.bfloat16).to(dev)
+    for i in range(2 * n):
+        aa = [ints((128 * n, 256), 7000 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        if r == i % n:
+            torch.cuda._sleep(200_000_000)
+        got = xelink.matmul_reduce_scatter(aa[r].to(dev), w, algo="fused")
+        want = sum(x.double() @ w.cpu().double() for x in aa).chunk(n)[r].bfloat16()
+        _same(got, want, f"delayed rank {i % n}, call {i}")
+    xelink.synchronize()
+
+
+def check_fused_reduce_scatter_cuda_graph_replays(world):
+    """The fused reduce-scatter and all-reduce captured once, replayed with new inputs (a rank delayed on odd
+    replays), with eager calls of the same shape (the same buffer and epochs) and of another between."""
+    dev, n, r = _dev(world), world.size, world.rank
+    dtype = torch.bfloat16
+    big = torch.zeros(32 * n, 64, dtype=dtype, device=dev)
+    a = torch.zeros(8 * n, 64, dtype=dtype, device=dev)
+    w = torch.zeros(48, 64, dtype=dtype, device=dev).t()
+
+    def step():
+        return (xelink.matmul_reduce_scatter(big, w, algo="fused"), xelink.matmul_all_reduce(a, w, algo="fused"))
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rs, ar = step()
+    for replay in range(5):
+        salt = 8000 + 100 * replay
+        bigs = [ints((32 * n, 64), salt + q, dtype) for q in range(n)]
+        smalls = [ints((8 * n, 64), salt + 50 + q, dtype) for q in range(n)]
+        wt = ints((48, 64), salt + 99, dtype)
+        big.copy_(bigs[r].to(dev))
+        a.copy_(smalls[r].to(dev))
+        w.copy_(wt.t().to(dev))
+        if replay % 2:
+            torch.cuda._sleep(int(5e7 * (r + 1)))
+        graph.replay()
+        wtd = wt.t().double()
+        want_rs = sum(x.double() @ wtd for x in bigs).chunk(n)[r].to(dtype)
+        _same(rs, want_rs, f"fused graph replay {replay} matmul_reduce_scatter")
+        _same(ar, sum(x.double() @ wtd for x in smalls).to(dtype), f"fused graph replay {replay} matmul_all_reduce")
+        if replay % 2 == 0:  # eager calls between replays: same shape, then another
+            e_rs, _ = step()
+            _same(e_rs, want_rs, f"eager fused after replay {replay}")
+            other = [ints((3 * n, 64), salt + 70 + q, dtype) for q in range(n)]
+            _same(xelink.matmul_reduce_scatter(other[r].to(dev), w, algo="fused"),
+                  sum(x.double() @ wtd for x in other).chunk(n)[r].to(dtype), f"eager other shape {replay}")
+    del graph
+    xelink.synchronize()

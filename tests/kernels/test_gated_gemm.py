@@ -167,10 +167,14 @@ def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl):
     b = torch.zeros(K, N, device="cuda").bfloat16()
     flags = torch.zeros(M // rows, dtype=torch.int32, device="cuda")
     err = torch.zeros(16, dtype=torch.int32, device="cuda")
-    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+    side = torch.cuda.Stream()
     order = [5, 1, 7, 0, 3, 2, 6, 4]
 
     def step():
+        # The stream the call runs on, read at call time: torch.cuda.graph captures on a stream of its own,
+        # so a `main` taken before the capture (the default stream) would leave the side stream outside the
+        # graph, its copies and flags running once, eagerly, during the capture instead of in every replay.
+        main = torch.cuda.current_stream()
         side.wait_stream(main)
         _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000)
         c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, order=order)
