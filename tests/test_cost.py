@@ -555,13 +555,25 @@ def test_fused_all_gather_matmul_is_priced_in_the_order_it_reads(intel, flat):
             f(flat, 8, "all_gather_matmul", "pipelined", M, N, K).time_s)
 
 
+def test_fused_reduce_scatter_is_priced_in_the_order_it_sends(intel, flat):
+    # The fused GEMM + reduce-scatter sends its tiles owner by owner from the next rank on, on any topology:
+    # priced as pipelined (topo's order differs on packages); the all-reduce adds the ring all-gather.
+    f = cost.predict_dist_gemm
+    for M, N, K in ((6144, 6144, 6144), (1200, 96, 4096)):
+        for op in ("matmul_reduce_scatter", "matmul_all_reduce"):
+            for topo, n in ((intel, 12), (flat, 8)):
+                fused = f(topo, n, op, "fused", M, N, K)
+                assert fused.time_s == pytest.approx(f(topo, n, op, "pipelined", M, N, K).time_s), (op, n)
+                assert fused.algo == "fused" and fused.time_s >= fused.compute_s
+
+
 def test_dist_gemm_bad_inputs_raise_named_errors(intel):
     f = cost.predict_dist_gemm
     with pytest.raises(ValueError, match=r"predict_dist_gemm: op='gemm' is not one of all_gather_matmul, "):
         f(intel, 12, "gemm", "topo", 12, 1, 1)
-    with pytest.raises(ValueError, match=r"predict_dist_gemm: algo='fused' is not an algorithm of "
-                                         r"op='matmul_reduce_scatter' \(choose from sequential, pipelined, topo\)"):
-        f(intel, 12, "matmul_reduce_scatter", "fused", 12, 1, 1)
+    with pytest.raises(ValueError, match=r"predict_dist_gemm: algo='ring' is not an algorithm of "
+                                         r"op='matmul_reduce_scatter' \(choose from sequential, pipelined, topo, fused\)"):
+        f(intel, 12, "matmul_reduce_scatter", "ring", 12, 1, 1)
     with pytest.raises(ValueError, match=r"predict_dist_gemm: M=100 is not divisible by the 12 rank\(s\)"):
         f(intel, 12, "all_gather_matmul", "topo", 100, 1, 1)
     with pytest.raises(ValueError, match=r"predict_dist_gemm: N=0 must be >= 1"):

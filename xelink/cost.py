@@ -834,8 +834,8 @@ def best(topology: Topology, nranks, op: str, nbytes: int, algos: Sequence[str] 
 
 DIST_GEMM_ALGOS: dict[str, tuple[str, ...]] = {
     "all_gather_matmul": ("sequential", "pipelined", "topo", "fused"),
-    "matmul_reduce_scatter": ("sequential", "pipelined", "topo"),
-    "matmul_all_reduce": ("sequential", "pipelined", "topo"),
+    "matmul_reduce_scatter": ("sequential", "pipelined", "topo", "fused"),
+    "matmul_all_reduce": ("sequential", "pipelined", "topo", "fused"),
 }
 DIST_GEMM_OPS = tuple(DIST_GEMM_ALGOS)
 
@@ -983,6 +983,9 @@ def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: st
       - ``fused`` (``all_gather_matmul``): one GEMM kernel whose tiles start as their shard lands; the
         model has no per-launch cost, so it is the pipeline above over the rounds of ``topo`` where a
         package holds several ranks, else of ``pipelined`` (the order ``xelink.dist`` reads in).
+        ``matmul_reduce_scatter``: one GEMM kernel whose tiles go to their owner as they finish, in
+        ``pipelined``'s order (the next rank first, the own block last: what ``xelink.dist`` runs on any
+        topology), priced as that pipeline; ``matmul_all_reduce``: that, then the ring all-gather.
 
     Returns:
         A ``Prediction``: ``time_s``, ``compute_s`` (the slowest rank's whole GEMM), the collective's
@@ -1039,7 +1042,8 @@ def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: st
                 f = max(f, a) + chunk[r]
             total = max(total, f)
     else:
-        rounds = _scatter_rounds(placement, algo, nbytes // n)
+        # fused: the tiles go out in pipelined's owner order, whatever the topology (xelink.dist.device)
+        rounds = _scatter_rounds(placement, "pipelined" if algo == "fused" else algo, nbytes // n)
         priced = _price_phases(topology, placement, [ph for ph, _ in rounds], cal)
         end = priced.call
         for t, (_, need) in zip(priced.times, rounds):
@@ -1047,7 +1051,7 @@ def predict_dist_gemm(topology: Topology, placement_or_nranks, op: str, algo: st
         total = max(end, compute)
         if coll == "all_reduce":
             ag = _price_phases(topology, placement,
-                               _phases(placement, "all_gather", "ring" if algo == "pipelined" else "topo", nbytes),
+                               _phases(placement, "all_gather", "topo" if algo == "topo" else "ring", nbytes),
                                cal)
             total += ag.total
             for k in ("steps", "times"):

@@ -44,7 +44,7 @@ __all__ = ["ALGOS", "GPU_SHAPES", "OPS", "QUICK_GPU_SHAPES", "QUICK_SHAPES", "SH
            "run_shapes"]
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter")
-ALGOS = ("sequential", "pipelined", "topo", "fused")  # fused: all_gather_matmul on CUDA only
+ALGOS = ("sequential", "pipelined", "topo", "fused")  # fused: CUDA only
 SHAPES = ((512, 512, 512), (1024, 1024, 1024))  # CPU ranks, M x N x K
 QUICK_SHAPES = ((256, 256, 256),)
 GPU_SHAPES = ((8192, 8192, 8192), (16384, 8192, 4096), (2048, 4096, 4096))
@@ -82,11 +82,11 @@ def _variants(world, op, a, b, full, algos, fused_group):
     import xelink
 
     fn = getattr(xelink, op)
-    fused_ok = on_cuda(world) and op == "all_gather_matmul"
+    fused_ok = on_cuda(world)
     out = {f"xelink:{algo}": functools.partial(fn, a, b, algo=algo) for algo in algos if algo != "fused" or fused_ok}
     out[GEMM] = functools.partial(torch.matmul, full, b)
     notes = [] if fused_ok or "fused" not in algos else \
-        [f"{op}: xelink:fused left out: it is all_gather_matmul's GPU kernel (CUDA tensors)"]
+        [f"{op}: xelink:fused left out: it is a GPU kernel (CUDA tensors)"]
     n = world.size
     if not on_cuda(world) or one_gpu_per_rank(world):
         base = transport_baseline(world)
