@@ -22,6 +22,8 @@ def _run(*args, n=None, env=None):
     cmd = [sys.executable, "-m", "xelink", "generate", *args]
     if n is not None:
         cmd = [ranks.mpiexec(), "-n", str(n), *cmd]
+    # CPU ranks, on a GPU host too (there, two ranks would otherwise both bind GPU 0 and be refused).
+    env = dict(os.environ if env is None else env, CUDA_VISIBLE_DEVICES="")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 

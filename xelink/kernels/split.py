@@ -14,8 +14,12 @@ drew earlier tickets are visible to the last one, which reads them past L1 (``.c
 Counters and partials live in :class:`Scratch`, per (device, stream): calls on one stream run one after
 another (programmatic dependent launch included: a kernel touches memory only after ``pdl_wait``, which
 waits for the previous kernel to finish), so they share it; calls on other streams get their own. Under
-CUDA-graph capture every call takes fresh buffers from the graph's pool instead (the counters zeroed by
-a captured memset), so a graph never shares its counters with eager calls or another graph.
+CUDA-graph capture every call gets buffers of its own, so a graph never shares them with eager calls or
+another graph: partials from the graph's pool, counters cut from a zeroed arena made at the device's first
+eager call (never handed out twice; each captured call's counters are back at 0 after every replay). A
+captured memset would zero them too, but a memset node between two kernels costs a graph 2-7 us a call on
+an H200 (the kernels lose their programmatic-dependent-launch overlap): it is the fallback only, for a
+capture before any eager call or past the arena's 2^18 counters.
 """
 from __future__ import annotations
 
@@ -42,19 +46,24 @@ else:
 
 class Scratch:
     """Per (device, stream) buffers of split kernels: int32 counters (all 0 between calls: the last
-    split resets its own) and float32 partials (any content). Under CUDA-graph capture: new ones a call."""
+    split resets its own) and float32 partials (any content); under CUDA-graph capture, a call's own."""
+
+    ARENA = 1 << 18  # counters a device keeps for captured calls
 
     def __init__(self):
         self._held: dict = {}
+        self._arena: dict = {}  # device index -> [zeroed int32 tensor, counters handed out]
 
     def get(self, device: torch.device, counters: int, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(counters, partials): at least ``counters`` zeroed int32 and ``floats`` float32 on ``device``."""
-        if device.type == "cuda" and not torch._C._cuda_isCurrentStreamCapturing():
+        if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
+            if torch._C._cuda_isCurrentStreamCapturing():
+                return self._captured(index, device, counters, floats)
             key = (index, torch._C._cuda_getCurrentRawStream(index))
         elif device.type == "cpu":  # the interpreter: one program at a time, one call at a time
             key = "cpu"
-        else:  # a graph being captured, or another device: buffers of this call's own
+        else:  # another device: buffers of this call's own
             return torch.zeros(counters, dtype=torch.int32, device=device), \
                 torch.empty(floats, dtype=torch.float32, device=device)
         held = self._held.get(key)
@@ -65,7 +74,18 @@ class Scratch:
             f = max(floats, held[1].numel() if held else 0, 1 << 16)
             held = (torch.zeros(c, dtype=torch.int32, device=device), torch.empty(f, dtype=torch.float32, device=device))
             self._held[key] = held
+            if device.type == "cuda" and key[0] not in self._arena:
+                self._arena[key[0]] = [torch.zeros(self.ARENA, dtype=torch.int32, device=device), 0]
         return held
+
+    def _captured(self, index: int, device: torch.device, counters: int, floats: int):
+        partials = torch.empty(floats, dtype=torch.float32, device=device)  # the graph's pool
+        arena = self._arena.get(index)
+        if arena is None or arena[1] + counters > self.ARENA:
+            return torch.zeros(counters, dtype=torch.int32, device=device), partials  # a captured memset
+        start = arena[1]
+        arena[1] = start + -(-counters // 4) * 4  # 16-byte aligned slices, as the launch plans were keyed
+        return arena[0][start:start + counters], partials
 
 
 SCRATCH = Scratch()
