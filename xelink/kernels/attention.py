@@ -487,6 +487,18 @@ if triton is not None:
         tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
         tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
 
+    @triton.jit
+    def _split_part(lp, op, s, n_splits, row_ok, HEAD_DIM: tl.constexpr):
+        # Split s's partial (lse, o) of the rows (-inf and 0 past the last split).
+        ok = row_ok & (s < n_splits)
+        return (tl.load(lp + s, mask=ok, other=float("-inf"), cache_modifier=".cg"),
+                tl.load(op + s * HEAD_DIM, mask=ok[:, None], other=0.0, cache_modifier=".cg"))
+
+    @triton.jit
+    def _merge_step(acc, den, ls, o, m_use):
+        w = tl.exp(ls - m_use)
+        return acc + tl.where(w[:, None] > 0, w[:, None] * o, 0.0), den + w
+
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
     def _decode_split_kernel(
         Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS,
@@ -542,32 +554,35 @@ if triton is not None:
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
         tl.store(OP + (part * n_splits + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(LSEP + part * n_splits + split, lse, mask=row_ok)
-        if last_split(COUNTERS, bk * tl.num_programs(2) + tl.program_id(2), n_splits):
-            # Four splits a step, their loads independent (a loop of one load a step waits an L2 round trip
-            # each: 7 us at 33 splits on an H200), added in split order.
-            lp = LSEP + part * n_splits
-            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            for s0 in range(0, n_splits, 4):
-                for j in tl.static_range(4):
-                    ok = row_ok & (s0 + j < n_splits)
-                    m = tl.maximum(m, tl.load(lp + s0 + j, mask=ok, other=float("-inf"), cache_modifier=".cg"))
-            m_use = tl.where(m == float("-inf"), 0.0, m)
-            den = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-            op = OP + (part * n_splits)[:, None] * HEAD_DIM + offs_d[None, :]
-            for s0 in range(0, n_splits, 4):
-                for j in tl.static_range(4):
-                    ok = row_ok & (s0 + j < n_splits)
-                    w = tl.exp(tl.load(lp + s0 + j, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_use)
-                    o = tl.load(op + (s0 + j) * HEAD_DIM, mask=ok[:, None], other=0.0, cache_modifier=".cg")
-                    acc += tl.where(w[:, None] > 0, w[:, None] * o, 0.0)
-                    den += w
+        # The merge, by the last split of the block to finish: one online pass over the splits in split order,
+        # four a step with their loads independent (one load a step waited an L2 round trip each: 6-7 us at
+        # 33 splits on an H200); a loop of 0 steps in the other programs.
+        last = last_split(COUNTERS, bk * tl.num_programs(2) + tl.program_id(2), n_splits)
+        lp = LSEP + part * n_splits
+        op = OP + (part * n_splits)[:, None] * HEAD_DIM + offs_d[None, :]
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        den = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for s0 in range(0, tl.where(last, n_splits, 0), 4):
+            l0, o0 = _split_part(lp, op, s0, n_splits, row_ok, HEAD_DIM)
+            l1, o1 = _split_part(lp, op, s0 + 1, n_splits, row_ok, HEAD_DIM)
+            l2, o2 = _split_part(lp, op, s0 + 2, n_splits, row_ok, HEAD_DIM)
+            l3, o3 = _split_part(lp, op, s0 + 3, n_splits, row_ok, HEAD_DIM)
+            m_new = tl.maximum(tl.maximum(m, tl.maximum(l0, l1)), tl.maximum(l2, l3))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_use)
+            acc, den = _merge_step(acc * alpha[:, None], den * alpha, l0, o0, m_use)
+            acc, den = _merge_step(acc, den, l1, o1, m_use)
+            acc, den = _merge_step(acc, den, l2, o2, m_use)
+            acc, den = _merge_step(acc, den, l3, o3, m_use)
+            m = m_new
+        if last:
             empty = den == 0.0
             merged = acc / tl.where(empty, 1.0, den)[:, None]
             x_off = (b.to(tl.int64) * stride_xb + h.to(tl.int64)[:, None] * stride_xh + t[:, None] * stride_xs
                      + offs_d[None, :] * stride_xd)
             tl.store(OUT + x_off, merged.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-            tl.store(LSE_OUT + part, tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, den))),
+            tl.store(LSE_OUT + part, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den))),
                      mask=row_ok)
 
     @triton.jit(do_not_specialize=["N", "H", "S", "D"])
