@@ -797,7 +797,8 @@ def peer_tensor(t: torch.Tensor, rank: int, group=None) -> torch.Tensor:
     comm, team, ptrs = _symmetric_team("peer_tensor", t, group)
     if _rank("peer_tensor", rank, comm) == comm.rank:
         return t
-    span = (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0) * t.element_size()
+    # bytes from the first element to one past the last: the sum of every dimension's farthest step
+    span = (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0) * t.element_size()
     storage = torch._C._construct_storage_from_data_pointer(ptrs[rank], team.device, span)
     return torch.empty(0, dtype=t.dtype, device=team.device).set_(storage, 0, t.shape, t.stride())
 
