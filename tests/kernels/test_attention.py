@@ -533,7 +533,8 @@ def test_decode_merged_in_one_launch(requires_gpus):
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("causal", [False, True])
 def test_decode_kernel_interpreter(causal):
-    cases = [(3, 8, 2, 3, 200, [200, 0, 2], 4), (1, 4, 1, 1, 300, [300], None)]
+    # the last: 24 rows a KV head (GQA 8 x 3 tokens), merged 16 rows at a time
+    cases = [(3, 8, 2, 3, 200, [200, 0, 2], 4), (1, 4, 1, 1, 300, [300], None), (2, 8, 1, 3, 300, [300, 3], 5)]
     _check_decode("cpu", 64, torch.float16, causal, cases, seed=int(causal))
 
 

@@ -488,16 +488,39 @@ if triton is not None:
         tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
 
     @triton.jit
-    def _split_part(lp, op, s, n_splits, row_ok, HEAD_DIM: tl.constexpr):
-        # Split s's partial (lse, o) of the rows (-inf and 0 past the last split).
-        ok = row_ok & (s < n_splits)
-        return (tl.load(lp + s, mask=ok, other=float("-inf"), cache_modifier=".cg"),
-                tl.load(op + s * HEAD_DIM, mask=ok[:, None], other=0.0, cache_modifier=".cg"))
-
-    @triton.jit
-    def _merge_step(acc, den, ls, o, m_use):
-        w = tl.exp(ls - m_use)
-        return acc + tl.where(w[:, None] > 0, w[:, None] * o, 0.0), den + w
+    def _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, rows, n_rows, n_splits, hq, GROUP, SQ,
+                    stride_xb, stride_xh, stride_xs, stride_xd,
+                    HEAD_DIM: tl.constexpr, MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr):
+        # The splits' partials of up to MERGE_ROWS rows merged in split order, UNROLL splits a round loaded as
+        # one tile (one L2 round trip a round: a round of one split waited 6-7 us over 33 splits on an H200).
+        ok_rows = rows < n_rows
+        t = rows % SQ
+        h = kvh * GROUP + rows // SQ
+        part = (b * hq + h).to(tl.int64) * SQ + t
+        offs_d = tl.arange(0, HEAD_DIM)
+        lp = LSEP + part * n_splits
+        op = OP + (part * n_splits)[:, None, None] * HEAD_DIM + offs_d[None, None, :]
+        m = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
+        den = tl.zeros([MERGE_ROWS], tl.float32)
+        acc = tl.zeros([MERGE_ROWS, HEAD_DIM], tl.float32)
+        for s0 in range(0, n_splits, UNROLL):
+            su = s0 + tl.arange(0, UNROLL)
+            ok = ok_rows[:, None] & (su < n_splits)[None, :]
+            ls = tl.load(lp[:, None] + su[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o = tl.load(op + su[None, :, None] * HEAD_DIM, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(ls, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_use)
+            w = tl.exp(ls - m_use[:, None])
+            acc = acc * alpha[:, None] + tl.sum(tl.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), axis=1)
+            den = den * alpha + tl.sum(w, axis=1)
+            m = m_new
+        empty = den == 0.0
+        merged = acc / tl.where(empty, 1.0, den)[:, None]
+        x_off = (b.to(tl.int64) * stride_xb + h.to(tl.int64)[:, None] * stride_xh + t[:, None] * stride_xs
+                 + offs_d[None, :] * stride_xd)
+        tl.store(OUT + x_off, merged.to(OUT.dtype.element_ty), mask=ok_rows[:, None])
+        tl.store(LSE_OUT + part, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den))), mask=ok_rows)
 
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
     def _decode_split_kernel(
@@ -508,7 +531,7 @@ if triton is not None:
         stride_xb, stride_xh, stride_xs, stride_xd,
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        PDL: tl.constexpr,
+        MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -554,36 +577,15 @@ if triton is not None:
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
         tl.store(OP + (part * n_splits + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(LSEP + part * n_splits + split, lse, mask=row_ok)
-        # The merge, by the last split of the block to finish: one online pass over the splits in split order,
-        # four a step with their loads independent (one load a step waited an L2 round trip each: 6-7 us at
-        # 33 splits on an H200); a loop of 0 steps in the other programs.
-        last = last_split(COUNTERS, bk * tl.num_programs(2) + tl.program_id(2), n_splits)
-        lp = LSEP + part * n_splits
-        op = OP + (part * n_splits)[:, None] * HEAD_DIM + offs_d[None, :]
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        den = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        for s0 in range(0, tl.where(last, n_splits, 0), 4):
-            l0, o0 = _split_part(lp, op, s0, n_splits, row_ok, HEAD_DIM)
-            l1, o1 = _split_part(lp, op, s0 + 1, n_splits, row_ok, HEAD_DIM)
-            l2, o2 = _split_part(lp, op, s0 + 2, n_splits, row_ok, HEAD_DIM)
-            l3, o3 = _split_part(lp, op, s0 + 3, n_splits, row_ok, HEAD_DIM)
-            m_new = tl.maximum(tl.maximum(m, tl.maximum(l0, l1)), tl.maximum(l2, l3))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m - m_use)
-            acc, den = _merge_step(acc * alpha[:, None], den * alpha, l0, o0, m_use)
-            acc, den = _merge_step(acc, den, l1, o1, m_use)
-            acc, den = _merge_step(acc, den, l2, o2, m_use)
-            acc, den = _merge_step(acc, den, l3, o3, m_use)
-            m = m_new
-        if last:
-            empty = den == 0.0
-            merged = acc / tl.where(empty, 1.0, den)[:, None]
-            x_off = (b.to(tl.int64) * stride_xb + h.to(tl.int64)[:, None] * stride_xh + t[:, None] * stride_xs
-                     + offs_d[None, :] * stride_xd)
-            tl.store(OUT + x_off, merged.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-            tl.store(LSE_OUT + part, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den))),
-                     mask=row_ok)
+        # The last split of the block to finish merges its rows, MERGE_ROWS at a time (the block's real rows
+        # only: a GQA group of 4 fills 4 of its 16).
+        if last_split(COUNTERS, bk * tl.num_programs(2) + tl.program_id(2), n_splits):
+            first = tl.program_id(2) * BLOCK_M
+            n_rows = tl.minimum(GROUP * SQ, first + BLOCK_M)
+            for r0 in range(first, n_rows, MERGE_ROWS):
+                _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, r0 + tl.arange(0, MERGE_ROWS), n_rows, n_splits,
+                            HKV * GROUP, GROUP, SQ, stride_xb, stride_xh, stride_xs, stride_xd, HEAD_DIM, MERGE_ROWS,
+                            UNROLL)
 
     @triton.jit(do_not_specialize=["N", "H", "S", "D"])
     def _merge_kernel(
@@ -774,7 +776,12 @@ class _DecodeLaunch:
         o_strides = tuple(out.stride()) if out is not None else (HQ * SQ * D, SQ * D, D, 1)
         self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, HKV, group, SQ, SMAX,
                      scale * _LOG2E)
-        self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
+        # The merge: rows MERGE_ROWS at a time (at most 16, no more than the block's real rows), UNROLL splits
+        # a round, so that a round's partials are 64 floats a thread (4 warps).
+        merge_rows = min(16, block_m, next_power_of_2(group * SQ))
+        unroll = max(2, min(16, 8192 // (merge_rows * D)))
+        self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
+                           UNROLL=unroll, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
         self.slot = Slot(_decode_split_kernel) if remembered else None
