@@ -137,7 +137,7 @@ COMPOSED = ("xelink.dist", "xelink.models")
 # The cost model and the layouts are plain functions below every op (the collectives' dispatch reads the
 # model too); composed ops take their algorithm choices from them.
 BELOW_COMPOSED = ("xelink.symm", "xelink.collectives", "xelink.kernels", "xelink.comm", "xelink.errors", "xelink.cost",
-                  "xelink.layout")
+                  "xelink.layout", "xelink.config")  # config: the leaf of knobs every layer reads
 
 
 def test_composed_ops_import_only_public_names_of_the_layers_below():
