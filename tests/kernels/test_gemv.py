@@ -580,3 +580,21 @@ def test_gpu_pdl_chain(requires_gpus, fmt):
             torch.cuda.synchronize()
             for y in ys:
                 assert _close(y, plain), f"graph {launch} {where}"
+
+
+def test_split_scratch_keeps_a_bounded_number_of_streams():
+    # One pair of buffers per (device, stream), the oldest forgotten past Scratch.STREAMS (a job that makes a
+    # stream a step must not pile them up); a key used again is the newest.
+    from xelink.kernels.split import Scratch
+
+    sc = Scratch()
+    sc.STREAMS = 3
+    for k in range(5):
+        sc._keep(k, (torch.zeros(1), torch.zeros(1)))
+    assert list(sc._held) == [2, 3, 4]
+    sc._keep(2, (torch.zeros(1), torch.zeros(1)))
+    sc._keep(5, (torch.zeros(1), torch.zeros(1)))
+    assert list(sc._held) == [4, 2, 5]
+    counters, partials = sc.get(torch.device("cpu"), 10, 100)
+    assert counters.numel() >= 10 and partials.numel() >= 100 and not counters.any()
+    assert sc.get(torch.device("cpu"), 5, 50)[0] is counters  # reused while large enough

@@ -49,6 +49,7 @@ class Scratch:
     split resets its own) and float32 partials (any content); under CUDA-graph capture, a call's own."""
 
     ARENA = 1 << 18  # counters a device keeps for captured calls
+    STREAMS = 64     # (device, stream) pairs kept: a job that makes a new stream a step does not pile them up
 
     def __init__(self):
         self._held: dict = {}
@@ -73,10 +74,19 @@ class Scratch:
             c = max(counters, held[0].numel() if held else 0, 1024)
             f = max(floats, held[1].numel() if held else 0, 1 << 16)
             held = (torch.zeros(c, dtype=torch.int32, device=device), torch.empty(f, dtype=torch.float32, device=device))
-            self._held[key] = held
+            self._keep(key, held)
             if device.type == "cuda" and key[0] not in self._arena:
                 self._arena[key[0]] = [torch.zeros(self.ARENA, dtype=torch.int32, device=device), 0]
         return held
+
+    def _keep(self, key, held) -> None:
+        """Remember ``held`` under ``key``, forgetting the oldest pair past ``STREAMS``. A forgotten pair goes
+        back to the caching allocator, which reuses its blocks in the order of the stream they were made on
+        (the stream its calls ran on), so a kernel still reading them is not overtaken."""
+        self._held.pop(key, None)
+        if len(self._held) >= self.STREAMS:
+            self._held.pop(next(iter(self._held)))
+        self._held[key] = held
 
     def _captured(self, index: int, device: torch.device, counters: int, floats: int):
         partials = torch.empty(floats, dtype=torch.float32, device=device)  # the graph's pool
