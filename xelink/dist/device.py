@@ -441,7 +441,7 @@ def matmul_all_reduce(comm, a, w, out, algo):
     c = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
     if algo == "fused":
         # The fused reduce-scatter of the rows, then xelink's all-gather of the blocks back into c.
-        rows, n = math.prod(a.shape[:-1]), comm.size
+        rows = math.prod(a.shape[:-1])
         c2 = c.view(rows, w.shape[1])
         mine = _fused_scatter(comm, a.reshape(rows, a.shape[-1]), w, 0, "sum", None)
         all_gather_into_tensor(c2, mine, group=comm)

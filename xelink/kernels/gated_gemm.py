@@ -184,13 +184,8 @@ _NEVER = 1 << 62  # timeout_ns=None: wait without a deadline (fits the kernels' 
 def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl):
     fn = "gated_gemm"
     impl = check_impl(fn, impl, GATED_GEMM_IMPLS)
-    check_tensor(fn, "a", a, 2)
-    check_tensor(fn, "b", b, 2)
+    _check_operands(fn, a, b)
     check_tensor(fn, "flags", flags, 1)
-    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-        raise TypeError(f"gated_gemm: a.dtype={a.dtype} and b.dtype={b.dtype} must both be bfloat16 or both float16")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"gated_gemm: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0:
         raise ValueError(f"gated_gemm: chunk_rows={chunk_rows!r} must be a positive int")
     chunks = max(1, cdiv(a.shape[0], chunk_rows))
@@ -219,6 +214,18 @@ def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, imp
                          f"N*itemsize a multiple of 16 (a.stride()={a.stride()}, b.stride()={b.stride()}); use "
                          "impl='triton'")
     return impl, order
+
+
+
+def _check_operands(fn: str, a, b) -> None:
+    """The checks the kernel GEMMs built for the distributed ops share: 2-D half-precision ``a [M, K]`` and
+    ``b [K, N]`` of one dtype."""
+    check_tensor(fn, "a", a, 2)
+    check_tensor(fn, "b", b, 2)
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise TypeError(f"{fn}: a.dtype={a.dtype} and b.dtype={b.dtype} must both be bfloat16 or both float16")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{fn}: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
 
 
 def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_rows: int, error: torch.Tensor,

@@ -42,7 +42,7 @@ import torch
 from ..symm.device import notify, pick
 from .common import (Paths, cdiv, check_impl, check_same_device, check_tensor, interpreting, path_key, require_triton,
                      sm_count, tl, triton)
-from .gated_gemm import _await_count
+from .gated_gemm import _await_count, _check_operands
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_tile,
                    _tma_view)
 from .launcher import Descriptor, Slot, launch_with
@@ -282,12 +282,7 @@ def scatter_gemm(a: torch.Tensor, b: torch.Tensor, inboxes, counters, seen: torc
     plan = _PRODUCE.get(key) if key is not None else None
     if plan is None:
         impl = check_impl(fn, impl, SCATTER_GEMM_IMPLS)
-        check_tensor(fn, "a", a, 2)
-        check_tensor(fn, "b", b, 2)
-        if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-            raise TypeError(f"{fn}: a.dtype={a.dtype} and b.dtype={b.dtype} must both be bfloat16 or both float16")
-        if a.shape[1] != b.shape[0]:
-            raise ValueError(f"{fn}: a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]} (a is [M, K], b is [K, N])")
+        _check_operands(fn, a, b)
         if not 1 <= world <= _MAX_WORLD or not isinstance(counters, (list, tuple)) or len(counters) != world:
             raise ValueError(f"{fn}: inboxes and counters must be lists of one tensor per rank (1 to {_MAX_WORLD})")
         _int(fn, "rank", rank)
