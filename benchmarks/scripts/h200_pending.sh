@@ -8,9 +8,12 @@
 #          GEMM, context-parallel attention and the Llama model (ranks sharing GPU 0), and the CPU-rank
 #          Llama checks (which must run on CPU ranks on a GPU host too);
 #   bench: the distributed GEMM and context-parallel attention families with 2 ranks sharing the GPU
-#          (correctness and a time-sliced sanity figure; their targets need one GPU per rank).
+#          (correctness and a time-sliced sanity figure; their targets need one GPU per rank);
+#   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
+#          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
+#          the current decode merge, and the gemm family's host rows (issue 20's last row).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench|next
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -43,6 +46,18 @@ bench)
     --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
   step bench_cp_attention 120 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench cp-attention --quick \
     --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+next)
+  for check in back_to_back_shapes with_a_delayed_rank cuda_graph_replays; do
+    step "fused_rs_$check" 100 python3 -m pytest -x -rfEs -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py \
+      -k "fused_reduce_scatter_$check"
+  done
+  step kernel_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
+    tests/kernels/test_attention.py tests/kernels/test_gemv.py
+  step bench_gemm 120 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
 esac
