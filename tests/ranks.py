@@ -13,7 +13,9 @@ so a rank that dies or hangs still leaves what it finished, and ``progress`` say
 launch that outlives its timeout (the sum of its modules') is killed, process group and all.
 
 A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
-and world sizes; a check that calls ``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot
+and world sizes. ``XELINK_TEST_CHECKS`` (comma-separated parts of check names) keeps only the checks
+whose names contain one of them, in collection and in the launch alike (``-k`` selects items but the
+launch would still run every check: on a lent GPU that costs minutes). A check that calls ``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot
 run on this machine) is reported skipped with that reason.
 
 This file is also the per-rank runner: ``python tests/ranks.py <outdir> <launcher> <module.py>...``.
@@ -67,10 +69,12 @@ def only(*, launchers=None, sizes=None):
 def check_names(module, launcher: str | None = None, n: int | None = None) -> list[str]:
     """The ``check_*`` functions of a module, in definition order (those that run under ``launcher``
     at ``n`` ranks, when given)."""
+    wanted = [w for w in os.environ.get("XELINK_TEST_CHECKS", "").split(",") if w]
     funcs = [(f.__code__.co_firstlineno, name) for name, f in vars(module).items()
              if name.startswith("check_") and callable(f)
              and (launcher is None or getattr(f, "launchers", None) is None or launcher in f.launchers)
-             and (n is None or getattr(f, "sizes", None) is None or n in f.sizes)]
+             and (n is None or getattr(f, "sizes", None) is None or n in f.sizes)
+             and (not wanted or any(w in name for w in wanted))]
     return [name for _, name in sorted(funcs)]
 
 

@@ -40,6 +40,14 @@ def test_check_names_in_definition_order():
                                                    "check_hangs_on_rank_1", "check_never_reached"]
 
 
+def test_check_names_narrowed_by_the_environment(monkeypatch):
+    module = ranks.load_module(DATA / "bad_checks.py")
+    monkeypatch.setenv("XELINK_TEST_CHECKS", "passes,never")
+    assert ranks.check_names(module, "mpi", 2) == ["check_passes", "check_never_reached"]
+    monkeypatch.setenv("XELINK_TEST_CHECKS", "")
+    assert len(ranks.check_names(module, "mpi", 2)) == 5
+
+
 def test_launch_commands():
     mpi = ranks.launch_command("mpi", 4, Path("m.py"), Path("/o"))
     assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-3:] == ["/o", "mpi", "m.py"]

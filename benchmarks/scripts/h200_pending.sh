@@ -52,8 +52,8 @@ esac
 case "$1" in
 next)
   for check in back_to_back_shapes with_a_delayed_rank cuda_graph_replays; do
-    step "fused_rs_$check" 100 python3 -m pytest -x -rfEs -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py \
-      -k "fused_reduce_scatter_$check"
+    step "fused_rs_$check" 100 env XELINK_TEST_CHECKS="fused_reduce_scatter_$check" python3 -m pytest -rfEs \
+      -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py
   done
   step kernel_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
     tests/kernels/test_attention.py tests/kernels/test_gemv.py
