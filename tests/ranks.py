@@ -15,8 +15,9 @@ launch that outlives its timeout (the sum of its modules') is killed, process gr
 A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
 and world sizes. ``XELINK_TEST_CHECKS`` (comma-separated parts of check names) keeps only the checks
 whose names contain one of them, in collection and in the launch alike (``-k`` selects items but the
-launch would still run every check: on a lent GPU that costs minutes). A check that calls ``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot
-run on this machine) is reported skipped with that reason.
+launch would still run every check: on a lent GPU that costs minutes). A check that calls
+``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot run on this machine) is reported skipped
+with that reason.
 
 This file is also the per-rank runner: ``python tests/ranks.py <outdir> <launcher> <module.py>...``.
 """

@@ -520,7 +520,8 @@ if triton is not None:
         x_off = (b.to(tl.int64) * stride_xb + h.to(tl.int64)[:, None] * stride_xh + t[:, None] * stride_xs
                  + offs_d[None, :] * stride_xd)
         tl.store(OUT + x_off, merged.to(OUT.dtype.element_ty), mask=ok_rows[:, None])
-        tl.store(LSE_OUT + part, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den))), mask=ok_rows)
+        lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
+        tl.store(LSE_OUT + part, lse, mask=ok_rows)
 
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
     def _decode_split_kernel(
@@ -537,8 +538,9 @@ if triton is not None:
 
         Partial results go to OP (B, Hq, SQ, splits, D) and LSEP (B, Hq, SQ, splits), float32,
         contiguous; an empty split writes 0 and -inf. The last split of a row block to finish (a ticket of
-        COUNTERS, one a (batch, KV head, row block): split.py) merges the splits' partials as
-        ``_merge_kernel`` does, in split order, into OUT (strides x) and LSE_OUT (B, Hq, SQ) contiguous.
+        COUNTERS, one a (batch, KV head, row block): split.py) merges the splits' partials with
+        ``_merge_kernel``'s weights (online, in split order) into OUT (strides x) and LSE_OUT (B, Hq, SQ)
+        contiguous.
         """
         split = tl.program_id(0)
         n_splits = tl.num_programs(0)

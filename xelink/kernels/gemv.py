@@ -10,8 +10,9 @@ Weights are ``W [N, K]`` (one output feature a row), activations ``x [M, K]`` wi
 
 Three Triton kernels stream W once (a fourth, ``tc``, below); each program owns ``BLOCK_N`` rows of W
 and one of ``SPLIT_K`` slices of K (with ``SPLIT_K > 1`` the slices write fp32 partial sums, and the
-last split of each tile to finish adds them in split order, in the same launch: ``split.py``). A split is a whole number of ``BLOCK_K`` tiles, so the compiler sees the
-tile alignment and keeps the loads 16 bytes wide.
+last split of each tile to finish adds them in split order, in the same launch: ``split.py``). A split
+is a whole number of ``BLOCK_K`` tiles, so the compiler sees the tile alignment and keeps the loads 16
+bytes wide.
 
 - ``fma`` (1-4 rows, dense and W8A16): CUDA-core FMAs into per-row fp32 accumulators reduced once at
   the end; small tiles, many programs resident per multiprocessor. Quantized weights become exact

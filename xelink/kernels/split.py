@@ -73,7 +73,8 @@ class Scratch:
             # hands them out again only in this stream's order (after the kernels that use them).
             c = max(counters, held[0].numel() if held else 0, 1024)
             f = max(floats, held[1].numel() if held else 0, 1 << 16)
-            held = (torch.zeros(c, dtype=torch.int32, device=device), torch.empty(f, dtype=torch.float32, device=device))
+            held = (torch.zeros(c, dtype=torch.int32, device=device),
+                    torch.empty(f, dtype=torch.float32, device=device))
             self._keep(key, held)
             if device.type == "cuda" and key[0] not in self._arena:
                 self._arena[key[0]] = [torch.zeros(self.ARENA, dtype=torch.int32, device=device), 0]
