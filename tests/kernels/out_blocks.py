@@ -1,6 +1,20 @@
-"""Shared by the kernel tests of ``out=``: a NaN-poisoned buffer, and the check that a kernel wrote exactly
-the block of it that it was given (every element of the block, none outside)."""
+"""Shared by the kernel tests: for ``out=``, a NaN-poisoned buffer and the check that a kernel wrote exactly
+the block of it that it was given (every element of the block, none outside); for kernels that keep
+per-stream scratch (split.py), the same calls enqueued on two streams at once."""
 import torch
+
+
+def on_two_streams(run, repeats: int = 4) -> list:
+    """``run()`` ``repeats`` times on each of two new streams, the streams' work interleaved on the GPU;
+    returns every result (GPU only)."""
+    side = [torch.cuda.Stream() for _ in range(2)]
+    outs = []
+    torch.cuda.synchronize()
+    for st in side:
+        with torch.cuda.stream(st):
+            outs += [run() for _ in range(repeats)]
+    torch.cuda.synchronize()
+    return outs
 
 
 def poisoned(*shape, dtype=torch.bfloat16, device="cpu") -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from xelink.kernels import attention as A
 
-from out_blocks import only_block_written, poisoned
+from out_blocks import on_two_streams, only_block_written, poisoned
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" and A.triton is not None
 # impl="cuda" needs Triton's host tensor descriptors (NVIDIA's Triton; Intel's 3.3 has none).
@@ -508,14 +508,7 @@ def test_decode_merged_in_one_launch(requires_gpus):
         return all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, first))
 
     assert all(same(run_all()) for _ in range(3))
-    side = [torch.cuda.Stream() for _ in range(2)]
-    outs = [None, None]
-    torch.cuda.synchronize()
-    for i, st in enumerate(side):
-        with torch.cuda.stream(st):
-            outs[i] = [run_all() for _ in range(4)]
-    torch.cuda.synchronize()
-    assert all(same(got) for per_stream in outs for got in per_stream)
+    assert all(same(got) for got in on_two_streams(run_all))
     q, kc, vc, n, splits = made[1]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

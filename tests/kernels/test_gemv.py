@@ -11,7 +11,7 @@ import torch
 from xelink.kernels.gemv import (W4_GROUP, gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16,
                                  unpack_w8a16)
 
-from out_blocks import only_block_written, poisoned
+from out_blocks import on_two_streams, only_block_written, poisoned
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and HAS_TRITON
@@ -507,14 +507,7 @@ def test_gpu_split_k_in_one_launch(requires_gpus):
         assert _relerr(y, x, exact) < TOL[torch.bfloat16], fmt
     for _ in range(3):
         assert all(torch.equal(a, b) for a, b in zip(run_all(), first))
-    side = [torch.cuda.Stream() for _ in range(2)]
-    outs = [None, None]
-    torch.cuda.synchronize()
-    for i, st in enumerate(side):
-        with torch.cuda.stream(st):
-            outs[i] = [run_all() for _ in range(4)]
-    torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for got in outs for ys in got for a, b in zip(ys, first))
+    assert all(torch.equal(a, b) for ys in on_two_streams(run_all) for a, b in zip(ys, first))
     fmt, w, s, exact, x, cfg = made[1]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
