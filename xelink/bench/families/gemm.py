@@ -16,7 +16,9 @@
   of the flags-set row, ``extra["vs_flags_set"]``); ``cuda`` and ``triton``.
 - CUDA, host time (op ``gemm:host``): the host time of one eager call of each path and of
   ``torch.matmul`` at 2048^3, b row-major and column-major (an ``nn.Linear`` weight's ``.t()``), the
-  GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us.
+  GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us. With b row-major
+  also ``gated_gemm`` (flags set) and the ``scatter_gemm`` + ``scatter_reduce`` pair on one rank (two
+  launches where torch has one).
 
 Rank 0 runs the family while the other ranks wait.
 """
@@ -254,6 +256,8 @@ def run_host(report, shape=HOST_SHAPE, *, calls: int = 100, rounds: int = 10, pr
         ref = a.float() @ b.float()
         variants = {"torch:matmul": lambda: torch.matmul(a, b)}
         variants.update({f"xelink:{impl}": functools.partial(gemm, a, b, impl=impl) for impl in impls})
+        if layout == "row-major b":
+            variants.update(_fused_host_variants(a, b, impls))
         samples, wrong = host_timing(variants, {n: (lambda out: wrong_elements(out, ref)) for n in variants},
                                      calls=calls, rounds=rounds)
         for row in host_rows("gemm:host", samples, wrong, "torch:matmul", size_bytes=2 * (M * K + K * N + M * N),
@@ -261,6 +265,34 @@ def run_host(report, shape=HOST_SHAPE, *, calls: int = 100, rounds: int = 10, pr
             report.add(row)
         if progress is not None:
             progress.step(f"gemm host time {M}x{N}x{K}, {layout}")
+
+
+def _fused_host_variants(a, b, impls, chunks: int = 8) -> dict:
+    """Eager calls of the fused distributed GEMM's kernels on one device, for their host rows: ``gated_gemm``
+    with every flag set, and ``scatter_gemm`` + ``scatter_reduce`` with this rank the only owner (two
+    launches; world 1, so the inbox is local memory and the reduction a copy)."""
+    from ...kernels.gated_gemm import gated_gemm
+    from ...kernels.scatter_gemm import reduce_programs, scatter_gemm, scatter_geometry, scatter_reduce
+
+    (M, K), N = a.shape, b.shape[1]
+    dev = a.device
+    flags = torch.ones(chunks, dtype=torch.int32, device=dev)
+    err = torch.zeros(2 + chunks, dtype=torch.int32, device=dev)
+    inbox = torch.empty(2, 1, M, N, dtype=a.dtype, device=dev)
+    counters = torch.zeros(scatter_geometry(1, 1, M, N).chunks, dtype=torch.int32, device=dev)
+    seen = torch.zeros(reduce_programs(dev), dtype=torch.int32, device=dev)
+    out = torch.empty(M, N, dtype=a.dtype, device=dev)
+
+    def pair(impl):
+        scatter_gemm(a, b, [inbox], [counters], seen, rank=0, block_rows=M, block_stride=M, impl=impl)
+        return scatter_reduce(inbox, counters, seen, out, error=err, block_rows=M, timeout_ns=10**10)
+
+    variants = {}
+    for impl in impls:
+        variants[f"xelink:gated({impl})"] = functools.partial(gated_gemm, a, b, flags, chunk_rows=-(-M // chunks),
+                                                              error=err, impl=impl, timeout_ns=10**10)
+        variants[f"xelink:scatter+reduce({impl})"] = functools.partial(pair, impl)
+    return variants
 
 
 def _summary(rows) -> str:
