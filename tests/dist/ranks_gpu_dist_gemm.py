@@ -351,6 +351,13 @@ def check_fused_reduce_scatter_random_bf16(world):
     xelink.synchronize()
 
 
+def _rounded_sum(aa, w, dtype):
+    """What the fused kernels compute exactly for integer inputs: each rank's partial ``x @ w`` rounded to
+    ``dtype`` (its GEMM's output), then the sum (float32 in the kernel: exact for these integers), rounded
+    once. With K = 256 some partials pass 256, which bf16 cannot hold exactly: the unrounded sum differs."""
+    return sum((x.double() @ w.double()).to(dtype).double() for x in aa).to(dtype)
+
+
 def check_fused_reduce_scatter_back_to_back_shapes(world):
     """Calls of changing shapes, some sharing an output shape (one buffer, one set of epochs) with another K,
     interleaved with the other algorithms."""
@@ -361,10 +368,10 @@ def check_fused_reduce_scatter_back_to_back_shapes(world):
     for i, (rows, k, m, algo) in enumerate(plan):
         w = ints((k, m), 6001 + i, torch.bfloat16)
         aa = [ints((rows * n, k), 6000 + 10 * i + q, torch.bfloat16) for q in range(n)]
-        _same(xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo=algo),
-              sum(x.double() @ w.double() for x in aa).chunk(n)[r].bfloat16(), f"rs call {i} {algo}")
-        _same(xelink.matmul_all_reduce(aa[r].to(dev), w.to(dev), algo=algo),
-              sum(x.double() @ w.double() for x in aa).bfloat16(), f"ar call {i} {algo}")
+        want = _rounded_sum(aa, w, torch.bfloat16)
+        _same(xelink.matmul_reduce_scatter(aa[r].to(dev), w.to(dev), algo=algo), want.chunk(n)[r],
+              f"rs call {i} {algo}")
+        _same(xelink.matmul_all_reduce(aa[r].to(dev), w.to(dev), algo=algo), want, f"ar call {i} {algo}")
     xelink.synchronize()
 
 
@@ -378,7 +385,7 @@ def check_fused_reduce_scatter_with_a_delayed_rank(world):
         if r == i % n:
             torch.cuda._sleep(200_000_000)
         got = xelink.matmul_reduce_scatter(aa[r].to(dev), w, algo="fused")
-        want = sum(x.double() @ w.cpu().double() for x in aa).chunk(n)[r].bfloat16()
+        want = _rounded_sum(aa, w.cpu(), torch.bfloat16).chunk(n)[r]
         _same(got, want, f"delayed rank {i % n}, call {i}")
     xelink.synchronize()
 

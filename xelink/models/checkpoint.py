@@ -5,18 +5,20 @@ and optionally ``generation_config.json`` and ``tokenizer.json``. ``LlamaConfig.
 fields a Llama-style decoder needs and refuses the ones it cannot serve (a sliding window shorter than the
 cache, an activation other than SiLU, a RoPE scaling other than Llama 3's); ``Checkpoint`` opens the
 files lazily and reads row or column slices of a named tensor (``safetensors``' ``get_slice``), so each
-rank loads only what it keeps. ``save_random_llama`` writes such a folder with random weights.
+rank loads only what it keeps. ``save_random_llama`` writes such a folder with random weights;
+``RandomWeights`` draws random tensors of a config where they are read (no folder: ``Llama.random``).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import zlib
 from pathlib import Path
 
 import torch
 
-__all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "save_random_llama"]
+__all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "RandomWeights", "save_random_llama"]
 
 _SUPPORTED_TYPES = ("llama", "mistral")
 _SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
@@ -239,6 +241,29 @@ class Checkpoint:
         if dim is None:
             return sl[:]
         return sl[start:stop] if dim == 0 else sl[:, start:stop]
+
+
+class RandomWeights:
+    """A stand-in for :class:`Checkpoint` whose tensors are drawn when read, on ``device``: ``N(0, 0.02)``
+    (norms ``1 + N(0, 0.02)``) from a generator seeded by ``seed`` and the tensor's name, so every rank's
+    slice of a tensor comes from the same tensor (tensor parallelism) without any file. Not the values
+    ``save_random_llama`` writes (that one draws on the CPU in name order)."""
+
+    def __init__(self, cfg: LlamaConfig, seed: int, device):
+        self.shapes, self.seed, self.device = tensor_shapes(cfg), int(seed), torch.device(device)
+
+    def check(self, shapes: dict) -> None:
+        """Nothing to check: the shapes are the config's own."""
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Tensor ``name`` (float32), or its ``[start:stop]`` slice along ``dim`` (0 or 1)."""
+        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+        t = torch.randn(self.shapes[name], generator=g, device=self.device) * 0.02
+        if name.endswith("norm.weight"):
+            t += 1.0
+        if dim is None:
+            return t
+        return t[start:stop] if dim == 0 else t[:, start:stop]
 
 
 def save_random_llama(path, config, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16,

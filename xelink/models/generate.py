@@ -38,7 +38,7 @@ def _eos_list(eos, fn):
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask=None, temperature=None,
-             top_p=None, eos_token_id=None, seed=None) -> torch.Tensor:
+             top_p=None, eos_token_id=None, seed=None, cuda_graph=None) -> torch.Tensor:
     """Continue a batch of prompts.
 
     Args:
@@ -52,6 +52,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         eos_token_id: an int or a list (Llama 3.1 has three); None: ``generation_config.json``'s. A sequence
             stops at its first EOS (later positions get the pad token: ``pad_token_id``, else the first EOS).
         seed: the sampling generator's seed (the same on every rank); None: one rank 0 picks.
+        cuda_graph: decode steps as replays of ``model.decode_graph(B)`` (one CUDA graph a step, greedy
+            tokens taken from the graph's argmax); None: where the model allows it (CUDA, the kernel path,
+            no context parallelism), True: required (ValueError where not), False: eager steps.
 
     Returns:
         ``[B, S + n]`` int64 on the CPU, the prompts then ``n <= max_new_tokens`` new tokens (fewer when
@@ -97,8 +100,16 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         generator = torch.Generator().manual_seed(int(seed))
     else:
         generator = None
+    if cuda_graph not in (None, True, False):
+        raise ValueError(f"{fn}: cuda_graph={cuda_graph!r} must be None, True or False")
+    graphable = model.device.type == "cuda" and not model.ops.dense_ref and model.cp is None
+    if cuda_graph and not graphable:
+        raise ValueError(f"{fn}: cuda_graph=True needs the model on CUDA, impl 'auto' or 'xelink', dtype bfloat16 or "
+                         f"float16 and no context parallelism (device {model.device}, impl {model.impl!r}, "
+                         f"{model.dtype})")
     if max_new_tokens == 0:
         return ids
+    graph = model.decode_graph(B) if graphable and cuda_graph is not False and max_new_tokens > 1 else None
     t0 = time.perf_counter()
     logits = model(ids, 0, attention_mask)[:, -1]
     done = torch.zeros(B, dtype=torch.bool)
@@ -106,7 +117,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     out, starts = [], list(lens)
     ttft = None
     for step in range(max_new_tokens):
-        token = agree(sample(logits.float().cpu(), temperature, top_p, generator).to(torch.int64).contiguous())
+        if graph is not None and step > 0 and temperature <= 0:  # the graph's argmax: B ints to the host
+            token = graph.next_tokens.cpu()
+        else:
+            token = sample(logits.float().cpu(), temperature, top_p, generator).to(torch.int64).contiguous()
+        token = agree(token)
         token = torch.where(done, torch.full_like(token, pad), token)
         out.append(token)
         if ttft is None:
@@ -115,7 +130,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             done |= torch.isin(token, eos_t)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        logits = model(token[:, None], starts)[:, -1]
+        if graph is not None:
+            logits = graph.step(token, starts)
+        else:
+            logits = model(token[:, None], starts)[:, -1]
         starts = [s + 1 for s in starts]
     total = time.perf_counter() - t0
     model.last_timings = {"ttft_s": ttft, "tpot_s": (total - ttft) / max(len(out) - 1, 1),

@@ -37,10 +37,11 @@ from .. import cp_attention
 from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
                        reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, rmsnorm, rope,
                        unpack_w4a16, unpack_w8a16)
-from .checkpoint import Checkpoint, LlamaConfig, read_json, rope_inv_freq, tensor_shapes
+from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
+                         tensor_shapes)
 from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
 
-__all__ = ["CPKVCache", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
+__all__ = ["CPKVCache", "DecodeGraph", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
 
 IMPLS = ("auto", "xelink", "reference")
 MAX_SEQ_LEN_DEFAULT = 8192
@@ -112,6 +113,17 @@ class KVCache:
         shape = (batch, kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.rows = torch.arange(batch, device=device)
+
+    def decode(self, q, k, v, positions: torch.Tensor, ops: Ops) -> torch.Tensor:
+        """One token per sequence: write its key and value at ``positions[b]`` (a ``[B]`` int64 tensor on the
+        cache's device), then attend over positions ``0 .. positions[b]``; no host synchronization (a CUDA
+        graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``."""
+        B = q.shape[0]
+        rows = self.rows[:B]
+        self.k[rows, :, positions] = k[:, :, 0]
+        self.v[rows, :, positions] = v[:, :, 0]
+        return ops.decode_attention(q, self.k[:B], self.v[:B], positions + 1)
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """Write this chunk's keys and values, then attend.
@@ -127,11 +139,7 @@ class KVCache:
         """
         B, _, S, _ = q.shape
         if S == 1 and not any(pads):
-            idx = torch.arange(B, device=q.device)
-            pos = torch.tensor(starts, device=q.device)
-            self.k[idx, :, pos] = k[:, :, 0]
-            self.v[idx, :, pos] = v[:, :, 0]
-            return ops.decode_attention(q, self.k[:B], self.v[:B], pos + 1)
+            return self.decode(q, k, v, torch.tensor(starts, device=q.device), ops)
         for b in range(B):
             n = S - pads[b]
             self.k[b, :, starts[b]:starts[b] + n] = k[b, :, pads[b]:]
@@ -231,6 +239,7 @@ class Llama:
             self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp)
                            for _ in self.layers]
         self.last_timings: dict = {}
+        self._graphs: dict = {}  # batch size -> DecodeGraph
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -268,6 +277,41 @@ class Llama:
         """
         fn = "Llama.from_pretrained"
         path = Path(path)
+        device = cls._resolve(fn, dtype, max_batch, max_seq_len, impl, tp_group, cp_group, device)
+        hf = read_json(path, "config.json")
+        if hf is None:
+            raise FileNotFoundError(f"{fn}: {path / 'config.json'} does not exist")
+        cfg = LlamaConfig.from_hf(hf, fn)
+        if max_seq_len is None:
+            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
+        window = hf.get("sliding_window")
+        if window is not None and window < max_seq_len:
+            raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
+                             f"attention only); pass max_seq_len <= {window}")
+        return cls._load(fn, cfg, lambda: Checkpoint(path, fn), read_json(path, "generation_config.json"),
+                         tp_group=tp_group, cp_group=cp_group, dtype=dtype, weights=weights, max_batch=max_batch,
+                         max_seq_len=max_seq_len, impl=impl, device=device)
+
+    @classmethod
+    def random(cls, config, *, seed: int = 0, tp_group=None, cp_group=None, dtype: torch.dtype = torch.bfloat16,
+               weights: str = "bf16", max_batch: int = 1, max_seq_len: int | None = None, impl: str = "auto",
+               device=None) -> "Llama":
+        """A model of ``config`` with random weights drawn on its device (``checkpoint.RandomWeights``: no
+        folder, no download; benchmarks at real shapes). ``config``: a named config (``CONFIGS``), a Hugging
+        Face dict or a ``LlamaConfig``; ``seed`` picks the weights (the same on every rank, so TP slices
+        agree); the other arguments as ``from_pretrained``'s. Collective over the TP and CP groups."""
+        fn = "Llama.random"
+        device = cls._resolve(fn, dtype, max_batch, max_seq_len, impl, tp_group, cp_group, device)
+        cfg = _resolve_config(config, fn)
+        if max_seq_len is None:
+            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
+        return cls._load(fn, cfg, lambda: RandomWeights(cfg, seed, device), None, tp_group=tp_group,
+                         cp_group=cp_group, dtype=dtype, weights=weights, max_batch=max_batch,
+                         max_seq_len=max_seq_len, impl=impl, device=device)
+
+    @staticmethod
+    def _resolve(fn, dtype, max_batch, max_seq_len, impl, tp_group, cp_group, device) -> torch.device:
+        """The argument checks that need no config, and the device (see ``from_pretrained``)."""
         if impl not in IMPLS:
             raise ValueError(f"{fn}: impl={impl!r} must be one of {', '.join(map(repr, IMPLS))}")
         if dtype not in _DTYPES:
@@ -298,23 +342,20 @@ class Llama:
             if importlib.util.find_spec("triton") is None:
                 raise ValueError(f"{fn}: impl='xelink' needs Triton, which is not installed")
             check_xelink_collectives((("tp_group", tp_group), ("cp_group", cp_group)), device, fn)
-        hf = read_json(path, "config.json")
-        if hf is None:
-            raise FileNotFoundError(f"{fn}: {path / 'config.json'} does not exist")
-        cfg = LlamaConfig.from_hf(hf, fn)
-        if max_seq_len is None:
-            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
-        window = hf.get("sliding_window")
-        if window is not None and window < max_seq_len:
-            raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
-                             f"attention only); pass max_seq_len <= {window}")
+        return device
+
+    @classmethod
+    def _load(cls, fn, cfg, source, generation_config, *, tp_group, cp_group, dtype, weights, max_batch,
+              max_seq_len, impl, device) -> "Llama":
+        """The model of ``cfg`` from ``source()`` (a ``Checkpoint`` or ``RandomWeights``), after the checks
+        that need the config."""
         tp = TensorParallel(cfg, tp_group, fn, force_xelink=impl == "xelink")
         tp.check_formats(weights, fn)
-        ckpt = Checkpoint(path, fn)
+        ckpt = source()
         ckpt.check(tensor_shapes(cfg))
         loaded = tp.load(ckpt, weights, dtype, device)
         return cls(cfg, loaded, tp, dtype=dtype, device=device, impl=impl, max_batch=max_batch,
-                   max_seq_len=max_seq_len, generation_config=read_json(path, "generation_config.json"),
+                   max_seq_len=max_seq_len, generation_config=generation_config,
                    cp=ContextParallel(cp_group, force_xelink=impl == "xelink")
                    if cp_group is not None and cp_group.size > 1 else None)
 
@@ -393,7 +434,7 @@ class Llama:
         """
         starts, pads = self._lengths("Llama", input_ids, start_pos, attention_mask)
         B, S = input_ids.shape
-        H, D, ops = self.config.hidden_size, self.head_dim, self.ops
+        H = self.config.hidden_size
         pos = (torch.tensor(starts)[:, None] + torch.arange(S)[None, :] - torch.tensor(pads)[:, None]).clamp_(min=0)
         full = S
         if self.cp is not None:  # a CP prompt: this rank's positions only (a rank may get as few as none)
@@ -404,28 +445,81 @@ class Llama:
         pos = pos.to(self.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
+        normed = self._layers(x, cos, sin, lambda cache, q, k, v: cache.attend(q, k, v, starts, pads, self.ops))
+        if S != full:  # every position's hidden state, on every CP rank
+            normed, S = self.cp.unshard(normed, full), full
+        return self._head(normed.reshape(B * S, H)).reshape(B, S, -1)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits of one token per sequence, its key and value written into the cache: the decode step
+        without host synchronization or host-side checks of the values (what ``decode_graph`` captures).
+
+        Args:
+            tokens: ``[B]`` int64 token ids on the model's device (B <= max_batch), in ``[0, vocab)``.
+            positions: ``[B]`` int64 on the model's device: where each token goes (sequence b's cache must
+                hold positions ``0 .. positions[b] - 1``); each below ``max_seq_len``.
+
+        Returns:
+            ``[B, vocab]`` logits in the model's dtype.
+
+        Raises:
+            ValueError: under context parallelism (its decode keeps host state: call the model), or tensors
+            of the wrong shape, dtype or device. Values are not checked (that would synchronize): an id or
+            position out of range is a device-side error.
+
+        Collective over the TP group.
+        """
+        fn = "Llama.decode"
+        if self.cp is not None:
+            raise ValueError(f"{fn}: not under context parallelism (cp_group of {self.cp.size} ranks): call the model")
+        for name, t in (("tokens", tokens), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.device != self.device:
+                raise ValueError(f"{fn}: {name} must be a [B] int64 tensor on {self.device}, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))} on "
+                                 f"{getattr(t, 'device', None)}")
+        B = tokens.shape[0]
+        if not 1 <= B <= self.max_batch or positions.shape[0] != B:
+            raise ValueError(f"{fn}: tokens ({B}) and positions ({positions.shape[0]}) must have one entry per "
+                             f"sequence, 1..max_batch={self.max_batch}")
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, D)
+        x = self.embed[tokens][:, None]  # (B, 1, H)
+        normed = self._layers(x, cos, sin, lambda cache, q, k, v: cache.decode(q, k, v, positions, self.ops))
+        return self._head(normed.reshape(B, -1))
+
+    def decode_graph(self, batch: int) -> "DecodeGraph":
+        """The decode step for ``batch`` sequences captured in a CUDA graph (made at the first call for that
+        batch size, then kept): see :class:`DecodeGraph`. Collective over the TP group (the capture)."""
+        g = self._graphs.get(batch)
+        if g is None:
+            g = self._graphs[batch] = DecodeGraph(self, batch)
+        return g
+
+    def _layers(self, x, cos, sin, attend):
+        """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v)`` for each layer's attention;
+        returns the final norm's output."""
+        ops, eps = self.ops, self.config.rms_norm_eps
         residual = None
         for layer, cache in zip(self.layers, self.caches):
             if residual is None:
-                normed, residual = ops.rmsnorm(x, layer["attn_norm"], self.config.rms_norm_eps), x
+                normed, residual = ops.rmsnorm(x, layer["attn_norm"], eps), x
             else:
-                normed, residual = ops.rmsnorm(x, layer["attn_norm"], self.config.rms_norm_eps, residual)
-            x = self._attention(layer, cache, normed, cos, sin, starts, pads)
-            normed, residual = ops.rmsnorm(x, layer["mlp_norm"], self.config.rms_norm_eps, residual)
+                normed, residual = ops.rmsnorm(x, layer["attn_norm"], eps, residual)
+            x = self._attention(layer, cache, normed, cos, sin, attend)
+            normed, residual = ops.rmsnorm(x, layer["mlp_norm"], eps, residual)
             x = self._mlp(layer, normed)
-        normed, _ = ops.rmsnorm(x, self.norm, self.config.rms_norm_eps, residual)
-        if S != full:  # every position's hidden state, on every CP rank
-            normed, S = self.cp.unshard(normed, full), full
-        logits = self.tp.gather_vocab(ops.linear(self.head, normed.reshape(B * S, H)))
-        return logits.reshape(B, S, -1)
+        return ops.rmsnorm(x, self.norm, eps, residual)[0] if residual is not None else ops.rmsnorm(x, self.norm, eps)
 
-    def _attention(self, layer, cache, x, cos, sin, starts, pads):
+    def _head(self, x):
+        """``[M, H]`` final hidden states -> ``[M, vocab]`` logits (the TP gather of the vocabulary)."""
+        return self.tp.gather_vocab(self.ops.linear(self.head, x))
+
+    def _attention(self, layer, cache, x, cos, sin, attend):
         B, S, H = x.shape
         hq, hk, D = self.heads, self.kv_heads, self.head_dim
         qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D).transpose(1, 2)
         q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
         q, k = self.ops.rope(q, k, cos, sin)
-        a = cache.attend(q, k, v, starts, pads, self.ops)  # (B, hq, S, D)
+        a = attend(cache, q, k, v)  # (B, hq, S, D)
         return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
 
     def _mlp(self, layer, x):
@@ -436,9 +530,70 @@ class Llama:
         return self.ops.linear(layer["down"], act).view(B, S, H)
 
     def generate(self, input_ids, max_new_tokens: int, *, attention_mask=None, temperature=None, top_p=None,
-                 eos_token_id=None, seed=None):
+                 eos_token_id=None, seed=None, cuda_graph=None):
         """Greedy or sampled continuation of a (left-padded) batch of prompts; see ``generate.generate``."""
         from .generate import generate
 
         return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, temperature=temperature,
-                        top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+                        top_p=top_p, eos_token_id=eos_token_id, seed=seed, cuda_graph=cuda_graph)
+
+
+class DecodeGraph:
+    """One decode step of a model for ``batch`` sequences, captured once in a CUDA graph and replayed.
+
+    ``step(tokens, positions)`` copies the inputs into the graph's buffers, replays it and returns the
+    logits (``[batch, vocab]``, a buffer the next replay overwrites); ``next_tokens`` (``[batch]`` int64 on
+    the device) holds their argmax, computed in the graph, so a greedy loop copies ``batch`` ints to the
+    host instead of the logits. Every kernel, the KV-cache write and the TP collectives are in the graph;
+    the host does one replay a token.
+
+    Capture: ``Llama.decode`` runs eagerly twice first on the stream that then captures (compilation,
+    launch plans, the split kernels' scratch, the collectives' peer memory: what a capture cannot set
+    up), at position ``max_seq_len - 1`` of every sequence (whose cache slot each token overwrites before
+    attending to it, so the warm-up's keys there are never read). The graph then reads the positions
+    from its buffer: one graph serves every position.
+
+    Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16) without context
+    parallelism; ``Llama.generate`` uses it where it can. Collective over the TP group (every rank
+    captures and replays the same steps).
+    """
+
+    def __init__(self, model: Llama, batch: int):
+        fn = "Llama.decode_graph"
+        if model.device.type != "cuda" or model.ops.ref or model.ops.dense_ref or model.cp is not None:
+            raise ValueError(f"{fn}: a CUDA graph needs the model on a CUDA device, impl 'auto' or 'xelink', dtype "
+                             f"bfloat16 or float16 and no context parallelism (got device {model.device}, impl "
+                             f"{model.impl!r}, {model.dtype}, cp {'on' if model.cp is not None else 'off'})")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= model.max_batch:
+            raise ValueError(f"{fn}: batch={batch!r} must be an int in 1..max_batch={model.max_batch}")
+        dev = model.device
+        self.model, self.batch = model, batch
+        self.tokens = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.positions = torch.full((batch,), model.max_seq_len - 1, dtype=torch.int64, device=dev)
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.device(dev), torch.cuda.stream(stream):
+            for _ in range(2):
+                model.decode(self.tokens, self.positions)
+        stream.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(dev), torch.cuda.graph(self.graph, stream=stream):
+            self.logits = model.decode(self.tokens, self.positions)
+            self.next_tokens = self.logits.argmax(dim=-1)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+
+    def step(self, tokens, positions) -> torch.Tensor:
+        """Replay the step for ``tokens`` at ``positions`` (``[batch]`` ints each: tensors anywhere, or
+        lists); returns the logits buffer. Host values are checked (ids in the vocabulary, positions below
+        ``max_seq_len``); device tensors are taken as they are."""
+        fn = "DecodeGraph.step"
+        m = self.model
+        for name, v, hi in (("tokens", tokens, m.config.vocab_size), ("positions", positions, m.max_seq_len)):
+            t = v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64)
+            if t.shape != (self.batch,):
+                raise ValueError(f"{fn}: {name} must hold {self.batch} values, got shape {tuple(t.shape)}")
+            if t.device.type == "cpu" and t.numel() and not (0 <= int(t.min()) and int(t.max()) < hi):
+                raise ValueError(f"{fn}: {name} must be in [0, {hi}), got {t.tolist()}")
+            (self.tokens if name == "tokens" else self.positions).copy_(t, non_blocking=True)
+        self.graph.replay()
+        return self.logits

@@ -1,0 +1,136 @@
+"""The decode step without host synchronization (``Llama.decode``), its CUDA graph (``Llama.decode_graph``,
+``generate(cuda_graph=...)``) and random-weight models (``Llama.random``).
+
+CPU: ``decode`` gives the logits the model's own call gives for the same token and position (the same ops),
+random weights are the same for every seed and TP slice, the errors. GPU (marked): the graph's logits equal
+the eager decode's bit for bit across replays at moving positions and batch rows at different lengths;
+greedy generation through the graph gives the eager loop's tokens, and the reference path's (pure torch)
+tokens up to the first step where the reference's top-2 margin is within the logits' rounding difference,
+on the tiny and the Llama-3.2-1B shapes."""
+import pytest
+import torch
+
+from xelink.models import Llama
+from xelink.models.checkpoint import RandomWeights, tensor_shapes
+
+
+def _tiny(**kw):
+    kw.setdefault("dtype", torch.float32)
+    return Llama.random("tiny", seed=5, max_batch=3, max_seq_len=64, **kw)
+
+
+def test_decode_equals_the_models_own_step():
+    model = _tiny()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (3, 7), generator=g)
+    model(ids, 0)
+    tok = torch.randint(0, model.config.vocab_size, (3,), generator=g)
+    want = model(tok[:, None], 7)[:, -1]
+    # decode at the same position writes the same key and value again: the same logits
+    got = model.decode(tok, torch.full((3,), 7, dtype=torch.int64))
+    assert torch.equal(got, want)
+    # a position per sequence (each sequence's cache filled below it)
+    starts = [5, 6, 8]
+    want = model(tok[:, None], starts)[:, -1]
+    got = model.decode(tok, torch.tensor(starts))
+    assert torch.equal(got, want)
+
+
+def test_random_weights_are_seeded_and_sliced_consistently():
+    cfg = Llama.random("tiny", seed=2, dtype=torch.float32).config
+    a, b = RandomWeights(cfg, 2, "cpu"), RandomWeights(cfg, 3, "cpu")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    full = a.read(name)
+    assert full.shape == tensor_shapes(cfg)[name]
+    assert torch.equal(a.read(name, 0, 4, 12), full[4:12]) and torch.equal(a.read(name, 1, 8, 16), full[:, 8:16])
+    assert not torch.equal(full, b.read(name))
+    assert abs(a.read("model.norm.weight").mean().item() - 1.0) < 0.02 and abs(full.std().item() - 0.02) < 0.005
+    m1 = Llama.random("tiny", seed=2, dtype=torch.float32)
+    m2 = Llama.random("tiny", seed=2, dtype=torch.float32)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    assert torch.equal(m1(ids, 0), m2(ids, 0))
+
+
+def test_errors_name_the_call():
+    model = _tiny()
+    with pytest.raises(ValueError, match=r"Llama.decode: tokens must be a \[B\] int64 tensor"):
+        model.decode(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="Llama.decode: tokens .4. and positions"):
+        model.decode(torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="Llama.decode_graph: a CUDA graph needs the model on a CUDA device"):
+        model.decode_graph(1)
+    with pytest.raises(ValueError, match="Llama.generate: cuda_graph=True needs the model on CUDA"):
+        model.generate(torch.tensor([[1, 2]]), 2, cuda_graph=True)
+    with pytest.raises(ValueError, match="Llama.generate: cuda_graph='yes' must be None, True or False"):
+        model.generate(torch.tensor([[1, 2]]), 2, cuda_graph="yes")
+    with pytest.raises(ValueError, match="Llama.random: config='nope' is not a named config"):
+        Llama.random("nope")
+
+
+# -- GPU --------------------------------------------------------------------------------------------------
+
+def _margin_agree(fast_tokens, ref_logits, ref_tokens, slack):
+    """Steps where the fast path's greedy tokens equal the reference's, checked up to the first step whose
+    reference top-2 margin is within ``slack`` (a near tie that rounding may flip); a difference before it
+    fails."""
+    for i, (f, r, lg) in enumerate(zip(fast_tokens, ref_tokens, ref_logits)):
+        top2 = lg.float().topk(2, dim=-1).values
+        if ((top2[..., 0] - top2[..., 1]) <= slack).any():
+            return
+        assert torch.equal(f, r), f"step {i}: fast tokens {f.tolist()} != reference {r.tolist()}"
+
+
+def _greedy_steps(model, ids, n, graph):
+    """Greedy tokens (a list of [B] tensors) and each step's logits, the decode steps through ``graph``
+    (a DecodeGraph) or the eager model call."""
+    B, S = ids.shape
+    logits = model(ids, 0)[:, -1]
+    toks, lgs = [], []
+    for step in range(n):
+        lgs.append(logits.float().cpu())
+        tok = logits.float().argmax(-1).cpu()
+        toks.append(tok)
+        pos = [S + step] * B
+        logits = graph.step(tok, pos) if graph is not None else model(tok[:, None].to(model.device), pos)[:, -1]
+    return toks, lgs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b"])
+def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
+    requires_gpus(1)
+    g = torch.Generator().manual_seed(11)
+    kw = dict(seed=7, dtype=torch.bfloat16, max_batch=4, max_seq_len=256, device="cuda")
+    fast = Llama.random(config, impl="xelink", **kw)
+    ids = torch.randint(0, fast.config.vocab_size, (2, 40), generator=g)
+    graph = fast.decode_graph(2)
+    # the graph against the eager decode at the same state, bit for bit, positions moving, rows at other lengths
+    fast(ids, 0)
+    tok = torch.randint(0, fast.config.vocab_size, (2,), generator=g)
+    for step in range(3):
+        pos = torch.tensor([40 + step, 40 + step], device="cuda")
+        want = fast.decode(tok.cuda(), pos).float().cpu()
+        got = graph.step(tok, pos).float().cpu()
+        assert torch.equal(got, want), (config, step)
+        assert torch.equal(graph.next_tokens.cpu(), got.argmax(-1))
+    # greedy: graph == eager bit for bit; both == the reference path up to a near tie
+    n = 12
+    eager_toks, eager_lg = _greedy_steps(fast, ids, n, None)
+    graph_toks, graph_lg = _greedy_steps(fast, ids, n, graph)
+    for i in range(n):
+        assert torch.equal(graph_toks[i], eager_toks[i]) and torch.equal(graph_lg[i], eager_lg[i]), (config, i)
+    out = fast.generate(ids, n, eos_token_id=[], cuda_graph=True)
+    assert torch.equal(out[:, 40:], torch.stack(eager_toks, 1)), config
+    del fast, graph
+    ref = Llama.random(config, impl="reference", **kw)
+    ref_toks, ref_lg = _greedy_steps(ref, ids, n, None)
+    err = ((graph_lg[0] - ref_lg[0]).norm() / ref_lg[0].norm()).item()  # the prompt's logits: same inputs
+    assert err < 3e-2, f"{config}: logits relative error {err:.3g} against the reference path"
+    _margin_agree(graph_toks, ref_lg, ref_toks, 4 * (graph_lg[0] - ref_lg[0]).abs().max().item())
+    # a batch whose rows have different lengths: the graph (per-row positions) against eager calls
+    mask = torch.ones(2, 40, dtype=torch.int64)
+    mask[1, :9] = 0
+    fast = Llama.random(config, impl="xelink", **kw)
+    a = fast.generate(ids, 6, attention_mask=mask, eos_token_id=[], cuda_graph=True)
+    b = fast.generate(ids, 6, attention_mask=mask, eos_token_id=[], cuda_graph=False)
+    assert torch.equal(a, b), config
