@@ -1,5 +1,6 @@
-"""RMSNorm (+ fused residual, out=) and RoPE: references against float64, argument checks, custom ops, and the
-Triton kernels (GPU: every dtype, tails, wide rows, cos/sin layouts; CPU interpreter with TRITON_INTERPRET=1)."""
+"""RMSNorm (+ fused residual, out=), RoPE, rope_kv (RoPE + KV-cache write) and silu_mul: references against
+float64, argument checks, custom ops, and the Triton kernels (GPU: every dtype, tails, wide rows, cos/sin layouts;
+CPU interpreter with TRITON_INTERPRET=1)."""
 import importlib.util
 import os
 import random
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from xelink.kernels import norm as norm_module
-from xelink.kernels.norm import reference_rmsnorm, reference_rope, rmsnorm, rope
+from xelink.kernels.norm import (reference_rmsnorm, reference_rope, reference_rope_kv, reference_silu_mul, rmsnorm,
+                                 rope, rope_kv, silu_mul)
 
 from out_blocks import only_block_written, poisoned
 
@@ -190,7 +192,66 @@ def test_interpreted_kernels(dtype, monkeypatch):
     assert _rel(qo, _rope64(q, cos, sin)) < TOL[dtype] and _rel(ko, _rope64(k, cos, sin)) < TOL[dtype]
 
 
+def _check_decode_fusions(device, dtype, impl, cases=((1, 4, 2, 8, 16), (3, 32, 8, 40, 128), (2, 6, 3, 9, 96))):
+    """rope_kv against float64 RoPE at per-sequence positions (only those cache slots written, the rest
+    untouched) and silu_mul against float64, for ``impl`` on ``device``."""
+    g = torch.Generator().manual_seed(5)
+    for B, HQ, HK, S, D in cases:
+        qkv = torch.randn(B, HQ + 2 * HK, 1, D, generator=g).to(dtype).to(device)  # views of one projection
+        q, k, v = qkv[:, :HQ], qkv[:, HQ:HQ + HK], qkv[:, HQ + HK:]
+        cos, sin = torch.randn(S + 3, D, generator=g).to(device), torch.randn(S + 3, D, generator=g).to(device)
+        kc = torch.full((B + 1, HK, S, D), float("nan"), dtype=dtype, device=device)
+        vc = torch.full((B + 1, HK, S, D), float("nan"), dtype=dtype, device=device)
+        pos = torch.randperm(S, generator=g)[:B].to(device)
+        qo = rope_kv(q, k, v, cos, sin, pos, kc, vc, impl=impl)
+        c, s_ = cos[pos.long()][:, None, None].cpu(), sin[pos.long()][:, None, None].cpu()
+        assert _rel(qo.cpu(), _rope64(q.cpu(), c, s_)) < TOL[dtype], (B, HQ, HK, S, D)
+        for b in range(B):
+            p = int(pos[b])
+            assert _rel(kc[b, :, p].cpu(), _rope64(k[b:b + 1].cpu(), c[b:b + 1], s_[b:b + 1])[0, :, 0]) < TOL[dtype]
+            assert torch.equal(vc[b, :, p], v[b, :, 0])
+            kc[b, :, p] = vc[b, :, p] = float("nan")
+        assert kc.isnan().all() and vc.isnan().all(), "rope_kv wrote outside the token's slots"
+        x = torch.randn(B, 3, 2 * D + 6, generator=g).to(dtype).to(device)
+        got = silu_mul(x, impl=impl)
+        g64, u64 = x.cpu().double().chunk(2, dim=-1)
+        assert got.shape == (B, 3, D + 3) and _rel(got.cpu(), torch.nn.functional.silu(g64) * u64) < TOL[dtype]
+
+
+def test_decode_fusions_reference():
+    for dtype in (torch.bfloat16, torch.float32):
+        _check_decode_fusions("cpu", dtype, "reference")
+    x = torch.randn(4, 10)
+    assert torch.equal(reference_silu_mul(x), silu_mul(x))  # auto on the CPU: the reference
+    with pytest.raises(ValueError, match="silu_mul: x.shape=.3,. must end in an even dimension"):
+        silu_mul(torch.ones(3))
+    q, kv = torch.ones(1, 2, 1, 4), torch.ones(1, 1, 1, 4)
+    cache = torch.zeros(1, 1, 5, 4)
+    with pytest.raises(ValueError, match="rope_kv: positions must be"):
+        rope_kv(q, kv, kv, torch.ones(5, 4), torch.ones(5, 4), torch.zeros(2, dtype=torch.int64), cache, cache)
+    with pytest.raises(ValueError, match="rope_kv: k_cache must be"):
+        rope_kv(q, kv, kv, torch.ones(5, 4), torch.ones(5, 4), torch.zeros(1, dtype=torch.int64), cache[:, :, :, :2],
+                cache)
+    with pytest.raises(TypeError, match="rope_kv: q, k, v, k_cache and v_cache must share one float dtype"):
+        rope_kv(q, kv, kv, torch.ones(5, 4), torch.ones(5, 4), torch.zeros(1, dtype=torch.int64), cache.half(), cache)
+    assert torch.equal(reference_rope_kv(q, kv, kv, torch.ones(5, 4), torch.zeros(5, 4), torch.tensor([3]), cache,
+                                         cache), q) and cache[0, 0, 3].eq(1).all()
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_interpreted_decode_fusions(dtype):
+    _check_decode_fusions("cpu", dtype, "triton", cases=((1, 4, 2, 8, 16), (2, 9, 3, 6, 12)))
+
+
 # -- GPU ------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_decode_fusions(requires_gpus, dtype):
+    requires_gpus(1)
+    _check_decode_fusions("cuda", dtype, "triton")
+
 
 def _poison(nbytes: int):
     # The next torch.empty of this size reuses the freed NaN block: an unwritten output stays NaN.

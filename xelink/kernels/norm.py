@@ -1,4 +1,5 @@
-"""RMSNorm (with a fused residual add) and rotary position embedding (RoPE) in Triton, with torch twins.
+"""RMSNorm (with a fused residual add), rotary position embedding (RoPE), and the decode step's fusions
+(``rope_kv``: RoPE + the KV-cache write; ``silu_mul``: SwiGLU's activation) in Triton, with torch twins.
 
 Both are one pass over memory: every input is read once and every output written once, in one launch
 (RoPE handles Q and K in the same launch, reading each cos/sin tile once for a group of heads).
@@ -20,7 +21,8 @@ from .common import (Paths, auto_takes_triton, cdiv, check_impl, check_no_overla
 from .launcher import Slot, launch, launch_slot
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
-__all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "rmsnorm", "rope"]
+__all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "reference_rope_kv", "reference_silu_mul", "rmsnorm",
+           "rope", "rope_kv", "silu_mul"]
 
 NORM_IMPLS = ("auto", "triton", "reference")
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -60,6 +62,23 @@ def reference_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
         return (x.float() * c + torch.cat((-x2, x1), dim=-1) * s).to(x.dtype)
 
     return rotate(q), rotate(k)
+
+
+def reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache):
+    """Twin of ``rope_kv``: RoPE of one token's q and k at ``positions`` (rows of the ``cos``/``sin`` tables),
+    k and v written into the caches there; returns the rotated q."""
+    c, s = cos[positions][:, None, None], sin[positions][:, None, None]  # (B, 1, 1, D)
+    qr, kr = reference_rope(q, k, c, s)
+    rows = torch.arange(q.shape[0], device=q.device)
+    k_cache[rows, :, positions] = kr[:, :, 0]
+    v_cache[rows, :, positions] = v[:, :, 0]
+    return qr
+
+
+def reference_silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :F]) * x[..., F:]`` (SwiGLU's gate times up) in float32, rounded once to ``x.dtype``."""
+    g, u = x.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(x.dtype)
 
 
 # -- kernels --------------------------------------------------------------------------------------
@@ -152,6 +171,52 @@ if triton is not None:
             _rope_heads(k_ptr, ko_ptr, b, h0, tl.minimum(h0 + HEADS, HK), sk_b, sk_h, sk_s, sok_b, sok_h, sok_s,
                         rs, rd, ok, c1, c2, s1, s2, HALF)
         pdl_launch(PDL)
+
+
+    @triton.jit
+    def _rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr, HQ, HK,
+                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sc, ss, soq_b, soq_h, skc_b, skc_h, skc_s,
+                        svc_b, svc_h, svc_s, HALF: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_V: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
+        group = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+        rs = tl.zeros((1,), dtype=tl.int32)
+        rd = tl.arange(0, BLOCK_D)
+        ok = (rd < HALF)[None, :]
+        pdl_wait(PDL)
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        c1 = tl.load(cos_ptr + pos * sc + rd[None, :], mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * sc + HALF + rd[None, :], mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * ss + rd[None, :], mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * ss + HALF + rd[None, :], mask=ok, other=0.0).to(tl.float32)
+        q_groups = tl.cdiv(HQ, HEADS)
+        k_groups = tl.cdiv(HK, HEADS)
+        if group < q_groups:
+            h0 = group * HEADS
+            _rope_heads(q_ptr, qo_ptr, b, h0, tl.minimum(h0 + HEADS, HQ), sq_b, sq_h, 0, soq_b, soq_h, 0,
+                        rs, rd, ok, c1, c2, s1, s2, HALF)
+        elif group < q_groups + k_groups:  # rotated k straight into its cache slot
+            h0 = (group - q_groups) * HEADS
+            _rope_heads(k_ptr, kc_ptr + pos * skc_s, b, h0, tl.minimum(h0 + HEADS, HK), sk_b, sk_h, 0, skc_b, skc_h,
+                        0, rs, rd, ok, c1, c2, s1, s2, HALF)
+        else:  # v copied into its cache slot
+            h0 = (group - q_groups - k_groups) * HEADS
+            rv = tl.arange(0, BLOCK_V)
+            for h in range(h0, tl.minimum(h0 + HEADS, HK)):
+                x = tl.load(v_ptr + b * sv_b + h * sv_h + rv, mask=rv < D)
+                tl.store(vc_ptr + b * svc_b + h * svc_h + pos * svc_s + rv, x, mask=rv < D)
+        pdl_launch(PDL)
+
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, o_ptr, F, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        row = tl.program_id(1).to(tl.int64)
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < F
+        pdl_wait(PDL)
+        g = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + row * stride_x + F + cols, mask=ok, other=0.0).to(tl.float32)
+        pdl_launch(PDL)
+        tl.store(o_ptr + row * stride_o + cols, (g / (1.0 + tl.exp(-g)) * u).to(o_ptr.dtype.element_ty), mask=ok)
 
 
 # -- host side: rmsnorm -------------------------------------------------------------------------------
@@ -466,3 +531,112 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         return torch.ops.xelink.rope(q, k, cos, sin, impl, pdl)
     # Eager: launch directly (no custom-op dispatch).
     return _rope_run(q, k, cos, sin, impl, pdl)
+
+
+# -- host side: rope_kv and silu_mul (the decode step's fusions) ---------------------------------------
+
+def _rope_kv_triton(q, k, v, cos, sin, positions, k_cache, v_cache, pdl: str):
+    B, HQ, _, D = q.shape
+    HK = k.shape[1]
+    qo = q.new_empty(q.shape)
+    heads = 8
+    grid = (cdiv(HQ, heads) + 2 * cdiv(HK, heads), B)
+    half = D // 2
+    launch(_rope_kv_kernel, grid, q, k, v, cos, sin, positions, qo, k_cache, v_cache, HQ, HK,
+           q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+           qo.stride(0), qo.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), HALF=half, D=D, BLOCK_D=next_power_of_2(half),
+           BLOCK_V=next_power_of_2(D), HEADS=heads, num_warps=1, **pdl_launch_args(pdl, grid[0] * grid[1], q.device))
+    return qo
+
+
+def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, impl: str = "auto",
+            pdl: bool | str | None = None) -> torch.Tensor:
+    """One decode token per sequence: RoPE of q and k at ``positions`` and the KV-cache write, in one launch.
+
+    Sequence b's token sits at position ``p = positions[b]``: its cos/sin are rows ``p`` of the tables
+    (read on the device: no gather, no host synchronization), its rotated k goes to
+    ``k_cache[b, :, p]`` and its v to ``v_cache[b, :, p]``; the rotated q is returned. Rotate-half
+    convention and float32 arithmetic as :func:`rope`.
+
+    Args:
+        q: ``(B, Hq, 1, D)``; k, v: ``(B, Hk, 1, D)``; bf16/fp16/fp32, one dtype, unit stride along D.
+        cos, sin: ``(max_positions, D)`` tables, any float dtype, unit stride along D.
+        positions: ``(B,)`` int32/int64 on q's device, each in ``[0, min(max_positions, cache length))``
+            (not checked: that would synchronize).
+        k_cache, v_cache: ``(>= B, Hk, S_cache, D)`` of q's dtype, unit stride along D.
+        impl: ``"auto"``, ``"triton"`` or ``"reference"``; pdl: as for :func:`rmsnorm`.
+
+    Returns:
+        the rotated q, a new ``(B, Hq, 1, D)`` tensor.
+
+    Raises:
+        TypeError / ValueError: before any work, naming the argument (shapes, dtypes, devices, impl, pdl).
+    """
+    fn = "rope_kv"
+    impl = check_impl(fn, impl, NORM_IMPLS)
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("positions", positions),
+                    ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(fn, name, t)
+    if q.dtype not in _FLOATS or k.dtype != q.dtype or v.dtype != q.dtype or k_cache.dtype != q.dtype or \
+            v_cache.dtype != q.dtype:
+        raise TypeError(f"{fn}: q, k, v, k_cache and v_cache must share one float dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.dim() != 4 or q.shape[2] != 1 or k.dim() != 4 or tuple(v.shape) != tuple(k.shape) or \
+            k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:] or q.shape[3] % 2:
+        raise ValueError(f"{fn}: q must be (B, Hq, 1, D) with D even and k, v (B, Hk, 1, D), got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, _, _, D = q.shape
+    HK = k.shape[1]
+    for name, c in (("cos", cos), ("sin", sin)):
+        if c.dim() != 2 or c.shape[1] != D or not c.is_floating_point():
+            raise ValueError(f"{fn}: {name} must be a float (max_positions, {D}) table, got {c.dtype} {tuple(c.shape)}")
+    if positions.dim() != 1 or positions.shape[0] != B or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{fn}: positions must be ({B},) int32/int64, got {positions.dtype} {tuple(positions.shape)}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or c.shape[0] < B or c.shape[1] != HK or c.shape[3] != D:
+            raise ValueError(f"{fn}: {name} must be (>= {B}, {HK}, S, {D}), got {tuple(c.shape)}")
+    check_same_device(fn, q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, k_cache=k_cache, v_cache=v_cache)
+    impl = _resolve(fn, impl, q.device)
+    pdl = pdl_option(fn, pdl, impl, q.device)
+    if impl == "reference":
+        return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache)
+    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
+        raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
+    return _rope_kv_triton(q, k, v, cos, sin, positions, k_cache, v_cache, pdl)
+
+
+def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None) -> torch.Tensor:
+    """SwiGLU's activation: ``silu(x[..., :F]) * x[..., F:]`` of a fused gate/up projection's output, in
+    float32, rounded once (one launch: the torch spelling takes four).
+
+    Args:
+        x: ``[..., 2F]`` bf16/fp16/fp32, unit stride along the last dimension.
+        impl: ``"auto"``, ``"triton"`` or ``"reference"``; pdl: as for :func:`rmsnorm`.
+
+    Returns:
+        a new ``[..., F]`` tensor of x's dtype.
+    """
+    fn = "silu_mul"
+    impl = check_impl(fn, impl, NORM_IMPLS)
+    check_tensor(fn, "x", x)
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{fn}: x.dtype={x.dtype} must be bfloat16, float16 or float32")
+    if x.dim() < 1 or x.shape[-1] % 2:
+        raise ValueError(f"{fn}: x.shape={tuple(x.shape)} must end in an even dimension (gate, then up)")
+    impl = _resolve(fn, impl, x.device)
+    pdl = pdl_option(fn, pdl, impl, x.device)
+    if impl == "reference":
+        return reference_silu_mul(x)
+    F2 = x.shape[-1]
+    x2 = _rows(x)
+    out = x.new_empty(x.shape[:-1] + (F2 // 2,))
+    rows = x2.shape[0]
+    if rows == 0 or F2 == 0:
+        return out
+    block = min(1024, next_power_of_2(F2 // 2))
+    grid = (cdiv(F2 // 2, block), rows)
+    launch(_silu_mul_kernel, grid, x2, out.view(rows, -1), F2 // 2, x2.stride(0), F2 // 2, BLOCK=block, num_warps=4,
+           **pdl_launch_args(pdl, grid[0] * grid[1], x.device))
+    return out

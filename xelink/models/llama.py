@@ -35,8 +35,8 @@ import torch
 
 from .. import cp_attention
 from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
-                       reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, rmsnorm, rope,
-                       unpack_w4a16, unpack_w8a16)
+                       reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, reference_rope_kv,
+                       reference_silu_mul, rmsnorm, rope, rope_kv, silu_mul, unpack_w4a16, unpack_w8a16)
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
 from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
@@ -89,6 +89,14 @@ class Ops:
     def rope(self, q, k, cos, sin):
         return reference_rope(q, k, cos, sin) if self.ref else rope(q, k, cos, sin, impl=self.kimpl)
 
+    def rope_kv(self, q, k, v, cos, sin, positions, k_cache, v_cache):
+        if self.ref:
+            return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache)
+        return rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache, impl=self.kimpl)
+
+    def silu_mul(self, x):
+        return reference_silu_mul(x) if self.ref else silu_mul(x, impl=self.kimpl)
+
     def attention(self, q, k, v, causal: bool, return_lse: bool = False):
         if self.ref:
             return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse)
@@ -113,24 +121,22 @@ class KVCache:
         shape = (batch, kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.rows = torch.arange(batch, device=device)
 
-    def decode(self, q, k, v, positions: torch.Tensor, ops: Ops) -> torch.Tensor:
-        """One token per sequence: write its key and value at ``positions[b]`` (a ``[B]`` int64 tensor on the
-        cache's device), then attend over positions ``0 .. positions[b]``; no host synchronization (a CUDA
-        graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``."""
+    def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops) -> torch.Tensor:
+        """One token per sequence, before RoPE: rotate q and k at ``positions[b]`` (rows of the ``cos``/``sin``
+        tables) and write k and v there (one ``rope_kv`` launch), then attend over positions
+        ``0 .. positions[b]`` (``kv_lens = positions + 1``); [B] tensors on the cache's device, no host
+        synchronization (a CUDA graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``."""
         B = q.shape[0]
-        rows = self.rows[:B]
-        self.k[rows, :, positions] = k[:, :, 0]
-        self.v[rows, :, positions] = v[:, :, 0]
-        return ops.decode_attention(q, self.k[:B], self.v[:B], positions + 1)
+        q = ops.rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
+        return ops.decode_attention(q, self.k[:B], self.v[:B], kv_lens)
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """Write this chunk's keys and values, then attend.
 
         Args:
-            q: ``(B, Hq, S, D)``; k, v: ``(B, Hkv, S, D)`` of a chunk whose row b holds ``pads[b]`` left pads
-                then real tokens at positions ``starts[b] ..``.
+            q: ``(B, Hq, S, D)``; k, v: ``(B, Hkv, S, D)`` (after RoPE) of a chunk whose row b holds ``pads[b]``
+                left pads then real tokens at positions ``starts[b] ..``.
             starts, pads: per-sequence host ints.
             ops: the local ops.
 
@@ -139,7 +145,11 @@ class KVCache:
         """
         B, _, S, _ = q.shape
         if S == 1 and not any(pads):
-            return self.decode(q, k, v, torch.tensor(starts, device=q.device), ops)
+            idx = torch.arange(B, device=q.device)
+            pos = torch.tensor(starts, device=q.device)
+            self.k[idx, :, pos] = k[:, :, 0]
+            self.v[idx, :, pos] = v[:, :, 0]
+            return ops.decode_attention(q, self.k[:B], self.v[:B], pos + 1)
         for b in range(B):
             n = S - pads[b]
             self.k[b, :, starts[b]:starts[b] + n] = k[b, :, pads[b]:]
@@ -445,7 +455,11 @@ class Llama:
         pos = pos.to(self.device)
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
-        normed = self._layers(x, cos, sin, lambda cache, q, k, v: cache.attend(q, k, v, starts, pads, self.ops))
+        def attend(cache, q, k, v):
+            q, k = self.ops.rope(q, k, cos, sin)
+            return cache.attend(q, k, v, starts, pads, self.ops)
+
+        normed = self._layers(x, attend)
         if S != full:  # every position's hidden state, on every CP rank
             normed, S = self.cp.unshard(normed, full), full
         return self._head(normed.reshape(B * S, H)).reshape(B, S, -1)
@@ -481,9 +495,10 @@ class Llama:
         if not 1 <= B <= self.max_batch or positions.shape[0] != B:
             raise ValueError(f"{fn}: tokens ({B}) and positions ({positions.shape[0]}) must have one entry per "
                              f"sequence, 1..max_batch={self.max_batch}")
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, D)
+        kv_lens = positions + 1
         x = self.embed[tokens][:, None]  # (B, 1, H)
-        normed = self._layers(x, cos, sin, lambda cache, q, k, v: cache.decode(q, k, v, positions, self.ops))
+        normed = self._layers(x, lambda cache, q, k, v: cache.decode(q, k, v, self.cos, self.sin, positions, kv_lens,
+                                                                     self.ops))
         return self._head(normed.reshape(B, -1))
 
     def decode_graph(self, batch: int) -> "DecodeGraph":
@@ -494,9 +509,9 @@ class Llama:
             g = self._graphs[batch] = DecodeGraph(self, batch)
         return g
 
-    def _layers(self, x, cos, sin, attend):
-        """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v)`` for each layer's attention;
-        returns the final norm's output."""
+    def _layers(self, x, attend):
+        """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v)`` (q, k, v before RoPE) for each
+        layer's attention; returns the final norm's output."""
         ops, eps = self.ops, self.config.rms_norm_eps
         residual = None
         for layer, cache in zip(self.layers, self.caches):
@@ -504,7 +519,7 @@ class Llama:
                 normed, residual = ops.rmsnorm(x, layer["attn_norm"], eps), x
             else:
                 normed, residual = ops.rmsnorm(x, layer["attn_norm"], eps, residual)
-            x = self._attention(layer, cache, normed, cos, sin, attend)
+            x = self._attention(layer, cache, normed, attend)
             normed, residual = ops.rmsnorm(x, layer["mlp_norm"], eps, residual)
             x = self._mlp(layer, normed)
         return ops.rmsnorm(x, self.norm, eps, residual)[0] if residual is not None else ops.rmsnorm(x, self.norm, eps)
@@ -513,20 +528,16 @@ class Llama:
         """``[M, H]`` final hidden states -> ``[M, vocab]`` logits (the TP gather of the vocabulary)."""
         return self.tp.gather_vocab(self.ops.linear(self.head, x))
 
-    def _attention(self, layer, cache, x, cos, sin, attend):
+    def _attention(self, layer, cache, x, attend):
         B, S, H = x.shape
         hq, hk, D = self.heads, self.kv_heads, self.head_dim
         qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D).transpose(1, 2)
-        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
-        q, k = self.ops.rope(q, k, cos, sin)
-        a = attend(cache, q, k, v)  # (B, hq, S, D)
+        a = attend(cache, qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:])  # (B, hq, S, D)
         return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
 
     def _mlp(self, layer, x):
         B, S, H = x.shape
-        gu = self.ops.linear(layer["gate_up"], x.reshape(B * S, H))
-        g, u = gu.float().chunk(2, dim=-1)
-        act = (torch.nn.functional.silu(g) * u).to(x.dtype)
+        act = self.ops.silu_mul(self.ops.linear(layer["gate_up"], x.reshape(B * S, H)))
         return self.ops.linear(layer["down"], act).view(B, S, H)
 
     def generate(self, input_ids, max_new_tokens: int, *, attention_mask=None, temperature=None, top_p=None,
