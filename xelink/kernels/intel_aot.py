@@ -157,6 +157,17 @@ def _rope():
     return args
 
 
+def _rope_kv():
+    def args():
+        B, HQ, HK, S, D = 1, 32, 8, 8192, 128
+        q, k, kc = _contiguous(B, HQ + 2 * HK, 1, D), _contiguous(B, HK, 1, D), _contiguous(B, HK, S, D)
+        return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("int64"),
+                 _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), HQ, HK, q[0], q[1], q[0], q[1], q[0], q[1], D, D,
+                 HQ * D, D, *kc[:3], *kc[:3]],
+                dict(HALF=D // 2, D=D, BLOCK_D=D // 2, BLOCK_V=D, HEADS=8, PDL=0))
+    return args
+
+
 # GEMV formats: (weight dtype, columns stored per row of K, scale row stride, FMT code)
 _GEMV_FORMATS = {"bf16": ("bfloat16", 1, 0, 0), "w8a16": ("int8", 1, 1, 1), "w4a16": ("uint8", 2, 32, 2)}
 
@@ -239,6 +250,9 @@ LAUNCHES: list[Launch] = [
     Launch("norm._rmsnorm_kernel", "norm", "_rmsnorm_kernel", _rmsnorm(False), num_warps=8, shared=32),
     Launch("norm._rmsnorm_kernel[residual]", "norm", "_rmsnorm_kernel", _rmsnorm(True), num_warps=8, shared=32),
     Launch("norm._rope_kernel", "norm", "_rope_kernel", _rope(), shared=0),
+    Launch("norm._rope_kv_kernel[hd128, gqa 4]", "norm", "_rope_kv_kernel", _rope_kv(), num_warps=1),
+    Launch("norm._silu_mul_kernel", "norm", "_silu_mul_kernel",
+           lambda: ([_t("bfloat16"), _t("bfloat16"), 14336, 2 * 14336, 14336], dict(BLOCK=1024, PDL=0))),
     *[Launch(f"attention._flash_fwd_kernel[hd{d}{', causal gqa' if c else ''}]", "attention", "_flash_fwd_kernel",
              _flash(d, c, group=4 if c else 1, block_m=128 if d < 256 else 64), num_warps=8, matrix=True,
              shared=256 * d, sub_groups=(16,))
