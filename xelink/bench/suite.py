@@ -11,7 +11,7 @@ Families (each a module of ``xelink.bench.families`` with ``add_arguments(parser
   NCCL (CUDA ranks: device tensors, xelink's GPU algorithms), with the cost model's prediction beside
   each row, priced with the links family's calibration.
 - ``gemm``, ``gemv``, ``norm``, ``attention``, ``decode``: on CPU the kernels' reference paths against
-  torch at small shapes (``decode``: the decode layer's kernel chain of ``xelink.models``); on CUDA the
+  torch at small shapes (``decode``: the decode layer's kernel chain and a Llama decode step); on CUDA the
   GPU kernel benchmarks, rank 0 alone (``kernel_timing.run_single_device``).
 - ``dist-gemm``: the distributed GEMM ops, every algorithm against the GEMM alone, the launch's
   collective then ``torch.matmul``, and (one GPU per rank) torch's fused ops.
@@ -73,8 +73,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                     "and copy_ on CUDA", plot="kernels"),
     Family("attention", "families.attention", "flash/decode attention: reference path vs SDPA on CPU; Triton on "
                                               "CUDA", plot="kernels"),
-    Family("decode", "families.decode", "a decode layer's kernel chain (xelink.models, W4A16): reference path vs "
-                                        "torch on CPU; PDL on/off in a CUDA graph on CUDA", plot="kernels"),
+    Family("decode", "families.decode", "a decode layer's kernel chain (W4A16; PDL on/off in a CUDA graph on CUDA) "
+                                        "and a whole Llama decode step (xelink's graph vs torch's, transformers) "
+                                        "against plain torch", plot="kernels"),
     Family("dist-gemm", "families.dist_gemm", "distributed GEMM (all_gather_matmul, matmul_reduce_scatter), every "
                                               "algorithm vs the GEMM alone, collective then matmul, torch's fused ops",
            plot="kernels"),
