@@ -11,7 +11,10 @@
 #          (correctness and a time-sliced sanity figure; their targets need one GPU per rank);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
-#          the current decode merge, and the gemm family's host rows (issue 20's last row).
+#          the current decode merge, and the gemm family's host rows (issue 20's last row);
+#   decode: issue 26 and 22 (about 9 minutes): every fused distributed-GEMM check (ranks sharing the GPU), the
+#          decode-step graph and fusion GPU tests, the TP decode graph check, the decode family's model rows
+#          (Llama-3.1-8B shapes, --quick), gemm's host-time profile.
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench|next
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -46,6 +49,19 @@ bench)
     --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
   step bench_cp_attention 120 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench cp-attention --quick \
     --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+decode)
+  step fused_gpu_tests 140 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/dist/ranks_gpu_dist_gemm.py
+  step decode_gpu_tests 140 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+    tests/models/test_decode_graph.py tests/kernels/test_norm.py
+  step decode_tp_graph 75 env XELINK_TEST_CHECKS=decode_graph python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/models/ranks_gpu_llama.py
+  step bench_decode 170 python3 -m xelink.bench decode --quick --out "$OUT/bench" --commit "$C"
+  step kernel_host_profile 45 python3 benchmarks/scripts/kernel_host_profile.py gemm
   rm -f "$OUT"/bench/*.txt
   ;;
 esac

@@ -7,8 +7,10 @@ down projection; a final norm and the head. Tensor parallelism is applied from o
 row-parallel ``Linear``s (``reduce``) and the head (``gather_vocab``); nothing here knows the rank.
 
 Ops (``impl``): ``"reference"`` runs the pure-torch twins (``xelink.kernels.reference_*``), ``"xelink"``
-forces the Triton kernels (a GPU and bf16/fp16 needed), ``"auto"`` lets each kernel pick (the references
-on CPU and for dtypes the kernels do not take). Projections of 1-8 rows go through ``gemv`` (any weight
+requires xelink's kernels (a GPU and bf16/fp16, checked at load; each kernel then takes its fastest xelink
+path) and xelink's collectives, ``"auto"`` lets each kernel pick (the references on CPU and for dtypes the
+kernels do not take). The decode step (``decode``) runs without host synchronization and is captured
+whole in a CUDA graph by ``decode_graph``, which ``generate`` replays a token. Projections of 1-8 rows go through ``gemv`` (any weight
 format), more rows through ``gemm`` (quantized weights dequantized first).
 
 Sequences of a batch may have different lengths: a prompt chunk comes left-padded with an
@@ -51,13 +53,15 @@ _GEMV_ROWS = 8
 
 
 class Ops:
-    """The model's local ops on one path: ``"reference"`` (pure torch), ``"xelink"`` (Triton forced) or
-    ``"auto"`` (each kernel's own choice)."""
+    """The model's local ops on one path: ``"reference"`` (pure torch), ``"xelink"`` (xelink's kernels: the
+    model checked at load that they can run, a GPU and bf16/fp16) or ``"auto"`` (each kernel's own choice).
+    Both pass ``impl="auto"`` to the kernels, which on a GPU picks each kernel's fastest xelink path (gemv's
+    and gemm's ``"cuda"`` kernels where they apply, else the portable Triton ones), never a torch op."""
 
     def __init__(self, impl: str, dtype: torch.dtype):
         self.impl, self.dtype = impl, dtype
         self.ref = impl == "reference"
-        self.kimpl = "triton" if impl == "xelink" else "auto"
+        self.kimpl = "auto"
         # gemv/gemm take bf16/fp16 only: other dtypes go through the reference under "auto".
         self.dense_ref = self.ref or dtype not in _KERNEL_DTYPES
 
@@ -67,7 +71,7 @@ class Ops:
         if self.dense_ref:
             y = reference_gemv(lin.weight, x, lin.scales, fmt if lin.fmt != "dense" else "bf16")
         elif x.shape[0] <= _GEMV_ROWS:
-            y = gemv(lin.weight, x, lin.scales, fmt, "triton" if self.impl == "xelink" else "auto")
+            y = gemv(lin.weight, x, lin.scales, fmt, self.kimpl)
         else:
             w = lin.weight
             if lin.fmt == "w8a16":
