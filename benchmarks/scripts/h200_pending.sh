@@ -54,14 +54,14 @@ bench)
 esac
 case "$1" in
 decode)
-  step fused_gpu_tests 140 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
+  step fused_gpu_tests 130 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/dist/ranks_gpu_dist_gemm.py
-  step decode_gpu_tests 140 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+  step decode_gpu_tests 130 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
     tests/models/test_decode_graph.py tests/kernels/test_norm.py
-  step decode_tp_graph 75 env XELINK_TEST_CHECKS=decode_graph python3 -m pytest -q -rfEs -p no:cacheprovider \
+  step decode_tp_graph 70 env XELINK_TEST_CHECKS=decode_graph python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/models/ranks_gpu_llama.py
-  step bench_decode 170 python3 -m xelink.bench decode --quick --out "$OUT/bench" --commit "$C"
-  step kernel_host_profile 45 python3 benchmarks/scripts/kernel_host_profile.py gemm
+  step bench_decode 220 python3 -m xelink.bench decode --quick --model-only --out "$OUT/bench" --commit "$C"
+  step kernel_host_profile 35 python3 benchmarks/scripts/kernel_host_profile.py gemm
   rm -f "$OUT"/bench/*.txt
   ;;
 esac
