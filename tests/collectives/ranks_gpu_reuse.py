@@ -24,9 +24,10 @@ GPU_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def _packaged(world):
-    """The world as equal packages (2 x 2 at 4 ranks, else one rank each), for hierarchical and topo."""
+    """The world as packages for hierarchical and topo: 2 x 2 at 4 ranks, 2 + 1 (uneven) at 3, else one rank
+    each."""
     comm = world.split(0)
-    comm.packages = [[0, 1], [2, 3]] if world.size == 4 else [[r] for r in range(world.size)]
+    comm.packages = {4: [[0, 1], [2, 3]], 3: [[0, 1], [2]]}.get(world.size, [[r] for r in range(world.size)])
     return comm
 
 

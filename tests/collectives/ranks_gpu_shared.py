@@ -1,5 +1,5 @@
-"""4 ranks on 2 GPUs (2 per GPU), described as 2 packages x 2: peer memory between ranks of one GPU and
-across GPUs, and the hierarchical/topology-aware GPU algorithms on it. Skips without 2 GPUs."""
+"""4 ranks on 2 GPUs (2 per GPU), described as 2 packages x 2 (and as 3 + 1): peer memory between ranks of one
+GPU and across GPUs, and the hierarchical/topology-aware GPU algorithms on it. Skips without 2 GPUs."""
 import torch
 
 import xelink
@@ -49,16 +49,19 @@ def check_every_algorithm_on_packages(world):
     xelink.synchronize(comm)
 
 
-def check_uneven_packages_are_refused_by_hierarchical(world):
+def check_uneven_packages_run_hierarchical_and_topo(world):
+    """Packages of 3 + 1 ranks over two GPUs (the package of three spans both): the uneven paths."""
     comm = world.split(0)
     comm.packages = [[0, 1, 2], [3]]
-    x = torch.ones(8, device=torch.device(world.device))
-    try:
-        xelink.all_reduce(x, group=comm, algo="hierarchical")
-    except ValueError as e:
-        assert "equal size" in str(e), e
-    else:
-        raise AssertionError("hierarchical accepted uneven packages on CUDA tensors")
-    # the flat algorithms serve any layout
-    xelink.all_reduce(x, group=comm, algo="direct")
-    _same("direct on uneven packages", x, torch.full((8,), 4.0))
+    dev, w = torch.device(world.device), world.size
+    for dtype in (torch.bfloat16, torch.float32):
+        for n in (1, 1001, 1 << 16):
+            x = _data(comm.rank, n, dtype, dev)
+            xelink.all_reduce(x, group=comm, algo="hierarchical")
+            _same(f"hierarchical uneven {dtype} n={n}", x,
+                  _reduce([_data(r, n, dtype, "cpu") for r in range(w)], "sum", dtype))
+            shards = [_data(r, n, dtype, "cpu") for r in range(w)]
+            out = torch.zeros(w * n, dtype=dtype, device=dev)
+            xelink.all_gather_into_tensor(out, shards[comm.rank].to(dev), group=comm, algo="topo")
+            _same(f"topo uneven {dtype} n={n}", out, torch.cat(shards))
+    xelink.synchronize(comm)

@@ -11,7 +11,6 @@ backend means registering its algorithms, not editing the ops.
 An entry's ``needs`` say when it can run:
     ``peer_memory``     the communicator's ranks share peer memory (CUDA: one host, Triton present)
     ``symmetric``       the input lives in memory from ``xelink.empty`` (read in place by the peers)
-    ``equal_packages``  every package of the communicator has the same number of ranks
     ``baseline``        the vendor's collective (NCCL): a fallback and a baseline, never xelink's own path
 """
 from __future__ import annotations
@@ -23,7 +22,7 @@ __all__ = ["Algorithm", "OPS", "NEEDS", "register", "algorithms", "get", "names"
            "backend"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-NEEDS = frozenset({"peer_memory", "symmetric", "equal_packages", "baseline"})
+NEEDS = frozenset({"peer_memory", "symmetric", "baseline"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,7 +125,7 @@ def hierarchical(comm, x, op, deadline):
     3. Inside my package: every member sends its finished chunk to the others.
 
     Partials travel in the working type (float32 for half types). The GPU ``hierarchical`` runs the
-    same schedule on equal packages.
+    same schedule (``xelink.collectives.gpu.compose``).
     """
     packages, r = comm.packages, comm.rank
     me_p, _ = comm.package_index(r)

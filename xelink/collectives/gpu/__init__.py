@@ -33,15 +33,15 @@ for _op, _name, _impl, _schedule, _needs, _summary in (
      "each rank reduces its chunk from every peer and writes it into every peer"),
     ("all_reduce", "copy_engine", functools.partial(peer.all_reduce, algo="copy_engine"), "two_shot",
      _PEER + ("symmetric",), "SM reduce-scatter in place, then the DMA engines pull the reduced chunks"),
-    ("all_reduce", "hierarchical", compose.hierarchical_all_reduce, "hierarchical", _PEER + ("equal_packages",),
-     "reduce-scatter in each package, all-reduce across, all-gather in each (the CPU schedule)"),
+    ("all_reduce", "hierarchical", compose.hierarchical_all_reduce, "hierarchical", _PEER,
+     "reduce inside each package, all-reduce across (once per remote package), spread inside each"),
     ("all_reduce", "nccl", nccl.all_reduce, "ring", ("baseline",), "NCCL through torch.distributed"),
     ("all_gather", "direct", functools.partial(peer.all_gather_into_tensor, algo="direct"), "direct", _PEER,
      "every rank pulls every shard"),
     ("all_gather", "copy_engine", functools.partial(peer.all_gather_into_tensor, algo="copy_engine"), "direct",
      _PEER, "the DMA engines pull every shard; the own shard is copied alongside"),
-    ("all_gather", "topo", compose.topo_all_gather, "topo", _PEER + ("equal_packages",),
-     "across packages (same local index), then inside each package"),
+    ("all_gather", "topo", compose.topo_all_gather, "topo", _PEER,
+     "each shard across once per remote package (same local index, wrapping), then inside each package"),
     ("all_gather", "nccl", nccl.all_gather_into_tensor, "ring", ("baseline",), "NCCL through torch.distributed"),
     ("reduce_scatter", "direct", peer.reduce_scatter_tensor, "dest_split", _PEER,
      "each rank reads its block from every peer and reduces it"),
@@ -84,8 +84,6 @@ def unmet(comm, algo: registry.Algorithm, x=None) -> Exception | None:
     if "symmetric" in algo.needs and x is not None and x.numel() and peer.symmetric(comm, x) is None:
         return ValueError("reads the input in place on every rank: allocate it with xelink.empty (or use "
                           "algo='two_shot')")
-    if "equal_packages" in algo.needs and len({len(p) for p in comm.packages}) != 1:
-        return ValueError(f"on CUDA tensors needs packages of equal size; {comm.name} has packages {comm.packages}")
     return None
 
 
