@@ -14,7 +14,7 @@
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
 #   decode: issue 26 and 22 (about 9 minutes): every fused distributed-GEMM check (ranks sharing the GPU), the
 #          decode-step graph and fusion GPU tests, the TP decode graph check, the decode family's model rows
-#          (Llama-3.1-8B shapes, --quick), gemm's host-time profile.
+#          (Llama-3.1-8B shapes, --quick), the uneven-package topo/hierarchical collectives (issue 21).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench|next
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -54,14 +54,15 @@ bench)
 esac
 case "$1" in
 decode)
-  step fused_gpu_tests 130 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
+  step fused_gpu_tests 120 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/dist/ranks_gpu_dist_gemm.py
-  step decode_gpu_tests 130 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+  step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
     tests/models/test_decode_graph.py tests/kernels/test_norm.py
-  step decode_tp_graph 70 env XELINK_TEST_CHECKS=decode_graph python3 -m pytest -q -rfEs -p no:cacheprovider \
+  step decode_tp_graph 60 env XELINK_TEST_CHECKS=decode_graph python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/models/ranks_gpu_llama.py
-  step bench_decode 220 python3 -m xelink.bench decode --quick --model-only --out "$OUT/bench" --commit "$C"
-  step kernel_host_profile 35 python3 benchmarks/scripts/kernel_host_profile.py gemm
+  step uneven_gpu_tests 70 env XELINK_TEST_CHECKS=uneven python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/collectives/ranks_gpu_uneven.py
+  step bench_decode 200 python3 -m xelink.bench decode --quick --model-only --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
 esac
