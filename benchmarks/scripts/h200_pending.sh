@@ -67,6 +67,16 @@ decode)
   ;;
 esac
 case "$1" in
+final)  # the decode-graph tests again, the model rows with the per-op breakdown, the kernel GPU tests (~7 min)
+  step decode_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+    tests/models/test_decode_graph.py
+  step bench_decode 200 python3 -m xelink.bench decode --quick --model-only --out "$OUT/bench" --commit "$C"
+  step kernel_gpu_tests 220 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
+    tests/kernels/test_attention.py tests/kernels/test_gemv.py tests/kernels/test_norm.py
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
 next)
   for check in back_to_back_shapes with_a_delayed_rank cuda_graph_replays; do
     step "fused_rs_$check" 100 env XELINK_TEST_CHECKS="fused_reduce_scatter_$check" python3 -m pytest -rfEs \

@@ -491,7 +491,8 @@ class Llama:
         if self.cp is not None:
             raise ValueError(f"{fn}: not under context parallelism (cp_group of {self.cp.size} ranks): call the model")
         for name, t in (("tokens", tokens), ("positions", positions)):
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.device != self.device:
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or \
+                    t.device.type != self.device.type or self.device.index not in (None, t.device.index):
                 raise ValueError(f"{fn}: {name} must be a [B] int64 tensor on {self.device}, got "
                                  f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))} on "
                                  f"{getattr(t, 'device', None)}")

@@ -448,6 +448,69 @@ def _kernels(fn) -> str:
     return f"{sum(names.values())} launches a step ({len(names)} kernels): {top}{more}; collectives: none (one device)"
 
 
+def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
+    """Where the decode step's time goes: each op of ``Llama.decode`` timed alone at B sequences and context L,
+    its calls over every layer (each layer's own weights and cache, so the weights stream from HBM as in the
+    step) captured in one CUDA graph: ``{op: (us per step, GB/s)}`` (GB/s over the bytes the op reads), in the
+    order of the step. ``"sum"`` adds them; the step's own time minus it is launch gaps and the small torch
+    ops (embedding row, kv_lens, argmax)."""
+    from ...kernels import decode_attention, gemv, rmsnorm, rope_kv, silu_mul
+
+    cfg, dev, dt = model.config, model.device, model.dtype
+    H, eps, hq, hk, D = cfg.hidden_size, cfg.rms_norm_eps, model.heads, model.kv_heads, model.head_dim
+    ffn = model.tp.ffn
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=dev, generator=gen).to(dt)
+
+    x, res = rnd(B, 1, H), rnd(B, 1, H)
+    qkv = rnd(B, hq + 2 * hk, 1, D)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
+    pos = torch.full((B,), L - 1, dtype=torch.int64, device=dev)
+    lens = pos + 1
+    acts = {"qkv": x.view(B, H), "o": rnd(B, hq * D), "gate_up": x.view(B, H), "down": rnd(B, ffn)}
+    gu = rnd(B, 2 * ffn)
+
+    def lin(layer_lin, a):
+        fmt = layer_lin.fmt if layer_lin.fmt != "dense" else ("bf16" if dt == torch.bfloat16 else "fp16")
+        return functools.partial(gemv, layer_lin.weight, a, layer_lin.scales, fmt, "auto")
+
+    layers, caches = model.layers, model.caches
+    ops = {"rmsnorm (2 a layer)": ([functools.partial(rmsnorm, x, ly[n], eps, res) for ly in layers
+                                    for n in ("attn_norm", "mlp_norm")], None),
+           "gemv qkv": ([lin(ly["qkv"], acts["qkv"]) for ly in layers], None),
+           "rope_kv": ([functools.partial(rope_kv, q, k, v, model.cos, model.sin, pos, c.k, c.v) for c in caches],
+                       None),
+           "decode_attention": ([functools.partial(decode_attention, q, c.k[:B], c.v[:B], lens) for c in caches],
+                                2 * B * hk * L * D * caches[0].k.element_size()),
+           "gemv o": ([lin(ly["o"], acts["o"]) for ly in layers], None),
+           "gemv gate_up": ([lin(ly["gate_up"], acts["gate_up"]) for ly in layers], None),
+           "silu_mul": ([functools.partial(silu_mul, gu) for _ in layers], None),
+           "gemv down": ([lin(ly["down"], acts["down"]) for ly in layers], None),
+           "gemv head": ([lin(model.head, acts["qkv"])], None)}
+    out, total = {}, 0.0
+    for name, (calls, nbytes) in ops.items():
+        graph, _, _ = cuda_graph(calls, 1)
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        us = start.elapsed_time(end) * 1e3 / replays
+        if name.startswith("gemv"):
+            lins = [model.head] if name == "gemv head" else [ly[name.split()[1]] for ly in layers]
+            nbytes = sum(_linear_bytes(li) for li in lins)
+        elif nbytes is not None:
+            nbytes *= len(caches)
+        out[name] = (round(us, 1), round(nbytes / us / 1e3, 1) if nbytes else None)
+        total += us
+        del graph
+    out["sum"] = (round(total, 1), None)
+    return out
+
+
 def _gpu_case(model, weights, name, fmt, B, L, gen, *, iters, rounds, report, baseline_name="torch:graph bf16"):
     """One (weights, B, L) case: the model's decode graph vs the twin's, co-measured; rows into ``report``.
     Returns the xelink row."""
@@ -577,6 +640,16 @@ def run_model_gpu(report, name: str = GPU_MODEL, contexts=GPU_CONTEXTS, *, quick
                 raise RuntimeError("no bf16 weights for the torch twin (the bf16 model failed)")
             for B, L in mine:
                 row = _gpu_case(model, weights, name, fmt, B, L, gen, iters=iters, rounds=rounds, report=report)
+                if (B, L) == (1, c0):
+                    try:
+                        parts = step_breakdown(model, B, L, gen)
+                    except Exception as e:  # noqa: BLE001 - the breakdown is an extra: the rows stand without it
+                        parts = {f"not measured ({type(e).__name__}: {e})"[:120]: (0, None)}
+                    row.extra["breakdown_us"] = parts
+                    report.notes.append(f"decode-model {_model_shape(name, B, L)} {fmt}: where the step's "
+                                        f"{row.time_us:.0f} us go (each op alone over every layer, us and GB/s): "
+                                        + ", ".join(f"{k} {u}" + (f" ({g} GB/s)" if g else "")
+                                                    for k, (u, g) in parts.items()))
                 if fmt == "bf16" and (B, L) == (1, c0):
                     xbf16 = row
                 if progress is not None:
