@@ -16,8 +16,6 @@ Knobs (environment variables):
     XELINK_P2P_BLOCKS        blocks of the point-to-point kernels on CUDA tensors (default 16; same on every rank)
     XELINK_LAUNCH_CHECK      1: every fast kernel launch is checked against Triton's own cache key (tests)
     XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)
-    XELINK_UNVERIFIED_FUSED_RS  1: let matmul_reduce_scatter / matmul_all_reduce take algo="fused", whose
-                             GPU checks did not all pass yet (``xelink.dist.device.fused_scatter_unmet``)
 """
 from __future__ import annotations
 

@@ -4,15 +4,11 @@ shards (exact on integer-valued float32 and bfloat16, close on random bfloat16),
 transposed b, tails, back-to-back calls that change shape, a package layout (1+1 at 2 ranks, 2+1 at 3), and
 CUDA-graph capture and replay with new inputs. Skips without a GPU (CPU CI); run on a GPU machine, log
 committed."""
-import os
-
 import torch
 
 import xelink
 from dist_cases import expect_errors, ints, weight
 
-# The fused reduce-scatter is refused to users until these checks pass on a GPU (dist.device.fused_scatter_unmet).
-os.environ["XELINK_UNVERIFIED_FUSED_RS"] = "1"
 
 WORLD_SIZES = (2, 3)
 GPUS = 1

