@@ -73,6 +73,7 @@ final)  # the decode-graph tests again, the model rows with the per-op breakdown
   step bench_decode 190 python3 -m xelink.bench decode --quick --model-only --out "$OUT/bench" --commit "$C"
   step kernel_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
     tests/kernels/test_attention.py tests/kernels/test_gemv.py
+  step kernel_host_profile 40 python3 benchmarks/scripts/kernel_host_profile.py gemm
   rm -f "$OUT"/bench/*.txt
   ;;
 esac
