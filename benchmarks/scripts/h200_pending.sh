@@ -71,7 +71,7 @@ final)  # the decode-graph tests again, the model rows with the per-op breakdown
   step decode_gpu_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
     tests/models/test_decode_graph.py
   step bench_decode 190 python3 -m xelink.bench decode --quick --model-only --out "$OUT/bench" --commit "$C"
-  step kernel_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
+  step kernel_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
     tests/kernels/test_attention.py tests/kernels/test_gemv.py
   step kernel_host_profile 40 python3 benchmarks/scripts/kernel_host_profile.py gemm
   rm -f "$OUT"/bench/*.txt
@@ -83,7 +83,7 @@ next)
     step "fused_rs_$check" 100 env XELINK_TEST_CHECKS="fused_reduce_scatter_$check" python3 -m pytest -rfEs \
       -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py
   done
-  step kernel_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
+  step kernel_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
     tests/kernels/test_attention.py tests/kernels/test_gemv.py
   step bench_gemm 120 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
