@@ -10,8 +10,8 @@ Ops (``impl``): ``"reference"`` runs the pure-torch twins (``xelink.kernels.refe
 requires xelink's kernels (a GPU and bf16/fp16, checked at load; each kernel then takes its fastest xelink
 path) and xelink's collectives, ``"auto"`` lets each kernel pick (the references on CPU and for dtypes the
 kernels do not take). The decode step (``decode``) runs without host synchronization and is captured
-whole in a CUDA graph by ``decode_graph``, which ``generate`` replays a token. Projections of 1-8 rows go through ``gemv`` (any weight
-format), more rows through ``gemm`` (quantized weights dequantized first).
+whole in a CUDA graph by ``decode_graph``, which ``generate`` replays a token. Projections of 1-8 rows go
+through ``gemv`` (any weight format), more rows through ``gemm`` (quantized weights dequantized first).
 
 Sequences of a batch may have different lengths: a prompt chunk comes left-padded with an
 ``attention_mask``; each sequence's real tokens sit at cache positions ``start[b] ..``, so its RoPE
