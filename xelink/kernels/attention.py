@@ -488,11 +488,12 @@ if triton is not None:
         tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
 
     @triton.jit
-    def _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, rows, n_rows, n_splits, hq, GROUP, SQ,
+    def _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, rows, n_rows, n_splits, n_used, hq, GROUP, SQ,
                     stride_xb, stride_xh, stride_xs, stride_xd,
                     HEAD_DIM: tl.constexpr, MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr):
         # The splits' partials of up to MERGE_ROWS rows merged in split order, UNROLL splits a round loaded as
         # one tile (one L2 round trip a round: a round of one split waited 6-7 us over 33 splits on an H200).
+        # Only the first n_used splits hold keys (the rest are empty: weight 0, skipped; n_splits is the stride).
         ok_rows = rows < n_rows
         t = rows % SQ
         h = kvh * GROUP + rows // SQ
@@ -503,9 +504,9 @@ if triton is not None:
         m = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
         den = tl.zeros([MERGE_ROWS], tl.float32)
         acc = tl.zeros([MERGE_ROWS, HEAD_DIM], tl.float32)
-        for s0 in range(0, n_splits, UNROLL):
+        for s0 in range(0, n_used, UNROLL):
             su = s0 + tl.arange(0, UNROLL)
-            ok = ok_rows[:, None] & (su < n_splits)[None, :]
+            ok = ok_rows[:, None] & (su < n_used)[None, :]
             ls = tl.load(lp[:, None] + su[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
             o = tl.load(op + su[None, :, None] * HEAD_DIM, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
             m_new = tl.maximum(m, tl.max(ls, axis=1))
@@ -532,9 +533,13 @@ if triton is not None:
         stride_xb, stride_xh, stride_xs, stride_xd,
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+        MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
+
+        A split covers ``max(ceil(kv_len / splits), MIN_CHUNK)`` keys (whole BLOCK_N blocks): a cache much
+        longer than its sequence (a static cache early in a decode) leaves the splits past ``kv_len`` empty
+        and the merge reads only the splits that hold keys.
 
         Partial results go to OP (B, Hq, SQ, splits, D) and LSEP (B, Hq, SQ, splits), float32,
         contiguous; an empty split writes 0 and -inf. The last split of a row block to finish (a ticket of
@@ -557,7 +562,7 @@ if triton is not None:
                  + offs_d[None, :] * stride_qd)
         q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
         kv_len = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX)
-        chunk = tl.cdiv(tl.cdiv(kv_len, n_splits), BLOCK_N) * BLOCK_N
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_len, n_splits), BLOCK_N) * BLOCK_N, MIN_CHUNK)
         lo = split * chunk
         hi = tl.minimum(lo + chunk, kv_len)
         if CAUSAL:
@@ -586,7 +591,7 @@ if triton is not None:
             n_rows = tl.minimum(GROUP * SQ, first + BLOCK_M)
             for r0 in range(first, n_rows, MERGE_ROWS):
                 _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, r0 + tl.arange(0, MERGE_ROWS), n_rows, n_splits,
-                            HKV * GROUP, GROUP, SQ, stride_xb, stride_xh, stride_xs, stride_xd, HEAD_DIM, MERGE_ROWS,
+                            tl.maximum(tl.minimum(tl.cdiv(kv_len, chunk), n_splits), 1), HKV * GROUP, GROUP, SQ, stride_xb, stride_xh, stride_xs, stride_xd, HEAD_DIM, MERGE_ROWS,
                             UNROLL)
 
     @triton.jit(do_not_specialize=["N", "H", "S", "D"])
@@ -760,8 +765,12 @@ class _DecodeLaunch:
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
+        # A split of an automatic count covers at least _DECODE_MIN_CHUNK keys of the sequence (not only of the
+        # cache: kv_lens may be far below Smax); an explicit num_splits is taken as asked.
+        min_chunk = block_n
         if num_splits <= 0:
             num_splits = _decode_splits(q, k_cache, block_n)
+            min_chunk = cdiv(_DECODE_MIN_CHUNK, block_n) * block_n
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
         self.out_shape = (B, HQ, SQ, D)
@@ -783,7 +792,7 @@ class _DecodeLaunch:
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
         unroll = max(2, min(16, 8192 // (merge_rows * D)))
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
-                           UNROLL=unroll, num_warps=num_warps,
+                           UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
         self.slot = Slot(_decode_split_kernel) if remembered else None

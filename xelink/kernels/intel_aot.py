@@ -126,7 +126,7 @@ def _decode(d=128, dtype="bfloat16"):
         kv = _contiguous(B, HKV, SMAX, d)
         return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), _t(dtype), _t("float32"),
                  _t("int32"), *q, *kv, *kv, *q, HKV, HQ // HKV, SQ, SMAX, 0.127],
-                dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, PDL=0))
+                dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, MIN_CHUNK=256, PDL=0))
     return args
 
 
