@@ -76,6 +76,15 @@ final)  # the decode-graph tests again, the model rows with the per-op breakdown
   ;;
 esac
 case "$1" in
+split)  # the decode kernel's minimum split: its GPU tests and the model rows again (~2 minutes)
+  step decode_kernel_tests 70 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py -k decode
+  step bench_decode 90 python3 -m xelink.bench decode --quick --model-only --no-transformers --out "$OUT/bench" \
+    --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
 next)
   for check in back_to_back_shapes with_a_delayed_rank cuda_graph_replays; do
     step "fused_rs_$check" 100 env XELINK_TEST_CHECKS="fused_reduce_scatter_$check" python3 -m pytest -rfEs \
