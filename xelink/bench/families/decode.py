@@ -38,7 +38,9 @@ implementation does; ``enable_gqa=True``), SiLU * up, the head and the argmax.
   ``transformers:generate(static cache)``: ``LlamaForCausalLM`` of the same config with its own random
   weights, bf16, eager (``disable_compile``: no torch.compile), greedy, a prompt of L tokens at B=1 and the
   smallest context; a token's time is (generate(1 + 32 new tokens) - generate(1)) / 32 on the host clock
-  after a synchronize; the xelink bf16 row at that shape gets ``extra["vs_transformers"]``.
+  after a synchronize; the xelink bf16 row at that shape gets ``extra["vs_transformers"]``. The B=1 rows at
+  the smallest context also get ``extra["breakdown_us"]`` and a note: ``step_breakdown``, each op of the step
+  alone over every layer in its own CUDA graph (us a step, GB/s).
 - CPU: the ``tiny`` config in float32 at B=1, context 64 (``--contexts`` too): eager ``Llama.decode``
   through the reference paths (``impl="reference"``) vs the twin eager, host clock.
 
