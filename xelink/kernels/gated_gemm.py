@@ -216,7 +216,6 @@ def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, imp
     return impl, order
 
 
-
 def _check_operands(fn: str, a, b) -> None:
     """The checks the kernel GEMMs built for the distributed ops share: 2-D half-precision ``a [M, K]`` and
     ``b [K, N]`` of one dtype."""

@@ -62,6 +62,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import statistics
 import sys
 import time
 import traceback
@@ -473,39 +474,32 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     acts = {"qkv": x.view(B, H), "o": rnd(B, hq * D), "gate_up": x.view(B, H), "down": rnd(B, ffn)}
     gu = rnd(B, 2 * ffn)
 
-    def lin(layer_lin, a):
-        fmt = layer_lin.fmt if layer_lin.fmt != "dense" else ("bf16" if dt == torch.bfloat16 else "fp16")
-        return functools.partial(gemv, layer_lin.weight, a, layer_lin.scales, fmt, "auto")
-
     layers, caches = model.layers, model.caches
+
+    def gemvs(lins, a):
+        """The GEMV of each Linear in ``lins`` on ``a``, and the bytes they read."""
+        calls = [functools.partial(gemv, li.weight, a, li.scales,
+                                   li.fmt if li.fmt != "dense" else ("bf16" if dt == torch.bfloat16 else "fp16"),
+                                   "auto") for li in lins]
+        return calls, sum(_linear_bytes(li) for li in lins)
+
+    kv_bytes = len(caches) * 2 * B * hk * L * D * caches[0].k.element_size()
     ops = {"rmsnorm (2 a layer)": ([functools.partial(rmsnorm, x, ly[n], eps, res) for ly in layers
                                     for n in ("attn_norm", "mlp_norm")], None),
-           "gemv qkv": ([lin(ly["qkv"], acts["qkv"]) for ly in layers], None),
+           "gemv qkv": gemvs([ly["qkv"] for ly in layers], acts["qkv"]),
            "rope_kv": ([functools.partial(rope_kv, q, k, v, model.cos, model.sin, pos, c.k, c.v) for c in caches],
                        None),
            "decode_attention": ([functools.partial(decode_attention, q, c.k[:B], c.v[:B], lens) for c in caches],
-                                2 * B * hk * L * D * caches[0].k.element_size()),
-           "gemv o": ([lin(ly["o"], acts["o"]) for ly in layers], None),
-           "gemv gate_up": ([lin(ly["gate_up"], acts["gate_up"]) for ly in layers], None),
+                                kv_bytes),
+           "gemv o": gemvs([ly["o"] for ly in layers], acts["o"]),
+           "gemv gate_up": gemvs([ly["gate_up"] for ly in layers], acts["gate_up"]),
            "silu_mul": ([functools.partial(silu_mul, gu) for _ in layers], None),
-           "gemv down": ([lin(ly["down"], acts["down"]) for ly in layers], None),
-           "gemv head": ([lin(model.head, acts["qkv"])], None)}
+           "gemv down": gemvs([ly["down"] for ly in layers], acts["down"]),
+           "gemv head": gemvs([model.head], acts["qkv"])}
     out, total = {}, 0.0
     for name, (calls, nbytes) in ops.items():
         graph, _, _ = cuda_graph(calls, 1)
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        us = start.elapsed_time(end) * 1e3 / replays
-        if name.startswith("gemv"):
-            lins = [model.head] if name == "gemv head" else [ly[name.split()[1]] for ly in layers]
-            nbytes = sum(_linear_bytes(li) for li in lins)
-        elif nbytes is not None:
-            nbytes *= len(caches)
+        us = statistics.fmean(time_cuda_events(graph.replay, warmup=1, iters=replays)) * 1e6
         out[name] = (round(us, 1), round(nbytes / us / 1e3, 1) if nbytes else None)
         total += us
         del graph
