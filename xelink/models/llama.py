@@ -148,12 +148,6 @@ class KVCache:
             ``(B, Hq, S, D)``: attention of each real token over its sequence's cache (causal); pads give 0.
         """
         B, _, S, _ = q.shape
-        if S == 1 and not any(pads):
-            idx = torch.arange(B, device=q.device)
-            pos = torch.tensor(starts, device=q.device)
-            self.k[idx, :, pos] = k[:, :, 0]
-            self.v[idx, :, pos] = v[:, :, 0]
-            return ops.decode_attention(q, self.k[:B], self.v[:B], pos + 1)
         for b in range(B):
             n = S - pads[b]
             self.k[b, :, starts[b]:starts[b] + n] = k[b, :, pads[b]:]
@@ -457,8 +451,11 @@ class Llama:
                 mine = self.cp.positions(S)
                 input_ids, pos, S = input_ids[:, mine], pos[:, mine], len(mine)
         pos = pos.to(self.device)
+        if S == 1 and self.cp is None:  # a token per sequence (no pads: a row holds a token): the decode step
+            return self._decode_step(input_ids[:, 0].to(self.device), pos[:, 0])[:, None]
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
+
         def attend(cache, q, k, v):
             q, k = self.ops.rope(q, k, cos, sin)
             return cache.attend(q, k, v, starts, pads, self.ops)
@@ -500,11 +497,15 @@ class Llama:
         if not 1 <= B <= self.max_batch or positions.shape[0] != B:
             raise ValueError(f"{fn}: tokens ({B}) and positions ({positions.shape[0]}) must have one entry per "
                              f"sequence, 1..max_batch={self.max_batch}")
+        return self._decode_step(tokens, positions)
+
+    def _decode_step(self, tokens, positions):
+        """``decode`` after its checks (also the model call's path for one token a sequence)."""
         kv_lens = positions + 1
         x = self.embed[tokens][:, None]  # (B, 1, H)
         normed = self._layers(x, lambda cache, q, k, v: cache.decode(q, k, v, self.cos, self.sin, positions, kv_lens,
                                                                      self.ops))
-        return self._head(normed.reshape(B, -1))
+        return self._head(normed.reshape(tokens.shape[0], -1))
 
     def decode_graph(self, batch: int) -> "DecodeGraph":
         """The decode step for ``batch`` sequences captured in a CUDA graph (made at the first call for that
