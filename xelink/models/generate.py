@@ -102,7 +102,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         generator = None
     if cuda_graph not in (None, True, False):
         raise ValueError(f"{fn}: cuda_graph={cuda_graph!r} must be None, True or False")
-    graphable = model.device.type == "cuda" and not model.ops.dense_ref and model.cp is None
+    graphable = model.graph_capturable
     if cuda_graph and not graphable:
         raise ValueError(f"{fn}: cuda_graph=True needs the model on CUDA, impl 'auto' or 'xelink', dtype bfloat16 or "
                          f"float16 and no context parallelism (device {model.device}, impl {model.impl!r}, "

@@ -507,6 +507,12 @@ class Llama:
                                                                      self.ops))
         return self._head(normed.reshape(tokens.shape[0], -1))
 
+    @property
+    def graph_capturable(self) -> bool:
+        """Whether the decode step can be captured in a CUDA graph: on CUDA, on the kernel path (impl "auto"
+        or "xelink" in bf16/fp16: the references synchronize), without context parallelism."""
+        return self.device.type == "cuda" and not self.ops.dense_ref and self.cp is None
+
     def decode_graph(self, batch: int) -> "DecodeGraph":
         """The decode step for ``batch`` sequences captured in a CUDA graph (made at the first call for that
         batch size, then kept): see :class:`DecodeGraph`. Collective over the TP group (the capture)."""
@@ -577,7 +583,7 @@ class DecodeGraph:
 
     def __init__(self, model: Llama, batch: int):
         fn = "Llama.decode_graph"
-        if model.device.type != "cuda" or model.ops.ref or model.ops.dense_ref or model.cp is not None:
+        if not model.graph_capturable:
             raise ValueError(f"{fn}: a CUDA graph needs the model on a CUDA device, impl 'auto' or 'xelink', dtype "
                              f"bfloat16 or float16 and no context parallelism (got device {model.device}, impl "
                              f"{model.impl!r}, {model.dtype}, cp {'on' if model.cp is not None else 'off'})")
