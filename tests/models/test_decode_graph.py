@@ -65,6 +65,8 @@ def test_errors_name_the_call():
         model.generate(torch.tensor([[1, 2]]), 2, cuda_graph="yes")
     with pytest.raises(ValueError, match="Llama.random: config='nope' is not a named config"):
         Llama.random("nope")
+    with pytest.raises(ValueError, match="Llama.random: seed='3' must be an int"):
+        Llama.random("tiny", seed="3")
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

@@ -309,6 +309,8 @@ class Llama:
         Face dict or a ``LlamaConfig``; ``seed`` picks the weights (the same on every rank, so TP slices
         agree); the other arguments as ``from_pretrained``'s. Collective over the TP and CP groups."""
         fn = "Llama.random"
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"{fn}: seed={seed!r} must be an int")
         device = cls._resolve(fn, dtype, max_batch, max_seq_len, impl, tp_group, cp_group, device)
         cfg = _resolve_config(config, fn)
         if max_seq_len is None:
