@@ -9,6 +9,8 @@
 #          Llama checks (which must run on CPU ranks on a GPU host too);
 #   bench: the distributed GEMM and context-parallel attention families with 2 ranks sharing the GPU
 #          (correctness and a time-sliced sanity figure; their targets need one GPU per rank);
+#   verify: the decode kernel and eager decode checks, 1K/8K/32K model rows, gemm's host profile (~5 minutes);
+#   act:   gemv's act= in the model, the decode split A/B, gemm's host rows (~6 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -81,6 +83,35 @@ split)  # the decode kernel's minimum split: its GPU tests and the model rows ag
     tests/kernels/test_attention.py -k decode
   step bench_decode 90 python3 -m xelink.bench decode --quick --model-only --no-transformers --out "$OUT/bench" \
     --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+verify)  # the decode kernel's minimum split and the eager one-token path: GPU tests, model rows at 1K/8K/32K,
+         # and where gemm's eager host time goes (issue 20)
+  step decode_kernel_tests 80 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py -k decode
+  step gemv_act_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 6 -m gpu \
+    tests/kernels/test_gemv.py -k "act_silu_mul or graph_capture"
+  step decode_gpu_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+    tests/models/test_decode_graph.py tests/kernels/test_norm.py
+  step bench_decode 150 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  step kernel_host_profile 45 python3 benchmarks/scripts/kernel_host_profile.py gemm
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+act)  # gemv act="silu_mul" in the model, decode attention's least keys a split of a sequence (A/B), the gemm
+      # family's host rows (~6 minutes)
+  step gemv_act_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 6 -m gpu \
+    tests/kernels/test_gemv.py -k "act_silu_mul or graph_capture"
+  step decode_chunk_ab 90 python3 benchmarks/scripts/decode_chunk_ab.py
+  step decode_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu \
+    tests/models/test_decode_graph.py tests/kernels/test_attention.py -k "decode or graph"
+  step bench_decode 110 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K \
+    --out "$OUT/bench" --commit "$C"
+  step bench_gemm 130 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
 esac

@@ -63,7 +63,8 @@ def profile(name, fn, n=3000):
     prof = cProfile.Profile()
     prof.enable()
     for i in range(n):
-        if i % 200 == 0:
+        if i % 200 == 0:  # the GPU drained, then kept busy: no launch waits for a full queue
+            torch.cuda.synchronize()
             busy()
         fn()
     prof.disable()
@@ -155,7 +156,23 @@ def gemm_rows(dev):
     print(f"gemm(a, b, impl='cuda') x50: {len(ptrs)} distinct output addresses; descriptors cached per operand "
           f"{[len(cache) for _, _, cache in se.descs] if se is not None else '?'}; fast launches {k.fast - fast0}",
           flush=True)
+    # The whole call with the C launcher replaced by a no-op: what is Python and allocation, what the launch.
+    if se is not None:
+        raw = se.raw
+        se.raw = lambda *args: None
+        try:
+            row("gemm(a, b, impl='cuda') with a no-op C launcher", lambda: gemm(a, b, impl="cuda"))
+            row("gemm(a, b, impl='cuda', out=c) with a no-op C launcher", lambda: gemm(a, b, impl="cuda", out=c))
+        finally:
+            se.raw = raw
+    outs = []
+    row("gemm(a, b, impl='cuda'), outputs kept (no reuse)", lambda: outs.append(gemm(a, b, impl="cuda"))
+        if len(outs) < 64 else outs.clear())
+    row("torch.matmul(a, b), outputs kept (no reuse)", lambda: outs.append(torch.matmul(a, b))
+        if len(outs) < 64 else outs.clear())
+    outs.clear()
     profile("gemm(a, b, impl='cuda')", lambda: gemm(a, b, impl="cuda"))
+    profile("gemm(a, b, impl='triton')", lambda: gemm(a, b, impl="triton"))
 
 
 def norm_rows(dev):

@@ -10,6 +10,7 @@ import torch
 
 from xelink.kernels.gemv import (W4_GROUP, gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16,
                                  unpack_w8a16)
+from xelink.kernels.norm import silu_mul
 
 from out_blocks import on_two_streams, only_block_written, poisoned
 
@@ -137,6 +138,61 @@ def test_bad_arguments(kwargs, error, match):
         gemv(**kwargs)
 
 
+# -- act="silu_mul": the gate/up projection with SwiGLU at the store -----------------------------------------
+
+def _act_unfused(w, x, s, fmt, impl, cfg=None):
+    """What act="silu_mul" must equal: the plain GEMV into x's dtype, then silu_mul."""
+    return silu_mul(gemv(w, x, s, fmt, impl=impl, config=cfg), impl="reference" if impl == "reference" else "triton")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+def test_act_reference(fmt):
+    w, s, exact = _weights(fmt, 2 * 9, 256, torch.bfloat16)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    y = gemv(w, x, s, fmt, impl="reference", act="silu_mul")
+    assert y.shape == (3, 9) and torch.equal(y, _act_unfused(w, x, s, fmt, "reference"))
+    g, u = (x.double() @ exact.T).chunk(2, dim=-1)
+    assert torch.allclose(y.double(), g * torch.sigmoid(g) * u, rtol=0.05, atol=0.02)
+    assert torch.equal(gemv(w, x[1], s, fmt, impl="reference", act="silu_mul"), y[1])  # 1-D x, 1-D y
+    out = torch.full((3, 20), float("nan"), dtype=torch.bfloat16)
+    assert gemv(w, x, s, fmt, impl="reference", act="silu_mul", out=out[:, 5:14]) is not None
+    assert torch.equal(out[:, 5:14], y) and out[:, :5].isnan().all() and out[:, 14:].isnan().all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (_bad(act="gelu"), "gemv: act='gelu' is not None or one of silu_mul"),
+    (_bad(w=torch.ones(5, 256, dtype=torch.bfloat16), act="silu_mul"), "an even number of rows, got N=5"),
+    (_bad(act="silu_mul", out=torch.empty(2, 4, dtype=torch.bfloat16)), r"gemv: out.shape=\(2, 4\) must be \(2, 2\)"),
+])
+def test_act_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gemv(**kwargs)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("fmt", ["fp16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("kernel", ["fma", "mma", "mma-fold", "words"])
+def test_interpreted_act(fmt, kernel):
+    # One launch with the (gate, up) rows of each output in one tile equals the GEMV then silu_mul with the
+    # same tiles, bit for bit: output tails (F not whole tiles), 1-3 rows, a K split in the config (act runs
+    # unsplit), out= a column block.
+    if kernel == "fma" and fmt == "w4a16" or kernel == "words" and fmt == "fp16" or \
+            kernel == "mma-fold" and fmt != "w4a16":
+        pytest.skip("not a kernel of this format")
+    for M, F, K, block_n in [(1, 20, 256, 16), (3, 9, 384, 4), (2, 1, 256, 2)]:
+        w, s, _ = _weights(fmt, 2 * F, K, torch.float16)
+        x = torch.randn(M, K).to(torch.float16)
+        cfg = dict(KERNEL=kernel.split("-")[0], BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=2, num_warps=1, num_stages=1,
+                   FOLD=kernel.endswith("fold"))
+        want = _act_unfused(w, x, s, fmt, "triton", dict(cfg, SPLIT_K=1))
+        assert torch.equal(gemv(w, x, s, fmt, impl="triton", config=cfg, act="silu_mul"), want), (M, F, K, block_n)
+        out = torch.full((M, F + 3), float("nan"), dtype=torch.float16)
+        gemv(w, x, s, fmt, impl="triton", config=cfg, act="silu_mul", out=out[:, 1:F + 1])
+        assert torch.equal(out[:, 1:F + 1], want) and out[:, 0].isnan().all() and out[:, F + 1:].isnan().all()
+    with pytest.raises(ValueError, match="act='silu_mul' needs an even BLOCK_N"):
+        gemv(w, x, s, fmt, impl="triton", config=dict(cfg, BLOCK_N=3), act="silu_mul")
+
+
 @pytest.mark.skipif(INTERPRET, reason="the interpreter runs Triton on CPU tensors")
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_triton_impl_on_cpu_is_refused(impl):
@@ -149,7 +205,7 @@ def test_fake_impl():
     with FakeTensorMode():
         y = torch.empty(3, 7, dtype=torch.float16)
         assert torch.ops.xelink.gemv(torch.empty(7, 64, dtype=torch.uint8), torch.empty(3, 128, dtype=torch.float16),
-                                     torch.empty(7, 1, dtype=torch.float16), "w4a16", "cuda", "auto", y) is None
+                                     torch.empty(7, 1, dtype=torch.float16), "w4a16", "cuda", "auto", None, y) is None
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "w4a16"])
@@ -460,6 +516,61 @@ def test_gpu_out_blocks(requires_gpus, impl, fmt):
                 fold = cfg is None and impl == "triton" and fmt == "w4a16" and M > 4  # rounds each weight once
                 ref = exact.to(torch.bfloat16).double() if fold else exact
                 assert _relerr(block, x, ref) < TOL[torch.bfloat16], f"{impl} {fmt} M={M} cfg={cfg} {where}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_gpu_act_silu_mul(requires_gpus, fmt, impl):
+    # act="silu_mul" (the decode MLP's gate/up projection) equals the plain GEMV then silu_mul bit for bit,
+    # with the default tiles (one launch on the fma, word and mma kernels; the tensor-core kernel's GEMV and a
+    # silu_mul), explicit tiles of every kernel, output tails, 1-8 rows, 1-D x, out= a column block, and
+    # captured in a CUDA graph replayed with new activations.
+    requires_gpus(1)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    configs = [None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=2, num_warps=4,
+                          num_stages=3)]
+    configs += [dict(KERNEL="fma", BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=3)] if fmt != "w4a16" \
+        else [dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, num_warps=1, num_stages=1)]
+    if impl == "cuda" and fmt != "bf16":
+        configs.append(dict(KERNEL="tc"))
+    for F, K in [(14336, 4096), (4096, 1024), (33, 256), (1, 128)]:
+        w, s, _ = _weights(fmt, 2 * F, K, torch.bfloat16, "cuda", gen)
+        for M in (1, 3, 8):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+            for cfg in configs:
+                got = gemv(w, x, s, fmt, impl, config=cfg, act="silu_mul")
+                want = _act_unfused_gpu(w, x, s, fmt, impl, cfg)
+                assert torch.equal(got, want), f"{impl} {fmt} F={F} K={K} M={M} cfg={cfg}"
+            assert torch.equal(gemv(w, x[0], s, fmt, impl, act="silu_mul"),
+                               _act_unfused_gpu(w, x[:1], s, fmt, impl)[0])
+            big = poisoned(M + 4, F + 9, device="cuda")
+            block = big[2:2 + M, 5:5 + F]
+            assert gemv(w, x, s, fmt, impl, out=block, act="silu_mul") is block
+            torch.cuda.synchronize()
+            only_block_written(big, block)
+            assert torch.equal(block, _act_unfused_gpu(w, x, s, fmt, impl))
+    x = torch.randn(2, K, device="cuda", generator=gen).to(torch.bfloat16)
+    y = gemv(w, x, s, fmt, impl, act="silu_mul")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(w, x, s, fmt, impl, act="silu_mul")
+    for _ in range(3):
+        x.copy_(torch.randn(2, K, device="cuda", generator=gen))
+        graph.replay()
+        assert torch.equal(y, _act_unfused_gpu(w, x, s, fmt, impl))
+
+
+def _act_unfused_gpu(w, x, s, fmt, impl, cfg=None):
+    """act="silu_mul"'s twin on the GPU: the plain GEMV with the tiles act runs (``cfg``, else the default
+    ones) unsplit, as act runs them (a K split sums in another order), then silu_mul."""
+    if cfg is None:
+        import xelink.kernels.gemv as gemv_mod
+        from xelink.kernels.common import sm_count
+        cfg = gemv_mod._gemv_config(x.shape[0], w.shape[0], x.shape[1], fmt, sm_count(x.device), impl == "cuda")
+    if cfg["KERNEL"] != "tc":  # (the tensor-core kernel runs act as its own GEMV, split or not, then silu_mul)
+        cfg = dict(cfg, SPLIT_K=1)
+    return silu_mul(gemv(w, x, s, fmt, impl, config=cfg), impl="triton")
 
 
 @pytest.mark.gpu

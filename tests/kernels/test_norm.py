@@ -216,6 +216,10 @@ def _check_decode_fusions(device, dtype, impl, cases=((1, 4, 2, 8, 16), (3, 32, 
         got = silu_mul(x, impl=impl)
         g64, u64 = x.cpu().double().chunk(2, dim=-1)
         assert got.shape == (B, 3, D + 3) and _rel(got.cpu(), torch.nn.functional.silu(g64) * u64) < TOL[dtype]
+        # out= a column block of a wider buffer: the same values, nothing else written
+        big = torch.full((B, 3, D + 8), float("nan"), dtype=dtype, device=device)
+        assert silu_mul(x, impl=impl, out=big[..., 2:D + 5]) is not None
+        assert torch.equal(big[..., 2:D + 5], got) and big[..., :2].isnan().all() and big[..., D + 5:].isnan().all()
 
 
 def test_decode_fusions_reference():
@@ -225,6 +229,12 @@ def test_decode_fusions_reference():
     assert torch.equal(reference_silu_mul(x), silu_mul(x))  # auto on the CPU: the reference
     with pytest.raises(ValueError, match="silu_mul: x.shape=.3,. must end in an even dimension"):
         silu_mul(torch.ones(3))
+    with pytest.raises(ValueError, match=r"silu_mul: out.shape=\(4, 4\) must be \(4, 5\)"):
+        silu_mul(x, out=torch.empty(4, 4))
+    with pytest.raises(ValueError, match="silu_mul: out overlaps x"):
+        silu_mul(x, out=x[:, :5])
+    with pytest.raises(ValueError, match="silu_mul: out.stride.. = .* does not view as rows of 5|does not view"):
+        silu_mul(torch.randn(2, 3, 10), out=torch.empty(3, 2, 5).transpose(0, 1))
     q, kv = torch.ones(1, 2, 1, 4), torch.ones(1, 1, 1, 4)
     cache = torch.zeros(1, 1, 5, 4)
     with pytest.raises(ValueError, match="rope_kv: positions must be"):

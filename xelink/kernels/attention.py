@@ -81,7 +81,11 @@ _FWD_CONFIGS = {
 # HD=256 halves BLOCK_N to keep the same 32 KB K+V tile per stage (64 keys x 3 stages overflows smem).
 _DECODE_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3), 256: (32, 4, 3)}
 _DECODE_PROGRAMS_PER_SM = 2
-_DECODE_MIN_CHUNK = 256  # keys per split at least: below that the merge costs more than the split saves
+_DECODE_MIN_CHUNK = 256  # keys per split of the cache at least: below that the merge costs more than the split saves
+# Keys per split of a sequence at least (kv_lens, at run time): the splits of a sequence shorter than the
+# cache. 256 there made 1K of an 8K cache 4 splits a KV head, 11.3 us a layer on an H200 against 10.0 us
+# with 16 splits of 64 (the bench decode breakdown at 5042570 and before f625022).
+_DECODE_SEQ_MIN_CHUNK = 64
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -765,12 +769,12 @@ class _DecodeLaunch:
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
-        # A split of an automatic count covers at least _DECODE_MIN_CHUNK keys of the sequence (not only of the
-        # cache: kv_lens may be far below Smax); an explicit num_splits is taken as asked.
+        # A split of an automatic count covers at least _DECODE_SEQ_MIN_CHUNK keys of the sequence (not only of
+        # the cache: kv_lens may be far below Smax); an explicit num_splits is taken as asked.
         min_chunk = block_n
         if num_splits <= 0:
             num_splits = _decode_splits(q, k_cache, block_n)
-            min_chunk = cdiv(_DECODE_MIN_CHUNK, block_n) * block_n
+            min_chunk = cdiv(_DECODE_SEQ_MIN_CHUNK, block_n) * block_n
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
         self.out_shape = (B, HQ, SQ, D)

@@ -55,14 +55,16 @@ from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, che
                      check_same_device, check_tensor, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_with
+from .norm import reference_silu_mul, silu_mul
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
 from .split import SCRATCH, last_split
 
-__all__ = ["GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
+__all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
            "unpack_w4a16", "unpack_w8a16"]
 
 GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
 GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
+GEMV_ACTS = ("silu_mul",)  # act=: an activation applied to the output at the store
 W4_GROUP = 128  # columns of W sharing one W4A16 scale
 MAX_ROWS = 8
 _FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -276,12 +278,12 @@ if triton is not None:
                      stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr,
+                     ACT: tl.constexpr = False):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Rows past N read row N-1 (results dropped at the store): no mask, so loads stay 16 bytes wide.
-        rn_safe = tl.minimum(rn, N - 1)
+        rn, rn_safe = _tile_rows(pid_n, N, BLOCK_N, ACT, PARTIAL)
         rm = tl.arange(0, BLOCK_M)
         m_ok = rm < M
         # A split is K_STEPS whole BLOCK_K tiles: k_lo is then a multiple of BLOCK_K that the compiler can
@@ -344,6 +346,9 @@ if triton is not None:
             if FMT == 1:
                 acc = acc * tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)[:, None]
         pdl_launch(PDL)
+        if ACT:  # [BLOCK_N, BLOCK_M] of (gate, up) row pairs -> [BLOCK_N // 2, BLOCK_M]
+            g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))
+            acc = _silu_mul(g, u, y_ptr.dtype.element_ty)
         y_ptrs = y_ptr + pid_s * stride_ys + rm[None, :] * stride_ym + rn[:, None]
         y_ok = (rn < N)[:, None] & m_ok[None, :]
         if PARTIAL:
@@ -352,6 +357,29 @@ if triton is not None:
                 _sum_splits(y_ptr, o_ptr, rn, N, M, stride_ys, stride_ym, stride_om, BLOCK_M)
         else:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_ok)
+
+    @triton.jit
+    def _tile_rows(pid_n, N, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PARTIAL: tl.constexpr):
+        """(the tile's output columns, the rows of W it reads, clamped to the last one): BLOCK_N rows from
+        pid_n * BLOCK_N; with ACT, W is [gate; up] (2N rows) and the tile reads BLOCK_N // 2 (gate, up)
+        row pairs, n and N + n, interleaved, for outputs pid_n * BLOCK_N // 2 + j."""
+        if ACT:
+            tl.static_assert(not PARTIAL, "gemv: act= runs without a K split")
+            tl.static_assert(BLOCK_N % 2 == 0, "gemv: act= needs an even BLOCK_N")
+            i = tl.arange(0, BLOCK_N)
+            rows = tl.minimum(pid_n * (BLOCK_N // 2) + i // 2, N - 1) + (i % 2) * N
+            return pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), rows
+        else:
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            return rn, tl.minimum(rn, N - 1)
+
+    @triton.jit
+    def _silu_mul(g, u, dtype: tl.constexpr):
+        # silu(gate) * up of the two sums, each rounded to the output dtype first: what a GEMV into that
+        # dtype followed by silu_mul (norm.py, the same formula) computes.
+        g = g.to(dtype).to(tl.float32)
+        u = u.to(dtype).to(tl.float32)
+        return g / (1.0 + tl.exp(-g)) * u
 
     @triton.jit
     def _x_row(x_ptr, m, stride_xm, offs, ROWS: tl.constexpr):
@@ -363,9 +391,12 @@ if triton is not None:
 
     @triton.jit
     def _store_row(y_ptr, m, acc, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL: tl.constexpr,
-                   ROWS: tl.constexpr):
+                   ROWS: tl.constexpr, ACT: tl.constexpr):
         if m < ROWS:
             total = tl.sum(acc, axis=1) * scale
+            if ACT:  # (gate, up) pairs -> one output each
+                g, u = tl.split(tl.reshape(total, (total.shape[0] // 2, 2)))
+                total = _silu_mul(g, u, y_ptr.dtype.element_ty)
             ptrs = y_ptr + pid_s * stride_ys + m * stride_ym + rn
             if PARTIAL:
                 tl.store(ptrs, total, mask=rn < N)
@@ -374,29 +405,29 @@ if triton is not None:
 
     @triton.jit
     def _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale,
-                    PARTIAL: tl.constexpr, ROWS: tl.constexpr):
+                    PARTIAL: tl.constexpr, ROWS: tl.constexpr, ACT: tl.constexpr):
         # One accumulator tensor per activation row (a 3-D accumulator makes Triton shuffle layouts).
-        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
-        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS)
+        _store_row(y_ptr, 0, a0, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 1, a1, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 2, a2, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 3, a3, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 4, a4, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 5, a5, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
+        _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
 
     @triton.jit(do_not_specialize=["K_STEPS"])
     def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, N, K, K_STEPS,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                         ACT: tl.constexpr = False):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
         # programs, and their loads, in flight per SM.
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rn_safe = tl.minimum(rn, N - 1)  # rows past N re-read row N-1: no mask, loads stay wide
+        rn, rn_safe = _tile_rows(pid_n, N, BLOCK_N, ACT, PARTIAL)  # past N: row N-1 again, loads stay wide
         # A split is K_STEPS whole BLOCK_K tiles: k_lo is then a multiple of BLOCK_K that the compiler can
         # see, so the loads stay 16 bytes wide (a split length passed as an unspecialized integer made
         # every load scalar).
@@ -444,7 +475,7 @@ if triton is not None:
         else:
             scale = 1.0
         _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL,
-                    ROWS)
+                    ROWS, ACT)
         if PARTIAL:
             if last_split(cnt_ptr, pid_n, tl.num_programs(1)):
                 _sum_splits(y_ptr, o_ptr, rn, N, ROWS, stride_ys, stride_ym, stride_om, 8)
@@ -571,7 +602,8 @@ if triton is not None:
     def _gemv_words_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, N, K, K_STEPS, WORDS_N,
                            stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                            FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                           ACT: tl.constexpr = False):
         # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
         # a row a thread a step, BLOCK_N rows a program, so a word's activations (one 8- or 16-byte load)
         # serve BLOCK_N rows. WORDS_N (the row stride in words) is not specialized: unable to prove 16-byte
@@ -585,8 +617,7 @@ if triton is not None:
         pid_s = tl.program_id(1)
         PER: tl.constexpr = 8 if FMT == 2 else 4  # weights a word
         T: tl.constexpr = BLOCK_K // PER
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rn_safe = tl.minimum(rn, N - 1)
+        rn, rn_safe = _tile_rows(pid_n, N, BLOCK_N, ACT, PARTIAL)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         pdl_wait(PDL)
@@ -625,7 +656,7 @@ if triton is not None:
         else:
             scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
         _store_rows(y_ptr, a0, a1, a2, a3, a4, a5, a6, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL,
-                    ROWS)
+                    ROWS, ACT)
         if PARTIAL:
             if last_split(cnt_ptr, pid_n, tl.num_programs(1)):
                 _sum_splits(y_ptr, o_ptr, rn, N, ROWS, stride_ys, stride_ym, stride_om, 8)
@@ -719,12 +750,13 @@ class _GemvLaunch:
     the K split (and, for the tc kernel, its sum kernel's launch), and (``remembered``: a call of ``_PATHS``,
     whose key fixes every argument's class) a launcher slot for each kernel."""
 
-    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc")
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused")
 
-    def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool):
+    def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool,
+                 act: bool = False):
         M, K = x.shape
-        N = w.shape[0]
-        self.shape = (M, N)  # (int8 weights go to the kernels as they are: each reads them as raw bits)
+        N = w.shape[0]  # rows of W; with act, [gate; up]: N // 2 outputs
+        self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
         if pdl == "auto":
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
             # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
@@ -752,7 +784,13 @@ class _GemvLaunch:
             raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
         if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
             raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
-        y_stride = out.stride(0) if out is not None else N  # else a new contiguous [M, N]
+        # act on the tensor-core kernel: its [M, N] into a temporary, then silu_mul (two launches).
+        self.unfused = act and kernel == "tc"
+        if act and not self.unfused and cfg["BLOCK_N"] % 2:
+            raise ValueError(f"gemv: act='silu_mul' needs an even BLOCK_N (it takes (gate, up) row pairs), "
+                             f"got config BLOCK_N={cfg['BLOCK_N']}")
+        # y's row stride: out's, else a new contiguous one's (the unfused act's temporary: [M, N])
+        y_stride = N if self.unfused else out.stride(0) if out is not None else self.shape[1]
         if kernel == "tc":
             cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
                    **cfg, "PDL": pdl}
@@ -760,7 +798,7 @@ class _GemvLaunch:
             self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(w, x, scales, _FMT_CODE[fmt],
                                                                                     cfg, y_stride)
         else:
-            self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride)
+            self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride, act)
         self.sum, self.tiles, self.tc = None, 0, kernel == "tc"
         if not self.tc:
             # The Triton kernels finish a K split in the same launch (split.py): the last split of each tile
@@ -772,12 +810,14 @@ class _GemvLaunch:
                         dict(SPLIT=self.split, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0))
         self.slots = (Slot(self.fn), Slot(_splitk_sum_kernel)) if remembered else None
 
-    def _triton(self, w, x, scales, fmt, cfg, ptx, pdl, y_stride):
-        """The Triton kernels' launch (``cfg`` checked, a copy)."""
+    def _triton(self, w, x, scales, fmt, cfg, ptx, pdl, y_stride, act):
+        """The Triton kernels' launch (``cfg`` checked, a copy); ``act``: silu_mul of row pairs, unsplit."""
         M, K = x.shape
-        N = w.shape[0]
+        N = w.shape[0] // 2 if act else w.shape[0]  # outputs
         kernel = cfg.pop("KERNEL", "mma")
         block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+        if act:
+            split = 1  # the pairs are combined at the store: no partial sums
         k_blocks = -(-K // block_k)
         split = max(1, min(split, k_blocks))
         per_split = -(-k_blocks // split) * block_k
@@ -795,8 +835,10 @@ class _GemvLaunch:
         strides = (w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride, M * N if split > 1 else 0,
                    y_stride)
         steps = per_split // block_k
-        self.grid = (cdiv(N, cfg["BLOCK_N"]), split)
+        self.grid = (cdiv(N, cfg["BLOCK_N"] // 2 if act else cfg["BLOCK_N"]), split)
         common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
+        if act:
+            common["ACT"] = True
         if kernel == "words":
             cfg.pop("FOLD", None)
             self.fn = _gemv_words_kernel
@@ -824,14 +866,26 @@ class _GemvLaunch:
         if M == 0 or N == 0:
             return y
         if x.shape[1] == 0:
-            return y.zero_()
+            return y.zero_()  # (silu(0) * 0 = 0 too)
         x = x.contiguous()
+        if self.unfused:
+            full = x.new_empty((M, w.shape[0]))
+            self._tc(w, x, scales, full)
+            return silu_mul(full, impl="triton", out=y)
+        if self.tc:
+            return self._tc(w, x, scales, y)
         s = scales if scales is not None else w  # unused by the dense kernels; any pointer does
+        # (w, x, scales, partials or y, y, tile counters): unsplit, y stands for the last two
+        counters, dst = SCRATCH.get(x.device, self.tiles, self.split * M * N) if self.tiles else (y, y)
+        launch_with(self.slots[0] if self.slots else None, self.fn, self.grid, w, x, s, dst, y, counters, *self.ints,
+                    **self.kwargs)
+        return y
+
+    def _tc(self, w, x, scales, y) -> torch.Tensor:
+        """The tensor-core kernel's launch into y ([M, rows of W]), and its sum launch where K is split."""
         main, summed = self.slots or (None, None)
-        if not self.tc:  # (w, x, scales, partials or y, y, tile counters): unsplit, y stands for the last two
-            counters, dst = SCRATCH.get(x.device, self.tiles, self.split * M * N) if self.tiles else (y, y)
-            launch_with(main, self.fn, self.grid, w, x, s, dst, y, counters, *self.ints, **self.kwargs)
-            return y
+        M, N = y.shape
+        s = scales if scales is not None else w
         dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
         launch_with(main, self.fn, self.grid, w, x, s, dst, *self.ints, **self.kwargs)
         if self.sum is not None:
@@ -841,27 +895,28 @@ class _GemvLaunch:
 
 
 def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict | None = None,
-              plan=None) -> torch.Tensor:
+              plan=None, act: str | None = None) -> torch.Tensor:
     """The eager call (also the custom op's body): ``out`` checked against the inputs, then the launch
     (``plan``: the remembered path's :class:`_GemvLaunch`, else one worked out for this call)."""
     if out is not None:
         check_no_overlap("gemv", out, w=w, x=x, scales=scales)
     if impl == "reference":
         y = reference_gemv(w, x, scales, fmt)
+        y = reference_silu_mul(y) if act else y
         return y if out is None else out.copy_(y)
     if plan is None:
-        plan = _GemvLaunch(w, x, scales, fmt, cfg, impl == "cuda", pdl, out, False)
+        plan = _GemvLaunch(w, x, scales, fmt, cfg, impl == "cuda", pdl, out, False, act is not None)
     return plan(w, x, scales, out)
 
 
 @torch.library.custom_op("xelink::gemv", mutates_args=("out",))
 def _gemv_op(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, fmt: str, impl: str, pdl: str,
-             out: torch.Tensor) -> None:
-    _gemv_run(w, x, scales, fmt, impl, pdl, out)
+             act: str | None, out: torch.Tensor) -> None:
+    _gemv_run(w, x, scales, fmt, impl, pdl, out, act=act)
 
 
 @_gemv_op.register_fake
-def _gemv_fake(w, x, scales, fmt, impl, pdl, out):
+def _gemv_fake(w, x, scales, fmt, impl, pdl, act, out):
     return None
 
 
@@ -877,13 +932,15 @@ def _pdl_alias(pdl, config):
     return alias, {k: v for k, v in config.items() if k != "PDL"} or None, "config['PDL']"
 
 
-def _check_gemv(w, x, scales, fmt, impl, out, pdl, config):
+def _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act=None):
     """Every check before a launch; returns (impl resolved, x as [M, K], out as [M, N] or None, pdl option,
     config without its PDL key)."""
     fn = "gemv"
     impl = check_impl(fn, impl, GEMV_IMPLS)
     if not isinstance(fmt, str) or fmt not in GEMV_FORMATS:
         raise ValueError(f"gemv: fmt={fmt!r} is not one of {', '.join(GEMV_FORMATS)}")
+    if act is not None and act not in GEMV_ACTS:
+        raise ValueError(f"gemv: act={act!r} is not None or one of {', '.join(GEMV_ACTS)}")
     check_tensor(fn, "w", w)
     check_tensor(fn, "x", x)
     if x.dtype not in (torch.bfloat16, torch.float16):
@@ -931,6 +988,10 @@ def _check_gemv(w, x, scales, fmt, impl, out, pdl, config):
             if scales.stride(1) != 1 and scales.shape[1] > 1:
                 raise ValueError(f"gemv: scales must be contiguous along groups (stride {scales.stride()})")
     check_same_device(fn, w=w, x=x, scales=scales)
+    if act is not None:
+        if N % 2:
+            raise ValueError(f"gemv: act={act!r} takes w as [gate; up], an even number of rows, got N={N}")
+        N //= 2
     if out is not None:
         check_out(fn, out, (N,) if one_row else (M, N), x.dtype, x.device)
         out = out.unsqueeze(0) if one_row else out
@@ -964,7 +1025,8 @@ def _cuda_ptx_ok(device: torch.device) -> bool:
 
 
 def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, fmt: str = "bf16",
-         impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None, config: dict | None = None) -> torch.Tensor:
+         impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None, config: dict | None = None,
+         act: str | None = None) -> torch.Tensor:
     """``y = x @ W^T`` for 1-8 rows of activations, W dense or quantized (split-K over K).
 
     Args:
@@ -987,33 +1049,40 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL``, ``BIASED``; for
             benchmarks, eager calls only (a traced call uses the defaults).
+        act: None, or ``"silu_mul"``: W is a fused gate/up projection ``[gate; up]`` (``[2F, K]``) and the
+            result is SwiGLU's ``silu(x @ gate^T) * (x @ up^T)``, ``[M, F]``: each product rounded to
+            x's dtype, then combined in fp32 and rounded once, as ``silu_mul`` of the plain GEMV's output
+            computes it. One launch (the tile reads the gate and up rows of its outputs, no K split) on
+            the fma, word and mma kernels; on the tensor-core kernel (``tc``) the GEMV and a ``silu_mul``.
 
     Returns:
-        ``out``, or a new ``[M, N]`` (``[N]`` for a 1-D x) tensor in ``x.dtype``, accumulated in fp32.
+        ``out``, or a new ``[M, N]`` (``[N]`` for a 1-D x; ``N / 2`` columns with ``act``) tensor in
+        ``x.dtype``, accumulated in fp32.
 
     Raises:
         TypeError: wrong dtypes (weights for the format, scales vs activations, out).
         ValueError: bad shapes, more than 8 rows, K not a multiple of 128 for w4a16, mixed devices, an
-            unknown fmt/impl, an impl that cannot run on these tensors, a bad out or pdl.
+            unknown fmt/impl, an impl that cannot run on these tensors, a bad out, pdl or act (an odd N).
     """
     one_row = isinstance(x, torch.Tensor) and x.dim() == 1
-    key = path_key((fmt, impl, pdl), (x, w), (scales, out)) if config is None else None
+    key = path_key((fmt, impl, pdl, act), (x, w), (scales, out)) if config is None else None
     path = _PATHS.get(key) if key is not None else None
     if path is not None:
         y = _gemv_run(w, x.reshape(1, -1) if one_row else x, scales, fmt, path[0], path[1],
-                      None if out is None else (out.unsqueeze(0) if one_row else out), None, path[2])
+                      None if out is None else (out.unsqueeze(0) if one_row else out), None, path[2], act)
         return out if out is not None else (y.reshape(-1) if one_row else y)
-    impl, x2, out2, pdl, config = _check_gemv(w, x, scales, fmt, impl, out, pdl, config)
+    impl, x2, out2, pdl, config = _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act)
     if key is not None:
         _PATHS.remember(key, (impl, pdl, None if impl == "reference" else
-                              _GemvLaunch(w, x2, scales, fmt, None, impl == "cuda", pdl, out2, True)))
+                              _GemvLaunch(w, x2, scales, fmt, None, impl == "cuda", pdl, out2, True, act is not None)))
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
-        y = x2.new_empty((x2.shape[0], w.shape[0])) if out2 is None else out2
-        torch.ops.xelink.gemv(w, x2, scales, fmt, impl, pdl, y)
+        n = w.shape[0] // 2 if act is not None else w.shape[0]
+        y = x2.new_empty((x2.shape[0], n)) if out2 is None else out2
+        torch.ops.xelink.gemv(w, x2, scales, fmt, impl, pdl, act, y)
     else:
         # Eager (CUDA graph capture included): launch directly; custom-op dispatch costs tens of
         # microseconds of host time a call, more than the kernel runs.
-        y = _gemv_run(w, x2, scales, fmt, impl, pdl, out2, config)
+        y = _gemv_run(w, x2, scales, fmt, impl, pdl, out2, config, act=act)
     if out is not None:
         return out
     return y.reshape(-1) if one_row else y

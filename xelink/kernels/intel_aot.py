@@ -172,35 +172,36 @@ def _rope_kv():
 _GEMV_FORMATS = {"bf16": ("bfloat16", 1, 0, 0), "w8a16": ("int8", 1, 1, 1), "w4a16": ("uint8", 2, 32, 2)}
 
 
-def _gemv_fma(fmt):
+def _gemv_fma(fmt, act=False):
+    # act: the gate/up projection with SwiGLU at the store (unsplit, N outputs from 2N rows of W)
     def args():
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("bfloat16"), _t("int32"), N, K, K // 4,
                  K // per_byte, K, s_stride, N, N, N],
-                dict(FMT=code, EVEN_K=True, PARTIAL=True, ROWS=1, BLOCK_N=4, BLOCK_K=1024, PDL=0))
+                dict(FMT=code, EVEN_K=True, PARTIAL=not act, ROWS=1, BLOCK_N=4, BLOCK_K=1024, PDL=0, ACT=act))
     return args
 
 
-def _gemv_words(fmt):
+def _gemv_words(fmt, act=False):
     def args():
         N = K = 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), N, K, 8,
                  K // per_byte // 4, K, s_stride, N, 0, N],
-                dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512, PDL=0))
+                dict(FMT=code, PARTIAL=False, ROWS=1, PTX=False, BLOCK_N=8, BLOCK_K=512, PDL=0, ACT=act))
     return args
 
 
-def _gemv_mma(fmt):
+def _gemv_mma(fmt, act=False):
     def args():
         M, N, K = 8, 4096, 4096
         wdt, per_byte, s_stride, code = _GEMV_FORMATS[fmt]
         magic, bias = 0x4300, 136.0
         return ([_t(wdt), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("bfloat16"), _t("int32"), M, N, K, K // 4,
                  K // per_byte, K, s_stride, N, M * N, N],
-                dict(FMT=code, EVEN_K=True, PARTIAL=True, MAGIC=magic, BIAS=bias, PTX=False, FOLD=False, BLOCK_N=32,
-                     BLOCK_K=512 if fmt == "w4a16" else 256, BLOCK_M=16, PDL=0))
+                dict(FMT=code, EVEN_K=True, PARTIAL=not act, MAGIC=magic, BIAS=bias, PTX=False, FOLD=False, BLOCK_N=32,
+                     BLOCK_K=512 if fmt == "w4a16" else 256, BLOCK_M=16, PDL=0, ACT=act))
     return args
 
 
@@ -245,6 +246,11 @@ LAUNCHES: list[Launch] = [
              shared={"w8a16": 16, "w4a16": {16: 544, 32: 1056}}[f]) for f in ("w8a16", "w4a16")],
     *[Launch(f"gemv._gemv_kernel[{f}, 8 rows, split-K]", "gemv", "_gemv_kernel", _gemv_mma(f), matrix=True,
              block_io=False, shared=12288 if f == "w4a16" else 24576, sub_groups=(16,)) for f in _GEMV_FORMATS],
+    Launch("gemv._gemv_fma_kernel[bf16, 1 row, act]", "gemv", "_gemv_fma_kernel", _gemv_fma("bf16", True)),
+    Launch("gemv._gemv_words_kernel[w4a16, 1 row, act]", "gemv", "_gemv_words_kernel", _gemv_words("w4a16", True),
+           num_warps=1),
+    Launch("gemv._gemv_kernel[bf16, 8 rows, act]", "gemv", "_gemv_kernel", _gemv_mma("bf16", True), matrix=True,
+           block_io=False, sub_groups=(16,)),
     Launch("gemv._splitk_sum_kernel", "gemv", "_splitk_sum_kernel",
            lambda: ([_t("float32"), _t("bfloat16"), 8 * 4096, 4096, 4096], dict(SPLIT=4, BLOCK=1024, PDL=0)), shared=0),
     Launch("norm._rmsnorm_kernel", "norm", "_rmsnorm_kernel", _rmsnorm(False), num_warps=8, shared=32),

@@ -607,16 +607,19 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor
     return _rope_kv_triton(q, k, v, cos, sin, positions, k_cache, v_cache, pdl)
 
 
-def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None) -> torch.Tensor:
+def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None, *,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU's activation: ``silu(x[..., :F]) * x[..., F:]`` of a fused gate/up projection's output, in
     float32, rounded once (one launch: the torch spelling takes four).
 
     Args:
         x: ``[..., 2F]`` bf16/fp16/fp32, unit stride along the last dimension.
         impl: ``"auto"``, ``"triton"`` or ``"reference"``; pdl: as for :func:`rmsnorm`.
+        out: optional ``[..., F]`` tensor of x's dtype and device to write into, whose rows ``[-1, F]``
+            are a view with unit stride along F, sharing no memory with x.
 
     Returns:
-        a new ``[..., F]`` tensor of x's dtype.
+        ``out``, or a new ``[..., F]`` tensor of x's dtype.
     """
     fn = "silu_mul"
     impl = check_impl(fn, impl, NORM_IMPLS)
@@ -625,18 +628,30 @@ def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None)
         raise TypeError(f"{fn}: x.dtype={x.dtype} must be bfloat16, float16 or float32")
     if x.dim() < 1 or x.shape[-1] % 2:
         raise ValueError(f"{fn}: x.shape={tuple(x.shape)} must end in an even dimension (gate, then up)")
+    shape = x.shape[:-1] + (x.shape[-1] // 2,)
+    if out is not None:
+        check_out(fn, out, tuple(shape), x.dtype, x.device)
+        check_no_overlap(fn, out, x=x)
+        try:
+            if out.numel():
+                out.view(-1, shape[-1])
+        except RuntimeError:
+            raise ValueError(f"{fn}: out.stride()={out.stride()} does not view as rows of {shape[-1]} (the kernel "
+                             "stores [rows, F] with one row stride)") from None
     impl = _resolve(fn, impl, x.device)
     pdl = pdl_option(fn, pdl, impl, x.device)
     if impl == "reference":
-        return reference_silu_mul(x)
+        y = reference_silu_mul(x)
+        return y if out is None else out.copy_(y)
     F2 = x.shape[-1]
     x2 = _rows(x)
-    out = x.new_empty(x.shape[:-1] + (F2 // 2,))
     rows = x2.shape[0]
+    y = x.new_empty(shape) if out is None else out
     if rows == 0 or F2 == 0:
-        return out
+        return y
+    y2 = y.view(rows, F2 // 2)
     block = min(1024, next_power_of_2(F2 // 2))
     grid = (cdiv(F2 // 2, block), rows)
-    launch(_silu_mul_kernel, grid, x2, out.view(rows, -1), F2 // 2, x2.stride(0), F2 // 2, BLOCK=block, num_warps=4,
+    launch(_silu_mul_kernel, grid, x2, y2, F2 // 2, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=4,
            **pdl_launch_args(pdl, grid[0] * grid[1], x.device))
-    return out
+    return y

@@ -101,6 +101,14 @@ class Ops:
     def silu_mul(self, x):
         return reference_silu_mul(x) if self.ref else silu_mul(x, impl=self.kimpl)
 
+    def gate_up(self, lin: Linear, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's ``silu(x @ gate^T) * (x @ up^T)`` of a fused ``[gate; up]`` projection: at decode (a GEMV
+        without a TP sum or bias) one launch, ``gemv(act="silu_mul")``; else the projection, then silu_mul."""
+        if self.dense_ref or x.shape[0] > _GEMV_ROWS or lin.reduce is not None or lin.bias is not None:
+            return self.silu_mul(self.linear(lin, x))
+        fmt = lin.fmt if lin.fmt != "dense" else ("bf16" if x.dtype == torch.bfloat16 else "fp16")
+        return gemv(lin.weight, x, lin.scales, fmt, self.kimpl, act="silu_mul")
+
     def attention(self, q, k, v, causal: bool, return_lse: bool = False):
         if self.ref:
             return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse)
@@ -551,7 +559,7 @@ class Llama:
 
     def _mlp(self, layer, x):
         B, S, H = x.shape
-        act = self.ops.silu_mul(self.ops.linear(layer["gate_up"], x.reshape(B * S, H)))
+        act = self.ops.gate_up(layer["gate_up"], x.reshape(B * S, H))
         return self.ops.linear(layer["down"], act).view(B, S, H)
 
     def generate(self, input_ids, max_new_tokens: int, *, attention_mask=None, temperature=None, top_p=None,

@@ -457,7 +457,7 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     step) captured in one CUDA graph: ``{op: (us per step, GB/s)}`` (GB/s over the bytes the op reads), in the
     order of the step. ``"sum"`` adds them; the step's own time minus it is launch gaps and the small torch
     ops (embedding row, kv_lens, argmax)."""
-    from ...kernels import decode_attention, gemv, rmsnorm, rope_kv, silu_mul
+    from ...kernels import decode_attention, gemv, rmsnorm, rope_kv
 
     cfg, dev, dt = model.config, model.device, model.dtype
     H, eps, hq, hk, D = cfg.hidden_size, cfg.rms_norm_eps, model.heads, model.kv_heads, model.head_dim
@@ -472,15 +472,14 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     pos = torch.full((B,), L - 1, dtype=torch.int64, device=dev)
     lens = pos + 1
     acts = {"qkv": x.view(B, H), "o": rnd(B, hq * D), "gate_up": x.view(B, H), "down": rnd(B, ffn)}
-    gu = rnd(B, 2 * ffn)
 
     layers, caches = model.layers, model.caches
 
-    def gemvs(lins, a):
+    def gemvs(lins, a, act=None):
         """The GEMV of each Linear in ``lins`` on ``a``, and the bytes they read."""
         calls = [functools.partial(gemv, li.weight, a, li.scales,
                                    li.fmt if li.fmt != "dense" else ("bf16" if dt == torch.bfloat16 else "fp16"),
-                                   "auto") for li in lins]
+                                   "auto", act=act) for li in lins]
         return calls, sum(_linear_bytes(li) for li in lins)
 
     kv_bytes = len(caches) * 2 * B * hk * L * D * caches[0].k.element_size()
@@ -492,8 +491,7 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
            "decode_attention": ([functools.partial(decode_attention, q, c.k[:B], c.v[:B], lens) for c in caches],
                                 kv_bytes),
            "gemv o": gemvs([ly["o"] for ly in layers], acts["o"]),
-           "gemv gate_up": gemvs([ly["gate_up"] for ly in layers], acts["gate_up"]),
-           "silu_mul": ([functools.partial(silu_mul, gu) for _ in layers], None),
+           "gemv gate_up + silu_mul": gemvs([ly["gate_up"] for ly in layers], acts["gate_up"], "silu_mul"),
            "gemv down": gemvs([ly["down"] for ly in layers], acts["down"]),
            "gemv head": gemvs([model.head], acts["qkv"])}
     out, total = {}, 0.0
