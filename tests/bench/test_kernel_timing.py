@@ -29,6 +29,17 @@ def test_host_rows_report_host_time_torch_and_the_difference():
     assert len(text.splitlines()) == 2  # one line per xelink path; the baseline's time is on each
 
 
+def test_host_difference_is_paired_by_round():
+    # A machine drifting between rounds (torch 10 -> 30 us) with xelink 8 us behind torch in every round: the
+    # difference of the medians says +12 us, the median of the rounds' differences +8 us.
+    samples = {"torch:matmul": [10e-6, 20e-6, 30e-6, 30e-6, 30e-6], "xelink:cuda": [18e-6, 28e-6, 38e-6, 38e-6, 38e-6]}
+    rows = {r.path: r for r in host_rows("gemm:host", samples, {n: 0 for n in samples}, "torch:matmul", size_bytes=8,
+                                         count=1, dtype=torch.bfloat16, extra={})}
+    cuda = rows["xelink:cuda"]
+    assert cuda.extra["host_us"] == pytest.approx(38.0) and cuda.extra["torch_host_us"] == pytest.approx(30.0)
+    assert cuda.extra["host_diff_us"] == pytest.approx(8.0) and cuda.extra["host_ok"]
+
+
 def test_host_rows_plot(tmp_path):
     if not plots.available():
         pytest.skip("matplotlib is not installed")

@@ -565,8 +565,9 @@ def _act_unfused_gpu(w, x, s, fmt, impl, cfg=None):
     """act="silu_mul"'s twin on the GPU: the plain GEMV with the tiles act runs (``cfg``, else the default
     ones) unsplit, as act runs them (a K split sums in another order), then silu_mul."""
     if cfg is None:
-        import xelink.kernels.gemv as gemv_mod
         from xelink.kernels.common import sm_count
+
+        gemv_mod = importlib.import_module("xelink.kernels.gemv")  # (the package's gemv is the function)
         cfg = gemv_mod._gemv_config(x.shape[0], w.shape[0], x.shape[1], fmt, sm_count(x.device), impl == "cuda")
     if cfg["KERNEL"] != "tc":  # (the tensor-core kernel runs act as its own GEMV, split or not, then silu_mul)
         cfg = dict(cfg, SPLIT_K=1)

@@ -5,6 +5,7 @@ specialization where that Triton is installed, and (GPU) every wired kernel laun
 path with changing tensors, alignments and shapes, and inside CUDA graphs."""
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 import types
@@ -571,7 +572,7 @@ def test_every_call_site_keys_like_triton36(triton36, monkeypatch):
     for m in mods.values():
         if hasattr(m, "launch"):  # the sites that call launch themselves
             monkeypatch.setattr(m, "launch", capture)
-    monkeypatch.setattr(L, "launch", capture)  # the launch plans' launch_with (no slot: these calls are not remembered)
+    monkeypatch.setattr(L, "launch", capture)  # the launch plans' launch_plan (no slot: these calls are not remembered)
     gemm, gemv, norm, A = (mods[m] for m in ("gemm", "gemv", "norm", "attention"))
     g = torch.Generator().manual_seed(5)
 
@@ -708,6 +709,45 @@ def test_gpu_gemm_fast_path_new_tensors_alignments_shapes(checked_launches):
         for _ in range(2):
             with pytest.raises(ValueError, match="overlaps"):
                 gemm(big[:, :128], b, out=big[:, 128:384])
+
+
+@pytest.mark.gpu
+def test_gpu_keyed_launches_remember_argument_lists(requires_gpus):
+    # launch_keyed (gemm's remembered plans): with the Triton-key check off, a known (a, b, c) address triple goes
+    # straight to the C launcher with its remembered CUtensorMaps. Rotating inputs and outputs among buffers
+    # (addresses coming back with new contents, a new output each call, out= blocks) must give each call's
+    # own product, in eager calls and in a graph captured after the lists were remembered.
+    requires_gpus(1)
+    triton = pytest.importorskip("triton")
+    G = importlib.import_module("xelink.kernels.gemm")  # (the package's gemm is the function)
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    L.set_check(False)
+    try:
+        for impl in ("cuda", "triton") if torch.cuda.get_device_capability()[0] == 9 else ("triton",):
+            As = [torch.randn(256, 128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3)]
+            Bs = [torch.randn(128, 384, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2)]
+            outs = [torch.empty(256, 384, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+            for i in range(24):
+                a, b = As[i % 3], Bs[i % 2]
+                if i % 5 == 4:
+                    a.copy_(torch.randn(256, 128, device="cuda", generator=g))  # same address, new contents
+                c = G.gemm(a, b, impl=impl) if i % 2 else G.gemm(a, b, impl=impl, out=outs[i % 4 // 2])
+                assert _rel(c, G.reference_gemm(a, b)) < 1e-2, (impl, i)
+            plan = G._PATHS[G.path_key((impl, None), (As[0], Bs[0]), (None,))][2]
+            if triton.__version__.startswith("3.6.") and impl == "cuda":
+                assert plan.slot.ready, "the TMA plan remembered no argument list"
+            x, y = As[0].clone(), Bs[1].clone()
+            G.gemm(x, y, impl=impl)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                z = G.gemm(x, y, impl=impl)
+            for _ in range(3):
+                x.copy_(torch.randn(256, 128, device="cuda", generator=g))
+                graph.replay()
+                assert _rel(z, G.reference_gemm(x, y)) < 1e-2, impl
+    finally:
+        L.set_check(None)
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ shapes). Options that only the GPU benchmark knows are refused on CPU, by every 
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -140,9 +141,11 @@ def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int =
 
 def host_rows(op: str, samples: dict, wrong: dict, base: str, *, size_bytes: int, count: int, dtype,
               extra: dict) -> list:
-    """Rows of host-time samples (seconds per call) against ``base`` (torch's equivalent, same run):
-    ``time_us`` is the host time of one eager call; ``extra`` gets ``host_us``, the baseline's
-    ``torch_host_us``, ``host_diff_us`` and ``host_ok`` (within ``HOST_MARGIN_US`` of torch)."""
+    """Rows of host-time samples (seconds per call, one per round) against ``base`` (torch's equivalent, same
+    run): ``time_us`` is the host time of one eager call; ``extra`` gets ``host_us`` (the median), the
+    baseline's ``torch_host_us``, ``host_diff_us`` and ``host_ok`` (within ``HOST_MARGIN_US`` of torch).
+    The difference is the median over rounds of the variant's time minus torch's in the same round
+    (``host_timing`` interleaves them): the machine's drift between rounds cancels out of it."""
     base_us = summarize(samples[base])["median"] * 1e6
     out = []
     for name, s in samples.items():
@@ -150,7 +153,8 @@ def host_rows(op: str, samples: dict, wrong: dict, base: str, *, size_bytes: int
         us = summarize(s)["median"] * 1e6
         row_extra = {**extra, "timing": "host enqueue per eager call, GPU busy", "host_us": us}
         if not is_base:
-            row_extra.update(torch_host_us=base_us, host_diff_us=us - base_us, host_ok=us <= base_us + HOST_MARGIN_US)
+            diff = statistics.median(x - b for x, b in zip(s, samples[base])) * 1e6
+            row_extra.update(torch_host_us=base_us, host_diff_us=diff, host_ok=diff <= HOST_MARGIN_US)
         row = make_row(op, name, s, size_bytes=size_bytes, count=count, dtype=dtype, nranks=1, wrong=wrong[name],
                        baseline=None if is_base else base, baseline_samples=None if is_base else samples[base],
                        extra=row_extra)
@@ -183,10 +187,10 @@ class KernelReport:
 
 def with_host_rows(ctx, report: KernelReport, summary: str, run_host, progress=None) -> list:
     """A GPU family's rows followed by its host-time rows: ``run_host(report, rounds=..., progress=...)``
-    (5 rounds under --quick, else 10) fills a report of its own; ``summary`` (the family's), the host
+    (9 rounds under --quick, else 15) fills a report of its own; ``summary`` (the family's), the host
     summary and the family's notes go to ``ctx.notes``."""
     host = KernelReport()
-    run_host(host, rounds=5 if ctx.quick else 10, progress=progress)
+    run_host(host, rounds=9 if ctx.quick else 15, progress=progress)
     ctx.notes += [summary, host_summary(host.rows)] + report.notes
     return report.rows + host.rows
 

@@ -37,7 +37,7 @@ import torch
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
-from .launcher import Descriptor, Slot, launch, launch_with
+from .launcher import Descriptor, Slot, launch, launch_keyed, launch_plan
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 from .split import SCRATCH, last_split
 
@@ -696,13 +696,18 @@ class _FlashLaunch:
             out.zero_()
             lse.fill_(float("-inf"))
             return out, lse
-        if self.views is None:
-            args = (q, k, v, out, lse) + self.ints
+        if self.slot is not None:  # remembered: the addresses are all that may differ from call to call
+            launch_keyed(self.slot, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
+                         self.grid, lambda: self._args(q, k, v, out, lse), self.kwargs)
         else:
-            vq, vk, vv = self.views
-            args = (Descriptor(q, *vq), Descriptor(k, *vk), Descriptor(v, *vv), out, lse) + self.ints
-        launch_with(self.slot, self.fn, self.grid, *args, **self.kwargs)
+            launch(self.fn, self.grid, *self._args(q, k, v, out, lse), **self.kwargs)
         return out, lse
+
+    def _args(self, q, k, v, out, lse) -> tuple:
+        if self.views is None:
+            return (q, k, v, out, lse) + self.ints
+        vq, vk, vv = self.views
+        return (Descriptor(q, *vq), Descriptor(k, *vk), Descriptor(v, *vv), out, lse) + self.ints
 
 
 def _flash_forward(q, k, v, causal: bool, scale: float, impl: str, config=None, out=None, pdl: str = "off"):
@@ -811,8 +816,8 @@ class _DecodeLaunch:
         part_lse = part_o[self.lse_at:]
         lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else \
             part_o[self.out_lse_at:]
-        launch_with(self.slot, _decode_split_kernel, self.grid, q, k_cache, v_cache, kv_lens, part_o, part_lse, out,
-                    lse, counters, *self.ints, **self.kwargs)
+        launch_plan(self.slot, _decode_split_kernel, self.grid,
+                    (q, k_cache, v_cache, kv_lens, part_o, part_lse, out, lse, counters, *self.ints), self.kwargs)
         return out, lse
 
 

@@ -35,7 +35,7 @@ from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check
                      interpreting, path_key, require_triton, sm_count, tl, triton)
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
                    _tma_tile, _tma_view)
-from .launcher import Descriptor, Slot, launch_with
+from .launcher import Descriptor, Slot, launch_plan
 
 __all__ = ["GATED_GEMM_IMPLS", "gated_gemm"]
 
@@ -173,8 +173,8 @@ class _Plan:
         else:
             av, bv, cv = self.views
             head = (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv))
-        launch_with(self.slot, self.fn, self.grid, *head, flags, self.order, error, *self.ints, timeout_ns,
-                    **self.kwargs)
+        launch_plan(self.slot, self.fn, self.grid, (*head, flags, self.order, error, *self.ints, timeout_ns),
+                    self.kwargs)
 
 
 _PATHS = Paths()

@@ -25,7 +25,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap,
                      check_out, check_same_device, check_tensor, interpreting, path_key, require_triton, sm_count, tl,
                      triton)
-from .launcher import Descriptor, Slot, launch_with
+from .launcher import Descriptor, Slot, launch, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
@@ -237,10 +237,11 @@ class _Launch:
     the kernel, its grid, the descriptors' fields (``cuda``) or the integer arguments, the constexprs and
     launch options, and (for a remembered path) the launcher slot that skips the launcher's key."""
 
-    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot")
+    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "shape")
 
     def __init__(self, a, b, c, impl: str, pdl: str, cfg: dict, remembered: bool):
         (M, K), N = a.shape, b.shape[1]
+        self.shape = (M, N)
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         a_row, b_row = _orientation(a), _orientation(b)
         if impl == "cuda":
@@ -265,12 +266,17 @@ class _Launch:
         self.slot = Slot(self.fn) if remembered else None
 
     def __call__(self, a, b, c) -> None:
-        if self.views is None:
-            args = (a, b, c) + self.ints
+        if self.slot is not None:  # remembered: the addresses are all that may differ from call to call
+            launch_keyed(self.slot, (a.data_ptr(), b.data_ptr(), c.data_ptr()), self.grid,
+                         lambda: self._args(a, b, c), self.kwargs)
         else:
-            av, bv, cv = self.views
-            args = (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv)) + self.ints
-        launch_with(self.slot, self.fn, self.grid, *args, **self.kwargs)
+            launch(self.fn, self.grid, *self._args(a, b, c), **self.kwargs)
+
+    def _args(self, a, b, c) -> tuple:
+        if self.views is None:
+            return (a, b, c) + self.ints
+        av, bv, cv = self.views
+        return (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv)) + self.ints
 
 
 def _pick_gemm_impl(a, b, impl: str, out) -> str:
@@ -298,9 +304,9 @@ def _gemm_run(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> t
     return _gemm_launch(a, b, _pick_gemm_impl(a, b, impl, out), pdl, out, cfg)
 
 
-def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None, plan=None) -> torch.Tensor:
-    """The picked path: ``out`` checked against the inputs (addresses), the output made, the launch
-    (``plan``: the remembered path's :class:`_Launch`, else one is worked out for this call)."""
+def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None) -> torch.Tensor:
+    """The picked path: ``out`` checked against the inputs (addresses), the output made, the launch (a
+    :class:`_Launch` worked out for this call; ``gemm`` runs a remembered path's own)."""
     if out is not None:
         check_no_overlap("gemm", out, a=a, b=b)
     if impl == "reference":
@@ -308,9 +314,7 @@ def _gemm_launch(a, b, impl: str, pdl: str, out=None, cfg: dict | None = None, p
         return c if out is None else out.copy_(c)
     c, done = _gemm_output(a, b, out)
     if not done:
-        if plan is None:
-            plan = _Launch(a, b, c, impl, pdl, cfg or _gemm_config(a.shape[0], b.shape[1], a.shape[1]), False)
-        plan(a, b, c)
+        _Launch(a, b, c, impl, pdl, cfg or _gemm_config(a.shape[0], b.shape[1], a.shape[1]), False)(a, b, c)
     return c
 
 
@@ -394,7 +398,16 @@ def gemm(a: torch.Tensor, b: torch.Tensor, impl: str = "auto", *, out: torch.Ten
     key = path_key((impl, pdl), (a, b), (out,)) if config is None and (pdl is None or pdl is False) else None
     path = _PATHS.get(key) if key is not None else None
     if path is not None:
-        return _gemm_launch(a, b, path[0], path[1], out, None, path[2])
+        plan = path[2]
+        if plan is None:  # the reference, or an empty product
+            return _gemm_launch(a, b, path[0], path[1], out)
+        if out is None:
+            c = a.new_empty(plan.shape)  # (new_empty: ~1 us less host time than torch.empty)
+        else:
+            check_no_overlap("gemm", out, a=a, b=b)
+            c = out
+        plan(a, b, c)
+        return c
     impl, pdl = _check_gemm(a, b, impl, out, pdl)
     if torch.compiler.is_compiling():  # traced: the custom op (fake implementation), which picks the path
         out = a.new_empty((a.shape[0], b.shape[1])) if out is None else out

@@ -54,7 +54,7 @@ import torch
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
-from .launcher import Slot, launch_with
+from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
 from .split import SCRATCH, last_split
@@ -877,8 +877,8 @@ class _GemvLaunch:
         s = scales if scales is not None else w  # unused by the dense kernels; any pointer does
         # (w, x, scales, partials or y, y, tile counters): unsplit, y stands for the last two
         counters, dst = SCRATCH.get(x.device, self.tiles, self.split * M * N) if self.tiles else (y, y)
-        launch_with(self.slots[0] if self.slots else None, self.fn, self.grid, w, x, s, dst, y, counters, *self.ints,
-                    **self.kwargs)
+        launch_plan(self.slots[0] if self.slots else None, self.fn, self.grid, (w, x, s, dst, y, counters, *self.ints),
+                    self.kwargs)
         return y
 
     def _tc(self, w, x, scales, y) -> torch.Tensor:
@@ -887,10 +887,10 @@ class _GemvLaunch:
         M, N = y.shape
         s = scales if scales is not None else w
         dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
-        launch_with(main, self.fn, self.grid, w, x, s, dst, *self.ints, **self.kwargs)
+        launch_plan(main, self.fn, self.grid, (w, x, s, dst, *self.ints), self.kwargs)
         if self.sum is not None:
             grid, ints, kwargs = self.sum
-            launch_with(summed, _splitk_sum_kernel, grid, dst, y, *ints, **kwargs)
+            launch_plan(summed, _splitk_sum_kernel, grid, (dst, y, *ints), kwargs)
         return y
 
 

@@ -72,10 +72,11 @@ try:
 except ImportError:  # CPU-only installs: every launch is the plain call (which the callers never reach)
     triton = None
 
-__all__ = ["Descriptor", "Slot", "fast_path", "launch", "launch_slot", "launch_with", "set_check"]
+__all__ = ["Descriptor", "Slot", "fast_path", "launch", "launch_keyed", "launch_plan", "launch_slot", "set_check"]
 
 _MAX_ENTRIES = 512      # specializations remembered per kernel (then forgotten, all at once)
 _MAX_DESCRIPTORS = 1024  # expanded descriptors remembered per compiled kernel
+_MAX_READY = 64          # argument lists remembered per slot (launch_keyed), per key of the caller's
 _I32, _I64, _U64 = 1 << 31, 1 << 63, 1 << 64
 _MISSING = object()
 _PLAIN = object()  # an entry whose compiled kernel the fast path cannot launch: always the plain call
@@ -473,9 +474,8 @@ def launch(fn, grid, *args, **kwargs):
 def _fire(t: _Triton, k: _Kernel, e: _Entry, device: int, grid, full, args, kwargs):
     """The fast launch of entry ``e`` (``full``: every argument in order), or the plain call where a global
     the kernel read was rebound since it compiled."""
-    for g, name, obj in e.globals:
-        if g.get(name, _MISSING) is not obj:  # rebound since compilation: Triton's check decides
-            return _plain(k, k.fn, grid, args, kwargs)
+    if not _globals_held(e):  # rebound since compilation: Triton's check decides
+        return _plain(k, k.fn, grid, args, kwargs)
     if _CHECK is None:
         set_check(None)
     if _CHECK:
@@ -502,10 +502,11 @@ class Slot:
     another specialization.
     """
 
-    __slots__ = ("fn", "entry", "kwargs", "nargs", "tail", "state")
+    __slots__ = ("fn", "entry", "kwargs", "nargs", "tail", "state", "given", "ready")
 
     def __init__(self, fn):
         self.fn, self.entry, self.kwargs, self.nargs, self.tail, self.state = fn, None, None, -1, (), None
+        self.given, self.ready = None, {}  # launch_keyed's: the kwargs object the slot was set with, arguments
 
 
 def launch_slot(slot: Slot, grid, *args, **kwargs):
@@ -524,12 +525,71 @@ def launch_slot(slot: Slot, grid, *args, **kwargs):
     return c
 
 
-def launch_with(slot: Slot | None, fn, grid, *args, **kwargs):
-    """:func:`launch_slot` through ``slot``, or, for a call site that keeps none (``slot`` None: a launch plan
-    used once), :func:`launch` of ``fn``."""
+def launch_keyed(slot: Slot, key, grid, make_args, kwargs: dict):
+    """:func:`launch_slot` of ``slot``'s kernel on ``make_args()`` (a tuple) and ``kwargs``, for a launch plan that
+    passes the same ``kwargs`` dict object at every call and whose ``key`` (hashable) determines every
+    positional argument: the address of each CUDA tensor and descriptor base among them (descriptors' other
+    fields and the integers fixed by the plan). Once the slot holds its kernel, the arguments as the C launcher
+    takes them are remembered under ``key`` (descriptors expanded into CUtensorMaps, tensors as their addresses,
+    which the launcher takes as they are: no tensor is kept alive, and the launcher skips its ``data_ptr`` call
+    and pointer query a tensor), and a call with a known key goes to the C launcher without building them.
+    The device, Triton's knobs, hooks, tracing and the kernel's globals are checked every call, as by
+    :func:`launch_slot`; ``XELINK_LAUNCH_CHECK=1`` verifies every call against Triton's key."""
+    e = slot.entry
+    if e is not None and kwargs is slot.given:
+        t = _T
+        device = t.get_device()
+        if slot.state == (device, t.runtime.debug, t.compilation.instrumentation_mode, slot.fn.debug) \
+                and t.quiet(slot.fn):
+            k = _KERNELS[id(slot.fn)]
+            ready = slot.ready.get(key)
+            if ready is not None and _CHECK is False and _globals_held(e):
+                n = len(grid)
+                e.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, t.get_stream(device), e.function,
+                      e.coop, e.pdl, None, None, e.packed, None, None, None, *ready)
+                k.fast += 1
+                return e.c
+            args = make_args()
+            full = args + slot.tail
+            c = _fire(t, k, e, device, grid, full, args, kwargs)
+            if c is e.c and _globals_held(e):  # the fast launch ran: its argument list may be remembered
+                if e.descs:
+                    full = _expand(t, e, full)
+                if len(slot.ready) >= _MAX_READY:
+                    slot.ready.clear()
+                slot.ready[key] = tuple(a.data_ptr() if isinstance(a, _TENSOR) else a for a in full)
+            return c
+    args = make_args()
+    c = launch(slot.fn, grid, *args, **kwargs)
+    _remember(slot, args, kwargs)
+    slot.given, slot.ready = kwargs, {}
+    return c
+
+
+def _globals_held(e: _Entry) -> bool:
+    """The module globals the kernel read at compilation are still the same objects."""
+    for g, name, obj in e.globals:
+        if g.get(name, _MISSING) is not obj:
+            return False
+    return True
+
+
+def launch_plan(slot: Slot | None, fn, grid, args: tuple, kwargs: dict):
+    """A launch plan's call of ``fn``: through ``slot`` (a remembered plan, which passes its own ``kwargs`` dict
+    at every call) with the argument list remembered under the call's own key (each tensor's address, each
+    descriptor's fields, every other argument's value: :func:`launch_keyed`), or, for a plan used once (``slot``
+    None), :func:`launch`."""
     if slot is None:
         return launch(fn, grid, *args, **kwargs)
-    return launch_slot(slot, grid, *args, **kwargs)
+    key = []
+    for a in args:
+        if isinstance(a, _TENSOR):
+            key.append(a.data_ptr())
+        elif a.__class__ is Descriptor:
+            key.append((a.base.data_ptr(), a.shape, a.strides, a.block_shape, a.padding))
+        else:
+            key.append(a)
+    return launch_keyed(slot, tuple(key), grid, lambda: args, kwargs)
 
 
 def _remember(slot: Slot, args, kwargs) -> None:

@@ -45,7 +45,7 @@ from .common import (Paths, cdiv, check_impl, check_same_device, check_tensor, i
 from .gated_gemm import _await_count, _check_operands
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_tile,
                    _tma_view)
-from .launcher import Descriptor, Slot, launch_with
+from .launcher import Descriptor, Slot, launch_plan
 
 __all__ = ["SCATTER_GEMM_IMPLS", "ScatterGeometry", "scatter_geometry", "scatter_gemm", "scatter_reduce",
            "reduce_programs", "reference_scatter_reduce"]
@@ -251,8 +251,8 @@ class _Produce:
             head = (a, b)
         else:
             head = (Descriptor(a, *self.views[0]), Descriptor(b, *self.views[1]))
-        launch_with(self.slot, self.fn, self.grid, *head, *inboxes, *pad, *counters, *pad, seen, *self.ints,
-                    **self.kwargs)
+        launch_plan(self.slot, self.fn, self.grid, (*head, *inboxes, *pad, *counters, *pad, seen, *self.ints),
+                    self.kwargs)
 
 
 _PRODUCE = Paths()
@@ -332,8 +332,8 @@ class _Reduce:
         self.slot = Slot(_scatter_reduce_kernel)
 
     def __call__(self, inbox, counters, seen, error, out, timeout_ns, scale):
-        launch_with(self.slot, _scatter_reduce_kernel, self.grid, inbox, counters, seen, error, out, *self.ints,
-                    timeout_ns, scale, **self.kwargs)
+        launch_plan(self.slot, _scatter_reduce_kernel, self.grid,
+                    (inbox, counters, seen, error, out, *self.ints, timeout_ns, scale), self.kwargs)
 
 
 _REDUCE = Paths()
