@@ -11,6 +11,7 @@
 #          (correctness and a time-sliced sanity figure; their targets need one GPU per rank);
 #   verify: the decode kernel and eager decode checks, 1K/8K/32K model rows, gemm's host profile (~5 minutes);
 #   act:   gemv's act= in the model, the decode split A/B, gemm's host rows (~6 minutes);
+#   keyed: kernel GPU tests with the launch plans' remembered lists, gemm host profile and rows (~6 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -112,6 +113,15 @@ act)  # gemv act="silu_mul" in the model, decode attention's least keys a split 
   step bench_decode 110 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K \
     --out "$OUT/bench" --commit "$C"
   step bench_gemm 130 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+keyed)  # the launch plans' remembered argument lists (launch_keyed): every kernel GPU test with the Triton-key
+        # check off (so the lists run), gemm's host profile and the gemm family's host rows (~6 minutes)
+  step kernels_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu tests/kernels
+  step kernel_host_profile 60 python3 benchmarks/scripts/kernel_host_profile.py gemm
+  step bench_gemm 150 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
 esac
