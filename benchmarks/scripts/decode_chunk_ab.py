@@ -1,7 +1,9 @@
-"""A/B of decode_attention's least keys a split of a sequence (``_DECODE_SEQ_MIN_CHUNK``) as the decode model
-calls it: B=1, 32 query / 8 KV heads, D=128, bf16, one cache a layer (32 layers, so the caches stream from
-HBM), the 32 calls captured in one CUDA graph; us a layer at kv_len 1K of an 8K cache, 8K of 8K and 32K of
-32K, for each minimum. Outputs checked against the reference once per (minimum, shape).
+"""A/B of decode_attention's split choice as the decode model calls it: B=1, 32 query / 8 KV heads, D=128,
+bf16, one cache a layer (32 layers, so the caches stream from HBM), the 32 calls captured in one CUDA graph;
+us a layer at kv_len 1K of an 8K cache, 8K of 8K, 32K of 32K and 2K of 32K, for each variant of (programs a
+multiprocessor the splits aim at, least keys a split of the cache, least keys a split of the sequence):
+``_DECODE_PROGRAMS_PER_SM``, ``_DECODE_MIN_CHUNK``, ``_DECODE_SEQ_MIN_CHUNK``. Outputs checked against the
+reference once per (variant, shape).
 
 python3 benchmarks/scripts/decode_chunk_ab.py
 """
@@ -15,6 +17,7 @@ from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import decode_attention, reference_decode_attention
 
 LAYERS, HQ, HKV, D = 32, 32, 8, 128
+VARIANTS = [(2, 256, 64), (4, 256, 64), (4, 128, 64), (8, 128, 64), (8, 64, 64)]
 
 
 def main():
@@ -27,14 +30,15 @@ def main():
                    torch.randn(1, HKV, smax, D, device=dev, generator=gen).to(torch.bfloat16)) for _ in range(LAYERS)]
         lens = torch.full((1,), kv, dtype=torch.int32, device=dev)
         ref = reference_decode_attention(q, *caches[0], lens).float()
-        for chunk in (64, 128, 256):
-            attn._DECODE_SEQ_MIN_CHUNK = chunk
-            attn._PATHS.clear()  # plans made with the old minimum
+        for pps, cache_min, seq_min in VARIANTS:
+            attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK = pps, cache_min, seq_min
+            attn._PATHS.clear()  # plans made with the old choice
             got = decode_attention(q, *caches[0], lens).float()
             err = float((got - ref).norm() / ref.norm())
             graph, _, _ = cuda_graph([lambda c=c: decode_attention(q, *c, lens) for c in caches], 1)
             us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
-            print(f"cache {smax:6d} kv_len {kv:6d} min chunk {chunk:4d}: {us:7.2f} us a layer "
+            print(f"cache {smax:6d} kv_len {kv:6d} programs/SM {pps} min keys cache {cache_min:3d} sequence {seq_min:3d}: "
+                  f"{us:7.2f} us a layer "
                   f"({2 * HKV * kv * D * 2 / us / 1e3:7.1f} GB/s), rel err {err:.1e}", flush=True)
             del graph
         del caches

@@ -121,6 +121,7 @@ keyed)  # the launch plans' remembered argument lists (launch_keyed): every kern
         # check off (so the lists run), gemm's host profile and the gemm family's host rows (~6 minutes)
   step kernels_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu tests/kernels
   step kernel_host_profile 60 python3 benchmarks/scripts/kernel_host_profile.py gemm
+  step decode_chunk_ab 100 python3 benchmarks/scripts/decode_chunk_ab.py
   step bench_gemm 150 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
