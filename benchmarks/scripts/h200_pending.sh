@@ -12,6 +12,7 @@
 #   verify: the decode kernel and eager decode checks, 1K/8K/32K model rows, gemm's host profile (~5 minutes);
 #   act:   gemv's act= in the model, the decode split A/B, gemm's host rows (~6 minutes);
 #   keyed: kernel GPU tests with the launch plans' remembered lists, gemm host profile and rows (~6 minutes);
+#   rows:  fused kernels' and decode graph tests, every family's host rows, dist host profile (~7 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -124,6 +125,19 @@ keyed)  # the launch plans' remembered argument lists (launch_keyed): every kern
   step decode_chunk_ab 100 python3 benchmarks/scripts/decode_chunk_ab.py
   step bench_gemm 150 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+rows)  # after the keyed launches reached gated/scatter GEMM: their GPU tests (Triton-key check off), the fused
+       # distributed GEMM checks, the decode graph tests, every family's host rows, the distributed GEMM's host
+       # profile (~7 minutes)
+  step fused_kernel_tests 100 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gated_gemm.py tests/kernels/test_scatter_gemm.py tests/kernels/test_launcher.py
+  step fused_gpu_tests 130 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/dist/ranks_gpu_dist_gemm.py
+  step decode_graph_tests 70 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models/test_decode_graph.py
+  step host_rows 100 python3 benchmarks/scripts/host_rows.py
+  step dist_host_profile 120 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
   ;;
 esac
 case "$1" in

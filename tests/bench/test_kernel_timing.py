@@ -40,6 +40,20 @@ def test_host_difference_is_paired_by_round():
     assert cuda.extra["host_diff_us"] == pytest.approx(8.0) and cuda.extra["host_ok"]
 
 
+def test_host_rows_take_another_baseline_where_given():
+    # A pair of launches against torch's pair: its own baseline row, not torch's one-launch row.
+    samples = {"torch:matmul": [20e-6] * 3, "torch:matmul+copy": [30e-6] * 3, "xelink:pair": [36e-6] * 3,
+               "xelink:cuda": [24e-6] * 3}
+    rows = {r.path: r for r in host_rows("gemm:host", samples, {n: 0 for n in samples}, "torch:matmul", size_bytes=8,
+                                         count=1, dtype=torch.bfloat16, extra={},
+                                         bases={"xelink:pair": "torch:matmul+copy"})}
+    assert rows["torch:matmul+copy"].baseline is None and "host_diff_us" not in rows["torch:matmul+copy"].extra
+    assert rows["xelink:pair"].baseline == "torch:matmul+copy" and rows["xelink:pair"].extra["host_diff_us"] == \
+        pytest.approx(6.0)
+    assert rows["xelink:cuda"].baseline == "torch:matmul" and rows["xelink:cuda"].extra["host_diff_us"] == \
+        pytest.approx(4.0)
+
+
 def test_host_rows_plot(tmp_path):
     if not plots.available():
         pytest.skip("matplotlib is not installed")

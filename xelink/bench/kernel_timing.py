@@ -140,23 +140,27 @@ def host_timing(variants: dict, checks: dict, *, calls: int = 100, rounds: int =
 
 
 def host_rows(op: str, samples: dict, wrong: dict, base: str, *, size_bytes: int, count: int, dtype,
-              extra: dict) -> list:
+              extra: dict, bases: dict | None = None) -> list:
     """Rows of host-time samples (seconds per call, one per round) against ``base`` (torch's equivalent, same
     run): ``time_us`` is the host time of one eager call; ``extra`` gets ``host_us`` (the median), the
     baseline's ``torch_host_us``, ``host_diff_us`` and ``host_ok`` (within ``HOST_MARGIN_US`` of torch).
     The difference is the median over rounds of the variant's time minus torch's in the same round
-    (``host_timing`` interleaves them): the machine's drift between rounds cancels out of it."""
-    base_us = summarize(samples[base])["median"] * 1e6
+    (``host_timing`` interleaves them): the machine's drift between rounds cancels out of it. ``bases`` maps a
+    variant to another baseline of the same run (torch's equivalent of a pair of launches, say)."""
+    bases = bases or {}
+    baselines = {base, *bases.values()}
     out = []
     for name, s in samples.items():
-        is_base = name == base
+        is_base = name in baselines
+        own = bases.get(name, base)
         us = summarize(s)["median"] * 1e6
         row_extra = {**extra, "timing": "host enqueue per eager call, GPU busy", "host_us": us}
         if not is_base:
-            diff = statistics.median(x - b for x, b in zip(s, samples[base])) * 1e6
-            row_extra.update(torch_host_us=base_us, host_diff_us=diff, host_ok=diff <= HOST_MARGIN_US)
+            diff = statistics.median(x - b for x, b in zip(s, samples[own])) * 1e6
+            row_extra.update(torch_host_us=summarize(samples[own])["median"] * 1e6, host_diff_us=diff,
+                             host_ok=diff <= HOST_MARGIN_US)
         row = make_row(op, name, s, size_bytes=size_bytes, count=count, dtype=dtype, nranks=1, wrong=wrong[name],
-                       baseline=None if is_base else base, baseline_samples=None if is_base else samples[base],
+                       baseline=None if is_base else own, baseline_samples=None if is_base else samples[own],
                        extra=row_extra)
         row.algbw_GBps = None  # bytes over host time would be no bandwidth
         out.append(row)

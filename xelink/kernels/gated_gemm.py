@@ -35,7 +35,7 @@ from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check
                      interpreting, path_key, require_triton, sm_count, tl, triton)
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
                    _tma_tile, _tma_view)
-from .launcher import Descriptor, Slot, launch_plan
+from .launcher import Descriptor, Slot, launch_keyed
 
 __all__ = ["GATED_GEMM_IMPLS", "gated_gemm"]
 
@@ -168,13 +168,18 @@ class _Plan:
         self.slot = Slot(self.fn)
 
     def __call__(self, a, b, c, flags, error, timeout_ns: int) -> None:
+        # The addresses and the deadline are all that may differ from call to call (self.order is the plan's).
+        launch_keyed(self.slot, (a.data_ptr(), b.data_ptr(), c.data_ptr(), flags.data_ptr(), error.data_ptr(),
+                                 timeout_ns), self.grid, lambda: self._args(a, b, c, flags, error, timeout_ns),
+                     self.kwargs)
+
+    def _args(self, a, b, c, flags, error, timeout_ns) -> tuple:
         if self.views is None:
             head = (a, b, c)
         else:
             av, bv, cv = self.views
             head = (Descriptor(a, *av), Descriptor(b, *bv), Descriptor(c, *cv))
-        launch_plan(self.slot, self.fn, self.grid, (*head, flags, self.order, error, *self.ints, timeout_ns),
-                    self.kwargs)
+        return (*head, flags, self.order, error, *self.ints, timeout_ns)
 
 
 _PATHS = Paths()
