@@ -37,7 +37,7 @@ import torch
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
-from .launcher import Descriptor, Slot, launch, launch_keyed, launch_plan
+from .launcher import Descriptor, Slot, launch, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 from .split import SCRATCH, last_split
 
@@ -813,12 +813,20 @@ class _DecodeLaunch:
         if out.numel() == 0:
             return out, q.new_empty(self.out_shape[:3], dtype=torch.float32)
         counters, part_o = SCRATCH.get(q.device, self.tiles, self.parts)
-        part_lse = part_o[self.lse_at:]
-        lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else \
-            part_o[self.out_lse_at:]
-        launch_plan(self.slot, _decode_split_kernel, self.grid,
-                    (q, k_cache, v_cache, kv_lens, part_o, part_lse, out, lse, counters, *self.ints), self.kwargs)
-        return out, lse
+        lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else None
+        if self.slot is not None:  # remembered: the addresses are all that may differ from call to call
+            key = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), kv_lens.data_ptr(), out.data_ptr(),
+                   part_o.data_ptr(), counters.data_ptr(), 0 if lse is None else lse.data_ptr())
+            launch_keyed(self.slot, key, self.grid,
+                         lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse), self.kwargs)
+        else:
+            launch(_decode_split_kernel, self.grid, *self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters,
+                                                                lse), **self.kwargs)
+        return out, lse  # (lse None where the plan does not keep it: a remembered call without return_lse)
+
+    def _args(self, q, k_cache, v_cache, kv_lens, out, part_o, counters, lse) -> tuple:
+        lse = part_o[self.out_lse_at:] if lse is None else lse
+        return (q, k_cache, v_cache, kv_lens, part_o, part_o[self.lse_at:], out, lse, counters, *self.ints)
 
 
 def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None,

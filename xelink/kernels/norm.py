@@ -18,7 +18,7 @@ import torch
 
 from .common import (Paths, auto_takes_triton, cdiv, check_impl, check_no_overlap, check_out, check_same_device,
                      check_tensor, next_power_of_2, path_key, require_triton, tl, triton)
-from .launcher import Slot, launch, launch_plan
+from .launcher import Slot, launch, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["NORM_IMPLS", "reference_rmsnorm", "reference_rope", "reference_rope_kv", "reference_silu_mul", "rmsnorm",
@@ -280,8 +280,10 @@ class _NormLaunch:
             check_no_overlap("rmsnorm", out, x=x, w=w, residual=residual)
         o = x.new_empty(x.shape) if out is None else out  # contiguous, x's dtype and device
         h = o if residual is None else x.new_empty(x.shape)
-        launch_plan(self.slot, _rmsnorm_kernel, self.grid,
-                    (x, x if residual is None else residual, w, o, h, *self.ints, float(eps)), self.kwargs)
+        r = x if residual is None else residual
+        # the addresses and eps are all that may differ from call to call
+        launch_keyed(self.slot, (x.data_ptr(), r.data_ptr(), w.data_ptr(), o.data_ptr(), h.data_ptr(), eps), self.grid,
+                     lambda: (x, r, w, o, h, *self.ints, float(eps)), self.kwargs)
         return o if residual is None else (o, h)
 
 
