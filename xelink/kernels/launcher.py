@@ -59,6 +59,10 @@ one of these does not hold:
 
 The launch goes to the current stream of the current device, as Triton's does, so CUDA-graph capture
 records it like any launch.
+
+Launch plans (the kernels' remembered paths) go one step further: :func:`launch_keyed` keeps a call's
+argument list as the C launcher takes it under a key of the call's addresses, so a repeated call skips
+building its arguments and the launcher's pointer queries (its docstring: what the key must hold).
 """
 from __future__ import annotations
 
@@ -506,7 +510,8 @@ class Slot:
 
     def __init__(self, fn):
         self.fn, self.entry, self.kwargs, self.nargs, self.tail, self.state = fn, None, None, -1, (), None
-        self.given, self.ready = None, {}  # launch_keyed's: the kwargs object the slot was set with, arguments
+        # launch_keyed's: the kwargs object the slot was set with, and the argument lists by call key
+        self.given, self.ready = None, {}
 
 
 def launch_slot(slot: Slot, grid, *args, **kwargs):
