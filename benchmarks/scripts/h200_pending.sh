@@ -13,7 +13,7 @@
 #   act:   gemv's act= in the model, the decode split A/B, gemm's host rows (~6 minutes);
 #   keyed: kernel GPU tests with the launch plans' remembered lists, gemm host profile and rows (~6 minutes);
 #   rows:  fused kernels' and decode graph tests, every family's host rows, dist host profile (~7 minutes);
-#   last:  norm and decode attention keyed: their tests, decode graph tests, host rows (~4 minutes);
+#   last:  norm and decode attention keyed: their tests, decode graph tests, their host rows (~2 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -144,10 +144,10 @@ esac
 case "$1" in
 last)  # rmsnorm's and decode attention's keyed launches: their GPU tests with the Triton-key check off and on, the
        # decode graph tests, every family's host rows (~4 minutes)
-  step norm_attention_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_norm.py tests/kernels/test_attention.py tests/kernels/test_launcher.py
-  step decode_graph_tests 70 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models/test_decode_graph.py
-  step host_rows 100 python3 benchmarks/scripts/host_rows.py
+  step norm_attention_tests 100 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_norm.py tests/kernels/test_attention.py
+  step decode_graph_tests 60 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models/test_decode_graph.py
+  step host_rows 60 python3 benchmarks/scripts/host_rows.py norm attention
   ;;
 esac
 case "$1" in
