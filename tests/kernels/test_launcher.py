@@ -350,6 +350,80 @@ def test_descriptors_expand_once_per_key_and_go_to_the_c_launcher(fake):
         L.Descriptor.triton = real_triton
 
 
+def test_keyed_launches_remember_the_c_launchers_arguments(fake):
+    # launch_keyed: the first call (plain) sets the slot, the second (fast) remembers its list under the key,
+    # with descriptors expanded and tensors as their addresses; a known key then reaches the C launcher without
+    # building its arguments. Another key, another kwargs object, the Triton-key check on or a rebound global
+    # of the kernel each take the checked path again; a changed device resets the lists.
+    k = FakeJit(_desc_kernel, descs=(0, 1))
+    module_globals = {"SCALE": 1}
+    k.used_global_vals = {("SCALE", False): (1, module_globals)}  # a global the kernel read when it compiled
+    kw = {"BLOCK": 8}
+    slot = L.Slot(k)
+    made = []
+    bufs = [torch.empty(4096, dtype=torch.float16) for _ in range(2)]
+    L.Descriptor.triton, real_triton = (lambda self: self), L.Descriptor.triton
+    try:
+        def call(a, b, n=64, kwargs=kw):
+            def args():
+                made.append(1)
+                return L.Descriptor(a, (8, 64), (64, 1), (8, 8)), L.Descriptor(b, (64, 8), (8, 1), (8, 8)), n
+            return L.launch_keyed(slot, (a.data_ptr(), b.data_ptr(), n), (1,), args, kwargs)
+
+        call(*bufs)
+        assert len(k.plain) == 1 and slot.given is kw and not slot.ready
+        call(*bufs)  # fast, then remembered
+        assert len(k.raw_calls) == 1 and len(slot.ready) == 1 and len(made) == 2
+        (ready,) = slot.ready.values()
+        assert ready == k.raw_calls[0][13:] and ready[0] == ("map", bufs[0].data_ptr(), (8, 64), (64, 1),
+                                                            {"swizzle": 128})
+        call(*bufs)
+        assert len(k.raw_calls) == 2 and len(made) == 2 and k.raw_calls[1] == k.raw_calls[0]  # no arguments built
+        call(*bufs, n=128)  # another key: built, launched, remembered
+        assert len(made) == 3 and k.raw_calls[2][-2:] == (128, 8) and len(slot.ready) == 2
+        call(*bufs, kwargs={"BLOCK": 8})  # an equal dict, not the plan's own object: the checked path
+        assert len(made) == 4 and len(k.raw_calls) == 4 and len(k.plain) == 1
+        L.set_check(True)  # (the fake Triton has no key of its own to compare: _verify stubbed)
+        real_verify, L._verify = L._verify, lambda *a: made.append("verify")
+        try:
+            call(*bufs, kwargs=slot.given)
+            assert made[-2:] == [1, "verify"]
+        finally:
+            L._verify = real_verify
+            L.set_check(False)
+        module_globals["SCALE"] = 2  # rebound: Triton's own call decides, even for a remembered key
+        call(*bufs, kwargs=slot.given)
+        assert len(k.plain) == 2
+        module_globals["SCALE"] = 1
+        fake.get_device = lambda: 1  # the slot's state no longer holds: launch() and a fresh slot
+        call(*bufs, kwargs=slot.given)
+        assert len(k.plain) == 3 and not slot.ready
+    finally:
+        L.Descriptor.triton = real_triton
+
+
+def test_launch_plan_keys_by_every_argument(fake):
+    # launch_plan derives the key: a tensor by its address (new contents at one address: the same list, which
+    # holds the address, not the tensor), any other argument by its value.
+    k = FakeJit(_kernel)
+    slot, kw = L.Slot(k), {"BLOCK": 16}
+    x, y = torch.zeros(32), torch.zeros(32)
+    for t, n in ((x, 64), (x, 64), (x, 64), (y, 64), (x, 128), (x, 64)):
+        L.launch_plan(slot, k, (1,), (t, n), kw)
+    def shown(call):  # a tensor as ("tensor", its address), an address (remembered list) as the int
+        return [("tensor", a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in call[13:]]
+
+    assert len(k.plain) == 1 and len(k.raw_calls) == 5
+    xp, yp = x.data_ptr(), y.data_ptr()
+    # the 2nd call fast (then remembered), the 3rd from the list; new keys fast, the first key's list again
+    assert [shown(c) for c in k.raw_calls] == [[("tensor", xp), 64, 16, False], [xp, 64, 16, False],
+                                               [("tensor", yp), 64, 16, False], [("tensor", xp), 128, 16, False],
+                                               [xp, 64, 16, False]]
+    assert len(slot.ready) == 3
+    L.launch_plan(None, k, (1,), (x, 64), kw)  # no slot: launch()
+    assert len(k.raw_calls) == 6 and k.raw_calls[5][13] is x
+
+
 def test_fallback_without_triton_or_with_another_version(monkeypatch):
     calls = []
 
