@@ -696,11 +696,9 @@ class _FlashLaunch:
             out.zero_()
             lse.fill_(float("-inf"))
             return out, lse
-        if self.slot is not None:  # remembered: the addresses are all that may differ from call to call
-            launch_keyed(self.slot, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
-                         self.grid, lambda: self._args(q, k, v, out, lse), self.kwargs)
-        else:
-            launch(self.fn, self.grid, *self._args(q, k, v, out, lse), **self.kwargs)
+        # the addresses are all that may differ from call to call (no slot: a plan used once)
+        launch_keyed(self.slot, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), self.grid,
+                     lambda: self._args(q, k, v, out, lse), self.kwargs, self.fn)
         return out, lse
 
     def _args(self, q, k, v, out, lse) -> tuple:
@@ -814,14 +812,12 @@ class _DecodeLaunch:
             return out, q.new_empty(self.out_shape[:3], dtype=torch.float32)
         counters, part_o = SCRATCH.get(q.device, self.tiles, self.parts)
         lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else None
-        if self.slot is not None:  # remembered: the addresses are all that may differ from call to call
-            key = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), kv_lens.data_ptr(), out.data_ptr(),
-                   part_o.data_ptr(), counters.data_ptr(), 0 if lse is None else lse.data_ptr())
-            launch_keyed(self.slot, key, self.grid,
-                         lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse), self.kwargs)
-        else:
-            launch(_decode_split_kernel, self.grid, *self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters,
-                                                                lse), **self.kwargs)
+        # the addresses are all that may differ from call to call (no slot: a plan used once)
+        key = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), kv_lens.data_ptr(), out.data_ptr(),
+               part_o.data_ptr(), counters.data_ptr(), 0 if lse is None else lse.data_ptr())
+        launch_keyed(self.slot, key, self.grid,
+                     lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse), self.kwargs,
+                     _decode_split_kernel)
         return out, lse  # (lse None where the plan does not keep it: a remembered call without return_lse)
 
     def _args(self, q, k_cache, v_cache, kv_lens, out, part_o, counters, lse) -> tuple:

@@ -25,7 +25,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap,
                      check_out, check_same_device, check_tensor, interpreting, path_key, require_triton, sm_count, tl,
                      triton)
-from .launcher import Descriptor, Slot, launch, launch_keyed
+from .launcher import Descriptor, Slot, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
 __all__ = ["GEMM_IMPLS", "gemm", "reference_gemm"]
@@ -266,11 +266,9 @@ class _Launch:
         self.slot = Slot(self.fn) if remembered else None
 
     def __call__(self, a, b, c) -> None:
-        if self.slot is not None:  # remembered: the addresses are all that may differ from call to call
-            launch_keyed(self.slot, (a.data_ptr(), b.data_ptr(), c.data_ptr()), self.grid,
-                         lambda: self._args(a, b, c), self.kwargs)
-        else:
-            launch(self.fn, self.grid, *self._args(a, b, c), **self.kwargs)
+        # the addresses are all that may differ from call to call (no slot: a plan used once)
+        launch_keyed(self.slot, (a.data_ptr(), b.data_ptr(), c.data_ptr()), self.grid, lambda: self._args(a, b, c),
+                     self.kwargs, self.fn)
 
     def _args(self, a, b, c) -> tuple:
         if self.views is None:

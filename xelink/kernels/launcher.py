@@ -484,8 +484,11 @@ def _fire(t: _Triton, k: _Kernel, e: _Entry, device: int, grid, full, args, kwar
         set_check(None)
     if _CHECK:
         _verify(t, k, e, device, args, kwargs)
-    if e.descs:
-        full = _expand(t, e, full)
+    return _raw(t, k, e, device, grid, _expand(t, e, full) if e.descs else full)
+
+
+def _raw(t: _Triton, k: _Kernel, e: _Entry, device: int, grid, full):
+    """Entry ``e``'s C launcher on ``full`` (every argument as it takes them), on the current stream."""
     n = len(grid)
     e.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, t.get_stream(device), e.function, e.coop, e.pdl,
           None, None, e.packed, None, None, None, *full)
@@ -530,7 +533,7 @@ def launch_slot(slot: Slot, grid, *args, **kwargs):
     return c
 
 
-def launch_keyed(slot: Slot, key, grid, make_args, kwargs: dict):
+def launch_keyed(slot: Slot | None, key, grid, make_args, kwargs: dict, fn=None):
     """:func:`launch_slot` of ``slot``'s kernel on ``make_args()`` (a tuple) and ``kwargs``, for a launch plan that
     passes the same ``kwargs`` dict object at every call and whose ``key`` (hashable) determines every
     positional argument: the address of each CUDA tensor and descriptor base among them (descriptors' other
@@ -539,7 +542,10 @@ def launch_keyed(slot: Slot, key, grid, make_args, kwargs: dict):
     which the launcher takes as they are: no tensor is kept alive, and the launcher skips its ``data_ptr`` call
     and pointer query a tensor), and a call with a known key goes to the C launcher without building them.
     The device, Triton's knobs, hooks, tracing and the kernel's globals are checked every call, as by
-    :func:`launch_slot`; ``XELINK_LAUNCH_CHECK=1`` verifies every call against Triton's key."""
+    :func:`launch_slot`; ``XELINK_LAUNCH_CHECK=1`` verifies every call against Triton's key. A plan used once
+    passes no slot (None) and its kernel ``fn``: :func:`launch`."""
+    if slot is None:
+        return launch(fn, grid, *make_args(), **kwargs)
     e = slot.entry
     if e is not None and kwargs is slot.given:
         t = _T
@@ -549,11 +555,7 @@ def launch_keyed(slot: Slot, key, grid, make_args, kwargs: dict):
             k = _KERNELS[id(slot.fn)]
             ready = slot.ready.get(key)
             if ready is not None and _CHECK is False and _globals_held(e):
-                n = len(grid)
-                e.raw(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, t.get_stream(device), e.function,
-                      e.coop, e.pdl, None, None, e.packed, None, None, None, *ready)
-                k.fast += 1
-                return e.c
+                return _raw(t, k, e, device, grid, ready)
             args = make_args()
             full = args + slot.tail
             c = _fire(t, k, e, device, grid, full, args, kwargs)

@@ -477,9 +477,8 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
 
     def gemvs(lins, a, act=None):
         """The GEMV of each Linear in ``lins`` on ``a``, and the bytes they read."""
-        calls = [functools.partial(gemv, li.weight, a, li.scales,
-                                   li.fmt if li.fmt != "dense" else ("bf16" if dt == torch.bfloat16 else "fp16"),
-                                   "auto", act=act) for li in lins]
+        calls = [functools.partial(gemv, li.weight, a, li.scales, model.ops._fmt(li, a), "auto", act=act)
+                 for li in lins]
         return calls, sum(_linear_bytes(li) for li in lins)
 
     kv_bytes = len(caches) * 2 * B * hk * L * D * caches[0].k.element_size()
