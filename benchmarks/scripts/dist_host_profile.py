@@ -2,12 +2,15 @@
 breakdown). First each piece the CUDA schedules are made of, in a loop of back-to-back calls (median of
 rounds, the GPU kept busy so that no call waits for the device); then the whole calls, and for each the
 time spent inside every function ``xelink.dist.device`` calls (each wrapped by a timer for that run; the
-rest is the schedule's own Python and its inline torch calls: copies, events, stream waits). Rank 0 prints.
+rest is the schedule's own Python and its inline torch calls: copies, events, stream waits): first with
+every call enqueuing its schedule (``XELINK_DIST_GRAPHS=0``), then as a user calls it (the same tensors
+again: replays of the remembered schedule), then with every output kept alive. Rank 0 prints.
 
 XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
 """
 import collections
 import importlib
+import os
 import statistics
 import time
 
@@ -137,9 +140,34 @@ def breakdown(name, fn, calls=20):
 
 
 assert front.all_gather_matmul is xelink.all_gather_matmul
-for algo in ("sequential", "pipelined", "topo"):
-    breakdown(f"all_gather_matmul(algo={algo!r})", lambda algo=algo: xelink.all_gather_matmul(a, b, algo=algo))
 ar = torch.randn(M, K, dtype=torch.bfloat16, device=dev)
-for algo in ("sequential", "pipelined"):
-    breakdown(f"matmul_reduce_scatter(algo={algo!r})", lambda algo=algo: xelink.matmul_reduce_scatter(ar, b, algo=algo))
+CASES = [(f"all_gather_matmul(algo={algo!r})", lambda algo=algo: xelink.all_gather_matmul(a, b, algo=algo))
+         for algo in ("sequential", "pipelined", "topo", "fused")]
+CASES += [(f"matmul_reduce_scatter(algo={algo!r})", lambda algo=algo: xelink.matmul_reduce_scatter(ar, b, algo=algo))
+          for algo in ("sequential", "pipelined", "fused")]
+CASES += [(f"matmul_all_reduce(algo={algo!r})", lambda algo=algo: xelink.matmul_all_reduce(a, b, algo=algo))
+          for algo in ("pipelined",)]
+# First every schedule enqueued call by call (XELINK_DIST_GRAPHS=0), then as users call it: the same
+# tensors again, so the second call captures the schedule and later ones replay it (xelink.dist.graphs).
+os.environ["XELINK_DIST_GRAPHS"] = "0"
+for name, fn in CASES:
+    breakdown(f"{name}, each call enqueues its schedule", fn)
+del os.environ["XELINK_DIST_GRAPHS"]
+WRAPPED += [(device.graphs, "key_of"), (device.graphs.symm, "team_of")]
+WRAPPED += [(front, n) for n in ("group_of", "_tensor", "_weights", "_outputs", "_pick", "fingerprint_check")]
+for name, fn in CASES:
+    if "sequential" not in name:
+        breakdown(f"{name}, replayed", fn)
+if r == 0:
+    gs = world.resource(("xelink.dist", "graphs", str(dev)))
+    print(f"remembered schedules: {len(gs.graphs)} graphs, {gs.replays} replayed calls", flush=True)
+kept = []
+
+
+def keep_output():  # outputs kept alive: a new address each call, so every call enqueues its schedule
+    kept.append(xelink.all_gather_matmul(a, b, algo="pipelined"))
+
+
+row("all_gather_matmul(algo='pipelined'), outputs kept", keep_output, calls=20)
+kept.clear()
 xelink.finalize()

@@ -14,6 +14,7 @@
 #   keyed: kernel GPU tests with the launch plans' remembered lists, gemm host profile and rows (~6 minutes);
 #   rows:  fused kernels' and decode graph tests, every family's host rows, dist host profile (~7 minutes);
 #   last:  norm and decode attention keyed: their tests, decode graph tests, their host rows (~2 minutes);
+#   graphs: the distributed GEMM's remembered schedules: GPU checks, host profile, dist-gemm family (~5 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -159,6 +160,16 @@ next)
   step kernel_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
     tests/kernels/test_attention.py tests/kernels/test_gemv.py
   step bench_gemm 120 python3 -m xelink.bench gemm --quick --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+esac
+case "$1" in
+graphs)  # the remembered schedules of the distributed GEMM (issue 21's host time): its GPU checks (ranks sharing
+         # the GPU), the host profile (eager schedule vs replays vs outputs kept), the dist-gemm family (~5 minutes)
+  step dist_gpu_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py
+  step dist_host_profile 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
+  step bench_dist_gemm 200 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \
+    --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
 esac

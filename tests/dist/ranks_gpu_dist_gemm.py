@@ -426,3 +426,124 @@ def check_fused_reduce_scatter_cuda_graph_replays(world):
                   sum(x.double() @ wtd for x in other).chunk(n)[r].to(dtype), f"eager other shape {replay}")
     del graph
     xelink.synchronize()
+
+
+# -- remembered schedules (xelink.dist.graphs): eager calls that repeat their tensors replay a graph ---------
+
+def _remembered(comm, dev, what="graphs"):
+    """Graphs the group keeps (``what="replays"``: how many eager calls replayed one so far)."""
+    gs = comm.resource(("xelink.dist", "graphs", str(dev)))
+    return 0 if gs is None else len(gs.graphs) if what == "graphs" else gs.replays
+
+
+def _repeated_calls(comm, dev, algo, dtype, calls, what):
+    """``calls`` eager calls of each op on the same tensors, new values written into them before each, the
+    rows of one rank delayed on odd calls; every result checked; returns the results of the last call."""
+    n, r = comm.size, comm.rank
+    rows = 4 * n  # matmul_all_reduce's fused algorithm needs rows divisible by the group size
+    a = torch.empty(rows, 64, dtype=dtype, device=dev)
+    big = torch.empty(16 * n, 64, dtype=dtype, device=dev)
+    w = torch.empty(40, 64, dtype=dtype, device=dev).t()
+    out = torch.empty(rows * n, 40, dtype=dtype, device=dev)
+    for i in range(calls):
+        salt = 20000 + 100 * i + 7 * len(algo)
+        shards = [ints((rows, 64), salt + q, dtype) for q in range(n)]
+        bigs = [ints((16 * n, 64), salt + 30 + q, dtype) for q in range(n)]
+        wt = ints((40, 64), salt + 99, dtype)
+        a.copy_(shards[r])
+        big.copy_(bigs[r])
+        w.copy_(wt.t())
+        if i % 2:
+            torch.cuda._sleep(int(2e7 * (r + 1)))
+        wtd = wt.t().double()
+        full = torch.cat(shards).double()
+        got = xelink.all_gather_matmul(a, w, group=comm, algo=algo, out=out)
+        assert got is out, f"{what}: all_gather_matmul did not return out"
+        _same(got, (full @ wtd).to(dtype), f"{what} call {i} all_gather_matmul out=")
+        _same(xelink.all_gather_matmul(a, w, group=comm, algo=algo), (full @ wtd).to(dtype),
+              f"{what} call {i} all_gather_matmul")
+        _same(xelink.matmul_reduce_scatter(big, w, group=comm, algo=algo),
+              sum(x.double() @ wtd for x in bigs).chunk(n)[r].to(dtype), f"{what} call {i} matmul_reduce_scatter")
+        _same(xelink.matmul_all_reduce(a, w, group=comm, algo=algo),
+              sum(x.double() @ wtd for x in shards).to(dtype), f"{what} call {i} matmul_all_reduce")
+
+
+def check_remembered_schedules_replay_with_new_values(world):
+    """Every algorithm with a schedule, flat and as packages: the second eager call of the same tensors
+    captures, later ones replay (graphs counted), each with the values written since; the algorithms and
+    groups interleave, and results returned by successive calls never share memory."""
+    dev = _dev(world)
+    groups = _groups(world)
+    for name, comm in groups:
+        for algo in ("pipelined", "topo", "fused"):
+            before = _remembered(comm, dev)
+            _repeated_calls(comm, dev, algo, torch.bfloat16, 4, f"remembered {name} {algo}")
+            assert _remembered(comm, dev) > before, f"{name} {algo}: no schedule was remembered"
+        _repeated_calls(comm, dev, "pipelined", torch.float32, 3, f"remembered {name} float32 pipelined")
+    comm, n, r = world, world.size, world.rank
+    kept = []
+    for i in range(3):  # outputs kept alive: new addresses each call, eager, each result its own
+        shards = [ints((8, 32), 30000 + 10 * i + q, torch.bfloat16) for q in range(n)]
+        w = ints((32, 24), 30099 + i, torch.bfloat16).to(dev)
+        kept.append((xelink.all_gather_matmul(shards[r].to(dev), w, algo="pipelined"), torch.cat(shards).double() @ w.cpu().double()))
+        for j, (c, want) in enumerate(kept):
+            _same(c, want.bfloat16(), f"kept result {j} after call {i}")
+    groups[1][1].free()
+    xelink.synchronize()
+
+
+def check_remembered_schedules_limit_streams_capture_and_off(world):
+    """At most XELINK_DIST_GRAPHS graphs a group (oldest dropped, results still right); a replay on another
+    stream; a user's capture of a remembered call records the schedule (no nested capture); 0 turns it off."""
+    import os
+
+    dev, n, r = _dev(world), world.size, world.rank
+    old = os.environ.get("XELINK_DIST_GRAPHS")
+    comm = world.split(0)
+    try:
+        os.environ["XELINK_DIST_GRAPHS"] = "2"
+        for rows in (8, 16, 24, 8, 32):
+            a = torch.empty(rows, 32, dtype=torch.bfloat16, device=dev)
+            w = ints((32, 16), rows, torch.bfloat16).to(dev)
+            out = torch.empty(rows * n, 16, dtype=torch.bfloat16, device=dev)
+            for i in range(3):
+                shards = [ints((rows, 32), 40000 + 10 * i + q + rows, torch.bfloat16) for q in range(n)]
+                a.copy_(shards[r])
+                _same(xelink.all_gather_matmul(a, w, group=comm, algo="pipelined", out=out),
+                      (torch.cat(shards).double() @ w.cpu().double()).bfloat16(), f"limit rows {rows} call {i}")
+            assert _remembered(comm, dev) <= 2, f"{_remembered(comm, dev)} graphs kept with XELINK_DIST_GRAPHS=2"
+        replays = _remembered(comm, dev, "replays")
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # (a, w, out) of rows 32 were remembered above: replayed on this stream
+            shards = [ints((32, 32), 41000 + q, torch.bfloat16) for q in range(n)]
+            a.copy_(shards[r])
+            got = xelink.all_gather_matmul(a, w, group=comm, algo="pipelined", out=out)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        _same(got, (torch.cat(shards).double() @ w.cpu().double()).bfloat16(), "replay on another stream")
+        assert _remembered(comm, dev, "replays") == replays + 1, "the call on another stream did not replay"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            cap = xelink.all_gather_matmul(a, w, group=comm, algo="pipelined")
+        for replay in range(2):
+            shards = [ints((32, 32), 42000 + 10 * replay + q, torch.bfloat16) for q in range(n)]
+            a.copy_(shards[r])
+            graph.replay()
+            _same(cap, (torch.cat(shards).double() @ w.cpu().double()).bfloat16(), f"user graph replay {replay}")
+        del graph
+        os.environ["XELINK_DIST_GRAPHS"] = "0"
+        comm2 = world.split(0)
+        for i in range(3):
+            shards = [ints((32, 32), 43000 + 10 * i + q, torch.bfloat16) for q in range(n)]
+            a.copy_(shards[r])
+            _same(xelink.all_gather_matmul(a, w, group=comm2, algo="topo"),
+                  (torch.cat(shards).double() @ w.cpu().double()).bfloat16(), f"off call {i}")
+        assert _remembered(comm2, dev) == 0, "XELINK_DIST_GRAPHS=0 remembered a schedule"
+        comm2.free()
+    finally:
+        if old is None:
+            os.environ.pop("XELINK_DIST_GRAPHS", None)
+        else:
+            os.environ["XELINK_DIST_GRAPHS"] = old
+        comm.free()
+    xelink.synchronize()

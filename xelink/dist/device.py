@@ -50,11 +50,14 @@ What it allocates: per (group, shape, dtype) one symmetric staging buffer (``xel
 collective call made by the first call of that shape and kept as a resource of the group until it is
 freed; the reuse rule is the ``FREE`` handshake above), one side stream per group; per call the output
 (unless ``out=``), the local partials of the reduce-scatter, the sum, and ``return_gathered``'s copy,
-all from torch's caching allocator (the graph's private pool under capture, so replays reuse them).
+all from torch's caching allocator (temporaries from the graph's private pool under capture, so replays
+reuse them).
 
 CUDA graphs: the first call of a shape sets up peer memory and the staging buffer and compiles the
 semaphore kernels, which capture refuses, so run each shape once before capturing it (as for every
 ``xelink.symm`` user). Semaphore slots ``READY``..``RS_FREE`` of the group's team belong to these ops.
+Eager calls that repeat a call's tensors replay a graph of the schedule (``graphs``: the host time of a
+call is then one graph launch); the output is allocated before the schedule, outside any graph pool.
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ import torch
 from .. import symm
 from ..errors import XelinkError
 from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
-from . import schedule
+from . import graphs, schedule
 from .host import gathered
 from ..kernels import gemm
 from ..kernels import gated_gemm
@@ -244,8 +247,23 @@ def _fused_gather(comm, g, a, weights, cs, main):
     _release(comm, g, main)
 
 
+def _gather_schedule(comm, g, a, weights, cs, dim):
+    """The pipelined/topo schedule: stage and read on the side stream, each shard's GEMM after its read."""
+    main = torch.cuda.current_stream(a.device)
+    slots, r = g.slots, comm.rank
+    _stage_and_read(comm, g, a, main, lambda q, landed: landed.record(g.side))
+    rows = a.shape[dim]
+    for w, c in zip(weights, cs):
+        _mm_into(slots[r], w, c.narrow(dim, r * rows, rows))
+    for q, _, _, landed in g.reads:
+        main.wait_event(landed)
+        for w, c in zip(weights, cs):
+            _mm_into(slots[q], w, c.narrow(dim, q * rows, rows))
+    _release(comm, g, main)
+
+
 def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
-    n, r, dev = comm.size, comm.rank, a.device
+    n, dev = comm.size, a.device
     shard = tuple(a.shape)
     full = list(shard)
     full[dim] *= n
@@ -259,22 +277,13 @@ def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
         return (a_full if return_gathered else None), cs
     g = comm.resource(("xelink.dist", "gather-plan", shard, a.dtype, algo, dev),
                       lambda: _Gather(comm, shard, a.dtype, algo, dev))
-    main = torch.cuda.current_stream(dev)
+    key = ("all_gather_matmul", algo, dim, a.dtype) + graphs.key_of(a, *weights, *cs)
     if algo == "fused":
-        _fused_gather(comm, g, a, weights, cs, main)
-        return (gathered(g.stage, dim).clone() if return_gathered else None), cs
-    slots = g.slots
-    _stage_and_read(comm, g, a, main, lambda q, landed: landed.record(g.side))
-    rows = shard[dim]
-    for w, c in zip(weights, cs):
-        _mm_into(slots[r], w, c.narrow(dim, r * rows, rows))
-    for q, _, _, landed in g.reads:
-        main.wait_event(landed)
-        for w, c in zip(weights, cs):
-            _mm_into(slots[q], w, c.narrow(dim, q * rows, rows))
-    _release(comm, g, main)
-    a_full = gathered(g.stage, dim).clone() if return_gathered else None
-    return a_full, cs
+        body = lambda: _fused_gather(comm, g, a, weights, cs, torch.cuda.current_stream(dev))  # noqa: E731
+    else:
+        body = lambda: _gather_schedule(comm, g, a, weights, cs, dim)  # noqa: E731
+    graphs.run(comm, dev, "all_gather_matmul", key, body, hooked=bool(DELAY_CYCLES))
+    return (gathered(g.stage, dim).clone() if return_gathered else None), cs
 
 
 def _order(comm, algo: str) -> list[int]:
@@ -355,16 +364,14 @@ class _FusedScatter:
         comm.barrier()
 
 
-def _fused_scatter(comm, a, w, dim, op, out):
+def _fused_scatter(comm, a, w, dim, op, res) -> None:
+    """The fused GEMM + reduce-scatter of ``a @ w`` into ``res`` (this rank's block)."""
     n, r = comm.size, comm.rank
     K, N = a.shape[-1], w.shape[1]
     blocks, block_rows, block_stride, batch_stride = _scatter_layout(tuple(a.shape), dim, n)
-    shape = list(a.shape[:-1]) + [N]
-    shape[dim] //= n
-    res = out if out is not None else a.new_empty(tuple(shape))
     rows = blocks * block_rows
     if rows == 0 or N == 0:
-        return res
+        return
     st = comm.resource(("xelink.dist", "fused-scatter", blocks, block_rows, N, a.dtype, a.device),
                        lambda: _FusedScatter(comm, blocks, block_rows, N, a.dtype, a.device))
     st.team.check("matmul_reduce_scatter")  # a deadline that expired in an earlier call raises here
@@ -380,28 +387,15 @@ def _fused_scatter(comm, a, w, dim, op, out):
                          timeout_ns=st.team.timeout_ns())
     if r2 is None:
         res.copy_(got.view(res.shape))
-    return res
 
 
-def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
-    n, r, dev = comm.size, comm.rank, a.device
+def _scatter_schedule(comm, g, a, w, dim, op, res) -> None:
+    """The pipelined/topo reduce-scatter: each destination's partial pushed on the side stream while the
+    next one is computed, the own partial last, then the sum of the inbox into ``res``."""
+    n, r = comm.size, comm.rank
     blk = a.shape[dim] // n
-    shape = list(a.shape[:-1]) + [w.shape[1]]
-    shape[dim] = blk
-    shape = tuple(shape)
-    if algo == "fused":
-        return _fused_scatter(comm, a, w, dim, op, out)
-    if algo == "sequential":
-        p = a.new_empty(tuple(a.shape[:-1]) + (w.shape[1],))
-        _mm_into(a, w, p)
-        blocks = p if dim == 0 else p.unflatten(dim, (n, blk)).movedim(dim, 0).contiguous()
-        res = out if out is not None and out.is_contiguous() else a.new_empty(shape)
-        reduce_scatter_tensor(res, blocks, op=op, group=comm)
-        return res if out is None or res is out else out.copy_(res)
-    g = comm.resource(("xelink.dist", "scatter-plan", shape, a.dtype, algo, dev),
-                      lambda: _Scatter(comm, shape, a.dtype, algo, dev))
-    main, side = torch.cuda.current_stream(dev), g.side
-    parts = a.new_empty((n,) + shape)
+    main, side = torch.cuda.current_stream(a.device), g.side
+    parts = a.new_empty((n,) + tuple(res.shape))
     side.wait_stream(main)
     for j, done in g.order:
         part = parts[j]
@@ -420,45 +414,76 @@ def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
         symm.signal(q, RS_FREE, group=comm, stream=main)
         symm.wait(q, RS_FREE, group=comm, stream=side)
     main.wait_stream(side)
-    if out is None:
-        return acc.to(a.dtype)
-    return out.copy_(acc)
+    res.copy_(acc)
+
+
+def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
+    n, dev = comm.size, a.device
+    blk = a.shape[dim] // n
+    shape = list(a.shape[:-1]) + [w.shape[1]]
+    shape[dim] = blk
+    shape = tuple(shape)
+    if algo == "sequential":
+        p = a.new_empty(tuple(a.shape[:-1]) + (w.shape[1],))
+        _mm_into(a, w, p)
+        blocks = p if dim == 0 else p.unflatten(dim, (n, blk)).movedim(dim, 0).contiguous()
+        res = out if out is not None and out.is_contiguous() else a.new_empty(shape)
+        reduce_scatter_tensor(res, blocks, op=op, group=comm)
+        return res if out is None or res is out else out.copy_(res)
+    res = out if out is not None else a.new_empty(shape)
+    key = ("matmul_reduce_scatter", algo, dim, op, a.dtype) + graphs.key_of(a, w, res)
+    if algo == "fused":
+        body = lambda: _fused_scatter(comm, a, w, dim, op, res)  # noqa: E731
+    else:
+        g = comm.resource(("xelink.dist", "scatter-plan", shape, a.dtype, algo, dev),
+                          lambda: _Scatter(comm, shape, a.dtype, algo, dev))
+        body = lambda: _scatter_schedule(comm, g, a, w, dim, op, res)  # noqa: E731
+    graphs.run(comm, dev, "matmul_reduce_scatter", key, body)
+    return res
+
+
+def _all_reduce_schedule(comm, a, w, c, out, algo) -> None:
+    """``c = a @ w`` summed over the ranks (then copied into ``out`` if that is another tensor)."""
+    dev = a.device
+    rows = math.prod(a.shape[:-1])
+    a2, c2 = a.reshape(rows, a.shape[-1]), c.view(rows, w.shape[1])
+    if algo == "fused":
+        # The fused reduce-scatter of the rows, then xelink's all-gather of the blocks back into c.
+        mine = a.new_empty((rows // comm.size, w.shape[1]))
+        _fused_scatter(comm, a2, w, 0, "sum", mine)
+        all_gather_into_tensor(c2, mine, group=comm)
+    else:
+        packages = comm.packages
+        # The GPU hierarchical all-reduce runs on equal packages; packages of one rank have nothing to gain.
+        even = len(packages) > 1 and len({len(p) for p in packages}) == 1 and len(packages[0]) > 1
+        name = "hierarchical" if algo == "topo" and even else "auto"
+        main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
+        chunks = max(1, min(AR_CHUNKS, rows))
+        base, extra = divmod(rows, chunks)
+        lo = 0
+        for k in range(chunks):
+            hi = lo + base + (1 if k < extra else 0)
+            if hi > lo:
+                _mm_into(a2[lo:hi], w, c2[lo:hi])
+                done = torch.cuda.Event()
+                done.record(main)
+                side.wait_event(done)
+                with torch.cuda.stream(side):
+                    all_reduce(c2[lo:hi], group=comm, algo=name)
+            lo = hi
+        main.wait_stream(side)
+    if out is not None and c is not out:
+        out.copy_(c)
 
 
 def matmul_all_reduce(comm, a, w, out, algo):
     dev = a.device
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
     c = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype, device=dev)
-    if algo == "fused":
-        # The fused reduce-scatter of the rows, then xelink's all-gather of the blocks back into c.
-        rows = math.prod(a.shape[:-1])
-        c2 = c.view(rows, w.shape[1])
-        mine = _fused_scatter(comm, a.reshape(rows, a.shape[-1]), w, 0, "sum", None)
-        all_gather_into_tensor(c2, mine, group=comm)
-        return c if out is None or c is out else out.copy_(c)
     if algo == "sequential":
         _mm_into(a, w, c)
         all_reduce(c, group=comm)
         return c if out is None or c is out else out.copy_(c)
-    packages = comm.packages
-    # The GPU hierarchical all-reduce runs on equal packages; packages of one rank have nothing to gain.
-    even = len(packages) > 1 and len({len(p) for p in packages}) == 1 and len(packages[0]) > 1
-    name = "hierarchical" if algo == "topo" and even else "auto"
-    rows = math.prod(a.shape[:-1])
-    a2, c2 = a.reshape(rows, a.shape[-1]), c.view(rows, w.shape[1])
-    main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
-    chunks = max(1, min(AR_CHUNKS, rows))
-    base, extra = divmod(rows, chunks)
-    lo = 0
-    for k in range(chunks):
-        hi = lo + base + (1 if k < extra else 0)
-        if hi > lo:
-            _mm_into(a2[lo:hi], w, c2[lo:hi])
-            done = torch.cuda.Event()
-            done.record(main)
-            side.wait_event(done)
-            with torch.cuda.stream(side):
-                all_reduce(c2[lo:hi], group=comm, algo=name)
-        lo = hi
-    main.wait_stream(side)
-    return c if out is None or c is out else out.copy_(c)
+    key = ("matmul_all_reduce", algo, a.dtype) + graphs.key_of(a, w, c, *([] if out is None else [out]))
+    graphs.run(comm, dev, "matmul_all_reduce", key, lambda: _all_reduce_schedule(comm, a, w, c, out, algo))
+    return c if out is None else out

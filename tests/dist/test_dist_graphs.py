@@ -1,0 +1,122 @@
+"""The policy of the remembered schedules (``xelink.dist.graphs``) on CPU, with a fake CUDA graph that records
+what was captured and replayed: the first call of a key runs eagerly, the second captures and replays, later
+ones replay; a capture that fails runs eagerly from then on; at most XELINK_DIST_GRAPHS graphs (oldest
+dropped); 0 and a capturing stream run eagerly. The real graphs run in tests/dist/ranks_gpu_dist_gemm.py."""
+import contextlib
+
+import pytest
+import torch
+
+from xelink.dist import graphs
+
+
+class FakeGraph:
+    capturing = False
+    fail = False
+
+    def __init__(self):
+        self.replays = 0
+
+    def capture_begin(self, capture_error_mode="global"):
+        assert capture_error_mode == "thread_local"
+        FakeGraph.capturing = True
+
+    def capture_end(self):
+        FakeGraph.capturing = False
+        if FakeGraph.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    def replay(self):
+        self.replays += 1
+
+
+class FakeComm:
+    def __init__(self):
+        self.res = {}
+
+    def resource(self, key, make=None):
+        if key not in self.res and make is not None:
+            self.res[key] = make()
+        return self.res.get(key)
+
+
+class FakeTeam:
+    checked = 0
+
+    def check(self, fn):
+        FakeTeam.checked += 1
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: FakeGraph.capturing)
+    monkeypatch.setattr(graphs.symm, "team_of", lambda comm: FakeTeam())
+    monkeypatch.delenv("XELINK_DIST_GRAPHS", raising=False)
+    FakeGraph.fail = False
+    comm = FakeComm()
+    runs = []
+
+    def call(key):
+        graphs.run(comm, "cuda:0", "op", key, lambda: runs.append((key, FakeGraph.capturing)))
+        return comm.resource(("xelink.dist", "graphs", "cuda:0"))
+
+    return call, runs
+
+
+def test_first_call_eager_second_captures_and_replays_later_replay(fake):
+    call, runs = fake
+    gs = call("k")
+    assert runs == [("k", False)] and not gs.graphs
+    call("k")
+    assert runs[1] == ("k", True) and gs.graphs["k"].replays == 1 and gs.replays == 1
+    call("k")
+    call("k")
+    assert len(runs) == 2 and gs.graphs["k"].replays == 3 and gs.replays == 3
+    call("other")
+    assert runs[-1] == ("other", False) and list(gs.graphs) == ["k"]
+
+
+def test_at_most_the_limit_least_recently_used_dropped(fake, monkeypatch):
+    monkeypatch.setenv("XELINK_DIST_GRAPHS", "2")
+    call, _ = fake
+    for key in ("a", "a", "b", "b", "a", "c", "c"):
+        gs = call(key)
+    assert list(gs.graphs) == ["a", "c"]  # b was the least recently used when c came
+
+
+def test_a_failed_capture_runs_eagerly_from_then_on(fake):
+    call, runs = fake
+    call("k")
+    FakeGraph.fail = True
+    gs = call("k")
+    assert runs[-1] == ("k", False) and not gs.graphs and "k" in gs.never  # captured, then run eagerly
+    FakeGraph.fail = False
+    call("k")
+    call("k")
+    assert runs[-2:] == [("k", False), ("k", False)] and not gs.graphs
+
+
+@pytest.mark.parametrize("why", ["off", "capturing"])
+def test_off_and_under_a_users_capture_every_call_is_eager(fake, monkeypatch, why):
+    call, runs = fake
+    if why == "off":
+        monkeypatch.setenv("XELINK_DIST_GRAPHS", "0")
+    else:
+        FakeGraph.capturing = True
+    try:
+        for _ in range(3):
+            gs = call("k")
+    finally:
+        FakeGraph.capturing = False
+    assert len(runs) == 3 and gs is None
+
+
+def test_the_key_is_each_tensors_address_shape_and_strides():
+    x = torch.zeros(4, 6)
+    assert graphs.key_of(x) == graphs.key_of(x.view(4, 6))
+    assert graphs.key_of(x) != graphs.key_of(x.t())  # same address, other strides
+    assert graphs.key_of(x) != graphs.key_of(x[1:])  # another address
+    assert graphs.key_of(x) != graphs.key_of(x.view(6, 4))  # another shape
