@@ -4,7 +4,7 @@ rounds, the GPU kept busy so that no call waits for the device); then the whole 
 time spent inside every function ``xelink.dist.device`` calls (each wrapped by a timer for that run; the
 rest is the schedule's own Python and its inline torch calls: copies, events, stream waits): first with
 every call enqueuing its schedule (``XELINK_DIST_GRAPHS=0``), then as a user calls it (the same tensors
-again: replays of the remembered schedule), then with every output kept alive. Rank 0 prints.
+again: replays of the remembered schedule), then with a new output tensor every call. Rank 0 prints.
 
 XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
 """
@@ -161,13 +161,12 @@ for name, fn in CASES:
 if r == 0:
     gs = world.resource(("xelink.dist", "graphs", str(dev)))
     print(f"remembered schedules: {len(gs.graphs)} graphs, {gs.replays} replayed calls", flush=True)
-kept = []
+outs = [torch.empty(M, N, dtype=a.dtype, device=dev) for _ in range(3 + ROUNDS * 20)]
 
 
-def keep_output():  # outputs kept alive: a new address each call, so every call enqueues its schedule
-    kept.append(xelink.all_gather_matmul(a, b, algo="pipelined"))
+def new_output():  # a new output address every call (out= from a pool): every call enqueues its schedule
+    xelink.all_gather_matmul(a, b, algo="pipelined", out=outs.pop())
 
 
-row("all_gather_matmul(algo='pipelined'), outputs kept", keep_output, calls=20)
-kept.clear()
+row("all_gather_matmul(algo='pipelined', out=a new tensor each call)", new_output, calls=20)
 xelink.finalize()

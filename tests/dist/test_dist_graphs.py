@@ -1,7 +1,8 @@
 """The policy of the remembered schedules (``xelink.dist.graphs``) on CPU, with a fake CUDA graph that records
 what was captured and replayed: the first call of a key runs eagerly, the second captures and replays, later
-ones replay; a capture that fails runs eagerly from then on; at most XELINK_DIST_GRAPHS graphs (oldest
-dropped); 0 and a capturing stream run eagerly. The real graphs run in tests/dist/ranks_gpu_dist_gemm.py."""
+ones replay; a capture that fails runs eagerly from then on; at most XELINK_DIST_GRAPHS graphs, a new key
+taking the place of a stale one only (a loop over more keys than that never captures twice); 0 and a
+capturing stream run eagerly. The real graphs run in tests/dist/ranks_gpu_dist_gemm.py."""
 import contextlib
 
 import pytest
@@ -13,6 +14,8 @@ from xelink.dist import graphs
 class FakeGraph:
     capturing = False
     fail = False
+    pool = 0  # bytes the next capture's pool takes
+    reserved = 0  # what torch.cuda.memory_reserved says
 
     def __init__(self):
         self.replays = 0
@@ -23,6 +26,7 @@ class FakeGraph:
 
     def capture_end(self):
         FakeGraph.capturing = False
+        FakeGraph.reserved += FakeGraph.pool
         if FakeGraph.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -53,9 +57,11 @@ def fake(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: FakeGraph.capturing)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: FakeGraph.reserved)
     monkeypatch.setattr(graphs.symm, "team_of", lambda comm: FakeTeam())
     monkeypatch.delenv("XELINK_DIST_GRAPHS", raising=False)
-    FakeGraph.fail = False
+    monkeypatch.delenv("XELINK_DIST_GRAPH_MB", raising=False)
+    FakeGraph.fail, FakeGraph.pool = False, 0
     comm = FakeComm()
     runs = []
 
@@ -71,20 +77,61 @@ def test_first_call_eager_second_captures_and_replays_later_replay(fake):
     gs = call("k")
     assert runs == [("k", False)] and not gs.graphs
     call("k")
-    assert runs[1] == ("k", True) and gs.graphs["k"].replays == 1 and gs.replays == 1
+    assert runs[1] == ("k", True) and gs.graphs["k"][0].replays == 1 and gs.replays == 1
     call("k")
     call("k")
-    assert len(runs) == 2 and gs.graphs["k"].replays == 3 and gs.replays == 3
+    assert len(runs) == 2 and gs.graphs["k"][0].replays == 3 and gs.replays == 3
     call("other")
     assert runs[-1] == ("other", False) and list(gs.graphs) == ["k"]
 
 
-def test_at_most_the_limit_least_recently_used_dropped(fake, monkeypatch):
+def test_at_most_the_limit_and_only_a_stale_graph_gives_way(fake, monkeypatch):
     monkeypatch.setenv("XELINK_DIST_GRAPHS", "2")
-    call, _ = fake
+    call, runs = fake
     for key in ("a", "a", "b", "b", "a", "c", "c"):
         gs = call(key)
-    assert list(gs.graphs) == ["a", "c"]  # b was the least recently used when c came
+    assert list(gs.graphs) == ["b", "a"] and runs[-1] == ("c", False)  # full, nothing stale: c runs eagerly
+    monkeypatch.setattr(graphs, "STALE_CALLS", 3)
+    gs = call("c")  # b was last used 4 calls ago: it gives way
+    assert list(gs.graphs) == ["a", "c"] and runs[-1] == ("c", True)
+    monkeypatch.setenv("XELINK_DIST_GRAPHS", "1")
+    call("a")
+    call("d")
+    gs = call("d")  # the limit went down: the least recently used go first
+    assert list(gs.graphs) == ["a"] and runs[-1] == ("d", False)
+
+
+def test_a_loop_over_more_keys_than_the_limit_captures_once_each_kept_key(fake, monkeypatch):
+    """The layers of a model, each with its own weight: the first graphs stay and replay, the rest run
+    eagerly; nothing is captured twice."""
+    monkeypatch.setenv("XELINK_DIST_GRAPHS", "2")
+    call, runs = fake
+    for _ in range(10):
+        for layer in range(5):
+            gs = call(f"layer {layer}")
+    captured = [k for k, capturing in runs if capturing]
+    assert captured == ["layer 0", "layer 1"]
+    assert gs.graphs["layer 0"][0].replays == 9 and gs.replays == 18
+    assert len(runs) == 50 - 18 + 2  # the bodies: every call but the replays, and the two captures
+
+
+def test_the_pools_stay_within_the_budget(fake, monkeypatch):
+    """XELINK_DIST_GRAPH_MB: a graph whose temporaries do not fit next to the others that are in use is
+    dropped (its key runs eagerly); a stale one gives way; one larger than the budget alone never stays."""
+    monkeypatch.setenv("XELINK_DIST_GRAPH_MB", "1")
+    call, runs = fake
+    FakeGraph.pool = 600 << 10
+    for key in ("a", "a", "b", "b", "b"):
+        gs = call(key)
+    assert list(gs.graphs) == ["a"] and "b" in gs.never and runs[-1] == ("b", False)
+    monkeypatch.setattr(graphs, "STALE_CALLS", 2)
+    call("c")
+    gs = call("c")  # a was last used 5 calls ago: it gives way
+    assert list(gs.graphs) == ["c"] and gs.graphs["c"][2] == 600 << 10
+    FakeGraph.pool = 2 << 20
+    call("d")
+    gs = call("d")
+    assert not gs.graphs and "d" in gs.never  # c (stale) went first, then d alone did not fit
 
 
 def test_a_failed_capture_runs_eagerly_from_then_on(fake):

@@ -15,9 +15,15 @@ When: the first call of a key runs eagerly (it also does a shape's set-up: symme
 compilation, which capture refuses); the second captures the schedule on a stream of its own and
 replays it; later ones replay. Eager throughout when the current stream is capturing (the user's graph
 records the schedule itself), when a test hook of ``device`` is set, or with ``XELINK_DIST_GRAPHS=0``.
-A group keeps at most ``XELINK_DIST_GRAPHS`` graphs (default 8) per device, the least recently used
-dropped first (with its pool); a key whose capture fails runs eagerly from then on. Calls whose tensors
-never repeat (outputs kept alive, fresh inputs) run eagerly and pay only the key (a few us).
+A group keeps at most ``XELINK_DIST_GRAPHS`` graphs (default 64) per device, holding at most
+``XELINK_DIST_GRAPH_MB`` MiB of temporaries in their pools (default 2048: the reduce-scatter's partials
+and float32 sum; the gather's schedules have none). When they are all taken, a new key replaces the least
+recently used graphs only if they went unused for ``STALE_CALLS`` calls of the group; otherwise it runs
+eagerly (a graph whose pool alone exceeds the budget too). So a loop over more keys than fit (the layers
+of a model, each its own weight) keeps replaying the graphs it has and runs the rest eagerly, never
+capturing again and again, while graphs of shapes no longer called give way. A key whose capture fails
+runs eagerly from then on. Calls whose tensors never repeat (outputs kept alive, fresh inputs) run
+eagerly and pay only the key (a few us).
 """
 from __future__ import annotations
 
@@ -28,9 +34,11 @@ import torch
 from .. import config, symm
 from ..log import get_logger
 
-__all__ = ["DEFAULT_LIMIT", "limit", "key_of", "run"]
+__all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "key_of", "run"]
 
-DEFAULT_LIMIT = 8
+DEFAULT_LIMIT = 64
+DEFAULT_MB = 2048
+STALE_CALLS = 1000  # calls of the group after which an unused graph may give way to a new key
 _SEEN_MAX = 256  # keys seen once, kept until this many (then forgotten together)
 _log = get_logger("dist")
 
@@ -38,6 +46,11 @@ _log = get_logger("dist")
 def limit() -> int:
     """Graphs a group keeps per device (``XELINK_DIST_GRAPHS``; 0 turns the replays off)."""
     return config.env_int("XELINK_DIST_GRAPHS", DEFAULT_LIMIT)
+
+
+def budget() -> int:
+    """Bytes of temporaries a group's graphs may hold per device (``XELINK_DIST_GRAPH_MB``)."""
+    return config.env_int("XELINK_DIST_GRAPH_MB", DEFAULT_MB) << 20
 
 
 def key_of(*tensors) -> tuple:
@@ -50,14 +63,36 @@ class _Graphs:
     before the buffers they point at)."""
 
     def __init__(self, device):
+        self.device = device
         self.stream = torch.cuda.Stream(device)
+        # key -> [graph, the call that last used it, bytes its pool holds], least recently used first
         self.graphs: collections.OrderedDict = collections.OrderedDict()
         self.seen: set = set()
         self.never: set = set()
-        self.replays = 0  # eager calls that replayed a graph (tests, benchmarks)
+        self.calls = 0  # calls that came here (the clock of STALE_CALLS)
+        self.replays = 0  # calls that replayed a graph (tests, benchmarks)
 
-    def capture(self, key, body, fn: str):
+    def held(self) -> int:
+        return sum(e[2] for e in self.graphs.values())
+
+    def make_room(self, keep: int, nbytes: int, new=None) -> bool:
+        """Drop stale graphs, least recently used first, until there is a place for one more (``new`` None)
+        or the graphs (``new`` among them) hold at most ``nbytes``; whether that was reached. Graphs over a
+        limit that went down since are dropped, stale or not."""
+        while len(self.graphs) > keep:
+            self.graphs.popitem(last=False)
+        slot = 1 if new is None else 0
+        while len(self.graphs) + slot > keep or self.held() > nbytes:
+            key, (_, last, _) = next(iter(self.graphs.items()))
+            if key == new or self.calls - last < STALE_CALLS:
+                return False
+            self.graphs.popitem(last=False)
+        return True
+
+    def capture(self, key, body, fn: str, keep: int, nbytes: int):
+        """The graph of ``body`` kept under ``key``, or None (capture failed, or no room for its pool)."""
         graph = torch.cuda.CUDAGraph()
+        before = torch.cuda.memory_reserved(self.device)
         try:
             with torch.cuda.stream(self.stream):
                 graph.capture_begin(capture_error_mode="thread_local")
@@ -70,7 +105,12 @@ class _Graphs:
                        type(e).__name__, e)
             self.never.add(key)
             return None
-        self.graphs[key] = graph
+        pool = max(0, torch.cuda.memory_reserved(self.device) - before)
+        self.graphs[key] = [graph, self.calls, pool]
+        if not self.make_room(keep, nbytes, new=key):
+            del self.graphs[key]  # its temporaries do not fit the budget: eager calls
+            self.never.add(key)
+            return None
         return graph
 
     def close(self) -> None:
@@ -86,23 +126,25 @@ def run(comm, device, fn: str, key, body, hooked: bool = False) -> None:
         body()
         return
     gs = comm.resource(("xelink.dist", "graphs", str(device)), lambda: _Graphs(device))
-    graph = gs.graphs.get(key)
-    if graph is not None:
+    gs.calls += 1
+    entry = gs.graphs.get(key)
+    if entry is not None:
         gs.graphs.move_to_end(key)
+        entry[1] = gs.calls
+        graph = entry[0]
     else:
-        if key not in gs.seen or key in gs.never:
+        nbytes = budget()
+        if key not in gs.seen or key in gs.never or not gs.make_room(keep, nbytes):
             if len(gs.seen) >= _SEEN_MAX:
                 gs.seen.clear()
             gs.seen.add(key)
             body()
             return
         gs.seen.discard(key)
-        graph = gs.capture(key, body, fn)
+        graph = gs.capture(key, body, fn, keep, nbytes)
         if graph is None:
             body()
             return
-        while len(gs.graphs) > keep:
-            gs.graphs.popitem(last=False)
     symm.team_of(comm).check(fn)
     gs.replays += 1
     graph.replay()
