@@ -14,7 +14,8 @@
 #   keyed: kernel GPU tests with the launch plans' remembered lists, gemm host profile and rows (~6 minutes);
 #   rows:  fused kernels' and decode graph tests, every family's host rows, dist host profile (~7 minutes);
 #   last:  norm and decode attention keyed: their tests, decode graph tests, their host rows (~2 minutes);
-#   graphs: the distributed GEMM's remembered schedules: GPU checks, host profile, dist-gemm family (~5 minutes);
+#   graphs: the distributed GEMM's remembered schedules: GPU checks, host profile, dist-gemm family (~3 minutes;
+#          KERNELS=1: and every kernel GPU test, ~3 more);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -171,5 +172,6 @@ graphs)  # the remembered schedules of the distributed GEMM (issue 21's host tim
   step bench_dist_gemm 200 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \
     --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  [ -n "$KERNELS" ] && step kernels_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu tests/kernels
   ;;
 esac
