@@ -1,17 +1,18 @@
 """Where the host time of an eager distributed GEMM call goes, on 2 ranks sharing one GPU (issue 21's
 breakdown). First each piece the CUDA schedules are made of, in a loop of back-to-back calls (median of
-rounds, the GPU kept busy so that no call waits for the device); then the whole calls, and for each the
+rounds, the slowest rank's, the GPU kept busy so that no call waits for the device); then the whole calls, and for each the
 time spent inside every function ``xelink.dist.device`` calls (each wrapped by a timer for that run; the
 rest is the schedule's own Python and its inline torch calls: copies, events, stream waits): first with
 every call enqueuing its schedule (``XELINK_DIST_GRAPHS=0``), then as a user calls it (the same tensors
 again: replays of the remembered schedule), then with a new output tensor every call. Rank 0 prints.
 
-XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
+XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py [MxNxK, default 2048x4096x4096]
 """
 import collections
 import importlib
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -29,7 +30,7 @@ CALLS, ROUNDS, SLOT = 100, 5, 40  # SLOT: a semaphore slot no op uses
 world = xelink.init()
 n, r, dev = world.size, world.rank, world.device
 peer = (r + 1) % n
-M, N, K = 2048, 4096, 4096
+M, N, K = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "2048x4096x4096").split("x"))
 a = torch.randn(M // n, K, dtype=torch.bfloat16, device=dev)
 b = torch.randn(K, N, dtype=torch.bfloat16, device=dev)
 c = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
@@ -53,7 +54,7 @@ def per_call_us(fn, calls=CALLS):
         got.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
         world.barrier()
-    return statistics.median(got)
+    return max(world.allgather_object(statistics.median(got)))  # the slowest rank's
 
 
 def row(name, fn, calls=CALLS):
@@ -72,7 +73,8 @@ def signal_wait():  # one signal to the peer and one wait for its signal: balanc
 
 
 if r == 0:
-    print(f"{n} ranks on {torch.cuda.get_device_name(dev)}, torch {torch.__version__}", flush=True)
+    print(f"{n} ranks on {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, {M}x{N}x{K} bf16",
+          flush=True)
 row("torch.empty(M, N) output", lambda: torch.empty((M, N), dtype=a.dtype, device=dev))
 row("stage[r].copy_(a)", lambda: stage[r].copy_(a))
 row("stage[r] (a view)", lambda: stage[r])

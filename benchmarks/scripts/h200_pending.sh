@@ -169,6 +169,8 @@ graphs)  # the remembered schedules of the distributed GEMM (issue 21's host tim
          # the GPU), the host profile (eager schedule vs replays vs outputs kept), the dist-gemm family (~5 minutes)
   step dist_gpu_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py
   step dist_host_profile 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/dist_host_profile.py
+  step dist_host_profile_8192 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 \
+    benchmarks/scripts/dist_host_profile.py 8192x8192x8192
   step bench_dist_gemm 200 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \
     --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt

@@ -407,7 +407,7 @@ def _scatter_schedule(comm, g, a, w, dim, op, res) -> None:
     _mm_into(a.narrow(dim, r * blk, blk), w, g.mine)
     for q in g.peers:
         symm.wait(q, RS_READY, group=comm, stream=main)
-    acc = (g.inbox.float() if a.dtype in _HALF else g.inbox).sum(0)
+    acc = g.inbox.sum(0, dtype=torch.float32 if a.dtype in _HALF else a.dtype)
     if op == "avg":
         acc.div_(n)
     for q in g.peers:
