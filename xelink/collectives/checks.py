@@ -94,7 +94,7 @@ def device_of(comm: Communicator) -> torch.device:
 
 def check_rank_device(fn: str, name: str, x: torch.Tensor, comm: Communicator) -> None:
     """A composed op's tensor ``x`` is a CPU tensor or on the CUDA device this rank of ``comm`` drives."""
-    if x.device.type == "cuda":
+    if x.is_cuda:
         if x.device != device_of(comm):
             raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")
     elif x.device.type != "cpu":

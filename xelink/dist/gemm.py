@@ -87,7 +87,7 @@ def _weights(fn: str, b, a: torch.Tensor, comm, allow_list: bool) -> tuple[list[
         _tensor(fn, name, w, comm, (2,))
         if w.dtype != a.dtype:
             raise TypeError(f"{fn}: {name}.dtype={w.dtype} != a.dtype={a.dtype}")
-        if w.device != a.device:
+        if w.is_cuda != a.is_cuda:  # each is on the CPU or this rank's device (``_tensor``)
             raise ValueError(f"{fn}: {name} is on {w.device} and a on {a.device}; both must be on one device")
         if w.shape[0] != k:
             raise ValueError(f"{fn}: {name}.shape[0]={w.shape[0]} != a.shape[-1]={k} (a is [..., K], b is [K, N])")

@@ -134,10 +134,15 @@ def copy_engine(dst: int, src: int, nbytes: int, stream: int) -> None:
 
 
 def available(comm) -> bool:
-    """Whether ``comm`` can use peer memory: CUDA device, one host, at most MAX_WORLD ranks."""
-    dev = getattr(comm, "device", None)
-    return (dev is not None and torch.device(dev).type == "cuda" and comm.size <= MAX_WORLD
-            and len(set(comm.hosts)) == 1)
+    """Whether ``comm`` can use peer memory: CUDA device, one host, at most MAX_WORLD ranks (worked out once
+    a communicator: what it depends on does not change)."""
+    known = comm.__dict__.get("_peer_memory")
+    if known is None:
+        dev = getattr(comm, "device", None)
+        known = (dev is not None and torch.device(dev).type == "cuda" and comm.size <= MAX_WORLD
+                 and len(set(comm.hosts)) == 1)
+        comm.__dict__["_peer_memory"] = known
+    return known
 
 
 WORDS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))  # widest first
