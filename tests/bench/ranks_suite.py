@@ -57,6 +57,10 @@ def check_all_quick_runs_every_family_into_one_folder(world):
     decode.QUICK_CPU_CONFIG = DecodeLayerConfig(hidden=128, heads=2, kv_heads=1, ffn=128, context=16)
     dist_gemm.QUICK_SHAPES = ((32, 16, 16),)
     cp_attention.QUICK_SHAPES = ((32, 2, 16),)
+    if world.rank == 0:  # a folder reused from an older run: its links outputs must not be read back
+        (out / "topology.toml").write_text("# an older format\n")
+        (out / "calibration.toml").write_text("# an older format\n")
+    world.barrier()
     try:
         with stand_in.ops():
             status = suite.main_all(["--quick", "--out", str(out), "--csv", "--tune", str(out / "t.tuning.json")])

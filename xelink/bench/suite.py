@@ -339,6 +339,11 @@ def main_all(argv=None) -> int:
     where = f"{world.size} rank(s) ({world.launch.launcher}, device {world.device})"
     if lead:
         out.mkdir(parents=True, exist_ok=True)
+        if "links" in names:  # the links family writes them for the collectives family: none left from a run before
+            for stale in ("topology.toml", "calibration.toml"):
+                (out / stale).unlink(missing_ok=True)
+    world.barrier()
+    if lead:
         print(f"# xelink bench all{' --quick' if args.quick else ''}: {world.size} rank(s), {world.launch.launcher}, "
               f"device {world.device}; results in {out}/", flush=True)
     start = time.perf_counter()
@@ -350,6 +355,7 @@ def main_all(argv=None) -> int:
         t0 = time.perf_counter()
         status[name], _ = _run_family(Context(world, name, fargs))
         status[name] += f" ({time.perf_counter() - t0:.1f} s)"
+        world.barrier()  # rank 0 wrote the family's files (links: the calibration the next family reads) first
     total = time.perf_counter() - start
     if lead:
         lines = [f"xelink bench all{' --quick' if args.quick else ''} on {where}: {total:.1f} s"] + [f"  {n:<16} {s}" for n, s in status.items()]
