@@ -557,3 +557,32 @@ def check_remembered_schedules_limit_streams_capture_and_off(world):
             os.environ["XELINK_DIST_GRAPHS"] = old
         comm.free()
     xelink.synchronize()
+
+
+def check_torch_compile_on_cuda_gives_the_eager_results(world):
+    """torch.compile (fullgraph=True; backends aot_eager, and cudagraphs, which captures the ops in torch's own
+    graph trees) of a tensor-parallel step on CUDA tensors, each algorithm with a CUDA schedule: new inputs each
+    call, every result against the eager call's."""
+    import functools
+
+    dev, n, r = _dev(world), world.size, world.rank
+    dtype = torch.bfloat16
+
+    def step(x, wq, wo, algo):
+        q = xelink.all_gather_matmul(x, wq, algo=algo)
+        y = xelink.matmul_reduce_scatter(torch.relu(q), wo, algo=algo)
+        z = xelink.matmul_all_reduce(x, wq, algo=algo)
+        return q, y, z
+
+    for backend in ("aot_eager", "cudagraphs"):
+        for algo in ("pipelined", "topo", "fused"):
+            compiled = torch.compile(functools.partial(step, algo=algo), backend=backend, fullgraph=True)
+            for i in range(4):
+                x = ints((4 * n, 32), 600 + 10 * i + r, dtype).to(dev)
+                wq = ints((32, 24), 601 + i, dtype).to(dev)
+                wo = ints((24, 16), 602 + i, dtype).to(dev)
+                got = [t.clone() for t in compiled(x, wq, wo)]
+                want = step(x, wq, wo, algo)
+                for g, w, op in zip(got, want, ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")):
+                    _close(g, w.cpu().double(), f"torch.compile {backend} {algo} call {i} {op}", tol=1e-2)
+    xelink.synchronize()
