@@ -51,6 +51,7 @@ def load_module(path: Path):
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"ranks_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # importable by its name (torch.compile resolves a traced function's globals so)
     spec.loader.exec_module(module)
     return module
 
