@@ -3,11 +3,14 @@ bf16, one cache a layer (32 layers, so the caches stream from HBM), the 32 calls
 us a layer at kv_len 1K of an 8K cache, 8K of 8K, 32K of 32K and 2K of 32K, for each variant of (programs a
 multiprocessor the splits aim at, least keys a split of the cache, least keys a split of the sequence):
 ``_DECODE_PROGRAMS_PER_SM``, ``_DECODE_MIN_CHUNK``, ``_DECODE_SEQ_MIN_CHUNK``. Outputs checked against the
-reference once per (variant, shape).
+reference once per (variant, shape). ``configs``: the kept split policy with each kernel configuration
+(BLOCK_N, num_warps, num_stages) of ``CONFIGS`` instead (``_DECODE_CONFIGS[128]``; issue 23: the split kernel
+reads 2 TB/s at 8K).
 
-python3 benchmarks/scripts/decode_chunk_ab.py
+python3 benchmarks/scripts/decode_chunk_ab.py [configs]
 """
 import statistics
+import sys
 
 import torch
 
@@ -17,10 +20,14 @@ from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import decode_attention, reference_decode_attention
 
 LAYERS, HQ, HKV, D = 32, 32, 8, 128
+DEFAULT_CONFIG = attn._DECODE_CONFIGS[D]
 VARIANTS = [(2, 256, 64), (4, 256, 64), (4, 128, 64), (8, 128, 64), (8, 64, 64)]
+CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2), (32, 4, 4)]
 
 
 def main():
+    kept = attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
+    variants = [kept + (c,) for c in CONFIGS] if sys.argv[1:] == ["configs"] else [v + (None,) for v in VARIANTS]
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(0)
     print(torch.cuda.get_device_name(0), flush=True)
@@ -30,14 +37,16 @@ def main():
                    torch.randn(1, HKV, smax, D, device=dev, generator=gen).to(torch.bfloat16)) for _ in range(LAYERS)]
         lens = torch.full((1,), kv, dtype=torch.int32, device=dev)
         ref = reference_decode_attention(q, *caches[0], lens).float()
-        for pps, cache_min, seq_min in VARIANTS:
+        for pps, cache_min, seq_min, config in variants:
             attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK = pps, cache_min, seq_min
+            attn._DECODE_CONFIGS[D] = config or DEFAULT_CONFIG
             attn._PATHS.clear()  # plans made with the old choice
             got = decode_attention(q, *caches[0], lens).float()
             err = float((got - ref).norm() / ref.norm())
             graph, _, _ = cuda_graph([lambda c=c: decode_attention(q, *c, lens) for c in caches], 1)
             us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
-            print(f"cache {smax:6d} kv_len {kv:6d} programs/SM {pps} min keys cache {cache_min:3d} sequence {seq_min:3d}: "
+            print(f"cache {smax:6d} kv_len {kv:6d} programs/SM {pps} min keys cache {cache_min:3d} sequence {seq_min:3d}"
+                  f"{'' if config is None else f' config {config}'}: "
                   f"{us:7.2f} us a layer "
                   f"({2 * HKV * kv * D * 2 / us / 1e3:7.1f} GB/s), rel err {err:.1e}", flush=True)
             del graph

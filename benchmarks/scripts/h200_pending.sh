@@ -16,6 +16,7 @@
 #   last:  norm and decode attention keyed: their tests, decode graph tests, their host rows (~2 minutes);
 #   graphs: the distributed GEMM's remembered schedules: GPU checks, host profile, dist-gemm family (~3 minutes;
 #          KERNELS=1: and every kernel GPU test, ~3 more);
+#   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
 #          the current decode merge, and the gemm family's host rows (issue 20's last row);
@@ -175,5 +176,13 @@ graphs)  # the remembered schedules of the distributed GEMM (issue 21's host tim
     --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   [ -n "$KERNELS" ] && step kernels_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu tests/kernels
+  ;;
+esac
+case "$1" in
+resume)  # what the 2026-12-03 fourth session left unrun (~3 minutes): the torch.compile check of the distributed
+         # GEMM on CUDA tensors (issue 21's last item), decode attention's kernel configurations at 1K-32K (issue 23)
+  step dist_compile_gpu_tests 150 env XELINK_TEST_CHECKS=torch_compile python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/dist/ranks_gpu_dist_gemm.py
+  step decode_config_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py configs
   ;;
 esac
