@@ -424,6 +424,19 @@ def test_launch_plan_keys_by_every_argument(fake):
     assert len(k.raw_calls) == 6 and k.raw_calls[5][13] is x
 
 
+def test_a_loop_over_many_keys_keeps_every_list(fake):
+    # The layers of a model: one geometry, each layer its own weight; from the second pass on, every call goes
+    # from its remembered list (its tensors as addresses), none builds its arguments again.
+    k = FakeJit(_kernel)
+    slot, kw = L.Slot(k), {"BLOCK": 16}
+    weights = [torch.zeros(32) for _ in range(200)]
+    for _ in range(3):
+        for w in weights:
+            L.launch_plan(slot, k, (1,), (w, 64), kw)
+    last = k.raw_calls[-len(weights):]
+    assert all(c[13] == w.data_ptr() for c, w in zip(last, weights)) and len(slot.ready) == len(weights)
+
+
 def test_fallback_without_triton_or_with_another_version(monkeypatch):
     calls = []
 

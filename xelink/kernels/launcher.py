@@ -80,7 +80,9 @@ __all__ = ["Descriptor", "Slot", "fast_path", "launch", "launch_keyed", "launch_
 
 _MAX_ENTRIES = 512      # specializations remembered per kernel (then forgotten, all at once)
 _MAX_DESCRIPTORS = 1024  # expanded descriptors remembered per compiled kernel
-_MAX_READY = 64          # argument lists remembered per slot (launch_keyed), per key of the caller's
+_MAX_READY = 1024        # argument lists remembered per slot (launch_keyed), per key of the caller's (a
+                         # model's layers each pass their own weight to one geometry: 80 layers x a few
+                         # calls must fit, or every call builds its list again)
 _I32, _I64, _U64 = 1 << 31, 1 << 63, 1 << 64
 _MISSING = object()
 _PLAIN = object()  # an entry whose compiled kernel the fast path cannot launch: always the plain call
