@@ -15,7 +15,7 @@ Knobs (environment variables):
     XELINK_GPU_BLOCKS        blocks of every GPU collective kernel (default: one per multiprocessor)
     XELINK_P2P_BLOCKS        blocks of the point-to-point kernels on CUDA tensors (default 16; same on every rank)
     XELINK_DIST_GRAPHS       CUDA graphs of the distributed GEMM schedules a group keeps for eager calls that
-                             repeat their tensors (default 256; 0: every call enqueues its schedule)
+                             repeat their tensors (default 512; 0: every call enqueues its schedule)
     XELINK_DIST_GRAPH_MB     MiB of temporaries those graphs may hold (default 2048)
     XELINK_LAUNCH_CHECK      1: every fast kernel launch is checked against Triton's own cache key (tests)
     XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)

@@ -115,6 +115,17 @@ def test_a_loop_over_more_keys_than_the_limit_captures_once_each_kept_key(fake, 
     assert len(runs) == 50 - 18 + 2  # the bodies: every call but the replays, and the two captures
 
 
+def test_a_model_with_hundreds_of_calls_a_step_replays_them_all(fake):
+    """80 layers x 4 calls, each its own key, under the default limit: every key is captured on its second
+    call (the keys seen once are not forgotten before that) and replayed from then on."""
+    call, runs = fake
+    keys = [f"layer {i} op {j}" for i in range(80) for j in range(4)]
+    for _ in range(3):
+        for key in keys:
+            gs = call(key)
+    assert len(gs.graphs) == len(keys) and gs.replays == 2 * len(keys) and len(runs) == 2 * len(keys)
+
+
 def test_the_pools_stay_within_the_budget(fake, monkeypatch):
     """XELINK_DIST_GRAPH_MB: a graph whose temporaries do not fit next to the others that are in use is
     dropped (its key runs eagerly); a stale one gives way; one larger than the budget alone never stays."""

@@ -15,9 +15,10 @@ When: the first call of a key runs eagerly (it also does a shape's set-up: symme
 compilation, which capture refuses); the second captures the schedule on a stream of its own and
 replays it; later ones replay. Eager throughout when the current stream is capturing (the user's graph
 records the schedule itself), when a test hook of ``device`` is set, or with ``XELINK_DIST_GRAPHS=0``.
-A group keeps at most ``XELINK_DIST_GRAPHS`` graphs per device (default 256: a tensor-parallel model makes
-four calls a layer), holding at most ``XELINK_DIST_GRAPH_MB`` MiB of temporaries in their pools (default 2048: the reduce-scatter's partials
-and float32 sum; the gather's schedules have none). When they are all taken, a new key replaces the least
+A group keeps at most ``XELINK_DIST_GRAPHS`` graphs per device (default 512: a tensor-parallel model makes
+four calls a layer, 126 layers for the largest Llama), holding at most ``XELINK_DIST_GRAPH_MB`` MiB of
+temporaries in their pools (default 2048: the reduce-scatter's partials and float32 sum; the gather's
+schedules have none). When they are all taken, a new key replaces the least
 recently used graphs only if they went unused for ``STALE_CALLS`` calls of the group; otherwise it runs
 eagerly (a graph whose pool alone exceeds the budget too). So a loop over more keys than fit (the layers
 of a model, each its own weight) keeps replaying the graphs it has and runs the rest eagerly, never
@@ -36,10 +37,11 @@ from ..log import get_logger
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "key_of", "run"]
 
-DEFAULT_LIMIT = 256
+DEFAULT_LIMIT = 512
 DEFAULT_MB = 2048
 STALE_CALLS = 1000  # calls of the group after which an unused graph may give way to a new key
-_SEEN_MAX = 256  # keys seen once, kept until this many (then forgotten together)
+_SEEN_MAX = 4096  # keys seen once, kept until this many (then forgotten together): far above the limit,
+                 # or a loop over more keys than this would forget each before its second call
 _log = get_logger("dist")
 
 
