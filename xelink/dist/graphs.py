@@ -29,11 +29,11 @@ eagerly and pay only the key (a few us).
 from __future__ import annotations
 
 import collections
+import logging
 
 import torch
 
 from .. import config, symm
-from ..log import get_logger
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "key_of", "run"]
 
@@ -42,7 +42,7 @@ DEFAULT_MB = 2048
 STALE_CALLS = 1000  # calls of the group after which an unused graph may give way to a new key
 _SEEN_MAX = 4096  # keys seen once, kept until this many (then forgotten together): far above the limit,
                  # or a loop over more keys than this would forget each before its second call
-_log = get_logger("dist")
+_log = logging.getLogger("xelink.dist")  # under the xelink logger (xelink.log configures it)
 
 
 def limit() -> int:
