@@ -18,13 +18,13 @@ records the schedule itself), when a test hook of ``device`` is set, or with ``X
 A group keeps at most ``XELINK_DIST_GRAPHS`` graphs per device (default 512: a tensor-parallel model makes
 four calls a layer, 126 layers for the largest Llama), holding at most ``XELINK_DIST_GRAPH_MB`` MiB of
 temporaries in their pools (default 2048: the reduce-scatter's partials and float32 sum; the gather's
-schedules have none). When they are all taken, a new key replaces the least
-recently used graphs only if they went unused for ``STALE_CALLS`` calls of the group; otherwise it runs
-eagerly (a graph whose pool alone exceeds the budget too). So a loop over more keys than fit (the layers
-of a model, each its own weight) keeps replaying the graphs it has and runs the rest eagerly, never
-capturing again and again, while graphs of shapes no longer called give way. A key whose capture fails
-runs eagerly from then on. Calls whose tensors never repeat (outputs kept alive, fresh inputs) run
-eagerly and pay only the key (a few us).
+schedules have none). When they are all taken, a new key replaces the least recently used graphs only if
+they went unused for ``STALE_CALLS`` calls of the group; otherwise it runs eagerly (a graph whose pool alone
+exceeds the budget too). So a loop over more keys than fit (the layers of a model, each its own weight)
+keeps replaying the graphs it has and runs the rest eagerly, never capturing again and again, while graphs
+of shapes no longer called give way. A key whose capture fails runs eagerly from then on. Calls whose
+tensors never repeat (outputs kept alive, fresh inputs) run the eager schedule; this module adds the key
+(a few us).
 """
 from __future__ import annotations
 
@@ -35,13 +35,14 @@ import torch
 
 from .. import config, symm
 
-__all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "key_of", "run"]
+__all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "budget", "key_of", "run"]
 
 DEFAULT_LIMIT = 512
 DEFAULT_MB = 2048
 STALE_CALLS = 1000  # calls of the group after which an unused graph may give way to a new key
-_SEEN_MAX = 4096  # keys seen once, kept until this many (then forgotten together): far above the limit,
-                 # or a loop over more keys than this would forget each before its second call
+# Keys seen once, kept until this many (then forgotten together): far above the limit, or a loop over more
+# keys than this would forget each before its second call and never capture it.
+_SEEN_MAX = 4096
 _log = logging.getLogger("xelink.dist")  # under the xelink logger (xelink.log configures it)
 
 
