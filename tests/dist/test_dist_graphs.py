@@ -145,6 +145,17 @@ def test_the_pools_stay_within_the_budget(fake, monkeypatch):
     assert not gs.graphs and "d" in gs.never  # c (stale) went first, then d alone did not fit
 
 
+def test_keys_refused_a_graph_are_remembered_up_to_a_bound(fake, monkeypatch):
+    """Keys whose capture failed pile up as addresses change: they are forgotten past the bound, never grow."""
+    monkeypatch.setattr(graphs, "_SEEN_MAX", 4)
+    call, _ = fake
+    FakeGraph.fail = True
+    for i in range(10):
+        call(f"k{i}")
+        gs = call(f"k{i}")
+        assert f"k{i}" in gs.never and len(gs.never) <= 4
+
+
 def test_a_failed_capture_runs_eagerly_from_then_on(fake):
     call, runs = fake
     call("k")

@@ -40,8 +40,8 @@ __all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "budget", "key
 DEFAULT_LIMIT = 512
 DEFAULT_MB = 2048
 STALE_CALLS = 1000  # calls of the group after which an unused graph may give way to a new key
-# Keys seen once, kept until this many (then forgotten together): far above the limit, or a loop over more
-# keys than this would forget each before its second call and never capture it.
+# Keys seen once (and keys refused a graph), kept until this many (then forgotten together): far above the
+# limit, or a loop over more keys than this would forget each before its second call and never capture it.
 _SEEN_MAX = 4096
 _log = logging.getLogger("xelink.dist")  # under the xelink logger (xelink.log configures it)
 
@@ -75,6 +75,12 @@ class _Graphs:
         self.calls = 0  # calls that came here (the clock of STALE_CALLS)
         self.replays = 0  # calls that replayed a graph (tests, benchmarks)
 
+    def refuse(self, key) -> None:
+        """Run ``key`` eagerly from now on (its capture failed, or its pool does not fit the budget)."""
+        if len(self.never) >= _SEEN_MAX:  # keys of addresses long gone: forget them (a retry at worst)
+            self.never.clear()
+        self.never.add(key)
+
     def held(self) -> int:
         return sum(e[2] for e in self.graphs.values())
 
@@ -106,13 +112,13 @@ class _Graphs:
         except Exception as e:  # noqa: BLE001 - a schedule capture refuses runs eagerly instead
             _log.debug("%s: the schedule could not be captured (%s: %s); eager calls for this key", fn,
                        type(e).__name__, e)
-            self.never.add(key)
+            self.refuse(key)
             return None
         pool = max(0, torch.cuda.memory_reserved(self.device) - before)
         self.graphs[key] = [graph, self.calls, pool]
         if not self.make_room(keep, nbytes, new=key):
             del self.graphs[key]  # its temporaries do not fit the budget: eager calls
-            self.never.add(key)
+            self.refuse(key)
             return None
         return graph
 
