@@ -38,7 +38,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
-from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
+from .pdl import PREFETCH_BYTES, pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_l2, prefetch_on
 from .split import SCRATCH, last_split
 
 __all__ = [
@@ -528,6 +528,21 @@ if triton is not None:
         lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
         tl.store(LSE_OUT + part, lse, mask=ok_rows)
 
+    @triton.jit
+    def _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+        """(kv_len, keys a split, this split's first and end key) of sequence b."""
+        kv_len = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX)
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_len, n_splits), BLOCK_N) * BLOCK_N, MIN_CHUNK)
+        lo = split * chunk
+        return kv_len, chunk, lo, tl.minimum(lo + chunk, kv_len)
+
+    @triton.jit
+    def _prefetch_keys(X, lo, hi, stride_n, HEAD_DIM: tl.constexpr, PIECES: tl.constexpr, LIMIT: tl.constexpr):
+        """Cache rows [lo, hi) of one (batch, KV head) at X into L2 (pdl.py)."""
+        n = tl.where(hi > lo, (hi - lo - 1).to(tl.int64) * stride_n + HEAD_DIM, 0)
+        prefetch_l2(X + lo.to(tl.int64) * stride_n + tl.zeros([1], tl.int64),
+                    n * (X.dtype.element_ty.primitive_bitwidth // 8), PIECES, LIMIT)
+
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
     def _decode_split_kernel(
         Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS,
@@ -538,6 +553,7 @@ if triton is not None:
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
+        PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1, PREFETCH_BYTES: tl.constexpr = 0,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -561,14 +577,18 @@ if triton is not None:
         t = rows % SQ
         h = kvh * GROUP + rows // SQ
         offs_d = tl.arange(0, HEAD_DIM)
+        k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
+        if PREFETCH:  # this split's keys and values into L2 while the previous kernel ends; kv_lens read
+            # before the wait may be stale (the previous kernel may write it): it only moves the hint
+            _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+            _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, PREFETCH_BYTES // 2)
+            _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, PREFETCH_BYTES // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
         q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
                  + offs_d[None, :] * stride_qd)
         q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
-        kv_len = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX)
-        chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_len, n_splits), BLOCK_N) * BLOCK_N, MIN_CHUNK)
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, kv_len)
+        kv_len, chunk, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
         if CAUSAL:
             row_last = kv_len - SQ + t
             first_last = kv_len - SQ
@@ -577,10 +597,10 @@ if triton is not None:
             first_last = kv_len - 1
         full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
         # The block pointers end at this split's last key: the zero padding then covers the tail.
-        k_ptr = tl.make_block_ptr(K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh,
-                                  (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
-        v_ptr = tl.make_block_ptr(V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh,
-                                  (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        k_ptr = tl.make_block_ptr(k_base, (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                  (1, 0))
+        v_ptr = tl.make_block_ptr(v_base, (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                  (1, 0))
         out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
                                        BLOCK_M, BLOCK_N, HEAD_DIM)
         pdl_launch(PDL)
@@ -802,6 +822,9 @@ class _DecodeLaunch:
                            UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
+        if prefetch_on(self.kwargs["PDL"], q.device) and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
+            # K's and V's rows of the split: a piece a thread each
+            self.kwargs.update(PREFETCH=True, PIECES=32 * num_warps, PREFETCH_BYTES=PREFETCH_BYTES)
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):

@@ -56,7 +56,7 @@ from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, che
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
-from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait
+from .pdl import PDL_MODES, PREFETCH_BYTES, pdl_launch, pdl_option, pdl_wait, prefetch_l2, prefetch_on
 from .split import SCRATCH, last_split
 
 __all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -273,13 +273,26 @@ if triton is not None:
             hi = (((q >> 4).to(tl.float32) - 8.0) * sf).to(x_dtype)
         return lo, hi
 
+    @triton.jit
+    def _prefetch_rows(w_ptr, rows, stride_wn, k_lo, k_hi, FMT: tl.constexpr, PIECES: tl.constexpr,
+                       LIMIT: tl.constexpr):
+        """Before the PDL wait: this program's weights (``rows`` x columns [k_lo, k_hi)) into L2 (pdl.py)."""
+        if FMT == 2:  # packed: two weights a byte
+            first = k_lo // 2
+            n = (k_hi - k_lo) // 2
+        else:
+            first = k_lo
+            n = (k_hi - k_lo) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        prefetch_l2(w_ptr + rows * stride_wn + first, n, PIECES, LIMIT)
+
     @triton.jit(do_not_specialize=["M", "K_STEPS"])
     def _gemv_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, M, N, K, K_STEPS,
                      stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr,
-                     ACT: tl.constexpr = False):
+                     ACT: tl.constexpr = False, PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1,
+                     LIMIT: tl.constexpr = 0):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         # Rows past N read row N-1 (results dropped at the store): no mask, so loads stay 16 bytes wide.
@@ -291,6 +304,8 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        if PREFETCH:
+            _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -421,7 +436,8 @@ if triton is not None:
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                         ACT: tl.constexpr = False):
+                         ACT: tl.constexpr = False, PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1,
+                         LIMIT: tl.constexpr = 0):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
         # programs, and their loads, in flight per SM.
@@ -433,6 +449,8 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        if PREFETCH:
+            _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
@@ -603,7 +621,8 @@ if triton is not None:
                            stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                            FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                           ACT: tl.constexpr = False):
+                           ACT: tl.constexpr = False, PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1,
+                           LIMIT: tl.constexpr = 0):
         # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
         # a row a thread a step, BLOCK_N rows a program, so a word's activations (one 8- or 16-byte load)
         # serve BLOCK_N rows. WORDS_N (the row stride in words) is not specialized: unable to prove 16-byte
@@ -620,6 +639,8 @@ if triton is not None:
         rn, rn_safe = _tile_rows(pid_n, N, BLOCK_N, ACT, PARTIAL)
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
+        if PREFETCH:
+            _prefetch_rows(w_ptr, rn_safe, WORDS_N * 4, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         rt = tl.arange(0, T)
         w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
@@ -837,6 +858,9 @@ class _GemvLaunch:
         steps = per_split // block_k
         self.grid = (cdiv(N, cfg["BLOCK_N"] // 2 if act else cfg["BLOCK_N"]), split)
         common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
+        if prefetch_on(pdl, x.device):  # the weights into L2 before the PDL wait: a piece a thread
+            common.update(PREFETCH=True, PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]),
+                          LIMIT=max(16, PREFETCH_BYTES // cfg["BLOCK_N"]))
         if act:
             common["ACT"] = True
         if kernel == "words":

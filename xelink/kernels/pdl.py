@@ -10,17 +10,31 @@ to back, one kernel's launch and placement then overlap the other's tail (a W4A1
 H200: 5-8% faster with every kernel under PDL, 1% with the GEMVs alone; benchmarks/results/h200-kernels
 run 16). Both helpers are ``triton.jit`` functions, callable from Triton and Gluon kernels alike.
 
+Prefetch under PDL (:func:`prefetch_l2`): a kernel placed early may, before :func:`pdl_wait`, ask L2 for
+what it will read that the previous kernel does not write (a GEMV's weight rows, decode attention's cache
+rows), so the first loads after the wait find L2 and HBM is busy while the previous kernel ends. It is a hint
+(``cp.async.bulk.prefetch.L2``, sm90): L2 is where the GPU's memory is coherent, so a line prefetched before
+the previous kernel writes it is updated there, and every value the kernel uses is still loaded after the
+wait; results do not change. ``XELINK_PREFETCH=0`` turns it off (:func:`prefetch_on`).
+
 Every one of these functions takes one ``pdl`` argument (None, True, False, "early" or "late"), checked
 by :func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; what None means and
 where True lets the next kernel go are each kernel's (measured) choice, in its docstring.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .common import capability, interpreting, sm_count, tl, triton
 
-__all__ = ["PDL_MODES", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait"]
+__all__ = ["PDL_MODES", "PREFETCH_BYTES", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_l2", "prefetch_on"]
+
+PREFETCH = os.environ.get("XELINK_PREFETCH", "1") != "0"  # read by prefetch_on (an A/B switch for benchmarks)
+# Bytes a program prefetches at most (a grid's early programs then ask for a few MB, not more than L2 holds
+# next to what the previous kernel streams through it).
+PREFETCH_BYTES = int(os.environ.get("XELINK_PREFETCH_KB", "64")) * 1024
 
 PDL_MODES = {False: 0, "early": 1, "late": 2}  # config value -> the kernels' PDL constexpr
 
@@ -41,8 +55,43 @@ if triton is not None:
         """After the main loop (PDL == 2): let the next kernel launch."""
         if PDL == 2:
             tl.inline_asm_elementwise(_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    # Ask L2 for [$1, $1 + $2) widened to 16-byte bounds (the bulk prefetch's alignment; the widened range
+    # stays inside the same 16-byte blocks, so inside mapped memory); nothing where $2 <= 0.
+    _PREFETCH_L2 = tl.constexpr("""{
+        .reg .pred p;
+        .reg .b64 a, e;
+        setp.gt.s32 p, $2, 0;
+        cvta.to.global.u64 a, $1;
+        cvt.s64.s32 e, $2;
+        add.s64 e, a, e;
+        add.s64 e, e, 15;
+        and.b64 e, e, -16;
+        and.b64 a, a, -16;
+        sub.s64 e, e, a;
+        cvt.u32.u64 $0, e;
+        @p cp.async.bulk.prefetch.L2.global [a], $0;
+    }""")
+
+    @triton.jit
+    def prefetch_l2(rows, row_bytes, PIECES: tl.constexpr, LIMIT: tl.constexpr):
+        """Prefetch into L2 ``row_bytes`` (a scalar), at most LIMIT, from each pointer of ``rows`` (a 1-D
+        tensor), each range cut into PIECES bulk prefetches (rows x PIECES about the program's threads)."""
+        start = rows.to(tl.pointer_type(tl.uint8))
+        row_bytes = tl.minimum(row_bytes, LIMIT).to(tl.int32)
+        piece = (tl.cdiv(row_bytes, PIECES) + 15) // 16 * 16
+        at = tl.arange(0, PIECES) * piece
+        size = tl.minimum(piece, row_bytes - at)
+        ptrs = start[:, None] + at[None, :]
+        tl.inline_asm_elementwise(_PREFETCH_L2, "=r,l,r", [ptrs, tl.broadcast_to(size[None, :], ptrs.shape)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 else:  # no Triton: the kernel modules import, their Triton paths refuse to run
-    pdl_wait = pdl_launch = None
+    pdl_wait = pdl_launch = prefetch_l2 = None
+
+
+def prefetch_on(pdl_mode: int, device: torch.device) -> bool:
+    """Whether a kernel launched with PDL constexpr ``pdl_mode`` prefetches before its wait: under PDL (an
+    early placement to use), on sm90+ (the bulk prefetch), unless ``XELINK_PREFETCH=0``."""
+    return bool(PREFETCH and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0))
 
 
 def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:
