@@ -1,0 +1,143 @@
+"""The L2 prefetch before the PDL wait (xelink.kernels.pdl.prefetch_l2): where it is on, and that it never
+changes a result, even where the kernel before writes the very bytes prefetched (a GEMV's weights, decode
+attention's cache, kv_lens)."""
+import importlib
+
+import pytest
+import torch
+
+from xelink.kernels import decode_attention, gemv, reference_decode_attention
+from xelink.kernels.gemv import pack_w4a16
+
+pdl = importlib.import_module("xelink.kernels.pdl")
+gemv_mod = importlib.import_module("xelink.kernels.gemv")
+attn_mod = importlib.import_module("xelink.kernels.attention")
+
+
+def test_prefetch_is_on_only_under_pdl_on_sm90(monkeypatch):
+    cpu = torch.device("cpu")
+    assert not pdl.prefetch_on(1, cpu) and not pdl.prefetch_on(2, cpu)  # no CUDA capability
+    monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
+    assert pdl.prefetch_on(1, cpu) and pdl.prefetch_on(2, cpu)
+    assert not pdl.prefetch_on(0, cpu)  # no PDL: no early placement to use
+    monkeypatch.setattr(pdl, "capability", lambda dev: (8, 0))
+    assert not pdl.prefetch_on(1, cpu)  # the bulk prefetch is sm90's
+    monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
+    monkeypatch.setattr(pdl, "PREFETCH", False)  # XELINK_PREFETCH=0
+    assert not pdl.prefetch_on(1, cpu)
+
+
+@pytest.fixture
+def prefetch_switch(monkeypatch):
+    """``use(on)``: the prefetch on or off for the launches planned from then on."""
+    def use(on: bool):
+        monkeypatch.setattr(pdl, "PREFETCH", on)
+        gemv_mod._PATHS.clear()
+        attn_mod._PATHS.clear()
+    yield use
+    gemv_mod._PATHS.clear()
+    attn_mod._PATHS.clear()
+
+
+def _sm90(requires_gpus):
+    requires_gpus(1)
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the prefetch runs under programmatic dependent launch, compute capability >= 9.0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,cfg", [
+    ("bf16", None),
+    ("bf16", dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=1)),
+    ("bf16", dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)),
+    ("w4a16", dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=2, num_warps=1, num_stages=1)),
+])
+def test_gpu_gemv_weights_written_by_the_kernel_before(requires_gpus, prefetch_switch, fmt, cfg):
+    # The first gemv writes the second one's weights (its output, viewed as [n, k]); the second, launched
+    # under PDL, prefetches those rows before its wait, while the first may still write them. Over the
+    # buffer NaN first: a prefetched stale line that were used would show. The result equals the same
+    # chain without the prefetch and without PDL, bit for bit, eager and replayed in a CUDA graph.
+    _sm90(requires_gpus)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    n, k, k1 = 256, 1024, 512
+    dt = torch.bfloat16
+    # w4a16: the first gemv writes packed bytes as bf16 pairs (any bits are weights) and the scales stay put
+    wbytes = n * k * 2 if fmt == "bf16" else n * k // 2
+    w1 = (torch.randn(wbytes // 2, k1, device="cuda", generator=gen) * 0.05).to(dt)
+    x1 = torch.randn(1, k1, device="cuda", generator=gen).to(dt)
+    x2 = torch.randn(4, k, device="cuda", generator=gen).to(dt)
+    scales = pack_w4a16(torch.randn(n, k, device="cuda", generator=gen), dt)[1] if fmt == "w4a16" else None
+    buf = torch.empty(1, wbytes // 2, device="cuda", dtype=dt)
+    w2 = buf.view(n, k) if fmt == "bf16" else buf.view(torch.uint8).view(n, k // 2)
+
+    def chain(pdl_on):
+        buf.fill_(float("nan"))
+        gemv(w1, x1, None, "bf16", "cuda", out=buf, pdl=pdl_on)
+        return gemv(w2, x2, scales, fmt, "cuda", config=cfg, pdl=pdl_on)
+
+    prefetch_switch(False)
+    plain = chain(False).clone()
+    assert not plain.isnan().any()
+    prefetch_switch(False)
+    off = chain(True).clone()
+    prefetch_switch(True)
+    for _ in range(3):
+        assert torch.equal(chain(True).view(torch.int16), plain.view(torch.int16)), (fmt, cfg)
+    assert torch.equal(off.view(torch.int16), plain.view(torch.int16))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = chain(True)
+    for _ in range(3):
+        x1.copy_(torch.randn(1, k1, device="cuda", generator=gen).to(dt))
+        graph.replay()
+        prefetch_switch(False)
+        want = chain(False)
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), (fmt, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_len", [1, 300, 4096, 8192])
+def test_gpu_decode_cache_and_lengths_written_by_the_kernel_before(requires_gpus, prefetch_switch, kv_len):
+    # The gemv before decode attention writes its whole K cache (its output viewed as the cache) and kv_lens
+    # changes between calls (written by a torch op two launches before): the split kernel prefetches its
+    # rows before its wait with a kv_len it may read stale. Bit for bit the result without the prefetch,
+    # near the reference, eager and in a CUDA graph replayed over new lengths.
+    _sm90(requires_gpus)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    B, HQ, HKV, S, D, k1 = 1, 32, 8, 8192, 128, 32
+    dt = torch.bfloat16
+    w = (torch.randn(B * HKV * S * D, k1, device="cuda", generator=gen) * 0.1).to(dt)
+    x = torch.randn(1, k1, device="cuda", generator=gen).to(dt)
+    kbuf = torch.empty(1, B * HKV * S * D, device="cuda", dtype=dt)
+    k_cache = kbuf.view(B, HKV, S, D)
+    v_cache = torch.randn(B, HKV, S, D, device="cuda", generator=gen).to(dt)
+    q = torch.randn(B, HQ, 1, D, device="cuda", generator=gen).to(dt)
+    lens = torch.full((B,), kv_len, dtype=torch.int32, device="cuda")
+
+    def step(pdl_on, n):
+        kbuf.fill_(float("nan"))
+        lens.fill_(n)
+        gemv(w, x, None, "bf16", "cuda", out=kbuf, pdl=pdl_on)
+        return decode_attention(q, k_cache, v_cache, lens, pdl=pdl_on)
+
+    prefetch_switch(False)
+    plain = step(False, kv_len).clone()
+    ref = reference_decode_attention(q.float(), k_cache.float(), v_cache.float(), lens)
+    assert float((plain.float() - ref).norm() / ref.norm()) < 2e-2
+    prefetch_switch(True)
+    for _ in range(3):
+        assert torch.equal(step(True, kv_len), plain), kv_len
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # kv_lens set outside: each replay reads the length written before it
+        kbuf.fill_(float("nan"))
+        gemv(w, x, None, "bf16", "cuda", out=kbuf, pdl=True)
+        y = decode_attention(q, k_cache, v_cache, lens, pdl=True)
+    for n in (kv_len, max(1, kv_len // 3), kv_len, min(S, kv_len + 77)):
+        lens.fill_(n)
+        graph.replay()
+        got = y.clone()
+        prefetch_switch(False)
+        want = step(False, n)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), (kv_len, n)
