@@ -27,7 +27,7 @@ CONTEXTS = [1024, 8192]
 def variant(kb: int) -> None:
     pdl.PREFETCH = kb > 0
     if kb:
-        pdl.PREFETCH_BYTES = gemv_mod.PREFETCH_BYTES = attn.PREFETCH_BYTES = kb * 1024
+        pdl.PREFETCH_BYTES = kb * 1024
     gemv_mod._PATHS.clear()
     attn._PATHS.clear()
 

@@ -16,15 +16,15 @@ attn_mod = importlib.import_module("xelink.kernels.attention")
 
 def test_prefetch_is_on_only_under_pdl_on_sm90(monkeypatch):
     cpu = torch.device("cpu")
-    assert not pdl.prefetch_on(1, cpu) and not pdl.prefetch_on(2, cpu)  # no CUDA capability
+    assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == 0  # no CUDA capability
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
-    assert pdl.prefetch_on(1, cpu) and pdl.prefetch_on(2, cpu)
-    assert not pdl.prefetch_on(0, cpu)  # no PDL: no early placement to use
+    assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == pdl.PREFETCH_BYTES > 0
+    assert pdl.prefetch_bytes(0, cpu) == 0  # no PDL: no early placement to use
     monkeypatch.setattr(pdl, "capability", lambda dev: (8, 0))
-    assert not pdl.prefetch_on(1, cpu)  # the bulk prefetch is sm90's
+    assert pdl.prefetch_bytes(1, cpu) == 0  # the bulk prefetch is sm90's
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
     monkeypatch.setattr(pdl, "PREFETCH", False)  # XELINK_PREFETCH=0
-    assert not pdl.prefetch_on(1, cpu)
+    assert pdl.prefetch_bytes(1, cpu) == 0
 
 
 @pytest.fixture
@@ -51,6 +51,8 @@ def _sm90(requires_gpus):
     ("bf16", dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=1)),
     ("bf16", dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)),
     ("w4a16", dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=2, num_warps=1, num_stages=1)),
+    ("w4a16", dict(KERNEL="tc", ROW_TILES=2, num_warps=4, SPLIT=2)),
+    ("w4a16", dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=3, FOLD=True)),
 ])
 def test_gpu_gemv_weights_written_by_the_kernel_before(requires_gpus, prefetch_switch, fmt, cfg):
     # The first gemv writes the second one's weights (its output, viewed as [n, k]); the second, launched

@@ -38,7 +38,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
-from .pdl import PREFETCH_BYTES, pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_l2, prefetch_on
+from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_bytes, prefetch_l2
 from .split import SCRATCH, last_split
 
 __all__ = [
@@ -553,7 +553,7 @@ if triton is not None:
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
-        PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1, PREFETCH_BYTES: tl.constexpr = 0,
+        PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -582,8 +582,8 @@ if triton is not None:
         if PREFETCH:  # this split's keys and values into L2 while the previous kernel ends; kv_lens read
             # before the wait may be stale (the previous kernel may write it): it only moves the hint
             _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
-            _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, PREFETCH_BYTES // 2)
-            _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, PREFETCH_BYTES // 2)
+            _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
+            _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
         q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
                  + offs_d[None, :] * stride_qd)
@@ -822,9 +822,10 @@ class _DecodeLaunch:
                            UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
-        if prefetch_on(self.kwargs["PDL"], q.device) and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
+        limit = prefetch_bytes(self.kwargs["PDL"], q.device)
+        if limit and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # K's and V's rows of the split: a piece a thread each
-            self.kwargs.update(PREFETCH=True, PIECES=32 * num_warps, PREFETCH_BYTES=PREFETCH_BYTES)
+            self.kwargs.update(PREFETCH=True, PIECES=32 * num_warps, LIMIT=limit)
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):

@@ -56,7 +56,7 @@ from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, che
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
-from .pdl import PDL_MODES, PREFETCH_BYTES, pdl_launch, pdl_option, pdl_wait, prefetch_l2, prefetch_on
+from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_bytes, prefetch_l2
 from .split import SCRATCH, last_split
 
 __all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -858,9 +858,10 @@ class _GemvLaunch:
         steps = per_split // block_k
         self.grid = (cdiv(N, cfg["BLOCK_N"] // 2 if act else cfg["BLOCK_N"]), split)
         common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
-        if prefetch_on(pdl, x.device):  # the weights into L2 before the PDL wait: a piece a thread
+        limit = prefetch_bytes(pdl, x.device)
+        if limit:  # the weights into L2 before the PDL wait: a piece a thread
             common.update(PREFETCH=True, PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]),
-                          LIMIT=max(16, PREFETCH_BYTES // cfg["BLOCK_N"]))
+                          LIMIT=max(16, limit // cfg["BLOCK_N"]))
         if act:
             common["ACT"] = True
         if kernel == "words":

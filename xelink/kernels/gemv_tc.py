@@ -32,13 +32,17 @@ from __future__ import annotations
 
 import torch
 
+from .pdl import prefetch_bytes
+
 try:
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-    from .pdl import pdl_launch, pdl_wait
+    from .pdl import PREFETCH_ASM, pdl_launch, pdl_wait
+
+    _PREFETCH_ASM = gl.constexpr(PREFETCH_ASM)
     # Gluon is experimental and its API moves between releases: only the release this was built and
     # tested with (3.6) and later ones take this path; older ones keep gemv.py's kernels.
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
@@ -220,12 +224,29 @@ if gluon is not None:
         else:
             return mma_v2(a, b, acc)
 
+    @gluon.jit
+    def _prefetch_tc(w_ptr, pid_n, N, stride_wn, first, nbytes, BN: gl.constexpr, WARPS: gl.constexpr,
+                     LIMIT: gl.constexpr):
+        """Before the PDL wait: ``nbytes`` (at most LIMIT) of each of the program's BN rows of W from byte
+        ``first`` into L2, a piece a thread (pdl.py's prefetch_l2, in Gluon's explicit layouts)."""
+        E: gl.constexpr = max(32 * WARPS, BN)
+        PIECES: gl.constexpr = E // BN
+        layout: gl.constexpr = gl.BlockedLayout([E // (32 * WARPS)], [32], [WARPS], [0])
+        i = gl.arange(0, E, layout=layout)
+        rows = gl.minimum(pid_n * BN + i // PIECES, N - 1)
+        n = gl.minimum(nbytes, LIMIT)
+        piece = (gl.cdiv(n, PIECES) + 15) // 16 * 16
+        at = (i % PIECES) * piece
+        ptrs = w_ptr.to(gl.pointer_type(gl.uint8), bitcast=True) + rows * stride_wn + first + at
+        gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [ptrs, gl.minimum(piece, n - at)], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
     @gluon.jit(do_not_specialize=["STEPS"])
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        num_warps: gl.constexpr, PREFETCH: gl.constexpr = False, LIMIT: gl.constexpr = 0):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -242,6 +263,10 @@ if gluon is not None:
 
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
+        if PREFETCH:  # the program's columns: its warps' STEPS steps each, from (s * WARPS) * STEPS * 128
+            k_lo = pid_s * WARPS * STEPS * _STEP
+            k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
+            _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
         pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128.
         k_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))) * (STEPS * _STEP)
@@ -360,4 +385,7 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
                   num_warps=warps, launch_pdl=pdl > 0)
+    limit = prefetch_bytes(pdl, x.device)
+    if limit:  # the program's weights into L2 before the PDL wait (pdl.py)
+        kwargs.update(PREFETCH=True, LIMIT=max(16, limit // (16 * row_tiles)))
     return _gemv_tc_kernel, grid, ints, kwargs, split

@@ -15,7 +15,7 @@ what it will read that the previous kernel does not write (a GEMV's weight rows,
 rows), so the first loads after the wait find L2 and HBM is busy while the previous kernel ends. It is a hint
 (``cp.async.bulk.prefetch.L2``, sm90): L2 is where the GPU's memory is coherent, so a line prefetched before
 the previous kernel writes it is updated there, and every value the kernel uses is still loaded after the
-wait; results do not change. ``XELINK_PREFETCH=0`` turns it off (:func:`prefetch_on`).
+wait; results do not change. ``XELINK_PREFETCH=0`` turns it off (:func:`prefetch_bytes`).
 
 Every one of these functions takes one ``pdl`` argument (None, True, False, "early" or "late"), checked
 by :func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; what None means and
@@ -29,14 +29,32 @@ import torch
 
 from .common import capability, interpreting, sm_count, tl, triton
 
-__all__ = ["PDL_MODES", "PREFETCH_BYTES", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_l2", "prefetch_on"]
+__all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_bytes",
+           "prefetch_l2"]
 
-PREFETCH = os.environ.get("XELINK_PREFETCH", "1") != "0"  # read by prefetch_on (an A/B switch for benchmarks)
+PREFETCH = os.environ.get("XELINK_PREFETCH", "1") != "0"  # read by prefetch_bytes (an A/B switch for benchmarks)
 # Bytes a program prefetches at most (a grid's early programs then ask for a few MB, not more than L2 holds
 # next to what the previous kernel streams through it).
 PREFETCH_BYTES = int(os.environ.get("XELINK_PREFETCH_KB", "64")) * 1024
 
 PDL_MODES = {False: 0, "early": 1, "late": 2}  # config value -> the kernels' PDL constexpr
+
+# Ask L2 for [$1, $1 + $2) widened to 16-byte bounds (the bulk prefetch's alignment; the widened range stays
+# inside the same 16-byte blocks, so inside mapped memory); nothing where $2 <= 0. Shared with gemv_tc's Gluon.
+PREFETCH_ASM = """{
+    .reg .pred p;
+    .reg .b64 a, e;
+    setp.gt.s32 p, $2, 0;
+    cvta.to.global.u64 a, $1;
+    cvt.s64.s32 e, $2;
+    add.s64 e, a, e;
+    add.s64 e, e, 15;
+    and.b64 e, e, -16;
+    and.b64 a, a, -16;
+    sub.s64 e, e, a;
+    cvt.u32.u64 $0, e;
+    @p cp.async.bulk.prefetch.L2.global [a], $0;
+    }"""
 
 if triton is not None:
     _WAIT = tl.constexpr("griddepcontrol.wait; // $0")
@@ -55,22 +73,7 @@ if triton is not None:
         """After the main loop (PDL == 2): let the next kernel launch."""
         if PDL == 2:
             tl.inline_asm_elementwise(_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    # Ask L2 for [$1, $1 + $2) widened to 16-byte bounds (the bulk prefetch's alignment; the widened range
-    # stays inside the same 16-byte blocks, so inside mapped memory); nothing where $2 <= 0.
-    _PREFETCH_L2 = tl.constexpr("""{
-        .reg .pred p;
-        .reg .b64 a, e;
-        setp.gt.s32 p, $2, 0;
-        cvta.to.global.u64 a, $1;
-        cvt.s64.s32 e, $2;
-        add.s64 e, a, e;
-        add.s64 e, e, 15;
-        and.b64 e, e, -16;
-        and.b64 a, a, -16;
-        sub.s64 e, e, a;
-        cvt.u32.u64 $0, e;
-        @p cp.async.bulk.prefetch.L2.global [a], $0;
-    }""")
+    _PREFETCH_L2 = tl.constexpr(PREFETCH_ASM)
 
     @triton.jit
     def prefetch_l2(rows, row_bytes, PIECES: tl.constexpr, LIMIT: tl.constexpr):
@@ -88,10 +91,12 @@ else:  # no Triton: the kernel modules import, their Triton paths refuse to run
     pdl_wait = pdl_launch = prefetch_l2 = None
 
 
-def prefetch_on(pdl_mode: int, device: torch.device) -> bool:
-    """Whether a kernel launched with PDL constexpr ``pdl_mode`` prefetches before its wait: under PDL (an
-    early placement to use), on sm90+ (the bulk prefetch), unless ``XELINK_PREFETCH=0``."""
-    return bool(PREFETCH and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0))
+def prefetch_bytes(pdl_mode: int, device: torch.device) -> int:
+    """The bytes a program of a kernel launched with PDL constexpr ``pdl_mode`` prefetches before its wait at
+    most (``XELINK_PREFETCH_KB``), or 0: off without PDL (no early placement to use), below sm90 (the bulk
+    prefetch) and with ``XELINK_PREFETCH=0``."""
+    on = PREFETCH and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0)
+    return PREFETCH_BYTES if on else 0
 
 
 def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:
