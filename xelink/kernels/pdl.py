@@ -11,11 +11,12 @@ H200: 5-8% faster with every kernel under PDL, 1% with the GEMVs alone; benchmar
 run 16). Both helpers are ``triton.jit`` functions, callable from Triton and Gluon kernels alike.
 
 Prefetch under PDL (:func:`prefetch_l2`): a kernel placed early may, before :func:`pdl_wait`, ask L2 for
-what it will read that the previous kernel does not write (a GEMV's weight rows, decode attention's cache
-rows), so the first loads after the wait find L2 and HBM is busy while the previous kernel ends. It is a hint
-(``cp.async.bulk.prefetch.L2``, sm90): L2 is where the GPU's memory is coherent, so a line prefetched before
-the previous kernel writes it is updated there, and every value the kernel uses is still loaded after the
-wait; results do not change. ``XELINK_PREFETCH=0`` turns it off (:func:`prefetch_bytes`).
+the bulk of what it will read (a GEMV's weight rows, decode attention's cache rows), so the first loads after
+the wait find L2 and HBM is busy while the previous kernel ends. It is a hint (``cp.async.bulk.prefetch.L2``,
+sm90) and nothing it fetches is used as such: L2 is where the GPU's memory is coherent, so a line prefetched
+before the previous kernel writes it is updated there, and every value the kernel uses is still loaded after
+the wait; results do not change (tests/kernels/test_prefetch.py: the kernel before writes the very bytes).
+``XELINK_PREFETCH=0`` turns it off (:func:`prefetch_bytes`).
 
 Every one of these functions takes one ``pdl`` argument (None, True, False, "early" or "late"), checked
 by :func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; what None means and
