@@ -86,6 +86,9 @@ _DECODE_MIN_CHUNK = 256  # keys per split of the cache at least: below that the 
 # cache. 256 there made 1K of an 8K cache 4 splits a KV head, 11.3 us a layer on an H200 against 10.0 us
 # with 16 splits of 64 (the bench decode breakdown at 5042570 and before f625022).
 _DECODE_SEQ_MIN_CHUNK = 64
+# Bytes of keys and values a split prefetches before its PDL wait at most (pdl.py; H200: 32 KB a program over
+# the first 8 MB, 534 us a step's attention at 8K against 569 without and 546 / 592 at 64 / 256 KB a program).
+_DECODE_PREFETCH = 32 << 10
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -553,7 +556,7 @@ if triton is not None:
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
-        PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0,
+        PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -579,11 +582,14 @@ if triton is not None:
         offs_d = tl.arange(0, HEAD_DIM)
         k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
-        if PREFETCH:  # this split's keys and values into L2 while the previous kernel ends; kv_lens read
-            # before the wait may be stale (the previous kernel may write it): it only moves the hint
-            _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
-            _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
-            _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
+        if PREFETCH:
+            # The split's keys and values into L2 while the previous kernel ends (the first PREFETCH
+            # programs); kv_lens read before the wait may be stale (the previous kernel may write it): it
+            # only moves the hint.
+            if split + n_splits * (bk + tl.num_programs(1) * tl.program_id(2)) < PREFETCH:
+                _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+                _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
+                _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
         q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
                  + offs_d[None, :] * stride_qd)
@@ -822,10 +828,11 @@ class _DecodeLaunch:
                            UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
-        limit = prefetch_bytes(self.kwargs["PDL"], q.device)
-        if limit and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
-            # K's and V's rows of the split: a piece a thread each
-            self.kwargs.update(PREFETCH=True, PIECES=32 * num_warps, LIMIT=limit)
+        total = prefetch_bytes(self.kwargs["PDL"], q.device)
+        if total and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
+            # the first programs' keys and values (32 KB each at most), a piece a thread each
+            self.kwargs.update(PREFETCH=max(1, total // _DECODE_PREFETCH), PIECES=32 * num_warps,
+                               LIMIT=_DECODE_PREFETCH)
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):

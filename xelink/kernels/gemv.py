@@ -291,7 +291,7 @@ if triton is not None:
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr,
-                     ACT: tl.constexpr = False, PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1,
+                     ACT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1,
                      LIMIT: tl.constexpr = 0):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -305,7 +305,8 @@ if triton is not None:
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         if PREFETCH:
-            _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
+            if pid_n + pid_s * tl.num_programs(0) < PREFETCH:  # the first PREFETCH programs
+                _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -436,7 +437,7 @@ if triton is not None:
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                         ACT: tl.constexpr = False, PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1,
+                         ACT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1,
                          LIMIT: tl.constexpr = 0):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
@@ -450,7 +451,8 @@ if triton is not None:
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         if PREFETCH:
-            _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
+            if pid_n + pid_s * tl.num_programs(0) < PREFETCH:  # the first PREFETCH programs
+                _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
@@ -621,7 +623,7 @@ if triton is not None:
                            stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                            FMT: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr, PTX: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                           ACT: tl.constexpr = False, PREFETCH: tl.constexpr = False, PIECES: tl.constexpr = 1,
+                           ACT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1,
                            LIMIT: tl.constexpr = 0):
         # Quantized weights on CUDA cores, read as 32-bit words (4 int8 or 8 uint4 weights): one word of
         # a row a thread a step, BLOCK_N rows a program, so a word's activations (one 8- or 16-byte load)
@@ -640,7 +642,8 @@ if triton is not None:
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
         if PREFETCH:
-            _prefetch_rows(w_ptr, rn_safe, WORDS_N * 4, k_lo, k_hi, FMT, PIECES, LIMIT)
+            if pid_n + pid_s * tl.num_programs(0) < PREFETCH:  # the first PREFETCH programs
+                _prefetch_rows(w_ptr, rn_safe, WORDS_N * 4, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         rt = tl.arange(0, T)
         w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + rn_safe[:, None] * WORDS_N + rt[None, :]
@@ -858,10 +861,11 @@ class _GemvLaunch:
         steps = per_split // block_k
         self.grid = (cdiv(N, cfg["BLOCK_N"] // 2 if act else cfg["BLOCK_N"]), split)
         common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
-        limit = prefetch_bytes(pdl, x.device)
-        if limit:  # the weights into L2 before the PDL wait: a piece a thread
-            common.update(PREFETCH=True, PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]),
-                          LIMIT=max(16, limit // cfg["BLOCK_N"]))
+        total = prefetch_bytes(pdl, x.device)
+        if total:  # the first programs' weights into L2 before the PDL wait, a piece a thread
+            row = min(per_split * w.element_size() // (2 if fmt == "w4a16" else 1), 64 << 10)
+            common.update(PREFETCH=max(1, total // (row * cfg["BLOCK_N"])), LIMIT=row,
+                          PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]))
         if act:
             common["ACT"] = True
         if kernel == "words":

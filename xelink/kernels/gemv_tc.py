@@ -246,7 +246,7 @@ if gluon is not None:
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
-                        num_warps: gl.constexpr, PREFETCH: gl.constexpr = False, LIMIT: gl.constexpr = 0):
+                        num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -263,10 +263,12 @@ if gluon is not None:
 
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
-        if PREFETCH:  # the program's columns: its warps' STEPS steps each, from (s * WARPS) * STEPS * 128
-            k_lo = pid_s * WARPS * STEPS * _STEP
-            k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
-            _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
+        if PREFETCH:
+            if pid_n + pid_s * gl.num_programs(0) < PREFETCH:  # the first PREFETCH programs' columns: their
+                # warps' STEPS steps each, from (s * WARPS) * STEPS * 128
+                k_lo = pid_s * WARPS * STEPS * _STEP
+                k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
+                _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
         pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128.
         k_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))) * (STEPS * _STEP)
@@ -385,7 +387,8 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
                   num_warps=warps, launch_pdl=pdl > 0)
-    limit = prefetch_bytes(pdl, x.device)
-    if limit:  # the program's weights into L2 before the PDL wait (pdl.py)
-        kwargs.update(PREFETCH=True, LIMIT=max(16, limit // (16 * row_tiles)))
+    total = prefetch_bytes(pdl, x.device)
+    if total:  # the first programs' weights into L2 before the PDL wait (pdl.py)
+        row = min(warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1), 64 << 10)
+        kwargs.update(PREFETCH=max(1, total // (row * 16 * row_tiles)), LIMIT=row)
     return _gemv_tc_kernel, grid, ints, kwargs, split

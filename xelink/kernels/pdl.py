@@ -34,9 +34,11 @@ __all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_op
            "prefetch_l2"]
 
 PREFETCH = os.environ.get("XELINK_PREFETCH", "1") != "0"  # read by prefetch_bytes (an A/B switch for benchmarks)
-# Bytes a program prefetches at most (a grid's early programs then ask for a few MB, not more than L2 holds
-# next to what the previous kernel streams through it).
-PREFETCH_BYTES = int(os.environ.get("XELINK_PREFETCH_KB", "64")) * 1024
+# Bytes a launch prefetches at most, over its first programs (each kernel sets what a program asks for): the
+# first wave's start, not its whole input. On an H200 (benchmarks/results/h200-issue26) a GEMV chain whose
+# every program prefetched its whole slice ran 25% slower (the next matrix pushed the current one out of
+# L2), and decode attention gained most at about 8 MB of its 33 MB of cache at 8K.
+PREFETCH_BYTES = int(os.environ.get("XELINK_PREFETCH_MB", "8")) * (1 << 20)
 
 PDL_MODES = {False: 0, "early": 1, "late": 2}  # config value -> the kernels' PDL constexpr
 
@@ -93,8 +95,8 @@ else:  # no Triton: the kernel modules import, their Triton paths refuse to run
 
 
 def prefetch_bytes(pdl_mode: int, device: torch.device) -> int:
-    """The bytes a program of a kernel launched with PDL constexpr ``pdl_mode`` prefetches before its wait at
-    most (``XELINK_PREFETCH_KB``), or 0: off without PDL (no early placement to use), below sm90 (the bulk
+    """The bytes a launch with PDL constexpr ``pdl_mode`` prefetches before its wait at most, over its first
+    programs (``XELINK_PREFETCH_MB``), or 0: off without PDL (no early placement to use), below sm90 (the bulk
     prefetch) and with ``XELINK_PREFETCH=0``."""
     on = PREFETCH and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0)
     return PREFETCH_BYTES if on else 0
