@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from xelink.kernels import decode_attention, gemv, reference_decode_attention
-from xelink.kernels.gemv import pack_w4a16
+from xelink.kernels.gemv import pack_w4a16, pack_w8a16
 
 pdl = importlib.import_module("xelink.kernels.pdl")
 gemv_mod = importlib.import_module("xelink.kernels.gemv")
@@ -47,12 +47,11 @@ def _sm90(requires_gpus):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,cfg", [
-    ("bf16", None),
-    ("bf16", dict(KERNEL="fma", BLOCK_N=4, BLOCK_K=512, SPLIT_K=3, num_warps=4, num_stages=1)),
-    ("bf16", dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)),
+    ("bf16", None),  # the fma kernel: no prefetch (gemv.py), the chain under PDL all the same
     ("w4a16", dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=2, num_warps=1, num_stages=1)),
+    ("w8a16", dict(KERNEL="words", BLOCK_N=16, BLOCK_K=256, SPLIT_K=2, num_warps=1, num_stages=1)),
     ("w4a16", dict(KERNEL="tc", ROW_TILES=2, num_warps=4, SPLIT=2)),
-    ("w4a16", dict(KERNEL="mma", BLOCK_N=64, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=3, FOLD=True)),
+    ("w8a16", dict(KERNEL="tc", ROW_TILES=1, num_warps=4, SPLIT=1)),
 ])
 def test_gpu_gemv_weights_written_by_the_kernel_before(requires_gpus, prefetch_switch, fmt, cfg):
     # The first gemv writes the second one's weights (its output, viewed as [n, k]); the second, launched
@@ -63,14 +62,16 @@ def test_gpu_gemv_weights_written_by_the_kernel_before(requires_gpus, prefetch_s
     gen = torch.Generator(device="cuda").manual_seed(11)
     n, k, k1 = 256, 1024, 512
     dt = torch.bfloat16
-    # w4a16: the first gemv writes packed bytes as bf16 pairs (any bits are weights) and the scales stay put
-    wbytes = n * k * 2 if fmt == "bf16" else n * k // 2
+    # quantized: the first gemv writes the packed bytes as bf16 pairs (any bits are weights), scales stay put
+    wbytes = {"bf16": n * k * 2, "w8a16": n * k, "w4a16": n * k // 2}[fmt]
     w1 = (torch.randn(wbytes // 2, k1, device="cuda", generator=gen) * 0.05).to(dt)
     x1 = torch.randn(1, k1, device="cuda", generator=gen).to(dt)
     x2 = torch.randn(4, k, device="cuda", generator=gen).to(dt)
-    scales = pack_w4a16(torch.randn(n, k, device="cuda", generator=gen), dt)[1] if fmt == "w4a16" else None
+    pack = {"w8a16": pack_w8a16, "w4a16": pack_w4a16}.get(fmt)
+    scales = pack(torch.randn(n, k, device="cuda", generator=gen), dt)[1] if pack else None
     buf = torch.empty(1, wbytes // 2, device="cuda", dtype=dt)
-    w2 = buf.view(n, k) if fmt == "bf16" else buf.view(torch.uint8).view(n, k // 2)
+    w2 = {"bf16": lambda: buf.view(n, k), "w8a16": lambda: buf.view(torch.int8).view(n, k),
+          "w4a16": lambda: buf.view(torch.uint8).view(n, k // 2)}[fmt]()
 
     def chain(pdl_on):
         buf.fill_(float("nan"))

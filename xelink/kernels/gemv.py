@@ -291,8 +291,7 @@ if triton is not None:
                      FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr,
                      MAGIC: tl.constexpr, BIAS: tl.constexpr, PTX: tl.constexpr, FOLD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr,
-                     ACT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1,
-                     LIMIT: tl.constexpr = 0):
+                     ACT: tl.constexpr = False):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         # Rows past N read row N-1 (results dropped at the store): no mask, so loads stay 16 bytes wide.
@@ -304,9 +303,6 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        if PREFETCH:
-            if pid_n + pid_s * tl.num_programs(0) < PREFETCH:  # the first PREFETCH programs
-                _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         x_dtype = x_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -437,8 +433,7 @@ if triton is not None:
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                         ACT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1,
-                         LIMIT: tl.constexpr = 0):
+                         ACT: tl.constexpr = False):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
         # programs, and their loads, in flight per SM.
@@ -450,9 +445,6 @@ if triton is not None:
         # every load scalar).
         k_lo = pid_s * K_STEPS * BLOCK_K
         k_hi = tl.minimum(K, k_lo + K_STEPS * BLOCK_K)
-        if PREFETCH:
-            if pid_n + pid_s * tl.num_programs(0) < PREFETCH:  # the first PREFETCH programs
-                _prefetch_rows(w_ptr, rn_safe, stride_wn, k_lo, k_hi, FMT, PIECES, LIMIT)
         pdl_wait(PDL)
         a0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         a1 = a0
@@ -861,11 +853,6 @@ class _GemvLaunch:
         steps = per_split // block_k
         self.grid = (cdiv(N, cfg["BLOCK_N"] // 2 if act else cfg["BLOCK_N"]), split)
         common = dict(FMT=_FMT_CODE[fmt], PARTIAL=split > 1, PDL=pdl, launch_pdl=pdl > 0)
-        total = prefetch_bytes(pdl, x.device)
-        if total:  # the first programs' weights into L2 before the PDL wait, a piece a thread
-            row = min(per_split * w.element_size() // (2 if fmt == "w4a16" else 1), 64 << 10)
-            common.update(PREFETCH=max(1, total // (row * cfg["BLOCK_N"])), LIMIT=row,
-                          PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]))
         if act:
             common["ACT"] = True
         if kernel == "words":
@@ -873,6 +860,14 @@ class _GemvLaunch:
             self.fn = _gemv_words_kernel
             self.ints = (N, K, steps, w.stride(0) // 4, *strides[1:])
             self.kwargs = dict(common, ROWS=M, PTX=ptx, BLOCK_K=block_k, **cfg)
+            total = prefetch_bytes(pdl, x.device)
+            if total:
+                # The first programs' weights into L2 before the PDL wait, a piece a thread (H200,
+                # prefetch_ab.py: the W4A16 step 5% faster with this and the tc kernel's; the dense fma kernel
+                # lost 10-15% with it, so it and the mma kernel do without).
+                row = min(per_split * w.element_size() // (2 if fmt == "w4a16" else 1), 64 << 10)
+                self.kwargs.update(PREFETCH=max(1, total // (row * cfg["BLOCK_N"])), LIMIT=row,
+                                   PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]))
         elif kernel == "fma":
             cfg.pop("FOLD", None)
             self.fn = _gemv_fma_kernel
