@@ -16,8 +16,9 @@
 #   last:  norm and decode attention keyed: their tests, decode graph tests, their host rows (~2 minutes);
 #   graphs: the distributed GEMM's remembered schedules: GPU checks, host profile, dist-gemm family (~3 minutes;
 #          KERNELS=1: and every kernel GPU test, ~3 more);
-#   prefetch: the L2 prefetch before the PDL wait (issues 23, 26): its GPU tests, the A/B of every decode op and of
-#          the whole step at 1K and 8K (bf16, W4A16), the gemv / attention / decode-graph GPU tests with it (~8 minutes);
+#   prefetch: the L2 prefetch before the PDL wait (issues 23, 26): its GPU tests, the A/B of the decode ops and of
+#          the whole step at 1K and 8K (bf16, W4A16), the bf16 GEMV's tiles in the step's chain, the gemv / attention /
+#          decode-graph GPU tests with the prefetch (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
@@ -191,8 +192,9 @@ esac
 case "$1" in
 prefetch)
   step prefetch_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/kernels/test_prefetch.py
-  step prefetch_ab 300 python3 benchmarks/scripts/prefetch_ab.py
-  step prefetch_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+  step prefetch_ab 200 python3 benchmarks/scripts/prefetch_ab.py
+  step gemv_chain_sweep 150 python3 benchmarks/scripts/gemv_chain_sweep.py
+  step prefetch_gpu_tests 180 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
     tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/models/test_decode_graph.py
   ;;
 esac
