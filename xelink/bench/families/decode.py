@@ -71,6 +71,7 @@ import torch
 
 from ...models import (CONFIGS, LLAMA3_8B, DecodeLayerConfig, DecodeLayerWeights, Llama, decode_layers,
                        reference_decode_layers)
+from ...kernels.pdl import prefetch_bytes
 from ..harness import co_measure, make_row, time_cuda_events
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
                              run_single_device, timing, wrong_elements)
@@ -533,8 +534,9 @@ def _gpu_case(model, weights, name, fmt, B, L, gen, *, iters, rounds, report, ba
     xbytes, tbytes = model_step_bytes(model, B, L), twin.bytes()
     xrow = make_row(_OP, xname, samples[xname], size_bytes=xbytes, count=B, dtype=fmt, nranks=1, wrong=wrong[xname],
                     baseline=baseline_name, baseline_samples=samples[baseline_name],
-                    extra={**base, "impl": "xelink", **agree, "check": "agreement with the torch twin at the first "
-                           "replay (bf16 twin: quantization error included for w8a16/w4a16)"})
+                    extra={**base, "impl": "xelink", "prefetch_mb": prefetch_bytes(1, dev) >> 20, **agree,
+                           "check": "agreement with the torch twin at the first replay (bf16 twin: quantization "
+                           "error included for w8a16/w4a16)"})
     rows = [xrow]
     if fmt == "bf16":
         rows.append(make_row(_OP, baseline_name, samples[baseline_name], size_bytes=tbytes, count=B, dtype="bf16",
