@@ -144,3 +144,36 @@ def test_gpu_decode_cache_and_lengths_written_by_the_kernel_before(requires_gpus
         want = step(False, n)
         torch.cuda.synchronize()
         assert torch.equal(got, want), (kv_len, n)
+
+
+def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
+    # The H200 A/B (benchmarks/results/h200-issue26): decode attention and the word GEMV prefetch (and the
+    # tensor-core GEMV, which needs Gluon), the dense fma and mma GEMVs do not (they lost 10-25%); a launch
+    # asks for at most pdl.PREFETCH_BYTES over its first programs. Planned on CPU tensors as on an sm90 GPU.
+    for mod in (pdl, gemv_mod, attn_mod):
+        monkeypatch.setattr(mod, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
+    x = torch.randn(1, 4096, dtype=torch.bfloat16)
+    dense = torch.randn(4096, 4096, dtype=torch.bfloat16)
+    words = pack_w4a16(torch.randn(512, 4096), torch.bfloat16)
+    cfg_words = dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=2, num_warps=1, num_stages=1)
+    for cfg in (None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3)):
+        plan = gemv_mod._GemvLaunch(dense, x, None, "bf16", cfg, False, "early", None, False)
+        assert "PREFETCH" not in plan.kwargs, cfg
+    plan = gemv_mod._GemvLaunch(words[0], x, words[1], "w4a16", cfg_words, False, "early", None, False)
+    row = 4096 // 2 // 2  # a split's packed bytes of a row (K split in 2, two weights a byte)
+    assert plan.kwargs["LIMIT"] == row and plan.kwargs["PREFETCH"] == pdl.PREFETCH_BYTES // (row * 8)
+    assert plan.kwargs["PIECES"] == 4  # 32 threads over 8 rows
+    off = gemv_mod._GemvLaunch(words[0], x, words[1], "w4a16", cfg_words, False, "off", None, False)
+    assert "PREFETCH" not in off.kwargs  # no PDL: no early placement to use
+
+    q = torch.randn(1, 32, 1, 128, dtype=torch.bfloat16)
+    cache = torch.randn(1, 8, 8192, 128, dtype=torch.bfloat16)
+    plan = attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "auto", False)
+    assert plan.kwargs["PREFETCH"] == pdl.PREFETCH_BYTES // attn_mod._DECODE_PREFETCH
+    assert plan.kwargs["LIMIT"] == attn_mod._DECODE_PREFETCH
+    strided = cache.transpose(2, 3).contiguous().transpose(2, 3)  # the head dim not contiguous: no bulk range
+    assert "PREFETCH" not in attn_mod._DecodeLaunch(q, strided, strided, None, False, 0.1, 0, None, "auto",
+                                                    False).kwargs
+    monkeypatch.setattr(pdl, "PREFETCH", False)
+    assert "PREFETCH" not in attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "auto", False).kwargs
