@@ -66,13 +66,13 @@ class Ops:
         self.dense_ref = self.ref or dtype not in _KERNEL_DTYPES
 
     @staticmethod
-    def _fmt(lin: Linear, x: torch.Tensor) -> str:
+    def gemv_format(lin: Linear, x: torch.Tensor) -> str:
         """``lin``'s GEMV format for activations ``x``: its quantized format, or x's half dtype for dense."""
         return lin.fmt if lin.fmt != "dense" else ("bf16" if x.dtype == torch.bfloat16 else "fp16")
 
     def linear(self, lin: Linear, x: torch.Tensor) -> torch.Tensor:
         """``[M, K] -> [M, N]``: the projection, the TP sum of a row-parallel one, its bias."""
-        fmt = self._fmt(lin, x)
+        fmt = self.gemv_format(lin, x)
         if self.dense_ref:
             y = reference_gemv(lin.weight, x, lin.scales, fmt if lin.fmt != "dense" else "bf16")
         elif x.shape[0] <= _GEMV_ROWS:
@@ -111,7 +111,7 @@ class Ops:
         without a TP sum or bias) one launch, ``gemv(act="silu_mul")``; else the projection, then silu_mul."""
         if self.dense_ref or x.shape[0] > _GEMV_ROWS or lin.reduce is not None or lin.bias is not None:
             return self.silu_mul(self.linear(lin, x))
-        return gemv(lin.weight, x, lin.scales, self._fmt(lin, x), self.kimpl, act="silu_mul")
+        return gemv(lin.weight, x, lin.scales, self.gemv_format(lin, x), self.kimpl, act="silu_mul")
 
     def attention(self, q, k, v, causal: bool, return_lse: bool = False):
         if self.ref:

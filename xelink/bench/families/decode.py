@@ -478,7 +478,7 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
 
     def gemvs(lins, a, act=None):
         """The GEMV of each Linear in ``lins`` on ``a``, and the bytes they read."""
-        calls = [functools.partial(gemv, li.weight, a, li.scales, model.ops._fmt(li, a), "auto", act=act)
+        calls = [functools.partial(gemv, li.weight, a, li.scales, model.ops.gemv_format(li, a), "auto", act=act)
                  for li in lins]
         return calls, sum(_linear_bytes(li) for li in lins)
 
