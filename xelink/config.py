@@ -18,6 +18,9 @@ Knobs (environment variables):
                              repeat their tensors (default 512; 0: every call enqueues its schedule)
     XELINK_DIST_GRAPH_MB     MiB of temporaries those graphs may hold (default 2048)
     XELINK_LAUNCH_CHECK      1: every fast kernel launch is checked against Triton's own cache key (tests)
+    XELINK_PREFETCH          0: kernels under programmatic dependent launch do not prefetch into L2 before their
+                             wait (``kernels.pdl``; default on where it was measured to gain: sm90+)
+    XELINK_PREFETCH_MB       MiB a launch prefetches at most (default 8)
     XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)
 """
 from __future__ import annotations

@@ -16,15 +16,26 @@ attn_mod = importlib.import_module("xelink.kernels.attention")
 
 def test_prefetch_is_on_only_under_pdl_on_sm90(monkeypatch):
     cpu = torch.device("cpu")
+    monkeypatch.delenv("XELINK_PREFETCH", raising=False)
+    monkeypatch.delenv("XELINK_PREFETCH_MB", raising=False)
     assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == 0  # no CUDA capability
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
-    assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == pdl.PREFETCH_BYTES > 0
+    assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == pdl.DEFAULT_PREFETCH_MB << 20
     assert pdl.prefetch_bytes(0, cpu) == 0  # no PDL: no early placement to use
     monkeypatch.setattr(pdl, "capability", lambda dev: (8, 0))
     assert pdl.prefetch_bytes(1, cpu) == 0  # the bulk prefetch is sm90's
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
-    monkeypatch.setattr(pdl, "PREFETCH", False)  # XELINK_PREFETCH=0
+    monkeypatch.setenv("XELINK_PREFETCH_MB", "2")
+    assert pdl.prefetch_bytes(1, cpu) == 2 << 20
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv("XELINK_PREFETCH_MB", bad)
+        with pytest.raises(ValueError, match="XELINK_PREFETCH_MB"):
+            pdl.prefetch_bytes(1, cpu)
+    monkeypatch.setenv("XELINK_PREFETCH", "0")
     assert pdl.prefetch_bytes(1, cpu) == 0
+    monkeypatch.setattr(pdl, "PREFETCH", True)  # a benchmark's switch wins
+    monkeypatch.setattr(pdl, "PREFETCH_BYTES", 3 << 20)
+    assert pdl.prefetch_bytes(1, cpu) == 3 << 20
 
 
 @pytest.fixture
@@ -149,10 +160,13 @@ def test_gpu_decode_cache_and_lengths_written_by_the_kernel_before(requires_gpus
 def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
     # The H200 A/B (benchmarks/results/h200-issue26): decode attention and the word GEMV prefetch (and the
     # tensor-core GEMV, which needs Gluon), the dense fma and mma GEMVs do not (they lost 10-25%); a launch
-    # asks for at most pdl.PREFETCH_BYTES over its first programs. Planned on CPU tensors as on an sm90 GPU.
+    # asks for at most XELINK_PREFETCH_MB over its first programs. Planned on CPU tensors as on an sm90 GPU.
     for mod in (pdl, gemv_mod, attn_mod):
         monkeypatch.setattr(mod, "sm_count", lambda dev: 132)
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
+    monkeypatch.delenv("XELINK_PREFETCH", raising=False)
+    monkeypatch.delenv("XELINK_PREFETCH_MB", raising=False)
+    total = pdl.DEFAULT_PREFETCH_MB << 20
     x = torch.randn(1, 4096, dtype=torch.bfloat16)
     dense = torch.randn(4096, 4096, dtype=torch.bfloat16)
     words = pack_w4a16(torch.randn(512, 4096), torch.bfloat16)
@@ -162,7 +176,7 @@ def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
         assert "PREFETCH" not in plan.kwargs, cfg
     plan = gemv_mod._GemvLaunch(words[0], x, words[1], "w4a16", cfg_words, False, "early", None, False)
     row = 4096 // 2 // 2  # a split's packed bytes of a row (K split in 2, two weights a byte)
-    assert plan.kwargs["LIMIT"] == row and plan.kwargs["PREFETCH"] == pdl.PREFETCH_BYTES // (row * 8)
+    assert plan.kwargs["LIMIT"] == row and plan.kwargs["PREFETCH"] == total // (row * 8)
     assert plan.kwargs["PIECES"] == 4  # 32 threads over 8 rows
     off = gemv_mod._GemvLaunch(words[0], x, words[1], "w4a16", cfg_words, False, "off", None, False)
     assert "PREFETCH" not in off.kwargs  # no PDL: no early placement to use
@@ -170,7 +184,7 @@ def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
     q = torch.randn(1, 32, 1, 128, dtype=torch.bfloat16)
     cache = torch.randn(1, 8, 8192, 128, dtype=torch.bfloat16)
     plan = attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "auto", False)
-    assert plan.kwargs["PREFETCH"] == pdl.PREFETCH_BYTES // attn_mod._DECODE_PREFETCH
+    assert plan.kwargs["PREFETCH"] == total // attn_mod._DECODE_PREFETCH
     assert plan.kwargs["LIMIT"] == attn_mod._DECODE_PREFETCH
     strided = cache.transpose(2, 3).contiguous().transpose(2, 3)  # the head dim not contiguous: no bulk range
     assert "PREFETCH" not in attn_mod._DecodeLaunch(q, strided, strided, None, False, 0.1, 0, None, "auto",

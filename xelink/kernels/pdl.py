@@ -24,21 +24,22 @@ where True lets the next kernel go are each kernel's (measured) choice, in its d
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..config import env, env_flag, env_int
 from .common import capability, interpreting, sm_count, tl, triton
 
 __all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_bytes",
            "prefetch_l2"]
 
-PREFETCH = os.environ.get("XELINK_PREFETCH", "1") != "0"  # read by prefetch_bytes (an A/B switch for benchmarks)
-# Bytes a launch prefetches at most, over its first programs (each kernel sets what a program asks for): the
+# MiB a launch prefetches at most, over its first programs (each kernel sets what a program asks for): the
 # first wave's start, not its whole input. On an H200 (benchmarks/results/h200-issue26) a GEMV chain whose
 # every program prefetched its whole slice ran 25% slower (the next matrix pushed the current one out of
 # L2), and decode attention gained most at about 8 MB of its 33 MB of cache at 8K.
-PREFETCH_BYTES = int(os.environ.get("XELINK_PREFETCH_MB", "8")) * (1 << 20)
+DEFAULT_PREFETCH_MB = 8
+# Benchmarks' A/B switches, read when a launch is planned: None takes XELINK_PREFETCH / XELINK_PREFETCH_MB.
+PREFETCH: bool | None = None
+PREFETCH_BYTES: int | None = None
 
 PDL_MODES = {False: 0, "early": 1, "late": 2}  # config value -> the kernels' PDL constexpr
 
@@ -98,8 +99,15 @@ def prefetch_bytes(pdl_mode: int, device: torch.device) -> int:
     """The bytes a launch with PDL constexpr ``pdl_mode`` prefetches before its wait at most, over its first
     programs (``XELINK_PREFETCH_MB``), or 0: off without PDL (no early placement to use), below sm90 (the bulk
     prefetch) and with ``XELINK_PREFETCH=0``."""
-    on = PREFETCH and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0)
-    return PREFETCH_BYTES if on else 0
+    on = PREFETCH if PREFETCH is not None else env("XELINK_PREFETCH") is None or env_flag("XELINK_PREFETCH")
+    if not (on and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0)):
+        return 0
+    if PREFETCH_BYTES is not None:
+        return PREFETCH_BYTES
+    mb = env_int("XELINK_PREFETCH_MB", DEFAULT_PREFETCH_MB)
+    if mb < 0:
+        raise ValueError(f"XELINK_PREFETCH_MB={mb} must be >= 0 (MiB a launch prefetches at most)")
+    return mb << 20
 
 
 def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:
