@@ -10,13 +10,14 @@ to back, one kernel's launch and placement then overlap the other's tail (a W4A1
 H200: 5-8% faster with every kernel under PDL, 1% with the GEMVs alone; benchmarks/results/h200-kernels
 run 16). Both helpers are ``triton.jit`` functions, callable from Triton and Gluon kernels alike.
 
-Prefetch under PDL (:func:`prefetch_l2`): a kernel placed early may, before :func:`pdl_wait`, ask L2 for
-the bulk of what it will read (a GEMV's weight rows, decode attention's cache rows), so the first loads after
-the wait find L2 and HBM is busy while the previous kernel ends. It is a hint (``cp.async.bulk.prefetch.L2``,
-sm90) and nothing it fetches is used as such: L2 is where the GPU's memory is coherent, so a line prefetched
-before the previous kernel writes it is updated there, and every value the kernel uses is still loaded after
-the wait; results do not change (tests/kernels/test_prefetch.py: the kernel before writes the very bytes).
-``XELINK_PREFETCH=0`` turns it off (:func:`prefetch_bytes`).
+Prefetch under PDL (:func:`prefetch_l2`; Triton only, gemv_tc.py has its Gluon twin): a kernel placed early
+may, before :func:`pdl_wait`, ask L2 for the start of what it will read (a quantized GEMV's weight rows, decode
+attention's cache rows), so the first loads after the wait find L2 and HBM is busy while the previous kernel
+ends. It is a hint (``cp.async.bulk.prefetch.L2``, sm90) and nothing it fetches is used as such: L2 is where
+the GPU's memory is coherent, so a line prefetched before the previous kernel writes it is updated there, and
+every value the kernel uses is still loaded after the wait; results do not change (tests/kernels/
+test_prefetch.py: the kernel before writes the very bytes). ``XELINK_PREFETCH=0`` turns it off,
+``XELINK_PREFETCH_MB`` bounds a launch's (:func:`prefetch_bytes`).
 
 Every one of these functions takes one ``pdl`` argument (None, True, False, "early" or "late"), checked
 by :func:`pdl_option` and turned into launch arguments by :func:`pdl_launch_args`; what None means and
@@ -77,6 +78,7 @@ if triton is not None:
         """After the main loop (PDL == 2): let the next kernel launch."""
         if PDL == 2:
             tl.inline_asm_elementwise(_LAUNCH, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
     _PREFETCH_L2 = tl.constexpr(PREFETCH_ASM)
 
     @triton.jit
