@@ -1,50 +1,68 @@
-"""The bf16 one-row GEMV's tiles as the decode step calls it (issue 26): for each of Llama-3.1-8B's projection
-shapes (N x K), 32 calls over 32 layers' own weights (the weights stream from HBM) with PDL as in the step,
-captured in one CUDA graph; us a call and GB/s for the kept configuration (``_gemv_config``) and each
-candidate of ``CONFIGS``; every output checked against the kept one's.
+"""The one-row GEMV's tiles as the decode step calls it (issue 26): for each of Llama-3.1-8B's projection
+shapes (N x K), 32 calls over 32 layers' own weights (the weights stream from HBM) with PDL (and, where the
+kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a call and GB/s of the bytes
+stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
+every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16 ...]   (default bf16)
 """
 import statistics
+import sys
 
 import torch
 
 from xelink.bench.harness import time_cuda_events
 from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import gemv
+from xelink.kernels.gemv import pack_w4a16
 
 LAYERS = 32
-SHAPES = [(6144, 4096, "qkv"), (4096, 4096, "o"), (4096, 14336, "down")]
-CONFIGS = [dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=ns)
-           for bn, bk, nw in [(2, 1024, 4), (4, 1024, 4), (2, 512, 2), (4, 512, 2), (8, 512, 2), (1, 1024, 4)]
-           for sk in (1, 2) for ns in (1, 3)]
+SHAPES = {"bf16": [(6144, 4096, "qkv"), (4096, 4096, "o"), (4096, 14336, "down")],
+          "w4a16": [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"), (4096, 14336, "down")]}
+CONFIGS = {
+    "bf16": [dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=ns)
+             for bn, bk, nw in [(2, 1024, 4), (4, 1024, 4), (2, 512, 2), (4, 512, 2), (8, 512, 2), (1, 1024, 4)]
+             for sk in (1, 2) for ns in (1, 3)],
+    "w4a16": [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=sp)
+              for rt in (1, 2) for nw in (2, 4, 8) for un in (1, 2) for sp in (1, 2)]
+    + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=1)
+       for bn, bk, nw in [(8, 512, 1), (16, 512, 1), (8, 1024, 1), (16, 1024, 2), (4, 512, 1)] for sk in (1, 2)],
+}
 
 
 def main():
+    fmts = sys.argv[1:] or ["bf16"]
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(5)
     print(torch.cuda.get_device_name(0), flush=True)
-    for n, k, name in SHAPES:
-        ws = [(torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16) for _ in range(LAYERS)]
-        x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)
-        want = gemv(ws[0], x, None, "bf16", "cuda")
-        rows = []
-        for cfg in [None] + CONFIGS:
-            try:
-                got = gemv(ws[0], x, None, "bf16", "cuda", config=cfg)
-                err = float((got.float() - want.float()).norm() / want.float().norm())
-                graph, _, _ = cuda_graph([lambda w=w: gemv(w, x, None, "bf16", "cuda", config=cfg) for w in ws], 1)
-                us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
-                del graph
-            except Exception as e:  # noqa: BLE001 - a config that does not compile is a row, not the end
-                print(f"{name} {n}x{k} {cfg}: failed ({type(e).__name__}: {str(e)[:80]})", flush=True)
-                continue
-            rows.append((us, cfg))
-            print(f"{name} {n}x{k} {'kept' if cfg is None else cfg}: {us:6.2f} us a call "
-                  f"({n * k * 2 / us / 1e3:6.0f} GB/s), rel diff {err:.1e}", flush=True)
-        best = min(rows, key=lambda r: r[0])
-        print(f"{name}: best {best[0]:.2f} us {best[1] or 'kept'} (kept {rows[0][0]:.2f})", flush=True)
-        del ws
+    for fmt in fmts:
+        for n, k, name in SHAPES[fmt]:
+            ws = []
+            for _ in range(LAYERS):
+                w = torch.randn(n, k, device=dev, generator=gen) * 0.02
+                ws.append((w.to(torch.bfloat16), None) if fmt == "bf16" else pack_w4a16(w, torch.bfloat16))
+                del w
+            nbytes = sum(t.numel() * t.element_size() for t in ws[0] if t is not None)
+            x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)
+            want = gemv(ws[0][0], x, ws[0][1], fmt, "cuda").float()
+            rows = []
+            for cfg in [None] + CONFIGS[fmt]:
+                try:
+                    got = gemv(ws[0][0], x, ws[0][1], fmt, "cuda", config=cfg).float()
+                    err = float((got - want).norm() / want.norm())
+                    calls = [lambda w=w, s=s: gemv(w, x, s, fmt, "cuda", config=cfg) for w, s in ws]
+                    graph, _, _ = cuda_graph(calls, 1)
+                    us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
+                    del graph
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is a row, not the end
+                    print(f"{fmt} {name} {n}x{k} {cfg}: failed ({type(e).__name__}: {str(e)[:80]})", flush=True)
+                    continue
+                rows.append((us, cfg))
+                print(f"{fmt} {name} {n}x{k} {'kept' if cfg is None else cfg}: {us:6.2f} us a call "
+                      f"({nbytes / us / 1e3:6.0f} GB/s), rel diff {err:.1e}", flush=True)
+            best = min(rows, key=lambda r: r[0])
+            print(f"{fmt} {name}: best {best[0]:.2f} us {best[1] or 'kept'} (kept {rows[0][0]:.2f})", flush=True)
+            del ws
 
 
 if __name__ == "__main__":
