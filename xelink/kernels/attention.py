@@ -38,7 +38,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
-from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_bytes, prefetch_l2
+from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2
 from .split import SCRATCH, last_split
 
 __all__ = [
@@ -828,11 +828,10 @@ class _DecodeLaunch:
                            UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
-        total = prefetch_bytes(self.kwargs["PDL"], q.device)
-        if total and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
+        pf = prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH)
+        if pf and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
-            self.kwargs.update(PREFETCH=max(1, total // _DECODE_PREFETCH), PIECES=32 * num_warps,
-                               LIMIT=_DECODE_PREFETCH)
+            self.kwargs.update(pf, PIECES=32 * num_warps)
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):

@@ -56,7 +56,7 @@ from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, che
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
-from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_bytes, prefetch_l2
+from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_l2
 from .split import SCRATCH, last_split
 
 __all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
@@ -860,14 +860,13 @@ class _GemvLaunch:
             self.fn = _gemv_words_kernel
             self.ints = (N, K, steps, w.stride(0) // 4, *strides[1:])
             self.kwargs = dict(common, ROWS=M, PTX=ptx, BLOCK_K=block_k, **cfg)
-            total = prefetch_bytes(pdl, x.device)
-            if total:
-                # The first programs' weights into L2 before the PDL wait, a piece a thread (H200,
-                # prefetch_ab.py: the W4A16 step 5% faster with this and the tc kernel's; the dense fma kernel
-                # lost 10-15% with it, so it and the mma kernel do without).
-                row = min(per_split * w.element_size() // (2 if fmt == "w4a16" else 1), 64 << 10)
-                self.kwargs.update(PREFETCH=max(1, total // (row * cfg["BLOCK_N"])), LIMIT=row,
-                                   PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]))
+            # The first programs' weights into L2 before the PDL wait, a piece a thread (H200, prefetch_ab.py:
+            # the W4A16 step 5% faster with this and the tc kernel's; the dense fma kernel lost 10-15% with it,
+            # so it and the mma kernel do without).
+            row_bytes = per_split * w.element_size() // (2 if fmt == "w4a16" else 1)
+            pf = prefetch_args(pdl, x.device, cfg["BLOCK_N"], row_bytes)
+            if pf:
+                self.kwargs.update(pf, PIECES=max(1, 32 * cfg["num_warps"] // cfg["BLOCK_N"]))
         elif kernel == "fma":
             cfg.pop("FOLD", None)
             self.fn = _gemv_fma_kernel

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .pdl import prefetch_bytes
+from .pdl import prefetch_args
 
 try:
     import triton
@@ -387,8 +387,7 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
                   num_warps=warps, launch_pdl=pdl > 0)
-    total = prefetch_bytes(pdl, x.device)
-    if total:  # the first programs' weights into L2 before the PDL wait (pdl.py)
-        row = min(warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1), 64 << 10)
-        kwargs.update(PREFETCH=max(1, total // (row * 16 * row_tiles)), LIMIT=row)
+    # the first programs' weights into L2 before the PDL wait (pdl.py)
+    kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles,
+                                warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1)))
     return _gemv_tc_kernel, grid, ints, kwargs, split

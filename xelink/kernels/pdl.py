@@ -30,8 +30,8 @@ import torch
 from ..config import env, env_flag, env_int
 from .common import capability, interpreting, sm_count, tl, triton
 
-__all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_bytes",
-           "prefetch_l2"]
+__all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_args",
+           "prefetch_bytes", "prefetch_l2"]
 
 # MiB a launch prefetches at most, over its first programs (each kernel sets what a program asks for): the
 # first wave's start, not its whole input. On an H200 (benchmarks/results/h200-issue26) a GEMV chain whose
@@ -41,6 +41,7 @@ DEFAULT_PREFETCH_MB = 8
 # Benchmarks' A/B switches, read when a launch is planned: None takes XELINK_PREFETCH / XELINK_PREFETCH_MB.
 PREFETCH: bool | None = None
 PREFETCH_BYTES: int | None = None
+ROW_BYTES = 64 << 10  # what a program prefetches of one row (a GEMV's weight row, decode's keys) at most
 
 PDL_MODES = {False: 0, "early": 1, "late": 2}  # config value -> the kernels' PDL constexpr
 
@@ -110,6 +111,17 @@ def prefetch_bytes(pdl_mode: int, device: torch.device) -> int:
     if mb < 0:
         raise ValueError(f"XELINK_PREFETCH_MB={mb} must be >= 0 (MiB a launch prefetches at most)")
     return mb << 20
+
+
+def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int) -> dict:
+    """A kernel's prefetch constexprs for programs of ``rows`` ranges of ``row_bytes`` each: ``PREFETCH``, the
+    programs (the first ones) that prefetch within the launch's :func:`prefetch_bytes`, and ``LIMIT``, the
+    bytes of a range they ask for (at most ``ROW_BYTES``); {} where the prefetch is off."""
+    total = prefetch_bytes(pdl_mode, device)
+    if not total:
+        return {}
+    limit = min(row_bytes, ROW_BYTES)
+    return dict(PREFETCH=max(1, total // (limit * rows)), LIMIT=limit)
 
 
 def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:
