@@ -56,6 +56,14 @@ def budget() -> int:
     return config.env_int("XELINK_DIST_GRAPH_MB", DEFAULT_MB) << 20
 
 
+def _remember(keys: set, key) -> None:
+    """Add ``key`` to a set of keys bounded by ``_SEEN_MAX`` (full: all forgotten, keys of addresses long gone;
+    a forgotten key costs one more eager call or capture attempt at worst)."""
+    if len(keys) >= _SEEN_MAX:
+        keys.clear()
+    keys.add(key)
+
+
 def key_of(*tensors) -> tuple:
     """What of ``tensors`` a graph holds: each one's address, shape and strides."""
     return tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors)
@@ -77,9 +85,7 @@ class _Graphs:
 
     def refuse(self, key) -> None:
         """Run ``key`` eagerly from now on (its capture failed, or its pool does not fit the budget)."""
-        if len(self.never) >= _SEEN_MAX:  # keys of addresses long gone: forget them (a retry at worst)
-            self.never.clear()
-        self.never.add(key)
+        _remember(self.never, key)
 
     def held(self) -> int:
         return sum(e[2] for e in self.graphs.values())
@@ -144,9 +150,7 @@ def run(comm, device, fn: str, key, body, hooked: bool = False) -> None:
     else:
         nbytes = budget()
         if key not in gs.seen or key in gs.never or not gs.make_room(keep, nbytes):
-            if len(gs.seen) >= _SEEN_MAX:
-                gs.seen.clear()
-            gs.seen.add(key)
+            _remember(gs.seen, key)
             body()
             return
         gs.seen.discard(key)
