@@ -23,10 +23,16 @@ CONFIGS = {
     "bf16": [dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=ns)
              for bn, bk, nw in [(2, 1024, 4), (4, 1024, 4), (2, 512, 2), (4, 512, 2), (8, 512, 2), (1, 1024, 4)]
              for sk in (1, 2) for ns in (1, 3)],
-    "w4a16": [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=sp)
-              for rt in (1, 2) for nw in (2, 4, 8) for un in (1, 2) for sp in (1, 2)]
-    + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=1)
-       for bn, bk, nw in [(8, 512, 1), (16, 512, 1), (8, 1024, 1), (16, 1024, 2), (4, 512, 1)] for sk in (1, 2)],
+    # the tensor-core kernel's loads in flight a warp: UNROLL steps at once, PIPE the next iteration's weights
+    # loaded before this one's math
+    "w4a16": [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, PIPE=pipe, SPLIT=sp)
+              for rt, nw, un, pipe, sp in [(1, 4, 1, False, 1), (1, 4, 2, False, 1), (1, 4, 4, False, 1),
+                                           (1, 4, 2, True, 1), (1, 4, 4, True, 1), (1, 8, 2, False, 1),
+                                           (1, 8, 4, False, 1), (1, 8, 2, True, 1), (1, 8, 4, True, 1),
+                                           (1, 2, 4, False, 1), (1, 2, 4, True, 1), (2, 4, 2, False, 1),
+                                           (2, 4, 2, True, 1), (1, 4, 4, False, 2), (1, 8, 1, True, 1)]]
+    + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, num_warps=nw, num_stages=1)
+       for bn, bk, nw in [(8, 512, 1), (16, 512, 1), (8, 1024, 1)]],
 }
 
 

@@ -19,9 +19,10 @@
 #   prefetch: the L2 prefetch before the PDL wait (issues 23, 26): its GPU tests, the A/B of the decode ops and of
 #          the whole step at 1K and 8K (bf16, W4A16), the bf16 GEMV's tiles in the step's chain, the gemv / attention /
 #          decode-graph GPU tests with the prefetch (~8 minutes);
-#   after: what the fifth 2026-12-03 session left unrun (~10 minutes): decode attention's family rows against SDPA
-#          with the prefetch and the copy ceiling (issue 23), the decode family's model rows at 1K/8K/32K with it
-#          (issue 26's table, co-measured), the W4A16 GEMV tiles in the step's chain, every kernel GPU test;
+#   tc:    the tensor-core GEMV with more loads in flight (UNROLL 4 / 8, PIPE; sixth 2026-12-03 session): its GPU tests,
+#          the W4A16 GEMV tiles in the step's chain, decode attention's family rows against SDPA with the prefetch and
+#          the copy ceiling (issue 23) (~7 minutes);
+#   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
 #          one at a time (their messages: three failed without them), the attention and gemv GPU tests on
@@ -202,11 +203,16 @@ prefetch)
   ;;
 esac
 case "$1" in
-after)
+tc)
+  step tc_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gemv.py
+  step gemv_chain_sweep_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   step bench_attention_decode 120 python3 -m xelink.bench attention --quick --only decode --out "$OUT/bench" --commit "$C"
-  step bench_decode 200 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+  rm -f "$OUT"/bench/*.txt
+  ;;
+step)
+  step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
-  step gemv_chain_sweep_w4a16 200 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   step kernels_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu tests/kernels
   rm -f "$OUT"/bench/*.txt
   ;;

@@ -452,7 +452,11 @@ TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNR
               dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=2, SPLIT=2),
               dict(KERNEL="tc", ROW_TILES=4, num_warps=8, UNROLL=1, SPLIT=1, BIASED=True),
               dict(KERNEL="tc", ROW_TILES=1, num_warps=16, UNROLL=1, SPLIT=4),
-              dict(KERNEL="tc", ROW_TILES=2, num_warps=1, UNROLL=1, SPLIT=2, PDL="late")]
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=1, UNROLL=1, SPLIT=2, PDL="late"),
+              # more steps in flight a warp: UNROLL 4 / 8 (batches of the mma), PIPE (the next weights loaded early)
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, PIPE=True, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=8, SPLIT=2),
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=8, UNROLL=2, PIPE=True, SPLIT=2, BIASED=True)]
 
 
 @pytest.mark.gpu
@@ -485,6 +489,8 @@ def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
         gemv(w, x, config=dict(KERNEL="tc", ROW_TILES=3), impl="cuda")
     with pytest.raises(ValueError, match="UNROLL=3"):
         gemv(w, x, config=dict(KERNEL="tc", UNROLL=3), impl="cuda")
+    with pytest.raises(ValueError, match="PIPE=2"):
+        gemv(w, x, config=dict(KERNEL="tc", PIPE=2), impl="cuda")
     with pytest.raises(ValueError, match="unknown KERNEL='tc' config keys"):
         gemv(w, x, config=dict(KERNEL="tc", BLOCK_N=16), impl="cuda")
     with pytest.raises(ValueError, match="impl='cuda' only"):

@@ -111,25 +111,27 @@ if gluon is not None:
     _STEP = gl.constexpr(STEP)
 
     @gluon.constexpr_function
-    def _load_layout(warps, rows, cols):
-        """[warps, rows, cols]: warp w owns batch w (its slice of K); lane (g, t) of a warp holds row g
-        (+ 8 r for more row tiles) and cols / 4 consecutive columns from t * cols / 4 (16-byte loads)."""
+    def _load_layout(warps, unroll, rows, cols):
+        """[warps * unroll, rows, cols]: warp w owns batches w + warps * u (its slice of K, ``unroll`` steps of
+        it); lane (g, t) of a warp holds row g (+ 8 r for more row tiles) and cols / 4 consecutive columns
+        from t * cols / 4 (16-byte loads)."""
         per_thread = cols // 4
         reg = [[0, 0, 1 << i] for i in range(per_thread.bit_length() - 1)]
         reg += [[0, 8 << i, 0] for i in range((rows // 8).bit_length() - 1)]
+        reg += [[warps << i, 0, 0] for i in range(unroll.bit_length() - 1)]
         lane = [[0, 0, per_thread], [0, 0, 2 * per_thread], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
         warp = [[1 << i, 0, 0] for i in range(warps.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [warps, rows, cols])
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [warps * unroll, rows, cols])
 
     @gluon.jit
-    def _mma_order(t, WARPS: gl.constexpr, ROWS: gl.constexpr):
+    def _mma_order(t, B: gl.constexpr, ROWS: gl.constexpr):
         """Permute the 128 columns of a step so that lane t's 32 consecutive columns land where its
         mma fragments are: column c = 32 t + 8 v + 4 h + 2 i + e goes to e + 2 t + 8 i + 16 (h + 2 v)
         (e: the pair in a register, i: the fragment's first or second register, h + 2 v: the k16 chunk).
         Each element stays in its thread; only the register order changes."""
-        t = gl.reshape(t, [WARPS, ROWS, 2, 2, 2, 2, 2, 2, 2])
+        t = gl.reshape(t, [B, ROWS, 2, 2, 2, 2, 2, 2, 2])
         t = gl.permute(t, [0, 1, 4, 5, 6, 7, 2, 3, 8])
-        return gl.reshape(t, [WARPS, ROWS, _STEP])
+        return gl.reshape(t, [B, ROWS, _STEP])
 
     _W4_PAIRS = """{
         .reg .b32 s, u0, u1, u2, u3, one, off;
@@ -161,9 +163,9 @@ if gluon is not None:
                                            gl.constexpr(w4_ptx(_W4_PAIRS, _W4_BIASED, "bf16")))
     _W8_BF16, _W8_FP16 = gl.constexpr(W8_PTX["bf16"]), gl.constexpr(W8_PTX["fp16"])
     @gluon.jit
-    def _weights(p, FMT: gl.constexpr, BIASED: gl.constexpr, x_dtype: gl.constexpr, WARPS: gl.constexpr,
+    def _weights(p, FMT: gl.constexpr, BIASED: gl.constexpr, x_dtype: gl.constexpr, B: gl.constexpr,
                  BN: gl.constexpr):
-        """The loaded tile as [WARPS, BN, 128] weights of x_dtype in column order (W4A16: nibble - 8, or
+        """The loaded tile as [B, BN, 128] weights of x_dtype in column order (W4A16: nibble - 8, or
         128 + nibble if BIASED; W8A16: q)."""
         if FMT == 2:
             if BIASED:
@@ -176,8 +178,8 @@ if gluon is not None:
                 lo, hi = gl.inline_asm_elementwise(_W4_FP16, "=r,=r,=r,=r,r", [p],
                                                    dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
             # lo[4q + r] is weight 8q + r, hi[4q + r] weight 8q + 4 + r.
-            w = gl.reshape(gl.join(lo, hi), [WARPS, BN, 16, 4, 2])
-            return gl.reshape(gl.permute(w, [0, 1, 2, 4, 3]), [WARPS, BN, _STEP])
+            w = gl.reshape(gl.join(lo, hi), [B, BN, 16, 4, 2])
+            return gl.reshape(gl.permute(w, [0, 1, 2, 4, 3]), [B, BN, _STEP])
         elif FMT == 1:
             if x_dtype == gl.bfloat16:
                 return gl.inline_asm_elementwise(_W8_BF16, "=r,=r,r", [p], dtype=gl.bfloat16, is_pure=True,
@@ -189,33 +191,37 @@ if gluon is not None:
             return p
 
     @gluon.jit
-    def _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows, s_ok, i, K, FMT: gl.constexpr,
-                    EVEN: gl.constexpr):
-        """Step i of each warp: its raw weight tile, activation tile and (W4A16) group scales, loaded
-        into registers."""
+    def _step_weights(w_ptrs, s_ptrs, w_kb, s_k, k, K, FMT: gl.constexpr, EVEN: gl.constexpr):
+        """The raw weight tiles and (W4A16) group scales ``k`` columns on, loaded into registers (every
+        batch: ``UNROLL`` steps of each warp)."""
         W_DIV: gl.constexpr = 2 if FMT == 2 else 1
-        k = i * _STEP
         if EVEN:
             p = gl.load(w_ptrs + k // W_DIV)
-            x = gl.load(x_ptrs + k, mask=x_rows, other=0.0)
         else:
             p = gl.load(w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV, other=0)
-            x = gl.load(x_ptrs + k, mask=x_rows & (x_kk + k < K), other=0.0)
         if FMT == 2:
-            s = gl.load(s_ptrs + i, mask=s_ok, other=0.0).to(gl.float32)
+            s = gl.load(s_ptrs + k // _STEP, mask=(s_k + k < K)[:, None], other=0.0).to(gl.float32)
         else:
             s = 0.0
-        return p, x, s
+        return p, s
+
+    @gluon.jit
+    def _step_x(x_ptrs, x_kk, x_rows, k, K, EVEN: gl.constexpr):
+        """The activation tiles ``k`` columns on (rows past M zero)."""
+        if EVEN:
+            return gl.load(x_ptrs + k, mask=x_rows, other=0.0)
+        else:
+            return gl.load(x_ptrs + k, mask=x_rows & (x_kk + k < K), other=0.0)
 
     @gluon.jit
     def _step_mma(acc, p, x, s, offset, zero_acc, FMT: gl.constexpr, BIASED: gl.constexpr,
-                  a_layout: gl.constexpr, b_layout: gl.constexpr, WARPS: gl.constexpr, BN: gl.constexpr):
+                  a_layout: gl.constexpr, b_layout: gl.constexpr, B: gl.constexpr, BN: gl.constexpr):
         """acc plus one step: the weights dequantized, both tiles put in mma order (registers only) and
         multiplied; W4A16: one mma chain a 128-column group, scaled in fp32 as it is added (BIASED: the
         constant tile ``offset`` = -136 multiplied into the chain removes the weights' bias)."""
-        w = _weights(p, FMT, BIASED, x.dtype, WARPS, BN)
-        a = gl.convert_layout(_mma_order(w, WARPS, BN), a_layout, assert_trivial=True)
-        b = gl.convert_layout(gl.permute(_mma_order(x, WARPS, 8), [0, 2, 1]), b_layout, assert_trivial=True)
+        w = _weights(p, FMT, BIASED, x.dtype, B, BN)
+        a = gl.convert_layout(_mma_order(w, B, BN), a_layout, assert_trivial=True)
+        b = gl.convert_layout(gl.permute(_mma_order(x, B, 8), [0, 2, 1]), b_layout, assert_trivial=True)
         if FMT == 2:
             part = mma_v2(a, b, zero_acc)
             if BIASED:
@@ -246,7 +252,8 @@ if gluon is not None:
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
-                        num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0):
+                        num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0,
+                        PIPE: gl.constexpr = False):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         x_dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -257,8 +264,9 @@ if gluon is not None:
         # Elements (bytes for W4A16, two weights a byte) of a W row a step.
         W_DIV: gl.constexpr = 2 if FMT == 2 else 1
         W_COLS: gl.constexpr = _STEP // W_DIV
-        wl: gl.constexpr = _load_layout(WARPS, BN, W_COLS)
-        xl: gl.constexpr = _load_layout(WARPS, 8, _STEP)
+        B: gl.constexpr = WARPS * UNROLL  # batches of the mma: UNROLL steps of each warp (warp = batch % WARPS)
+        wl: gl.constexpr = _load_layout(WARPS, UNROLL, BN, W_COLS)
+        xl: gl.constexpr = _load_layout(WARPS, UNROLL, 8, _STEP)
         sl: gl.constexpr = gl.SliceLayout(2, mma)
 
         pid_n = gl.program_id(0)
@@ -270,39 +278,50 @@ if gluon is not None:
                 k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
                 _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
         pdl_wait(PDL)
-        # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128.
-        k_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))) * (STEPS * _STEP)
+        # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128, UNROLL at a time:
+        # batch b holds step u = b // WARPS of each iteration of warp w = b % WARPS.
+        bw = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
+        k_w = ((pid_s * WARPS + bw % WARPS) * STEPS + bw // WARPS) * _STEP
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
         rn = gl.minimum(rn, N - 1)  # rows past N re-read row N-1 (dropped at the store): no row mask
         rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
         w_kb = (k_w // W_DIV)[:, None, None] + rc[None, None, :]  # element (byte) offset within a row
         w_ptrs = w_ptr + rn[None, :, None] * stride_wn + w_kb
 
-        x_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))) * (STEPS * _STEP)
+        bx = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
+        x_w = ((pid_s * WARPS + bx % WARPS) * STEPS + bx // WARPS) * _STEP
         rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
         rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
         x_kk = x_w[:, None, None] + rk[None, None, :]
         x_ptrs = x_ptr + rm[None, :, None] * stride_xm + x_kk
         x_rows = (rm < M)[None, :, None]
 
-        # W4A16 group scales [warp, row] of step 0 (masked: a warp's steps may run past K).
-        s_w = (pid_s * WARPS + gl.arange(0, WARPS, layout=gl.SliceLayout(1, sl))) * STEPS
+        # W4A16 group scales [batch, row] (masked: a warp's steps may run past K).
+        bs = gl.arange(0, B, layout=gl.SliceLayout(1, sl))
+        s_k = ((pid_s * WARPS + bs % WARPS) * STEPS + bs // WARPS) * _STEP
         s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
-        s_ptrs = s_ptr + s_n[None, :] * stride_sn + s_w[:, None]
-        acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
-        zero_acc = gl.zeros([WARPS, BN, 8], gl.float32, layout=mma)
-        offset = gl.full([WARPS, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
-        for it in range(STEPS // UNROLL):
-            # UNROLL steps' loads issued before any is used: more bytes in flight a warp.
-            i = it * UNROLL
-            p0, x0, s0 = _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows, (s_w + i < K // _STEP)[:, None],
-                                     i, K, FMT, EVEN)
-            if UNROLL == 2:
-                p1, x1, s1 = _step_tiles(w_ptrs, x_ptrs, s_ptrs, w_kb, x_kk, x_rows,
-                                         (s_w + i + 1 < K // _STEP)[:, None], i + 1, K, FMT, EVEN)
-            acc = _step_mma(acc, p0, x0, s0, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
-            if UNROLL == 2:
-                acc = _step_mma(acc, p1, x1, s1, offset, zero_acc, FMT, BIASED, a_layout, b_layout, WARPS, BN)
+        s_ptrs = s_ptr + s_n[None, :] * stride_sn + (s_k // _STEP)[:, None]
+        acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
+        zero_acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
+        offset = gl.full([B, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
+        ITERS = STEPS // UNROLL
+        KI: gl.constexpr = UNROLL * _STEP  # columns a warp advances an iteration
+        if PIPE:
+            # The next iteration's weights are loaded before this one's math: two iterations in flight a warp
+            # (the last loads its own tiles again, from L2). The activations (L1 / L2) are loaded when used.
+            p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, 0, K, FMT, EVEN)
+            for it in range(ITERS):
+                pn, sn = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, gl.minimum(it + 1, ITERS - 1) * KI, K, FMT, EVEN)
+                x = _step_x(x_ptrs, x_kk, x_rows, it * KI, K, EVEN)
+                acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
+                p = pn
+                s = sn
+        else:
+            for it in range(ITERS):
+                # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
+                p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN)
+                x = _step_x(x_ptrs, x_kk, x_rows, it * KI, K, EVEN)
+                acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
 
         pdl_launch(PDL)
         y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
@@ -362,15 +381,17 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
-    biased = cfg.pop("BIASED", False)
+    biased, pipe = cfg.pop("BIASED", False), cfg.pop("PIPE", False)
     pdl = cfg.pop("PDL", 0)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
         if not isinstance(v, int) or v < 1 or v & (v - 1):
             raise ValueError(f"gemv: KERNEL='tc' config {name}={v!r} must be a power of two >= 1")
-    if unroll not in (1, 2):
-        raise ValueError(f"gemv: KERNEL='tc' config UNROLL={unroll!r} must be 1 or 2")
+    if unroll not in (1, 2, 4, 8):
+        raise ValueError(f"gemv: KERNEL='tc' config UNROLL={unroll!r} must be 1, 2, 4 or 8")
+    if pipe not in (False, True):
+        raise ValueError(f"gemv: KERNEL='tc' config PIPE={pipe!r} must be a bool")
     M, K = x.shape
     N = w.shape[0]
     steps = -(-K // STEP)
@@ -384,7 +405,7 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     grid = (-(-N // (16 * row_tiles)), split)
     ints = (M, N, K, per_warp, w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride,
             M * N if split > 1 else 0)
-    kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll,
+    kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe),
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
