@@ -4,7 +4,7 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16 ...]   (default bf16)
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16[:shape,...] ...]   (default bf16; e.g. w4a16:down)
 """
 import statistics
 import sys
@@ -31,8 +31,9 @@ CONFIGS = {
                                            (1, 8, 4, False, 1), (1, 8, 2, True, 1), (1, 8, 4, True, 1),
                                            (1, 2, 4, False, 1), (1, 2, 4, True, 1), (2, 4, 2, False, 1),
                                            (2, 4, 2, True, 1), (1, 4, 4, False, 2), (1, 8, 1, True, 1)]]
-    + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, num_warps=nw, num_stages=1)
-       for bn, bk, nw in [(8, 512, 1), (16, 512, 1), (8, 1024, 1)]],
+    + [dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, SPLIT=sp) for sp in (4, 8)]
+    + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=1)
+       for bn, bk, nw in [(8, 512, 1), (4, 512, 1), (8, 1024, 1)] for sk in (1, 2, 4, 8)],
 }
 
 
@@ -41,8 +42,11 @@ def main():
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(5)
     print(torch.cuda.get_device_name(0), flush=True)
-    for fmt in fmts:
+    for arg in fmts:
+        fmt, _, names = arg.partition(":")
         for n, k, name in SHAPES[fmt]:
+            if names and name not in names.split(","):
+                continue
             ws = []
             for _ in range(LAYERS):
                 w = torch.randn(n, k, device=dev, generator=gen) * 0.02

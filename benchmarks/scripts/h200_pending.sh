@@ -22,6 +22,8 @@
 #   tc:    the tensor-core GEMV with more loads in flight (UNROLL 4 / 8, PIPE; sixth 2026-12-03 session): its GPU tests,
 #          the W4A16 GEMV tiles in the step's chain, decode attention's family rows against SDPA with the prefetch and
 #          the copy ceiling (issue 23) (~7 minutes);
+#   profile: ncu's counters of the W4A16 GEMVs (gate_up: tc, down: words) and the bf16 down GEMV, the W4A16 down
+#          GEMV's K splits in the chain, decode attention's rows with the eager copy ceiling, the gemv GPU tests (~9 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -208,6 +210,18 @@ tc)
     tests/kernels/test_gemv.py
   step gemv_chain_sweep_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   step bench_attention_decode 120 python3 -m xelink.bench attention --quick --only decode --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+profile)
+  NCU="ncu --clock-control none --launch-skip 4 --launch-count 1 -k regex:gemv --section SpeedOfLight --section WarpStateStats
+    --section Occupancy --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis"
+  step ncu_w4a16_gate_up 90 $NCU python3 benchmarks/scripts/gemv_profile.py w4a16 gate_up
+  step ncu_w4a16_down 90 $NCU python3 benchmarks/scripts/gemv_profile.py w4a16 down
+  step ncu_bf16_down 90 $NCU python3 benchmarks/scripts/gemv_profile.py bf16 down
+  step gemv_chain_sweep_down 120 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16:down,qkv,o
+  step bench_attention_decode 90 python3 -m xelink.bench attention --quick --only decode --out "$OUT/bench" --commit "$C"
+  step gemv_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu \
+    tests/kernels/test_gemv.py
   rm -f "$OUT"/bench/*.txt
   ;;
 step)

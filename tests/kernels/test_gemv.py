@@ -303,6 +303,11 @@ def test_tensor_core_config():
     assert tc_config(8, 14336, 4096, "w4a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1,
                                                            BIASED=False)
     assert tc_config(1, 14336, 4096, "w4a16", 132)["ROW_TILES"] == 1
+    # W4A16 at 1-4 rows where every program's warps are resident at once: 4 warps, 4 steps in flight a warp
+    assert tc_config(1, 6144, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=4, SPLIT=1, BIASED=False)
+    assert tc_config(4, 4096, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=4, SPLIT=1, BIASED=False)
+    assert tc_config(1, 28672, 4096, "w4a16", 132)["UNROLL"] == 1  # 7168 warps: more than fit, no unroll
+    assert tc_config(1, 6144, 4096, "w4a16", 132, num_warps=8)["UNROLL"] == 1  # a caller's warps: the old rule
     assert tc_config(1, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1,
                                                             BIASED=False)
     assert tc_config(1, 128256, 4096, "w8a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1)

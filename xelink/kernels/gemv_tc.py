@@ -341,7 +341,7 @@ if gluon is not None:
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None = None,
               num_warps: int | None = None, unroll: int | None = None) -> dict:
     """Tile for the tensor-core GEMV (defaults from the H200 sweeps, benchmarks/results/h200-kernels
-    runs 12, 13 and 15): ``ROW_TILES`` (16 rows of W each) a program (more on large matrices: 4 for W4A16
+    runs 12, 13 and 15; W4A16 at 1-4 rows: the step's chain, h200-issue26): ``ROW_TILES`` (16 rows of W each) a program (more on large matrices: 4 for W4A16
     at 5-8 rows from 65536 rows, 2 above 4096 rows; 2 for W8A16 from 65536 rows), ``num_warps`` warps
     splitting K (8 on matrices of at most 4096 rows, where programs are few), ``UNROLL`` steps loaded at
     once, ``BIASED`` (W4A16) where 4 row tiles make the
@@ -354,12 +354,19 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
             row_tiles = 1 if M <= 4 or N <= 4096 else 4 if big else 2
         else:
             row_tiles = 2 if big else 1
+    if w4 and M <= 4 and row_tiles == 1 and num_warps is None and unroll is None and -(-N // 16) * 4 <= 16 * sms:
+        # W4A16, 1-4 rows, every warp resident at once: 4 warps a program, 4 steps a warp in flight and no
+        # grid split (gemv_chain_sweep, 658a747: 6144 x 4096 9.02 -> 6.46 us a call; 4096 x 4096 5.61 us, as
+        # fast as 8 warps x 2 steps, and 8.43 us split in two)
+        num_warps, unroll, may_split = 4, 4, False
+    else:
+        may_split = True  # a grid split while warps are few
     if num_warps is None:
         num_warps = 8 if N <= 4096 else 4
     if unroll is None:
         unroll = 2 if (w4 and (N <= 4096 or row_tiles == 1 and big)) or row_tiles == 2 else 1
     split, programs, steps = 1, -(-N // (16 * row_tiles)), -(-K // STEP)
-    while programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
+    while may_split and programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
         split *= 2
     cfg = dict(ROW_TILES=row_tiles, num_warps=num_warps, UNROLL=unroll, SPLIT=split)
     if w4:
