@@ -30,7 +30,10 @@ CONFIGS = {
                                            (1, 4, 2, True, 1), (1, 4, 4, True, 1), (1, 8, 2, False, 1),
                                            (1, 8, 4, False, 1), (1, 8, 2, True, 1), (1, 8, 4, True, 1),
                                            (1, 2, 4, False, 1), (1, 2, 4, True, 1), (2, 4, 2, False, 1),
-                                           (2, 4, 2, True, 1), (1, 4, 4, False, 2), (1, 8, 1, True, 1)]]
+                                           (2, 4, 2, True, 1), (1, 4, 4, False, 2), (1, 8, 1, True, 1),
+                                           # gate_up's 1.5 waves (ncu): every program resident, or 3 waves
+                                           (1, 2, 1, False, 1), (1, 2, 2, False, 1), (1, 4, 1, False, 2),
+                                           (1, 4, 2, False, 2)]]
     + [dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, SPLIT=sp) for sp in (4, 8)]
     + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=1)
        for bn, bk, nw in [(8, 512, 1), (4, 512, 1), (8, 1024, 1)] for sk in (1, 2, 4, 8)],
