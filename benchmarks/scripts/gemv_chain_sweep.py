@@ -23,20 +23,16 @@ CONFIGS = {
     "bf16": [dict(KERNEL="fma", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=ns)
              for bn, bk, nw in [(2, 1024, 4), (4, 1024, 4), (2, 512, 2), (4, 512, 2), (8, 512, 2), (1, 1024, 4)]
              for sk in (1, 2) for ns in (1, 3)],
-    # the tensor-core kernel's loads in flight a warp: UNROLL steps at once, PIPE the next iteration's weights
-    # loaded before this one's math
-    "w4a16": [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, PIPE=pipe, SPLIT=sp)
-              for rt, nw, un, pipe, sp in [(1, 4, 1, False, 1), (1, 4, 2, False, 1), (1, 4, 4, False, 1),
-                                           (1, 4, 2, True, 1), (1, 4, 4, True, 1), (1, 8, 2, False, 1),
-                                           (1, 8, 4, False, 1), (1, 8, 2, True, 1), (1, 8, 4, True, 1),
-                                           (1, 2, 4, False, 1), (1, 2, 4, True, 1), (2, 4, 2, False, 1),
-                                           (2, 4, 2, True, 1), (1, 4, 4, False, 2), (1, 8, 1, True, 1),
-                                           # gate_up's 1.5 waves (ncu): every program resident, or 3 waves
-                                           (1, 2, 1, False, 1), (1, 2, 2, False, 1), (1, 4, 1, False, 2),
-                                           (1, 4, 2, False, 2)]]
-    + [dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, SPLIT=sp) for sp in (4, 8)]
-    + [dict(KERNEL="words", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=1)
-       for bn, bk, nw in [(8, 512, 1), (4, 512, 1), (8, 1024, 1)] for sk in (1, 2, 4, 8)],
+    # the tensor-core kernel: steps in flight a warp (UNROLL), the nibbles' bias removed by a constant mma instead of
+    # a packed fma a pair (BIASED), a grid split; (PIPE and ROW_TILES=2 lost everywhere at 658a747:
+    # gemv_chain_sweep_w4a16.log in benchmarks/results/h200-issue26)
+    "w4a16": [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=un, BIASED=bi, SPLIT=sp)
+              for nw, un, bi, sp in [(4, 1, False, 1), (4, 1, True, 1), (4, 2, False, 1), (4, 2, True, 1),
+                                     (4, 4, False, 1), (4, 4, True, 1), (8, 2, False, 1), (8, 2, True, 1),
+                                     (8, 1, True, 1), (2, 1, False, 1), (2, 2, False, 1), (2, 2, True, 1),
+                                     (4, 1, False, 2), (4, 1, True, 2), (4, 2, True, 2)]]
+    + [dict(KERNEL="words", BLOCK_N=8, BLOCK_K=bk, SPLIT_K=sk, num_warps=1, num_stages=1)
+       for bk, sk in [(512, 2), (512, 4), (1024, 2)]],
 }
 
 

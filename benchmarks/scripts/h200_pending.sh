@@ -25,7 +25,7 @@
 #   profile: ncu's counters of the W4A16 GEMVs (gate_up: tc, down: words) and the bf16 down GEMV, the W4A16 down
 #          GEMV's K splits in the chain, decode attention's rows with the eager copy ceiling, the gemv GPU tests (~9 minutes);
 #   verify2: the gemv, prefetch and decode-graph GPU tests with the tc kernel's UNROLL / PIPE and its new W4A16 default,
-#          gate_up's tile candidates in the chain (~5 minutes);
+#          the W4A16 tiles in the chain with BIASED (~6 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -227,9 +227,9 @@ profile)
   rm -f "$OUT"/bench/*.txt
   ;;
 verify2)
-  step tc_gpu_tests 400 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu --durations=5 \
+  step tc_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu --durations=5 \
     tests/kernels/test_gemv.py tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
-  step gemv_chain_sweep_gate_up 120 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16:gate_up
+  step gemv_chain_sweep_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

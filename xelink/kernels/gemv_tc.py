@@ -10,7 +10,7 @@ DRAM -> registers -> (PTX dequantization) -> tensor cores, with no shared memory
 How (one ``m16n8k16`` per 16 rows of W and 16 columns of K):
 
 - Weights are the A operand (16 rows a tile, ``ROW_TILES`` tiles a warp), the activations the B
-  operand: n = 8 is the most rows gemv takes, so nothing is padded; rows past M load as zeros.
+  operand: n = 8 is the most rows gemv takes, so nothing is padded; rows past M repeat row M - 1 (never stored).
 - A dot product does not care about the order of K. Within each 128-column step every thread of a
   quad loads 32 consecutive columns of its row (16-byte loads), and the step's column order is
   permuted (``_mma_order``: a reshape/permute that only relabels registers, checked by
@@ -206,12 +206,12 @@ if gluon is not None:
         return p, s
 
     @gluon.jit
-    def _step_x(x_ptrs, x_kk, x_rows, k, K, EVEN: gl.constexpr):
-        """The activation tiles ``k`` columns on (rows past M zero)."""
+    def _step_x(x_ptrs, x_kk, k, K, EVEN: gl.constexpr):
+        """The activation tiles ``k`` columns on."""
         if EVEN:
-            return gl.load(x_ptrs + k, mask=x_rows, other=0.0)
+            return gl.load(x_ptrs + k)
         else:
-            return gl.load(x_ptrs + k, mask=x_rows & (x_kk + k < K), other=0.0)
+            return gl.load(x_ptrs + k, mask=x_kk + k < K, other=0.0)
 
     @gluon.jit
     def _step_mma(acc, p, x, s, offset, zero_acc, FMT: gl.constexpr, BIASED: gl.constexpr,
@@ -293,8 +293,8 @@ if gluon is not None:
         rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
         rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
         x_kk = x_w[:, None, None] + rk[None, None, :]
-        x_ptrs = x_ptr + rm[None, :, None] * stride_xm + x_kk
-        x_rows = (rm < M)[None, :, None]
+        # rows past M re-read row M-1 (their outputs are not stored): no row mask, no zeroing a step
+        x_ptrs = x_ptr + gl.minimum(rm, M - 1)[None, :, None] * stride_xm + x_kk
 
         # W4A16 group scales [batch, row] (masked: a warp's steps may run past K).
         bs = gl.arange(0, B, layout=gl.SliceLayout(1, sl))
@@ -312,7 +312,7 @@ if gluon is not None:
             p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, 0, K, FMT, EVEN)
             for it in range(ITERS):
                 pn, sn = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, gl.minimum(it + 1, ITERS - 1) * KI, K, FMT, EVEN)
-                x = _step_x(x_ptrs, x_kk, x_rows, it * KI, K, EVEN)
+                x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
                 p = pn
                 s = sn
@@ -320,7 +320,7 @@ if gluon is not None:
             for it in range(ITERS):
                 # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
                 p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN)
-                x = _step_x(x_ptrs, x_kk, x_rows, it * KI, K, EVEN)
+                x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
 
         pdl_launch(PDL)
