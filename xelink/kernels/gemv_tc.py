@@ -19,6 +19,9 @@ How (one ``m16n8k16`` per 16 rows of W and 16 columns of K):
 - The warps of a program split K (a batched ``mma_v2``, one batch a warp) and their partial sums are
   added once at the end, so a program is 16 x ``ROW_TILES`` output rows and many programs stream W
   with no second launch; ``SPLIT`` > 1 (few rows, long K) adds a grid split and a sum kernel.
+  ``UNROLL`` steps of a warp are loaded at once as more batches of the same mma (warp = batch % warps),
+  so a warp has UNROLL x 16 bytes a thread of W in flight; ``PIPE`` loads the next iteration's weights
+  before this one's math (two iterations in flight, twice the registers).
 - W8A16: the prmt trick of gemv.py (exact int8 -> bf16/fp16), the row scale applied at the end.
   W4A16: one prmt puts a byte's two nibbles into the two halves of a register, one lop3 puts them
   under the magic exponent, one packed fma removes the offset (exactly nibble - 8): 13 instructions
