@@ -210,7 +210,7 @@ case "$1" in
 tc)
   step tc_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv.py
-  step gemv_chain_sweep_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
+  step gemv_chain_sweep_w4a16 200 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   step bench_attention_decode 120 python3 -m xelink.bench attention --quick --only decode --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
@@ -227,9 +227,9 @@ profile)
   rm -f "$OUT"/bench/*.txt
   ;;
 verify2)
-  step tc_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu --durations=5 \
+  step tc_gpu_tests 220 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu --durations=5 \
     tests/kernels/test_gemv.py tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
-  step gemv_chain_sweep_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
+  step gemv_chain_sweep_w4a16 200 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
