@@ -26,6 +26,8 @@
 #          GEMV's K splits in the chain, decode attention's rows with the eager copy ceiling, the gemv GPU tests (~9 minutes);
 #   verify2: the gemv, prefetch and decode-graph GPU tests with the tc kernel's UNROLL / PIPE and its new W4A16 default,
 #          the W4A16 tiles in the chain with BIASED (~6 minutes);
+#   par:   the decode family's TP / CP rows with 2 ranks sharing the GPU (a check of the code path: the targets need one
+#          GPU per rank, issue 28: there `mpirun -n 2 python3 -m xelink.bench decode --parallel-only`) (~4 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -230,6 +232,11 @@ verify2)
   step tc_gpu_tests 220 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 16 -m gpu --durations=5 \
     tests/kernels/test_gemv.py tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
   step gemv_chain_sweep_w4a16 200 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
+  ;;
+par)
+  step bench_decode_parallel 300 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench decode --quick \
+    --parallel-only --contexts 1K --cp-context 8K --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

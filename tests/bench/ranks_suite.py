@@ -91,3 +91,28 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         assert "gpu-collectives  skipped: needs one CUDA GPU per rank" in summary
         assert "sycl-collectives ok (" in summary  # the test extra installs dpctl (tests/sycl never skip)
         assert summary.count(" ok (") == 10
+
+
+def check_decode_parallel_rows(world):
+    # `xelink bench decode` on several ranks: TP = n against the plain-torch twin with the launch's collectives
+    # (the same logits: the twin is an independent implementation on the same slices) and CP = n against TP = 1
+    # on rank 0; every rank takes part, the rows land on rank 0; --no-parallel leaves them out.
+    def run(*flags):
+        args = suite.family_parser("decode").parse_args(["--quick", "--iters", "2", "--rounds", "1", *flags])
+        return decode.run(suite.Context(world, "decode", args))
+
+    rows, solo = run("--parallel-only"), run("--no-parallel", "--model-only")
+    if world.rank:
+        assert rows == [] and solo == []
+        return
+    n = world.size
+    by = {r.path: r for r in rows}
+    tp, twin = by[f"xelink:reference float32 tp={n}"], next(r for p, r in by.items() if p.startswith("torch+"))
+    assert twin.path in (f"torch+mpi:eager float32 tp={n}", f"torch+gloo:eager float32 tp={n}")
+    assert tp.baseline == twin.path and tp.ratio > 0 and tp.nranks == n and (tp.extra["tp"], tp.extra["cp"]) == (n, 1)
+    assert tp.extra["same_next_token"] and tp.extra["logits_rel_rms_diff"] < 1e-5 and tp.extra["ranks_agree"]
+    cp, one = by[f"xelink:eager float32 cp={n}"], by["xelink:reference float32 tp=1"]
+    assert cp.baseline == one.path and cp.ratio > 0 and (cp.extra["tp"], cp.extra["cp"]) == (1, n)
+    assert cp.extra["ranks_agree"] and cp.extra["context"] == decode.CPU_CONTEXTS[-1]
+    assert all(r.wrong == 0 and r.time_us > 0 for r in rows) and len(rows) == 4
+    assert solo and all("tp" not in r.extra for r in solo)

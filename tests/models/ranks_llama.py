@@ -172,3 +172,27 @@ def check_errors(world):
         if world.rank < 3:
             with pytest.raises(ValueError, match="num_attention_heads=4 is not divisible by the TP size 3"):
                 Llama.from_pretrained(path, tp_group=three)
+
+
+@only(sizes=(2, 4))
+def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
+    # What `xelink bench decode`'s CP rows set up without a prefill: each rank's cache holding its round-robin
+    # share of P cached positions' keys and values (len = its share, total = P). A token decoded at P over them
+    # gives one rank's logits over the same P positions.
+    from xelink.models import Llama
+
+    one = Llama.random("tiny", impl="reference", device="cpu", dtype=torch.float32, max_seq_len=80)
+    cp = Llama.random("tiny", impl="reference", device="cpu", dtype=torch.float32, cp_group=world, max_seq_len=80)
+    P, gen = 37, torch.Generator().manual_seed(3)
+    mine = torch.arange(P)[torch.arange(P) % world.size == world.rank]
+    for c1, cc in zip(one.caches, cp.caches):
+        k, v = (torch.randn(1, c1.k.shape[1], P, c1.k.shape[3], generator=gen) for _ in range(2))
+        c1.k[:1, :, :P], c1.v[:1, :, :P] = k, v
+        cc.k[:1, :, :len(mine)], cc.v[:1, :, :len(mine)] = k[:, :, mine], v[:, :, mine]
+        cc.len, cc.total = len(mine), P
+    for step in range(3):  # the new tokens' keys go round-robin too
+        tok = torch.tensor([[5 + step]])
+        want = one.decode(tok[0], torch.tensor([P + step]))
+        got = cp(tok, P + step)[:, 0]
+        assert torch.allclose(got, want, rtol=TOL, atol=TOL), \
+            f"step {step}: CP logits differ from one rank's by {float((got - want).abs().max()):.2e}"

@@ -44,6 +44,20 @@ implementation does; ``enable_gqa=True``), SiLU * up, the head and the argmax.
 - CPU: the ``tiny`` config in float32 at B=1, context 64 (``--contexts`` too): eager ``Llama.decode``
   through the reference paths (``impl="reference"``) vs the twin eager, host clock.
 
+Parallel rows (op ``decode-model``, on a launch of n > 1 ranks; ``--no-parallel`` leaves them out,
+``--parallel-only`` runs only them), every rank taking part, each sample the slowest rank's:
+
+- TP = n (``tp_rows``): the model with ``tp_group`` = the world at the smallest context, B=1 (CUDA: its
+  decode graph, bf16; CPU: the tiny config eager through the reference paths, float32), against the plain-
+  torch twin on the same slices with the launch's collectives (``TorchDecode(collectives=...)``: NCCL in a
+  CUDA graph with one GPU per rank, left out where ranks share a GPU; MPI or gloo eager on CPU ranks).
+- CP = n (``cp_rows``): the model with ``cp_group`` = the world at ``--cp-context`` (CUDA 128K, quick 32K;
+  CPU 64), one token a call, eager (a CP decode keeps host state), against TP = 1 on rank 0 alone at the same
+  context measured first (CUDA: its decode graph). Each rank's cache holds its round-robin share of the
+  context, random.
+- Checks: non-finite logits, tokens off their row's maximum, ranks disagreeing on the next token (#wrong).
+  Targets (8B, 2 ranks): TP = 2 at 1K <= 2.6 ms; CP = 2 at 128K <= 0.8x TP = 1.
+
 A model row's time is one decode step (``count`` = B tokens, one per sequence: the time per output token
 of each sequence); ``size_bytes`` and ``extra["bytes_per_step"]`` the bytes a step reads (every linear
 weight as stored, scales included, the norms, the head, one embedding row per sequence, the K/V cache rows
@@ -72,13 +86,15 @@ import torch
 from ...models import (CONFIGS, LLAMA3_8B, DecodeLayerConfig, DecodeLayerWeights, Llama, decode_layers,
                        reference_decode_layers)
 from ...kernels.pdl import prefetch_bytes
-from ..harness import co_measure, make_row, time_cuda_events
+from ..harness import co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, time_cuda_events, time_fn
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
                              run_single_device, timing, wrong_elements)
+from .collectives import transport_baseline
 
 __all__ = ["CPU_CONFIG", "CPU_CONTEXTS", "CPU_MODEL", "GPU_CONFIG", "GPU_CONTEXTS", "GPU_MODEL", "HBM_BYTES_PER_S",
-           "QUICK_CPU_CONFIG", "QUICK_GPU_CONTEXTS", "TorchDecode", "add_arguments", "dense_weights", "model_cases",
-           "model_step_bytes", "run", "run_cpu", "run_gpu", "run_model_cpu", "run_model_gpu", "run_transformers"]
+           "QUICK_CPU_CONFIG", "QUICK_GPU_CONTEXTS", "TorchDecode", "add_arguments", "cp_rows", "dense_weights",
+           "model_cases", "model_step_bytes", "run", "run_cpu", "run_gpu", "run_model_cpu", "run_model_gpu",
+           "run_transformers", "tp_rows"]
 
 CPU_CONFIG = DecodeLayerConfig(hidden=512, heads=8, kv_heads=2, ffn=1024, context=512)
 QUICK_CPU_CONFIG = DecodeLayerConfig(hidden=256, heads=4, kv_heads=2, ffn=512, context=256)
@@ -94,6 +110,10 @@ HF_NEW_TOKENS = 32  # transformers' row: (generate(1 + n) - generate(1)) / n
 # >= TARGET_VS_TORCH x the torch graph; bf16 B=8 at most TARGET_B8 x the B=1 time at the same context.
 TARGETS_MS = {("bf16", 1, 1024): 4.2, ("bf16", 1, 8192): 4.4, ("bf16", 1, 32768): 5.4, ("w4a16", 1, 1024): 1.8}
 TARGET_VS_TORCH, TARGET_B8 = 1.6, 1.2
+# The parallel rows (2 ranks, one GPU each): TP = 2 bf16 B=1 at 1K at most TARGET_TP2_MS, CP = 2 at 128K at most
+# TARGET_CP2 x TP = 1's time at that context. CP's context on CUDA (quick: 32K).
+TARGET_TP2_MS, TARGET_CP2 = 2.6, 0.8
+CP_CONTEXT, QUICK_CP_CONTEXT = 131072, 32768
 _LINEARS = ("qkv", "o", "gate_up", "down")
 _OP = "decode-model"
 
@@ -110,6 +130,11 @@ def add_arguments(p) -> None:
     p.add_argument("--model", choices=tuple(CONFIGS), default=None,
                    help=f"CUDA: the named config of the model rows (default {GPU_MODEL}; targets for it only)")
     p.add_argument("--no-transformers", action="store_true", help="CUDA: no transformers generate row")
+    p.add_argument("--cp-context", type=_context, default=None, metavar="L",
+                   help="several ranks: the context of the CP rows (default: CUDA 128K, quick 32K; CPU 64)")
+    par = p.add_mutually_exclusive_group()
+    par.add_argument("--no-parallel", action="store_true", help="several ranks: no TP / CP rows (rank 0's rows only)")
+    par.add_argument("--parallel-only", action="store_true", help="several ranks: the TP / CP rows only")
 
 
 def _context(text: str) -> int:
@@ -255,12 +280,13 @@ def model_step_bytes(model, batch: int, context: int) -> int:
 
 def dense_weights(model, dtype: torch.dtype | None = None) -> dict:
     """The tensors of a dense-weight ``model`` (``weights="bf16"``) the plain-torch twin reads: shared, not
-    copied (``dtype``: copies in that dtype instead, e.g. float64 for a CPU reference)."""
+    copied (``dtype``: copies in that dtype instead, e.g. float64 for a CPU reference). Under tensor
+    parallelism they are this rank's slices (``"tp"``: the TP size; the twin then needs collectives)."""
     cfg = model.config
     if any(layer[k].fmt != "dense" for layer in model.layers for k in _LINEARS) or model.head.fmt != "dense":
         raise ValueError("dense_weights: the twin needs a model with dense weights (weights='bf16')")
-    if model.head.weight.shape[0] != cfg.vocab_size:
-        raise ValueError("dense_weights: the twin runs on one device (the head holds a TP slice of the vocabulary)")
+    if model.cp is not None:
+        raise ValueError("dense_weights: the twin has no context parallelism")
     if any(getattr(layer[k], "bias", None) is not None for layer in model.layers for k in _LINEARS):
         raise ValueError("dense_weights: the twin has no biases")
 
@@ -271,7 +297,7 @@ def dense_weights(model, dtype: torch.dtype | None = None) -> dict:
                **{k: t(layer[k].weight) for k in _LINEARS}} for layer in model.layers]
     return {"config": cfg, "heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim,
             "embed": t(model.embed), "norm": t(model.norm), "head": t(model.head.weight), "layers": layers,
-            "cos": t(model.cos), "sin": t(model.sin)}
+            "cos": t(model.cos), "sin": t(model.sin), "tp": model.tp.size}
 
 
 def _rotate_half(x):
@@ -286,11 +312,16 @@ class TorchDecode:
     the first ``batch`` sequences the twin copies into its own ``[batch, kv_heads, context, head_dim]``
     caches (in ``dtype``, default the weights'). ``set(tokens, positions)`` fills the static inputs;
     ``step()`` returns ``(logits [B, vocab], next tokens [B])`` with no host synchronization (a CUDA graph
-    can hold it) and writes each token's K/V at its position.
+    can hold it) and writes each token's K/V at its position. A TP model's twin (``weights["tp"] > 1``) sums
+    the O and down projections' partials with ``collectives.all_reduce`` and gathers the head's vocabulary
+    blocks with ``collectives.all_gather`` (``transport_baseline``: NCCL on CUDA, MPI or gloo on CPU ranks).
     """
 
-    def __init__(self, weights: dict, batch: int, context: int, caches, dtype: torch.dtype | None = None):
-        self.w, self.batch, self.context = weights, batch, context
+    def __init__(self, weights: dict, batch: int, context: int, caches, dtype: torch.dtype | None = None,
+                 collectives=None):
+        if weights.get("tp", 1) > 1 and collectives is None:
+            raise ValueError(f"TorchDecode: the twin of a TP model ({weights['tp']} ranks) needs collectives")
+        self.w, self.batch, self.context, self.coll = weights, batch, context, collectives
         dev = weights["embed"].device
         dtype = dtype or weights["embed"].dtype
         self.k = [c.k[:batch, :, :context].to(dtype, copy=True) for c in caches]
@@ -340,11 +371,27 @@ class TorchDecode:
             kc[self.rows, :, pos] = k[:, :, 0]
             vc[self.rows, :, pos] = v[:, :, 0]
             a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)  # [B, hq, 1, D]
-            x = x + F.linear(a.reshape(B, hq * D), layer["o"])
+            x = x + self._sum(F.linear(a.reshape(B, hq * D), layer["o"]))
             gu = F.linear(F.rms_norm(x, (H,), layer["mlp_norm"], eps), layer["gate_up"])
-            x = x + F.linear(F.silu(gu[:, :ffn]) * gu[:, ffn:], layer["down"])
-        logits = F.linear(F.rms_norm(x, (H,), w["norm"], eps), w["head"])
+            x = x + self._sum(F.linear(F.silu(gu[:, :ffn]) * gu[:, ffn:], layer["down"]))
+        logits = self._vocab(F.linear(F.rms_norm(x, (H,), w["norm"], eps), w["head"]))
         return logits, logits.argmax(dim=-1)
+
+    def _sum(self, partial):
+        """A row-parallel projection's partials summed over the TP ranks (in place)."""
+        if self.w["tp"] > 1:
+            self.coll.all_reduce(partial)
+        return partial
+
+    def _vocab(self, logits):
+        """``[B, vocab/n]`` blocks of the TP ranks -> ``[B, vocab]`` (the last block's padding cut)."""
+        n, vocab = self.w["tp"], self.w["config"].vocab_size
+        if n == 1:
+            return logits
+        B, V = logits.shape
+        out = logits.new_empty(n * B, V)
+        self.coll.all_gather(out, logits.contiguous())
+        return out.view(n, B, V).permute(1, 0, 2).reshape(B, n * V)[:, :vocab]
 
 
 def model_cases(contexts, quick: bool = False) -> list:
@@ -693,6 +740,215 @@ def _transformers_row(report, name, context, dev, xrow, reps, progress) -> None:
         progress.step(f"decode-model {_model_shape(name, 1, context)}: transformers generate")
 
 
+# -- parallel rows (issue 26: TP and CP over the launch's ranks) -----------------------------------------
+
+
+def _par_env(world):
+    """(device, dtype, impl, weight name, timing) of the parallel rows: bf16 kernels and CUDA events on CUDA,
+    the float32 reference paths and the host clock on CPU ranks."""
+    if on_cuda(world):
+        return world.device, torch.bfloat16, "xelink", "bf16", _events
+    return torch.device("cpu"), torch.float32, "reference", "float32", None
+
+
+def _fill_cp_caches(model, cached: int, gen) -> None:
+    """A CP model's caches as if ``cached`` positions were cached: this rank's round-robin share of them,
+    random keys and values (decode attention reads a set of keys: which positions they were does not
+    matter)."""
+    cp = model.cp
+    mine = cached // cp.size + (cp.rank < cached % cp.size)
+    for c in model.caches:
+        c.k[:, :, :mine].normal_(generator=gen)
+        c.v[:, :, :mine].normal_(generator=gen)
+        c.len, c.total = mine, cached
+
+
+def tp_rows(world, name: str, context: int, *, iters: int, rounds: int) -> tuple[list, list]:
+    """Tensor parallelism over every rank of ``world``: the decode step of ``name`` (B=1, ``context``
+    cached positions) with ``tp_group=world`` (CUDA: its ``decode_graph`` replayed; CPU: eager through the
+    reference paths) against the same model in plain torch with the launch's collectives (``TorchDecode``
+    on this rank's slices: NCCL in a CUDA graph, one GPU per rank; MPI or gloo eager on CPU ranks),
+    co-measured, each sample the slowest rank's. (rows on rank 0, notes). Collective."""
+    n = world.size
+    dev, dtype, impl, wname, timing = _par_env(world)
+    cuda = dev.type == "cuda"
+    model = Llama.random(name, weights="bf16", impl=impl, device=dev, dtype=dtype, tp_group=world, max_batch=1,
+                         max_seq_len=context + 16)
+    _fill_caches(model, 1, context, torch.Generator(device=dev).manual_seed(7 + world.rank))  # this rank's heads
+    same = torch.Generator(device=dev).manual_seed(11)  # the same token on every rank
+    tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=same)
+    positions = torch.full((1,), context - 1, dtype=torch.int64, device=dev)
+    notes, twin = [], None
+    xname = f"xelink:{'graph' if cuda else 'reference'} {wname} tp={n}"
+    if not cuda or one_gpu_per_rank(world):
+        base = transport_baseline(world)
+        twin = TorchDecode(dense_weights(model), 1, context, model.caches, collectives=base)
+        twin.set(tokens, positions)
+        tname = f"torch+{base.name}:{'graph' if cuda else 'eager'} {wname} tp={n}"
+    else:
+        notes.append(f"{_OP} tp={n}: the torch + NCCL twin skipped: {n} ranks share a GPU, and NCCL needs one GPU "
+                     f"per rank (the xelink row is time-sliced: a check, not a speed)")
+    if cuda:
+        g = model.decode_graph(1)
+        g.step(tokens, positions)
+        variants, outs = {xname: g.graph.replay}, {xname: lambda: (g.logits, g.next_tokens)}
+        if twin is not None:
+            tgraph, (tout,), _ = cuda_graph([twin.step], 1)
+            variants[tname], outs[tname] = tgraph.replay, (lambda: tout)
+    else:
+        last = {}
+
+        def xel():
+            last[xname] = model.decode(tokens, positions)
+
+        def tor():
+            last[tname] = twin.step()
+
+        variants, outs = {xname: xel, tname: tor}, {xname: lambda: (last[xname], last[xname].argmax(-1)),
+                                                    tname: lambda: last[tname]}
+    wrong = dict.fromkeys(variants, 0)
+
+    def check(v):
+        wrong[v] += _bad(*outs[v]())
+
+    samples = co_measure(variants, warmup=2, iters=iters, rounds=rounds, barrier=world.barrier,
+                         reduce_max=rank_max(world), timing=timing, after_block=check)
+    agree = _agreement(*outs[xname](), *outs[tname]()) if twin is not None else {}
+    wrong = rank_sums(world, wrong)
+    same_tokens = len({tuple(t) for t in world.allgather_object(outs[xname]()[1].tolist())}) == 1
+    wrong[xname] += 0 if same_tokens else 1
+    shape = _model_shape(name, 1, context)
+    base_extra = {"shape": shape, "batch": 1, "context": context, "weights": wname, "tp": n, "cp": 1,
+                  "timing": "cuda-graph per step" if cuda else "host clock, eager",
+                  "per": "decode step (a token a sequence)", "time": "the slowest rank's, each block"}
+    rows = [make_row(_OP, xname, samples[xname], size_bytes=model_step_bytes(model, 1, context), count=1,
+                     dtype=dtype, nranks=n, wrong=wrong[xname], baseline=tname if twin is not None else None,
+                     baseline_samples=samples[tname] if twin is not None else None,
+                     extra={**base_extra, "impl": impl, **agree, "ranks_agree": same_tokens,
+                            "collectives": "xelink.all_reduce after O and down, all_gather_into_tensor of the head"})]
+    if twin is not None:
+        rows.append(make_row(_OP, tname, samples[tname], size_bytes=twin.bytes(), count=1, dtype=dtype, nranks=n,
+                             wrong=wrong[tname], extra={**base_extra, "collectives": f"{base.name} all_reduce, "
+                                                        f"all_gather", **({"sdpa": twin.sdpa()} if cuda else {})}))
+    for r in rows:
+        r.extra.update(bytes_per_step=r.size_bytes, ms_per_token=r.time_us / 1e3)
+        if cuda:
+            r.extra["roofline"] = r.size_bytes / (r.time_us * 1e-6) / HBM_BYTES_PER_S  # a rank's bytes, its HBM
+    return (rows if world.rank == 0 else []), notes  # the models and graphs go with this frame (_parallel frees)
+
+
+def cp_rows(ctx, name: str, context: int, *, iters: int, rounds: int) -> list:
+    """Context parallelism over every rank of the world at ``context`` cached positions (B=1): ``Llama`` with
+    ``cp_group=world``, one token a call (eager: a CP decode keeps host state, no graph), its context growing
+    by one a call, against TP = 1 on rank 0 alone (measured first, the other ranks waiting: CUDA its decode
+    graph, CPU the eager reference path) at the same context. Rows on rank 0. Collective."""
+    world, n = ctx.world, ctx.world.size
+    dev, dtype, impl, wname, timing = _par_env(world)
+    cuda = dev.type == "cuda"
+    steps = 2 + iters * rounds
+    one_name = f"xelink:{'graph' if cuda else 'reference'} {wname} tp=1"
+
+    def one():
+        model = Llama.random(name, weights="bf16", impl=impl, device=dev, dtype=dtype, max_batch=1,
+                             max_seq_len=context + 16)
+        _fill_caches(model, 1, context, torch.Generator(device=dev).manual_seed(7))
+        tok = torch.zeros(1, dtype=torch.int64, device=dev)
+        pos = torch.full((1,), context - 1, dtype=torch.int64, device=dev)
+        if cuda:
+            g = model.decode_graph(1)
+            g.step(tok, pos)
+            got = time_cuda_events(g.graph.replay, warmup=2, iters=iters * rounds)
+        else:
+            got = time_fn(lambda: model.decode(tok, pos), warmup=2, iters=iters * rounds)
+        return got, model_step_bytes(model, 1, context)
+
+    one_samples, one_bytes = world.allgather_object(ctx.solo(one))[0]
+    if cuda:
+        _free()  # rank 0's model
+    model = Llama.random(name, weights="bf16", impl=impl, device=dev, dtype=dtype, cp_group=world, max_batch=1,
+                         max_seq_len=context + steps + 16)
+    _fill_cp_caches(model, context - 1, torch.Generator(device=dev).manual_seed(7 + world.rank))
+    ids = torch.zeros(1, 1, dtype=torch.int64)
+    last = []
+
+    def step():
+        last[:] = [model(ids, model.caches[0].total)[:, 0]]
+
+    xname = f"xelink:eager {wname} cp={n}"
+    wrong = [0]
+
+    def check(_):
+        wrong[0] += _bad(last[0], last[0].argmax(-1))
+
+    samples = co_measure({xname: step}, warmup=2, iters=iters, rounds=rounds, barrier=world.barrier,
+                         reduce_max=rank_max(world), timing=timing, after_block=check)
+    same_tokens = len(set(world.allgather_object(last[0].argmax(-1).tolist()[0]))) == 1
+    bad = sum(world.allgather_object(wrong[0])) + (0 if same_tokens else 1)
+    kv = len(model.caches) * 2 * model.kv_heads * model.head_dim * model.caches[0].k.element_size()
+    nbytes = model_step_bytes(model, 1, 0) + kv * (context // n)  # a rank's weights and its share of the cache
+    extra = {"shape": _model_shape(name, 1, context), "batch": 1, "context": context, "weights": wname, "tp": 1,
+             "cp": n, "timing": ("CUDA events" if cuda else "host clock") + ", eager (a CP decode keeps host "
+             "state: no graph); the context grows by one a call", "per": "decode step (a token a sequence)",
+             "collectives": "the LSE merge of the ranks' partial attentions (xelink.cp_attention's merge)",
+             "ranks_agree": same_tokens, "baseline_timing": "TP = 1 on rank 0 alone, measured first"}
+    rows = [make_row(_OP, xname, samples[xname], size_bytes=nbytes, count=1, dtype=dtype, nranks=n, wrong=bad,
+                     baseline=one_name, baseline_samples=one_samples, extra={**extra, "impl": impl}),
+            make_row(_OP, one_name, one_samples, size_bytes=one_bytes, count=1, dtype=dtype, nranks=1,
+                     extra={**extra, "cp": 1, "timing": "CUDA graph per step" if cuda else "host clock, eager"})]
+    for r in rows:
+        r.extra.update(bytes_per_step=r.size_bytes, ms_per_token=r.time_us / 1e3)
+    return rows if world.rank == 0 else []
+
+
+def _parallel(ctx) -> list:
+    """The TP and CP rows over the world's ranks (every rank takes part); rows on rank 0."""
+    world, args = ctx.world, ctx.args
+    n, cuda = world.size, on_cuda(world)
+    name = (args.model or GPU_MODEL) if cuda else CPU_MODEL
+    contexts = args.contexts or ((QUICK_GPU_CONTEXTS if ctx.quick else GPU_CONTEXTS) if cuda else CPU_CONTEXTS)
+    cp_context = args.cp_context or ((QUICK_CP_CONTEXT if ctx.quick else CP_CONTEXT) if cuda else CPU_CONTEXTS[-1])
+    knobs = timing(ctx, {"iters": 20, "rounds": 3}, {"iters": 10, "rounds": 2}) if cuda else \
+        timing(ctx, {"iters": 5, "rounds": 3}, {"iters": 3, "rounds": 2})
+    progress = ctx.progress(2)
+    rows, notes = [], []
+    heads = CONFIGS[name].num_attention_heads
+    if heads % n:
+        notes.append(f"{_OP} tp={n}: skipped ({name} has {heads} query heads, not a multiple of {n} ranks)")
+    else:
+        got, more = tp_rows(world, name, min(contexts), **knobs)
+        rows, notes = rows + got, notes + more
+        if cuda:
+            _free()
+    progress.step(f"{_OP} {name} tp={n}")
+    rows += cp_rows(ctx, name, cp_context, **knobs)
+    if cuda:
+        _free()
+    progress.step(f"{_OP} {name} cp={n} at {cp_context}")
+    ctx.extra.update(parallel={"tp": n, "cp": n, "cp_context": cp_context})
+    ctx.notes += [_model_summary(rows)] + _parallel_targets(rows, name, n) + notes if ctx.lead else []
+    return rows
+
+
+def _parallel_targets(rows, name: str, n: int) -> list:
+    """Issue 26's TP and CP targets (Llama-3.1-8B, 2 ranks, one GPU each), marked in their rows."""
+    if name != "llama-3.1-8b" or n != 2:
+        return []
+    lines = []
+    for r in rows:
+        if r.path.startswith("xelink:") and r.extra.get("tp") == 2 and r.extra["context"] == 1024:
+            ok = r.time_us / 1e3 <= TARGET_TP2_MS
+            r.extra.update(target_ms=TARGET_TP2_MS, target_ok=ok)
+            lines.append(f"target bf16 TP=2 ctx=1024: <= {TARGET_TP2_MS} ms: {r.time_us / 1e3:.2f} ms"
+                         + (f" ({r.ratio:.2f}x {r.baseline})" if r.ratio else "") + f": {'met' if ok else 'MISSED'}")
+        if r.path.startswith("xelink:") and r.extra.get("cp") == 2 and r.ratio:
+            ok = r.extra["context"] >= 131072 and r.time_us <= TARGET_CP2 * r.baseline_us
+            r.extra.update(target_x_tp1=TARGET_CP2, target_ok=ok)
+            lines.append(f"target bf16 CP=2 ctx={r.extra['context']}: <= {TARGET_CP2}x TP=1's time (at 128K): "
+                         f"{r.time_us / r.baseline_us:.2f}x ({r.time_us / 1e3:.2f} / {r.baseline_us / 1e3:.2f} ms): "
+                         f"{'met' if ok else 'MISSED'}")
+    return lines
+
+
 def _targets(rows, name: str) -> list:
     """Issue 26's targets (Llama-3.1-8B only), each marked in its row's extra; one line each."""
     if name != "llama-3.1-8b":
@@ -794,6 +1050,13 @@ def _gpu(ctx) -> list:
 
 
 def run(ctx) -> list:
-    """The decode family (CPU reference run, or the GPU benchmark on CUDA); rows on rank 0. Collective."""
-    return run_single_device(ctx, cpu=_cpu, gpu=_gpu,
-                             gpu_only={"model": "--model", "no_transformers": "--no-transformers"})
+    """The decode family (CPU reference run, or the GPU benchmark on CUDA) on rank 0, then, on several ranks,
+    the TP and CP rows over all of them; rows on rank 0. Collective."""
+    args, several = ctx.args, ctx.world.size > 1
+    rows = []
+    if not (several and args.parallel_only):
+        rows = run_single_device(ctx, cpu=_cpu, gpu=_gpu,
+                                 gpu_only={"model": "--model", "no_transformers": "--no-transformers"})
+    if several and not args.no_parallel:
+        rows += _parallel(ctx)
+    return rows
