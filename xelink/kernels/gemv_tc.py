@@ -343,13 +343,14 @@ if gluon is not None:
 
 def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None = None,
               num_warps: int | None = None, unroll: int | None = None) -> dict:
-    """Tile for the tensor-core GEMV (defaults from the H200 sweeps, benchmarks/results/h200-kernels
-    runs 12, 13 and 15; W4A16 at 1-4 rows: the step's chain, h200-issue26): ``ROW_TILES`` (16 rows of W each) a program (more on large matrices: 4 for W4A16
-    at 5-8 rows from 65536 rows, 2 above 4096 rows; 2 for W8A16 from 65536 rows), ``num_warps`` warps
-    splitting K (8 on matrices of at most 4096 rows, where programs are few), ``UNROLL`` steps loaded at
-    once, ``BIASED`` (W4A16) where 4 row tiles make the
-    kernel instruction-bound, and a grid ``SPLIT`` of K (a second launch) only when the programs would
-    leave the GPU short of 8 warps a multiprocessor while every warp keeps at least 2 steps."""
+    """Tile for the tensor-core GEMV (defaults from the H200 sweeps, benchmarks/results/h200-kernels runs 12,
+    13 and 15; W4A16 at 1-4 rows: the decode step's chain, h200-issue26): ``ROW_TILES`` (16 rows of W each) a
+    program (more on large matrices: 4 for W4A16 at 5-8 rows from 65536 rows, 2 above 4096 rows; 2 for W8A16
+    from 65536 rows), ``num_warps`` warps splitting K (8 on matrices of at most 4096 rows, where programs are
+    few; 4 for W4A16 at 1-4 rows where every program is resident at once), ``UNROLL`` steps a warp loaded at
+    once (4 in that case), ``BIASED`` (W4A16) where 4 row tiles make the kernel instruction-bound, and a grid
+    ``SPLIT`` of K (a second launch) only when the programs would leave the GPU short of 8 warps a
+    multiprocessor while every warp keeps at least 2 steps (not in that case)."""
     big = N >= 65536
     w4 = fmt == "w4a16"
     if row_tiles is None:
