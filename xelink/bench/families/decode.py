@@ -925,6 +925,8 @@ def _parallel(ctx) -> list:
         _free()
     progress.step(f"{_OP} {name} cp={n} at {cp_context}")
     ctx.extra.update(parallel={"tp": n, "cp": n, "cp_context": cp_context})
+    notes.append(f"{_OP} tp=/cp= rows: every one of the {n} ranks takes part, each sample the slowest rank's (the "
+                 f"other rows and tp=1: rank 0 alone)")
     ctx.notes += [_model_summary(rows)] + _parallel_targets(rows, name, n) + notes if ctx.lead else []
     return rows
 
