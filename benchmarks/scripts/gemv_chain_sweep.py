@@ -32,7 +32,13 @@ CONFIGS = {
                                      (8, 1, True, 1), (2, 1, False, 1), (2, 2, False, 1), (2, 2, True, 1),
                                      (4, 1, False, 2), (4, 1, True, 2), (4, 2, True, 2)]]
     + [dict(KERNEL="words", BLOCK_N=8, BLOCK_K=bk, SPLIT_K=sk, num_warps=1, num_stages=1)
-       for bk, sk in [(512, 2), (512, 4), (1024, 2)]],
+       for bk, sk in [(512, 2), (512, 4), (1024, 2)]]
+    # the Triton mma kernel: its weights reach shared memory through cp.async over num_stages stages (checked
+    # offline for sm90), bytes in flight without registers; never timed at one row in the step's chain
+    + [dict(KERNEL="mma", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=4, num_stages=ns, FOLD=fold)
+       for bn, bk, sk, ns, fold in [(64, 512, 1, 3, False), (64, 256, 1, 4, False), (32, 256, 1, 4, False),
+                                    (128, 256, 1, 3, False), (64, 512, 2, 3, False), (64, 512, 1, 3, True),
+                                    (32, 512, 1, 3, True)]],
 }
 
 
