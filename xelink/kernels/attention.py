@@ -828,10 +828,9 @@ class _DecodeLaunch:
                            UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
-        pf = prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH)
-        if pf and k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
+        if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
-            self.kwargs.update(pf, PIECES=32 * num_warps)
+            self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out):

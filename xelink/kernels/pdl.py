@@ -113,15 +113,20 @@ def prefetch_bytes(pdl_mode: int, device: torch.device) -> int:
     return mb << 20
 
 
-def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int) -> dict:
+def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int, warps: int | None = None) -> dict:
     """A kernel's prefetch constexprs for programs of ``rows`` ranges of ``row_bytes`` each: ``PREFETCH``, the
-    programs (the first ones) that prefetch within the launch's :func:`prefetch_bytes`, and ``LIMIT``, the
-    bytes of a range they ask for (at most ``ROW_BYTES``); {} where the prefetch is off."""
+    programs (the first ones) that prefetch within the launch's :func:`prefetch_bytes`, ``LIMIT``, the bytes of
+    a range they ask for (at most ``ROW_BYTES``), and with ``warps`` (a Triton kernel's, for
+    :func:`prefetch_l2`) ``PIECES``, a range's pieces so that each thread issues one; {} where the prefetch is
+    off."""
     total = prefetch_bytes(pdl_mode, device)
     if not total:
         return {}
     limit = min(row_bytes, ROW_BYTES)
-    return dict(PREFETCH=max(1, total // (limit * rows)), LIMIT=limit)
+    args = dict(PREFETCH=max(1, total // (limit * rows)), LIMIT=limit)
+    if warps is not None:
+        args["PIECES"] = max(1, 32 * warps // rows)
+    return args
 
 
 def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:

@@ -319,7 +319,7 @@ class TorchDecode:
 
     def __init__(self, weights: dict, batch: int, context: int, caches, dtype: torch.dtype | None = None,
                  collectives=None):
-        if weights.get("tp", 1) > 1 and collectives is None:
+        if weights["tp"] > 1 and collectives is None:
             raise ValueError(f"TorchDecode: the twin of a TP model ({weights['tp']} ranks) needs collectives")
         self.w, self.batch, self.context, self.coll = weights, batch, context, collectives
         dev = weights["embed"].device
@@ -552,6 +552,15 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     return out
 
 
+def _per_token(rows, roofline: bool) -> None:
+    """A model row's step figures in its extra: bytes a step, ms a token and (``roofline``, CUDA) the share of
+    the HBM roofline (a rank's bytes over its own HBM)."""
+    for r in rows:
+        r.extra.update(bytes_per_step=r.size_bytes, ms_per_token=r.time_us / 1e3)
+        if roofline:
+            r.extra["roofline"] = r.size_bytes / (r.time_us * 1e-6) / HBM_BYTES_PER_S
+
+
 def _gpu_case(model, weights, name, fmt, B, L, gen, *, iters, rounds, report, baseline_name="torch:graph bf16"):
     """One (weights, B, L) case: the model's decode graph vs the twin's, co-measured; rows into ``report``.
     Returns the xelink row."""
@@ -594,9 +603,8 @@ def _gpu_case(model, weights, name, fmt, B, L, gen, *, iters, rounds, report, ba
         rows[1].extra["kernels"] = _kernels(tgraph.replay)
     else:
         xrow.extra["torch_bf16_us"] = xrow.baseline_us
+    _per_token(rows, roofline=True)
     for r in rows:
-        r.extra.update(bytes_per_step=r.size_bytes, ms_per_token=r.time_us / 1e3,
-                       roofline=r.size_bytes / (r.time_us * 1e-6) / HBM_BYTES_PER_S)
         report.add(r)
     outs.clear()
     del tgraph, tout, twin
@@ -830,10 +838,7 @@ def tp_rows(world, name: str, context: int, *, iters: int, rounds: int) -> tuple
         rows.append(make_row(_OP, tname, samples[tname], size_bytes=twin.bytes(), count=1, dtype=dtype, nranks=n,
                              wrong=wrong[tname], extra={**base_extra, "collectives": f"{base.name} all_reduce, "
                                                         f"all_gather", **({"sdpa": twin.sdpa()} if cuda else {})}))
-    for r in rows:
-        r.extra.update(bytes_per_step=r.size_bytes, ms_per_token=r.time_us / 1e3)
-        if cuda:
-            r.extra["roofline"] = r.size_bytes / (r.time_us * 1e-6) / HBM_BYTES_PER_S  # a rank's bytes, its HBM
+    _per_token(rows, roofline=cuda)
     return (rows if world.rank == 0 else []), notes  # the models and graphs go with this frame (_parallel frees)
 
 
@@ -895,8 +900,7 @@ def cp_rows(ctx, name: str, context: int, *, iters: int, rounds: int) -> list:
                      baseline=one_name, baseline_samples=one_samples, extra={**extra, "impl": impl}),
             make_row(_OP, one_name, one_samples, size_bytes=one_bytes, count=1, dtype=dtype, nranks=1,
                      extra={**extra, "cp": 1, "timing": "CUDA graph per step" if cuda else "host clock, eager"})]
-    for r in rows:
-        r.extra.update(bytes_per_step=r.size_bytes, ms_per_token=r.time_us / 1e3)
+    _per_token(rows, roofline=False)
     return rows if world.rank == 0 else []
 
 
