@@ -185,3 +185,19 @@ def test_targets_of_issue_26():
 def test_transformers_generate_row_on_cpu():
     samples, extra = decode.run_transformers(CONFIGS["tiny"], 8, device="cpu", new_tokens=2, reps=1)
     assert len(samples) == 1 and extra["wrong"] == 0 and "no torch.compile" in extra["timing"]
+
+
+def test_twin_of_a_tp_model_needs_collectives_and_options_conflict():
+    # A TP model's twin sums and gathers through the launch's collectives: without them, a clear error before
+    # any work; the parallel options exclude each other; dense_weights refuses a CP model (no CP twin).
+    weights = {**decode.dense_weights(_tiny()), "tp": 2}
+    with pytest.raises(ValueError, match="TorchDecode: the twin of a TP model \\(2 ranks\\) needs collectives"):
+        decode.TorchDecode(weights, 1, 8, [])
+    with pytest.raises(SystemExit):
+        suite.family_parser("decode").parse_args(["--parallel-only", "--no-parallel"])
+    with pytest.raises(SystemExit):
+        suite.family_parser("decode").parse_args(["--cp-context", "1"])
+    model = _tiny()
+    model.cp = object()  # what dense_weights looks at
+    with pytest.raises(ValueError, match="no context parallelism"):
+        decode.dense_weights(model)
