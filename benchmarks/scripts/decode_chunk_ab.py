@@ -5,9 +5,12 @@ multiprocessor the splits aim at, least keys a split of the cache, least keys a 
 ``_DECODE_PROGRAMS_PER_SM``, ``_DECODE_MIN_CHUNK``, ``_DECODE_SEQ_MIN_CHUNK``. Outputs checked against the
 reference once per (variant, shape). ``configs``: the kept split policy with each kernel configuration
 (BLOCK_N, num_warps, num_stages) of ``CONFIGS`` instead (``_DECODE_CONFIGS[128]``; issue 23: the split kernel
-reads 2 TB/s at 8K).
+reads 2 TB/s at 8K). ``interleave``: the split kernel with its tiles dealt out in turn
+(``_DECODE_INTERLEAVE``) against a stretch of keys a split, at several programs a multiprocessor and tiles,
+as the attention bench's decode rows (full caches, B = 1 at 8K / 32K / 128K and B = 8 at 32K, caches rotated
+past L2) and at 2K of a 32K cache, with SDPA's default (cuDNN) on the full caches for scale.
 
-python3 benchmarks/scripts/decode_chunk_ab.py [configs]
+python3 benchmarks/scripts/decode_chunk_ab.py [configs | interleave]
 """
 import statistics
 import sys
@@ -25,7 +28,52 @@ VARIANTS = [(2, 256, 64), (4, 256, 64), (4, 128, 64), (8, 128, 64), (8, 64, 64)]
 CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2), (32, 4, 4)]
 
 
+INTERLEAVE_VARIANTS = [(inter, pps, config) for inter in (False, True)
+                       for pps, config in [(1, (64, 4, 3)), (2, (64, 4, 3)), (3, (64, 4, 3)), (4, (64, 4, 2)),
+                                           (2, (64, 8, 3)), (2, (128, 8, 3)), (2, (64, 4, 4)), (4, (32, 4, 4))]]
+
+
+def interleave():
+    import math
+    import torch.nn.functional as F
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    print(torch.cuda.get_device_name(0), flush=True)
+    kept = attn._DECODE_INTERLEAVE, attn._DECODE_PROGRAMS_PER_SM, DEFAULT_CONFIG
+    for b, smax, kv in [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (1, 32768, 2048)]:
+        pair = 2 * b * HKV * smax * D * 2
+        n = max(2, min(LAYERS, math.ceil((1 << 30) / pair)))
+        q = torch.randn(b, HQ, 1, D, device=dev, generator=gen).to(torch.bfloat16)
+        caches = [(torch.randn(b, HKV, smax, D, device=dev, generator=gen).to(torch.bfloat16),
+                   torch.randn(b, HKV, smax, D, device=dev, generator=gen).to(torch.bfloat16)) for _ in range(n)]
+        lens = torch.full((b,), kv, dtype=torch.int32, device=dev)
+        ref = reference_decode_attention(q, *caches[0], lens).float()
+        nbytes = 2 * b * HKV * kv * D * 2
+
+        def timed(fns):
+            graph, _, _ = cuda_graph(fns, 1)
+            us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / n
+            del graph
+            return us
+
+        if kv == smax:
+            us = timed([lambda c=c: F.scaled_dot_product_attention(q, *c, enable_gqa=True) for c in caches])
+            print(f"B={b} cache {smax:6d} kv {kv:6d} sdpa: {us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s)", flush=True)
+        for inter, pps, config in INTERLEAVE_VARIANTS:
+            attn._DECODE_INTERLEAVE, attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = inter, pps, config
+            attn._PATHS.clear()
+            got = decode_attention(q, *caches[0], lens).float()
+            err = float((got - ref).norm() / ref.norm())
+            us = timed([lambda c=c: decode_attention(q, *c, lens) for c in caches])
+            print(f"B={b} cache {smax:6d} kv {kv:6d} interleave {int(inter)} programs/SM {pps} config {config}: "
+                  f"{us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}", flush=True)
+        del caches
+    attn._DECODE_INTERLEAVE, attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = kept
+
+
 def main():
+    if sys.argv[1:] == ["interleave"]:
+        return interleave()
     kept = attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
     variants = [kept + (c,) for c in CONFIGS] if sys.argv[1:] == ["configs"] else [v + (None,) for v in VARIANTS]
     dev = torch.device("cuda", 0)

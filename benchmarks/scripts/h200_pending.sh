@@ -28,6 +28,8 @@
 #          the W4A16 tiles in the chain with BIASED (~6 minutes);
 #   par:   the decode family's TP / CP rows with 2 ranks sharing the GPU (a check of the code path: the targets need one
 #          GPU per rank, issue 28: there `mpirun -n 2 python3 -m xelink.bench decode --parallel-only`) (~4 minutes);
+#   deal:  the TP / CP rows (as par), decode attention with its tiles dealt out in turn against a stretch a split
+#          (decode_chunk_ab.py interleave) and its GPU tests both ways, the W4A16 GEMV's mma candidates (~9 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -237,6 +239,15 @@ par)
   step bench_decode_parallel 300 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench decode --quick \
     --parallel-only --contexts 1K --cp-context 8K --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  ;;
+deal)
+  step bench_decode_parallel 200 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench decode --quick \
+    --parallel-only --contexts 1K --cp-context 8K --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  step decode_interleave_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py interleave
+  step decode_kernel_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py -k decode
+  step gemv_chain_sweep_w4a16 130 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

@@ -453,6 +453,9 @@ def _check_decode(device, d, dtype, causal, cases, seed):
     for b, hq, hkv, sq, smax, lens, splits in cases:
         q, kc, vc = _qkv(b, hq, hkv, sq, smax, d, dtype, device=device, gen=gen)
         kv_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        for i, n in enumerate(lens):  # keys past a sequence's length must not be read (NaN would spread)
+            kc[i, :, n:] = float("nan")
+            vc[i, :, n:] = float("nan")
         _poison(device)
         out, lse = A.decode_attention(q, kc, vc, kv_lens, causal=causal, return_lse=True, num_splits=splits,
                                       impl="triton")
@@ -523,9 +526,27 @@ def test_decode_merged_in_one_launch(requires_gpus):
     n.fill_(4096)
 
 
+@pytest.fixture(params=[False, True], ids=["stretches", "interleaved"])
+def dealt(request, monkeypatch):
+    """Both ways the split kernel hands out keys (a stretch a split, or tiles dealt in turn), whichever is the
+    default; plans made with the other are dropped."""
+    monkeypatch.setattr(A, "_DECODE_INTERLEAVE", request.param)
+    A._PATHS.clear()
+    yield request.param
+    A._PATHS.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_kernel_dealt_gpu(requires_gpus, dealt, causal):
+    requires_gpus(1)
+    cases = DECODE_CASES + [(1, 32, 8, 1, 32768, [32768], None), (2, 8, 2, 2, 5000, [4999, 130], 64)]
+    _check_decode("cuda", 128, torch.bfloat16, causal, cases, seed=3 + int(causal))
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("causal", [False, True])
-def test_decode_kernel_interpreter(causal):
+def test_decode_kernel_interpreter(dealt, causal):
     # the last: 24 rows a KV head (GQA 8 x 3 tokens), merged 16 rows at a time
     cases = [(3, 8, 2, 3, 200, [200, 0, 2], 4), (1, 4, 1, 1, 300, [300], None), (2, 8, 1, 3, 300, [300, 3], 5)]
     _check_decode("cpu", 64, torch.float16, causal, cases, seed=int(causal))

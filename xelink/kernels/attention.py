@@ -89,6 +89,8 @@ _DECODE_SEQ_MIN_CHUNK = 64
 # Bytes of keys and values a split prefetches before its PDL wait at most (pdl.py; H200: 32 KB a program over
 # the first 8 MB, 534 us a step's attention at 8K against 569 without and 546 / 592 at 64 / 256 KB a program).
 _DECODE_PREFETCH = 32 << 10
+# Deal the splits' tiles out in turn (``_decode_split_kernel``'s INTERLEAVE) instead of a stretch of keys each.
+_DECODE_INTERLEAVE = False
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -390,6 +392,46 @@ if triton is not None:
         return _attn_finish(acc, l_i, m_i)
 
     @triton.jit
+    def _attn_dealt_loop(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, split, n_used, kv_len,
+                         first_last, row_last, qk_scale,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """Online softmax over the BLOCK_N-key tiles split, split + n_used, ... of keys [0, kv_len) (none when
+        split >= n_used). Tiles wholly below key ``first_last + 1`` need no mask; the others are masked, the
+        keys past kv_len zero-padded."""
+        step = n_used * BLOCK_N
+        lo = tl.where(split < n_used, split * BLOCK_N, kv_len)
+        full = tl.maximum(tl.minimum(first_last + 1, kv_len), 0) // BLOCK_N * BLOCK_N
+        # this split's first tile at or past ``full``
+        t_full = full // BLOCK_N
+        masked_lo = (t_full + (split - t_full % n_used + n_used) % n_used) * BLOCK_N
+        masked_lo = tl.where(split < n_used, masked_lo, kv_len)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        k_ptr = tl.make_block_ptr(k_base, (kv_len, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                  (1, 0))
+        v_ptr = tl.make_block_ptr(v_base, (kv_len, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                  (1, 0))
+        for start_n in range(lo, full, step):
+            k = tl.load(k_ptr)
+            v = tl.load(v_ptr)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n, row_last, kv_len, qk_scale, False)
+            k_ptr = tl.advance(k_ptr, (step, 0))
+            v_ptr = tl.advance(v_ptr, (step, 0))
+        k_ptr = tl.make_block_ptr(k_base, (kv_len, HEAD_DIM), (stride_kn, stride_kd), (masked_lo, 0),
+                                  (BLOCK_N, HEAD_DIM), (1, 0))
+        v_ptr = tl.make_block_ptr(v_base, (kv_len, HEAD_DIM), (stride_vn, stride_vd), (masked_lo, 0),
+                                  (BLOCK_N, HEAD_DIM), (1, 0))
+        for start_n in range(masked_lo, kv_len, step):
+            k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
+            v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, kv_len, qk_scale, True)
+            k_ptr = tl.advance(k_ptr, (step, 0))
+            v_ptr = tl.advance(v_ptr, (step, 0))
+        return _attn_finish(acc, l_i, m_i)
+
+    @triton.jit
     def _causal_bounds(m0, SQ, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
         """Key ranges of a query block: [0, full) needs no mask, [full, end) does."""
         if CAUSAL:
@@ -557,12 +599,16 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0,
+        INTERLEAVE: tl.constexpr = False,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
         A split covers ``max(ceil(kv_len / splits), MIN_CHUNK)`` keys (whole BLOCK_N blocks): a cache much
         longer than its sequence (a static cache early in a decode) leaves the splits past ``kv_len`` empty
-        and the merge reads only the splits that hold keys.
+        and the merge reads only the splits that hold keys. INTERLEAVE deals the BLOCK_N-key tiles out in
+        turn instead (split s takes tiles s, s + n, s + 2n, ... of the ``n = min(splits, ceil(kv_len /
+        MIN_CHUNK))`` splits that hold keys), so that at any moment a head's programs read one stretch of the
+        cache, not ``splits`` stretches far apart.
 
         Partial results go to OP (B, Hq, SQ, splits, D) and LSEP (B, Hq, SQ, splits), float32,
         contiguous; an empty split writes 0 and -inf. The last split of a row block to finish (a ticket of
@@ -587,7 +633,11 @@ if triton is not None:
             # programs); kv_lens read before the wait may be stale (the previous kernel may write it): it
             # only moves the hint.
             if split + n_splits * (bk + tl.num_programs(1) * tl.program_id(2)) < PREFETCH:
-                _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+                if INTERLEAVE:  # the split's first tile
+                    lo = split * BLOCK_N
+                    hi = tl.minimum(lo + BLOCK_N, tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX))
+                else:
+                    _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
                 _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
                 _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
@@ -601,14 +651,20 @@ if triton is not None:
         else:
             row_last = t * 0 + (kv_len - 1)
             first_last = kv_len - 1
-        full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
-        # The block pointers end at this split's last key: the zero padding then covers the tail.
-        k_ptr = tl.make_block_ptr(k_base, (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
-                                  (1, 0))
-        v_ptr = tl.make_block_ptr(v_base, (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
-                                  (1, 0))
-        out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
-                                       BLOCK_M, BLOCK_N, HEAD_DIM)
+        if INTERLEAVE:
+            n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len, MIN_CHUNK), n_splits), 1)
+            out, lse = _attn_dealt_loop(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, split,
+                                        n_used, kv_len, first_last, row_last, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM)
+        else:
+            n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len, chunk), n_splits), 1)
+            full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
+            # The block pointers end at this split's last key: the zero padding then covers the tail.
+            k_ptr = tl.make_block_ptr(k_base, (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                      (1, 0))
+            v_ptr = tl.make_block_ptr(v_base, (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                      (1, 0))
+            out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
+                                           BLOCK_M, BLOCK_N, HEAD_DIM)
         pdl_launch(PDL)
         hq = HKV * GROUP
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
@@ -620,8 +676,8 @@ if triton is not None:
             first = tl.program_id(2) * BLOCK_M
             n_rows = tl.minimum(GROUP * SQ, first + BLOCK_M)
             for r0 in range(first, n_rows, MERGE_ROWS):
-                _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, r0 + tl.arange(0, MERGE_ROWS), n_rows, n_splits,
-                            tl.maximum(tl.minimum(tl.cdiv(kv_len, chunk), n_splits), 1), HKV * GROUP, GROUP, SQ, stride_xb, stride_xh, stride_xs, stride_xd, HEAD_DIM, MERGE_ROWS,
+                _merge_rows(LSEP, OP, OUT, LSE_OUT, b, kvh, r0 + tl.arange(0, MERGE_ROWS), n_rows, n_splits, n_used,
+                            HKV * GROUP, GROUP, SQ, stride_xb, stride_xh, stride_xs, stride_xd, HEAD_DIM, MERGE_ROWS,
                             UNROLL)
 
     @triton.jit(do_not_specialize=["N", "H", "S", "D"])
@@ -825,7 +881,7 @@ class _DecodeLaunch:
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
         unroll = max(2, min(16, 8192 // (merge_rows * D)))
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
-                           UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
+                           UNROLL=unroll, MIN_CHUNK=min_chunk, INTERLEAVE=_DECODE_INTERLEAVE, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
