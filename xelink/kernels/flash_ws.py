@@ -1,0 +1,217 @@
+"""Flash attention forward for Hopper with a producer warp and asynchronous wgmma (CUDA sm90, Gluon).
+
+The ``impl="ws"`` kernel of :func:`xelink.kernels.attention.flash_attention` (issue 23). One program per
+(128-query block, batch x head), two partitions:
+
+- the **producer** (one warp, few registers): the Q tile, then each K and V tile through TMA into a ring
+  of ``STAGES`` shared-memory slots, each with its own "ready" barrier for K and for V, so QK^T can
+  start before V lands; it waits on a slot's "empty" barrier before reusing it.
+- the **consumers** (the default partition, two warpgroups, 64 query rows each): S = Q K^T and
+  O += P V on the tensor cores (``warpgroup_mma``, P straight from registers), the online softmax in
+  the log2 domain. The loop is software-pipelined: tile j+1's QK^T is issued before tile j's softmax,
+  so the tensor cores work while the warps do exp2 and the row sums; tile j's PV is issued after its
+  softmax and completes under tile j+1's softmax.
+
+Limits (the caller falls back to the portable/TMA kernels otherwise): bf16/fp16, head dim 64 or 128,
+contiguous (B, H, S, D) q, k, v with 16-byte aligned bases, ``Sk`` a multiple of ``BLOCK_N`` (a tile
+never crosses into the next head's keys: the kernel masks by position only for causal rows).
+Query rows past ``Sq`` (the last block of a head) read the next head's rows and are never stored.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_init, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
+        gluon = None
+except Exception:  # noqa: BLE001 - no Triton, or one without Gluon's Hopper API: the path is absent
+    gluon = None
+
+__all__ = ["WS_AVAILABLE", "ws_applies", "ws_flash_forward"]
+
+WS_AVAILABLE = gluon is not None
+BLOCK_M = 128
+_BM = gl.constexpr(BLOCK_M) if gluon is not None else BLOCK_M
+# (BLOCK_N, STAGES) per head dim: a 128 x D Q tile and STAGES x (K + V) tiles of BLOCK_N x D in shared memory.
+WS_CONFIGS = {64: (128, 3), 128: (128, 2)}
+
+
+def ws_applies(q, k, v, block_n: int | None = None) -> bool:
+    """Whether the kernel takes these tensors (module docstring: dtype, head dim, layout, Sk)."""
+    import torch
+
+    D = q.shape[3]
+    if not WS_AVAILABLE or D not in WS_CONFIGS or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    bn = block_n or WS_CONFIGS[D][0]
+    return (k.shape[2] % bn == 0 and k.shape[2] > 0 and q.shape[2] > 0
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)))
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        for j in range(n_tiles):
+            s = j % STAGES
+            # a slot's first use waits on the phase before its first (complete by definition)
+            phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(s), phase)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), phase)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _pv_step(s, acc, m_i, l_i, v_smem, v_ready, v_empty, j, qk_scale, offs_m, full, row_last,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PENDING: gl.constexpr,
+                 s_layout: gl.constexpr, row_o: gl.constexpr, p_layout: gl.constexpr):
+        """Tile j's online-softmax step (log2 domain) on its scores ``s``, then its PV issued (not waited).
+        Before acc is rescaled, tile j-1's PV must be done: all wgmma groups but the PENDING newest."""
+        if CAUSAL:
+            start_n = j * BLOCK_N
+            if start_n + BLOCK_N > full:
+                offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                s = gl.where(gl.expand_dims(offs_n, 0) <= gl.expand_dims(row_last, 1), s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        # a row that saw no key yet keeps m = -inf: subtract 0 instead, so p = 0 and not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = warpgroup_mma_wait(PENDING, deps=(acc, ))
+        if j > 0:
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        slot = j % STAGES
+        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+        return acc, m_new, l_i
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, row0, m0, SQ, SK,
+                  n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        offs_m = m0 + gl.arange(0, _BM, layout=row_s)
+        row_last = offs_m + (SK - SQ)  # causal: the last key each row sees
+        full = gl.maximum(gl.minimum(m0 + SK - SQ + 1, SK), 0) // BLOCK_N * BLOCK_N  # tiles below need no mask
+        m_i = gl.full([_BM], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([_BM], gl.float32, layout=row_s)
+        # acc travels the loop as an in-flight wgmma result (its PV is waited at the next tile)
+        acc = warpgroup_mma_init(gl.zeros([_BM, HEAD_DIM], gl.float32, layout=o_layout))
+        s_zero = gl.zeros([_BM, BLOCK_N], gl.float32, layout=s_layout)
+
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0))
+        for j in range(n_tiles - 1):
+            # tile j+1's QK^T on the tensor cores while tile j's softmax runs; tile j's PV completes under
+            # tile j+1's softmax
+            nxt = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(nxt), ((j + 1) // STAGES) & 1)
+            s_next = warpgroup_mma(q_smem, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            acc, m_i, l_i = _pv_step(s, acc, m_i, l_i, v_smem, v_ready, v_empty, j, qk_scale, offs_m, full,
+                                     row_last, BLOCK_N, STAGES, CAUSAL, 1, s_layout, row_o, p_layout)
+            s = warpgroup_mma_wait(1, deps=(s_next, ))
+            mbarrier.arrive(k_empty.index(nxt))
+        acc, m_i, l_i = _pv_step(s, acc, m_i, l_i, v_smem, v_ready, v_empty, n_tiles - 1, qk_scale, offs_m, full,
+                                 row_last, BLOCK_N, STAGES, CAUSAL, 0, s_layout, row_o, p_layout)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+
+        empty_row = l_i == 0.0
+        inv = 1.0 / gl.where(empty_row, 1.0, l_i)
+        out = acc * gl.expand_dims(gl.convert_layout(inv, row_o), 1)
+        lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(gl.where(empty_row, 1.0, l_i))) * 0.6931471805599453)
+        rows_o = m0 + gl.arange(0, _BM, layout=row_o)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = O + (row0 + gl.expand_dims(rows_o, 1)).to(gl.int64) * HEAD_DIM + gl.expand_dims(cols, 0)
+        gl.store(o_ptrs, out.to(v_smem.dtype), mask=gl.expand_dims(rows_o < SQ, 1))
+        gl.store(LSE + row0 + offs_m, lse, mask=offs_m < SQ)
+
+    @gluon.jit
+    def _flash_ws_kernel(q_desc, k_desc, v_desc, O, LSE, H, HKV, SQ, SK, qk_scale,
+                         HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        bh = gl.program_id(1)
+        b = bh // H
+        kvh = (bh % H) // (H // HKV)
+        m0 = pid_m * _BM
+        if CAUSAL:
+            end = gl.minimum(m0 + _BM + SK - SQ, SK)
+        else:
+            end = SK
+        n_tiles = gl.maximum(gl.cdiv(end, BLOCK_N), 1)  # at least one tile (masked to nothing if end <= 0)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [_BM, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, bh * SQ, m0,
+                         SQ, SK, n_tiles, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, num_warps)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         bh * SQ + m0, (b * HKV + kvh) * SK, n_tiles, BLOCK_N, STAGES)),
+        ], [1], [24])
+
+
+def ws_descriptors(q, k, v, block_n: int):
+    """Gluon TMA descriptors over the (B*H*S, D) row views of contiguous q, k, v."""
+    B, H, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    import torch
+
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gdt)
+    return (TensorDescriptor(q, [B * H * SQ, D], [D, 1], [BLOCK_M, D], q_layout),
+            TensorDescriptor(k, [B * HKV * SK, D], [D, 1], [block_n, D], kv_layout),
+            TensorDescriptor(v, [B * HKV * SK, D], [D, 1], [block_n, D], kv_layout))
+
+
+def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=None):
+    """Launch the kernel: ``out`` (B, H, Sq, D) contiguous and ``lse`` (B, H, Sq) float32 are written;
+    ``qk_scale`` is the softmax scale times log2(e). ``config``: (BLOCK_N, STAGES) instead of the table."""
+    B, H, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    block_n, stages = config or WS_CONFIGS[D]
+    qd, kd, vd = ws_descriptors(q, k, v, block_n)
+    grid = (triton.cdiv(SQ, BLOCK_M), B * H)
+    _flash_ws_kernel[grid](qd, kd, vd, out, lse, H, HKV, SQ, SK, qk_scale, HEAD_DIM=D, BLOCK_N=block_n,
+                           STAGES=stages, CAUSAL=causal, num_warps=8)
+    return out, lse
