@@ -108,7 +108,7 @@ def main():
                 print(f"S={S:6d} {'GQA 32/8 causal' if causal else 'MHA non-causal'} {name:22s}: {us:9.1f} us "
                       f"{flops / us / 1e6:6.1f} TFLOP/s  x SDPA {base / us:5.3f}  rel err vs SDPA {err:.1e}",
                       flush=True)
-            del q, k, v, out, lse, ref
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
