@@ -24,7 +24,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_init, warpgroup_mma_wait)
+                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
@@ -72,11 +72,10 @@ if gluon is not None:
             tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _pv_step(s, acc, m_i, l_i, v_smem, v_ready, v_empty, j, qk_scale, offs_m, full, row_last,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PENDING: gl.constexpr,
-                 s_layout: gl.constexpr, row_o: gl.constexpr, p_layout: gl.constexpr):
-        """Tile j's online-softmax step (log2 domain) on its scores ``s``, then its PV issued (not waited).
-        Before acc is rescaled, tile j-1's PV must be done: all wgmma groups but the PENDING newest."""
+    def _softmax(s, m_i, l_i, j, qk_scale, full, row_last, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                 s_layout: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr):
+        """Tile j's online-softmax step (log2 domain) on its scores ``s``: (P as the PV operand, the
+        rescale of the rows so far, m, l)."""
         if CAUSAL:
             start_n = j * BLOCK_N
             if start_n + BLOCK_N > full:
@@ -88,15 +87,7 @@ if gluon is not None:
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = warpgroup_mma_wait(PENDING, deps=(acc, ))
-        if j > 0:
-            mbarrier.arrive(v_empty.index((j - 1) % STAGES))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        slot = j % STAGES
-        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-        acc = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-        return acc, m_new, l_i
+        return gl.convert_layout(p.to(DTYPE), p_layout), alpha, m_new, l_i
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, row0, m0, SQ, SK,
@@ -115,29 +106,35 @@ if gluon is not None:
         full = gl.maximum(gl.minimum(m0 + SK - SQ + 1, SK), 0) // BLOCK_N * BLOCK_N  # tiles below need no mask
         m_i = gl.full([_BM], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([_BM], gl.float32, layout=row_s)
-        # acc travels the loop as an in-flight wgmma result (its PV is waited at the next tile)
-        acc = warpgroup_mma_init(gl.zeros([_BM, HEAD_DIM], gl.float32, layout=o_layout))
+        acc = gl.zeros([_BM, HEAD_DIM], gl.float32, layout=o_layout)
         s_zero = gl.zeros([_BM, BLOCK_N], gl.float32, layout=s_layout)
 
         mbarrier.wait(q_bar, 0)
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
         mbarrier.arrive(k_empty.index(0))
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, qk_scale, full, row_last, BLOCK_N, CAUSAL, s_layout, p_layout,
+                                      q_smem.dtype)
         for j in range(n_tiles - 1):
-            # tile j+1's QK^T on the tensor cores while tile j's softmax runs; tile j's PV completes under
-            # tile j+1's softmax
+            # tile j+1's QK^T and tile j's PV queued on the tensor cores; tile j+1's softmax runs under the PV.
+            # Nothing is in flight at the end of an iteration (a wgmma result carried round the loop would be
+            # copied while the tensor cores write it, and ptxas then serializes every wgmma).
             nxt = (j + 1) % STAGES
             mbarrier.wait(k_ready.index(nxt), ((j + 1) // STAGES) & 1)
-            s_next = warpgroup_mma(q_smem, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            acc, m_i, l_i = _pv_step(s, acc, m_i, l_i, v_smem, v_ready, v_empty, j, qk_scale, offs_m, full,
-                                     row_last, BLOCK_N, STAGES, CAUSAL, 1, s_layout, row_o, p_layout)
-            s = warpgroup_mma_wait(1, deps=(s_next, ))
+            s = warpgroup_mma(q_smem, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            slot = j % STAGES
+            mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+            acc = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j + 1, qk_scale, full, row_last, BLOCK_N, CAUSAL, s_layout,
+                                          p_layout, q_smem.dtype)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(k_empty.index(nxt))
-        acc, m_i, l_i = _pv_step(s, acc, m_i, l_i, v_smem, v_ready, v_empty, n_tiles - 1, qk_scale, offs_m, full,
-                                 row_last, BLOCK_N, STAGES, CAUSAL, 0, s_layout, row_o, p_layout)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(slot))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(last), acc)
 
         empty_row = l_i == 0.0
         inv = 1.0 / gl.where(empty_row, 1.0, l_i)
