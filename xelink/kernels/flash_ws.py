@@ -37,6 +37,7 @@ __all__ = ["WS_AVAILABLE", "ws_applies", "ws_flash_forward"]
 WS_AVAILABLE = gluon is not None
 BLOCK_M = 128
 _BM = gl.constexpr(BLOCK_M) if gluon is not None else BLOCK_M
+_HM = gl.constexpr(BLOCK_M // 2) if gluon is not None else BLOCK_M // 2  # a warpgroup's rows
 # (BLOCK_N, STAGES) per head dim: a 128 x D Q tile and STAGES x (K + V) tiles of BLOCK_N x D in shared memory.
 WS_CONFIGS = {64: (128, 3), 128: (128, 2)}
 
@@ -90,24 +91,28 @@ if gluon is not None:
         return gl.convert_layout(p.to(DTYPE), p_layout), alpha, m_new, l_i
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, row0, m0, SQ, SK,
-                  n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, row0, m_block, SQ,
+                  SK, n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """One warpgroup's 64 query rows (WG 0 or 1 of the block): its own partition, so the two warpgroups
+        drift apart and one's softmax runs while the other's products hold the tensor cores."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
+        m0 = m_block + WG * _HM
+        q_smem = q_smem.slice(WG * _HM, _HM)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        offs_m = m0 + gl.arange(0, _BM, layout=row_s)
+        offs_m = m0 + gl.arange(0, _HM, layout=row_s)
         row_last = offs_m + (SK - SQ)  # causal: the last key each row sees
         full = gl.maximum(gl.minimum(m0 + SK - SQ + 1, SK), 0) // BLOCK_N * BLOCK_N  # tiles below need no mask
-        m_i = gl.full([_BM], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.zeros([_BM], gl.float32, layout=row_s)
-        acc = gl.zeros([_BM, HEAD_DIM], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([_BM, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([_HM], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([_HM], gl.float32, layout=row_s)
+        acc = gl.zeros([_HM, HEAD_DIM], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([_HM, BLOCK_N], gl.float32, layout=s_layout)
 
         mbarrier.wait(q_bar, 0)
         mbarrier.wait(k_ready.index(0), 0)
@@ -140,7 +145,7 @@ if gluon is not None:
         inv = 1.0 / gl.where(empty_row, 1.0, l_i)
         out = acc * gl.expand_dims(gl.convert_layout(inv, row_o), 1)
         lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(gl.where(empty_row, 1.0, l_i))) * 0.6931471805599453)
-        rows_o = m0 + gl.arange(0, _BM, layout=row_o)
+        rows_o = m0 + gl.arange(0, _HM, layout=row_o)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         o_ptrs = O + (row0 + gl.expand_dims(rows_o, 1)).to(gl.int64) * HEAD_DIM + gl.expand_dims(cols, 0)
         gl.store(o_ptrs, out.to(v_smem.dtype), mask=gl.expand_dims(rows_o < SQ, 1))
@@ -175,16 +180,18 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # both warpgroups release a slot
+            mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
 
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, bh * SQ, m0,
-                         SQ, SK, n_tiles, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, num_warps)),
+                         SQ, SK, n_tiles, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, bh * SQ, m0,
+                         SQ, SK, n_tiles, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                          bh * SQ + m0, (b * HKV + kvh) * SK, n_tiles, BLOCK_N, STAGES)),
-        ], [1], [24])
+        ], [4, 1], [232, 24])
 
 
 def ws_descriptors(q, k, v, block_n: int):
@@ -210,5 +217,5 @@ def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=No
     qd, kd, vd = ws_descriptors(q, k, v, block_n)
     grid = (triton.cdiv(SQ, BLOCK_M), B * H)
     _flash_ws_kernel[grid](qd, kd, vd, out, lse, H, HKV, SQ, SK, qk_scale, HEAD_DIM=D, BLOCK_N=block_n,
-                           STAGES=stages, CAUSAL=causal, num_warps=8)
+                           STAGES=stages, CAUSAL=causal, num_warps=4)
     return out, lse
