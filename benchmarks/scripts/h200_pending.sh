@@ -30,6 +30,9 @@
 #          GPU per rank, issue 28: there `mpirun -n 2 python3 -m xelink.bench decode --parallel-only`) (~4 minutes);
 #   deal:  the TP / CP rows (as par), decode attention with its tiles dealt out in turn against a stretch a split
 #          (decode_chunk_ab.py interleave) and its GPU tests both ways, the W4A16 GEMV's mma candidates (~9 minutes);
+#   ws:    the warp-specialized flash attention (flash_ws.py, issue 23): attention GPU tests, its A/B over S = 1K-32K
+#          against the TMA kernel and SDPA, the attention family's prefill rows (HD 128, 256), the attention host rows,
+#          the model GPU tests whose prefill runs it (~8 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -248,6 +251,15 @@ deal)
   step decode_kernel_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_attention.py -k decode
   step gemv_chain_sweep_w4a16 130 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
+  ;;
+ws)
+  step attention_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py
+  step flash_ws_ab 150 python3 benchmarks/scripts/flash_ws_ab.py
+  step bench_attention_prefill 150 python3 -m xelink.bench attention --only prefill --out "$OUT/bench" --commit "$C"
+  step host_rows_attention 60 python3 benchmarks/scripts/host_rows.py attention
+  step model_gpu_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  rm -f "$OUT"/bench/*.txt
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

@@ -376,6 +376,64 @@ def test_flash_kernel_gpu(requires_gpus, impl, d, dtype, causal):
     _check_flash("cuda", impl, d, dtype, causal, GPU_SHAPES, seed=d * 10 + int(causal))
 
 
+WS_SHAPES = [  # (B, Hq, Hkv, Sq, Sk), Sk a multiple of 128: the warp-specialized kernel's; tails of Sq, Sq > Sk
+    (1, 2, 2, 128, 128),
+    (2, 8, 2, 300, 512),
+    (1, 4, 1, 1000, 1024),
+    (1, 4, 4, 640, 256),
+    (1, 3, 3, 1, 384),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_ws_gpu(requires_gpus, d, dtype, causal):
+    """impl='cuda' takes the warp-specialized kernel (flash_ws.py) where it applies: the plan says so, and
+    its outputs and LSE match the reference; the same call under PDL gives the same bits."""
+    requires_gpus(1)
+    _need_sm90("cuda")
+    q, k, v = _qkv(1, 4, 2, 200, 256, d, dtype, device="cuda")
+    assert A._FlashLaunch(q, k, v, None, causal, 0.1, "cuda", "off", None, False).ws is not None
+    assert A._FlashLaunch(q, k[:, :, :200], v[:, :, :200], None, causal, 0.1, "cuda", "off", None, False).ws is None
+    _check_flash("cuda", "cuda", d, dtype, causal, WS_SHAPES, seed=d + 7 * int(causal))
+    a = A.flash_attention(q, k, v, causal=causal, impl="cuda", pdl=False)
+    b = A.flash_attention(q, k, v, causal=causal, impl="cuda", pdl=True)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_flash_ws_back_to_back_and_graph_gpu(requires_gpus):
+    """Calls that change shape, dtype and causality back to back, and a CUDA graph replayed with new inputs
+    between eager calls, all on the warp-specialized kernel."""
+    requires_gpus(1)
+    _need_sm90("cuda")
+    gen = torch.Generator().manual_seed(23)
+    cases = [(1, 8, 2, 512, 1024, 128, torch.bfloat16, True), (2, 4, 4, 129, 256, 64, torch.float16, False),
+             (1, 32, 8, 2048, 2048, 128, torch.bfloat16, True), (1, 2, 1, 77, 128, 128, torch.float16, True)]
+    made = [(*_qkv(b, h, hk, sq, sk, d, dt, device="cuda", gen=gen), c) for b, h, hk, sq, sk, d, dt, c in cases]
+    for _ in range(2):
+        for q, k, v, c in made:
+            out = A.flash_attention(q, k, v, causal=c, impl="cuda")
+            assert _rel(out, A.reference_flash_attention(q, k, v, causal=c)) < TOL[q.dtype]
+    q, k, v, c = made[0]
+    static = [t.clone() for t in (q, k, v)]
+    A.flash_attention(*static, causal=c, impl="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = A.flash_attention(*static, causal=c, impl="cuda")
+    for _ in range(3):
+        new = _qkv(1, 8, 2, 512, 1024, 128, torch.bfloat16, device="cuda", gen=gen)
+        for s_, n in zip(static, new):
+            s_.copy_(n)
+        graph.replay()
+        A.flash_attention(*made[1][:3], causal=made[1][3], impl="cuda")  # another shape between replays
+        torch.cuda.synchronize()
+        assert _rel(got, A.reference_flash_attention(*new, causal=c)) < TOL[torch.bfloat16]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_flash_kernel_strided_gpu(requires_gpus, impl):

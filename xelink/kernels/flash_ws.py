@@ -19,6 +19,10 @@ Query rows past ``Sq`` (the last block of a head) read the next head's rows and 
 """
 from __future__ import annotations
 
+import torch
+
+from .common import interpreting
+
 try:
     import triton
     from triton.experimental import gluon
@@ -26,6 +30,8 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .pdl import pdl_launch, pdl_wait
 
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
         gluon = None
@@ -43,11 +49,11 @@ WS_CONFIGS = {64: (128, 3), 128: (128, 2)}
 
 
 def ws_applies(q, k, v, block_n: int | None = None) -> bool:
-    """Whether the kernel takes these tensors (module docstring: dtype, head dim, layout, Sk)."""
-    import torch
-
+    """Whether the kernel takes these tensors (module docstring: dtype, head dim, layout, Sk; CUDA sm90, not
+    interpreted)."""
     D = q.shape[3]
-    if not WS_AVAILABLE or D not in WS_CONFIGS or q.dtype not in (torch.bfloat16, torch.float16):
+    if (not WS_AVAILABLE or not q.is_cuda or interpreting() or D not in WS_CONFIGS
+            or q.dtype not in (torch.bfloat16, torch.float16) or torch.cuda.get_device_capability(q.device)[0] != 9):
         return False
     bn = block_n or WS_CONFIGS[D][0]
     return (k.shape[2] % bn == 0 and k.shape[2] > 0 and q.shape[2] > 0
@@ -154,7 +160,8 @@ if gluon is not None:
     @gluon.jit
     def _flash_ws_kernel(q_desc, k_desc, v_desc, O, LSE, H, HKV, SQ, SK, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                         CAUSAL: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+        pdl_wait(PDL)  # q, k and v may be the previous kernel's output
         pid_m = gl.program_id(0)
         if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
             pid_m = gl.num_programs(0) - 1 - pid_m
@@ -192,6 +199,7 @@ if gluon is not None:
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                          bh * SQ + m0, (b * HKV + kvh) * SK, n_tiles, BLOCK_N, STAGES)),
         ], [4, 1], [232, 24])
+        pdl_launch(PDL)
 
 
 def ws_descriptors(q, k, v, block_n: int):
@@ -208,14 +216,28 @@ def ws_descriptors(q, k, v, block_n: int):
             TensorDescriptor(v, [B * HKV * SK, D], [D, 1], [block_n, D], kv_layout))
 
 
+class WsLaunch:
+    """How the kernel launches for one geometry (``attention._FlashLaunch`` keeps one): grid, integers and
+    options; a call builds the three descriptors (their addresses) and launches. ``out`` must be
+    contiguous (B, H, Sq, D) and ``lse`` contiguous (B, H, Sq) float32; ``qk_scale`` is the softmax scale
+    times log2(e); ``pdl``: ``pdl.pdl_launch_args``'s options."""
+
+    __slots__ = ("grid", "ints", "kwargs", "block_n")
+
+    def __init__(self, q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None):
+        B, H, SQ, D = q.shape
+        HKV, SK = k.shape[1], k.shape[2]
+        self.block_n, stages = config or WS_CONFIGS[D]
+        self.grid = (triton.cdiv(SQ, BLOCK_M), B * H)
+        self.ints = (H, HKV, SQ, SK, qk_scale)
+        self.kwargs = dict(HEAD_DIM=D, BLOCK_N=self.block_n, STAGES=stages, CAUSAL=causal, num_warps=4, **pdl_args)
+
+    def __call__(self, q, k, v, out, lse):
+        qd, kd, vd = ws_descriptors(q, k, v, self.block_n)
+        _flash_ws_kernel[self.grid](qd, kd, vd, out, lse, *self.ints, **self.kwargs)
+        return out, lse
+
+
 def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=None):
-    """Launch the kernel: ``out`` (B, H, Sq, D) contiguous and ``lse`` (B, H, Sq) float32 are written;
-    ``qk_scale`` is the softmax scale times log2(e). ``config``: (BLOCK_N, STAGES) instead of the table."""
-    B, H, SQ, D = q.shape
-    HKV, SK = k.shape[1], k.shape[2]
-    block_n, stages = config or WS_CONFIGS[D]
-    qd, kd, vd = ws_descriptors(q, k, v, block_n)
-    grid = (triton.cdiv(SQ, BLOCK_M), B * H)
-    _flash_ws_kernel[grid](qd, kd, vd, out, lse, H, HKV, SQ, SK, qk_scale, HEAD_DIM=D, BLOCK_N=block_n,
-                           STAGES=stages, CAUSAL=causal, num_warps=4)
-    return out, lse
+    """One launch (no PDL) into ``out`` / ``lse`` as :class:`WsLaunch` takes them (benchmarks, A/B)."""
+    return WsLaunch(q, k, causal, qk_scale, dict(PDL=0), config)(q, k, v, out, lse)
