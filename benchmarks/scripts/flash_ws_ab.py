@@ -1,5 +1,6 @@
 """A/B on one Hopper GPU (issue 23): the warp-specialized flash-attention kernel (``flash_ws.py``) against the
-TMA Triton kernel (``flash_attention(impl="cuda")``) and SDPA's default dispatch (cuDNN on an H200).
+TMA Triton kernel (``impl="cuda"`` with its tile table as ``config``) and SDPA's default dispatch (cuDNN on an H200); the
+public ``flash_attention(impl="cuda")`` (which takes the warp-specialized kernel where it applies) too.
 
 First the kernel's outputs and LSE against ``reference_flash_attention`` (float32) over a grid of shapes (GQA,
 causal with Sq < Sk and Sq > Sk, Sq not a multiple of 128, head dim 64 and 128, bf16 and fp16), then time a call
@@ -93,7 +94,9 @@ def main():
             calls = max(2, min(20, int(2e13 / flops)))
             ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
             rows = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
-                    "xelink cuda (TMA)": lambda: A.flash_attention(q, k, v, causal=causal, impl="cuda", out=out)}
+                    "xelink cuda (TMA)": lambda: A._flash_forward(q, k, v, causal, D ** -0.5, "cuda",
+                                                                  A._fwd_config("cuda", D), out=out),
+                    "xelink cuda (public)": lambda: A.flash_attention(q, k, v, causal=causal, impl="cuda", out=out)}
             for c in CONFIGS:
                 rows[f"xelink ws {c}"] = (lambda c=c: W.ws_flash_forward(q, k, v, out, lse, causal,
                                                                          D ** -0.5 * 1.4426950408889634, c))

@@ -261,6 +261,20 @@ ws)
   step model_gpu_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   rm -f "$OUT"/bench/*.txt
   ;;
+ws2)  # the warp-specialized kernel through the launcher's remembered lists (host time), and the Llama check that
+      # failed in ws (its capture), at this commit and at a75049e (before this session)
+  step attention_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py tests/kernels/test_launcher.py
+  step flash_keyed_gpu_tests 100 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/kernels/test_attention.py -k flash
+  step flash_ws_ab 150 python3 benchmarks/scripts/flash_ws_ab.py
+  step host_rows_attention 60 python3 benchmarks/scripts/host_rows.py attention
+  step llama_transformers_check 120 env XELINK_TEST_CHECKS=bf16_logits_match_transformers python3 -m pytest -q -rfEs \
+    -p no:cacheprovider tests/models/ranks_gpu_llama.py
+  if git worktree add -q /tmp/before a75049e 2>/dev/null; then
+    (cd /tmp/before && step llama_transformers_check_a75049e 120 env XELINK_TEST_CHECKS=bf16_logits_match_transformers \
+      PYTHONPATH=/tmp/before python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py)
+  fi
+  ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"

@@ -395,8 +395,11 @@ def test_flash_ws_gpu(requires_gpus, d, dtype, causal):
     requires_gpus(1)
     _need_sm90("cuda")
     q, k, v = _qkv(1, 4, 2, 200, 256, d, dtype, device="cuda")
-    assert A._FlashLaunch(q, k, v, None, causal, 0.1, "cuda", "off", None, False).ws is not None
-    assert A._FlashLaunch(q, k[:, :, :200], v[:, :, :200], None, causal, 0.1, "cuda", "off", None, False).ws is None
+    from xelink.kernels import flash_ws
+
+    ws = flash_ws._flash_ws_kernel
+    assert A._FlashLaunch(q, k, v, None, causal, 0.1, "cuda", "off", None, False).fn is ws
+    assert A._FlashLaunch(q, k[:, :, :200], v[:, :, :200], None, causal, 0.1, "cuda", "off", None, False).fn is not ws
     _check_flash("cuda", "cuda", d, dtype, causal, WS_SHAPES, seed=d + 7 * int(causal))
     a = A.flash_attention(q, k, v, causal=causal, impl="cuda", pdl=False)
     b = A.flash_attention(q, k, v, causal=causal, impl="cuda", pdl=True)

@@ -96,7 +96,9 @@ def test_tensors_descriptors_and_unknown_arguments():
     assert L._spec(buf) == (torch.float16, True) and L._spec(buf[1:]) == (torch.float16, False)
     assert L._spec(torch.nn.Parameter(buf)) == L._spec(buf)
     d = L.Descriptor(buf, [8, 8], [8, 1], [8, 4])
-    assert L._spec(d) == ("tensordesc", torch.float16, (8, 4), "zero")
+    assert L._spec(d) == ("tensordesc", torch.float16, (8, 4), "zero", None)
+    # a Gluon kernel's descriptor (its shared-memory layout rides along) is another class of argument
+    assert L._spec(L.Descriptor(buf, [8, 8], [8, 1], [8, 4], "zero", ("a layout",))) != L._spec(d)
     assert L._spec(L.Descriptor(buf, [4, 16], [16, 1], [8, 4])) == L._spec(d)  # shape: not specialized on
     assert L._spec(L.Descriptor(buf, [8, 8], [8, 1], [4, 8])) != L._spec(d)
     assert L._spec(L.Descriptor(buf, [8, 8], [8, 1], [8, 4], "nan")) != L._spec(d)

@@ -41,7 +41,7 @@ from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, che
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2
-from .flash_ws import WsLaunch, ws_applies
+from .flash_ws import ws_applies, ws_plan
 from .split import SCRATCH, last_split
 
 __all__ = [
@@ -747,7 +747,7 @@ class _FlashLaunch:
     ``_PATHS``, whose key fixes every argument's class) the launcher slot that skips the launcher's key.
     ``config`` overrides the tile table (tuning); ``pdl``: as ``pdl.pdl_launch_args`` takes it."""
 
-    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "lse_shape", "keys", "ws")
+    __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "lse_shape", "keys")
 
     def __init__(self, q, k, v, out, causal: bool, scale: float, impl: str, pdl: str, config, remembered: bool):
         B, H, SQ, D = q.shape
@@ -760,13 +760,11 @@ class _FlashLaunch:
         qk_scale = scale * _LOG2E
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device))
-        self.ws = None
         if impl == "cuda" and config is None and ws_applies(q, k, v) and (out is None or out.is_contiguous()):
-            # the warp-specialized kernel (flash_ws.py): its own launch, the TMA kernel's fields unused
-            self.ws = WsLaunch(q, k, causal, qk_scale, pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device))
-            self.fn, self.views, self.ints, self.slot = None, None, (), None
-            return
-        if impl == "cuda" and _tma_ok(q, k, v):
+            # the warp-specialized Gluon kernel (flash_ws.py): descriptors with its layouts, then out and lse
+            self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(
+                q, k, causal, qk_scale, pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device))
+        elif impl == "cuda" and _tma_ok(q, k, v):
             # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
             self.fn = _flash_fwd_tma_kernel
             self.views = (((B * H * SQ, D), (D, 1), (block_m, D)), ((B * HKV * SK, D), (D, 1), (block_n, D)),
@@ -787,8 +785,6 @@ class _FlashLaunch:
             out.zero_()
             lse.fill_(float("-inf"))
             return out, lse
-        if self.ws is not None:
-            return self.ws(q, k, v, out, lse)
         # the addresses are all that may differ from call to call (no slot: a plan used once)
         launch_keyed(self.slot, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), self.grid,
                      lambda: self._args(q, k, v, out, lse), self.kwargs, self.fn)

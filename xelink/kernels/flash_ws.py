@@ -29,7 +29,6 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .pdl import pdl_launch, pdl_wait
 
@@ -202,42 +201,29 @@ if gluon is not None:
         pdl_launch(PDL)
 
 
-def ws_descriptors(q, k, v, block_n: int):
-    """Gluon TMA descriptors over the (B*H*S, D) row views of contiguous q, k, v."""
+def ws_plan(q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None):
+    """How the kernel launches for one geometry, as ``attention._FlashLaunch`` keeps it: (kernel, grid, the
+    descriptor views of q, k, v as ``launcher.Descriptor`` fields with their Gluon layouts, the integer
+    arguments after ``out, lse``, the options). ``out`` must be contiguous (B, H, Sq, D) and ``lse``
+    contiguous (B, H, Sq) float32; ``qk_scale`` is the softmax scale times log2(e); ``pdl_args``:
+    ``pdl.pdl_launch_args``'s; ``config``: (BLOCK_N, STAGES) instead of the table."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
-    import torch
-
+    block_n, stages = config or WS_CONFIGS[D]
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gdt)
-    return (TensorDescriptor(q, [B * H * SQ, D], [D, 1], [BLOCK_M, D], q_layout),
-            TensorDescriptor(k, [B * HKV * SK, D], [D, 1], [block_n, D], kv_layout),
-            TensorDescriptor(v, [B * HKV * SK, D], [D, 1], [block_n, D], kv_layout))
-
-
-class WsLaunch:
-    """How the kernel launches for one geometry (``attention._FlashLaunch`` keeps one): grid, integers and
-    options; a call builds the three descriptors (their addresses) and launches. ``out`` must be
-    contiguous (B, H, Sq, D) and ``lse`` contiguous (B, H, Sq) float32; ``qk_scale`` is the softmax scale
-    times log2(e); ``pdl``: ``pdl.pdl_launch_args``'s options."""
-
-    __slots__ = ("grid", "ints", "kwargs", "block_n")
-
-    def __init__(self, q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None):
-        B, H, SQ, D = q.shape
-        HKV, SK = k.shape[1], k.shape[2]
-        self.block_n, stages = config or WS_CONFIGS[D]
-        self.grid = (triton.cdiv(SQ, BLOCK_M), B * H)
-        self.ints = (H, HKV, SQ, SK, qk_scale)
-        self.kwargs = dict(HEAD_DIM=D, BLOCK_N=self.block_n, STAGES=stages, CAUSAL=causal, num_warps=4, **pdl_args)
-
-    def __call__(self, q, k, v, out, lse):
-        qd, kd, vd = ws_descriptors(q, k, v, self.block_n)
-        _flash_ws_kernel[self.grid](qd, kd, vd, out, lse, *self.ints, **self.kwargs)
-        return out, lse
+    views = (((B * H * SQ, D), (D, 1), (BLOCK_M, D), "zero", q_layout),
+             ((B * HKV * SK, D), (D, 1), (block_n, D), "zero", kv_layout),
+             ((B * HKV * SK, D), (D, 1), (block_n, D), "zero", kv_layout))
+    kwargs = dict(HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4, **pdl_args)
+    return _flash_ws_kernel, (triton.cdiv(SQ, BLOCK_M), B * H), views, (H, HKV, SQ, SK, qk_scale), kwargs
 
 
 def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=None):
-    """One launch (no PDL) into ``out`` / ``lse`` as :class:`WsLaunch` takes them (benchmarks, A/B)."""
-    return WsLaunch(q, k, causal, qk_scale, dict(PDL=0), config)(q, k, v, out, lse)
+    """One plain launch (no PDL) into ``out`` / ``lse`` as :func:`ws_plan` takes them (benchmarks, A/B)."""
+    from .launcher import Descriptor, launch
+
+    fn, grid, views, ints, kwargs = ws_plan(q, k, causal, qk_scale, dict(PDL=0), config)
+    launch(fn, grid, *(Descriptor(t, *view) for t, view in zip((q, k, v), views)), out, lse, *ints, **kwargs)
+    return out, lse

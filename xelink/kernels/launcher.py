@@ -91,20 +91,29 @@ _PLAIN = object()  # an entry whose compiled kernel the fast path cannot launch:
 class Descriptor:
     """A host tensor descriptor: ``base`` (a tensor; its address and dtype are what count), and the
     ``shape``, ``strides`` (elements, the last one 1) and ``block_shape`` of the tiles a kernel loads, as
-    Triton's ``TensorDescriptor`` takes them. Nothing is checked here: Triton's checks run the first
-    time a launch sees these fields (:mod:`launcher`), or on every call of the plain path."""
+    Triton's ``TensorDescriptor`` takes them; ``layout``: a Gluon kernel's shared-memory layout (then it
+    stands for Gluon's Hopper ``TensorDescriptor``, which carries it). Nothing is checked here: Triton's
+    checks run the first time a launch sees these fields (:mod:`launcher`), or on every call of the plain
+    path."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding", "layout")
 
-    def __init__(self, base, shape, strides, block_shape, padding: str = "zero"):
+    def __init__(self, base, shape, strides, block_shape, padding: str = "zero", layout=None):
         self.base = base
         self.shape = tuple(shape)
         self.strides = tuple(strides)
         self.block_shape = tuple(block_shape)
         self.padding = padding
+        self.layout = layout
 
     def triton(self):
-        """Triton's ``TensorDescriptor`` of the same fields (its constructor checks them)."""
+        """Triton's ``TensorDescriptor`` of the same fields (its constructor checks them), or Gluon's with
+        the layout."""
+        if self.layout is not None:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+            return GluonDescriptor(self.base, list(self.shape), list(self.strides), list(self.block_shape),
+                                   self.layout, self.padding)
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         return TensorDescriptor(self.base, list(self.shape), list(self.strides), list(self.block_shape),
@@ -153,7 +162,7 @@ def _spec(v):
     if v is None:
         return None
     if t is Descriptor:
-        return (_DESC, v.base.dtype, v.block_shape, v.padding)
+        return (_DESC, v.base.dtype, v.block_shape, v.padding, v.layout)
     if t is _TRITON_DESCRIPTOR:  # (None until the fast path is on; None itself returned above)
         return (_DESC, v.base.dtype, tuple(v.block_shape), v.padding)
     if isinstance(v, _TENSOR) or hasattr(v, "data_ptr") and hasattr(v, "dtype"):  # Triton takes any such pointer
@@ -364,7 +373,7 @@ def _expand(t: _Triton, e: _Entry, args: tuple) -> list:
         d = out[pos]
         base = d.base
         if d.__class__ is Descriptor:
-            key = (base.data_ptr(), d.shape, d.strides, d.block_shape, base.dtype, d.padding)
+            key = (base.data_ptr(), d.shape, d.strides, d.block_shape, base.dtype, d.padding, d.layout)
         else:
             key = (base.data_ptr(), tuple(d.shape), tuple(d.strides), tuple(d.block_shape), base.dtype, d.padding)
         x = cache.get(key)
@@ -595,7 +604,7 @@ def launch_plan(slot: Slot | None, fn, grid, args: tuple, kwargs: dict):
         if isinstance(a, _TENSOR):
             key.append(a.data_ptr())
         elif a.__class__ is Descriptor:
-            key.append((a.base.data_ptr(), a.shape, a.strides, a.block_shape, a.padding))
+            key.append((a.base.data_ptr(), a.shape, a.strides, a.block_shape, a.padding, a.layout))
         else:
             key.append(a)
     return launch_keyed(slot, tuple(key), grid, lambda: args, kwargs)
