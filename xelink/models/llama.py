@@ -614,7 +614,8 @@ class DecodeGraph:
                 model.decode(self.tokens, self.positions)
         stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(dev), torch.cuda.graph(self.graph, stream=stream):
+        # thread_local: another thread's CUDA call (a library's, a collector's) cannot invalidate this capture
+        with torch.cuda.device(dev), torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
             self.logits = model.decode(self.tokens, self.positions)
             self.next_tokens = self.logits.argmax(dim=-1)
         torch.cuda.current_stream(dev).wait_stream(stream)
