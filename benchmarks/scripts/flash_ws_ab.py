@@ -77,14 +77,17 @@ def graph_us(fn, calls):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="S = 8192 only")
+    p.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256), help="timed head dim (default 128)")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    bad = sum(check(c) for c in CONFIGS)
+    D = args.head_dim
+    configs = CONFIGS if D == 128 else [W.WS_CONFIGS[D]]
+    bad = sum(check(c) for c in configs) if D == 128 else 0
     print(f"checks: {bad} wrong", flush=True)
     seqs = [8192] if args.quick else [1024, 2048, 8192, 32768]
     for causal, hkv in ((False, 32), (True, 8)):
         for S in seqs:
-            D, H = 128, 32
+            H = 32
             q = torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(1, hkv, S, D, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(1, hkv, S, D, device="cuda", dtype=torch.bfloat16)
@@ -97,7 +100,7 @@ def main():
                     "xelink cuda (TMA)": lambda: A._flash_forward(q, k, v, causal, D ** -0.5, "cuda",
                                                                   A._fwd_config("cuda", D), out=out),
                     "xelink cuda (public)": lambda: A.flash_attention(q, k, v, causal=causal, impl="cuda", out=out)}
-            for c in CONFIGS:
+            for c in configs:
                 rows[f"xelink ws {c}"] = (lambda c=c: W.ws_flash_forward(q, k, v, out, lse, causal,
                                                                          D ** -0.5 * 1.4426950408889634, c))
             base = None
