@@ -388,7 +388,7 @@ WS_SHAPES = [  # (B, Hq, Hkv, Sq, Sk), Sk a multiple of 128: the warp-specialize
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128])
 def test_flash_ws_gpu(requires_gpus, d, dtype, causal):
     """impl='cuda' takes the warp-specialized kernel (flash_ws.py) where it applies: the plan says so, and
     its outputs and LSE match the reference; the same call under PDL gives the same bits."""
