@@ -92,6 +92,10 @@ _DECODE_SEQ_MIN_CHUNK = 64
 # Bytes of keys and values a split prefetches before its PDL wait at most (pdl.py; H200: 32 KB a program over
 # the first 8 MB, 534 us a step's attention at 8K against 569 without and 546 / 592 at 64 / 256 KB a program).
 _DECODE_PREFETCH = 32 << 10
+# Splits of at least this many keys of the cache, all in one wave, take one more pipeline stage (head dim 128, the
+# one measured; H200, B=1, 32/8 heads, 3 -> 4 stages: 41.0 -> 39.7 us at 32K, 137.1 -> 130.2 us at 128K, 10.5 -> 9.9 us at 2K of a 32K cache;
+# at 8K, 256 keys a split, 15.5 -> 15.9: benchmarks/results/h200-issue23/decode_interleave_ab.log).
+_DECODE_DEEP_KEYS = 1024
 # Deal the splits' tiles out in turn (``_decode_split_kernel``'s INTERLEAVE) instead of a stretch of keys each.
 _DECODE_INTERLEAVE = False
 
@@ -869,6 +873,9 @@ class _DecodeLaunch:
             min_chunk = cdiv(_DECODE_SEQ_MIN_CHUNK, block_n) * block_n
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
+        if config is None and D == 128 and cdiv(SMAX, num_splits) >= _DECODE_DEEP_KEYS and \
+                num_splits * B * HKV * cdiv(group * SQ, block_m) <= _DECODE_PROGRAMS_PER_SM * sm_count(q.device):
+            num_stages += 1  # long splits in one wave: one more tile in flight (decode_interleave_ab.log)
         self.out_shape = (B, HQ, SQ, D)
         # The float32 scratch: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
         # unless the caller keeps it (``keep_lse``), the result's lse (B, HQ, SQ), each 16-byte aligned. The
