@@ -5,12 +5,12 @@ multiprocessor the splits aim at, least keys a split of the cache, least keys a 
 ``_DECODE_PROGRAMS_PER_SM``, ``_DECODE_MIN_CHUNK``, ``_DECODE_SEQ_MIN_CHUNK``. Outputs checked against the
 reference once per (variant, shape). ``configs``: the kept split policy with each kernel configuration
 (BLOCK_N, num_warps, num_stages) of ``CONFIGS`` instead (``_DECODE_CONFIGS[128]``; issue 23: the split kernel
-reads 2 TB/s at 8K). ``interleave``: the split kernel with its tiles dealt out in turn
-(``_DECODE_INTERLEAVE``) against a stretch of keys a split, at several programs a multiprocessor and tiles,
-as the attention bench's decode rows (full caches, B = 1 at 8K / 32K / 128K and B = 8 at 32K, caches rotated
-past L2) and at 2K of a 32K cache, with SDPA's default (cuDNN) on the full caches for scale.
+reads 2 TB/s at 8K). ``wave``: several programs a multiprocessor and kernel configurations as the attention
+bench's decode rows (full caches, B = 1 at 8K / 32K / 128K and B = 8 at 32K, caches rotated past L2) and at 2K of
+a 32K cache, with SDPA's default (cuDNN) on the full caches for scale (54ccd1c ran it as ``interleave``, with each
+variant also with the tiles dealt out to the splits in turn: no faster, removed).
 
-python3 benchmarks/scripts/decode_chunk_ab.py [configs | interleave]
+python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave]
 """
 import statistics
 import sys
@@ -28,18 +28,17 @@ VARIANTS = [(2, 256, 64), (4, 256, 64), (4, 128, 64), (8, 128, 64), (8, 64, 64)]
 CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2), (32, 4, 4)]
 
 
-INTERLEAVE_VARIANTS = [(inter, pps, config) for inter in (False, True)
-                       for pps, config in [(1, (64, 4, 3)), (2, (64, 4, 3)), (3, (64, 4, 3)), (4, (64, 4, 2)),
-                                           (2, (64, 8, 3)), (2, (128, 8, 3)), (2, (64, 4, 4)), (4, (32, 4, 4))]]
+WAVE_VARIANTS = [(1, (64, 4, 3)), (2, (64, 4, 3)), (3, (64, 4, 3)), (4, (64, 4, 2)), (2, (64, 8, 3)),
+                 (2, (128, 8, 3)), (2, (64, 4, 4)), (4, (32, 4, 4))]
 
 
-def interleave():
+def wave():
     import math
     import torch.nn.functional as F
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(0)
     print(torch.cuda.get_device_name(0), flush=True)
-    kept = attn._DECODE_INTERLEAVE, attn._DECODE_PROGRAMS_PER_SM, DEFAULT_CONFIG
+    kept = attn._DECODE_PROGRAMS_PER_SM, DEFAULT_CONFIG
     for b, smax, kv in [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (1, 32768, 2048)]:
         pair = 2 * b * HKV * smax * D * 2
         n = max(2, min(LAYERS, math.ceil((1 << 30) / pair)))
@@ -59,21 +58,21 @@ def interleave():
         if kv == smax:
             us = timed([lambda c=c: F.scaled_dot_product_attention(q, *c, enable_gqa=True) for c in caches])
             print(f"B={b} cache {smax:6d} kv {kv:6d} sdpa: {us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s)", flush=True)
-        for inter, pps, config in INTERLEAVE_VARIANTS:
-            attn._DECODE_INTERLEAVE, attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = inter, pps, config
+        for pps, config in WAVE_VARIANTS:
+            attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = pps, config
             attn._PATHS.clear()
             got = decode_attention(q, *caches[0], lens).float()
             err = float((got - ref).norm() / ref.norm())
             us = timed([lambda c=c: decode_attention(q, *c, lens) for c in caches])
-            print(f"B={b} cache {smax:6d} kv {kv:6d} interleave {int(inter)} programs/SM {pps} config {config}: "
+            print(f"B={b} cache {smax:6d} kv {kv:6d} programs/SM {pps} config {config}: "
                   f"{us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}", flush=True)
         del caches
-    attn._DECODE_INTERLEAVE, attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = kept
+    attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = kept
 
 
 def main():
-    if sys.argv[1:] == ["interleave"]:
-        return interleave()
+    if sys.argv[1:] == ["wave"]:
+        return wave()
     kept = attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
     variants = [kept + (c,) for c in CONFIGS] if sys.argv[1:] == ["configs"] else [v + (None,) for v in VARIANTS]
     dev = torch.device("cuda", 0)

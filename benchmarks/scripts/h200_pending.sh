@@ -28,8 +28,9 @@
 #          the W4A16 tiles in the chain with BIASED (~6 minutes);
 #   par:   the decode family's TP / CP rows with 2 ranks sharing the GPU (a check of the code path: the targets need one
 #          GPU per rank, issue 28: there `mpirun -n 2 python3 -m xelink.bench decode --parallel-only`) (~4 minutes);
-#   deal:  the TP / CP rows (as par), decode attention with its tiles dealt out in turn against a stretch a split
-#          (decode_chunk_ab.py interleave) and its GPU tests both ways, the W4A16 GEMV's mma candidates (~9 minutes);
+#   deal:  the TP / CP rows (as par), decode attention's programs a multiprocessor and configurations at the bench's
+#          shapes (decode_chunk_ab.py wave; 54ccd1c's interleave mode) and its GPU tests, the W4A16 GEMV's mma
+#          candidates (~9 minutes);
 #   ws:    the warp-specialized flash attention (flash_ws.py, issue 23): attention GPU tests, its A/B over S = 1K-32K
 #          against the TMA kernel and SDPA, the attention family's prefill rows (HD 128, 256), the attention host rows,
 #          the model GPU tests whose prefill runs it (~8 minutes);
@@ -247,7 +248,7 @@ deal)
   step bench_decode_parallel 200 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench decode --quick \
     --parallel-only --contexts 1K --cp-context 8K --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
-  step decode_interleave_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py interleave
+  step decode_wave_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py wave
   step decode_kernel_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_attention.py -k decode
   step gemv_chain_sweep_w4a16 130 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16

@@ -587,19 +587,10 @@ def test_decode_merged_in_one_launch(requires_gpus):
     n.fill_(4096)
 
 
-@pytest.fixture(params=[False, True], ids=["stretches", "interleaved"])
-def dealt(request, monkeypatch):
-    """Both ways the split kernel hands out keys (a stretch a split, or tiles dealt in turn), whichever is the
-    default; plans made with the other are dropped."""
-    monkeypatch.setattr(A, "_DECODE_INTERLEAVE", request.param)
-    A._PATHS.clear()
-    yield request.param
-    A._PATHS.clear()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_decode_kernel_dealt_gpu(requires_gpus, dealt, causal):
+def test_decode_kernel_long_gpu(requires_gpus, causal):
+    """A 32K cache (the long splits' deeper pipeline), 64 explicit splits of a 5000-key cache."""
     requires_gpus(1)
     cases = DECODE_CASES + [(1, 32, 8, 1, 32768, [32768], None), (2, 8, 2, 2, 5000, [4999, 130], 64)]
     _check_decode("cuda", 128, torch.bfloat16, causal, cases, seed=3 + int(causal))
@@ -607,7 +598,7 @@ def test_decode_kernel_dealt_gpu(requires_gpus, dealt, causal):
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 @pytest.mark.parametrize("causal", [False, True])
-def test_decode_kernel_interpreter(dealt, causal):
+def test_decode_kernel_interpreter(causal):
     # the last: 24 rows a KV head (GQA 8 x 3 tokens), merged 16 rows at a time
     cases = [(3, 8, 2, 3, 200, [200, 0, 2], 4), (1, 4, 1, 1, 300, [300], None), (2, 8, 1, 3, 300, [300, 3], 5)]
     _check_decode("cpu", 64, torch.float16, causal, cases, seed=int(causal))

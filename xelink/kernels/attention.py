@@ -93,11 +93,10 @@ _DECODE_SEQ_MIN_CHUNK = 64
 # the first 8 MB, 534 us a step's attention at 8K against 569 without and 546 / 592 at 64 / 256 KB a program).
 _DECODE_PREFETCH = 32 << 10
 # Splits of at least this many keys of the cache, all in one wave, take one more pipeline stage (head dim 128, the
-# one measured; H200, B=1, 32/8 heads, 3 -> 4 stages: 41.0 -> 39.7 us at 32K, 137.1 -> 130.2 us at 128K, 10.5 -> 9.9 us at 2K of a 32K cache;
-# at 8K, 256 keys a split, 15.5 -> 15.9: benchmarks/results/h200-issue23/decode_interleave_ab.log).
+# one measured; H200, B=1, 32/8 heads, 3 -> 4 stages: 41.0 -> 39.7 us at 32K, 137.1 -> 130.2 us at 128K, 10.5 ->
+# 9.9 us at 2K of a 32K cache; at 8K, 256 keys a split, 15.5 -> 15.9: benchmarks/results/h200-issue23/
+# decode_wave_ab.log).
 _DECODE_DEEP_KEYS = 1024
-# Deal the splits' tiles out in turn (``_decode_split_kernel``'s INTERLEAVE) instead of a stretch of keys each.
-_DECODE_INTERLEAVE = False
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -399,46 +398,6 @@ if triton is not None:
         return _attn_finish(acc, l_i, m_i)
 
     @triton.jit
-    def _attn_dealt_loop(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, split, n_used, kv_len,
-                         first_last, row_last, qk_scale,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-        """Online softmax over the BLOCK_N-key tiles split, split + n_used, ... of keys [0, kv_len) (none when
-        split >= n_used). Tiles wholly below key ``first_last + 1`` need no mask; the others are masked, the
-        keys past kv_len zero-padded."""
-        step = n_used * BLOCK_N
-        lo = tl.where(split < n_used, split * BLOCK_N, kv_len)
-        full = tl.maximum(tl.minimum(first_last + 1, kv_len), 0) // BLOCK_N * BLOCK_N
-        # this split's first tile at or past ``full``
-        t_full = full // BLOCK_N
-        masked_lo = (t_full + (split - t_full % n_used + n_used) % n_used) * BLOCK_N
-        masked_lo = tl.where(split < n_used, masked_lo, kv_len)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        k_ptr = tl.make_block_ptr(k_base, (kv_len, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
-                                  (1, 0))
-        v_ptr = tl.make_block_ptr(v_base, (kv_len, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
-                                  (1, 0))
-        for start_n in range(lo, full, step):
-            k = tl.load(k_ptr)
-            v = tl.load(v_ptr)
-            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n, row_last, kv_len, qk_scale, False)
-            k_ptr = tl.advance(k_ptr, (step, 0))
-            v_ptr = tl.advance(v_ptr, (step, 0))
-        k_ptr = tl.make_block_ptr(k_base, (kv_len, HEAD_DIM), (stride_kn, stride_kd), (masked_lo, 0),
-                                  (BLOCK_N, HEAD_DIM), (1, 0))
-        v_ptr = tl.make_block_ptr(v_base, (kv_len, HEAD_DIM), (stride_vn, stride_vd), (masked_lo, 0),
-                                  (BLOCK_N, HEAD_DIM), (1, 0))
-        for start_n in range(masked_lo, kv_len, step):
-            k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
-            v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, kv_len, qk_scale, True)
-            k_ptr = tl.advance(k_ptr, (step, 0))
-            v_ptr = tl.advance(v_ptr, (step, 0))
-        return _attn_finish(acc, l_i, m_i)
-
-    @triton.jit
     def _causal_bounds(m0, SQ, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
         """Key ranges of a query block: [0, full) needs no mask, [full, end) does."""
         if CAUSAL:
@@ -606,16 +565,14 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0,
-        INTERLEAVE: tl.constexpr = False,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
         A split covers ``max(ceil(kv_len / splits), MIN_CHUNK)`` keys (whole BLOCK_N blocks): a cache much
         longer than its sequence (a static cache early in a decode) leaves the splits past ``kv_len`` empty
-        and the merge reads only the splits that hold keys. INTERLEAVE deals the BLOCK_N-key tiles out in
-        turn instead (split s takes tiles s, s + n, s + 2n, ... of the ``n = min(splits, ceil(kv_len /
-        MIN_CHUNK))`` splits that hold keys), so that at any moment a head's programs read one stretch of the
-        cache, not ``splits`` stretches far apart.
+        and the merge reads only the splits that hold keys. (Dealing the tiles out in turn instead, so that
+        a head's programs read one stretch of the cache at a time, measured no faster on an H200: 54ccd1c,
+        benchmarks/results/h200-issue23.)
 
         Partial results go to OP (B, Hq, SQ, splits, D) and LSEP (B, Hq, SQ, splits), float32,
         contiguous; an empty split writes 0 and -inf. The last split of a row block to finish (a ticket of
@@ -640,11 +597,7 @@ if triton is not None:
             # programs); kv_lens read before the wait may be stale (the previous kernel may write it): it
             # only moves the hint.
             if split + n_splits * (bk + tl.num_programs(1) * tl.program_id(2)) < PREFETCH:
-                if INTERLEAVE:  # the split's first tile
-                    lo = split * BLOCK_N
-                    hi = tl.minimum(lo + BLOCK_N, tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX))
-                else:
-                    _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+                _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
                 _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
                 _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
@@ -658,20 +611,15 @@ if triton is not None:
         else:
             row_last = t * 0 + (kv_len - 1)
             first_last = kv_len - 1
-        if INTERLEAVE:
-            n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len, MIN_CHUNK), n_splits), 1)
-            out, lse = _attn_dealt_loop(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, split,
-                                        n_used, kv_len, first_last, row_last, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM)
-        else:
-            n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len, chunk), n_splits), 1)
-            full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
-            # The block pointers end at this split's last key: the zero padding then covers the tail.
-            k_ptr = tl.make_block_ptr(k_base, (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
-                                      (1, 0))
-            v_ptr = tl.make_block_ptr(v_base, (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
-                                      (1, 0))
-            out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
-                                           BLOCK_M, BLOCK_N, HEAD_DIM)
+        n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len, chunk), n_splits), 1)
+        full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
+        # The block pointers end at this split's last key: the zero padding then covers the tail.
+        k_ptr = tl.make_block_ptr(k_base, (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                  (1, 0))
+        v_ptr = tl.make_block_ptr(v_base, (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
+                                  (1, 0))
+        out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
+                                       BLOCK_M, BLOCK_N, HEAD_DIM)
         pdl_launch(PDL)
         hq = HKV * GROUP
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
@@ -875,7 +823,7 @@ class _DecodeLaunch:
         block_m = _decode_rows_block(group * SQ)
         if config is None and D == 128 and cdiv(SMAX, num_splits) >= _DECODE_DEEP_KEYS and \
                 num_splits * B * HKV * cdiv(group * SQ, block_m) <= _DECODE_PROGRAMS_PER_SM * sm_count(q.device):
-            num_stages += 1  # long splits in one wave: one more tile in flight (decode_interleave_ab.log)
+            num_stages += 1  # long splits in one wave: one more tile in flight (decode_wave_ab.log)
         self.out_shape = (B, HQ, SQ, D)
         # The float32 scratch: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
         # unless the caller keeps it (``keep_lse``), the result's lse (B, HQ, SQ), each 16-byte aligned. The
@@ -895,7 +843,7 @@ class _DecodeLaunch:
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
         unroll = max(2, min(16, 8192 // (merge_rows * D)))
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
-                           UNROLL=unroll, MIN_CHUNK=min_chunk, INTERLEAVE=_DECODE_INTERLEAVE, num_warps=num_warps,
+                           UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
                                                                     q.device))
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
