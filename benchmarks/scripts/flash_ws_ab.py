@@ -16,6 +16,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from xelink.bench.harness import time_cuda_events
+from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import attention as A
 from xelink.kernels import flash_ws as W
 
@@ -57,23 +59,9 @@ def check(config, head_dim=None):
 
 
 def graph_us(fn, calls):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(ts)
+    """us a call: a CUDA graph of ``calls`` back-to-back calls, median of 5 replays (CUDA events)."""
+    graph, _, _ = cuda_graph([fn], calls)
+    return statistics.median(time_cuda_events(graph.replay, warmup=1, iters=5)) * 1e6 / calls
 
 
 def main():
