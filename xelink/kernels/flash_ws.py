@@ -1,21 +1,23 @@
 """Flash attention forward for Hopper with a producer warp and asynchronous wgmma (CUDA sm90, Gluon).
 
-The ``impl="ws"`` kernel of :func:`xelink.kernels.attention.flash_attention` (issue 23). One program per
-(128-query block, batch x head), two partitions:
+The kernel ``flash_attention(impl="cuda")`` runs on an sm90 GPU where it applies (issue 23; the tile shapes
+and measurements: benchmarks/results/h200-issue23). One program per (128 query rows, batch x head), three
+partitions:
 
-- the **producer** (one warp, few registers): the Q tile, then each K and V tile through TMA into a ring
-  of ``STAGES`` shared-memory slots, each with its own "ready" barrier for K and for V, so QK^T can
-  start before V lands; it waits on a slot's "empty" barrier before reusing it.
-- the **consumers** (the default partition, two warpgroups, 64 query rows each): S = Q K^T and
-  O += P V on the tensor cores (``warpgroup_mma``, P straight from registers), the online softmax in
-  the log2 domain. The loop is software-pipelined: tile j+1's QK^T is issued before tile j's softmax,
-  so the tensor cores work while the warps do exp2 and the row sums; tile j's PV is issued after its
-  softmax and completes under tile j+1's softmax.
+- the **producer** (one warp, 24 registers): the Q tile, then each K and V tile through TMA into a ring of
+  ``STAGES`` shared-memory slots, with its own "ready" barrier for K and for V (QK^T starts before V lands)
+  and its own "empty" barrier for each, which both consumers release.
+- two **consumers** (a warpgroup each, 64 of the query rows each, each its own partition so that they drift
+  apart and one's softmax runs while the other's products hold the tensor cores): S = Q K^T and O += P V on
+  ``warpgroup_mma`` (P straight from registers), the online softmax in the log2 domain. Tile j+1's QK^T and
+  tile j's PV are queued together and tile j+1's softmax runs under the PV; nothing is in flight at the end
+  of an iteration (a wgmma result carried round the loop makes ptxas serialize every wgmma).
 
-Limits (the caller falls back to the portable/TMA kernels otherwise): bf16/fp16, head dim 64 or 128,
-contiguous (B, H, S, D) q, k, v with 16-byte aligned bases, ``Sk`` a multiple of ``BLOCK_N`` (a tile
-never crosses into the next head's keys: the kernel masks by position only for causal rows).
-Query rows past ``Sq`` (the last block of a head) read the next head's rows and are never stored.
+Limits (``ws_applies``; the caller takes the TMA or portable Triton kernels otherwise): bf16/fp16, head dim
+64 or 128, contiguous (B, H, S, D) q, k, v with 16-byte aligned bases, ``Sk`` a multiple of ``BLOCK_N`` (a
+tile never crosses into the next head's keys, so only causal rows need a mask). Query rows past ``Sq`` (the
+last block of a head) read the next head's rows and are never stored. ``out`` is contiguous (B, H, Sq, D),
+the LSE (B, H, Sq) float32.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ try:
 except Exception:  # noqa: BLE001 - no Triton, or one without Gluon's Hopper API: the path is absent
     gluon = None
 
-__all__ = ["WS_AVAILABLE", "ws_applies", "ws_flash_forward"]
+__all__ = ["WS_AVAILABLE", "WS_CONFIGS", "ws_applies", "ws_flash_forward", "ws_plan"]
 
 WS_AVAILABLE = gluon is not None
 BLOCK_M = 128
@@ -50,15 +52,14 @@ WS_CONFIGS = {64: (128, 3), 128: (128, 2)}
 WS_UNTESTED = {256: (64, 2)}
 
 
-def ws_applies(q, k, v, block_n: int | None = None) -> bool:
+def ws_applies(q, k, v) -> bool:
     """Whether the kernel takes these tensors (module docstring: dtype, head dim, layout, Sk; CUDA sm90, not
     interpreted)."""
     D = q.shape[3]
     if (not WS_AVAILABLE or not q.is_cuda or interpreting() or D not in WS_CONFIGS
             or q.dtype not in (torch.bfloat16, torch.float16) or torch.cuda.get_device_capability(q.device)[0] != 9):
         return False
-    bn = block_n or WS_CONFIGS[D][0]
-    return (k.shape[2] % bn == 0 and k.shape[2] > 0 and q.shape[2] > 0
+    return (k.shape[2] % WS_CONFIGS[D][0] == 0 and k.shape[2] > 0 and q.shape[2] > 0
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)))
 
 
