@@ -529,6 +529,21 @@ def _check_decode(device, d, dtype, causal, cases, seed):
         assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3, where
 
 
+def test_decode_deeper_pipeline_for_long_splits(monkeypatch):
+    """Splits of >= _DECODE_DEEP_KEYS keys of the cache that fit in one wave take one more stage, at head dim
+    128 only (the one measured): B=1 at 32K and 128K (32/8 heads on 132 multiprocessors), not 8K nor B=8."""
+    monkeypatch.setattr(A, "sm_count", lambda device: 132)
+    stages = A._DECODE_CONFIGS[128][2]
+
+    def planned(b, smax, d=128):
+        q, kc = torch.empty(b, 32, 1, d, device="meta"), torch.empty(b, 8, smax, d, device="meta")
+        return A._DecodeLaunch(q, kc, kc, None, False, 0.1, 0, None, "off", False).kwargs["num_stages"]
+
+    assert planned(1, 32768) == planned(1, 131072) == stages + 1
+    assert planned(1, 8192) == planned(8, 32768) == stages
+    assert planned(1, 32768, d=64) == A._DECODE_CONFIGS[64][2]
+
+
 DECODE_CASES = [  # (B, Hq, Hkv, Sq, Smax, kv_lens, num_splits)
     (3, 32, 8, 1, 4099, [4099, 1, 2500], None),
     (2, 8, 8, 4, 1000, [1000, 0], 3),

@@ -96,7 +96,7 @@ _DECODE_PREFETCH = 32 << 10
 # one measured; H200, B=1, 32/8 heads, 3 -> 4 stages: 41.0 -> 39.7 us at 32K, 137.1 -> 130.2 us at 128K, 10.5 ->
 # 9.9 us at 2K of a 32K cache; at 8K, 256 keys a split, 15.5 -> 15.9: benchmarks/results/h200-issue23/
 # decode_wave_ab.log).
-_DECODE_DEEP_KEYS = 1024
+_DECODE_DEEP_KEYS = 512  # (a 32K cache over 33 splits: 993 keys each; 8K: 249)
 
 
 # -- argument checks ----------------------------------------------------------------------------
