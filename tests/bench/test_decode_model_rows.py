@@ -201,3 +201,21 @@ def test_twin_of_a_tp_model_needs_collectives_and_options_conflict():
     model.cp = object()  # what dense_weights looks at
     with pytest.raises(ValueError, match="no context parallelism"):
         decode.dense_weights(model)
+
+
+def test_parallel_targets_judge_cp_only_at_its_context():
+    """The CP = 2 target is set at 128K: a row at another context is reported, not marked met or missed;
+    at 128K it is judged against TP = 1's time in the same row (0.8x)."""
+    from xelink.bench.harness import make_row
+
+    def cp_row(context, ours_s, tp1_s):
+        return make_row("decode-model", "xelink:eager bf16 cp=2", [ours_s] * 3, size_bytes=1, count=1,
+                        dtype=torch.bfloat16, nranks=2, baseline="xelink:graph bf16 tp=1", baseline_samples=[tp1_s] * 3,
+                        extra={"cp": 2, "tp": 1, "context": context})
+
+    short, met, missed = cp_row(8192, 0.02, 0.004), cp_row(131072, 0.003, 0.004), cp_row(131072, 0.0035, 0.004)
+    lines = decode._parallel_targets([short, met, missed], "llama-3.1-8b", 2)
+    assert "target_ok" not in short.extra and "not judged" in lines[0] and "MISSED" not in lines[0]
+    assert met.extra["target_ok"] is True and lines[1].endswith("met")
+    assert missed.extra["target_ok"] is False and lines[2].endswith("MISSED")
+    assert decode._parallel_targets([met], "tiny", 2) == [] and decode._parallel_targets([met], "llama-3.1-8b", 4) == []

@@ -947,10 +947,14 @@ def _parallel_targets(rows, name: str, n: int) -> list:
             lines.append(f"target bf16 TP=2 ctx=1024: <= {TARGET_TP2_MS} ms: {r.time_us / 1e3:.2f} ms"
                          + (f" ({r.ratio:.2f}x {r.baseline})" if r.ratio else "") + f": {'met' if ok else 'MISSED'}")
         if r.path.startswith("xelink:") and r.extra.get("cp") == 2 and r.ratio:
-            ok = r.extra["context"] >= 131072 and r.time_us <= TARGET_CP2 * r.baseline_us
+            got = (f"{r.time_us / r.baseline_us:.2f}x ({r.time_us / 1e3:.2f} / {r.baseline_us / 1e3:.2f} ms)")
+            if r.extra["context"] < CP_CONTEXT:  # the target is set at 128K: a shorter run is reported, not judged
+                lines.append(f"target bf16 CP=2: <= {TARGET_CP2}x TP=1's time at {CP_CONTEXT // 1024}K; this run's "
+                             f"context {r.extra['context']}: {got} (not judged)")
+                continue
+            ok = r.time_us <= TARGET_CP2 * r.baseline_us
             r.extra.update(target_x_tp1=TARGET_CP2, target_ok=ok)
-            lines.append(f"target bf16 CP=2 ctx={r.extra['context']}: <= {TARGET_CP2}x TP=1's time (at 128K): "
-                         f"{r.time_us / r.baseline_us:.2f}x ({r.time_us / 1e3:.2f} / {r.baseline_us / 1e3:.2f} ms): "
+            lines.append(f"target bf16 CP=2 ctx={r.extra['context']}: <= {TARGET_CP2}x TP=1's time: {got}: "
                          f"{'met' if ok else 'MISSED'}")
     return lines
 
