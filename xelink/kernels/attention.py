@@ -710,12 +710,12 @@ class _FlashLaunch:
         # out: the caller's (any strides: the kernels store through block pointers) or a new contiguous one.
         o_strides = tuple(out.stride()) if out is not None else (H * SQ * D, SQ * D, D, 1)
         qk_scale = scale * _LOG2E
+        pdl_args = pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device)
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
-                           num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device))
+                           num_stages=num_stages, **pdl_args)
         if impl == "cuda" and config is None and ws_applies(q, k, v) and (out is None or out.is_contiguous()):
             # the warp-specialized Gluon kernel (flash_ws.py): descriptors with its layouts, then out and lse
-            self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(
-                q, k, causal, qk_scale, pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device))
+            self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(q, k, causal, qk_scale, pdl_args)
         elif impl == "cuda" and _tma_ok(q, k, v):
             # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
             self.fn = _flash_fwd_tma_kernel

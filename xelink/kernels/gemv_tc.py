@@ -259,7 +259,6 @@ if gluon is not None:
                         PIPE: gl.constexpr = False):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
-        x_dtype: gl.constexpr = x_ptr.dtype.element_ty
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
                                                       instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
