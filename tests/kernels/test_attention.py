@@ -376,6 +376,17 @@ def test_flash_kernel_gpu(requires_gpus, impl, d, dtype, causal):
     _check_flash("cuda", impl, d, dtype, causal, GPU_SHAPES, seed=d * 10 + int(causal))
 
 
+def test_ws_flash_forward_refuses_what_the_kernel_does_not_take():
+    """The warp-specialized kernel's direct launch (benchmarks) names itself and the bad tensors before any
+    launch: CPU tensors (no sm90 GPU), mismatched outputs."""
+    from xelink.kernels import flash_ws
+
+    q, k, v = _qkv(1, 4, 2, 128, 128, 128, torch.bfloat16)
+    with pytest.raises(ValueError, match="ws_flash_forward: q"):
+        flash_ws.ws_flash_forward(q, k, v, torch.empty_like(q), torch.empty(1, 4, 128), False, 0.1)
+    assert not flash_ws.ws_applies(q, k, v)
+
+
 WS_SHAPES = [  # (B, Hq, Hkv, Sq, Sk), Sk a multiple of 128: the warp-specialized kernel's; tails of Sq, Sq > Sk
     (1, 2, 2, 128, 128),
     (2, 8, 2, 300, 512),
@@ -404,6 +415,9 @@ def test_flash_ws_gpu(requires_gpus, d, dtype, causal):
     a = A.flash_attention(q, k, v, causal=causal, impl="cuda", pdl=False)
     b = A.flash_attention(q, k, v, causal=causal, impl="cuda", pdl=True)
     assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="ws_flash_forward: out must be"):  # the direct launch's output checks
+        flash_ws.ws_flash_forward(q, k, v, torch.empty_like(q), torch.empty(1, 4, 200, device="cuda",
+                                                                              dtype=torch.float16), causal, 0.1)
 
 
 @pytest.mark.gpu

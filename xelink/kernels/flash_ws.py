@@ -225,8 +225,23 @@ def ws_plan(q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None):
 
 
 def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=None):
-    """One plain launch (no PDL) into ``out`` / ``lse`` as :func:`ws_plan` takes them (benchmarks, A/B)."""
+    """One plain launch (no PDL) into ``out`` / ``lse`` as :func:`ws_plan` takes them (benchmarks, A/B). Raises
+    ValueError, before launching, for tensors the kernel does not take (:func:`ws_applies`) or outputs of
+    another shape, dtype or layout."""
     from .launcher import Descriptor, launch
+
+    fn = "ws_flash_forward"
+    if not (q.dim() == k.dim() == v.dim() == 4 and k.shape == v.shape and q.shape[0] == k.shape[0]
+            and q.shape[3] == k.shape[3] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+            and q.dtype == k.dtype == v.dtype and ws_applies(q, k, v)):
+        raise ValueError(f"{fn}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({q.dtype} on {q.device}) "
+                         f"are not what the kernel takes: (B, H, S, D) contiguous bf16/fp16 on an sm90 GPU, head dim "
+                         f"in {sorted(WS_CONFIGS)}, H a multiple of k's heads, Sk a multiple of the key tile")
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or \
+            lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"{fn}: out must be contiguous {tuple(q.shape)} {q.dtype} and lse contiguous "
+                         f"{tuple(q.shape[:3])} float32, got {tuple(out.shape)} {out.dtype} and {tuple(lse.shape)} "
+                         f"{lse.dtype}")
 
     fn, grid, views, ints, kwargs = ws_plan(q, k, causal, qk_scale, dict(PDL=0), config)
     launch(fn, grid, *(Descriptor(t, *view) for t, view in zip((q, k, v), views)), out, lse, *ints, **kwargs)
