@@ -67,13 +67,10 @@ def graph_us(fn, calls):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="S = 8192 only")
-    p.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256),
-                   help="timed head dim (default 128; 256 switches the kernel's untested head dim on for the run)")
+    p.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256), help="timed head dim (default 128)")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     D = args.head_dim
-    if D not in W.WS_CONFIGS:  # an untested head dim: switched on for this run (its public row takes it too)
-        W.WS_CONFIGS[D] = W.WS_UNTESTED[D]
     configs = CONFIGS if D == 128 else [W.WS_CONFIGS[D]]
     bad = sum(check(c, None if D == 128 else D) for c in configs)
     print(f"checks: {bad} wrong", flush=True)

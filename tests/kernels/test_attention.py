@@ -399,7 +399,7 @@ WS_SHAPES = [  # (B, Hq, Hkv, Sq, Sk), Sk a multiple of 128: the warp-specialize
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_flash_ws_gpu(requires_gpus, d, dtype, causal):
     """impl='cuda' takes the warp-specialized kernel (flash_ws.py) where it applies: the plan says so, and
     its outputs and LSE match the reference; the same call under PDL gives the same bits."""
@@ -428,7 +428,8 @@ def test_flash_ws_back_to_back_and_graph_gpu(requires_gpus):
     _need_sm90("cuda")
     gen = torch.Generator().manual_seed(23)
     cases = [(1, 8, 2, 512, 1024, 128, torch.bfloat16, True), (2, 4, 4, 129, 256, 64, torch.float16, False),
-             (1, 32, 8, 2048, 2048, 128, torch.bfloat16, True), (1, 2, 1, 77, 128, 128, torch.float16, True)]
+             (1, 32, 8, 2048, 2048, 128, torch.bfloat16, True), (1, 2, 1, 77, 128, 128, torch.float16, True),
+             (1, 4, 2, 300, 576, 256, torch.bfloat16, False)]
     made = [(*_qkv(b, h, hk, sq, sk, d, dt, device="cuda", gen=gen), c) for b, h, hk, sq, sk, d, dt, c in cases]
     for _ in range(2):
         for q, k, v, c in made:

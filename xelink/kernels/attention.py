@@ -11,7 +11,8 @@ Paths (``impl=``; which each function takes: ``FLASH_IMPLS``, ``DECODE_IMPLS``, 
 - ``"triton"``: the portable kernel, block pointers and plain loads only (features Intel's Triton 3.3
   has too), so the same source serves NVIDIA and Intel GPUs.
 - ``"cuda"`` (old name ``"hopper"``; flash attention only): tuned for sm90. Where it applies (head dim
-  64 or 128, ``Sk`` a multiple of 128, contiguous tensors and output: ``flash_ws.py``) the warp-specialized
+  64, 128 or 256, ``Sk`` a multiple of its key tile (128; 64 at head dim 256), contiguous tensors and output:
+  ``flash_ws.py``) the warp-specialized
   Gluon kernel (a TMA producer warp, two consumer warpgroups on asynchronous wgmma); otherwise the Triton
   kernel whose K/V/Q tiles come through TMA tensor descriptors, with tile shapes measured on an H200
   (``benchmarks/results/h200-attention``); and the portable kernel for layouts TMA cannot address (a

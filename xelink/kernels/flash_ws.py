@@ -14,7 +14,7 @@ partitions:
   of an iteration (a wgmma result carried round the loop makes ptxas serialize every wgmma).
 
 Limits (``ws_applies``; the caller takes the TMA or portable Triton kernels otherwise): bf16/fp16, head dim
-64 or 128, contiguous (B, H, S, D) q, k, v with 16-byte aligned bases, ``Sk`` a multiple of ``BLOCK_N`` (a
+64, 128 or 256, contiguous (B, H, S, D) q, k, v with 16-byte aligned bases, ``Sk`` a multiple of ``BLOCK_N`` (a
 tile never crosses into the next head's keys, so only causal rows need a mask). Query rows past ``Sq`` (the
 last block of a head) read the next head's rows and are never stored. ``out`` is contiguous (B, H, Sq, D),
 the LSE (B, H, Sq) float32.
@@ -45,11 +45,9 @@ WS_AVAILABLE = gluon is not None
 BLOCK_M = 128
 _BM = gl.constexpr(BLOCK_M) if gluon is not None else BLOCK_M
 _HM = gl.constexpr(BLOCK_M // 2) if gluon is not None else BLOCK_M // 2  # a warpgroup's rows
-# (BLOCK_N, STAGES) per head dim: a 128 x D Q tile and STAGES x (K + V) tiles of BLOCK_N x D in shared memory.
-# Head dim 256 (64-key tiles, two stages: 192 KB) compiles for sm90 without spills but has not run on a GPU:
-# it stays off (``WS_UNTESTED``) until its GPU tests pass (flash_ws_ab.py --head-dim 256 sets it).
-WS_CONFIGS = {64: (128, 3), 128: (128, 2)}
-WS_UNTESTED = {256: (64, 2)}
+# (BLOCK_N, STAGES) per head dim: a 128 x D Q tile and STAGES x (K + V) tiles of BLOCK_N x D in shared memory
+# (head dim 256: 64-key tiles, two stages, 192 KB).
+WS_CONFIGS = {64: (128, 3), 128: (128, 2), 256: (64, 2)}
 
 
 def ws_applies(q, k, v) -> bool:
