@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from xelink.kernels import attention, norm
-from xelink.kernels.common import IMPL_ALIASES, IMPLS, check_impl, check_no_overlap, check_out
+from xelink.kernels.common import IMPL_ALIASES, IMPLS, check_impl, check_no_overlap, check_out, gc_paused
 from xelink.kernels.gemm import GEMM_IMPLS
 from xelink.kernels.gemv import GEMV_IMPLS
 
@@ -83,3 +83,41 @@ def test_path_key_remembers_only_plain_cuda_calls():
     for i in range(3):
         paths.remember(i, i)
     assert paths == {2: 2}  # past the limit everything is forgotten, then the new entry kept
+
+
+def test_gc_paused_collects_first_then_holds_the_collector_off():
+    """What a graph capture is wrapped in: dead cycles collected before it, no collection inside it (a dead
+    CUDA graph's destructor there invalidates the capture), the collector's state restored after (an error
+    too)."""
+    import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    def dead_cycle():
+        a = Cycle()
+        a.me = a
+        return weakref.ref(a)
+
+    assert gc.isenabled()
+    ref = dead_cycle()
+    with gc_paused():
+        assert ref() is None and not gc.isenabled()
+        inside = dead_cycle()
+    assert gc.isenabled() and inside() is not None  # made inside: left for the next collection
+    gc.collect()
+    assert inside() is None
+    ref = dead_cycle()
+    with pytest.raises(RuntimeError, match="boom"), gc_paused(collect=False):
+        assert ref() is not None
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused(collect=False):
+            pass
+        assert not gc.isenabled()  # off before: off after
+    finally:
+        gc.enable()
+

@@ -136,3 +136,38 @@ def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
     a = fast.generate(ids, 6, attention_mask=mask, eos_token_id=[], cuda_graph=True)
     b = fast.generate(ids, 6, attention_mask=mask, eos_token_id=[], cuda_graph=False)
     assert torch.equal(a, b), config
+
+
+@pytest.mark.gpu
+def test_gpu_graph_capture_while_a_dropped_model_is_collected(requires_gpus):
+    """A model dropped with its decode graph is a reference cycle (it caches the graph, the graph holds it) that
+    only the cyclic collector frees, whenever it runs. It ran inside the next model's capture now and then, where
+    the dead graph's destructor invalidated the capture (``Llama.generate`` failed at random): here the last
+    reference goes and the collector is asked to run (as it would, were it on) in the middle of the capture."""
+    import gc
+    import weakref
+
+    requires_gpus(1)
+    kw = dict(dtype=torch.bfloat16, device="cuda")
+    keep = [_tiny(**kw)]
+    keep[0].decode_graph(1)
+    dead = weakref.ref(keep[0])
+    model = _tiny(**kw)
+    decode = model.decode
+
+    def capturing_decode(tokens, positions):
+        if torch.cuda.is_current_stream_capturing() and keep:
+            keep.clear()  # the old model and its graph: garbage now, in a cycle
+            if gc.isenabled():
+                gc.collect()
+        return decode(tokens, positions)
+
+    model.decode = capturing_decode
+    graph = model.decode_graph(1)
+    assert not keep and gc.isenabled()
+    gc.collect()
+    assert dead() is None  # collected once the capture was over
+    model(torch.tensor([[3, 1, 4]], device="cuda"), 0)
+    tok, pos = torch.tensor([5], device="cuda"), torch.tensor([3], device="cuda")
+    want = decode(tok, pos).float().cpu()
+    assert torch.equal(graph.step(tok, pos).float().cpu(), want)

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from ..kernels.common import gc_paused
 from .harness import co_measure, make_row, summarize
 
 __all__ = ["HOST_MARGIN_US", "KernelReport", "add_timing_arguments", "cpu_rows", "cuda_graph", "host_rows",
@@ -47,7 +48,7 @@ def cuda_graph(calls, repeats: int):
             call()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         outs = None
         for _ in range(repeats):
             outs = [call() for call in calls]

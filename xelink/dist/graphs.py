@@ -34,6 +34,7 @@ import logging
 import torch
 
 from .. import config, symm
+from ..kernels.common import gc_paused
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_MB", "STALE_CALLS", "limit", "budget", "key_of", "run"]
 
@@ -109,7 +110,7 @@ class _Graphs:
         graph = torch.cuda.CUDAGraph()
         before = torch.cuda.memory_reserved(self.device)
         try:
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.stream(self.stream), gc_paused(collect=False):  # kernels.common.gc_paused says why
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     body()

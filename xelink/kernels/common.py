@@ -12,7 +12,9 @@ launch, with :func:`check_no_overlap` (addresses: eager tensors only).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import os
 
 import torch
@@ -31,7 +33,8 @@ except ImportError:  # Triton without host-side tensor descriptors (older, or In
 
 __all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_impl",
            "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting", "require_triton",
-           "cdiv", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton", "triton_can_run"]
+           "cdiv", "gc_paused", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton",
+           "triton_can_run"]
 
 IMPLS = ("auto", "triton", "cuda", "reference")
 IMPL_ALIASES = {"hopper": "cuda"}  # the Hopper TMA kernels of gemm and flash attention were "hopper" before
@@ -224,3 +227,24 @@ def sm_count(device: torch.device) -> int:
         props = torch.xpu.get_device_properties(device)
         return int(getattr(props, "gpu_subslice_count", 0) or getattr(props, "max_compute_units", 64))
     return 8  # the interpreter: a few, so grids stay short and decode still splits (tests exercise the merge)
+
+
+@contextlib.contextmanager
+def gc_paused(collect: bool = True):
+    """Around a CUDA-graph capture: Python's cyclic collector first (``collect``), then not at all until the
+    block ends (it is switched back on if it was on).
+
+    A ``CUDAGraph`` held in a reference cycle (a model and the decode graph it caches hold each other) is
+    freed whenever the collector happens to run; inside another capture its destructor's
+    ``cudaGraphExecDestroy`` is refused and invalidates that capture (torch stopped collecting at capture
+    start). Collecting first also frees such dead graphs' memory before the new graph takes its own."""
+    if collect:
+        gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+

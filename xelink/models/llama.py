@@ -39,6 +39,7 @@ from .. import cp_attention
 from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
                        reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, reference_rope_kv,
                        reference_silu_mul, rmsnorm, rope, rope_kv, silu_mul, unpack_w4a16, unpack_w8a16)
+from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
 from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
@@ -614,8 +615,10 @@ class DecodeGraph:
                 model.decode(self.tokens, self.positions)
         stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA call (a library's, a collector's) cannot invalidate this capture
-        with torch.cuda.device(dev), torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+        # thread_local: another thread's CUDA call (a library's) cannot invalidate this capture; gc_paused: nor can
+        # a dead graph's destructor run by this thread's cyclic collector (a model dropped with its graphs)
+        with torch.cuda.device(dev), gc_paused(), \
+                torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
             self.logits = model.decode(self.tokens, self.positions)
             self.next_tokens = self.logits.argmax(dim=-1)
         torch.cuda.current_stream(dev).wait_stream(stream)
