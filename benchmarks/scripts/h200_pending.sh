@@ -254,15 +254,15 @@ deal)
   step gemv_chain_sweep_w4a16 130 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16
   ;;
 probe)  # the Llama check whose decode-graph capture fails now and then (on a cold Triton cache), on a fresh cache
-        # under probe/sitecustomize.py (which names the first call after which the capture is invalidated, with
-        # the threads): as called, with CUDA_MODULE_LOADING=EAGER, and captured in relaxed mode; the attention
-        # GPU tests (head dim 256 on the warp-specialized kernel) and its A/B at head dim 256
+        # under benchmarks/scripts/capture_probe/sitecustomize.py (which names the first call after which the
+        # capture is invalidated, with the threads): as called, with CUDA_MODULE_LOADING=EAGER, and captured in
+        # relaxed mode; the attention GPU tests (head dim 256 on the warp-specialized kernel), its A/B at HD 256
   i=0
   for variant in "" "CUDA_MODULE_LOADING=EAGER" "XELINK_CAPTURE_PROBE_MODE=relaxed"; do
     i=$((i + 1)); mkdir -p "$OUT/probe$i"
     step capture_probe$i 120 env $variant TRITON_CACHE_DIR="$(mktemp -d)" XELINK_CAPTURE_PROBE="$(cd "$OUT/probe$i" && pwd)" \
-      PYTHONPATH="$PWD/probe:$PWD" XELINK_TEST_CHECKS=bf16_logits_match_transformers python3 -m pytest -q -rfEs \
-      -p no:cacheprovider tests/models/ranks_gpu_llama.py
+      PYTHONPATH="$PWD/benchmarks/scripts/capture_probe:$PWD" XELINK_TEST_CHECKS=bf16_logits_match_transformers \
+      python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
     cat "$OUT/probe$i"/* > "$OUT/probe$i.txt"; rm -rf "$OUT/probe$i"
   done
   step attention_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
@@ -275,8 +275,8 @@ gcfix)  # the capture fix (kernels.common.gc_paused round DecodeGraph's capture)
         # attention family's prefill rows (HD 128 / 256, S 1K-8K) and decode rows (~8 minutes)
   mkdir -p "$OUT/probe"
   step capture_probe 120 env TRITON_CACHE_DIR="$(mktemp -d)" XELINK_CAPTURE_PROBE="$(cd "$OUT/probe" && pwd)" \
-    PYTHONPATH="$PWD/probe:$PWD" XELINK_TEST_CHECKS=bf16_logits_match_transformers python3 -m pytest -q -rfEs \
-    -p no:cacheprovider tests/models/ranks_gpu_llama.py
+    PYTHONPATH="$PWD/benchmarks/scripts/capture_probe:$PWD" XELINK_TEST_CHECKS=bf16_logits_match_transformers \
+    python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
   cat "$OUT/probe"/* > "$OUT/probe.txt"; rm -rf "$OUT/probe"
   step llama_check_cold 120 env TRITON_CACHE_DIR="$(mktemp -d)" XELINK_TEST_CHECKS=bf16_logits_match_transformers \
     python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
