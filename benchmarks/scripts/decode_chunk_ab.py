@@ -8,9 +8,10 @@ reference once per (variant, shape). ``configs``: the kept split policy with eac
 reads 2 TB/s at 8K). ``wave``: several programs a multiprocessor and kernel configurations as the attention
 bench's decode rows (full caches, B = 1 at 8K / 32K / 128K and B = 8 at 32K, caches rotated past L2) and at 2K of
 a 32K cache, with SDPA's default (cuDNN) on the full caches for scale (54ccd1c ran it as ``interleave``, with each
-variant also with the tiles dealt out to the splits in turn: no faster, removed).
+variant also with the tiles dealt out to the splits in turn: no faster, removed). ``splits``: at the same full-cache
+shapes, the automatic split count against explicit ones around it, each with 3 and 4 pipeline stages.
 
-python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave]
+python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave | splits]
 """
 import statistics
 import sys
@@ -32,14 +33,14 @@ WAVE_VARIANTS = [(1, (64, 4, 3)), (2, (64, 4, 3)), (3, (64, 4, 3)), (4, (64, 4, 
                  (2, (128, 8, 3)), (2, (64, 4, 4)), (4, (32, 4, 4))]
 
 
-def wave():
+def _shapes(shapes):
+    """For each (B, cache, kv_len): (B, cache, kv, q, caches, lens, the reference output, bytes read a call, timed)
+    where ``timed(fns)`` is us a layer of the calls ``fns`` (one a cache) in one CUDA graph."""
     import math
-    import torch.nn.functional as F
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(0)
     print(torch.cuda.get_device_name(0), flush=True)
-    kept = attn._DECODE_PROGRAMS_PER_SM, DEFAULT_CONFIG
-    for b, smax, kv in [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (1, 32768, 2048)]:
+    for b, smax, kv in shapes:
         pair = 2 * b * HKV * smax * D * 2
         n = max(2, min(LAYERS, math.ceil((1 << 30) / pair)))
         q = torch.randn(b, HQ, 1, D, device=dev, generator=gen).to(torch.bfloat16)
@@ -47,17 +48,29 @@ def wave():
                    torch.randn(b, HKV, smax, D, device=dev, generator=gen).to(torch.bfloat16)) for _ in range(n)]
         lens = torch.full((b,), kv, dtype=torch.int32, device=dev)
         ref = reference_decode_attention(q, *caches[0], lens).float()
-        nbytes = 2 * b * HKV * kv * D * 2
 
-        def timed(fns):
+        def timed(fns, n=n):
             graph, _, _ = cuda_graph(fns, 1)
             us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / n
             del graph
             return us
 
+        yield b, smax, kv, q, caches, lens, ref, 2 * b * HKV * kv * D * 2, timed
+        del caches
+
+
+def _sdpa_row(b, smax, kv, q, caches, nbytes, timed):
+    import torch.nn.functional as F
+    us = timed([lambda c=c: F.scaled_dot_product_attention(q, *c, enable_gqa=True) for c in caches])
+    print(f"B={b} cache {smax:6d} kv {kv:6d} sdpa: {us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s)", flush=True)
+
+
+def wave():
+    kept = attn._DECODE_PROGRAMS_PER_SM, DEFAULT_CONFIG
+    for b, smax, kv, q, caches, lens, ref, nbytes, timed in _shapes(
+            [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (1, 32768, 2048)]):
         if kv == smax:
-            us = timed([lambda c=c: F.scaled_dot_product_attention(q, *c, enable_gqa=True) for c in caches])
-            print(f"B={b} cache {smax:6d} kv {kv:6d} sdpa: {us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s)", flush=True)
+            _sdpa_row(b, smax, kv, q, caches, nbytes, timed)
         for pps, config in WAVE_VARIANTS:
             attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = pps, config
             attn._PATHS.clear()
@@ -66,13 +79,37 @@ def wave():
             us = timed([lambda c=c: decode_attention(q, *c, lens) for c in caches])
             print(f"B={b} cache {smax:6d} kv {kv:6d} programs/SM {pps} config {config}: "
                   f"{us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}", flush=True)
-        del caches
     attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = kept
+    attn._PATHS.clear()
+
+
+SPLITS = {1: [16, 24, 32, 33, 40, 48, 66], 8: [2, 3, 4, 5, 6, 8]}
+
+
+def splits():
+    deep, attn._DECODE_DEEP_KEYS = attn._DECODE_DEEP_KEYS, 1 << 40
+    for b, smax, kv, q, caches, lens, ref, nbytes, timed in _shapes(
+            [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768)]):
+        _sdpa_row(b, smax, kv, q, caches, nbytes, timed)
+        auto = attn._decode_splits(q, caches[0][0], DEFAULT_CONFIG[0])
+        for n in [None] + SPLITS[b]:
+            for stages in (3, 4):
+                attn._DECODE_CONFIGS[D] = DEFAULT_CONFIG[:2] + (stages,)  # the deep-split rule off
+                attn._PATHS.clear()
+                got = decode_attention(q, *caches[0], lens, num_splits=n).float()
+                err = float((got - ref).norm() / ref.norm())
+                us = timed([lambda c=c: decode_attention(q, *c, lens, num_splits=n) for c in caches])
+                print(f"B={b} cache {smax:6d} splits {n or auto:3d}{' (auto)' if n is None else '       '} stages "
+                      f"{stages}: {us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}", flush=True)
+    attn._DECODE_DEEP_KEYS, attn._DECODE_CONFIGS[D] = deep, DEFAULT_CONFIG
+    attn._PATHS.clear()
 
 
 def main():
     if sys.argv[1:] == ["wave"]:
         return wave()
+    if sys.argv[1:] == ["splits"]:
+        return splits()
     kept = attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
     variants = [kept + (c,) for c in CONFIGS] if sys.argv[1:] == ["configs"] else [v + (None,) for v in VARIANTS]
     dev = torch.device("cuda", 0)

@@ -270,14 +270,9 @@ probe)  # the Llama check whose decode-graph capture fails now and then (on a co
   step flash_ws_ab_256 120 python3 benchmarks/scripts/flash_ws_ab.py --head-dim 256
   ;;
 gcfix)  # the capture fix (kernels.common.gc_paused round DecodeGraph's capture): the Llama check on a fresh Triton
-        # cache (under the probe, then as CI-like plain runs), the decode-graph GPU tests with the new
-        # dropped-model test, that test again with gc_paused switched off in the model (it must fail), the
-        # attention family's prefill rows (HD 128 / 256, S 1K-8K) and decode rows (~8 minutes)
-  mkdir -p "$OUT/probe"
-  step capture_probe 120 env TRITON_CACHE_DIR="$(mktemp -d)" XELINK_CAPTURE_PROBE="$(cd "$OUT/probe" && pwd)" \
-    PYTHONPATH="$PWD/benchmarks/scripts/capture_probe:$PWD" XELINK_TEST_CHECKS=bf16_logits_match_transformers \
-    python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
-  cat "$OUT/probe"/* > "$OUT/probe.txt"; rm -rf "$OUT/probe"
+        # cache, the decode-graph GPU tests with the new dropped-model test, that test again with gc_paused
+        # switched off in the model (it must fail), decode attention's split counts, the attention family's
+        # prefill rows (HD 128 / 256, S 1K-8K) and decode rows (~9 minutes)
   step llama_check_cold 120 env TRITON_CACHE_DIR="$(mktemp -d)" XELINK_TEST_CHECKS=bf16_logits_match_transformers \
     python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
   step decode_graph_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
@@ -285,8 +280,9 @@ gcfix)  # the capture fix (kernels.common.gc_paused round DecodeGraph's capture)
   step dropped_model_without_fix 60 python3 -c "import contextlib, sys, pytest, xelink.models.llama as L
 L.gc_paused = lambda collect=True: contextlib.nullcontext()
 sys.exit(pytest.main(['-q', '-rfEs', '-p', 'no:cacheprovider', '-m', 'gpu', 'tests/models/test_decode_graph.py', '-k', 'dropped_model']))"
-  step bench_attention_prefill 170 python3 -m xelink.bench attention --only prefill --out "$OUT/bench" --commit "$C"
-  step bench_attention_decode 110 python3 -m xelink.bench attention --only decode --out "$OUT/bench" --commit "$C"
+  step decode_splits_ab 100 python3 benchmarks/scripts/decode_chunk_ab.py splits
+  step bench_attention_prefill 150 python3 -m xelink.bench attention --only prefill --out "$OUT/bench" --commit "$C"
+  step bench_attention_decode 100 python3 -m xelink.bench attention --only decode --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
 ws)
