@@ -66,20 +66,20 @@ def _sdpa_row(b, smax, kv, q, caches, nbytes, timed):
 
 
 def wave():
-    kept = attn._DECODE_PROGRAMS_PER_SM, DEFAULT_CONFIG
+    kept = attn._DECODE_PROGRAMS_PER_SM[D], DEFAULT_CONFIG
     for b, smax, kv, q, caches, lens, ref, nbytes, timed in _shapes(
             [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (1, 32768, 2048)]):
         if kv == smax:
             _sdpa_row(b, smax, kv, q, caches, nbytes, timed)
         for pps, config in WAVE_VARIANTS:
-            attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = pps, config
+            attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_CONFIGS[D] = pps, config
             attn._PATHS.clear()
             got = decode_attention(q, *caches[0], lens).float()
             err = float((got - ref).norm() / ref.norm())
             us = timed([lambda c=c: decode_attention(q, *c, lens) for c in caches])
             print(f"B={b} cache {smax:6d} kv {kv:6d} programs/SM {pps} config {config}: "
                   f"{us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}", flush=True)
-    attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_CONFIGS[D] = kept
+    attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_CONFIGS[D] = kept
     attn._PATHS.clear()
 
 
@@ -110,7 +110,7 @@ def main():
         return wave()
     if sys.argv[1:] == ["splits"]:
         return splits()
-    kept = attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
+    kept = attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
     variants = [kept + (c,) for c in CONFIGS] if sys.argv[1:] == ["configs"] else [v + (None,) for v in VARIANTS]
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -122,7 +122,7 @@ def main():
         lens = torch.full((1,), kv, dtype=torch.int32, device=dev)
         ref = reference_decode_attention(q, *caches[0], lens).float()
         for pps, cache_min, seq_min, config in variants:
-            attn._DECODE_PROGRAMS_PER_SM, attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK = pps, cache_min, seq_min
+            attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK = pps, cache_min, seq_min
             attn._DECODE_CONFIGS[D] = config or DEFAULT_CONFIG
             attn._PATHS.clear()  # plans made with the old choice
             got = decode_attention(q, *caches[0], lens).float()

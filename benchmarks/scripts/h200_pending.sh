@@ -285,6 +285,16 @@ sys.exit(pytest.main(['-q', '-rfEs', '-p', 'no:cacheprovider', '-m', 'gpu', 'tes
   step bench_attention_decode 100 python3 -m xelink.bench attention --only decode --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
+wave1)  # decode attention at one program a multiprocessor in whole waves (head dim 128; decode_splits_ab.log): its
+        # GPU tests, the decode-graph tests, the attention family's decode rows, the model's step rows (~7 minutes)
+  step decode_kernel_tests 90 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py -k decode
+  step decode_graph_tests 60 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models/test_decode_graph.py
+  step bench_attention_decode 100 python3 -m xelink.bench attention --only decode --out "$OUT/bench" --commit "$C"
+  step bench_decode 170 python3 -m xelink.bench decode --quick --model-only --no-transformers --out "$OUT/bench" \
+    --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
 ws)
   step attention_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_attention.py

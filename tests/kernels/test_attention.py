@@ -544,18 +544,28 @@ def _check_decode(device, d, dtype, causal, cases, seed):
         assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3, where
 
 
-def test_decode_deeper_pipeline_for_long_splits(monkeypatch):
-    """Splits of >= _DECODE_DEEP_KEYS keys of the cache that fit in one wave take one more stage, at head dim
-    128 only (the one measured): B=1 at 32K and 128K (32/8 heads on 132 multiprocessors), not 8K nor B=8."""
+def test_decode_split_counts_and_deeper_pipeline(monkeypatch):
+    """The splits fill whole waves (rounded down) of the head dim's programs a multiprocessor: at head dim 128
+    one (32/8 heads on 132 multiprocessors: 16 splits at B=1, 2 at B=8, 1 past a wave), 2 at 64. Splits of
+    >= _DECODE_DEEP_KEYS keys of the cache in one wave take one more stage, at head dim 128 only (the one
+    measured): B=1 at 32K and 128K and B=8 at 32K, not 8K (512 keys a split)."""
     monkeypatch.setattr(A, "sm_count", lambda device: 132)
     stages = A._DECODE_CONFIGS[128][2]
 
+    def meta(b, smax, d):
+        return torch.empty(b, 32, 1, d, device="meta"), torch.empty(b, 8, smax, d, device="meta")
+
     def planned(b, smax, d=128):
-        q, kc = torch.empty(b, 32, 1, d, device="meta"), torch.empty(b, 8, smax, d, device="meta")
+        q, kc = meta(b, smax, d)
         return A._DecodeLaunch(q, kc, kc, None, False, 0.1, 0, None, "off", False).kwargs["num_stages"]
 
-    assert planned(1, 32768) == planned(1, 131072) == stages + 1
-    assert planned(1, 8192) == planned(8, 32768) == stages
+    def splits(b, smax, d=128):
+        return A._decode_splits(*meta(b, smax, d), A._DECODE_CONFIGS[d][0])
+
+    assert (splits(1, 32768), splits(8, 32768), splits(32, 32768), splits(1, 32768, d=64)) == (16, 2, 1, 33)
+    assert splits(1, 2048) == 8  # at least _DECODE_MIN_CHUNK keys of the cache a split
+    assert planned(1, 32768) == planned(1, 131072) == planned(8, 32768) == stages + 1
+    assert planned(1, 8192) == planned(32, 32768) == stages
     assert planned(1, 32768, d=64) == A._DECODE_CONFIGS[64][2]
 
 

@@ -80,11 +80,15 @@ _FWD_CONFIGS = {
     ("cuda", 128): (128, 128, 8, 3),
     ("cuda", 256): (128, 64, 8, 2),
 }
-# Decode: (BLOCK_N, num_warps, num_stages) per head dim, and the target number of programs per
-# multiprocessor (H200 sweep: 2 per SM with 3 stages of 64-key tiles beat 3-4 per SM or 128-key tiles).
-# HD=256 halves BLOCK_N to keep the same 32 KB K+V tile per stage (64 keys x 3 stages overflows smem).
+# Decode: (BLOCK_N, num_warps, num_stages) per head dim, and the programs per multiprocessor the splits aim at,
+# in whole waves (the split count rounds down: a partial second wave costs more than fewer, longer splits). H200
+# sweeps: 2 per SM with 3 stages of 64-key tiles beat 3-4 per SM or 128-key tiles; at head dim 128, one per SM
+# whose long splits take a fourth stage (below) beat that (B=1 32/8 heads: 16 splits against 33 at 8K / 32K /
+# 128K 14.9 / 39.0 / 128.1 us against 15.7 / 40.2 / 134.7; B=8 at 32K 2 splits 246.1 against 5 257.6:
+# benchmarks/results/h200-issue23/decode_splits_ab.log). HD=256 halves BLOCK_N to keep the same 32 KB K+V tile
+# per stage (64 keys x 3 stages overflows smem).
 _DECODE_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3), 256: (32, 4, 3)}
-_DECODE_PROGRAMS_PER_SM = 2
+_DECODE_PROGRAMS_PER_SM = {64: 2, 128: 1, 256: 2}
 _DECODE_MIN_CHUNK = 256  # keys per split of the cache at least: below that the merge costs more than the split saves
 # Keys per split of a sequence at least (kv_lens, at run time): the splits of a sequence shorter than the
 # cache. 256 there made 1K of an 8K cache 4 splits a KV head, 11.3 us a layer on an H200 against 10.0 us
@@ -94,10 +98,9 @@ _DECODE_SEQ_MIN_CHUNK = 64
 # the first 8 MB, 534 us a step's attention at 8K against 569 without and 546 / 592 at 64 / 256 KB a program).
 _DECODE_PREFETCH = 32 << 10
 # Splits of at least this many keys of the cache, all in one wave, take one more pipeline stage (head dim 128, the
-# one measured; H200, B=1, 32/8 heads, 3 -> 4 stages: 41.0 -> 39.7 us at 32K, 137.1 -> 130.2 us at 128K, 10.5 ->
-# 9.9 us at 2K of a 32K cache; at 8K, 256 keys a split, 15.5 -> 15.9: benchmarks/results/h200-issue23/
-# decode_wave_ab.log).
-_DECODE_DEEP_KEYS = 512  # (a 32K cache over 33 splits: 993 keys each; 8K: 249)
+# one measured; H200, B=1, 32/8 heads over 16 splits, 3 -> 4 stages: 39.6 -> 39.0 us at 32K, 134.3 -> 128.1 us
+# at 128K, B=8 32K over 2 splits 259.7 -> 246.1; at 8K, 512 keys a split, 14.9 -> 15.1: decode_splits_ab.log).
+_DECODE_DEEP_KEYS = 1024
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -791,13 +794,14 @@ def _decode_rows_block(rows: int) -> int:
     return max(16, min(128, next_power_of_2(rows)))
 
 
-def _decode_splits(q, k_cache, block_n: int) -> int:
-    """Splits so that the grid covers the device a few times over, each split >= _DECODE_MIN_CHUNK keys."""
-    B, Hq, SQ, _ = q.shape
+def _decode_splits(q, k_cache, block_n: int, per_sm: int | None = None) -> int:
+    """Splits so that the grid fills whole waves of ``per_sm`` programs a multiprocessor (the head dim's
+    ``_DECODE_PROGRAMS_PER_SM`` unless given), each split >= _DECODE_MIN_CHUNK keys."""
+    B, Hq, SQ, D = q.shape
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
     row_blocks = cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
     programs = max(1, B * HKV * row_blocks)
-    want = cdiv(_DECODE_PROGRAMS_PER_SM * sm_count(q.device), programs)
+    want = (per_sm or _DECODE_PROGRAMS_PER_SM.get(D, 2)) * sm_count(q.device) // programs
     most = max(1, cdiv(SMAX, max(_DECODE_MIN_CHUNK, block_n)))
     return max(1, min(want, most, 256))
 
@@ -823,7 +827,7 @@ class _DecodeLaunch:
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
         if config is None and D == 128 and cdiv(SMAX, num_splits) >= _DECODE_DEEP_KEYS and \
-                num_splits * B * HKV * cdiv(group * SQ, block_m) <= _DECODE_PROGRAMS_PER_SM * sm_count(q.device):
+                num_splits * B * HKV * cdiv(group * SQ, block_m) <= _DECODE_PROGRAMS_PER_SM[D] * sm_count(q.device):
             num_stages += 1  # long splits in one wave: one more tile in flight (decode_wave_ab.log)
         self.out_shape = (B, HQ, SQ, D)
         # The float32 scratch: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,

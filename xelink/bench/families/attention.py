@@ -269,7 +269,7 @@ def run_decode(impl, cases=DECODE_CASES, *, dtype=torch.bfloat16, warmup=3, iter
             for cfg, per_sm in configs:
                 key = f"xelink:triton:{'x'.join(map(str, cfg))}:{per_sm}/SM"
                 ours.append(key)
-                splits = _splits_for(qs[0], ks[0], cfg[0], per_sm)
+                splits = A._decode_splits(qs[0], ks[0], cfg[0], per_sm)
                 calls[key] = functools.partial(
                     lambda c, n, i: A._decode_forward(qs[i], ks[i], vs[i], lens, False, scale, n, c)[0], cfg, splits)
         calls["sdpa:default"] = lambda i: F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=True)
@@ -383,13 +383,6 @@ def run_host(impls, *, calls: int = 100, rounds: int = 10, progress=None) -> lis
     return report.rows
 
 
-def _splits_for(q, k_cache, block_n, per_sm):
-    old = A._DECODE_PROGRAMS_PER_SM
-    A._DECODE_PROGRAMS_PER_SM = per_sm
-    try:
-        return A._decode_splits(q, k_cache, block_n)
-    finally:
-        A._DECODE_PROGRAMS_PER_SM = old
 
 
 def _num(x, spec="5.2f"):
@@ -398,7 +391,7 @@ def _num(x, spec="5.2f"):
 
 def _fmt_prefill(r):
     e = r.extra
-    return (f"prefill {e['case']:<10} D={e['D']:<3} {r.path:<32} {r.time_us:9.1f} us {_num(e['tflops'], '7.1f')} "
+    return (f"prefill {e['case']:<10} S={e['S']:<5} D={e['D']:<3} {r.path:<32} {r.time_us:9.1f} us {_num(e['tflops'], '7.1f')} "
             f"TFLOP/s  x flash {_num(e.get('ratio_vs_sdpa:flash'))}  x cudnn {_num(e.get('ratio_vs_sdpa:cudnn'))}"
             f"  #wrong {r.wrong}  err {_num(e['rel_err'], '.1e')}")
 
@@ -448,7 +441,7 @@ def _summary(rows):
     for r in rows:
         e = r.extra
         if r.op == "flash_attention":
-            case = f"prefill {e['case']} HD={e['D']}"
+            case = f"prefill {e['case']} S={e['S'] // 1024}K HD={e['D']}"
             rate = f"{_num(e['tflops'], '.1f')} TFLOP/s"
         else:
             case = f"decode B={e['B']} KV={e['S'] // 1024}K"
