@@ -291,7 +291,8 @@ wave1)  # decode attention at one program a multiprocessor in whole waves (head 
     tests/kernels/test_attention.py -k decode
   step decode_graph_tests 60 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models/test_decode_graph.py
   step bench_attention_decode 100 python3 -m xelink.bench attention --only decode --out "$OUT/bench" --commit "$C"
-  step bench_decode 170 python3 -m xelink.bench decode --quick --model-only --no-transformers --out "$OUT/bench" \
+  step bench_decode 170 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" \
     --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
