@@ -10,8 +10,9 @@ bench's decode rows (full caches, B = 1 at 8K / 32K / 128K and B = 8 at 32K, cac
 a 32K cache, with SDPA's default (cuDNN) on the full caches for scale (54ccd1c ran it as ``interleave``, with each
 variant also with the tiles dealt out to the splits in turn: no faster, removed). ``splits``: at the same full-cache
 shapes, the automatic split count against explicit ones around it, each with 3 and 4 pipeline stages.
+``tiles``: the automatic split count (whole waves) with each kernel configuration of ``TILES``.
 
-python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave | splits]
+python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave | splits | tiles]
 """
 import statistics
 import sys
@@ -105,11 +106,37 @@ def splits():
     attn._PATHS.clear()
 
 
+TILES = [(64, 4, 4), (64, 4, 5), (64, 8, 4), (128, 4, 3), (128, 8, 3), (32, 4, 8), (64, 4, 3)]
+
+
+def tiles():
+    deep, attn._DECODE_DEEP_KEYS = attn._DECODE_DEEP_KEYS, 1 << 40
+    for b, smax, kv, q, caches, lens, ref, nbytes, timed in _shapes(
+            [(1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (8, 131072, 131072)]):
+        _sdpa_row(b, smax, kv, q, caches, nbytes, timed)
+        for config in TILES:
+            attn._DECODE_CONFIGS[D] = config
+            attn._PATHS.clear()
+            try:
+                got = decode_attention(q, *caches[0], lens).float()
+            except Exception as e:  # noqa: BLE001 - a configuration that does not compile (shared memory)
+                print(f"B={b} cache {smax:6d} config {config}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            err = float((got - ref).norm() / ref.norm())
+            us = timed([lambda c=c: decode_attention(q, *c, lens) for c in caches])
+            print(f"B={b} cache {smax:6d} splits {attn._decode_splits(q, caches[0][0], config[0]):3d} config {config}: "
+                  f"{us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}", flush=True)
+    attn._DECODE_DEEP_KEYS, attn._DECODE_CONFIGS[D] = deep, DEFAULT_CONFIG
+    attn._PATHS.clear()
+
+
 def main():
     if sys.argv[1:] == ["wave"]:
         return wave()
     if sys.argv[1:] == ["splits"]:
         return splits()
+    if sys.argv[1:] == ["tiles"]:
+        return tiles()
     kept = attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK
     variants = [kept + (c,) for c in CONFIGS] if sys.argv[1:] == ["configs"] else [v + (None,) for v in VARIANTS]
     dev = torch.device("cuda", 0)
