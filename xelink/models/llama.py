@@ -589,7 +589,9 @@ class DecodeGraph:
     launch plans, the split kernels' scratch, the collectives' peer memory: what a capture cannot set
     up), at position ``max_seq_len - 1`` of every sequence (whose cache slot each token overwrites before
     attending to it, so the warm-up's keys there are never read). The graph then reads the positions
-    from its buffer: one graph serves every position.
+    from its buffer: one graph serves every position. The capture runs with Python's cyclic collector
+    paused after a collection (``kernels.common.gc_paused``: a dropped model's graph freed inside it would
+    invalidate it).
 
     Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16) without context
     parallelism; ``Llama.generate`` uses it where it can. Collective over the TP group (every rank
