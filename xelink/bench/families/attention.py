@@ -40,6 +40,7 @@ import multiprocessing
 import torch
 
 from ...kernels import attention as A
+from ...kernels.common import gc_paused
 from ..harness import co_measure, make_row, summarize, time_cuda_events
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_rows, host_summary, host_timing,
                              measure_checked, run_single_device, timing)
@@ -215,7 +216,7 @@ def _graph(fn, reps):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         outs = [fn(i) for i in range(reps)]
     return g, outs
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels.common import gc_paused
+
 __all__ = ["LATENCY_SIZES", "add_arguments", "run", "tuning_table"]
 
 LATENCY_SIZES = (1 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -118,7 +120,7 @@ def _graph(fn, calls):
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with gc_paused(), torch.cuda.graph(g):
         for _ in range(calls):
             fn()
     torch.cuda.synchronize()
