@@ -121,3 +121,40 @@ def test_gc_paused_collects_first_then_holds_the_collector_off():
     finally:
         gc.enable()
 
+
+def test_every_graph_capture_in_xelink_pauses_the_collector():
+    """Each ``torch.cuda.graph(...)`` and ``capture_begin(...)`` in the package sits inside a ``with`` that enters
+    ``gc_paused`` (a capture the collector can run in fails at random: see gc_paused)."""
+    import ast
+    from pathlib import Path
+
+    import xelink
+
+    def name(func):
+        return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+    def is_capture(call):
+        f = call.func
+        return isinstance(f, ast.Attribute) and (
+            f.attr == "capture_begin" or (f.attr == "graph" and isinstance(f.value, ast.Attribute)
+                                          and f.value.attr == "cuda"))
+
+    root = Path(xelink.__file__).resolve().parent
+    seen, bad = [], []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and is_capture(node)):
+                continue
+            where = f"{path.relative_to(root)}:{node.lineno}"
+            seen.append(where)
+            up = parent.get(node)
+            while up is not None and not (isinstance(up, ast.With) and any(
+                    isinstance(i.context_expr, ast.Call) and name(i.context_expr.func) == "gc_paused" for i in up.items)):
+                up = parent.get(up)
+            if up is None:
+                bad.append(where)
+    assert len(seen) >= 5, seen  # the model's decode graph, dist's schedules, three benchmark captures
+    assert not bad, f"graph captures outside gc_paused: {bad}"
+
