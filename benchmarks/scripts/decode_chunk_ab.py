@@ -149,7 +149,8 @@ def main():
         lens = torch.full((1,), kv, dtype=torch.int32, device=dev)
         ref = reference_decode_attention(q, *caches[0], lens).float()
         for pps, cache_min, seq_min, config in variants:
-            attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK = pps, cache_min, seq_min
+            attn._DECODE_PROGRAMS_PER_SM[D] = pps
+            attn._DECODE_MIN_CHUNK, attn._DECODE_SEQ_MIN_CHUNK = cache_min, seq_min
             attn._DECODE_CONFIGS[D] = config or DEFAULT_CONFIG
             attn._PATHS.clear()  # plans made with the old choice
             got = decode_attention(q, *caches[0], lens).float()

@@ -149,9 +149,12 @@ def test_every_graph_capture_in_xelink_pauses_the_collector():
                 continue
             where = f"{path.relative_to(root)}:{node.lineno}"
             seen.append(where)
+            def pauses(w):
+                return isinstance(w, ast.With) and any(
+                    isinstance(i.context_expr, ast.Call) and name(i.context_expr.func) == "gc_paused" for i in w.items)
+
             up = parent.get(node)
-            while up is not None and not (isinstance(up, ast.With) and any(
-                    isinstance(i.context_expr, ast.Call) and name(i.context_expr.func) == "gc_paused" for i in up.items)):
+            while up is not None and not pauses(up):
                 up = parent.get(up)
             if up is None:
                 bad.append(where)

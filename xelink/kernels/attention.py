@@ -828,7 +828,7 @@ class _DecodeLaunch:
         block_m = _decode_rows_block(group * SQ)
         if config is None and D == 128 and cdiv(SMAX, num_splits) >= _DECODE_DEEP_KEYS and \
                 num_splits * B * HKV * cdiv(group * SQ, block_m) <= _DECODE_PROGRAMS_PER_SM[D] * sm_count(q.device):
-            num_stages += 1  # long splits in one wave: one more tile in flight (decode_wave_ab.log)
+            num_stages += 1  # long splits in one wave: one more tile in flight (decode_splits_ab.log)
         self.out_shape = (B, HQ, SQ, D)
         # The float32 scratch: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
         # unless the caller keeps it (``keep_lse``), the result's lse (B, HQ, SQ), each 16-byte aligned. The

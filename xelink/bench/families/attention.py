@@ -384,17 +384,15 @@ def run_host(impls, *, calls: int = 100, rounds: int = 10, progress=None) -> lis
     return report.rows
 
 
-
-
 def _num(x, spec="5.2f"):
     return "-" if x is None else format(x, spec)
 
 
 def _fmt_prefill(r):
     e = r.extra
-    return (f"prefill {e['case']:<10} S={e['S']:<5} D={e['D']:<3} {r.path:<32} {r.time_us:9.1f} us {_num(e['tflops'], '7.1f')} "
-            f"TFLOP/s  x flash {_num(e.get('ratio_vs_sdpa:flash'))}  x cudnn {_num(e.get('ratio_vs_sdpa:cudnn'))}"
-            f"  #wrong {r.wrong}  err {_num(e['rel_err'], '.1e')}")
+    return (f"prefill {e['case']:<10} S={e['S']:<5} D={e['D']:<3} {r.path:<32} {r.time_us:9.1f} us "
+            f"{_num(e['tflops'], '7.1f')} TFLOP/s  x flash {_num(e.get('ratio_vs_sdpa:flash'))}"
+            f"  x cudnn {_num(e.get('ratio_vs_sdpa:cudnn'))}  #wrong {r.wrong}  err {_num(e['rel_err'], '.1e')}")
 
 
 def _fmt_decode(r):
