@@ -801,7 +801,7 @@ def _decode_splits(q, k_cache, block_n: int, per_sm: int | None = None) -> int:
     HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
     row_blocks = cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
     programs = max(1, B * HKV * row_blocks)
-    want = (per_sm or _DECODE_PROGRAMS_PER_SM.get(D, 2)) * sm_count(q.device) // programs
+    want = (per_sm or _DECODE_PROGRAMS_PER_SM[D]) * sm_count(q.device) // programs
     most = max(1, cdiv(SMAX, max(_DECODE_MIN_CHUNK, block_n)))
     return max(1, min(want, most, 256))
 
@@ -826,8 +826,11 @@ class _DecodeLaunch:
             min_chunk = cdiv(_DECODE_SEQ_MIN_CHUNK, block_n) * block_n
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
+        self.grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
+        self.tiles = self.grid[1] * self.grid[2]
+        programs = num_splits * self.tiles
         if config is None and D == 128 and cdiv(SMAX, num_splits) >= _DECODE_DEEP_KEYS and \
-                num_splits * B * HKV * cdiv(group * SQ, block_m) <= _DECODE_PROGRAMS_PER_SM[D] * sm_count(q.device):
+                programs <= _DECODE_PROGRAMS_PER_SM[D] * sm_count(q.device):
             num_stages += 1  # long splits in one wave: one more tile in flight (decode_splits_ab.log)
         self.out_shape = (B, HQ, SQ, D)
         # The float32 scratch: the partials' o (B, HQ, SQ, splits, D), their lse (B, HQ, SQ, splits) and,
@@ -838,8 +841,6 @@ class _DecodeLaunch:
         end = self.lse_at + B * HQ * SQ * num_splits
         self.out_lse_at = None if keep_lse else -(-end // 4) * 4
         self.parts = end if keep_lse else self.out_lse_at + B * HQ * SQ
-        self.grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
-        self.tiles = self.grid[1] * self.grid[2]
         o_strides = tuple(out.stride()) if out is not None else (HQ * SQ * D, SQ * D, D, 1)
         self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, HKV, group, SQ, SMAX,
                      scale * _LOG2E)
@@ -849,8 +850,7 @@ class _DecodeLaunch:
         unroll = max(2, min(16, 8192 // (merge_rows * D)))
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
                            UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
-                           num_stages=num_stages, **pdl_launch_args(pdl, self.grid[0] * self.grid[1] * self.grid[2],
-                                                                    q.device))
+                           num_stages=num_stages, **pdl_launch_args(pdl, programs, q.device))
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
