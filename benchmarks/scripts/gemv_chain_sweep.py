@@ -4,7 +4,9 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16[:shape,...] ...]   (default bf16; e.g. w4a16:down)
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|staged-bf16|staged-w4a16[:shape,...] ...]
+(default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
+shared-memory stages, ``STAGES``)
 """
 import statistics
 import sys
@@ -40,6 +42,15 @@ CONFIGS = {
                                     (128, 256, 1, 3, False), (64, 512, 2, 3, False), (64, 512, 1, 3, True),
                                     (32, 512, 1, 3, True)]],
 }
+# The tensor-core kernel with its weights in flight in shared memory (cp.async, STAGES - 1 iterations ahead): warps,
+# steps a warp an iteration, stages, grid split; those whose stages would pass 200 KB a program left out.
+_STAGED = [(4, 1, 3, 1), (4, 1, 4, 1), (4, 1, 6, 1), (4, 2, 3, 1), (4, 2, 4, 1), (4, 2, 6, 1), (4, 4, 3, 1),
+           (4, 4, 4, 1), (8, 1, 4, 1), (8, 2, 3, 1), (8, 2, 4, 1), (2, 2, 4, 1), (2, 4, 4, 1), (4, 2, 4, 2),
+           (4, 1, 8, 1)]
+for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
+    SHAPES["staged-" + _fmt] = SHAPES[_fmt]
+    CONFIGS["staged-" + _fmt] = [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=un, STAGES=st, SPLIT=sp)
+                                 for nw, un, st, sp in _STAGED if st * nw * un * _row_kb <= 200]
 
 
 def main():
@@ -48,8 +59,9 @@ def main():
     gen = torch.Generator(device=dev).manual_seed(5)
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
-        fmt, _, names = arg.partition(":")
-        for n, k, name in SHAPES[fmt]:
+        mode, _, names = arg.partition(":")
+        fmt = mode.removeprefix("staged-")
+        for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue
             ws = []
@@ -61,7 +73,7 @@ def main():
             x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)
             want = gemv(ws[0][0], x, ws[0][1], fmt, "cuda").float()
             rows = []
-            for cfg in [None] + CONFIGS[fmt]:
+            for cfg in [None] + CONFIGS[mode]:
                 try:
                     got = gemv(ws[0][0], x, ws[0][1], fmt, "cuda", config=cfg).float()
                     err = float((got - want).norm() / want.norm())

@@ -460,11 +460,16 @@ TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNR
               dict(KERNEL="tc", ROW_TILES=2, num_warps=1, UNROLL=1, SPLIT=2, PDL="late"),
               # more steps in flight a warp: PIPE (the next weights loaded early), UNROLL 4 / 8 (batches of the mma)
               dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, PIPE=True, SPLIT=1),
-              dict(KERNEL="tc", ROW_TILES=1, num_warps=8, UNROLL=2, PIPE=True, SPLIT=2, BIASED=True)]
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=8, UNROLL=2, PIPE=True, SPLIT=2, BIASED=True),
+              # the weights in flight in shared memory (cp.async stages), with K tails, grid splits and late PDL
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, STAGES=4, SPLIT=1),
+              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=1, STAGES=3, SPLIT=2, PDL="late"),
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=8, UNROLL=1, STAGES=2, SPLIT=4, BIASED=True)]
 # UNROLL 8 on W4A16 only: on rows of unaligned length (dense and W8A16 K tails) its element-wise loads make a kernel
 # that takes ptxas tens of seconds (658a747: 48 s at ROW_TILES=2, 2 warps)
 TC_W4_CONFIGS = [dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=8, SPLIT=2),
-                 dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=8, PIPE=True, SPLIT=1)]
+                 dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=8, PIPE=True, SPLIT=1),
+                 dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, STAGES=8, SPLIT=1)]
 
 
 @pytest.mark.gpu
@@ -499,6 +504,12 @@ def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
         gemv(w, x, config=dict(KERNEL="tc", UNROLL=3), impl="cuda")
     with pytest.raises(ValueError, match="PIPE=2"):
         gemv(w, x, config=dict(KERNEL="tc", PIPE=2), impl="cuda")
+    with pytest.raises(ValueError, match="STAGES=1 must be 0"):
+        gemv(w, x, config=dict(KERNEL="tc", STAGES=1), impl="cuda")
+    with pytest.raises(ValueError, match="PIPE or STAGES, not both"):
+        gemv(w, x, config=dict(KERNEL="tc", PIPE=True, STAGES=3), impl="cuda")
+    with pytest.raises(ValueError, match="STAGES=8 needs 262144 bytes"):  # 8 x 8 warps x 16 rows x 256 bytes
+        gemv(w, x, config=dict(KERNEL="tc", num_warps=8, STAGES=8), impl="cuda")
     with pytest.raises(ValueError, match="unknown KERNEL='tc' config keys"):
         gemv(w, x, config=dict(KERNEL="tc", BLOCK_N=16), impl="cuda")
     with pytest.raises(ValueError, match="impl='cuda' only"):

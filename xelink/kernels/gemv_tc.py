@@ -21,7 +21,10 @@ How (one ``m16n8k16`` per 16 rows of W and 16 columns of K):
   with no second launch; ``SPLIT`` > 1 (few rows, long K) adds a grid split and a sum kernel.
   ``UNROLL`` steps of a warp are loaded at once as more batches of the same mma (warp = batch % warps),
   so a warp has UNROLL x 16 bytes a thread of W in flight; ``PIPE`` loads the next iteration's weights
-  before this one's math (two iterations in flight, twice the registers).
+  before this one's math (two iterations in flight, twice the registers). ``STAGES`` (2-8) keeps the
+  weights in flight in shared memory instead: cp.async ``STAGES - 1`` iterations ahead of the math, each
+  thread copying and reading back its own 16-byte pieces, so the bytes in flight no longer cost registers
+  (the W4A16 kernels were found waiting on memory with too few bytes in flight: h200-issue26).
 - W8A16: the prmt trick of gemv.py (exact int8 -> bf16/fp16), the row scale applied at the end.
   W4A16: one prmt puts a byte's two nibbles into the two halves of a register, one lop3 puts them
   under the magic exponent, one packed fma removes the offset (exactly nibble - 8): 13 instructions
@@ -41,7 +44,7 @@ try:
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     from .pdl import PREFETCH_ASM, pdl_launch, pdl_wait
 
@@ -57,6 +60,7 @@ __all__ = ["TC_AVAILABLE", "tc_config", "tc_launch_args"]
 
 TC_AVAILABLE = gluon is not None
 STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
+_STAGED_SMEM = 200 * 1024  # the most shared memory STAGES may take a program (sm90 has 227 KB a block)
 
 # PTX shared with gemv.py's kernels (plain strings; each kernel wraps them as constexprs). W8: four
 # int8 in, two registers of 16-bit pairs out, in order, exact: bf16 through fp32 (the byte q + 128
@@ -194,6 +198,15 @@ if gluon is not None:
             return p
 
     @gluon.jit
+    def _step_scales(s_ptrs, s_k, k, K, FMT: gl.constexpr):
+        """The W4A16 group scales ``k`` columns on, [batch, row] in fp32 (masked: a warp's steps may run past
+        K); 0.0 for the other formats."""
+        if FMT == 2:
+            return gl.load(s_ptrs + k // _STEP, mask=(s_k + k < K)[:, None], other=0.0).to(gl.float32)
+        else:
+            return 0.0
+
+    @gluon.jit
     def _step_weights(w_ptrs, s_ptrs, w_kb, s_k, k, K, FMT: gl.constexpr, EVEN: gl.constexpr):
         """The raw weight tiles and (W4A16) group scales ``k`` columns on, loaded into registers (every
         batch: ``UNROLL`` steps of each warp)."""
@@ -202,11 +215,20 @@ if gluon is not None:
             p = gl.load(w_ptrs + k // W_DIV)
         else:
             p = gl.load(w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV, other=0)
-        if FMT == 2:
-            s = gl.load(s_ptrs + k // _STEP, mask=(s_k + k < K)[:, None], other=0.0).to(gl.float32)
+        return p, _step_scales(s_ptrs, s_k, k, K, FMT)
+
+    @gluon.jit
+    def _stage_weights(buf, w_ptrs, w_kb, k, K, live, FMT: gl.constexpr, EVEN: gl.constexpr):
+        """cp.async of the weight tiles ``k`` columns on into the shared-memory stage ``buf`` (zeros where
+        ``live`` is false or past K), as one commit group. Each thread copies the 16-byte pieces it later
+        reads back itself, so no barrier between warps is needed."""
+        W_DIV: gl.constexpr = 2 if FMT == 2 else 1
+        if EVEN:
+            async_copy.async_copy_global_to_shared(buf, w_ptrs + k // W_DIV, mask=live)
         else:
-            s = 0.0
-        return p, s
+            async_copy.async_copy_global_to_shared(buf, w_ptrs + k // W_DIV,
+                                                   mask=(w_kb + k // W_DIV < K // W_DIV) & live)
+        async_copy.commit_group()
 
     @gluon.jit
     def _step_x(x_ptrs, x_kk, k, K, EVEN: gl.constexpr):
@@ -256,7 +278,7 @@ if gluon is not None:
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
                         num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0,
-                        PIPE: gl.constexpr = False):
+                        PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
@@ -318,6 +340,21 @@ if gluon is not None:
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
                 p = pn
                 s = sn
+        elif STAGES > 0:
+            # W's bytes in flight in shared memory instead of registers: cp.async STAGES - 1 iterations ahead
+            # of the math (unswizzled: a warp's 16-byte pieces are 512 contiguous bytes, no bank conflict)
+            buf = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, B, BN, W_COLS],
+                                            gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+            for i in gl.static_range(STAGES - 1):
+                _stage_weights(buf.index(i), w_ptrs, w_kb, i * KI, K, i < ITERS, FMT, EVEN)
+            for it in range(ITERS):
+                ahead = it + STAGES - 1
+                _stage_weights(buf.index(ahead % STAGES), w_ptrs, w_kb, ahead * KI, K, ahead < ITERS, FMT, EVEN)
+                async_copy.wait_group(STAGES - 1)
+                p = buf.index(it % STAGES).load(wl)
+                s = _step_scales(s_ptrs, s_k, it * KI, K, FMT)
+                x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
+                acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
         else:
             for it in range(ITERS):
                 # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
@@ -382,16 +419,17 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     contiguous, M <= 8; checks done by the caller) into ``y [M, N]`` of row stride ``y_stride``: (kernel,
     grid, the integer arguments after (w, x, scales, out), the options, the grid split: > 1 means ``out``
     is a float32 ``[split, M, N]`` partial-sum buffer the caller adds into y). Reads shapes and strides
-    only. ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1 or 2),
+    only. ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1, 2, 4, 8),
     ``BIASED`` (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a
     packed fma a weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see
-    pdl.py, sm90+; default 0), each defaulted."""
+    pdl.py, sm90+; default 0), ``PIPE`` (the next iteration's weights loaded into registers early) or
+    ``STAGES`` (0, or 2-8 shared-memory stages of cp.async), each defaulted."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
-    biased, pipe = cfg.pop("BIASED", False), cfg.pop("PIPE", False)
+    biased, pipe, stages = cfg.pop("BIASED", False), cfg.pop("PIPE", False), cfg.pop("STAGES", 0)
     pdl = cfg.pop("PDL", 0)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
@@ -402,6 +440,16 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         raise ValueError(f"gemv: KERNEL='tc' config UNROLL={unroll!r} must be 1, 2, 4 or 8")
     if pipe not in (False, True):
         raise ValueError(f"gemv: KERNEL='tc' config PIPE={pipe!r} must be a bool")
+    if not isinstance(stages, int) or isinstance(stages, bool) or not 0 <= stages <= 8 or stages == 1:
+        raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages!r} must be 0 (off) or 2-8")
+    if stages and pipe:
+        raise ValueError("gemv: KERNEL='tc' config takes PIPE or STAGES, not both (two ways to load ahead)")
+    # a stage is a warp's UNROLL steps of 16 * ROW_TILES rows of W, every warp's
+    stage_bytes = warps * unroll * 16 * row_tiles * STEP * w.element_size() // (2 if fmt_code == 2 else 1)
+    if stages * stage_bytes > _STAGED_SMEM:
+        raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages} needs {stages * stage_bytes} bytes of shared "
+                         f"memory a program (num_warps={warps}, UNROLL={unroll}, ROW_TILES={row_tiles}), more than "
+                         f"{_STAGED_SMEM}")
     M, K = x.shape
     N = w.shape[0]
     steps = -(-K // STEP)
@@ -415,7 +463,7 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     grid = (-(-N // (16 * row_tiles)), split)
     ints = (M, N, K, per_warp, w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride,
             M * N if split > 1 else 0)
-    kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe),
+    kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe), STAGES=stages,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
