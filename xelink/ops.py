@@ -2,12 +2,12 @@
 elsewhere. One vocabulary for every op: ``impl=`` names a path, "auto", "triton" (portable), "cuda" (the
 NVIDIA-specific kernel, where the op has one: gemm, gemv, flash_attention; "hopper" is its old name) or
 "reference"; ``pdl=`` programmatic dependent launch, None, True, False, "early" or "late" (gemm, gemv,
-rmsnorm, rope, rope_kv, silu_mul, decode_attention); ``out=`` a caller's buffer (or a view of one) to write the result into
+rmsnorm, rope, rope_kv, silu_mul, decode_attention, rope_decode_attention); ``out=`` a caller's buffer (or a view of one) to write the result into
 (gemm, gemv, rmsnorm and the attention ops).
 Eager calls launch the kernels directly; under ``torch.compile`` they go through ``torch.library`` custom
 ops. See ``xelink.kernels``."""
 from .kernels import (decode_attention, flash_attention, gemm, gemv, merge_attention, pack_w4a16, pack_w8a16, rmsnorm,
-                      rope, rope_kv, silu_mul, unpack_w4a16, unpack_w8a16)
+                      rope, rope_decode_attention, rope_kv, silu_mul, unpack_w4a16, unpack_w8a16)
 
 __all__ = ["decode_attention", "flash_attention", "gemm", "gemv", "merge_attention", "pack_w4a16", "pack_w8a16",
-           "rmsnorm", "rope", "rope_kv", "silu_mul", "unpack_w4a16", "unpack_w8a16"]
+           "rmsnorm", "rope", "rope_decode_attention", "rope_kv", "silu_mul", "unpack_w4a16", "unpack_w8a16"]

@@ -34,8 +34,10 @@
 #   ws:    the warp-specialized flash attention (flash_ws.py, issue 23): attention GPU tests, its A/B over S = 1K-32K
 #          against the TMA kernel and SDPA, the attention family's prefill rows (HD 128, 256), the attention host rows,
 #          the model GPU tests whose prefill runs it (~8 minutes);
-#   staged: the tensor-core GEMV's shared-memory stages (cp.async): its GPU tests, W4A16 and bf16 tiles in the step's
-#          chain (~8 minutes);
+#   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
+#          GPU tests, the decode family's step rows at 1K/8K/32K (~8 minutes);
+#   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
+#          and bf16 (~8 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -321,12 +323,20 @@ ws2)  # the warp-specialized kernel through the launcher's remembered lists (hos
       PYTHONPATH=/tmp/before python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py)
   fi
   ;;
-staged)  # the tensor-core GEMV with its weights in flight in shared memory (STAGES, cp.async; ninth session, issue 26):
-         # its GPU tests (every format, K tails, splits, PDL), the W4A16 and bf16 GEMV tiles in the step's chain (~8 minutes)
-  step staged_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_gemv.py -k "tensor_core or out_blocks"
-  step gemv_chain_sweep_staged_w4a16 170 python3 benchmarks/scripts/gemv_chain_sweep.py staged-w4a16
-  step gemv_chain_sweep_staged_bf16 170 python3 benchmarks/scripts/gemv_chain_sweep.py staged-bf16
+fused9)  # the ninth session's GPU code, first run (issues 23, 26): rope_decode_attention (RoPE + cache write + decode
+         # attention in one launch) and the tc GEMV's STAGES: their GPU tests, the decode-graph and model GPU tests
+         # that now run the fused decode, the decode family's step rows at 1K/8K/32K (~8 minutes)
+  step fused9_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/models/test_decode_graph.py -k \
+    "tensor_core or out_blocks or rope_decode or decode or graph"
+  step model_gpu_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  step bench_decode 200 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+staged)  # the tensor-core GEMV's shared-memory stages against the kept tiles in the step's chain, W4A16 and bf16
+  step gemv_chain_sweep_staged_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py staged-w4a16
+  step gemv_chain_sweep_staged_bf16 240 python3 benchmarks/scripts/gemv_chain_sweep.py staged-bf16
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

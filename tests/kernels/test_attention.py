@@ -644,6 +644,144 @@ def test_decode_kernel_interpreter(causal):
     _check_decode("cpu", 64, torch.float16, causal, cases, seed=int(causal))
 
 
+# -- rope_decode_attention: rope_kv, then decode attention, in one launch ----------------------------
+
+def _rope_decode_inputs(b, hq, hkv, smax, d, dtype, device, gen):
+    """The new token's q, k, v as views of one fused QKV row (B, heads, 1, D) (strided, as the model passes
+    them), RoPE tables of smax positions, and caches."""
+    qkv = torch.randn(b, hq + 2 * hkv, 1, d, generator=gen).to(device=device, dtype=dtype)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    ang = torch.arange(smax, dtype=torch.float64)[:, None] * 500000.0 ** (-torch.arange(0, d, 2) / d)[None, :]
+    cos, sin = (torch.cat([f(ang)] * 2, dim=1).float().to(device) for f in (torch.cos, torch.sin))
+    _, kc, vc = _qkv(b, hq, hkv, 1, smax, d, dtype, device=device, gen=gen)
+    return q, k, v, cos, sin, kc, vc
+
+
+def _same(a, b):
+    """Equal bit for bit, NaN where the other is NaN."""
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def _check_rope_decode(device, d, dtype, cases, seed):
+    """The fused call equals rope_kv then decode_attention (their Triton kernels) bit for bit, output and
+    caches, and the reference within the dtype's tolerance; cache rows from each sequence's new row on are NaN
+    before the call, so a split that read the new row before writing it (or any row past it) shows."""
+    from xelink.kernels import rope_kv
+
+    gen = torch.Generator().manual_seed(seed)
+    for b, hq, hkv, smax, lens in cases:
+        q, k, v, cos, sin, kc, vc = _rope_decode_inputs(b, hq, hkv, smax, d, dtype, device, gen)
+        kv_lens = torch.tensor(lens, dtype=torch.int64, device=device)
+        for i, n in enumerate(lens):
+            kc[i, :, n - 1:] = float("nan")
+            vc[i, :, n - 1:] = float("nan")
+        kc2, vc2, kc3, vc3 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+        _poison(device)
+        out = A.rope_decode_attention(q, k, v, cos, sin, kc, vc, kv_lens, impl="triton")
+        want = A.decode_attention(rope_kv(q, k, v, cos, sin, kv_lens - 1, kc2, vc2, impl="triton"), kc2, vc2, kv_lens,
+                                  impl="triton")
+        ref = A.reference_rope_decode_attention(q, k, v, cos, sin, kc3, vc3, kv_lens)
+        where = f"rope decode D={d} {dtype} case={(b, hq, hkv, smax, lens)}"
+        assert not torch.isnan(out).any(), f"NaN in output: {where}"
+        assert torch.equal(out, want) and _same(kc, kc2) and _same(vc, vc2), where
+        assert _same(kc, kc3) and _same(vc, vc3), where
+        assert _rel(out, ref) < TOL[dtype], f"{where}: rel err {_rel(out, ref):.2e}"
+
+
+def test_rope_decode_reference_against_float64():
+    """The reference (and impl="auto" on the CPU) against float64 written out here: q and k rotated at
+    position kv_lens - 1, k and v stored in that cache row, attention over rows 0 .. kv_lens - 1."""
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, cos, sin, kc, vc = _rope_decode_inputs(3, 8, 2, 50, 64, torch.float32, "cpu", gen)
+    lens = torch.tensor([1, 50, 23])
+    kc0, vc0 = kc.clone(), vc.clone()
+    out = A.rope_decode_attention(q, k, v, cos, sin, kc, vc, lens)
+    kc2, vc2 = kc0.clone(), vc0.clone()
+    assert torch.equal(A.reference_rope_decode_attention(q, k, v, cos, sin, kc2, vc2, lens), out)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+    def rot(x, p):
+        x, c, s = x.double(), cos[p].double(), sin[p].double()
+        return x * c + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * s
+
+    for b, n in enumerate(lens.tolist()):
+        keys, vals = kc0[b:b + 1].double().clone(), vc0[b:b + 1].double().clone()
+        keys[:, :, n - 1] = rot(k[b:b + 1, :, 0], n - 1)
+        vals[:, :, n - 1] = v[b:b + 1, :, 0].double()
+        assert (kc[b:b + 1].double() - keys).abs().max() < 1e-6 and torch.equal(vc[b:b + 1].double(), vals)
+        ref, _ = _attention64(rot(q[b:b + 1], n - 1), keys, vals, False, 1 / 8, kv_len=n)
+        assert _rel(out[b:b + 1], ref) < 1e-5, (b, n)
+
+
+def test_rope_decode_bad_inputs():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 8, 2, 16, 64, torch.float32, "cpu", gen)
+    lens = torch.tensor([3, 16])
+    f = A.rope_decode_attention
+    with pytest.raises(ValueError, match=r"^rope_decode_attention: q must be \(B, Hq, 1, D\)"):
+        f(q.expand(2, 8, 2, 64), k, v, cos, sin, kc, vc, lens)
+    with pytest.raises(ValueError, match=r"^rope_decode_attention: cos must be a float \(max_positions, 64\) table"):
+        f(q, k, v, cos[:, :32], sin, kc, vc, lens)
+    with pytest.raises(TypeError, match="^rope_decode_attention: q, k, v, k_cache and v_cache must share one float"):
+        f(q, k, v, cos, sin, kc.half(), vc, lens)
+    with pytest.raises(TypeError, match="^rope_decode_attention: kv_lens.dtype=torch.float32 must be"):
+        f(q, k, v, cos, sin, kc, vc, lens.float())
+    with pytest.raises(ValueError, match=r"^rope_decode_attention: batch differs: q.shape\[0\]=2 != k_cache.shape"):
+        f(q, k, v, cos, sin, torch.cat([kc, kc]), torch.cat([vc, vc]), lens)
+    with pytest.raises(ValueError, match="^rope_decode_attention: scale=0.0 must be"):
+        f(q, k, v, cos, sin, kc, vc, lens, scale=0.0)
+    with pytest.raises(ValueError, match="^rope_decode_attention: impl='cuda'"):
+        f(q, k, v, cos, sin, kc, vc, lens, impl="cuda")
+    with pytest.raises(ValueError, match="^rope_decode_attention: out"):
+        f(q, k, v, cos, sin, kc, vc, lens, out=torch.empty(2, 8, 1, 32))
+    assert torch.isfinite(kc).all() and torch.isfinite(vc).all()  # nothing ran
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_rope_decode_kernel_interpreter():
+    # the new row first, last, in the middle of a split and at a split's first key; GQA 4 and MHA
+    cases = [(2, 8, 2, 200, [37, 130]), (3, 4, 1, 96, [1, 96, 65]), (1, 2, 2, 700, [513])]
+    _check_rope_decode("cpu", 64, torch.float16, cases, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+def test_rope_decode_kernel_gpu(requires_gpus, d, dtype):
+    requires_gpus(1)
+    cases = [(1, 32, 8, 8192, [8192]), (1, 32, 8, 8192, [4097]), (3, 32, 8, 4099, [1, 4099, 2500]),
+             (2, 16, 2, 777, [777, 300]), (4, 8, 8, 1000, [65, 64, 63, 1000])]
+    _check_rope_decode("cuda", d, dtype, cases, seed=d)
+
+
+@pytest.mark.gpu
+def test_rope_decode_in_a_cuda_graph(requires_gpus):
+    """Captured once, replayed as the lengths grow (each replay writes the next row), against the eager
+    rope_kv + decode_attention on copies of the caches, bit for bit."""
+    from xelink.kernels import rope_kv
+
+    requires_gpus(1)
+    gen = torch.Generator().manual_seed(8)
+    q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 32, 8, 3000, 128, torch.bfloat16, "cuda", gen)
+    kc2, vc2 = kc.clone(), vc.clone()
+    lens = torch.tensor([10, 2000], device="cuda")
+    A.rope_decode_attention(q, k, v, cos, sin, kc, vc, lens)  # compiled and remembered before the capture
+    kc.copy_(kc2)
+    vc.copy_(vc2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = A.rope_decode_attention(q, k, v, cos, sin, kc, vc, lens)
+    kc.copy_(kc2)
+    vc.copy_(vc2)
+    for step in range(4):
+        lens.copy_(torch.tensor([11 + step, 2001 + 300 * step]))
+        q.copy_(torch.randn(q.shape, generator=gen).to(q))  # q, k, v are views of one buffer
+        graph.replay()
+        want = A.decode_attention(rope_kv(q, k, v, cos, sin, lens - 1, kc2, vc2), kc2, vc2, lens)
+        torch.cuda.synchronize()
+        assert torch.equal(yg, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2), step
+
+
 def _check_merge(device, dtype):
     gen = torch.Generator().manual_seed(5)
     q, k, v = _qkv(2, 8, 2, 100, 700, 128, dtype, device=device, gen=gen)

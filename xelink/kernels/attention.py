@@ -41,6 +41,7 @@ import torch
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
                      check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
+from .norm import check_rope_kv, reference_rope_kv
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2
 from .flash_ws import ws_applies, ws_plan
 from .split import SCRATCH, last_split
@@ -56,7 +57,9 @@ __all__ = [
     "reference_decode_attention",
     "reference_flash_attention",
     "reference_merge_attention",
+    "reference_rope_decode_attention",
     "resolve_impl",
+    "rope_decode_attention",
 ]
 
 FLASH_IMPLS = ("auto", "triton", "cuda", "reference")
@@ -340,6 +343,13 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale
     return (out, lse) if return_lse else out
 
 
+def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None):
+    """Pure-torch twin of ``rope_decode_attention``: ``reference_rope_kv`` at ``kv_lens - 1`` (the caches
+    written), then ``reference_decode_attention`` of the rotated q."""
+    qr = reference_rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)
+    return reference_decode_attention(qr, k_cache, v_cache, kv_lens, scale=scale)
+
+
 # -- Triton kernels -----------------------------------------------------------------------------
 
 if triton is not None:
@@ -558,19 +568,63 @@ if triton is not None:
         prefetch_l2(X + lo.to(tl.int64) * stride_n + tl.zeros([1], tl.int64),
                     n * (X.dtype.element_ty.primitive_bitwidth // 8), PIECES, LIMIT)
 
+    @triton.jit
+    def _rotate_halves(x1, x2, c1, c2, s1, s2):
+        """Rotate-half RoPE of a row split in halves, in float32, rounded once to x's dtype: the expressions of
+        norm.py's rope kernels, so that the fused decode rounds (and contracts into FMAs) as rope_kv does."""
+        x1f = x1.to(tl.float32)
+        x2f = x2.to(tl.float32)
+        return (x1f * c1 - x2f * s1).to(x1.dtype), (x2f * c2 + x1f * s2).to(x1.dtype)
+
+    @triton.jit
+    def _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, pos, lo, hi,
+                        stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                        stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
+                        HEAD_DIM: tl.constexpr):
+        """rope_kv inside the decode kernel: q's rows rotated at position ``pos`` (returned, [rows, HEAD_DIM]);
+        the split that holds key ``pos`` also rotates the new key and writes it and the new value into cache
+        row ``pos``, then orders its block after those stores before any thread reads the cache."""
+        HALF: tl.constexpr = HEAD_DIM // 2
+        offs_h = tl.arange(0, HALF)
+        p = tl.maximum(pos, 0).to(tl.int64)
+        c1 = tl.load(COS + p * stride_cos + offs_h).to(tl.float32)
+        c2 = tl.load(COS + p * stride_cos + HALF + offs_h).to(tl.float32)
+        s1 = tl.load(SIN + p * stride_sin + offs_h).to(tl.float32)
+        s2 = tl.load(SIN + p * stride_sin + HALF + offs_h).to(tl.float32)
+        q_row = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
+        x1 = tl.load(q_row + offs_h[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        x2 = tl.load(q_row + (HALF + offs_h)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        q1, q2 = _rotate_halves(x1, x2, c1[None, :], c2[None, :], s1[None, :], s2[None, :])
+        if (pos >= lo) & (pos < hi):
+            kn = KN + b.to(tl.int64) * stride_nkb + kvh.to(tl.int64) * stride_nkh
+            k1, k2 = _rotate_halves(tl.load(kn + offs_h), tl.load(kn + HALF + offs_h), c1, c2, s1, s2)
+            k_row = k_base + p * stride_kn
+            tl.store(k_row + offs_h * stride_kd, k1)
+            tl.store(k_row + (HALF + offs_h) * stride_kd, k2)
+            offs_d = tl.arange(0, HEAD_DIM)
+            vn = tl.load(VN + b.to(tl.int64) * stride_nvb + kvh.to(tl.int64) * stride_nvh + offs_d)
+            tl.store(v_base + p * stride_vn + offs_d * stride_vd, vn)
+            tl.debug_barrier()  # the block's later cache reads (other threads) see the new row
+        # [rows, HALF] x 2 -> [rows, HEAD_DIM]: element (r, j * HALF + i) from half j
+        return tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (q1.shape[0], HEAD_DIM))
+
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
     def _decode_split_kernel(
-        Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS,
+        Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS, KN, VN, COS, SIN,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_xb, stride_xh, stride_xs, stride_xd,
+        stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
         HKV, GROUP, SQ, SMAX, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
-        PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0,
+        PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0, ROPE: tl.constexpr = False,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
+
+        ``ROPE`` (one query token a sequence): q and the new key KN come unrotated, and the kernel does
+        ``rope_kv``'s work first, at position ``kv_len - 1`` (rows of COS / SIN; KN, VN: (B, HKV, 1, D) views).
 
         A split covers ``max(ceil(kv_len / splits), MIN_CHUNK)`` keys (whole BLOCK_N blocks): a cache much
         longer than its sequence (a static cache early in a decode) leaves the splits past ``kv_len`` empty
@@ -605,10 +659,15 @@ if triton is not None:
                 _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
                 _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
-        q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
-                 + offs_d[None, :] * stride_qd)
-        q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
         kv_len, chunk, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+        if ROPE:
+            q = _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, kv_len - 1, lo, hi,
+                                stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                                stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin, HEAD_DIM)
+        else:
+            q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh + t[:, None] * stride_qm
+                     + offs_d[None, :] * stride_qd)
+            q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
         if CAUSAL:
             row_last = kv_len - SQ + t
             first_last = kv_len - SQ
@@ -814,7 +873,7 @@ class _DecodeLaunch:
     __slots__ = ("grid", "ints", "kwargs", "parts", "lse_at", "out_lse_at", "out_shape", "tiles", "slot")
 
     def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
-                 remembered: bool, keep_lse: bool = True):
+                 remembered: bool, keep_lse: bool = True, rope=None):
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
@@ -842,23 +901,26 @@ class _DecodeLaunch:
         self.out_lse_at = None if keep_lse else -(-end // 4) * 4
         self.parts = end if keep_lse else self.out_lse_at + B * HQ * SQ
         o_strides = tuple(out.stride()) if out is not None else (HQ * SQ * D, SQ * D, D, 1)
-        self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, HKV, group, SQ, SMAX,
-                     scale * _LOG2E)
+        # rope: (k, v, cos, sin) of rope_decode_attention, whose strides the kernel takes
+        rope_strides = (0,) * 6 if rope is None else (*rope[0].stride()[:2], *rope[1].stride()[:2], rope[2].stride(0),
+                                                      rope[3].stride(0))
+        self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *rope_strides, HKV, group, SQ,
+                     SMAX, scale * _LOG2E)
         # The merge: rows MERGE_ROWS at a time (at most 16, no more than the block's real rows), UNROLL splits
         # a round, so that a round's partials are 64 floats a thread (4 warps).
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
         unroll = max(2, min(16, 8192 // (merge_rows * D)))
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
-                           UNROLL=unroll, MIN_CHUNK=min_chunk, num_warps=num_warps,
+                           UNROLL=unroll, MIN_CHUNK=min_chunk, ROPE=rope is not None, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, programs, q.device))
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
-    def __call__(self, q, k_cache, v_cache, kv_lens, out):
+    def __call__(self, q, k_cache, v_cache, kv_lens, out, rope=()):
         """(out, lse): ``out`` (a new tensor unless given) and the float32 LSE (a new tensor with
-        ``keep_lse``, else a flat scratch slice)."""
+        ``keep_lse``, else a flat scratch slice). ``rope``: (k, v, cos, sin) where the plan was made with them."""
         out = q.new_empty(self.out_shape) if out is None else out
         if out.numel() == 0:
             return out, q.new_empty(self.out_shape[:3], dtype=torch.float32)
@@ -866,15 +928,17 @@ class _DecodeLaunch:
         lse = q.new_empty(self.out_shape[:3], dtype=torch.float32) if self.out_lse_at is None else None
         # the addresses are all that may differ from call to call (no slot: a plan used once)
         key = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), kv_lens.data_ptr(), out.data_ptr(),
-               part_o.data_ptr(), counters.data_ptr(), 0 if lse is None else lse.data_ptr())
+               part_o.data_ptr(), counters.data_ptr(), 0 if lse is None else lse.data_ptr(),
+               *(t.data_ptr() for t in rope))
         launch_keyed(self.slot, key, self.grid,
-                     lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse), self.kwargs,
+                     lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse, rope), self.kwargs,
                      _decode_split_kernel)
         return out, lse  # (lse None where the plan does not keep it: a remembered call without return_lse)
 
-    def _args(self, q, k_cache, v_cache, kv_lens, out, part_o, counters, lse) -> tuple:
+    def _args(self, q, k_cache, v_cache, kv_lens, out, part_o, counters, lse, rope) -> tuple:
         lse = part_o[self.out_lse_at:] if lse is None else lse
-        return (q, k_cache, v_cache, kv_lens, part_o, part_o[self.lse_at:], out, lse, counters, *self.ints)
+        return (q, k_cache, v_cache, kv_lens, part_o, part_o[self.lse_at:], out, lse, counters, *(rope or (q,) * 4),
+                *self.ints)
 
 
 def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None,
@@ -911,6 +975,21 @@ def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_sp
     if plan is None:
         plan = _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, False)
     return plan(q, k_cache, v_cache, kv_lens, out)
+
+
+def _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale: float, impl: str, pdl: str, out=None,
+                     plan=None):
+    """rope_decode_attention's call; ``plan``: the remembered path's :class:`_DecodeLaunch`."""
+    if out is not None:
+        check_no_overlap("rope_decode_attention", out, q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
+                         kv_lens=kv_lens)
+    if impl == "reference":
+        o = reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale)
+        return o if out is None else out.copy_(o)
+    rope = (k, v, cos, sin)
+    if plan is None:
+        plan = _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, False, False, rope)
+    return plan(q, k_cache, v_cache, kv_lens, out, rope)[0]
 
 
 def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
@@ -1112,3 +1191,54 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
     else:
         out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl, out)
     return (out, lse) if return_lse else out
+
+
+def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, impl="auto", pdl=None, *,
+                          out=None):
+    """One decode step's attention with the new token's RoPE and KV-cache write in the same launch:
+    ``rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)`` then ``decode_attention`` of the rotated q.
+
+    Sequence b's new token sits at position ``p = kv_lens[b] - 1``: q and k are rotated with rows ``p`` of
+    ``cos`` / ``sin`` (rotate-half, float32, rounded once, as :func:`xelink.kernels.rope_kv`), the rotated k
+    and v are written to cache row ``p``, and the rotated q attends to rows ``0 .. p``. The kernel is
+    decode_attention's split kernel: the split that holds row ``p`` writes it before it reads the cache.
+
+    Args:
+        q: (B, Hq, 1, D) unrotated; k, v: (B, Hkv, 1, D), the new token's unrotated key and its value (views
+            such as a fused QKV projection's columns are fine: unit stride along D).
+        cos, sin: (max_positions, D) float tables, unit stride along D.
+        k_cache, v_cache: (B, Hkv, Smax, D) in q's dtype, unit stride along D.
+        kv_lens: (B,) int32/int64 on q's device, each in [1, min(Smax, max_positions)] (not checked: that
+            would synchronize).
+        scale: softmax scale, > 0; default 1/sqrt(D).
+        impl: "auto", "triton" or "reference" (as ``decode_attention``); pdl: as ``decode_attention``.
+        out: optional (B, Hq, 1, D) tensor of q's dtype and device for the output, sharing no memory with
+            the inputs or caches.
+
+    Returns:
+        ``out`` (a new tensor unless given) in q's dtype.
+
+    Raises:
+        TypeError / ValueError: before anything runs, naming the bad argument.
+    """
+    key = path_key(("rope_decode", impl, pdl, scale), (q, k, v, cos, sin, k_cache, v_cache, kv_lens), (out,))
+    hit = _PATHS.get(key) if key is not None else None
+    if hit is not None:
+        return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3])
+    fn = "rope_decode_attention"
+    check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
+    _check_decode(fn, q, k_cache, v_cache, kv_lens, None)
+    _check_flags(fn, False, scale, False)
+    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS), impl, q)
+    pdl = pdl_option(fn, pdl, path, q.device)
+    if path != "reference":
+        _check_kernel_inputs(fn, path, q)
+        if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
+            raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
+    _check_out_like(fn, out, q)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    if key is not None:
+        _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
+                              _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, True, False,
+                                            (k, v, cos, sin))))
+    return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out)

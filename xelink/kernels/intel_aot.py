@@ -119,14 +119,18 @@ def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=
     return args
 
 
-def _decode(d=128, dtype="bfloat16"):
+def _decode(d=128, dtype="bfloat16", rope=False):
     def args():
         B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
         q = _contiguous(B, HQ, SQ, d)
         kv = _contiguous(B, HKV, SMAX, d)
+        # rope: the new k and v as views of a fused qkv row (48 heads of d), the cos / sin tables' row stride
+        new = (48 * d, d, 48 * d, d, d, d) if rope else (0,) * 6
         return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), _t(dtype), _t("float32"),
-                 _t("int32"), *q, *kv, *kv, *q, HKV, HQ // HKV, SQ, SMAX, 0.127],
-                dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, MIN_CHUNK=256, PDL=0))
+                 _t("int32"), _t(dtype), _t(dtype), _t("float32"), _t("float32"), *q, *kv, *kv, *q, *new, HKV,
+                 HQ // HKV, SQ, SMAX, 0.127],
+                dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, MIN_CHUNK=256, PDL=0,
+                     ROPE=rope))
     return args
 
 
@@ -265,6 +269,8 @@ LAUNCHES: list[Launch] = [
       for d in (64, 128, 256) for c in (False, True)],
     Launch("attention._decode_split_kernel[hd128, gqa 4]", "attention", "_decode_split_kernel", _decode(),
            num_warps=4, matrix=True, shared=36864, sub_groups=(16,)),
+    Launch("attention._decode_split_kernel[hd128, gqa 4, rope]", "attention", "_decode_split_kernel",
+           _decode(rope=True), num_warps=4, matrix=True, sub_groups=(16,)),
     Launch("attention._merge_kernel[hd128]", "attention", "_merge_kernel", _merge(), num_warps=4,
            shared={16: 1088, 32: 2176}),
     Launch("gemm._gemm_kernel[bf16, row x row]", "gemm", "_gemm_kernel", _gemm(), num_warps=8, matrix=True,

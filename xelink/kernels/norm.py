@@ -578,8 +578,26 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor
     """
     fn = "rope_kv"
     impl = check_impl(fn, impl, NORM_IMPLS)
-    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("positions", positions),
-                    ("k_cache", k_cache), ("v_cache", v_cache)):
+    check_tensor(fn, "positions", positions)
+    check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
+    B = q.shape[0]
+    if positions.dim() != 1 or positions.shape[0] != B or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{fn}: positions must be ({B},) int32/int64, got {positions.dtype} {tuple(positions.shape)}")
+    check_same_device(fn, q=q, positions=positions)
+    impl = _resolve(fn, impl, q.device)
+    pdl = pdl_option(fn, pdl, impl, q.device)
+    if impl == "reference":
+        return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache)
+    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
+        raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
+    return _rope_kv_triton(q, k, v, cos, sin, positions, k_cache, v_cache, pdl)
+
+
+def check_rope_kv(fn: str, q, k, v, cos, sin, k_cache, v_cache) -> None:
+    """rope_kv's checks of everything but the positions (also ``rope_decode_attention``'s): one new token's q,
+    k, v of one float dtype, the cos / sin tables, caches of at least q's batch, one device."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache),
+                    ("v_cache", v_cache)):
         check_tensor(fn, name, t)
     if q.dtype not in _FLOATS or k.dtype != q.dtype or v.dtype != q.dtype or k_cache.dtype != q.dtype or \
             v_cache.dtype != q.dtype:
@@ -594,19 +612,10 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor
     for name, c in (("cos", cos), ("sin", sin)):
         if c.dim() != 2 or c.shape[1] != D or not c.is_floating_point():
             raise ValueError(f"{fn}: {name} must be a float (max_positions, {D}) table, got {c.dtype} {tuple(c.shape)}")
-    if positions.dim() != 1 or positions.shape[0] != B or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{fn}: positions must be ({B},) int32/int64, got {positions.dtype} {tuple(positions.shape)}")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if c.dim() != 4 or c.shape[0] < B or c.shape[1] != HK or c.shape[3] != D:
             raise ValueError(f"{fn}: {name} must be (>= {B}, {HK}, S, {D}), got {tuple(c.shape)}")
-    check_same_device(fn, q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, k_cache=k_cache, v_cache=v_cache)
-    impl = _resolve(fn, impl, q.device)
-    pdl = pdl_option(fn, pdl, impl, q.device)
-    if impl == "reference":
-        return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache)
-    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
-        raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
-    return _rope_kv_triton(q, k, v, cos, sin, positions, k_cache, v_cache, pdl)
+    check_same_device(fn, q=q, k=k, v=v, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache)
 
 
 def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None, *,

@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 from .. import cp_attention
-from ..kernels import (decode_attention, flash_attention, gemm, gemv, reference_decode_attention,
-                       reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope, reference_rope_kv,
-                       reference_silu_mul, rmsnorm, rope, rope_kv, silu_mul, unpack_w4a16, unpack_w8a16)
+from ..kernels import (flash_attention, gemm, gemv, reference_flash_attention, reference_gemv, reference_rmsnorm,
+                       reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope,
+                       rope_decode_attention, silu_mul, unpack_w4a16, unpack_w8a16)
 from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
@@ -99,11 +99,6 @@ class Ops:
     def rope(self, q, k, cos, sin):
         return reference_rope(q, k, cos, sin) if self.ref else rope(q, k, cos, sin, impl=self.kimpl)
 
-    def rope_kv(self, q, k, v, cos, sin, positions, k_cache, v_cache):
-        if self.ref:
-            return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache)
-        return rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache, impl=self.kimpl)
-
     def silu_mul(self, x):
         return reference_silu_mul(x) if self.ref else silu_mul(x, impl=self.kimpl)
 
@@ -119,10 +114,10 @@ class Ops:
             return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse)
         return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl)
 
-    def decode_attention(self, q, k_cache, v_cache, kv_lens):
+    def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens):
         if self.ref:
-            return reference_decode_attention(q, k_cache, v_cache, kv_lens)
-        return decode_attention(q, k_cache, v_cache, kv_lens, impl=self.kimpl)
+            return reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens)
+        return rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, impl=self.kimpl)
 
 
 class KVCache:
@@ -141,12 +136,11 @@ class KVCache:
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops) -> torch.Tensor:
         """One token per sequence, before RoPE: rotate q and k at ``positions[b]`` (rows of the ``cos``/``sin``
-        tables) and write k and v there (one ``rope_kv`` launch), then attend over positions
-        ``0 .. positions[b]`` (``kv_lens = positions + 1``); [B] tensors on the cache's device, no host
+        tables), write k and v there and attend over positions ``0 .. positions[b]`` (``kv_lens = positions +
+        1``), in one launch (``rope_decode_attention``); [B] tensors on the cache's device, no host
         synchronization (a CUDA graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``."""
         B = q.shape[0]
-        q = ops.rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
-        return ops.decode_attention(q, self.k[:B], self.v[:B], kv_lens)
+        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens)
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """Write this chunk's keys and values, then attend.

@@ -505,7 +505,7 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     step) captured in one CUDA graph: ``{op: (us per step, GB/s)}`` (GB/s over the bytes the op reads), in the
     order of the step. ``"sum"`` adds them; the step's own time minus it is launch gaps and the small torch
     ops (embedding row, kv_lens, argmax)."""
-    from ...kernels import decode_attention, gemv, rmsnorm, rope_kv
+    from ...kernels import gemv, rmsnorm, rope_decode_attention
 
     cfg, dev, dt = model.config, model.device, model.dtype
     H, eps, hq, hk, D = cfg.hidden_size, cfg.rms_norm_eps, model.heads, model.kv_heads, model.head_dim
@@ -517,8 +517,7 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     x, res = rnd(B, 1, H), rnd(B, 1, H)
     qkv = rnd(B, hq + 2 * hk, 1, D)
     q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
-    pos = torch.full((B,), L - 1, dtype=torch.int64, device=dev)
-    lens = pos + 1
+    lens = torch.full((B,), L, dtype=torch.int64, device=dev)
     acts = {"qkv": x.view(B, H), "o": rnd(B, hq * D), "gate_up": x.view(B, H), "down": rnd(B, ffn)}
 
     layers, caches = model.layers, model.caches
@@ -533,10 +532,8 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     ops = {"rmsnorm (2 a layer)": ([functools.partial(rmsnorm, x, ly[n], eps, res) for ly in layers
                                     for n in ("attn_norm", "mlp_norm")], None),
            "gemv qkv": gemvs([ly["qkv"] for ly in layers], acts["qkv"]),
-           "rope_kv": ([functools.partial(rope_kv, q, k, v, model.cos, model.sin, pos, c.k, c.v) for c in caches],
-                       None),
-           "decode_attention": ([functools.partial(decode_attention, q, c.k[:B], c.v[:B], lens) for c in caches],
-                                kv_bytes),
+           "rope_decode_attention": ([functools.partial(rope_decode_attention, q, k, v, model.cos, model.sin,
+                                                        c.k[:B], c.v[:B], lens) for c in caches], kv_bytes),
            "gemv o": gemvs([ly["o"] for ly in layers], acts["o"]),
            "gemv gate_up + silu_mul": gemvs([ly["gate_up"] for ly in layers], acts["gate_up"], "silu_mul"),
            "gemv down": gemvs([ly["down"] for ly in layers], acts["down"]),
