@@ -208,11 +208,22 @@ class Communicator:
         so the communicator refuses further use rather than mixing up messages.
         """
         deadline = self.deadline(timeout, fn)
+        self._live(fn)
+        self._quiesce(fn)
         try:
             return self._live(fn).exchange(obj, deadline, fn)
         except TimeoutError as exc:
             self._broken = exc
             raise exc.restate(group=exc.group or self)
+
+    def _quiesce(self, fn: str) -> None:
+        """Let the operations queued on this communicator (asynchronous collectives on a worker thread: the
+        resources with a ``quiesce(comm, fn)``) finish before a control exchange from the caller's thread, which
+        would otherwise race them on the same channel (a worker making a shared-memory window exchanges on it)."""
+        for obj in list(self._resources.values()):
+            quiesce = getattr(obj, "quiesce", None)
+            if quiesce is not None:
+                quiesce(self, fn)
 
     def deadline(self, timeout=None, fn: str = "wait") -> Deadline:
         """A deadline ``timeout`` seconds from now (the communicator's default when None)."""
@@ -320,6 +331,7 @@ class Communicator:
         """
         if self._freed:
             return
+        self._quiesce("free")  # asynchronous operations still queued finish before their resources go
         shm.free_all(self)  # windows made on this communicator directly (shm.PeerWindow(comm, ...))
         for key in reversed(list(self._resources)):
             obj = self._resources.pop(key)

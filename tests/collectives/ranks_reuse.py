@@ -50,6 +50,53 @@ def check_late_reader_of_direct_all_reduce(world):
     comm.free()
 
 
+@only(launchers=("mpi",))
+def check_control_calls_wait_for_queued_async_collectives(world):
+    """An async direct all-reduce whose first call makes its peer window on the worker thread (slow on rank 0:
+    a descheduled thread), then at once, from the caller's thread, allgather_object, barrier, split and a
+    checked call: each must wait for the queued work, not take the window's exchanges (a race that returned
+    another rank's window message, or crashed in split)."""
+    from xelink.transport import shm
+
+    made = shm.PeerWindow.__init__
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.3)
+        made(self, *args, **kwargs)
+
+    n = world.size
+    if world.rank == 0:
+        shm.PeerWindow.__init__ = slow
+    try:
+        for i, control in enumerate(("objects", "barrier", "split", "checked")):
+            if control == "checked":
+                os.environ["XELINK_CHECK"] = "1"  # read when a communicator is made
+            try:
+                comm = world.split(0)
+            finally:
+                os.environ.pop("XELINK_CHECK", None)
+            x = data(comm.rank, i, 8, torch.float32)
+            handle = xelink.all_reduce(x, group=comm, algo="direct", async_op=True)
+            if control == "objects":
+                assert comm.allgather_object(("mine", comm.rank)) == [("mine", r) for r in range(n)]
+            elif control == "barrier":
+                comm.barrier()
+            elif control == "split":
+                sub = comm.split(0)
+                assert sub.allgather_object(sub.rank) == list(range(n))
+                sub.free()
+            else:
+                assert comm.check_calls
+                y = data(comm.rank, i + 10, 4, torch.float32)
+                xelink.all_reduce(y, group=comm, algo="direct", async_op=True).wait()
+                assert_same(y, expected_reduce(n, i + 10, 4, torch.float32, "sum"), "a checked call after an async one")
+            handle.wait()
+            assert_same(x, expected_reduce(n, i, 8, torch.float32, "sum"), f"async direct all_reduce then {control}")
+            comm.free()
+    finally:
+        shm.PeerWindow.__init__ = made
+
+
 def check_back_to_back_calls(world):
     """The same random sequence of calls on every rank, random per-rank delays, every result checked."""
     run_sequence(world, 150, seed=1, delay=time.sleep, what="flat")

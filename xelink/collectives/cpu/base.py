@@ -27,9 +27,28 @@ class _State:
     def __init__(self):
         self.tags = 0
         self.worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self.worker_thread: int | None = None
         self.pending = 0
         self.lock = threading.Lock()
         self.window = None
+
+    def start_worker(self, name: str) -> concurrent.futures.ThreadPoolExecutor:
+        if self.worker is None:
+            self.worker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"xelink-{name}",
+                initializer=lambda: setattr(self, "worker_thread", threading.get_ident()))
+        return self.worker
+
+    def quiesce(self, comm: Communicator, fn: str) -> None:
+        """Wait (under the communicator's timeout) until the calls queued on the worker have run; nothing to
+        wait for on the worker thread itself (its own calls' exchanges are in order)."""
+        if self.worker is None or self.pending == 0 or threading.get_ident() == self.worker_thread:
+            return
+        try:
+            self.worker.submit(lambda: None).result(timeout=comm.timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(fn, [], comm.timeout, "the communicator's asynchronous operations are still "
+                               "running") from None
 
     def close(self) -> None:
         if self.worker is not None:
@@ -141,8 +160,7 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     st = state(comm)
     if not async_op and st.pending == 0:
         return fn()
-    if st.worker is None:
-        st.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"xelink-{comm.name}")
+    st.start_worker(comm.name)
     with st.lock:
         st.pending += 1
 
