@@ -59,7 +59,9 @@ def check_split_by_parity_reversed(world):
 def check_split_leaves_out_color_none(world):
     sub = world.split(None if world.rank == 0 else 7)
     if world.rank == 0:
-        assert sub is None
+        assert sub is xelink.NON_GROUP_MEMBER and not sub
+        with pytest.raises(ValueError, match="^all_reduce: this rank is not a member of the group"):
+            xelink.all_reduce(torch.ones(2), group=sub)
     else:
         assert sub.size == world.size - 1 and sub.rank == world.rank - 1
         assert sub.allgather_object(world.rank) == list(range(1, world.size))
@@ -84,7 +86,17 @@ def check_new_group(world):
         assert g.allgather_object(world.rank) == ranks
         g.free()
     else:
-        assert g is None
+        # torch's non-member sentinel; None would mean the world, so every call refuses it, before any message
+        assert g is xelink.NON_GROUP_MEMBER and not g
+        x = torch.ones(4)
+        for call, fn in ((lambda: xelink.all_reduce(x, group=g), "all_reduce"),
+                         (lambda: xelink.broadcast(x, 0, group=g), "broadcast"),
+                         (lambda: xelink.barrier(group=g), "barrier"),
+                         (lambda: xelink.all_gather_matmul(x[None], x[:, None], group=g), "all_gather_matmul"),
+                         (lambda: xelink.new_group([0], group=g), "new_group")):
+            with pytest.raises(ValueError, match=f"^{fn}: this rank is not a member of the group"):
+                call()
+    world.barrier()  # the refused calls sent nothing
 
 
 def check_new_group_bad_arguments(world):

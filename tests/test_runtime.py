@@ -94,7 +94,7 @@ def test_init_single_process_and_bad_arguments():
         world.barrier()
         assert world.allgather_object("x") == ["x"]
         assert world.split(3).size == 1
-        assert world.split(None) is None
+        assert world.split(None) is xelink.NON_GROUP_MEMBER
     finally:
         xelink.finalize()
     with pytest.raises(xelink.NotInitializedError, match=r"xelink.init\(\) has not been called"):

@@ -2,7 +2,7 @@
 from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_tensor, all_reduce, all_to_all_single,
                           barrier, batch_isend_irecv, broadcast, device_barrier, gather, irecv, isend, recv, reduce,
                           reduce_scatter_tensor, scatter, send, synchronize)
-from .comm import Communicator, new_group
+from .comm import NON_GROUP_MEMBER, Communicator, new_group
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -27,5 +27,6 @@ __all__ = [
     "init",
     "is_initialized",
     "new_group",
+    "NON_GROUP_MEMBER",
     "__version__",
 ]

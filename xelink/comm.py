@@ -19,11 +19,28 @@ from . import bridge, config
 from .errors import NotInitializedError, TimeoutError, XelinkError
 from .transport import Deadline, Transport, shm
 
-__all__ = ["Communicator", "new_group", "resolve_group", "get_world", "named"]
+__all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_world", "named"]
 
 # Every live communicator of this process (finalize frees them) and the world (None: not initialised).
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _world: "Communicator | None" = None
+
+
+class _NonGroupMember:
+    """What ``new_group`` and ``split`` give a rank left out of the new group (torch's
+    ``GroupMember.NON_GROUP_MEMBER``, MPI's ``MPI_COMM_NULL``): falsy, and refused with a clear error by every
+    call that takes ``group=`` (``None`` there means the world, so it must not stand for "no group")."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "xelink.NON_GROUP_MEMBER"
+
+
+NON_GROUP_MEMBER = _NonGroupMember()
 
 
 def get_world() -> "Communicator":
@@ -245,7 +262,7 @@ class Communicator:
         """
         self._exchange(None, timeout, "barrier")
 
-    def split(self, color: int | None, key: int | None = None, timeout=None) -> "Communicator | None":
+    def split(self, color: int | None, key: int | None = None, timeout=None) -> "Communicator | _NonGroupMember":
         """Partition the ranks like ``MPI_Comm_split``.
 
         Args:
@@ -253,7 +270,8 @@ class Communicator:
             key: orders the ranks of the new communicator (ties by current rank); default: rank.
 
         Returns:
-            The new communicator, or None for a rank that passed ``color=None``.
+            The new communicator, or ``xelink.NON_GROUP_MEMBER`` (falsy; refused as a ``group``) for a rank that
+            passed ``color=None``.
 
         Collective: every rank of the communicator must call this.
         """
@@ -264,7 +282,7 @@ class Communicator:
         self._splits += 1
         if color is None:
             self.transport.split(None, key, [])
-            return None
+            return NON_GROUP_MEMBER
         members = sorted((r for r, (c, _) in enumerate(pairs) if c == color), key=lambda r: (pairs[r][1], r))
         sub = self.transport.split(color, key, members)
         return Communicator(sub, name=f"{self.name}.{self._splits}c{color}",
@@ -360,6 +378,9 @@ def resolve_group(group, fn: str) -> Communicator:
         if _world is None:
             raise NotInitializedError("xelink.init() has not been called (or xelink.finalize() was)")
         return _world
+    if group is NON_GROUP_MEMBER:
+        raise ValueError(f"{fn}: this rank is not a member of the group (new_group / split gave it "
+                         f"xelink.NON_GROUP_MEMBER); call {fn} on a group from its members only")
     if isinstance(group, Communicator):
         if group._freed:
             raise XelinkError(f"{fn}: group {group!r} was freed")
@@ -368,14 +389,15 @@ def resolve_group(group, fn: str) -> Communicator:
                     f"Communicator.split() or xelink.new_group())")
 
 
-def new_group(ranks: Sequence[int], group: Communicator | None = None, timeout=None) -> Communicator | None:
+def new_group(ranks: Sequence[int], group: Communicator | None = None, timeout=None) -> "Communicator | _NonGroupMember":
     """A communicator of ``ranks`` (ranks of ``group``, default world), in the order given.
 
     Args:
         ranks: distinct ranks of ``group``; every rank of ``group`` must pass the same list.
 
     Returns:
-        The new communicator on member ranks; None on the others (as torch's non-member sentinel).
+        The new communicator on member ranks; ``xelink.NON_GROUP_MEMBER`` on the others (torch's non-member
+        sentinel: falsy, and every call given it as ``group`` raises, where None would mean the world).
 
     Collective: every rank of ``group`` must call this, members or not.
     """
