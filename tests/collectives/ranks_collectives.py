@@ -1,4 +1,5 @@
 """Every collective x algorithm x dtype, whole buffer, exact, at world sizes 1-8 and package layouts."""
+import math
 import numpy as np
 import pytest
 import torch
@@ -96,6 +97,12 @@ def check_torch_reduce_op_accepted(world):
     x = torch.full((4,), float(world.rank))
     xelink.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
     assert torch.equal(x, torch.full((4,), float(world.size - 1)))
+    ops = torch.distributed.ReduceOp
+    for op, want in ((ops.SUM, sum(range(1, world.size + 1))), (ops.PRODUCT, math.factorial(world.size)),
+                     (ops.MIN, 1), (ops.AVG, (world.size + 1) / 2)):
+        x = torch.full((4,), float(world.rank + 1))
+        xelink.all_reduce(x, op=op)
+        assert torch.equal(x, torch.full((4,), float(want))), op
 
 
 def check_point_to_point(world):

@@ -35,6 +35,7 @@ def parse_op(fn: str, op) -> str:
         # torch.distributed.ReduceOp and its RedOpType members print as e.g. "RedOpType.SUM"/"SUM".
         name = str(getattr(op, "name", op)).rsplit(".", 1)[-1]
     name = name.lower()
+    name = {"product": ReduceOp.PROD}.get(name, name)  # torch's ReduceOp.PRODUCT
     if name not in ReduceOp.ALL:
         raise ValueError(f"{fn}: op={op!r} is not one of {', '.join(ReduceOp.ALL)}")
     return name
