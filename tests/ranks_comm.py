@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import xelink
+from ranks import only
 from xelink.transport import Deadline, wait_all
 
 WORLD_SIZES = (1, 2, 4)
@@ -76,6 +77,29 @@ def check_split_bad_arguments(world):
     with pytest.raises(TypeError, match=r"split: key=1.5 must be an int"):
         world.split(0, key=1.5)
     world.barrier()  # nothing was sent: the communicator still works
+
+
+@only(launchers=("mpi",))
+def check_a_dropped_communicator_stays_until_freed_on_every_rank(world):
+    """A sub-communicator with a peer window (a reference cycle) dropped without free(): the collector runs on
+    rank 0 only, as rank-dependent work makes it; every rank must still hold it (finalize frees it on all
+    ranks together; a weak registry let rank 0 lose it, and the others then waited for it at finalize)."""
+    import gc
+
+    from xelink import comm as C
+
+    def use_and_drop():
+        g = world.split(0)
+        xelink.all_reduce(torch.ones(16), group=g, algo="direct")
+        return g.name
+
+    name = use_and_drop()
+    if world.rank == 0:
+        gc.collect()
+    held = [c.name for c in C.live()]
+    assert name in held, held
+    assert world.allgather_object(held) == [held] * world.size
+    C.named(name).free()
 
 
 def check_new_group(world):

@@ -11,7 +11,6 @@ transport. This module imports no layer above the transports.
 """
 from __future__ import annotations
 
-import weakref
 import zlib
 from typing import Any, Callable, Sequence
 
@@ -22,7 +21,10 @@ from .transport import Deadline, Transport, shm
 __all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_world", "named"]
 
 # Every live communicator of this process (finalize frees them) and the world (None: not initialised).
-_live: "weakref.WeakSet" = weakref.WeakSet()
+# Every communicator not yet freed, held strongly: a dropped one must stay until free() or finalize() releases it
+# on every rank together (a weak set let each rank's cyclic collector take it at its own time, and the ranks
+# that still held it then waited at finalize for ranks that no longer knew it).
+_live: set = set()
 _world: "Communicator | None" = None
 
 
@@ -359,6 +361,7 @@ class Communicator:
         self._freed = True
         self._pg = None  # a sub-group's backends close when the last reference goes
         self.transport.free()
+        _live.discard(self)
 
 
 class _Groups:
