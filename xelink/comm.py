@@ -220,6 +220,13 @@ class Communicator:
                               f"free it and make a new one")
         return self.transport
 
+    def fail(self, exc: BaseException) -> None:
+        """Refuse further use after ``exc`` interrupted an exchange part way (a timeout, an error between posted
+        sends and receives): the ranks no longer agree on which messages belong to which call (as after an NCCL
+        timeout), so later calls raise at once instead of matching stale messages or waiting for them."""
+        if self._broken is None:
+            self._broken = exc
+
     def _exchange(self, obj: Any, timeout, fn: str) -> list:
         """``transport.exchange`` under a deadline; a timeout leaves the communicator unusable.
 
@@ -232,7 +239,7 @@ class Communicator:
         try:
             return self._live(fn).exchange(obj, deadline, fn)
         except TimeoutError as exc:
-            self._broken = exc
+            self.fail(exc)
             raise exc.restate(group=exc.group or self)
 
     def _quiesce(self, fn: str) -> None:

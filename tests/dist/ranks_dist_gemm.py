@@ -222,3 +222,36 @@ def check_bad_inputs_raise_before_sending(world):
     a = ints((2 * n, 4), 500 + world.rank)
     want = sum(ints((2 * n, 4), 500 + q) @ w for q in range(n))
     _same(xelink.matmul_reduce_scatter(a, w), want.chunk(n)[world.rank].contiguous(), "after the refusals")
+
+
+def check_grad_and_aliased_outputs_are_refused_before_sending(world):
+    """A weight that requires grad (an nn.Linear's, in grad mode) and an out= that shares memory with an input,
+    with another out or with itself (expanded): refused by name on every rank before any message (grad mode
+    used to fail part way through the schedule, leaving messages that stalled the next call; an aliased out
+    was written while still read: wrong sums); the same calls under no_grad or with a separate out work."""
+    n = world.size
+    lin = torch.nn.Linear(4, 3, bias=False)
+    a = ints((2, 4), 800 + world.rank)
+    sq = ints((2, 4), 810 + world.rank)
+    w4 = ints((4, 4), 820)
+    big = torch.zeros(4 + 2 * n, 4)
+    cases = [(lambda: xelink.all_gather_matmul(a, lin.weight.t()), ValueError,
+              "all_gather_matmul: b requires grad, but all_gather_matmul is forward only"),
+             (lambda: xelink.matmul_all_reduce(a, lin.weight.t()), ValueError, "matmul_all_reduce: b requires grad"),
+             (lambda: xelink.matmul_reduce_scatter(a.repeat(n, 1).requires_grad_(), w4), ValueError,
+              "matmul_reduce_scatter: a requires grad"),
+             (lambda: xelink.matmul_all_reduce(sq, w4, out=sq), ValueError, "matmul_all_reduce: out overlaps a in memory"),
+             (lambda: xelink.all_gather_matmul(a, big[:4], out=big[2:2 + 2 * n]), ValueError,
+              "all_gather_matmul: out overlaps b in memory"),
+             (lambda: xelink.all_gather_matmul(a, [w4, w4], out=[big[4:4 + 2 * n]] * 2), ValueError,
+              "all_gather_matmul: out overlaps out[1] in memory"),
+             (lambda: xelink.matmul_all_reduce(a, w4, out=torch.zeros(1, 4).expand(2, 4)), ValueError,
+              "matmul_all_reduce: out.stride()=(0, 1) for out.shape=(2, 4) puts several elements")]
+    expect_errors(cases)
+    with torch.no_grad():
+        got = xelink.all_gather_matmul(a, lin.weight.t())
+    want = torch.cat([ints((2, 4), 800 + q) for q in range(n)]) @ lin.weight.detach().t()
+    _close(got, want, "all_gather_matmul of an nn.Linear weight under no_grad", tol=1e-5)
+    out = torch.empty(2, 4)
+    _same(xelink.matmul_all_reduce(sq, w4, out=out), sum(ints((2, 4), 810 + q) for q in range(n)) @ w4,
+          "matmul_all_reduce into a separate out after the refusals")

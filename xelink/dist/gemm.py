@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of, parse_op
+from ..kernels.common import check_distinct, check_no_overlap
 from . import compiled
 
 __all__ = ["DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "auto_algo"]
@@ -70,6 +71,9 @@ def _tensor(fn: str, name: str, x, comm, dims: tuple[int, ...]) -> torch.Tensor:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or "
                         f"bfloat16")
     check_rank_device(fn, name, x, comm)
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{fn}: {name} requires grad, but {fn} is forward only (no backward); call it under "
+                         f"torch.no_grad() or pass {name}.detach()")
     return x
 
 
@@ -106,8 +110,10 @@ def _dim(fn: str, name: str, value, a: torch.Tensor) -> int:
     return d
 
 
-def _outputs(fn: str, out, shapes: list[tuple], a: torch.Tensor, many: bool) -> list:
-    """The caller's output tensors (None each when ``out`` is None), checked against the result shapes."""
+def _outputs(fn: str, out, shapes: list[tuple], a: torch.Tensor, many: bool, weights: list) -> list:
+    """The caller's output tensors (None each when ``out`` is None), checked against the result shapes, and
+    (eager calls: addresses) for sharing memory with an input, another output or themselves: the products are
+    written while the inputs are still read, so an alias would silently corrupt the result."""
     if out is None:
         return [None] * len(shapes)
     if many:
@@ -126,6 +132,11 @@ def _outputs(fn: str, out, shapes: list[tuple], a: torch.Tensor, many: bool) -> 
             raise TypeError(f"{fn}: {name}.dtype={t.dtype} != a.dtype={a.dtype}")
         if t.device != a.device:
             raise ValueError(f"{fn}: {name} is on {t.device} and a on {a.device}")
+        check_distinct(fn, name, t)
+    if not torch.compiler.is_compiling():  # (traced: checked when the custom op runs this function eagerly)
+        inputs = {"a": a, **{f"b[{i}]" if many else "b": w for i, w in enumerate(weights)}}
+        for i, t in enumerate(items):
+            check_no_overlap(fn, t, **inputs, **{f"out[{j}]": o for j, o in enumerate(items) if j != i})
     return items
 
 
@@ -227,7 +238,7 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
     full = list(a.shape)
     full[dim] *= n
     shapes = [tuple(full[:-1]) + (w.shape[1],) for w in weights]
-    outs = _outputs(fn, out, shapes, a, many)
+    outs = _outputs(fn, out, shapes, a, many, weights)
     if algo == "fused" and not a.is_cuda:
         _fused_checks(fn, a, algo, None)
     if torch.compiler.is_compiling():  # traced: the custom op, which runs this function eagerly (``compiled``)
@@ -293,7 +304,7 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
         raise ValueError(f"{fn}: op={op!r} is not supported here; use 'sum' or 'avg'")
     n = comm.size
     shape = _scatter_shape(fn, a, dim, n, w.shape[1])
-    (o,) = _outputs(fn, out, [shape], a, False)
+    (o,) = _outputs(fn, out, [shape], a, False, [w])
     if algo == "fused" and not a.is_cuda:
         _fused_checks(fn, a, algo, None)
     if torch.compiler.is_compiling():
@@ -336,7 +347,7 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
     a = _tensor(fn, "a", a, comm, (2, 3))
     (w,), _ = _weights(fn, b, a, comm, allow_list=False)
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
-    (o,) = _outputs(fn, out, [shape], a, False)
+    (o,) = _outputs(fn, out, [shape], a, False, [w])
     if algo == "fused" and not a.is_cuda:
         _fused_checks(fn, a, algo, None)
     if torch.compiler.is_compiling():

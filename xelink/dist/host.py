@@ -12,6 +12,7 @@ that landed); the all-reduce chunks of ``matmul_all_reduce`` run on the group's 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,6 +30,23 @@ _HALF = (torch.float16, torch.bfloat16)
 def private(comm):
     """The group's duplicate for this module's point-to-point (collective on first use)."""
     return comm.resource(("xelink.dist", "p2p"), lambda: comm.split(0))
+
+
+def _fails_group(schedule_fn):
+    """An error part way through a schedule leaves messages posted (receives, sends, queued all-reduces) that
+    the ranks no longer agree on: the group and its private duplicate then refuse further use, so this rank's
+    next call raises at once instead of waiting for messages that never come (the others' waits on this rank
+    expire and name it)."""
+    @functools.wraps(schedule_fn)
+    def run(comm, *args, **kwargs):
+        try:
+            return schedule_fn(comm, *args, **kwargs)
+        except BaseException as exc:
+            for c in (comm, comm.resource(("xelink.dist", "p2p"))):
+                if c is not None:
+                    c.fail(exc)
+            raise
+    return run
 
 
 def _mm_into(x: torch.Tensor, w: torch.Tensor, dst: torch.Tensor) -> None:
@@ -81,6 +99,7 @@ def _run_gather_plan(p2p, stage, reads, compute) -> None:
         s.wait()
 
 
+@_fails_group
 def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
     n, r = comm.size, comm.rank
     shard = tuple(a.shape)
@@ -110,6 +129,7 @@ def _work_dtype(dtype):
     return torch.float32 if dtype in _HALF else dtype
 
 
+@_fails_group
 def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
     n = comm.size
     blk = a.shape[dim] // n
@@ -200,6 +220,7 @@ def _topo_reduce(p2p, packages, partial, shape, wd, sends):
     return acc
 
 
+@_fails_group
 def matmul_all_reduce(comm, a, w, out, algo):
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
     c = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype)

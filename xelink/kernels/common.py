@@ -31,8 +31,8 @@ try:
 except ImportError:  # Triton without host-side tensor descriptors (older, or Intel's): no TMA paths
     TensorDescriptor = None
 
-__all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_impl",
-           "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting", "require_triton",
+__all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_distinct",
+           "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting", "require_triton",
            "cdiv", "gc_paused", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton",
            "triton_can_run"]
 
@@ -163,8 +163,13 @@ def check_out(fn: str, out, shape, dtype: torch.dtype, device: torch.device) -> 
     if out.dim() and out.shape[-1] > 1 and out.stride(-1) != 1:
         raise ValueError(f"{fn}: out.stride()={out.stride()} must be 1 along the last dim (the kernels store "
                          "rows of contiguous elements)")
-    if _overlaps_itself(out):
-        raise ValueError(f"{fn}: out.stride()={out.stride()} for out.shape={tuple(out.shape)} puts several "
+    check_distinct(fn, "out", out)
+
+
+def check_distinct(fn: str, name: str, t: torch.Tensor) -> None:
+    """No two elements of the output ``t`` at one address (an expanded view, a stride 0): a write would race."""
+    if _overlaps_itself(t):
+        raise ValueError(f"{fn}: {name}.stride()={t.stride()} for {name}.shape={tuple(t.shape)} puts several "
                          "elements at one address")
 
 

@@ -214,7 +214,7 @@ class _ErrorWord:
         if self._view[0]:
             missing = [ranks[p] for p in range(len(ranks)) if self._view[1 + p]]
             err = TimeoutError(fn, missing, comm.timeout, what)
-            comm._broken = err
+            comm.fail(err)
             raise err
 
 
@@ -451,7 +451,7 @@ class Pair:
             err = XelinkError(f"{fn}: rank {self.peer} of {self.comm.name} sent a message of {int(view[3])} B to "
                               f"a receive of another size on rank {self.comm.rank}; the data was dropped and "
                               f"{self.comm.name} is unusable (post receives of the sizes sent)")
-            self.comm._broken = err
+            self.comm.fail(err)
             raise err
         self._error.raise_if_set(self.comm, fn, [self.peer],
                                  "a point-to-point transfer waited past its deadline for the peer named")

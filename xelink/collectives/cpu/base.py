@@ -190,9 +190,9 @@ def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], 
     except TimeoutError as exc:
         # The ranks no longer agree on which messages belong to which call: the communicator (and
         # the sub-group the wait was on) refuse further use, as after an NCCL timeout.
-        comm._broken = exc
+        comm.fail(exc)
         if exc.group is not None:
-            exc.group._broken = exc
+            exc.group.fail(exc)
         raise _restate(comm, exc, deadline)
 
 
