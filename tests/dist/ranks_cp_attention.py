@@ -173,3 +173,37 @@ def check_torch_compile_traces_the_custom_op(world):
         out, lse = step(*(xelink.cp_shard(x) for x in (q, k, v)))
     _check(out, want[:, :, pos], "compiled", 1e-5)
     _check(lse, want_lse[:, :, pos], "compiled lse", 1e-5)
+
+
+@only(launchers=("mpi",), sizes=(4,))
+def check_ring_keeps_about_two_blocks_in_flight(world):
+    """The CPU ring waits for the block it sent a step ago (MPI keeps a send's buffer until then): at every
+    step the send and receive buffers still held come to at most two KV blocks and the next block's receive, not
+    every block the ring passed on (which made the ring's memory the all-gather's, the reason it exists)."""
+    import gc
+    import weakref
+
+    import xelink.dist.cp_host as host
+    import xelink.transport.mpi as transport
+
+    held, steps = [], []
+    as_bytes, attend = transport.as_bytes, host.attend
+
+    def tracked(buf):
+        arr = as_bytes(buf)
+        held.append(weakref.ref(arr))
+        return arr
+
+    def counting(*args, **kwargs):
+        gc.collect()
+        steps.append(sum(a().nbytes for a in held if a() is not None))
+        return attend(*args, **kwargs)
+
+    transport.as_bytes, host.attend = tracked, counting
+    try:
+        q = torch.randn(1, 1, 64, 64)
+        xelink.cp_attention(q, q, q, algo="ring", layout="contiguous")
+    finally:
+        transport.as_bytes, host.attend = as_bytes, attend
+    block = 2 * q.numel() * q.element_size()
+    assert len(steps) == world.size and max(steps) <= 2 * block, (steps, block)

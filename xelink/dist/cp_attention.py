@@ -226,8 +226,9 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
 
     Args:
         q: (B, Hq, S_local, D) this rank's queries, at the positions the layout gives it (``cp_positions``);
-            float64, float32, float16 or bfloat16; a CPU tensor or a CUDA tensor on this rank's device; any
-            strides.
+            float64, float32, float16 or bfloat16 (float64 is merged across key blocks with float32 weights, the
+            LSE's contract: about float32 accuracy above one rank); a CPU tensor or a CUDA tensor on this rank's
+            device; any strides.
         k, v: (B, Hkv, S_local, D) this rank's keys and values at the same positions; Hq divisible by Hkv
             (GQA: only the Hkv heads move); q's dtype and device.
         causal: position p sees keys at positions <= p (global positions; SDPA's ``is_causal`` over the whole

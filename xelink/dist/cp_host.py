@@ -51,6 +51,8 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
                 recv = irecv(nxt, left, group=p2p, tag=nxt_owner)
             if cur.numel():
                 sends.append(isend(cur, right, group=p2p, tag=owner))
+                while len(sends) > 1:  # the block sent a step ago has landed: its buffer goes (memory of ~2 blocks,
+                    sends.pop(0).wait()  # not of every block the ring passed on)
         if recv is not None:
             recv.is_completed()  # let MPI progress before the attention
         attend(acc, q, qpieces, schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, owner)), cur[0], cur[1],

@@ -180,6 +180,8 @@ def _ring_reduce(p2p, partial, shape, wd, sends):
             part.add_(inbox)
         if s < n - 1:
             sends.append(isend(part, right, group=p2p, tag=j))
+            while len(sends) > 1:  # the sum sent a step ago has landed: its buffer goes
+                sends.pop(0).wait()
     return part
 
 
