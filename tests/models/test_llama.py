@@ -120,6 +120,93 @@ def test_eos_stops_each_sequence_and_generation_config_defaults(folders, tmp_pat
     assert torch.equal(greedy, out[:, :greedy.shape[1]])
 
 
+def test_without_generation_config_the_model_configs_eos_stops(folders, tmp_path):
+    """A folder without generation_config.json (many exported ones): the special tokens of config.json stand in,
+    as transformers builds its generation config from the model config."""
+    src, hf = folders["llama3.1", False]
+    path = tmp_path / "m"
+    shutil.copytree(src, path)
+    (path / "generation_config.json").unlink()
+    ids = torch.randint(0, 250, (1, 5), generator=torch.Generator().manual_seed(14))
+    free = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64).generate(ids, 8, eos_token_id=[])
+    stop = int(free[0, 5 + 2])
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(eos_token_id=stop, pad_token_id=None)
+    (path / "config.json").write_text(json.dumps(cfg))
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
+    first = next(i for i in range(5, free.shape[1]) if int(free[0, i]) == stop)
+    assert torch.equal(model.generate(ids, 8), free[:, :first + 1])
+
+
+def test_generate_takes_what_torch_users_pass_and_refuses_the_rest_by_name(folders):
+    path, _ = folders["llama2", False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
+    ids = torch.randint(0, 160, (2, 4), generator=torch.Generator().manual_seed(15))
+    want = model.generate(ids, 3, eos_token_id=[5])
+    np = pytest.importorskip("numpy")
+    assert torch.equal(model.generate(ids, 3, eos_token_id=np.int64(5)), want)  # numpy and 0-d tensor ints
+    assert torch.equal(model.generate(ids, 3, eos_token_id=torch.tensor(5)), want)
+    assert torch.equal(model.generate(ids.int(), 3, eos_token_id=[5]), want)
+    logits = model(ids, 0)
+    for start in (np.int64(0), torch.tensor(0), torch.tensor([0, 0])):
+        assert torch.equal(model(ids, start), logits), start
+    for call, exc, text in [
+            (lambda: model.generate(ids.float(), 2), TypeError, "input_ids must be an int32/int64 tensor [B, S], got "
+                                                                "torch.float32"),
+            (lambda: model.generate(ids.tolist(), 2), TypeError, "got list"),
+            (lambda: model.generate(ids[:0], 2), ValueError, "input_ids.shape=(0, 4) must be [B, S] with B, S >= 1"),
+            (lambda: model.generate(ids, 2, attention_mask=torch.ones(4)), ValueError,
+             "attention_mask must be a [B, S] = (2, 4) tensor like input_ids, got (4,)"),
+            (lambda: model.generate(ids, 2, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]])), ValueError,
+             "a row of attention_mask has no token"),
+            (lambda: model.generate(ids, 2, eos_token_id=2.0), TypeError, "eos_token_id=2.0 must be an int"),
+            (lambda: model(ids, 1.5), ValueError, "start_pos=1.5 must be an int >= 0 or one per sequence")]:
+        with pytest.raises(exc) as info:
+            call()
+        assert text in str(info.value), (str(info.value), text)
+
+
+def test_a_prefill_chunk_may_hold_only_padding_for_a_row(folders):
+    """A ragged batch prefilled in chunks: the first chunk is all padding for the short row (its tokens come
+    later); the last chunk's logits equal the one-shot prefill's."""
+    path, _ = folders["llama3.1", False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
+    ids = torch.randint(0, 250, (2, 10), generator=torch.Generator().manual_seed(16))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :7] = 0
+    whole = model(ids, 0, mask)
+    model(ids[:, :5], 0, mask[:, :5])
+    rest = model(ids[:, 5:], [5, 0], mask[:, 5:])
+    assert (rest[0] - whole[0, 5:]).abs().max().item() < TOL
+    assert (rest[1, 2:] - whole[1, 7:]).abs().max().item() < TOL
+    with pytest.raises(ValueError, match="attention_mask has no token in any row"):
+        model(ids[:, :5], 0, torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
+    """Fields a config.json leaves out take transformers' defaults (rms_norm_eps 1e-6; a Mistral's window 4096,
+    refused past it); a Mistral xelink writes says full attention; a folder saved again as one file after a
+    sharded save drops the old index (which named files no longer there)."""
+    from xelink.models import LlamaConfig
+
+    hf = CONFIGS["tiny"].to_hf()
+    del hf["rms_norm_eps"]
+    assert LlamaConfig.from_hf(hf, "t").rms_norm_eps == 1e-6
+    path = save_random_llama(tmp_path / "m", dict(CONFIGS["tiny"].to_hf(), model_type="mistral"), dtype=torch.float32,
+                             max_shard_bytes=200_000)
+    assert json.loads((path / "config.json").read_text())["sliding_window"] is None
+    assert Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=8192).max_seq_len == 8192
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["sliding_window"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="sliding_window=4096 < max_seq_len=8192 is not supported"):
+        Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=8192)
+    assert (path / "model.safetensors.index.json").exists()
+    save_random_llama(path, "tiny", dtype=torch.float32)
+    assert not (path / "model.safetensors.index.json").exists()
+    assert Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64).config.num_hidden_layers == 2
+
+
 def test_sampling_is_seeded_and_top_p_tiny_is_greedy(folders):
     path, hf = folders["llama2", False]
     model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
@@ -278,7 +365,10 @@ def test_errors_before_any_work(folders, tmp_path):
     with pytest.raises(ValueError, match="prompt of 17 tokens is longer than max_seq_len=16"):
         model.generate(ids, 1)
     with pytest.raises(ValueError, match="exceed max_seq_len=16"):
-        model.generate(ids[:, :10], 7)
+        model.generate(ids[:, :10], 8)
+    # the last new token is never cached: 16 prompt tokens and 1 new one, 10 and 7, fit 16 positions
+    assert model.generate(ids[:, :16], 1, eos_token_id=[]).shape == (1, 17)
+    assert model.generate(ids[:, :10], 7, eos_token_id=[]).shape == (1, 17)
     with pytest.raises(ValueError, match="batch 2 must be in 1..max_batch=1"):
         model(torch.zeros(2, 3, dtype=torch.long), 0)
     with pytest.raises(ValueError, match="left-padded"):

@@ -95,7 +95,7 @@ class LlamaConfig:
             raise ValueError(f"{fn}: partial_rotary_factor={partial!r} is not supported (only 1.0)")
         cfg = cls(hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
                   num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads, num_key_value_heads=kv,
-                  head_dim=head_dim, vocab_size=hf["vocab_size"], rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+                  head_dim=head_dim, vocab_size=hf["vocab_size"], rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                   rope_theta=theta, rope_scaling=scaling,
                   max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
@@ -122,6 +122,8 @@ class LlamaConfig:
         out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu",
                "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if self.model_type == "mistral":
+            out["sliding_window"] = None  # full attention, as this model computes (transformers' default is 4096)
         return out
 
 
@@ -310,8 +312,8 @@ def save_random_llama(path, config, *, seed: int = 0, dtype: torch.dtype = torch
         current[name] = t
         size += nbytes
     shards.append(current)
-    for old in path.glob("*.safetensors"):
-        old.unlink()
+    for old in [*path.glob("*.safetensors"), path / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)  # an earlier save's shards and index (a stale index names missing files)
     if len(shards) == 1:
         save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
     else:

@@ -6,6 +6,7 @@ so the ranks never disagree on a token even where their logits differ in the las
 """
 from __future__ import annotations
 
+import numbers
 import random
 import time
 
@@ -30,11 +31,16 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
 def _eos_list(eos, fn):
     if eos is None:
         return []
-    items = [eos] if isinstance(eos, int) else list(eos)
+    single = isinstance(eos, numbers.Integral) or (isinstance(eos, torch.Tensor) and eos.dim() == 0)
+    try:
+        items = [eos] if single else list(eos)
+    except TypeError:
+        items = [None]
     for e in items:
-        if isinstance(e, bool) or not isinstance(e, int):
+        if isinstance(e, bool) or not isinstance(e, (numbers.Integral, torch.Tensor)) or \
+                (isinstance(e, torch.Tensor) and (e.dim() or e.is_floating_point())):
             raise TypeError(f"{fn}: eos_token_id={eos!r} must be an int or a list of ints")
-    return items
+    return [int(e) for e in items]
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask=None, temperature=None,
@@ -79,16 +85,26 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     eos = _eos_list(gc.get("eos_token_id") if eos_token_id is None else eos_token_id, fn)
     pad = gc.get("pad_token_id")
     pad = pad if isinstance(pad, int) else (eos[0] if eos else 0)
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64):
+        what = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise TypeError(f"{fn}: input_ids must be an int32/int64 tensor [B, S], got {what}")
+    if input_ids.dim() != 2 or 0 in input_ids.shape:
+        raise ValueError(f"{fn}: input_ids.shape={tuple(input_ids.shape)} must be [B, S] with B, S >= 1")
     ids = input_ids.to("cpu", torch.int64)
-    if ids.dim() != 2:
-        raise ValueError(f"{fn}: input_ids.shape={tuple(ids.shape)} must be [B, S]")
     B, S = ids.shape
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or
+                                       tuple(attention_mask.shape) != (B, S)):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"{fn}: attention_mask must be a [B, S] = {(B, S)} tensor like input_ids, got {got}")
     lens = [S] * B if attention_mask is None else attention_mask.to("cpu", torch.int64).sum(1).tolist()
+    if min(lens) < 1:
+        raise ValueError(f"{fn}: a row of attention_mask has no token (every prompt needs one)")
     if max(lens) > model.max_seq_len:
         raise ValueError(f"{fn}: a prompt of {max(lens)} tokens is longer than max_seq_len={model.max_seq_len}")
-    if max(lens) + max_new_tokens > model.max_seq_len:
+    # the last new token is returned, never fed back: positions up to prompt + max_new_tokens - 1 are cached
+    if max(lens) + max_new_tokens - 1 > model.max_seq_len:
         raise ValueError(f"{fn}: {max(lens)} prompt tokens + max_new_tokens={max_new_tokens} exceed "
-                         f"max_seq_len={model.max_seq_len}")
+                         f"max_seq_len={model.max_seq_len} + 1")
     def agree(t):  # rank 0's of the TP group, then of the CP group: TP rank 0 of CP rank 0's everywhere
         t = model.tp.agree(t)
         return t if model.cp is None else model.cp.agree(t)

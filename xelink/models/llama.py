@@ -31,6 +31,8 @@ raise ValueError.
 from __future__ import annotations
 
 import importlib.util
+import numbers
+import operator
 from pathlib import Path
 
 import torch
@@ -299,11 +301,15 @@ class Llama:
         cfg = LlamaConfig.from_hf(hf, fn)
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
-        window = hf.get("sliding_window")
+        # transformers' Mistral attends within 4096 positions unless config.json says otherwise
+        window = hf.get("sliding_window", 4096 if cfg.model_type == "mistral" else None)
         if window is not None and window < max_seq_len:
             raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
                              f"attention only); pass max_seq_len <= {window}")
-        return cls._load(fn, cfg, lambda: Checkpoint(path, fn), read_json(path, "generation_config.json"),
+        generation = read_json(path, "generation_config.json")
+        if generation is None:  # as transformers builds it from the model config: the special tokens
+            generation = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf.get(k) is not None}
+        return cls._load(fn, cfg, lambda: Checkpoint(path, fn), generation,
                          tp_group=tp_group, cp_group=cp_group, dtype=dtype, weights=weights, max_batch=max_batch,
                          max_seq_len=max_seq_len, impl=impl, device=device)
 
@@ -390,14 +396,19 @@ class Llama:
             raise ValueError(f"{fn}: batch {B} must be in 1..max_batch={self.max_batch}")
         if S < 1:
             raise ValueError(f"{fn}: input_ids has no tokens")
-        if isinstance(start_pos, torch.Tensor):
-            starts = [int(s) for s in start_pos.reshape(-1).tolist()]
-        elif isinstance(start_pos, int) and not isinstance(start_pos, bool):
-            starts = [start_pos] * B
+        bad = ValueError(f"{fn}: start_pos={start_pos!r} must be an int >= 0 or one per sequence")
+        if isinstance(start_pos, torch.Tensor) and start_pos.dim() == 0:
+            start_pos = start_pos.item()
+        if isinstance(start_pos, numbers.Integral) and not isinstance(start_pos, bool):
+            starts = [int(start_pos)] * B
         else:
-            starts = [int(s) for s in start_pos]
+            try:
+                starts = [operator.index(s) for s in (start_pos.reshape(-1).tolist()
+                                                      if isinstance(start_pos, torch.Tensor) else start_pos)]
+            except TypeError:
+                raise bad from None
         if len(starts) != B or min(starts) < 0:
-            raise ValueError(f"{fn}: start_pos={start_pos!r} must be an int >= 0 or one per sequence")
+            raise bad
         if attention_mask is None:
             pads = [0] * B
         else:
@@ -408,8 +419,8 @@ class Llama:
             want = (torch.arange(S)[None, :] >= (S - n)[:, None]).long()
             if not torch.equal(mask, want):
                 raise ValueError(f"{fn}: attention_mask must be left-padded (zeros, then ones in each row)")
-            if (n == 0).any():
-                raise ValueError(f"{fn}: a row of attention_mask has no token")
+            if (n == 0).all():  # a row without a token in this chunk (a ragged batch prefilled in chunks) is fine
+                raise ValueError(f"{fn}: attention_mask has no token in any row")
             pads = (S - n).tolist()
         ends = [s + S - p for s, p in zip(starts, pads)]
         if max(ends) > self.max_seq_len:
