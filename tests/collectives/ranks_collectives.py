@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import xelink
+from ranks import only
 from collective_cases import DTYPES, run_all, run_all_to_all, run_rooted
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
@@ -172,6 +173,40 @@ def check_mismatched_calls_are_detected(world):
     with pytest.raises(ValueError, match=r"all_reduce: ranks disagree about the call"):
         xelink.all_reduce(torch.zeros(4 + (world.rank == 1)), group=sub)
     sub.free()
+
+
+@only(sizes=(2, 3, 5))
+def check_different_sizes_without_checking_raise_instead_of_garbage(world):
+    """Call checking off: rank 0 passes 12 elements, the others 10. The one-shot all-reduce compares the sizes
+    the ranks announce with its barrier (every rank raises, naming a rank and both sizes); point-to-point
+    schedules check each receive's byte count, so a rank that receives from a rank of another size raises
+    naming the sender (the others' waits expire or also raise): nobody returns a buffer partly filled or read
+    from a stale slot."""
+    if world.size == 1:
+        return
+    count = 12 if world.rank == 0 else 10
+    sub = world.split(0)
+    if sub.transport.name == "mpi":
+        with pytest.raises(ValueError, match=r"^all_reduce: rank \d passed (40|48) bytes and rank \d (40|48) \(every "
+                                             r"rank must pass the same size\)"):
+            xelink.all_reduce(torch.ones(count), group=sub, algo="direct")
+        with pytest.raises(xelink.XelinkError, match="unusable after an earlier failure"):
+            xelink.all_reduce(torch.ones(4), group=sub)  # messages of the failed call may be in flight
+    sub.free()
+    for op in ("all_reduce", "all_gather"):
+        sub = world.split(0)
+        with pytest.raises((ValueError, xelink.TimeoutError)) as info:
+            if op == "all_reduce":
+                xelink.all_reduce(torch.ones(count), group=sub, algo="ring", timeout=2)
+            else:
+                xelink.all_gather_into_tensor(torch.empty(world.size * count), torch.ones(count), group=sub,
+                                              algo="ring", timeout=2)
+        named = isinstance(info.value, ValueError) and str(info.value).startswith(f"{op}: rank") and \
+            str(info.value).endswith("(the ranks passed different sizes)")
+        if sub.transport.name == "mpi":
+            assert any(world.allgather_object(named)), str(info.value)
+        sub.free()
+    world.barrier()
 
 
 def check_rank_that_never_calls_is_named(world):

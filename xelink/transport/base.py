@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import TimeoutError
 
-__all__ = ["Deadline", "Request", "Transport", "SelfTransport", "spin_until", "wait_all"]
+__all__ = ["Deadline", "Request", "SizeMismatch", "Transport", "SelfTransport", "spin_until", "wait_all"]
 
 # After this long without progress a waiting rank sleeps between polls instead of only yielding: with
 # more ranks than cores a yielding rank still competes for the core the rank it waits for needs (8
@@ -71,8 +71,25 @@ class Request(abc.ABC):
         """Give up on the transfer (after a timeout); best effort."""
 
 
+class SizeMismatch(ValueError):
+    """A receive got another number of bytes than its buffer holds: the ranks passed different sizes."""
+
+    def __init__(self, peer: int, got: int | None, expected: int):
+        sent = "more" if got is None else str(got)
+        super().__init__(f"rank {peer} sent {sent} bytes where this rank expected {expected} (the ranks passed "
+                         f"different sizes)")
+
+
 def wait_all(requests: Sequence[Request], deadline: Deadline, what: str) -> None:
-    """Wait for every request, or raise ``xelink.TimeoutError`` naming the peers that did not answer."""
+    """Wait for every request, or raise ``xelink.TimeoutError`` naming the peers that did not answer (a
+    ``ValueError`` naming ``what`` and the peer for a receive of another size than was sent)."""
+    try:
+        _wait_all(requests, deadline, what)
+    except SizeMismatch as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def _wait_all(requests: Sequence[Request], deadline: Deadline, what: str) -> None:
     pending = [r for r in requests if not r.test()]
     for i, req in enumerate(pending):
         if req.wait_for(deadline.remaining()):

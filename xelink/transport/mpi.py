@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import TimeoutError
-from .base import Deadline, Request, Transport, as_bytes, iter_peers, spin_until, wait_all
+from .base import Deadline, Request, SizeMismatch, Transport, as_bytes, iter_peers, spin_until, wait_all
 
 __all__ = ["MPITransport"]
 
@@ -29,11 +29,32 @@ def mpi():
 
 
 class _MPIRequest(Request):
-    def __init__(self, req, peer: int):
-        self.req, self.peer = req, peer
+    """``expect``: a receive's byte count, checked when it completes (``SizeMismatch``): MPI takes a shorter
+    message silently and reports a longer one as a bare truncation error."""
+
+    def __init__(self, req, peer: int, expect: int | None = None):
+        self.req, self.peer, self.expect = req, peer, expect
+        self._done = False
 
     def test(self) -> bool:
-        return self.req.Test()
+        if self.expect is None:
+            return self.req.Test()
+        if self._done:  # a completed request is MPI_REQUEST_NULL: its status would read 0 bytes
+            return True
+        MPI = mpi()
+        status = MPI.Status()
+        try:
+            done = self.req.Test(status)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            raise SizeMismatch(self.peer, None, self.expect) from None
+        if done:
+            self._done = True
+            got = status.Get_count(MPI.BYTE)
+            if got != self.expect:
+                raise SizeMismatch(self.peer, got, self.expect)
+        return done
 
     def cancel(self) -> None:
         if not self.req.Test():
@@ -102,7 +123,8 @@ class MPITransport(Transport):
         return _MPIRequest(self.comm.Isend(as_bytes(buf), dest=dst, tag=tag), dst)
 
     def irecv(self, buf, src: int, tag: int = 0) -> Request:
-        return _MPIRequest(self.comm.Irecv(as_bytes(buf), source=src, tag=tag), src)
+        data = as_bytes(buf)
+        return _MPIRequest(self.comm.Irecv(data, source=src, tag=tag), src, data.nbytes)
 
     def free(self) -> None:
         """Drop what is still queued for this communicator (after a timeout), then free it."""

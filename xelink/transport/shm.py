@@ -68,6 +68,8 @@ _ALIGN = 64
 # One cache line of int64 slots per rank in the counter window; only the owner writes its line.
 _LINE_SLOTS = _ALIGN // 8
 _EPOCH, _POSTED, _CONTROL = 0, 1, 2
+_NOTE = 3  # _NOTE + epoch % 2: what a rank announced with a barrier (one slot per parity: a peer is a barrier ahead
+# at most, so it cannot overwrite the value of the barrier others are still reading)
 
 
 class PeerMemoryUnavailable(ValueError):
@@ -459,17 +461,24 @@ class PeerCounters(_OnNode):
         d = _as_deadline(what, deadline, self.comm)
         self._wait(_EPOCH, ranks, self.epoch, d, what)
 
-    def barrier(self, deadline=None, what: str = "PeerCounters.barrier") -> None:
-        """``arrive()`` then ``wait_all()``: no rank leaves before every node rank has come.
+    def barrier(self, deadline=None, what: str = "PeerCounters.barrier", note: int = 0) -> None:
+        """``arrive()`` then ``wait_all()``: no rank leaves before every node rank has come. ``note``: an int
+        this rank announces with the barrier, which ``notes()`` reads back from every rank after it (e.g. the
+        size each rank passed, to catch a mismatch).
 
         Collective: every node rank must call this.
         """
         d = _as_deadline(what, deadline, self.comm)  # a bad deadline fails before anyone is told we came
         self._usable(what)
         self.epoch += 1
+        self._mine[_NOTE + self.epoch % 2] = note
         self._fence()  # release, as in arrive()
         self._mine[_EPOCH] = self.epoch
         self._wait(_EPOCH, range(self._node.size), self.epoch, d, what)
+
+    def notes(self) -> list[int]:
+        """Every node rank's ``note`` of the last barrier, in node order (call between that barrier and the next)."""
+        return [int(line[_NOTE + self.epoch % 2]) for line in self._lines]
 
     # -- flags ------------------------------------------------------------------------------------
     def post(self, value: int) -> None:
@@ -742,9 +751,10 @@ class PeerWindow(_OnNode):
             raise XelinkError("PeerWindow.sync: the window was freed")
         self._win.Sync()
 
-    def barrier(self, deadline=None, what: str = "PeerWindow.barrier") -> None:
-        """``counters.barrier``: after it, every node rank's stores before it are visible to all."""
-        self.counters.barrier(deadline, what)
+    def barrier(self, deadline=None, what: str = "PeerWindow.barrier", note: int = 0) -> None:
+        """``counters.barrier``: after it, every node rank's stores before it are visible to all (``note``: as
+        there, read back with ``counters.notes()``)."""
+        self.counters.barrier(deadline, what, note)
         if self.read_delay:
             time.sleep(self.read_delay)
 

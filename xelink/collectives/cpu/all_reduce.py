@@ -78,7 +78,12 @@ def _direct_peer_memory(comm, x, op, deadline):
         win = st.window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64), timeout=max(deadline.remaining(), 1e-3))
     offset = win.next_slot(nbytes, timeout=max(deadline.remaining(), 1e-3))
     win.torch_view(win.node_rank, x.dtype, x.numel(), offset).copy_(x)
-    win.barrier(deadline, "all_reduce")
+    win.barrier(deadline, "all_reduce", note=nbytes)
+    sizes = win.counters.notes()
+    if len(set(sizes)) > 1:  # a peer's slot holds another size: reading it would return its stale bytes
+        odd = next(p for p, b in enumerate(sizes) if b != nbytes)
+        raise ValueError(f"all_reduce: rank {win.node_ranks[odd]} passed {sizes[odd]} bytes and rank {comm.rank} "
+                         f"{nbytes} (every rank must pass the same size)")
     acc = win.torch_view(0, x.dtype, x.numel(), offset).to(work_dtype(x.dtype), copy=True)
     for p in range(1, n):
         combine(acc, win.torch_view(p, x.dtype, x.numel(), offset), op)

@@ -194,6 +194,11 @@ def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], 
         if exc.group is not None:
             exc.group.fail(exc)
         raise _restate(comm, exc, deadline)
+    except Exception as exc:
+        # Part way through (a receive of another size than was sent, say): messages of this call may still be
+        # in flight, so later calls could take them for theirs. Refuse them instead.
+        comm.fail(exc)
+        raise
 
 
 def _restate(comm: Communicator, exc: TimeoutError, deadline: Deadline) -> TimeoutError:
