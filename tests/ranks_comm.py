@@ -76,6 +76,12 @@ def check_split_bad_arguments(world):
         world.split(-1)
     with pytest.raises(TypeError, match=r"split: key=1.5 must be an int"):
         world.split(0, key=1.5)
+    with pytest.raises(ValueError, match=r"split: color=4294967296 must fit a 32-bit int"):
+        world.split(2 ** 32)
+    with pytest.raises(ValueError, match=r"split: key=-2147483649 must fit a 32-bit int"):
+        world.split(0, key=-2 ** 31 - 1)
+    with pytest.raises(ValueError, match=r"all_reduce: tensor is a lazily conjugated or negated view"):
+        xelink.all_reduce(torch.ones(3, dtype=torch.complex64).conj())
     world.barrier()  # nothing was sent: the communicator still works
 
 

@@ -73,11 +73,16 @@ def named(name: str) -> "Communicator":
     raise XelinkError(f"no live communicator named {name!r}")
 
 
+_INT_MAX = 2 ** 31 - 1  # MPI's colors and keys are C ints
+
+
 def _check_int(fn: str, name: str, value, minimum: int | None = 0):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{fn}: {name}={value!r} must be an int")
     if minimum is not None and value < minimum:
         raise ValueError(f"{fn}: {name}={value!r} must be >= {minimum}")
+    if not -_INT_MAX - 1 <= value <= _INT_MAX:
+        raise ValueError(f"{fn}: {name}={value!r} must fit a 32-bit int")
     return value
 
 

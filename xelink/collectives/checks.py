@@ -78,6 +78,9 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
                          f"CUDA tensors")
     if not x.is_contiguous():
         raise ValueError(f"{fn}: {name} must be contiguous (call .contiguous() first)")
+    if x.is_conj() or x.is_neg():  # lazily conjugated / negated views: their bytes are not their values
+        raise ValueError(f"{fn}: {name} is a lazily conjugated or negated view (call .resolve_conj() and "
+                         f".resolve_neg() first)")
     if reduce and x.dtype not in REDUCE_DTYPES:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not reducible here; use one of {_dtypes(REDUCE_DTYPES)}")
     return x
