@@ -216,6 +216,20 @@ def test_sampling_is_seeded_and_top_p_tiny_is_greedy(folders):
     assert not torch.equal(a, model.generate(ids, 8, temperature=1.0, seed=8))
     greedy = model.generate(ids, 8, eos_token_id=[])
     assert torch.equal(model.generate(ids, 8, temperature=1.0, top_p=1e-6, seed=9, eos_token_id=[]), greedy)
+    assert torch.equal(model.generate(ids, 8, temperature=5.0, top_k=1, seed=10, eos_token_id=[]), greedy)
+    with pytest.raises(ValueError, match="top_k=-1 must be an int >= 0"):
+        model.generate(ids, 2, temperature=1.0, top_k=-1)
+
+
+def test_sample_keeps_the_top_k_then_the_top_p():
+    from xelink.models.generate import sample
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(4000, 1)
+    g = torch.Generator().manual_seed(3)
+    assert set(sample(logits, 1.0, 1.0, g, top_k=2).tolist()) == {0, 1}  # transformers' default k is 50
+    assert set(sample(logits, 1.0, 1.0, g).tolist()) == {0, 1, 2, 3, 4}
+    # top-k first, then top-p of what is left: p(0 | top 3) = 0.665 < 0.7, so tokens 0 and 1
+    assert set(sample(logits, 1.0, 0.7, g, top_k=3).tolist()) == {0, 1}
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,18 @@ import torch
 __all__ = ["generate", "sample"]
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None):
-    """Next tokens ``[B]`` from float logits ``[B, V]``: argmax at temperature 0, else nucleus sampling."""
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+           top_k: int = 0):
+    """Next tokens ``[B]`` from float logits ``[B, V]``: argmax at temperature 0, else sampling from the
+    ``top_k`` most likely tokens (0: all), then from the smallest prefix of them holding ``top_p`` of the mass
+    (transformers' order: temperature, top-k, top-p)."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
@@ -44,7 +51,7 @@ def _eos_list(eos, fn):
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask=None, temperature=None,
-             top_p=None, eos_token_id=None, seed=None, cuda_graph=None) -> torch.Tensor:
+             top_p=None, top_k=None, eos_token_id=None, seed=None, cuda_graph=None) -> torch.Tensor:
     """Continue a batch of prompts.
 
     Args:
@@ -55,6 +62,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         temperature: 0 greedy, > 0 sampling; None: ``generation_config.json``'s (when it has
             ``do_sample``), else 0.
         top_p: nucleus mass in (0, 1]; None: ``generation_config.json``'s when sampling, else 1.
+        top_k: sample from the k most likely tokens (0: all); None: ``generation_config.json``'s, else 50
+            (transformers' default, which its sampling applies too).
         eos_token_id: an int or a list (Llama 3.1 has three); None: ``generation_config.json``'s. A sequence
             stops at its first EOS (later positions get the pad token: ``pad_token_id``, else the first EOS).
         seed: the sampling generator's seed (the same on every rank); None: one rank 0 picks.
@@ -78,6 +87,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         temperature = float(gc.get("temperature", 1.0)) if sampling else 0.0
     if top_p is None:
         top_p = float(gc.get("top_p", 1.0)) if sampling else 1.0
+    if top_k is None:
+        top_k = gc.get("top_k", 50)
+        top_k = 0 if top_k is None else top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
+        raise ValueError(f"{fn}: top_k={top_k!r} must be an int >= 0 (0: no top-k filter)")
     if not temperature >= 0:
         raise ValueError(f"{fn}: temperature={temperature!r} must be >= 0")
     if not 0 < top_p <= 1:
@@ -136,7 +150,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         if graph is not None and step > 0 and temperature <= 0:  # the graph's argmax: B ints to the host
             token = graph.next_tokens.cpu()
         else:
-            token = sample(logits.float().cpu(), temperature, top_p, generator).to(torch.int64).contiguous()
+            token = sample(logits.float().cpu(), temperature, top_p, generator, int(top_k))
+            token = token.to(torch.int64).contiguous()
         token = agree(token)
         token = torch.where(done, torch.full_like(token, pad), token)
         out.append(token)
