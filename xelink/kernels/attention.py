@@ -1136,6 +1136,18 @@ def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
     return _merge_run(outs, lses, path, out, pdl)
 
 
+def _checked_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits, causal, scale, return_lse, impl, pdl, out):
+    """decode_attention's checks (rope_decode_attention's too): (path, pdl option, scale)."""
+    _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
+    _check_flags(fn, causal, scale, return_lse)
+    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS), impl, q)
+    pdl = pdl_option(fn, pdl, path, q.device)
+    if path != "reference":
+        _check_kernel_inputs(fn, path, q)
+    _check_out_like(fn, out, q)
+    return path, pdl, 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+
+
 def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, num_splits=None,
                      impl="auto", pdl=None, *, out=None):
     """Attention of a few new query tokens over a long KV cache, split along the keys and then merged.
@@ -1171,14 +1183,8 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
         out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, hit[2], hit[3], hit[0], hit[1], out, hit[4])
         return (out, lse) if return_lse else out
     fn = "decode_attention"
-    _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
-    _check_flags(fn, causal, scale, return_lse)
-    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS), impl, q)
-    pdl = pdl_option(fn, pdl, path, q.device)
-    if path != "reference":
-        _check_kernel_inputs(fn, path, q)
-    _check_out_like(fn, out, q)
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, num_splits, causal, scale, return_lse, impl,
+                                       pdl, out)
     num_splits = num_splits or 0
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, num_splits, None if path == "reference" else
@@ -1227,16 +1233,9 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
         return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3])
     fn = "rope_decode_attention"
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
-    _check_decode(fn, q, k_cache, v_cache, kv_lens, None)
-    _check_flags(fn, False, scale, False)
-    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS), impl, q)
-    pdl = pdl_option(fn, pdl, path, q.device)
-    if path != "reference":
-        _check_kernel_inputs(fn, path, q)
-        if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
-            raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
-    _check_out_like(fn, out, q)
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl, pdl, out)
+    if path != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
+        raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
                               _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, True, False,
