@@ -20,10 +20,10 @@ from .transport import Deadline, Transport, shm
 
 __all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_world", "named"]
 
-# Every live communicator of this process (finalize frees them) and the world (None: not initialised).
-# Every communicator not yet freed, held strongly: a dropped one must stay until free() or finalize() releases it
-# on every rank together (a weak set let each rank's cyclic collector take it at its own time, and the ranks
-# that still held it then waited at finalize for ranks that no longer knew it).
+# Every live communicator of this process (finalize frees them) and the world (None: not initialised). Held
+# strongly: a dropped communicator must stay until free() or finalize() releases it on every rank together (a weak
+# set let each rank's cyclic collector take it at its own time, and the ranks that still held it then waited at
+# finalize for ranks that no longer knew it).
 _live: set = set()
 _world: "Communicator | None" = None
 

@@ -348,9 +348,10 @@ class PeerCounters(_OnNode):
     every poll, which the unified memory model asks for before a load can be relied on to see a
     peer's store.
 
-    Each rank owns one cache line of slots: ``epoch`` (barriers), ``posted`` (``post``/``wait_value``)
-    and ``control`` (the rendezvous of ``ensure``/``free``, kept apart from ``epoch`` so that a barrier
-    that timed out on some ranks cannot shift it).
+    Each rank owns one cache line of slots: ``epoch`` (barriers), ``posted`` (``post``/``wait_value``),
+    ``control`` (the rendezvous of ``ensure``/``free``, kept apart from ``epoch`` so that a barrier
+    that timed out on some ranks cannot shift it) and two ``note`` slots (what a rank announces with a
+    ``barrier``, by the parity of its epoch: written before the epoch's release, read after its acquire).
 
     Args:
         comm: an xelink communicator whose transport is MPI; the counters cover its ranks on this host.
