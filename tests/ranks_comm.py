@@ -102,9 +102,8 @@ def check_a_dropped_communicator_stays_until_freed_on_every_rank(world):
     name = use_and_drop()
     if world.rank == 0:
         gc.collect()
-    held = [c.name for c in C.live()]
-    assert name in held, held
-    assert world.allgather_object(held) == [held] * world.size
+    held = name in [c.name for c in C.live()]
+    assert world.allgather_object(held) == [True] * world.size  # (other checks' groups differ by rank: not compared)
     C.named(name).free()
 
 
