@@ -37,7 +37,7 @@
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests, the decode family's step rows at 1K/8K/32K (~8 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
-#          and bf16 (~8 minutes);
+#          and bf16; the gated GEMM's smaller tiles (issue 22) with their GPU tests (~9 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
 #   resume: the torch.compile GPU check of the distributed GEMM, decode attention's kernel configurations (~3 minutes);
 #   next:  what the 2026-12-03 session left unrun (about 6 minutes): the fused reduce-scatter's GPU checks
@@ -334,9 +334,12 @@ fused9)  # the ninth session's GPU code, first run (issues 23, 26): rope_decode_
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
-staged)  # the tensor-core GEMV's shared-memory stages against the kept tiles in the step's chain, W4A16 and bf16
-  step gemv_chain_sweep_staged_w4a16 240 python3 benchmarks/scripts/gemv_chain_sweep.py staged-w4a16
-  step gemv_chain_sweep_staged_bf16 240 python3 benchmarks/scripts/gemv_chain_sweep.py staged-bf16
+staged)  # the tensor-core GEMV's shared-memory stages against the kept tiles in the step's chain, W4A16 and bf16;
+         # the gated GEMM's smaller tiles at 2048x4096x4096 (issue 22's arrivals row) and their GPU tests
+  step gemv_chain_sweep_staged_w4a16 200 python3 benchmarks/scripts/gemv_chain_sweep.py staged-w4a16
+  step gemv_chain_sweep_staged_bf16 150 python3 benchmarks/scripts/gemv_chain_sweep.py staged-bf16
+  step gated_tiles_tests 90 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/kernels/test_gated_gemm.py
+  step gated_tiles_bench 120 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
   ;;
 step)
   step bench_decode 240 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

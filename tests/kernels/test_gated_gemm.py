@@ -45,6 +45,8 @@ def test_block_order_follows_the_last_chunk_a_block_spans():
      "a.shape[1]=4 != b.shape[0]=3"),
     (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e,
                              timeout_ns=-1), ValueError, "timeout_ns=-1 must be a positive int or None"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e,
+                             config={"BLOCK_Q": 64}), ValueError, "config={'BLOCK_Q': 64} must be a dict of BLOCK_M"),
 ])
 def test_bad_arguments_are_named(call, exc, text):
     with pytest.raises(exc) as info:
@@ -64,6 +66,9 @@ def test_interpreted_portable_kernel(monkeypatch):
         c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl="triton", order=list(reversed(range(chunks))),
                        programs=3)
         assert _relerr(c, a, b) < 1e-3 and not err.any()
+    # a tile override (config=) that spans other chunk boundaries: still every row read after its flag
+    c = gated_gemm(a, b, flags, chunk_rows=10, error=err, impl="triton", config=dict(BLOCK_M=32, BLOCK_N=8), programs=2)
+    assert _relerr(c, a, b) < 1e-3 and not err.any()
     flags[2] = 0  # rows 16-23 never land: the deadline (counted polls here) marks chunk 2 and moves on
     gated_gemm(a, b, flags, chunk_rows=8, error=err, impl="triton", timeout_ns=2000)
     assert err.tolist() == [1, 0, 0, 1, 0, 0, 0, 0, 0]
@@ -115,8 +120,11 @@ def _arrivals(src, a, flags, rows, order, side, delay_cycles=0):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, dict(BLOCK_M=128, BLOCK_N=128, num_stages=4),
+                                  dict(BLOCK_M=64, BLOCK_N=256, num_warps=4, num_stages=4)])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, impl):
+def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, impl, tile):
+    # (tile: the config= override gated_gemm_bench.py --tiles times; smaller tiles span other chunk boundaries)
     requires_gpus(1)
     _skip_unless(impl)
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -133,7 +141,7 @@ def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, imp
         _arrivals(src, a, flags, rows, order, side, delay_cycles=100_000_000 if trial != 1 else 0)
         # the kernel is told a different order than the real one in trial 2: still correct, only slower
         c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl,
-                       order=order if trial < 2 else None, timeout_ns=10 * 10**9)
+                       order=order if trial < 2 else None, timeout_ns=10 * 10**9, config=tile)
         main.wait_stream(side)
         torch.cuda.synchronize()
         assert not err.any() and not c.isnan().any(), (order, err.tolist())

@@ -183,6 +183,7 @@ class _Plan:
 
 
 _PATHS = Paths()
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 _NEVER = 1 << 62  # timeout_ns=None: wait without a deadline (fits the kernels' int64)
 
 
@@ -234,7 +235,7 @@ def _check_operands(fn: str, a, b) -> None:
 
 def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_rows: int, error: torch.Tensor,
                order=None, out: torch.Tensor | None = None, timeout_ns: int | None = None,
-               programs: int | None = None, impl: str = "auto") -> torch.Tensor:
+               programs: int | None = None, impl: str = "auto", config: dict | None = None) -> torch.Tensor:
     """``c = a @ b`` (fp32 accumulation) where the rows of chunk ``q`` of ``a`` are read only after
     ``flags[q]`` is nonzero (module docstring: the rules).
 
@@ -250,13 +251,19 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
         timeout_ns: each wait's deadline (None: none).
         programs: persistent programs (default: multiprocessors - 1).
         impl: ``"auto"`` (``"cuda"`` where TMA applies, else ``"triton"``), ``"cuda"``, ``"triton"``.
+        config: tile override for benchmarks (``gemm``'s keys: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
+            ``num_warps``, ``num_stages``; each missing key from the default): e.g. smaller tiles at small M,
+            where a chunk's rows feed fewer tiles than a wave has programs.
 
     Returns:
         ``out`` or a new ``[M, N]`` tensor.
     """
     # Remembered by everything the checks and the launch read (timeout_ns too: its value decides the
     # class Triton specializes it on, which the launcher slot relies on); addresses are checked every call.
-    key = path_key((impl, chunk_rows, programs, timeout_ns), (a, b, flags, error), (out,))
+    if config is not None and (not isinstance(config, dict) or set(config) - set(_CONFIG_KEYS)):
+        raise ValueError(f"gated_gemm: config={config!r} must be a dict of {', '.join(_CONFIG_KEYS)}")
+    key = path_key((impl, chunk_rows, programs, timeout_ns, None if config is None else tuple(sorted(config.items()))),
+                   (a, b, flags, error), (out,))
     if key is not None:
         key = (key, None if order is None else tuple(order))
     hit = _PATHS.get(key) if key is not None else None
@@ -271,7 +278,7 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
     if K == 0:
         return c.zero_()
     if hit is None:
-        hit = _Plan(a, b, c, impl, chunk_rows, order_t, programs, _gemm_config(M, N, K))
+        hit = _Plan(a, b, c, impl, chunk_rows, order_t, programs, {**_gemm_config(M, N, K), **(config or {})})
         if key is not None:
             _PATHS.remember(key, hit)
     hit(a, b, c, flags, error, _NEVER if timeout_ns is None else timeout_ns)

@@ -186,12 +186,17 @@ def run_row_blocks(report, shapes=ROW_BLOCK_SHAPES, blocks=(2, 4, 8), *, repeats
 
 
 def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int = 5, rounds: int = 3,
-              progress=None) -> None:
+              progress=None, tiles=()) -> None:
     """``gated_gemm`` with every flag set and with copy-engine arrivals, against ``torch.matmul``, in CUDA
-    graphs of ``repeats`` calls; rows ``gemm:gated`` into ``report`` (module docstring)."""
+    graphs of ``repeats`` calls; rows ``gemm:gated`` into ``report`` (module docstring). ``tiles``: more TMA
+    variants, each a ``gated_gemm(config=...)`` tile (tagged ``cuda BMxBN``)."""
     from ...kernels.gated_gemm import gated_gemm
 
-    variants = ["cuda", "triton"] if torch.cuda.get_device_capability()[0] == 9 else ["triton"]
+    variants = {"cuda": ("cuda", None), "triton": ("triton", None)}
+    if torch.cuda.get_device_capability()[0] == 9:
+        variants.update({f"cuda {t['BLOCK_M']}x{t['BLOCK_N']}": ("cuda", t) for t in tiles})
+    else:
+        del variants["cuda"]
     for M, N, K in shapes:
         rows = -(-M // chunks)
         src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -203,24 +208,24 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
         side = torch.cuda.Stream()
         outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
         calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
-        for tag in variants:
+        for tag, (impl, tile) in variants.items():
             set_flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
             c = outs[f"xelink:gated({tag}) flags set"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             calls[f"xelink:gated({tag}) flags set"] = [
-                lambda c=c, f=set_flags, i=tag: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c,
-                                                            timeout_ns=10**10)]
+                lambda c=c, f=set_flags, i=impl, t=tile: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c,
+                                                                     timeout_ns=10**10, config=t)]
             flags = torch.zeros(chunks, dtype=torch.int32, device="cuda")
             c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
                                                                                  dtype=torch.bfloat16)
 
-            def arrive(c=c2, f=flags, i=tag):
+            def arrive(c=c2, f=flags, i=impl, t=tile):
                 main = torch.cuda.current_stream()  # the capture's stream inside a graph
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
                     for q in range(chunks):
                         a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
                         f[q:q + 1].copy_(ones[q:q + 1], non_blocking=True)
-                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c, timeout_ns=10**10)
+                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c, timeout_ns=10**10, config=t)
                 main.wait_stream(side)
                 f.zero_()
 
