@@ -5,8 +5,11 @@ dims, lists of b, transposed b, tails of 0, 1 and 3 rows per rank, out=, return_
 that change shape, dtype and algorithm; flat and as packages (one rank each at 2, 2+1 at 3, 2x2 at 4)."""
 import torch
 
+import pytest
+
 import xelink
 from dist_cases import expect_errors, free, ints, layouts, weight
+from ranks import only
 
 WORLD_SIZES = (1, 2, 3, 4)
 LAUNCH_TIMEOUT = 300
@@ -255,3 +258,41 @@ def check_grad_and_aliased_outputs_are_refused_before_sending(world):
     out = torch.empty(2, 4)
     _same(xelink.matmul_all_reduce(sq, w4, out=out), sum(ints((2, 4), 810 + q) for q in range(n)) @ w4,
           "matmul_all_reduce into a separate out after the refusals")
+
+
+@only(launchers=("mpi",), sizes=(2, 3))
+def check_an_error_part_way_fails_the_group(world):
+    """An error inside a CPU schedule after its messages were posted (rank 0's matmul raises): that rank's next
+    call on the group raises at once (the group refuses further use) instead of waiting for messages that
+    never come; the other ranks' waits expire naming a rank, or raise the same; a new group works."""
+    import xelink.dist.host as host
+
+    sub = world.split(0)
+    sub.timeout = 2.0  # (read by the group's private duplicate, made on the first call)
+    a, w = ints((2, 4), 900 + world.rank), ints((4, 3), 901)
+    mm = host._mm_into
+
+    def broken(x, y, dst):
+        raise RuntimeError("injected")
+
+    if world.rank == 0:
+        host._mm_into = broken
+    try:
+        try:
+            xelink.all_gather_matmul(a, w, group=sub, algo="pipelined")
+            assert world.rank != 0, "the injected error did not surface"
+        except xelink.TimeoutError:
+            assert world.rank != 0  # a rank waiting on rank 0's forwards
+        except RuntimeError as e:
+            assert world.rank == 0 and "injected" in str(e), str(e)
+    finally:
+        host._mm_into = mm
+    with pytest.raises((xelink.XelinkError, xelink.TimeoutError)) as info:
+        xelink.all_gather_matmul(a, w, group=sub, algo="pipelined")
+    if world.rank == 0:
+        assert "unusable after an earlier failure" in str(info.value), str(info.value)
+    sub.free()
+    fresh = world.split(0)
+    want = torch.cat([ints((2, 4), 900 + q) for q in range(world.size)]) @ w
+    _same(xelink.all_gather_matmul(a, w, group=fresh, algo="pipelined"), want, "a new group after the failure")
+    fresh.free()
