@@ -851,3 +851,17 @@ def test_auto_compile_and_cuda_graph_gpu(requires_gpus):
         g.replay()
         torch.cuda.synchronize()
         assert _rel(static, A.reference_decode_attention(qd, kc, vc, lens)) < TOL[torch.bfloat16]
+
+
+def test_merge_fake_result_is_contiguous_like_the_real_one():
+    o = torch.randn(1, 4, 5, 8)
+    lse = torch.randn(1, 5, 4).transpose(1, 2)  # (B, H, S) views of a (B, S, H) buffer
+    torch.library.opcheck(torch.ops.xelink.merge_attention.default, ([o, o], [lse, lse], "reference", "off",
+                                                                    torch.empty(1, 4, 5, 8)))
+    assert A.merge_attention([o, o], [lse, lse], impl="reference")[1].is_contiguous()
+
+
+def test_numpy_scale_is_taken_where_a_float_is():
+    np = pytest.importorskip("numpy")
+    q, k, v = _qkv(1, 2, 1, 3, 4, 8, torch.float32)
+    assert torch.equal(A.flash_attention(q, k, v, scale=np.float32(0.5)), A.flash_attention(q, k, v, scale=0.5))

@@ -85,6 +85,15 @@ def test_pack_errors():
         pack_w8a16(torch.ones(2, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match="pack_w8a16: w must be 2-D"):
         pack_w8a16(torch.ones(2))
+    # unpack refuses what would silently broadcast or sign-extend into wrong weights
+    packed, scales = pack_w4a16(torch.randn(4, 256))
+    with pytest.raises(ValueError, match=r"unpack_w4a16: scales.shape=\(4, 1\) must be \(4, 2\)"):
+        unpack_w4a16(packed, scales[:, :1])
+    with pytest.raises(TypeError, match="unpack_w4a16: the packed weight's dtype is torch.int8, not torch.uint8"):
+        unpack_w4a16(packed.view(torch.int8), scales)
+    q, s8 = pack_w8a16(torch.randn(4, 16))
+    with pytest.raises(ValueError, match=r"unpack_w8a16: scales.shape=\(4, 1\) must be \(4,\)"):
+        unpack_w8a16(q, s8[:, None])
 
 
 # -- reference ----------------------------------------------------------------------------------------

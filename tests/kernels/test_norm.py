@@ -353,3 +353,24 @@ def test_gpu_auto_graph_and_compile(requires_gpus):
     compiled = torch.compile(lambda a, r: rmsnorm(a, w, 1e-6, residual=r), fullgraph=True, backend="aot_eager")
     out, h = compiled(x, x)
     assert _rel(out, _rms64(h, w, 1e-6)) < TOL[torch.bfloat16]
+
+
+def test_custom_ops_pass_opcheck_on_strided_inputs():
+    """The fake implementations' contiguous results match the real ones for strided inputs (a Hugging Face
+    q/k is a transposed view; a residual stream may be strided): torch.compile checks their strides."""
+    ops = torch.ops.xelink
+    q = torch.randn(2, 5, 4, 8).transpose(1, 2)  # (B, H, S, D) of a (B, S, H, D) projection
+    k = torch.randn(2, 5, 2, 8).transpose(1, 2)
+    cos = torch.randn(5, 8)
+    torch.library.opcheck(ops.rope.default, (q, k, cos, cos, "reference", "off"))
+    x = torch.randn(4, 3, 16).transpose(0, 1)
+    torch.library.opcheck(ops.rmsnorm_residual.default, (x, x.clone(), torch.randn(16), 1e-6, "reference", "off",
+                                                         torch.empty(3, 4, 16)))
+    assert all(t.is_contiguous() for t in rope(q, k, cos, cos, impl="reference"))
+    assert all(t.is_contiguous() for t in rmsnorm(x, torch.randn(16), residual=x.clone(), impl="reference"))
+
+
+def test_numpy_scalars_are_taken_where_a_float_is():
+    np = pytest.importorskip("numpy")
+    x, w = torch.randn(3, 16), torch.randn(16)
+    assert torch.equal(rmsnorm(x, w, np.float32(1e-6)), rmsnorm(x, w, 1e-6))

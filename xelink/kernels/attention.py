@@ -33,6 +33,7 @@ imports and its references run without it. Setting ``TRITON_INTERPRET=1`` before
 kernels on CPU tensors (slow; for tests).
 """
 import math
+import numbers
 
 import torch
 
@@ -137,7 +138,7 @@ def _check_flags(fn: str, causal, scale, return_lse) -> None:
     if not isinstance(return_lse, bool):
         raise TypeError(f"{fn}: return_lse={return_lse!r} must be a bool")
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):  # numpy floats too
             raise TypeError(f"{fn}: scale={scale!r} must be a float or None")
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"{fn}: scale={scale!r} must be finite and > 0")
@@ -994,8 +995,8 @@ def _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale: float,
 
 def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
     # No overlap check: the kernel reads stacked copies of the partials, so out may even be one of them.
-    if impl == "reference":
-        return _into(out, reference_merge_attention(outs, lses))
+    if impl == "reference":  # contiguous, as the kernel's results and the fake implementation
+        return _into(out, tuple(t.contiguous() for t in reference_merge_attention(outs, lses)))
     return _merge_forward(outs, lses, out, pdl)
 
 
@@ -1035,7 +1036,7 @@ def _merge_attention_op(outs, lses, impl, pdl, out):
 
 @_merge_attention_op.register_fake
 def _(outs, lses, impl, pdl, out):
-    return torch.empty_like(lses[0])
+    return lses[0].new_empty(lses[0].shape)  # contiguous, as the kernel's and the reference's
 
 
 # -- public API --------------------------------------------------------------------------------

@@ -112,8 +112,21 @@ def pack_w8a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch
     return q, scales
 
 
+def _check_packed(fn: str, q, scales, dtype: torch.dtype, scale_shape) -> None:
+    """A quantized pair as ``pack_*`` returns it: ``q`` 2-D of ``dtype``, ``scales`` of ``scale_shape(q)``."""
+    check_tensor(fn, "q", q, 2)
+    check_tensor(fn, "scales", scales)
+    if q.dtype != dtype:
+        raise TypeError(f"{fn}: the packed weight's dtype is {q.dtype}, not {dtype} (see pack_{fn[7:]})")
+    want = scale_shape(q)
+    if tuple(scales.shape) != want:
+        raise ValueError(f"{fn}: scales.shape={tuple(scales.shape)} must be {want} for a packed weight of shape "
+                         f"{tuple(q.shape)}")
+
+
 def unpack_w8a16(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The exact float32 weight ``q[n, k] * scales[n]`` of a W8A16 pair."""
+    _check_packed("unpack_w8a16", q, scales, torch.int8, lambda t: (t.shape[0],))
     return q.float() * scales.float()[:, None]
 
 
@@ -144,7 +157,10 @@ def pack_w4a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch
 
 def unpack_w4a16(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The exact float32 weight ``(nibble - 8) * scale`` of a W4A16 pair, ``[N, K]``."""
+    _check_packed("unpack_w4a16", packed, scales, torch.uint8, lambda t: (t.shape[0], 2 * t.shape[1] // W4_GROUP))
     n, half = packed.shape
+    if 2 * half % W4_GROUP:
+        raise ValueError(f"unpack_w4a16: K={2 * half} must be a multiple of {W4_GROUP}")
     p = packed.to(torch.int16)
     q = torch.stack(((p & 0xF) - 8, (p >> 4) - 8), dim=2).reshape(n, 2 * half)
     return (q.float().reshape(n, -1, W4_GROUP) * scales.float()[:, :, None]).reshape(n, 2 * half)

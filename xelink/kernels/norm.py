@@ -14,6 +14,8 @@ larger buffer); the new residual of the fused variant is still a new tensor.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .common import (Paths, auto_takes_triton, cdiv, check_impl, check_no_overlap, check_out, check_same_device,
@@ -305,7 +307,9 @@ def _rmsnorm_run(x, w, eps: float, residual, impl: str, pdl: str, out=None):
         check_no_overlap("rmsnorm", out, x=x, w=w, residual=residual)
     if impl == "triton":
         return _rmsnorm_triton(x, w, eps, residual, pdl, out)
+    # contiguous, as the kernel's outputs and the fake implementations (a strided x's elementwise result is not)
     got = reference_rmsnorm(x, w, eps, residual)
+    got = got.contiguous() if residual is None else (got[0].contiguous(), got[1].contiguous())
     if out is None:
         return got
     if residual is None:
@@ -392,7 +396,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
         raise ValueError("rmsnorm: x must have at least one dimension")
     if w.dim() != 1 or w.shape[0] != x.shape[-1]:
         raise ValueError(f"rmsnorm: w.shape={tuple(w.shape)} must be ({x.shape[-1]},), the last dim of x")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ValueError(f"rmsnorm: eps={eps!r} must be a float >= 0")
     if residual is not None:
         check_tensor(fn, "residual", residual)
@@ -457,7 +461,9 @@ def _rope_triton(q, k, cos, sin, pdl: str = "off"):
 
 
 def _rope_run(q, k, cos, sin, impl: str, pdl: str):
-    return reference_rope(q, k, cos, sin) if impl == "reference" else _rope_triton(q, k, cos, sin, pdl)
+    if impl == "reference":  # contiguous, as the kernel's outputs and the fake implementation
+        return tuple(t.contiguous() for t in reference_rope(q, k, cos, sin))
+    return _rope_triton(q, k, cos, sin, pdl)
 
 
 @torch.library.custom_op("xelink::rope", mutates_args=())
