@@ -82,8 +82,9 @@ def test_co_measure_interleaves_variants_and_calls_the_barrier_before_each_block
     log = []
     variants = {"ours": lambda: log.append("ours"), "base": lambda: log.append("base")}
     samples = co_measure(variants, warmup=1, iters=2, rounds=3, barrier=lambda: log.append("barrier"),
-                         after_block=lambda name: log.append(f"checked {name}"))
-    block = {name: ["barrier", name, name, f"checked {name}"] for name in variants}
+                         after_block=lambda name: log.append(f"checked {name}"),
+                         before_block=lambda name: log.append(f"poisoned {name}"))
+    block = {name: [f"poisoned {name}", "barrier", name, name, f"checked {name}"] for name in variants}
     assert log == ["ours", "base"] + (block["ours"] + block["base"]) * 3
     assert {name: len(s) for name, s in samples.items()} == {"ours": 6, "base": 6}
     assert all(t >= 0 for s in samples.values() for t in s)
@@ -244,3 +245,13 @@ def test_write_csv(tmp_path):
     assert [g["path"] for g in got] == ["xelink:ring", "mpi:Allreduce"]
     assert math.isclose(float(got[0]["time_us"]), ours.time_us) and got[1]["baseline"] == ""
     assert json.loads(got[0]["extra"]) == {"mode": "eager"} and got[1]["wrong"] == "3"
+
+
+def test_poison_unlike_leaves_no_element_equal_to_the_expected():
+    from xelink.bench.harness import poison_unlike
+
+    for want in (torch.arange(7, dtype=torch.float32), torch.arange(7, dtype=torch.int32) - 3,
+                 torch.tensor([True, False]), np.arange(5, dtype=np.float32), np.arange(5, dtype=np.int64)):
+        out = want.copy() if isinstance(want, np.ndarray) else want.clone()
+        poison_unlike(out, want)
+        assert not (out == want).any(), (want, out)

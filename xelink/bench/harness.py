@@ -48,6 +48,7 @@ __all__ = [
     "manifest",
     "on_cuda",
     "one_gpu_per_rank",
+    "poison_unlike",
     "pred_over_meas",
     "rank_max",
     "rank_sums",
@@ -269,10 +270,26 @@ def time_cuda_events(fn: Callable[[], Any], *, warmup: int, iters: int) -> list[
     return [start.elapsed_time(end) / 1e3 for start, end in events]  # elapsed_time is in ms
 
 
+def poison_unlike(out, want) -> None:
+    """Fill ``out`` (a torch tensor or numpy array) so that no element equals ``want``'s: NaN for floats, the
+    bitwise complement of ``want`` for integers and bools."""
+    if isinstance(out, np.ndarray):
+        if np.issubdtype(out.dtype, np.floating):
+            out.fill(np.nan)
+        else:
+            np.invert(np.asarray(want, dtype=out.dtype), out=out)
+    elif out.is_floating_point():
+        out.fill_(float("nan"))
+    else:
+        out.copy_(want)
+        out.bitwise_not_()
+
+
 def co_measure(variants: Mapping[str, Callable[[], Any]], *, warmup: int, iters: int, rounds: int,
                barrier: Callable[[], Any] | None = None, reduce_max: Callable[[float], float] | None = None,
                timing: Callable[..., list[float]] | None = None,
-               after_block: Callable[[str], Any] | None = None) -> dict[str, list[float]]:
+               after_block: Callable[[str], Any] | None = None,
+               before_block: Callable[[str], Any] | None = None) -> dict[str, list[float]]:
     """Time several variants of the same work in one run, interleaved round by round.
 
     Each round times a block of ``iters`` calls of every variant in turn (A, B, A, B, ...), so a
@@ -292,6 +309,9 @@ def co_measure(variants: Mapping[str, Callable[[], Any]], *, warmup: int, iters:
             warm-up (host clock). For GPUs: ``functools.partial(time_cuda_events, warmup=0)``.
         after_block: called as ``after_block(name)`` after each timed block, outside the timing; the
             place to check the outputs of the timed runs (#wrong) or to restore inputs.
+        before_block: called as ``before_block(name)`` before each timed block (and its barrier), outside the
+            timing: the place to poison an output that several variants share, so that a variant writing
+            nothing is not credited with the previous one's result.
 
     Returns:
         name -> ``rounds * iters`` samples in seconds, in the order they were taken.
@@ -314,6 +334,8 @@ def co_measure(variants: Mapping[str, Callable[[], Any]], *, warmup: int, iters:
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
+            if before_block is not None:
+                before_block(name)
             if barrier is not None:
                 barrier()
             block = timing(fn, iters=iters)

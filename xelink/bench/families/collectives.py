@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import collectives as C
-from ..harness import co_measure, make_row, pred_over_meas, rank_max
+from ..harness import co_measure, make_row, poison_unlike, pred_over_meas, rank_max
 
 __all__ = ["run_sweep", "measure_case", "transport_baseline", "algorithms", "model_algo", "run", "add_arguments", "copy_in_s",
            "OPS", "SIZES", "QUICK_SIZES"]
@@ -188,6 +188,9 @@ def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, 
     def check(name):
         wrong[name] += int((out != want).sum())
 
+    def poison(name):  # every element unlike the expected one: a variant that writes nothing counts as wrong
+        poison_unlike(out, want)
+
     timing = None
     if cuda:
         import functools
@@ -196,7 +199,7 @@ def measure_case(comm, op: str, nbytes: int, dtype, *, warmup: int, iters: int, 
 
         timing = functools.partial(time_cuda_events, warmup=0)
     samples = co_measure(variants, warmup=warmup, iters=iters, rounds=rounds, barrier=comm.barrier,
-                         reduce_max=rank_max(comm), after_block=check, timing=timing)
+                         reduce_max=rank_max(comm), after_block=check, before_block=poison, timing=timing)
     wrong = dict(zip(wrong, map(sum, zip(*comm.allgather_object(list(wrong.values()))))))
     return src, out, samples, wrong
 

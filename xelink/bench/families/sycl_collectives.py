@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..harness import co_measure, make_row
+from ..harness import co_measure, make_row, poison_unlike
 
 __all__ = ["add_arguments", "run", "OPS", "DEVICE_SETS"]
 
@@ -42,7 +42,8 @@ def _pattern(r: int, n: int) -> np.ndarray:
 
 
 def _case(xs, comms, op: str, n: int, algo: str):
-    """(xelink call, numpy call, wrong elements of the last xelink call's output, bytes as nccl-tests counts)."""
+    """(xelink call, numpy call, wrong elements of the last xelink call's output, bytes as nccl-tests counts,
+    poison: the outputs made unlike the expected ones, before xelink's block, since numpy's writes them too)."""
     p = len(comms)
     data = [_pattern(c.rank, n * (p if op == "reduce_scatter" else 1)) for c in comms]
     if op == "all_reduce":
@@ -66,7 +67,7 @@ def _case(xs, comms, op: str, n: int, algo: str):
         def wrong():
             return sum(int(np.count_nonzero(b.numpy() != want)) for b in bufs)
 
-        return mine, numpy_call, wrong, 4 * n
+        return mine, numpy_call, wrong, 4 * n, refill  # (mine refills: a call that does nothing leaves the input)
     ins = [xs.empty(c, len(d), "float32", usm="shared") for c, d in zip(comms, data)]
     for b, d in zip(ins, data):
         b.numpy()[:] = d
@@ -98,7 +99,11 @@ def _case(xs, comms, op: str, n: int, algo: str):
     def wrong():
         return sum(int(np.count_nonzero(o.numpy() != w)) for o, w in zip(outs, want))
 
-    return mine, numpy_call, wrong, nbytes
+    def poison():
+        for o, w in zip(outs, want):
+            poison_unlike(o.numpy(), w)
+
+    return mine, numpy_call, wrong, nbytes, poison
 
 
 def run(ctx) -> list:
@@ -128,15 +133,19 @@ def run(ctx) -> list:
     for n in counts:
         for op in args.ops:
             for algo in xs.ALGOS[op]:
-                mine, numpy_call, wrong, nbytes = _case(xs, comms, op, n, algo)
+                mine, numpy_call, wrong, nbytes, poison = _case(xs, comms, op, n, algo)
                 bad = {"xelink": 0}
 
                 def check(name, wrong=wrong, bad=bad):
                     if name == "xelink":
                         bad["xelink"] += wrong()
 
+                def before(name, poison=poison):
+                    if name == "xelink":
+                        poison()
+
                 samples = co_measure({"xelink": mine, "numpy": numpy_call}, warmup=1, iters=iters, rounds=rounds,
-                                     after_block=check)
+                                     after_block=check, before_block=before)
                 pred = cost.predict(topo, placement, op, algo, nbytes).time_s * 1e6 \
                     if algo in cost.ALGOS.get(op, ()) else None
                 rows.append(make_row(op, f"xelink:{algo}", samples["xelink"], size_bytes=nbytes, count=n,
