@@ -135,6 +135,12 @@ def test_xelink_log_debug():
     assert "XELINK_LOG: unknown level 'chatty'" in r.stderr
 
 
+def test_a_tuning_path_without_a_table_for_this_machine_is_reported(tmp_path):
+    r = _python("import xelink; xelink.init(); xelink.finalize()", XELINK_TUNING=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert f"XELINK_TUNING={tmp_path} holds no tuning table (*.tuning.json) for this machine" in r.stderr
+
+
 def test_group_argument_is_checked():
     from xelink.comm import resolve_group
 

@@ -299,8 +299,13 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
     except ValueError as exc:
         raise LaunchError(f"init: topology {topo.name!r} does not fit this launch: {exc}") from None
     world.topology = topo
-    paths = [config.env("XELINK_TUNING") or os.path.join(os.path.expanduser("~"), ".cache", "xelink")]
-    tuning.set_active(tuning.find_table(tuning.fingerprint(topo.name, world.hosts), paths))
+    asked = config.env("XELINK_TUNING")
+    fp = tuning.fingerprint(topo.name, world.hosts)
+    table = tuning.find_table(fp, [asked or os.path.join(os.path.expanduser("~"), ".cache", "xelink")])
+    if asked and table is None and world.rank == 0:  # named, but nothing there fits: say so (auto uses the cost model)
+        _log.warning("XELINK_TUNING=%s holds no tuning table (*%s) for this machine %s; algo='auto' falls back to "
+                     "the cost model", asked, tuning.SUFFIX, fp)
+    tuning.set_active(table)
 
 
 def _install_abort_hook() -> None:

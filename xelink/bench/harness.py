@@ -112,7 +112,10 @@ def _versions() -> dict:
         "numpy": np.__version__,
         "mpi4py": _dist_version("mpi4py"),
         "mpi": None,
-        "triton": _dist_version("triton"),  # metadata only: importing triton is slow and may fail on CPU
+        # metadata only (importing triton is slow and may fail on CPU); Intel's and torch's builds of the `triton`
+        # package are distributions of other names
+        "triton": next(filter(None, map(_dist_version, ("triton", "triton-xpu", "pytorch-triton",
+                                                         "pytorch-triton-xpu"))), None),
         "cuda": torch.version.cuda,
         "nccl": None,
     }
