@@ -35,8 +35,9 @@ inline void bf16_store(__global ushort* p, size_t i, float v) {
 #define ST_i32(p, i, v) ((p)[i] = (v))
 #define ST_i64(p, i, v) ((p)[i] = (v))
 #define OP_sum(a, b) ((a) + (b))
-#define OP_max(a, b) ((a) > (b) ? (a) : (b))
-#define OP_min(a, b) ((a) < (b) ? (a) : (b))
+/* NaN wins, whichever source holds it (as numpy's and torch's max/min): a != a only for a NaN (never for ints) */
+#define OP_max(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define OP_min(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 
 #define STEP(T, O, j) if (k > j) a = OP_##O(a, LD_##T(s##j, i));
 

@@ -351,3 +351,23 @@ def test_icd_path_set_by_xelink_when_unset():
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2"
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_nan_wins_max_and_min_wherever_it_sits(op):
+    """As numpy and torch: a NaN on any rank makes the element NaN, for every algorithm (the kernels' source order
+    used to decide)."""
+    comms = comms_of("sub2")
+    for algo in xs.ALGOS["all_reduce"]:
+        for first in (0, 1):
+            arrays = [fill(c, 2, "float32", np.array([np.nan, 1.0] if r == first else [1.0, 2.0]), usm="shared")
+                      for r, c in enumerate(comms)]
+            xs.all_reduce(arrays, op=op, algo=algo)
+            got = [a.numpy().copy() for a in arrays]
+            assert all(np.isnan(g[0]) and g[1] == (2.0 if op == "max" else 1.0) for g in got), (algo, first, got)
+
+
+def test_bfloat16_from_host_takes_words_not_floats():
+    comms = comms_of("sub2")
+    with pytest.raises(TypeError, match="SyclArray.from_host: a bfloat16 array takes its 16-bit words"):
+        xs.empty(comms[0], 3, "bfloat16").from_host(np.array([1.0, 2.5, -3.0]))

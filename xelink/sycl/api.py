@@ -84,6 +84,11 @@ class SyclArray:
 
     def from_host(self, values) -> "SyclArray":
         """Copy ``values`` (n elements; bfloat16 as uint16 words) into the array with a queue copy; waits."""
+        if self.dtype == "bfloat16" and np.asarray(values).dtype.kind not in "ui":
+            # a float cast to uint16 would store its integer part as the word: silently wrong values
+            raise TypeError("SyclArray.from_host: a bfloat16 array takes its 16-bit words (uint16), e.g. "
+                            "torch.tensor(x, dtype=torch.bfloat16).view(torch.uint16).numpy(); got "
+                            f"{np.asarray(values).dtype}")
         a = np.ascontiguousarray(values, dtype=_s.DTYPES[self.dtype][0]).reshape(-1)
         if a.size != self.n:
             raise ValueError(f"SyclArray.from_host: values has {a.size} elements, the array {self.n}")
