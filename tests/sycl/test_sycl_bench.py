@@ -26,13 +26,21 @@ def test_topology_has_the_communicators_packages_and_prices_every_algorithm():
 def test_a_wrong_output_is_counted():
     comms = xs.communicators()
     for op in fam.OPS:
-        mine, _, wrong, _ = fam._case(xs, comms, op, 37, xs.ALGOS[op][0])
+        mine, _, wrong, _, poison = fam._case(xs, comms, op, 37, xs.ALGOS[op][0])
         mine()
         assert wrong() == 0
         # Corrupt one element of rank 1's output (all_reduce: its buffer) and the check must see it.
         out = _last_output(mine)
         out.numpy()[5] += 1
         assert wrong() == 1, op
+        # What runs before xelink's block leaves no output right (the numpy baseline writes the same outputs;
+        # all_reduce: its buffers back to the inputs, which its call takes as they are, almost all elements wrong)
+        mine()
+        poison()
+        if op == "all_reduce":
+            assert wrong() > 37, op
+        else:
+            assert wrong() == len(comms) * (37 * len(comms) if op == "all_gather" else 37), op
 
 
 def _last_output(call):
