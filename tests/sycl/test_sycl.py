@@ -371,3 +371,18 @@ def test_bfloat16_from_host_takes_words_not_floats():
     comms = comms_of("sub2")
     with pytest.raises(TypeError, match="SyclArray.from_host: a bfloat16 array takes its 16-bit words"):
         xs.empty(comms[0], 3, "bfloat16").from_host(np.array([1.0, 2.5, -3.0]))
+
+
+def test_communicators_again_reuse_the_context_sub_devices_and_programs():
+    """Every call used to partition, build and keep a new context (the caches were keyed by the Python wrappers'
+    addresses, new on every lookup): memory and seconds grew per call."""
+    from xelink.sycl import api
+    from xelink.symm import sycl as symm
+
+    for devices in (None, ["opencl:cpu"] * 2):
+        xs.all_reduce([xs.empty(c, 4, "int32").from_host(np.arange(4)) for c in xs.communicators(devices)])
+        sizes = (len(api._contexts), len(api._sub_devices), len(symm._programs))
+        for _ in range(3):
+            comms = xs.communicators(devices)
+            xs.all_reduce([xs.empty(c, 4, "int32").from_host(np.arange(4)) for c in comms])
+        assert (len(api._contexts), len(api._sub_devices), len(symm._programs)) == sizes, devices

@@ -124,7 +124,10 @@ def _default_devices(dpctl):
 
 
 def _subs(root):
-    key = root.addressof_ref()
+    # Keyed by the device (dpctl devices compare and hash by the SYCL device; a wrapper's address differs on
+    # every lookup, which made every call partition, build and keep a new context): partitioning again would
+    # give new sub-devices, so each root is partitioned once.
+    key = root
     if key not in _sub_devices:
         try:
             _sub_devices[key] = (root, root.create_sub_devices(partition=1))
@@ -167,7 +170,7 @@ def communicators(devices=None, packages=None):
     for d in devs:
         if not any(d == u for u in unique):
             unique.append(d)
-    ctx_key = tuple(u.addressof_ref() for u in unique)
+    ctx_key = tuple(unique)  # the devices themselves (see _subs)
     ctx = _contexts.get(ctx_key)
     if ctx is None:
         ctx = _contexts[ctx_key] = (dpctl.SyclContext(unique), unique)

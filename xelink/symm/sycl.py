@@ -94,18 +94,16 @@ def kernel_source() -> str:
 def program(queue):
     """The collective kernels built for ``queue``'s (context, device), built at first use and cached."""
     dpctl = dpctl_module()
-    key = (queue.sycl_context.addressof_ref(), queue.sycl_device.addressof_ref())
+    key = (queue.sycl_context, queue.sycl_device)  # compared by the SYCL objects, not by the wrappers' addresses
     prog = _programs.get(key)
     if prog is None:
-        # The cache keeps the context and device objects alive: their addresses cannot name others later.
         try:
             prog = dpctl.program.create_program_from_source(queue, kernel_source())
         except dpctl.program.SyclProgramCompilationError as exc:  # dpctl gives no build log
             raise RuntimeError(f"program: csrc/sycl_collectives.cl did not build for "
                                f"{queue.sycl_device.name.strip()} (dpctl reports no build log: {exc!r})") from exc
-        _programs[key] = (prog, queue.sycl_context, queue.sycl_device)
-        return prog
-    return prog[0]
+        _programs[key] = prog
+    return prog
 
 
 class Buffer:
