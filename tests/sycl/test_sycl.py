@@ -386,3 +386,27 @@ def test_communicators_again_reuse_the_context_sub_devices_and_programs():
             comms = xs.communicators(devices)
             xs.all_reduce([xs.empty(c, 4, "int32").from_host(np.arange(4)) for c in comms])
         assert (len(api._contexts), len(api._sub_devices), len(symm._programs)) == sizes, devices
+
+
+def test_arrays_sharing_memory_and_bad_views_are_refused():
+    """Queues of one device may be handed views of one allocation: two ranks' outputs (or in-place arrays) in one
+    memory would overwrite each other (a reduce-scatter returned one rank's block for both); a view past its
+    buffer would copy out of bounds; a buffer of another device is refused."""
+    sub = comms_of("sub2")  # two sub-devices
+    with pytest.raises(ValueError, match="SyclArray: the buffer is on"):
+        xs.SyclArray(sub[1], xs.empty(sub[0], 4, "int32").buffer, 4, "int32")
+    comms = xs.communicators(["opencl:cpu"] * 2)  # one device, two queues
+    one = fill(comms[0], 8, "int32", np.arange(8))
+    with pytest.raises(ValueError, match=r"SyclArray: n=100 elements of int32 do not fit the buffer's 32 bytes"):
+        xs.SyclArray(comms[0], one.buffer, 100, "int32")
+    with pytest.raises(TypeError, match=r"SyclArray: dtype='int8' is not one of"):
+        xs.SyclArray(comms[0], one.buffer, 2, "int8")
+    with pytest.raises(ValueError, match=r"all_reduce: arrays\[1\] and arrays\[0\] share memory"):
+        xs.all_reduce([one, xs.SyclArray(comms[1], one.buffer, 8, "int32")])
+    halves = [xs.SyclArray(c, one.buffer.sub(16 * c.rank, 16), 4, "int32") for c in comms]
+    out0 = xs.empty(comms[0], 2, "int32")
+    outs = [out0, xs.SyclArray(comms[1], out0.buffer, 2, "int32")]
+    with pytest.raises(ValueError, match=r"reduce_scatter_tensor: outs\[1\] and outs\[0\] share memory"):
+        xs.reduce_scatter_tensor(outs, halves)
+    xs.all_reduce(halves)  # disjoint halves of one allocation are two arrays
+    check(one.to_host(), np.concatenate([np.arange(4) + np.arange(4, 8)] * 2), "int32", "disjoint halves")

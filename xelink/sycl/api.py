@@ -62,6 +62,13 @@ class SyclArray:
     """``n`` elements of ``dtype`` in USM memory of ``comm``'s device (``usm``: ``"shared"`` or ``"device"``)."""
 
     def __init__(self, comm: SyclCommunicator, buf, n: int, dtype: str):
+        if dtype not in _s.DTYPES:
+            raise TypeError(f"SyclArray: dtype={dtype!r} is not one of {', '.join(_s.DTYPES)}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n * _s.DTYPES[dtype][0].itemsize > buf.nbytes:
+            raise ValueError(f"SyclArray: n={n!r} elements of {dtype} do not fit the buffer's {buf.nbytes} bytes")
+        if buf.device != comm.device:
+            raise ValueError(f"SyclArray: the buffer is on {buf.device.name.strip()!r}, not on rank {comm.rank}'s "
+                             f"device {comm.device.name.strip()!r}")
         self.comm, self.buffer, self.n, self.dtype = comm, buf, n, dtype
         self.usm = buf.usm
 
@@ -238,6 +245,9 @@ def _check_arrays(fn: str, arrays, name: str = "arrays"):
             raise TypeError(f"{fn}: {name}[{i}].dtype={a.dtype} != {name}[0].dtype={arrays[0].dtype}")
         if a.n != arrays[0].n:
             raise ValueError(f"{fn}: len({name}[{i}])={a.n} != len({name}[0])={arrays[0].n}")
+        for j in range(i):  # (queues of one device may be handed views of one allocation)
+            if a.buffer.overlaps(arrays[j].buffer):
+                raise ValueError(f"{fn}: {name}[{i}] and {name}[{j}] share memory (every rank needs its own array)")
     return team
 
 
