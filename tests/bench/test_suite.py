@@ -102,6 +102,16 @@ def test_family_options():
     assert argv[:3] == ["--out", "res", "--quick"] and argv[-2:] == ["--tune", "t.json"]
 
 
+def test_collectives_take_the_folders_links_files_only_when_links_run_in_the_launch(tmp_path):
+    # an earlier run's files may be another rank count's (a KeyError and an MPI abort mid-sweep)
+    for f in ("calibration.toml", "topology.toml"):
+        (tmp_path / f).write_text("")
+    args = SimpleNamespace(quick=True, csv=False, no_plots=True, plots=None, calibration=None, topology=None, tune=None)
+    with_links = suite._family_argv("collectives", args, tmp_path, links_here=True)
+    assert "--calibration" in with_links and "--topology" in with_links
+    assert "--calibration" not in suite._family_argv("collectives", args, tmp_path, links_here=False)
+
+
 def _xelink(*args):
     return subprocess.run([sys.executable, "-m", "xelink", *args], capture_output=True, text=True, timeout=120)
 
@@ -119,6 +129,8 @@ def test_gpu_options_are_refused_by_the_cpu_reference_run():
 def test_all_refuses_an_unknown_family():
     r = _xelink("bench", "all", "--only", "links,gemmm")
     assert r.returncode == 2 and "unknown families ['gemmm']" in r.stderr
+    r = _xelink("bench", "all", "--only", ",")
+    assert r.returncode == 2 and "--only ',' names no family" in r.stderr
 
 
 def test_python_m_xelink_bench_runs_a_kernel_family(tmp_path):
@@ -162,3 +174,11 @@ def test_a_cuda_case_builds_its_tensors_on_the_device_it_is_given():
     src, out, want, _, _ = _case("all_to_all", 2, 1, 64, torch.float32)
     assert want.tolist() == [8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
                              1008.0, 1009.0, 1010.0, 1011.0, 1012.0, 1013.0, 1014.0, 1015.0]
+
+
+def test_counts_below_their_minimum_are_usage_errors():
+    for args, text in ((["collectives", "--iters", "0"], "argument --iters: 0 must be >= 1"),
+                       (["gemv", "--rounds", "-1"], "argument --rounds: -1 must be >= 1"),
+                       (["collectives", "--warmup", "x"], "argument --warmup: 'x' is not an int")):
+        r = _xelink("bench", *args)
+        assert r.returncode == 2 and text in r.stderr, (args, r.stderr[-300:])

@@ -40,6 +40,7 @@ __all__ = [
     "Progress",
     "Row",
     "algbw",
+    "at_least",
     "busbw",
     "co_measure",
     "dtype_name",
@@ -271,6 +272,22 @@ def time_cuda_events(fn: Callable[[], Any], *, warmup: int, iters: int) -> list[
         end.record()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) / 1e3 for start, end in events]  # elapsed_time is in ms
+
+
+def at_least(minimum: int):
+    """An argparse ``type``: an int >= ``minimum`` (``--iters 0`` is a usage error, not a traceback mid-run)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    return parse
 
 
 def poison_unlike(out, want) -> None:

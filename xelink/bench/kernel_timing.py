@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..kernels.common import gc_paused
-from .harness import co_measure, make_row, summarize
+from .harness import at_least, co_measure, make_row, summarize
 
 __all__ = ["HOST_MARGIN_US", "KernelReport", "add_timing_arguments", "cpu_rows", "cuda_graph", "host_rows",
            "host_summary", "host_timing", "measure_checked", "run_single_device", "timing", "with_host_rows",
@@ -202,8 +202,8 @@ def with_host_rows(ctx, report: KernelReport, summary: str, run_host, progress=N
 
 def add_timing_arguments(p, *, cpu: str, gpu: str) -> None:
     """``--iters`` and ``--rounds`` (default None: the family's own counts, described by ``cpu`` and ``gpu``)."""
-    p.add_argument("--iters", type=int, help=f"timed calls per variant per round (CPU: {cpu}; CUDA: {gpu})")
-    p.add_argument("--rounds", type=int, help="rounds, variants interleaved (default: as --iters says)")
+    p.add_argument("--iters", type=at_least(1), help=f"timed calls per variant per round (CPU: {cpu}; CUDA: {gpu})")
+    p.add_argument("--rounds", type=at_least(1), help="rounds, variants interleaved (default: as --iters says)")
 
 
 def timing(ctx, default: dict, quick: dict | None = None) -> dict:

@@ -24,7 +24,7 @@ from .. import cost
 from ..topology import Placement, Topology
 from .families.collectives import OPS as ALL_OPS
 from .families.collectives import algorithms, copy_in_s, measure_case, model_algo
-from .harness import JsonlWriter, make_row, manifest
+from .harness import JsonlWriter, at_least, make_row, manifest
 from .probe import add_arguments, calibrated, cpu_snapshot, job_placement, other_cpu, report, run_probe
 
 __all__ = ["CheckRow", "OPS", "SIZES", "run_check", "format_check", "summary", "main"]
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--check-iters", type=int, default=10, help="timed calls per variant per round")
     p.add_argument("--check-rounds", type=int, default=3, help="rounds of the interleaved timing")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=at_least(0), default=2)
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="agreement bound on |pred/meas - 1|")
     p.add_argument("--calibration", metavar="PATH", help="use this probe calibration instead of probing now")
     p.add_argument("--topology", metavar="PATH", help="with --calibration: the probe's calibrated topology")

@@ -51,7 +51,7 @@ import torch
 from .. import cost
 from ..topology import Placement, Topology, validate
 from ..collectives.cpu.base import step
-from .harness import co_measure, rank_max, time_cuda_events, time_fn
+from .harness import at_least, co_measure, rank_max, time_cuda_events, time_fn
 
 __all__ = ["Fit", "ProbeResult", "QUICK", "fit_alpha_beta", "probe", "calibrated", "calibrated_topology",
            "all_pairs", "pair_variants", "pair_results", "measure_pairs", "job_placement", "GPU", "GPU_QUICK",
@@ -709,8 +709,9 @@ def format_result(result: ProbeResult) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The probe's options (shared with ``xelink bench model-check``)."""
     p.add_argument("--quick", action="store_true", help="fewer sizes and samples (a smoke test, seconds)")
-    p.add_argument("--iters", type=int, default=None, help="timed calls per round (default 5; quick 3)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds, every measurement interleaved (default 5; quick 2)")
+    p.add_argument("--iters", type=at_least(1), default=None, help="timed calls per round (default 5; quick 3)")
+    p.add_argument("--rounds", type=at_least(1), default=None,
+                   help="rounds, every measurement interleaved (default 5; quick 2)")
     p.add_argument("--topology-out", metavar="PATH", help="write the calibrated topology (TOML) here")
     p.add_argument("--calibration-out", metavar="PATH", help="write the calibration (TOML) here")
 

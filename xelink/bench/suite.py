@@ -293,7 +293,9 @@ def _all_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _family_argv(name: str, args, out: Path) -> list[str]:
+def _family_argv(name: str, args, out: Path, links_here: bool = True) -> list[str]:
+    """``links_here``: the links family runs in this launch (its topology and calibration in ``out`` are then
+    this job's; files an earlier run left there may be another rank count's and are not taken)."""
     argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--csv"] if args.csv else [])
     argv += ["--commit", args.commit] if getattr(args, "commit", None) else []
     if not args.no_plots:
@@ -303,8 +305,8 @@ def _family_argv(name: str, args, out: Path) -> list[str]:
         if not args.calibration:
             argv += ["--calibration-out", str(out / "calibration.toml")]
     if name == "collectives":
-        cal = args.calibration or (out / "calibration.toml")
-        if Path(cal).is_file():
+        cal = args.calibration or (out / "calibration.toml" if links_here else None)
+        if cal is not None and Path(cal).is_file():
             argv += ["--calibration", str(cal)]
             # The links family's topology goes with its calibration (both measured on the ranks' devices,
             # where the collectives family moves its tensors).
@@ -329,6 +331,8 @@ def main_all(argv=None) -> int:
     if args.only:
         names = tuple(n.strip() for n in args.only.split(",") if n.strip())
         unknown = sorted(set(names) - set(ALL_ORDER))
+        if not names:
+            _all_parser().error(f"--only {args.only!r} names no family (choose from {', '.join(ALL_ORDER)})")
         if unknown:
             _all_parser().error(f"--only: unknown families {unknown} (choose from {', '.join(ALL_ORDER)})")
     if args.topology and not args.calibration:
@@ -351,7 +355,7 @@ def main_all(argv=None) -> int:
     for name in names:
         if lead:
             print(f"\n## {name}: {FAMILIES[name].summary}", flush=True)
-        fargs = family_parser(name).parse_args(_family_argv(name, args, out))
+        fargs = family_parser(name).parse_args(_family_argv(name, args, out, "links" in names))
         t0 = time.perf_counter()
         status[name], _ = _run_family(Context(world, name, fargs))
         status[name] += f" ({time.perf_counter() - t0:.1f} s)"

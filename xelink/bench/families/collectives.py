@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import collectives as C
-from ..harness import co_measure, make_row, poison_unlike, pred_over_meas, rank_max
+from ..harness import at_least, co_measure, make_row, poison_unlike, pred_over_meas, rank_max
 
 __all__ = ["run_sweep", "measure_case", "transport_baseline", "algorithms", "model_algo", "run", "add_arguments", "copy_in_s",
            "OPS", "SIZES", "QUICK_SIZES"]
@@ -272,9 +272,11 @@ def add_arguments(p) -> None:
                    help="sizes in bytes (suffixes K, M, G allowed), nccl-tests convention (default 1K to 16M x4; "
                         "quick 1K to 4M x4)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
-    p.add_argument("--iters", type=int, default=None, help="timed calls per variant per round (default 5; quick 3)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds, variants interleaved (default 3; quick 2)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls of each variant first (default 2; quick 1)")
+    p.add_argument("--iters", type=at_least(1), default=None,
+                   help="timed calls per variant per round (default 5; quick 3)")
+    p.add_argument("--rounds", type=at_least(1), default=None, help="rounds, variants interleaved (default 3; quick 2)")
+    p.add_argument("--warmup", type=at_least(0), default=None,
+                   help="untimed calls of each variant first (default 2; quick 1)")
     p.add_argument("--tune", default=None, help="write the tuning table (fastest path per size) here")
     p.add_argument("--calibration", metavar="PATH", help="price the predictions with this probe calibration "
                                                          "(`xelink bench links --calibration-out`)")

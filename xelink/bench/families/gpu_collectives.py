@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels.common import gc_paused
+from ..harness import at_least
 
 __all__ = ["LATENCY_SIZES", "add_arguments", "run", "tuning_table"]
 
@@ -207,7 +208,7 @@ def tuning_table(rows, topology_name, hosts, manifest=None):
 
 def add_arguments(p) -> None:
     """The options of ``xelink bench gpu-collectives``."""
-    p.add_argument("--rounds", type=int, default=5, help="rounds, variants interleaved (default 5)")
+    p.add_argument("--rounds", type=at_least(1), default=5, help="rounds, variants interleaved (default 5)")
     p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timing (latency sizes; default 50)")
     p.add_argument("--large-calls", type=int, default=10, help="back-to-back calls per timing (large sizes; "
                                                                 "default 10)")

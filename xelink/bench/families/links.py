@@ -22,7 +22,7 @@ import json
 
 from ... import cost
 from .. import probe as P
-from ..harness import make_row
+from ..harness import at_least, make_row
 
 __all__ = ["add_arguments", "run", "matrices", "format_matrix"]
 
@@ -32,8 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", nargs="+", type=cost.parse_size,
                    help="ping-pong sizes in bytes (default: the probe's, 8 B to 16 MiB; quick 8 B and 256 KiB; "
                         "CUDA 8 B to 128 MiB, quick 8 B to 32 MiB)")
-    p.add_argument("--iters", type=int, help="timed calls per round (default 5; quick 3)")
-    p.add_argument("--rounds", type=int, help="rounds, every pair and size interleaved (default 5; quick 2)")
+    p.add_argument("--iters", type=at_least(1), help="timed calls per round (default 5; quick 3)")
+    p.add_argument("--rounds", type=at_least(1), help="rounds, every pair and size interleaved (default 5; quick 2)")
     p.add_argument("--topology-out", metavar="PATH", help="write the measured topology (TOML) here")
     p.add_argument("--calibration-out", metavar="PATH", help="write the probe's calibration (TOML) here")
     p.add_argument("--probe-json", metavar="PATH", help="write every probe measurement (JSON) here")

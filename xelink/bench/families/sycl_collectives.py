@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..harness import co_measure, make_row, poison_unlike
+from ..harness import at_least, co_measure, make_row, poison_unlike
 
 __all__ = ["add_arguments", "run", "OPS", "DEVICE_SETS"]
 
@@ -33,8 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     p.add_argument("--counts", nargs="+", type=int, default=None,
                    help="float32 elements per rank (default 1024 65536 1048576; quick 1024 65536)")
-    p.add_argument("--iters", type=int, default=None, help="timed calls per variant per round (default 10; quick 3)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds, variants interleaved (default 3; quick 2)")
+    p.add_argument("--iters", type=at_least(1), default=None,
+                   help="timed calls per variant per round (default 10; quick 3)")
+    p.add_argument("--rounds", type=at_least(1), default=None, help="rounds, variants interleaved (default 3; quick 2)")
 
 
 def _pattern(r: int, n: int) -> np.ndarray:
