@@ -79,3 +79,14 @@ def test_the_algorithms_are_registered_and_priced():
     with pytest.raises(ValueError, match=r"all_reduce: algo='tree' is not one of auto, direct, two_shot, ring, "
                                          r"hierarchical for xelink.sycl arrays"):
         xs.all_reduce(bufs, algo="tree")
+
+
+def test_topology_wants_the_whole_group_in_rank_order():
+    comms = xs.communicators(["opencl:cpu"] * 3)
+    for bad in (comms[:2], comms[::-1]):
+        try:
+            xs.topology(bad)
+        except ValueError as exc:
+            assert "the whole group, in rank order" in str(exc)
+        else:
+            raise AssertionError(f"no error for {bad}")

@@ -617,8 +617,10 @@ def topology(comms):
     estimated figures of ``_USM_FIGURES``."""
     from ..topology import Device, Link, Package, Placement, Topology, validate
 
-    if not comms or any(not isinstance(c, SyclCommunicator) for c in comms):
-        raise ValueError(f"topology: comms={comms!r} must be the list communicators() returned")
+    if not comms or any(not isinstance(c, SyclCommunicator) for c in comms) or len(comms) != comms[0].size or \
+            any(c.team is not comms[0].team or c.rank != r for r, c in enumerate(comms)):
+        raise ValueError(f"topology: comms={comms!r} must be the list communicators() returned (the whole group, "
+                         f"in rank order)")
     dpctl = _s.dpctl_module()
     kind = "xpu" if comms[0].device.device_type == dpctl.device_type.gpu else "cpu"
     bw, bw_src, lat, lat_src = _USM_FIGURES[kind]
