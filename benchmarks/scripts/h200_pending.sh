@@ -35,7 +35,7 @@
 #          against the TMA kernel and SDPA, the attention family's prefill rows (HD 128, 256), the attention host rows,
 #          the model GPU tests whose prefill runs it (~8 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
-#          GPU tests, the decode family's step rows at 1K/8K/32K (~8 minutes);
+#          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
 #          and bf16; the gated GEMM's smaller tiles (issue 22) with their GPU tests (~9 minutes);
 #   step:  the decode family's model rows at 1K/8K/32K (issue 26's table, co-measured), every kernel GPU test (~8 minutes);
@@ -326,11 +326,13 @@ ws2)  # the warp-specialized kernel through the launcher's remembered lists (hos
 fused9)  # the ninth session's GPU code, first run (issues 23, 26): rope_decode_attention (RoPE + cache write + decode
          # attention in one launch) and the tc GEMV's STAGES: their GPU tests, the decode-graph and model GPU tests
          # that now run the fused decode, the decode family's step rows at 1K/8K/32K (~8 minutes)
-  step fused9_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+  step fused9_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/models/test_decode_graph.py -k \
     "tensor_core or out_blocks or rope_decode or decode or graph"
-  step model_gpu_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
-  step bench_decode 200 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+  step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  ;;
+step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
+  step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
