@@ -38,13 +38,16 @@ import numpy as np
 
 from .log import get_logger
 
-__all__ = ["FORMAT", "VERSION", "TuningTable", "active", "dtype_name", "find_table", "fingerprint", "load",
+__all__ = ["FORMAT", "OWN", "VERSION", "TuningTable", "active", "dtype_name", "find_table", "fingerprint", "load",
            "save_merged", "set_active"]
 
 FORMAT = "xelink-tuning"
 VERSION = 1
 # Directories are searched for files with this suffix only, so other JSON files can live beside them.
 SUFFIX = ".tuning.json"
+# Where a baseline wins a range, the entry ``op + OWN`` (e.g. ``"all_reduce/xelink"``) holds the fastest of xelink's
+# own paths there: what ``auto`` runs on a backend that cannot dispatch to that baseline (MPI's on CPU ranks).
+OWN = "/xelink"
 
 _log = get_logger("tuning")
 _active: list = [None]  # the table xelink.init found for this machine

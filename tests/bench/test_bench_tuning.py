@@ -47,6 +47,8 @@ def test_build_table_merges_sizes_into_ranges_of_the_fastest_path():
     assert table.entries == {
         ("all_reduce", "float32"): [(0, 16384, "xelink:one_shot"), (16384, 65536, "baseline:mpi"),
                                     (65536, None, "xelink:ring")],
+        # where a baseline wins, xelink's own fastest too (what auto runs where it cannot hand work to MPI)
+        ("all_reduce/xelink", "float32"): [(0, 65536, "xelink:one_shot"), (65536, None, "xelink:ring")],
         ("all_gather", "bfloat16"): [(0, None, "xelink:ring")],
     }
 

@@ -41,3 +41,24 @@ def test_auto_ignores_a_table_of_another_machine(tmp_path, monkeypatch):
         assert choose(world, "all_reduce", 1000, torch.float32) in xelink.collectives.ALGORITHMS["all_reduce"]
     finally:
         xelink.finalize()
+
+
+def test_auto_takes_xelinks_fastest_where_the_tables_winner_is_a_baseline_it_cannot_run(tmp_path, monkeypatch):
+    """On CPU ranks MPI's own collective can win a range but cannot be dispatched to: the table's own entry
+    (tuning.OWN) names xelink's fastest there, not the cost model's guess."""
+    import socket
+
+    fp = fingerprint("discovered-cpu", [socket.gethostname()])
+    (tmp_path / "here.tuning.json").write_text(json.dumps({
+        "format": "xelink-tuning", "version": 1, "fingerprint": fp,
+        "entries": [{"op": "all_reduce", "dtype": "float32",
+                     "ranges": [[0, 4096, "xelink:ring"], [4096, None, "baseline:mpi"]]},
+                    {"op": "all_reduce/xelink", "dtype": "float32",
+                     "ranges": [[0, 4096, "xelink:ring"], [4096, None, "xelink:two_shot"]]}]}))
+    monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
+    world = xelink.init()
+    try:
+        assert choose(world, "all_reduce", 1000, torch.float32) == "ring"
+        assert choose(world, "all_reduce", 1 << 20, torch.float32) == "two_shot"
+    finally:
+        xelink.finalize()

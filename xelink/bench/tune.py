@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..tuning import TuningTable, _check_fingerprint
+from ..tuning import OWN, TuningTable, _check_fingerprint
 from .harness import Row
 
 __all__ = ["build_table"]
@@ -59,18 +59,29 @@ def build_table(rows: Iterable[Row], fingerprint, *, manifest: Mapping[str, Any]
     if len(nranks) > 1:
         raise ValueError(f"build_table: rows measured at nranks {nranks}; one table covers one machine layout")
     winners: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    own: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for (op, dtype, size), times in sorted(_candidates(rows).items()):
         best = min(times, key=lambda algo: (times[algo], algo.startswith("baseline:"), algo))
         winners.setdefault((op, dtype), []).append((size, best))
-    entries = {}
-    for key, points in winners.items():
-        ranges: list[list] = []
-        for i, (size, algo) in enumerate(points):
-            lo = 0 if i == 0 else size
-            if ranges and ranges[-1][2] == algo:
-                continue  # the previous range extends over this size
-            if ranges:
-                ranges[-1][1] = lo
-            ranges.append([lo, None, algo])
-        entries[key] = [tuple(r) for r in ranges]
+        mine = [algo for algo in times if algo.startswith("xelink:")]
+        if mine:
+            own.setdefault((op + OWN, dtype), []).append((size, min(mine, key=lambda algo: (times[algo], algo))))
+    entries = {key: _ranges(points) for key, points in winners.items()}
+    # xelink's fastest where a baseline wins somewhere (tuning.OWN: what auto runs where it cannot hand work over)
+    entries.update({key: _ranges(points) for key, points in own.items()
+                    if any(algo.startswith("baseline:") for _, _, algo in entries[(key[0][:-len(OWN)], key[1])])})
     return TuningTable(fingerprint=fp, entries=entries, manifest=dict(manifest) if manifest is not None else None)
+
+
+def _ranges(points: list[tuple[int, str]]) -> list[tuple[int, int | None, str]]:
+    """Measured (size, winner) points as ranges: each size's range reaches the next measured size, the first
+    starts at 0, the last has no end, and neighbours with one winner merge."""
+    ranges: list[list] = []
+    for i, (size, algo) in enumerate(points):
+        lo = 0 if i == 0 else size
+        if ranges and ranges[-1][2] == algo:
+            continue  # the previous range extends over this size
+        if ranges:
+            ranges[-1][1] = lo
+        ranges.append([lo, None, algo])
+    return [tuple(r) for r in ranges]

@@ -46,8 +46,13 @@ def _from_table(comm, op, backend, nbytes, dtype, names):
     # is another machine as far as the measurements go.
     if table is None or comm.size != get_world().size or comm._packages is not None:
         return None
-    found = table.lookup(op if backend == "cpu" else f"{backend}:{op}", dtype, nbytes)
+    key = op if backend == "cpu" else f"{backend}:{op}"
+    found = table.lookup(key, dtype, nbytes)
     name = None if found is None else found.split(":", 1)[-1]  # "xelink:two_shot", "baseline:nccl"
+    if name not in names and found is not None and found.startswith("baseline:"):
+        # a baseline this backend cannot hand the work to (MPI's own on CPU ranks): xelink's fastest there
+        found = table.lookup(key + tuning.OWN, dtype, nbytes)
+        name = None if found is None else found.split(":", 1)[-1]
     if name not in names:
         _log.debug("dispatch: tuning table says %r for %s at %d B; not runnable here", found, op, nbytes)
         return None
