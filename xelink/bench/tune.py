@@ -39,7 +39,9 @@ def build_table(rows: Iterable[Row], fingerprint, *, manifest: Mapping[str, Any]
     Rows with wrong results are ignored. Each measured size ``s`` gets the range up to the next
     measured size; the smallest size's range starts at 0 and the largest has no upper end, so sizes
     outside the sweep take the winner at its nearest end. Neighbouring ranges with the same winner
-    are merged. Ties go to xelink's path, then to the name.
+    are merged. Ties go to xelink's path, then to the name. For a host op (CPU ranks) where a baseline
+    wins somewhere, the entry ``op + tuning.OWN`` holds xelink's fastest path per range too: the CPU
+    backend cannot hand the work to MPI's own collective, so that is what ``auto`` runs there.
 
     Args:
         rows: result rows of one machine layout (all with the same ``nranks``).
@@ -64,7 +66,8 @@ def build_table(rows: Iterable[Row], fingerprint, *, manifest: Mapping[str, Any]
         best = min(times, key=lambda algo: (times[algo], algo.startswith("baseline:"), algo))
         winners.setdefault((op, dtype), []).append((size, best))
         mine = [algo for algo in times if algo.startswith("xelink:")]
-        if mine:
+        if mine and ":" not in op:  # host ops (CPU ranks): MPI's own collective cannot be dispatched to; the GPU
+            # backends register their baselines (NCCL), so a "cuda:<op>" table needs no second entry
             own.setdefault((op + OWN, dtype), []).append((size, min(mine, key=lambda algo: (times[algo], algo))))
     entries = {key: _ranges(points) for key, points in winners.items()}
     # xelink's fastest where a baseline wins somewhere (tuning.OWN: what auto runs where it cannot hand work over)
