@@ -35,23 +35,22 @@ class _MPIRequest(Request):
     def __init__(self, req, peer: int, expect: int | None = None):
         self.req, self.peer, self.expect = req, peer, expect
         self._done = False
+        self._status = None if expect is None else mpi().Status()  # one for every poll of a receive
 
     def test(self) -> bool:
         if self.expect is None:
             return self.req.Test()
         if self._done:  # a completed request is MPI_REQUEST_NULL: its status would read 0 bytes
             return True
-        MPI = mpi()
-        status = MPI.Status()
         try:
-            done = self.req.Test(status)
-        except MPI.Exception as exc:
-            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            done = self.req.Test(self._status)
+        except mpi().Exception as exc:
+            if exc.Get_error_class() != mpi().ERR_TRUNCATE:
                 raise
             raise SizeMismatch(self.peer, None, self.expect) from None
         if done:
             self._done = True
-            got = status.Get_count(MPI.BYTE)
+            got = self._status.Get_count(mpi().BYTE)
             if got != self.expect:
                 raise SizeMismatch(self.peer, got, self.expect)
         return done
