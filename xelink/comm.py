@@ -404,7 +404,8 @@ def resolve_group(group, fn: str) -> Communicator:
                     f"Communicator.split() or xelink.new_group())")
 
 
-def new_group(ranks: Sequence[int], group: Communicator | None = None, timeout=None) -> "Communicator | _NonGroupMember":
+def new_group(ranks: Sequence[int], group: Communicator | None = None,
+              timeout=None) -> "Communicator | _NonGroupMember":
     """A communicator of ``ranks`` (ranks of ``group``, default world), in the order given.
 
     Args:

@@ -2,7 +2,8 @@
 elsewhere. One vocabulary for every op: ``impl=`` names a path, "auto", "triton" (portable), "cuda" (the
 NVIDIA-specific kernel, where the op has one: gemm, gemv, flash_attention; "hopper" is its old name) or
 "reference"; ``pdl=`` programmatic dependent launch, None, True, False, "early" or "late" (gemm, gemv,
-rmsnorm, rope, rope_kv, silu_mul, decode_attention, rope_decode_attention); ``out=`` a caller's buffer (or a view of one) to write the result into
+rmsnorm, rope, rope_kv, silu_mul, decode_attention, rope_decode_attention); ``out=`` a caller's buffer (or a view
+of one) to write the result into
 (gemm, gemv, rmsnorm and the attention ops).
 Eager calls launch the kernels directly; under ``torch.compile`` gemm, gemv, rmsnorm, rope and the attention
 ops go through ``torch.library`` custom ops; rope_kv, rope_decode_attention and silu_mul (the decode step's, run

@@ -36,7 +36,8 @@ def check_a_collective_that_writes_nothing_is_counted_wrong(world):
     noop = types.SimpleNamespace(all_reduce=real.all_reduce,
                                  all_gather_into_tensor=lambda out, src, algo: None if algo == "ring" else
                                  real.all_gather_into_tensor(out, src, algo=algo),
-                                 reduce_scatter_tensor=real.reduce_scatter_tensor, all_to_all_single=real.all_to_all_single)
+                                 reduce_scatter_tensor=real.reduce_scatter_tensor,
+                                 all_to_all_single=real.all_to_all_single)
     F.C = noop
     try:
         _, _, _, wrong = F.measure_case(world, "all_gather", 4096, torch.float32, warmup=1, iters=1, rounds=2,

@@ -16,7 +16,8 @@ from .scatter_gemm import (reduce_programs, reference_scatter_reduce, scatter_ge
 
 __all__: list[str] = [
     "decode_attention", "flash_attention", "merge_attention", "reference_decode_attention",
-    "reference_flash_attention", "reference_merge_attention", "reference_rope_decode_attention", "rope_decode_attention",
+    "reference_flash_attention", "reference_merge_attention", "reference_rope_decode_attention",
+    "rope_decode_attention",
     "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
     "reduce_programs", "reference_rope", "reference_rope_kv", "reference_scatter_reduce", "reference_silu_mul",
     "rmsnorm", "rope", "rope_kv", "scatter_gemm", "scatter_geometry", "scatter_reduce", "silu_mul", "unpack_w4a16",

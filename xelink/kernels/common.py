@@ -32,7 +32,8 @@ except ImportError:  # Triton without host-side tensor descriptors (older, or In
     TensorDescriptor = None
 
 __all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_distinct",
-           "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting", "require_triton",
+           "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting",
+           "require_triton",
            "cdiv", "gc_paused", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton",
            "triton_can_run"]
 
