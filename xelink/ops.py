@@ -5,9 +5,8 @@ NVIDIA-specific kernel, where the op has one: gemm, gemv, flash_attention; "hopp
 rmsnorm, rope, rope_kv, silu_mul, decode_attention, rope_decode_attention); ``out=`` a caller's buffer (or a view
 of one) to write the result into
 (gemm, gemv, rmsnorm and the attention ops).
-Eager calls launch the kernels directly; under ``torch.compile`` gemm, gemv, rmsnorm, rope and the attention
-ops go through ``torch.library`` custom ops; rope_kv, rope_decode_attention and silu_mul (the decode step's, run
-eagerly or in a CUDA graph) have none yet, so ``torch.compile(fullgraph=True)`` cannot trace them. See
+Eager calls launch the kernels directly; under ``torch.compile`` every op goes through a ``torch.library``
+custom op (``xelink::<name>``; rope_kv and rope_decode_attention mark the caches they write). See
 ``xelink.kernels``."""
 from .kernels import (decode_attention, flash_attention, gemm, gemv, merge_attention, pack_w4a16, pack_w8a16, rmsnorm,
                       rope, rope_decode_attention, rope_kv, silu_mul, unpack_w4a16, unpack_w8a16)

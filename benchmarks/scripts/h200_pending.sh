@@ -327,8 +327,8 @@ fused9)  # the ninth session's GPU code, first run (issues 23, 26): rope_decode_
          # attention in one launch) and the tc GEMV's STAGES: their GPU tests, the decode-graph and model GPU tests
          # that now run the fused decode, the decode family's step rows at 1K/8K/32K (~8 minutes)
   step fused9_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/models/test_decode_graph.py -k \
-    "tensor_core or out_blocks or rope_decode or decode or graph"
+    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py tests/models/test_decode_graph.py \
+    -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
   step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)

@@ -737,6 +737,47 @@ def test_rope_decode_bad_inputs():
     assert torch.isfinite(kc).all() and torch.isfinite(vc).all()  # nothing ran
 
 
+def _rope_decode_compiled(device, dtype, impl):
+    """rope_decode_attention under torch.compile(fullgraph=True) (its custom op, the caches marked as written)
+    twice as lengths grow, against eager calls on copies of the caches: outputs and caches bit for bit."""
+    gen = torch.Generator().manual_seed(13)
+    q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 8, 2, 300, 64, dtype, device, gen)
+    kc2, vc2 = kc.clone(), vc.clone()
+
+    def step(q, k, v, kc, vc, lens, out):
+        A.rope_decode_attention(q, k, v, cos, sin, kc, vc, lens, impl=impl, out=out)
+        return A.rope_decode_attention(q * 2, k, v, cos, sin, kc, vc, lens + 1, impl=impl) + out
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for lens in ([5, 200], [6, 201]):
+        lens = torch.tensor(lens, device=device)
+        got = compiled(q, k, v, kc, vc, lens, torch.empty_like(q))
+        want = step(q, k, v, kc2, vc2, lens, torch.empty_like(q))
+        assert _same(got, want) and _same(kc, kc2) and _same(vc, vc2), lens
+
+
+def test_rope_decode_custom_op():
+    """The custom op passes torch.library.opcheck (schema, mutated caches and out, fake implementation) on the
+    strided views the model passes; fullgraph torch.compile traces the call as eager runs it."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 8, 2, 40, 64, torch.float32, "cpu", gen)
+    lens = torch.tensor([7, 40])
+    torch.library.opcheck(torch.ops.xelink.rope_decode_attention.default,
+                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64)))
+    _rope_decode_compiled("cpu", torch.float32, "reference")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_rope_decode_compiled_interpreter():
+    _rope_decode_compiled("cpu", torch.float16, "triton")
+
+
+@pytest.mark.gpu
+def test_rope_decode_compiled_gpu(requires_gpus):
+    requires_gpus(1)
+    _rope_decode_compiled("cuda", torch.bfloat16, "triton")
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 def test_rope_decode_kernel_interpreter():
     # the new row first, last, in the middle of a split and at a split's first key; GQA 4 and MHA

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from xelink.kernels import norm as norm_module
-from xelink.kernels.norm import (reference_rmsnorm, reference_rope, reference_rope_kv, reference_silu_mul, rmsnorm,
+from xelink.kernels.norm import (reference_rmsnorm, reference_rope_kv, reference_silu_mul, rmsnorm,
                                  rope, rope_kv, silu_mul)
 
 from out_blocks import only_block_written, poisoned
@@ -368,6 +368,58 @@ def test_custom_ops_pass_opcheck_on_strided_inputs():
                                                          torch.empty(3, 4, 16)))
     assert all(t.is_contiguous() for t in rope(q, k, cos, cos, impl="reference"))
     assert all(t.is_contiguous() for t in rmsnorm(x, torch.randn(16), residual=x.clone(), impl="reference"))
+
+
+def _decode_fusions_compiled(device, dtype, impl):
+    """rope_kv and silu_mul under torch.compile(fullgraph=True) (their custom ops; rope_kv's caches marked as
+    written), twice with new positions, against eager calls on copies of the caches: bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(2, 12, 1, 64, generator=gen).to(device=device, dtype=dtype)
+    q, k, v = qkv[:, :8], qkv[:, 8:10], qkv[:, 10:]
+    cos, sin = (torch.randn(50, 64, generator=gen).to(device) for _ in range(2))
+    kc = torch.randn(2, 2, 50, 64, generator=gen).to(device=device, dtype=dtype)
+    vc, kc2 = torch.randn_like(kc), kc.clone()
+    vc2 = vc.clone()
+    x = torch.randn(3, 2, 96, generator=gen).to(device=device, dtype=dtype)
+    out = torch.empty(3, 2, 48, device=device, dtype=dtype)
+
+    def step(q, k, v, kc, vc, pos, x, out):
+        silu_mul(x, impl=impl, out=out)
+        return rope_kv(q, k, v, cos, sin, pos, kc, vc, impl=impl), silu_mul(x * 2, impl=impl) + out
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for pos in ([3, 49], [4, 0]):
+        pos = torch.tensor(pos, device=device)
+        got = compiled(q, k, v, kc, vc, pos, x, out)
+        want = step(q, k, v, kc2, vc2, pos, x, torch.empty_like(out))
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), pos
+        assert torch.equal(kc, kc2) and torch.equal(vc, vc2) and torch.equal(out, silu_mul(x, impl=impl)), pos
+
+
+def test_decode_fusions_custom_ops():
+    """rope_kv's and silu_mul's custom ops pass torch.library.opcheck (schema, the caches / out they write, fake
+    implementations) on strided views; fullgraph torch.compile traces them as eager runs them."""
+    ops = torch.ops.xelink
+    qkv = torch.randn(2, 12, 1, 16)
+    q, k, v = qkv[:, :8], qkv[:, 8:10], qkv[:, 10:]
+    cos = torch.randn(9, 16)
+    kc, vc = torch.randn(3, 2, 9, 16), torch.randn(3, 2, 9, 16)
+    torch.library.opcheck(ops.rope_kv.default, (q, k, v, cos, cos, torch.tensor([2, 8]), kc, vc, "reference", "off"))
+    x = torch.randn(6, 4, 10).transpose(0, 1)
+    torch.library.opcheck(ops.silu_mul.default, (x, "reference", "off", torch.empty(4, 6, 5)))
+    assert rope_kv(q, k, v, cos, cos, torch.tensor([2, 8]), kc, vc, impl="reference").is_contiguous()
+    _decode_fusions_compiled("cpu", torch.float32, "reference")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+def test_decode_fusions_compiled_interpreter():
+    _decode_fusions_compiled("cpu", torch.float16, "triton")
+
+
+@pytest.mark.gpu
+def test_decode_fusions_compiled_gpu(requires_gpus):
+    requires_gpus(1)
+    _decode_fusions_compiled("cuda", torch.bfloat16, "triton")
 
 
 def test_numpy_scalars_are_taken_where_a_float_is():

@@ -27,8 +27,8 @@ transpose of a ``(B, S, H, D)`` buffer; the LSE is always a new tensor.
 
 Eager calls launch the kernels directly; under ``torch.compile`` each function goes through its
 ``torch.library`` custom op (``xelink::flash_attention``, ``xelink::decode_attention``,
-``xelink::merge_attention``, each writing its ``out`` argument) with a fake implementation, so
-``torch.compile`` traces through it; CUDA graphs capture either. Triton is imported guarded: this module
+``xelink::merge_attention``, ``xelink::rope_decode_attention``, each writing its ``out`` argument, the last
+its caches too) with a fake implementation, so ``torch.compile`` traces through it; CUDA graphs capture either. Triton is imported guarded: this module
 imports and its references run without it. Setting ``TRITON_INTERPRET=1`` before import runs the Triton
 kernels on CPU tensors (slow; for tests).
 """
@@ -1039,6 +1039,19 @@ def _(outs, lses, impl, pdl, out):
     return lses[0].new_empty(lses[0].shape)  # contiguous, as the kernel's and the reference's
 
 
+@torch.library.custom_op("xelink::rope_decode_attention", mutates_args=("k_cache", "v_cache", "out"),
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+                                "Tensor(b!) v_cache, Tensor kv_lens, float scale, str impl, str pdl, Tensor(c!) out) "
+                                "-> ()")
+def _rope_decode_attention_op(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out):
+    _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out)
+
+
+@_rope_decode_attention_op.register_fake
+def _(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out):
+    return None
+
+
 # -- public API --------------------------------------------------------------------------------
 
 def _check_out_like(fn: str, out, like):
@@ -1241,4 +1254,8 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
                               _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, True, False,
                                             (k, v, cos, sin))))
+    if torch.compiler.is_compiling():  # traced: the custom op writes out and the caches
+        out = _traced_out(out, q)
+        torch.ops.xelink.rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out)
+        return out
     return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out)

@@ -592,11 +592,29 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor
     check_same_device(fn, q=q, positions=positions)
     impl = _resolve(fn, impl, q.device)
     pdl = pdl_option(fn, pdl, impl, q.device)
-    if impl == "reference":
-        return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache)
-    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
+    if impl != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
         raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
+    if torch.compiler.is_compiling():  # traced: the custom op (the caches marked as written)
+        return torch.ops.xelink.rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache, impl, pdl)
+    return _rope_kv_run(q, k, v, cos, sin, positions, k_cache, v_cache, impl, pdl)
+
+
+def _rope_kv_run(q, k, v, cos, sin, positions, k_cache, v_cache, impl: str, pdl: str):
+    if impl == "reference":  # contiguous, as the kernel's output and the fake implementation
+        return reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache).contiguous()
     return _rope_kv_triton(q, k, v, cos, sin, positions, k_cache, v_cache, pdl)
+
+
+@torch.library.custom_op("xelink::rope_kv", mutates_args=("k_cache", "v_cache"))
+def _rope_kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, impl: str,
+                pdl: str) -> torch.Tensor:
+    return _rope_kv_run(q, k, v, cos, sin, positions, k_cache, v_cache, impl, pdl)
+
+
+@_rope_kv_op.register_fake
+def _rope_kv_fake(q, k, v, cos, sin, positions, k_cache, v_cache, impl, pdl):
+    return q.new_empty(q.shape)
 
 
 def check_rope_kv(fn: str, q, k, v, cos, sin, k_cache, v_cache) -> None:
@@ -648,7 +666,6 @@ def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None,
     shape = x.shape[:-1] + (x.shape[-1] // 2,)
     if out is not None:
         check_out(fn, out, tuple(shape), x.dtype, x.device)
-        check_no_overlap(fn, out, x=x)
         try:
             if out.numel():
                 out.view(-1, shape[-1])
@@ -657,6 +674,28 @@ def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None,
                              "stores [rows, F] with one row stride)") from None
     impl = _resolve(fn, impl, x.device)
     pdl = pdl_option(fn, pdl, impl, x.device)
+    if torch.compiler.is_compiling():  # traced: the custom op writes out (a new one unless given)
+        y = x.new_empty(shape) if out is None else out
+        torch.ops.xelink.silu_mul(x, impl, pdl, y)
+        return y
+    return _silu_mul_run(x, impl, pdl, out)
+
+
+@torch.library.custom_op("xelink::silu_mul", mutates_args=("out",))
+def _silu_mul_op(x: torch.Tensor, impl: str, pdl: str, out: torch.Tensor) -> None:
+    _silu_mul_run(x, impl, pdl, out)
+
+
+@_silu_mul_op.register_fake
+def _silu_mul_fake(x, impl, pdl, out):
+    return None
+
+
+def _silu_mul_run(x, impl: str, pdl: str, out=None):
+    """The eager call (also the custom op's body): ``out`` checked against x, then the launch."""
+    if out is not None:
+        check_no_overlap("silu_mul", out, x=x)
+    shape = x.shape[:-1] + (x.shape[-1] // 2,)
     if impl == "reference":
         y = reference_silu_mul(x)
         return y if out is None else out.copy_(y)
