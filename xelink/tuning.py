@@ -142,6 +142,12 @@ class TuningTable:
                 return algo
         return None
 
+    def splits(self, op: str, dtype, lo: int, hi: int) -> bool:
+        """Whether a range of ``op`` on ``dtype`` starts or ends inside sizes ``lo .. hi`` (so that two sizes in
+        there may map to different paths)."""
+        return any(lo < edge <= hi for a, b, _ in self.entries.get((op, dtype_name(dtype)), ()) for edge in (a, b)
+                   if edge is not None)
+
     def to_dict(self) -> dict:
         out = {
             "format": FORMAT,

@@ -62,3 +62,24 @@ def test_auto_takes_xelinks_fastest_where_the_tables_winner_is_a_baseline_it_can
         assert choose(world, "all_reduce", 1 << 20, torch.float32) == "two_shot"
     finally:
         xelink.finalize()
+
+
+def test_auto_honours_a_table_edge_inside_a_power_of_two_class(tmp_path, monkeypatch):
+    """A sweep at non-power-of-two sizes puts a range edge inside a size class: sizes on either side of it
+    get their own range's path in any call order (the class cache would give the first one's to both)."""
+    import socket
+
+    fp = fingerprint("discovered-cpu", [socket.gethostname()])
+    (tmp_path / "here.tuning.json").write_text(json.dumps({
+        "format": "xelink-tuning", "version": 1, "fingerprint": fp,
+        "entries": [{"op": "all_reduce", "dtype": "float32",
+                     "ranges": [[0, 3000, "xelink:ring"], [3000, None, "xelink:two_shot"]]}]}))
+    monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
+    world = xelink.init()
+    try:
+        sizes = [2048, 3500, 2999, 3000, 4095, 2049, 1 << 20, 100]
+        want = ["ring", "two_shot", "ring", "two_shot", "two_shot", "ring", "two_shot", "ring"]
+        assert [choose(world, "all_reduce", n, torch.float32) for n in sizes] == want
+        assert [choose(world, "all_reduce", n, torch.float32) for n in reversed(sizes)] == want[::-1]
+    finally:
+        xelink.finalize()

@@ -5,7 +5,7 @@ the baseline-only paths whose input must be symmetric): a measured tuning table 
 (``xelink.tuning``; written by ``xelink bench collectives --tune`` / ``gpu-collectives --tune``), else
 the cost model on the communicator's placement (backends that trust it for the choice: the CPU one),
 else the backend's size rule. Decisions are cached per communicator, backend, op, dtype and
-power-of-two size class.
+power-of-two size class, or per size where a tuning table's range starts or ends inside the class.
 """
 from __future__ import annotations
 
@@ -40,11 +40,29 @@ def _candidates(comm, op: str, backend: str) -> list[registry.Algorithm]:
     return [a for a in registry.algorithms(op, backend) if "symmetric" not in a.needs and b.unmet(comm, a) is None]
 
 
-def _from_table(comm, op, backend, nbytes, dtype, names):
+def _table(comm):
+    """The tuning table that speaks for ``comm``, or None: a table describes the whole world on its own
+    topology; a sub-communicator or a hand-set layout is another machine as far as the measurements go."""
     table = tuning.active()
-    # A table describes the whole world on its own topology; a sub-communicator or a hand-set layout
-    # is another machine as far as the measurements go.
     if table is None or comm.size != get_world().size or comm._packages is not None:
+        return None
+    return table
+
+
+def _splits_class(comm, op, backend, nbytes, dtype) -> bool:
+    """Whether the table has a range edge inside ``nbytes``' power-of-two size class."""
+    table = _table(comm)
+    if table is None:
+        return False
+    key = op if backend == "cpu" else f"{backend}:{op}"
+    bits = max(nbytes, 1).bit_length()
+    lo, hi = (0 if bits == 1 else 1 << (bits - 1)), (1 << bits) - 1
+    return table.splits(key, dtype, lo, hi) or table.splits(key + tuning.OWN, dtype, lo, hi)
+
+
+def _from_table(comm, op, backend, nbytes, dtype, names):
+    table = _table(comm)
+    if table is None:
         return None
     key = op if backend == "cpu" else f"{backend}:{op}"
     found = table.lookup(key, dtype, nbytes)
@@ -69,12 +87,23 @@ def _from_model(comm, op, nbytes, algos):
     return next(a.name for a in algos if a.schedule == schedule)
 
 
+_PER_SIZE = object()  # a size class's cache entry when its sizes are decided one by one
+_MAX_ENTRIES = 4096
+
+
 def choose(comm, op: str, nbytes: int, dtype, backend: str = "cpu") -> str:
     """The algorithm ``auto`` runs for ``op`` on ``backend`` at ``nbytes`` bytes of ``dtype``."""
     if op not in registry.OPS:
         raise ValueError(f"choose: unknown op {op!r}")
     cache = comm.resource("dispatch.auto", dict)
     key = (backend, op, str(dtype), max(nbytes, 1).bit_length())
+    if key not in cache and _splits_class(comm, op, backend, nbytes, dtype):
+        cache[key] = _PER_SIZE
+    if cache.get(key) is _PER_SIZE:  # a table edge inside the class: decided (from the table, cheaply) per size
+        if len(cache) > _MAX_ENTRIES:  # sizes without end: start again (every rank alike: same calls, same sizes)
+            cache.clear()
+            cache[key] = _PER_SIZE
+        key += (nbytes,)
     if key not in cache:
         algos = _candidates(comm, op, backend)
         if not algos:
