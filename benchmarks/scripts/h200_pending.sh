@@ -34,6 +34,7 @@
 #   ws:    the warp-specialized flash attention (flash_ws.py, issue 23): attention GPU tests, its A/B over S = 1K-32K
 #          against the TMA kernel and SDPA, the attention family's prefill rows (HD 128, 256), the attention host rows,
 #          the model GPU tests whose prefill runs it (~8 minutes);
+#   first10: fused9's tests and step9's rows in one call (~9 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
@@ -330,6 +331,15 @@ fused9)  # the ninth session's GPU code, first run (issues 23, 26): rope_decode_
     tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py tests/models/test_decode_graph.py \
     -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
   step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  ;;
+first10)  # the tenth session's first call: fused9's tests with tighter limits, then step9's rows (one call, ~9 minutes)
+  step fused9_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py tests/models/test_decode_graph.py \
+    -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
+  step model_gpu_tests 130 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  step bench_decode 220 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
