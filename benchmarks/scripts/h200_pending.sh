@@ -35,6 +35,7 @@
 #          against the TMA kernel and SDPA, the attention family's prefill rows (HD 128, 256), the attention host rows,
 #          the model GPU tests whose prefill runs it (~8 minutes);
 #   first10: fused9's tests and step9's rows in one call (~9 minutes);
+#   second10: the fused decode's A/B in the step, first10's failed GPU tests again, STAGES in the W4A16 chain;
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
@@ -340,6 +341,13 @@ first10)  # the tenth session's first call: fused9's tests with tighter limits, 
   step bench_decode 220 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  ;;
+second10)  # after first10 (~9 minutes): the fused decode's A/B in the step (PDL modes, prefetch, unfused), the GPU
+          # tests first10 failed (fixed: STAGES off on unaligned rows; fused keys up to one rounding), STAGES in the chain
+  step rope_decode_ab 230 python3 benchmarks/scripts/rope_decode_ab.py
+  step fixed_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gemv.py tests/kernels/test_attention.py -k "tensor_core or rope_decode"
+  step gemv_chain_sweep_staged_w4a16 190 python3 benchmarks/scripts/gemv_chain_sweep.py staged-w4a16
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

@@ -662,10 +662,21 @@ def _same(a, b):
     return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
+def _one_rounding(a, b):
+    """Equal up to one rounding of their dtype (the same float32 value rounded after a fused multiply-add or
+    after a separate multiply and add), NaN where the other is NaN."""
+    eps = torch.finfo(a.dtype).eps
+    a, b = a.float(), b.float()
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and \
+        bool(((a - b).abs() <= eps * b.abs()).logical_or(torch.isnan(b)).all())
+
+
 def _check_rope_decode(device, d, dtype, cases, seed):
-    """The fused call equals rope_kv then decode_attention (their Triton kernels) bit for bit, output and
-    caches, and the reference within the dtype's tolerance; cache rows from each sequence's new row on are NaN
-    before the call, so a split that read the new row before writing it (or any row past it) shows."""
+    """The fused call against rope_kv then decode_attention (their Triton kernels): the value cache bit for bit,
+    the rotated keys up to one rounding (ptxas may fuse the rotation's multiply-add in one kernel and not in
+    the other; the interpreter has them bit for bit), the output within a tenth of the dtype's tolerance; and the
+    reference within the tolerance. Cache rows from each sequence's new row on are NaN before the call, so a
+    split that read the new row before writing it (or any row past it) shows."""
     from xelink.kernels import rope_kv
 
     gen = torch.Generator().manual_seed(seed)
@@ -683,8 +694,11 @@ def _check_rope_decode(device, d, dtype, cases, seed):
         ref = A.reference_rope_decode_attention(q, k, v, cos, sin, kc3, vc3, kv_lens)
         where = f"rope decode D={d} {dtype} case={(b, hq, hkv, smax, lens)}"
         assert not torch.isnan(out).any(), f"NaN in output: {where}"
-        assert torch.equal(out, want) and _same(kc, kc2) and _same(vc, vc2), where
-        assert _same(kc, kc3) and _same(vc, vc3), where
+        exact = device == "cpu"  # the interpreter: no fused multiply-adds
+        assert (_same if exact else _one_rounding)(kc, kc2) and _same(vc, vc2), where
+        assert (_same if exact else _one_rounding)(kc, kc3) and _same(vc, vc3), where
+        assert torch.equal(out, want) if exact else _rel(out, want) < TOL[dtype] / 10, \
+            f"{where}: rel diff to the unfused {_rel(out, want):.2e}"
         assert _rel(out, ref) < TOL[dtype], f"{where}: rel err {_rel(out, ref):.2e}"
 
 
@@ -798,7 +812,7 @@ def test_rope_decode_kernel_gpu(requires_gpus, d, dtype):
 @pytest.mark.gpu
 def test_rope_decode_in_a_cuda_graph(requires_gpus):
     """Captured once, replayed as the lengths grow (each replay writes the next row), against the eager
-    rope_kv + decode_attention on copies of the caches, bit for bit."""
+    rope_kv + decode_attention on copies of the caches (as _check_rope_decode: keys up to one rounding)."""
     from xelink.kernels import rope_kv
 
     requires_gpus(1)
@@ -820,7 +834,8 @@ def test_rope_decode_in_a_cuda_graph(requires_gpus):
         graph.replay()
         want = A.decode_attention(rope_kv(q, k, v, cos, sin, lens - 1, kc2, vc2), kc2, vc2, lens)
         torch.cuda.synchronize()
-        assert torch.equal(yg, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2), step
+        assert _rel(yg, want) < TOL[torch.bfloat16] / 10 and _one_rounding(kc, kc2) and torch.equal(vc, vc2), step
+        kc2.copy_(kc)  # the next step's unfused call reads the same keys
 
 
 def _check_merge(device, dtype):

@@ -502,6 +502,21 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
                                 f"seed={seed}")
 
 
+def test_tensor_core_stages_only_on_aligned_rows():
+    """cp.async copies 4-16 byte pieces Triton must prove aligned: STAGES is taken where K, W's row stride and
+    base allow it, and turned off elsewhere (the kernel would not compile: "cp.async does not support transfers
+    smaller than 4 bytes", seen on the H200 for K=200)."""
+    from xelink.kernels import gemv_tc
+
+    if not gemv_tc.TC_AVAILABLE:
+        pytest.skip("needs Triton's Gluon")
+    for n, k, offset, want in ((64, 4096, 0, 4), (64, 4096, 8, 4), (64, 4096, 4, 0), (64, 200, 0, 0),
+                               (64, 4100, 0, 0)):
+        w = torch.empty(n * k + 16, dtype=torch.bfloat16)[offset:offset + n * k].view(n, k)
+        args = gemv_tc.tc_launch_args(w, torch.empty(1, k, dtype=torch.bfloat16), None, 0, dict(STAGES=4), n)
+        assert args[3]["STAGES"] == want, (n, k, offset)
+
+
 @pytest.mark.gpu
 def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
     requires_gpus(1)

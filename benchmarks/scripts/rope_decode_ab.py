@@ -1,0 +1,85 @@
+"""A/B of the decode step's attention call (issue 26): ``rope_kv`` + ``decode_attention`` (two launches, the
+eighth session's step) against ``rope_decode_attention`` (one launch) with each PDL mode and without its L2
+prefetch. Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at 1K / 8K / 32K of context
+(bf16; one model with ``max_seq_len`` 32K + 16, as ``xelink bench decode``) and 1K (W4A16), each variant
+captured on its own and replayed interleaved. The fused variants' logits must equal each other bit for bit
+(PDL and the prefetch change no value); the unfused step's may differ by a rounding of the rotated keys.
+
+python3 benchmarks/scripts/rope_decode_ab.py [bf16|w4a16 ...]
+"""
+import gc
+import importlib
+import statistics
+import sys
+
+import torch
+
+from xelink.bench.families.decode import _fill_caches
+from xelink.bench.harness import time_cuda_events
+from xelink.kernels import decode_attention, rope_decode_attention, rope_kv
+from xelink.models import Llama
+from xelink.models.llama import DecodeGraph, KVCache
+
+attn = importlib.import_module("xelink.kernels.attention")
+CONTEXTS = {"bf16": [1024, 8192, 32768], "w4a16": [1024]}
+_prefetch_args = attn.prefetch_args
+
+
+def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops):
+    attn.prefetch_args = _prefetch_args
+    q = rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
+    return decode_attention(q, self.k[:q.shape[0]], self.v[:q.shape[0]], kv_lens)
+
+
+def fused(pdl, prefetch=True):
+    def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
+        attn.prefetch_args = _prefetch_args if prefetch else (lambda *a, **kw: {})
+        B = q.shape[0]
+        return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, pdl=pdl)
+    return decode
+
+
+VARIANTS = {"unfused": unfused, "fused": fused(None), "fused-late": fused("late"), "fused-early": fused("early"),
+            "fused-nopdl": fused(False), "fused-nopref": fused(None, prefetch=False)}
+
+
+def main():
+    fmts = sys.argv[1:] or ["bf16", "w4a16"]
+    dev = torch.device("cuda", 0)
+    print(torch.cuda.get_device_name(0), flush=True)
+    kept = KVCache.decode
+    for fmt in fmts:
+        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
+                             max_seq_len=max(CONTEXTS[fmt]) + 16)
+        gen = torch.Generator(device=dev).manual_seed(3)
+        for L in CONTEXTS[fmt]:
+            _fill_caches(model, 1, L, gen)
+            tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
+            positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
+            graphs, logits = {}, {}
+            for name, fn in VARIANTS.items():
+                KVCache.decode = fn
+                attn._PATHS.clear()
+                g = DecodeGraph(model, 1)
+                logits[name] = g.step(tokens, positions).clone()
+                graphs[name] = g
+            KVCache.decode = kept
+            attn.prefetch_args = _prefetch_args
+            fused_same = all(torch.equal(logits[n], logits["fused"]) for n in VARIANTS if n != "unfused")
+            diff = float((logits["unfused"].float() - logits["fused"].float()).abs().max())
+            times = {n: [] for n in VARIANTS}
+            for _ in range(5):  # interleaved rounds
+                for n in VARIANTS:
+                    times[n] += time_cuda_events(graphs[n].graph.replay, warmup=2, iters=10)
+            line = ", ".join(f"{n} {statistics.median(t) * 1e3:.3f}" for n, t in times.items())
+            print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; fused variants' logits equal: {fused_same}; "
+                  f"unfused vs fused logits max abs diff {diff:.3g}", flush=True)
+            del graphs, logits
+            gc.collect()
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
