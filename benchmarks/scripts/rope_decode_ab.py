@@ -2,11 +2,12 @@
 eighth session's step) against ``rope_decode_attention`` (one launch) with each PDL mode and without its L2
 prefetch. Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at 1K / 8K / 32K of context
 (bf16; one model with ``max_seq_len`` 32K + 16, as ``xelink bench decode``) and 1K (W4A16), each variant
-captured on its own and replayed interleaved. The fused variants' logits must equal each other bit for bit
+captured on its own and replayed interleaved; before them, the attention call's pieces (``pieces``). The fused variants' logits must equal each other bit for bit
 (PDL and the prefetch change no value); the unfused step's may differ by a rounding of the rotated keys.
 
 python3 benchmarks/scripts/rope_decode_ab.py [bf16|w4a16 ...]
 """
+import functools
 import gc
 import importlib
 import statistics
@@ -16,7 +17,8 @@ import torch
 
 from xelink.bench.families.decode import _fill_caches
 from xelink.bench.harness import time_cuda_events
-from xelink.kernels import decode_attention, rope_decode_attention, rope_kv
+from xelink.bench.kernel_timing import cuda_graph
+from xelink.kernels import decode_attention, gemv, rope_decode_attention, rope_kv
 from xelink.models import Llama
 from xelink.models.llama import DecodeGraph, KVCache
 
@@ -43,6 +45,36 @@ VARIANTS = {"unfused": unfused, "fused": fused(None), "fused-late": fused("late"
             "fused-nopdl": fused(False), "fused-nopref": fused(None, prefetch=False)}
 
 
+def pieces(model, L, gen):
+    """The attention call alone and after the layer's QKV GEMV (its PDL predecessor in the step), each over the 32
+    layers in one graph, fused and unfused: where the step's difference comes from (us a step)."""
+    dev, dt, hq, hk, D = model.device, model.dtype, model.heads, model.kv_heads, model.head_dim
+    qkv = torch.randn(1, hq + 2 * hk, 1, D, device=dev, generator=gen).to(dt)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
+    x = torch.randn(1, model.config.hidden_size, device=dev, generator=gen).to(dt)
+    lens = torch.full((1,), L, dtype=torch.int64, device=dev)
+    pos = lens - 1
+
+    def one(c):
+        return rope_decode_attention(q, k, v, model.cos, model.sin, c.k[:1], c.v[:1], lens)
+
+    def two(c):
+        return decode_attention(rope_kv(q, k, v, model.cos, model.sin, pos, c.k, c.v), c.k[:1], c.v[:1], lens)
+
+    def after_qkv(fn, ly, c):
+        li = ly["qkv"]
+        return lambda: (gemv(li.weight, x, li.scales, model.ops.gemv_format(li, x)), fn(c))
+
+    out = {}
+    for name, fn in (("fused", one), ("unfused", two)):
+        for where, calls in (("alone", [functools.partial(fn, c) for c in model.caches]),
+                             ("after qkv", [after_qkv(fn, ly, c) for ly, c in zip(model.layers, model.caches)])):
+            graph, _, _ = cuda_graph(calls, 1)
+            out[f"{name} {where}"] = statistics.median(time_cuda_events(graph.replay, warmup=2, iters=20)) * 1e6
+            del graph
+    return ", ".join(f"{n} {us:.1f}" for n, us in out.items())
+
+
 def main():
     fmts = sys.argv[1:] or ["bf16", "w4a16"]
     dev = torch.device("cuda", 0)
@@ -54,6 +86,10 @@ def main():
         gen = torch.Generator(device=dev).manual_seed(3)
         for L in CONTEXTS[fmt]:
             _fill_caches(model, 1, L, gen)
+            try:
+                print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
+            except Exception as exc:  # the step A/B below still runs
+                print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
             tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
             positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
             graphs, logits = {}, {}
