@@ -28,21 +28,23 @@ _prefetch_args = attn.prefetch_args
 
 
 def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops):
-    attn.prefetch_args = _prefetch_args
+    attn.prefetch_args, attn._DECODE_MIN_CHUNK = _prefetch_args, 256
     q = rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
     return decode_attention(q, self.k[:q.shape[0]], self.v[:q.shape[0]], kv_lens)
 
 
-def fused(pdl, prefetch=True):
+def fused(pdl, prefetch=True, min_chunk=256):
     def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
         attn.prefetch_args = _prefetch_args if prefetch else (lambda *a, **kw: {})
+        attn._DECODE_MIN_CHUNK = min_chunk
         B = q.shape[0]
         return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, pdl=pdl)
     return decode
 
 
 VARIANTS = {"unfused": unfused, "fused": fused(None), "fused-late": fused("late"), "fused-early": fused("early"),
-            "fused-nopdl": fused(False), "fused-nopref": fused(None, prefetch=False)}
+            "fused-nopdl": fused(False), "fused-nopref": fused(None, prefetch=False),
+            "fused-chunk64": fused(None, min_chunk=64)}  # more splits of a short cache (W4A16's is 1K + 16)
 
 
 def pieces(model, L, gen):
@@ -100,7 +102,7 @@ def main():
                 logits[name] = g.step(tokens, positions).clone()
                 graphs[name] = g
             KVCache.decode = kept
-            attn.prefetch_args = _prefetch_args
+            attn.prefetch_args, attn._DECODE_MIN_CHUNK = _prefetch_args, 256
             fused_same = all(torch.equal(logits[n], logits["fused"]) for n in VARIANTS if n != "unfused")
             diff = float((logits["unfused"].float() - logits["fused"].float()).abs().max())
             times = {n: [] for n in VARIANTS}
