@@ -36,6 +36,7 @@
 #          the model GPU tests whose prefill runs it (~8 minutes);
 #   first10: fused9's tests and step9's rows in one call (~9 minutes);
 #   second10: the fused decode's A/B in the step, first10's failed GPU tests again, STAGES in the W4A16 chain;
+#   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
@@ -348,6 +349,16 @@ second10)  # after first10 (~9 minutes): the fused decode's A/B in the step (PDL
   step fixed_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv.py tests/kernels/test_attention.py -k "tensor_core or rope_decode"
   step gemv_chain_sweep_staged_w4a16 190 python3 benchmarks/scripts/gemv_chain_sweep.py staged-w4a16
+  ;;
+third10)  # after second10 (~6 minutes): rope_decode_attention's pdl off by default and 64-key cache splits, their
+         # GPU tests, the model GPU tests, the step rows; the gated GEMM's tile rows (their plans now remembered)
+  step decode_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
+  step model_gpu_tests 130 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  step bench_decode 150 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  step gated_tiles_bench 100 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
+  rm -f "$OUT"/bench/*.txt
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

@@ -563,7 +563,7 @@ def test_decode_split_counts_and_deeper_pipeline(monkeypatch):
         return A._decode_splits(*meta(b, smax, d), A._DECODE_CONFIGS[d][0])
 
     assert (splits(1, 32768), splits(8, 32768), splits(32, 32768), splits(1, 32768, d=64)) == (16, 2, 1, 33)
-    assert splits(1, 2048) == 8  # at least _DECODE_MIN_CHUNK keys of the cache a split
+    assert splits(1, 512) == 8  # at least _DECODE_MIN_CHUNK keys of the cache a split
     assert planned(1, 32768) == planned(1, 131072) == planned(8, 32768) == stages + 1
     assert planned(1, 8192) == planned(32, 32768) == stages
     assert planned(1, 32768, d=64) == A._DECODE_CONFIGS[64][2]

@@ -93,7 +93,10 @@ _FWD_CONFIGS = {
 # per stage (64 keys x 3 stages overflows smem).
 _DECODE_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3), 256: (32, 4, 3)}
 _DECODE_PROGRAMS_PER_SM = {64: 2, 128: 1, 256: 2}
-_DECODE_MIN_CHUNK = 256  # keys per split of the cache at least: below that the merge costs more than the split saves
+# Keys per split of the cache at least. 64 (one tile): a W4A16 Llama-3.1-8B step on a 1K + 16 cache took 2.33 ms on
+# an H200 with 17 splits a KV head against 2.45 with 256 keys' 5 (benchmarks/results/h200-issue26/rope_decode_ab.log);
+# caches of 4K and more are split by the programs a multiprocessor first, and do not change.
+_DECODE_MIN_CHUNK = 64
 # Keys per split of a sequence at least (kv_lens, at run time): the splits of a sequence shorter than the
 # cache. 256 there made 1K of an 8K cache 4 splits a KV head, 11.3 us a layer on an H200 against 10.0 us
 # with 16 splits of 64 (the bench decode breakdown at 5042570 and before f625022).
@@ -1231,7 +1234,10 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
         kv_lens: (B,) int32/int64 on q's device, each in [1, min(Smax, max_positions)] (not checked: that
             would synchronize).
         scale: softmax scale, > 0; default 1/sqrt(D).
-        impl: "auto", "triton" or "reference" (as ``decode_attention``); pdl: as ``decode_attention``.
+        impl: "auto", "triton" or "reference" (as ``decode_attention``).
+        pdl: as ``decode_attention``, but None is off: placed early behind the QKV GEMV that precedes it in a
+            decode step, its waiting programs slowed that GEMV (a Llama-3.1-8B step on an H200: 5.19 ms at 32K
+            without, 5.41 with; 4.16 / 4.17 ms at 1K; benchmarks/results/h200-issue26/rope_decode_ab.log).
         out: optional (B, Hq, 1, D) tensor of q's dtype and device for the output, sharing no memory with
             the inputs or caches.
 
@@ -1247,7 +1253,8 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
         return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3])
     fn = "rope_decode_attention"
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
-    path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl, pdl, out)
+    path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
+                                       False if pdl is None else pdl, out)
     if path != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
         raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
     if key is not None:

@@ -262,7 +262,9 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
     # class Triton specializes it on, which the launcher slot relies on); addresses are checked every call.
     if config is not None and (not isinstance(config, dict) or set(config) - set(_CONFIG_KEYS)):
         raise ValueError(f"gated_gemm: config={config!r} must be a dict of {', '.join(_CONFIG_KEYS)}")
-    key = path_key((impl, chunk_rows, programs, timeout_ns, None if config is None else tuple(sorted(config.items()))),
+    # (the config as a str: path_key takes plain options only, and a tuple would leave the call unremembered,
+    # so that a capture would plan it again)
+    key = path_key((impl, chunk_rows, programs, timeout_ns, None if config is None else str(sorted(config.items()))),
                    (a, b, flags, error), (out,))
     if key is not None:
         key = (key, None if order is None else tuple(order))
