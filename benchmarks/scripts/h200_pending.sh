@@ -352,11 +352,11 @@ second10)  # after first10 (~9 minutes): the fused decode's A/B in the step (PDL
   ;;
 third10)  # after second10 (~6 minutes): rope_decode_attention's pdl off by default and 64-key cache splits, their
          # GPU tests, the model GPU tests, the step rows; the gated GEMM's tile rows (their plans now remembered)
-  step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
   step model_gpu_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   step bench_decode 90 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
+  step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
   step gated_tiles_bench 60 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
   rm -f "$OUT"/bench/*.txt
   ;;
