@@ -360,6 +360,15 @@ third10)  # after second10 (~6 minutes): rope_decode_attention's pdl off by defa
   step gated_tiles_bench 60 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
   rm -f "$OUT"/bench/*.txt
   ;;
+last10)  # third10 in under 4 minutes (the session's device time nearly spent): the same steps, shorter limits
+  step model_gpu_tests 110 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  step bench_decode 60 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  step gated_tiles_bench 45 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
+  step decode_gpu_tests 60 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py -k "rope_decode or decode_kernel"
+  rm -f "$OUT"/bench/*.txt
+  ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
