@@ -369,10 +369,11 @@ last10)  # third10 in under 4 minutes (the session's device time nearly spent): 
     tests/kernels/test_attention.py -k "rope_decode or decode_kernel"
   rm -f "$OUT"/bench/*.txt
   ;;
-final10)  # the least of third10 (under 2.5 minutes): the step rows, then the model GPU tests
+final10)  # the least of third10 (under 3 minutes): the step rows, the gated GEMM's graph tests, the model GPU tests
   step bench_decode 50 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  step gated_graph_tests 30 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/kernels/test_gated_gemm.py -k graph
   step model_gpu_tests 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)

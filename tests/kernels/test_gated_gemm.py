@@ -165,8 +165,10 @@ def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, dict(BLOCK_M=128, BLOCK_N=128, num_stages=4)])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl):
+def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, tile):
+    # (tile: a config= override, remembered by the first call like the default, so the capture can replay it)
     requires_gpus(1)
     _skip_unless(impl)
     M, N, K, rows = 1024, 512, 512, 128
@@ -185,7 +187,7 @@ def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl):
         main = torch.cuda.current_stream()
         side.wait_stream(main)
         _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000)
-        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, order=order)
+        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, order=order, config=tile)
         main.wait_stream(side)
         flags.zero_()
         return c
