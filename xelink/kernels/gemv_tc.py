@@ -24,7 +24,10 @@ How (one ``m16n8k16`` per 16 rows of W and 16 columns of K):
   before this one's math (two iterations in flight, twice the registers). ``STAGES`` (2-8) keeps the
   weights in flight in shared memory instead: cp.async ``STAGES - 1`` iterations ahead of the math, each
   thread copying and reading back its own 16-byte pieces, so the bytes in flight no longer cost registers
-  (the W4A16 kernels were found waiting on memory with too few bytes in flight: h200-issue26).
+  (the W4A16 kernels were found waiting on memory with too few bytes in flight: h200-issue26). Measured
+  slower than the kept kernels at every shape of the Llama step on an H200 (W4A16 10-15%, bf16 40-60%;
+  gemv_chain_sweep_staged_*.log), so only a config for benchmarks; rows Triton cannot prove 16-byte
+  aligned run without it.
 - W8A16: the prmt trick of gemv.py (exact int8 -> bf16/fp16), the row scale applied at the end.
   W4A16: one prmt puts a byte's two nibbles into the two halves of a register, one lop3 puts them
   under the magic exponent, one packed fma removes the offset (exactly nibble - 8): 13 instructions
