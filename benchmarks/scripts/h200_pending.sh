@@ -330,21 +330,22 @@ fused9)  # the ninth session's GPU code, first run (issues 23, 26): rope_decode_
          # attention in one launch) and the tc GEMV's STAGES: their GPU tests, the decode-graph and model GPU tests
          # that now run the fused decode, the decode family's step rows at 1K/8K/32K (~8 minutes)
   step fused9_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py tests/models/test_decode_graph.py \
-    -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
+    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py \
+    tests/models/test_decode_graph.py -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
   step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   ;;
 first10)  # the tenth session's first call: fused9's tests with tighter limits, then step9's rows (one call, ~9 minutes)
   step fused9_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py tests/models/test_decode_graph.py \
-    -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
+    tests/kernels/test_gemv.py tests/kernels/test_attention.py tests/kernels/test_norm.py \
+    tests/models/test_decode_graph.py -k "tensor_core or out_blocks or rope_decode or decode or graph or compiled"
   step model_gpu_tests 130 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   step bench_decode 220 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   ;;
-second10)  # after first10 (~9 minutes): the fused decode's A/B in the step (PDL modes, prefetch, unfused), the GPU
-          # tests first10 failed (fixed: STAGES off on unaligned rows; fused keys up to one rounding), STAGES in the chain
+second10)  # after first10 (~9 minutes): the fused decode's A/B in the step (PDL modes, prefetch, unfused), the
+          # GPU tests first10 failed (fixed: STAGES off on unaligned rows; fused keys up to one rounding), STAGES in
+          # the chain
   step rope_decode_ab 230 python3 benchmarks/scripts/rope_decode_ab.py
   step fixed_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv.py tests/kernels/test_attention.py -k "tensor_core or rope_decode"
@@ -369,11 +370,13 @@ last10)  # third10 in under 4 minutes (the session's device time nearly spent): 
     tests/kernels/test_attention.py -k "rope_decode or decode_kernel"
   rm -f "$OUT"/bench/*.txt
   ;;
-final10)  # the least of third10 (under 3 minutes): the step rows, the gated GEMM's graph tests, the model GPU tests
+final10)  # the least of third10 (under 3 minutes): the step rows, the gated GEMM's graph tests, the model GPU
+         # tests
   step bench_decode 50 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
-  step gated_graph_tests 30 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/kernels/test_gated_gemm.py -k graph
+  step gated_graph_tests 30 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/kernels/test_gated_gemm.py \
+    -k graph
   step model_gpu_tests 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)

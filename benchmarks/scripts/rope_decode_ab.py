@@ -2,8 +2,9 @@
 eighth session's step) against ``rope_decode_attention`` (one launch) with each PDL mode and without its L2
 prefetch. Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at 1K / 8K / 32K of context
 (bf16; one model with ``max_seq_len`` 32K + 16, as ``xelink bench decode``) and 1K (W4A16), each variant
-captured on its own and replayed interleaved; before them, the attention call's pieces (``pieces``). The fused variants' logits must equal each other bit for bit
-(PDL and the prefetch change no value); the unfused step's may differ by a rounding of the rotated keys.
+captured on its own and replayed interleaved; before them, the attention call's pieces (``pieces``). The fused
+variants' logits are compared bit for bit, but for the 64-key splits' (PDL and the prefetch change no value;
+other split boundaries change the float sums); the unfused step's may differ by a rounding of the rotated keys.
 
 python3 benchmarks/scripts/rope_decode_ab.py [bf16|w4a16 ...]
 """
@@ -103,7 +104,8 @@ def main():
                 graphs[name] = g
             KVCache.decode = kept
             attn.prefetch_args, attn._DECODE_MIN_CHUNK = _prefetch_args, 256
-            fused_same = all(torch.equal(logits[n], logits["fused"]) for n in VARIANTS if n != "unfused")
+            fused_same = all(torch.equal(logits[n], logits["fused"]) for n in VARIANTS
+                             if n not in ("unfused", "fused-chunk64"))
             diff = float((logits["unfused"].float() - logits["fused"].float()).abs().max())
             times = {n: [] for n in VARIANTS}
             for _ in range(5):  # interleaved rounds

@@ -49,12 +49,17 @@ def _table(comm):
     return table
 
 
+def _table_op(op: str, backend: str) -> str:
+    """The op's name in a tuning table: bare for CPU ranks, ``"<backend>:<op>"`` for a GPU backend."""
+    return op if backend == "cpu" else f"{backend}:{op}"
+
+
 def _splits_class(comm, op, backend, nbytes, dtype) -> bool:
     """Whether the table has a range edge inside ``nbytes``' power-of-two size class."""
     table = _table(comm)
     if table is None:
         return False
-    key = op if backend == "cpu" else f"{backend}:{op}"
+    key = _table_op(op, backend)
     bits = max(nbytes, 1).bit_length()
     lo, hi = (0 if bits == 1 else 1 << (bits - 1)), (1 << bits) - 1
     return table.splits(key, dtype, lo, hi) or table.splits(key + tuning.OWN, dtype, lo, hi)
@@ -64,7 +69,7 @@ def _from_table(comm, op, backend, nbytes, dtype, names):
     table = _table(comm)
     if table is None:
         return None
-    key = op if backend == "cpu" else f"{backend}:{op}"
+    key = _table_op(op, backend)
     found = table.lookup(key, dtype, nbytes)
     name = None if found is None else found.split(":", 1)[-1]  # "xelink:two_shot", "baseline:nccl"
     if name not in names and found is not None and found.startswith("baseline:"):

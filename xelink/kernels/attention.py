@@ -28,9 +28,9 @@ transpose of a ``(B, S, H, D)`` buffer; the LSE is always a new tensor.
 Eager calls launch the kernels directly; under ``torch.compile`` each function goes through its
 ``torch.library`` custom op (``xelink::flash_attention``, ``xelink::decode_attention``,
 ``xelink::merge_attention``, ``xelink::rope_decode_attention``, each writing its ``out`` argument, the last
-its caches too) with a fake implementation, so ``torch.compile`` traces through it; CUDA graphs capture either. Triton is imported guarded: this module
-imports and its references run without it. Setting ``TRITON_INTERPRET=1`` before import runs the Triton
-kernels on CPU tensors (slow; for tests).
+its caches too) with a fake implementation, so ``torch.compile`` traces through it; CUDA graphs capture
+either. Triton is imported guarded: this module imports and its references run without it. Setting
+``TRITON_INTERPRET=1`` before import runs the Triton kernels on CPU tensors (slow; for tests).
 """
 import math
 import numbers

@@ -422,12 +422,12 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     contiguous, M <= 8; checks done by the caller) into ``y [M, N]`` of row stride ``y_stride``: (kernel,
     grid, the integer arguments after (w, x, scales, out), the options, the grid split: > 1 means ``out``
     is a float32 ``[split, M, N]`` partial-sum buffer the caller adds into y). Reads shapes, strides and
-    whether w's base is 16-byte aligned (as the launch plans' keys). ``cfg``: ``ROW_TILES``, ``num_warps``, ``SPLIT`` (powers of two), ``UNROLL`` (1, 2, 4, 8),
-    ``BIASED`` (W4A16 with bf16 activations: the nibbles' bias removed by a constant mma instead of a
-    packed fma a weight pair; default False), ``PDL`` (0, 1 or 2: programmatic dependent launch, see
-    pdl.py, sm90+; default 0), ``PIPE`` (the next iteration's weights loaded into registers early) or
-    ``STAGES`` (0, or 2-8 shared-memory stages of cp.async; taken where K and W's row stride are multiples of
-    16 elements and its base 16-byte aligned, else off), each defaulted."""
+    whether w's base is 16-byte aligned (as the launch plans' keys). ``cfg``: ``ROW_TILES``, ``num_warps``,
+    ``SPLIT`` (powers of two), ``UNROLL`` (1, 2, 4, 8), ``BIASED`` (W4A16 with bf16 activations: the
+    nibbles' bias removed by a constant mma instead of a packed fma a weight pair; default False), ``PDL``
+    (0, 1 or 2: programmatic dependent launch, see pdl.py, sm90+; default 0), ``PIPE`` (the next iteration's
+    weights loaded into registers early) or ``STAGES`` (0, or 2-8 shared-memory stages of cp.async; taken where
+    K and W's row stride are multiples of 16 elements and its base 16-byte aligned, else off), each defaulted."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
