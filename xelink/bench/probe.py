@@ -34,7 +34,7 @@ On CUDA ranks (one GPU each, one host) the same four measurements use xelink's o
 The result is a calibrated topology (the job's topology, every measured figure with the source
 ``measured here: by `xelink bench probe` on <date>, <host>; ...``) and a ``cost.Calibration``; with both,
 ``cost.predict`` models what a collective costs on this job. Times are medians of co-measured samples
-(max over ranks where the ranks work together).
+(max over ranks where the ranks work together); a software chain's is its least sample (a latency).
 """
 from __future__ import annotations
 
@@ -562,7 +562,9 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     finally:
         if solo is not None:
             solo.free()
-    times = {k: statistics.median(v) for k, v in samples.items()}
+    # Medians, but a chain's least time: its slope (the time of one step) is a latency, which noise only
+    # lengthens; a median of a few samples on a busy host can make the long chain look faster than the short.
+    times = {k: (min if k.startswith("chain|") else statistics.median)(v) for k, v in samples.items()}
     measured_pairs = measured
     by_pair = {tuple(p["pair"]): p for p in pair_results(samples, measured, pingpong_sizes)}
     links = {name: {"pair": [a, b], "fit": by_pair[a, b]["fit"], "latency_us": by_pair[a, b]["latency_us"]}
