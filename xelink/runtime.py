@@ -300,7 +300,7 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
         raise LaunchError(f"init: topology {topo.name!r} does not fit this launch: {exc}") from None
     world.topology = topo
     asked = config.env("XELINK_TUNING")
-    fp = tuning.fingerprint(topo.name, world.hosts)
+    fp = tuning.fingerprint(topo.name, world.hosts, world.world_placement)
     table = tuning.find_table(fp, [asked or os.path.join(os.path.expanduser("~"), ".cache", "xelink")])
     if asked and table is None and world.rank == 0:  # named, but nothing there fits: say so (auto uses the cost model)
         _log.warning("XELINK_TUNING=%s holds no tuning table (*%s) for this machine %s; algo='auto' falls back to "

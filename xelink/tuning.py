@@ -9,7 +9,8 @@ File format (JSON)::
     {
       "format": "xelink-tuning",
       "version": 1,
-      "fingerprint": {"topology": "2x2", "nranks": 4, "ranks_per_host": [4]},
+      "fingerprint": {"topology": "cpu-2x2", "nranks": 4, "ranks_per_host": [4], "devices": {"cpu CPU rank": 4},
+                      "ranks_per_device": [1, 1, 1, 1], "links": ["shm 8"]},
       "entries": [
         {"op": "all_reduce", "dtype": "float32",
          "ranges": [[0, 65536, "xelink:one_shot"], [65536, null, "xelink:ring"]]}
@@ -73,8 +74,10 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
-def fingerprint(topology: str | None, hosts: Sequence[str]) -> dict:
-    """The usual fingerprint of a machine layout: topology name, rank count and ranks per host.
+def fingerprint(topology: str | None, hosts: Sequence[str], placement=None) -> dict:
+    """The usual fingerprint of a machine layout: topology name, rank count and ranks per host; with the
+    job's placement, also what tells apart two machines whose topology has one name (``"discovered-cuda"``
+    for any 2-GPU host): the devices' models, the ranks on each device and the links between them.
 
     Host names are left out on purpose, so a table measured on one node applies to another node of
     the same kind.
@@ -82,16 +85,33 @@ def fingerprint(topology: str | None, hosts: Sequence[str]) -> dict:
     Args:
         topology: the topology's name, or None when there is none.
         hosts: the host name of each rank (``comm.hosts``).
+        placement: the ranks' ``topology.Placement`` (``comm.world_placement``), or None.
 
     Returns:
-        ``{"topology": ..., "nranks": len(hosts), "ranks_per_host": [...]}``, hosts in order of first rank.
+        ``{"topology": ..., "nranks": len(hosts), "ranks_per_host": [...]}``, hosts in order of first rank;
+        with ``placement`` also ``"devices"`` (``"<kind> <name>"`` -> devices used), ``"ranks_per_device"``
+        (devices in order of first rank) and ``"links"`` (the sorted ``"<kind> <GB/s>"`` of the links between
+        the devices used).
     """
     if isinstance(hosts, str) or not isinstance(hosts, Sequence) or not hosts:
         raise ValueError(f"fingerprint: hosts={hosts!r} must be a non-empty list of host names, one per rank")
     counts: dict[str, int] = {}
     for host in hosts:
         counts[host] = counts.get(host, 0) + 1
-    return {"topology": topology, "nranks": len(hosts), "ranks_per_host": list(counts.values())}
+    fp = {"topology": topology, "nranks": len(hosts), "ranks_per_host": list(counts.values())}
+    if placement is not None:
+        if placement.nranks != len(hosts):
+            raise ValueError(f"fingerprint: a placement of {placement.nranks} rank(s) for {len(hosts)} host name(s)")
+        topo, used = placement.topology, list(dict.fromkeys(placement.devices))
+        models: dict[str, int] = {}
+        for d in map(topo.device, used):
+            model = f"{d.kind} {d.name}".strip()
+            models[model] = models.get(model, 0) + 1
+        fp["devices"] = models
+        fp["ranks_per_device"] = [placement.devices.count(d) for d in used]
+        fp["links"] = sorted({f"{link.kind} {link.bandwidth_gbps:g}" for a in used for b in used if a != b
+                              for link in (topo.route(a, b)[0],)})
+    return fp
 
 
 def _canonical(fp) -> str:

@@ -4,7 +4,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from xelink import cost
+from xelink import cost, tuning
 from xelink import topology as T
 from xelink.bench import probe, suite
 from xelink.bench.families import attention, collectives, cp_attention, decode, dist_gemm, gemm, gemv, links, norm
@@ -91,6 +91,9 @@ def check_all_quick_runs_every_family_into_one_folder(world):
         assert "gpu-collectives  skipped: needs one CUDA GPU per rank" in summary
         assert "sycl-collectives ok (" in summary  # the test extra installs dpctl (tests/sycl never skip)
         assert summary.count(" ok (") == 10
+        # The table the suite wrote is the one xelink.init finds for this job (the same fingerprint).
+        here = tuning.fingerprint(world.topology.name, world.hosts, world.world_placement)
+        assert tuning.find_table(here, [out]).source == str(out / "t.tuning.json")
 
 
 def check_decode_parallel_rows(world):

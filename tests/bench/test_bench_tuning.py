@@ -1,4 +1,5 @@
 """The tuning table: built from rows, looked up at range edges, saved, loaded, matched, validated."""
+import dataclasses
 import json
 
 import pytest
@@ -40,6 +41,28 @@ def test_fingerprint_counts_ranks_per_host_without_names():
     assert fingerprint(None, ["x"] * 3) == {"topology": None, "nranks": 3, "ranks_per_host": [3]}
     with pytest.raises(ValueError, match=r"fingerprint: hosts='ab' must be a non-empty list"):
         fingerprint("t", "ab")
+
+
+def test_fingerprint_with_a_placement_tells_machines_of_one_topology_name_apart():
+    from xelink import topology as T
+
+    h200 = T.load("nvidia-h200x8")
+    one = T.validate(dataclasses.replace(h200, devices=tuple(dataclasses.replace(d, name="NVIDIA H100 80GB HBM3")
+                                                             for d in h200.devices)))
+    got = fingerprint(h200.name, ["n"] * 8, T.place(h200, 8))
+    assert got == {"topology": "nvidia-h200x8", "nranks": 8, "ranks_per_host": [8],
+                   "devices": {"cuda NVIDIA H200": 8}, "ranks_per_device": [1] * 8, "links": ["nvswitch 450"]}
+    # Another GPU model, or two ranks a GPU on four GPUs: the same name, rank count and hosts, not the same machine.
+    assert fingerprint(one.name, ["n"] * 8, T.place(one, 8))["devices"] == {"cuda NVIDIA H100 80GB HBM3": 8}
+    shared = fingerprint(h200.name, ["n"] * 8, T.place(h200, 8, 2))
+    assert shared["devices"] == {"cuda NVIDIA H200": 4} and shared["ranks_per_device"] == [2] * 4
+    other = fingerprint(one.name, ["n"] * 8, T.place(one, 8))
+    assert len({json.dumps(f, sort_keys=True) for f in (got, shared, other)}) == 3
+    # Links: the kinds and bandwidths between the devices used (one package of a 2x2 CPU topology: shm only).
+    cpu = T.load("cpu-2x2")
+    assert fingerprint(cpu.name, ["h"] * 2, T.place(cpu, 2))["links"] == ["shm 8"]
+    with pytest.raises(ValueError, match=r"fingerprint: a placement of 8 rank\(s\) for 4 host name\(s\)"):
+        fingerprint(h200.name, ["n"] * 4, T.place(h200, 8))
 
 
 def test_build_table_merges_sizes_into_ranges_of_the_fastest_path():

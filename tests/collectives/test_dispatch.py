@@ -1,11 +1,20 @@
 """algo="auto": a measured tuning table of this machine wins; one of another machine is ignored."""
 import json
+import socket
 
 import torch
 
 import xelink
+from xelink import topology as T
 from xelink.tuning import fingerprint
 from xelink.collectives.dispatch import choose
+
+
+def _here():
+    """The fingerprint xelink.init gives this one-process CPU job (the discovered topology, placed)."""
+    hosts = [socket.gethostname()]
+    topo = T.build_cpu_topology(hosts)
+    return fingerprint(topo.name, hosts, T.place(topo, 1))
 
 
 def _table(path, fp):
@@ -16,9 +25,7 @@ def _table(path, fp):
 
 
 def test_auto_follows_the_matching_tuning_table(tmp_path, monkeypatch):
-    import socket
-
-    _table(tmp_path / "here.tuning.json", fingerprint("discovered-cpu", [socket.gethostname()]))
+    _table(tmp_path / "here.tuning.json", _here())
     monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
     world = xelink.init()
     try:
@@ -32,6 +39,9 @@ def test_auto_follows_the_matching_tuning_table(tmp_path, monkeypatch):
 
 def test_auto_ignores_a_table_of_another_machine(tmp_path, monkeypatch):
     _table(tmp_path / "other.tuning.json", fingerprint("nvidia-h200x8", ["gpu-node"] * 8))
+    # The fingerprint of xelink before it named devices and links: the same topology name and rank count,
+    # but it cannot tell this machine from another of that name (a 2-GPU host from 2 ranks on one GPU).
+    _table(tmp_path / "coarse.tuning.json", fingerprint("discovered-cpu", [socket.gethostname()]))
     monkeypatch.setenv("XELINK_TUNING", str(tmp_path))
     world = xelink.init()
     try:
@@ -46,9 +56,7 @@ def test_auto_ignores_a_table_of_another_machine(tmp_path, monkeypatch):
 def test_auto_takes_xelinks_fastest_where_the_tables_winner_is_a_baseline_it_cannot_run(tmp_path, monkeypatch):
     """On CPU ranks MPI's own collective can win a range but cannot be dispatched to: the table's own entry
     (tuning.OWN) names xelink's fastest there, not the cost model's guess."""
-    import socket
-
-    fp = fingerprint("discovered-cpu", [socket.gethostname()])
+    fp = _here()
     (tmp_path / "here.tuning.json").write_text(json.dumps({
         "format": "xelink-tuning", "version": 1, "fingerprint": fp,
         "entries": [{"op": "all_reduce", "dtype": "float32",
@@ -67,9 +75,7 @@ def test_auto_takes_xelinks_fastest_where_the_tables_winner_is_a_baseline_it_can
 def test_auto_honours_a_table_edge_inside_a_power_of_two_class(tmp_path, monkeypatch):
     """A sweep at non-power-of-two sizes puts a range edge inside a size class: sizes on either side of it
     get their own range's path in any call order (the class cache would give the first one's to both)."""
-    import socket
-
-    fp = fingerprint("discovered-cpu", [socket.gethostname()])
+    fp = _here()
     (tmp_path / "here.tuning.json").write_text(json.dumps({
         "format": "xelink-tuning", "version": 1, "fingerprint": fp,
         "entries": [{"op": "all_reduce", "dtype": "float32",

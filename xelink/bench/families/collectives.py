@@ -293,6 +293,7 @@ def run(ctx) -> list:
     cuda = _on_cuda(world)
     job_topo = world.topology or from_env_or_discover(world)
     topo, placement = job_placement(world, job_topo, None)
+    job_place = placement  # what xelink.init fingerprints (the model's placement may take --topology's figures)
     cal = cost.load_calibration(args.calibration) if args.calibration else None
     if args.topology:
         topo = load(args.topology)
@@ -328,7 +329,8 @@ def run(ctx) -> list:
             # path auto may extend to every size above the sweep.
             keyed = [dataclasses.replace(r, op=f"cuda:{r.op}") for r in rows
                      if r.path != "xelink:copy_engine"] if cuda else rows
-            merged = save_merged(build_table(keyed, fingerprint(job_topo.name, world.hosts), manifest=meta), args.tune)
+            fp = fingerprint(job_topo.name, world.hosts, job_place)
+            merged = save_merged(build_table(keyed, fp, manifest=meta), args.tune)
             ctx.notes.append(f"tuning table written to {args.tune}" + (" (merged with the entries already there)"
                                                                       if merged else ""))
     return rows

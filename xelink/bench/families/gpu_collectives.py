@@ -182,7 +182,7 @@ def _all_gather_variants(world, n, dtype, dev):
     return variants
 
 
-def tuning_table(rows, topology_name, hosts, manifest=None):
+def tuning_table(rows, topology_name, hosts, manifest=None, placement=None):
     """The GPU tuning table of result rows: per size, the fastest path that takes any tensor.
 
     Rows of tensors from ``torch.empty`` ("/user") and NCCL's, timed eagerly, become entries of op
@@ -203,7 +203,7 @@ def tuning_table(rows, topology_name, hosts, manifest=None):
         path = "nccl" if variant == "nccl" else variant.split("/")[0]
         picked.append(dataclasses.replace(row, op=f"cuda:{row.op}", path=path, baseline=None, baseline_us=None,
                                           ratio=None))
-    return build_table(picked, fingerprint(topology_name, hosts), manifest=manifest)
+    return build_table(picked, fingerprint(topology_name, hosts, placement), manifest=manifest)
 
 
 def add_arguments(p) -> None:
@@ -267,7 +267,8 @@ def run(ctx) -> list:
     if args.tune:
         from ...tuning import save_merged
 
-        table = tuning_table(rows, world.topology.name if world.topology else None, world.hosts, ctx.manifest())
+        table = tuning_table(rows, world.topology.name if world.topology else None, world.hosts, ctx.manifest(),
+                             world.world_placement)
         merged = save_merged(table, args.tune)
         ctx.notes.append(f"tuning table written to {args.tune}" + (" (cuda entries merged with the ones already "
                                                                    "there)" if merged else ""))
