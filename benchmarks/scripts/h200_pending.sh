@@ -37,6 +37,8 @@
 #   first10: fused9's tests and step9's rows in one call (~9 minutes);
 #   second10: the fused decode's A/B in the step, first10's failed GPU tests again, STAGES in the W4A16 chain;
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
+#   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
+#   second11: the gated GEMM's tile rows and the decode GPU tests (~3 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
@@ -378,6 +380,23 @@ final10)  # the least of third10 (under 3 minutes): the step rows, the gated GEM
   step gated_graph_tests 30 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/kernels/test_gated_gemm.py \
     -k graph
   step model_gpu_tests 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  ;;
+first11)  # the eleventh session's first call (~8 minutes): the tenth session's untested GPU code (the custom ops'
+          # compile tests, every model GPU test), the fused decode under PDL with the QKV GEMV letting it go late
+          # (rope_decode_ab.py), the step rows
+  step compiled_gpu_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/kernels/test_norm.py \
+    tests/kernels/test_attention.py -k compiled
+  step model_gpu_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  step rope_decode_ab 220 python3 benchmarks/scripts/rope_decode_ab.py
+  step bench_decode 90 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  ;;
+second11)  # after first11 (~3 minutes): the gated GEMM's tile rows (issue 22's arrivals at 2048x4096x4096), the
+           # decode GPU tests
+  step gated_tiles_bench 60 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
+  step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

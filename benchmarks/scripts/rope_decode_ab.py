@@ -1,10 +1,12 @@
-"""A/B of the decode step's attention call (issue 26): ``rope_kv`` + ``decode_attention`` (two launches, the
-eighth session's step) against ``rope_decode_attention`` (one launch) with each PDL mode and without its L2
-prefetch. Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at 1K / 8K / 32K of context
-(bf16; one model with ``max_seq_len`` 32K + 16, as ``xelink bench decode``) and 1K (W4A16), each variant
-captured on its own and replayed interleaved; before them, the attention call's pieces (``pieces``). The fused
-variants' logits are compared bit for bit, but for the 64-key splits' (PDL and the prefetch change no value;
-other split boundaries change the float sums); the unfused step's may differ by a rounding of the rotated keys.
+"""A/B of the decode step's attention call (issue 26): ``rope_decode_attention`` (one launch; the kept step:
+no PDL, 64-key splits) against the same under PDL with the QKV GEMV before it letting it go early (gemv's default
+for 6144 rows) or late (``gemv.PDL_EARLY_MAX_ROWS`` below 6144: its programs placed only as the GEMV's end, so
+they no longer crowd it), with and without the L2 prefetch of the cache before the PDL wait; and ``rope_kv`` +
+``decode_attention`` (two launches). Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at
+1K / 8K / 32K of context (bf16; one model with ``max_seq_len`` 32K + 16, as ``xelink bench decode``) and 1K
+(W4A16), each variant captured on its own and replayed interleaved; before them, the attention call's pieces
+(``pieces``). The fused variants' logits are compared bit for bit (PDL, the trigger and the prefetch change no
+value); the unfused step's may differ by a rounding of the rotated keys.
 
 python3 benchmarks/scripts/rope_decode_ab.py [bf16|w4a16 ...]
 """
@@ -24,28 +26,28 @@ from xelink.models import Llama
 from xelink.models.llama import DecodeGraph, KVCache
 
 attn = importlib.import_module("xelink.kernels.attention")
+gemv_mod = importlib.import_module("xelink.kernels.gemv")
 CONTEXTS = {"bf16": [1024, 8192, 32768], "w4a16": [1024]}
-_prefetch_args = attn.prefetch_args
+_prefetch_args, _EARLY_ROWS = attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS
 
 
 def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops):
-    attn.prefetch_args, attn._DECODE_MIN_CHUNK = _prefetch_args, 256
     q = rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
     return decode_attention(q, self.k[:q.shape[0]], self.v[:q.shape[0]], kv_lens)
 
 
-def fused(pdl, prefetch=True, min_chunk=256):
+def fused(pdl, prefetch=True):
     def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
         attn.prefetch_args = _prefetch_args if prefetch else (lambda *a, **kw: {})
-        attn._DECODE_MIN_CHUNK = min_chunk
         B = q.shape[0]
         return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, pdl=pdl)
     return decode
 
 
-VARIANTS = {"unfused": unfused, "fused": fused(None), "fused-late": fused("late"), "fused-early": fused("early"),
-            "fused-nopdl": fused(False), "fused-nopref": fused(None, prefetch=False),
-            "fused-chunk64": fused(None, min_chunk=64)}  # more splits of a short cache (W4A16's is 1K + 16)
+# name -> (the cache's decode, whether the QKV GEMV (6144 rows) lets the next kernel go late)
+VARIANTS = {"kept": (fused(None), False), "pdl": (fused("early"), False), "pdl-qkvlate": (fused("early"), True),
+            "pdl-late-qkvlate": (fused("late"), True), "pdl-qkvlate-nopref": (fused("early", prefetch=False), True),
+            "unfused": (unfused, False)}
 
 
 def pieces(model, L, gen):
@@ -96,24 +98,27 @@ def main():
             tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
             positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
             graphs, logits = {}, {}
-            for name, fn in VARIANTS.items():
+            for name, (fn, qkv_late) in VARIANTS.items():
                 KVCache.decode = fn
+                gemv_mod.PDL_EARLY_MAX_ROWS = 6000 if qkv_late else _EARLY_ROWS
                 attn._PATHS.clear()
+                gemv_mod._PATHS.clear()
                 g = DecodeGraph(model, 1)
                 logits[name] = g.step(tokens, positions).clone()
                 graphs[name] = g
             KVCache.decode = kept
-            attn.prefetch_args, attn._DECODE_MIN_CHUNK = _prefetch_args, 256
-            fused_same = all(torch.equal(logits[n], logits["fused"]) for n in VARIANTS
-                             if n not in ("unfused", "fused-chunk64"))
-            diff = float((logits["unfused"].float() - logits["fused"].float()).abs().max())
+            attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS = _prefetch_args, _EARLY_ROWS
+            attn._PATHS.clear()
+            gemv_mod._PATHS.clear()
+            fused_same = all(torch.equal(logits[n], logits["kept"]) for n in VARIANTS if n != "unfused")
+            diff = float((logits["unfused"].float() - logits["kept"].float()).abs().max())
             times = {n: [] for n in VARIANTS}
             for _ in range(5):  # interleaved rounds
                 for n in VARIANTS:
                     times[n] += time_cuda_events(graphs[n].graph.replay, warmup=2, iters=10)
             line = ", ".join(f"{n} {statistics.median(t) * 1e3:.3f}" for n, t in times.items())
             print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; fused variants' logits equal: {fused_same}; "
-                  f"unfused vs fused logits max abs diff {diff:.3g}", flush=True)
+                  f"unfused vs kept logits max abs diff {diff:.3g}", flush=True)
             del graphs, logits
             gc.collect()
         del model

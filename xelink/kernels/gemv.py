@@ -69,6 +69,9 @@ W4_GROUP = 128  # columns of W sharing one W4A16 scale
 MAX_ROWS = 8
 _FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
+# pdl="auto": a launch of at most this many rows of W lets the next kernel go early, a larger one late (the H200
+# sweep in _GemvLaunch); an A/B switch (benchmarks/scripts/rope_decode_ab.py), read when a launch is planned.
+PDL_EARLY_MAX_ROWS = 8192
 
 
 # -- packing --------------------------------------------------------------------------------------
@@ -793,7 +796,7 @@ class _GemvLaunch:
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
             # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
             # to 20% slower, where a late go gains 0-5%); from 128256 rows either is within 1-3%.
-            pdl = "early" if N <= 8192 else "late"
+            pdl = "early" if N <= PDL_EARLY_MAX_ROWS else "late"
         pdl = PDL_MODES[False if pdl == "off" else pdl]
         sms = sm_count(x.device)
         cfg = dict(cfg or _default_config(M, N, K, fmt, sms, ptx))  # popped below: a copy
