@@ -381,11 +381,11 @@ final10)  # the least of third10 (under 3 minutes): the step rows, the gated GEM
     -k graph
   step model_gpu_tests 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   ;;
-first11)  # the eleventh session's first call (~8 minutes): the tenth session's untested GPU code (the custom ops'
-          # compile tests, every model GPU test), the fused decode under PDL with the QKV GEMV letting it go late
-          # (rope_decode_ab.py), the step rows
+first11)  # the eleventh session's first call (~8 minutes): the untested GPU code (the custom ops' compile tests,
+          # autograd after a remembered kernel call, every model GPU test), the fused decode under PDL with the
+          # QKV GEMV letting it go late (rope_decode_ab.py), the step rows
   step compiled_gpu_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/kernels/test_norm.py \
-    tests/kernels/test_attention.py -k compiled
+    tests/kernels/test_attention.py tests/kernels/test_autograd.py -k "compiled or remembered_kernel_call"
   step model_gpu_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
   step rope_decode_ab 220 python3 benchmarks/scripts/rope_decode_ab.py
   step bench_decode 90 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \

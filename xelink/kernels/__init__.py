@@ -1,6 +1,9 @@
 """Local kernels: a Triton kernel per op plus its pure-torch ``reference_*`` twin.
 
 Modules import without Triton; a kernel that needs Triton raises a clear error when called without it.
+The kernels are forward only: where grad mode is on and an input requires grad, ``impl="auto"`` takes the
+reference path (torch ops, differentiable) and a named kernel path raises ValueError (``common.forward_only``),
+so no output silently leaves the autograd graph.
 """
 
 from .attention import (decode_attention, flash_attention, merge_attention, reference_decode_attention,

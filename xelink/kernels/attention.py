@@ -40,7 +40,8 @@ import torch
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
-                     check_tensor, cdiv, next_power_of_2, path_key, require_triton, sm_count, tl, triton)
+                     check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count, tl,
+                     triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
 from .norm import check_rope_kv, reference_rope_kv
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2
@@ -147,18 +148,19 @@ def _check_flags(fn: str, causal, scale, return_lse) -> None:
             raise ValueError(f"{fn}: scale={scale!r} must be finite and > 0")
 
 
-def resolve_impl(fn: str, impl, device: torch.device, allowed=FLASH_IMPLS) -> str:
+def resolve_impl(fn: str, impl, device: torch.device, allowed=FLASH_IMPLS, **inputs) -> str:
     """The path ``impl`` names on ``device``, of the ``allowed`` ones: ``"auto"`` becomes a concrete path,
-    the others are checked (old spellings mapped).
+    the others are checked (old spellings mapped); ``inputs`` as :func:`common.forward_only` reads them.
 
     Raises:
         TypeError: a non-str impl.
-        ValueError: an impl not in ``allowed``, a kernel path for a CPU tensor (outside
+        ValueError: an impl not in ``allowed``, a kernel path for an input that requires grad, a kernel path
+            for a CPU tensor (outside
             ``TRITON_INTERPRET=1``), or ``"cuda"`` where its TMA kernel cannot run (a CUDA device that is
             not compute capability 9, an XPU, a Triton without host tensor descriptors).
         RuntimeError: a kernel path named while Triton is not installed.
     """
-    impl = check_impl(fn, impl, allowed)
+    impl = forward_only(fn, check_impl(fn, impl, allowed), **inputs)
     if impl == "auto":
         if not auto_takes_triton(device):
             return "reference"
@@ -1106,7 +1108,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
     _check_flags(fn, causal, scale, return_lse)
-    path = _fit(resolve_impl(fn, impl, q.device), impl, q)
+    path = _fit(resolve_impl(fn, impl, q.device, q=q, k=k, v=v), impl, q)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
     _check_out_like(fn, out, q)
@@ -1144,7 +1146,7 @@ def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
     """
     fn = "merge_attention"
     outs, lses = _check_merge(fn, outs, lses)
-    path = resolve_impl(fn, impl, outs[0].device, MERGE_IMPLS)
+    path = resolve_impl(fn, impl, outs[0].device, MERGE_IMPLS, **{f"outs[{i}]": o for i, o in enumerate(outs)})
     _check_out_like(fn, out, outs[0])
     pdl = pdl_option(fn, pdl, path, outs[0].device)
     if torch.compiler.is_compiling():
@@ -1157,7 +1159,7 @@ def _checked_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits, causal, s
     """decode_attention's checks (rope_decode_attention's too): (path, pdl option, scale)."""
     _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
     _check_flags(fn, causal, scale, return_lse)
-    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS), impl, q)
+    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS, q=q, k_cache=k_cache, v_cache=v_cache), impl, q)
     pdl = pdl_option(fn, pdl, path, q.device)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
@@ -1252,6 +1254,7 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     if hit is not None:
         return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3])
     fn = "rope_decode_attention"
+    impl = forward_only(fn, check_impl(fn, impl, DECODE_IMPLS), k=k, v=v, cos=cos, sin=sin)
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
     path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
                                        False if pdl is None else pdl, out)

@@ -32,8 +32,8 @@ except ImportError:  # Triton without host-side tensor descriptors (older, or In
     TensorDescriptor = None
 
 __all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_distinct",
-           "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "interpreting",
-           "require_triton",
+           "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "forward_only",
+           "interpreting", "require_triton",
            "cdiv", "gc_paused", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton",
            "triton_can_run"]
 
@@ -62,18 +62,21 @@ def geometry(t: torch.Tensor) -> tuple:
 _OPTION_TYPES = frozenset((str, bool, int, float, type(None)))
 _TENSOR = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 def path_key(options: tuple, tensors: tuple, optional: tuple = ()):
     """The key a kernel's eager call is remembered under in its :class:`Paths`, or None when the call
     must run its checks: traced, an option that is not a plain str/bool/int/float/None, a tensor (or a
-    non-None ``optional`` tensor) that is not a plain ``torch.Tensor``, or a first tensor not on CUDA.
+    non-None ``optional`` tensor) that is not a plain ``torch.Tensor`` or that requires grad in grad mode
+    (:func:`forward_only` decides its path), or a first tensor not on CUDA.
     Options enter with their classes (``True`` and ``1`` differ) and tensors by :func:`geometry`. An
     invalid option needs no test here: only calls whose checks passed are remembered."""
     # One flat tuple built in plain loops, each tensor's geometry() inlined: half the host time of nested
     # generator-made tuples (~1 us a call).
     if _is_compiling():
         return None
+    grad = _grad_enabled()
     key = []
     for o in options:
         if o.__class__ not in _OPTION_TYPES:
@@ -81,7 +84,7 @@ def path_key(options: tuple, tensors: tuple, optional: tuple = ()):
         key.append(o.__class__)
         key.append(o)
     for t in tensors:
-        if t.__class__ is not _TENSOR:
+        if t.__class__ is not _TENSOR or (grad and t.requires_grad):
             return None
         key.append((t.shape, t.stride(), t.dtype, t.device, (t.data_ptr() & 15) == 0))
     if key[len(options) * 2][3].type != "cuda":  # the first tensor's device
@@ -89,7 +92,7 @@ def path_key(options: tuple, tensors: tuple, optional: tuple = ()):
     for t in optional:
         if t is None:
             key.append(None)
-        elif t.__class__ is not _TENSOR:
+        elif t.__class__ is not _TENSOR or (grad and t.requires_grad):
             return None
         else:
             key.append((t.shape, t.stride(), t.dtype, t.device, (t.data_ptr() & 15) == 0))
@@ -123,6 +126,28 @@ def check_impl(fn: str, impl, allowed) -> str:
         alias = f"; {impl!r} is an old name of {name!r}" if name != impl else ""
         raise ValueError(f"{fn}: impl={impl!r} is not one of {', '.join(allowed)}{why}{alias}")
     return name
+
+
+def forward_only(fn: str, impl: str, *, has_reference: bool = True, **inputs) -> str:
+    """``impl`` (checked by :func:`check_impl`) as autograd allows it. The kernels are forward only: where
+    grad mode is on and one of ``inputs`` requires grad, ``"auto"`` becomes ``"reference"`` (torch ops,
+    differentiable: the result and gradients CPU ranks get) and a named kernel path raises, instead of
+    returning an output that silently leaves the autograd graph. A kernel without a reference path
+    (``has_reference=False``) raises for ``"auto"`` too.
+
+    Raises:
+        ValueError: a kernel path for an input that requires grad.
+    """
+    if impl == "reference" or not torch.is_grad_enabled():
+        return impl
+    for name, t in inputs.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            if impl == "auto" and has_reference:
+                return "reference"
+            how = ", or pass impl='auto' or 'reference' (torch ops, differentiable)" if has_reference else ""
+            raise ValueError(f"{fn}: {name} requires grad, but impl={impl!r} is forward only (no backward); call "
+                             f"it under torch.no_grad() or torch.inference_mode(){how}")
+    return impl
 
 
 def check_tensor(fn: str, name: str, t, ndim: int | None = None) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
-                     interpreting, path_key, require_triton, sm_count, tl, triton)
+                     forward_only, interpreting, path_key, require_triton, sm_count, tl, triton)
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
                    _tma_tile, _tma_view)
 from .launcher import Descriptor, Slot, launch_keyed
@@ -189,7 +189,7 @@ _NEVER = 1 << 62  # timeout_ns=None: wait without a deadline (fits the kernels' 
 
 def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl):
     fn = "gated_gemm"
-    impl = check_impl(fn, impl, GATED_GEMM_IMPLS)
+    impl = forward_only(fn, check_impl(fn, impl, GATED_GEMM_IMPLS), has_reference=False, a=a, b=b)
     _check_operands(fn, a, b)
     check_tensor(fn, "flags", flags, 1)
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap,
-                     check_out, check_same_device, check_tensor, interpreting, path_key, require_triton, sm_count, tl,
-                     triton)
+                     check_out, check_same_device, check_tensor, forward_only, interpreting, path_key, require_triton,
+                     sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -332,6 +332,7 @@ def _check_gemm(a, b, impl, out, pdl) -> tuple[str, str]:
     impl = check_impl(fn, impl, GEMM_IMPLS)
     check_tensor(fn, "a", a)
     check_tensor(fn, "b", b)
+    impl = forward_only(fn, impl, a=a, b=b)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"gemm: a and b must be 2-D, got a.shape={tuple(a.shape)}, b.shape={tuple(b.shape)}")
     if a.dtype not in _FLOAT16:

@@ -52,7 +52,7 @@ import functools
 import torch
 
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
-                     check_same_device, check_tensor, path_key, require_triton, sm_count, tl, triton)
+                     check_same_device, check_tensor, forward_only, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
@@ -983,6 +983,7 @@ def _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act=None):
         raise ValueError(f"gemv: act={act!r} is not None or one of {', '.join(GEMV_ACTS)}")
     check_tensor(fn, "w", w)
     check_tensor(fn, "x", x)
+    impl = forward_only(fn, impl, w=w, x=x, scales=scales)
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"gemv: x.dtype={x.dtype} must be torch.bfloat16 or torch.float16")
     one_row = x.dim() == 1

@@ -19,7 +19,7 @@ import numbers
 import torch
 
 from .common import (Paths, auto_takes_triton, cdiv, check_impl, check_no_overlap, check_out, check_same_device,
-                     check_tensor, next_power_of_2, path_key, require_triton, tl, triton)
+                     check_tensor, forward_only, next_power_of_2, path_key, require_triton, tl, triton)
 from .launcher import Slot, launch, launch_keyed
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait
 
@@ -388,6 +388,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
     impl = check_impl(fn, impl, NORM_IMPLS)
     check_tensor(fn, "x", x)
     check_tensor(fn, "w", w)
+    impl = forward_only(fn, impl, x=x, w=w, residual=residual)
     if x.dtype not in _FLOATS:
         raise TypeError(f"rmsnorm: x.dtype={x.dtype} must be bfloat16, float16 or float32")
     if not w.is_floating_point():
@@ -516,7 +517,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             a bad pdl or one this GPU cannot do.
     """
     fn = "rope"
-    impl = check_impl(fn, impl, NORM_IMPLS)
+    impl = forward_only(fn, check_impl(fn, impl, NORM_IMPLS), q=q, k=k, cos=cos, sin=sin)
     check_tensor(fn, "q", q)
     check_tensor(fn, "k", k)
     if q.dtype not in _FLOATS:
@@ -583,7 +584,7 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor
         TypeError / ValueError: before any work, naming the argument (shapes, dtypes, devices, impl, pdl).
     """
     fn = "rope_kv"
-    impl = check_impl(fn, impl, NORM_IMPLS)
+    impl = forward_only(fn, check_impl(fn, impl, NORM_IMPLS), q=q, k=k, v=v, cos=cos, sin=sin)
     check_tensor(fn, "positions", positions)
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
     B = q.shape[0]
@@ -657,7 +658,7 @@ def silu_mul(x: torch.Tensor, impl: str = "auto", pdl: bool | str | None = None,
         ``out``, or a new ``[..., F]`` tensor of x's dtype.
     """
     fn = "silu_mul"
-    impl = check_impl(fn, impl, NORM_IMPLS)
+    impl = forward_only(fn, check_impl(fn, impl, NORM_IMPLS), x=x)
     check_tensor(fn, "x", x)
     if x.dtype not in _FLOATS:
         raise TypeError(f"{fn}: x.dtype={x.dtype} must be bfloat16, float16 or float32")

@@ -40,8 +40,8 @@ import dataclasses
 import torch
 
 from ..symm.device import notify, pick
-from .common import (Paths, cdiv, check_impl, check_same_device, check_tensor, interpreting, path_key, require_triton,
-                     sm_count, tl, triton)
+from .common import (Paths, cdiv, check_impl, check_same_device, check_tensor, forward_only, interpreting, path_key,
+                     require_triton, sm_count, tl, triton)
 from .gated_gemm import _await_count, _check_operands
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_tile,
                    _tma_view)
@@ -286,7 +286,7 @@ def scatter_gemm(a: torch.Tensor, b: torch.Tensor, inboxes, counters, seen: torc
                    tuple(inboxes) + tuple(counters)) if world > 0 else None
     plan = _PRODUCE.get(key) if key is not None else None
     if plan is None:
-        impl = check_impl(fn, impl, SCATTER_GEMM_IMPLS)
+        impl = forward_only(fn, check_impl(fn, impl, SCATTER_GEMM_IMPLS), has_reference=False, a=a, b=b)
         _check_operands(fn, a, b)
         if not 1 <= world <= _MAX_WORLD or not isinstance(counters, (list, tuple)) or len(counters) != world:
             raise ValueError(f"{fn}: inboxes and counters must be lists of one tensor per rank (1 to {_MAX_WORLD})")

@@ -1,0 +1,175 @@
+"""The kernels are forward only. An input that requires grad (in grad mode) must never get an output that
+silently left the autograd graph: ``impl="auto"`` takes the reference path (differentiable: gradients equal
+those of an independent torch spelling of the op), a named kernel path raises before any work, and in
+``torch.no_grad()`` / ``torch.inference_mode()`` nothing changes. Kernel paths run on CPU tensors only in
+Triton's interpreter; the raise is checked without it (it comes before the device checks). On a GPU "auto"
+runs the kernels, so the switch to the reference shows there (marked test)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xelink.kernels import (decode_attention, flash_attention, gemm, gemv, merge_attention, rmsnorm, rope,
+                            rope_decode_attention, rope_kv, silu_mul)
+from xelink.kernels.common import forward_only, triton_can_run
+
+HALF = torch.bfloat16
+
+
+def _leaf(*shape, seed=0, device="cpu", dtype=HALF):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device, dtype).requires_grad_()
+
+
+def _rope_tables(S, D, device="cpu"):
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    ang = torch.arange(S).float()[:, None] * inv[None, :]
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos().to(device), ang.sin().to(device)
+
+
+def _rotate(x, c, s):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * c + torch.cat((-x2, x1), dim=-1) * s
+
+
+# name -> (call(impl) -> a tensor to differentiate, its leaves, an independent torch spelling of that tensor)
+def _cases(device="cpu", dtype=HALF):
+    seeds = iter(range(100))
+
+    def leaf(*shape):
+        return _leaf(*shape, seed=next(seeds), device=device, dtype=dtype)
+
+    cases = {}
+    a, b = leaf(8, 16), leaf(16, 12)
+    cases["gemm"] = (lambda impl: gemm(a, b, impl), (a, b), lambda: a.float() @ b.float())
+    w, x = leaf(24, 128), leaf(2, 128)
+    fmt = "bf16" if dtype == torch.bfloat16 else "fp16"
+    cases["gemv"] = (lambda impl: gemv(w, x, None, fmt, impl), (w, x), lambda: x.float() @ w.float().t())
+    h, r, nw = leaf(4, 64), leaf(4, 64), leaf(64)
+
+    def norm_torch():
+        s = h.float() + r.float()
+        return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float()
+    cases["rmsnorm"] = (lambda impl: rmsnorm(h, nw, 1e-6, residual=r, impl=impl)[0], (h, r, nw), norm_torch)
+    gu = leaf(4, 2, 64)
+    cases["silu_mul"] = (lambda impl: silu_mul(gu, impl), (gu,),
+                         lambda: F.silu(gu.float()[..., :32]) * gu.float()[..., 32:])
+    q, k = leaf(1, 4, 8, 64), leaf(1, 2, 8, 64)
+    cos, sin = _rope_tables(8, 64, device)
+    cases["rope"] = (lambda impl: torch.cat([t.flatten() for t in rope(q, k, cos, sin, impl)]), (q, k),
+                     lambda: torch.cat([_rotate(t.float(), cos, sin).flatten() for t in (q, k)]))
+    fq, fk, fv = leaf(1, 2, 16, 64), leaf(1, 2, 16, 64), leaf(1, 2, 16, 64)
+    cases["flash_attention"] = (lambda impl: flash_attention(fq, fk, fv, causal=True, impl=impl), (fq, fk, fv),
+                                lambda: F.scaled_dot_product_attention(fq.float(), fk.float(), fv.float(),
+                                                                       is_causal=True))
+    dq, kc, vc = leaf(1, 4, 1, 64), leaf(1, 2, 32, 64), leaf(1, 2, 32, 64)
+    lens = torch.tensor([20], device=device)
+    cases["decode_attention"] = (lambda impl: decode_attention(dq, kc, vc, lens, impl=impl), (dq, kc, vc),
+                                 lambda: F.scaled_dot_product_attention(dq.float(), kc.float()[:, :, :20],
+                                                                        vc.float()[:, :, :20], enable_gqa=True))
+    o1, o2 = leaf(1, 2, 4, 64), leaf(1, 2, 4, 64)
+    l1, l2 = torch.randn(1, 2, 4, device=device), torch.randn(1, 2, 4, device=device)
+
+    def merge_torch():
+        w1, w2 = torch.sigmoid(l1 - l2), torch.sigmoid(l2 - l1)  # exp(l_i) / (exp(l1) + exp(l2))
+        return w1[..., None] * o1.float() + w2[..., None] * o2.float()
+    cases["merge_attention"] = (lambda impl: merge_attention([o1, o2], [l1, l2], impl)[0], (o1, o2), merge_torch)
+    return cases
+
+
+CASES = sorted(_cases())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_auto_with_grad_takes_the_differentiable_reference(name):
+    call, leaves, spelled = _cases()[name]
+    got = call("auto")
+    assert got.requires_grad and got.grad_fn is not None, name
+    want = spelled()
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    up = torch.randn(want.shape, generator=torch.Generator().manual_seed(99))
+    g_got = torch.autograd.grad(got.float(), leaves, up)
+    g_want = torch.autograd.grad(want, leaves, up)
+    for x, y in zip(g_got, g_want):
+        scale = max(1.0, float(y.abs().max()))
+        torch.testing.assert_close(x.float() / scale, y.float() / scale, atol=3e-2, rtol=3e-2,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_named_kernel_path_with_grad_raises_before_any_work(name):
+    call, leaves, _ = _cases()[name]
+    fn = name
+    with pytest.raises(ValueError, match=rf"^{fn}: \S+ requires grad, but impl='triton' is forward only"):
+        call("triton")
+    with torch.no_grad():  # nothing to differentiate: the named path is as without grad
+        try:
+            out = call("triton")
+        except (ValueError, RuntimeError, TypeError) as exc:  # no interpreter here: the CPU-tensor error
+            assert "requires grad" not in str(exc), exc
+        else:
+            assert not out.requires_grad
+
+
+def test_rope_kv_and_rope_decode_attention_take_the_reference_for_grad():
+    D = 64
+    cos, sin = _rope_tables(32, D)
+    q, k, v = _leaf(1, 4, 1, D, seed=20), _leaf(1, 2, 1, D, seed=21), _leaf(1, 2, 1, D, seed=22)
+    pos = torch.tensor([7])
+    kc, vc = torch.zeros(1, 2, 32, D, dtype=HALF), torch.zeros(1, 2, 32, D, dtype=HALF)
+    qr = rope_kv(q, k, v, cos, sin, pos, kc, vc)
+    assert qr.requires_grad
+    want = _rotate(q.float(), cos[7], sin[7])
+    torch.testing.assert_close(qr.float(), want, atol=2e-2, rtol=2e-2)
+    (gq,) = torch.autograd.grad(qr.float().sum(), (q,))
+    (wq,) = torch.autograd.grad(want.sum(), (q,))
+    torch.testing.assert_close(gq.float(), wq.float(), atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match=r"^rope_kv: q requires grad, but impl='triton' is forward only"):
+        rope_kv(q, k, v, cos, sin, pos, kc, vc, impl="triton")
+    out = rope_decode_attention(q, k, v, cos, sin, kc, vc, torch.tensor([8]))
+    assert out.requires_grad and out.shape == q.shape
+    with pytest.raises(ValueError, match=r"^rope_decode_attention: k requires grad, but impl='triton'"):
+        rope_decode_attention(q.detach(), k, v, cos, sin, kc, vc, torch.tensor([8]), impl="triton")
+
+
+def test_forward_only_rules():
+    t, plain = torch.zeros(2, requires_grad=True), torch.zeros(2)
+    assert forward_only("f", "auto", x=t) == "reference"
+    assert forward_only("f", "cuda", x=plain, y=None) == "cuda"
+    assert forward_only("f", "reference", x=t) == "reference"
+    with torch.inference_mode():
+        assert forward_only("f", "cuda", x=torch.zeros(2)) == "cuda"
+    with torch.no_grad():
+        assert forward_only("f", "auto", x=t) == "auto"
+    with pytest.raises(ValueError, match=r"^f: y requires grad, but impl='auto' is forward only \(no backward\); "
+                                         r"call it under torch.no_grad\(\) or torch.inference_mode\(\)$"):
+        forward_only("f", "auto", has_reference=False, x=plain, y=t)
+
+
+@pytest.mark.skipif(not triton_can_run(torch.device("cpu")), reason="needs Triton and TRITON_INTERPRET=1")
+@pytest.mark.parametrize("name", CASES)
+def test_interpreter_named_kernel_runs_in_no_grad(name):
+    call, _, _ = _cases(dtype=torch.float16)[name]  # the interpreter's bfloat16 dot is wrong (Triton 3.6)
+    with torch.no_grad():
+        got, want = call("triton"), call("reference")
+    assert not got.requires_grad
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASES)
+def test_gpu_auto_with_grad_after_a_remembered_kernel_call(name, requires_gpus):
+    """On a GPU "auto" runs a kernel; a call of the same geometry without grad is remembered first (the
+    eager fast path skips the checks), then the call with grad must still take the reference."""
+    requires_gpus(1)
+    call, leaves, _ = _cases("cuda")[name]
+    with torch.no_grad():
+        fast = call("auto")
+    got = call("auto")
+    assert got.requires_grad and not fast.requires_grad
+    torch.testing.assert_close(fast.float(), got.float(), atol=2e-2, rtol=2e-2)
+    ref = call("reference")
+    for x, y in zip(torch.autograd.grad(got.float().sum(), leaves), torch.autograd.grad(ref.float().sum(), leaves)):
+        assert torch.equal(x, y), name
+    with pytest.raises(ValueError, match=rf"^{name}: \S+ requires grad"):
+        call("triton")
