@@ -80,6 +80,37 @@ def check_numpy_inputs(world):
     assert (out == np.repeat(np.arange(n), 3)).all()
 
 
+def check_tensors_that_require_grad_are_moved_by_their_data(world):
+    """As torch.distributed's collectives: a leaf that requires grad is written in place (no autograd record,
+    requires_grad kept), a non-leaf keeps its grad_fn; the communicator stays usable (the leaf's in-place
+    write used to fail mid-call and break it)."""
+    n, r = world.size, world.rank
+    leaf = torch.full((5,), float(r + 1), requires_grad=True)
+    xelink.all_reduce(leaf)
+    assert leaf.requires_grad and leaf.grad_fn is None and torch.equal(leaf.detach(), torch.full((5,), n * (n + 1) / 2))
+    for algo in xelink.collectives.ALGORITHMS["all_reduce"]:
+        x = (torch.full((3,), float(r)) + torch.zeros(3, requires_grad=True))  # a non-leaf
+        xelink.all_reduce(x, algo=algo)
+        assert x.grad_fn is not None and torch.equal(x.detach(), torch.full((3,), n * (n - 1) / 2)), algo
+    out = torch.zeros(2 * n, requires_grad=True)
+    xelink.all_gather_into_tensor(out, torch.full((2,), float(r), requires_grad=True))
+    assert torch.equal(out.detach(), torch.arange(n).float().repeat_interleave(2))
+    mine = torch.zeros(2, requires_grad=True)
+    xelink.reduce_scatter_tensor(mine, torch.ones(2 * n, requires_grad=True))
+    assert torch.equal(mine.detach(), torch.full((2,), float(n)))
+    b = torch.full((4,), float(r), requires_grad=True)
+    xelink.broadcast(b, 0)
+    assert torch.equal(b.detach(), torch.zeros(4))
+    if n > 1:
+        got = torch.zeros(3, requires_grad=True)
+        ops = [xelink.P2POp(xelink.isend, torch.full((3,), float(r), requires_grad=True), (r + 1) % n),
+               xelink.P2POp(xelink.irecv, got, (r - 1) % n)]
+        for h in xelink.batch_isend_irecv(ops):
+            h.wait()
+        assert torch.equal(got.detach(), torch.full((3,), float((r - 1) % n)))
+    world.barrier()
+
+
 def check_async_handles_keep_order(world):
     n = world.size
     xs = [torch.full((1000,), float(world.rank + i)) for i in range(5)]

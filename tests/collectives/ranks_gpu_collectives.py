@@ -178,6 +178,22 @@ def check_stream_semantics_and_async(world):
     _same("all_reduce async on a side stream", y, want)
 
 
+def check_tensors_that_require_grad_are_moved_by_their_data(world):
+    # As torch.distributed: a leaf that requires grad is reduced in place (no autograd record), every
+    # peer-memory algorithm; the communicator stays usable.
+    dev, n = _dev(world), 4099
+    want = _reduce([_data(r, n, torch.float32, "cpu") for r in range(world.size)], "sum", torch.float32)
+    for algo in PEER_ALGOS["all_reduce"]:
+        x = _data(world.rank, n, torch.float32, dev).requires_grad_()
+        xelink.all_reduce(x, algo=algo)
+        assert x.requires_grad and x.grad_fn is None, algo
+        _same(f"all_reduce {algo} of a leaf that requires grad", x.detach(), want)
+    out = torch.zeros(world.size * n, device=dev, requires_grad=True)
+    xelink.all_gather_into_tensor(out, _data(world.rank, n, torch.float32, dev).requires_grad_())
+    _same("all_gather of tensors that require grad", out.detach(),
+          torch.cat([_data(r, n, torch.float32, "cpu") for r in range(world.size)]))
+
+
 def check_cuda_graph_replays(world):
     dev = _dev(world)
     for algo, n in (("direct", 4096), ("two_shot", 1 << 18), ("direct", 1 << 16)):

@@ -54,7 +54,9 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
     """The torch tensor behind ``x`` (a numpy array is wrapped without a copy), checked for ``comm``.
 
     CPU tensors and numpy arrays take any dtype (``reduce``: a reducible one); CUDA tensors must be on
-    the device this rank of ``comm`` drives and have one of ``DTYPES``.
+    the device this rank of ``comm`` drives and have one of ``DTYPES``. A tensor that requires grad is
+    returned detached (the same memory): collectives move data outside autograd, as torch.distributed's
+    do, so a leaf that requires grad is written in place instead of failing mid-call.
     """
     if isinstance(x, np.ndarray):
         if not (x.flags.c_contiguous and x.flags.writeable):
@@ -65,6 +67,8 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
             raise TypeError(f"{fn}: {name} has numpy dtype {x.dtype}, which torch cannot wrap") from None
     elif not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    elif x.requires_grad:
+        x = x.detach()
     if x.is_cuda:
         if x.device != device_of(comm):
             raise ValueError(f"{fn}: {name} is on {x.device} but this rank of {comm.name} drives {comm.device}")

@@ -20,7 +20,7 @@ def _check(fn, tensor, peer_name, peer, group, tag):
         from .gpu import p2p as gpu_p2p
 
         gpu_p2p.check_tensor(fn, tensor, comm)
-        x = tensor
+        x = tensor.detach() if tensor.requires_grad else tensor  # moved outside autograd, as checks.tensor
     else:
         x = _tensor(fn, "tensor", tensor, comm)
     if peer is None:
