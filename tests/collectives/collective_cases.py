@@ -29,10 +29,12 @@ def data(rank, case, count, dtype, op="sum"):
 
 
 def expected_reduce(n, case, count, dtype, op):
-    """op over the n ranks' inputs, exact in int64 (avg rounded once from float64, like float32 accumulation)."""
-    acc = data(0, case, count, torch.int64, op)
+    """op over the n ranks' inputs as ``dtype`` holds them (uint8 wraps the negatives, bool keeps nonzero), exact
+    in int64, then rounded (avg from float64, like float32 accumulation) or wrapped (narrow integers) into
+    ``dtype``: sums and products modulo 2^bits as the narrow types compute them, bool's sum and max "or"."""
+    acc = data(0, case, count, dtype, op).to(torch.int64)
     for p in range(1, n):
-        x = data(p, case, count, torch.int64, op)
+        x = data(p, case, count, dtype, op).to(torch.int64)
         if op in ("sum", "avg"):
             acc += x
         elif op == "max":

@@ -24,8 +24,9 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
 
     Args:
         tensor: torch CPU or CUDA tensor or numpy array, any shape, contiguous; float64/32/16,
-            bfloat16, int32 or int64 (half types are reduced in float32 on CPU ranks). CUDA tensors run
-            on the GPU with NCCL's stream semantics.
+            bfloat16, int32 or int64, and on CPU ranks int16, int8, uint8 or bool too (half types are
+            reduced in float32 on CPU ranks; narrow integers wrap; bool: sum and max are "or", prod and
+            min "and"). CUDA tensors run on the GPU with NCCL's stream semantics.
         op: "sum", "avg" (floating dtypes), "max", "min", "prod", or a torch ``ReduceOp``.
         group: xelink communicator (None: the world).
         async_op: return a handle (``Work``; ``GpuWork`` on CUDA) instead of waiting.

@@ -16,7 +16,9 @@ __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", 
            "check_rank", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-REDUCE_DTYPES = DTYPES
+# CPU ranks reduce these too, as torch.distributed's gloo does (integers wrap; bool: sum and max are "or",
+# prod and min "and"); the GPU kernels take DTYPES.
+REDUCE_DTYPES = DTYPES + (torch.int16, torch.int8, torch.uint8, torch.bool)
 # Point-to-point tags of users live below this bound; collectives use the tags above it, so the two
 # never match each other's messages on the same transport.
 USER_TAG_LIMIT = 1 << 14
