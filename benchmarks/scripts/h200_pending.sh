@@ -38,7 +38,7 @@
 #   second10: the fused decode's A/B in the step, first10's failed GPU tests again, STAGES in the W4A16 chain;
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
-#   second11: the gated GEMM's tile rows, GPU collectives on tensors that require grad, decode GPU tests (~4 minutes);
+#   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
@@ -393,10 +393,11 @@ first11)  # the eleventh session's first call (~8 minutes): the untested GPU cod
   rm -f "$OUT"/bench/*.txt
   ;;
 second11)  # after first11 (~4 minutes): the gated GEMM's tile rows (issue 22's arrivals at 2048x4096x4096), the
-           # GPU collectives on tensors that require grad (2 ranks sharing the GPU), the decode GPU tests
+           # GPU collectives on tensors that require grad and the rooted ops on CUDA tensors (2 ranks sharing the
+           # GPU), the decode GPU tests
   step gated_tiles_bench 60 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
-  step grad_collectives 90 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
-    tests/collectives/ranks_gpu_collectives.py -k require_grad
+  step new_collectives 120 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/collectives/ranks_gpu_collectives.py -k "require_grad or rooted"
   step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
   ;;

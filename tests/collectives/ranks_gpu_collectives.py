@@ -194,6 +194,34 @@ def check_tensors_that_require_grad_are_moved_by_their_data(world):
           torch.cat([_data(r, n, torch.float32, "cpu") for r in range(world.size)]))
 
 
+def check_rooted_ops_on_cuda_tensors(world):
+    """broadcast, reduce, gather and scatter of CUDA tensors from every root, bit for bit, across sizes past
+    the peer inbox (4 MiB) and an odd tail; eager and async; the result visible to the next kernel on the
+    current stream without a host synchronization."""
+    dev, n, r = _dev(world), world.size, world.rank
+    for count in (1, 4099, (5 << 20) // 4 + 3):
+        for root in range(n):
+            x = _data(r, count, torch.float32, dev, salt=root)
+            xelink.broadcast(x, root)
+            _same(f"broadcast from {root} count={count}", x * 1, _data(root, count, torch.float32, "cpu", salt=root))
+            x = _data(r, count, torch.int32, dev, salt=root)
+            work = xelink.reduce(x, root, op="max", async_op=True)
+            work.wait()
+            want = _data(r, count, torch.int32, "cpu", salt=root)  # other ranks keep theirs
+            if r == root:
+                want = _reduce([_data(p, count, torch.int32, "cpu", salt=root) for p in range(n)], "max", torch.int32)
+            _same(f"reduce to {root} count={count}", x + 0, want)
+            outs = [torch.full((count,), -1.0, device=dev) for _ in range(n)] if r == root else None
+            xelink.gather(_data(r, count, torch.float32, dev, salt=7), outs, dst=root)
+            if r == root:
+                for p in range(n):
+                    _same(f"gather to {root} from {p}", outs[p] * 1, _data(p, count, torch.float32, "cpu", salt=7))
+            ins = [_data(p, count, torch.bfloat16, dev, salt=9) for p in range(n)] if r == root else None
+            got = torch.zeros(count, dtype=torch.bfloat16, device=dev)
+            xelink.scatter(got, ins, src=root)
+            _same(f"scatter from {root}", got * 1, _data(r, count, torch.bfloat16, "cpu", salt=9))
+
+
 def check_cuda_graph_replays(world):
     dev = _dev(world)
     for algo, n in (("direct", 4096), ("two_shot", 1 << 18), ("direct", 1 << 16)):

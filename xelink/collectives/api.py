@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import symm
 from . import checks, compiled, cpu, dispatch, gpu, registry
+from .gpu import rooted as gpu_rooted
 from .checks import backend_of, check_op_dtype, check_rank, fingerprint_check, group_of, pair, parse_op, splits
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_to_all_single",
@@ -182,24 +184,21 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return registry.backend(backend).all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
 
 
-def _host_only(fn: str, name: str, x, comm, reduce: bool = False):
-    t = checks.tensor(fn, name, x, comm, reduce=reduce)
-    if t.is_cuda:
-        raise ValueError(f"{fn}: {name} is on {t.device}; {fn} moves CPU tensors and numpy arrays only (CUDA "
-                         f"tensors go through all_reduce, all_gather(_into_tensor), reduce_scatter_tensor and "
-                         f"all_to_all_single)")
-    return t
-
-
 def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None):
     """Copy ``tensor`` of rank ``src`` (a rank of ``group``) into ``tensor`` on every rank, in place.
+
+    CPU tensors and numpy arrays move through the host transport; CUDA tensors by point-to-point
+    transfers from ``src``, ordered on the current stream (``gpu.rooted``).
 
     Collective: every rank of ``group`` must call this with the same shape and dtype.
     """
     fn = "broadcast"
     comm = group_of(group, fn)
-    x = _host_only(fn, "tensor", tensor, comm)
+    x = checks.tensor(fn, "tensor", tensor, comm)
     check_rank(fn, "src", src, comm.size)
+    if x.is_cuda:
+        fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
+        return gpu_rooted.broadcast(comm, x, src, async_op)
     entry = dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
     return cpu.broadcast(comm, x, src, entry, async_op, timeout)
@@ -208,14 +207,24 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None
 def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeout=None):
     """Reduce ``tensor`` over all ranks into ``tensor`` of rank ``dst`` (others keep theirs).
 
+    CUDA tensors: an all-reduce of a copy (``algo="auto"``), ``dst`` keeping the result; stream-ordered.
+
     Collective: every rank of ``group`` must call this with the same shape, dtype and op.
     """
     fn = "reduce"
     comm = group_of(group, fn)
-    x = _host_only(fn, "tensor", tensor, comm, reduce=True)
+    x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
     check_op_dtype(fn, op, x.dtype)
     check_rank(fn, "dst", dst, comm.size)
+    if x.is_cuda:
+        acc = x.clone()
+        entry = dispatch.resolve(fn, "all_reduce", "auto", comm, "cuda", _nbytes(acc), acc.dtype, acc)
+        fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
+        registry.backend("cuda").all_reduce(comm, acc, op, entry, False, timeout)
+        if comm.rank == dst:
+            x.copy_(acc)
+        return symm.Work(None, fn) if async_op else None
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
     return cpu.reduce(comm, x, dst, op, async_op, timeout)
 
@@ -224,7 +233,7 @@ def _rooted(fn: str, tensor, items, root_name: str, root: int, group):
     """The checked (comm, tensor, list) of ``gather``/``scatter``: the list of ``world_size`` tensors like
     ``tensor`` on the root, None elsewhere."""
     comm = group_of(group, fn)
-    x = _host_only(fn, "tensor", tensor, comm)
+    x = checks.tensor(fn, "tensor", tensor, comm)
     check_rank(fn, root_name, root, comm.size)
     name = f"{fn}_list"
     if comm.rank != root:
@@ -234,10 +243,11 @@ def _rooted(fn: str, tensor, items, root_name: str, root: int, group):
         return comm, x, None
     if not isinstance(items, (list, tuple)) or len(items) != comm.size:
         raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors on the root")
-    out = [_host_only(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
+    out = [checks.tensor(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
     for i, t in enumerate(out):
-        if t.dtype != x.dtype or t.numel() != x.numel():
-            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype}, expected {x.numel()} x {x.dtype}")
+        if t.dtype != x.dtype or t.numel() != x.numel() or t.is_cuda != x.is_cuda:
+            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype} on {t.device}, expected "
+                             f"{x.numel()} x {x.dtype} on {x.device}")
     return comm, x, out
 
 
@@ -248,6 +258,8 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
     """
     comm, x, outs = _rooted("gather", tensor, gather_list, "dst", dst, group)
     fingerprint_check(comm, "gather", ("gather", tuple(x.shape), str(x.dtype), dst))
+    if x.is_cuda:
+        return gpu_rooted.gather(comm, x, outs, dst, async_op)
     return cpu.gather(comm, x, outs, dst, async_op, timeout)
 
 
@@ -258,6 +270,8 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     """
     comm, x, ins = _rooted("scatter", tensor, scatter_list, "src", src, group)
     fingerprint_check(comm, "scatter", ("scatter", tuple(x.shape), str(x.dtype), src))
+    if x.is_cuda:
+        return gpu_rooted.scatter(comm, x, ins, src, async_op)
     return cpu.scatter(comm, x, ins, src, async_op, timeout)
 
 
