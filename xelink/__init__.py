@@ -1,8 +1,9 @@
 """xelink: topology-aware collectives and fast local kernels for multi-GPU jobs."""
-from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_tensor, all_reduce, all_to_all_single,
-                          barrier, batch_isend_irecv, broadcast, device_barrier, gather, irecv, isend, recv, reduce,
-                          reduce_scatter_tensor, scatter, send, synchronize)
-from .comm import NON_GROUP_MEMBER, Communicator, new_group
+from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
+                          all_to_all_single, barrier, batch_isend_irecv, broadcast, broadcast_object_list,
+                          device_barrier, gather, irecv, isend, recv, reduce, reduce_scatter_tensor, scatter, send,
+                          synchronize)
+from .comm import NON_GROUP_MEMBER, Communicator, get_rank, get_world_size, new_group
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -12,9 +13,9 @@ from .symm import empty
 __version__ = "0.1.0"
 
 __all__ = [
-    "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
-    "barrier", "batch_isend_irecv", "broadcast", "gather", "irecv", "isend", "recv", "reduce",
-    "reduce_scatter_tensor", "scatter", "send", "device_barrier", "synchronize", "empty",
+    "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "gather", "irecv",
+    "isend", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send", "device_barrier", "synchronize", "empty",
     "Communicator",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
     "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_positions", "cp_shard", "cp_unshard",
@@ -23,7 +24,9 @@ __all__ = [
     "TimeoutError",
     "XelinkError",
     "finalize",
+    "get_rank",
     "get_world",
+    "get_world_size",
     "init",
     "is_initialized",
     "new_group",

@@ -18,7 +18,8 @@ from . import bridge, config
 from .errors import NotInitializedError, TimeoutError, XelinkError
 from .transport import Deadline, Transport, shm
 
-__all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_world", "named"]
+__all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_rank", "get_world",
+           "get_world_size", "named"]
 
 # Every live communicator of this process (finalize frees them) and the world (None: not initialised). Held
 # strongly: a dropped communicator must stay until free() or finalize() releases it on every rank together (a weak
@@ -402,6 +403,18 @@ def resolve_group(group, fn: str) -> Communicator:
         return group
     raise TypeError(f"{fn}: group={group!r} is not an xelink Communicator (use xelink.init(), "
                     f"Communicator.split() or xelink.new_group())")
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (None: the world), as torch.distributed.get_rank: -1 on a rank that
+    is not a member (``group`` is ``xelink.NON_GROUP_MEMBER``)."""
+    return -1 if group is NON_GROUP_MEMBER else resolve_group(group, "get_rank").rank
+
+
+def get_world_size(group=None) -> int:
+    """The number of ranks of ``group`` (None: the world), as torch.distributed.get_world_size: -1 on a rank
+    that is not a member."""
+    return -1 if group is NON_GROUP_MEMBER else resolve_group(group, "get_world_size").size
 
 
 def new_group(ranks: Sequence[int], group: Communicator | None = None,

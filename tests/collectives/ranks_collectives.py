@@ -79,6 +79,31 @@ def check_small_integers_and_bool(world):
     assert done.item()
 
 
+def check_rank_size_and_object_collectives(world):
+    # torch.distributed's names: get_rank / get_world_size (-1 off the group), the object collectives.
+    n, r = world.size, world.rank
+    assert (xelink.get_rank(), xelink.get_world_size()) == (r, n)
+    evens = xelink.new_group(list(range(0, n, 2)))
+    if r % 2 == 0:
+        assert (xelink.get_rank(evens), xelink.get_world_size(evens)) == (r // 2, (n + 1) // 2)
+    else:
+        assert (xelink.get_rank(evens), xelink.get_world_size(evens)) == (-1, -1)
+    got = [None] * n
+    xelink.all_gather_object(got, {"rank": r, "tag": "x" * r})
+    assert got == [{"rank": p, "tag": "x" * p} for p in range(n)]
+    src = n - 1
+    objs = [r, {"seed": 1234 + r}, None] if r == src else ["stale", 0, 0]
+    xelink.broadcast_object_list(objs, src=src)
+    assert objs == [src, {"seed": 1234 + src}, None]
+    with pytest.raises(ValueError, match=rf"all_gather_object: object_list must be a list of world_size={n} entries, "
+                                         rf"got {n + 1}"):
+        xelink.all_gather_object([None] * (n + 1), r)
+    with pytest.raises(ValueError, match=rf"broadcast_object_list: src={n} is out of range"):
+        xelink.broadcast_object_list([1], src=n)
+    if evens:
+        evens.free()
+
+
 def check_numpy_inputs(world):
     n, r = world.size, world.rank
     x = np.full(10, r + 1, dtype=np.float32)

@@ -15,7 +15,8 @@ from .gpu import rooted as gpu_rooted
 from .checks import backend_of, check_op_dtype, check_rank, fingerprint_check, group_of, pair, parse_op, splits
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_to_all_single",
-           "broadcast", "reduce", "gather", "scatter", "barrier", "device_barrier", "synchronize"]
+           "broadcast", "reduce", "gather", "scatter", "all_gather_object", "broadcast_object_list", "barrier",
+           "device_barrier", "synchronize"]
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -273,6 +274,44 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     if x.is_cuda:
         return gpu_rooted.scatter(comm, x, ins, src, async_op)
     return cpu.scatter(comm, x, ins, src, async_op, timeout)
+
+
+def _object_list(fn: str, object_list, size: int | None = None) -> None:
+    if not isinstance(object_list, list) or (size is not None and len(object_list) != size):
+        want = f"a list of world_size={size} entries" if size is not None else "a list"
+        got = len(object_list) if isinstance(object_list, list) else type(object_list).__name__
+        raise ValueError(f"{fn}: object_list must be {want}, got {got}")
+
+
+def all_gather_object(object_list, obj, group=None, timeout=None) -> None:
+    """``object_list[r]`` becomes rank r's ``obj`` (any picklable object), as
+    torch.distributed.all_gather_object; through the host transport, whatever the device.
+
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "all_gather_object"
+    comm = group_of(group, fn)
+    _object_list(fn, object_list, comm.size)
+    object_list[:] = comm.allgather_object(obj, timeout)
+
+
+def broadcast_object_list(object_list, src: int = 0, group=None, timeout=None) -> None:
+    """Every rank's ``object_list`` becomes rank ``src``'s (picklable objects), as
+    torch.distributed.broadcast_object_list; every rank passes a list of the same length.
+
+    Raises ValueError on a rank whose list length differs from ``src``'s (after the exchange, which every
+    rank completes).
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "broadcast_object_list"
+    comm = group_of(group, fn)
+    check_rank(fn, "src", src, comm.size)
+    _object_list(fn, object_list)
+    got = comm.allgather_object(list(object_list) if comm.rank == src else None, timeout)[src]
+    if len(got) != len(object_list):
+        raise ValueError(f"{fn}: object_list has {len(object_list)} entries on rank {comm.rank}, {len(got)} on "
+                         f"src={src}")
+    object_list[:] = got
 
 
 def barrier(group=None, async_op: bool = False, timeout=None):
