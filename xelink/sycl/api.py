@@ -123,23 +123,32 @@ class SyclArray:
 
 
 def _default_devices(dpctl):
-    for kind in ("gpu", "cpu"):
-        roots = [d for d in dpctl.get_devices() if (d.is_gpu if kind == "gpu" else d.is_cpu)]
-        if roots:
-            return list(_subs(roots[0]))
+    """Every GPU, each as its tiles where it partitions into them (Level Zero's composite hierarchy; under
+    ``ZE_FLAT_DEVICE_HIERARCHY=FLAT``, how the Intel reference runs, each tile is a GPU of its own already),
+    else the sub-devices of the CPU device (one compute unit each: the stand-ins of CPU tests)."""
+    gpus = [d for d in dpctl.get_devices() if d.is_gpu]
+    if gpus:
+        return [tile for gpu in gpus for tile in _subs(gpu, "next_partitionable", whole=True)]
+    cpus = [d for d in dpctl.get_devices() if d.is_cpu]
+    if cpus:
+        return list(_subs(cpus[0], 1))
     raise ValueError("communicators: dpctl sees no GPU or CPU device (is OCL_ICD_FILENAMES set?)")
 
 
-def _subs(root):
+def _subs(root, partition, whole: bool = False):
+    """``root``'s sub-devices by ``partition``; where it cannot be partitioned so, ``[root]`` (``whole``) or
+    ValueError."""
     # Keyed by the device (dpctl devices compare and hash by the SYCL device; a wrapper's address differs on
     # every lookup, which made every call partition, build and keep a new context): partitioning again would
     # give new sub-devices, so each root is partitioned once.
-    key = root
+    key = (root, partition)
     if key not in _sub_devices:
         try:
-            _sub_devices[key] = (root, root.create_sub_devices(partition=1))
+            _sub_devices[key] = (root, root.create_sub_devices(partition=partition))
         except Exception as exc:  # dpctl raises its own SyclSubDeviceCreationError
-            raise ValueError(f"communicators: {root.name.strip()} cannot be partitioned: {exc}") from exc
+            if not whole:
+                raise ValueError(f"communicators: {root.name.strip()} cannot be partitioned: {exc}") from exc
+            _sub_devices[key] = (root, [root])
     return _sub_devices[key][1]
 
 
@@ -159,8 +168,9 @@ def communicators(devices=None, packages=None):
 
     Args:
         devices: a list of ``dpctl.SyclDevice`` or filter strings (``"opencl:cpu:0"``); the same device may
-            appear more than once, each entry getting its own queue (tiles stand-ins). None: the sub-devices
-            (one compute unit each) of the first GPU, else of the CPU device.
+            appear more than once, each entry getting its own queue (tiles stand-ins). None: every GPU's
+            tiles (a GPU that does not partition by ``"next_partitionable"`` is one entry: under Level Zero's
+            flat hierarchy each tile is a GPU), else the sub-devices (one compute unit each) of the CPU device.
         packages: lists of ranks that share a fast link (a partition of ``range(len(devices))``). None: entries
             whose devices have one parent device (or are one device) form one package.
 
