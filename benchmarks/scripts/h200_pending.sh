@@ -397,7 +397,7 @@ second11)  # after first11 (~4 minutes): the gated GEMM's tile rows (issue 22's 
            # GPU), the decode GPU tests
   step gated_tiles_bench 60 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
   step new_collectives 120 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
-    tests/collectives/ranks_gpu_collectives.py -k "require_grad or rooted"
+    tests/collectives/ranks_gpu_collectives.py -k "require_grad or rooted or ddp_style"
   step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
   ;;

@@ -286,3 +286,47 @@ def compare_training(comm, algos, *, device="cpu", steps=30, tol=1e-5):
         err = max(float((a - b).abs().max()) for a, b in zip(got, want))
         assert err <= tol, f"data-parallel training with algo={algo!r} on {comm.size} ranks: weights differ " \
                            f"from one process's by {err:.3g} (> {tol:g})"
+
+
+def ddp_training(world, device, tol=1e-5):
+    """A data-parallel client written as a torch user writes one: every rank builds its own model, rank 0's
+    parameters (leaves that require grad) are broadcast, each rank trains on its rows of every batch (shards of
+    different sizes) with the gradients summed by all_reduce, and the loss is gathered as an object. The
+    weights must equal one process's trained on whole batches from rank 0's start, up to summation order.
+    ``device``: where the models and data live ("cpu" or this rank's CUDA device); ``tol``: on the weights."""
+    n, r = xelink.get_world_size(world), xelink.get_rank(world)
+
+    def model(seed):
+        g = torch.Generator().manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        return m.to(device)
+
+    ddp, ref = model(100 + r), model(100)  # each rank starts elsewhere until the broadcast
+    for p in ddp.parameters():
+        xelink.broadcast(p, 0)
+    assert all(p.requires_grad and p.grad_fn is None for p in ddp.parameters())
+    data = torch.Generator().manual_seed(7)
+    batch = 23  # a prime: the ranks' shards differ in size
+    for _ in range(8):
+        x = torch.randn(batch, 8, generator=data).to(device)
+        y = torch.randint(0, 4, (batch,), generator=data).to(device)
+        rows = slice(r * batch // n, (r + 1) * batch // n)
+        for m, xs, ys, reduce in ((ddp, x[rows], y[rows], True), (ref, x, y, False)):
+            loss = torch.nn.functional.cross_entropy(m(xs), ys, reduction="sum") / batch
+            m.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    if reduce:
+                        xelink.all_reduce(p.grad)
+                    p.sub_(0.5 * p.grad)
+            if reduce:
+                losses = [None] * n
+                xelink.all_gather_object(losses, float(loss))
+            else:
+                assert abs(sum(losses) - float(loss)) < 1e-5, (sum(losses), float(loss))
+    err = max(float((a - b).abs().max()) for a, b in zip(ddp.parameters(), ref.parameters()))
+    assert err < tol, f"data-parallel weights on {device} differ from one process's by {err:.3g}"

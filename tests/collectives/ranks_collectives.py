@@ -6,7 +6,7 @@ import torch
 
 import xelink
 from ranks import only
-from collective_cases import DTYPES, run_all, run_all_to_all, run_rooted
+from collective_cases import DTYPES, ddp_training, run_all, run_all_to_all, run_rooted
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
 LAUNCH_TIMEOUT = 600
@@ -105,45 +105,7 @@ def check_rank_size_and_object_collectives(world):
 
 
 def check_ddp_style_training_matches_one_process(world):
-    """A data-parallel client written as a torch user writes one: every rank builds its own model, rank 0's
-    parameters (leaves that require grad) are broadcast, each rank trains on its rows of every batch (shards of
-    different sizes) with the gradients summed by all_reduce, and the loss is gathered as an object. The
-    weights must equal one process's trained on whole batches from rank 0's start, up to summation order."""
-    n, r = xelink.get_world_size(), xelink.get_rank()
-
-    def model(seed):
-        g = torch.Generator().manual_seed(seed)
-        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-        with torch.no_grad():
-            for p in m.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        return m
-
-    ddp, ref = model(100 + r), model(100)  # each rank starts elsewhere until the broadcast
-    for p in ddp.parameters():
-        xelink.broadcast(p, 0)
-    assert all(p.requires_grad and p.grad_fn is None for p in ddp.parameters())
-    data = torch.Generator().manual_seed(7)
-    batch = 23  # a prime: the ranks' shards differ in size
-    for _ in range(8):
-        x, y = torch.randn(batch, 8, generator=data), torch.randint(0, 4, (batch,), generator=data)
-        rows = slice(r * batch // n, (r + 1) * batch // n)
-        for m, xs, ys, reduce in ((ddp, x[rows], y[rows], True), (ref, x, y, False)):
-            loss = torch.nn.functional.cross_entropy(m(xs), ys, reduction="sum") / batch
-            m.zero_grad()
-            loss.backward()
-            with torch.no_grad():
-                for p in m.parameters():
-                    if reduce:
-                        xelink.all_reduce(p.grad)
-                    p.sub_(0.5 * p.grad)
-            if reduce:
-                losses = [None] * n
-                xelink.all_gather_object(losses, float(loss))
-            else:
-                assert abs(sum(losses) - float(loss)) < 1e-5, (sum(losses), float(loss))
-    err = max(float((a - b).abs().max()) for a, b in zip(ddp.parameters(), ref.parameters()))
-    assert err < 1e-5, f"data-parallel weights differ from one process's by {err:.3g}"
+    ddp_training(world, "cpu")
 
 
 def check_numpy_inputs(world):

@@ -11,6 +11,7 @@ import torch
 
 import xelink
 from xelink.collectives import GPU_ALGORITHMS as ALGOS
+from collective_cases import ddp_training
 
 WORLD_SIZES = (2,)
 # One rank per GPU; with XELINK_RANKS_PER_DEVICE=2 in the environment both ranks share one GPU (peer
@@ -220,6 +221,11 @@ def check_rooted_ops_on_cuda_tensors(world):
             got = torch.zeros(count, dtype=torch.bfloat16, device=dev)
             xelink.scatter(got, ins, src=root)
             _same(f"scatter from {root}", got * 1, _data(r, count, torch.bfloat16, "cpu", salt=9))
+
+
+def check_ddp_style_training_on_cuda(world):
+    # The CPU ranks' real client on CUDA tensors: parameters broadcast (the rooted ops), gradients all-reduced.
+    ddp_training(world, _dev(world), tol=1e-4)
 
 
 def check_cuda_graph_replays(world):
