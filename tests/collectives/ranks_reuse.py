@@ -100,6 +100,9 @@ def check_control_calls_wait_for_queued_async_collectives(world):
 def check_back_to_back_calls(world):
     """The same random sequence of calls on every rank, random per-rank delays, every result checked."""
     run_sequence(world, 150, seed=1, delay=time.sleep, what="flat")
+    # the 1- and 2-byte dtypes CPU ranks also reduce, between wider ones (slots of odd byte counts)
+    run_sequence(world, 100, seed=3, delay=time.sleep, what="narrow dtypes",
+                 dtypes=(torch.int8, torch.uint8, torch.int16, torch.bool, torch.float16, torch.float64))
     comm = _two_packages(world)
     run_sequence(comm, 100, seed=2, delay=time.sleep, what=f"packages {comm.packages}")
     comm.free()
