@@ -32,6 +32,7 @@ _prefetch_args, _EARLY_ROWS = attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS
 
 
 def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops):
+    attn.prefetch_args = _prefetch_args  # a variant captured before may have turned it off
     q = rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
     return decode_attention(q, self.k[:q.shape[0]], self.v[:q.shape[0]], kv_lens)
 
