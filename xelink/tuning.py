@@ -28,6 +28,7 @@ The fingerprint is any JSON string or object the caller uses to identify the mac
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -95,22 +96,16 @@ def fingerprint(topology: str | None, hosts: Sequence[str], placement=None) -> d
     """
     if isinstance(hosts, str) or not isinstance(hosts, Sequence) or not hosts:
         raise ValueError(f"fingerprint: hosts={hosts!r} must be a non-empty list of host names, one per rank")
-    counts: dict[str, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
-    fp = {"topology": topology, "nranks": len(hosts), "ranks_per_host": list(counts.values())}
+    # Counters keep the order of first appearance: hosts (devices) in order of their first rank.
+    fp = {"topology": topology, "nranks": len(hosts), "ranks_per_host": list(collections.Counter(hosts).values())}
     if placement is not None:
         if placement.nranks != len(hosts):
             raise ValueError(f"fingerprint: a placement of {placement.nranks} rank(s) for {len(hosts)} host name(s)")
-        topo, used = placement.topology, list(dict.fromkeys(placement.devices))
-        models: dict[str, int] = {}
-        for d in map(topo.device, used):
-            model = f"{d.kind} {d.name}".strip()
-            models[model] = models.get(model, 0) + 1
-        fp["devices"] = models
-        fp["ranks_per_device"] = [placement.devices.count(d) for d in used]
-        fp["links"] = sorted({f"{link.kind} {link.bandwidth_gbps:g}" for a in used for b in used if a != b
-                              for link in (topo.route(a, b)[0],)})
+        topo, per_device = placement.topology, collections.Counter(placement.devices)
+        fp["devices"] = dict(collections.Counter(f"{d.kind} {d.name}".strip() for d in map(topo.device, per_device)))
+        fp["ranks_per_device"] = list(per_device.values())
+        links = (topo.route(a, b)[0] for a in per_device for b in per_device if a != b)
+        fp["links"] = sorted({f"{link.kind} {link.bandwidth_gbps:g}" for link in links})
     return fp
 
 
