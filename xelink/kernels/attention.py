@@ -1155,11 +1155,14 @@ def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
     return _merge_run(outs, lses, path, out, pdl)
 
 
-def _checked_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits, causal, scale, return_lse, impl, pdl, out):
-    """decode_attention's checks (rope_decode_attention's too): (path, pdl option, scale)."""
+def _checked_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits, causal, scale, return_lse, impl, pdl, out,
+                    **inputs):
+    """decode_attention's checks (rope_decode_attention's too, its other ``inputs`` for autograd): (path, pdl
+    option, scale)."""
     _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
     _check_flags(fn, causal, scale, return_lse)
-    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS, q=q, k_cache=k_cache, v_cache=v_cache), impl, q)
+    path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS, **inputs, q=q, k_cache=k_cache, v_cache=v_cache), impl,
+                q)
     pdl = pdl_option(fn, pdl, path, q.device)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
@@ -1254,10 +1257,9 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     if hit is not None:
         return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3])
     fn = "rope_decode_attention"
-    impl = forward_only(fn, check_impl(fn, impl, DECODE_IMPLS), k=k, v=v, cos=cos, sin=sin)
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
     path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
-                                       False if pdl is None else pdl, out)
+                                       False if pdl is None else pdl, out, k=k, v=v, cos=cos, sin=sin)
     if path != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
         raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
     if key is not None:
