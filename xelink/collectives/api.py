@@ -197,11 +197,10 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None
     comm = group_of(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm)
     check_rank(fn, "src", src, comm.size)
-    if x.is_cuda:
-        fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
-        return gpu_rooted.broadcast(comm, x, src, async_op)
-    entry = dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
+    entry = None if x.is_cuda else dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
+    if x.is_cuda:
+        return gpu_rooted.broadcast(comm, x, src, async_op)
     return cpu.broadcast(comm, x, src, entry, async_op, timeout)
 
 
@@ -218,15 +217,14 @@ def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeo
     op = parse_op(fn, op)
     check_op_dtype(fn, op, x.dtype)
     check_rank(fn, "dst", dst, comm.size)
+    entry = dispatch.resolve(fn, "all_reduce", "auto", comm, "cuda", _nbytes(x), x.dtype, x) if x.is_cuda else None
+    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
     if x.is_cuda:
         acc = x.clone()
-        entry = dispatch.resolve(fn, "all_reduce", "auto", comm, "cuda", _nbytes(acc), acc.dtype, acc)
-        fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
         registry.backend("cuda").all_reduce(comm, acc, op, entry, False, timeout)
         if comm.rank == dst:
             x.copy_(acc)
         return symm.Work(None, fn) if async_op else None
-    fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
     return cpu.reduce(comm, x, dst, op, async_op, timeout)
 
 
