@@ -4,7 +4,12 @@ it), float32 (1e-5, out and LSE) and bfloat16, against reference_flash_attention
 (computed on every rank from the same seed) sliced to the rank's positions; flat and as packages (one rank
 each at 2, 2+1 at 3, 2x2 at 4: the ring then runs package after package); cp_shard/cp_unshard round trips,
 cp_positions, seq_len= without the exchange, back-to-back calls that change shape and algorithm, ranks that
-disagree (every rank raises the same error), and torch.compile through the custom op (2 ranks)."""
+disagree (every rank raises the same error), and torch.compile through the custom op (2 ranks).
+
+Gradients (the backward, ``cp_backward``): dq, dk, dv of every algorithm, layout and mask, with the LSE in the
+loss, against autograd of attention over the whole sequence written in plain torch float64 (no xelink code);
+short sequences, bfloat16, ranks that disagree about grad; and a real client: an attention layer trained over
+context-parallel ranks (gradients summed with all_reduce) that ends with one process's weights."""
 import torch
 from ranks import only
 
@@ -23,6 +28,17 @@ PACKAGES = {2: [[[0], [1]]], 3: [[[0, 1], [2]]], 4: [[[0, 1], [2, 3]], [[0, 2], 
 def _qkv(B, hq, hkv, S, D, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(B, h, S, D, generator=g).to(dtype) for h in (hq, hkv, hkv))
+
+
+def _full_attention(q, k, v, causal, scale=None):
+    """(out, lse) of attention over the whole sequence in plain torch (GQA by repeated KV heads)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if causal:
+        S = q.shape[2]
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
 def _check(got, want, what, tol):
@@ -175,6 +191,25 @@ def check_torch_compile_traces_the_custom_op(world):
     _check(lse, want_lse[:, :, pos], "compiled lse", 1e-5)
 
 
+@only(sizes=(2,))
+def check_torch_compile_backward_equals_eager(world):
+    """A compiled loss through cp_attention (the LSE unused, then used): its gradients are the eager call's
+    (the backward traced through ``xelink::cp_attention_backward``)."""
+    q, k, v = (xelink.cp_shard(t) for t in _qkv(1, 4, 2, 19, 16, 12))
+    for use_lse in (False, True):
+        def loss(q, k, v):
+            out, lse = xelink.cp_attention(q, k, v, causal=True, algo="all_gather", return_lse=True)
+            return (out * out).sum() + use_lse * lse.sum()
+
+        grads = []
+        for f in (loss, torch.compile(loss, backend="aot_eager", fullgraph=True)):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            f(*leaves).backward()
+            grads.append([t.grad for t in leaves])
+        for name, got, want in zip("qkv", grads[1], grads[0]):
+            _check(got, want, f"compiled d{name} (lse used: {use_lse})", 1e-6)
+
+
 @only(launchers=("mpi",), sizes=(4,))
 def check_ring_keeps_about_two_blocks_in_flight(world):
     """The CPU ring waits for the block it sent a step ago (MPI keeps a send's buffer until then): at every
@@ -207,3 +242,129 @@ def check_ring_keeps_about_two_blocks_in_flight(world):
         transport.as_bytes, host.attend = as_bytes, attend
     block = 2 * q.numel() * q.element_size()
     assert len(steps) == world.size and max(steps) <= 2 * block, (steps, block)
+
+
+def _grad_case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float64, tol=1e-5, use_lse=True):
+    """The gradients of a loss of this rank's output (and LSE) shard: summed over the ranks, the loss is one
+    loss of the whole attention, whose float64 gradients (sliced to the rank's positions) they must equal."""
+    q, k, v = _qkv(B, hq, hkv, S, D, seed, torch.float64)
+    g = torch.Generator().manual_seed(seed + 1)
+    dout, dlse = torch.randn(B, hq, S, D, generator=g, dtype=torch.float64), torch.randn(B, hq, S, generator=g,
+                                                                                        dtype=torch.float64)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = _full_attention(*full, causal)
+    ((out * dout).sum() + use_lse * (lse * dlse).sum()).backward()
+    shard = lambda x: xelink.cp_shard(x, group=comm, layout=layout)  # noqa: E731
+    mine = [shard(t).to(dtype).requires_grad_() for t in (q, k, v)]
+    o, l = xelink.cp_attention(*mine, causal=causal, group=comm, layout=layout, algo=algo, return_lse=True)
+    ((o.double() * shard(dout)).sum() + use_lse * (l.double() * shard(dlse)).sum()).backward()
+    what = f"grad B={B} hq={hq} hkv={hkv} S={S} D={D} causal={causal} {layout} {algo} {dtype} lse={use_lse}"
+    for name, got, want in zip("qkv", mine, full):
+        assert got.grad is not None and got.grad.dtype == dtype, f"{what}: d{name} {got.grad}"
+        want = shard(want.grad)
+        scale = 1.0 if dtype == torch.float64 else max(1.0, want.abs().max().item())
+        _check(got.grad, want, f"{what}: d{name}", tol * scale)
+
+
+def check_gradients_every_algo_layout_and_mask(world):
+    groups = layouts(world, PACKAGES)
+    for name, comm in groups:
+        for layout in LAYOUTS:
+            for algo in ALGOS:
+                for causal in (False, True):
+                    for i, S in enumerate((13, 29)):
+                        try:
+                            _grad_case(comm, 1, 4, 2, S, 16, causal, layout, algo, 20 * i + causal, use_lse=i == 0)
+                        except AssertionError as e:
+                            raise AssertionError(f"{name}: {e}") from None
+    free(groups)
+
+
+def check_gradients_short_sequences_mha_batch_and_auto(world):
+    for layout in LAYOUTS:
+        for algo in ALGOS + ("auto",):
+            for S in (1, world.size, 2 * world.size + 1):  # empty blocks (and at S < n empty ranks)
+                _grad_case(world, 1, 2, 1, S, 8, True, layout, algo, 40 + S)
+            _grad_case(world, 2, 3, 3, 11, 8, False, layout, algo, 50)
+
+
+def check_gradients_bfloat16(world):
+    for algo in ALGOS:
+        _grad_case(world, 1, 4, 2, 23, 64, True, "zigzag", algo, 60, dtype=torch.bfloat16, tol=3e-2)
+
+
+def check_grad_and_no_grad_calls_back_to_back(world):
+    """Calls with and without grad, under no_grad, changing algorithm and shape: each result as its own."""
+    plan = [(13, True, "ring", True), (9, False, "all_gather", False), (17, True, "all_gather", True),
+            (13, True, "ring", False), (5, False, "auto", True)]
+    for i, (S, causal, algo, grad) in enumerate(plan):
+        if grad:
+            _grad_case(world, 1, 4, 2, S, 16, causal, "zigzag", algo, 70 + i)
+        else:
+            q, k, v = (t.requires_grad_() for t in _qkv(1, 4, 2, S, 16, 70 + i))
+            with torch.no_grad():
+                out = xelink.cp_attention(*(xelink.cp_shard(t) for t in (q, k, v)), causal=causal, algo=algo)
+            assert out.grad_fn is None and not out.requires_grad
+            _check(out, reference_flash_attention(q, k, v, causal=causal)[:, :, xelink.cp_positions(S)],
+                   f"no_grad {algo}", 1e-5)
+
+
+def check_ranks_that_disagree_about_grad_all_raise(world):
+    """A backward is collective: a rank whose inputs require grad among ranks whose do not would leave the
+    others' backward waiting; every rank raises in the forward instead, and the group works afterwards."""
+    if world.size == 1:
+        return
+    q, k, v = _qkv(1, 4, 2, 12, 16, 80)
+    q, k, v = (xelink.cp_shard(t) for t in (q, k, v))
+    q.requires_grad_(world.rank == 0)
+    try:
+        xelink.cp_attention(q, k, v, causal=True)
+    except ValueError as e:
+        assert "ranks disagree about the call" in str(e) and "requires grad" in str(e), str(e)
+    else:
+        raise AssertionError("no ValueError for ranks that disagree about grad")
+    _grad_case(world, 1, 4, 2, 12, 16, True, "zigzag", "ring", 81)
+
+
+def _layer(x, w, causal, attend):
+    """A pre-norm attention block (4 q heads over 2 KV heads of 8) on x (B, S, 16), attention by ``attend``."""
+    B, S, _ = x.shape
+    h = torch.nn.functional.rms_norm(x, (16,))
+    q = (h @ w["q"]).view(B, S, 4, 8).transpose(1, 2)
+    k = (h @ w["k"]).view(B, S, 2, 8).transpose(1, 2)
+    v = (h @ w["v"]).view(B, S, 2, 8).transpose(1, 2)
+    o = attend(q, k, v, causal).transpose(1, 2).reshape(B, S, 32)
+    return x + o @ w["o"]
+
+
+def check_training_matches_one_process(world):
+    """A real client: three SGD steps of an attention block on a sequence split over the ranks (zigzag, causal;
+    the algorithm changing per step), each rank's loss its positions' share of the mean squared error, the
+    weight gradients summed with xelink.all_reduce, against the same training in one process."""
+    g = torch.Generator().manual_seed(90)
+    shapes = {"q": (16, 32), "k": (16, 16), "v": (16, 16), "o": (32, 16)}
+    init = {name: torch.randn(shape, generator=g, dtype=torch.float64) * 0.3 for name, shape in shapes.items()}
+    x, y = torch.randn(2, 21, 16, generator=g, dtype=torch.float64), torch.randn(2, 21, 16, generator=g,
+                                                                                 dtype=torch.float64)
+    count = y.numel()
+    one = {name: t.clone().requires_grad_() for name, t in init.items()}
+    ours = {name: t.clone().requires_grad_() for name, t in init.items()}
+    xs, ys = xelink.cp_shard(x, dim=1), xelink.cp_shard(y, dim=1)
+    for step, algo in enumerate(("ring", "all_gather", "auto")):
+        loss = ((_layer(x, one, True, lambda q, k, v, c: _full_attention(q, k, v, c)[0]) - y) ** 2).sum() / count
+        loss.backward()
+        mine = ((_layer(xs, ours, True, lambda q, k, v, c: xelink.cp_attention(q, k, v, causal=c, algo=algo))
+                 - ys) ** 2).sum() / count
+        mine.backward()
+        total = torch.tensor([mine.item()], dtype=torch.float64)
+        xelink.all_reduce(total)
+        assert abs(total.item() - loss.item()) <= 1e-6 * abs(loss.item()), (step, total.item(), loss.item())
+        with torch.no_grad():
+            for name in shapes:
+                xelink.all_reduce(ours[name].grad)
+                _check(ours[name].grad, one[name].grad, f"step {step} ({algo}) grad {name}", 1e-6)
+                for w in (one[name], ours[name]):
+                    w -= 0.5 * w.grad
+                    w.grad = None
+    for name in shapes:
+        _check(ours[name], one[name], f"weights {name} after training", 1e-6)

@@ -3,7 +3,8 @@ device): both algorithms, both layouts, causal and not, GQA, bfloat16 (head dims
 block count does not divide), against one flash_attention over the whole sequence on the same GPU, sliced to
 the rank's positions; a package layout (1+1 at 2 ranks, 2+1 at 3: the ring goes package after package);
 back-to-back calls that change shape; CUDA-graph capture and replay with new inputs after a warm-up call of
-the shape. Skips without a GPU (CPU CI); run on a GPU machine, log committed."""
+the shape; gradients (the backward's point-to-point and reduce-scatter on CUDA tensors) against autograd of
+float64 attention on the CPU. Skips without a GPU (CPU CI); run on a GPU machine, log committed."""
 import torch
 
 import xelink
@@ -118,3 +119,28 @@ def check_bad_arguments(world):
     cases = [(lambda: xelink.cp_attention(q, q.cpu(), q.cpu()), ValueError, "cp_attention: devices differ"),
              (lambda: xelink.cp_attention(q, q.float(), q.float()), TypeError, "cp_attention: dtypes differ")]
     expect_errors(cases)
+
+
+def check_gradients_on_cuda(world):
+    """dq, dk, dv (bfloat16, with the LSE in the loss) of both algorithms and layouts, causal, GQA, against
+    autograd of float64 attention over the whole sequence on the CPU; twice in a row (buffers reused)."""
+    dev = _dev(world)
+    for layout in LAYOUTS:
+        for algo in ALGOS:
+            for S in (333, 1000):
+                q, k, v = (t.cpu() for t in _qkv(1, 8, 2, S, 64, S, dev))
+                g = torch.Generator().manual_seed(S + 1)
+                dout, dlse = torch.randn(1, 8, S, 64, generator=g), torch.randn(1, 8, S, generator=g)
+                full = [t.double().requires_grad_() for t in (q, k, v)]
+                kk, vv = (t.repeat_interleave(4, 1) for t in full[1:])
+                sc = (full[0] @ kk.transpose(-1, -2) / 8.0).masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1),
+                                                                         float("-inf"))
+                ((torch.softmax(sc, -1) @ vv * dout).sum() + (torch.logsumexp(sc, -1) * dlse).sum()).backward()
+                shard = lambda x: xelink.cp_shard(x, layout=layout).to(dev)  # noqa: E731
+                mine = [shard(t).requires_grad_() for t in (q, k, v)]
+                out, lse = xelink.cp_attention(*mine, causal=True, layout=layout, algo=algo, return_lse=True)
+                ((out.float() * shard(dout)).sum() + (lse * shard(dlse)).sum()).backward()
+                for name, got, want in zip("qkv", mine, full):
+                    assert got.grad.dtype == torch.bfloat16 and got.grad.device == dev, (name, got.grad)
+                    _close(got.grad, xelink.cp_shard(want.grad, layout=layout), f"d{name} S={S} {layout} {algo}")
+    xelink.synchronize()

@@ -46,8 +46,6 @@ BAD = [
      r"cp_attention: head_dim: q.shape\[3\]=64, k.shape\[3\]=32"),
     (lambda: xelink.cp_attention(Q[:, :3], K, K), ValueError, r"cp_attention: q heads 3 must be a multiple of k heads 2"),
     (lambda: xelink.cp_attention(Q, K.to("meta"), K.to("meta")), ValueError, r"cp_attention: k is on meta"),
-    (lambda: xelink.cp_attention(Q, _req(), K), ValueError, r"cp_attention: k requires grad, but cp_attention is "
-                                                            r"forward only"),
     (lambda: xelink.cp_attention(Q, K, K, causal=1), TypeError, r"cp_attention: causal=1 must be a bool"),
     (lambda: xelink.cp_attention(Q, K, K, scale=-1.0), ValueError, r"cp_attention: scale=-1.0 must be finite and > 0"),
     (lambda: xelink.cp_attention(Q, K, K, return_lse="yes"), TypeError, r"return_lse='yes' must be a bool"),
@@ -81,6 +79,24 @@ def test_no_grad_inputs_that_require_grad_are_taken(world):
     with torch.no_grad():
         out = xelink.cp_attention(Q, _req(), _req())
     assert out.shape == Q.shape
+
+
+def test_world_size_one_gradients_are_those_of_attention(world):
+    """One rank: the autograd node's backward (flash_attention_backward over the one block) against autograd of
+    the reference, the LSE in the loss, GQA and causal."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, h, 9, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    dout, dlse = torch.randn(1, 4, 9, 16, generator=g, dtype=torch.float64), torch.randn(1, 4, 9, generator=g)
+    for causal in (False, True):
+        ours, ref = [[t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2)]
+        out, lse = xelink.cp_attention(*ours, causal=causal, return_lse=True)
+        assert out.grad_fn is not None and lse.grad_fn is not None
+        ((out * dout).sum() + (lse * dlse).sum()).backward()
+        want, want_lse = reference_flash_attention(*ref, causal=causal, return_lse=True)
+        ((want * dout).sum() + (want_lse * dlse).sum()).backward()
+        for a, b in zip(ours, ref):
+            assert a.grad.dtype == torch.float64, a.grad.dtype
+            assert torch.allclose(a.grad, b.grad, atol=1e-5), (a.grad - b.grad).abs().max()
 
 
 def test_world_size_one_is_flash_attention(world):

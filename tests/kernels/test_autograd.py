@@ -173,3 +173,59 @@ def test_gpu_auto_with_grad_after_a_remembered_kernel_call(name, requires_gpus):
         assert torch.equal(x, y), name
     with pytest.raises(ValueError, match=rf"^{name}: \S+ requires grad"):
         call("triton")
+
+
+def _attention64(q, k, v, causal):
+    """(out, lse) in plain torch float64, GQA by repeated KV heads, causal aligned to the end of the keys."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    sq, sk = q.shape[2], k.shape[2]
+    if causal:
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(sk - sq + 1), float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("sq,sk,causal", [(7, 7, True), (5, 9, True), (9, 5, False), (6, 11, False), (1, 8, True)])
+def test_flash_attention_backward_is_autograd_of_attention(sq, sk, causal):
+    """flash_attention_backward (the forward's out and LSE given, the LSE's gradient too) against autograd of
+    attention written in torch, float64, GQA 4/2; and a key block's share: the LSE of all keys with the block's
+    keys alone gives the block's part, which sums over the blocks to the whole."""
+    from xelink.kernels import flash_attention_backward
+
+    g = torch.Generator().manual_seed(sq * 31 + sk)
+    q, k, v = (torch.randn(2, h, s, 16, generator=g, dtype=torch.float64) for h, s in ((4, sq), (2, sk), (2, sk)))
+    dout, dlse = torch.randn(2, 4, sq, 16, generator=g, dtype=torch.float64), torch.randn(2, 4, sq, generator=g)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = _attention64(*leaves, causal)
+    ((out * dout).sum() + (lse * dlse).sum()).backward()
+    got = flash_attention_backward(dout, q, k, v, out.detach(), lse.detach().float(), causal=causal, dlse=dlse)
+    for a, t in zip(got, leaves):
+        assert a.dtype == torch.float64 and a.shape == t.shape
+        assert torch.allclose(a, t.grad, atol=1e-5), (a - t.grad).abs().max()
+    if not causal:  # two key blocks with the whole's out and LSE: their parts add up
+        cut = sk // 2
+        parts = [flash_attention_backward(dout, q, k[:, :, a:b], v[:, :, a:b], out.detach(), lse.detach().float(),
+                                          dlse=dlse) for a, b in ((0, cut), (cut, sk))]
+        assert torch.allclose(parts[0][0] + parts[1][0], leaves[0].grad, atol=1e-5)
+        assert torch.allclose(torch.cat([parts[0][1], parts[1][1]], 2), leaves[1].grad, atol=1e-5)
+        assert torch.allclose(torch.cat([parts[0][2], parts[1][2]], 2), leaves[2].grad, atol=1e-5)
+
+
+def test_flash_attention_backward_bad_input():
+    from xelink.kernels import flash_attention_backward
+
+    q = torch.randn(1, 2, 4, 8)
+    lse = torch.zeros(1, 2, 4)
+    cases = [
+        (dict(dout=q[:, :, :3]), ValueError, r"flash_attention_backward: dout.shape=\(1, 2, 3, 8\) != q.shape"),
+        (dict(lse=lse.double()), TypeError, r"flash_attention_backward: lse.dtype=torch.float64 must be torch.float32"),
+        (dict(lse=lse[..., :3]), ValueError, r"lse.shape=\(1, 2, 3\) must be q.shape\[:3\]"),
+        (dict(dlse=lse[0]), ValueError, r"flash_attention_backward: dlse.shape=\(2, 4\) must have 3 dims"),
+        (dict(impl="triton"), ValueError, r"flash_attention_backward: impl='triton' is not one of auto, reference"),
+        (dict(causal=1), TypeError, r"causal=1 must be a bool"),
+    ]
+    for change, exc, match in cases:
+        args = dict(dout=q, q=q, k=q, v=q, out=q, lse=lse) | change
+        with pytest.raises(exc, match=match):
+            flash_attention_backward(**args)

@@ -46,15 +46,21 @@ half of this rank's queries.
 
 Under ``torch.compile`` the call goes through the custom op ``xelink::cp_attention`` (a fake implementation
 gives the shapes; the op's body is the eager call on the communicator named by ``group``), so a compiled
-function traces through it; the group must then be the world or a named communicator, as for the
-collectives' ops.
+function traces through it, its backward through ``xelink::cp_attention_backward``; the group must then be
+the world or a named communicator, as for the collectives' ops.
 
-Forward only: tensors that require grad (with grad mode on) are refused. Every check runs before any byte
-moves. World size 1 is one ``flash_attention`` call. Local kernels: ``xelink.kernels.flash_attention`` and
+Autograd: where grad mode is on and q, k or v requires grad, the call is a node of the autograd graph whose
+backward (``cp_backward``: the same algorithm's communication, ``flash_attention_backward`` of the forward's
+(query pieces, key block) calls) gives dq, dk and dv on every rank, the LSE's gradient included
+(``return_lse``). The backward is collective like the forward: every rank of the group must back-propagate
+through its output (ranks that disagree about grad raise in the forward, with the other signature checks).
+Every check runs before any byte moves. World size 1 is one ``flash_attention`` call. Local kernels:
+``xelink.kernels.flash_attention`` and
 ``merge_attention`` with ``impl="auto"`` (the references on CPU ranks, float32 math; Triton on GPUs).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -63,8 +69,8 @@ from ..collectives import all_gather_into_tensor
 from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
-from ..kernels import flash_attention
-from . import schedule
+from ..kernels import flash_attention, flash_attention_backward
+from . import cp_backward, schedule
 from .cp_engine import all_gather_attention
 
 __all__ = ["CP_ALGOS", "CP_LAYOUTS", "AUTO_GATHER_BYTES", "cp_attention", "cp_shard", "cp_unshard", "cp_positions",
@@ -107,9 +113,6 @@ def _tensor(fn: str, name: str, x, comm) -> torch.Tensor:
     if x.dtype not in _FLOATS:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or bfloat16")
     check_rank_device(fn, name, x, comm)
-    if x.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{fn}: {name} requires grad, but cp_attention is forward only (no backward yet); call it "
-                         f"under torch.no_grad() or pass {name}.detach()")
     return x
 
 
@@ -158,8 +161,10 @@ def _seq_dim(fn: str, dim, x: torch.Tensor) -> int:
     return d
 
 
-def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, return_lse: bool, seq_len):
-    """Every rank's local length (the layout's for their sum), checked; exchanged unless ``seq_len`` is given."""
+def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, return_lse: bool, seq_len,
+             grad: bool):
+    """Every rank's local length (the layout's for their sum), checked; exchanged unless ``seq_len`` is given.
+    ``grad`` (a backward will follow, itself collective) is part of the call every rank must agree on."""
     n, r = comm.size, comm.rank
     mine = q.shape[2]
     if seq_len is not None:
@@ -168,16 +173,16 @@ def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, r
             raise ValueError(f"{fn}: q.shape[2]={mine} on rank {r}, but seq_len={seq_len} with layout={layout!r} "
                              f"over {n} ranks gives rank {r} {want[r]} positions")
         fingerprint_check(comm, fn, (fn, seq_len, tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype),
-                                     layout, algo, causal, scale, return_lse))
+                                     layout, algo, causal, scale, return_lse, grad))
         return want
     sig = (tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype), q.device.type, layout, algo, causal,
-           scale, return_lse)
+           scale, return_lse, grad)
     seen = comm.allgather_object((mine, sig))
     differ = [x for x, (_, s) in enumerate(seen) if s != sig]
     if differ:
         raise ValueError(f"{fn}: ranks disagree about the call: rank {r} has {sig}, rank {differ[0]} has "
                          f"{seen[differ[0]][1]} (batch and heads, head_dim, dtype, device, layout, algo, causal, "
-                         f"scale, return_lse)")
+                         f"scale, return_lse, whether an input requires grad)")
     got = [length for length, _ in seen]
     want = schedule.cp_lengths(sum(got), n, layout)
     if got != want:
@@ -247,18 +252,27 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
 
     Raises:
         TypeError / ValueError: non-tensors, unsupported or mixed dtypes, mixed devices, shapes that do not
-            match (batch, local lengths, head dims, GQA heads), tensors that require grad, a bad layout, algo,
+            match (batch, local lengths, head dims, GQA heads), a bad layout, algo,
             scale or flag, before anything is sent; after the exchange of the call signatures (every rank
             raises the same): ranks that disagree, or local lengths that are not the layout's.
 
     Collective: every rank of ``group`` must call this with the same batch, heads, head dim, dtype, flags,
-    layout and algo, and the local lengths of one sequence cut by the layout.
+    layout and algo, whether an input requires grad, and the local lengths of one sequence cut by the layout;
+    with grad, every rank must then run the backward too (module docstring).
     """
     fn = "cp_attention"
     if torch.compiler.is_compiling():  # traced: the custom op (its eager body is this function, checks and all)
         out, lse = torch.ops.xelink.cp_attention(q, k, v, causal, None if scale is None else float(scale),
                                                  group_name(group), layout, algo, -1 if seq_len is None else seq_len)
         return (out, lse) if return_lse else out
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    call = _plan(fn, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad)
+    out, lse = _Differentiable.apply(q, k, v, call) if grad else call.forward(q, k, v)
+    return (out, lse) if return_lse else out
+
+
+def _plan(fn: str, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad: bool) -> "_Call":
+    """Every check of a call, the lengths (exchanged unless ``seq_len`` is given) and the algorithm."""
     comm = group_of(group, fn)
     _check_qkv(fn, q, k, v, comm)
     scale_f = _check_flags(fn, causal, scale, return_lse)
@@ -266,37 +280,95 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
     algo = _algo(fn, algo)
     if seq_len is not None:
         _int(fn, "seq_len", seq_len)
-    n = comm.size
-    if n == 1:
+    picked = algo
+    if comm.size == 1:
         if seq_len is not None and seq_len != q.shape[2]:
             raise ValueError(f"{fn}: q.shape[2]={q.shape[2]} but seq_len={seq_len} on a group of one rank")
-        out, lse = flash_attention(q, k, v, causal=causal, scale=scale_f, return_lse=True)
-        return (out, lse) if return_lse else out
-    lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len)
+        lengths = [q.shape[2]]
+    else:
+        lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len, grad)
+        picked = _picked(comm, q, k, lengths, layout, algo, causal)
+        why = _backend(q).unmet(comm, picked)
+        if why is not None:
+            raise ValueError(f"{fn}: {why}")
+    return _Call(comm, tuple(lengths), layout, picked, causal, scale_f)
+
+
+def _picked(comm, q, k, lengths, layout: str, algo: str, causal: bool) -> str:
+    """The algorithm that runs: ``algo``, or auto's choice for this problem (remembered by the group: the cost
+    model prices it once)."""
+    if algo != "auto":
+        return algo
+    n = comm.size
     B, Hkv, _, D = k.shape
     gathered_bytes = n * max(lengths) * 2 * B * Hkv * D * k.element_size()
-    picked = algo
-    if algo == "auto":  # the choice per problem, remembered by the group (the model prices it once)
-        problem = dict(seq_len=sum(lengths), batch=B, heads=q.shape[1], kv_heads=Hkv, head_dim=D, causal=causal,
-                       layout=layout, dtype_bytes=k.element_size())
-        chosen = comm.resource(("xelink.dist", "cp-auto"), dict)
-        key = (gathered_bytes, q.is_cuda, tuple(problem.values()))
-        picked = chosen.get(key)
-        if picked is None:
-            if len(chosen) >= AUTO_CACHE:
-                chosen.clear()
-            picked = chosen[key] = auto_algo(comm, gathered_bytes, q.is_cuda, problem)
-    backend = _backend(q)
-    why = backend.unmet(comm, picked)
-    if why is not None:
-        raise ValueError(f"{fn}: {why}")
-    kv = torch.stack((k, v))  # (2, B, Hkv, S_local, D), contiguous: one message per block
-    if picked == "all_gather":
-        acc = all_gather_attention(comm, q, kv, lengths, layout, causal, scale_f, backend.start_gather)
-    else:
-        acc = backend.ring_attention(comm, q, kv, lengths, layout, causal, scale_f)
-    out, lse = acc.result(q.dtype)
-    return (out, lse) if return_lse else out
+    problem = dict(seq_len=sum(lengths), batch=B, heads=q.shape[1], kv_heads=Hkv, head_dim=D, causal=causal,
+                   layout=layout, dtype_bytes=k.element_size())
+    chosen = comm.resource(("xelink.dist", "cp-auto"), dict)
+    key = (gathered_bytes, q.is_cuda, tuple(problem.values()))
+    picked = chosen.get(key)
+    if picked is None:
+        if len(chosen) >= AUTO_CACHE:
+            chosen.clear()
+        picked = chosen[key] = auto_algo(comm, gathered_bytes, q.is_cuda, problem)
+    return picked
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One checked call: what its forward and backward run."""
+    comm: object
+    lengths: tuple
+    layout: str
+    algo: str
+    causal: bool
+    scale: float | None
+
+    def forward(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        comm, lengths = self.comm, list(self.lengths)
+        if comm.size == 1:
+            return flash_attention(q, k, v, causal=self.causal, scale=self.scale, return_lse=True)
+        kv = torch.stack((k, v))  # (2, B, Hkv, S_local, D), contiguous: one message per block
+        backend = _backend(q)
+        if self.algo == "all_gather":
+            acc = all_gather_attention(comm, q, kv, lengths, self.layout, self.causal, self.scale,
+                                       backend.start_gather)
+        else:
+            acc = backend.ring_attention(comm, q, kv, lengths, self.layout, self.causal, self.scale)
+        return acc.result(q.dtype)
+
+    def backward(self, dout, dlse, q, k, v, out, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        comm, lengths = self.comm, list(self.lengths)
+        if comm.size == 1:
+            dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=self.causal, scale=self.scale,
+                                                  dlse=dlse)
+        else:
+            g = (q, dout, out, lse, dlse)
+            kv = torch.stack((k, v))
+            if self.algo == "all_gather":
+                dq, dkv = cp_backward.all_gather_backward(comm, g, kv, lengths, self.layout, self.causal, self.scale,
+                                                          _backend(q).start_gather)
+            else:
+                dq, dkv = cp_backward.ring_backward(comm, g, kv, lengths, self.layout, self.causal, self.scale)
+            dk, dv = dkv[0], dkv[1]
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _Differentiable(torch.autograd.Function):
+    """cp_attention in autograd: the forward as without grad, the backward ``_Call.backward`` (collective)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        out, lse = call.forward(q, k, v)
+        ctx.call = call
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.call.backward(dout, dlse, q, k, v, out, lse)
+        return dq, dk, dv, None
 
 
 @torch.library.custom_op("xelink::cp_attention", mutates_args=())
@@ -310,6 +382,38 @@ def _cp_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 def _(q, k, v, causal, scale, group, layout, algo, seq_len):
     B, H, S, D = q.shape
     return q.new_empty((B, H, S, D)), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+@torch.library.custom_op("xelink::cp_attention_backward", mutates_args=())
+def _cp_attention_backward_op(dout: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float | None,
+                              group: str, layout: str, algo: str,
+                              seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The traced backward: the call planned again (its checks, lengths and algorithm, as the forward op's
+    body planned it: no input of a traced op requires grad), then ``_Call.backward``."""
+    call = _plan("cp_attention", q, k, v, causal, scale, comm_named(group), layout, algo, True,
+                 None if seq_len < 0 else seq_len, False)
+    dq, dk, dv = call.backward(dout, dlse, q, k, v, out, lse)
+    return dq, dk.clone(), dv.clone()  # an op's outputs may not alias each other (dk, dv: views of one buffer)
+
+
+@_cp_attention_backward_op.register_fake
+def _(dout, dlse, q, k, v, out, lse, causal, scale, group, layout, algo, seq_len):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *ctx.flags = inputs
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _traced_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    grads = torch.ops.xelink.cp_attention_backward(dout, dlse, q, k, v, out, lse, *ctx.flags)
+    return (*grads, None, None, None, None, None, None)
+
+
+_cp_attention_op.register_autograd(_traced_backward, setup_context=_setup_context)
 
 
 def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2):

@@ -9,7 +9,7 @@ import torch
 from ..kernels import flash_attention, merge_attention
 from . import schedule
 
-__all__ = ["Accumulator", "attend", "needed", "gathered_runs", "all_gather_attention"]
+__all__ = ["Accumulator", "attend", "needed", "gathered_runs", "gather_kv", "all_gather_attention"]
 
 
 class Accumulator:
@@ -78,20 +78,25 @@ def gathered_runs(n: int, me: int, seq_len: int, layout: str) -> list[list[tuple
     return runs
 
 
-def all_gather_attention(comm, q, kv, lengths, layout, causal, scale, start_gather):
-    """``algo="all_gather"`` on either backend: gather the packed KV (padded) with the backend's
-    ``start_gather(comm, stage, send)`` (a handle with ``wait()``), attend to the own KV meanwhile, then to the
-    other ranks' blocks run by run."""
-    n, r = comm.size, comm.rank
-    seq_len = sum(lengths)
+def gather_kv(comm, kv, lengths, start_gather):
+    """Start the gather of every rank's packed KV, padded to the longest local length, with the backend's
+    ``start_gather(comm, stage, send)``; returns ``(stage (n, 2, B, Hkv, lmax, D), handle with wait())``."""
     lmax = max(lengths)
     two, B, Hkv, L, D = kv.shape
     send = kv.new_empty((two, B, Hkv, lmax, D))
     send[:, :, :, :L].copy_(kv)
     if lmax > L:
         send[:, :, :, L:].zero_()  # moved but never read; zeros keep the bytes defined
-    stage = kv.new_empty((n, two, B, Hkv, lmax, D))
-    work = start_gather(comm, stage, send)
+    stage = kv.new_empty((comm.size, two, B, Hkv, lmax, D))
+    return stage, start_gather(comm, stage, send)
+
+
+def all_gather_attention(comm, q, kv, lengths, layout, causal, scale, start_gather):
+    """``algo="all_gather"`` on either backend: gather the packed KV (``gather_kv``), attend to the own KV
+    meanwhile, then to the other ranks' blocks run by run."""
+    n, r = comm.size, comm.rank
+    seq_len = sum(lengths)
+    stage, work = gather_kv(comm, kv, lengths, start_gather)
     acc = Accumulator(q)
     qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
     attend(acc, q, qpieces, qpieces, kv[0], kv[1], causal, scale)

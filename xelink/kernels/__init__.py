@@ -6,9 +6,9 @@ reference path (torch ops, differentiable) and a named kernel path raises ValueE
 so no output silently leaves the autograd graph.
 """
 
-from .attention import (decode_attention, flash_attention, merge_attention, reference_decode_attention,
-                        reference_flash_attention, reference_merge_attention, reference_rope_decode_attention,
-                        rope_decode_attention)
+from .attention import (decode_attention, flash_attention, flash_attention_backward, merge_attention,
+                        reference_decode_attention, reference_flash_attention, reference_flash_attention_backward,
+                        reference_merge_attention, reference_rope_decode_attention, rope_decode_attention)
 from .gated_gemm import gated_gemm
 from .gemm import gemm, reference_gemm
 from .gemv import gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
@@ -18,8 +18,8 @@ from .scatter_gemm import (reduce_programs, reference_scatter_reduce, scatter_ge
                            scatter_reduce)
 
 __all__: list[str] = [
-    "decode_attention", "flash_attention", "merge_attention", "reference_decode_attention",
-    "reference_flash_attention", "reference_merge_attention", "reference_rope_decode_attention",
+    "decode_attention", "flash_attention", "flash_attention_backward", "merge_attention", "reference_decode_attention",
+    "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention", "reference_rope_decode_attention",
     "rope_decode_attention",
     "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
     "reduce_programs", "reference_rope", "reference_rope_kv", "reference_scatter_reduce", "reference_silu_mul",

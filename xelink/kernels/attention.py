@@ -53,11 +53,14 @@ __all__ = [
     "FLASH_IMPLS",
     "HEAD_DIMS",
     "MERGE_IMPLS",
+    "BACKWARD_IMPLS",
     "decode_attention",
     "flash_attention",
+    "flash_attention_backward",
     "merge_attention",
     "reference_decode_attention",
     "reference_flash_attention",
+    "reference_flash_attention_backward",
     "reference_merge_attention",
     "reference_rope_decode_attention",
     "resolve_impl",
@@ -66,6 +69,7 @@ __all__ = [
 
 FLASH_IMPLS = ("auto", "triton", "cuda", "reference")
 DECODE_IMPLS = MERGE_IMPLS = ("auto", "triton", "reference")
+BACKWARD_IMPLS = ("auto", "reference")
 HEAD_DIMS = (64, 128, 256)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
@@ -256,13 +260,92 @@ def reference_flash_attention(q, k, v, causal=False, scale=None, return_lse=Fals
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    g = Hq // Hkv
-    t = torch.arange(Sq, device=q.device).repeat(g)
-    row_last = t + (Sk - Sq) if causal else torch.full_like(t, Sk - 1)
-    out, lse = _ref_core(_grouped(q, Hkv), k, v, row_last, scale)
+    out, lse = _ref_core(_grouped(q, Hkv), k, v, _row_last(Sq, Sk, Hq // Hkv, causal, q.device), scale)
     out = out.reshape(B, Hq, Sq, D).to(q.dtype)
     lse = lse.reshape(B, Hq, Sq).to(torch.float32)
     return (out, lse) if return_lse else out
+
+
+def _row_last(sq: int, sk: int, g: int, causal: bool, device) -> torch.Tensor:
+    """The last key each grouped row (``_grouped``: g q heads of one KV head, sq rows each) may see."""
+    t = torch.arange(sq, device=device).repeat(g)
+    return t + (sk - sq) if causal else torch.full_like(t, sk - 1)
+
+
+def _ref_core_backward(q, k, v, dout, lse, delta, row_last, scale):
+    """The gradients of ``_ref_core``'s rows, given the forward's LSE and ``delta`` (the rows' dot products of
+    output and output gradient): dq (B, Hkv, R, D), dk, dv (B, Hkv, Sk, D), in float32 (float64 for float64),
+    over row chunks as ``_ref_core``. A row's probabilities are ``exp(s - lse)``: with the LSE of attention over
+    more keys than ``k`` (context parallelism) these are the block's share of the row's softmax, so the results
+    are the block's contributions."""
+    ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, Hkv, R, D = q.shape
+    Sk = k.shape[2]
+    dq = torch.zeros((B, Hkv, R, D), dtype=ctype, device=q.device)
+    dk = torch.zeros((B, Hkv, Sk, D), dtype=ctype, device=q.device)
+    dv = torch.zeros((B, Hkv, Sk, D), dtype=ctype, device=q.device)
+    if Sk == 0 or R == 0 or B == 0:
+        return dq, dk, dv
+    kf, vf = k.to(ctype), v.to(ctype)
+    cols = torch.arange(Sk, device=q.device)
+    chunk = max(1, (1 << 24) // max(1, B * Hkv * Sk))
+    for r0 in range(0, R, chunk):
+        r1 = min(R, r0 + chunk)
+        qc, dc = q[:, :, r0:r1].to(ctype), dout[:, :, r0:r1].to(ctype)
+        s = torch.matmul(qc, kf.transpose(-1, -2)) * scale
+        s = s.masked_fill(cols[None, :] > row_last[r0:r1, None], float("-inf"))
+        m = lse[:, :, r0:r1, None].to(ctype)
+        seen = torch.isfinite(m)  # a row that sees no key anywhere (LSE -inf) has no gradient
+        p = torch.where(seen, torch.exp(s - torch.where(seen, m, torch.zeros_like(m))), torch.zeros_like(s))
+        dv += torch.matmul(p.transpose(-1, -2), dc)
+        ds = p * (torch.matmul(dc, vf.transpose(-1, -2)) - delta[:, :, r0:r1, None].to(ctype))
+        dq[:, :, r0:r1] = torch.matmul(ds, kf) * scale
+        dk += torch.matmul(ds.transpose(-1, -2), qc) * scale
+    return dq, dk, dv
+
+
+def _check_backward(fn: str, dout, q, k, v, out, lse, causal, scale, dlse) -> None:
+    _check_qkv(fn, q, k, v)
+    _check_flags(fn, causal, scale, False)
+    for name, t in (("dout", dout), ("out", out)):
+        check_tensor(fn, name, t, 4)
+        if t.shape != q.shape:
+            raise ValueError(f"{fn}: {name}.shape={tuple(t.shape)} != q.shape={tuple(q.shape)}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{fn}: {name}.dtype={t.dtype} must be a floating-point dtype")
+    check_tensor(fn, "lse", lse, 3)
+    if lse.shape != q.shape[:3]:
+        raise ValueError(f"{fn}: lse.shape={tuple(lse.shape)} must be q.shape[:3]={tuple(q.shape[:3])}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"{fn}: lse.dtype={lse.dtype} must be torch.float32 (flash_attention's return_lse)")
+    if dlse is not None:
+        check_tensor(fn, "dlse", dlse, 3)
+        if dlse.shape != lse.shape or not dlse.dtype.is_floating_point:
+            raise ValueError(f"{fn}: dlse (shape {tuple(dlse.shape)}, {dlse.dtype}) must be a floating tensor of "
+                             f"lse's shape {tuple(lse.shape)}")
+    for name, t in (("dout", dout), ("out", out), ("lse", lse), ("dlse", dlse)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
+
+
+def reference_flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, *, dlse=None):
+    """Pure-torch gradients of ``flash_attention`` (``flash_attention_backward``'s reference path)."""
+    _check_backward("reference_flash_attention_backward", dout, q, k, v, out, lse, causal, scale, dlse)
+    return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+
+
+def _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse):
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    delta = (dout.to(ctype) * out.to(ctype)).sum(-1)
+    if dlse is not None:  # d lse / d s = p: the LSE's gradient enters as a shift of delta
+        delta = delta - dlse.to(ctype)
+    row_last = _row_last(Sq, Sk, Hq // Hkv, causal, q.device)
+    dq, dk, dv = _ref_core_backward(_grouped(q, Hkv), k, v, _grouped(dout, Hkv), lse.reshape(B, Hkv, -1),
+                                    delta.reshape(B, Hkv, -1), row_last, scale)
+    return dq.reshape(B, Hq, Sq, D), dk, dv
 
 
 def _check_merge(fn: str, outs, lses):
@@ -1123,6 +1206,34 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     else:  # eager (CUDA graph capture included): launch directly, no custom-op dispatch
         out, lse = _flash_run(q, k, v, causal, scale, path, out, pdl)
     return (out, lse) if return_lse else out
+
+
+def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, impl="auto", *, dlse=None):
+    """Gradients of ``flash_attention``'s output with respect to q, k and v (FlashAttention's backward
+    contract: the forward's output and LSE are given, the probabilities recomputed from them).
+
+    Args:
+        dout: (B, Hq, Sq, D) gradient of the output; q, k, v: the forward's inputs (shapes as
+            ``flash_attention``); out: its output; lse: its float32 LSE (``return_lse=True``).
+            ``out`` and ``lse`` may be those of attention over more keys than ``k`` (one key block of a longer
+            sequence, as context parallelism splits it): the results are then this block's contributions, which
+            sum over the blocks to the gradients of the whole attention.
+        causal, scale: as the forward's call over this block.
+        dlse: the gradient of the LSE, (B, Hq, Sq), where a loss used it too (None: zero).
+        impl: "auto" or "reference" (``BACKWARD_IMPLS``): no backward kernel exists yet, so every device runs
+            the reference's torch ops in float32, over row chunks (memory O(chunk x Sk), not O(Sq x Sk)).
+
+    Returns:
+        (dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, D), summed over the q heads of each KV head), float32 (float64
+        for float64 inputs), new tensors: cast them to the inputs' dtype after summing over blocks.
+
+    Raises:
+        TypeError / ValueError: bad tensors, shapes, dtypes, devices, flags or impl, before anything runs.
+    """
+    fn = "flash_attention_backward"
+    check_impl(fn, impl, BACKWARD_IMPLS)
+    _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse)
+    return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
 
 
 def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
