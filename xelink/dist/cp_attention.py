@@ -55,8 +55,8 @@ backward (``cp_backward``: the same algorithm's communication, ``flash_attention
 (``return_lse``). The backward is collective like the forward: every rank of the group must back-propagate
 through its output (ranks that disagree about grad raise in the forward, with the other signature checks).
 Every check runs before any byte moves. World size 1 is one ``flash_attention`` call. Local kernels:
-``xelink.kernels.flash_attention`` and
-``merge_attention`` with ``impl="auto"`` (the references on CPU ranks, float32 math; Triton on GPUs).
+``xelink.kernels.flash_attention`` and ``merge_attention`` with ``impl="auto"`` (the references on CPU ranks,
+float32 math; Triton on GPUs), ``flash_attention_backward`` (a reference on every device so far).
 """
 from __future__ import annotations
 
