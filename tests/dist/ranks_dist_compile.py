@@ -3,7 +3,8 @@ three ops compiled with fullgraph=True (backends "eager" and "aot_eager") gives 
 integer-valued float32, on the world and on a sub-communicator with packages (the group passed by name);
 lists of b, transposed b, 3-D gather/scatter dims, return_gathered, out=, op="avg"; bad arguments are refused
 while tracing with the eager message; repeated calls reuse the graph, another communicator gets its own; the
-ops' fake implementations agree with the real ones (opcheck). Inductor (a C++ build per graph) is left out to
+ops' fake implementations agree with the real ones (opcheck); a compiled step's backward (the ops' autograd
+formulas) gives the eager backward's gradients. Inductor (a C++ build per graph) is left out to
 keep CI short."""
 import torch
 
@@ -74,6 +75,34 @@ def check_compiled_step_matches_eager(world):
             for name, g, w in zip(("x_full", "q", "k", "y", "z", "c", "avg"), got, want):
                 assert g.shape == w.shape and g.dtype == w.dtype, (what, algo, backend, name, g.shape, w.shape)
                 assert torch.equal(g, w), (what, algo, backend, name)
+        if group is not None:
+            group.free()
+
+
+def check_compiled_training_step_gradients_match_eager(world):
+    """The step's loss compiled with its backward (aot_eager: the ops' autograd formulas traced): every input's
+    gradient equals the eager backward's (``gemm_grad``), on the world and on a sub-communicator with packages;
+    then with only the weights requiring grad (the gathered a kept for them, not returned)."""
+    for salt, (what, group) in enumerate(_groups(world)):
+        comm = world if group is None else group
+
+        def loss(*args):
+            return sum((t.double() * (i + 1)).pow(2).sum() for i, t in enumerate(_step(*args, group, "auto")))
+
+        for frozen_x in (False, True):
+            grads = []
+            for f in (loss, torch.compile(loss, backend="aot_eager", fullgraph=True)):
+                leaves = [t.clone().requires_grad_(not (frozen_x and i == 0))
+                          for i, t in enumerate(_inputs(comm.rank, 10 + salt))]
+                f(*leaves).backward()
+                grads.append([t.grad for t in leaves])
+            for i, (g, w) in enumerate(zip(*grads)):
+                assert (g is None) == (w is None), (what, frozen_x, i)
+                if g is not None:  # float32 sums past 2**24 round differently in the two orders of the reductions
+                    err = (g - w).abs().max().item()
+                    assert err <= 1e-6 * w.abs().max().item(), (what, frozen_x, i, err)
+            assert (grads[0][0] is None) == frozen_x, (what, frozen_x)
+            torch._dynamo.reset()
         if group is not None:
             group.free()
 

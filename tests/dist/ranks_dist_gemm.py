@@ -2,7 +2,14 @@
 matmul_all_reduce against all_gather + torch.matmul (computed on every rank from the same seeded shards),
 exact on integer-valued float32 and bfloat16, close on random bfloat16; 2-D and 3-D, both gather/scatter
 dims, lists of b, transposed b, tails of 0, 1 and 3 rows per rank, out=, return_gathered, back-to-back calls
-that change shape, dtype and algorithm; flat and as packages (one rank each at 2, 2+1 at 3, 2x2 at 4)."""
+that change shape, dtype and algorithm; flat and as packages (one rank each at 2, 2+1 at 3, 2x2 at 4).
+
+Gradients (``gemm_grad``): real clients trained over the ranks against the same training in one process in
+float64: a sequence-parallel MLP (all_gather_matmul of two weights sharing the gather, then
+matmul_reduce_scatter; 3-D along the sequence and 2-D along the rows; nn.Linear-style transposed weights; every
+algorithm and package layout; the gathered input in the loss; op="avg") and a tensor-parallel MLP
+(matmul_all_reduce, the replicated input's gradient summed by the user as Megatron-LM's f operator); and
+only some inputs requiring grad."""
 import torch
 
 import pytest
@@ -227,22 +234,23 @@ def check_bad_inputs_raise_before_sending(world):
     _same(xelink.matmul_reduce_scatter(a, w), want.chunk(n)[world.rank].contiguous(), "after the refusals")
 
 
-def check_grad_and_aliased_outputs_are_refused_before_sending(world):
-    """A weight that requires grad (an nn.Linear's, in grad mode) and an out= that shares memory with an input,
-    with another out or with itself (expanded): refused by name on every rank before any message (grad mode
-    used to fail part way through the schedule, leaving messages that stalled the next call; an aliased out
-    was written while still read: wrong sums); the same calls under no_grad or with a separate out work."""
+def check_grad_with_out_and_aliased_outputs_are_refused_before_sending(world):
+    """out= with an input that requires grad (an nn.Linear's weight, in grad mode: out= is not differentiable)
+    and an out= that shares memory with an input, with another out or with itself (expanded): refused by name on
+    every rank before any message (an aliased out was written while still read: wrong sums); the same calls
+    under no_grad or with a separate out work."""
     n = world.size
     lin = torch.nn.Linear(4, 3, bias=False)
     a = ints((2, 4), 800 + world.rank)
     sq = ints((2, 4), 810 + world.rank)
     w4 = ints((4, 4), 820)
     big = torch.zeros(4 + 2 * n, 4)
-    cases = [(lambda: xelink.all_gather_matmul(a, lin.weight.t()), ValueError,
-              "all_gather_matmul: b requires grad, but all_gather_matmul is forward only"),
-             (lambda: xelink.matmul_all_reduce(a, lin.weight.t()), ValueError, "matmul_all_reduce: b requires grad"),
-             (lambda: xelink.matmul_reduce_scatter(a.repeat(n, 1).requires_grad_(), w4), ValueError,
-              "matmul_reduce_scatter: a requires grad"),
+    cases = [(lambda: xelink.all_gather_matmul(a, lin.weight.t(), out=torch.empty(2 * n, 3)), ValueError,
+              "all_gather_matmul: out= is not differentiable, and an input requires grad"),
+             (lambda: xelink.matmul_all_reduce(a, lin.weight.t(), out=torch.empty(2, 3)), ValueError,
+              "matmul_all_reduce: out= is not differentiable"),
+             (lambda: xelink.matmul_reduce_scatter(a.repeat(n, 1).requires_grad_(), w4, out=torch.empty(2, 4)),
+              ValueError, "matmul_reduce_scatter: out= is not differentiable"),
              (lambda: xelink.matmul_all_reduce(sq, w4, out=sq), ValueError,
               "matmul_all_reduce: out overlaps a in memory"),
              (lambda: xelink.all_gather_matmul(a, big[:4], out=big[2:2 + 2 * n]), ValueError,
@@ -297,3 +305,112 @@ def check_an_error_part_way_fails_the_group(world):
     want = torch.cat([ints((2, 4), 900 + q) for q in range(world.size)]) @ w
     _same(xelink.all_gather_matmul(a, w, group=fresh, algo="pipelined"), want, "a new group after the failure")
     fresh.free()
+
+
+# -- autograd ---------------------------------------------------------------------------------------
+
+def _sgd(params, lr=0.05):
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad
+            p.grad = None
+
+
+def _sp_mlp(comm, algo, dims3, use_gathered, op, steps=2):
+    """Sequence-parallel MLP y = (relu(x W1) * (x W3)) W2, x split along the sequence (rows), W1/W3 by columns
+    and W2 by rows (nn.Linear weights, used transposed), trained ``steps`` SGD steps on every rank's share of
+    the loss, against one process: the rank's slices of the weights and of x's gradient must match."""
+    n, r = comm.size, comm.rank
+    g = torch.Generator().manual_seed(31 + 7 * n)
+    S, H, F = 3 * n, 6, 2 * n
+    x = torch.randn((2, S, H) if dims3 else (S, H), generator=g, dtype=torch.float64)
+    lin = {name: torch.randn(shape, generator=g, dtype=torch.float64) * 0.5
+           for name, shape in (("w1", (F, H)), ("w3", (F, H)), ("w2", (H, F)))}
+    dim = x.dim() - 2
+    cols = slice(r * (F // n), (r + 1) * (F // n))
+    rows = slice(r * (S // n), (r + 1) * (S // n))
+    one = {k: t.clone().requires_grad_() for k, t in lin.items()}
+    ours = {"w1": lin["w1"][cols].clone().requires_grad_(), "w3": lin["w3"][cols].clone().requires_grad_(),
+            "w2": lin["w2"][:, cols].clone().requires_grad_()}
+    xo, xs = x.clone().requires_grad_(), x.narrow(dim, rows.start, S // n).clone().requires_grad_()
+    scale = 1.0 / n if op == "avg" else 1.0
+    for step in range(steps):
+        y = (torch.relu(xo @ one["w1"].t()) * (xo @ one["w3"].t())) @ one["w2"].t() * scale
+        loss = (y ** 2).sum() + (xo.pow(3).sum() if use_gathered else 0)
+        loss.backward()
+        got = xelink.all_gather_matmul(xs, [ours["w1"].t(), ours["w3"].t()], group=comm, gather_dim=dim,
+                                       algo=algo, return_gathered=use_gathered)
+        a_full, (h1, h3) = got if use_gathered else (None, got)
+        ys = xelink.matmul_reduce_scatter(torch.relu(h1) * h3, ours["w2"].t(), group=comm, scatter_dim=dim, op=op,
+                                          algo=algo)
+        mine = (ys ** 2).sum()
+        if use_gathered:  # every rank holds all of x: its share of the cube is 1/n of it
+            mine = mine + a_full.pow(3).sum() / n
+        mine.backward()
+        what = f"{algo} 3-D={dims3} gathered={use_gathered} {op} step {step}"
+        _close(xs.grad, xo.grad.narrow(dim, rows.start, S // n), f"{what} dx", 1e-10)
+        for k, want in (("w1", one["w1"].grad[cols]), ("w3", one["w3"].grad[cols]), ("w2", one["w2"].grad[:, cols])):
+            _close(ours[k].grad, want, f"{what} d{k}", 1e-10)
+        _sgd(list(one.values()) + [xo])
+        _sgd(list(ours.values()) + [xs])
+
+
+def check_sequence_parallel_training_matches_one_process(world):
+    groups = layouts(world, LAYOUTS)
+    for name, comm in groups:
+        for algo in ALGOS:
+            try:
+                _sp_mlp(comm, algo, True, False, "sum")
+                _sp_mlp(comm, algo, False, True, "sum")
+            except AssertionError as e:
+                raise AssertionError(f"{name}: {e}") from None
+    _sp_mlp(world, "auto", True, True, "avg")
+    free(groups)
+
+
+def check_tensor_parallel_training_matches_one_process(world):
+    """A Megatron-style tensor-parallel MLP: x replicated, W1 split by columns, W2 by rows, the output summed by
+    matmul_all_reduce (its backward local), the loss computed alike on every rank; x's gradient summed by the
+    user (the f operator); weights after SGD steps equal one process's."""
+    n, r = world.size, world.rank
+    g = torch.Generator().manual_seed(77)
+    H, F = 5, 3 * n
+    x = torch.randn(2, 4, H, generator=g, dtype=torch.float64)
+    w1, w2 = torch.randn(H, F, generator=g, dtype=torch.float64), torch.randn(F, H, generator=g, dtype=torch.float64)
+    cols = slice(r * 3, r * 3 + 3)
+    one = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    ours = [x.clone().requires_grad_(), w1[:, cols].clone().requires_grad_(), w2[cols].clone().requires_grad_()]
+    for step, algo in enumerate(ALGOS):
+        (torch.tanh(torch.tanh(one[0] @ one[1]) @ one[2]) ** 2).sum().backward()
+        y = xelink.matmul_all_reduce(torch.tanh(ours[0] @ ours[1]), ours[2], algo=algo)
+        (torch.tanh(y) ** 2).sum().backward()
+        xelink.all_reduce(ours[0].grad)
+        for what, got, want in (("dx", ours[0].grad, one[0].grad), ("dw1", ours[1].grad, one[1].grad[:, cols]),
+                                ("dw2", ours[2].grad, one[2].grad[cols])):
+            _close(got, want, f"{algo} step {step} {what}", 1e-10)
+        _sgd(one)
+        _sgd(ours)
+
+
+def check_gradients_of_some_inputs_only(world):
+    """Only the weight, or only the input, requires grad (a frozen layer; data that needs no gradient): the
+    others get none, the ones asked for are right."""
+    n, r = world.size, world.rank
+    a = ints((2, 4), 900 + r, torch.float64)
+    b = ints((4, 3), 901, torch.float64)
+    a_all = torch.cat([ints((2, 4), 900 + q, torch.float64) for q in range(n)])
+    bw = b.clone().requires_grad_()
+    xelink.all_gather_matmul(a, bw).sum().backward()
+    _same(bw.grad, a_all.t() @ torch.ones(2 * n, 3, dtype=torch.float64), "all_gather_matmul db alone")
+    aw = a.clone().requires_grad_()
+    c = xelink.all_gather_matmul(aw, b)
+    assert c.requires_grad and c.grad_fn is not None
+    c.sum().backward()
+    _same(aw.grad, n * torch.ones(2, 3, dtype=torch.float64) @ b.t(), "all_gather_matmul da alone")
+    parts = ints((2 * n, 4), 910 + r, torch.float64)
+    bw = b.clone().requires_grad_()
+    xelink.matmul_reduce_scatter(parts, bw).sum().backward()
+    _same(bw.grad, parts.t() @ torch.ones(2 * n, 3, dtype=torch.float64), "matmul_reduce_scatter db alone")
+    with torch.no_grad():
+        c = xelink.matmul_reduce_scatter(parts, bw)
+    assert c.grad_fn is None and not c.requires_grad

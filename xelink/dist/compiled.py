@@ -17,7 +17,13 @@ Schemas (``b`` and the results as lists, so one op serves one weight or several 
     xelink::matmul_all_reduce(Tensor a, Tensor b, str algo, str group) -> Tensor
 
 A custom op's results may not alias its inputs, so under ``torch.compile`` the gathered ``a`` is always a new
-tensor (eagerly, world size 1 returns ``a_shard`` itself). Forward only: no autograd formula is registered.
+tensor (eagerly, world size 1 returns ``a_shard`` itself).
+
+Autograd: each op has its formula (``register_autograd``), the eager backward's (``gemm_grad``) spelled with
+these ops and ``xelink::reduce_scatter_tensor_``, so a compiled training step traces its backward too. The
+traced backward computes every input's gradient (a custom op's backward cannot tell which are needed; unused
+ones are dropped from the graph); ``all_gather_matmul`` is traced with ``return_gathered`` whenever a weight
+requires grad (the gathered ``a`` its gradient needs), handing the caller only what it asked for.
 """
 from __future__ import annotations
 
@@ -93,6 +99,71 @@ def _(a, b, algo, group):
     return a.new_empty(list(a.shape[:-1]) + [b.shape[1]])
 
 
+# -- autograd of the ops (gemm_grad's formulas, spelled with the ops) ------------------------------
+
+def _backward_algo(algo: str) -> str:
+    return "auto" if algo == "fused" else algo
+
+
+def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return a.reshape(-1, a.shape[-1]).t() @ g.reshape(-1, g.shape[-1])
+
+
+def _reduce_scatter_along(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
+    moved = x.movedim(dim, 0).contiguous()
+    out = moved.new_empty((moved.shape[0] // comm_named(group).size,) + tuple(moved.shape[1:]))
+    torch.ops.xelink.reduce_scatter_tensor_(out, moved, "sum", "auto", group)
+    return out.movedim(0, dim)
+
+
+def _gather_setup(ctx, inputs, output):
+    a, b, dim, return_gathered, algo, group = inputs
+    ctx.args = (dim, return_gathered, _backward_algo(algo), group, len(b))
+    ctx.save_for_backward(output[-1] if return_gathered else None, *b)
+
+
+def _gather_backward(ctx, grads):
+    dim, return_gathered, algo, group, m = ctx.args
+    a_full, *b = ctx.saved_tensors
+    gcs = list(grads[:m])
+    G = gcs[0] if m == 1 else torch.cat(gcs, -1)
+    W = (b[0] if m == 1 else torch.cat(b, 1)).t()
+    ga = torch.ops.xelink.matmul_reduce_scatter(G, W, dim, "sum", algo, group)
+    if return_gathered and grads[m] is not None:
+        ga = ga + _reduce_scatter_along(grads[m], dim, group)
+    gws = [_weight_grad(a_full, g) if a_full is not None else None for g in gcs]
+    return ga, gws, None, None, None, None
+
+
+def _scatter_setup(ctx, inputs, output):
+    a, b, dim, op, algo, group = inputs
+    ctx.args = (dim, op, _backward_algo(algo), group)
+    ctx.save_for_backward(a, b)
+
+
+def _scatter_backward(ctx, g):
+    dim, op, algo, group = ctx.args
+    a, b = ctx.saved_tensors
+    if op == "avg":
+        g = g / comm_named(group).size
+    ga, g_full = torch.ops.xelink.all_gather_matmul(g, [b.t()], dim, True, algo, group)
+    return ga, _weight_grad(a, g_full), None, None, None, None
+
+
+def _all_reduce_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _all_reduce_backward(ctx, g):
+    a, b = ctx.saved_tensors
+    return g @ b.t(), _weight_grad(a, g), None, None
+
+
+_all_gather_matmul.register_autograd(_gather_backward, setup_context=_gather_setup)
+_matmul_reduce_scatter.register_autograd(_scatter_backward, setup_context=_scatter_setup)
+_matmul_all_reduce.register_autograd(_all_reduce_backward, setup_context=_all_reduce_setup)
+
+
 # -- what the front doors trace (their arguments already checked) ---------------------------------
 
 def _into(cs: list, outs: list) -> list:
@@ -100,8 +171,10 @@ def _into(cs: list, outs: list) -> list:
 
 
 def all_gather_matmul(a, weights: list, dim: int, return_gathered: bool, algo: str, group, outs: list):
-    """(the gathered ``a`` or None, the list of ``c``) through ``xelink::all_gather_matmul``."""
-    res = torch.ops.xelink.all_gather_matmul(a, weights, dim, return_gathered, algo, group_name(group))
+    """(the gathered ``a`` or None, the list of ``c``) through ``xelink::all_gather_matmul`` (asked for the
+    gathered ``a`` also where a weight's gradient needs it)."""
+    keep = return_gathered or (torch.is_grad_enabled() and any(w.requires_grad for w in weights))
+    res = torch.ops.xelink.all_gather_matmul(a, weights, dim, keep, algo, group_name(group))
     return (res[-1] if return_gathered else None), _into(res[:len(weights)], outs)
 
 

@@ -33,8 +33,13 @@ Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
   and some package holds more than one rank, else ``pipelined`` (on CUDA tensors without peer memory
   between the ranks: ``sequential``).
 
+Autograd: where grad mode is on and an input requires grad, each call is a node of the autograd graph whose
+backward is built from these same ops (``gemm_grad``: all_gather_matmul's is a matmul_reduce_scatter,
+matmul_reduce_scatter's an all_gather_matmul, matmul_all_reduce's local, its output being replicated);
+``out=`` is then refused.
+
 Every argument is checked before any byte moves (with ``XELINK_CHECK=1``, also that every rank makes the
-same call). The CUDA path's staging buffers and the rules for CUDA graphs are in ``device``'s docstring.
+same call, which inputs require grad included). The CUDA path's staging buffers and the rules for CUDA graphs are in ``device``'s docstring.
 Under ``torch.compile`` the checks that move no bytes are traced and the call becomes a custom op
 (``torch.ops.xelink.all_gather_matmul`` ..., ``compiled``), which runs the eager call.
 """
@@ -71,10 +76,16 @@ def _tensor(fn: str, name: str, x, comm, dims: tuple[int, ...]) -> torch.Tensor:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or "
                         f"bfloat16")
     check_rank_device(fn, name, x, comm)
-    if x.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{fn}: {name} requires grad, but {fn} is forward only (no backward); call it under "
-                         f"torch.no_grad() or pass {name}.detach()")
     return x
+
+
+def _grad(fn: str, out, *tensors) -> bool:
+    """Whether the call is a node of the autograd graph; ``out=`` cannot be (torch's rule for out= arguments)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if grad and out is not None:
+        raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= (the result is "
+                         f"a new tensor) or call it under torch.no_grad()")
+    return grad
 
 
 def _weights(fn: str, b, a: torch.Tensor, comm, allow_list: bool) -> tuple[list[torch.Tensor], bool]:
@@ -108,6 +119,11 @@ def _dim(fn: str, name: str, value, a: torch.Tensor) -> int:
         raise ValueError(f"{fn}: {name}={value} is not valid for a {a.dim()}-D input of shape {tuple(a.shape)} "
                          f"(one of {valid}; the last dim is K)")
     return d
+
+
+def _needs(grad: bool, *tensors) -> tuple:
+    """Which inputs require grad (the backward's collectives depend on it: part of the call ranks agree on)."""
+    return tuple(bool(grad and t.requires_grad) for t in tensors)
 
 
 def _outputs(fn: str, out, shapes: list[tuple], a: torch.Tensor, many: bool, weights: list) -> list:
@@ -241,6 +257,7 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
     outs = _outputs(fn, out, shapes, a, many, weights)
     if algo == "fused" and not a.is_cuda:
         _fused_checks(fn, a, algo, None)
+    grad = _grad(fn, out, a, *weights)
     if torch.compiler.is_compiling():  # traced: the custom op, which runs this function eagerly (``compiled``)
         a_full, cs = compiled.all_gather_matmul(a, weights, dim, bool(return_gathered), algo, group, outs)
     else:
@@ -252,11 +269,22 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
             if why is not None:
                 raise ValueError(f"{fn}: {why}")
         fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim,
-                                     tuple(tuple(w.shape) for w in weights), algo, bool(return_gathered)))
-        if n == 1:
-            a_full, cs = a, _local(a, weights, outs)
+                                     tuple(tuple(w.shape) for w in weights), algo, bool(return_gathered),
+                                     _needs(grad, a, *weights)))
+
+        def run(a, weights, keep_gathered):
+            if n == 1:
+                return a, _local(a, weights, outs)
+            return _backend(a).all_gather_matmul(comm, a, weights, dim, outs, picked, keep_gathered)
+
+        if grad:
+            from .gemm_grad import AllGatherMatmul, Call
+
+            got = AllGatherMatmul.apply(Call(comm, dim, algo, run, return_gathered=bool(return_gathered)), a,
+                                        *weights)
+            a_full, cs = (got[0], list(got[1:])) if return_gathered else (None, list(got))
         else:
-            a_full, cs = _backend(a).all_gather_matmul(comm, a, weights, dim, outs, picked, bool(return_gathered))
+            a_full, cs = run(a, weights, bool(return_gathered))
     c = cs if many else cs[0]
     return (a_full, c) if return_gathered else c
 
@@ -307,6 +335,7 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
     (o,) = _outputs(fn, out, [shape], a, False, [w])
     if algo == "fused" and not a.is_cuda:
         _fused_checks(fn, a, algo, None)
+    grad = _grad(fn, out, a, w)
     if torch.compiler.is_compiling():
         return compiled.matmul_reduce_scatter(a, w, dim, op, algo, group, o)
     picked = _pick(fn, comm, a, algo)
@@ -314,10 +343,19 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
         from . import device
 
         _fused_checks(fn, a, picked, lambda: device.fused_scatter_unmet(a))
-    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(w.shape), op, algo))
-    if n == 1:
-        return _local(a, [w], [o])[0]
-    return _backend(a).matmul_reduce_scatter(comm, a, w, dim, op, o, picked)
+    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), dim, tuple(w.shape), op, algo,
+                                 _needs(grad, a, w)))
+
+    def run(a, weights, _):
+        if n == 1:
+            return _local(a, weights, [o])[0]
+        return _backend(a).matmul_reduce_scatter(comm, a, weights[0], dim, op, o, picked)
+
+    if grad:
+        from .gemm_grad import Call, MatmulReduceScatter
+
+        return MatmulReduceScatter.apply(Call(comm, dim, algo, run, avg=op == "avg"), a, w)
+    return run(a, [w], False)
 
 
 def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
@@ -350,6 +388,7 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
     (o,) = _outputs(fn, out, [shape], a, False, [w])
     if algo == "fused" and not a.is_cuda:
         _fused_checks(fn, a, algo, None)
+    grad = _grad(fn, out, a, w)
     if torch.compiler.is_compiling():
         return compiled.matmul_all_reduce(a, w, algo, group, o)
     picked = _pick(fn, comm, a, algo)
@@ -357,10 +396,18 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
         from . import device
 
         _fused_checks(fn, a, picked, lambda: device.fused_all_reduce_unmet(a, comm.size))
-    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), tuple(w.shape), algo))
-    if comm.size == 1:
-        return _local(a, [w], [o])[0]
-    return _backend(a).matmul_all_reduce(comm, a, w, o, picked)
+    fingerprint_check(comm, fn, (fn, tuple(a.shape), str(a.dtype), tuple(w.shape), algo, _needs(grad, a, w)))
+
+    def run(a, weights, _):
+        if comm.size == 1:
+            return _local(a, weights, [o])[0]
+        return _backend(a).matmul_all_reduce(comm, a, weights[0], o, picked)
+
+    if grad:
+        from .gemm_grad import Call, MatmulAllReduce
+
+        return MatmulAllReduce.apply(Call(comm, 0, algo, run), a, w)
+    return run(a, [w], False)
 
 
 compiled.bind(all_gather_matmul=all_gather_matmul, matmul_reduce_scatter=matmul_reduce_scatter,

@@ -1,0 +1,126 @@
+"""Autograd of the distributed GEMMs: each backward is built from the public ops themselves (Megatron-LM's
+sequence- and tensor-parallel layers):
+
+- ``all_gather_matmul`` (c_i = gather(a) @ b_i): grad a = this rank's block of the sum over ranks of
+  ``sum_i grad c_i @ b_i^T``, which is ``matmul_reduce_scatter(cat(grad c_i), cat(b_i)^T)``; grad b_i =
+  ``gather(a)^T @ grad c_i`` (the gathered a kept from the forward). With ``return_gathered`` the gathered a
+  is differentiable too: its gradient joins the sum before one ``reduce_scatter_tensor``.
+- ``matmul_reduce_scatter`` (c = block of sum over ranks of a @ b): grad a = ``gather(grad c) @ b^T``, which
+  is ``all_gather_matmul(grad c, b^T)``; grad b = ``a^T @ gather(grad c)`` (``avg`` scales both by 1/n).
+- ``matmul_all_reduce`` (c = sum over ranks of a @ b, on every rank): c is replicated, so each rank takes its
+  own grad c as the gradient of the one c (a loss every rank computes alike, as in tensor parallelism):
+  grad a = ``grad c @ b^T``, grad b = ``a^T @ grad c``, no communication. A job whose ranks compute different
+  losses from c must sum grad c over the ranks itself (``all_reduce``) before this backward sees it.
+
+The backward calls run the forward's algorithm (``auto`` for ``fused``, whose conditions the transposed
+problems need not meet). They are collective: every rank must back-propagate, with the same inputs requiring
+grad (``XELINK_CHECK=1`` checks that in the forward).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
+from .gemm import all_gather_matmul, matmul_reduce_scatter
+
+__all__ = ["Call", "AllGatherMatmul", "MatmulReduceScatter", "MatmulAllReduce"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A checked forward call: ``run(a, weights, keep_gathered)`` computes it (no grad), the rest its backward
+    reads."""
+    comm: object
+    dim: int
+    algo: str
+    run: object
+    return_gathered: bool = False
+    avg: bool = False
+
+    @property
+    def backward_algo(self) -> str:
+        return "auto" if self.algo == "fused" else self.algo
+
+
+def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``a^T @ g`` over every leading dimension: the gradient of a [K, N] weight."""
+    return a.reshape(-1, a.shape[-1]).t() @ g.reshape(-1, g.shape[-1])
+
+
+def _along(x: torch.Tensor, dim: int, n: int, gather: bool, comm) -> torch.Tensor:
+    """``x`` gathered (n times longer) or reduce-scattered (n times shorter) along ``dim``, in rank order."""
+    moved = x.movedim(dim, 0).contiguous()
+    rows = moved.shape[0] * n if gather else moved.shape[0] // n
+    out = moved.new_empty((rows,) + tuple(moved.shape[1:]))
+    if gather:
+        all_gather_into_tensor(out, moved, group=comm)
+    else:
+        reduce_scatter_tensor(out, moved, group=comm)
+    return out.movedim(0, dim)
+
+
+class AllGatherMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call, a, *weights):
+        need_w = any(ctx.needs_input_grad[2:])
+        a_full, cs = call.run(a, list(weights), call.return_gathered or need_w)
+        ctx.call = call
+        ctx.save_for_backward(a_full if need_w else None, *weights)
+        if not call.return_gathered:
+            return tuple(cs)
+        return (a_full.clone() if a_full is a else a_full, *cs)  # world size 1: the gathered a is a itself
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.call
+        a_full, *weights = ctx.saved_tensors
+        g_full, gcs = (grads[0], grads[1:]) if call.return_gathered else (None, grads)
+        ga = None
+        if ctx.needs_input_grad[1]:
+            G = gcs[0] if len(gcs) == 1 else torch.cat(gcs, -1)
+            W = (weights[0] if len(weights) == 1 else torch.cat(weights, 1)).t()
+            if g_full is None:
+                ga = matmul_reduce_scatter(G, W, group=call.comm, scatter_dim=call.dim, algo=call.backward_algo)
+            else:
+                ga = _along(G @ W + g_full, call.dim, call.comm.size, False, call.comm)
+        gws = [_weight_grad(a_full, g) if need else None for g, need in zip(gcs, ctx.needs_input_grad[2:])]
+        return (None, ga, *gws)
+
+
+class MatmulReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call, a, w):
+        ctx.call = call
+        ctx.save_for_backward(a if ctx.needs_input_grad[2] else None, w)
+        return call.run(a, [w], False)
+
+    @staticmethod
+    def backward(ctx, g):
+        call = ctx.call
+        a, w = ctx.saved_tensors
+        need_a, need_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if call.avg:
+            g = g / call.comm.size
+        ga = g_full = None
+        if need_a:
+            got = all_gather_matmul(g, w.t(), group=call.comm, gather_dim=call.dim, return_gathered=need_w,
+                                    algo=call.backward_algo)
+            g_full, ga = got if need_w else (None, got)
+        elif need_w:
+            g_full = _along(g, call.dim, call.comm.size, True, call.comm)
+        return None, ga, _weight_grad(a, g_full) if need_w else None
+
+
+class MatmulAllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call, a, w):
+        ctx.save_for_backward(a if ctx.needs_input_grad[2] else None, w)
+        return call.run(a, [w], False)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, w = ctx.saved_tensors
+        ga = g @ w.t() if ctx.needs_input_grad[1] else None
+        return None, ga, _weight_grad(a, g) if ctx.needs_input_grad[2] else None
