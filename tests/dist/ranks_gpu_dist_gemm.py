@@ -2,7 +2,8 @@
 every algorithm of the three ops against all_gather + torch.matmul computed on the host from the same seeded
 shards (exact on integer-valued float32 and bfloat16, close on random bfloat16), 2-D and 3-D, lists of b,
 transposed b, tails, back-to-back calls that change shape, a package layout (1+1 at 2 ranks, 2+1 at 3), and
-CUDA-graph capture and replay with new inputs. Skips without a GPU (CPU CI); run on a GPU machine, log
+CUDA-graph capture and replay with new inputs; gradients (``gemm_grad`` on CUDA tensors) against the float64
+autograd of the same sequence-parallel MLP on the host. Skips without a GPU (CPU CI); run on a GPU machine, log
 committed."""
 import torch
 
@@ -585,4 +586,30 @@ def check_torch_compile_on_cuda_gives_the_eager_results(world):
                 want = step(x, wq, wo, algo)
                 for g, w, op in zip(got, want, ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")):
                     _close(g, w.cpu().double(), f"torch.compile {backend} {algo} call {i} {op}", tol=1e-2)
+    xelink.synchronize()
+
+
+def check_gradients_of_a_sequence_parallel_mlp(world):
+    """y = (relu(x W1) * (x W3)) W2 with x split along the sequence, W1/W3 by columns, W2 by rows: the gradients
+    of x's shard and of the weight shards (float32: every algorithm; bfloat16: "fused") against float64
+    autograd of the whole MLP on the host, sliced to this rank."""
+    n, r, dev = world.size, world.rank, _dev(world)
+    g = torch.Generator().manual_seed(5)
+    S, H, F = 64 * n, 128, 64 * n
+    x = torch.randn(2, S, H, generator=g, dtype=torch.float64)
+    ws = [torch.randn(shape, generator=g, dtype=torch.float64) / shape[0] ** 0.5 for shape in ((H, F), (H, F), (F, H))]
+    full = [t.clone().requires_grad_() for t in [x] + ws]
+    ((torch.relu(full[0] @ full[1]) * (full[0] @ full[2])) @ full[3]).pow(2).sum().backward()
+    cols, rows = slice(r * (F // n), (r + 1) * (F // n)), slice(r * (S // n), (r + 1) * (S // n))
+    want = [full[0].grad[:, rows], full[1].grad[:, cols], full[2].grad[:, cols], full[3].grad[cols]]
+    for dtype, algos, tol in ((torch.float32, ALGOS, 1e-4), (torch.bfloat16, ("fused",), 3e-2)):
+        for algo in algos:
+            mine = [t.to(dev, dtype).requires_grad_() for t in (x[:, rows], ws[0][:, cols], ws[1][:, cols],
+                                                                ws[2][cols])]
+            h1, h3 = xelink.all_gather_matmul(mine[0], [mine[1], mine[2]], gather_dim=1, algo=algo)
+            y = xelink.matmul_reduce_scatter(torch.relu(h1) * h3, mine[3], scatter_dim=1, algo=algo)
+            y.float().pow(2).sum().backward()
+            for name, t, w in zip(("x", "w1", "w3", "w2"), mine, want):
+                assert t.grad.dtype == dtype and t.grad.device == dev, (name, t.grad)
+                _close(t.grad, w, f"{algo} {dtype} d{name}", tol)
     xelink.synchronize()
