@@ -1,9 +1,10 @@
-"""The kernels are forward only. An input that requires grad (in grad mode) must never get an output that
-silently left the autograd graph: ``impl="auto"`` takes the reference path (differentiable: gradients equal
-those of an independent torch spelling of the op), a named kernel path raises before any work, and in
-``torch.no_grad()`` / ``torch.inference_mode()`` nothing changes. Kernel paths run on CPU tensors only in
-Triton's interpreter; the raise is checked without it (it comes before the device checks). On a GPU "auto"
-runs the kernels, so the switch to the reference shows there (marked test)."""
+"""The kernels are forward only, flash attention aside. An input that requires grad (in grad mode) must never get
+an output that silently left the autograd graph: ``impl="auto"`` takes the reference path (differentiable:
+gradients equal those of an independent torch spelling of the op), a named kernel path raises before any work,
+and in ``torch.no_grad()`` / ``torch.inference_mode()`` nothing changes. ``flash_attention`` has a backward
+(``flash_attention_backward``): with grad every path is the forward of an autograd node, a named kernel included.
+Kernel paths run on CPU tensors only in Triton's interpreter; the raise is checked without it (it comes before
+the device checks). On a GPU "auto" runs the kernels, so the switch to the reference shows there (marked test)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,10 +79,11 @@ def _cases(device="cpu", dtype=HALF):
 
 
 CASES = sorted(_cases())
+FORWARD_ONLY = [name for name in CASES if name != "flash_attention"]  # flash_attention has a backward
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_auto_with_grad_takes_the_differentiable_reference(name):
+def test_auto_with_grad_is_differentiable(name):
     call, leaves, spelled = _cases()[name]
     got = call("auto")
     assert got.requires_grad and got.grad_fn is not None, name
@@ -96,7 +98,7 @@ def test_auto_with_grad_takes_the_differentiable_reference(name):
                                    msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", FORWARD_ONLY)
 def test_a_named_kernel_path_with_grad_raises_before_any_work(name):
     call, leaves, _ = _cases()[name]
     fn = name
@@ -160,7 +162,8 @@ def test_interpreter_named_kernel_runs_in_no_grad(name):
 @pytest.mark.parametrize("name", CASES)
 def test_gpu_auto_with_grad_after_a_remembered_kernel_call(name, requires_gpus):
     """On a GPU "auto" runs a kernel; a call of the same geometry without grad is remembered first (the
-    eager fast path skips the checks), then the call with grad must still take the reference."""
+    eager fast path skips the checks), then the call with grad must still take the reference (flash attention:
+    its kernel forward with the backward, gradients within bfloat16 rounding of the reference's)."""
     requires_gpus(1)
     call, leaves, _ = _cases("cuda")[name]
     with torch.no_grad():
@@ -170,9 +173,15 @@ def test_gpu_auto_with_grad_after_a_remembered_kernel_call(name, requires_gpus):
     torch.testing.assert_close(fast.float(), got.float(), atol=2e-2, rtol=2e-2)
     ref = call("reference")
     for x, y in zip(torch.autograd.grad(got.float().sum(), leaves), torch.autograd.grad(ref.float().sum(), leaves)):
-        assert torch.equal(x, y), name
-    with pytest.raises(ValueError, match=rf"^{name}: \S+ requires grad"):
-        call("triton")
+        if name == "flash_attention":
+            torch.testing.assert_close(x.float(), y.float(), atol=3e-2, rtol=3e-2)
+        else:
+            assert torch.equal(x, y), name
+    if name == "flash_attention":
+        assert call("triton").grad_fn is not None
+    else:
+        with pytest.raises(ValueError, match=rf"^{name}: \S+ requires grad"):
+            call("triton")
 
 
 def _attention64(q, k, v, causal):
@@ -229,3 +238,36 @@ def test_flash_attention_backward_bad_input():
         args = dict(dout=q, q=q, k=q, v=q, out=q, lse=lse) | change
         with pytest.raises(exc, match=match):
             flash_attention_backward(**args)
+
+
+def test_flash_attention_with_grad_keeps_no_score_matrix_and_refuses_out():
+    """flash_attention with grad: the autograd node keeps the inputs, output and LSE only (its backward
+    recomputes the probabilities), gradients equal autograd of float64 attention (the LSE's too), and out= is
+    refused as not differentiable."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, 40, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attention(*leaves, causal=True, return_lse=True)
+    saved = out.grad_fn.saved_tensors
+    assert {tuple(t.shape) for t in saved} <= {(1, 4, 40, 16), (1, 2, 40, 16), (1, 4, 40)}, [t.shape for t in saved]
+    (out.sum() + lse.sum()).backward()
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want, want_lse = _attention64(*full, True)
+    (want.sum() + want_lse.sum()).backward()
+    for a, b in zip(leaves, full):
+        assert a.grad.dtype == torch.float64 and torch.allclose(a.grad, b.grad, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^flash_attention: out= is not differentiable"):
+        flash_attention(*leaves, out=torch.empty(1, 4, 40, 16, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not triton_can_run(torch.device("cpu")), reason="needs Triton and TRITON_INTERPRET=1")
+def test_interpreter_named_flash_kernel_with_grad():
+    """The named Triton kernel with grad: its forward, the backward's gradients within fp16 rounding of the
+    reference's autograd."""
+    call, leaves, _ = _cases(dtype=torch.float16)["flash_attention"]
+    got = call("triton")
+    assert got.grad_fn is not None
+    g_got = torch.autograd.grad(got.float().sum(), leaves)
+    g_ref = torch.autograd.grad(call("reference").float().sum(), leaves)
+    for x, y in zip(g_got, g_ref):
+        torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)

@@ -1,9 +1,11 @@
 """Local kernels: a Triton kernel per op plus its pure-torch ``reference_*`` twin.
 
 Modules import without Triton; a kernel that needs Triton raises a clear error when called without it.
-The kernels are forward only: where grad mode is on and an input requires grad, ``impl="auto"`` takes the
-reference path (torch ops, differentiable) and a named kernel path raises ValueError (``common.forward_only``),
-so no output silently leaves the autograd graph.
+The kernels are forward only, except flash attention: where grad mode is on and an input requires grad,
+``impl="auto"`` takes the reference path (torch ops, differentiable) and a named kernel path raises ValueError
+(``common.forward_only``), so no output silently leaves the autograd graph. ``flash_attention`` with grad runs
+its path as the forward of an autograd node whose backward is ``flash_attention_backward`` (a reference in
+torch ops so far, on every device).
 """
 
 from .attention import (decode_attention, flash_attention, flash_attention_backward, merge_attention,
@@ -19,8 +21,8 @@ from .scatter_gemm import (reduce_programs, reference_scatter_reduce, scatter_ge
 
 __all__: list[str] = [
     "decode_attention", "flash_attention", "flash_attention_backward", "merge_attention", "reference_decode_attention",
-    "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention", "reference_rope_decode_attention",
-    "rope_decode_attention",
+    "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention",
+    "reference_rope_decode_attention", "rope_decode_attention",
     "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
     "reduce_programs", "reference_rope", "reference_rope_kv", "reference_scatter_reduce", "reference_silu_mul",
     "rmsnorm", "rope", "rope_kv", "scatter_gemm", "scatter_geometry", "scatter_reduce", "silu_mul", "unpack_w4a16",

@@ -1177,6 +1177,11 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         pdl: programmatic dependent launch (pdl.py; a Triton path on CUDA sm90+): None or False (off: the
             forward kernel is compute-bound and launched as it always was), True, "early" or "late".
 
+    Autograd: where grad mode is on and q, k or v requires grad, the call (any ``impl``) is the forward of an
+    autograd node that keeps q, k, v, the output and the LSE, and whose backward is ``flash_attention_backward``
+    (so memory stays O(S), not the score matrix); the LSE is differentiable too. ``out=`` is then refused. Under
+    ``torch.compile`` such a call takes the reference's torch ops instead (the custom op has no formula).
+
     Returns:
         ``out`` (a new contiguous tensor unless given) in q's dtype; or (out, lse) with ``return_lse=True``.
 
@@ -1191,12 +1196,21 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
     _check_flags(fn, causal, scale, return_lse)
-    path = _fit(resolve_impl(fn, impl, q.device, q=q, k=k, v=v), impl, q)
+    # With grad (eager), any path runs as the forward of an autograd node whose backward is
+    # flash_attention_backward; traced, the custom op has no formula, so grad takes the reference's torch ops.
+    grad = not torch.compiler.is_compiling() and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    path = _fit(resolve_impl(fn, impl, q.device, **({} if grad else dict(q=q, k=k, v=v))), impl, q)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
     _check_out_like(fn, out, q)
     pdl = "off" if pdl is None else pdl_option(fn, pdl, path, q.device)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    if grad:
+        if out is not None:
+            raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it "
+                             f"under torch.no_grad()")
+        out, lse = _FlashAttention.apply(q, k, v, causal, scale, path, pdl)
+        return (out, lse) if return_lse else out
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
                               _FlashLaunch(q, k, v, out, causal, scale, path, pdl, None, True)))
@@ -1234,6 +1248,25 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
     check_impl(fn, impl, BACKWARD_IMPLS)
     _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse)
     return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """flash_attention with grad: the forward of the path chosen, the backward ``flash_attention_backward``
+    (from the saved inputs, output and LSE: no score matrix kept), the LSE's gradient included."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, path, pdl):
+        out, lse = _flash_run(q, k, v, causal, scale, path, None, pdl)
+        ctx.flags = (causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, scale = ctx.flags
+        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
