@@ -265,7 +265,7 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
         out, lse = torch.ops.xelink.cp_attention(q, k, v, causal, None if scale is None else float(scale),
                                                  group_name(group), layout, algo, -1 if seq_len is None else seq_len)
         return (out, lse) if return_lse else out
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     call = _plan(fn, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad)
     out, lse = _Differentiable.apply(q, k, v, call) if grad else call.forward(q, k, v)
     return (out, lse) if return_lse else out
