@@ -39,7 +39,8 @@
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
 #   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
-#   grads12: the backward of cp_attention and of the distributed GEMMs on CUDA tensors (~3 minutes);
+#   grads12: the flash-attention backward kernel (tests, tiles, against SDPA), the backward of cp_attention and of
+#            the distributed GEMMs on CUDA tensors (~6 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
 #          GPU tests (~8 minutes); step9: then the decode family's step rows at 1K/8K/32K (~4 minutes);
 #   staged: the tensor-core GEMV's shared-memory stages (cp.async) against the kept tiles in the step's chain, W4A16
@@ -402,8 +403,11 @@ second11)  # after first11 (~4 minutes): the gated GEMM's tile rows (issue 22's 
   step decode_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_attention.py tests/models/test_decode_graph.py -k "decode or graph"
   ;;
-grads12)  # the twelfth session's training paths on CUDA tensors (~3 minutes): cp_attention's backward (ring and
-          # all_gather, 2 and 3 ranks sharing the GPU) and the distributed GEMMs' backward (every algorithm, fused)
+grads12)  # the twelfth session's training paths on CUDA tensors (~6 minutes): the flash-attention backward kernel
+          # (its GPU tests, then its tiles and fwd+bwd against SDPA), cp_attention's backward (ring and all_gather,
+          # 2 and 3 ranks sharing the GPU) and the distributed GEMMs' backward (every algorithm, fused)
+  step flash_bwd_gpu_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu tests/kernels/test_autograd.py
+  step flash_bwd_ab 150 python3 benchmarks/scripts/flash_bwd_ab.py
   step training_gpu_checks 240 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py
   ;;

@@ -29,7 +29,7 @@ def aot():
 
 
 def test_every_kernel_module_imports_under_intel_triton():
-    for name in ("xelink.kernels.attention", "xelink.kernels.gemm", "xelink.kernels.gated_gemm", "xelink.kernels.gemv",
+    for name in ("xelink.kernels.attention", "xelink.kernels.attention_bwd", "xelink.kernels.gemm", "xelink.kernels.gated_gemm", "xelink.kernels.gemv",
                  "xelink.kernels.scatter_gemm",
                  "xelink.kernels.norm",
                  "xelink.collectives.gpu.kernels", "xelink.symm.kernels"):

@@ -4,8 +4,8 @@ Modules import without Triton; a kernel that needs Triton raises a clear error w
 The kernels are forward only, except flash attention: where grad mode is on and an input requires grad,
 ``impl="auto"`` takes the reference path (torch ops, differentiable) and a named kernel path raises ValueError
 (``common.forward_only``), so no output silently leaves the autograd graph. ``flash_attention`` with grad runs
-its path as the forward of an autograd node whose backward is ``flash_attention_backward`` (a reference in
-torch ops so far, on every device).
+its path as the forward of an autograd node whose backward is ``flash_attention_backward`` (a Triton kernel on
+GPUs, ``attention_bwd``; the reference in torch ops elsewhere).
 """
 
 from .attention import (decode_attention, flash_attention, flash_attention_backward, merge_attention,

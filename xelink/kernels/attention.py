@@ -69,7 +69,7 @@ __all__ = [
 
 FLASH_IMPLS = ("auto", "triton", "cuda", "reference")
 DECODE_IMPLS = MERGE_IMPLS = ("auto", "triton", "reference")
-BACKWARD_IMPLS = ("auto", "reference")
+BACKWARD_IMPLS = ("auto", "triton", "reference")
 HEAD_DIMS = (64, 128, 256)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
@@ -1234,8 +1234,11 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
             sum over the blocks to the gradients of the whole attention.
         causal, scale: as the forward's call over this block.
         dlse: the gradient of the LSE, (B, Hq, Sq), where a loss used it too (None: zero).
-        impl: "auto" or "reference" (``BACKWARD_IMPLS``): no backward kernel exists yet, so every device runs
-            the reference's torch ops in float32, over row chunks (memory O(chunk x Sk), not O(Sq x Sk)).
+        impl: "auto", "triton" or "reference" (``BACKWARD_IMPLS``). "triton": FlashAttention-2's two passes
+            (``attention_bwd``: bfloat16 / float16, head dim 64 / 128 / 256, any lengths and strides); "reference":
+            torch ops in float32 over row chunks (memory O(chunk x Sk), not O(Sq x Sk)), any dtype and device;
+            "auto": the kernel on GPUs where it applies, else the reference (also where grad mode is on and an
+            input requires grad: a double backward).
 
     Returns:
         (dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, D), summed over the q heads of each KV head), float32 (float64
@@ -1245,9 +1248,21 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
         TypeError / ValueError: bad tensors, shapes, dtypes, devices, flags or impl, before anything runs.
     """
     fn = "flash_attention_backward"
-    check_impl(fn, impl, BACKWARD_IMPLS)
     _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse)
-    return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+    path = _fit(resolve_impl(fn, impl, q.device, BACKWARD_IMPLS, dout=dout, q=q, k=k, v=v, out=out, lse=lse,
+                             dlse=dlse), impl, q)
+    if path == "reference":
+        return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+    _check_kernel_inputs(fn, path, q)
+    if dout.dtype != q.dtype:
+        raise TypeError(f"{fn}: dout.dtype={dout.dtype} != q.dtype={q.dtype} (impl={path!r} takes them alike)")
+    from .attention_bwd import flash_backward
+
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    delta = (dout.float() * out.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    return flash_backward(dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale)
 
 
 class _FlashAttention(torch.autograd.Function):

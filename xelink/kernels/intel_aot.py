@@ -119,6 +119,18 @@ def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=
     return args
 
 
+def _flash_bwd(kv_pass: bool, d=128, group=4):
+    def args():
+        B, H, S = 1, 32, 8192
+        q = _contiguous(B, H, S, d)
+        kv = _contiguous(B, H // group, S, d)
+        outs = [_t("float32"), _t("float32")] if kv_pass else [_t("float32")]
+        return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *outs,
+                 *q, *kv, *kv, *q, H // group if kv_pass else H, group, S, S, 0.088, 0.127],
+                dict(HEAD_DIM=d, BLOCK_M=64, BLOCK_N=64, CAUSAL=True))
+    return args
+
+
 def _decode(d=128, dtype="bfloat16", rope=False):
     def args():
         B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
@@ -267,6 +279,10 @@ LAUNCHES: list[Launch] = [
              _flash(d, c, group=4 if c else 1, block_m=128 if d < 256 else 64), num_warps=8, matrix=True,
              shared=256 * d, sub_groups=(16,))
       for d in (64, 128, 256) for c in (False, True)],
+    Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4]", "attention_bwd", "_dkdv_kernel", _flash_bwd(True),
+           num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
+    Launch("attention_bwd._dq_kernel[hd128, causal gqa 4]", "attention_bwd", "_dq_kernel", _flash_bwd(False),
+           num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4]", "attention", "_decode_split_kernel", _decode(),
            num_warps=4, matrix=True, shared=36864, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4, rope]", "attention", "_decode_split_kernel",

@@ -1,0 +1,96 @@
+"""Flash attention backward on one GPU: the Triton kernel (``flash_attention_backward(impl="triton")``, the
+backward of ``flash_attention`` and of ``cp_attention`` with grad) against SDPA's backward, and its tile
+configurations.
+
+1. Each configuration in ``CONFIGS`` against the reference (float32 torch ops) at a few shapes (GQA, causal,
+   tails, the LSE's gradient): relative error of dq, dk, dv.
+2. Time, at B=1, 32 q heads, head dim 128, bf16, MHA non-causal and GQA 32/8 causal, S = 1024 / 4096 / 8192:
+   the backward alone for each configuration (CUDA events, median of 10 after 3 warm-ups), and as a user
+   calls it: forward + backward through autograd (``flash_attention`` with grad; SDPA with grad, its default
+   backend), eager. TFLOP/s count 2.5 forward matmuls' worth for the backward (FlashAttention's convention:
+   4 of the 5 backward matmuls plus the recomputed scores), causal halved.
+
+    python3 benchmarks/scripts/flash_bwd_ab.py [--quick]
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from xelink.bench.harness import time_cuda_events
+from xelink.kernels import attention_bwd as AB
+from xelink.kernels import flash_attention, flash_attention_backward, reference_flash_attention
+
+CONFIGS = {128: [(64, 64, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 64, 8, 3),
+                 (32, 128, 8, 2)]}
+CHECKS = [(1, 4, 4, 300, 300, 128, False), (2, 8, 2, 257, 513, 128, True), (1, 8, 2, 1000, 1000, 128, True)]
+
+
+def _inputs(B, H, HKV, SQ, SK, D, dt=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(B, h, s, D, device="cuda", dtype=dt, generator=g) for h, s in ((H, SQ), (HKV, SK), (HKV, SK))]
+
+
+def check(config) -> int:
+    bad = 0
+    AB.BWD_CONFIGS[128] = config
+    for B, H, HKV, SQ, SK, D, causal in CHECKS:
+        q, k, v = _inputs(B, H, HKV, SQ, SK, D, seed=SQ)
+        out, lse = reference_flash_attention(q, k, v, causal=causal, return_lse=True)
+        dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+        got = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, impl="triton")
+        want = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, impl="reference")
+        errs = [float((a - b).norm() / b.norm()) for a, b in zip(got, want)]
+        ok = max(errs) < 1.5e-2 and all(bool(torch.isfinite(a).all()) for a in got)
+        bad += not ok
+        print(f"check {config} B={B} H={H}/{HKV} Sq={SQ} Sk={SK} causal={causal}: rel err dq/dk/dv "
+              f"{' '.join(f'{e:.1e}' for e in errs)} {'ok' if ok else 'WRONG'}", flush=True)
+    return bad
+
+
+def _ms(fn, iters=10) -> float:
+    return statistics.median(time_cuda_events(fn, warmup=3, iters=iters)) * 1e3
+
+
+def _tflops(S, H, D, causal, ms, factor) -> float:
+    flops = factor * 4 * S * S * H * D * (0.5 if causal else 1.0)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    kept = AB.BWD_CONFIGS[128]
+    bad = sum(check(c) for c in CONFIGS[128])
+    AB.BWD_CONFIGS[128] = kept
+    lengths = (1024, 4096) if args.quick else (1024, 4096, 8192)
+    print("\n| case | S | config | backward ms | TFLOP/s |\n|---|---|---|---|---|")
+    rows = []
+    for causal, hkv in ((False, 32), (True, 8)):
+        for S in lengths:
+            q, k, v = _inputs(1, 32, hkv, S, S, 128, seed=S)
+            out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+            dout = torch.randn_like(out)
+            for config in CONFIGS[128]:
+                AB.BWD_CONFIGS[128] = config
+                ms = _ms(lambda: flash_attention_backward(dout, q, k, v, out, lse, causal=causal, impl="triton"))
+                print(f"| {'GQA 32/8 causal' if causal else 'MHA'} | {S} | {config} | {ms:.3f} | "
+                      f"{_tflops(S, 32, 128, causal, ms, 2.5):.0f} |", flush=True)
+            AB.BWD_CONFIGS[128] = kept
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ours = _ms(lambda: flash_attention(*leaves, causal=causal).backward(dout))
+            sdpa = _ms(lambda: F.scaled_dot_product_attention(*leaves, is_causal=causal,
+                                                               enable_gqa=hkv != 32).backward(dout))
+            rows.append((causal, S, ours, sdpa))
+    print("\n| case | S | xelink fwd+bwd ms | SDPA fwd+bwd ms | xelink / SDPA speed |\n|---|---|---|---|---|")
+    for causal, S, ours, sdpa in rows:
+        print(f"| {'GQA 32/8 causal' if causal else 'MHA'} | {S} | {ours:.3f} | {sdpa:.3f} | {sdpa / ours:.2f}x |")
+    print(f"\nwrong: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

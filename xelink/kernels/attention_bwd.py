@@ -1,0 +1,157 @@
+"""Flash attention backward in Triton (``flash_attention_backward(impl="triton")``): FlashAttention-2's two
+passes, no atomics, portable (plain masked loads and ``tl.dot``, the features Intel's Triton has too).
+
+Given the forward's LSE and ``delta`` (each row's dot product of output and output gradient, less the LSE's
+gradient; computed in torch), a row's probabilities are recomputed tile by tile as ``exp(s - lse)``:
+
+- ``_dkdv_kernel``: one program per (key tile, batch x KV head); it walks every query tile of each q head of
+  its KV head (GQA summed in the program) that can see the tile and accumulates
+  ``dv += p^T dout`` and ``dk += ds^T q``, ``ds = p * (dout v^T - delta)``.
+- ``_dq_kernel``: one program per (query tile, batch x q head); it walks the key tiles the rows can see and
+  accumulates ``dq += ds k``.
+
+Masks follow the forward's: query i sees keys ``0 .. i + Sk - Sq`` (causal, end-aligned) or all keys; a row
+whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p and ds rounded to the inputs'
+dtype (bfloat16 / float16), accumulating in float32; the results are float32. Tile shapes per head dim are
+first guesses (not yet measured on a GPU).
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import cdiv, tl, triton
+
+__all__ = ["BWD_CONFIGS", "flash_backward"]
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim, for both passes.
+BWD_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 8, 2), 256: (32, 32, 8, 1)}
+_LOG2E = 1.4426950408889634
+
+if triton is not None:
+
+    @triton.jit
+    def _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL: tl.constexpr):
+        """p (BLOCK_M, BLOCK_N) of the rows offs_m over keys offs_n, and ds = p * (do v^T - delta)."""
+        s = tl.dot(q, tl.trans(k))
+        keep = (offs_n[None, :] < SK) & (offs_m[:, None] < SQ)
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (SK - SQ))
+        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        return p, ds
+
+    @triton.jit
+    def _load_rows(base, rows, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr):
+        """The (len(rows), HEAD_DIM) tile of rows ``rows`` at ``base`` (zeros past ``n_rows``)."""
+        offs_d = tl.arange(0, HEAD_DIM)
+        ptrs = base + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :] * stride_d
+        return tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+
+    @triton.jit
+    def _row_stats(LSE, DELTA, row0, offs_m, SQ):
+        """The rows' LSE in log2 (+inf where -inf or past SQ: p = 0 there) and delta."""
+        ok = offs_m < SQ
+        lse = tl.load(LSE + row0 + offs_m, mask=ok, other=float("inf"))
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        delta = tl.load(DELTA + row0 + offs_m, mask=ok, other=0.0)
+        return lse2, delta
+
+    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SK"])
+    def _dkdv_kernel(
+        Q, K, V, DO, LSE, DELTA, DK, DV,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        HKV, GROUP, SQ, SK, scale, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // HKV).to(tl.int64)
+        kvh = (bh % HKV).to(tl.int64)
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, HEAD_DIM)
+        ok_n = (offs_n < SK)[:, None]
+        k = _load_rows(K + b * stride_kb + kvh * stride_kh, offs_n, SK, stride_kn, stride_kd, HEAD_DIM)
+        v = _load_rows(V + b * stride_vb + kvh * stride_vh, offs_n, SK, stride_vn, stride_vd, HEAD_DIM)
+        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        m_lo = 0
+        if CAUSAL:  # rows before n0 - (SK - SQ) see none of these keys
+            m_lo = tl.maximum(n0 - (SK - SQ), 0) // BLOCK_M * BLOCK_M
+        for g in range(GROUP):
+            h = kvh * GROUP + g
+            row0 = (b * HKV * GROUP + h) * SQ
+            for m0 in range(m_lo, SQ, BLOCK_M):
+                offs_m = m0 + tl.arange(0, BLOCK_M)
+                q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
+                do = _load_rows(DO + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
+                lse2, delta = _row_stats(LSE, DELTA, row0, offs_m, SQ)
+                p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL)
+                dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+                dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+        out = (b * HKV + kvh) * SK * HEAD_DIM + offs_n[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
+        tl.store(DK + out, dk * scale, mask=ok_n)
+        tl.store(DV + out, dv, mask=ok_n)
+
+    @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK"])
+    def _dq_kernel(
+        Q, K, V, DO, LSE, DELTA, DQ,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, GROUP, SQ, SK, scale, qk_scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        kvh = h // GROUP
+        m0 = pid_m * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        ok_m = (offs_m < SQ)[:, None]
+        q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
+        do = _load_rows(DO + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
+        row0 = bh.to(tl.int64) * SQ
+        lse2, delta = _row_stats(LSE, DELTA, row0, offs_m, SQ)
+        end = SK
+        if CAUSAL:  # no row of this tile sees keys past its last row's
+            end = tl.minimum(tl.maximum(m0 + BLOCK_M + (SK - SQ), 0), SK)
+        dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for n0 in range(0, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            k = _load_rows(K + b * stride_kb + kvh * stride_kh, offs_n, SK, stride_kn, stride_kd, HEAD_DIM)
+            v = _load_rows(V + b * stride_vb + kvh * stride_vh, offs_n, SK, stride_vn, stride_vd, HEAD_DIM)
+            p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL)
+            dq = tl.dot(ds.to(k.dtype), k, dq)
+        rows = row0 * HEAD_DIM + offs_m[:, None].to(tl.int64) * HEAD_DIM
+        tl.store(DQ + rows + offs_d[None, :], dq * scale, mask=ok_m)
+
+
+def flash_backward(dout, q, k, v, lse, delta, causal: bool, scale: float):
+    """(dq, dk, dv), float32, contiguous: the two passes (arguments checked by the caller; ``lse`` and ``delta``
+    float32 ``(B, Hq, Sq)``, contiguous)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    dq = torch.zeros((B, Hq, Sq, D), dtype=torch.float32, device=q.device)
+    dk = torch.zeros((B, Hkv, Sk, D), dtype=torch.float32, device=q.device)
+    dv = torch.zeros((B, Hkv, Sk, D), dtype=torch.float32, device=q.device)
+    if B == 0 or Sq == 0 or Sk == 0:
+        return dq, dk, dv
+    block_m, block_n, warps, stages = BWD_CONFIGS[D]
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    qk_scale = scale * _LOG2E
+    opts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
+                num_stages=stages)
+    _dkdv_kernel[(cdiv(Sk, block_n), B * Hkv)](q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv, Sq, Sk,
+                                               scale, qk_scale, **opts)
+    _dq_kernel[(cdiv(Sq, block_m), B * Hq)](q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq, Sk, scale,
+                                            qk_scale, **opts)
+    return dq, dk, dv
+
