@@ -56,7 +56,7 @@ backward (``cp_backward``: the same algorithm's communication, ``flash_attention
 through its output (ranks that disagree about grad raise in the forward, with the other signature checks).
 Every check runs before any byte moves. World size 1 is one ``flash_attention`` call. Local kernels:
 ``xelink.kernels.flash_attention`` and ``merge_attention`` with ``impl="auto"`` (the references on CPU ranks,
-float32 math; Triton on GPUs), ``flash_attention_backward`` (a reference on every device so far).
+float32 math; Triton on GPUs), and ``flash_attention_backward`` likewise.
 """
 from __future__ import annotations
 
