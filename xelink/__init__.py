@@ -1,8 +1,8 @@
 """xelink: topology-aware collectives and fast local kernels for multi-GPU jobs."""
 from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
-                          all_to_all_single, barrier, batch_isend_irecv, broadcast, broadcast_object_list,
-                          device_barrier, gather, irecv, isend, recv, reduce, reduce_scatter_tensor, scatter, send,
-                          synchronize)
+                          all_to_all, all_to_all_single, barrier, batch_isend_irecv, broadcast, broadcast_object_list,
+                          device_barrier, gather, gather_object, irecv, isend, recv, reduce, reduce_scatter,
+                          reduce_scatter_tensor, scatter, scatter_object_list, send, synchronize)
 from .comm import NON_GROUP_MEMBER, Communicator, get_rank, get_world_size, new_group
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
@@ -14,8 +14,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "gather", "irecv",
-    "isend", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send", "device_barrier", "synchronize", "empty",
+    "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "gather", "gather_object", "irecv", "isend", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+    "scatter", "scatter_object_list", "send", "device_barrier", "synchronize", "empty",
     "Communicator",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
     "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_positions", "cp_shard", "cp_unshard",

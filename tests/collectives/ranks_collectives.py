@@ -104,6 +104,52 @@ def check_rank_size_and_object_collectives(world):
         evens.free()
 
 
+def check_list_forms_and_object_scatter_gather(world):
+    """torch.distributed's list forms (reduce_scatter, all_to_all with sizes that differ per pair, blocking and
+    async) and gather_object / scatter_object_list; bad lists refused by name."""
+    n, r = world.size, world.rank
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        out = torch.empty(3, 2, dtype=dtype)
+        xelink.reduce_scatter(out, [torch.full((3, 2), 10 * p + j, dtype=dtype) for j in range(n)])
+        assert torch.equal(out, torch.full((3, 2), sum(10 * p + r for p in range(n)), dtype=dtype)), (dtype, out)
+    out = torch.empty(4)
+    h = xelink.reduce_scatter(out, [torch.arange(4.0) + p * j for j in range(n)], op="max", async_op=True)
+    h.wait()
+    assert torch.equal(out, torch.arange(4.0) + (n - 1) * r), out
+    for async_op in (False, True):
+        for even in (False, True):
+            size = (lambda i, j: 3) if even else (lambda i, j: i + 2 * j + 1)  # rank i sends rank j size(i, j)
+            ins = [torch.full((size(r, j),), 100.0 * r + j) for j in range(n)]
+            outs = [torch.full((size(i, r),), -1.0) for i in range(n)]
+            h = xelink.all_to_all(outs, ins, async_op=async_op)
+            if async_op:
+                while not h.is_completed():
+                    pass
+                h.wait()
+            for i, t in enumerate(outs):
+                assert torch.equal(t, torch.full((size(i, r),), 100.0 * i + r)), (async_op, even, i, t)
+    grid = [torch.full((2, 3), float(r * n + j)) for j in range(n)]
+    got = [torch.empty(2, 3) for _ in range(n)]
+    xelink.all_to_all(got, grid)
+    assert all(torch.equal(t, torch.full((2, 3), float(i * n + r))) for i, t in enumerate(got))
+    dst = n - 1
+    gathered = [None] * n if r == dst else None
+    xelink.gather_object({"from": r}, gathered, dst=dst)
+    assert gathered is None or gathered == [{"from": p} for p in range(n)]
+    mine = [None]
+    xelink.scatter_object_list(mine, [("for", j) for j in range(n)] if r == 0 else None, src=0)
+    assert mine == [("for", r)], mine
+    with pytest.raises(ValueError, match=rf"scatter_object_list: src=0's scatter_object_input_list must be a list of "
+                                         rf"world_size={n} entries, got {n + 1} entries"):
+        xelink.scatter_object_list(mine, [0] * (n + 1), src=0)
+    with pytest.raises(ValueError, match=rf"all_to_all: output_tensor_list must be a list of world_size={n} tensors"):
+        xelink.all_to_all([torch.empty(1)] * (n + 1), [torch.empty(1)] * n)
+    with pytest.raises(ValueError, match=r"reduce_scatter: input_list\[0\] has 5 x torch.float32 on cpu, expected 4 x"):
+        xelink.reduce_scatter(torch.empty(4), [torch.empty(5)] * n)
+    with pytest.raises(ValueError, match=r"gather_object: object_list must be a list of world_size"):
+        xelink.gather_object(1, [None], dst=r) if n > 1 else xelink.gather_object(1, [], dst=r)
+
+
 def check_ddp_style_training_matches_one_process(world):
     ddp_training(world, "cpu")
 

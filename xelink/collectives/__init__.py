@@ -7,9 +7,9 @@
 """
 from . import cpu as _cpu, gpu as _gpu  # noqa: F401 (registers the backends' algorithms)
 from . import registry
-from .api import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce, all_to_all_single, barrier,
-                  broadcast, broadcast_object_list, device_barrier, gather, reduce, reduce_scatter_tensor, scatter,
-                  synchronize)
+from .api import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce, all_to_all, all_to_all_single,
+                  barrier, broadcast, broadcast_object_list, device_barrier, gather, gather_object, reduce,
+                  reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list, synchronize)
 from .checks import ReduceOp
 from .cpu import Work
 from .gpu import GpuWork
@@ -21,7 +21,7 @@ GPU_ALGORITHMS = registry.names("cuda")
 
 __all__ = [
     "ALGORITHMS", "GPU_ALGORITHMS", "GpuWork", "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor",
-    "all_gather_object", "all_reduce", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-    "broadcast_object_list", "device_barrier", "gather",
-    "irecv", "isend", "recv", "reduce", "reduce_scatter_tensor", "registry", "scatter", "send", "synchronize",
+    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
+    "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv", "isend", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "registry", "scatter", "scatter_object_list", "send", "synchronize",
 ]

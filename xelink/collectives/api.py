@@ -14,9 +14,10 @@ from . import checks, compiled, cpu, dispatch, gpu, registry
 from .gpu import rooted as gpu_rooted
 from .checks import backend_of, check_op_dtype, check_rank, fingerprint_check, group_of, pair, parse_op, splits
 
-__all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_to_all_single",
-           "broadcast", "reduce", "gather", "scatter", "all_gather_object", "broadcast_object_list", "barrier",
-           "device_barrier", "synchronize"]
+__all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
+           "all_to_all_single", "all_to_all", "broadcast", "reduce", "gather", "scatter", "all_gather_object",
+           "gather_object", "scatter_object_list", "broadcast_object_list", "barrier", "device_barrier",
+           "synchronize"]
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -185,6 +186,95 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return registry.backend(backend).all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
 
 
+class _Staged:
+    """The handle of a list-form call that runs through one staging buffer: ``wait()`` (or an
+    ``is_completed()`` that finds the work done) waits for the inner call, then copies the results out once."""
+
+    def __init__(self, work, finish):
+        self._work, self._finish = work, finish
+
+    def _done(self) -> None:
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish()
+
+    def is_completed(self) -> bool:
+        if self._finish is None:
+            return True
+        if not self._work.is_completed():
+            return False
+        self._done()
+        return True
+
+    def wait(self, timeout=None) -> bool:
+        self._work.wait(timeout)
+        self._done()
+        return True
+
+
+def _tensor_list(fn: str, name: str, items, comm, like=None) -> list:
+    """``items``: a list of world_size tensors (each like ``like``: dtype, device, numel, where given)."""
+    if not isinstance(items, (list, tuple)) or len(items) != comm.size:
+        got = len(items) if isinstance(items, (list, tuple)) else type(items).__name__
+        raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors, got {got}")
+    out = [checks.tensor(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
+    for i, t in enumerate(out):
+        ref = out[0] if like is None else like
+        if t.is_cuda != ref.is_cuda or t.dtype != ref.dtype or (like is not None and t.numel() != like.numel()):
+            size = f"{like.numel()} x " if like is not None else ""
+            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype} on {t.device}, expected {size}"
+                             f"{ref.dtype} on {ref.device}")
+    return out
+
+
+def reduce_scatter(output, input_list, op="sum", group=None, async_op: bool = False, algo: str = "auto",
+                   timeout=None):
+    """List form (torch.distributed.reduce_scatter): ``output`` receives the reduction over ranks of
+    ``input_list[rank]``; the list runs as one ``reduce_scatter_tensor`` of its concatenation.
+
+    Collective: every rank of ``group`` must call this with tensors of the same shape and dtype.
+    """
+    fn = "reduce_scatter"
+    comm = group_of(group, fn)
+    out = checks.tensor(fn, "output", output, comm)
+    ins = _tensor_list(fn, "input_list", input_list, comm, like=out)
+    stacked = torch.cat([t.reshape(-1) for t in ins])
+    return reduce_scatter_tensor(out, stacked, op=op, group=comm, async_op=async_op, algo=algo, timeout=timeout)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False, algo: str = "auto",
+               timeout=None):
+    """List form (torch.distributed.all_to_all): ``input_tensor_list[j]`` goes to rank j, which receives it in
+    its ``output_tensor_list[rank]``; sizes may differ per pair. Runs as one ``all_to_all_single`` of the
+    concatenated tensors (split sizes where they differ: NCCL on CUDA tensors), the results copied out.
+
+    Collective: every rank of ``group`` must call this; the tensors rank i sends rank j and those rank j
+    expects from rank i have the same number of elements.
+    """
+    fn = "all_to_all"
+    comm = group_of(group, fn)
+    ins = _tensor_list(fn, "input_tensor_list", input_tensor_list, comm)
+    outs = _tensor_list(fn, "output_tensor_list", output_tensor_list, comm, like=None)
+    if outs[0].dtype != ins[0].dtype or outs[0].is_cuda != ins[0].is_cuda:
+        raise ValueError(f"{fn}: output_tensor_list holds {outs[0].dtype} on {outs[0].device}, input_tensor_list "
+                         f"{ins[0].dtype} on {ins[0].device}")
+    send = torch.cat([t.reshape(-1) for t in ins])
+    recv = send.new_empty(sum(t.numel() for t in outs))
+    in_sizes, out_sizes = [t.numel() for t in ins], [t.numel() for t in outs]
+    even = len(set(in_sizes)) == 1 and len(set(out_sizes)) == 1
+    work = all_to_all_single(recv, send, None if even else out_sizes, None if even else in_sizes, group=comm,
+                             async_op=async_op, algo=algo, timeout=timeout)
+
+    def finish():
+        for t, part in zip(outs, recv.split(out_sizes)):
+            t.copy_(part.view(t.shape))
+
+    if not async_op:
+        finish()
+        return None
+    return _Staged(work, finish)
+
+
 def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None):
     """Copy ``tensor`` of rank ``src`` (a rank of ``group``) into ``tensor`` on every rank, in place.
 
@@ -291,6 +381,46 @@ def all_gather_object(object_list, obj, group=None, timeout=None) -> None:
     comm = group_of(group, fn)
     _object_list(fn, object_list, comm.size)
     object_list[:] = comm.allgather_object(obj, timeout)
+
+
+def gather_object(obj, object_gather_list=None, dst: int = 0, group=None, timeout=None) -> None:
+    """Rank ``dst``'s ``object_gather_list[r]`` becomes rank r's ``obj`` (torch.distributed.gather_object; the
+    other ranks pass None); through the host transport.
+
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "gather_object"
+    comm = group_of(group, fn)
+    check_rank(fn, "dst", dst, comm.size)
+    if comm.rank == dst:
+        _object_list(fn, object_gather_list, comm.size)
+    got = comm.allgather_object(obj, timeout)
+    if comm.rank == dst:
+        object_gather_list[:] = got
+
+
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src: int = 0, group=None,
+                        timeout=None) -> None:
+    """``scatter_object_output_list[0]`` becomes rank ``src``'s ``scatter_object_input_list[rank]``
+    (torch.distributed.scatter_object_list; the input list matters on ``src`` only); through the host transport.
+
+    Raises ValueError on every rank when src's input list is not world_size long (after the exchange).
+    Collective: every rank of ``group`` must call this.
+    """
+    fn = "scatter_object_list"
+    comm = group_of(group, fn)
+    check_rank(fn, "src", src, comm.size)
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise ValueError(f"{fn}: scatter_object_output_list must be a non-empty list, got "
+                         f"{scatter_object_output_list!r}")
+    mine = list(scatter_object_input_list) if comm.rank == src and isinstance(scatter_object_input_list,
+                                                                               (list, tuple)) else None
+    got = comm.allgather_object(mine, timeout)[src]
+    if got is None or len(got) != comm.size:
+        what = type(scatter_object_input_list).__name__ if got is None else f"{len(got)} entries"
+        raise ValueError(f"{fn}: src={src}'s scatter_object_input_list must be a list of world_size={comm.size} "
+                         f"entries, got {what}")
+    scatter_object_output_list[0] = got[comm.rank]
 
 
 def broadcast_object_list(object_list, src: int = 0, group=None, timeout=None) -> None:

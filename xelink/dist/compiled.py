@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..collectives.compiled import comm_named, group_name
+from .gemm_grad import backward_algo, weight_grad
 
 __all__ = ["bind", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"]
 
@@ -101,14 +102,6 @@ def _(a, b, algo, group):
 
 # -- autograd of the ops (gemm_grad's formulas, spelled with the ops) ------------------------------
 
-def _backward_algo(algo: str) -> str:
-    return "auto" if algo == "fused" else algo
-
-
-def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return a.reshape(-1, a.shape[-1]).t() @ g.reshape(-1, g.shape[-1])
-
-
 def _reduce_scatter_along(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((moved.shape[0] // comm_named(group).size,) + tuple(moved.shape[1:]))
@@ -118,7 +111,7 @@ def _reduce_scatter_along(x: torch.Tensor, dim: int, group: str) -> torch.Tensor
 
 def _gather_setup(ctx, inputs, output):
     a, b, dim, return_gathered, algo, group = inputs
-    ctx.args = (dim, return_gathered, _backward_algo(algo), group, len(b))
+    ctx.args = (dim, return_gathered, backward_algo(algo), group, len(b))
     ctx.save_for_backward(output[-1] if return_gathered else None, *b)
 
 
@@ -131,13 +124,13 @@ def _gather_backward(ctx, grads):
     ga = torch.ops.xelink.matmul_reduce_scatter(G, W, dim, "sum", algo, group)
     if return_gathered and grads[m] is not None:
         ga = ga + _reduce_scatter_along(grads[m], dim, group)
-    gws = [_weight_grad(a_full, g) if a_full is not None else None for g in gcs]
+    gws = [weight_grad(a_full, g) if a_full is not None else None for g in gcs]
     return ga, gws, None, None, None, None
 
 
 def _scatter_setup(ctx, inputs, output):
     a, b, dim, op, algo, group = inputs
-    ctx.args = (dim, op, _backward_algo(algo), group)
+    ctx.args = (dim, op, backward_algo(algo), group)
     ctx.save_for_backward(a, b)
 
 
@@ -147,7 +140,7 @@ def _scatter_backward(ctx, g):
     if op == "avg":
         g = g / comm_named(group).size
     ga, g_full = torch.ops.xelink.all_gather_matmul(g, [b.t()], dim, True, algo, group)
-    return ga, _weight_grad(a, g_full), None, None, None, None
+    return ga, weight_grad(a, g_full), None, None, None, None
 
 
 def _all_reduce_setup(ctx, inputs, output):
@@ -156,7 +149,7 @@ def _all_reduce_setup(ctx, inputs, output):
 
 def _all_reduce_backward(ctx, g):
     a, b = ctx.saved_tensors
-    return g @ b.t(), _weight_grad(a, g), None, None
+    return g @ b.t(), weight_grad(a, g), None, None
 
 
 _all_gather_matmul.register_autograd(_gather_backward, setup_context=_gather_setup)

@@ -39,8 +39,8 @@ matmul_reduce_scatter's an all_gather_matmul, matmul_all_reduce's local, its out
 ``out=`` is then refused.
 
 Every argument is checked before any byte moves (with ``XELINK_CHECK=1``, also that every rank makes the
-same call, which inputs require grad included). The CUDA path's staging buffers and the rules for CUDA graphs are in ``device``'s docstring.
-Under ``torch.compile`` the checks that move no bytes are traced and the call becomes a custom op
+same call, which inputs require grad included). The CUDA path's staging buffers and the rules for CUDA graphs
+are in ``device``'s docstring. Under ``torch.compile`` the checks that move no bytes are traced and the call becomes a custom op
 (``torch.ops.xelink.all_gather_matmul`` ..., ``compiled``), which runs the eager call.
 """
 from __future__ import annotations
@@ -49,7 +49,8 @@ import torch
 
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of, parse_op
 from ..kernels.common import check_distinct, check_no_overlap
-from . import compiled
+from . import compiled, gemm_grad
+from .gemm_grad import AllGatherMatmul, Call, MatmulAllReduce, MatmulReduceScatter
 
 __all__ = ["DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "auto_algo"]
 
@@ -278,8 +279,6 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, return_gat
             return _backend(a).all_gather_matmul(comm, a, weights, dim, outs, picked, keep_gathered)
 
         if grad:
-            from .gemm_grad import AllGatherMatmul, Call
-
             got = AllGatherMatmul.apply(Call(comm, dim, algo, run, return_gathered=bool(return_gathered)), a,
                                         *weights)
             a_full, cs = (got[0], list(got[1:])) if return_gathered else (None, list(got))
@@ -352,8 +351,6 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op="sum", a
         return _backend(a).matmul_reduce_scatter(comm, a, weights[0], dim, op, o, picked)
 
     if grad:
-        from .gemm_grad import Call, MatmulReduceScatter
-
         return MatmulReduceScatter.apply(Call(comm, dim, algo, run, avg=op == "avg"), a, w)
     return run(a, [w], False)
 
@@ -404,11 +401,10 @@ def matmul_all_reduce(a, b, *, group=None, algo: str = "auto", out=None):
         return _backend(a).matmul_all_reduce(comm, a, weights[0], o, picked)
 
     if grad:
-        from .gemm_grad import Call, MatmulAllReduce
-
         return MatmulAllReduce.apply(Call(comm, 0, algo, run), a, w)
     return run(a, [w], False)
 
 
 compiled.bind(all_gather_matmul=all_gather_matmul, matmul_reduce_scatter=matmul_reduce_scatter,
               matmul_all_reduce=matmul_all_reduce)
+gemm_grad.bind(all_gather_matmul=all_gather_matmul, matmul_reduce_scatter=matmul_reduce_scatter)

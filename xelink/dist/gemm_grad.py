@@ -23,9 +23,16 @@ import dataclasses
 import torch
 
 from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
-from .gemm import all_gather_matmul, matmul_reduce_scatter
 
-__all__ = ["Call", "AllGatherMatmul", "MatmulReduceScatter", "MatmulAllReduce"]
+__all__ = ["bind", "backward_algo", "weight_grad", "Call", "AllGatherMatmul", "MatmulReduceScatter", "MatmulAllReduce"]
+
+# The public ops the backwards call (``gemm`` binds them when it is imported; this module cannot import it:
+# ``gemm`` builds the autograd nodes defined here).
+_ops: dict = {}
+
+
+def bind(**functions) -> None:
+    _ops.update(functions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +48,16 @@ class Call:
 
     @property
     def backward_algo(self) -> str:
-        return "auto" if self.algo == "fused" else self.algo
+        return backward_algo(self.algo)
 
 
-def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def backward_algo(algo: str) -> str:
+    """The algorithm a backward runs: the forward's, ``auto`` for ``fused`` (whose conditions the transposed
+    problems need not meet)."""
+    return "auto" if algo == "fused" else algo
+
+
+def weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``a^T @ g`` over every leading dimension: the gradient of a [K, N] weight."""
     return a.reshape(-1, a.shape[-1]).t() @ g.reshape(-1, g.shape[-1])
 
@@ -82,10 +95,11 @@ class AllGatherMatmul(torch.autograd.Function):
             G = gcs[0] if len(gcs) == 1 else torch.cat(gcs, -1)
             W = (weights[0] if len(weights) == 1 else torch.cat(weights, 1)).t()
             if g_full is None:
-                ga = matmul_reduce_scatter(G, W, group=call.comm, scatter_dim=call.dim, algo=call.backward_algo)
+                ga = _ops["matmul_reduce_scatter"](G, W, group=call.comm, scatter_dim=call.dim,
+                                                   algo=call.backward_algo)
             else:
                 ga = _along(G @ W + g_full, call.dim, call.comm.size, False, call.comm)
-        gws = [_weight_grad(a_full, g) if need else None for g, need in zip(gcs, ctx.needs_input_grad[2:])]
+        gws = [weight_grad(a_full, g) if need else None for g, need in zip(gcs, ctx.needs_input_grad[2:])]
         return (None, ga, *gws)
 
 
@@ -105,12 +119,12 @@ class MatmulReduceScatter(torch.autograd.Function):
             g = g / call.comm.size
         ga = g_full = None
         if need_a:
-            got = all_gather_matmul(g, w.t(), group=call.comm, gather_dim=call.dim, return_gathered=need_w,
-                                    algo=call.backward_algo)
+            got = _ops["all_gather_matmul"](g, w.t(), group=call.comm, gather_dim=call.dim, return_gathered=need_w,
+                                            algo=call.backward_algo)
             g_full, ga = got if need_w else (None, got)
         elif need_w:
             g_full = _along(g, call.dim, call.comm.size, True, call.comm)
-        return None, ga, _weight_grad(a, g_full) if need_w else None
+        return None, ga, weight_grad(a, g_full) if need_w else None
 
 
 class MatmulAllReduce(torch.autograd.Function):
@@ -123,4 +137,4 @@ class MatmulAllReduce(torch.autograd.Function):
     def backward(ctx, g):
         a, w = ctx.saved_tensors
         ga = g @ w.t() if ctx.needs_input_grad[1] else None
-        return None, ga, _weight_grad(a, g) if ctx.needs_input_grad[2] else None
+        return None, ga, weight_grad(a, g) if ctx.needs_input_grad[2] else None
