@@ -110,10 +110,10 @@ def check_list_forms_and_object_scatter_gather(world):
     n, r = world.size, world.rank
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         out = torch.empty(3, 2, dtype=dtype)
-        xelink.reduce_scatter(out, [torch.full((3, 2), 10 * p + j, dtype=dtype) for j in range(n)])
+        xelink.reduce_scatter(out, [torch.full((3, 2), 10 * r + j, dtype=dtype) for j in range(n)])
         assert torch.equal(out, torch.full((3, 2), sum(10 * p + r for p in range(n)), dtype=dtype)), (dtype, out)
     out = torch.empty(4)
-    h = xelink.reduce_scatter(out, [torch.arange(4.0) + p * j for j in range(n)], op="max", async_op=True)
+    h = xelink.reduce_scatter(out, [torch.arange(4.0) + r * j for j in range(n)], op="max", async_op=True)
     h.wait()
     assert torch.equal(out, torch.arange(4.0) + (n - 1) * r), out
     for async_op in (False, True):
