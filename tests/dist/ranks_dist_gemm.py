@@ -8,8 +8,8 @@ Gradients (``gemm_grad``): real clients trained over the ranks against the same 
 float64: a sequence-parallel MLP (all_gather_matmul of two weights sharing the gather, then
 matmul_reduce_scatter; 3-D along the sequence and 2-D along the rows; nn.Linear-style transposed weights; every
 algorithm and package layout; the gathered input in the loss; op="avg") and a tensor-parallel MLP
-(matmul_all_reduce, the replicated input's gradient summed by the user as Megatron-LM's f operator); and
-only some inputs requiring grad."""
+(matmul_all_reduce; the replicated loss divided by the ranks, the replicated input's gradient summed by the
+user); and only some inputs requiring grad."""
 import torch
 
 import pytest
@@ -369,9 +369,10 @@ def check_sequence_parallel_training_matches_one_process(world):
 
 
 def check_tensor_parallel_training_matches_one_process(world):
-    """A Megatron-style tensor-parallel MLP: x replicated, W1 split by columns, W2 by rows, the output summed by
-    matmul_all_reduce (its backward local), the loss computed alike on every rank; x's gradient summed by the
-    user (the f operator); weights after SGD steps equal one process's."""
+    """A tensor-parallel MLP: x replicated, W1 split by columns, W2 by rows, the output summed by
+    matmul_all_reduce (its backward an all_reduce of the output's gradient), the loss computed alike on every
+    rank and so divided by their number (the sum of the ranks' losses is one loss); x's gradient, a replicated
+    tensor's, summed by the user; weights after SGD steps equal one process's."""
     n, r = world.size, world.rank
     g = torch.Generator().manual_seed(77)
     H, F = 5, 3 * n
@@ -383,7 +384,7 @@ def check_tensor_parallel_training_matches_one_process(world):
     for step, algo in enumerate(ALGOS):
         (torch.tanh(torch.tanh(one[0] @ one[1]) @ one[2]) ** 2).sum().backward()
         y = xelink.matmul_all_reduce(torch.tanh(ours[0] @ ours[1]), ours[2], algo=algo)
-        (torch.tanh(y) ** 2).sum().backward()
+        ((torch.tanh(y) ** 2).sum() / n).backward()
         xelink.all_reduce(ours[0].grad)
         for what, got, want in (("dx", ours[0].grad, one[0].grad), ("dw1", ours[1].grad, one[1].grad[:, cols]),
                                 ("dw2", ours[2].grad, one[2].grad[cols])):

@@ -144,12 +144,15 @@ def _scatter_backward(ctx, g):
 
 
 def _all_reduce_setup(ctx, inputs, output):
+    ctx.group = inputs[3]
     ctx.save_for_backward(inputs[0], inputs[1])
 
 
 def _all_reduce_backward(ctx, g):
     a, b = ctx.saved_tensors
-    return g @ b.t(), weight_grad(a, g), None, None
+    total = g.clone(memory_format=torch.contiguous_format)
+    torch.ops.xelink.all_reduce_(total, "sum", "auto", ctx.group)
+    return total @ b.t(), weight_grad(a, total), None, None
 
 
 _all_gather_matmul.register_autograd(_gather_backward, setup_context=_gather_setup)

@@ -35,8 +35,8 @@ Algorithms (``algo=``, ``DIST_GEMM_ALGOS``):
 
 Autograd: where grad mode is on and an input requires grad, each call is a node of the autograd graph whose
 backward is built from these same ops (``gemm_grad``: all_gather_matmul's is a matmul_reduce_scatter,
-matmul_reduce_scatter's an all_gather_matmul, matmul_all_reduce's local, its output being replicated);
-``out=`` is then refused.
+matmul_reduce_scatter's an all_gather_matmul, matmul_all_reduce's an all_reduce of the output's gradient; the
+loss is the sum of every rank's, as torch.distributed.nn's); ``out=`` is then refused.
 
 Every argument is checked before any byte moves (with ``XELINK_CHECK=1``, also that every rank makes the
 same call, which inputs require grad included). The CUDA path's staging buffers and the rules for CUDA graphs

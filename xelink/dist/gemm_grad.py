@@ -7,10 +7,15 @@ sequence- and tensor-parallel layers):
   is differentiable too: its gradient joins the sum before one ``reduce_scatter_tensor``.
 - ``matmul_reduce_scatter`` (c = block of sum over ranks of a @ b): grad a = ``gather(grad c) @ b^T``, which
   is ``all_gather_matmul(grad c, b^T)``; grad b = ``a^T @ gather(grad c)`` (``avg`` scales both by 1/n).
-- ``matmul_all_reduce`` (c = sum over ranks of a @ b, on every rank): c is replicated, so each rank takes its
-  own grad c as the gradient of the one c (a loss every rank computes alike, as in tensor parallelism):
-  grad a = ``grad c @ b^T``, grad b = ``a^T @ grad c``, no communication. A job whose ranks compute different
-  losses from c must sum grad c over the ranks itself (``all_reduce``) before this backward sees it.
+- ``matmul_all_reduce`` (c = sum over ranks of a @ b, on every rank): every rank's c feeds that rank's loss,
+  so the gradient of the total is the sum over ranks of grad c (torch.distributed.nn's all_reduce): grad a =
+  ``all_reduce(grad c) @ b^T``, grad b = ``a^T @ all_reduce(grad c)``.
+
+One convention throughout (torch.distributed.nn's): the loss a job minimises is the sum of every rank's loss,
+each rank's tensors its own variables. Ranks that hold shards of a sequence compute their shards' losses and
+nothing more is needed; ranks that compute one loss alike (the replicated output of tensor parallelism)
+divide it by their number; a tensor replicated on several ranks (a weight, an input) gets each rank's share
+of its gradient, which the user sums (``all_reduce``), as data parallelism does.
 
 The backward calls run the forward's algorithm (``auto`` for ``fused``, whose conditions the transposed
 problems need not meet). They are collective: every rank must back-propagate, with the same inputs requiring
@@ -22,7 +27,7 @@ import dataclasses
 
 import torch
 
-from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
+from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 
 __all__ = ["bind", "backward_algo", "weight_grad", "Call", "AllGatherMatmul", "MatmulReduceScatter", "MatmulAllReduce"]
 
@@ -130,11 +135,14 @@ class MatmulReduceScatter(torch.autograd.Function):
 class MatmulAllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, a, w):
+        ctx.call = call
         ctx.save_for_backward(a if ctx.needs_input_grad[2] else None, w)
         return call.run(a, [w], False)
 
     @staticmethod
     def backward(ctx, g):
         a, w = ctx.saved_tensors
-        ga = g @ w.t() if ctx.needs_input_grad[1] else None
-        return None, ga, weight_grad(a, g) if ctx.needs_input_grad[2] else None
+        total = g.clone(memory_format=torch.contiguous_format)
+        all_reduce(total, group=ctx.call.comm)
+        ga = total @ w.t() if ctx.needs_input_grad[1] else None
+        return None, ga, weight_grad(a, total) if ctx.needs_input_grad[2] else None
