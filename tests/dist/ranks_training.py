@@ -4,9 +4,8 @@ row-parallel weights) inside each context-parallel group (the sequence split zig
 by ``cp_attention``), for a few SGD steps. The loss is the sum of every rank's (``gemm_grad``'s convention): a
 rank's share is its sequence shard's, divided by the TP size (the TP ranks compute it alike). Each rank's weight
 gradients, summed over its context-parallel group with ``all_reduce`` (the TP shard is replicated there), must
-equal the slices of one process's gradients, and the
-weights after training one process's weights (within 1e-6: cp_attention merges and differentiates with float32
-LSEs, about float32 accuracy for these float64 tensors). Meshes (CP x TP): 1x1; 2x1 and 1x2 at two ranks (CP
+equal the slices of one process's gradients, and the weights after training one process's weights (within 1e-6:
+cp_attention merges and differentiates with float32 LSEs, about float32 accuracy for these float64 tensors). Meshes (CP x TP): 1x1; 2x1 and 1x2 at two ranks (CP
 only, TP only); 4x1 and 2x2 at four; both attention algorithms."""
 import torch
 
@@ -53,9 +52,7 @@ def _full_attention(q, k, v):
 
 
 def _train(world, tp, algo, steps=3, lr=0.3):
-    n, r = world.size, world.rank
-    cp = n // tp
-    t, c = r % tp, r // tp  # rank r = c * tp + t
+    t, c = world.rank % tp, world.rank // tp  # rank r = c * tp + t
     tp_group = world.split(c)  # ranks c * tp .. c * tp + tp - 1
     cp_group = world.split(t)  # ranks t, tp + t, ...
     g = torch.Generator().manual_seed(5)
