@@ -667,6 +667,7 @@ class PeerWindow(_OnNode):
         self.capacity = _round_up(self.nbytes)
         self.generation = 0
         self._win, self._segs = _allocate(self._node, self.capacity)
+        self._tslots = None  # torch_slot's views, made on first use
         self.counters._guard([self.counters._win, self._win])
         self.read_delay = _read_delay(comm)
         self._calls = 0  # next_slot's parity
@@ -730,6 +731,24 @@ class PeerWindow(_OnNode):
         start, end = self._span(fn, count, offset, dt.itemsize)
         return seg[start:end].view(dt)
 
+    def torch_slot(self, i: int, dtype, offset: int, nbytes: int):
+        """``nbytes`` bytes at ``offset`` of node rank ``i``'s segment as a torch tensor of ``dtype``, zero-copy
+        and remembered per arguments until ``ensure`` reallocates or ``free`` runs (then invalid, as every view):
+        for protocols that reuse a few slots call after call (the one-shot all-reduce), where ``torch_view``'s
+        checks and ``frombuffer`` cost more than the small call's data movement. ``offset`` and ``nbytes`` are
+        multiples of the dtype's size within ``capacity`` (the caller's; not checked here)."""
+        key = (i, dtype, offset, nbytes)
+        got = self._tslots.get(key) if self._tslots is not None else None
+        if got is None:
+            import torch
+
+            seg = self._seg("PeerWindow.torch_slot", i)
+            if self._tslots is None or len(self._tslots) > 256:
+                self._tslots = {}
+            whole = torch.frombuffer(seg, dtype=torch.uint8) if len(seg) else torch.empty(0, dtype=torch.uint8)
+            got = self._tslots[key] = whole[offset:offset + nbytes].view(dtype)
+        return got
+
     def torch_view(self, i: int, dtype, count: int, offset: int = 0):
         """``count`` items of torch ``dtype`` (e.g. ``torch.bfloat16``) at byte ``offset``; zero-copy."""
         import torch
@@ -783,7 +802,7 @@ class PeerWindow(_OnNode):
         need = self._node.mpi.allreduce(nbytes, op=MPI.MAX)
         _release(self._win)
         self._win = None
-        self._segs = []
+        self._segs, self._tslots = [], None
         self.capacity = _round_up(max(need, 2 * self.capacity))
         self.nbytes = need
         self._win, self._segs = _allocate(self._node, self.capacity)
@@ -827,7 +846,7 @@ class PeerWindow(_OnNode):
             self.counters._rendezvous(self.comm.deadline(timeout, "PeerWindow.free"), "PeerWindow.free")
         self._freed = True
         _release(self._win)
-        self._win, self._segs = None, []
+        self._win, self._segs, self._tslots = None, [], None
         self.counters._freed = True
         self.counters._free_windows()
         self._node.free()

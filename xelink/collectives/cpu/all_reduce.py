@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...transport import shm
-from .base import bounds, combine, finish, state, step, tag_for, work_dtype
+from .base import bounds, combine, finish, reduce_into, state, step, tag_for, work_dtype
 
 __all__ = ["ring", "direct", "two_shot", "hierarchical", "ring_reduce_scatter", "ring_all_gather"]
 
@@ -77,17 +77,18 @@ def _direct_peer_memory(comm, x, op, deadline):
     if win is None or win.freed:  # sized for two slots of this call at once (no growth in next_slot)
         win = st.window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64), timeout=max(deadline.remaining(), 1e-3))
     offset = win.next_slot(nbytes, timeout=max(deadline.remaining(), 1e-3))
-    win.torch_view(win.node_rank, x.dtype, x.numel(), offset).copy_(x)
+
+    def slot(p: int) -> torch.Tensor:
+        return win.torch_slot(p, x.dtype, offset, nbytes)
+
+    slot(win.node_rank).copy_(x)
     win.barrier(deadline, "all_reduce", note=nbytes)
     sizes = win.counters.notes()
     if len(set(sizes)) > 1:  # a peer's slot holds another size: reading it would return its stale bytes
         odd = next(p for p, b in enumerate(sizes) if b != nbytes)
         raise ValueError(f"all_reduce: rank {win.node_ranks[odd]} passed {sizes[odd]} bytes and rank {comm.rank} "
                          f"{nbytes} (every rank must pass the same size)")
-    acc = win.torch_view(0, x.dtype, x.numel(), offset).to(work_dtype(x.dtype), copy=True)
-    for p in range(1, n):
-        combine(acc, win.torch_view(p, x.dtype, x.numel(), offset), op)
-    x.copy_(finish(acc, op, n))
+    reduce_into(x, [slot(p) for p in range(n)], op)
 
 
 def two_shot(comm, x, op, deadline):

@@ -84,6 +84,27 @@ def finish(acc: torch.Tensor, op: str, n: int) -> torch.Tensor:
     return acc
 
 
+_FIRST = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.MAX: torch.maximum,
+          ReduceOp.MIN: torch.minimum, ReduceOp.PROD: torch.mul}
+
+
+def reduce_into(out: torch.Tensor, parts: list, op: str) -> None:
+    """``out`` = ``op`` over ``parts`` in their order (half types through a float32 accumulator), the same bits
+    as combining a copy of ``parts[0]`` with the rest. Where ``out`` is its own work type and no part is ``out``,
+    the first two parts combine straight into ``out`` (no accumulator copy: the one-shot all-reduce's small
+    calls are mostly such tensor ops)."""
+    if work_dtype(out.dtype) == out.dtype and len(parts) >= 2 and all(p.data_ptr() != out.data_ptr() for p in parts):
+        _FIRST[op](parts[0], parts[1], out=out)
+        for part in parts[2:]:
+            combine(out, part, op)
+        finish(out, op, len(parts))
+        return
+    acc = parts[0].to(work_dtype(out.dtype), copy=True)
+    for part in parts[1:]:
+        combine(acc, part, op)
+    out.copy_(finish(acc, op, len(parts)))
+
+
 def bounds(count: int, n: int) -> list[int]:
     """Offsets of n nearly equal chunks of ``count`` (the first ``count % n`` one element longer)."""
     base, extra = divmod(count, n)
