@@ -187,8 +187,8 @@ def check_matmul_all_reduce_every_algo(world):
 
 
 def check_calls_that_differ_are_refused_with_check_calls(world):
-    """XELINK_CHECK's fingerprint: rank 0 passes another shard shape; every rank raises before any byte moves,
-    and the group still works afterwards."""
+    """XELINK_CHECK's fingerprint: rank 0 passes another shard shape, or alone a weight that requires grad;
+    every rank raises before any byte moves, and the group still works afterwards."""
     if world.size == 1:
         return
     sub = world.split(0)
@@ -203,7 +203,17 @@ def check_calls_that_differ_are_refused_with_check_calls(world):
             assert "ranks disagree about the call" in str(e), str(e)
         else:
             raise AssertionError("differing shard shapes were not detected")
+    # Only rank 0's weight requires grad: its backward would wait for collectives the others never make.
+    wg = torch.ones(4, 3, requires_grad=sub.rank == 0)
     a = torch.ones(2 * sub.size, 4)
+    for call in (lambda: xelink.all_gather_matmul(a, wg, group=sub),
+                 lambda: xelink.matmul_reduce_scatter(a, wg, group=sub)):
+        try:
+            call()
+        except ValueError as e:
+            assert "ranks disagree about the call" in str(e), str(e)
+        else:
+            raise AssertionError("ranks that differ in requires_grad were not detected")
     _same(xelink.all_gather_matmul(a, w, group=sub), torch.full((2 * sub.size ** 2, 3), 4.0), "after the refusal")
     sub.free()
 
