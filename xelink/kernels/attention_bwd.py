@@ -12,8 +12,12 @@ gradient; computed in torch), a row's probabilities are recomputed tile by tile 
 
 Masks follow the forward's: query i sees keys ``0 .. i + Sk - Sq`` (causal, end-aligned) or all keys; a row
 whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p and ds rounded to the inputs'
-dtype (bfloat16 / float16), accumulating in float32; the results are float32. Tile shapes per head dim are
-first guesses (not yet measured on a GPU).
+dtype (bfloat16 / float16), accumulating in float32; the results are float32.
+
+Tiles (``BWD_CONFIGS``): not yet timed on a GPU. They are the largest that ptxas compiles for sm_90a without
+spilling registers (NVIDIA Triton 3.6 offline, ``ptxas -v``; bf16, causal): the dk/dv pass holds two float32
+accumulators and its K and V tiles, so it takes narrow query tiles; at head dim 256 only 32 x 32 tiles in one
+stage fit.
 """
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ from .common import cdiv, tl, triton
 
 __all__ = ["BWD_CONFIGS", "flash_backward"]
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim, for both passes.
-BWD_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 8, 2), 256: (32, 32, 8, 1)}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim and pass (module docstring: registers, not timings;
+# sm_90a registers a thread: dkdv 172 / 203 / 255, dq 187 / 226 / 242 at head dim 64 / 128 / 256).
+BWD_CONFIGS = {64: {"dkdv": (32, 64, 8, 2), "dq": (64, 64, 8, 2)},
+               128: {"dkdv": (32, 64, 8, 2), "dq": (64, 32, 8, 2)},
+               256: {"dkdv": (32, 32, 8, 1), "dq": (32, 32, 8, 1)}}
 _LOG2E = 1.4426950408889634
 
 if triton is not None:
@@ -144,14 +151,19 @@ def flash_backward(dout, q, k, v, lse, delta, causal: bool, scale: float):
     dv = torch.zeros((B, Hkv, Sk, D), dtype=torch.float32, device=q.device)
     if B == 0 or Sq == 0 or Sk == 0:
         return dq, dk, dv
-    block_m, block_n, warps, stages = BWD_CONFIGS[D]
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     qk_scale = scale * _LOG2E
-    opts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
-                num_stages=stages)
-    _dkdv_kernel[(cdiv(Sk, block_n), B * Hkv)](q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv, Sq, Sk,
-                                               scale, qk_scale, **opts)
-    _dq_kernel[(cdiv(Sq, block_m), B * Hq)](q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq, Sk, scale,
-                                            qk_scale, **opts)
+
+    def opts(kind):
+        block_m, block_n, warps, stages = BWD_CONFIGS[D][kind]
+        return dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
+                    num_stages=stages)
+
+    o = opts("dkdv")
+    _dkdv_kernel[(cdiv(Sk, o["BLOCK_N"]), B * Hkv)](q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv, Sq,
+                                                    Sk, scale, qk_scale, **o)
+    o = opts("dq")
+    _dq_kernel[(cdiv(Sq, o["BLOCK_M"]), B * Hq)](q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq, Sk,
+                                                 scale, qk_scale, **o)
     return dq, dk, dv
 

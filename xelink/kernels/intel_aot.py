@@ -127,7 +127,7 @@ def _flash_bwd(kv_pass: bool, d=128, group=4):
         outs = [_t("float32"), _t("float32")] if kv_pass else [_t("float32")]
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *outs,
                  *q, *kv, *kv, *q, H // group if kv_pass else H, group, S, S, 0.088, 0.127],
-                dict(HEAD_DIM=d, BLOCK_M=64, BLOCK_N=64, CAUSAL=True))
+                dict(HEAD_DIM=d, BLOCK_M=32 if kv_pass else 64, BLOCK_N=64 if kv_pass else 32, CAUSAL=True))
     return args
 
 
