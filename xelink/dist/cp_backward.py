@@ -18,7 +18,9 @@ the block's owner:
 
 Point-to-point runs on the group's private duplicate (``host.private``), under tags that name the message
 (KV ``owner``, gradient ``n + owner``) and, since CUDA point-to-point matches by order, posted in the same
-order on both sides of every link. Every transfer completes before the call returns.
+order on both sides of every link. Every transfer completes before the call returns; an error part way fails
+the group and its duplicate (``host.fails_group``): their later calls raise at once instead of taking this
+call's stray messages for theirs.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..collectives import irecv, isend, reduce_scatter_tensor
 from ..kernels import flash_attention_backward
 from . import schedule
 from .cp_engine import gather_kv
-from .host import private
+from .host import fails_group, private
 
 __all__ = ["all_gather_backward", "ring_backward"]
 
@@ -54,6 +56,7 @@ def _attend_backward(dq, dkv, g, qpieces, kpieces, k, v, causal, scale) -> None:
         dkv[1][:, :, ka:kb] += d
 
 
+@fails_group
 def all_gather_backward(comm, g, kv, lengths, layout, causal, scale, start_gather):
     """(dq, dkv) of this rank for ``algo="all_gather"``; ``g`` as ``_attend_backward``'s."""
     n, r = comm.size, comm.rank
@@ -76,6 +79,7 @@ def all_gather_backward(comm, g, kv, lengths, layout, causal, scale, start_gathe
     return dq, mine[:, :, :, :L]
 
 
+@fails_group
 def ring_backward(comm, g, kv, lengths, layout, causal, scale):
     """(dq, dkv) of this rank for ``algo="ring"``; ``g`` as ``_attend_backward``'s."""
     n, r = comm.size, comm.rank

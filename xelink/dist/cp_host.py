@@ -7,14 +7,15 @@ the tag of its owner, unique per pair and call. At step s a rank posts the recei
 its left neighbour and the send of the current one to its right, then attends to the current block (MPI
 progresses the transfers: the receive is tested before the attention), then waits. Empty blocks (a
 sequence shorter than the number of blocks) are not sent: both sides know every length. Every send and
-receive completes before the call returns.
+receive completes before the call returns; an error part way fails the group and its duplicate
+(``host.fails_group``), whose later calls raise at once instead of matching this call's stray messages.
 """
 from __future__ import annotations
 
 from ..collectives import all_gather_into_tensor, irecv, isend
 from . import schedule
 from .cp_engine import Accumulator, attend
-from .host import private
+from .host import fails_group, private
 
 __all__ = ["unmet", "start_gather", "ring_attention"]
 
@@ -30,6 +31,7 @@ def start_gather(comm, stage, send):
     return all_gather_into_tensor(stage, send, group=comm, async_op=True)
 
 
+@fails_group
 def ring_attention(comm, q, kv, lengths, layout, causal, scale):
     n, r = comm.size, comm.rank
     seq_len = sum(lengths)

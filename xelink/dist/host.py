@@ -20,7 +20,8 @@ import torch
 from ..collectives import all_gather_into_tensor, all_reduce, irecv, isend, reduce_scatter_tensor
 from . import schedule
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "AR_CHUNKS", "private", "gathered"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "AR_CHUNKS", "private", "fails_group",
+           "gathered"]
 
 # Row chunks of the pipelined matmul_all_reduce: enough to hide all but one chunk's all-reduce.
 AR_CHUNKS = 4
@@ -32,7 +33,7 @@ def private(comm):
     return comm.resource(("xelink.dist", "p2p"), lambda: comm.split(0))
 
 
-def _fails_group(schedule_fn):
+def fails_group(schedule_fn):
     """An error part way through a schedule leaves messages posted (receives, sends, queued all-reduces) that
     the ranks no longer agree on: the group and its private duplicate then refuse further use, so this rank's
     next call raises at once instead of waiting for messages that never come (the others' waits on this rank
@@ -99,7 +100,7 @@ def _run_gather_plan(p2p, stage, reads, compute) -> None:
         s.wait()
 
 
-@_fails_group
+@fails_group
 def all_gather_matmul(comm, a, weights, dim, outs, algo, return_gathered):
     n, r = comm.size, comm.rank
     shard = tuple(a.shape)
@@ -129,7 +130,7 @@ def _work_dtype(dtype):
     return torch.float32 if dtype in _HALF else dtype
 
 
-@_fails_group
+@fails_group
 def matmul_reduce_scatter(comm, a, w, dim, op, out, algo):
     n = comm.size
     blk = a.shape[dim] // n
@@ -222,7 +223,7 @@ def _topo_reduce(p2p, packages, partial, shape, wd, sends):
     return acc
 
 
-@_fails_group
+@fails_group
 def matmul_all_reduce(comm, a, w, out, algo):
     shape = tuple(a.shape[:-1]) + (w.shape[1],)
     c = out if out is not None and out.is_contiguous() else torch.empty(shape, dtype=a.dtype)
