@@ -40,8 +40,8 @@ loss is the sum of every rank's, as torch.distributed.nn's); ``out=`` is then re
 
 Every argument is checked before any byte moves (with ``XELINK_CHECK=1``, also that every rank makes the
 same call, which inputs require grad included). The CUDA path's staging buffers and the rules for CUDA graphs
-are in ``device``'s docstring. Under ``torch.compile`` the checks that move no bytes are traced and the call becomes a custom op
-(``torch.ops.xelink.all_gather_matmul`` ..., ``compiled``), which runs the eager call.
+are in ``device``'s docstring. Under ``torch.compile`` the checks that move no bytes are traced and the call
+becomes a custom op (``torch.ops.xelink.all_gather_matmul`` ..., ``compiled``), which runs the eager call.
 """
 from __future__ import annotations
 
