@@ -1,5 +1,5 @@
-"""Autograd of the distributed GEMMs: each backward is built from the public ops themselves (Megatron-LM's
-sequence- and tensor-parallel layers):
+"""Autograd of the distributed GEMMs (the layers of sequence and tensor parallelism): each backward is built from
+the public ops themselves:
 
 - ``all_gather_matmul`` (c_i = gather(a) @ b_i): grad a = this rank's block of the sum over ranks of
   ``sum_i grad c_i @ b_i^T``, which is ``matmul_reduce_scatter(cat(grad c_i), cat(b_i)^T)``; grad b_i =
