@@ -1,4 +1,5 @@
-"""Flash attention forward, split-KV decode and the merge of partial results, in Triton.
+"""Flash attention forward, split-KV decode and the merge of partial results, in Triton; and the flash
+attention backward (``flash_attention_backward``: its reference here, its Triton kernels in ``attention_bwd``).
 
 Layout and conventions follow ``DESIGN.md`` ("Contracts"): tensors are ``(batch, heads, seq, head_dim)``
 as in torch SDPA; ``causal=True`` aligns the queries to the end of the keys (query ``i`` of ``Sq`` sees
