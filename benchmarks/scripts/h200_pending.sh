@@ -405,11 +405,12 @@ second11)  # after first11 (~4 minutes): the gated GEMM's tile rows (issue 22's 
   ;;
 grads12)  # the twelfth session's training paths on CUDA tensors (~6 minutes): the flash-attention backward kernel
           # (its GPU tests, then its tiles and fwd+bwd against SDPA), cp_attention's backward (ring and all_gather,
-          # 2 and 3 ranks sharing the GPU) and the distributed GEMMs' backward (every algorithm, fused)
+          # 2 and 3 ranks sharing the GPU), the distributed GEMMs' backward (every algorithm, fused) and the CP x TP
+          # training client on CUDA tensors
   step flash_bwd_gpu_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu tests/kernels/test_autograd.py
   step flash_bwd_ab 150 python3 benchmarks/scripts/flash_bwd_ab.py
-  step training_gpu_checks 240 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfEs -p no:cacheprovider \
-    tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py
+  step training_gpu_checks 300 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
