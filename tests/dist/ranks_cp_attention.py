@@ -309,6 +309,26 @@ def check_grad_and_no_grad_calls_back_to_back(world):
                    f"no_grad {algo}", 1e-5)
 
 
+def check_activation_checkpointing_recomputes_the_same_gradients(world):
+    """torch.utils.checkpoint around cp_attention (reentrant and not): the forward runs again inside the backward
+    (a collective inside a collective's backward, in the same order on every rank) and the gradients are those
+    of the plain call, bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    q, k, v = _qkv(1, 4, 2, 17, 16, 85, torch.float64)
+
+    def f(q, k, v, algo):
+        return torch.tanh(xelink.cp_attention(q * 1.5, k, v, causal=True, algo=algo)).pow(2).sum()
+
+    for algo in ALGOS:
+        for reentrant in (False, True):
+            plain, ckpt = ([xelink.cp_shard(t).requires_grad_() for t in (q, k, v)] for _ in range(2))
+            f(*plain, algo).backward()
+            checkpoint(f, *ckpt, algo, use_reentrant=reentrant).backward()
+            for name, a, b in zip("qkv", plain, ckpt):
+                assert torch.equal(a.grad, b.grad), (algo, reentrant, name)
+
+
 def check_ranks_that_disagree_about_grad_all_raise(world):
     """A backward is collective: a rank whose inputs require grad among ranks whose do not would leave the
     others' backward waiting; every rank raises in the forward instead, and the group works afterwards."""
