@@ -194,26 +194,20 @@ def check_calls_that_differ_are_refused_with_check_calls(world):
     sub = world.split(0)
     sub.check_calls = True
     w = torch.ones(4, 3)
-    a = torch.ones(3 if sub.rank == 0 else 2, 4)
-    for call in (lambda: xelink.all_gather_matmul(a, w, group=sub),
-                 lambda: xelink.matmul_all_reduce(a, w, group=sub)):
-        try:
-            call()
-        except ValueError as e:
-            assert "ranks disagree about the call" in str(e), str(e)
-        else:
-            raise AssertionError("differing shard shapes were not detected")
+    a = torch.ones(2 * sub.size, 4)
+    odd = torch.ones(3 if sub.rank == 0 else 2, 4)
     # Only rank 0's weight requires grad: its backward would wait for collectives the others never make.
     wg = torch.ones(4, 3, requires_grad=sub.rank == 0)
-    a = torch.ones(2 * sub.size, 4)
-    for call in (lambda: xelink.all_gather_matmul(a, wg, group=sub),
-                 lambda: xelink.matmul_reduce_scatter(a, wg, group=sub)):
+    for what, call in (("shard shapes", lambda: xelink.all_gather_matmul(odd, w, group=sub)),
+                       ("shard shapes", lambda: xelink.matmul_all_reduce(odd, w, group=sub)),
+                       ("requires_grad", lambda: xelink.all_gather_matmul(a, wg, group=sub)),
+                       ("requires_grad", lambda: xelink.matmul_reduce_scatter(a, wg, group=sub))):
         try:
             call()
         except ValueError as e:
             assert "ranks disagree about the call" in str(e), str(e)
         else:
-            raise AssertionError("ranks that differ in requires_grad were not detected")
+            raise AssertionError(f"ranks that differ in {what} were not detected")
     _same(xelink.all_gather_matmul(a, w, group=sub), torch.full((2 * sub.size ** 2, 3), 4.0), "after the refusal")
     sub.free()
 

@@ -108,13 +108,17 @@ class AllGatherMatmul(torch.autograd.Function):
         return (None, ga, *gws)
 
 
-class MatmulReduceScatter(torch.autograd.Function):
+class _OneWeight(torch.autograd.Function):
+    """The forward of the ops with one weight: the call, keeping ``a`` where the weight's gradient needs it."""
+
     @staticmethod
     def forward(ctx, call, a, w):
         ctx.call = call
         ctx.save_for_backward(a if ctx.needs_input_grad[2] else None, w)
         return call.run(a, [w], False)
 
+
+class MatmulReduceScatter(_OneWeight):
     @staticmethod
     def backward(ctx, g):
         call = ctx.call
@@ -132,13 +136,7 @@ class MatmulReduceScatter(torch.autograd.Function):
         return None, ga, weight_grad(a, g_full) if need_w else None
 
 
-class MatmulAllReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, call, a, w):
-        ctx.call = call
-        ctx.save_for_backward(a if ctx.needs_input_grad[2] else None, w)
-        return call.run(a, [w], False)
-
+class MatmulAllReduce(_OneWeight):
     @staticmethod
     def backward(ctx, g):
         a, w = ctx.saved_tensors
