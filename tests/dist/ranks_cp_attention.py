@@ -8,8 +8,10 @@ disagree (every rank raises the same error), and torch.compile through the custo
 
 Gradients (the backward, ``cp_backward``): dq, dk, dv of every algorithm, layout and mask, with the LSE in the
 loss, against autograd of attention over the whole sequence written in plain torch float64 (no xelink code);
-short sequences, bfloat16, ranks that disagree about grad; and a real client: an attention layer trained over
-context-parallel ranks (gradients summed with all_reduce) that ends with one process's weights."""
+short sequences, bfloat16, ranks that disagree about grad, a rank late to the backward, activation
+checkpointing, an error part way through the backward, the traced backward; and a real client: an attention
+layer trained over context-parallel ranks (gradients summed with all_reduce) that ends with one process's
+weights."""
 import torch
 from ranks import only
 
@@ -307,6 +309,24 @@ def check_grad_and_no_grad_calls_back_to_back(world):
             assert out.grad_fn is None and not out.requires_grad
             _check(out, reference_flash_attention(q, k, v, causal=causal)[:, :, xelink.cp_positions(S)],
                    f"no_grad {algo}", 1e-5)
+
+
+def check_a_rank_late_to_the_backward(world):
+    """The last rank reaches its backward 0.3 s after the others (which wait inside theirs): the gradients are
+    still exact, for both algorithms."""
+    import time
+
+    q, k, v = _qkv(1, 4, 2, 21, 16, 86, torch.float64)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    _full_attention(*full, True)[0].pow(2).sum().backward()
+    for algo in ALGOS:
+        mine = [xelink.cp_shard(t).requires_grad_() for t in (q, k, v)]
+        loss = xelink.cp_attention(*mine, causal=True, algo=algo).pow(2).sum()
+        if world.rank == world.size - 1:
+            time.sleep(0.3)
+        loss.backward()
+        for name, a, b in zip("qkv", mine, full):
+            _check(a.grad, xelink.cp_shard(b.grad), f"late rank, {algo} d{name}", 1e-5)
 
 
 def check_activation_checkpointing_recomputes_the_same_gradients(world):
