@@ -59,10 +59,7 @@ def direct(comm, x, op, deadline):
     parts = [x if p == r else torch.empty_like(x) for p in range(n)]
     step(comm, [(p, x) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_reduce")
-    acc = parts[0].to(work_dtype(x.dtype), copy=True)
-    for p in range(1, n):
-        combine(acc, parts[p], op)
-    x.copy_(finish(acc, op, n))
+    reduce_into(x, parts, op)
 
 
 def _direct_peer_memory(comm, x, op, deadline):
@@ -100,10 +97,7 @@ def two_shot(comm, x, op, deadline):
     step(comm, [(p, x[b[p]:b[p + 1]]) for p in range(n) if p != r], [(p, incoming[p]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_reduce")
     incoming[r] = x[mine]
-    acc = incoming[0].to(work_dtype(x.dtype), copy=True)
-    for p in range(1, n):
-        combine(acc, incoming[p], op)
-    x[mine] = finish(acc, op, n)
+    reduce_into(x[mine], incoming, op)
     step(comm, [(p, x[mine]) for p in range(n) if p != r], [(p, x[b[p]:b[p + 1]]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_reduce")
 

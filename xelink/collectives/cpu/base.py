@@ -90,10 +90,12 @@ _FIRST = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.MAX: torch.
 
 def reduce_into(out: torch.Tensor, parts: list, op: str) -> None:
     """``out`` = ``op`` over ``parts`` in their order (half types through a float32 accumulator), the same bits
-    as combining a copy of ``parts[0]`` with the rest. Where ``out`` is its own work type and no part is ``out``,
-    the first two parts combine straight into ``out`` (no accumulator copy: the one-shot all-reduce's small
-    calls are mostly such tensor ops)."""
-    if work_dtype(out.dtype) == out.dtype and len(parts) >= 2 and all(p.data_ptr() != out.data_ptr() for p in parts):
+    on every rank: combining a copy of ``parts[0]`` with the rest, in order. Where ``out`` is its own work type
+    and shares no storage with a part, the first two parts combine straight into ``out`` (no accumulator copy:
+    the one-shot all-reduce's small calls are mostly such tensor ops)."""
+    storage = out.untyped_storage().data_ptr()
+    if (work_dtype(out.dtype) == out.dtype and len(parts) >= 2
+            and all(p.untyped_storage().data_ptr() != storage for p in parts)):
         _FIRST[op](parts[0], parts[1], out=out)
         for part in parts[2:]:
             combine(out, part, op)

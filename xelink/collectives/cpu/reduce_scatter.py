@@ -6,7 +6,7 @@ import torch
 
 from .all_gather import cross_target
 from .all_reduce import ring_reduce_scatter
-from .base import combine, finish, step, tag_for, work_dtype
+from .base import combine, finish, reduce_into, step, tag_for, work_dtype
 
 __all__ = ["ring", "dest_split", "hierarchical"]
 
@@ -24,10 +24,7 @@ def dest_split(comm, out, inp, op, deadline):
     step(comm, [(p, inp[p * m:(p + 1) * m]) for p in parts], list(parts.items()), tag_for(comm), deadline,
          "reduce_scatter_tensor")
     parts[r] = inp[r * m:(r + 1) * m]
-    acc = parts[0].to(work_dtype(inp.dtype), copy=True)
-    for p in range(1, n):
-        combine(acc, parts[p], op)
-    out.copy_(finish(acc, op, n))
+    reduce_into(out, [parts[p] for p in range(n)], op)
 
 
 def hierarchical(comm, out, inp, op, deadline):

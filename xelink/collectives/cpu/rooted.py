@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import combine, finish, step, tag_for, work_dtype
+from .base import reduce_into, step, tag_for
 
 __all__ = ["broadcast", "reduce", "gather", "scatter"]
 
@@ -23,10 +23,7 @@ def reduce(comm, x, dst, op, deadline):
         return
     parts = [x if p == dst else torch.empty_like(x) for p in range(n)]
     step(comm, [], [(p, parts[p]) for p in range(n) if p != dst], tag_for(comm), deadline, "reduce")
-    acc = parts[0].to(work_dtype(x.dtype), copy=True)
-    for p in range(1, n):
-        combine(acc, parts[p], op)
-    x.copy_(finish(acc, op, n))
+    reduce_into(x, parts, op)
 
 
 def gather(comm, x, outs, dst, deadline):
