@@ -94,14 +94,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     fn = "all_gather"
     comm = group_of(group, fn)
     inp = checks.tensor(fn, "tensor", tensor, comm)
-    if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != comm.size:
-        got = len(tensor_list) if isinstance(tensor_list, (list, tuple)) else type(tensor_list).__name__
-        raise ValueError(f"{fn}: tensor_list must be a list of world_size={comm.size} tensors, got {got}")
-    outs = [checks.tensor(fn, f"tensor_list[{i}]", t, comm) for i, t in enumerate(tensor_list)]
-    for i, t in enumerate(outs):
-        if t.is_cuda != inp.is_cuda or t.dtype != inp.dtype or t.numel() != inp.numel():
-            raise ValueError(f"{fn}: tensor_list[{i}] has {t.numel()} x {t.dtype} on {t.device}, expected "
-                             f"{inp.numel()} x {inp.dtype} on {inp.device} like tensor")
+    outs = _tensor_list(fn, "tensor_list", tensor_list, comm, like=inp, like_name="tensor")
     backend = backend_of(inp)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, comm.size * _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
@@ -212,18 +205,20 @@ class _Staged:
         return True
 
 
-def _tensor_list(fn: str, name: str, items, comm, like=None) -> list:
-    """``items``: a list of world_size tensors (each like ``like``: dtype, device, numel, where given)."""
+def _tensor_list(fn: str, name: str, items, comm, like=None, like_name: str = "", where: str = "") -> list:
+    """``items``: a list of world_size tensors, checked; each like ``like`` (dtype, device, numel: ``like_name``
+    names it in the error) where given, else like the first. ``where`` qualifies the length error."""
     if not isinstance(items, (list, tuple)) or len(items) != comm.size:
         got = len(items) if isinstance(items, (list, tuple)) else type(items).__name__
-        raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors, got {got}")
+        raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors{where}, got {got}")
     out = [checks.tensor(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
     for i, t in enumerate(out):
         ref = out[0] if like is None else like
         if t.is_cuda != ref.is_cuda or t.dtype != ref.dtype or (like is not None and t.numel() != like.numel()):
             size = f"{like.numel()} x " if like is not None else ""
+            named = f" like {like_name}" if like_name else ""
             raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype} on {t.device}, expected {size}"
-                             f"{ref.dtype} on {ref.device}")
+                             f"{ref.dtype} on {ref.device}{named}")
     return out
 
 
@@ -237,7 +232,7 @@ def reduce_scatter(output, input_list, op="sum", group=None, async_op: bool = Fa
     fn = "reduce_scatter"
     comm = group_of(group, fn)
     out = checks.tensor(fn, "output", output, comm)
-    ins = _tensor_list(fn, "input_list", input_list, comm, like=out)
+    ins = _tensor_list(fn, "input_list", input_list, comm, like=out, like_name="output")
     stacked = torch.cat([t.reshape(-1) for t in ins])
     return reduce_scatter_tensor(out, stacked, op=op, group=comm, async_op=async_op, algo=algo, timeout=timeout)
 
@@ -254,7 +249,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     fn = "all_to_all"
     comm = group_of(group, fn)
     ins = _tensor_list(fn, "input_tensor_list", input_tensor_list, comm)
-    outs = _tensor_list(fn, "output_tensor_list", output_tensor_list, comm, like=None)
+    outs = _tensor_list(fn, "output_tensor_list", output_tensor_list, comm)
     if outs[0].dtype != ins[0].dtype or outs[0].is_cuda != ins[0].is_cuda:
         raise ValueError(f"{fn}: output_tensor_list holds {outs[0].dtype} on {outs[0].device}, input_tensor_list "
                          f"{ins[0].dtype} on {ins[0].device}")
@@ -330,14 +325,7 @@ def _rooted(fn: str, tensor, items, root_name: str, root: int, group):
             where = "destination" if root_name == "dst" else "source"
             raise ValueError(f"{fn}: {name} must be None on non-{where} rank {comm.rank}")
         return comm, x, None
-    if not isinstance(items, (list, tuple)) or len(items) != comm.size:
-        raise ValueError(f"{fn}: {name} must be a list of world_size={comm.size} tensors on the root")
-    out = [checks.tensor(fn, f"{name}[{i}]", t, comm) for i, t in enumerate(items)]
-    for i, t in enumerate(out):
-        if t.dtype != x.dtype or t.numel() != x.numel() or t.is_cuda != x.is_cuda:
-            raise ValueError(f"{fn}: {name}[{i}] has {t.numel()} x {t.dtype} on {t.device}, expected "
-                             f"{x.numel()} x {x.dtype} on {x.device}")
-    return comm, x, out
+    return comm, x, _tensor_list(fn, name, items, comm, like=x, where=" on the root")
 
 
 def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False, timeout=None):
