@@ -489,7 +489,7 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
     all_gather_into_tensor(stage, send, group=comm)
     full = moved.new_empty((seq_len,) + tuple(moved.shape[1:]))
     for x in range(n):
-        for start, length, off in schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+        for start, length, off in schedule.rank_pieces(seq_len, n, layout, x):
             full[start:start + length].copy_(stage[x, off:off + length])
     return full.movedim(0, d).contiguous()
 

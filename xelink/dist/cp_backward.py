@@ -39,10 +39,6 @@ def _ctype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _pieces(seq_len: int, n: int, layout: str, x: int):
-    return schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x))
-
-
 def _attend_backward(dq, dkv, g, qpieces, kpieces, k, v, causal, scale) -> None:
     """Add the contributions of the key block ``k``, ``v`` (positions ``kpieces``) to ``dq`` and ``dkv``
     (``(2, B, Hkv, L, D)``); ``g``: this rank's (q, dout, out, lse, dlse), dlse None where no loss used the LSE."""
@@ -67,13 +63,13 @@ def all_gather_backward(comm, g, kv, lengths, layout, causal, scale, start_gathe
     ct = _ctype(q)
     dq = torch.zeros(q.shape, dtype=ct, device=q.device)
     dstage = torch.zeros(stage.shape, dtype=ct, device=q.device)
-    qpieces = _pieces(seq_len, n, layout, r)
+    qpieces = schedule.rank_pieces(seq_len, n, layout, r)
     _attend_backward(dq, dstage[r], g, qpieces, qpieces, kv[0], kv[1], causal, scale)
     work.wait()
     for x in range(n):
         if x != r:
-            _attend_backward(dq, dstage[x], g, qpieces, _pieces(seq_len, n, layout, x), stage[x, 0], stage[x, 1],
-                             causal, scale)
+            _attend_backward(dq, dstage[x], g, qpieces, schedule.rank_pieces(seq_len, n, layout, x), stage[x, 0],
+                             stage[x, 1], causal, scale)
     mine = dstage.new_empty(stage.shape[1:])
     reduce_scatter_tensor(mine, dstage, group=comm)
     return dq, mine[:, :, :, :L]
@@ -92,11 +88,12 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
     p2p = private(comm)
     two, B, Hkv, _, D = kv.shape
     ct = _ctype(q)
-    qpieces = _pieces(seq_len, n, layout, r)
+    qpieces = schedule.rank_pieces(seq_len, n, layout, r)
     dq = torch.zeros(q.shape, dtype=ct, device=q.device)
 
-    def grads(owner: int) -> torch.Tensor:
-        return torch.zeros((two, B, Hkv, lengths[owner], D), dtype=ct, device=q.device)
+    def grads(owner: int, fill=torch.zeros) -> torch.Tensor:
+        """A gradient buffer of ``owner``'s block: zeros to accumulate into, ``torch.empty`` to receive into."""
+        return fill((two, B, Hkv, lengths[owner], D), dtype=ct, device=q.device)
 
     def post(t: torch.Tensor, tag: int, send: bool):
         if not t.numel():  # both sides know every length: empty blocks are not sent
@@ -106,11 +103,13 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
     cur, partial, sends = kv, None, []
     for s, owner in enumerate(owners):
         if s < n - 1:  # the next block and its partial gradient, from the left; this block onwards to the right
-            nxt, nxt_partial = kv.new_empty((two, B, Hkv, lengths[owners[s + 1]], D)), grads(owners[s + 1])
+            nxt = kv.new_empty((two, B, Hkv, lengths[owners[s + 1]], D))
+            nxt_partial = grads(owners[s + 1], torch.empty)
             recvs = [post(nxt, owners[s + 1], False), post(nxt_partial, n + owners[s + 1], False)]
             sends.append(post(cur, owner, True))
         mine = grads(owner)
-        _attend_backward(dq, mine, g, qpieces, _pieces(seq_len, n, layout, owner), cur[0], cur[1], causal, scale)
+        _attend_backward(dq, mine, g, qpieces, schedule.rank_pieces(seq_len, n, layout, owner), cur[0], cur[1],
+                         causal, scale)
         if partial is not None:
             if partial[1] is not None:
                 partial[1].wait()
@@ -124,7 +123,7 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
             if recvs[0] is not None:
                 recvs[0].wait()
             cur, partial = nxt, (nxt_partial, recvs[1])
-    total = grads(r)
+    total = grads(r, torch.empty)
     h = post(total, n + r, False)
     if h is not None:
         h.wait()

@@ -91,7 +91,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
     def packed(t: torch.Tensor, owner: int) -> torch.Tensor:
         return t.view(two, B, Hkv, lengths[owner], D)
 
-    qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
+    qpieces = schedule.rank_pieces(seq_len, n, layout, r)
     acc = Accumulator(q)
     main, side = torch.cuda.current_stream(dev), side_stream(comm, dev)
     slot(0, r).copy_(kv.reshape(-1))
@@ -118,7 +118,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
             main.wait_event(landed[s])
             block = packed(slot(s, owners[s]), owners[s])
             k_at, v_at = block[0], block[1]
-        attend(acc, q, qpieces, schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, owners[s])), k_at, v_at,
+        attend(acc, q, qpieces, schedule.rank_pieces(seq_len, n, layout, owners[s]), k_at, v_at,
                causal, scale)
         computed[s] = torch.cuda.Event()
         computed[s].record(main)

@@ -62,7 +62,7 @@ def gathered_runs(n: int, me: int, seq_len: int, layout: str) -> list[list[tuple
     ``(owner, offset in the owner's local sequence, length)``. Empty blocks are left out."""
     owned = {}
     for x in range(n):
-        for start, length, off in schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+        for start, length, off in schedule.rank_pieces(seq_len, n, layout, x):
             owned[start, length] = (x, off)
     runs, run = [], []
     for start, length in schedule.cp_blocks(seq_len, n, layout):
@@ -98,12 +98,12 @@ def all_gather_attention(comm, q, kv, lengths, layout, causal, scale, start_gath
     seq_len = sum(lengths)
     stage, work = gather_kv(comm, kv, lengths, start_gather)
     acc = Accumulator(q)
-    qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
+    qpieces = schedule.rank_pieces(seq_len, n, layout, r)
     attend(acc, q, qpieces, qpieces, kv[0], kv[1], causal, scale)
     work.wait()
     starts = {}
     for x in range(n):
-        for start, length, off in schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, x)):
+        for start, length, off in schedule.rank_pieces(seq_len, n, layout, x):
             starts[x, off] = start
     for run in gathered_runs(n, r, seq_len, layout):
         x0, off0, _ = run[0]

@@ -39,7 +39,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
     pos = order.index(r)
     left, right = order[(pos - 1) % n], order[(pos + 1) % n]
     p2p = private(comm)
-    qpieces = schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, r))
+    qpieces = schedule.rank_pieces(seq_len, n, layout, r)
     acc = Accumulator(q)
     two, B, Hkv, _, D = kv.shape
     cur, owner = kv, r
@@ -57,7 +57,7 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
                     sends.pop(0).wait()  # not of every block the ring passed on)
         if recv is not None:
             recv.is_completed()  # let MPI progress before the attention
-        attend(acc, q, qpieces, schedule.local_pieces(schedule.cp_pieces(seq_len, n, layout, owner)), cur[0], cur[1],
+        attend(acc, q, qpieces, schedule.rank_pieces(seq_len, n, layout, owner), cur[0], cur[1],
                causal, scale)
         if s < n - 1:
             if recv is not None:

@@ -22,7 +22,7 @@ from ..layout import CP_LAYOUTS, cp_blocks, cp_lengths, cp_pieces, topo_ring
 
 __all__ = ["ring_plan", "direct_plan", "topo_plan", "serves", "cross_target", "aggregator", "package_index",
            "check_plan", "CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "attend_parts",
-           "local_pieces", "attend_calls"]
+           "local_pieces", "rank_pieces", "attend_calls"]
 
 
 
@@ -148,6 +148,11 @@ def local_pieces(pieces) -> list[tuple[int, int, int]]:
         out.append((start, length, off))
         off += length
     return out
+
+
+def rank_pieces(seq_len: int, n: int, layout: str, rank: int) -> list[tuple[int, int, int]]:
+    """``rank``'s pieces of a sequence of ``seq_len`` over ``n`` ranks as ``local_pieces`` gives them."""
+    return local_pieces(cp_pieces(seq_len, n, layout, rank))
 
 
 def attend_calls(qpieces, kpieces, causal: bool) -> list[list]:
