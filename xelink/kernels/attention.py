@@ -335,14 +335,18 @@ def reference_flash_attention_backward(dout, q, k, v, out, lse, causal=False, sc
     return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
 
 
+def _delta(dout, out, dlse, ctype) -> torch.Tensor:
+    """The rows' ``delta`` of the backward: dot(dout, out) less the LSE's gradient (d lse / d s = p, so it enters
+    as a shift of delta), in ``ctype``."""
+    delta = (dout.to(ctype) * out.to(ctype)).sum(-1)
+    return delta if dlse is None else delta - dlse.to(ctype)
+
+
 def _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse):
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    delta = (dout.to(ctype) * out.to(ctype)).sum(-1)
-    if dlse is not None:  # d lse / d s = p: the LSE's gradient enters as a shift of delta
-        delta = delta - dlse.to(ctype)
+    delta = _delta(dout, out, dlse, torch.float64 if q.dtype == torch.float64 else torch.float32)
     row_last = _row_last(Sq, Sk, Hq // Hkv, causal, q.device)
     dq, dk, dv = _ref_core_backward(_grouped(q, Hkv), k, v, _grouped(dout, Hkv), lse.reshape(B, Hkv, -1),
                                     delta.reshape(B, Hkv, -1), row_last, scale)
@@ -1260,9 +1264,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
     from .attention_bwd import flash_backward
 
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    delta = (dout.float() * out.float()).sum(-1)
-    if dlse is not None:
-        delta = delta - dlse.float()
+    delta = _delta(dout, out, dlse, torch.float32)
     return flash_backward(dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale)
 
 
