@@ -65,18 +65,25 @@ def _case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float3
     return out
 
 
-def check_every_algo_layout_and_mask(world):
+def _every_group_layout_algo_and_mask(world, case) -> None:
+    """``case(comm, layout, algo, causal, i)`` for i in 0, 1 over the flat world and the package layouts, an
+    error naming the layout it failed on."""
     groups = layouts(world, PACKAGES)
     for name, comm in groups:
         for layout in LAYOUTS:
             for algo in ALGOS:
                 for causal in (False, True):
-                    for i, (S, D) in enumerate(((13, 64), (29, 64))):
+                    for i in range(2):
                         try:
-                            _case(comm, 1, 4, 2, S, D, causal, layout, algo, 10 * i + causal)
+                            case(comm, layout, algo, causal, i)
                         except AssertionError as e:
                             raise AssertionError(f"{name}: {e}") from None
     free(groups)
+
+
+def check_every_algo_layout_and_mask(world):
+    _every_group_layout_algo_and_mask(world, lambda comm, layout, algo, causal, i: _case(
+        comm, 1, 4, 2, (13, 29)[i], 64, causal, layout, algo, 10 * i + causal))
 
 
 def check_head_dims_mha_batch_and_scale(world):
@@ -269,17 +276,8 @@ def _grad_case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.f
 
 
 def check_gradients_every_algo_layout_and_mask(world):
-    groups = layouts(world, PACKAGES)
-    for name, comm in groups:
-        for layout in LAYOUTS:
-            for algo in ALGOS:
-                for causal in (False, True):
-                    for i, S in enumerate((13, 29)):
-                        try:
-                            _grad_case(comm, 1, 4, 2, S, 16, causal, layout, algo, 20 * i + causal, use_lse=i == 0)
-                        except AssertionError as e:
-                            raise AssertionError(f"{name}: {e}") from None
-    free(groups)
+    _every_group_layout_algo_and_mask(world, lambda comm, layout, algo, causal, i: _grad_case(
+        comm, 1, 4, 2, (13, 29)[i], 16, causal, layout, algo, 20 * i + causal, use_lse=i == 0))
 
 
 def check_gradients_short_sequences_mha_batch_and_auto(world):
