@@ -243,6 +243,17 @@ def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtype
 
 # -- a real client: data-parallel training ----------------------------------------------------------
 
+def mlp(sizes, g, scale):
+    """Linear, Tanh, Linear of ``sizes`` (in, hidden, out), its parameters drawn from generator ``g`` times
+    ``scale``."""
+    model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
+                                torch.nn.Linear(sizes[1], sizes[2]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
 def train_mlp(steps, *, all_reduce=None, rank=0, size=1, device="cpu", seed=0):
     """SGD on a small MLP (32 -> 64 -> 10) for ``steps`` steps, float32; returns its parameters.
 
@@ -251,11 +262,7 @@ def train_mlp(steps, *, all_reduce=None, rank=0, size=1, device="cpu", seed=0):
     the same weights up to summation order.
     """
     g = torch.Generator().manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 10))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    model.to(device)
+    model = mlp((32, 64, 10), g, 0.3).to(device)
     params = list(model.parameters())
     velocity = [torch.zeros_like(p) for p in params]
     batch = 60  # divisible by 1..6 ranks
@@ -297,12 +304,7 @@ def ddp_training(world, device, tol=1e-5):
     n, r = xelink.get_world_size(world), xelink.get_rank(world)
 
     def model(seed):
-        g = torch.Generator().manual_seed(seed)
-        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-        with torch.no_grad():
-            for p in m.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        return m.to(device)
+        return mlp((8, 16, 4), torch.Generator().manual_seed(seed), 0.5).to(device)
 
     ddp, ref = model(100 + r), model(100)  # each rank starts elsewhere until the broadcast
     for p in ddp.parameters():
