@@ -1,5 +1,6 @@
 """Inputs the distributed GEMM tests share (CPU and GPU modules): small integers, exact in every
-summation order, and b as a contiguous [K, N] or as the transposed view of an nn.Linear-style weight."""
+summation order, and b as a contiguous [K, N] or as the transposed view of an nn.Linear-style weight; the
+context-parallel tests' attention over the whole sequence in plain torch."""
 import torch
 
 
@@ -39,3 +40,15 @@ def expect_errors(cases):
             assert text in str(e), f"{e!s} lacks {text!r}"
         else:
             raise AssertionError(f"no {exc.__name__} for {text!r}")
+
+
+def full_attention(q, k, v, causal, scale=None):
+    """(out, lse) of attention over the whole sequence in plain torch, no xelink code (GQA by repeated KV
+    heads; causal: position p sees keys <= p)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if causal:
+        S = q.shape[2]
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)

@@ -16,7 +16,7 @@ import torch
 from ranks import only
 
 import xelink
-from dist_cases import free, layouts
+from dist_cases import free, full_attention, layouts
 from xelink.kernels import reference_flash_attention
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -30,17 +30,6 @@ PACKAGES = {2: [[[0], [1]]], 3: [[[0, 1], [2]]], 4: [[[0, 1], [2, 3]], [[0, 2], 
 def _qkv(B, hq, hkv, S, D, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(B, h, S, D, generator=g).to(dtype) for h in (hq, hkv, hkv))
-
-
-def _full_attention(q, k, v, causal, scale=None):
-    """(out, lse) of attention over the whole sequence in plain torch (GQA by repeated KV heads)."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if causal:
-        S = q.shape[2]
-        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
 def _check(got, want, what, tol):
@@ -261,7 +250,7 @@ def _grad_case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.f
     dout, dlse = torch.randn(B, hq, S, D, generator=g, dtype=torch.float64), torch.randn(B, hq, S, generator=g,
                                                                                         dtype=torch.float64)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    out, lse = _full_attention(*full, causal)
+    out, lse = full_attention(*full, causal)
     ((out * dout).sum() + use_lse * (lse * dlse).sum()).backward()
     shard = lambda x: xelink.cp_shard(x, group=comm, layout=layout)  # noqa: E731
     mine = [shard(t).to(dtype).requires_grad_() for t in (q, k, v)]
@@ -316,7 +305,7 @@ def check_a_rank_late_to_the_backward(world):
 
     q, k, v = _qkv(1, 4, 2, 21, 16, 86, torch.float64)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    _full_attention(*full, True)[0].pow(2).sum().backward()
+    full_attention(*full, True)[0].pow(2).sum().backward()
     for algo in ALGOS:
         mine = [xelink.cp_shard(t).requires_grad_() for t in (q, k, v)]
         loss = xelink.cp_attention(*mine, causal=True, algo=algo).pow(2).sum()
@@ -389,7 +378,7 @@ def check_training_matches_one_process(world):
     ours = {name: t.clone().requires_grad_() for name, t in init.items()}
     xs, ys = xelink.cp_shard(x, dim=1), xelink.cp_shard(y, dim=1)
     for step, algo in enumerate(("ring", "all_gather", "auto")):
-        loss = ((_layer(x, one, True, lambda q, k, v, c: _full_attention(q, k, v, c)[0]) - y) ** 2).sum() / count
+        loss = ((_layer(x, one, True, lambda q, k, v, c: full_attention(q, k, v, c)[0]) - y) ** 2).sum() / count
         loss.backward()
         mine = ((_layer(xs, ours, True, lambda q, k, v, c: xelink.cp_attention(q, k, v, causal=c, algo=algo))
                  - ys) ** 2).sum() / count

@@ -8,7 +8,7 @@ float64 attention on the CPU. Skips without a GPU (CPU CI); run on a GPU machine
 import torch
 
 import xelink
-from dist_cases import expect_errors
+from dist_cases import expect_errors, full_attention
 from xelink.kernels import flash_attention
 
 WORLD_SIZES = (2, 3)
@@ -132,10 +132,8 @@ def check_gradients_on_cuda(world):
                 g = torch.Generator().manual_seed(S + 1)
                 dout, dlse = torch.randn(1, 8, S, 64, generator=g), torch.randn(1, 8, S, generator=g)
                 full = [t.double().requires_grad_() for t in (q, k, v)]
-                kk, vv = (t.repeat_interleave(4, 1) for t in full[1:])
-                sc = (full[0] @ kk.transpose(-1, -2) / 8.0).masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1),
-                                                                         float("-inf"))
-                ((torch.softmax(sc, -1) @ vv * dout).sum() + (torch.logsumexp(sc, -1) * dlse).sum()).backward()
+                want_out, want_lse = full_attention(*full, True)
+                ((want_out * dout).sum() + (want_lse * dlse).sum()).backward()
                 shard = lambda x: xelink.cp_shard(x, layout=layout).to(dev)  # noqa: E731
                 mine = [shard(t).requires_grad_() for t in (q, k, v)]
                 out, lse = xelink.cp_attention(*mine, causal=True, layout=layout, algo=algo, return_lse=True)

@@ -5,11 +5,13 @@ by ``cp_attention``), for a few SGD steps. The loss is the sum of every rank's (
 rank's share is its sequence shard's, divided by the TP size (the TP ranks compute it alike). Each rank's weight
 gradients, summed over its context-parallel group with ``all_reduce`` (the TP shard is replicated there), must
 equal the slices of one process's gradients, and the weights after training one process's weights (within 1e-6:
-cp_attention merges and differentiates with float32 LSEs, about float32 accuracy for these float64 tensors). Meshes (CP x TP): 1x1; 2x1 and 1x2 at two ranks (CP
-only, TP only); 4x1 and 2x2 at four; both attention algorithms."""
+cp_attention merges and differentiates with float32 LSEs, about float32 accuracy for these float64 tensors).
+Meshes (CP x TP): 1x1; 2x1 and 1x2 at two ranks (CP only, TP only); 4x1 and 2x2 at four; both attention
+algorithms."""
 import torch
 
 import xelink
+from dist_cases import full_attention
 
 WORLD_SIZES = (1, 2, 4)
 LAUNCH_TIMEOUT = 300
@@ -42,15 +44,6 @@ def _block(x, w, heads, kv_heads, attend, row_parallel):
     return x + row_parallel(torch.relu(torch.nn.functional.rms_norm(x, (HIDDEN,)) @ w["up"]), w["down"])
 
 
-def _full_attention(q, k, v):
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    S = q.shape[2]
-    s = (q @ k.transpose(-1, -2) / HEAD_DIM ** 0.5).masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1),
-                                                                float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
 def train(world, tp, algo, device="cpu", dtype=torch.float64, tol=1e-6, steps=3, lr=0.3):
     """The training (one process on the host in float64 beside it); ``tol``: relative, of gradients and loss."""
     t, c = world.rank % tp, world.rank // tp  # rank r = c * tp + t
@@ -64,7 +57,8 @@ def train(world, tp, algo, device="cpu", dtype=torch.float64, tol=1e-6, steps=3,
     mine = {k: v.to(device, dtype).requires_grad_() for k, v in _shard(_weights(6), tp, t).items()}
     xs, ys = (xelink.cp_shard(z, group=cp_group, dim=1).to(device, dtype) for z in (x, y))
     for step in range(steps):
-        loss = ((_block(x, full, HEADS, KV_HEADS, _full_attention, lambda a, w: a @ w) - y) ** 2).sum() / count
+        loss = ((_block(x, full, HEADS, KV_HEADS, lambda q, k, v: full_attention(q, k, v, True)[0],
+                        lambda a, w: a @ w) - y) ** 2).sum() / count
         loss.backward()
         out = _block(xs, mine, HEADS // tp, KV_HEADS // tp,
                      lambda q, k, v: xelink.cp_attention(q, k, v, causal=True, group=cp_group, algo=algo),
