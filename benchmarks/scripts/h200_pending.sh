@@ -412,6 +412,26 @@ grads12)  # the twelfth session's training paths on CUDA tensors (~6 minutes): t
   step training_gpu_checks 300 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
+tests13)  # the thirteenth session's first call (~8 minutes): every GPU check written since the tenth session's last
+         # run (grads12's tests, first11's compile and model tests, second11's collectives and decode tests)
+  step flash_bwd_gpu_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu tests/kernels/test_autograd.py
+  step training_gpu_checks 200 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
+  step compiled_gpu_tests 80 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/kernels/test_norm.py \
+    tests/kernels/test_attention.py -k "compiled or remembered_kernel_call"
+  step new_collectives 80 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/collectives/ranks_gpu_collectives.py -k "require_grad or rooted or ddp_style"
+  step model_gpu_tests 100 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  ;;
+rows13)  # then the timings (~8 minutes): the flash backward against SDPA's, the fused decode's PDL A/B, the step
+         # rows at 1K/8K/32K, the gated GEMM's tile rows
+  step flash_bwd_ab 150 python3 benchmarks/scripts/flash_bwd_ab.py
+  step rope_decode_ab 180 python3 benchmarks/scripts/rope_decode_ab.py
+  step bench_decode 100 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  step gated_tiles_bench 60 python3 benchmarks/scripts/gated_gemm_bench.py --quick --tiles
+  rm -f "$OUT"/bench/*.txt
+  ;;
 step9)  # after fused9: the decode family's step rows at 1K/8K/32K with the fused decode (issue 26's table)
   step bench_decode 300 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
