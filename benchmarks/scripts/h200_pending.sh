@@ -419,9 +419,17 @@ tests13)  # the thirteenth session's first call (~8 minutes): every GPU check wr
     tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   step compiled_gpu_tests 80 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/kernels/test_norm.py \
     tests/kernels/test_attention.py -k "compiled or remembered_kernel_call"
-  step new_collectives 80 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
-    tests/collectives/ranks_gpu_collectives.py -k "require_grad or rooted or ddp_style"
+  step new_collectives 80 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=require_grad,rooted,ddp_style python3 -m \
+    pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   step model_gpu_tests 100 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
+  ;;
+diag13)  # tests13's failures with their messages: the gradient checks at 2 ranks (pytest interrupted at the limit
+         # still reports the failures it has), the GPU collectives' grad / rooted / DDP checks
+  step training_gpu_checks_2 170 timeout -s INT -k 20 150 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py \
+    tests/dist/ranks_gpu_training.py -k mpi-2
+  step new_collectives 120 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=require_grad,rooted,ddp_style python3 -m \
+    pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   ;;
 rows13)  # then the timings (~8 minutes): the flash backward against SDPA's, the fused decode's PDL A/B, the step
          # rows at 1K/8K/32K, the gated GEMM's tile rows
