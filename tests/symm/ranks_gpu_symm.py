@@ -81,6 +81,32 @@ def check_many_messages_in_flight_arrive_in_order(world):
     xelink.synchronize()
 
 
+def check_receives_posted_before_the_sends_on_a_new_group(world):
+    """The first transfers of a new group, each rank posting its receives before its sends (context-parallel
+    attention's backward ring: a bf16 block, then float32 partial sums of other lengths), three rounds with
+    the next round's receives posted while the last round's sends are in flight."""
+    dev, n, r = torch.device(world.device), world.size, world.rank
+    group = world.split(0)
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    kinds = [(torch.bfloat16, 84992), (torch.float32, 169984), (torch.float32, 171008)]
+    sends = []
+    for rnd in range(3):
+        cases = [(90 + 10 * rnd + i, dtype, nbytes + 512 * ((prv + i) % 3)) for i, (dtype, nbytes) in enumerate(kinds)]
+        outs = [_poisoned(_pattern(prv, case, nbytes, dtype, dev)) for case, dtype, nbytes in cases]
+        recvs = [xelink.irecv(o, prv, group=group) for o in outs]
+        mine = [(case, dtype, nbytes - 512 * ((prv + i) % 3) + 512 * ((r + i) % 3))
+                for i, (case, dtype, nbytes) in enumerate(cases)]
+        sends += [xelink.isend(_pattern(r, case, nbytes, dtype, dev), nxt, group=group) for case, dtype, nbytes in mine]
+        for w in recvs:
+            w.wait()
+        for (case, dtype, nbytes), o in zip(cases, outs):
+            _same(o.cpu(), _pattern(prv, case, nbytes, dtype, "cpu"), f"round {rnd}, message {case} of {nbytes} B")
+    for w in sends:
+        w.wait()
+    xelink.synchronize()
+    group.free()
+
+
 def check_batch_both_directions_and_blocking_calls(world):
     """batch_isend_irecv to both neighbours at once with big messages (flow control both ways), then the
     blocking send/recv between ranks 0 and 1 with a buffer reused across calls of changing size."""
