@@ -168,7 +168,8 @@ def check_graph_replays_of_a_ring_with_new_inputs(world):
 def check_a_stalled_receiver_and_a_size_mismatch_raise(world):
     """On sub-communicators (the world goes on): rank 0 sends more than the inbox holds to rank 1, which
     never receives it (rank 0's deadline names rank 1); rank 0 sends 100 B into a 200 B receive (rank 1
-    reports the mismatch instead of taking the data)."""
+    reports the mismatch instead of taking the data); rank 1 receives what nobody sends on a duplicate kept
+    by a parent (synchronizing the parent raises the deadline)."""
     r = world.rank
     if world.size != 2:
         return
@@ -202,6 +203,23 @@ def check_a_stalled_receiver_and_a_size_mismatch_raise(world):
             assert "sent a message of 100 B" in str(e), str(e)
         else:
             raise AssertionError("a receive of another size than the message was not reported")
+    world.barrier()
+    # A receive nobody sends, on a duplicate its parent keeps as a resource (as cp_attention keeps its
+    # point-to-point one): synchronizing the parent reports the deadline, naming the sender, not a size.
+    parent = world.split(0)
+    dup = parent.resource(("test", "dup"), lambda: parent.split(0))
+    dup.timeout = 2.0
+    if r == 0:
+        xelink.send(small, 1, group=dup)
+    else:
+        xelink.recv(small, 0, group=dup)
+        xelink.irecv(torch.zeros(64, dtype=torch.uint8, device=dev), 0, group=dup)
+        try:
+            xelink.synchronize(parent)
+        except xelink.TimeoutError as e:
+            assert 0 in e.missing and "0 B" not in str(e), str(e)
+        else:
+            raise AssertionError("a receive nobody sent, on a kept duplicate, was not reported by its parent")
     world.barrier()
 
 

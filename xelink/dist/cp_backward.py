@@ -102,10 +102,9 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
 
     cur, partial, sends = kv, None, []
     for s, owner in enumerate(owners):
-        if s < n - 1:  # the next block and its partial gradient, from the left; this block onwards to the right
+        if s < n - 1:  # the next block from the left; this block onwards to the right
             nxt = kv.new_empty((two, B, Hkv, lengths[owners[s + 1]], D))
-            nxt_partial = grads(owners[s + 1], torch.empty)
-            recvs = [post(nxt, owners[s + 1], False), post(nxt_partial, n + owners[s + 1], False)]
+            kv_recv = post(nxt, owners[s + 1], False)
             sends.append(post(cur, owner, True))
         mine = grads(owner)
         _attend_backward(dq, mine, g, qpieces, schedule.rank_pieces(seq_len, n, layout, owner), cur[0], cur[1],
@@ -114,15 +113,22 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
             if partial[1] is not None:
                 partial[1].wait()
             mine += partial[0]
+        if s < n - 1:
+            # The next block's partial gradient, which the left neighbour sends after its step-s kernels: posted
+            # only now, after this step's, so that no receive waiting on a peer's compute is pending while
+            # this rank launches kernels (a kernel's first launch loads it, which may wait for this rank's
+            # running kernels: a receive spinning for a peer in the same state would deadlock both).
+            nxt_partial = grads(owners[s + 1], torch.empty)
+            partial = (nxt_partial, post(nxt_partial, n + owners[s + 1], False))
         sends.append(post(mine, n + owner, True))  # after n steps the sum reaches the owner
         while len(sends) > 4:  # the last two steps' messages in flight at most
             h = sends.pop(0)
             if h is not None:
                 h.wait()
         if s < n - 1:
-            if recvs[0] is not None:
-                recvs[0].wait()
-            cur, partial = nxt, (nxt_partial, recvs[1])
+            if kv_recv is not None:
+                kv_recv.wait()
+            cur = nxt
     total = grads(r, torch.empty)
     h = post(total, n + r, False)
     if h is not None:

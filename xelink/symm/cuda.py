@@ -930,10 +930,19 @@ def barrier(group=None, *, stream=None, timeout=None) -> None:
 
 def synchronize(group=None) -> None:
     """Block until this rank's GPU work is done; raise ``xelink.TimeoutError`` if a GPU wait of the group
-    (team or point-to-point) timed out."""
+    (team or point-to-point, its own or a kept duplicate's) timed out."""
     comm = _comm(group, "synchronize")
     torch.cuda.synchronize(_device_of(comm))
-    for key in ("cuda.team", "cuda.mailboxes"):
-        obj = comm._resources.get(key)
-        if obj is not None:
+    _raise_gpu_errors(comm)
+
+
+def _raise_gpu_errors(comm) -> None:
+    """Raise what the GPU waits of ``comm`` and of the duplicates it keeps as resources reported (e.g. the private
+    duplicate of context-parallel attention's point-to-point, whose errors no call on ``comm`` itself would see)."""
+    from ..comm import Communicator
+
+    for key, obj in list(comm._resources.items()):
+        if key in ("cuda.team", "cuda.mailboxes"):
             obj.check("synchronize")
+        elif isinstance(obj, Communicator) and not obj._freed:
+            _raise_gpu_errors(obj)

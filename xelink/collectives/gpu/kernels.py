@@ -251,7 +251,8 @@ if triton is not None:
         """Take ``n`` words from the peer's pushes (``_p2p_send``) into Y. ``GOT[b]`` counts the chunks
         this rank consumed (local), ``READY[b]`` the chunks the peer pushed, ``FREE[b]`` (the peer's) the
         chunks consumed. A header that disagrees with ``nbytes`` is reported (ERR[2], the sent size in
-        ERR[3]) and the chunk dropped."""
+        ERR[3]) and the chunk dropped; after a wait past the deadline (ERR[0]) the slot holds no message, so
+        nothing is read from it and the deadline stays the error reported."""
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         g0 = tl.load(GOT + pid)
@@ -260,8 +261,11 @@ if triton is not None:
         for c in range(chunks):
             g = g0 + c
             wait_at_least(READY + pid, g + 1, ERR, 0, timeout_ns)
+            late = tl.load(ERR, volatile=True)
             sent = tl.load(HEADER + (g % SLOTS) * G + pid, volatile=True)
-            if sent != nbytes:
+            if late != 0:
+                pass
+            elif sent != nbytes:
                 tl.store(ERR + 3, sent.to(tl.int32))
                 tl.store(ERR + 2, 1)
             else:
