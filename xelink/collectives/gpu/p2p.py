@@ -12,6 +12,12 @@ two ranks in one direction match in the order posted; tags are checked but, as w
 A send and a receive between the same two ranks run on different streams, so a rank may post both before
 waiting on either. CUDA-graph capturable (the counters live on the device); set-up happens on the first
 transfer of a pair, outside capture.
+
+A receive spins on the GPU until its message lands. Under CUDA's lazy module loading (the default) a kernel's
+first launch waits for every running kernel of the process, so a rank that launches a new kernel while its
+receive waits for a peer doing the same stalls both until the deadline (as with NCCL's kernels): post a
+receive whose message the peer sends after its own kernels once this rank's kernels are launched (as
+``xelink.dist``'s ring backward does), or run with ``CUDA_MODULE_LOADING=EAGER``.
 """
 from __future__ import annotations
 
