@@ -431,6 +431,15 @@ diag13)  # tests13's failures with their messages: the gradient checks at 2 rank
   step new_collectives 120 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=require_grad,rooted,ddp_style python3 -m \
     pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   ;;
+verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): the probe (each case on a new group; C is
+           # cp_attention's ring backward), the symm checks (receives before sends; a deadline on a kept duplicate
+           # raised by its parent), then the gradient checks and the training client that failed in tests13
+  step p2p_probe 150 env XELINK_RANKS_PER_DEVICE=2 XELINK_TIMEOUT=20 mpirun -n 2 python3 benchmarks/scripts/p2p_probe.py
+  step symm_gpu_checks 150 env XELINK_TEST_CHECKS=receives_posted,stalled_receiver python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/symm/ranks_gpu_symm.py
+  step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
+  ;;
 rows13)  # then the timings (~8 minutes): the flash backward against SDPA's, the fused decode's PDL A/B, the step
          # rows at 1K/8K/32K, the gated GEMM's tile rows
   step flash_bwd_ab 150 python3 benchmarks/scripts/flash_bwd_ab.py
