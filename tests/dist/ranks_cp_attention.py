@@ -438,3 +438,49 @@ def check_an_error_part_way_through_the_backward_fails_the_group(world):
     fresh = world.split(0)
     _grad_case(fresh, 1, 4, 2, 16, 16, True, "zigzag", "ring", 92)
     fresh.free()
+
+
+@only(sizes=(2, 3, 4))
+def check_ring_backward_posts_no_partial_receive_ahead_of_its_step(world):
+    """While this rank launches the kernels of step s, no receive of a partial gradient for a later step is
+    pending: that message's sender posts it only after its own step-s kernels, and on CUDA a kernel's first
+    launch waits for the running kernels, so such a receive, spinning for a neighbour in the same state,
+    stalled both ranks until the deadline (an H100 run, benchmarks/results/h100-training). The partial for
+    step s itself may be pending (its sender posted it before its step-s kernels), as may the KV blocks'."""
+    import xelink.dist.cp_backward as cpb
+
+    n = world.size
+    real = (cpb.irecv, cpb._attend_backward)
+    pending, violations, counts = set(), [], {"posted": 0, "steps": 0}
+
+    class Tracked:
+        def __init__(self, work, step):
+            self.work, self.step = work, step
+            pending.add(self)
+
+        def wait(self, *args, **kwargs):
+            pending.discard(self)
+            return self.work.wait(*args, **kwargs)
+
+    def irecv(t, src, group=None, tag=0):
+        work = real[0](t, src, group=group, tag=tag)
+        if tag < n:  # a KV block (tags n + owner: gradients, cp_backward's docstring)
+            return work
+        counts["posted"] += 1  # the i-th partial received is the one for step i (the n-th: the total)
+        return Tracked(work, counts["posted"])
+
+    def attend(*args, **kwargs):  # one call a step
+        step = counts["steps"]
+        counts["steps"] += 1
+        violations.extend((step, r.step) for r in pending if r.step > step)
+        return real[1](*args, **kwargs)
+
+    cpb.irecv, cpb._attend_backward = irecv, attend
+    try:
+        for layout in ("zigzag", "contiguous"):
+            counts.update(posted=0, steps=0)
+            _grad_case(world, 1, 4, 2, 40, 16, True, layout, "ring", 93)
+            assert counts["steps"] == n and counts["posted"] == n, counts
+    finally:
+        cpb.irecv, cpb._attend_backward = real
+    assert not violations, f"(step launched, step of a pending partial receive): {violations}"
