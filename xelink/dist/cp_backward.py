@@ -114,10 +114,10 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
                 partial[1].wait()
             mine += partial[0]
         if s < n - 1:
-            # The next block's partial gradient, which the left neighbour sends after its step-s kernels: posted
-            # only now, after this step's, so that no receive waiting on a peer's compute is pending while
-            # this rank launches kernels (a kernel's first launch loads it, which may wait for this rank's
-            # running kernels: a receive spinning for a peer in the same state would deadlock both).
+            # The next block's partial gradient, which the left neighbour sends only after its step-s kernels:
+            # posted after this rank's, so that no receive is pending for a message its sender posts after the
+            # kernels this rank is launching (a kernel's first launch loads it, which waits for the running
+            # kernels: such a receive, spinning for a neighbour in the same state, would stall both).
             nxt_partial = grads(owners[s + 1], torch.empty)
             partial = (nxt_partial, post(nxt_partial, n + owners[s + 1], False))
         sends.append(post(mine, n + owner, True))  # after n steps the sum reaches the owner
