@@ -7,7 +7,8 @@ of a composed op can call (the rules they follow are in ``xelink.symm.cuda``'s d
   barrier, so that every thread's earlier stores (to any rank) happen before it.
 - ``wait_at_least(counter, target, err, who, timeout_ns)``: acquire-poll ``counter`` until it reaches
   ``target`` (int32, wrap-safe comparison) or the deadline passes; a late wait writes ``who`` into the
-  error word ``err`` (``err[0] = 1``, ``err[1 + who] = 1``) and moves on, and the host raises.
+  error word ``err`` (``err[0] = 1``, ``err[1 + who] = 1``) and moves on, and the host raises. Returns
+  nonzero when it gave up (what was waited for is not there).
 - ``block_barrier(S0..S7, err, target, timeout_ns, pid, RANK, WORLD)``: block ``pid`` of every rank
   meets block ``pid`` of every other rank (the signal-pad barrier the collectives use).
 
@@ -69,12 +70,14 @@ if triton is not None:
         if late != 0:
             tl.store(err + 1 + who, 1)
             tl.store(err, 1)
+        return late
 
     @triton.jit
     def wait_at_least(counter, target, err, who, timeout_ns):
-        _poll(counter, target, err, who, timeout_ns)
+        late = _poll(counter, target, err, who, timeout_ns)
         # The writes this wait acquired happen before every thread's accesses after it.
         tl.debug_barrier()
+        return late
 
     @triton.jit
     def block_barrier(S0, S1, S2, S3, S4, S5, S6, S7, ERR, target, timeout_ns, pid,

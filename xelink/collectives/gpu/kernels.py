@@ -260,8 +260,7 @@ if triton is not None:
         chunks = tl.cdiv(n, CHUNK)
         for c in range(chunks):
             g = g0 + c
-            wait_at_least(READY + pid, g + 1, ERR, 0, timeout_ns)
-            late = tl.load(ERR, volatile=True)
+            late = wait_at_least(READY + pid, g + 1, ERR, 0, timeout_ns)
             sent = tl.load(HEADER + (g % SLOTS) * G + pid, volatile=True)
             if late != 0:
                 pass
