@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ranks  # noqa: E402
 
 _launches: dict = {}
+_collected: dict = {}  # (launcher, size, env, gpus) -> how many items its modules' checks made
 # (launcher, size, env, gpus) -> {module path: its LAUNCH_TIMEOUT}: the modules one launch runs, in
 # collection order (a session launches only the modules it collected).
 _plan: dict = {}
@@ -34,6 +35,7 @@ class RanksModule(pytest.File):
                 key = (launcher, n, env, gpus)
                 _plan.setdefault(key, {})[self.path] = timeout
                 for name in ranks.check_names(module, launcher, n):
+                    _collected[key] = _collected.get(key, 0) + 1
                     item = RanksItem.from_parent(self, name=f"{name}[{launcher}-{n}]", check=name, key=key)
                     if gpus:
                         item.add_marker(pytest.mark.gpu)
@@ -50,10 +52,14 @@ class RanksItem(pytest.Item):
         if gpus:
             _need_gpus(gpus)
         if self.key not in _launches:
-            modules = _plan[self.key]
             # CPU-rank modules run CPU ranks on a GPU host too: without this, init would bind every rank to
             # the host's GPU (and refuse ranks sharing one).
             launch_env = dict(env) if gpus else {"CUDA_VISIBLE_DEVICES": "", **dict(env)}
+            modules = _plan[self.key]
+            kept = [i for i in self.session.items if isinstance(i, RanksItem) and i.key == self.key]
+            if len(kept) < _collected[self.key]:  # some deselected: the ranks run only the kept checks
+                modules = {m: t for m, t in modules.items() if any(i.path == m for i in kept)}
+                launch_env[ranks.SELECTED] = ",".join(ranks.key(i.path, i.check) for i in kept)
             _launches[self.key] = ranks.launch(list(modules), n, launcher, sum(modules.values()), env=launch_env)
         result = _launches[self.key]
         why = ranks.explain(result, ranks.key(self.path, self.check))

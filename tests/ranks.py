@@ -14,8 +14,8 @@ launch that outlives its timeout (the sum of its modules') is killed, process gr
 
 A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
 and world sizes. ``XELINK_TEST_CHECKS`` (comma-separated parts of check names) keeps only the checks
-whose names contain one of them, in collection and in the launch alike (``-k`` selects items but the
-launch would still run every check: on a lent GPU that costs minutes). A check that calls
+whose names contain one of them, in collection and in the launch alike; a launch runs only the checks
+whose items pytest kept (``-k`` or ``--deselect`` deselecting the others: ``SELECTED``). A check that calls
 ``pytest.skip(reason)`` (e.g. a GPU check whose baseline cannot run on this machine) is reported skipped
 with that reason.
 
@@ -42,6 +42,9 @@ DEFAULT_LAUNCH_TIMEOUT = 300
 # The deadline of every xelink wait inside the checks: short, so a check that leaves a rank behind
 # fails with xelink's own timeout long before the launch is killed.
 CHECK_TIMEOUT = "60"
+# Set by the conftest for a launch some of whose items pytest deselected (``-k``, ``--deselect``): the
+# ``key(module, check)`` names the ranks run, comma-separated.
+SELECTED = "XELINK_TEST_SELECTED"
 
 
 def load_module(path: Path):
@@ -72,11 +75,14 @@ def check_names(module, launcher: str | None = None, n: int | None = None) -> li
     """The ``check_*`` functions of a module, in definition order (those that run under ``launcher``
     at ``n`` ranks, when given)."""
     wanted = [w for w in os.environ.get("XELINK_TEST_CHECKS", "").split(",") if w]
+    selected = {w for w in os.environ.get(SELECTED, "").split(",") if w}
+    path = Path(module.__file__).resolve()
     funcs = [(f.__code__.co_firstlineno, name) for name, f in vars(module).items()
              if name.startswith("check_") and callable(f)
              and (launcher is None or getattr(f, "launchers", None) is None or launcher in f.launchers)
              and (n is None or getattr(f, "sizes", None) is None or n in f.sizes)
-             and (not wanted or any(w in name for w in wanted))]
+             and (not wanted or any(w in name for w in wanted))
+             and (not selected or key(path, name) in selected)]
     return [name for _, name in sorted(funcs)]
 
 

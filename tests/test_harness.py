@@ -48,6 +48,16 @@ def test_check_names_narrowed_by_the_environment(monkeypatch):
     assert len(ranks.check_names(module, "mpi", 2)) == 5
 
 
+def test_check_names_narrowed_to_the_items_pytest_kept(monkeypatch):
+    """The conftest names a launch's kept checks (others deselected by -k) in ranks.SELECTED, exactly."""
+    path = DATA / "bad_checks.py"
+    module = ranks.load_module(path)
+    monkeypatch.setenv(ranks.SELECTED, ",".join(ranks.key(path, c) for c in ("check_passes", "check_never_reached")))
+    assert ranks.check_names(module, "mpi", 2) == ["check_passes", "check_never_reached"]
+    monkeypatch.setenv(ranks.SELECTED, ranks.key(DATA / "first_checks.py", "check_passes"))  # another module's
+    assert ranks.check_names(module, "mpi", 2) == []
+
+
 def test_launch_commands():
     mpi = ranks.launch_command("mpi", 4, Path("m.py"), Path("/o"))
     assert mpi[1:3] == ["-n", "4"] and mpi[3] == sys.executable and mpi[-3:] == ["/o", "mpi", "m.py"]
