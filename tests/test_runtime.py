@@ -108,6 +108,40 @@ def test_init_single_process_and_bad_arguments():
     assert not xelink.is_initialized()
 
 
+def test_finalize_raises_a_gpu_wait_error_no_call_reported(monkeypatch):
+    """A GPU wait past its deadline leaves its output unwritten; when no later call on its group raised it,
+    finalize does (after releasing everything); one already raised (the group failed) is not raised again.
+    CUDA and the peer-memory check are stood in for (this runs on CPU)."""
+    import torch
+
+    from xelink import symm
+
+    late = xelink.TimeoutError("irecv", [1], 2.0, "a point-to-point transfer waited past its deadline")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(symm, "available", lambda comm: True)
+    checked = []
+
+    def synchronize(comm):
+        checked.append(comm.name)
+        if comm.name == bad_name:
+            raise late
+
+    monkeypatch.setattr(symm, "synchronize", synchronize)
+    world = xelink.init(device="cpu")
+    bad_name = world.split(0).name
+    with pytest.raises(xelink.TimeoutError) as info:
+        xelink.finalize()
+    assert info.value is late and bad_name in checked and not xelink.is_initialized()
+    world = xelink.init(device="cpu")
+    sub = world.split(0)
+    bad_name = sub.name
+    sub.fail(late)  # already raised to a caller
+    checked.clear()
+    xelink.finalize()
+    assert bad_name not in checked and world.name in checked and not xelink.is_initialized()
+
+
 def test_bad_launch_gpu_missing():
     """Asking for GPUs on a machine without them is a LaunchError naming the device kind and host."""
     import torch

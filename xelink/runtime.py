@@ -17,7 +17,7 @@ from typing import Mapping
 from . import bridge, config, log, tuning
 from .comm import Communicator, get_world, live, set_world
 from .config import DEFAULT_TIMEOUT_S, resolve_timeout  # noqa: F401 (public here since before config.py)
-from .errors import LaunchError, NotInitializedError
+from .errors import LaunchError, NotInitializedError, XelinkError
 from .transport import Deadline, SelfTransport, Transport, shm
 
 __all__ = [
@@ -335,13 +335,15 @@ def is_initialized() -> bool:
 
 
 def finalize() -> None:
-    """Release every communicator, the torch.distributed groups xelink created, and their files.
+    """Release every communicator, the torch.distributed groups xelink created, and their files; then raise a
+    GPU wait error (a deadline, a message of another size) that no call has raised yet.
 
     Collective when the world has more than one rank. ``init()`` may be called again afterwards.
     """
     if not is_initialized():
         return
     world = get_world()
+    unreported = _unreported_gpu_error()
     # Peer memory first, then every other communicator, each in name order: the same on every rank.
     shm.free_all()
     for comm in live():
@@ -358,3 +360,25 @@ def finalize() -> None:
     tuning.set_active(None)
     set_world(None)
     _state.clear()
+    if unreported is not None:
+        raise unreported
+
+
+def _unreported_gpu_error() -> XelinkError | None:
+    """The first GPU wait of a live communicator that ran past its deadline (or received a message of another
+    size) and that no call has raised yet. Such a wait leaves its output unwritten and is raised by the group's
+    next call; when there is none, ``finalize`` raises it once everything is released, so the job does not end
+    as if the data were right."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    from . import symm
+
+    for comm in live():
+        if comm._broken is None and not comm._freed and symm.available(comm):
+            try:
+                symm.synchronize(comm)
+            except XelinkError as exc:
+                return exc
+    return None
