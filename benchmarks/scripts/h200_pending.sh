@@ -432,9 +432,9 @@ diag13)  # tests13's failures with their messages: the gradient checks at 2 rank
     pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   ;;
 verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): the probe (each case on a new group; C is
-           # cp_attention's ring backward), the symm checks (receives before sends; a deadline on a kept duplicate
+           # cp_attention's ring backward; S against W: whether first-transfer set-up stalls), the symm checks (receives before sends; a deadline on a kept duplicate
            # raised by its parent), then the gradient checks and the training client that failed in tests13
-  step p2p_probe 150 env XELINK_RANKS_PER_DEVICE=2 XELINK_TIMEOUT=20 mpirun -n 2 python3 benchmarks/scripts/p2p_probe.py
+  step p2p_probe 200 env XELINK_RANKS_PER_DEVICE=2 XELINK_TIMEOUT=10 mpirun -n 2 python3 benchmarks/scripts/p2p_probe.py
   step symm_gpu_checks 150 env XELINK_TEST_CHECKS=receives_posted,stalled_receiver python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/symm/ranks_gpu_symm.py
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \

@@ -1,11 +1,14 @@
-"""Diagnosis (thirteenth session): cp_attention's ring backward on CUDA fails with "sent a message of 0 B to a
-receive of another size". Three probes, each on its own fresh group: (A) the backward's message pattern with
-isend/irecv on the main thread, (B) the same on another thread, (C) cp_attention ring forward + backward.
+"""Diagnosis (thirteenth session): cp_attention's ring backward on CUDA stalled (reported as "sent a message of 0 B
+to a receive of another size" before 32e727c). Cases, each on a new group of 2 ranks: (A) the backward's message
+pattern with isend/irecv; (S) the same with a device synchronize after each send; (W) S after a first transfer
+both ways that both ranks finished; (G) one program a transfer; (B) on another thread; (C) cp_attention's ring
+forward and backward. A case that stalls takes a deadline (XELINK_TIMEOUT) longer.
 
     XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/p2p_probe.py
 """
 import os
 import threading
+import time
 import traceback
 
 import torch
@@ -56,17 +59,36 @@ def _sync(on):
         torch.cuda.synchronize()
 
 
-def run(name, fn, *args):
+def run(name, fn, comm, *args):
+    """One case on its group: its result, its seconds (a stall shows as a deadline's worth) and, on CUDA, what
+    ``xelink.synchronize`` raises for the group afterwards."""
+    start = time.monotonic()
     try:
-        out = fn(*args)
+        out = fn(comm, *args)
+        if torch.device(comm.device).type == "cuda":
+            xelink.synchronize(comm)
     except Exception as e:  # noqa: BLE001 - a probe reports and the next one runs
         out = f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
-    print(f"rank {xelink.get_rank()} {out}", flush=True)
+    print(f"rank {xelink.get_rank()} [{time.monotonic() - start:.1f} s] {out}", flush=True)
+
+
+def warmed(comm, tag):
+    """The pattern with sends synchronized, after a first transfer both ways that both ranks finished (host
+    barrier): whether the first transfers' set-up is what stalls case S."""
+    dev = torch.device(comm.device)
+    one = torch.zeros(1, device=dev)
+    works = [xelink.isend(one, 1 - comm.rank, group=comm), xelink.irecv(one.clone(), 1 - comm.rank, group=comm)]
+    for w in works:
+        w.wait()
+    if dev.type == "cuda":
+        xelink.synchronize(comm)
+    comm.barrier()
+    return pattern(comm, tag, True)
 
 
 def in_thread(comm, tag):
     box = []
-    t = threading.Thread(target=lambda: box.append(pattern(comm, tag)) if True else None)
+    t = threading.Thread(target=lambda: box.append(pattern(comm, tag)))
     try:
         t.start()
     finally:
@@ -95,7 +117,9 @@ def main():
     junk = [torch.empty(int(3e6), device=world.device) for _ in range(5)]  # allocations before the pairs
     for i in range(3):
         run(f"A{i} main thread", pattern, world.split(0), f"A{i} main thread")
-    run("S synchronized posts", pattern, world.split(0), "S synchronized posts", True)
+    for i in range(3):
+        run(f"S{i} synchronized sends", pattern, world.split(0), f"S{i} synchronized sends", True)
+        run(f"W{i} set up first", warmed, world.split(0), f"W{i} set up first")
     os.environ["XELINK_P2P_BLOCKS"] = "1"
     run("G one block", pattern, world.split(0), "G one block")
     del os.environ["XELINK_P2P_BLOCKS"]
