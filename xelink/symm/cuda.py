@@ -938,11 +938,12 @@ def synchronize(group=None) -> None:
 
 def _raise_gpu_errors(comm) -> None:
     """Raise what the GPU waits of ``comm`` and of the duplicates it keeps as resources reported (e.g. the private
-    duplicate of context-parallel attention's point-to-point, whose errors no call on ``comm`` itself would see)."""
+    duplicate of context-parallel attention's point-to-point, whose errors no call on ``comm`` itself would see;
+    a duplicate that already failed has had its error raised)."""
     from ..comm import Communicator
 
     for key, obj in list(comm._resources.items()):
         if key in ("cuda.team", "cuda.mailboxes"):
             obj.check("synchronize")
-        elif isinstance(obj, Communicator) and not obj._freed:
+        elif isinstance(obj, Communicator) and not obj._freed and obj._broken is None:
             _raise_gpu_errors(obj)
