@@ -89,17 +89,22 @@ def check_receives_posted_before_the_sends_on_a_new_group(world):
     group = world.split(0)
     nxt, prv = (r + 1) % n, (r - 1) % n
     kinds = [(torch.bfloat16, 84992), (torch.float32, 169984), (torch.float32, 171008)]
+
+    def size(rank, i, base):  # each rank's messages of another length than its neighbours'
+        return base + 512 * ((rank + i) % 3)
+
     sends = []
     for rnd in range(3):
-        cases = [(90 + 10 * rnd + i, dtype, nbytes + 512 * ((prv + i) % 3)) for i, (dtype, nbytes) in enumerate(kinds)]
-        outs = [_poisoned(_pattern(prv, case, nbytes, dtype, dev)) for case, dtype, nbytes in cases]
+        cases = [(90 + 10 * rnd + i, dtype, base) for i, (dtype, base) in enumerate(kinds)]
+        outs = [_poisoned(_pattern(prv, case, size(prv, i, base), dtype, dev))
+                for i, (case, dtype, base) in enumerate(cases)]
         recvs = [xelink.irecv(o, prv, group=group) for o in outs]
-        mine = [(case, dtype, nbytes - 512 * ((prv + i) % 3) + 512 * ((r + i) % 3))
-                for i, (case, dtype, nbytes) in enumerate(cases)]
-        sends += [xelink.isend(_pattern(r, case, nbytes, dtype, dev), nxt, group=group) for case, dtype, nbytes in mine]
+        sends += [xelink.isend(_pattern(r, case, size(r, i, base), dtype, dev), nxt, group=group)
+                  for i, (case, dtype, base) in enumerate(cases)]
         for w in recvs:
             w.wait()
-        for (case, dtype, nbytes), o in zip(cases, outs):
+        for i, ((case, dtype, base), o) in enumerate(zip(cases, outs)):
+            nbytes = size(prv, i, base)
             _same(o.cpu(), _pattern(prv, case, nbytes, dtype, "cpu"), f"round {rnd}, message {case} of {nbytes} B")
     for w in sends:
         w.wait()
