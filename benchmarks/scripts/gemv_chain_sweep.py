@@ -4,9 +4,9 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|staged-bf16|staged-w4a16[:shape,...] ...]
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|staged-bf16|staged-w4a16|tma-w4a16[:shape,...] ...]
 (default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
-shared-memory stages, ``STAGES``)
+shared-memory stages, ``STAGES``; ``tma-w4a16``: against the TMA kernel, ``TMA``)
 """
 import statistics
 import sys
@@ -47,6 +47,14 @@ CONFIGS = {
 _STAGED = [(4, 1, 3, 1), (4, 1, 4, 1), (4, 1, 6, 1), (4, 2, 3, 1), (4, 2, 4, 1), (4, 2, 6, 1), (4, 4, 3, 1),
            (4, 4, 4, 1), (8, 1, 4, 1), (8, 2, 3, 1), (8, 2, 4, 1), (2, 2, 4, 1), (2, 4, 4, 1), (4, 2, 4, 2),
            (4, 1, 8, 1)]
+# The TMA kernel (gemv_tma.py): W4A16 through shared-memory stages filled by one producer warp, persistent programs;
+# consumer warps, steps a warp a stage, row tiles, stages, programs a multiprocessor
+SHAPES["tma-w4a16"] = SHAPES["w4a16"]
+CONFIGS["tma-w4a16"] = [dict(KERNEL="tc", TMA=st, ROW_TILES=rt, num_warps=nw, UNROLL=un, PROGRAMS=pr)
+                        for nw, un, rt, st, pr in [(4, 4, 1, 4, 1), (4, 4, 1, 4, 2), (4, 4, 1, 6, 2), (4, 4, 1, 3, 3),
+                                                   (4, 2, 1, 4, 2), (4, 2, 1, 6, 3), (4, 2, 1, 8, 3), (8, 2, 1, 4, 1),
+                                                   (8, 2, 1, 4, 2), (8, 1, 1, 6, 2), (4, 4, 2, 3, 2), (4, 2, 2, 4, 2),
+                                                   (8, 2, 2, 4, 1), (16, 1, 1, 4, 1), (16, 2, 1, 3, 1)]]
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
     SHAPES["staged-" + _fmt] = SHAPES[_fmt]
     CONFIGS["staged-" + _fmt] = [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=un, STAGES=st, SPLIT=sp)
@@ -60,7 +68,7 @@ def main():
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
         mode, _, names = arg.partition(":")
-        fmt = mode.removeprefix("staged-")
+        fmt = mode.removeprefix("staged-").removeprefix("tma-")
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue
@@ -86,7 +94,8 @@ def main():
                     continue
                 rows.append((us, cfg))
                 print(f"{fmt} {name} {n}x{k} {'kept' if cfg is None else cfg}: {us:6.2f} us a call "
-                      f"({nbytes / us / 1e3:6.0f} GB/s), rel diff {err:.1e}", flush=True)
+                      f"({nbytes / us / 1e3:6.0f} GB/s), rel diff {err:.1e}{'  WRONG' if err > 1e-2 else ''}",
+                      flush=True)
             best = min(rows, key=lambda r: r[0])
             print(f"{fmt} {name}: best {best[0]:.2f} us {best[1] or 'kept'} (kept {rows[0][0]:.2f})", flush=True)
             del ws

@@ -502,6 +502,68 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
                                 f"seed={seed}")
 
 
+# The TMA kernel (gemv_tma.py): stages, persistent programs a multiprocessor, consumer warps x steps (B, a multiple of
+# 8), row tiles, the bias removed by an mma, late PDL
+TMA_CONFIGS = [dict(KERNEL="tc", TMA=4, ROW_TILES=1, num_warps=4, UNROLL=4),
+               dict(KERNEL="tc", TMA=2, ROW_TILES=1, num_warps=4, UNROLL=2, PROGRAMS=3),
+               dict(KERNEL="tc", TMA=6, ROW_TILES=2, num_warps=8, UNROLL=1, PROGRAMS=2, BIASED=True),
+               dict(KERNEL="tc", TMA=3, ROW_TILES=1, num_warps=8, UNROLL=2, PROGRAMS=1, PDL="late"),
+               dict(KERNEL="tc", TMA=3, ROW_TILES=4, num_warps=4, UNROLL=2, PROGRAMS=2, REGS=64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_tma_kernel(requires_gpus, dtype):
+    # W4A16 through the TMA kernel (checked to be the one planned): row tails (N not whole tiles, fewer tiles than
+    # programs), K not whole stages (steps zero-filled past K), 1-8 rows, against float64; then back-to-back
+    # calls that change shape and config, and a CUDA graph replayed with new activations.
+    requires_gpus(1)
+    from xelink.kernels.common import sm_count
+
+    gemv_mod = importlib.import_module("xelink.kernels.gemv")
+    seed = random.SystemRandom().randrange(2**31)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    sms = sm_count(torch.device("cuda"))
+    for N, K in [(64, 1024), (1000, 3072), (4096 + 21, 2048), (16 * sms * 3 + 5, 1024), (130, 14336)]:
+        w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
+        for M in (1, 3, 8):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
+            for cfg in TMA_CONFIGS:
+                plan = gemv_mod._GemvLaunch(w, x, s, "w4a16", cfg, True, "auto", None, False)
+                assert plan.views is not None, f"the TMA kernel was not planned: N={N} K={K} cfg={cfg}"
+                _check_gpu_gemv(w, x, s, "w4a16", "cuda", cfg, exact, f"tma {dtype} N={N} K={K} M={M} cfg={cfg} "
+                                f"seed={seed}")
+    w, s, exact = _weights("w4a16", 300, 2048, dtype, "cuda", gen)
+    x = torch.randn(2, 2048, device="cuda", generator=gen).to(dtype)
+    cfg = TMA_CONFIGS[0]
+    y = gemv(w, x, s, "w4a16", "cuda", config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(w, x, s, "w4a16", "cuda", config=cfg)
+    for _ in range(3):
+        x.copy_(torch.randn(2, 2048, device="cuda", generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _relerr(y, x, exact) < TOL[dtype], f"graph replay, seed={seed}"
+
+
+def test_tma_options_are_checked_and_unaligned_operands_fall_back():
+    """The TMA keys are checked on any machine (a clear error before any launch); operands the kernel does not
+    take (not W4A16, K not whole 128-column groups, unaligned rows or scales, no CUDA) leave it unplanned."""
+    from xelink.kernels import gemv_tma
+
+    for bad, match in ((dict(TMA=1), "TMA=1 must be 0"), (dict(TMA=9), "TMA=9"), (dict(TMA=True), "TMA=True"),
+                       (dict(TMA=4, PROGRAMS=0), "PROGRAMS=0"), (dict(TMA=4, REGS=100), "REGS=100"),
+                       (dict(TMA=4, STAGES=3), "TMA or PIPE / STAGES"), (dict(TMA=4, PIPE=True), "TMA or PIPE")):
+        with pytest.raises(ValueError, match=match):
+            gemv_tma.tma_options(dict(bad))
+    cfg = dict(TMA=3, PROGRAMS=2, REGS=0, ROW_TILES=1)
+    assert gemv_tma.tma_options(cfg) == dict(TMA=3, PROGRAMS=2, REGS=0) and cfg == dict(ROW_TILES=1)
+    assert gemv_tma.tma_options(dict(PROGRAMS=2)) is None
+    w, s, _ = _weights("w4a16", 64, 1024, torch.bfloat16)
+    assert not gemv_tma.tma_applies(w, torch.empty(1, 1024, dtype=torch.bfloat16), s, 2)  # a CPU tensor
+
+
 def test_tensor_core_stages_only_on_aligned_rows():
     """cp.async copies 4-16 byte pieces Triton must prove aligned: STAGES is taken where K, W's row stride and
     base allow it, and turned off elsewhere (the kernel would not compile: "cp.async does not support transfers
