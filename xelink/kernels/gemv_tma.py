@@ -168,7 +168,7 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, cfg:
     """The TMA kernel's launch for W4A16 ``w [N, K/2]`` (uint8), ``x [M, K]`` (contiguous, M <= 8) and group
     scales ``[N, K/128]`` into ``y [M, N]`` of row stride ``y_stride``: (kernel, grid, the integer arguments
     after (w, x, scales, y), the options, the descriptor views of w and of the scales as ``launcher.Descriptor``
-    fields). ``cfg``: the tc kernel's ``ROW_TILES``, ``num_warps`` (consumer warps), ``UNROLL`` (steps a warp a
+    fields; reads shapes and strides only, as the launch plans' keys). ``cfg``: the tc kernel's ``ROW_TILES``, ``num_warps`` (consumer warps), ``UNROLL`` (steps a warp a
     stage), ``BIASED``, ``PDL`` (``SPLIT`` is not used: programs are persistent, K is not split); ``opts``:
     :func:`tma_options`'. Checks of the operands (:func:`tma_applies`) are the caller's."""
     stages, programs = opts["TMA"], opts["PROGRAMS"]
@@ -194,7 +194,8 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, cfg:
              ((N, steps), (scales.stride(0), 1), (BN, B), "zero",
               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)))
     grid = (min(n_tiles, programs * sms),)
-    ints = (M, N, K, n_tiles, -(-steps // B), x.stride(0), y_stride)
+    x_stride = x.stride(0) if x.is_contiguous() else K  # (the call reads x.contiguous())
+    ints = (M, N, K, n_tiles, -(-steps // B), x_stride, y_stride)
     # Registers a thread at launch: the program's warps (the consumers and the producer, in whole warpgroups, as
     # Triton's warp specialization allocates them) times these must let PROGRAMS programs share a multiprocessor.
     threads = -(-(warps + 1) // 4) * 128
