@@ -534,8 +534,11 @@ def test_gpu_tma_kernel(requires_gpus, dtype):
                 _check_gpu_gemv(w, x, s, "w4a16", "cuda", cfg, exact, f"tma {dtype} N={N} K={K} M={M} cfg={cfg} "
                                 f"seed={seed}")
     w, s, exact = _weights("w4a16", 300, 2048, dtype, "cuda", gen)
-    x = torch.randn(2, 2048, device="cuda", generator=gen).to(dtype)
     cfg = TMA_CONFIGS[0]
+    wide = torch.randn(3, 4096, device="cuda", generator=gen).to(dtype)
+    for x in (wide[:, :2048], wide[:, 1::2]):  # rows of another stride, a strided view
+        _check_gpu_gemv(w, x, s, "w4a16", "cuda", cfg, exact, f"tma strided x {x.stride()} seed={seed}")
+    x = torch.randn(2, 2048, device="cuda", generator=gen).to(dtype)
     y = gemv(w, x, s, "w4a16", "cuda", config=cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
