@@ -503,46 +503,59 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
 
 
 # The TMA kernel (gemv_tma.py): stages, persistent programs a multiprocessor, consumer warps x steps (B, a multiple of
-# 8), row tiles, the bias removed by an mma, late PDL
-TMA_CONFIGS = [dict(KERNEL="tc", TMA=4, ROW_TILES=1, num_warps=4, UNROLL=4),
-               dict(KERNEL="tc", TMA=2, ROW_TILES=1, num_warps=4, UNROLL=2, PROGRAMS=3),
-               dict(KERNEL="tc", TMA=6, ROW_TILES=2, num_warps=8, UNROLL=1, PROGRAMS=2, BIASED=True),
-               dict(KERNEL="tc", TMA=3, ROW_TILES=1, num_warps=8, UNROLL=2, PROGRAMS=1, PDL="late"),
-               dict(KERNEL="tc", TMA=3, ROW_TILES=4, num_warps=4, UNROLL=2, PROGRAMS=2, REGS=64)]
+# 8), row tiles, the bias removed by an mma, late PDL; dense weights take 4x the shared memory a step
+TMA_CONFIGS = {"w4a16": [dict(KERNEL="tc", TMA=4, ROW_TILES=1, num_warps=4, UNROLL=4),
+                         dict(KERNEL="tc", TMA=2, ROW_TILES=1, num_warps=4, UNROLL=2, PROGRAMS=3),
+                         dict(KERNEL="tc", TMA=6, ROW_TILES=2, num_warps=8, UNROLL=1, PROGRAMS=2, BIASED=True),
+                         dict(KERNEL="tc", TMA=3, ROW_TILES=1, num_warps=8, UNROLL=2, PROGRAMS=1, PDL="late"),
+                         dict(KERNEL="tc", TMA=3, ROW_TILES=4, num_warps=4, UNROLL=2, PROGRAMS=2, REGS=64)],
+               "bf16": [dict(KERNEL="tc", TMA=3, ROW_TILES=1, num_warps=4, UNROLL=2),
+                        dict(KERNEL="tc", TMA=2, ROW_TILES=1, num_warps=8, UNROLL=1, PROGRAMS=2),
+                        dict(KERNEL="tc", TMA=3, ROW_TILES=2, num_warps=4, UNROLL=2, PDL="late"),
+                        dict(KERNEL="tc", TMA=2, ROW_TILES=1, num_warps=4, UNROLL=4, PROGRAMS=1, REGS=96)]}
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "w4a16"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_tma_kernel(requires_gpus, dtype):
-    # W4A16 through the TMA kernel (checked to be the one planned): row tails (N not whole tiles, fewer tiles than
-    # programs), K not whole stages (steps zero-filled past K), 1-8 rows, against float64; then back-to-back
-    # calls that change shape and config, and a CUDA graph replayed with new activations.
+def test_gpu_tma_kernel(requires_gpus, fmt, dtype):
+    # The TMA kernel (checked to be the one planned), W4A16 and dense: row tails (N not whole tiles, fewer tiles than
+    # programs), K not whole stages (steps zero-filled past K), 1-8 rows, against float64; activations of another
+    # row stride; then a CUDA graph replayed with new activations.
     requires_gpus(1)
     from xelink.kernels.common import sm_count
 
     gemv_mod = importlib.import_module("xelink.kernels.gemv")
+    if fmt == "bf16" and dtype == torch.float16:
+        fmt = "fp16"
+    configs = TMA_CONFIGS["w4a16" if fmt == "w4a16" else "bf16"]
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     sms = sm_count(torch.device("cuda"))
     for N, K in [(64, 1024), (1000, 3072), (4096 + 21, 2048), (16 * sms * 3 + 5, 1024), (130, 14336)]:
-        w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
+        w, s, exact = _weights(fmt, N, K, dtype, "cuda", gen)
         for M in (1, 3, 8):
             x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
-            for cfg in TMA_CONFIGS:
-                plan = gemv_mod._GemvLaunch(w, x, s, "w4a16", cfg, True, "auto", None, False)
-                assert plan.views is not None, f"the TMA kernel was not planned: N={N} K={K} cfg={cfg}"
-                _check_gpu_gemv(w, x, s, "w4a16", "cuda", cfg, exact, f"tma {dtype} N={N} K={K} M={M} cfg={cfg} "
+            for cfg in configs:
+                plan = gemv_mod._GemvLaunch(w, x, s, fmt, cfg, True, "auto", None, False)
+                assert plan.views is not None, f"the TMA kernel was not planned: {fmt} N={N} K={K} cfg={cfg}"
+                _check_gpu_gemv(w, x, s, fmt, "cuda", cfg, exact, f"tma {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} "
                                 f"seed={seed}")
-    w, s, exact = _weights("w4a16", 300, 2048, dtype, "cuda", gen)
-    cfg = TMA_CONFIGS[0]
+    # operands it does not take (W4A16: 9 scale groups a row, 18 bytes; dense: K not whole steps) fall back
+    w, s, exact = _weights(fmt, 200, 1152 if fmt == "w4a16" else 1000, dtype, "cuda", gen)
+    x = torch.randn(2, w.shape[1] * (2 if fmt == "w4a16" else 1), device="cuda", generator=gen).to(dtype)
+    assert gemv_mod._GemvLaunch(w, x, s, fmt, configs[0], True, "auto", None, False).views is None
+    _check_gpu_gemv(w, x, s, fmt, "cuda", configs[0], exact, f"tma fallback {fmt} seed={seed}")
+    w, s, exact = _weights(fmt, 300, 2048, dtype, "cuda", gen)
+    cfg = configs[0]
     wide = torch.randn(3, 4096, device="cuda", generator=gen).to(dtype)
     for x in (wide[:, :2048], wide[:, 1::2]):  # rows of another stride, a strided view
-        _check_gpu_gemv(w, x, s, "w4a16", "cuda", cfg, exact, f"tma strided x {x.stride()} seed={seed}")
+        _check_gpu_gemv(w, x, s, fmt, "cuda", cfg, exact, f"tma {fmt} strided x {x.stride()} seed={seed}")
     x = torch.randn(2, 2048, device="cuda", generator=gen).to(dtype)
-    y = gemv(w, x, s, "w4a16", "cuda", config=cfg)
+    y = gemv(w, x, s, fmt, "cuda", config=cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = gemv(w, x, s, "w4a16", "cuda", config=cfg)
+        y = gemv(w, x, s, fmt, "cuda", config=cfg)
     for _ in range(3):
         x.copy_(torch.randn(2, 2048, device="cuda", generator=gen))
         graph.replay()
@@ -552,7 +565,7 @@ def test_gpu_tma_kernel(requires_gpus, dtype):
 
 def test_tma_options_are_checked_and_unaligned_operands_fall_back():
     """The TMA keys are checked on any machine (a clear error before any launch); operands the kernel does not
-    take (not W4A16, K not whole 128-column groups, unaligned rows or scales, no CUDA) leave it unplanned."""
+    take (W8A16, no CUDA; on the GPU K not whole 128-column groups, unaligned rows or scales) leave it unplanned."""
     from xelink.kernels import gemv_tma
 
     for bad, match in ((dict(TMA=1), "TMA=1 must be 0"), (dict(TMA=9), "TMA=9"), (dict(TMA=True), "TMA=True"),
@@ -565,6 +578,7 @@ def test_tma_options_are_checked_and_unaligned_operands_fall_back():
     assert gemv_tma.tma_options(dict(PROGRAMS=2)) is None
     w, s, _ = _weights("w4a16", 64, 1024, torch.bfloat16)
     assert not gemv_tma.tma_applies(w, torch.empty(1, 1024, dtype=torch.bfloat16), s, 2)  # a CPU tensor
+    assert not gemv_tma.tma_applies(w, torch.empty(1, 1024, dtype=torch.bfloat16), s, 1)  # W8A16: never
 
 
 def test_tensor_core_stages_only_on_aligned_rows():

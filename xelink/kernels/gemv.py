@@ -837,8 +837,8 @@ class _GemvLaunch:
             self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(w, x, scales, _FMT_CODE[fmt],
                                                                                     cfg, y_stride)
             if tma and tma_applies(w, x, scales, _FMT_CODE[fmt]):  # W streamed by TMA (gemv_tma.py)
-                self.fn, self.grid, self.ints, self.kwargs, self.views = tma_launch_args(w, x, scales, cfg, tma, sms,
-                                                                                         y_stride)
+                self.fn, self.grid, self.ints, self.kwargs, self.views = tma_launch_args(
+                    w, x, scales, _FMT_CODE[fmt], cfg, tma, sms, y_stride)
                 self.split = 1
         else:
             self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride, act)

@@ -1,4 +1,4 @@
-"""W4A16 GEMV with W streamed into shared memory by TMA from a producer warp (CUDA sm90, Gluon).
+"""GEMV (W4A16, bf16, fp16) with W streamed into shared memory by TMA from a producer warp (CUDA sm90, Gluon).
 
 The tensor-core GEMV's ``TMA`` config (:func:`xelink.kernels.gemv_tc.tc_launch_args`, ``KERNEL="tc"``): the same
 math as ``gemv_tc`` (its dequantization, its mma order, one mma chain a 128-column group scaled in fp32), fed
@@ -10,14 +10,16 @@ copies, and the consumer warps only read shared memory, dequantize and multiply:
 - A program is persistent: it takes row tiles ``pid, pid + grid, ...`` of 16 x ``ROW_TILES`` rows each (the grid
   is ``PROGRAMS`` a multiprocessor), so the copies run on across tiles with no prologue a tile and no
   partial last wave of programs.
-- A stage is ``num_warps`` x ``UNROLL`` consecutive 128-column steps of the tile's rows: one box of 16 x
-  ``ROW_TILES`` rows by 64 bytes a step (so a step's rows lie 64 bytes apart in shared memory, as the
-  consumers' 16-byte reads want them) and one box of the steps' group scales; a "ready" barrier a stage
-  counts their bytes, an "empty" barrier is released by the consumers once they hold the stage in registers.
-- Steps past K are zeros (TMA's fill), their scales zeros: they add nothing. Rows past N are zeros, not stored.
+- A stage is B = ``num_warps`` x ``UNROLL`` consecutive 128-column steps of the tile's rows: one box of B steps
+  x 16 ``ROW_TILES`` rows x a step's row (W4A16 64 bytes, dense 256; W seen as [step, row, column], so a step's
+  rows lie next to each other in shared memory, as the consumers' 16-byte reads want them) and, for W4A16, one
+  box of the steps' group scales; a "ready" barrier a stage counts their bytes, an "empty" barrier
+  is released by the consumers once they hold the stage in registers.
+- Steps past K are zeros (TMA's fill; W4A16: their scales too): they add nothing. Rows past N are zeros, not stored.
 
-Limits (:func:`tma_applies`; the caller takes the register kernel otherwise): W4A16 with 1-8 activation rows,
-W's base and row stride and the scales' base and row stride 16-byte aligned, K a multiple of 128, an sm90 GPU.
+Limits (:func:`tma_applies`; the caller takes the register kernel otherwise): W4A16 or dense bf16 / fp16 weights
+(not W8A16) with 1-8 activation rows, W's base and row stride and the scales' base and row stride 16-byte aligned,
+K a multiple of 128, an sm90 GPU.
 """
 from __future__ import annotations
 
@@ -40,55 +42,57 @@ except Exception:  # noqa: BLE001 - no Triton, or one without Gluon's Hopper API
 __all__ = ["TMA_AVAILABLE", "tma_applies", "tma_launch_args", "tma_options"]
 
 TMA_AVAILABLE = gluon is not None
-_STEP_BYTES = 64  # bytes of a W4A16 row a 128-column step
+STEP = 128  # columns of K a step (one W4A16 scale group)
 _SMEM = 200 * 1024  # the most shared memory the stages may take a program
 
 
 if gluon is not None:
-    _SB = gl.constexpr(_STEP_BYTES)
+    _STEP = gl.constexpr(STEP)
 
     @gluon.jit
-    def _producer(w_desc, s_desc, w_smem, s_smem, ready, empty, n_tiles, tile_steps, BN: gl.constexpr,
-                  B: gl.constexpr, STAGES: gl.constexpr):
-        """Every stage of every tile of this program, in order: wait for its slot to be empty, then its B step
-        boxes of W and its box of scales onto the slot's ready barrier."""
+    def _producer(w_desc, s_desc, w_smem, s_smem, ready, empty, n_tiles, tile_steps, FMT: gl.constexpr,
+                  BN: gl.constexpr, B: gl.constexpr, STAGES: gl.constexpr):
+        """Every stage of every tile of this program, in order: wait for its slot to be empty, then its box of B
+        steps of W and (W4A16) its box of scales onto the slot's ready barrier."""
         c = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             for j in range(tile_steps):
                 slot = c % STAGES
                 mbarrier.wait(empty.index(slot), ((c // STAGES) & 1) ^ 1)  # a slot's first use passes
-                mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + s_desc.block_type.nbytes)
+                if FMT == 2:
+                    mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + s_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(s_desc, [t * BN, j * B], ready.index(slot), s_smem.index(slot))
+                else:
+                    mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(w_desc, [j * B, t * BN, 0], ready.index(slot), w_smem.index(slot))
-                tma.async_copy_global_to_shared(s_desc, [t * BN, j * B], ready.index(slot), s_smem.index(slot))
                 c += 1
 
     @gluon.jit
     def _consumer(w_smem, s_smem, ready, empty, x_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_ym,
-                  EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr, UNROLL: gl.constexpr,
+                  FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr, UNROLL: gl.constexpr,
                   STAGES: gl.constexpr, WARPS: gl.constexpr):
         """The tiles' math: each stage's W and scales from shared memory into registers (then the slot is
         released), the activations from global memory (L1), gemv_tc's mma step; a tile's warps' sums stored."""
         BN: gl.constexpr = 16 * ROW_TILES
         B: gl.constexpr = WARPS * UNROLL
-        STEP: gl.constexpr = 2 * _SB
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
                                                       instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        wl: gl.constexpr = _load_layout(WARPS, UNROLL, BN, _SB)
-        xl: gl.constexpr = _load_layout(WARPS, UNROLL, 8, STEP)
+        wl: gl.constexpr = _load_layout(WARPS, UNROLL, BN, _STEP // 2 if FMT == 2 else _STEP)
+        xl: gl.constexpr = _load_layout(WARPS, UNROLL, 8, _STEP)
         sl: gl.constexpr = gl.SliceLayout(2, mma)
         ol: gl.constexpr = gl.SliceLayout(0, mma)
 
         # batch b of a stage is its step b (any order of K does: the warps' sums are added at the end)
         bx = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
         rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
-        rk = gl.arange(0, STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
-        x_kk = bx[:, None, None] * STEP + rk[None, None, :]
+        rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
+        x_kk = bx[:, None, None] * _STEP + rk[None, None, :]
         # rows past M re-read row M-1 (their outputs are not stored)
         x_ptrs = x_ptr + gl.minimum(rm, M - 1)[None, :, None] * stride_xm + x_kk
         zero_acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
-        offset = gl.full([B, BN, STEP], -136.0, gl.bfloat16, layout=a_layout)
+        offset = gl.full([B, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
         rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
         c = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
@@ -97,15 +101,18 @@ if gluon is not None:
                 slot = c % STAGES
                 mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
                 p = w_smem.index(slot).load(wl)
-                s = s_smem.index(slot).permute((1, 0)).load(sl).to(gl.float32)
+                if FMT == 2:
+                    s = s_smem.index(slot).permute((1, 0)).load(sl).to(gl.float32)
+                else:
+                    s = 0.0
                 gl.thread_barrier()  # every consumer warp holds the stage before the slot is released
                 mbarrier.arrive(empty.index(slot))
-                k = j * B * STEP
+                k = j * B * _STEP
                 if EVEN:
                     x = gl.load(x_ptrs + k)
                 else:
                     x = gl.load(x_ptrs + k, mask=x_kk + k < K, other=0.0)
-                acc = _step_mma(acc, p, x, s, offset, zero_acc, 2, BIASED, a_layout, b_layout, B, BN)
+                acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
                 c += 1
             y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
             rno = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
@@ -114,12 +121,13 @@ if gluon is not None:
 
     @gluon.jit(do_not_specialize=["n_tiles", "tile_steps"])
     def _gemv_tma_kernel(w_desc, x_ptr, s_desc, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_ym,
-                         EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr, UNROLL: gl.constexpr,
+                         FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr, UNROLL: gl.constexpr,
                          STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         BN: gl.constexpr = 16 * ROW_TILES
         B: gl.constexpr = num_warps * UNROLL
         pdl_wait(PDL)  # x (and, for all this kernel knows, W) may be the previous kernel's output
-        w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, B, BN, _SB], w_desc.layout)
+        W_COLS: gl.constexpr = _STEP // 2 if FMT == 2 else _STEP  # elements of a row a step (W4A16: bytes)
+        w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, B, BN, W_COLS], w_desc.layout)
         s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, BN, B], s_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -129,8 +137,8 @@ if gluon is not None:
         fence_async_shared()
         gl.warp_specialize([
             (_consumer, (w_smem, s_smem, ready, empty, x_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm,
-                         stride_ym, EVEN, BIASED, ROW_TILES, UNROLL, STAGES, num_warps)),
-            (_producer, (w_desc, s_desc, w_smem, s_smem, ready, empty, n_tiles, tile_steps, BN, B, STAGES)),
+                         stride_ym, FMT, EVEN, BIASED, ROW_TILES, UNROLL, STAGES, num_warps)),
+            (_producer, (w_desc, s_desc, w_smem, s_smem, ready, empty, n_tiles, tile_steps, FMT, BN, B, STAGES)),
         ], [1], [24])
         pdl_launch(PDL)
 
@@ -155,22 +163,26 @@ def tma_options(cfg: dict) -> dict | None:
 
 
 def tma_applies(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int) -> bool:
-    """Whether the TMA kernel takes these operands (module docstring: W4A16, alignment, K, sm90)."""
+    """Whether the TMA kernel takes these operands (module docstring: format, alignment, K, sm90)."""
     K = x.shape[1]
-    return (TMA_AVAILABLE and fmt_code == 2 and w.is_cuda and scales is not None and K > 0 and K % 128 == 0
-            and torch.cuda.get_device_capability(w.device)[0] == 9 and w.stride(1) == 1 and scales.stride(1) == 1
-            and w.stride(0) % 16 == 0 and w.data_ptr() % 16 == 0
-            and scales.stride(0) * scales.element_size() % 16 == 0 and scales.data_ptr() % 16 == 0)
+    if not (TMA_AVAILABLE and fmt_code in (0, 2) and w.is_cuda and K > 0 and K % STEP == 0 and w.stride(1) == 1
+            and w.stride(0) * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0
+            and torch.cuda.get_device_capability(w.device)[0] == 9):
+        return False
+    return fmt_code == 0 or (scales is not None and scales.stride(1) == 1 and scales.data_ptr() % 16 == 0
+                             and scales.stride(0) * scales.element_size() % 16 == 0)
 
 
-def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, cfg: dict, opts: dict, sms: int,
+def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, opts: dict, sms: int,
                     y_stride: int) -> tuple:
-    """The TMA kernel's launch for W4A16 ``w [N, K/2]`` (uint8), ``x [M, K]`` (contiguous, M <= 8) and group
-    scales ``[N, K/128]`` into ``y [M, N]`` of row stride ``y_stride``: (kernel, grid, the integer arguments
-    after (w, x, scales, y), the options, the descriptor views of w and of the scales as ``launcher.Descriptor``
-    fields; reads shapes and strides only, as the launch plans' keys). ``cfg``: the tc kernel's ``ROW_TILES``, ``num_warps`` (consumer warps), ``UNROLL`` (steps a warp a
-    stage), ``BIASED``, ``PDL`` (``SPLIT`` is not used: programs are persistent, K is not split); ``opts``:
-    :func:`tma_options`'. Checks of the operands (:func:`tma_applies`) are the caller's."""
+    """The TMA kernel's launch for ``w [N, K]`` (dense, ``fmt_code`` 0) or ``[N, K/2]`` (W4A16, uint8, with group
+    ``scales [N, K/128]``) and ``x [M, K]`` (taken contiguous, M <= 8) into ``y [M, N]`` of row stride
+    ``y_stride``: (kernel, grid, the integer arguments after (w, x, scales, y), the options, the descriptor
+    views of w and of the scales (dense: of w again, never read) as ``launcher.Descriptor`` fields). Reads shapes
+    and strides only, as the launch plans' keys. ``cfg``: the tc kernel's ``ROW_TILES``, ``num_warps`` (consumer
+    warps), ``UNROLL`` (steps a warp a stage), ``BIASED``, ``PDL`` (``SPLIT`` is not used: programs are
+    persistent, K is not split); ``opts``: :func:`tma_options`'. Checks of the operands (:func:`tma_applies`)
+    are the caller's."""
     stages, programs = opts["TMA"], opts["PROGRAMS"]
     tiles, warps, unroll = cfg.get("ROW_TILES", 1), cfg.get("num_warps", 4), cfg.get("UNROLL", 1)
     M, K = x.shape
@@ -182,16 +194,18 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, cfg:
     if B % 8 or B > 256 or BN > 256:
         raise ValueError(f"gemv: KERNEL='tc' config TMA: num_warps x UNROLL = {B} must be a multiple of 8 (a box "
                          f"of scales is 16 bytes or more) and it and 16 x ROW_TILES = {BN} at most 256 (TMA boxes)")
-    smem = stages * (B * BN * _STEP_BYTES + BN * B * scales.element_size())
+    w4 = fmt_code == 2
+    cols = STEP // 2 if w4 else STEP  # elements of a row a step (W4A16: bytes, two weights each)
+    smem = stages * B * BN * (cols * w.element_size() + (scales.element_size() if w4 else 0))
     if smem > _SMEM:
         raise ValueError(f"gemv: KERNEL='tc' config TMA={stages} needs {smem} bytes of shared memory a program "
                          f"(num_warps={warps}, UNROLL={unroll}, ROW_TILES={tiles}), more than {_SMEM}")
     n_tiles = -(-N // BN)
-    steps = K // 128
-    # W as [step, row, byte]: a box of B steps lands as the consumers' [B, BN, 64]
-    views = (((steps, N, _STEP_BYTES), (_STEP_BYTES, w.stride(0), 1), (B, BN, _STEP_BYTES), "zero",
-              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)),
-             ((N, steps), (scales.stride(0), 1), (BN, B), "zero",
+    steps = K // STEP
+    # W as [step, row, column]: a box of B steps lands as the consumers' [B, BN, cols]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * w.element_size(), rank=3)
+    views = (((steps, N, cols), (cols, w.stride(0), 1), (B, BN, cols), "zero", layout),
+             ((N, steps) if w4 else (N, K), ((scales if w4 else w).stride(0), 1), (BN, B), "zero",
               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)))
     grid = (min(n_tiles, programs * sms),)
     x_stride = x.stride(0) if x.is_contiguous() else K  # (the call reads x.contiguous())
@@ -201,7 +215,7 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, cfg:
     threads = -(-(warps + 1) // 4) * 128
     regs = opts["REGS"] or min(256, 65536 // (programs * threads) // 8 * 8)
     pdl = cfg.get("PDL", 0)
-    kwargs = dict(EVEN=steps % B == 0, BIASED=bool(cfg.get("BIASED", False)) and x.dtype == torch.bfloat16,
-                  ROW_TILES=tiles, UNROLL=unroll, STAGES=stages, PDL=pdl, num_warps=warps, maxnreg=regs,
-                  launch_pdl=pdl > 0)
+    kwargs = dict(FMT=fmt_code, EVEN=steps % B == 0, BIASED=bool(cfg.get("BIASED", False)) and w4
+                  and x.dtype == torch.bfloat16, ROW_TILES=tiles, UNROLL=unroll, STAGES=stages, PDL=pdl,
+                  num_warps=warps, maxnreg=regs, launch_pdl=pdl > 0)
     return _gemv_tma_kernel, grid, ints, kwargs, views
