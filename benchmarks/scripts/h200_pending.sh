@@ -443,7 +443,7 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   ;;
 tma14)  # the fourteenth session's TMA GEMV (gemv_tma.py, W4A16 and bf16; issue 26), first run (~6 minutes): its GPU
         # tests, then its tiles against the kept kernels in the step's chain
-  step tma_gpu_tests 200 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
+  step tma_gpu_tests 200 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 -m gpu tests/kernels/test_gemv.py \
     -k "tma or tensor_core_kernel_bad"
   step gemv_chain_sweep_tma 330 python3 benchmarks/scripts/gemv_chain_sweep.py tma-w4a16 tma-bf16
   ;;
