@@ -39,7 +39,8 @@
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
 #   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
-#   tma14: the TMA GEMV (gemv_tma.py, W4A16 and bf16): its GPU tests and its tiles in the step's chain (~5 minutes);
+#   tma14: the TMA GEMV (gemv_tma.py, W4A16 and bf16): its GPU tests, its tiles in the step's chain and the step's A/B
+#          (~9 minutes); tma14b: its whole tile sweep in the chain (~6 minutes);
 #   grads12: the flash-attention backward kernel (tests, tiles, against SDPA), the backward of cp_attention and of
 #            the distributed GEMMs on CUDA tensors (~6 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
@@ -441,11 +442,14 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
-tma14)  # the fourteenth session's TMA GEMV (gemv_tma.py, W4A16 and bf16; issue 26), first run (~6 minutes): its GPU
-        # tests, then its tiles against the kept kernels in the step's chain
+tma14)  # the fourteenth session's TMA GEMV (gemv_tma.py, W4A16 and bf16; issue 26), first run (~9 minutes): its GPU
+        # tests, then its best tiles against the kept GEMVs in the step's chain and in the whole step
   step tma_gpu_tests 200 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 -m gpu tests/kernels/test_gemv.py \
     -k "tma or tensor_core_kernel_bad"
-  step gemv_chain_sweep_tma 330 python3 benchmarks/scripts/gemv_chain_sweep.py tma-w4a16 tma-bf16
+  step tma_step_ab 340 python3 benchmarks/scripts/tma_step_ab.py
+  ;;
+tma14b)  # after tma14 (~6 minutes): the TMA kernel's whole tile sweep in the step's chain, W4A16 and bf16
+  step gemv_chain_sweep_tma 400 python3 benchmarks/scripts/gemv_chain_sweep.py tma-w4a16 tma-bf16
   ;;
 rows13)  # then the timings (~8 minutes): the flash backward against SDPA's, the fused decode's PDL A/B, the step
          # rows at 1K/8K/32K, the gated GEMM's tile rows
