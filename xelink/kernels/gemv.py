@@ -1099,8 +1099,11 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
             ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL`` (1, 2, 4, 8), ``PIPE``,
-            ``STAGES`` (0 or 2-8: cp.async stages in shared memory), ``BIASED``; for benchmarks, eager calls
-            only (a traced call uses the defaults).
+            ``STAGES`` (0 or 2-8: cp.async stages in shared memory), ``BIASED``, and ``TMA`` (0 or 2-8: W
+            streamed by TMA from a producer warp into that many stages, persistent programs; W4A16 and dense
+            weights on sm90 with aligned rows, ``gemv_tma.py``; else the tc kernel as configured) with
+            ``PROGRAMS`` (1-4 a multiprocessor) and ``REGS``; for benchmarks, eager calls only (a traced call
+            uses the defaults).
         act: None, or ``"silu_mul"``: W is a fused gate/up projection ``[gate; up]`` (``[2F, K]``) and the
             result is SwiGLU's ``silu(x @ gate^T) * (x @ up^T)``, ``[M, F]``: each product rounded to
             x's dtype, then combined in fp32 and rounded once, as ``silu_mul`` of the plain GEMV's output
