@@ -69,8 +69,8 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(w_smem, s_smem, ready, empty, x_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_ym,
-                  FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr, UNROLL: gl.constexpr,
-                  STAGES: gl.constexpr, WARPS: gl.constexpr):
+                  FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr,
+                  UNROLL: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
         """The tiles' math: each stage's W and scales from shared memory into registers (then the slot is
         released), the activations from global memory (L1), gemv_tc's mma step; a tile's warps' sums stored."""
         BN: gl.constexpr = 16 * ROW_TILES
@@ -121,8 +121,8 @@ if gluon is not None:
 
     @gluon.jit(do_not_specialize=["n_tiles", "tile_steps"])
     def _gemv_tma_kernel(w_desc, x_ptr, s_desc, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_ym,
-                         FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr, UNROLL: gl.constexpr,
-                         STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                         FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr,
+                         UNROLL: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         BN: gl.constexpr = 16 * ROW_TILES
         B: gl.constexpr = num_warps * UNROLL
         pdl_wait(PDL)  # x (and, for all this kernel knows, W) may be the previous kernel's output
