@@ -7,6 +7,7 @@ the logits compared. bf16 at 1K and 8K of context, W4A16 at 1K (random weights).
 
 python3 benchmarks/scripts/tma_step_ab.py [bf16|w4a16 ...]
 """
+import functools
 import gc
 import importlib
 import statistics
@@ -15,7 +16,7 @@ import sys
 import torch
 
 from xelink.bench.families.decode import _fill_caches
-from xelink.bench.harness import time_cuda_events
+from xelink.bench.harness import co_measure, time_cuda_events
 from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import gemv
 from xelink.models import Llama
@@ -109,10 +110,8 @@ def main():
                 graphs[name] = g
             gemv_mod._default_config = _KEPT
             gemv_mod._PATHS.clear()
-            times = {n: [] for n in variants}
-            for _ in range(5):  # interleaved rounds
-                for n in variants:
-                    times[n] += time_cuda_events(graphs[n].graph.replay, warmup=2, iters=10)
+            times = co_measure({n: g.graph.replay for n, g in graphs.items()}, warmup=2, iters=10, rounds=5,
+                               timing=functools.partial(time_cuda_events, warmup=0))
             ref = logits["kept"]
             checks = ", ".join(f"{n}: next token {'same' if torch.equal(lg.argmax(-1), ref.argmax(-1)) else 'DIFFERS'},"
                                f" logits rel diff {float((lg - ref).norm() / ref.norm()):.1e}"
