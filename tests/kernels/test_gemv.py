@@ -541,8 +541,10 @@ def test_gpu_tma_kernel(requires_gpus, fmt, dtype):
                 assert plan.views is not None, f"the TMA kernel was not planned: {fmt} N={N} K={K} cfg={cfg}"
                 _check_gpu_gemv(w, x, s, fmt, "cuda", cfg, exact, f"tma {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} "
                                 f"seed={seed}")
-    # operands it does not take (W4A16: 9 scale groups a row, 18 bytes; dense: K not whole steps) fall back
+    # operands it does not take (W4A16: W's base off 16 bytes; dense: K not whole steps) fall back
     w, s, exact = _weights(fmt, 200, 1152 if fmt == "w4a16" else 1000, dtype, "cuda", gen)
+    if fmt == "w4a16":
+        w = torch.empty(w.numel() + 8, dtype=w.dtype, device="cuda")[8:].view(w.shape).copy_(w)
     x = torch.randn(2, w.shape[1] * (2 if fmt == "w4a16" else 1), device="cuda", generator=gen).to(dtype)
     assert gemv_mod._GemvLaunch(w, x, s, fmt, configs[0], True, "auto", None, False).views is None
     _check_gpu_gemv(w, x, s, fmt, "cuda", configs[0], exact, f"tma fallback {fmt} seed={seed}")
@@ -565,7 +567,7 @@ def test_gpu_tma_kernel(requires_gpus, fmt, dtype):
 
 def test_tma_options_are_checked_and_unaligned_operands_fall_back():
     """The TMA keys are checked on any machine (a clear error before any launch); operands the kernel does not
-    take (W8A16, no CUDA; on the GPU K not whole 128-column groups, unaligned rows or scales) leave it unplanned."""
+    take (W8A16, no CUDA; on the GPU K not whole 128-column groups, unaligned rows) leave it unplanned."""
     from xelink.kernels import gemv_tma
 
     for bad, match in ((dict(TMA=1), "TMA=1 must be 0"), (dict(TMA=9), "TMA=9"), (dict(TMA=True), "TMA=True"),

@@ -793,7 +793,7 @@ class _GemvLaunch:
         M, K = x.shape
         N = w.shape[0]  # rows of W; with act, [gate; up]: N // 2 outputs
         self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
-        self.views = None  # the TMA kernel's descriptor views of W and the scales
+        self.views = None  # the TMA kernel's descriptor view of W
         if pdl == "auto":
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
             # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
@@ -935,8 +935,8 @@ class _GemvLaunch:
         M, N = y.shape
         s = scales if scales is not None else w
         dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
-        if self.views is not None:  # the TMA kernel: W and the scales as tensor descriptors
-            w, s = Descriptor(w, *self.views[0]), Descriptor(s, *self.views[1])
+        if self.views is not None:  # the TMA kernel: W as a tensor descriptor
+            w = Descriptor(w, *self.views)
         launch_plan(main, self.fn, self.grid, (w, x, s, dst, *self.ints), self.kwargs)
         if self.sum is not None:
             grid, ints, kwargs = self.sum

@@ -4,22 +4,21 @@ The tensor-core GEMV's ``TMA`` config (:func:`xelink.kernels.gemv_tc.tc_launch_a
 math as ``gemv_tc`` (its dequantization, its mma order, one mma chain a 128-column group scaled in fp32), fed
 another way. The register-loading kernel was measured waiting on memory with too few bytes in flight (each
 byte in flight costs a register; h200-issue26), and its cp.async stages (``STAGES``, a copy a thread) were
-slower still. Here one warp keeps ``TMA`` stages of W (and of the W4A16 group scales) in flight with bulk
-copies, and the consumer warps only read shared memory, dequantize and multiply:
+slower still. Here one warp keeps ``TMA`` stages of W in flight with bulk copies, and the consumer warps only
+read shared memory (and the small group scales and activations), dequantize and multiply:
 
 - A program is persistent: it takes row tiles ``pid, pid + grid, ...`` of 16 x ``ROW_TILES`` rows each (the grid
   is ``PROGRAMS`` a multiprocessor), so the copies run on across tiles with no prologue a tile and no
   partial last wave of programs.
 - A stage is B = ``num_warps`` x ``UNROLL`` consecutive 128-column steps of the tile's rows: one box of B steps
   x 16 ``ROW_TILES`` rows x a step's row (W4A16 64 bytes, dense 256; W seen as [step, row, column], so a step's
-  rows lie next to each other in shared memory, as the consumers' 16-byte reads want them) and, for W4A16, one
-  box of the steps' group scales; a "ready" barrier a stage counts their bytes, an "empty" barrier
-  is released by the consumers once they hold the stage in registers.
-- Steps past K are zeros (TMA's fill; W4A16: their scales too): they add nothing. Rows past N are zeros, not stored.
+  rows lie next to each other in shared memory, as the consumers' 16-byte reads want them); a "ready" barrier a
+  stage counts its bytes, an "empty" barrier is released by the consumers once every warp's mma has used what
+  it read (a release as soon as the reads were issued let the next copy overwrite bytes still being read).
+- Steps past K are zeros (TMA's fill), their scales zeros: they add nothing. Rows past N are zeros, not stored.
 
 Limits (:func:`tma_applies`; the caller takes the register kernel otherwise): W4A16 or dense bf16 / fp16 weights
-(not W8A16) with 1-8 activation rows, W's base and row stride and the scales' base and row stride 16-byte aligned,
-K a multiple of 128, an sm90 GPU.
+(not W8A16) with 1-8 activation rows, W's base and row stride 16-byte aligned, K a multiple of 128, an sm90 GPU.
 """
 from __future__ import annotations
 
@@ -50,29 +49,26 @@ if gluon is not None:
     _STEP = gl.constexpr(STEP)
 
     @gluon.jit
-    def _producer(w_desc, s_desc, w_smem, s_smem, ready, empty, n_tiles, tile_steps, FMT: gl.constexpr,
-                  BN: gl.constexpr, B: gl.constexpr, STAGES: gl.constexpr):
+    def _producer(w_desc, w_smem, ready, empty, n_tiles, tile_steps, BN: gl.constexpr, B: gl.constexpr,
+                  STAGES: gl.constexpr):
         """Every stage of every tile of this program, in order: wait for its slot to be empty, then its box of B
-        steps of W and (W4A16) its box of scales onto the slot's ready barrier."""
+        steps of W onto the slot's ready barrier."""
         c = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             for j in range(tile_steps):
                 slot = c % STAGES
                 mbarrier.wait(empty.index(slot), ((c // STAGES) & 1) ^ 1)  # a slot's first use passes
-                if FMT == 2:
-                    mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes + s_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(s_desc, [t * BN, j * B], ready.index(slot), s_smem.index(slot))
-                else:
-                    mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
+                mbarrier.expect(ready.index(slot), w_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(w_desc, [j * B, t * BN, 0], ready.index(slot), w_smem.index(slot))
                 c += 1
 
     @gluon.jit
-    def _consumer(w_smem, s_smem, ready, empty, x_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_ym,
-                  FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr,
+    def _consumer(w_smem, ready, empty, x_ptr, s_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_sn,
+                  stride_ym, FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr,
                   UNROLL: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-        """The tiles' math: each stage's W and scales from shared memory into registers (then the slot is
-        released), the activations from global memory (L1), gemv_tc's mma step; a tile's warps' sums stored."""
+        """The tiles' math: each stage's W from shared memory, its group scales (W4A16, asked for before the stage's
+        wait) and activations (L1) from global memory, gemv_tc's mma step, then the slot released; a tile's warps'
+        sums stored."""
         BN: gl.constexpr = 16 * ROW_TILES
         B: gl.constexpr = WARPS * UNROLL
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
@@ -91,28 +87,34 @@ if gluon is not None:
         x_kk = bx[:, None, None] * _STEP + rk[None, None, :]
         # rows past M re-read row M-1 (their outputs are not stored)
         x_ptrs = x_ptr + gl.minimum(rm, M - 1)[None, :, None] * stride_xm + x_kk
+        bs = gl.arange(0, B, layout=gl.SliceLayout(1, sl))
+        rs = gl.arange(0, BN, layout=gl.SliceLayout(0, sl))
         zero_acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
         offset = gl.full([B, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
         rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
         c = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
+            s_ptrs = s_ptr + gl.minimum(t * BN + rs, N - 1)[None, :] * stride_sn + bs[:, None]
             for j in range(tile_steps):
                 slot = c % STAGES
-                mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
-                p = w_smem.index(slot).load(wl)
-                if FMT == 2:
-                    s = s_smem.index(slot).permute((1, 0)).load(sl).to(gl.float32)
+                k = j * B * _STEP
+                if FMT == 2:  # [batch, row], 0 past K
+                    s = gl.load(s_ptrs + j * B, mask=(k + bs * _STEP < K)[:, None], other=0.0).to(gl.float32)
                 else:
                     s = 0.0
-                gl.thread_barrier()  # every consumer warp holds the stage before the slot is released
-                mbarrier.arrive(empty.index(slot))
-                k = j * B * _STEP
                 if EVEN:
                     x = gl.load(x_ptrs + k)
                 else:
                     x = gl.load(x_ptrs + k, mask=x_kk + k < K, other=0.0)
+                mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+                p = w_smem.index(slot).load(wl)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
+                # The slot is released once every warp has used what it read (its mma took the registers): a
+                # shared-memory load is not complete when it is issued, and a release right after it let the
+                # next copy overwrite bytes still being read (H100: wrong sums where a program took two tiles).
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(slot))
                 c += 1
             y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
             rno = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
@@ -120,7 +122,7 @@ if gluon is not None:
             gl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=(rmo < M)[None, :] & (rno < N)[:, None])
 
     @gluon.jit(do_not_specialize=["n_tiles", "tile_steps"])
-    def _gemv_tma_kernel(w_desc, x_ptr, s_desc, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_ym,
+    def _gemv_tma_kernel(w_desc, x_ptr, s_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm, stride_sn, stride_ym,
                          FMT: gl.constexpr, EVEN: gl.constexpr, BIASED: gl.constexpr, ROW_TILES: gl.constexpr,
                          UNROLL: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         BN: gl.constexpr = 16 * ROW_TILES
@@ -128,7 +130,6 @@ if gluon is not None:
         pdl_wait(PDL)  # x (and, for all this kernel knows, W) may be the previous kernel's output
         W_COLS: gl.constexpr = _STEP // 2 if FMT == 2 else _STEP  # elements of a row a step (W4A16: bytes)
         w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, B, BN, W_COLS], w_desc.layout)
-        s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, BN, B], s_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -136,9 +137,9 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([
-            (_consumer, (w_smem, s_smem, ready, empty, x_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm,
-                         stride_ym, FMT, EVEN, BIASED, ROW_TILES, UNROLL, STAGES, num_warps)),
-            (_producer, (w_desc, s_desc, w_smem, s_smem, ready, empty, n_tiles, tile_steps, FMT, BN, B, STAGES)),
+            (_consumer, (w_smem, ready, empty, x_ptr, s_ptr, y_ptr, M, N, K, n_tiles, tile_steps, stride_xm,
+                         stride_sn, stride_ym, FMT, EVEN, BIASED, ROW_TILES, UNROLL, STAGES, num_warps)),
+            (_producer, (w_desc, w_smem, ready, empty, n_tiles, tile_steps, BN, B, STAGES)),
         ], [1], [24])
         pdl_launch(PDL)
 
@@ -169,8 +170,7 @@ def tma_applies(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int) -> bool
             and w.stride(0) * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0
             and torch.cuda.get_device_capability(w.device)[0] == 9):
         return False
-    return fmt_code == 0 or (scales is not None and scales.stride(1) == 1 and scales.data_ptr() % 16 == 0
-                             and scales.stride(0) * scales.element_size() % 16 == 0)
+    return fmt_code == 0 or (scales is not None and scales.stride(1) == 1)
 
 
 def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, opts: dict, sms: int,
@@ -178,11 +178,10 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg
     """The TMA kernel's launch for ``w [N, K]`` (dense, ``fmt_code`` 0) or ``[N, K/2]`` (W4A16, uint8, with group
     ``scales [N, K/128]``) and ``x [M, K]`` (taken contiguous, M <= 8) into ``y [M, N]`` of row stride
     ``y_stride``: (kernel, grid, the integer arguments after (w, x, scales, y), the options, the descriptor
-    views of w and of the scales (dense: of w again, never read) as ``launcher.Descriptor`` fields). Reads shapes
-    and strides only, as the launch plans' keys. ``cfg``: the tc kernel's ``ROW_TILES``, ``num_warps`` (consumer
-    warps), ``UNROLL`` (steps a warp a stage), ``BIASED``, ``PDL`` (``SPLIT`` is not used: programs are
-    persistent, K is not split); ``opts``: :func:`tma_options`'. Checks of the operands (:func:`tma_applies`)
-    are the caller's."""
+    view of w as ``launcher.Descriptor`` fields). Reads shapes and strides only, as the launch plans' keys.
+    ``cfg``: the tc kernel's ``ROW_TILES``, ``num_warps`` (consumer warps), ``UNROLL`` (steps a warp a stage),
+    ``BIASED``, ``PDL`` (``SPLIT`` is not used: programs are persistent, K is not split); ``opts``:
+    :func:`tma_options`'. Checks of the operands (:func:`tma_applies`) are the caller's."""
     stages, programs = opts["TMA"], opts["PROGRAMS"]
     tiles, warps, unroll = cfg.get("ROW_TILES", 1), cfg.get("num_warps", 4), cfg.get("UNROLL", 1)
     M, K = x.shape
@@ -191,12 +190,12 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg
     if warps % 4:
         raise ValueError(f"gemv: KERNEL='tc' config TMA takes num_warps a multiple of 4 (warp specialization's "
                          f"warpgroups), got {warps}")
-    if B % 8 or B > 256 or BN > 256:
-        raise ValueError(f"gemv: KERNEL='tc' config TMA: num_warps x UNROLL = {B} must be a multiple of 8 (a box "
-                         f"of scales is 16 bytes or more) and it and 16 x ROW_TILES = {BN} at most 256 (TMA boxes)")
+    if B > 256 or BN > 256:
+        raise ValueError(f"gemv: KERNEL='tc' config TMA: num_warps x UNROLL = {B} and 16 x ROW_TILES = {BN} must be "
+                         f"at most 256 (a TMA box's sides)")
     w4 = fmt_code == 2
     cols = STEP // 2 if w4 else STEP  # elements of a row a step (W4A16: bytes, two weights each)
-    smem = stages * B * BN * (cols * w.element_size() + (scales.element_size() if w4 else 0))
+    smem = stages * B * BN * cols * w.element_size()
     if smem > _SMEM:
         raise ValueError(f"gemv: KERNEL='tc' config TMA={stages} needs {smem} bytes of shared memory a program "
                          f"(num_warps={warps}, UNROLL={unroll}, ROW_TILES={tiles}), more than {_SMEM}")
@@ -204,12 +203,10 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg
     steps = K // STEP
     # W as [step, row, column]: a box of B steps lands as the consumers' [B, BN, cols]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * w.element_size(), rank=3)
-    views = (((steps, N, cols), (cols, w.stride(0), 1), (B, BN, cols), "zero", layout),
-             ((N, steps) if w4 else (N, K), ((scales if w4 else w).stride(0), 1), (BN, B), "zero",
-              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)))
+    view = ((steps, N, cols), (cols, w.stride(0), 1), (B, BN, cols), "zero", layout)
     grid = (min(n_tiles, programs * sms),)
     x_stride = x.stride(0) if x.is_contiguous() else K  # (the call reads x.contiguous())
-    ints = (M, N, K, n_tiles, -(-steps // B), x_stride, y_stride)
+    ints = (M, N, K, n_tiles, -(-steps // B), x_stride, scales.stride(0) if w4 else 0, y_stride)
     # Registers a thread at launch: the program's warps (the consumers and the producer, in whole warpgroups, as
     # Triton's warp specialization allocates them) times these must let PROGRAMS programs share a multiprocessor.
     threads = -(-(warps + 1) // 4) * 128
@@ -218,4 +215,4 @@ def tma_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg
     kwargs = dict(FMT=fmt_code, EVEN=steps % B == 0, BIASED=bool(cfg.get("BIASED", False)) and w4
                   and x.dtype == torch.bfloat16, ROW_TILES=tiles, UNROLL=unroll, STAGES=stages, PDL=pdl,
                   num_warps=warps, maxnreg=regs, launch_pdl=pdl > 0)
-    return _gemv_tma_kernel, grid, ints, kwargs, views
+    return _gemv_tma_kernel, grid, ints, kwargs, view
