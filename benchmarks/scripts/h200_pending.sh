@@ -452,8 +452,8 @@ tma14c)  # the TMA GEMV after the H100 run of tma14 (5109e47: bf16 sums wrong wh
          # W4A16 sum off by its scales): the stage released after the mma, the scales loaded from global memory;
          # the probe, the step's A/B, the GPU tests (~9 minutes)
   step gemv_tma_probe 90 python3 benchmarks/scripts/gemv_tma_probe.py
-  step tma_step_ab 300 python3 benchmarks/scripts/tma_step_ab.py
-  step tma_gpu_tests 150 python3 -m pytest -x -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
+  step tma_step_ab 280 python3 benchmarks/scripts/tma_step_ab.py
+  step tma_gpu_tests 120 python3 -m pytest -x -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
     -k "tma or tensor_core_kernel_bad"
   ;;
 tma14b)  # after tma14 (~6 minutes): the TMA kernel's whole tile sweep in the step's chain, W4A16 and bf16
