@@ -450,11 +450,11 @@ tma14)  # the fourteenth session's TMA GEMV (gemv_tma.py, W4A16 and bf16; issue 
   ;;
 tma14c)  # the TMA GEMV after the H100 run of tma14 (5109e47: bf16 sums wrong where a program took several tiles, every
          # W4A16 sum off by its scales): the stage released after the mma, the scales loaded from global memory;
-         # the probe, the step's A/B, the GPU tests (~9 minutes)
+         # the probe, the GPU tests, the step's A/B (~8 minutes)
   step gemv_tma_probe 90 python3 benchmarks/scripts/gemv_tma_probe.py
-  step tma_step_ab 280 python3 benchmarks/scripts/tma_step_ab.py
   step tma_gpu_tests 120 python3 -m pytest -x -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
     -k "tma or tensor_core_kernel_bad"
+  step tma_step_ab 280 python3 benchmarks/scripts/tma_step_ab.py
   ;;
 tma14b)  # after tma14 (~6 minutes): the TMA kernel's whole tile sweep in the step's chain, W4A16 and bf16
   step gemv_chain_sweep_tma 400 python3 benchmarks/scripts/gemv_chain_sweep.py tma-w4a16 tma-bf16
