@@ -1,8 +1,8 @@
 """GEMV (W4A16, bf16, fp16) with W streamed into shared memory by TMA from a producer warp (CUDA sm90, Gluon).
 
-The tensor-core GEMV's ``TMA`` config (:func:`xelink.kernels.gemv_tc.tc_launch_args`, ``KERNEL="tc"``): the same
-math as ``gemv_tc`` (its dequantization, its mma order, one mma chain a 128-column group scaled in fp32), fed
-another way. The register-loading kernel was measured waiting on memory with too few bytes in flight (each
+The tensor-core GEMV's ``TMA`` config (``gemv(config=dict(KERNEL="tc", TMA=stages, ...))``, planned by
+``gemv._GemvLaunch``; not a default): the same math as ``gemv_tc`` (its dequantization, its mma order, one mma
+chain a 128-column group scaled in fp32), fed another way. The register-loading kernel was measured waiting on memory with too few bytes in flight (each
 byte in flight costs a register; h200-issue26), and its cp.async stages (``STAGES``, a copy a thread) were
 slower still. Here one warp keeps ``TMA`` stages of W in flight with bulk copies, and the consumer warps only
 read shared memory (and the small group scales and activations), dequantize and multiply:
