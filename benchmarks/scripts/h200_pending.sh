@@ -456,6 +456,11 @@ tma14c)  # the TMA GEMV after the H100 run of tma14 (5109e47: bf16 sums wrong wh
     -k "tma or tensor_core_kernel_bad"
   step tma_step_ab 280 python3 benchmarks/scripts/tma_step_ab.py
   ;;
+tma14d)  # the least of tma14c (~3.5 minutes): the probe and the GPU tests
+  step gemv_tma_probe 90 python3 benchmarks/scripts/gemv_tma_probe.py
+  step tma_gpu_tests 120 python3 -m pytest -x -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
+    -k "tma or tensor_core_kernel_bad"
+  ;;
 tma14b)  # after tma14 (~6 minutes): the TMA kernel's whole tile sweep in the step's chain, W4A16 and bf16
   step gemv_chain_sweep_tma 400 python3 benchmarks/scripts/gemv_chain_sweep.py tma-w4a16 tma-bf16
   ;;
