@@ -57,6 +57,7 @@ import torch
 from .. import config
 from ..errors import TimeoutError, XelinkError
 from ..log import get_logger
+from . import watchdog
 from .device import MAX_WORLD
 
 __all__ = ["Team", "Mailboxes", "Pair", "Kernel", "Bound", "Copy", "Join", "Work", "team_of", "pair_of", "empty", "available",
@@ -204,18 +205,42 @@ class _Mappings:
 
 
 class _ErrorWord:
-    """A pinned host word a kernel sets when a wait ran past its deadline, with the peers it waited for."""
+    """A pinned host word a kernel sets when a wait ran past its deadline, with the peers it waited for (of
+    ``ranks``, the ranks of ``comm`` its slots stand for; ``what``: the error's text); a pair's word (``pair``:
+    one peer) also holds a received message's wrong size (``Pair.check``). Watched by :mod:`watchdog` from its
+    creation."""
 
-    def __init__(self, tensor: torch.Tensor | None = None):
+    def __init__(self, comm, ranks, what: str, tensor: torch.Tensor | None = None, pair: bool = False):
         self.tensor = torch.zeros(1 + MAX_WORLD, dtype=torch.int32, pin_memory=True) if tensor is None else tensor
         self._view = self.tensor.numpy()
+        self.comm, self.ranks, self.what, self.pair = comm, list(ranks), what, pair
+        self.raised = False  # a call raised it: the watchdog has nothing to add
+        watchdog.watch(self)
 
-    def raise_if_set(self, comm, fn: str, ranks, what: str) -> None:
+    def missing(self) -> list[int]:
+        return [self.ranks[p] for p in range(len(self.ranks)) if self._view[1 + p]]
+
+    def raise_if_set(self, fn: str) -> None:
         if self._view[0]:
-            missing = [ranks[p] for p in range(len(ranks)) if self._view[1 + p]]
-            err = TimeoutError(fn, missing, comm.timeout, what)
-            comm.fail(err)
+            err = TimeoutError(fn, self.missing(), self.comm.timeout, self.what)
+            self.raised = True
+            self.comm.fail(err)
             raise err
+
+    def tripped(self) -> str | None:
+        """The watchdog's line once a wait gave up (or a pair's message had another size) and no call raised it
+        yet, else None."""
+        if self.raised:
+            return None
+        if self.pair and self._view[2]:
+            return (f"rank {self.comm.rank} of {self.comm.name}: rank {self.ranks[0]} sent a message of "
+                    f"{int(self._view[3])} B to a receive of another size; the data was dropped, and the next call "
+                    f"on {self.comm.name} raises")
+        if not self._view[0]:
+            return None
+        return (f"rank {self.comm.rank} of {self.comm.name}: {self.what} (waited {self.comm.timeout:g} s for "
+                f"rank(s) {self.missing()}); what that call should have written is not, and the next call on "
+                f"{self.comm.name} raises xelink.TimeoutError")
 
 
 class Team:
@@ -240,7 +265,8 @@ class Team:
         self.epochs = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=self.device)
         self.signals = torch.zeros(SIGNAL_SLOTS * MAX_WORLD, dtype=torch.int32, device=self.device)
         self.consumed = torch.zeros(SIGNAL_SLOTS * MAX_WORLD, dtype=torch.int32, device=self.device)
-        self._error = _ErrorWord()
+        self._error = _ErrorWord(comm, range(self.size), "a GPU wait ran past its deadline (the peers named never "
+                                 "arrived)")
         self.error = self._error.tensor
         self.pad_ptrs = self.share(self.pads)
         self.signal_ptrs = self.share(self.signals)
@@ -347,8 +373,7 @@ class Team:
     # -- errors ---------------------------------------------------------------------------------
     def check(self, fn: str) -> None:
         """Raise ``xelink.TimeoutError`` if a kernel of this team gave up waiting (and break the comm)."""
-        self._error.raise_if_set(self.comm, fn, list(range(self.size)),
-                                 "a GPU wait ran past its deadline (the peers named never arrived)")
+        self._error.raise_if_set(fn)
 
     def close(self) -> None:
         self._maps.close()
@@ -425,7 +450,8 @@ class Pair:
         self.inbox = boxes.inboxes[peer * boxes.inbox_bytes:(peer + 1) * boxes.inbox_bytes]
         self.flags = boxes.flags[peer * f:(peer + 1) * f]
         self.counts = boxes.counts[peer * f:(peer + 1) * f]
-        self._error = _ErrorWord(boxes.errors[peer])
+        self._error = _ErrorWord(boxes.comm, [peer], "a point-to-point transfer waited past its deadline for the peer "
+                                 "named", boxes.errors[peer], pair=True)
         self.error = self._error.tensor
         self.peer_inbox = peer_inboxes + me * boxes.inbox_bytes
         self.peer_flags = peer_flags + me * f * 4
@@ -451,10 +477,10 @@ class Pair:
             err = XelinkError(f"{fn}: rank {self.peer} of {self.comm.name} sent a message of {int(view[3])} B to "
                               f"a receive of another size on rank {self.comm.rank}; the data was dropped and "
                               f"{self.comm.name} is unusable (post receives of the sizes sent)")
+            self._error.raised = True
             self.comm.fail(err)
             raise err
-        self._error.raise_if_set(self.comm, fn, [self.peer],
-                                 "a point-to-point transfer waited past its deadline for the peer named")
+        self._error.raise_if_set(fn)
 
 
 _SETUP_TAG = 1 << 15  # above the user (< 2**14) and collective (< 2**15) tags of the host transport
