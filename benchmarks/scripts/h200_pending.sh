@@ -40,7 +40,9 @@
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
 #   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
 #   tma14: the TMA GEMV (gemv_tma.py, W4A16 and bf16): its GPU tests, its tiles in the step's chain and the step's A/B
-#          (~9 minutes); tma14b: its whole tile sweep in the chain (~6 minutes);
+#          (~9 minutes; ran on an H100 at 5109e47: two bugs, fixed at 54f0a77); tma14c: after the fixes, the probe,
+#          the GPU tests and the step's A/B (~8 minutes; tma14d: the probe and tests alone); tma14b: its whole tile
+#          sweep in the chain (~6 minutes);
 #   grads12: the flash-attention backward kernel (tests, tiles, against SDPA), the backward of cp_attention and of
 #            the distributed GEMMs on CUDA tensors (~6 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
