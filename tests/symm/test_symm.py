@@ -62,3 +62,25 @@ def test_a_first_launch_goes_to_the_stream_it_names(monkeypatch):
     assert sc._other_stream(1234) is None
     assert sc._other_stream(0) == "default" and made == []
     assert sc._other_stream(777) == "external 777" and made == [777]
+
+
+def test_kernel_keys_ignore_the_values_of_typed_unspecialized_arguments():
+    # p2p's kernels take n, nbytes and timeout_ns as do_not_specialize int64 arguments: Triton compiles one kernel
+    # for any value, so the preload's stand-ins (1 << 40) must key the launches of real sizes, or each new key's
+    # first launch went through Triton's JIT path. An unannotated one still keys on its value's class (i32 / i64).
+    from types import SimpleNamespace
+
+    from xelink.symm import cuda as sc
+
+    def param(name, dns=False, ty=""):
+        return SimpleNamespace(name=name, do_not_specialize=dns, annotation_type=ty)
+
+    fn = SimpleNamespace(arg_names=["X", "ERR", "n", "nbytes", "count"],
+                         params=[param("X"), param("ERR"), param("n", True, "i64"), param("nbytes", True, "i64"),
+                                 param("count", True)])
+    k = sc.Kernel(fn, 4, {"ERR": 64}, {"X": torch.float32})
+    preload = k._fill(dict(X=1 << 20, n=1 << 40, nbytes=1 << 40, count=5))[1]
+    real = k._fill(dict(X=1 << 20, n=1000, nbytes=4000, count=7))[1]
+    assert preload == real
+    assert k._fill(dict(X=(1 << 20) + 4, n=1, nbytes=1, count=5))[1] != preload  # X's alignment still counts
+    assert k._fill(dict(X=1 << 20, n=1, nbytes=1, count=1 << 40))[1] != preload  # an i64 count is another kernel

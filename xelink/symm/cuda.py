@@ -575,6 +575,13 @@ def _spec(v) -> int:
     return (v == 1) | ((v % 16 == 0) << 1) | ((v >= 1 << 31) << 2)
 
 
+def _unspecialized_typed(fn) -> frozenset:
+    """Names of ``fn``'s arguments Triton compiles the same for any value: ``do_not_specialize`` and annotated
+    with a type (without one, an int's type still follows its value: i32 or i64)."""
+    return frozenset(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False)
+                     and getattr(p, "annotation_type", ""))
+
+
 def _team_pointers(names, dtype: torch.dtype) -> dict:
     """The team's naming of raw-address arguments: ``X``, ``Y``, ``B0..B7`` typed ``dtype``; ``S0..S7``,
     ``EPOCH``, ``ERR`` int32."""
@@ -599,15 +606,19 @@ class Kernel:
         names = fn.arg_names
         self._template = [fixed.get(a) for a in names]
         self._slots = {a: i for i, a in enumerate(names) if a not in fixed}
+        self._typed = _unspecialized_typed(fn)
         self.types = pointers
         self.compiled: dict = {}
 
     def _fill(self, dynamic: dict) -> tuple[list, tuple]:
-        """(every argument in order, the specialization key of the dynamic ones)."""
+        """(every argument in order, the specialization key of the dynamic ones: an argument the kernel neither
+        specializes nor types by value (``do_not_specialize`` with a type annotation) is one class, so a
+        preload's stand-in values, e.g. ``p2p._preload``'s, key the launches of real ones)."""
         args = self._template.copy()
         for name, value in dynamic.items():
             args[self._slots[name]] = value
-        return args, tuple(map(_spec, dynamic.values()))
+        typed = self._typed
+        return args, tuple(0 if name in typed else _spec(value) for name, value in dynamic.items())
 
     def bind(self, **dynamic) -> "Bound":
         return Bound(self, *self._fill(dynamic))

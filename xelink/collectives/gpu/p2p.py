@@ -103,7 +103,9 @@ def _preload(pair) -> None:
     """Compile and load every variant of both kernels (word x 16-byte alignment of the local buffer)
     before the pair's first transfer: a send spinning on a receive of this process on another stream
     would otherwise meet the receive's first load (``symm.Kernel.preload``). Triton caches the compiled
-    kernels, so only a process's first pair pays (a few seconds, less from Triton's disk cache)."""
+    kernels, so only a process's first pair pays (a few seconds, less from Triton's disk cache). The stand-in
+    sizes and deadline key the real launches too (the kernels take them as typed, unspecialized arguments), so
+    even a pair's first transfer goes straight to the loaded kernel."""
     base = pair.inbox.data_ptr()  # any 16-byte aligned address: nothing is launched
     for send in (True, False):
         for word, w in symm.WORDS:
