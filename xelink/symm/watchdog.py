@@ -66,7 +66,10 @@ def _run() -> None:
             line = word.tripped()
             if line is None:
                 continue
-            how = mode()  # read when it matters: a job (or a test) may change it while the thread runs
+            try:
+                how = mode()  # read when it matters: a job (or a test) may change it while the thread runs
+            except ValueError:  # (set to something else since: the thread reports rather than dies)
+                how = "warn"
             if how == "off":
                 continue
             reported.add(word)
