@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from xelink.errors import TimeoutError
+from xelink.errors import TimeoutError, XelinkError
 from xelink.symm import cuda as sc
 from xelink.symm import watchdog
 
@@ -58,6 +58,10 @@ def test_a_pairs_wrong_size_is_reported(monkeypatch, capsys):
     word.tensor[2], word.tensor[3] = 1, 4096
     seen = _wait_for(capsys, "w.pair")
     assert "rank 5 sent a message of 4096 B to a receive of another size" in seen, seen
+    with pytest.raises(XelinkError, match="recv: rank 5 of w.pair sent a message of 4096 B to a receive of another "
+                                          "size on rank 2"):
+        word.raise_if_set("recv")  # the call still raises, and breaks the communicator
+    assert len(word.comm.failed) == 1
 
 
 def test_an_error_a_call_raised_and_off_say_nothing(monkeypatch, capsys):

@@ -207,30 +207,38 @@ class _Mappings:
 class _ErrorWord:
     """A pinned host word a kernel sets when a wait ran past its deadline, with the peers it waited for (of
     ``ranks``, the ranks of ``comm`` its slots stand for; ``what``: the error's text); a pair's word (``pair``:
-    one peer) also holds a received message's wrong size (``Pair.check``). Watched by :mod:`watchdog` from its
-    creation."""
+    one peer) also holds a received message's wrong size: ``[2]`` set, the size sent in ``[3]``. Watched by
+    :mod:`watchdog` from its creation."""
 
     def __init__(self, comm, ranks, what: str, tensor: torch.Tensor | None = None, pair: bool = False):
         self.tensor = torch.zeros(1 + MAX_WORLD, dtype=torch.int32, pin_memory=True) if tensor is None else tensor
         self._view = self.tensor.numpy()
         self.comm, self.ranks, self.what, self.pair = comm, list(ranks), what, pair
-        self.raised = False  # a call raised it: the watchdog has nothing to add
+        self.told = False  # a call raised it or the watchdog reported it: nothing more to say
         watchdog.watch(self)
 
     def missing(self) -> list[int]:
         return [self.ranks[p] for p in range(len(self.ranks)) if self._view[1 + p]]
 
     def raise_if_set(self, fn: str) -> None:
-        if self._view[0]:
-            err = TimeoutError(fn, self.missing(), self.comm.timeout, self.what)
-            self.raised = True
-            self.comm.fail(err)
-            raise err
+        """Raise what the word holds (a pair's wrong size first, then a deadline) and break the communicator."""
+        view, comm = self._view, self.comm
+        if self.pair and view[2]:
+            err = XelinkError(f"{fn}: rank {self.ranks[0]} of {comm.name} sent a message of {int(view[3])} B to "
+                              f"a receive of another size on rank {comm.rank}; the data was dropped and "
+                              f"{comm.name} is unusable (post receives of the sizes sent)")
+        elif view[0]:
+            err = TimeoutError(fn, self.missing(), comm.timeout, self.what)
+        else:
+            return
+        self.told = True
+        comm.fail(err)
+        raise err
 
     def tripped(self) -> str | None:
-        """The watchdog's line once a wait gave up (or a pair's message had another size) and no call raised it
-        yet, else None."""
-        if self.raised:
+        """The watchdog's line once a wait gave up (or a pair's message had another size) and neither a call nor
+        the watchdog has told it yet, else None."""
+        if self.told:
             return None
         if self.pair and self._view[2]:
             return (f"rank {self.comm.rank} of {self.comm.name}: rank {self.ranks[0]} sent a message of "
@@ -472,14 +480,6 @@ class Pair:
         """Raise what a transfer's kernel reported: its error word holds ``[0]`` a wait timed out, ``[1]``
         it waited for the peer, ``[2]`` a received message had another size than the receive, ``[3]``
         that size (bytes, low 32 bits). Either breaks the communicator."""
-        view = self._error._view
-        if view[2]:
-            err = XelinkError(f"{fn}: rank {self.peer} of {self.comm.name} sent a message of {int(view[3])} B to "
-                              f"a receive of another size on rank {self.comm.rank}; the data was dropped and "
-                              f"{self.comm.name} is unusable (post receives of the sizes sent)")
-            self._error.raised = True
-            self.comm.fail(err)
-            raise err
         self._error.raise_if_set(fn)
 
 

@@ -42,8 +42,9 @@ def mode() -> str:
 
 
 def watch(word) -> None:
-    """Watch ``word`` (an object whose ``tripped()`` returns the line to report once it is set, else None) while it
-    lives; starts the thread on the first word. Nothing with ``XELINK_WATCHDOG=off``."""
+    """Watch ``word`` while it lives: an object whose ``tripped()`` returns the line to report once it is set and
+    not yet told (else None), and whose ``told`` the thread sets once it reported it. Starts the thread on the
+    first word; nothing with ``XELINK_WATCHDOG=off``."""
     global _thread
     if mode() == "off":
         return
@@ -55,14 +56,11 @@ def watch(word) -> None:
 
 
 def _run() -> None:
-    reported: weakref.WeakSet = weakref.WeakSet()
     while True:
         time.sleep(INTERVAL_S)
         with _lock:
             words = list(_words)
         for word in words:
-            if word in reported:
-                continue
             line = word.tripped()
             if line is None:
                 continue
@@ -72,7 +70,7 @@ def _run() -> None:
                 how = "warn"
             if how == "off":
                 continue
-            reported.add(word)
+            word.told = True
             sys.stderr.write(f"xelink watchdog: {line}\n")
             sys.stderr.flush()
             if how == "abort":
