@@ -450,6 +450,13 @@ tma14)  # the fourteenth session's TMA GEMV (gemv_tma.py, W4A16 and bf16; issue 
     -k "tma or tensor_core_kernel_bad"
   step tma_step_ab 340 python3 benchmarks/scripts/tma_step_ab.py
   ;;
+verify15)  # the fifteenth session's fixes (~5 minutes): cp_attention's all_gather kept its packed send buffer only until the
+           # gather was queued (the allocator handed it to the current stream mid-gather: the CP x TP training client's loss
+           # off by 0.1-0.8% on CUDA); the sequence-parallel MLP's fused check at batch 1; every CP attention GPU check
+  step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
+  step cp_gpu_tests 240 timeout -s INT -k 20 220 python3 -m pytest -q -rfE -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
+  ;;
 tma14c)  # the TMA GEMV after the H100 run of tma14 (5109e47: bf16 sums wrong where a program took several tiles, every
          # W4A16 sum off by its scales): the stage released after the mma, the scales loaded from global memory;
          # the probe, the GPU tests, the step's A/B (~8 minutes)

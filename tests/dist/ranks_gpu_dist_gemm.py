@@ -592,24 +592,30 @@ def check_torch_compile_on_cuda_gives_the_eager_results(world):
 def check_gradients_of_a_sequence_parallel_mlp(world):
     """y = (relu(x W1) * (x W3)) W2 with x split along the sequence, W1/W3 by columns, W2 by rows: the gradients
     of x's shard and of the weight shards (float32: every algorithm; bfloat16: "fused") against float64
-    autograd of the whole MLP on the host, sliced to this rank."""
+    autograd of the whole MLP on the host, sliced to this rank. A batch of 2 ("fused" takes batch 1 when it
+    gathers along the sequence: its gathered rows must lie in shard order)."""
     n, r, dev = world.size, world.rank, _dev(world)
     g = torch.Generator().manual_seed(5)
     S, H, F = 64 * n, 128, 64 * n
     x = torch.randn(2, S, H, generator=g, dtype=torch.float64)
     ws = [torch.randn(shape, generator=g, dtype=torch.float64) / shape[0] ** 0.5 for shape in ((H, F), (H, F), (F, H))]
-    full = [t.clone().requires_grad_() for t in [x] + ws]
-    ((torch.relu(full[0] @ full[1]) * (full[0] @ full[2])) @ full[3]).pow(2).sum().backward()
     cols, rows = slice(r * (F // n), (r + 1) * (F // n)), slice(r * (S // n), (r + 1) * (S // n))
-    want = [full[0].grad[:, rows], full[1].grad[:, cols], full[2].grad[:, cols], full[3].grad[cols]]
+
+    def reference(batch):
+        full = [t.clone().requires_grad_() for t in [x[:batch]] + ws]
+        ((torch.relu(full[0] @ full[1]) * (full[0] @ full[2])) @ full[3]).pow(2).sum().backward()
+        return [full[0].grad[:, rows], full[1].grad[:, cols], full[2].grad[:, cols], full[3].grad[cols]]
+
+    wants = {b: reference(b) for b in (1, 2)}
     for dtype, algos, tol in ((torch.float32, ALGOS, 1e-4), (torch.bfloat16, ("fused",), 3e-2)):
         for algo in algos:
-            mine = [t.to(dev, dtype).requires_grad_() for t in (x[:, rows], ws[0][:, cols], ws[1][:, cols],
+            batch = 1 if algo == "fused" else 2
+            mine = [t.to(dev, dtype).requires_grad_() for t in (x[:batch, rows], ws[0][:, cols], ws[1][:, cols],
                                                                 ws[2][cols])]
             h1, h3 = xelink.all_gather_matmul(mine[0], [mine[1], mine[2]], gather_dim=1, algo=algo)
             y = xelink.matmul_reduce_scatter(torch.relu(h1) * h3, mine[3], scatter_dim=1, algo=algo)
             y.float().pow(2).sum().backward()
-            for name, t, w in zip(("x", "w1", "w3", "w2"), mine, want):
+            for name, t, w in zip(("x", "w1", "w3", "w2"), mine, wants[batch]):
                 assert t.grad.dtype == dtype and t.grad.device == dev, (name, t.grad)
-                _close(t.grad, w, f"{algo} {dtype} d{name}", tol)
+                _close(t.grad, w, f"{algo} {dtype} batch {batch} d{name}", tol)
     xelink.synchronize()

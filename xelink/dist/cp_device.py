@@ -55,13 +55,16 @@ def unmet(comm, algo: str) -> str | None:
 
 
 class _Joined:
-    """``wait()``: the current stream waits for the side stream (the handle of ``start_gather``)."""
+    """``wait()``: the current stream waits for the side stream (the handle of ``start_gather``). It holds the
+    tensors the side stream reads until then: freed earlier, the caching allocator would hand their memory to
+    the current stream's next tensor while the gather still reads it."""
 
-    def __init__(self, side):
-        self.side = side
+    def __init__(self, side, *held):
+        self.side, self.held = side, held
 
     def wait(self):
         torch.cuda.current_stream(self.side.device).wait_stream(self.side)
+        self.held = ()  # freed after the join: later uses of the memory on the current stream come after the reads
 
 
 def start_gather(comm, stage, send):
@@ -71,7 +74,7 @@ def start_gather(comm, stage, send):
     side.wait_stream(main)
     with torch.cuda.stream(side):
         all_gather_into_tensor(stage, send, group=comm)
-    return _Joined(side)
+    return _Joined(side, send, stage)
 
 
 def ring_attention(comm, q, kv, lengths, layout, causal, scale):
