@@ -4,9 +4,9 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|staged-bf16|staged-w4a16|tma-bf16|tma-w4a16[:shape,...] ...]
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|staged-bf16|staged-w4a16[:shape,...] ...]
 (default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
-shared-memory stages, ``STAGES``; ``tma-*``: against the TMA kernel, ``TMA``)
+shared-memory stages, ``STAGES``)
 """
 import statistics
 import sys
@@ -47,20 +47,6 @@ CONFIGS = {
 _STAGED = [(4, 1, 3, 1), (4, 1, 4, 1), (4, 1, 6, 1), (4, 2, 3, 1), (4, 2, 4, 1), (4, 2, 6, 1), (4, 4, 3, 1),
            (4, 4, 4, 1), (8, 1, 4, 1), (8, 2, 3, 1), (8, 2, 4, 1), (2, 2, 4, 1), (2, 4, 4, 1), (4, 2, 4, 2),
            (4, 1, 8, 1)]
-# The TMA kernel (gemv_tma.py): W4A16 through shared-memory stages filled by one producer warp, persistent programs;
-# consumer warps, steps a warp a stage, row tiles, stages, programs a multiprocessor
-SHAPES["tma-bf16"] = SHAPES["bf16"]
-CONFIGS["tma-bf16"] = [dict(KERNEL="tc", TMA=st, ROW_TILES=rt, num_warps=nw, UNROLL=un, PROGRAMS=pr)
-                       for nw, un, rt, st, pr in [(4, 2, 1, 3, 1), (4, 2, 1, 4, 1), (4, 2, 1, 6, 1), (4, 2, 1, 2, 2),
-                                                  (4, 2, 1, 3, 2), (8, 1, 1, 3, 1), (8, 1, 1, 4, 1), (8, 2, 1, 2, 1),
-                                                  (8, 2, 1, 3, 1), (4, 4, 1, 3, 1), (4, 2, 2, 2, 1), (4, 2, 2, 3, 1),
-                                                  (16, 1, 1, 3, 1)]]
-SHAPES["tma-w4a16"] = SHAPES["w4a16"]
-CONFIGS["tma-w4a16"] = [dict(KERNEL="tc", TMA=st, ROW_TILES=rt, num_warps=nw, UNROLL=un, PROGRAMS=pr)
-                        for nw, un, rt, st, pr in [(4, 4, 1, 4, 1), (4, 4, 1, 4, 2), (4, 4, 1, 6, 2), (4, 4, 1, 3, 3),
-                                                   (4, 2, 1, 4, 2), (4, 2, 1, 6, 3), (4, 2, 1, 8, 3), (8, 2, 1, 4, 1),
-                                                   (8, 2, 1, 4, 2), (8, 1, 1, 6, 2), (4, 4, 2, 3, 2), (4, 2, 2, 4, 2),
-                                                   (8, 2, 2, 4, 1), (16, 1, 1, 4, 1), (16, 2, 1, 3, 1)]]
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
     SHAPES["staged-" + _fmt] = SHAPES[_fmt]
     CONFIGS["staged-" + _fmt] = [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=un, STAGES=st, SPLIT=sp)
@@ -74,7 +60,7 @@ def main():
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
         mode, _, names = arg.partition(":")
-        fmt = mode.removeprefix("staged-").removeprefix("tma-")
+        fmt = mode.removeprefix("staged-")
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue

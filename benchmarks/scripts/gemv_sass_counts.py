@@ -1,10 +1,9 @@
 """Instructions a byte of weight in the W4A16 GEMVs' main loops, on sm_90a, without a GPU: NVIDIA Triton 3.6
 compiles the word kernel (``gemv._gemv_words_kernel``, the step's down GEMV: 8 rows, 512 columns a one-warp
-program), the tensor-core kernel (``gemv_tc._gemv_tc_kernel``, 4 warps, ``UNROLL`` / ``ROW_TILES`` as given;
-gate_up's and o's tiles) and the TMA kernel's consumer loop (``gemv_tma._gemv_tma_kernel``, a stage of 4 warps x
-``UNROLL`` steps); its bundled ``nvdisasm`` prints the SASS, and the loop (the block a backward branch closes; with
-mma, the largest that issues it) is counted by opcode. Per thread and iteration the word kernel reads 64 bytes of
-W, the tc and TMA kernels 16 bytes a row tile a step.
+program) and the tensor-core kernel (``gemv_tc._gemv_tc_kernel``, 4 warps, ``UNROLL`` / ``ROW_TILES`` as given;
+gate_up's and o's tiles), its bundled ``nvdisasm`` prints the SASS, and the loop (the block a backward branch
+closes) is counted by opcode. Per thread and iteration the word kernel reads 64 bytes of W, the tc kernel
+16 bytes a row tile a step.
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/gemv_sass_counts.py
 
@@ -25,20 +24,17 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 G = importlib.import_module("xelink.kernels.gemv")
 T = importlib.import_module("xelink.kernels.gemv_tc")
-TMA = importlib.import_module("xelink.kernels.gemv_tma")
 PTRS = {"w_ptr": "*u8", "x_ptr": "*bf16", "s_ptr": "*bf16", "y_ptr": "*bf16", "o_ptr": "*bf16", "cnt_ptr": "*i32"}
 ALIGNED = ("stride_wn", "stride_xm", "stride_sn", "K")
 
 
-def sass(source_cls, fn, consts: dict, warps: int, extra: dict | None = None, maxnreg: int = 0) -> str:
+def sass(source_cls, fn, consts: dict, warps: int) -> str:
     names = fn.arg_names
-    ptrs = {**PTRS, **(extra or {})}
-    sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in names}
+    sig = {a: "constexpr" if a in consts else PTRS.get(a, "i32") for a in names}
     aligned = [a for a in names if a in PTRS or a in ALIGNED]
     src = source_cls(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                      attrs={(names.index(a),): [["tt.divisibility", 16]] for a in aligned})
-    options = dict(num_warps=warps, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm")
@@ -46,16 +42,13 @@ def sass(source_cls, fn, consts: dict, warps: int, extra: dict | None = None, ma
 
 
 def loop_mix(text: str) -> collections.Counter:
-    """Opcodes of the largest loop that issues mma (the whole main loop where there is none): from a label to the
-    last branch back to it."""
+    """Opcodes of the largest loop: from a label to the last branch back to it."""
     lines = text.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
     best = (0, 0)
-    mma = "HMMA" in text
     for i, line in enumerate(lines):
         m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > best[1] - best[0] and \
-                (not mma or any("HMMA" in x for x in lines[labels[m.group(1)]:i])):
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > best[1] - best[0]:
             best = (labels[m.group(1)], i)
     ops = collections.Counter()
     for line in lines[best[0] + 1:best[1] + 1]:
@@ -74,17 +67,8 @@ def main():
                   PREFETCH=0, LIMIT=0, PIPE=False, STAGES=0)
         cases.append((f"tc, UNROLL {unroll}, ROW_TILES {tiles}, 4 warps", GluonASTSource, T._gemv_tc_kernel, tc, 4,
                       16 * 2 * tiles * unroll))  # a thread: 16 bytes of each of its 2 rows a row tile a step
-    # the TMA kernel's consumer (gemv_tma): a stage of 4 warps x UNROLL steps of a 16-row tile, 2 programs a
-    # multiprocessor (128 registers at launch); a thread reads 16 bytes of each of its 2 rows a step
-    layout = ("NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3, transposed=False, "
-              "fp4_padded=False, cga_layout=[])")
-    for unroll in (2, 4):
-        consts = dict(FMT=2, EVEN=True, BIASED=False, ROW_TILES=1, UNROLL=unroll, STAGES=4, PDL=0, num_warps=4)
-        extra = {"w_desc": f"tensordesc<u8[{4 * unroll}, 16, 64],{layout}>"}
-        cases.append((f"tma consumer, UNROLL {unroll}, 4 warps", GluonASTSource, TMA._gemv_tma_kernel, consts, 4,
-                      16 * 2 * unroll, extra))
-    for what, cls, fn, consts, warps, nbytes, *extra in cases:
-        ops = loop_mix(sass(cls, fn, consts, warps, *extra, maxnreg=128 if extra else 0))
+    for what, cls, fn, consts, warps, nbytes in cases:
+        ops = loop_mix(sass(cls, fn, consts, warps))
         total = sum(ops.values())
         top = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
         print(f"{what}: {total} instructions a loop iteration for {nbytes} bytes of W a thread = "

@@ -39,10 +39,8 @@
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
 #   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
-#   tma14: the TMA GEMV (gemv_tma.py, W4A16 and bf16): its GPU tests, its tiles in the step's chain and the step's A/B
-#          (~9 minutes; ran on an H100 at 5109e47: two bugs, fixed at 54f0a77); tma14c: after the fixes, the probe,
-#          the GPU tests and the step's A/B (~8 minutes; tma14d: the probe and tests alone); tma14b: its whole tile
-#          sweep in the chain (~6 minutes);
+#   verify15: the fifteenth session's CP all_gather fix: the gradient checks, the CP x TP training client, every CP
+#          attention GPU check (~5 minutes);
 #   grads12: the flash-attention backward kernel (tests, tiles, against SDPA), the backward of cp_attention and of
 #            the distributed GEMMs on CUDA tensors (~6 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
@@ -444,34 +442,12 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
-tma14)  # the fourteenth session's TMA GEMV (gemv_tma.py, W4A16 and bf16; issue 26), first run (~9 minutes): its GPU
-        # tests, then its best tiles against the kept GEMVs in the step's chain and in the whole step
-  step tma_gpu_tests 200 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 -m gpu tests/kernels/test_gemv.py \
-    -k "tma or tensor_core_kernel_bad"
-  step tma_step_ab 340 python3 benchmarks/scripts/tma_step_ab.py
-  ;;
 verify15)  # the fifteenth session's fixes (~5 minutes): cp_attention's all_gather kept its packed send buffer only until the
            # gather was queued (the allocator handed it to the current stream mid-gather: the CP x TP training client's loss
            # off by 0.1-0.8% on CUDA); the sequence-parallel MLP's fused check at batch 1; every CP attention GPU check
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   step cp_gpu_tests 240 timeout -s INT -k 20 220 python3 -m pytest -q -rfE -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
-  ;;
-tma14c)  # the TMA GEMV after the H100 run of tma14 (5109e47: bf16 sums wrong where a program took several tiles, every
-         # W4A16 sum off by its scales): the stage released after the mma, the scales loaded from global memory;
-         # the probe, the GPU tests, the step's A/B (~8 minutes)
-  step gemv_tma_probe 90 python3 benchmarks/scripts/gemv_tma_probe.py
-  step tma_gpu_tests 120 python3 -m pytest -x -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
-    -k "tma or tensor_core_kernel_bad"
-  step tma_step_ab 280 python3 benchmarks/scripts/tma_step_ab.py
-  ;;
-tma14d)  # the least of tma14c (~3.5 minutes): the probe and the GPU tests
-  step gemv_tma_probe 90 python3 benchmarks/scripts/gemv_tma_probe.py
-  step tma_gpu_tests 120 python3 -m pytest -x -q -rfE -p no:cacheprovider -m gpu tests/kernels/test_gemv.py \
-    -k "tma or tensor_core_kernel_bad"
-  ;;
-tma14b)  # after tma14 (~6 minutes): the TMA kernel's whole tile sweep in the step's chain, W4A16 and bf16
-  step gemv_chain_sweep_tma 400 python3 benchmarks/scripts/gemv_chain_sweep.py tma-w4a16 tma-bf16
   ;;
 rows13)  # then the timings (~8 minutes): the flash backward against SDPA's, the fused decode's PDL A/B, the step
          # rows at 1K/8K/32K, the gated GEMM's tile rows

@@ -54,8 +54,7 @@ import torch
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, forward_only, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
-from .gemv_tma import tma_applies, tma_launch_args, tma_options
-from .launcher import Descriptor, Slot, launch_plan
+from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_l2
 from .split import SCRATCH, last_split
@@ -786,14 +785,13 @@ class _GemvLaunch:
     the K split (and, for the tc kernel, its sum kernel's launch), and (``remembered``: a call of ``_PATHS``,
     whose key fixes every argument's class) a launcher slot for each kernel."""
 
-    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused", "views")
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused")
 
     def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool,
                  act: bool = False):
         M, K = x.shape
         N = w.shape[0]  # rows of W; with act, [gate; up]: N // 2 outputs
         self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
-        self.views = None  # the TMA kernel's descriptor view of W
         if pdl == "auto":
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
             # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
@@ -832,14 +830,8 @@ class _GemvLaunch:
             cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
                    **cfg, "PDL": pdl}
             cfg.pop("KERNEL")
-            tma = tma_options(cfg)
-            # (checks the rest of the config, and is the launch where the TMA kernel does not take the operands)
             self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(w, x, scales, _FMT_CODE[fmt],
                                                                                     cfg, y_stride)
-            if tma and tma_applies(w, x, scales, _FMT_CODE[fmt]):  # W streamed by TMA (gemv_tma.py)
-                self.fn, self.grid, self.ints, self.kwargs, self.views = tma_launch_args(
-                    w, x, scales, _FMT_CODE[fmt], cfg, tma, sms, y_stride)
-                self.split = 1
         else:
             self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride, act)
         self.sum, self.tiles, self.tc = None, 0, kernel == "tc"
@@ -935,8 +927,6 @@ class _GemvLaunch:
         M, N = y.shape
         s = scales if scales is not None else w
         dst = x.new_empty((self.split, M, N), dtype=torch.float32) if self.split > 1 else y
-        if self.views is not None:  # the TMA kernel: W as a tensor descriptor
-            w = Descriptor(w, *self.views)
         launch_plan(main, self.fn, self.grid, (w, x, s, dst, *self.ints), self.kwargs)
         if self.sum is not None:
             grid, ints, kwargs = self.sum
@@ -1099,11 +1089,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
             ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL`` (1, 2, 4, 8), ``PIPE``,
-            ``STAGES`` (0 or 2-8: cp.async stages in shared memory), ``BIASED``, and ``TMA`` (0 or 2-8: W
-            streamed by TMA from a producer warp into that many stages, persistent programs; W4A16 and dense
-            weights on sm90 with aligned rows, ``gemv_tma.py``; else the tc kernel as configured) with
-            ``PROGRAMS`` (1-4 a multiprocessor) and ``REGS``; for benchmarks, eager calls only (a traced call
-            uses the defaults).
+            ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; for benchmarks, eager calls
+            only (a traced call uses the defaults).
         act: None, or ``"silu_mul"``: W is a fused gate/up projection ``[gate; up]`` (``[2F, K]``) and the
             result is SwiGLU's ``silu(x @ gate^T) * (x @ up^T)``, ``[M, F]``: each product rounded to
             x's dtype, then combined in fp32 and rounded once, as ``silu_mul`` of the plain GEMV's output
