@@ -139,6 +139,7 @@ def test_cuda_rows_flow_with_eager_stand_ins(monkeypatch):
     monkeypatch.setattr(decode, "_events", lambda fn, iters: time_fn(fn, warmup=0, iters=iters))
     monkeypatch.setattr(decode, "_kernels", lambda fn: "stand-in")
     monkeypatch.setattr(decode, "_transformers_row", lambda *a: None)
+    monkeypatch.setattr(decode, "device_hbm", lambda: 4.8e12)  # the stand-in runs on the CPU: an H200's peak
     report = KernelReport()
     failed = decode.run_model_gpu(report, "tiny", (16, 32), quick=True, iters=1, rounds=1, device="cpu")
     assert not failed, report.notes
@@ -179,6 +180,26 @@ def test_targets_of_issue_26():
     assert lines[3].startswith("target w4a16 B=1 ctx=1024: <= 1.8 ms: 1.70 ms") and lines[3].endswith("met")
     assert "B=8 ctx=1024: <= 1.2x the B=1 time: 1.15x" in lines[4] and lines[4].endswith(": met")
     assert rows[0].extra["target_ok"] and not rows[1].extra["target_ok"] and rows[2].extra["b8_over_b1"] == 4.6 / 4.0
+    # On another GPU the millisecond targets are reported, not judged; the ratios still are.
+    rows = [_row("xelink:graph bf16", "bf16", 1, 1024, 5.5, 1.7), _row("xelink:graph bf16", "bf16", 1, 8192, 5.9, 1.4),
+            _row("xelink:graph w4a16", "w4a16", 1, 1024, 2.7)]
+    lines = decode._targets(rows, "llama-3.1-8b", "NVIDIA H100 80GB HBM3")
+    assert lines[0].startswith("decode-model: the millisecond targets are set on one H200; this run's NVIDIA H100")
+    assert lines[1] == "target bf16 B=1 ctx=1024: <= 4.2 ms and >= 1.6x the torch graph: 5.50 ms (not judged), 1.70x: met"
+    assert lines[2].endswith("5.90 ms (not judged), 1.40x: MISSED") and not rows[1].extra["target_ok"]
+    assert lines[4] == "target w4a16 B=1 ctx=1024: <= 1.8 ms: 2.70 ms (not judged)" and "target_ok" not in rows[2].extra
+    assert decode._targets(rows, "llama-3.1-8b", "NVIDIA H200")[0].startswith("target bf16 B=1 ctx=1024")
+
+
+def test_roofline_by_device_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name, peak in (("NVIDIA H200", 4.8e12), ("NVIDIA H100 80GB HBM3", 3.35e12), ("NVIDIA H100 PCIe", 2.0e12),
+                       ("NVIDIA A10", None)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, n=name: n)
+        assert decode.device_hbm() == peak, name
+        row = _row("xelink:graph bf16", "bf16", 1, 1024, 4.0)
+        decode._per_token([row], roofline=True)
+        assert row.extra.get("roofline") == (None if peak is None else 1 / 4e-3 / peak), name
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
