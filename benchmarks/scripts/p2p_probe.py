@@ -2,7 +2,10 @@
 to a receive of another size" before 32e727c). Cases, each on a new group of 2 ranks: (A) the backward's message
 pattern with isend/irecv; (S) the same with a device synchronize after each send; (W) S after a first transfer
 both ways that both ranks finished; (G) one program a transfer; (B) on another thread; (C) cp_attention's ring
-forward and backward. A case that stalls takes a deadline (XELINK_TIMEOUT) longer.
+forward and backward. A case that stalls takes a deadline (XELINK_TIMEOUT) longer. S and W cannot pass: the
+device-wide synchronize after a send waits for this rank's posted receives, whose message the peer sends only after
+its own synchronize (a deadlock of the caller's making, as with NCCL); A0 meets CUDA's lazy module loading (the p2p
+module's docstring). Measured at ce7385f: benchmarks/results/h100-training.
 
     XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 benchmarks/scripts/p2p_probe.py
 """
