@@ -54,27 +54,16 @@ def unmet(comm, algo: str) -> str | None:
     return None
 
 
-class _Joined:
-    """``wait()``: the current stream waits for the side stream (the handle of ``start_gather``). It holds the
-    tensors the side stream reads until then: freed earlier, the caching allocator would hand their memory to
-    the current stream's next tensor while the gather still reads it."""
-
-    def __init__(self, side, *held):
-        self.side, self.held = side, held
-
-    def wait(self):
-        torch.cuda.current_stream(self.side.device).wait_stream(self.side)
-        self.held = ()  # freed after the join: later uses of the memory on the current stream come after the reads
-
-
 def start_gather(comm, stage, send):
     """The all-gather of ``all_gather`` on the group's side stream, after the work queued so far (the packing
-    of ``send``), so the own block's attention on the current stream runs beside it."""
+    of ``send``), so the own block's attention on the current stream runs beside it; returns its handle."""
     main, side = torch.cuda.current_stream(send.device), side_stream(comm, send.device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         all_gather_into_tensor(stage, send, group=comm)
-    return _Joined(side, send, stage)
+    # The handle holds send and stage until wait(): freed earlier, the caching allocator would hand their memory
+    # to the current stream's next tensor while the gather still used it.
+    return symm.Work(None, "cp_attention", side, keep=(send, stage))
 
 
 def ring_attention(comm, q, kv, lengths, layout, causal, scale):

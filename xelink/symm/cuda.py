@@ -732,18 +732,21 @@ class Join:
 
 class Work:
     """Handle of stream-ordered work (torch.distributed's Work for CUDA): ``wait()`` makes the current
-    stream wait for it, ``synchronize()`` blocks the host and raises a deadline that expired."""
+    stream wait for it, ``synchronize()`` blocks the host and raises a deadline that expired. ``keep``: tensors
+    the work's stream uses, held until ``wait()`` (under CUDA-graph capture, where ``record_stream`` is not
+    used, a tensor the caller drops would otherwise go to the next allocation while the work still uses it)."""
 
-    def __init__(self, check, what: str, stream=None):
+    def __init__(self, check, what: str, stream=None, keep=()):
         self._event = torch.cuda.Event()
         self._event.record(stream)
-        self._check, self._what = check, what
+        self._check, self._what, self._keep = check, what, keep
 
     def is_completed(self) -> bool:
         return self._event.query()
 
     def wait(self, timeout=None) -> bool:
         torch.cuda.current_stream().wait_event(self._event)
+        self._keep = ()  # later uses of the memory on the current stream come after the work
         return True
 
     def synchronize(self) -> None:

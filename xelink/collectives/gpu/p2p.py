@@ -69,9 +69,10 @@ def start(comm, x: torch.Tensor, peer: int, send: bool, timeout=None):
         bound = pair.plans[key] = _build(pair, x, nbytes, send, timeout)
     side.wait_stream(torch.cuda.current_stream(pair.device))
     bound(side.cuda_stream)
-    if not torch.cuda.is_current_stream_capturing():
+    capturing = torch.cuda.is_current_stream_capturing()
+    if not capturing:
         x.record_stream(side)  # the caller may drop x before the transfer ran
-    return symm.Work(pair.check, fn, side)
+    return symm.Work(pair.check, fn, side, keep=(x,) if capturing else ())  # in a capture: held until wait()
 
 
 def _kernel(pair, send, word):
