@@ -23,10 +23,12 @@ from xelink.kernels import attention_bwd as AB
 from xelink.kernels import flash_attention, flash_attention_backward, reference_flash_attention
 
 # Head dim 128: (dkdv tile, dq tile) pairs, each (BLOCK_M, BLOCK_N, warps, stages); the kept pair first. Offline
-# (ptxas -v, sm_90a) the dkdv tiles past 32 x 64 at 8 warps spill registers; the timings say what spilling costs.
-CONFIGS = {128: [((32, 64, 8, 2), (64, 32, 8, 2)), ((32, 32, 8, 2), (32, 64, 8, 2)),
-                 ((32, 64, 8, 3), (64, 32, 8, 3)), ((64, 64, 8, 2), (64, 64, 8, 2)),
-                 ((32, 128, 8, 2), (128, 32, 8, 2)), ((64, 32, 4, 2), (32, 32, 4, 2))]}
+# (ptxas -v, sm_90a, Triton 3.6) the key-major dk/dv kernel runs its four dots as wgmma; 16 x 128 spills nothing,
+# 32 x 64 and 32 x 128 spill 24 bytes a thread, 64 x 128 224; the dq tiles 128 x 32 and 64 x 32 spill nothing.
+CONFIGS = {128: [((32, 64, 8, 2), (64, 32, 8, 2)), ((16, 128, 8, 2), (128, 32, 8, 2)),
+                 ((32, 128, 8, 2), (128, 32, 8, 2)), ((16, 128, 8, 3), (128, 32, 8, 2)),
+                 ((64, 128, 8, 2), (128, 32, 8, 2)), ((64, 64, 8, 2), (64, 64, 8, 2)),
+                 ((16, 64, 4, 2), (64, 32, 8, 2))]}
 
 
 def _use(config) -> None:

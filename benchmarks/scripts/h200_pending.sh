@@ -39,8 +39,8 @@
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
 #   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
-#   verify15: the fifteenth session's CP all_gather fix: the gradient checks, the CP x TP training client, every CP
-#          attention GPU check (~5 minutes);
+#   verify15: the fifteenth session's CP all_gather fix (the gradient checks, the CP x TP training client, every CP
+#          attention GPU check) and the key-major flash backward (its GPU tests, its tiles against SDPA) (~9 minutes);
 #   grads12: the flash-attention backward kernel (tests, tiles, against SDPA), the backward of cp_attention and of
 #            the distributed GEMMs on CUDA tensors (~6 minutes);
 #   fused9: rope_decode_attention and the tc GEMV's STAGES (ninth session): their GPU tests, the decode-graph and model
@@ -442,12 +442,16 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
-verify15)  # the fifteenth session's fixes (~5 minutes): cp_attention's all_gather kept its packed send buffer only until the
-           # gather was queued (the allocator handed it to the current stream mid-gather: the CP x TP training client's loss
-           # off by 0.1-0.8% on CUDA); the sequence-parallel MLP's fused check at batch 1; every CP attention GPU check
-  step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
+verify15)  # the fifteenth session's fixes (~9 minutes at most): cp_attention's all_gather kept its packed send buffer only
+           # until the gather was queued (the allocator handed it to the current stream mid-gather: the CP x TP training
+           # client's loss off by 0.1-0.8% on CUDA); the sequence-parallel MLP's fused check at batch 1; every CP
+           # attention GPU check; the key-major dk/dv kernel of the flash backward (wgmma for its four dots): its GPU
+           # tests and tile pairs against SDPA
+  step training_gpu_checks 150 timeout -s INT -k 10 140 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
-  step cp_gpu_tests 240 timeout -s INT -k 20 220 python3 -m pytest -q -rfE -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
+  step flash_bwd_gpu_tests 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu tests/kernels/test_autograd.py
+  step flash_bwd_ab 170 python3 benchmarks/scripts/flash_bwd_ab.py
+  step cp_gpu_tests 150 timeout -s INT -k 10 140 python3 -m pytest -q -rfE -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
   ;;
 rows13)  # then the timings (~8 minutes): the flash backward against SDPA's, the fused decode's PDL A/B, the step
          # rows at 1K/8K/32K, the gated GEMM's tile rows

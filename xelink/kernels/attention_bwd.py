@@ -6,7 +6,8 @@ gradient; computed in torch), a row's probabilities are recomputed tile by tile 
 
 - ``_dkdv_kernel``: one program per (key tile, batch x KV head); it walks every query tile of each q head of
   its KV head (GQA summed in the program) that can see the tile and accumulates
-  ``dv += p^T dout`` and ``dk += ds^T q``, ``ds = p * (dout v^T - delta)``.
+  ``dv += p^T dout`` and ``dk += ds^T q``, ``ds = p * (dout v^T - delta)``, computing p^T and ds^T directly
+  (``s^T = k q^T``, q read transposed) so that no register tile is transposed.
 - ``_dq_kernel``: one program per (query tile, batch x q head); it walks the key tiles the rows can see and
   accumulates ``dq += ds k``.
 
@@ -64,6 +65,13 @@ if triton is not None:
         delta = tl.load(DELTA + row0 + offs_m, mask=ok, other=0.0)
         return lse2, delta
 
+    @triton.jit
+    def _load_cols(base, rows, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr):
+        """The rows ``rows`` at ``base`` as a transposed (HEAD_DIM, len(rows)) tile (zeros past ``n_rows``)."""
+        offs_d = tl.arange(0, HEAD_DIM)
+        ptrs = base + rows[None, :].to(tl.int64) * stride_row + offs_d[:, None] * stride_d
+        return tl.load(ptrs, mask=(rows < n_rows)[None, :], other=0.0)
+
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SK"])
     def _dkdv_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -74,6 +82,8 @@ if triton is not None:
         HKV, GROUP, SQ, SK, scale, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     ):
+        # Everything in the key-major orientation: s^T = k q^T (BLOCK_N, BLOCK_M), so the dots that accumulate dv
+        # and dk take p^T and ds^T as computed (no transpose of a register tile); q comes in transposed.
         pid_n = tl.program_id(0)
         bh = tl.program_id(1)
         b = (bh // HKV).to(tl.int64)
@@ -94,12 +104,16 @@ if triton is not None:
             row0 = (b * HKV * GROUP + h) * SQ
             for m0 in range(m_lo, SQ, BLOCK_M):
                 offs_m = m0 + tl.arange(0, BLOCK_M)
-                q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
+                qT = _load_cols(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
                 do = _load_rows(DO + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
                 lse2, delta = _row_stats(LSE, DELTA, row0, offs_m, SQ)
-                p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL)
-                dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
-                dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+                keep = (offs_n[:, None] < SK) & (offs_m[None, :] < SQ)
+                if CAUSAL:
+                    keep = keep & (offs_n[:, None] <= offs_m[None, :] + (SK - SQ))
+                pT = tl.where(keep, tl.math.exp2(tl.dot(k, qT) * qk_scale - lse2[None, :]), 0.0)
+                dv = tl.dot(pT.to(do.dtype), do, dv)
+                dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+                dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
         out = (b * HKV + kvh) * SK * HEAD_DIM + offs_n[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
         tl.store(DK + out, dk * scale, mask=ok_n)
         tl.store(DV + out, dv, mask=ok_n)
