@@ -4,13 +4,13 @@ configurations.
 
 1. Each configuration in ``CONFIGS`` against the reference (float32 torch ops) at a few shapes (GQA, causal,
    tails, the LSE's gradient): relative error of dq, dk, dv.
-2. Time, at B=1, 32 q heads, head dim 128, bf16, MHA non-causal and GQA 32/8 causal, S = 1024 / 4096 / 8192:
+2. Time, at B=1, 32 q heads, head dim 128 (``--head-dim``: 64, 256), bf16, MHA non-causal and GQA 32/8 causal, S = 1024 / 4096 / 8192:
    the backward alone for each configuration (CUDA events, median of 10 after 3 warm-ups), and as a user
    calls it: forward + backward through autograd (``flash_attention`` with grad; SDPA with grad, its default
    backend), eager. TFLOP/s count 2.5 forward matmuls' worth for the backward (FlashAttention's convention:
    4 of the 5 backward matmuls plus the recomputed scores), causal halved.
 
-    python3 benchmarks/scripts/flash_bwd_ab.py [--quick]
+    python3 benchmarks/scripts/flash_bwd_ab.py [--quick] [--head-dim 64|128|256]
 """
 import argparse
 import statistics
@@ -22,18 +22,25 @@ from xelink.bench.harness import time_cuda_events
 from xelink.kernels import attention_bwd as AB
 from xelink.kernels import flash_attention, flash_attention_backward, reference_flash_attention
 
-# Head dim 128: (dkdv tile, dq tile) pairs, each (BLOCK_M, BLOCK_N, warps, stages); the kept pair first. Offline
-# (ptxas -v, sm_90a, Triton 3.6) the key-major dk/dv kernel runs its four dots as wgmma; 16 x 128 spills nothing,
-# 32 x 64 and 32 x 128 spill 24 bytes a thread, 64 x 128 224; the dq tiles 128 x 32 and 64 x 32 spill nothing.
-CONFIGS = {128: [((32, 64, 8, 2), (64, 32, 8, 2)), ((16, 128, 8, 2), (128, 32, 8, 2)),
-                 ((32, 128, 8, 2), (128, 32, 8, 2)), ((16, 128, 8, 3), (128, 32, 8, 2)),
-                 ((64, 128, 8, 2), (128, 32, 8, 2)), ((64, 64, 8, 2), (64, 64, 8, 2)),
-                 ((16, 64, 4, 2), (64, 32, 8, 2))]}
+# (dkdv tile, dq tile) pairs per head dim, each (BLOCK_M, BLOCK_N, warps, stages); the kept pair first. Offline (ptxas
+# -v, sm_90a, Triton 3.6) the key-major dk/dv kernel runs its four dots as wgmma. Spills (bytes a thread): head dim
+# 128 dkdv 16 x 128 none, 32 x 64 and 32 x 128 24, 64 x 128 224 (the fastest on the H100 all the same), dq 128 x 32
+# none; head dim 64 dkdv 64 x 128 and dq 128 x 64 none; head dim 256 dkdv 32 x 32 none, 16 x 64 216, 32 x 64 336,
+# dq 32 x 32 none, 64 x 32 84.
+CONFIGS = {64: [((64, 128, 8, 2), (128, 64, 8, 2)), ((32, 64, 8, 2), (64, 64, 8, 2)),
+                ((32, 128, 8, 2), (128, 32, 8, 2)), ((64, 64, 8, 2), (64, 64, 8, 2))],
+           128: [((64, 128, 8, 2), (128, 32, 8, 2)), ((32, 64, 8, 2), (64, 32, 8, 2)),
+                 ((16, 128, 8, 2), (128, 32, 8, 2)), ((32, 128, 8, 2), (128, 32, 8, 2)),
+                 ((64, 64, 8, 2), (64, 64, 8, 2))],
+           256: [((32, 32, 8, 1), (32, 32, 8, 1)), ((16, 64, 8, 1), (32, 32, 8, 1)), ((32, 64, 8, 1), (64, 32, 8, 1)),
+                 ((32, 32, 4, 1), (32, 32, 4, 1))]}
 
 
-def _use(config) -> None:
-    AB.BWD_CONFIGS[128] = {"dkdv": config[0], "dq": config[1]}
-CHECKS = [(1, 4, 4, 300, 300, 128, False), (2, 8, 2, 257, 513, 128, True), (1, 8, 2, 1000, 1000, 128, True)]
+def _use(config, D) -> None:
+    AB.BWD_CONFIGS[D] = {"dkdv": config[0], "dq": config[1]}
+
+
+CHECKS = [(1, 4, 4, 300, 300, False), (2, 8, 2, 257, 513, True), (1, 8, 2, 1000, 1000, True)]
 
 
 def _inputs(B, H, HKV, SQ, SK, D, dt=torch.bfloat16, seed=0):
@@ -41,10 +48,10 @@ def _inputs(B, H, HKV, SQ, SK, D, dt=torch.bfloat16, seed=0):
     return [torch.randn(B, h, s, D, device="cuda", dtype=dt, generator=g) for h, s in ((H, SQ), (HKV, SK), (HKV, SK))]
 
 
-def check(config) -> int:
+def check(config, D) -> int:
     bad = 0
-    _use(config)
-    for B, H, HKV, SQ, SK, D, causal in CHECKS:
+    _use(config, D)
+    for B, H, HKV, SQ, SK, causal in CHECKS:
         q, k, v = _inputs(B, H, HKV, SQ, SK, D, seed=SQ)
         out, lse = reference_flash_attention(q, k, v, causal=causal, return_lse=True)
         dout, dlse = torch.randn_like(out), torch.randn_like(lse)
@@ -53,7 +60,7 @@ def check(config) -> int:
         errs = [float((a - b).norm() / b.norm()) for a, b in zip(got, want)]
         ok = max(errs) < 1.5e-2 and all(bool(torch.isfinite(a).all()) for a in got)
         bad += not ok
-        print(f"check {config} B={B} H={H}/{HKV} Sq={SQ} Sk={SK} causal={causal}: rel err dq/dk/dv "
+        print(f"check D={D} {config} B={B} H={H}/{HKV} Sq={SQ} Sk={SK} causal={causal}: rel err dq/dk/dv "
               f"{' '.join(f'{e:.1e}' for e in errs)} {'ok' if ok else 'WRONG'}", flush=True)
     return bad
 
@@ -70,25 +77,27 @@ def _tflops(S, H, D, causal, ms, factor) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--head-dim", type=int, default=128, choices=sorted(CONFIGS))
     args = p.parse_args()
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    kept = AB.BWD_CONFIGS[128]
-    bad = sum(check(c) for c in CONFIGS[128])
-    AB.BWD_CONFIGS[128] = kept
+    D = args.head_dim
+    print(torch.cuda.get_device_name(), torch.__version__, f"head dim {D}", flush=True)
+    kept = AB.BWD_CONFIGS[D]
+    bad = sum(check(c, D) for c in CONFIGS[D])
+    AB.BWD_CONFIGS[D] = kept
     lengths = (1024, 4096) if args.quick else (1024, 4096, 8192)
     print("\n| case | S | (dkdv, dq) tiles | backward ms | TFLOP/s |\n|---|---|---|---|---|")
     rows = []
     for causal, hkv in ((False, 32), (True, 8)):
         for S in lengths:
-            q, k, v = _inputs(1, 32, hkv, S, S, 128, seed=S)
+            q, k, v = _inputs(1, 32, hkv, S, S, D, seed=S)
             out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
             dout = torch.randn_like(out)
-            for config in CONFIGS[128]:
-                _use(config)
+            for config in CONFIGS[D]:
+                _use(config, D)
                 ms = _ms(lambda: flash_attention_backward(dout, q, k, v, out, lse, causal=causal, impl="triton"))
                 print(f"| {'GQA 32/8 causal' if causal else 'MHA'} | {S} | {config} | {ms:.3f} | "
-                      f"{_tflops(S, 32, 128, causal, ms, 2.5):.0f} |", flush=True)
-            AB.BWD_CONFIGS[128] = kept
+                      f"{_tflops(S, 32, D, causal, ms, 2.5):.0f} |", flush=True)
+            AB.BWD_CONFIGS[D] = kept
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             ours = _ms(lambda: flash_attention(*leaves, causal=causal).backward(dout))
             sdpa = _ms(lambda: F.scaled_dot_product_attention(*leaves, is_causal=causal,

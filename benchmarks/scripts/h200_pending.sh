@@ -39,6 +39,7 @@
 #   third10: rope_decode_attention's defaults from second10's A/B: tests, model tests, step rows, gated tile rows;
 #   first11: the custom ops' compile GPU tests, the model GPU tests, the fused decode's PDL A/B, step rows (~8 minutes);
 #   second11: the gated GEMM's tile rows, GPU collectives (grad, rooted ops), decode GPU tests (~4 minutes);
+#   bwd15: the flash backward's new default tiles: GPU tests, A/B at head dims 128 and 64, the gradient checks (~6 min);
 #   verify15: the fifteenth session's CP all_gather fix (the gradient checks, the CP x TP training client, every CP
 #          attention GPU check) and the key-major flash backward (its GPU tests, its tiles against SDPA) (~9 minutes);
 #   grads12: the flash-attention backward kernel (tests, tiles, against SDPA), the backward of cp_attention and of
@@ -441,6 +442,15 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
     -p no:cacheprovider tests/symm/ranks_gpu_symm.py
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
+  ;;
+bwd15)  # after verify15 (~6 minutes): the key-major flash backward's new default tiles (64 x 128 / 128 x 32 at head dim
+        # 128, 64 x 128 / 128 x 64 at 64): its GPU tests, the A/B at head dims 128 and 64 against SDPA, the gradient
+        # checks of the distributed GEMM (bf16 tolerance) and the CP x TP training client through it
+  step flash_bwd_gpu_tests 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu tests/kernels/test_autograd.py
+  step flash_bwd_ab 150 python3 benchmarks/scripts/flash_bwd_ab.py
+  step flash_bwd_ab_hd64 80 python3 benchmarks/scripts/flash_bwd_ab.py --head-dim 64 --quick
+  step training_gpu_checks 150 timeout -s INT -k 10 140 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
 verify15)  # the fifteenth session's fixes (~9 minutes at most): cp_attention's all_gather kept its packed send buffer only
            # until the gather was queued (the allocator handed it to the current stream mid-gather: the CP x TP training

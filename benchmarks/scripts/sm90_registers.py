@@ -1,7 +1,8 @@
 """Registers and spills of the flash-attention backward kernels on sm_90a, without a GPU: NVIDIA Triton 3.6
 compiles each (head dim, pass, tile) for ``GPUTarget("cuda", 90, 32)`` and its bundled ``ptxas -v`` reports
 registers a thread and spill bytes (bf16, causal). This is how ``attention_bwd.BWD_CONFIGS`` was chosen before
-any GPU timing: the largest tiles without spills.
+any GPU timing: the largest tiles without spills (the H100 A/B of the key-major dk/dv kernel later chose 64 x 128 at
+head dim 128 despite its spills: `flash_bwd_ab.py`).
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/sm90_registers.py [--grid]
 

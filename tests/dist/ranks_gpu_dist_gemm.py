@@ -607,7 +607,9 @@ def check_gradients_of_a_sequence_parallel_mlp(world):
         return [full[0].grad[:, rows], full[1].grad[:, cols], full[2].grad[:, cols], full[3].grad[cols]]
 
     wants = {b: reference(b) for b in (1, 2)}
-    for dtype, algos, tol in ((torch.float32, ALGOS, 1e-4), (torch.bfloat16, ("fused",), 3e-2)):
+    # bfloat16: plain torch's own bf16 autograd of this MLP is 3.0% off float64 in dW1 at 3 ranks' shapes (the relu
+    # mask flips where bf16 rounds h1 across 0), so 5%
+    for dtype, algos, tol in ((torch.float32, ALGOS, 1e-4), (torch.bfloat16, ("fused",), 5e-2)):
         for algo in algos:
             batch = 1 if algo == "fused" else 2
             mine = [t.to(dev, dtype).requires_grad_() for t in (x[:batch, rows], ws[0][:, cols], ws[1][:, cols],

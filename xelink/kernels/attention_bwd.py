@@ -15,10 +15,11 @@ Masks follow the forward's: query i sees keys ``0 .. i + Sk - Sq`` (causal, end-
 whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p and ds rounded to the inputs'
 dtype (bfloat16 / float16), accumulating in float32; the results are float32.
 
-Tiles (``BWD_CONFIGS``): not yet timed on a GPU. They are the largest that ptxas compiles for sm_90a without
-spilling registers (NVIDIA Triton 3.6 offline, ``ptxas -v``; bf16, causal): the dk/dv pass holds two float32
-accumulators and its K and V tiles, so it takes narrow query tiles; at head dim 256 only 32 x 32 tiles in one
-stage fit.
+Tiles (``BWD_CONFIGS``): at head dim 128 the fastest pair of an H100 A/B (``benchmarks/scripts/flash_bwd_ab.py``,
+``benchmarks/results/h100-rows``): 64 x 128 key tiles for dk/dv (ptxas spills 224 bytes a thread, and it is still
+1.1-1.7x faster than the spill-free tiles), 128 x 32 query tiles for dq. Head dims 64 and 256 take the analogous
+tiles that ptxas compiles for sm_90a without spilling (``benchmarks/scripts/sm90_registers.py``), untimed: at 256 only
+32 x 32 in one stage fit.
 """
 from __future__ import annotations
 
@@ -28,10 +29,9 @@ from .common import cdiv, tl, triton
 
 __all__ = ["BWD_CONFIGS", "flash_backward"]
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim and pass (module docstring: registers, not timings;
-# sm_90a registers a thread: dkdv 172 / 203 / 255, dq 187 / 226 / 242 at head dim 64 / 128 / 256).
-BWD_CONFIGS = {64: {"dkdv": (32, 64, 8, 2), "dq": (64, 64, 8, 2)},
-               128: {"dkdv": (32, 64, 8, 2), "dq": (64, 32, 8, 2)},
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim and pass (module docstring).
+BWD_CONFIGS = {64: {"dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2)},
+               128: {"dkdv": (64, 128, 8, 2), "dq": (128, 32, 8, 2)},
                256: {"dkdv": (32, 32, 8, 1), "dq": (32, 32, 8, 1)}}
 _LOG2E = 1.4426950408889634
 
