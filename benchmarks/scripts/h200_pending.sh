@@ -443,6 +443,10 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
+gradprof15)  # after bwd15 (~1 minute): why flash attention's forward + backward took 1.0-1.5 ms at S=1024 (the backward
+             # alone 0.22-0.31): the pieces' GPU and host times, the profiler's table
+  step flash_grad_profile 100 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
+  ;;
 bwd15)  # after verify15 (~6 minutes): the key-major flash backward's new default tiles (64 x 128 / 128 x 32 at head dim
         # 128, 64 x 128 / 128 x 64 at 64): its GPU tests, the A/B at head dims 128 and 64 against SDPA, the gradient
         # checks of the distributed GEMM (bf16 tolerance) and the CP x TP training client through it
