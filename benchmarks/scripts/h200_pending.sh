@@ -443,6 +443,16 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
+host15)  # after gradprof15 (~5 minutes): the backward stores its results in the inputs' dtype (no cast pass) through the
+         # launcher's fast path, empty results instead of zeros, differentiable flash_attention calls remembered: the
+         # autograd GPU tests (with launch checks), the pieces' profile again, the A/B's fwd+bwd rows, the CP gradients
+  step flash_bwd_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu \
+    tests/kernels/test_autograd.py
+  step flash_grad_profile 60 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
+  step flash_bwd_ab 150 python3 benchmarks/scripts/flash_bwd_ab.py
+  step cp_grad_checks 100 timeout -s INT -k 10 90 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_training.py
+  ;;
 gradprof15)  # after bwd15 (~1 minute): why flash attention's forward + backward took 1.0-1.5 ms at S=1024 (the backward
              # alone 0.22-0.31): the pieces' GPU and host times, the profiler's table
   step flash_grad_profile 100 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096

@@ -184,6 +184,37 @@ def test_gpu_auto_with_grad_after_a_remembered_kernel_call(name, requires_gpus):
             call("triton")
 
 
+@pytest.mark.gpu
+def test_gpu_flash_attention_with_grad_remembers_its_path(requires_gpus):
+    """A differentiable flash_attention call is remembered like a plain one (its checks once a geometry): calls
+    that alternate geometry, causal and buffers, with and without the LSE and without grad, each give the
+    gradients of flash_attention_backward on its own forward's output, in the inputs' dtype."""
+    requires_gpus(1)
+    from xelink.kernels import attention as A
+    from xelink.kernels import flash_attention_backward
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    shapes = [((1, 4, 96, 64), (1, 2, 96, 64), True), ((2, 8, 130, 128), (2, 8, 130, 128), False)]
+    for rnd in range(3):
+        for (qs, ks, causal) in shapes:
+            q, k, v = (torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
+                       for s in (qs, ks, ks))
+            with torch.no_grad():
+                ref_out, ref_lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+            out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+            assert out.grad_fn is not None and torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+            dout = torch.randn(out.shape, device="cuda", generator=g, dtype=out.dtype)
+            dlse = torch.randn(lse.shape, device="cuda", generator=g) if rnd == 1 else None
+            grads = torch.autograd.grad((out, lse) if dlse is not None else out,
+                                        (q, k, v), (dout, dlse) if dlse is not None else dout)
+            want = flash_attention_backward(dout, q.detach(), k.detach(), v.detach(), ref_out, ref_lse, causal=causal,
+                                            dlse=dlse)
+            for name, a, b in zip("qkv", grads, want):
+                assert a.dtype == torch.bfloat16, name
+                assert bool(((a.float() - b).abs() <= b.abs() * 2 ** -7 + 1e-6).all()), (rnd, qs, causal, name)
+    assert any(key[1] == "flash-grad" for key in A._PATHS if isinstance(key, tuple) and len(key) > 1)
+
+
 def _attention64(q, k, v, causal):
     """(out, lse) in plain torch float64, GQA by repeated KV heads, causal aligned to the end of the keys."""
     g = q.shape[1] // k.shape[1]
@@ -212,6 +243,9 @@ def test_flash_attention_backward_is_autograd_of_attention(sq, sk, causal):
     for a, t in zip(got, leaves):
         assert a.dtype == torch.float64 and a.shape == t.shape
         assert torch.allclose(a, t.grad, atol=1e-5), (a - t.grad).abs().max()
+    low = flash_attention_backward(dout, q, k, v, out.detach(), lse.detach().float(), causal=causal, dlse=dlse,
+                                   dtype=torch.float32)  # the reference path rounds its results to dtype=
+    assert all(a.dtype == torch.float32 and torch.equal(a, b.float()) for a, b in zip(low, got))
     if not causal:  # two key blocks with the whole's out and LSE: their parts add up
         cut = sk // 2
         parts = [flash_attention_backward(dout, q, k[:, :, a:b], v[:, :, a:b], out.detach(), lse.detach().float(),
@@ -235,6 +269,8 @@ def test_flash_attention_backward_bad_input():
         (dict(impl="triton", dout=q.double(), q=q.double(), k=q.double(), v=q.double()), (TypeError, ValueError),
          r"flash_attention_backward: (q.dtype=torch.float64 is not supported by impl='triton'|impl='triton' needs)"),
         (dict(causal=1), TypeError, r"causal=1 must be a bool"),
+        (dict(dtype=torch.int32), TypeError, r"flash_attention_backward: dtype=torch.int32 must be None or a floating"),
+        (dict(dtype="bf16"), TypeError, r"flash_attention_backward: dtype='bf16' must be None or a floating"),
     ]
     for change, exc, match in cases:
         args = dict(dout=q, q=q, k=q, v=q, out=q, lse=lse) | change
@@ -309,6 +345,11 @@ def _check_bwd_kernel(shape, device, dtype, strided=False, tol=2e-3):
         assert a.dtype == torch.float32 and a.shape == b.shape, (name, a.dtype, a.shape)
         err = ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
         assert err <= tol and torch.isfinite(a).all(), f"{shape} {dtype} {name}: relative error {err:.3g}"
+    # dtype=: the kernel stores its float32 sums rounded to dtype (autograd's path), no other change
+    eps = torch.finfo(dtype).eps
+    for name, a, b in zip(("dq", "dk", "dv"), got, flash_attention_backward(*args, impl="triton", dtype=dtype, **kw)):
+        assert b.dtype == dtype and b.shape == a.shape, (name, b.dtype)
+        assert bool(((b.float() - a).abs() <= a.abs() * eps + 1e-6).all()), f"{shape} {dtype} {name}: dtype={dtype}"
 
 
 @pytest.mark.skipif(not triton_can_run(torch.device("cpu")), reason="needs Triton and TRITON_INTERPRET=1")

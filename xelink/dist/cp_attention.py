@@ -341,7 +341,7 @@ class _Call:
         comm, lengths = self.comm, list(self.lengths)
         if comm.size == 1:
             dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=self.causal, scale=self.scale,
-                                                  dlse=dlse)
+                                                  dlse=dlse, dtype=q.dtype)
         else:
             g = (q, dout, out, lse, dlse)
             kv = torch.stack((k, v))

@@ -1198,6 +1198,13 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     if hit is not None:
         out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1], hit[3])
         return (out, lse) if return_lse else out
+    grad_key = None
+    if key is None and out is None:  # a differentiable call's remembered path (its key is None when none is)
+        grad_key = path_key(("flash-grad", impl, pdl, causal, scale), (q, k, v), grad_ok=True)
+        hit = _PATHS.get(grad_key) if grad_key is not None else None
+        if hit is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            out, lse = _FlashAttention.apply(q, k, v, causal, hit[2], hit[0], hit[1], hit[3])
+            return (out, lse) if return_lse else out
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
     _check_flags(fn, causal, scale, return_lse)
@@ -1214,7 +1221,11 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         if out is not None:
             raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it "
                              f"under torch.no_grad()")
-        out, lse = _FlashAttention.apply(q, k, v, causal, scale, path, pdl)
+        plan = None if path == "reference" else _FlashLaunch(q, k, v, None, causal, scale, path, pdl, None,
+                                                                 grad_key is not None)
+        if grad_key is not None:
+            _PATHS.remember(grad_key, (path, pdl, scale, plan))
+        out, lse = _FlashAttention.apply(q, k, v, causal, scale, path, pdl, plan)
         return (out, lse) if return_lse else out
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
@@ -1227,7 +1238,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     return (out, lse) if return_lse else out
 
 
-def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, impl="auto", *, dlse=None):
+def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, impl="auto", *, dlse=None,
+                             dtype=None):
     """Gradients of ``flash_attention``'s output with respect to q, k and v (FlashAttention's backward
     contract: the forward's output and LSE are given, the probabilities recomputed from them).
 
@@ -1239,6 +1251,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
             sum over the blocks to the gradients of the whole attention.
         causal, scale: as the forward's call over this block.
         dlse: the gradient of the LSE, (B, Hq, Sq), where a loss used it too (None: zero).
+        dtype: the results' floating dtype (None: float32, float64 for float64 inputs). The kernel stores it
+            directly (no cast pass); a block's contributions to be summed over blocks want the float32 default.
         impl: "auto", "triton" or "reference" (``BACKWARD_IMPLS``). "triton": FlashAttention-2's two passes
             (``attention_bwd``: bfloat16 / float16, head dim 64 / 128 / 256, any lengths and strides); "reference":
             torch ops in float32 over row chunks (memory O(chunk x Sk), not O(Sq x Sk)), any dtype and device;
@@ -1246,18 +1260,21 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
             input requires grad: a double backward).
 
     Returns:
-        (dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, D), summed over the q heads of each KV head), float32 (float64
-        for float64 inputs), new tensors: cast them to the inputs' dtype after summing over blocks.
+        (dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, D), summed over the q heads of each KV head), in ``dtype``, new
+        tensors.
 
     Raises:
         TypeError / ValueError: bad tensors, shapes, dtypes, devices, flags or impl, before anything runs.
     """
     fn = "flash_attention_backward"
     _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"{fn}: dtype={dtype!r} must be None or a floating torch.dtype")
     path = _fit(resolve_impl(fn, impl, q.device, BACKWARD_IMPLS, dout=dout, q=q, k=k, v=v, out=out, lse=lse,
                              dlse=dlse), impl, q)
     if path == "reference":
-        return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+        grads = _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+        return grads if dtype is None else tuple(g.to(dtype) for g in grads)
     _check_kernel_inputs(fn, path, q)
     if dout.dtype != q.dtype:
         raise TypeError(f"{fn}: dout.dtype={dout.dtype} != q.dtype={q.dtype} (impl={path!r} takes them alike)")
@@ -1265,7 +1282,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
 
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     delta = _delta(dout, out, dlse, torch.float32)
-    return flash_backward(dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale)
+    return flash_backward(dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale, dtype or torch.float32)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -1273,8 +1290,8 @@ class _FlashAttention(torch.autograd.Function):
     (from the saved inputs, output and LSE: no score matrix kept), the LSE's gradient included."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, path, pdl):
-        out, lse = _flash_run(q, k, v, causal, scale, path, None, pdl)
+    def forward(ctx, q, k, v, causal, scale, path, pdl, plan):
+        out, lse = _flash_run(q, k, v, causal, scale, path, None, pdl, plan)
         ctx.flags = (causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
         return out, lse
@@ -1283,8 +1300,9 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         causal, scale = ctx.flags
-        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse,
+                                              dtype=q.dtype)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):

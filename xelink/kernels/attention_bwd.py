@@ -13,7 +13,8 @@ gradient; computed in torch), a row's probabilities are recomputed tile by tile 
 
 Masks follow the forward's: query i sees keys ``0 .. i + Sk - Sq`` (causal, end-aligned) or all keys; a row
 whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p and ds rounded to the inputs'
-dtype (bfloat16 / float16), accumulating in float32; the results are float32.
+dtype (bfloat16 / float16), accumulating in float32; the results are stored in the dtype asked for (float32 by
+default).
 
 Tiles (``BWD_CONFIGS``): at head dim 128 the fastest pair of an H100 A/B (``benchmarks/scripts/flash_bwd_ab.py``,
 ``benchmarks/results/h100-rows``): 64 x 128 key tiles for dk/dv (ptxas spills 224 bytes a thread, and it is still
@@ -26,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from .common import cdiv, tl, triton
+from .launcher import launch
 
 __all__ = ["BWD_CONFIGS", "flash_backward"]
 
@@ -115,8 +117,8 @@ if triton is not None:
                 dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
                 dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
         out = (b * HKV + kvh) * SK * HEAD_DIM + offs_n[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
-        tl.store(DK + out, dk * scale, mask=ok_n)
-        tl.store(DV + out, dv, mask=ok_n)
+        tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=ok_n)
+        tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=ok_n)
 
     @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK"])
     def _dq_kernel(
@@ -152,19 +154,21 @@ if triton is not None:
             p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL)
             dq = tl.dot(ds.to(k.dtype), k, dq)
         rows = row0 * HEAD_DIM + offs_m[:, None].to(tl.int64) * HEAD_DIM
-        tl.store(DQ + rows + offs_d[None, :], dq * scale, mask=ok_m)
+        tl.store(DQ + rows + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=ok_m)
 
 
-def flash_backward(dout, q, k, v, lse, delta, causal: bool, scale: float):
-    """(dq, dk, dv), float32, contiguous: the two passes (arguments checked by the caller; ``lse`` and ``delta``
-    float32 ``(B, Hq, Sq)``, contiguous)."""
+def flash_backward(dout, q, k, v, lse, delta, causal: bool, scale: float, dtype=torch.float32):
+    """(dq, dk, dv) in ``dtype``, contiguous: the two passes (arguments checked by the caller; ``lse`` and
+    ``delta`` float32 ``(B, Hq, Sq)``, contiguous). Every row of each result is stored (a row with nothing to
+    add gets zeros), so they start empty."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    dq = torch.zeros((B, Hq, Sq, D), dtype=torch.float32, device=q.device)
-    dk = torch.zeros((B, Hkv, Sk, D), dtype=torch.float32, device=q.device)
-    dv = torch.zeros((B, Hkv, Sk, D), dtype=torch.float32, device=q.device)
     if B == 0 or Sq == 0 or Sk == 0:
-        return dq, dk, dv
+        return (torch.zeros((B, Hq, Sq, D), dtype=dtype, device=q.device),
+                *(torch.zeros((B, Hkv, Sk, D), dtype=dtype, device=q.device) for _ in range(2)))
+    dq = torch.empty((B, Hq, Sq, D), dtype=dtype, device=q.device)
+    dk = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
+    dv = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     qk_scale = scale * _LOG2E
 
@@ -173,11 +177,11 @@ def flash_backward(dout, q, k, v, lse, delta, causal: bool, scale: float):
         return dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
                     num_stages=stages)
 
-    o = opts("dkdv")
-    _dkdv_kernel[(cdiv(Sk, o["BLOCK_N"]), B * Hkv)](q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv, Sq,
-                                                    Sk, scale, qk_scale, **o)
+    o = opts("dkdv")  # launcher.launch: Triton's JIT call without its tens of microseconds of host time
+    launch(_dkdv_kernel, (cdiv(Sk, o["BLOCK_N"]), B * Hkv), q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv,
+           Sq, Sk, scale, qk_scale, **o)
     o = opts("dq")
-    _dq_kernel[(cdiv(Sq, o["BLOCK_M"]), B * Hq)](q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq, Sk,
-                                                 scale, qk_scale, **o)
+    launch(_dq_kernel, (cdiv(Sq, o["BLOCK_M"]), B * Hq), q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq,
+           Sk, scale, qk_scale, **o)
     return dq, dk, dv
 

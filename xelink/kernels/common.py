@@ -65,18 +65,19 @@ _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
 
-def path_key(options: tuple, tensors: tuple, optional: tuple = ()):
+def path_key(options: tuple, tensors: tuple, optional: tuple = (), grad_ok: bool = False):
     """The key a kernel's eager call is remembered under in its :class:`Paths`, or None when the call
     must run its checks: traced, an option that is not a plain str/bool/int/float/None, a tensor (or a
     non-None ``optional`` tensor) that is not a plain ``torch.Tensor`` or that requires grad in grad mode
-    (:func:`forward_only` decides its path), or a first tensor not on CUDA.
+    (:func:`forward_only` decides its path; ``grad_ok``: a differentiable call's key, whose options say so),
+    or a first tensor not on CUDA.
     Options enter with their classes (``True`` and ``1`` differ) and tensors by :func:`geometry`. An
     invalid option needs no test here: only calls whose checks passed are remembered."""
     # One flat tuple built in plain loops, each tensor's geometry() inlined: half the host time of nested
     # generator-made tuples (~1 us a call).
     if _is_compiling():
         return None
-    grad = _grad_enabled()
+    grad = _grad_enabled() and not grad_ok
     key = []
     for o in options:
         if o.__class__ not in _OPTION_TYPES:
