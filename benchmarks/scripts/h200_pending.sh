@@ -443,6 +443,12 @@ verify13)  # the thirteenth session's fixes, unverified on a GPU (~6 minutes): t
   step training_gpu_checks 280 timeout -s INT -k 20 260 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
   ;;
+delta15)  # after host15 (~1.5 minutes): delta in one Triton launch (was five torch ops): the autograd GPU tests with launch
+          # checks, the pieces' profile
+  step flash_bwd_gpu_tests 80 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu \
+    tests/kernels/test_autograd.py
+  step flash_grad_profile 50 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
+  ;;
 host15)  # after gradprof15 (~5 minutes): the backward stores its results in the inputs' dtype (no cast pass) through the
          # launcher's fast path, empty results instead of zeros, differentiable flash_attention calls remembered: the
          # autograd GPU tests (with launch checks), the pieces' profile again, the A/B's fwd+bwd rows, the CP gradients

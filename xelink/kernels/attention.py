@@ -1281,8 +1281,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
     from .attention_bwd import flash_backward
 
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    delta = _delta(dout, out, dlse, torch.float32)
-    return flash_backward(dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale, dtype or torch.float32)
+    return flash_backward(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale, dtype or torch.float32)
 
 
 class _FlashAttention(torch.autograd.Function):

@@ -2,7 +2,7 @@
 passes, no atomics, portable (plain masked loads and ``tl.dot``, the features Intel's Triton has too).
 
 Given the forward's LSE and ``delta`` (each row's dot product of output and output gradient, less the LSE's
-gradient; computed in torch), a row's probabilities are recomputed tile by tile as ``exp(s - lse)``:
+gradient; ``_delta_kernel``, one launch), a row's probabilities are recomputed tile by tile as ``exp(s - lse)``:
 
 - ``_dkdv_kernel``: one program per (key tile, batch x KV head); it walks every query tile of each q head of
   its KV head (GQA summed in the program) that can see the tile and accumulates
@@ -66,6 +66,30 @@ if triton is not None:
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
         delta = tl.load(DELTA + row0 + offs_m, mask=ok, other=0.0)
         return lse2, delta
+
+    @triton.jit(do_not_specialize=["H", "SQ"])
+    def _delta_kernel(
+        O, DO, DLSE, DELTA,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_gb, stride_gh, stride_gm, stride_gd,
+        stride_lb, stride_lh, stride_lm,
+        H, SQ,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    ):
+        """delta of BLOCK_M rows: dot(dout, out) in float32, less the LSE's gradient (stored contiguous)."""
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        o = _load_rows(O + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
+        do = _load_rows(DO + b * stride_gb + h * stride_gh, offs_m, SQ, stride_gm, stride_gd, HEAD_DIM)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        ok = offs_m < SQ
+        if HAS_DLSE:
+            dlse = tl.load(DLSE + b * stride_lb + h * stride_lh + offs_m.to(tl.int64) * stride_lm, mask=ok, other=0.0)
+            delta -= dlse.to(tl.float32)
+        tl.store(DELTA + bh.to(tl.int64) * SQ + offs_m, delta, mask=ok)
 
     @triton.jit
     def _load_cols(base, rows, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr):
@@ -157,15 +181,20 @@ if triton is not None:
         tl.store(DQ + rows + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=ok_m)
 
 
-def flash_backward(dout, q, k, v, lse, delta, causal: bool, scale: float, dtype=torch.float32):
-    """(dq, dk, dv) in ``dtype``, contiguous: the two passes (arguments checked by the caller; ``lse`` and
-    ``delta`` float32 ``(B, Hq, Sq)``, contiguous). Every row of each result is stored (a row with nothing to
-    add gets zeros), so they start empty."""
+def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dtype=torch.float32):
+    """(dq, dk, dv) in ``dtype``, contiguous: delta (one launch), then the two passes (arguments checked by the
+    caller; ``lse`` float32 ``(B, Hq, Sq)``, contiguous; ``dlse`` None or any floating ``(B, Hq, Sq)``). Every row
+    of each result is stored (a row with nothing to add gets zeros), so they start empty."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     if B == 0 or Sq == 0 or Sk == 0:
         return (torch.zeros((B, Hq, Sq, D), dtype=dtype, device=q.device),
                 *(torch.zeros((B, Hkv, Sk, D), dtype=dtype, device=q.device) for _ in range(2)))
+    delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    block = 64 if D <= 128 else 32
+    launch(_delta_kernel, (cdiv(Sq, block), B * Hq), out, dout, lse if dlse is None else dlse, delta, *out.stride(),
+           *dout.stride(), *(lse if dlse is None else dlse).stride(), Hq, Sq, HEAD_DIM=D, BLOCK_M=block,
+           HAS_DLSE=dlse is not None, num_warps=4)
     dq = torch.empty((B, Hq, Sq, D), dtype=dtype, device=q.device)
     dk = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
     dv = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)

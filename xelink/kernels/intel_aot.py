@@ -131,6 +131,14 @@ def _flash_bwd(kv_pass: bool, d=128, group=4):
     return args
 
 
+def _flash_delta(d=128):
+    def args():
+        B, H, S = 1, 32, 8192
+        return ([_t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *_contiguous(B, H, S, d),
+                 *_contiguous(B, H, S, d), H * S, S, 1, H, S], dict(HEAD_DIM=d, BLOCK_M=64, HAS_DLSE=True))
+    return args
+
+
 def _decode(d=128, dtype="bfloat16", rope=False):
     def args():
         B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
@@ -279,6 +287,8 @@ LAUNCHES: list[Launch] = [
              _flash(d, c, group=4 if c else 1, block_m=128 if d < 256 else 64), num_warps=8, matrix=True,
              shared=256 * d, sub_groups=(16,))
       for d in (64, 128, 256) for c in (False, True)],
+    Launch("attention_bwd._delta_kernel[hd128, dlse]", "attention_bwd", "_delta_kernel", _flash_delta(),
+           num_warps=4, sub_groups=(16,)),
     Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4]", "attention_bwd", "_dkdv_kernel", _flash_bwd(True),
            num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention_bwd._dq_kernel[hd128, causal gqa 4]", "attention_bwd", "_dq_kernel", _flash_bwd(False),
