@@ -17,8 +17,8 @@ dtype (bfloat16 / float16), accumulating in float32; the results are stored in t
 default).
 
 Tiles (``BWD_CONFIGS``): at head dim 128 the fastest pair of an H100 A/B (``benchmarks/scripts/flash_bwd_ab.py``,
-``benchmarks/results/h100-rows``): 64 x 128 key tiles for dk/dv (ptxas spills 224 bytes a thread, and it is still
-1.1-1.7x faster than the spill-free tiles), 128 x 32 query tiles for dq. Head dims 64 and 256 take the analogous
+``benchmarks/results/h100-flash-backward``): 64 x 128 key tiles for dk/dv (ptxas spills 224 bytes a thread, and it is still
+1.26-1.33x faster than the spill-free 16 x 128), 128 x 32 query tiles for dq. Head dims 64 and 256 take the analogous
 tiles that ptxas compiles for sm_90a without spilling (``benchmarks/scripts/sm90_registers.py``), untimed: at 256 only
 32 x 32 in one stage fit.
 """
