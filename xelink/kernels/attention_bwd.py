@@ -16,11 +16,11 @@ whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p an
 dtype (bfloat16 / float16), accumulating in float32; the results are stored in the dtype asked for (float32 by
 default).
 
-Tiles (``BWD_CONFIGS``): at head dim 128 the fastest pair of an H100 A/B (``benchmarks/scripts/flash_bwd_ab.py``,
-``benchmarks/results/h100-flash-backward``): 64 x 128 key tiles for dk/dv (ptxas spills 224 bytes a thread, and it is still
-1.26-1.33x faster than the spill-free 16 x 128), 128 x 32 query tiles for dq. Head dims 64 and 256 take the analogous
-tiles that ptxas compiles for sm_90a without spilling (``benchmarks/scripts/sm90_registers.py``), untimed: at 256 only
-32 x 32 in one stage fit.
+Tiles (``BWD_CONFIGS``), from H100 A/Bs (``benchmarks/scripts/flash_bwd_ab.py``, results in
+``benchmarks/results/h100-flash-backward``): at head dim 128, 64 x 128 key tiles for dk/dv (ptxas spills 224
+bytes a thread, and they are still 1.26-1.33x faster than the spill-free 16 x 128) and 128 x 32 query tiles for
+dq; at 64, the spill-free 64 x 128 and 128 x 64, the fastest there. Head dim 256 keeps the tiles that compile for
+sm_90a without spilling (``benchmarks/scripts/sm90_registers.py``), untimed: only 32 x 32 in one stage fit.
 """
 from __future__ import annotations
 
