@@ -4,7 +4,8 @@ configurations.
 
 1. Each configuration in ``CONFIGS`` against the reference (float32 torch ops) at a few shapes (GQA, causal,
    tails, the LSE's gradient): relative error of dq, dk, dv.
-2. Time, at B=1, 32 q heads, head dim 128 (``--head-dim``: 64, 256), bf16, MHA non-causal and GQA 32/8 causal, S = 1024 / 4096 / 8192:
+2. Time, at B=1, 32 q heads, head dim 128 (``--head-dim``: 64, 256), bf16, MHA non-causal and GQA 32/8 causal,
+   S = 1024 / 4096 / 8192:
    the backward alone for each configuration (CUDA events, median of 10 after 3 warm-ups), and as a user
    calls it: forward + backward through autograd (``flash_attention`` with grad; SDPA with grad, its default
    backend), eager. TFLOP/s count 2.5 forward matmuls' worth for the backward (FlashAttention's convention:

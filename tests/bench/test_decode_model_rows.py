@@ -185,7 +185,8 @@ def test_targets_of_issue_26():
             _row("xelink:graph w4a16", "w4a16", 1, 1024, 2.7)]
     lines = decode._targets(rows, "llama-3.1-8b", "NVIDIA H100 80GB HBM3")
     assert lines[0].startswith("decode-model: the millisecond targets are set on one H200; this run's NVIDIA H100")
-    assert lines[1] == "target bf16 B=1 ctx=1024: <= 4.2 ms and >= 1.6x the torch graph: 5.50 ms (not judged), 1.70x: met"
+    assert lines[1] == ("target bf16 B=1 ctx=1024: <= 4.2 ms and >= 1.6x the torch graph: 5.50 ms (not judged), "
+                        "1.70x: met")
     assert lines[2].endswith("5.90 ms (not judged), 1.40x: MISSED") and not rows[1].extra["target_ok"]
     assert lines[4] == "target w4a16 B=1 ctx=1024: <= 1.8 ms: 2.70 ms (not judged)" and "target_ok" not in rows[2].extra
     assert decode._targets(rows, "llama-3.1-8b", "NVIDIA H200")[0].startswith("target bf16 B=1 ctx=1024")

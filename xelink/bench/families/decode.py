@@ -62,8 +62,8 @@ A model row's time is one decode step (``count`` = B tokens, one per sequence: t
 of each sequence); ``size_bytes`` and ``extra["bytes_per_step"]`` the bytes a step reads (every linear
 weight as stored, scales included, the norms, the head, one embedding row per sequence, the K/V cache rows
 0..L-1 of every layer for B sequences); ``extra["roofline"]`` (CUDA) that over the time over the device's peak
-HBM bandwidth (``HBM_BYTES_PER_S`` by name; none for a GPU not listed). ``extra["kernels"]``: the kernels of one replay as the profiler saw them, counted after the
-timing. Checks: on CPU ``#wrong`` counts the logits off the twin run in float64 (2% of the value plus 2% of
+HBM bandwidth (``HBM_BYTES_PER_S`` by name; none for a GPU not listed). ``extra["kernels"]``: the kernels of one
+replay as the profiler saw them, counted after the timing. Checks: on CPU ``#wrong`` counts the logits off the twin run in float64 (2% of the value plus 2% of
 the RMS); on CUDA, where bf16 rounding over 32 layers separates the two, ``#wrong`` counts non-finite
 logits and next tokens not at their row's maximum, while the agreement with the twin, taken on the first
 replay, is recorded (``same_next_token``, ``logits_max_abs_diff``, ``logits_rel_rms_diff``; random weights
@@ -92,7 +92,8 @@ from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_
 from .collectives import transport_baseline
 
 __all__ = ["CPU_CONFIG", "CPU_CONTEXTS", "CPU_MODEL", "GPU_CONFIG", "GPU_CONTEXTS", "GPU_MODEL", "HBM_BYTES_PER_S",
-           "device_hbm", "QUICK_CPU_CONFIG", "QUICK_GPU_CONTEXTS", "TorchDecode", "add_arguments", "cp_rows", "dense_weights",
+           "device_hbm", "QUICK_CPU_CONFIG", "QUICK_GPU_CONTEXTS", "TorchDecode", "add_arguments", "cp_rows",
+           "dense_weights",
            "model_cases", "model_step_bytes", "run", "run_cpu", "run_gpu", "run_model_cpu", "run_model_gpu",
            "run_transformers", "tp_rows"]
 
