@@ -90,6 +90,30 @@ def test_chunked_prefill_and_per_sequence_start(folders):
     assert (torch.cat([first, rest], 1) - want).abs().max().item() < TOL
 
 
+def test_logits_to_keep_is_the_last_positions_of_the_whole(folders):
+    """logits_to_keep (transformers' argument): the last n positions of a prefill's logits, exactly (the same rows
+    through the same head), for a plain and a left-padded batch; 0 and n >= S keep every position; bad values are
+    named before any work (the cache is untouched: a later prefill from 0 gives the same logits)."""
+    path, hf = folders["llama3.2", False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=32)
+    ids = torch.randint(0, hf.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 9, dtype=torch.int64)
+    mask[1, :3] = 0
+    plain = model(ids, 0)
+    for attention_mask in (None, mask):
+        whole = model(ids, 0, attention_mask)
+        real = torch.ones(2, 9, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        assert (whole - hf_logits(hf, ids, attention_mask))[real].abs().max().item() < TOL
+        for n in (1, 4, 9, 20, 0):
+            got = model(ids, 0, attention_mask, logits_to_keep=n)
+            want = whole[:, -n:] if n else whole
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6, rtol=0), (n, attention_mask)
+    for bad in (-1, 1.5, True, "1", None):
+        with pytest.raises(ValueError, match=r"^Llama: logits_to_keep=.* must be an int >= 0"):
+            model(ids, 0, logits_to_keep=bad)
+    assert torch.equal(model(ids, 0), plain)
+
+
 def test_eos_stops_each_sequence_and_generation_config_defaults(folders, tmp_path):
     src, hf = folders["llama3.1", False]
     path = tmp_path / "m"

@@ -141,7 +141,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         return ids
     graph = model.decode_graph(B) if graphable and cuda_graph is not False and max_new_tokens > 1 else None
     t0 = time.perf_counter()
-    logits = model(ids, 0, attention_mask)[:, -1]
+    logits = model(ids, 0, attention_mask, logits_to_keep=1)[:, -1]  # the head reads the last position only
     done = torch.zeros(B, dtype=torch.bool)
     eos_t = torch.tensor(eos, dtype=torch.int64)
     out, starts = [], list(lens)

@@ -445,7 +445,8 @@ class Llama:
                     cache.len = cache.total = 0
         return starts, pads
 
-    def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None):
+    def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None,
+                 logits_to_keep: int = 0):
         """Logits of a chunk of tokens; writes their keys and values into the cache.
 
         Args:
@@ -454,12 +455,18 @@ class Llama:
                 sequence (a list or a ``[B]`` tensor).
             attention_mask: None (every token real) or ``[B, S]`` of 0/1, left-padded: row b's real tokens go
                 to positions ``start_pos[b] ..``.
+            logits_to_keep: as transformers' argument: 0 (every position) or n >= 1, the last n positions only
+                (a prompt's prefill wants 1: the head then reads n rows, not S, and no ``[B, S, vocab]`` tensor
+                is made).
 
         Returns:
-            ``[B, S, vocab]`` logits in the model's dtype (rows of pads hold whatever the pads compute).
+            ``[B, S, vocab]`` logits in the model's dtype (``[B, min(n, S), vocab]`` with ``logits_to_keep=n``;
+            rows of pads hold whatever the pads compute).
 
         Collective over the TP group and the CP group.
         """
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"Llama: logits_to_keep={logits_to_keep!r} must be an int >= 0 (0: every position)")
         starts, pads = self._lengths("Llama", input_ids, start_pos, attention_mask)
         B, S = input_ids.shape
         H = self.config.hidden_size
@@ -483,6 +490,8 @@ class Llama:
         normed = self._layers(x, attend)
         if S != full:  # every position's hidden state, on every CP rank
             normed, S = self.cp.unshard(normed, full), full
+        if 0 < logits_to_keep < S:
+            normed, S = normed[:, S - logits_to_keep:], logits_to_keep
         return self._head(normed.reshape(B * S, H)).reshape(B, S, -1)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
