@@ -11,8 +11,9 @@
 #             peer-memory checks of stalled and posted receives, the flash backward's GPU tests (~5 minutes);
 #   rows:     issue 22/23/26 timings: decode step rows at 1K/8K/32K, the fused decode's A/B, the gated GEMM's tile
 #             rows, the flash backward's tiles against SDPA and its host profile (~8 minutes);
-#   delta15:  what the fifteenth session left unrun (~1.5 minutes): the flash backward's delta kernel (one launch,
-#             was five torch ops) in the autograd GPU tests with launch checks, the backward's host profile.
+#   delta15:  what the fifteenth session left unrun (~2.5 minutes): the flash backward's delta kernel (one launch,
+#             was five torch ops) in the autograd GPU tests with launch checks, the backward's host profile, the CP
+#             all_gather check that forces the send-buffer race the session fixed.
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -70,6 +71,8 @@ delta15)
   step flash_bwd_gpu_tests 80 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu \
     tests/kernels/test_autograd.py
   step flash_grad_profile 50 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
+  step cp_send_buffer_check 90 env XELINK_TEST_CHECKS=holds_its_send_buffer python3 -m pytest -q -rfE \
+    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
   ;;
 host)  # ran above
   ;;

@@ -79,6 +79,36 @@ def check_back_to_back_calls_change_shape(world):
     xelink.synchronize()
 
 
+def check_all_gather_holds_its_send_buffer_while_the_gather_runs(world):
+    """algo="all_gather" gathers the packed KV on a side stream while the current stream attends. Its send buffer
+    must live until the gather is joined: freed earlier, the caching allocator hands that memory to the current
+    stream's next tensor of the size (here one filled with NaN as soon as the gather is started) while the gather,
+    held back on its stream, has not read it yet; the other ranks then attend to NaN (the CP x TP training client's
+    wrong loss, 0.1-0.8%, before 6117c39)."""
+    from xelink.dist import cp_device, cp_engine
+
+    dev = _dev(world)
+    real_gather, real_start = cp_device.all_gather_into_tensor, cp_engine.gather_kv
+
+    def late(stage, send, group):  # the gather starts about a millisecond late on the side stream
+        torch.cuda._sleep(2_000_000)
+        return real_gather(stage, send, group=group)
+
+    def grab(comm, kv, lengths, start_gather):
+        stage, work = real_start(comm, kv, lengths, start_gather)
+        two, B, Hkv, _, D = kv.shape
+        kv.new_empty((two, B, Hkv, max(lengths), D)).fill_(float("nan"))  # the send buffer's size, just freed
+        return stage, work
+
+    cp_device.all_gather_into_tensor, cp_engine.gather_kv = late, grab
+    try:
+        for seed in range(3):
+            _case(world, dev, 1, 4, 2, 96 * world.size + 5, 64, True, "zigzag", "all_gather", 40 + seed)
+    finally:
+        cp_device.all_gather_into_tensor, cp_engine.gather_kv = real_gather, real_start
+    xelink.synchronize()
+
+
 def check_cuda_graph_replays_with_new_inputs(world):
     """cp_attention captured once per algorithm (after an eager warm-up call of the shape), replayed with new
     inputs copied into the captured tensors; a rank sleeps before some replays so the peers run ahead."""
