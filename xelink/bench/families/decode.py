@@ -63,8 +63,8 @@ of each sequence); ``size_bytes`` and ``extra["bytes_per_step"]`` the bytes a st
 weight as stored, scales included, the norms, the head, one embedding row per sequence, the K/V cache rows
 0..L-1 of every layer for B sequences); ``extra["roofline"]`` (CUDA) that over the time over the device's peak
 HBM bandwidth (``HBM_BYTES_PER_S`` by name; none for a GPU not listed). ``extra["kernels"]``: the kernels of one
-replay as the profiler saw them, counted after the timing. Checks: on CPU ``#wrong`` counts the logits off the twin run in float64 (2% of the value plus 2% of
-the RMS); on CUDA, where bf16 rounding over 32 layers separates the two, ``#wrong`` counts non-finite
+replay as the profiler saw them, counted after the timing. Checks: on CPU ``#wrong`` counts the logits off
+the twin run in float64 (2% of the value plus 2% of the RMS); on CUDA, where bf16 rounding over 32 layers separates the two, ``#wrong`` counts non-finite
 logits and next tokens not at their row's maximum, while the agreement with the twin, taken on the first
 replay, is recorded (``same_next_token``, ``logits_max_abs_diff``, ``logits_rel_rms_diff``; random weights
 give near-flat logits, so a differing token is no failure). The notes give a line per model row and issue
