@@ -25,7 +25,8 @@ C=$(cat .commit 2>/dev/null || git rev-parse HEAD)
 GPU=$(nvidia-smi -L | head -1)
 step() {  # step NAME LIMIT command...: output to $OUT/NAME.log, the exit status appended
   local name=$1 limit=$2; shift 2
-  { echo "commit: $C, $(date -u), $GPU"; echo "\$ $*"; timeout "$limit" "$@"; echo "[exit $?]"; } > "$OUT/$name.log" 2>&1
+  { echo "commit: $C, $(date -u), $GPU"; echo "\$ $*"; timeout "$limit" "$@"; echo "[exit $?]"; } \
+    > "$OUT/$name.log" 2>&1
   tail -n 3 "$OUT/$name.log"
 }
 case "$1" in
@@ -39,7 +40,8 @@ host|all)
 esac
 case "$1" in
 tests|all)
-  step kernels_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu tests/kernels
+  step kernels_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels
   step gpu_rank_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py tests/models
   ;;
@@ -52,7 +54,8 @@ bench)
   ;;
 training)
   step training_gpu_checks 150 timeout -s INT -k 10 140 env XELINK_TEST_CHECKS=gradients python3 -m pytest -q -rfE \
-    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_training.py
+    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py tests/dist/ranks_gpu_dist_gemm.py \
+    tests/dist/ranks_gpu_training.py
   step symm_gpu_checks 100 env XELINK_TEST_CHECKS=receives_posted,stalled_receiver python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/symm/ranks_gpu_symm.py
   step flash_bwd_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu \
