@@ -294,6 +294,10 @@ def test_flash_attention_with_grad_keeps_no_score_matrix_and_refuses_out():
     (want.sum() + want_lse.sum()).backward()
     for a, b in zip(leaves, full):
         assert a.grad.dtype == torch.float64 and torch.allclose(a.grad, b.grad, atol=1e-5)
+    for pick in (0, 1):  # a loss of the output alone, then of the LSE alone (the other's gradient comes as None)
+        got = torch.autograd.grad(flash_attention(*leaves, causal=True, return_lse=True)[pick].sum(), leaves)
+        want = torch.autograd.grad(_attention64(*full, True)[pick].sum(), full, allow_unused=True)  # lse: no v
+        assert all(torch.allclose(a, torch.zeros_like(a) if b is None else b, atol=1e-5) for a, b in zip(got, want))
     with pytest.raises(ValueError, match=r"^flash_attention: out= is not differentiable"):
         flash_attention(*leaves, out=torch.empty(1, 4, 40, 16, dtype=torch.float64))
 

@@ -1293,12 +1293,15 @@ class _FlashAttention(torch.autograd.Function):
         out, lse = _flash_run(q, k, v, causal, scale, path, None, pdl, plan)
         ctx.flags = (causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
+        ctx.set_materialize_grads(False)  # an unused LSE's gradient comes as None, not a tensor of zeros
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         causal, scale = ctx.flags
+        if dout is None:  # only the LSE was used
+            dout = torch.zeros_like(out)
         dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse,
                                               dtype=q.dtype)
         return dq, dk, dv, None, None, None, None, None
