@@ -283,6 +283,15 @@ def check_bad_arguments(world):
          "output.dtype"),
         (lambda: xelink.all_to_all_single(torch.ones(7, device=dev), torch.ones(7, device=dev)), ValueError,
          "divisible"),
+        # split sizes (NCCL's path) checked before any byte moves, as on CPU ranks
+        (lambda: xelink.all_to_all_single(torch.ones(8, device=dev), x, [8] + [0] * (world.size - 1), [1] * 8),
+         ValueError, "input_split_sizes=[1, 1, 1, 1, 1, 1, 1, 1] must be"),
+        (lambda: xelink.all_to_all_single(torch.ones(8, device=dev), x, [9] + [0] * (world.size - 1)), ValueError,
+         "sum(output_split_sizes)=9 != dim 0"),
+        (lambda: xelink.all_to_all_single(torch.ones(8, 2, device=dev), x.view(8, 1), [8] + [0] * (world.size - 1),
+                                          [8] + [0] * (world.size - 1)), ValueError, "trailing dims differ"),
+        (lambda: xelink.all_to_all_single(x, x, [8] + [0] * (world.size - 1), algo="direct"), ValueError,
+         "run on NCCL only"),
         (lambda: xelink.all_reduce(x, algo="copy_engine"), ValueError, "xelink.empty"),
     ]
     for call, exc, text in cases:

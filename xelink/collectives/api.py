@@ -141,8 +141,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
     Args:
         output, input: tensors/arrays of one dtype with equal trailing dims.
-        output_split_sizes, input_split_sizes: rows per rank (None: equal splits of dim 0). On CUDA
-            tensors split sizes run on NCCL (``algo`` "auto" or "nccl").
+        output_split_sizes, input_split_sizes: rows per rank (None: equal splits of dim 0), checked on every
+            backend before any byte moves. On CUDA tensors split sizes run on NCCL (``algo`` "auto" or "nccl").
 
     Returns:
         None, or a handle when ``async_op``.
@@ -153,17 +153,16 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     comm = group_of(group, fn)
     out, inp = pair(fn, output, input, comm)
     n = comm.size
-    if out.is_cuda:
-        if output_split_sizes is not None or input_split_sizes is not None:
-            if algo not in ("auto", "nccl"):
-                raise ValueError(f"{fn}: split sizes on CUDA tensors run on NCCL only (algo='auto' or 'nccl'), "
-                                 f"got algo={algo!r}")
-            algo = "nccl"
-        elif out.numel() != inp.numel() or inp.numel() % n:
+    sized = output_split_sizes is not None or input_split_sizes is not None
+    if out.is_cuda and not sized:
+        if out.numel() != inp.numel() or inp.numel() % n:
             raise ValueError(f"{fn}: input.numel()={inp.numel()} and output.numel()={out.numel()} must be equal and "
                              f"divisible by world_size={n} (equal splits on CUDA tensors)")
-        outs, ins = output_split_sizes, input_split_sizes
-    else:
+        outs = ins = None
+    else:  # rows split along dim 0: the sizes checked here, before any byte moves (NCCL would not say why)
+        if out.is_cuda and algo not in ("auto", "nccl"):
+            raise ValueError(f"{fn}: split sizes on CUDA tensors run on NCCL only (algo='auto' or 'nccl'), "
+                             f"got algo={algo!r}")
         if out.dim() == 0 or inp.dim() == 0:
             raise ValueError(f"{fn}: output and input need at least one dimension")
         if tuple(out.shape[1:]) != tuple(inp.shape[1:]):
@@ -173,6 +172,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         if ins[comm.rank] != outs[comm.rank]:
             raise ValueError(f"{fn}: rank {comm.rank} sends itself {ins[comm.rank]} rows but expects "
                              f"{outs[comm.rank]} from itself")
+        if out.is_cuda:
+            algo = "nccl"
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_to_all", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape[1:]), str(inp.dtype), algo))
