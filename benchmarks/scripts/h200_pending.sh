@@ -13,7 +13,8 @@
 #             rows, the flash backward's tiles against SDPA and its host profile (~8 minutes);
 #   delta15:  what the fifteenth session left unrun (~2.5 minutes): the flash backward's delta kernel (one launch,
 #             was five torch ops) in the autograd GPU tests with launch checks, the backward's host profile, the CP
-#             all_gather check that forces the send-buffer race the session fixed.
+#             all_gather check that forces the send-buffer race the session fixed, the GPU collectives' bad arguments
+#             (all_to_all split sizes checked before NCCL).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -76,6 +77,8 @@ delta15)
   step flash_grad_profile 50 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
   step cp_send_buffer_check 90 env XELINK_TEST_CHECKS=holds_its_send_buffer python3 -m pytest -q -rfE \
     -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
+  step collectives_bad_arguments 60 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=bad_arguments python3 -m pytest \
+    -q -rfE -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   ;;
 host)  # ran above
   ;;
