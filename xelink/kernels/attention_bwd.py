@@ -40,12 +40,19 @@ _LOG2E = 1.4426950408889634
 if triton is not None:
 
     @triton.jit
+    def _visible(rows, keys, SQ, SK, CAUSAL: tl.constexpr):
+        """Which (query row, key) pairs attend, for ``rows`` and ``keys`` already broadcast against each other
+        (either orientation): both in range, and under CAUSAL the key at most the row + (SK - SQ)."""
+        keep = (keys < SK) & (rows < SQ)
+        if CAUSAL:
+            keep = keep & (keys <= rows + (SK - SQ))
+        return keep
+
+    @triton.jit
     def _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL: tl.constexpr):
         """p (BLOCK_M, BLOCK_N) of the rows offs_m over keys offs_n, and ds = p * (do v^T - delta)."""
         s = tl.dot(q, tl.trans(k))
-        keep = (offs_n[None, :] < SK) & (offs_m[:, None] < SQ)
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (SK - SQ))
+        keep = _visible(offs_m[:, None], offs_n[None, :], SQ, SK, CAUSAL)
         p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
@@ -133,9 +140,7 @@ if triton is not None:
                 qT = _load_cols(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
                 do = _load_rows(DO + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
                 lse2, delta = _row_stats(LSE, DELTA, row0, offs_m, SQ)
-                keep = (offs_n[:, None] < SK) & (offs_m[None, :] < SQ)
-                if CAUSAL:
-                    keep = keep & (offs_n[:, None] <= offs_m[None, :] + (SK - SQ))
+                keep = _visible(offs_m[None, :], offs_n[:, None], SQ, SK, CAUSAL)  # (BLOCK_N, BLOCK_M)
                 pT = tl.where(keep, tl.math.exp2(tl.dot(k, qT) * qk_scale - lse2[None, :]), 0.0)
                 dv = tl.dot(pT.to(do.dtype), do, dv)
                 dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
@@ -192,9 +197,9 @@ def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dt
                 *(torch.zeros((B, Hkv, Sk, D), dtype=dtype, device=q.device) for _ in range(2)))
     delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     block = 64 if D <= 128 else 32
-    launch(_delta_kernel, (cdiv(Sq, block), B * Hq), out, dout, lse if dlse is None else dlse, delta, *out.stride(),
-           *dout.stride(), *(lse if dlse is None else dlse).stride(), Hq, Sq, HEAD_DIM=D, BLOCK_M=block,
-           HAS_DLSE=dlse is not None, num_warps=4)
+    dl = lse if dlse is None else dlse  # without a dlse, any (B, Hq, Sq) tensor stands in: HAS_DLSE=False reads none
+    launch(_delta_kernel, (cdiv(Sq, block), B * Hq), out, dout, dl, delta, *out.stride(), *dout.stride(), *dl.stride(),
+           Hq, Sq, HEAD_DIM=D, BLOCK_M=block, HAS_DLSE=dlse is not None, num_warps=4)
     dq = torch.empty((B, Hq, Sq, D), dtype=dtype, device=q.device)
     dk = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
     dv = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
