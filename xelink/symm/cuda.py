@@ -217,20 +217,28 @@ class _ErrorWord:
         self.told = False  # a call raised it or the watchdog reported it: nothing more to say
         watchdog.watch(self)
 
-    def missing(self) -> list[int]:
-        return [self.ranks[p] for p in range(len(self.ranks)) if self._view[1 + p]]
+    def _state(self) -> tuple[str, object] | None:
+        """What the word holds, read in one place: ``("size", bytes sent)`` (a pair's message of another size,
+        told first), ``("deadline", the ranks waited for)``, or None."""
+        view = self._view
+        if self.pair and view[2]:
+            return "size", int(view[3])
+        if view[0]:
+            return "deadline", [self.ranks[p] for p in range(len(self.ranks)) if view[1 + p]]
+        return None
 
     def raise_if_set(self, fn: str) -> None:
         """Raise what the word holds (a pair's wrong size first, then a deadline) and break the communicator."""
-        view, comm = self._view, self.comm
-        if self.pair and view[2]:
-            err = XelinkError(f"{fn}: rank {self.ranks[0]} of {comm.name} sent a message of {int(view[3])} B to "
+        state, comm = self._state(), self.comm
+        if state is None:
+            return
+        kind, value = state
+        if kind == "size":
+            err = XelinkError(f"{fn}: rank {self.ranks[0]} of {comm.name} sent a message of {value} B to "
                               f"a receive of another size on rank {comm.rank}; the data was dropped and "
                               f"{comm.name} is unusable (post receives of the sizes sent)")
-        elif view[0]:
-            err = TimeoutError(fn, self.missing(), comm.timeout, self.what)
         else:
-            return
+            err = TimeoutError(fn, value, comm.timeout, self.what)
         self.told = True
         comm.fail(err)
         raise err
@@ -238,17 +246,15 @@ class _ErrorWord:
     def tripped(self) -> str | None:
         """The watchdog's line once a wait gave up (or a pair's message had another size) and neither a call nor
         the watchdog has told it yet, else None."""
-        if self.told:
+        state, comm = None if self.told else self._state(), self.comm
+        if state is None:
             return None
-        if self.pair and self._view[2]:
-            return (f"rank {self.comm.rank} of {self.comm.name}: rank {self.ranks[0]} sent a message of "
-                    f"{int(self._view[3])} B to a receive of another size; the data was dropped, and the next call "
-                    f"on {self.comm.name} raises")
-        if not self._view[0]:
-            return None
-        return (f"rank {self.comm.rank} of {self.comm.name}: {self.what} (waited {self.comm.timeout:g} s for "
-                f"rank(s) {self.missing()}); what that call should have written is not, and the next call on "
-                f"{self.comm.name} raises xelink.TimeoutError")
+        kind, value = state
+        if kind == "size":
+            return (f"rank {comm.rank} of {comm.name}: rank {self.ranks[0]} sent a message of {value} B to a receive "
+                    f"of another size; the data was dropped, and the next call on {comm.name} raises")
+        return (f"rank {comm.rank} of {comm.name}: {self.what} (waited {comm.timeout:g} s for rank(s) {value}); what "
+                f"that call should have written is not, and the next call on {comm.name} raises xelink.TimeoutError")
 
 
 class Team:
