@@ -23,28 +23,22 @@ from xelink.bench.harness import time_cuda_events
 from xelink.kernels import attention_bwd as AB
 from xelink.kernels import flash_attention, flash_attention_backward, reference_flash_attention
 
-# Tile configurations per head dim, each (BLOCK_M, BLOCK_N, warps, stages); the kept two-pass pair first. A pair is
-# the two passes (dkdv tile, dq tile); ("one", tile) the one pass with atomic dq (``deterministic=False``). Offline
-# (ptxas -v, sm_90a, Triton 3.6) the key-major dk/dv kernel runs its dots as wgmma. Spills (bytes a thread): head
-# dim 128 dkdv 16 x 128 none, 32 x 64 and 32 x 128 24, 64 x 128 224 (the fastest on the H100 all the same), dq
-# 128 x 32 none; one pass 16 x 128 12, 32 x 128 96, 32 x 64 124, 64 x 64 328, 64 x 128 516; head dim 64 dkdv
-# 64 x 128 and dq 128 x 64 none, one pass 64 x 128, 32 x 128, 64 x 64 none; head dim 256 dkdv 32 x 32 none, 16 x 64 216, 32 x 64 336, dq 32 x 32 none, 64 x 32 84,
-# one pass 16 x 32 none, 32 x 32 80.
-CONFIGS = {64: [((64, 128, 8, 2), (128, 64, 8, 2)), ("one", (64, 128, 8, 2)), ("one", (32, 128, 8, 2)),
-                ("one", (64, 64, 8, 2)), ((32, 128, 8, 2), (128, 32, 8, 2))],
-           128: [((64, 128, 8, 2), (128, 32, 8, 2)), ("one", (32, 128, 8, 2)), ("one", (64, 128, 8, 2)),
-                 ("one", (64, 64, 8, 2)), ("one", (16, 128, 8, 2)), ("one", (32, 64, 8, 2))],
-           256: [((32, 32, 8, 1), (32, 32, 8, 1)), ("one", (16, 32, 8, 1)), ("one", (32, 32, 8, 1)),
-                 ((16, 64, 8, 1), (32, 32, 8, 1)), ((32, 32, 4, 1), (32, 32, 4, 1))]}
+# (dkdv tile, dq tile) pairs per head dim, each (BLOCK_M, BLOCK_N, warps, stages); the kept pair first. Offline (ptxas
+# -v, sm_90a, Triton 3.6) the key-major dk/dv kernel runs its four dots as wgmma. Spills (bytes a thread): head dim
+# 128 dkdv 16 x 128 none, 32 x 64 and 32 x 128 24, 64 x 128 224 (the fastest on the H100 all the same), dq 128 x 32
+# none; head dim 64 dkdv 64 x 128 and dq 128 x 64 none; head dim 256 dkdv 32 x 32 none, 16 x 64 216, 32 x 64 336,
+# dq 32 x 32 none, 64 x 32 84.
+CONFIGS = {64: [((64, 128, 8, 2), (128, 64, 8, 2)), ((32, 64, 8, 2), (64, 64, 8, 2)),
+                ((32, 128, 8, 2), (128, 32, 8, 2)), ((64, 64, 8, 2), (64, 64, 8, 2))],
+           128: [((64, 128, 8, 2), (128, 32, 8, 2)), ((32, 64, 8, 2), (64, 32, 8, 2)),
+                 ((16, 128, 8, 2), (128, 32, 8, 2)), ((32, 128, 8, 2), (128, 32, 8, 2)),
+                 ((64, 64, 8, 2), (64, 64, 8, 2))],
+           256: [((32, 32, 4, 1), (32, 32, 4, 1)), ((32, 32, 8, 1), (32, 32, 8, 1)), ((16, 64, 8, 1), (32, 32, 8, 1)),
+                 ((16, 32, 4, 1), (32, 32, 4, 1))]}
 
 
-def _use(config, D) -> bool:
-    """Set the tiles of ``config``; returns the ``deterministic`` argument that runs them."""
-    if config[0] == "one":
-        AB.BWD_CONFIGS[D] = dict(AB.BWD_CONFIGS[D], dkdv_dq=config[1])
-        return False
-    AB.BWD_CONFIGS[D] = dict(AB.BWD_CONFIGS[D], dkdv=config[0], dq=config[1])
-    return True
+def _use(config, D) -> None:
+    AB.BWD_CONFIGS[D] = {"dkdv": config[0], "dq": config[1]}
 
 
 CHECKS = [(1, 4, 4, 300, 300, False), (2, 8, 2, 257, 513, True), (1, 8, 2, 1000, 1000, True)]
@@ -57,13 +51,12 @@ def _inputs(B, H, HKV, SQ, SK, D, dt=torch.bfloat16, seed=0):
 
 def check(config, D) -> int:
     bad = 0
-    det = _use(config, D)
+    _use(config, D)
     for B, H, HKV, SQ, SK, causal in CHECKS:
         q, k, v = _inputs(B, H, HKV, SQ, SK, D, seed=SQ)
         out, lse = reference_flash_attention(q, k, v, causal=causal, return_lse=True)
         dout, dlse = torch.randn_like(out), torch.randn_like(lse)
-        got = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, impl="triton",
-                                       deterministic=det)
+        got = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, impl="triton")
         want = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, impl="reference")
         errs = [float((a - b).norm() / b.norm()) for a, b in zip(got, want)]
         ok = max(errs) < 1.5e-2 and all(bool(torch.isfinite(a).all()) for a in got)
@@ -89,7 +82,7 @@ def main() -> int:
     args = p.parse_args()
     D = args.head_dim
     print(torch.cuda.get_device_name(), torch.__version__, f"head dim {D}", flush=True)
-    kept, kept_one_pass = dict(AB.BWD_CONFIGS[D]), AB.ONE_PASS
+    kept = AB.BWD_CONFIGS[D]
     bad = sum(check(c, D) for c in CONFIGS[D])
     AB.BWD_CONFIGS[D] = kept
     lengths = (1024, 4096) if args.quick else (1024, 4096, 8192)
@@ -101,26 +94,19 @@ def main() -> int:
             out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
             dout = torch.randn_like(out)
             for config in CONFIGS[D]:
-                det = _use(config, D)
-                ms = _ms(lambda: flash_attention_backward(dout, q, k, v, out, lse, causal=causal, impl="triton",
-                                                          deterministic=det))
+                _use(config, D)
+                ms = _ms(lambda: flash_attention_backward(dout, q, k, v, out, lse, causal=causal, impl="triton"))
                 print(f"| {'GQA 32/8 causal' if causal else 'MHA'} | {S} | {config} | {ms:.3f} | "
                       f"{_tflops(S, 32, D, causal, ms, 2.5):.0f} |", flush=True)
-            AB.BWD_CONFIGS[D] = dict(kept)
+            AB.BWD_CONFIGS[D] = kept
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            ours = []
-            for one_pass in (False, True):  # deterministic=None: ONE_PASS decides
-                AB.ONE_PASS = one_pass
-                ours.append(_ms(lambda: flash_attention(*leaves, causal=causal).backward(dout)))
-            AB.ONE_PASS = kept_one_pass
+            ours = _ms(lambda: flash_attention(*leaves, causal=causal).backward(dout))
             sdpa = _ms(lambda: F.scaled_dot_product_attention(*leaves, is_causal=causal,
                                                                enable_gqa=hkv != 32).backward(dout))
-            rows.append((causal, S, *ours, sdpa))
-    print("\n| case | S | xelink fwd+bwd ms, two passes / one pass | SDPA fwd+bwd ms | xelink / SDPA speed |"
-          "\n|---|---|---|---|---|")
-    for causal, S, two, one, sdpa in rows:
-        print(f"| {'GQA 32/8 causal' if causal else 'MHA'} | {S} | {two:.3f} / {one:.3f} | {sdpa:.3f} | "
-              f"{sdpa / two:.2f}x / {sdpa / one:.2f}x |")
+            rows.append((causal, S, ours, sdpa))
+    print("\n| case | S | xelink fwd+bwd ms | SDPA fwd+bwd ms | xelink / SDPA speed |\n|---|---|---|---|---|")
+    for causal, S, ours, sdpa in rows:
+        print(f"| {'GQA 32/8 causal' if causal else 'MHA'} | {S} | {ours:.3f} | {sdpa:.3f} | {sdpa / ours:.2f}x |")
     print(f"\nwrong: {bad}")
     return 1 if bad else 0
 

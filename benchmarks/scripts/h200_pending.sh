@@ -15,12 +15,10 @@
 #             was five torch ops) in the autograd GPU tests with launch checks, the backward's host profile, the CP
 #             all_gather check that forces the send-buffer race the session fixed, the GPU collectives' bad arguments
 #             (all_to_all split sizes checked before NCCL).
-#   onepass16: the flash backward's one pass with atomic dq (sixteenth session, ~7 minutes): its GPU tests, the tile
-#             A/B at head dims 128 / 64 / 256 against the two passes and SDPA.
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench|training|rows|delta15|onepass16
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench|training|rows|delta15
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -82,17 +80,10 @@ delta15)
   step collectives_bad_arguments 60 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=bad_arguments python3 -m pytest \
     -q -rfE -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   ;;
-onepass16)
-  step flash_bwd_gpu_tests 100 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu \
-    tests/kernels/test_autograd.py
-  step flash_bwd_ab_hd128 170 python3 benchmarks/scripts/flash_bwd_ab.py
-  step flash_bwd_ab_hd64 80 python3 benchmarks/scripts/flash_bwd_ab.py --head-dim 64 --quick
-  step flash_bwd_ab_hd256 80 python3 benchmarks/scripts/flash_bwd_ab.py --head-dim 256 --quick
-  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|all|bench|training|rows|delta15|onepass16" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|all|bench|training|rows|delta15" >&2
   exit 2
   ;;
 esac

@@ -1239,7 +1239,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
 
 
 def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, impl="auto", *, dlse=None,
-                             dtype=None, deterministic=None):
+                             dtype=None):
     """Gradients of ``flash_attention``'s output with respect to q, k and v (FlashAttention's backward
     contract: the forward's output and LSE are given, the probabilities recomputed from them).
 
@@ -1253,10 +1253,6 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
         dlse: the gradient of the LSE, (B, Hq, Sq), where a loss used it too (None: zero).
         dtype: the results' floating dtype (None: float32, float64 for float64 inputs). The kernel stores it
             directly (no cast pass); a block's contributions to be summed over blocks want the float32 default.
-        deterministic: the kernel path's dq (the reference is always deterministic). True: FlashAttention-2's
-            two passes, the same bits on every call; False: one pass that adds dq with float32 atomics, whose
-            order (so dq's last bits) varies from call to call; None: ``attention_bwd.ONE_PASS`` (the faster
-            on the GPUs measured) unless ``torch.use_deterministic_algorithms`` is on.
         impl: "auto", "triton" or "reference" (``BACKWARD_IMPLS``). "triton": FlashAttention-2's two passes
             (``attention_bwd``: bfloat16 / float16, head dim 64 / 128 / 256, any lengths and strides); "reference":
             torch ops in float32 over row chunks (memory O(chunk x Sk), not O(Sq x Sk)), any dtype and device;
@@ -1274,8 +1270,6 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
     _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise TypeError(f"{fn}: dtype={dtype!r} must be None or a floating torch.dtype")
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise TypeError(f"{fn}: deterministic={deterministic!r} must be None, True or False")
     path = _fit(resolve_impl(fn, impl, q.device, BACKWARD_IMPLS, dout=dout, q=q, k=k, v=v, out=out, lse=lse,
                              dlse=dlse), impl, q)
     if path == "reference":
@@ -1284,13 +1278,10 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
     _check_kernel_inputs(fn, path, q)
     if dout.dtype != q.dtype:
         raise TypeError(f"{fn}: dout.dtype={dout.dtype} != q.dtype={q.dtype} (impl={path!r} takes them alike)")
-    from .attention_bwd import ONE_PASS, flash_backward
+    from .attention_bwd import flash_backward
 
-    if deterministic is None:
-        deterministic = not ONE_PASS or torch.are_deterministic_algorithms_enabled()
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    return flash_backward(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale, dtype or torch.float32,
-                          deterministic)
+    return flash_backward(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale, dtype or torch.float32)
 
 
 class _FlashAttention(torch.autograd.Function):

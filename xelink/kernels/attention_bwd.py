@@ -19,8 +19,10 @@ default).
 Tiles (``BWD_CONFIGS``), from H100 A/Bs (``benchmarks/scripts/flash_bwd_ab.py``, results in
 ``benchmarks/results/h100-flash-backward``): at head dim 128, 64 x 128 key tiles for dk/dv (ptxas spills 224
 bytes a thread, and they are still 1.26-1.33x faster than the spill-free 16 x 128) and 128 x 32 query tiles for
-dq; at 64, the spill-free 64 x 128 and 128 x 64, the fastest there. Head dim 256 keeps the tiles that compile for
-sm_90a without spilling (``benchmarks/scripts/sm90_registers.py``), untimed: only 32 x 32 in one stage fit.
+dq; at 64, the spill-free 64 x 128 and 128 x 64, the fastest there; at 256, 32 x 32 in one stage (the larger
+tiles spill) over 4 warps, 1.4-1.5x faster there than 8. A one-pass variant that added dq with float32 atomics
+from the dk/dv kernel (5 dots instead of 7) was no faster: 0.96-1.16x the two passes' time at head dim 128, slower
+at 256 (94582cb; ``h100-flash-backward/flash_bwd_ab_onepass.log``).
 """
 from __future__ import annotations
 
@@ -29,15 +31,12 @@ import torch
 from .common import cdiv, tl, triton
 from .launcher import launch
 
-__all__ = ["BWD_CONFIGS", "ONE_PASS", "flash_backward"]
+__all__ = ["BWD_CONFIGS", "flash_backward"]
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim and pass (module docstring).
-# "dkdv_dq": the one-pass kernel's (dq added with atomics).
-BWD_CONFIGS = {64: {"dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2), "dkdv_dq": (64, 128, 8, 2)},
-               128: {"dkdv": (64, 128, 8, 2), "dq": (128, 32, 8, 2), "dkdv_dq": (32, 128, 8, 2)},
-               256: {"dkdv": (32, 32, 8, 1), "dq": (32, 32, 8, 1), "dkdv_dq": (16, 32, 8, 1)}}
-# Whether flash_attention_backward(deterministic=None) takes the one pass with atomic dq (module docstring).
-ONE_PASS = False
+BWD_CONFIGS = {64: {"dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2)},
+               128: {"dkdv": (64, 128, 8, 2), "dq": (128, 32, 8, 2)},
+               256: {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1)}}
 _LOG2E = 1.4426950408889634
 
 if triton is not None:
@@ -110,19 +109,16 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SK"])
     def _dkdv_kernel(
-        Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+        Q, K, V, DO, LSE, DELTA, DK, DV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         HKV, GROUP, SQ, SK, scale, qk_scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        DQ_ATOMIC: tl.constexpr = False,
     ):
         # Everything in the key-major orientation: s^T = k q^T (BLOCK_N, BLOCK_M), so the dots that accumulate dv
         # and dk take p^T and ds^T as computed (no transpose of a register tile); q comes in transposed.
-        # DQ_ATOMIC: also dq^T += k^T ds^T, added (scaled) into the float32 DQ (B, Hq, SQ, HEAD_DIM), zeroed by the
-        # caller, with atomics: one pass instead of two, in an order that varies from run to run.
         pid_n = tl.program_id(0)
         bh = tl.program_id(1)
         b = (bh // HKV).to(tl.int64)
@@ -133,8 +129,6 @@ if triton is not None:
         ok_n = (offs_n < SK)[:, None]
         k = _load_rows(K + b * stride_kb + kvh * stride_kh, offs_n, SK, stride_kn, stride_kd, HEAD_DIM)
         v = _load_rows(V + b * stride_vb + kvh * stride_vh, offs_n, SK, stride_vn, stride_vd, HEAD_DIM)
-        if DQ_ATOMIC:
-            kT = _load_cols(K + b * stride_kb + kvh * stride_kh, offs_n, SK, stride_kn, stride_kd, HEAD_DIM)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         m_lo = 0
@@ -153,10 +147,6 @@ if triton is not None:
                 dv = tl.dot(pT.to(do.dtype), do, dv)
                 dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
                 dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
-                if DQ_ATOMIC:
-                    dqT = tl.dot(kT, dsT.to(kT.dtype)) * scale  # (HEAD_DIM, BLOCK_M)
-                    at = DQ + (row0 + offs_m[None, :]).to(tl.int64) * HEAD_DIM + offs_d[:, None]
-                    tl.atomic_add(at, dqT, mask=(offs_m < SQ)[None, :], sem="relaxed")
         out = (b * HKV + kvh) * SK * HEAD_DIM + offs_n[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
         tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=ok_n)
         tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=ok_n)
@@ -198,13 +188,10 @@ if triton is not None:
         tl.store(DQ + rows + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=ok_m)
 
 
-def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dtype=torch.float32,
-                   deterministic: bool = True):
-    """(dq, dk, dv) in ``dtype``, contiguous: delta (one launch), then the two passes, or with ``deterministic``
-    False one pass that adds dq with float32 atomics (then cast to ``dtype`` where it is another) (arguments
-    checked by the caller; ``lse`` float32 ``(B, Hq, Sq)``, contiguous; ``dlse`` None or any floating
-    ``(B, Hq, Sq)``). Every row of dk and dv, and of the two passes' dq, is stored (a row with nothing to add gets
-    zeros), so they start empty."""
+def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dtype=torch.float32):
+    """(dq, dk, dv) in ``dtype``, contiguous: delta (one launch), then the two passes (arguments checked by the
+    caller; ``lse`` float32 ``(B, Hq, Sq)``, contiguous; ``dlse`` None or any floating ``(B, Hq, Sq)``). Every row
+    of each result is stored (a row with nothing to add gets zeros), so they start empty."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     if B == 0 or Sq == 0 or Sk == 0:
@@ -215,9 +202,7 @@ def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dt
     dl = lse if dlse is None else dlse  # without a dlse, any (B, Hq, Sq) tensor stands in: HAS_DLSE=False reads none
     launch(_delta_kernel, (cdiv(Sq, block), B * Hq), out, dout, dl, delta, *out.stride(), *dout.stride(), *dl.stride(),
            Hq, Sq, HEAD_DIM=D, BLOCK_M=block, HAS_DLSE=dlse is not None, num_warps=4)
-    one_pass = not deterministic
-    dq = (torch.zeros if one_pass else torch.empty)((B, Hq, Sq, D), dtype=torch.float32 if one_pass else dtype,
-                                                       device=q.device)
+    dq = torch.empty((B, Hq, Sq, D), dtype=dtype, device=q.device)
     dk = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
     dv = torch.empty((B, Hkv, Sk, D), dtype=dtype, device=q.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
@@ -228,11 +213,9 @@ def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dt
         return dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
                     num_stages=stages)
 
-    o = opts("dkdv_dq" if one_pass else "dkdv")  # launcher.launch: Triton's JIT call without its host time
-    launch(_dkdv_kernel, (cdiv(Sk, o["BLOCK_N"]), B * Hkv), q, k, v, dout, lse, delta, dk, dv, dq, *strides, Hkv,
-           Hq // Hkv, Sq, Sk, scale, qk_scale, DQ_ATOMIC=one_pass, **o)
-    if one_pass:
-        return (dq if dtype == torch.float32 else dq.to(dtype)), dk, dv
+    o = opts("dkdv")  # launcher.launch: Triton's JIT call without its tens of microseconds of host time
+    launch(_dkdv_kernel, (cdiv(Sk, o["BLOCK_N"]), B * Hkv), q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv,
+           Sq, Sk, scale, qk_scale, **o)
     o = opts("dq")
     launch(_dq_kernel, (cdiv(Sq, o["BLOCK_M"]), B * Hq), q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq,
            Sk, scale, qk_scale, **o)

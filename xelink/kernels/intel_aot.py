@@ -119,16 +119,15 @@ def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=
     return args
 
 
-def _flash_bwd(kv_pass: bool, d=128, group=4, atomic_dq=False):
+def _flash_bwd(kv_pass: bool, d=128, group=4):
     def args():
         B, H, S = 1, 32, 8192
         q = _contiguous(B, H, S, d)
         kv = _contiguous(B, H // group, S, d)
-        outs = [_t("float32")] * (3 if kv_pass else 1)  # dk, dv, dq; dq
-        extra = dict(DQ_ATOMIC=atomic_dq) if kv_pass else {}
+        outs = [_t("float32"), _t("float32")] if kv_pass else [_t("float32")]
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *outs,
                  *q, *kv, *kv, *q, H // group if kv_pass else H, group, S, S, 0.088, 0.127],
-                dict(HEAD_DIM=d, BLOCK_M=32 if kv_pass else 64, BLOCK_N=64 if kv_pass else 32, CAUSAL=True, **extra))
+                dict(HEAD_DIM=d, BLOCK_M=32 if kv_pass else 64, BLOCK_N=64 if kv_pass else 32, CAUSAL=True))
     return args
 
 
@@ -292,8 +291,6 @@ LAUNCHES: list[Launch] = [
            num_warps=4, sub_groups=(16,)),
     Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4]", "attention_bwd", "_dkdv_kernel", _flash_bwd(True),
            num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
-    Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4, atomic dq]", "attention_bwd", "_dkdv_kernel",
-           _flash_bwd(True, atomic_dq=True), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention_bwd._dq_kernel[hd128, causal gqa 4]", "attention_bwd", "_dq_kernel", _flash_bwd(False),
            num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4]", "attention", "_decode_split_kernel", _decode(),
