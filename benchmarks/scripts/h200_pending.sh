@@ -2,23 +2,20 @@
 # The lent one-GPU runs (H200 or H100; several ranks share the GPU where a check needs them), a group a call:
 #   host:     where the host time of the kernels (gemm, attention, gemv) and of the distributed GEMM goes, the
 #             attention and gemv families' rows (issue 20's target: torch + 10 us) (~7 minutes);
-#   tests:    every kernel GPU test with each fast launch checked against Triton's own key (XELINK_LAUNCH_CHECK=1),
-#             the multi-rank GPU tests of the peer-memory layer, the distributed GEMM, context-parallel attention
-#             and the Llama model (~8 minutes); all: host, then tests;
+#   tests:    every kernel GPU test with each fast launch checked against Triton's own key (XELINK_LAUNCH_CHECK=1)
+#             (~5 minutes);
+#   ranks:    the multi-rank GPU tests of the peer-memory layer, the distributed GEMM, context-parallel attention,
+#             then the Llama model's GPU tests (~6 minutes); all: host, tests, ranks (more than one call allows);
 #   bench:    the distributed GEMM and context-parallel attention families with 2 ranks sharing the GPU
 #             (correctness and a time-sliced sanity figure; their targets need one GPU per rank, issue 28);
 #   training: the gradient checks (CP attention, distributed GEMM), the CP x TP training client on CUDA, the
 #             peer-memory checks of stalled and posted receives, the flash backward's GPU tests (~5 minutes);
 #   rows:     issue 22/23/26 timings: decode step rows at 1K/8K/32K, the fused decode's A/B, the gated GEMM's tile
 #             rows, the flash backward's tiles against SDPA and its host profile (~8 minutes);
-#   delta15:  what the fifteenth session left unrun (~2.5 minutes): the flash backward's delta kernel (one launch,
-#             was five torch ops) in the autograd GPU tests with launch checks, the backward's host profile, the CP
-#             all_gather check that forces the send-buffer race the session fixed, the GPU collectives' bad arguments
-#             (all_to_all split sizes checked before NCCL).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|all|bench|training|rows|delta15
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|bench|training|rows
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -40,11 +37,16 @@ host|all)
   ;;
 esac
 case "$1" in
-tests|all)
-  step kernels_gpu_tests 270 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+tests|all)  # (on an H100: 224 kernel tests in ~280 s)
+  step kernels_gpu_tests 360 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
     tests/kernels
-  step gpu_rank_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
-    tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py tests/models
+  ;;
+esac
+case "$1" in
+ranks|all)  # (on an H100: symm, distributed GEMM and CP ~200 s, the models ~150 s)
+  step gpu_rank_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+    tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py
+  step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/models
   ;;
 bench)
   step bench_dist_gemm 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \
@@ -71,19 +73,10 @@ rows)
   step flash_grad_profile 50 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
   rm -f "$OUT"/bench/*.txt
   ;;
-delta15)
-  step flash_bwd_gpu_tests 80 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider -m gpu \
-    tests/kernels/test_autograd.py
-  step flash_grad_profile 50 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
-  step cp_send_buffer_check 90 env XELINK_TEST_CHECKS=holds_its_send_buffer python3 -m pytest -q -rfE \
-    -p no:cacheprovider tests/dist/ranks_gpu_cp_attention.py
-  step collectives_bad_arguments 60 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=bad_arguments python3 -m pytest \
-    -q -rfE -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
-  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|all|bench|training|rows|delta15" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|bench|training|rows" >&2
   exit 2
   ;;
 esac
