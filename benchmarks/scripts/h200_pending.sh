@@ -6,6 +6,9 @@
 #             (~5 minutes);
 #   ranks:    the multi-rank GPU tests of the peer-memory layer, the distributed GEMM, context-parallel attention,
 #             then the Llama model's GPU tests (~6 minutes); all: host, tests, ranks (more than one call allows);
+#   collectives: the GPU collectives' one-GPU rank tests (buffers reused across calls, uneven packages; then every
+#             op and algorithm with 2 ranks on the GPU: NCCL's comparisons skip there) (~9 minutes; ranks_gpu_shared.py
+#             needs 2 GPUs);
 #   bench:    the distributed GEMM and context-parallel attention families with 2 ranks sharing the GPU
 #             (correctness and a time-sliced sanity figure; their targets need one GPU per rank, issue 28);
 #   training: the gradient checks (CP attention, distributed GEMM), the CP x TP training client on CUDA, the
@@ -15,7 +18,7 @@
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|bench|training|rows
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -48,6 +51,12 @@ ranks|all)  # (on an H100: symm, distributed GEMM and CP ~200 s, the models ~150
     tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py
   step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/models
   ;;
+collectives)  # (not timed on an H100 yet: the GPU collectives' tests last ran in full on H200s)
+  step gpu_collective_tests 330 python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_reuse.py \
+    tests/collectives/ranks_gpu_uneven.py
+  step gpu_collectives_shared 200 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/collectives/ranks_gpu_collectives.py
+  ;;
 bench)
   step bench_dist_gemm 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \
     --shapes 8192 2048x4096x4096 --out "$OUT/bench" --commit "$C"
@@ -76,7 +85,7 @@ rows)
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|bench|training|rows" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows" >&2
   exit 2
   ;;
 esac
