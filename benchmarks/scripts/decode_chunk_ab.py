@@ -112,7 +112,7 @@ TILES = [(64, 4, 4), (64, 4, 5), (64, 8, 4), (128, 4, 3), (128, 8, 3), (32, 4, 8
 def tiles():
     deep, attn._DECODE_DEEP_KEYS = attn._DECODE_DEEP_KEYS, 1 << 40
     for b, smax, kv, q, caches, lens, ref, nbytes, timed in _shapes(
-            [(1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (8, 131072, 131072)]):
+            [(1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 32768, 32768), (8, 131072, 131072)]):
         _sdpa_row(b, smax, kv, q, caches, nbytes, timed)
         for config in TILES:
             attn._DECODE_CONFIGS[D] = config
