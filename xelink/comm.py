@@ -116,6 +116,8 @@ class Communicator:
         self.rank, self.size = transport.rank, transport.size
         self.world_ranks = list(world_ranks)
         self.hosts = list(hosts)
+        # Fixed for the communicator's life; kept because the one-shot all-reduce asks for it on every call.
+        self._local_ranks = tuple(r for r, h in enumerate(self.hosts) if h == self.hosts[self.rank])
         self.device = device
         self.timeout = timeout
         self.launch = launch
@@ -126,6 +128,7 @@ class Communicator:
         # XELINK_CHECK=1: every collective first checks that all ranks make the same call.
         self.check_calls = config.env_flag("XELINK_CHECK")
         self._packages: list[list[int]] | None = None
+        self._derived: tuple | None = None  # (world_placement, the packages derived from it): see _groups
         self._pg = None
         self._freed = False
         self._broken: Exception | None = None
@@ -140,15 +143,15 @@ class Communicator:
     @property
     def local_ranks(self) -> list[int]:
         """The ranks of this communicator on this rank's host."""
-        return [r for r, h in enumerate(self.hosts) if h == self.host]
+        return list(self._local_ranks)
 
     @property
     def local_rank(self) -> int:
-        return self.local_ranks.index(self.rank)
+        return self._local_ranks.index(self.rank)
 
     @property
     def local_size(self) -> int:
-        return len(self.local_ranks)
+        return len(self._local_ranks)
 
     @property
     def packages(self) -> list[list[int]]:
@@ -158,16 +161,21 @@ class Communicator:
         per host. Assigning a partition of ``range(size)`` overrides it, e.g. to run the hierarchical
         algorithms with an emulated layout (every rank must assign the same one).
         """
+        return [list(p) for p in self._groups()]
+
+    def _groups(self) -> list[list[int]]:
+        """``packages`` itself (not to be modified): the assigned layout, else the placement's packages, derived
+        once per placement (collectives on several packages ask on every call)."""
         if self._packages is not None:
-            return [list(p) for p in self._packages]
-        if self.world_placement is not None:
-            keys = [self.world_placement.package_of(w) for w in self.world_ranks]
-        else:
-            keys = self.hosts
-        groups: dict = {}
-        for r, k in enumerate(keys):
-            groups.setdefault(k, []).append(r)
-        return list(groups.values())
+            return self._packages
+        placement = self.world_placement
+        if self._derived is None or self._derived[0] is not placement:
+            keys = self.hosts if placement is None else [placement.package_of(w) for w in self.world_ranks]
+            groups: dict = {}
+            for r, k in enumerate(keys):
+                groups.setdefault(k, []).append(r)
+            self._derived = (placement, list(groups.values()))
+        return self._derived[1]
 
     @packages.setter
     def packages(self, value) -> None:
@@ -191,7 +199,7 @@ class Communicator:
 
     def package_index(self, rank: int) -> tuple[int, int]:
         """(package index, local index) of ``rank`` in ``packages``."""
-        for p, members in enumerate(self.packages):
+        for p, members in enumerate(self._groups()):
             if rank in members:
                 return p, members.index(rank)
         raise ValueError(f"package_index: rank {rank!r} is in no package of {self.name} ({self.packages})")

@@ -32,6 +32,8 @@ class ReduceOp:
 
 
 def parse_op(fn: str, op) -> str:
+    if type(op) is str and op in ReduceOp.ALL:  # the common spelling, taken as it is
+        return op
     name = op
     if not isinstance(op, str):
         # torch.distributed.ReduceOp and its RedOpType members print as e.g. "RedOpType.SUM"/"SUM".
@@ -79,7 +81,7 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
         if x.dtype not in DTYPES:
             raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported on GPUs; use one of {_dtypes(DTYPES)}")
         return x
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise ValueError(f"{fn}: {name} is on {x.device}; collectives move CPU tensors, numpy arrays and "
                          f"CUDA tensors")
     if not x.is_contiguous():

@@ -23,11 +23,11 @@ _log = get_logger("dispatch")
 def resolve(fn: str, op: str, algo, comm, backend: str, nbytes: int, dtype, x=None) -> registry.Algorithm:
     """The registry entry that runs ``fn``: ``algo`` checked (known here, and able to run on ``comm`` with
     the input ``x``), or ``auto``'s choice. Raises before anything is sent."""
-    if not registry.algorithms(op, backend):
+    if not registry.supports(op, backend):
         raise ValueError(f"{fn}: {backend.upper()} tensors are not supported by this op (CPU tensors and numpy "
                          f"arrays only)")
     if algo == "auto":
-        return registry.get(fn, op, choose(comm, op, nbytes, dtype, backend), backend)
+        return _auto(comm, op, nbytes, dtype, backend)
     entry = registry.get(fn, op, algo, backend)
     why = registry.backend(backend).unmet(comm, entry, x)
     if why is not None:
@@ -98,11 +98,19 @@ _MAX_ENTRIES = 4096
 
 def choose(comm, op: str, nbytes: int, dtype, backend: str = "cpu") -> str:
     """The algorithm ``auto`` runs for ``op`` on ``backend`` at ``nbytes`` bytes of ``dtype``."""
+    return _auto(comm, op, nbytes, dtype, backend).name
+
+
+def _auto(comm, op: str, nbytes: int, dtype, backend: str) -> registry.Algorithm:
+    """``choose``'s registry entry, cached (the cache holds entries: a small call looks up nothing else)."""
     if op not in registry.OPS:
         raise ValueError(f"choose: unknown op {op!r}")
     cache = comm.resource("dispatch.auto", dict)
     key = (backend, op, str(dtype), max(nbytes, 1).bit_length())
-    if key not in cache and _splits_class(comm, op, backend, nbytes, dtype):
+    found = cache.get(key)
+    if found is not None and found is not _PER_SIZE:
+        return found
+    if found is None and _splits_class(comm, op, backend, nbytes, dtype):
         cache[key] = _PER_SIZE
     if cache.get(key) is _PER_SIZE:  # a table edge inside the class: decided (from the table, cheaply) per size
         if len(cache) > _MAX_ENTRIES:  # sizes without end: start again (every rank alike: same calls, same sizes)
@@ -122,5 +130,5 @@ def choose(comm, op: str, nbytes: int, dtype, backend: str = "cpu") -> str:
             rule = b.size_rule(comm, op, nbytes)
             algo = rule if rule in names else names[0]
         _log.debug("dispatch: %s %s %s %d B on %s -> %s", backend, op, dtype, nbytes, comm.name, algo)
-        cache[key] = algo
+        cache[key] = next(a for a in algos if a.name == algo)
     return cache[key]

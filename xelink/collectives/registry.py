@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-__all__ = ["Algorithm", "OPS", "NEEDS", "register", "algorithms", "get", "names", "backends", "alias", "add_backend",
-           "backend"]
+__all__ = ["Algorithm", "OPS", "NEEDS", "register", "supports", "algorithms", "get", "names", "backends", "alias",
+           "add_backend", "backend"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 NEEDS = frozenset({"peer_memory", "symmetric", "baseline"})
@@ -56,8 +56,8 @@ _modules: dict = {}
 def add_backend(name: str, module) -> None:
     """Make ``module`` the backend of tensors whose device type is ``name``: it runs the ops (the
     functions ``all_reduce``, ``all_gather_into_tensor``, ... that ``api`` calls), says what an algorithm
-    needs that a communicator lacks (``unmet``: the exception to raise, or None), and gives ``auto`` its size rule (``size_rule``,
-    ``MODEL_AUTO``: whether the cost model may choose)."""
+    needs that a communicator lacks (``unmet``: the exception to raise, or None), and gives ``auto`` its size
+    rule (``size_rule``, ``MODEL_AUTO``: whether the cost model may choose)."""
     _modules[name] = module
 
 
@@ -91,6 +91,11 @@ def register(op: str, name: str, backend: str, impl: Callable, *, schedule: str 
 def alias(backend: str, other: str, name: str) -> None:
     """Let ``algo=other`` mean ``name`` on ``backend`` (a name another backend uses for the same schedule)."""
     _aliases[(backend, other)] = name
+
+
+def supports(op: str, backend: str) -> bool:
+    """Whether ``backend`` has an algorithm of ``op``."""
+    return bool(_table.get((op, backend)))
 
 
 def algorithms(op: str, backend: str) -> tuple[Algorithm, ...]:

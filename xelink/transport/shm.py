@@ -479,7 +479,8 @@ class PeerCounters(_OnNode):
 
     def notes(self) -> list[int]:
         """Every node rank's ``note`` of the last barrier, in node order (call between that barrier and the next)."""
-        return [int(line[_NOTE + self.epoch % 2]) for line in self._lines]
+        k = _NOTE + self.epoch % 2
+        return [line[k] for line in self._lines]  # a 'q' memoryview's items are ints already
 
     # -- flags ------------------------------------------------------------------------------------
     def post(self, value: int) -> None:
@@ -824,8 +825,9 @@ class PeerWindow(_OnNode):
         Collective: every rank of ``comm`` must call this, with the same ``nbytes``, once per call.
         """
         fn = "PeerWindow.next_slot"
-        nbytes = _check_count(fn, "nbytes", nbytes)
-        self.ensure(2 * _round_up(nbytes), timeout)
+        need = 2 * _round_up(_check_count(fn, "nbytes", nbytes))
+        if self._freed or need > self.capacity:  # else ensure would only raise nbytes, which the next line does
+            self.ensure(need, timeout)
         half = self.capacity // 2 // _ALIGN * _ALIGN
         self.nbytes = max(self.nbytes, 2 * half)
         self._calls += 1

@@ -13,7 +13,7 @@ import torch
 
 from .. import registry
 from . import all_gather as _ag, all_reduce as _ar, all_to_all as _a2a, reduce_scatter as _rs, rooted
-from .base import Work, run
+from .base import Work, chunks, run
 
 __all__ = ["BACKEND", "MODEL_AUTO", "size_rule", "unmet", "Work", "all_reduce", "all_gather_into_tensor", "all_gather",
            "reduce_scatter_tensor",
@@ -61,20 +61,28 @@ def unmet(comm, algo, x=None) -> Exception | None:
     return None
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (contiguous) as one dimension; a 1-D tensor as it is (a view costs about a microsecond)."""
+    return t if t.dim() == 1 else t.view(-1)
+
+
 def all_reduce(comm, x, op, algo, async_op, timeout):
-    flat = x.view(-1)
+    flat = _flat(x)
     return run(comm, "all_reduce", lambda d: comm.size > 1 and algo.impl(comm, flat, op, d), async_op, timeout)
 
 
 def _gather_into(comm, out, inp, algo, deadline):
     n, r, m = comm.size, comm.rank, inp.numel()
-    out[r * m:(r + 1) * m].copy_(inp)
-    if n > 1 and m:
-        algo.impl(comm, out, inp, [i * m for i in range(n + 1)], deadline)
+    if n == 1 or not m:
+        out.copy_(inp)
+        return
+    parts = chunks(out, [i * m for i in range(n + 1)])
+    parts[r].copy_(inp)
+    algo.impl(comm, parts, inp, deadline)
 
 
 def all_gather_into_tensor(comm, out, inp, algo, async_op, timeout):
-    return run(comm, "all_gather_into_tensor", lambda d: _gather_into(comm, out.view(-1), inp.reshape(-1), algo, d),
+    return run(comm, "all_gather_into_tensor", lambda d: _gather_into(comm, _flat(out), _flat(inp), algo, d),
                async_op, timeout)
 
 
@@ -83,7 +91,7 @@ def all_gather(comm, outs, inp, algo, async_op, timeout):
     def body(deadline):
         m = inp.numel()
         flat = torch.empty(comm.size * m, dtype=inp.dtype)
-        _gather_into(comm, flat, inp.reshape(-1), algo, deadline)
+        _gather_into(comm, flat, _flat(inp), algo, deadline)
         for i, t in enumerate(outs):
             t.view(-1).copy_(flat[i * m:(i + 1) * m])
 
@@ -93,9 +101,9 @@ def all_gather(comm, outs, inp, algo, async_op, timeout):
 def reduce_scatter_tensor(comm, out, inp, op, algo, async_op, timeout):
     def body(deadline):
         if comm.size == 1:
-            out.view(-1).copy_(inp.reshape(-1))
+            _flat(out).copy_(_flat(inp))
         else:
-            algo.impl(comm, out.view(-1), inp.reshape(-1), op, deadline)
+            algo.impl(comm, _flat(out), _flat(inp), op, deadline)
 
     return run(comm, "reduce_scatter_tensor", body, async_op, timeout)
 
@@ -107,7 +115,7 @@ def all_to_all_single(comm, out, inp, out_splits, in_splits, algo, async_op, tim
         row *= d
     io = [sum(in_splits[:j]) * row for j in range(n + 1)]
     oo = [sum(out_splits[:j]) * row for j in range(n + 1)]
-    return run(comm, "all_to_all_single", lambda d: algo.impl(comm, out.view(-1), inp.reshape(-1), io, oo, d),
+    return run(comm, "all_to_all_single", lambda d: algo.impl(comm, _flat(out), _flat(inp), io, oo, d),
                async_op, timeout)
 
 

@@ -1,5 +1,5 @@
 """All-gather on CPU ranks: ring, direct, and topology-aware (each shard crosses the fabric once per
-remote package). ``out`` is flat with this rank's shard already in place; ``b`` are the shard offsets."""
+remote package). ``parts`` are the shards of the flat output in rank order (views), this rank's already in place."""
 from __future__ import annotations
 
 from .all_reduce import ring_all_gather
@@ -8,13 +8,13 @@ from .base import step, tag_for
 __all__ = ["ring", "direct", "topo", "cross_target"]
 
 
-def ring(comm, out, inp, b, deadline):
-    ring_all_gather(comm, out, b, tag_for(comm), deadline)
+def ring(comm, parts, inp, deadline):
+    ring_all_gather(comm, parts, tag_for(comm), deadline)
 
 
-def direct(comm, out, inp, b, deadline):
+def direct(comm, parts, inp, deadline):
     n, r = comm.size, comm.rank
-    step(comm, [(p, inp) for p in range(n) if p != r], [(p, out[b[p]:b[p + 1]]) for p in range(n) if p != r],
+    step(comm, [(p, inp) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_gather_into_tensor")
 
 
@@ -28,7 +28,7 @@ def cross_target(packages, src_local: int, dst_package: int) -> int:
     return members[src_local % len(members)]
 
 
-def topo(comm, out, inp, b, deadline):
+def topo(comm, parts, inp, deadline):
     """Topology-aware all-gather in two steps.
 
     1. Across the fabric: my shard goes to one rank of every other package (``cross_target``), so
@@ -39,7 +39,7 @@ def topo(comm, out, inp, b, deadline):
     fn = "all_gather_into_tensor"
     packages = comm.packages
     me_p, me_i = comm.package_index(comm.rank)
-    chunk = lambda q: out[b[q]:b[q + 1]]  # noqa: E731
+    chunk = parts.__getitem__
     # Who sends me what across: every rank q in another package whose target in my package is me.
     held = [comm.rank]
     sends, recvs = [], []

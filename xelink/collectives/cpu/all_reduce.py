@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...transport import shm
-from .base import bounds, combine, finish, reduce_into, state, step, tag_for, work_dtype
+from .base import bounds, chunks, combine, finish, reduce_into, state, step, tag_for, work_copy, work_dtype
 
 __all__ = ["ring", "direct", "two_shot", "hierarchical", "ring_reduce_scatter", "ring_all_gather"]
 
@@ -16,35 +16,34 @@ __all__ = ["ring", "direct", "two_shot", "hierarchical", "ring_reduce_scatter", 
 def ring(comm, x, op, deadline):
     """Reduce-scatter around the ring, then all-gather around it: 2(n-1) steps, 2(n-1)/n of the data."""
     n, r = comm.size, comm.rank
-    acc = x.to(work_dtype(x.dtype), copy=True)
-    ring_reduce_scatter(comm, acc, op, tag_for(comm), deadline)
-    b = bounds(acc.numel(), n)
-    finish(acc[b[r]:b[r + 1]], op, n)
-    ring_all_gather(comm, acc, b, tag_for(comm), deadline)
+    acc = work_copy(x)
+    parts = chunks(acc, bounds(acc.numel(), n))
+    ring_reduce_scatter(comm, parts, op, tag_for(comm), deadline)
+    finish(parts[r], op, n)
+    ring_all_gather(comm, parts, tag_for(comm), deadline)
     x.copy_(acc)
 
 
-def ring_reduce_scatter(comm, acc, op, tag, deadline):
-    """After it, chunk ``rank`` of ``acc`` holds the reduction of that chunk over all ranks."""
+def ring_reduce_scatter(comm, parts, op, tag, deadline):
+    """``parts``: the n chunks of an accumulator (``chunks``, the first the longest); after it, ``parts[rank]``
+    holds the reduction of that chunk over all ranks."""
     n, r = comm.size, comm.rank
-    b = bounds(acc.numel(), n)
     right, left = (r + 1) % n, (r - 1) % n
-    incoming = torch.empty(b[1] - b[0], dtype=acc.dtype)
+    incoming = torch.empty_like(parts[0])
     for s in range(n - 1):
         out_c, in_c = (r - s - 1) % n, (r - s - 2) % n
-        buf = incoming[: b[in_c + 1] - b[in_c]]
-        step(comm, [(right, acc[b[out_c]:b[out_c + 1]])], [(left, buf)], tag, deadline, "all_reduce")
-        combine(acc[b[in_c]:b[in_c + 1]], buf, op)
+        m = parts[in_c].numel()
+        buf = incoming if m == incoming.numel() else incoming[:m]
+        step(comm, [(right, parts[out_c])], [(left, buf)], tag, deadline, "all_reduce")
+        combine(parts[in_c], buf, op)
 
 
-def ring_all_gather(comm, buf, b, tag, deadline):
-    """Chunk ``rank`` of ``buf`` (offsets ``b``) is known; after it, every chunk is."""
+def ring_all_gather(comm, parts, tag, deadline):
+    """``parts[rank]`` (the n chunks of one buffer, ``chunks``) is known; after it, every chunk is."""
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):
-        out_c, in_c = (r - s) % n, (r - s - 1) % n
-        step(comm, [(right, buf[b[out_c]:b[out_c + 1]])], [(left, buf[b[in_c]:b[in_c + 1]])], tag, deadline,
-             "all_gather")
+        step(comm, [(right, parts[(r - s) % n])], [(left, parts[(r - s - 1) % n])], tag, deadline, "all_gather")
 
 
 def direct(comm, x, op, deadline):
@@ -59,7 +58,7 @@ def direct(comm, x, op, deadline):
     parts = [x if p == r else torch.empty_like(x) for p in range(n)]
     step(comm, [(p, x) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_reduce")
-    reduce_into(x, parts, op)
+    reduce_into(x, parts, op, disjoint=False)  # parts[r] is x
 
 
 def _direct_peer_memory(comm, x, op, deadline):
@@ -68,37 +67,33 @@ def _direct_peer_memory(comm, x, op, deadline):
     One barrier per call is enough because calls alternate between the window's two fixed slots
     (``PeerWindow.next_slot`` says why that holds whatever the sizes of consecutive calls).
     """
-    n, nbytes = comm.size, x.numel() * x.element_size()
+    n, nbytes, dtype = comm.size, x.nbytes, x.dtype
     st = state(comm)
     win = st.window
     if win is None or win.freed:  # sized for two slots of this call at once (no growth in next_slot)
         win = st.window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64), timeout=max(deadline.remaining(), 1e-3))
     offset = win.next_slot(nbytes, timeout=max(deadline.remaining(), 1e-3))
-
-    def slot(p: int) -> torch.Tensor:
-        return win.torch_slot(p, x.dtype, offset, nbytes)
-
-    slot(win.node_rank).copy_(x)
+    win.torch_slot(win.node_rank, dtype, offset, nbytes).copy_(x)
     win.barrier(deadline, "all_reduce", note=nbytes)
     sizes = win.counters.notes()
-    if len(set(sizes)) > 1:  # a peer's slot holds another size: reading it would return its stale bytes
+    if sizes.count(nbytes) != n:  # a peer's slot holds another size: reading it would return its stale bytes
         odd = next(p for p, b in enumerate(sizes) if b != nbytes)
         raise ValueError(f"all_reduce: rank {win.node_ranks[odd]} passed {sizes[odd]} bytes and rank {comm.rank} "
                          f"{nbytes} (every rank must pass the same size)")
-    reduce_into(x, [slot(p) for p in range(n)], op)
+    # x is the caller's tensor, the slots the window's memory, which nobody else can hold: disjoint
+    reduce_into(x, [win.torch_slot(p, dtype, offset, nbytes) for p in range(n)], op, disjoint=True)
 
 
 def two_shot(comm, x, op, deadline):
     """Each rank reduces one chunk from all peers (direct reduce-scatter), then sends it to all."""
     n, r = comm.size, comm.rank
-    b = bounds(x.numel(), n)
-    mine = slice(b[r], b[r + 1])
-    incoming = [torch.empty(b[r + 1] - b[r], dtype=x.dtype) for _ in range(n)]
-    step(comm, [(p, x[b[p]:b[p + 1]]) for p in range(n) if p != r], [(p, incoming[p]) for p in range(n) if p != r],
+    parts = chunks(x, bounds(x.numel(), n))
+    mine = parts[r]
+    incoming = [mine if p == r else torch.empty_like(mine) for p in range(n)]
+    step(comm, [(p, parts[p]) for p in range(n) if p != r], [(p, incoming[p]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_reduce")
-    incoming[r] = x[mine]
-    reduce_into(x[mine], incoming, op)
-    step(comm, [(p, x[mine]) for p in range(n) if p != r], [(p, x[b[p]:b[p + 1]]) for p in range(n) if p != r],
+    reduce_into(mine, incoming, op, disjoint=False)  # incoming[r] is mine
+    step(comm, [(p, mine) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],
          tag_for(comm), deadline, "all_reduce")
 
 

@@ -14,7 +14,8 @@ from ...errors import TimeoutError
 from ...transport import Deadline, wait_all
 from ..checks import USER_TAG_LIMIT, ReduceOp
 
-__all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "combine", "finish", "bounds"]
+__all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "copy_as", "work_copy", "combine", "finish",
+           "reduce_into", "bounds", "chunks"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -66,6 +67,17 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _HALF else dtype
 
 
+def copy_as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of ``x`` in ``dtype`` (``x.to(dtype, copy=True)``; ``clone`` where the type stays: half the host
+    time, which counts in a small call)."""
+    return x.clone() if x.dtype == dtype else x.to(dtype)
+
+
+def work_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` in its work type (``work_dtype``), as an accumulator."""
+    return copy_as(x, work_dtype(x.dtype))
+
+
 def combine(acc: torch.Tensor, x: torch.Tensor, op: str) -> None:
     """acc = op(acc, x), in place; ``avg`` sums (the caller divides once at the end)."""
     if op in (ReduceOp.SUM, ReduceOp.AVG):
@@ -88,20 +100,23 @@ _FIRST = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.MAX: torch.
           ReduceOp.MIN: torch.minimum, ReduceOp.PROD: torch.mul}
 
 
-def reduce_into(out: torch.Tensor, parts: list, op: str) -> None:
+def reduce_into(out: torch.Tensor, parts: list, op: str, *, disjoint: bool | None = None) -> None:
     """``out`` = ``op`` over ``parts`` in their order (half types through a float32 accumulator), the same bits
     on every rank: combining a copy of ``parts[0]`` with the rest, in order. Where ``out`` is its own work type
     and shares no storage with a part, the first two parts combine straight into ``out`` (no accumulator copy:
-    the one-shot all-reduce's small calls are mostly such tensor ops)."""
-    storage = out.untyped_storage().data_ptr()
-    if (work_dtype(out.dtype) == out.dtype and len(parts) >= 2
-            and all(p.untyped_storage().data_ptr() != storage for p in parts)):
-        _FIRST[op](parts[0], parts[1], out=out)
-        for part in parts[2:]:
-            combine(out, part, op)
-        finish(out, op, len(parts))
-        return
-    acc = parts[0].to(work_dtype(out.dtype), copy=True)
+    the one-shot all-reduce's small calls are mostly such tensor ops). ``disjoint``: the caller knows whether a
+    part shares storage with ``out`` (None: looked up here)."""
+    if work_dtype(out.dtype) == out.dtype and len(parts) >= 2:
+        if disjoint is None:
+            storage = out.untyped_storage().data_ptr()
+            disjoint = all(p.untyped_storage().data_ptr() != storage for p in parts)
+        if disjoint:
+            _FIRST[op](parts[0], parts[1], out=out)
+            for part in parts[2:]:
+                combine(out, part, op)
+            finish(out, op, len(parts))
+            return
+    acc = copy_as(parts[0], work_dtype(out.dtype))
     for part in parts[1:]:
         combine(acc, part, op)
     out.copy_(finish(acc, op, len(parts)))
@@ -114,6 +129,12 @@ def bounds(count: int, n: int) -> list[int]:
     for i in range(n):
         out.append(out[-1] + base + (1 if i < extra else 0))
     return out
+
+
+def chunks(t: torch.Tensor, b: Sequence[int]) -> tuple:
+    """The views ``t[b[i]:b[i + 1]]`` of a flat ``t`` that offsets ``b`` cover from 0 to its end, made in one call
+    (slicing each costs about as much as the split)."""
+    return t.split_with_sizes([hi - lo for lo, hi in zip(b, b[1:])])
 
 
 def tag_for(comm: Communicator) -> int:
@@ -179,10 +200,10 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     """
     if timeout is not None:
         timeout = resolve_timeout(timeout, what)
-    fn = lambda: _entered(comm, what, body, timeout)  # noqa: E731
     st = state(comm)
     if not async_op and st.pending == 0:
-        return fn()
+        return _entered(comm, what, body, timeout)
+    fn = lambda: _entered(comm, what, body, timeout)  # noqa: E731
     st.start_worker(comm.name)
     with st.lock:
         st.pending += 1

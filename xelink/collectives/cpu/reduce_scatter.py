@@ -6,24 +6,25 @@ import torch
 
 from .all_gather import cross_target
 from .all_reduce import ring_reduce_scatter
-from .base import combine, finish, reduce_into, step, tag_for, work_dtype
+from .base import bounds, chunks, combine, finish, reduce_into, step, tag_for, work_copy, work_dtype
 
 __all__ = ["ring", "dest_split", "hierarchical"]
 
 
 def ring(comm, out, inp, op, deadline):
-    n, r, m = comm.size, comm.rank, out.numel()
-    acc = inp.to(work_dtype(inp.dtype), copy=True)
-    ring_reduce_scatter(comm, acc, op, tag_for(comm), deadline)
-    out.copy_(finish(acc[r * m:(r + 1) * m], op, n))
+    n, r = comm.size, comm.rank
+    parts = chunks(work_copy(inp), bounds(inp.numel(), n))  # n blocks of out.numel()
+    ring_reduce_scatter(comm, parts, op, tag_for(comm), deadline)
+    out.copy_(finish(parts[r], op, n))
 
 
 def dest_split(comm, out, inp, op, deadline):
-    n, r, m = comm.size, comm.rank, out.numel()
-    parts = {p: torch.empty(m, dtype=inp.dtype) for p in range(n) if p != r}
-    step(comm, [(p, inp[p * m:(p + 1) * m]) for p in parts], list(parts.items()), tag_for(comm), deadline,
+    n, r = comm.size, comm.rank
+    blocks = chunks(inp, bounds(inp.numel(), n))  # n blocks of out.numel()
+    parts = {p: torch.empty_like(out) for p in range(n) if p != r}
+    step(comm, [(p, blocks[p]) for p in parts], list(parts.items()), tag_for(comm), deadline,
          "reduce_scatter_tensor")
-    parts[r] = inp[r * m:(r + 1) * m]
+    parts[r] = blocks[r]
     reduce_into(out, [parts[p] for p in range(n)], op)
 
 

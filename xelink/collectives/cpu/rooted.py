@@ -23,7 +23,7 @@ def reduce(comm, x, dst, op, deadline):
         return
     parts = [x if p == dst else torch.empty_like(x) for p in range(n)]
     step(comm, [], [(p, parts[p]) for p in range(n) if p != dst], tag_for(comm), deadline, "reduce")
-    reduce_into(x, parts, op)
+    reduce_into(x, parts, op, disjoint=False)  # parts[dst] is x
 
 
 def gather(comm, x, outs, dst, deadline):
