@@ -9,6 +9,8 @@ Knobs (environment variables):
     XELINK_RANKS_PER_DEVICE  ranks that may share one GPU (``init(ranks_per_device=...)`` wins)
     XELINK_TOPOLOGY          a shipped topology name or a TOML path (else discovery)
     XELINK_TUNING            a tuning table file or folder (else ~/.cache/xelink)
+    XELINK_CALIBRATION       a calibration TOML (``xelink bench links --calibration-out``) that prices auto's cost
+                             model (else ``cost.SOFTWARE``'s estimate)
     XELINK_CHECK             1: every collective checks that all ranks make the same call
     XELINK_LOG               logging level of the ``xelink`` logger (debug, info, ...)
     XELINK_GPU_SCRATCH       cap of the GPU collectives' scratch slot, bytes

@@ -333,6 +333,30 @@ def loads_calibration(text: str, path: str | None = None, fn: str = "loads_calib
                        topology=data.get("topology", ""), local=local, devices=devices, sources=sources, **terms)
 
 
+# What a backend's collectives cost in software when no measured calibration is active (``algo="auto"``'s
+# model): a priced step is otherwise only link latency and bytes, which makes every extra step of a Python
+# collective look free (on 4 CPU ranks the model then chose two_shot from 16 KiB, 1.6-3.7x slower there than
+# direct: benchmarks/results/cpu-suite). Local copies stay unmodelled (no device figures).
+SOFTWARE: dict[str, Calibration] = {
+    "cpu": Calibration(
+        name="estimate-cpu", call_us=20.8, step_us=2.6, message_us=2.3,
+        sources={k: "estimate: `xelink bench links` probe on 2 MPI ranks of a 2-core CI host (ecc942b)"
+                 for k in ("call_us", "step_us", "message_us")},
+        description="software terms of xelink's CPU collectives, not oversubscribed"),
+}
+_active_calibration: list = [None]
+
+
+def active_calibration() -> Calibration | None:
+    """The measured calibration ``xelink.init`` loaded (``XELINK_CALIBRATION``), or None."""
+    return _active_calibration[0]
+
+
+def set_active_calibration(cal: Calibration | None) -> None:
+    """Make ``cal`` the calibration ``algo="auto"`` prices with (``xelink.init``; tests)."""
+    _active_calibration[0] = cal
+
+
 def load_calibration(path: str | os.PathLike) -> Calibration:
     """Read a calibration TOML file (``xelink bench probe --calibration PATH`` writes one)."""
     p = Path(path)

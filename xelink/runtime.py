@@ -306,6 +306,14 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
         _log.warning("XELINK_TUNING=%s holds no tuning table (*%s) for this machine %s; algo='auto' falls back to "
                      "the cost model", asked, tuning.SUFFIX, fp)
     tuning.set_active(table)
+    cal_path = config.env("XELINK_CALIBRATION")
+    if cal_path:  # a measured calibration (``xelink bench links --calibration-out``) prices auto's model
+        from .cost import load_calibration, set_active_calibration
+
+        try:
+            set_active_calibration(load_calibration(cal_path))
+        except (ValueError, TypeError) as exc:
+            raise LaunchError(f"init: XELINK_CALIBRATION={cal_path!r}: {exc}") from None
 
 
 def _install_abort_hook() -> None:
@@ -358,6 +366,9 @@ def finalize() -> None:
         sys.excepthook = _state.pop("previous_excepthook")
     world.free()
     tuning.set_active(None)
+    from .cost import set_active_calibration
+
+    set_active_calibration(None)
     set_world(None)
     _state.clear()
     if unreported is not None:

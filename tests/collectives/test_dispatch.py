@@ -2,6 +2,7 @@
 import json
 import socket
 
+import pytest
 import torch
 
 import xelink
@@ -89,3 +90,54 @@ def test_auto_honours_a_table_edge_inside_a_power_of_two_class(tmp_path, monkeyp
         assert [choose(world, "all_reduce", n, torch.float32) for n in reversed(sizes)] == want[::-1]
     finally:
         xelink.finalize()
+
+
+def test_auto_prices_with_a_measured_calibration_else_the_backends_software_terms(tmp_path, monkeypatch):
+    """The cost model behind auto adds software per call, step and message: XELINK_CALIBRATION's file where
+    it is set (``xelink bench links --calibration-out``), else cost.SOFTWARE's estimate for CPU ranks; without
+    either a step would cost only link latency and bytes."""
+    from xelink import cost
+
+    seen = []
+    real = cost.best
+    monkeypatch.setattr(cost, "best", lambda *a: seen.append(a[5]) or real(*a))
+    path = tmp_path / "here.toml"
+    path.write_text(cost.dumps_calibration(cost.Calibration(name="measured-here", step_us=7.0,
+                                                                sources={"step_us": "measured here: a test"})))
+    for env, want in ((None, cost.SOFTWARE["cpu"]), (str(path), "measured-here")):
+        if env is None:
+            monkeypatch.delenv("XELINK_CALIBRATION", raising=False)
+        else:
+            monkeypatch.setenv("XELINK_CALIBRATION", env)
+        world = xelink.init()
+        try:
+            choose(world, "all_reduce", 12345, torch.float64)
+        finally:
+            xelink.finalize()
+        got = seen[-1]
+        assert (got is want) if env is None else (got.name == want and got.step_us == 7.0), got
+        assert cost.active_calibration() is None  # finalize drops it
+
+
+def test_a_bad_calibration_file_fails_init_by_name(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("step_us = 'fast'\n")
+    for path in (str(tmp_path / "missing.toml"), str(bad)):
+        monkeypatch.setenv("XELINK_CALIBRATION", path)
+        with pytest.raises(xelink.errors.LaunchError, match=r"init: XELINK_CALIBRATION="):
+            xelink.init()
+
+
+def test_the_cpu_software_terms_keep_auto_on_direct_for_small_all_reduces():
+    """4 ranks of one host: with cost.SOFTWARE's terms the model keeps the one-shot all-reduce to 64 KiB (on the
+    2-core CI host 3.5-4.6x faster than two_shot at 16-64 KiB); link latency and bytes alone chose two_shot
+    from 16 KiB."""
+    from xelink import cost
+
+    topo = T.build_cpu_topology([socket.gethostname()] * 4)
+    placement = T.place(topo, 4)
+    cal = cost.SOFTWARE["cpu"]
+    assert [cost.best(topo, placement, "all_reduce", n, None, cal) for n in (1 << 10, 16 << 10, 64 << 10)] == \
+        ["direct"] * 3
+    assert cost.best(topo, placement, "all_reduce", 16 << 10) == "two_shot"
+    assert cost.best(topo, placement, "all_reduce", 4 << 20, None, cal) == "two_shot"

@@ -3,8 +3,9 @@
 Order of authority for ``auto``, over the algorithms of the tensor's backend that can run here (not
 the baseline-only paths whose input must be symmetric): a measured tuning table of this machine
 (``xelink.tuning``; written by ``xelink bench collectives --tune`` / ``gpu-collectives --tune``), else
-the cost model on the communicator's placement (backends that trust it for the choice: the CPU one),
-else the backend's size rule. Decisions are cached per communicator, backend, op, dtype and
+the cost model on the communicator's placement (backends that trust it for the choice: the CPU one), priced
+with the measured calibration ``XELINK_CALIBRATION`` names, else with the backend's estimated software terms
+(``cost.SOFTWARE``), else the backend's size rule. Decisions are cached per communicator, backend, op, dtype and
 power-of-two size class, or per size where a tuning table's range starts or ends inside the class.
 """
 from __future__ import annotations
@@ -82,13 +83,14 @@ def _from_table(comm, op, backend, nbytes, dtype, names):
     return name
 
 
-def _from_model(comm, op, nbytes, algos):
+def _from_model(comm, op, nbytes, algos, backend):
     placement = comm.placement
     if placement is None:
         return None
-    from ..cost import best
+    from ..cost import SOFTWARE, active_calibration, best
 
-    schedule = best(comm.topology, placement, op, nbytes, [a.schedule for a in algos])
+    cal = active_calibration() or SOFTWARE.get(backend)
+    schedule = best(comm.topology, placement, op, nbytes, [a.schedule for a in algos], cal)
     return next(a.name for a in algos if a.schedule == schedule)
 
 
@@ -125,7 +127,7 @@ def _auto(comm, op: str, nbytes: int, dtype, backend: str) -> registry.Algorithm
         b = registry.backend(backend)
         algo = _from_table(comm, op, backend, nbytes, dtype, names)
         if algo is None and b.MODEL_AUTO:
-            algo = _from_model(comm, op, nbytes, algos)
+            algo = _from_model(comm, op, nbytes, algos, backend)
         if algo is None:
             rule = b.size_rule(comm, op, nbytes)
             algo = rule if rule in names else names[0]
