@@ -15,10 +15,12 @@
 #             peer-memory checks of stalled and posted receives, the flash backward's GPU tests (~5 minutes);
 #   rows:     issue 22/23/26 timings: decode step rows at 1K/8K/32K, the fused decode's A/B, the gated GEMM's tile
 #             rows, the flash backward's tiles against SDPA and its host profile (~8 minutes);
+#   tiles:    decode attention's kernel configurations at B = 1 / 8 and 8K-128K caches against SDPA, B = 1 at 8K
+#             included (the latency-bound shape of issue 23's 1.1x and issue 26's 8K row) (~3 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows|tiles
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -82,10 +84,13 @@ rows)
   step flash_grad_profile 50 python3 benchmarks/scripts/flash_grad_profile.py 1024 4096
   rm -f "$OUT"/bench/*.txt
   ;;
+tiles)
+  step decode_tiles_ab 240 python3 benchmarks/scripts/decode_chunk_ab.py tiles
+  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles" >&2
   exit 2
   ;;
 esac
