@@ -110,16 +110,15 @@ def _auto(comm, op: str, nbytes: int, dtype, backend: str) -> registry.Algorithm
     cache = comm.resource("dispatch.auto", dict)
     key = (backend, op, str(dtype), max(nbytes, 1).bit_length())
     found = cache.get(key)
-    if found is not None and found is not _PER_SIZE:
-        return found
     if found is None and _splits_class(comm, op, backend, nbytes, dtype):
-        cache[key] = _PER_SIZE
-    if cache.get(key) is _PER_SIZE:  # a table edge inside the class: decided (from the table, cheaply) per size
+        cache[key] = found = _PER_SIZE
+    if found is _PER_SIZE:  # a table edge inside the class: decided (from the table, cheaply) per size
         if len(cache) > _MAX_ENTRIES:  # sizes without end: start again (every rank alike: same calls, same sizes)
             cache.clear()
             cache[key] = _PER_SIZE
         key += (nbytes,)
-    if key not in cache:
+        found = cache.get(key)
+    if found is None:
         algos = _candidates(comm, op, backend)
         if not algos:
             raise XelinkError(f"{op}: no {backend} algorithm can run on {comm.name}")
@@ -132,5 +131,5 @@ def _auto(comm, op: str, nbytes: int, dtype, backend: str) -> registry.Algorithm
             rule = b.size_rule(comm, op, nbytes)
             algo = rule if rule in names else names[0]
         _log.debug("dispatch: %s %s %s %d B on %s -> %s", backend, op, dtype, nbytes, comm.name, algo)
-        cache[key] = next(a for a in algos if a.name == algo)
-    return cache[key]
+        cache[key] = found = next(a for a in algos if a.name == algo)
+    return found
