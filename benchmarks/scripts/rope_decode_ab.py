@@ -8,7 +8,10 @@ they no longer crowd it), with and without the L2 prefetch of the cache before t
 (``pieces``). The fused variants' logits are compared bit for bit (PDL, the trigger and the prefetch change no
 value); the unfused step's may differ by a rounding of the rotated keys.
 
-python3 benchmarks/scripts/rope_decode_ab.py [bf16|w4a16 ...]
+Also ``release-early`` / ``release-late``: the kept call, not placed early itself, but compiled with the PDL
+trigger at its entry / after its main loop, so that the O GEMV after it is placed early.
+
+python3 benchmarks/scripts/rope_decode_ab.py [--variants NAME,NAME] [bf16|w4a16 ...]
 """
 import functools
 import gc
@@ -29,6 +32,7 @@ attn = importlib.import_module("xelink.kernels.attention")
 gemv_mod = importlib.import_module("xelink.kernels.gemv")
 CONTEXTS = {"bf16": [1024, 8192, 32768], "w4a16": [1024]}
 _prefetch_args, _EARLY_ROWS = attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS
+_pdl_launch_args = attn.pdl_launch_args
 
 
 def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops):
@@ -45,8 +49,23 @@ def fused(pdl, prefetch=True):
     return decode
 
 
+def released(mode):
+    """The kept call (not placed early itself) compiled with the PDL trigger (mode 1: at entry, 2: after the main
+    loop), so that the O GEMV after it is placed early (its launch and, W4A16, its weight prefetch overlap the
+    attention)."""
+    def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
+        attn.prefetch_args = _prefetch_args
+        attn.pdl_launch_args = lambda option, programs, device: dict(PDL=mode)
+        try:
+            B = q.shape[0]
+            return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens)
+        finally:
+            attn.pdl_launch_args = _pdl_launch_args
+    return decode
+
+
 # name -> (the cache's decode, whether the QKV GEMV (6144 rows) lets the next kernel go late)
-VARIANTS = {"kept": (fused(None), False), "pdl": (fused("early"), False), "pdl-qkvlate": (fused("early"), True),
+VARIANTS = {"release-early": (released(1), False), "release-late": (released(2), False), "kept": (fused(None), False), "pdl": (fused("early"), False), "pdl-qkvlate": (fused("early"), True),
             "pdl-late-qkvlate": (fused("late"), True), "pdl-qkvlate-nopref": (fused("early", prefetch=False), True),
             "unfused": (unfused, False)}
 
@@ -82,7 +101,18 @@ def pieces(model, L, gen):
 
 
 def main():
-    fmts = sys.argv[1:] or ["bf16", "w4a16"]
+    args = sys.argv[1:]
+    if "--variants" in args:  # a subset, comma-separated ("kept" is always among them: the logits' reference)
+        i = args.index("--variants")
+        keep = {"kept", *args[i + 1].split(",")}
+        unknown = keep - set(VARIANTS)
+        if unknown:
+            sys.exit(f"rope_decode_ab.py: unknown variants {sorted(unknown)} (known: {', '.join(VARIANTS)})")
+        for name in list(VARIANTS):
+            if name not in keep:
+                del VARIANTS[name]
+        del args[i:i + 2]
+    fmts = args or ["bf16", "w4a16"]
     dev = torch.device("cuda", 0)
     print(torch.cuda.get_device_name(0), flush=True)
     kept = KVCache.decode
@@ -112,7 +142,8 @@ def main():
             attn._PATHS.clear()
             gemv_mod._PATHS.clear()
             fused_same = all(torch.equal(logits[n], logits["kept"]) for n in VARIANTS if n != "unfused")
-            diff = float((logits["unfused"].float() - logits["kept"].float()).abs().max())
+            diff = float((logits["unfused"].float() - logits["kept"].float()).abs().max()) \
+                if "unfused" in logits else float("nan")
             times = {n: [] for n in VARIANTS}
             for _ in range(5):  # interleaved rounds
                 for n in VARIANTS:
