@@ -54,13 +54,13 @@ def released(mode):
     loop), so that the O GEMV after it is placed early (its launch and, W4A16, its weight prefetch overlap the
     attention)."""
     def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
-        attn.prefetch_args = _prefetch_args
+        attn.prefetch_args = lambda *a, **kw: {}  # not placed early: nothing to prefetch before
         attn.pdl_launch_args = lambda option, programs, device: dict(PDL=mode)
         try:
             B = q.shape[0]
             return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens)
         finally:
-            attn.pdl_launch_args = _pdl_launch_args
+            attn.pdl_launch_args, attn.prefetch_args = _pdl_launch_args, _prefetch_args
     return decode
 
 
