@@ -124,6 +124,45 @@ def check_ensure_growth(world):
     pw.free()
 
 
+def check_a_window_without_room_is_refused_alike(world):
+    """A window larger than the shared-memory filesystem's free space would kill the ranks with SIGBUS when
+    touched: it is refused on every rank alike (node rank 0's reading decides, here the only small one), a
+    growth that does not fit leaves the window as it was, and the one-shot all-reduce then goes by messages."""
+    real = shm.shm_free_bytes
+    shm.shm_free_bytes = (lambda: 1 << 20) if world.rank == 0 else (lambda: 1 << 40)
+    try:
+        need = world.size * (((1 << 20) + 64 + 4095) // 4096 * 4096)
+        with pytest.raises(shm.PeerMemoryUnavailable, match=rf"PeerWindow: a shared window of {1 << 20} B for each "
+                           rf"of the {world.size} rank\(s\) on this host needs {need} B of /dev/shm, which has "
+                           rf"{1 << 20} B free .*SIGBUS"):
+            PeerWindow(world, 1 << 20)
+        pw = PeerWindow(world, 1000)  # what fits is still made (nothing left over from the refusal)
+        with pytest.raises(shm.PeerMemoryUnavailable, match=r"PeerWindow.ensure: a shared window of"):
+            pw.ensure(2 << 20)
+        assert (pw.capacity, pw.generation) == (1024, 0)
+        pw.local()[:] = pattern(world.rank, 1000)  # the old window still works
+        pw.barrier()
+        assert all(np.array_equal(pw.peer(i), pattern(i, 1000)) for i in range(pw.node_size))
+        pw.barrier()
+        assert pw.ensure(1 << 16) and pw.capacity == 1 << 16  # growth that fits
+        pw.free()
+        # growth takes exactly what is asked where doubling has no room (beside the old window)
+        shm.shm_free_bytes = lambda: 1 << 40
+        pw = PeerWindow(world, 400_000)
+        shm.shm_free_bytes = lambda: world.size * 500_000  # 440 KB a rank fits, 800 KB does not
+        assert pw.ensure(440_000) and pw.capacity == 440_000
+        pw.free()
+        if world.size > 1:
+            # the direct all-reduce at sizes with and without room, back to back: right sums every time
+            for n in (1 << 18, 1 << 10, 1 << 18, 1 << 12):  # floats: 1 MiB has no room, 4 KiB does
+                x = torch.arange(n, dtype=torch.float32) + world.rank
+                xelink.all_reduce(x, algo="direct")
+                want = torch.arange(n, dtype=torch.float32) * world.size + sum(range(world.size))
+                assert torch.equal(x, want), n
+    finally:
+        shm.shm_free_bytes = real
+
+
 def check_typed_views(world):
     pw = PeerWindow(world, 8192)
     me = pw.node_rank

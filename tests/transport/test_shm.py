@@ -1,4 +1,11 @@
-"""Peer memory in a plain process: a communicator without MPI gets a clear error, not a window."""
+"""Peer memory in a plain process: a communicator without MPI gets a clear error, not a window; and under a small
+/dev/shm (a container's), ranks that would have died with SIGBUS."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -39,3 +46,45 @@ def test_freed_communicator_and_wrong_types():
 
 def test_free_all_without_windows():
     assert shm.free_all(self_comm()) == 0
+
+
+def _small_dev_shm() -> list[str] | None:
+    """The command prefix that runs a shell with a private 16 MiB /dev/shm (root, a mount namespace), or None."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.isdir("/dev/shm"):
+        return None
+    probe = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16m tmpfs /dev/shm && test -d /dev/shm"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return ["unshare", "-m", "sh", "-c"] if ok else None
+
+
+def test_direct_all_reduce_under_a_small_dev_shm():
+    """2 ranks, 24 MiB of /dev/shm (MPICH itself needs about 16): a 32 MiB one-shot all-reduce's window cannot
+    fit, and made anyway it killed the ranks with SIGBUS at the first touch past the free space. Now every call
+    gives the right sum: the large ones by messages, a small one after them through the window."""
+    prefix = _small_dev_shm()
+    if prefix is None:
+        pytest.skip("needs root and a mount namespace (unshare -m) to give the ranks a small /dev/shm")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from ranks import mpiexec
+
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    script = textwrap.dedent("""
+        import torch, xelink
+        xelink.init()
+        for n, algo in ((8 << 20, "direct"), (8 << 20, "auto"), (1 << 10, "direct"), (8 << 20, "direct")):
+            x = torch.full((n,), float(xelink.get_rank() + 1))
+            xelink.all_reduce(x, algo=algo)
+            assert torch.equal(x, torch.full((n,), 3.0)), (n, algo)
+        print("rank", xelink.get_rank(), "ok", flush=True)
+        xelink.finalize()
+    """)
+    inner = f"mount -t tmpfs -o size=24m tmpfs /dev/shm && {exe} -n 2 {sys.executable} -c '{script}'"
+    proc = subprocess.run([*prefix, inner], capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count(" ok") == 2 and "SIGBUS" not in out and "Bus error" not in out, out[-3000:]

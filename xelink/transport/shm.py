@@ -55,8 +55,10 @@ __all__ = [
     "PeerCounters",
     "PeerMemoryUnavailable",
     "ProgressBoard",
+    "SHM_DIR",
     "available",
     "free_all",
+    "shm_free_bytes",
     "unlink_mpich_init_segment",
 ]
 
@@ -73,7 +75,43 @@ _NOTE = 3  # _NOTE + epoch % 2: what a rank announced with a barrier (one slot p
 
 
 class PeerMemoryUnavailable(ValueError):
-    """The communicator's transport cannot give peer memory (not MPI); use point-to-point instead."""
+    """Peer memory cannot be had: the communicator's transport is not MPI, or this host's shared-memory
+    filesystem has no room for the window (``SHM_DIR``); use point-to-point instead."""
+
+
+# Where MPICH puts its shared windows (above). A window is a tmpfs file whose pages are taken when first touched, so
+# one larger than the free space there (a container's default /dev/shm is 64 MB) is made without an error and then
+# kills the process with SIGBUS when a rank writes past what is left. A window is checked against it first.
+SHM_DIR = "/dev/shm"
+_PAGE = 4096
+
+
+def shm_free_bytes() -> int | None:
+    """Free bytes of ``SHM_DIR`` for an unprivileged writer, or None where it cannot be read (no such directory)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _node_free(node) -> int | None:
+    """``shm_free_bytes()`` as node rank 0 reads it, on every node rank (collective over the node's ranks), so that
+    they all take the same decision."""
+    free = shm_free_bytes() if node.rank == 0 else None
+    return node.mpi.bcast(free, root=0) if node.size > 1 else free
+
+
+def _shm_need(node, each: int) -> int:
+    """Bytes of ``SHM_DIR`` a window of ``each`` bytes per node rank takes (a segment starts on its own page)."""
+    return node.size * (-(-(each + _ALIGN) // _PAGE) * _PAGE)
+
+
+def _no_room(fn: str, node, each: int, free: int) -> PeerMemoryUnavailable:
+    return PeerMemoryUnavailable(
+        f"{fn}: a shared window of {each} B for each of the {node.size} rank(s) on this host needs "
+        f"{_shm_need(node, each)} B of {SHM_DIR}, which has {free} B free (a container's is often 64 MB: docker run "
+        f"--shm-size, or smaller messages); pages past its free space would kill the ranks with SIGBUS when touched")
 
 
 def _mpi():
@@ -635,6 +673,10 @@ class PeerWindow(_OnNode):
         nbytes: bytes of each segment (0 allowed); the largest value any rank passes is taken.
         timeout: deadline (seconds) of the creation rendezvous; the communicator's default when None.
 
+    Raises:
+        PeerMemoryUnavailable: the transport is not MPI, or (on every node rank alike) ``SHM_DIR`` has no room for
+            the window: the pages past its free space would kill the ranks with SIGBUS when first touched.
+
     Attributes:
         node_ranks: the comm ranks on this host, in node order (``peer(i)`` is ``node_ranks[i]``'s).
         node_rank, node_size: this rank's index in ``node_ranks`` and their number.
@@ -663,9 +705,13 @@ class PeerWindow(_OnNode):
             raise XelinkError(f"PeerWindow: rank(s) {odd} called another collective ({sizes[odd[0]]!r}) "
                               f"while this rank created a PeerWindow")
         self._node = _Node(comm, transport)
-        self.counters = PeerCounters(comm, _node=self._node, _what="PeerWindow")
         self.nbytes = max(s[1] for s in sizes)
         self.capacity = _round_up(self.nbytes)
+        free = _node_free(self._node)
+        if free is not None and _shm_need(self._node, self.capacity) > free:
+            self._node.free()
+            raise _no_room("PeerWindow", self._node, self.capacity, free)
+        self.counters = PeerCounters(comm, _node=self._node, _what="PeerWindow")
         self.generation = 0
         self._win, self._segs = _allocate(self._node, self.capacity)
         self._tslots = None  # torch_slot's views, made on first use
@@ -789,6 +835,10 @@ class PeerWindow(_OnNode):
 
         Collective: every rank of ``comm`` must call this with the same ``nbytes`` (the node ranks'
         rendezvous raises ``xelink.TimeoutError`` naming those that did not come).
+
+        Raises:
+            PeerMemoryUnavailable: on every node rank alike, where ``SHM_DIR`` has no room for the larger window
+                beside the old one; the window is then left as it was.
         """
         fn = "PeerWindow.ensure"
         if self._freed:
@@ -801,10 +851,19 @@ class PeerWindow(_OnNode):
         # Everyone is here, done with the old segments, before MPI_Win_free (which has no deadline).
         self.counters._rendezvous(self.comm.deadline(timeout, fn), fn)
         need = self._node.mpi.allreduce(nbytes, op=MPI.MAX)
+        capacity = _round_up(max(need, 2 * self.capacity))
+        free = _node_free(self._node)
+        # Not counting the old window as room (only its touched pages hold memory, fewer than its size may): growth
+        # takes exactly what is asked where doubling has no room.
+        if free is not None:
+            if _shm_need(self._node, capacity) > free:
+                capacity = _round_up(need)
+            if _shm_need(self._node, capacity) > free:
+                raise _no_room(fn, self._node, capacity, free)  # the window as it was: nothing released
         _release(self._win)
         self._win = None
         self._segs, self._tslots = [], None
-        self.capacity = _round_up(max(need, 2 * self.capacity))
+        self.capacity = capacity
         self.nbytes = need
         self._win, self._segs = _allocate(self._node, self.capacity)
         self.counters._guard([self.counters._win, self._win])

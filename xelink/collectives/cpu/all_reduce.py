@@ -50,10 +50,15 @@ def direct(comm, x, op, deadline):
     """One-shot: every rank gets every peer's whole buffer and reduces all n in rank order.
 
     On one host under MPI the buffers are read straight from the peers' shared memory
-    (``_direct_peer_memory``); otherwise every rank sends its buffer to every peer in one step.
+    (``_direct_peer_memory``); otherwise, or where the host's shared-memory filesystem has no room for the
+    window, every rank sends its buffer to every peer in one step.
     """
-    if shm.available(comm) and comm.local_size == comm.size:
-        return _direct_peer_memory(comm, x, op, deadline)
+    if shm.available(comm) and comm.local_size == comm.size and x.nbytes < state(comm).window_refused:
+        try:
+            return _direct_peer_memory(comm, x, op, deadline)
+        except shm.PeerMemoryUnavailable:  # no room (every rank alike, nothing written yet): messages below
+            st = state(comm)
+            st.window_refused = min(st.window_refused, x.nbytes)
     n, r = comm.size, comm.rank
     parts = [x if p == r else torch.empty_like(x) for p in range(n)]
     step(comm, [(p, x) for p in range(n) if p != r], [(p, parts[p]) for p in range(n) if p != r],

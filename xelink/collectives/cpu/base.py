@@ -23,7 +23,8 @@ _HALF = (torch.float16, torch.bfloat16)
 class _State:
     """The CPU backend's state of one communicator (its resource ``"cpu"``): the tag counter of the
     collectives, the worker thread of asynchronous calls, and the shared-memory window of the
-    one-shot all-reduce."""
+    one-shot all-reduce (``window_refused``: the smallest call in bytes for which this host's shared-memory
+    filesystem had no room; as large or larger calls go by messages without asking again)."""
 
     def __init__(self):
         self.tags = 0
@@ -32,6 +33,7 @@ class _State:
         self.pending = 0
         self.lock = threading.Lock()
         self.window = None
+        self.window_refused = float("inf")
 
     def start_worker(self, name: str) -> concurrent.futures.ThreadPoolExecutor:
         if self.worker is None:
