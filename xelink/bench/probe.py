@@ -51,7 +51,7 @@ import torch
 from .. import cost
 from ..topology import Placement, Topology, validate
 from ..collectives.cpu.base import step
-from .harness import at_least, co_measure, rank_max, time_cuda_events, time_fn
+from .harness import at_least, co_measure, one_gpu_per_rank, rank_max, time_cuda_events, time_fn
 
 __all__ = ["Fit", "ProbeResult", "QUICK", "fit_alpha_beta", "probe", "calibrated", "calibrated_topology",
            "all_pairs", "pair_variants", "pair_results", "measure_pairs", "job_placement", "GPU", "GPU_QUICK",
@@ -129,7 +129,8 @@ class ProbeResult:
             ranks on different devices with ``every_pair``.
         method: how the pairs were measured: ``xelink:pingpong`` (the transport step, one way = round
             trip / 2) or ``xelink:copy_engine`` (CUDA: a one-way pull through peer memory).
-        baseline_pairs: CUDA: NCCL send/recv ping-pong between the same pairs (``pair_results``).
+        baseline_pairs: CUDA with one GPU per rank: NCCL send/recv ping-pong between the same pairs
+            (``pair_results``); empty where ranks share a GPU (NCCL refuses them).
     """
 
     nranks: int
@@ -527,11 +528,13 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
     pairs = _link_pairs(topology, placement)
     measured = all_pairs(placement) if every_pair else sorted(set(pairs.values()))
     cuda = is_cuda(comm) and comm.size > 1
+    nccl = cuda and one_gpu_per_rank(comm)  # NCCL refuses two ranks of one GPU (XELINK_RANKS_PER_DEVICE)
     if cuda:
         # Device memory through xelink's own peer memory; NCCL's send/recv between the same pairs beside it.
         mover = _PeerPull(comm, max((*pingpong_sizes, *exchange_sizes)))
         variants = pair_variants(comm, measured, pingpong_sizes, mover)
-        variants.update(pair_variants(comm, measured, pingpong_sizes, nccl_move(comm), prefix="nccl"))
+        if nccl:
+            variants.update(pair_variants(comm, measured, pingpong_sizes, nccl_move(comm), prefix="nccl"))
     else:
         variants = pair_variants(comm, measured, pingpong_sizes, lambda sends, recvs: _step(comm, sends, recvs, deadline))
     pattern_fn = _gpu_patterns if cuda else _patterns
@@ -584,7 +587,7 @@ def probe(comm, *, pingpong_sizes=PINGPONG_SIZES, exchange_sizes=EXCHANGE_SIZES,
                        injection=injection, software=software or {}, local=comm.allgather_object(mine),
                        other_cpu=other_cpu(comm, start, cpu_snapshot()), pairs=list(by_pair.values()),
                        method=_PULL if cuda else _PINGPONG,
-                       baseline_pairs=pair_results(samples, measured_pairs, pingpong_sizes, "nccl") if cuda else [])
+                       baseline_pairs=pair_results(samples, measured_pairs, pingpong_sizes, "nccl") if nccl else [])
 
 
 def job_placement(comm, topology=None, placement=None):

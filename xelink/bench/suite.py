@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import JsonlWriter, Progress, Row, format_table, manifest, write_csv
+from .harness import JsonlWriter, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
 
 __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "family_parser", "main", "main_all",
            "plots_dir", "write_outputs"]
@@ -46,7 +46,8 @@ class Family:
         name: what ``xelink bench`` takes.
         module: its module, relative to ``xelink.bench`` (``families.<name>``, with ``add_arguments``/``run``).
         summary: one line for the help and the ``all`` report.
-        cuda_only: every rank needs a CUDA GPU (skipped with the reason elsewhere).
+        cuda_only: every rank needs a CUDA GPU of its own (NCCL is its baseline; skipped with the reason
+            elsewhere, and where ranks share a GPU).
         sycl_only: needs dpctl and a SYCL device (``xelink.symm.sycl.available``; skipped with the reason
             elsewhere); runs on rank 0 alone (the SYCL backend is one process).
         plot: ``"sweep"`` (lines versus size), ``"kernels"`` (bars per shape) or ``"links"`` (its own).
@@ -242,8 +243,9 @@ def write_outputs(ctx: Context, rows: list[Row], extra_manifest=None) -> None:
 def _run_family(ctx: Context) -> tuple[str, list[Row]]:
     """("ok" | "wrong" | "skipped: why", rows) of one family. Collective."""
     fam = FAMILIES[ctx.family]
-    if fam.cuda_only and getattr(ctx.world.device, "type", "cpu") != "cuda":
-        why = f"skipped: needs one CUDA GPU per rank (this rank's device is {ctx.world.device})"
+    if fam.cuda_only and not one_gpu_per_rank(ctx.world):
+        why = f"skipped: needs one CUDA GPU per rank (this rank's device is {ctx.world.device}" + \
+            (f"; {ctx.world.size} ranks share GPUs, and NCCL, the baseline, refuses them)" if on_cuda(ctx.world) else ")")
         if ctx.lead:
             print(f"{ctx.family}: {why}", file=sys.stderr)
         return why, []

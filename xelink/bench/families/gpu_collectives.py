@@ -11,7 +11,8 @@ buffers. Data: every rank holds the same small integers and the op is ``avg``, s
 all-reduce leaves the buffer unchanged call after call; after timing, every buffer is compared with
 that value (``wrong`` counts the elements that differ), which checks the timed calls themselves.
 torch's symmetric-memory ops reduce with sum only: its in-place two-shot doubles the data each call,
-so its row is timed on that data and not checked (``wrong`` = -1); its out-of-place one-shot is.
+so its row is timed on that data and not checked (``wrong`` = -1); its out-of-place one-shot is, on shares
+x / n of the data (exact, and checked, where the world size n is a power of two).
 
 Latency sizes are timed eagerly (CUDA events around back-to-back calls) and inside a CUDA graph
 (``graph_calls`` calls captured once, replayed); large sizes eagerly with events. Variants are
@@ -79,13 +80,15 @@ def _all_reduce_variants(world, n, dtype, dev, group_name, with_torch_symm):
         t1 = symm_mem.empty(n, dtype=dtype, device=dev)
         symm_mem.rendezvous(t1, group_name)
         out1 = torch.empty(n, dtype=dtype, device=dev)
-        half = torch.full((n,), 0.5, dtype=dtype, device=dev)  # sum of equal halves of x is x
 
         def one_shot():
             torch.ops.symm_mem.one_shot_all_reduce_out(t1, "sum", group_name, out1)
 
-        variants.append(make("torch-symm:one_shot", t1, one_shot, out=out1))
-        t1.mul_(half)
+        # Each rank holds x / n, so the sum is x: exact where n is a power of two (a scale of the exponent); at
+        # other world sizes the rounded shares need not sum back to x, and the row is not checked.
+        exact = world.size & (world.size - 1) == 0
+        variants.append(make("torch-symm:one_shot", t1, one_shot, out=out1, checked=exact))
+        t1.mul_(1.0 / world.size)
     return variants
 
 

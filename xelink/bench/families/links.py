@@ -22,7 +22,7 @@ import json
 
 from ... import cost
 from .. import probe as P
-from ..harness import at_least, make_row
+from ..harness import at_least, make_row, on_cuda, one_gpu_per_rank
 
 __all__ = ["add_arguments", "run", "matrices", "format_matrix"]
 
@@ -74,6 +74,9 @@ def run(ctx) -> list:
     sizes = tuple(opts.get("pingpong_sizes", P.PINGPONG_SIZES))
     progress = ctx.progress(1)
     result = P.probe(world, every_pair=True, **opts)
+    if on_cuda(world) and world.size > 1 and not one_gpu_per_rank(world) and ctx.lead:
+        ctx.notes.append(f"the NCCL send/recv baseline left out: {world.size} ranks share a GPU, and NCCL needs one "
+                         f"GPU per rank")
     measured, path = result.pairs, result.method
     topo, cal = P.calibrated(result, topology, placement)
     progress.step(f"{len(measured)} pair(s) x {len(sizes)} size(s) measured")
