@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import collectives as C
-from ..harness import at_least, co_measure, make_row, poison_unlike, pred_over_meas, rank_max
+from ..harness import at_least, co_measure, make_row, one_gpu_per_rank, poison_unlike, pred_over_meas, rank_max
 
 __all__ = ["run_sweep", "measure_case", "transport_baseline", "algorithms", "model_algo", "run", "add_arguments", "copy_in_s",
            "OPS", "SIZES", "QUICK_SIZES"]
@@ -223,8 +223,9 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
         from ...topology import place
 
         placement = place(topology, n)
-    base = transport_baseline(comm)
-    if base.name == "mpi" and dtype not in _MPI_DTYPES:
+    # NCCL refuses ranks that share a GPU (XELINK_RANKS_PER_DEVICE): xelink's rows alone there
+    base = None if _on_cuda(comm) and not one_gpu_per_rank(comm) else transport_baseline(comm)
+    if base is not None and base.name == "mpi" and dtype not in _MPI_DTYPES:
         raise ValueError(f"run_sweep: dtype={dtype} has no MPI datatype; the MPI baseline needs one of "
                          f"{', '.join(map(str, _MPI_DTYPES))}")
     rows = []
@@ -235,7 +236,7 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
                                                     rounds=rounds, baseline=base)
             size = out.numel() * out.element_size() if op == "all_gather" else src.numel() * src.element_size()
             common = dict(size_bytes=size, count=src.numel(), dtype=dtype, nranks=n)
-            bname = f"{base.name}:{op}"
+            bname = None if base is None else f"{base.name}:{op}"
             for a in algos:
                 modelled = model_algo(comm, op, a)
                 pred = None if modelled is None else _predict(topology, placement, calibration, op, modelled, size)
@@ -243,14 +244,15 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
                     "model": {"topology": topology.name, "calibration": getattr(calibration, "name", None),
                               "pred_over_meas": None}}
                 row = make_row(op, f"xelink:{a}", samples[f"xelink:{a}"], wrong=wrong[f"xelink:{a}"],
-                               baseline=bname, baseline_samples=samples[bname], predicted_us=pred, extra=extra,
+                               baseline=bname, baseline_samples=samples.get(bname), predicted_us=pred, extra=extra,
                                **common)
                 if pred is not None:
                     row.extra["model"]["pred_over_meas"] = pred_over_meas(row)
                 rows.append(row)
-            rows.append(make_row(op, bname, samples[bname], wrong=wrong[bname], **common))
+            if bname is not None:
+                rows.append(make_row(op, bname, samples[bname], wrong=wrong[bname], **common))
             if progress is not None:
-                progress.step(f"{op} {nbytes} B: {', '.join(algos)} and {bname}")
+                progress.step(f"{op} {nbytes} B: {', '.join(algos)}" + ("" if bname is None else f" and {bname}"))
     return rows
 
 
@@ -317,6 +319,9 @@ def run(ctx) -> list:
                                                          "measures one") + "), all_reduce with the copy-in; " \
                 "pred/meas = predicted / measured"
         where = "CUDA tensors, eager, CUDA events" if cuda else "host tensors"
+        if cuda and not one_gpu_per_rank(world):
+            ctx.notes.append(f"the NCCL baseline left out: {world.size} ranks share a GPU, and NCCL needs one GPU "
+                             f"per rank")
         ctx.header = (f"# {world.size} ranks, {world.launch.launcher}, topology {job_topo.name}, {where}; ratio = "
                       f"baseline time / xelink time (>1: xelink faster); {model}")
         if args.tune:
