@@ -49,7 +49,8 @@ def test_free_all_without_windows():
 
 
 def _small_dev_shm() -> list[str] | None:
-    """The command prefix that runs a shell with a private 16 MiB /dev/shm (root, a mount namespace), or None."""
+    """The command prefix that runs a shell in a private mount namespace, where it may mount a small /dev/shm (root),
+    or None where that cannot be done."""
     if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.isdir("/dev/shm"):
         return None
     probe = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16m tmpfs /dev/shm && test -d /dev/shm"]
@@ -67,8 +68,7 @@ def test_direct_all_reduce_under_a_small_dev_shm():
     prefix = _small_dev_shm()
     if prefix is None:
         pytest.skip("needs root and a mount namespace (unshare -m) to give the ranks a small /dev/shm")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from ranks import mpiexec
+    from ranks import mpiexec  # tests/ is on sys.path (conftest.py)
 
     exe = mpiexec()
     if exe is None:
