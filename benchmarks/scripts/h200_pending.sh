@@ -16,11 +16,13 @@
 #   rows:     issue 22/23/26 timings: decode step rows at 1K/8K/32K, the fused decode's A/B, the gated GEMM's tile
 #             rows, the flash backward's tiles against SDPA and its host profile (~8 minutes);
 #   tiles:    decode attention's kernel configurations at B = 1 / 8 and 8K-128K caches against SDPA, B = 1 at 8K
-#             included (the latency-bound shape of issue 23's 1.1x and issue 26's 8K row) (~3 minutes).
+#             included (the latency-bound shape of issue 23's 1.1x and issue 26's 8K row) (~3 minutes);
+#   suite:    the whole suite as a user launches it on one GPU, one rank and two ranks sharing it (every family
+#             ok; NCCL baselines left out where ranks share the GPU) (~4 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows|tiles
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows|tiles|suite
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -87,10 +89,16 @@ rows)
 tiles)
   step decode_tiles_ab 240 python3 benchmarks/scripts/decode_chunk_ab.py tiles
   ;;
+suite)  # (on an H100: 97 s and 137 s)
+  step suite_1rank 200 python3 -m xelink.bench all --quick --no-plots --out "$OUT/s1" --commit "$C"
+  step suite_2ranks 280 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench all --quick --no-plots \
+    --out "$OUT/s2" --commit "$C"
+  rm -rf "$OUT/s1" "$OUT/s2"  # the logs hold the tables and the summary
+  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite" >&2
   exit 2
   ;;
 esac
