@@ -345,6 +345,34 @@ SOFTWARE: dict[str, Calibration] = {
         description="software terms of xelink's CPU collectives, not oversubscribed"),
 }
 _active_calibration: list = [None]
+_active_oversubscription: list = [1.0]
+
+
+def oversubscribed(cal: Calibration, ratio: float) -> Calibration:
+    """``cal``'s software terms on a host with ``ratio`` ranks per core (> 1): a step costs ``ratio`` times as
+    much and a message ``ratio`` squared (a rank waits for its peers to be scheduled, and each message for both
+    of its ends). Fitted to the probe: 4 ranks on 2 cores measured step 5.0 us and message 8.8 us where 2 ranks
+    measured 2.6 and 2.3 (``SOFTWARE["cpu"]``), and with them ``algo="auto"`` keeps the one-shot all-reduce
+    (one step) up to 256 KiB on 4 ranks and 1 MiB on 8, where it measured 2.7x and 3.3x faster than two_shot
+    at 256 KiB (benchmarks/results/cpu-suite/README.md); a measured calibration of the oversubscribed job
+    itself (``XELINK_CALIBRATION``) already holds these costs and is left as it is."""
+    if ratio <= 1:
+        return cal
+    return dataclasses.replace(cal, step_us=cal.step_us * ratio, message_us=cal.message_us * ratio * ratio,
+                               description=f"{cal.description}; software terms at {ratio:g} ranks per core")
+
+
+def active_oversubscription() -> float:
+    """Ranks per core on the busiest host of the job (``xelink.init``; 1.0 before it or where every rank has a
+    core): what ``algo="auto"`` on CPU ranks sets as its calibration's ``oversubscription``."""
+    return _active_oversubscription[0]
+
+
+def set_active_oversubscription(ratio: float) -> None:
+    """Set ``active_oversubscription`` (``xelink.init``, reset by ``finalize``; tests)."""
+    if not ratio >= 1.0:
+        raise ValueError(f"set_active_oversubscription: ratio={ratio!r} must be >= 1 (ranks per core)")
+    _active_oversubscription[0] = float(ratio)
 
 
 def active_calibration() -> Calibration | None:

@@ -266,7 +266,8 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     bridge.generation(bump=True)  # store keys of this world differ from an earlier init()'s
     transport = _make_transport(launch, kind, timeout)
     deadline = Deadline(timeout)
-    hosts = transport.exchange(launch.host, deadline, "init")
+    seen = transport.exchange((launch.host, _cpus()), deadline, "init")
+    hosts = [h for h, _ in seen]
     if launch.local_rank is None or launch.local_size is None:
         same = [r for r, h in enumerate(hosts) if h == launch.host]
         launch = dataclasses.replace(launch, local_rank=same.index(transport.rank), local_size=len(same))
@@ -281,12 +282,34 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     if launch.transport == "mpi" and launch.local_size > 1:
         world.board = shm.ProgressBoard(world, timeout)
     _attach_topology(world, rpd)
+    from .cost import set_active_oversubscription
+
+    set_active_oversubscription(ranks_per_core(seen))
     set_world(world)
     if abort_on_exception and launch.transport == "mpi" and launch.size > 1:
         _install_abort_hook()
     _log.debug("init: %s rank %d/%d local %d/%d on %s, device %s, timeout %g s", launch.launcher,
                launch.rank, launch.size, launch.local_rank, launch.local_size, launch.host, dev, timeout)
     return world
+
+
+def _cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (its affinity; every CPU where the platform has no affinity)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
+
+
+def ranks_per_core(seen) -> float:
+    """Ranks per core on the busiest host, from every rank's (host, CPUs it may run on), at least 1: the host's
+    ranks over the CPUs any of them may use (ranks bound to one core each, or free to use all, count alike)."""
+    cpus: dict = {}
+    ranks: dict = {}
+    for host, mine in seen:
+        cpus.setdefault(host, set()).update(mine)
+        ranks[host] = ranks.get(host, 0) + 1
+    return max([1.0] + [ranks[h] / max(len(cpus[h]), 1) for h in ranks])
 
 
 def _attach_topology(world: Communicator, rpd: int) -> None:
@@ -366,9 +389,10 @@ def finalize() -> None:
         sys.excepthook = _state.pop("previous_excepthook")
     world.free()
     tuning.set_active(None)
-    from .cost import set_active_calibration
+    from .cost import set_active_calibration, set_active_oversubscription
 
     set_active_calibration(None)
+    set_active_oversubscription(1.0)
     set_world(None)
     _state.clear()
     if unreported is not None:

@@ -141,3 +141,43 @@ def test_the_cpu_software_terms_keep_auto_on_direct_for_small_all_reduces():
         ["direct"] * 3
     assert cost.best(topo, placement, "all_reduce", 16 << 10) == "two_shot"
     assert cost.best(topo, placement, "all_reduce", 4 << 20, None, cal) == "two_shot"
+
+
+def test_an_oversubscribed_host_keeps_auto_on_direct_longer():
+    """More ranks than cores: a rank waits for its peers to be scheduled, so cost.oversubscribed scales the software
+    terms (a step by the ranks per core, a message by its square: the 4-rank probe on 2 cores measured 5.0 / 8.8 us
+    against 2.6 / 2.3 on 2 ranks). On 4 ranks at 2 a core auto then keeps the one-shot all-reduce at 256 KiB (2.7x
+    faster than two_shot there on the 2-core CI host), on 8 at 4 a core to 1 MiB; larger sizes stay two_shot."""
+    from xelink import cost
+
+    soft = cost.SOFTWARE["cpu"]
+    assert cost.oversubscribed(soft, 1.0) is soft
+    two = cost.oversubscribed(soft, 2.0)
+    assert (two.call_us, two.step_us, two.message_us) == (soft.call_us, 2 * soft.step_us, 4 * soft.message_us)
+    host = socket.gethostname()
+    for n, ratio, direct_to, two_shot_from in ((4, 2.0, 256 << 10, 1 << 20), (8, 4.0, 1 << 20, 4 << 20)):
+        topo = T.build_cpu_topology([host] * n)
+        placement = T.place(topo, n)
+        cal = cost.oversubscribed(soft, ratio)
+        assert cost.best(topo, placement, "all_reduce", direct_to, None, cal) == "direct", n
+        assert cost.best(topo, placement, "all_reduce", direct_to, None, soft) == "two_shot", n  # as before
+        assert cost.best(topo, placement, "all_reduce", two_shot_from, None, cal) == "two_shot", n
+
+
+def test_ranks_per_core_counts_the_cpus_a_hosts_ranks_may_use():
+    from xelink import cost
+    from xelink.runtime import ranks_per_core
+
+    assert ranks_per_core([("a", (0, 1))] * 4) == 2.0  # unbound: every rank sees both cores
+    assert ranks_per_core([("a", (0,)), ("a", (1,))]) == 1.0  # bound to a core each
+    assert ranks_per_core([("a", (0,)), ("a", (0,))]) == 2.0  # bound to the same core
+    assert ranks_per_core([("a", (0, 1, 2, 3)), ("b", (0,)), ("b", (0,)), ("b", (0,))]) == 3.0  # the busiest host
+    assert ranks_per_core([("a", tuple(range(8)))]) == 1.0  # never below 1
+    with pytest.raises(ValueError, match=r"set_active_oversubscription: ratio=0.5 must be >= 1"):
+        cost.set_active_oversubscription(0.5)
+    xelink.init()
+    try:
+        assert cost.active_oversubscription() == 1.0  # one process
+    finally:
+        xelink.finalize()
+    assert cost.active_oversubscription() == 1.0

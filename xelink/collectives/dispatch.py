@@ -87,9 +87,11 @@ def _from_model(comm, op, nbytes, algos, backend):
     placement = comm.placement
     if placement is None:
         return None
-    from ..cost import SOFTWARE, active_calibration, best
+    from ..cost import SOFTWARE, active_calibration, active_oversubscription, best, oversubscribed
 
-    cal = active_calibration() or SOFTWARE.get(backend)
+    cal = active_calibration()
+    if cal is None and backend in SOFTWARE:  # the estimate is of a host with a core a rank: scale it to this one
+        cal = oversubscribed(SOFTWARE[backend], active_oversubscription())
     schedule = best(comm.topology, placement, op, nbytes, [a.schedule for a in algos], cal)
     return next(a.name for a in algos if a.schedule == schedule)
 
