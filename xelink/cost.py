@@ -353,7 +353,7 @@ def oversubscribed(cal: Calibration, ratio: float) -> Calibration:
     much and a message ``ratio`` squared (a rank waits for its peers to be scheduled, and each message for both
     of its ends). Fitted to the probe: 4 ranks on 2 cores measured step 5.0 us and message 8.8 us where 2 ranks
     measured 2.6 and 2.3 (``SOFTWARE["cpu"]``), and with them ``algo="auto"`` keeps the one-shot all-reduce
-    (one step) up to 256 KiB on 4 ranks and 1 MiB on 8, where it measured 2.7x and 3.3x faster than two_shot
+    (one step) up to 256 KiB on 4 ranks and 1 MiB on 8, where it measured 2.4x and 5.7x faster than two_shot
     at 256 KiB (benchmarks/results/cpu-suite/README.md); a measured calibration of the oversubscribed job
     itself (``XELINK_CALIBRATION``) already holds these costs and is left as it is."""
     if ratio <= 1:

@@ -146,7 +146,7 @@ def test_the_cpu_software_terms_keep_auto_on_direct_for_small_all_reduces():
 def test_an_oversubscribed_host_keeps_auto_on_direct_longer():
     """More ranks than cores: a rank waits for its peers to be scheduled, so cost.oversubscribed scales the software
     terms (a step by the ranks per core, a message by its square: the 4-rank probe on 2 cores measured 5.0 / 8.8 us
-    against 2.6 / 2.3 on 2 ranks). On 4 ranks at 2 a core auto then keeps the one-shot all-reduce at 256 KiB (2.7x
+    against 2.6 / 2.3 on 2 ranks). On 4 ranks at 2 a core auto then keeps the one-shot all-reduce at 256 KiB (2.4x
     faster than two_shot there on the 2-core CI host), on 8 at 4 a core to 1 MiB; larger sizes stay two_shot."""
     from xelink import cost
 
