@@ -364,7 +364,7 @@ def oversubscribed(cal: Calibration, ratio: float) -> Calibration:
 
 def active_oversubscription() -> float:
     """Ranks per core on the busiest host of the job (``xelink.init``; 1.0 before it or where every rank has a
-    core): what ``algo="auto"`` on CPU ranks sets as its calibration's ``oversubscription``."""
+    core): what ``algo="auto"`` on CPU ranks scales ``SOFTWARE``'s estimate to (``oversubscribed``)."""
     return _active_oversubscription[0]
 
 
