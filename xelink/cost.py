@@ -355,7 +355,15 @@ def oversubscribed(cal: Calibration, ratio: float) -> Calibration:
     measured 2.6 and 2.3 (``SOFTWARE["cpu"]``), and with them ``algo="auto"`` keeps the one-shot all-reduce
     (one step) up to 256 KiB on 4 ranks and 1 MiB on 8, where it measured 2.4x and 5.7x faster than two_shot
     at 256 KiB (benchmarks/results/cpu-suite/README.md); a measured calibration of the oversubscribed job
-    itself (``XELINK_CALIBRATION``) already holds these costs and is left as it is."""
+    itself (``XELINK_CALIBRATION``) already holds these costs and is left as it is.
+
+    Raises:
+        TypeError: ``cal`` is not a ``Calibration``. ValueError: ``ratio`` is not a finite number > 0.
+    """
+    if not isinstance(cal, Calibration):
+        raise TypeError(f"oversubscribed: cal={cal!r} is not a Calibration")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"oversubscribed: ratio={ratio!r} must be a finite number > 0 (ranks per core)")
     if ratio <= 1:
         return cal
     return dataclasses.replace(cal, step_us=cal.step_us * ratio, message_us=cal.message_us * ratio * ratio,

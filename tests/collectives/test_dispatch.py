@@ -151,7 +151,12 @@ def test_an_oversubscribed_host_keeps_auto_on_direct_longer():
     from xelink import cost
 
     soft = cost.SOFTWARE["cpu"]
-    assert cost.oversubscribed(soft, 1.0) is soft
+    assert cost.oversubscribed(soft, 1.0) is soft and cost.oversubscribed(soft, 0.5) is soft  # a core or more a rank
+    for bad in (0, -2.0, float("nan"), float("inf"), "2", True):
+        with pytest.raises(ValueError, match=r"oversubscribed: ratio=.* must be a finite number > 0"):
+            cost.oversubscribed(soft, bad)
+    with pytest.raises(TypeError, match=r"oversubscribed: cal=None is not a Calibration"):
+        cost.oversubscribed(None, 2.0)
     two = cost.oversubscribed(soft, 2.0)
     assert (two.call_us, two.step_us, two.message_us) == (soft.call_us, 2 * soft.step_us, 4 * soft.message_us)
     host = socket.gethostname()

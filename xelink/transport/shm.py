@@ -107,6 +107,11 @@ def _shm_need(node, each: int) -> int:
     return node.size * (-(-(each + _ALIGN) // _PAGE) * _PAGE)
 
 
+def _fits(node, each: int, free: int | None) -> bool:
+    """A window of ``each`` bytes per node rank fits in ``free`` bytes (``_node_free``; None: not known, taken)."""
+    return free is None or _shm_need(node, each) <= free
+
+
 def _no_room(fn: str, node, each: int, free: int) -> PeerMemoryUnavailable:
     return PeerMemoryUnavailable(
         f"{fn}: a shared window of {each} B for each of the {node.size} rank(s) on this host needs "
@@ -708,7 +713,7 @@ class PeerWindow(_OnNode):
         self.nbytes = max(s[1] for s in sizes)
         self.capacity = _round_up(self.nbytes)
         free = _node_free(self._node)
-        if free is not None and _shm_need(self._node, self.capacity) > free:
+        if not _fits(self._node, self.capacity, free):
             self._node.free()
             raise _no_room("PeerWindow", self._node, self.capacity, free)
         self.counters = PeerCounters(comm, _node=self._node, _what="PeerWindow")
@@ -830,8 +835,9 @@ class PeerWindow(_OnNode):
         """Make every segment hold at least ``nbytes`` bytes; returns True if it reallocated.
 
         When the capacity already suffices this only raises ``nbytes``, without communicating. Else
-        the window is reallocated (capacity at least doubles, so a series of growing messages costs
-        few reallocations): segment contents are lost and earlier views become invalid.
+        the window is reallocated (capacity at least doubles where ``SHM_DIR`` has room for that, so a series
+        of growing messages costs few reallocations; else exactly ``nbytes``): segment contents are lost and
+        earlier views become invalid.
 
         Collective: every rank of ``comm`` must call this with the same ``nbytes`` (the node ranks'
         rendezvous raises ``xelink.TimeoutError`` naming those that did not come).
@@ -855,10 +861,9 @@ class PeerWindow(_OnNode):
         free = _node_free(self._node)
         # Not counting the old window as room (only its touched pages hold memory, fewer than its size may): growth
         # takes exactly what is asked where doubling has no room.
-        if free is not None:
-            if _shm_need(self._node, capacity) > free:
-                capacity = _round_up(need)
-            if _shm_need(self._node, capacity) > free:
+        if not _fits(self._node, capacity, free):
+            capacity = _round_up(need)
+            if not _fits(self._node, capacity, free):
                 raise _no_room(fn, self._node, capacity, free)  # the window as it was: nothing released
         _release(self._win)
         self._win = None
