@@ -18,11 +18,14 @@
 #   tiles:    decode attention's kernel configurations at B = 1 / 8 and 8K-128K caches against SDPA, B = 1 at 8K
 #             included (the latency-bound shape of issue 23's 1.1x and issue 26's 8K row) (~3 minutes);
 #   suite:    the whole suite as a user launches it on one GPU, one rank and two ranks sharing it (every family
-#             ok; NCCL baselines left out where ranks share the GPU) (~4 minutes).
+#             ok; NCCL baselines left out where ranks share the GPU) (~4 minutes);
+#   slices:   issue 22's gated GEMM with column slices (k_slices): its GPU tests and the scatter GEMM's (they
+#             share the waits), the gated rows of every shape (rows and column slices, flags set and copy-engine
+#             arrivals), then the fused distributed GEMM's checks with ranks sharing the GPU (~6 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
-#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows|tiles|suite
+#   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -95,10 +98,17 @@ suite)  # (on an H100: 97 s and 137 s)
     --out "$OUT/s2" --commit "$C"
   rm -rf "$OUT/s1" "$OUT/s2"  # the logs hold the tables and the summary
   ;;
+slices)
+  step gated_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu \
+    tests/kernels/test_gated_gemm.py tests/kernels/test_scatter_gemm.py
+  step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  step fused_gpu_checks 200 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/dist/ranks_gpu_dist_gemm.py
+  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices" >&2
   exit 2
   ;;
 esac

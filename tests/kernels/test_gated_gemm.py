@@ -1,7 +1,8 @@
-"""gated_gemm: the tile order, argument checks, the portable kernel under the CPU interpreter
-(TRITON_INTERPRET=1), and on a GPU both kernels against gemm's reference with every flag set, with the
-flags set by a copy-engine stream as the chunks land (in order and out of order), a chunk that never
-lands (the deadline marks the error word), and CUDA-graph replays with the flags reset in the graph."""
+"""gated_gemm: the tile order, the column slices, argument checks, the portable kernel under the CPU
+interpreter (TRITON_INTERPRET=1), and on a GPU both kernels against gemm's reference with every flag set,
+with the flags set by a copy-engine stream as the chunks (or their column slices) land (in order and out of
+order, chunk by chunk or slice by slice), a chunk or slice that never lands (the deadline marks the error
+word), and CUDA-graph replays with the flags reset in the graph."""
 import importlib
 import importlib.util
 import os
@@ -9,7 +10,7 @@ import os
 import pytest
 import torch
 
-from xelink.kernels.gated_gemm import block_order, gated_gemm
+from xelink.kernels.gated_gemm import block_order, column_slices, gated_gemm
 from xelink.kernels.gemm import reference_gemm
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -30,6 +31,17 @@ def test_block_order_follows_the_last_chunk_a_block_spans():
     assert block_order(64, 16, 32, [1, 0]) == [2, 3, 0, 1]
 
 
+def test_column_slices_cover_k_in_order():
+    assert column_slices(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert column_slices(4096, 1) == [(0, 4096)]
+    assert column_slices(2, 4) == [(0, 0), (0, 1), (1, 1), (1, 2)]  # more slices than columns: some empty
+    for K, n in ((56, 3), (2056, 8), (7, 7)):
+        # the kernels' inverse: the last slice a column c needs is ((c + 1) * n - 1) // K
+        for c in range(K):
+            lo, hi = column_slices(K, n)[((c + 1) * n - 1) // K]
+            assert lo <= c < hi, (K, n, c)
+
+
 @pytest.mark.parametrize("call, exc, text", [
     (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f.float(), chunk_rows=2, error=e),
      ValueError, "flags must be int32 with at least 2 entries"),
@@ -47,6 +59,10 @@ def test_block_order_follows_the_last_chunk_a_block_spans():
                              timeout_ns=-1), ValueError, "timeout_ns=-1 must be a positive int or None"),
     (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e,
                              config={"BLOCK_Q": 64}), ValueError, "config={'BLOCK_Q': 64} must be a dict of BLOCK_M"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e, k_slices=0),
+     ValueError, "k_slices=0 must be an int in [1, 1024]"),
+    (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e,
+                             k_slices=True), ValueError, "k_slices=True must be an int"),
 ])
 def test_bad_arguments_are_named(call, exc, text):
     with pytest.raises(exc) as info:
@@ -69,6 +85,17 @@ def test_interpreted_portable_kernel(monkeypatch):
     # a tile override (config=) that spans other chunk boundaries: still every row read after its flag
     c = gated_gemm(a, b, flags, chunk_rows=10, error=err, impl="triton", config=dict(BLOCK_M=32, BLOCK_N=8), programs=2)
     assert _relerr(c, a, b) < 1e-3 and not err.any()
+    # column slices (uneven: 56 columns in 3 and 5 slices, and more slices than a tile's K loop has blocks)
+    for slices in (3, 5):
+        flags.fill_(slices)
+        for rows in (8, 10):
+            c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl="triton", k_slices=slices, programs=3)
+            assert _relerr(c, a, b) < 1e-3 and not err.any()
+    flags[1] = 2  # chunk 1 (rows 8-15) has 2 of its 3 slices: the third never lands
+    gated_gemm(a, b, flags, chunk_rows=8, error=err, impl="triton", k_slices=3, timeout_ns=2000)
+    assert err.tolist() == [1, 0, 1, 0, 0, 0, 0, 0, 0]
+    err.zero_()
+    flags.fill_(1)
     flags[2] = 0  # rows 16-23 never land: the deadline (counted polls here) marks chunk 2 and moves on
     gated_gemm(a, b, flags, chunk_rows=8, error=err, impl="triton", timeout_ns=2000)
     assert err.tolist() == [1, 0, 0, 1, 0, 0, 0, 0, 0]
@@ -107,16 +134,31 @@ def test_gpu_every_flag_set_matches_gemm(requires_gpus, impl, dtype):
     assert not err.any()
 
 
-def _arrivals(src, a, flags, rows, order, side, delay_cycles=0):
+def _arrivals(src, a, flags, rows, order, side, delay_cycles=0, k_slices=1, by_slice=False, late=None):
     """On ``side``: (a sleep, then) each chunk of ``src`` copied into ``a`` in ``order``, its flag set after
-    it (a copy of a one: the copy engine)."""
+    it (a copy of a one: the copy engine). With ``k_slices``: each chunk in its column slices (strided
+    copy-engine copies), its flag set to the slice's number + 1 after each; chunk by chunk, or slice by slice
+    over the chunks (``by_slice``); ``late``: (chunk, slice) held back by a sleep of 50 ms before its copy."""
+    from xelink import symm
+
     with torch.cuda.stream(side):
-        one = torch.ones(1, dtype=torch.int32, device="cuda")  # filled on side, before the copies read it
+        counts = torch.arange(1, k_slices + 1, dtype=torch.int32, device="cuda")  # filled before the copies
         if delay_cycles:
             torch.cuda._sleep(delay_cycles)
-        for q in order:
-            a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
-            flags[q:q + 1].copy_(one, non_blocking=True)
+        K, pitch, size = a.shape[1], a.stride(0) * a.element_size(), a.element_size()
+        pieces = [(q, s) for s in range(k_slices) for q in order] if by_slice else \
+            [(q, s) for q in order for s in range(k_slices)]
+        for q, s in pieces:
+            if (q, s) == late:
+                torch.cuda._sleep(100_000_000)
+            if k_slices == 1:
+                a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
+            else:
+                lo, hi = column_slices(K, k_slices)[s]
+                height = min(rows, a.shape[0] - q * rows)
+                symm.copy_engine_2d(a[q * rows:, lo:].data_ptr(), pitch, src[q * rows:, lo:].data_ptr(), pitch,
+                                    (hi - lo) * size, height, side.cuda_stream)
+            flags[q:q + 1].copy_(counts[s:s + 1], non_blocking=True)
 
 
 @pytest.mark.gpu
@@ -150,6 +192,62 @@ def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, imp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_tiles_read_column_slices_as_they_land(requires_gpus, impl):
+    # A tile that read a slice before its flag counted it would see NaN; chunks of 100 rows span tiles
+    # unevenly, K = 2056 splits into uneven slices (not whole K blocks), and 24 slices leave K blocks that
+    # reach into two of them.
+    requires_gpus(1)
+    _skip_unless(impl)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    err = torch.zeros(32, dtype=torch.int32, device="cuda")
+    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+    for (M, N, K), rows, slices, order, by_slice, late in (
+            ((2048, 1024, 2048), 2048, 8, [0], False, None),
+            ((2048, 1024, 2048), 256, 4, [0, 1, 2, 3, 4, 5, 6, 7], True, (3, 1)),
+            ((2048, 1024, 2048), 256, 4, [5, 2, 7, 0, 3, 6, 1, 4], False, (2, 3)),
+            ((1000, 264, 2056), 100, 3, [9, 0, 8, 1, 7, 2, 6, 3, 5, 4], True, None),
+            ((512, 256, 2048), 512, 24, [0], False, (0, 13))):
+        src = torch.randn(M, K, generator=g, device="cuda").bfloat16()
+        b = torch.randn(K, N, generator=g, device="cuda").bfloat16()
+        want = reference_gemm(src, b).float()
+        a = torch.full((M, K), float("nan"), device="cuda").bfloat16()
+        flags = torch.zeros(-(-M // rows), dtype=torch.int32, device="cuda")
+        side.wait_stream(main)
+        _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000, k_slices=slices, by_slice=by_slice,
+                  late=late)
+        c = gated_gemm(a, b, flags, chunk_rows=rows, k_slices=slices, error=err, impl=impl, order=order,
+                       timeout_ns=10 * 10**9)
+        main.wait_stream(side)
+        torch.cuda.synchronize()
+        case = (M, N, K, rows, slices, late)
+        assert not err.any() and not c.isnan().any(), (case, err.tolist())
+        assert ((c.float() - want).norm() / want.norm()).item() < 1e-2, case
+        assert flags.tolist() == [slices] * flags.numel()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_a_slice_that_never_lands_marks_its_chunk(requires_gpus, impl):
+    requires_gpus(1)
+    _skip_unless(impl)
+    a = torch.ones(512, 256, device="cuda").bfloat16()
+    b = torch.ones(256, 256, device="cuda").bfloat16()
+    flags = torch.tensor([3, 3, 2, 3], dtype=torch.int32, device="cuda")  # chunk 2's last slice never lands
+    err = torch.zeros(5, dtype=torch.int32, device="cuda")
+    c = gated_gemm(a, b, flags, chunk_rows=128, k_slices=3, error=err, impl=impl, timeout_ns=2_000_000)
+    torch.cuda.synchronize()
+    assert err.tolist() == [1, 0, 0, 1, 0]
+    assert bool((c[:256] == 256).all()) and bool((c[384:] == 256).all())
+    # the next call, every slice there: right again (nothing of the late call left behind)
+    flags.fill_(3)
+    err.zero_()
+    c = gated_gemm(a, b, flags, chunk_rows=128, k_slices=3, error=err, impl=impl, timeout_ns=2_000_000)
+    torch.cuda.synchronize()
+    assert not err.any() and bool((c == 256).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
 def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl):
     requires_gpus(1)
     _skip_unless(impl)
@@ -165,9 +263,9 @@ def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [None, dict(BLOCK_M=128, BLOCK_N=128, num_stages=4)])
+@pytest.mark.parametrize("tile, slices", [(None, 1), (dict(BLOCK_M=128, BLOCK_N=128, num_stages=4), 1), (None, 4)])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, tile):
+def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, tile, slices):
     # (tile: a config= override, remembered by the first call like the default, so the capture can replay it)
     requires_gpus(1)
     _skip_unless(impl)
@@ -186,8 +284,8 @@ def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, ti
         # graph, its copies and flags running once, eagerly, during the capture instead of in every replay.
         main = torch.cuda.current_stream()
         side.wait_stream(main)
-        _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000)
-        c = gated_gemm(a, b, flags, chunk_rows=rows, error=err, impl=impl, order=order, config=tile)
+        _arrivals(src, a, flags, rows, order, side, delay_cycles=20_000_000, k_slices=slices, by_slice=True)
+        c = gated_gemm(a, b, flags, chunk_rows=rows, k_slices=slices, error=err, impl=impl, order=order, config=tile)
         main.wait_stream(side)
         flags.zero_()
         return c

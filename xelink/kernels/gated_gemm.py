@@ -1,16 +1,24 @@
 """``gated_gemm``: ``c = a @ b`` in one persistent kernel whose tiles wait for their rows of ``a`` to land.
 
-The rows of ``a`` come in chunks of ``chunk_rows`` (the last may be shorter); chunk ``q`` may be read once
-``flags[q]`` is nonzero. Whoever fills a chunk (a copy-engine copy on another stream, a peer's write, a
-kernel) sets its flag after the data, in stream or memory order; each tile of the kernel polls the flags
-of the chunks its rows span (an acquire at system scope, then a block barrier), then reads. Tiles are
+The rows of ``a`` come in chunks of ``chunk_rows`` (the last may be shorter), and each chunk in ``k_slices``
+column slices (``column_slices``: slice ``s`` is columns ``[s * K // k_slices, (s + 1) * K // k_slices)``) that
+land in order; ``flags[q]`` counts the slices of chunk ``q`` that have landed (with one slice: 0, then 1).
+Whoever fills a slice (a copy-engine copy on another stream, a peer's write, a kernel) sets its chunk's flag
+to the slice's number + 1 after the data, in stream or memory order; a tile of the kernel polls the flags of
+the chunks its rows span (acquires at system scope) before it reads the columns of a slice. Tiles are
 handed out in the order the chunks are expected to land (``order``), so the first tiles are those of the
 chunks already there. This is the fused all-gather + GEMM of ``xelink.dist`` (issue 22): one launch for
 the whole gathered matrix instead of one GEMM per chunk, with no kernel boundary between chunks.
 
+Why column slices: a tile reads all of K of its rows, so with whole row chunks the first wave of tiles
+needs as many chunks as its rows span (at 2048x4096x4096 with 8 chunks, 5 of them) before it runs at full
+width. Slices of every chunk's columns let every tile start on the first slice and read the next ones as
+they land, so the copy hides under the GEMM from the first slice on.
+
 Rules for callers:
 
-- **Flags** are int32, one per chunk, zero before the call; the kernel never writes them. Reset them
+- **Flags** are int32, one per chunk, zero before the call; the kernel never writes them. A chunk's slices
+  land in order (a flag only grows within a call). Reset them
   after the call, ordered after it (a stream-ordered ``zero_`` or a copy of zeros on the kernel's stream)
   and before the producers of the next call set them; a graph replays that the same way.
 - **Programs.** The kernel is persistent: ``programs`` programs (default: the multiprocessors less one)
@@ -22,10 +30,13 @@ Rules for callers:
   reads the rows anyway: the result is then garbage, and the caller raises from ``error`` (the
   peer-memory layer's error word works: ``xelink.symm`` raises ``xelink.TimeoutError`` on its next call).
 
-Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; each tile waits, then
-runs its own pipelined K loop: fusing the tile and K loops into one pipeline as ``gemm`` does, with each
-tile waiting one tile ahead, measured 3.5x slower on an H200, so it is not offered) and ``impl="triton"``
-(portable: block pointers, the one the Intel compile check covers).
+Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; each tile runs its own
+pipelined K loop, whose loads each wait first for the slice they read: a PTX poll whose result the load's
+coordinate depends on, so the pipeliner issues each wait with its load, stages ahead of the math, and a
+wait costs a compare once the tile has seen its slices land; fusing the tile and K loops into one pipeline
+as ``gemm`` does, with each tile waiting one tile ahead, measured 3.5x slower on an H200, so it is not
+offered) and ``impl="triton"`` (portable: block pointers, the one the Intel compile check covers; a tile
+waits for each slice, then runs a K loop over it).
 """
 from __future__ import annotations
 
@@ -34,10 +45,10 @@ import torch
 from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
                      forward_only, interpreting, path_key, require_triton, sm_count, tl, triton)
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
-                   _tma_tile, _tma_view)
+                   _tma_view)
 from .launcher import Descriptor, Slot, launch_keyed
 
-__all__ = ["GATED_GEMM_IMPLS", "gated_gemm"]
+__all__ = ["GATED_GEMM_IMPLS", "column_slices", "gated_gemm"]
 
 GATED_GEMM_IMPLS = ("auto", "triton", "cuda")
 _POLL_NS = 100  # the deadline of a poll-counting wait: polls = timeout_ns / _POLL_NS
@@ -69,18 +80,59 @@ if triton is not None:
                 tl.store(err, 1)
 
     @triton.jit
-    def _await_chunk(flag, err, q, timeout_ns, TIMER: tl.constexpr):
-        _await_count(flag, 1, err, q, timeout_ns, TIMER)  # flags are 0 or 1
-
-    @triton.jit
-    def _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M: tl.constexpr, TIMER: tl.constexpr):
-        """Wait for every chunk rows [off_m, off_m + BLOCK_M) of a span, then order the block after it."""
+    def _await_rows(flags, err, off_m, M, chunk_rows, need, timeout_ns, BLOCK_M: tl.constexpr,
+                    TIMER: tl.constexpr):
+        """Wait until every chunk rows [off_m, off_m + BLOCK_M) span has ``need`` slices landed, then order
+        the block after it."""
         q = off_m // chunk_rows
         last = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows
         while q <= last:
-            _await_chunk(flags + q, err, q, timeout_ns, TIMER)
+            _await_count(flags + q, need, err, q, timeout_ns, TIMER)
             q += 1
         tl.debug_barrier()  # thread 0's acquires happen before every thread's reads below
+
+    # The TMA kernel's wait, per thread: $0 = the slices known landed on every chunk of the span ($2 before),
+    # polling the span's n ($4) flags from $1 (acquire, system scope) only while fewer than need ($3) are known;
+    # past the deadline ($5 ns of %globaltimer) it returns _LATE, which no later wait polls again.
+    _SLICE_WAIT = tl.constexpr("""{
+        .reg .pred p;
+        .reg .s32 v, m, i;
+        .reg .u64 a, t0, t1;
+        mov.b32 $0, $2;
+        setp.ge.s32 p, $2, $3;
+        @p bra DONE;
+        mov.u64 t0, %globaltimer;
+        mov.b32 m, 0x7fffffff;
+        mov.b64 a, $1;
+        mov.b32 i, 0;
+        POLL:
+        ld.acquire.sys.global.s32 v, [a];
+        setp.ge.s32 p, v, $3;
+        @p bra HAVE;
+        mov.u64 t1, %globaltimer;
+        sub.u64 t1, t1, t0;
+        setp.lt.u64 p, t1, $5;
+        @p bra POLL;
+        mov.b32 $0, 0x40000000;
+        bra DONE;
+        HAVE:
+        min.s32 m, m, v;
+        add.u64 a, a, 4;
+        add.s32 i, i, 1;
+        setp.lt.s32 p, i, $4;
+        @p bra POLL;
+        mov.b32 $0, m;
+        DONE:
+    }""")
+    _LATE = tl.constexpr(0x40000000)
+
+    @triton.jit
+    def _slice_wait(first_flag, known, need, n_chunks, timeout_ns):
+        # pure to the compiler: the software pipeliner then issues it with the load whose coordinate depends
+        # on it (it cannot predicate a side-effecting op); its inputs change every iteration, so it is never
+        # merged or hoisted
+        return tl.inline_asm_elementwise(_SLICE_WAIT, "=r,l,r,r,r,l", [first_flag, known, need, n_chunks, timeout_ns],
+                                         dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
     def _tile_of(tile, order, num_m, num_n, GROUP_M: tl.constexpr):
@@ -91,7 +143,7 @@ if triton is not None:
     def _gated_gemm_tma_kernel(a_desc, b_desc, c_desc, flags, order, err, M, N, K, chunk_rows, timeout_ns,
                                A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr):
+                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SLICES: tl.constexpr):
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         tiles = num_m * num_n
@@ -99,8 +151,31 @@ if triton is not None:
             pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-            acc = _tma_tile(a_desc, b_desc, off_m, off_n, K, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K)
+            first = off_m // chunk_rows
+            n_chunks = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows - first + 1
+            known = first * 0
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for off_k in range(0, K, BLOCK_K):
+                # the slices columns [off_k, off_k + BLOCK_K) reach into: through the one holding the last
+                # column c, slice ((c + 1) * SLICES - 1) // K (column_slices' bounds inverted)
+                need = (tl.minimum(off_k + BLOCK_K, K) * SLICES - 1) // K + 1
+                known = _slice_wait(flags + first, known, need, n_chunks, timeout_ns)
+                # off_k itself (known >= need puts the slices' end past it), computed from the wait's result
+                k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
+                if A_ROW_MAJOR:
+                    a = a_desc.load([off_m, k])
+                else:
+                    a = a_desc.load([k, off_m]).T
+                if B_ROW_MAJOR:
+                    b = b_desc.load([k, off_n])
+                else:
+                    b = b_desc.load([off_n, k]).T
+                acc = tl.dot(a, b, acc)
+            if known >= _LATE:  # past a deadline: the rows were read anyway (garbage); the late chunks marked
+                for q in range(first, first + n_chunks):
+                    if tl.load(flags + q, volatile=True) < SLICES:
+                        tl.store(err + 1 + q, 1)
+                tl.store(err, 1)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     @triton.jit
@@ -108,17 +183,33 @@ if triton is not None:
                            stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, chunk_rows, timeout_ns,
                            A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, EVEN: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr):
+                           GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr,
+                           SLICES: tl.constexpr):
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         for tile in range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
             pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            _await_rows(flags, err, off_m, M, chunk_rows, timeout_ns, BLOCK_M, TIMER)
-            acc = _block_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, off_m, off_n,
-                              A_ROW_MAJOR, B_ROW_MAJOR, EVEN, BLOCK_M, BLOCK_N, BLOCK_K)
+            if SLICES == 1:
+                _await_rows(flags, err, off_m, M, chunk_rows, 1, timeout_ns, BLOCK_M, TIMER)
+                acc = _block_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, off_m, off_n,
+                                  A_ROW_MAJOR, B_ROW_MAJOR, EVEN, BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(0, SLICES):  # each slice once it landed, a K loop over its columns
+                    lo = s * K // SLICES
+                    _await_rows(flags, err, off_m, M, chunk_rows, s + 1, timeout_ns, BLOCK_M, TIMER)
+                    acc += _block_tile(a_ptr + lo * stride_ak, b_ptr + lo * stride_bk, M, N, (s + 1) * K // SLICES - lo,
+                                       stride_am, stride_ak, stride_bk, stride_bn, off_m, off_n, A_ROW_MAJOR,
+                                       B_ROW_MAJOR, False, BLOCK_M, BLOCK_N, BLOCK_K)
             _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, off_m, off_n, BLOCK_M, BLOCK_N)
+
+
+def column_slices(K: int, k_slices: int) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` columns of each of the ``k_slices`` slices of a ``K``-column chunk (the last ones empty
+    where k_slices > K)."""
+    return [(s * K // k_slices, (s + 1) * K // k_slices) for s in range(k_slices)]
 
 
 def block_order(M: int, block_m: int, chunk_rows: int, order) -> list[int]:
@@ -137,7 +228,7 @@ class _Plan:
 
     __slots__ = ("fn", "grid", "views", "ints", "kwargs", "order", "slot")
 
-    def __init__(self, a, b, c, impl: str, chunk_rows: int, order, programs, cfg: dict):
+    def __init__(self, a, b, c, impl: str, chunk_rows: int, k_slices: int, order, programs, cfg: dict):
         (M, K), N = a.shape, b.shape[1]
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         if torch.cuda.is_available() and a.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -156,15 +247,15 @@ class _Plan:
             self.views = (_tma_view(a) + ((bm, bk) if a_row else (bk, bm),),
                           _tma_view(b) + ((bk, bn) if b_row else (bn, bk),), _tma_view(c) + ((bm, bn),))
             self.ints = (M, N, K, chunk_rows)
-            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, TIMER=timer,
-                               **cfg)
+            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs,
+                               SLICES=k_slices, **cfg)
         else:
             self.fn, self.views = _gated_gemm_kernel, None
             self.ints = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                          chunk_rows)
             even = M % bm == 0 and N % bn == 0 and K % bk == 0
             self.kwargs = dict(A_ROW_MAJOR=a_row is not False, B_ROW_MAJOR=b_row is not False, EVEN=even,
-                               NUM_PROGRAMS=programs, TIMER=timer, **cfg)
+                               NUM_PROGRAMS=programs, TIMER=timer, SLICES=k_slices, **cfg)
         self.slot = Slot(self.fn)
 
     def __call__(self, a, b, c, flags, error, timeout_ns: int) -> None:
@@ -185,15 +276,20 @@ class _Plan:
 _PATHS = Paths()
 _CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 _NEVER = 1 << 62  # timeout_ns=None: wait without a deadline (fits the kernels' int64)
+_MAX_SLICES = 1024
 
 
-def _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl):
+def _check(a, b, flags, chunk_rows, k_slices, order, out, error, timeout_ns, programs, impl):
     fn = "gated_gemm"
     impl = forward_only(fn, check_impl(fn, impl, GATED_GEMM_IMPLS), has_reference=False, a=a, b=b)
     _check_operands(fn, a, b)
     check_tensor(fn, "flags", flags, 1)
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0:
         raise ValueError(f"gated_gemm: chunk_rows={chunk_rows!r} must be a positive int")
+    if isinstance(k_slices, bool) or not isinstance(k_slices, int) or not 1 <= k_slices <= _MAX_SLICES:
+        raise ValueError(f"gated_gemm: k_slices={k_slices!r} must be an int in [1, {_MAX_SLICES}]")
+    if a.shape[1] * k_slices >= 2**31:
+        raise ValueError(f"gated_gemm: K * k_slices = {a.shape[1]} * {k_slices} must stay below 2**31")
     chunks = max(1, cdiv(a.shape[0], chunk_rows))
     if flags.dtype != torch.int32 or flags.numel() < chunks:
         raise ValueError(f"gated_gemm: flags must be int32 with at least {chunks} entries (one per chunk of "
@@ -234,17 +330,18 @@ def _check_operands(fn: str, a, b) -> None:
 
 
 def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_rows: int, error: torch.Tensor,
-               order=None, out: torch.Tensor | None = None, timeout_ns: int | None = None,
+               k_slices: int = 1, order=None, out: torch.Tensor | None = None, timeout_ns: int | None = None,
                programs: int | None = None, impl: str = "auto", config: dict | None = None) -> torch.Tensor:
-    """``c = a @ b`` (fp32 accumulation) where the rows of chunk ``q`` of ``a`` are read only after
-    ``flags[q]`` is nonzero (module docstring: the rules).
+    """``c = a @ b`` (fp32 accumulation) where the columns of slice ``s`` of chunk ``q`` of ``a`` are read only
+    after ``flags[q] > s`` (module docstring: the rules).
 
     Args:
         a: ``[M, K]`` bf16/fp16 CUDA tensor (row- or column-major); chunk ``q`` is rows
             ``[q * chunk_rows, (q + 1) * chunk_rows)``.
         b: ``[K, N]``, same dtype and device.
-        flags: int32 ``[>= ceil(M / chunk_rows)]`` on the device, zero for chunks not yet there.
+        flags: int32 ``[>= ceil(M / chunk_rows)]`` on the device: the slices of each chunk landed so far.
         chunk_rows: rows per chunk.
+        k_slices: column slices a chunk lands in, in order (``column_slices(K, k_slices)``; 1 to 1024).
         error: contiguous int32 ``[>= 1 + chunks]`` (device or pinned host memory) the late waits mark.
         order: the chunks in their expected order of arrival (default 0, 1, ...): tiles go out in it.
         out: optional ``[M, N]`` destination (``gemm``'s rules).
@@ -264,13 +361,14 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
         raise ValueError(f"gated_gemm: config={config!r} must be a dict of {', '.join(_CONFIG_KEYS)}")
     # (the config as a str: path_key takes plain options only, and a tuple would leave the call unremembered,
     # so that a capture would plan it again)
-    key = path_key((impl, chunk_rows, programs, timeout_ns, None if config is None else str(sorted(config.items()))),
+    key = path_key((impl, chunk_rows, k_slices, programs, timeout_ns,
+                    None if config is None else str(sorted(config.items()))),
                    (a, b, flags, error), (out,))
     if key is not None:
         key = (key, None if order is None else tuple(order))
     hit = _PATHS.get(key) if key is not None else None
     if hit is None:
-        impl, order_t = _check(a, b, flags, chunk_rows, order, out, error, timeout_ns, programs, impl)
+        impl, order_t = _check(a, b, flags, chunk_rows, k_slices, order, out, error, timeout_ns, programs, impl)
     if out is not None:
         check_no_overlap("gated_gemm", out, a=a, b=b)
     (M, K), N = a.shape, b.shape[1]
@@ -280,7 +378,8 @@ def gated_gemm(a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, chunk_r
     if K == 0:
         return c.zero_()
     if hit is None:
-        hit = _Plan(a, b, c, impl, chunk_rows, order_t, programs, {**_gemm_config(M, N, K), **(config or {})})
+        hit = _Plan(a, b, c, impl, chunk_rows, k_slices, order_t, programs,
+                    {**_gemm_config(M, N, K), **(config or {})})
         if key is not None:
             _PATHS.remember(key, hit)
     hit(a, b, c, flags, error, _NEVER if timeout_ns is None else timeout_ns)

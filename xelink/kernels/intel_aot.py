@@ -229,13 +229,13 @@ def _gemv_mma(fmt, act=False):
     return args
 
 
-def _gated_gemm():
+def _gated_gemm(slices: int = 1):
     def args():
         M = N = K = 4096
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("int32"), _t("int32"), _t("int32"), M, N, K,
                  K, 1, N, 1, N, 1, 512, 10**9],
                 dict(A_ROW_MAJOR=True, B_ROW_MAJOR=True, EVEN=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8,
-                     NUM_PROGRAMS=64, TIMER=False))
+                     NUM_PROGRAMS=64, TIMER=False, SLICES=slices))
     return args
 
 
@@ -305,6 +305,8 @@ LAUNCHES: list[Launch] = [
            _gemm("float16", b_row=False, even=False), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("gated_gemm._gated_gemm_kernel[bf16, 8 chunks]", "gated_gemm", "_gated_gemm_kernel", _gated_gemm(),
            num_warps=8, matrix=True, sub_groups=(16,)),
+    Launch("gated_gemm._gated_gemm_kernel[bf16, 8 chunks, 8 column slices]", "gated_gemm", "_gated_gemm_kernel",
+           _gated_gemm(8), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("scatter_gemm._scatter_gemm_kernel[bf16, 2 ranks]", "scatter_gemm", "_scatter_gemm_kernel",
            _scatter_gemm(), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("scatter_gemm._scatter_reduce_kernel[bf16, 2 ranks]", "scatter_gemm", "_scatter_reduce_kernel",

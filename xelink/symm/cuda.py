@@ -61,7 +61,7 @@ from . import watchdog
 from .device import MAX_WORLD
 
 __all__ = ["Team", "Mailboxes", "Pair", "Kernel", "Bound", "Copy", "Join", "Work", "team_of", "pair_of", "empty", "available",
-           "copy_engine", "peer_addresses", "peer_tensor", "put", "get", "signal", "wait", "barrier", "synchronize",
+           "copy_engine", "copy_engine_2d", "peer_addresses", "peer_tensor", "put", "get", "signal", "wait", "barrier", "synchronize",
            "MAX_WORLD", "MAX_BLOCKS", "SIGNAL_SLOTS", "WORDS", "word_dtype", "timeout_ns"]
 
 _log = get_logger("symm")
@@ -74,6 +74,14 @@ _raw_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_get
 
 class _Handle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+
+class _Copy2D(ctypes.Structure):
+    """CUDA_MEMCPY2D (cuda.h), device to device."""
+    _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
+        ("XInBytes", ctypes.c_size_t), ("Y", ctypes.c_size_t), ("MemoryType", ctypes.c_int),
+        ("Host", ctypes.c_void_p), ("Device", ctypes.c_uint64), ("Array", ctypes.c_void_p),
+        ("Pitch", ctypes.c_size_t))] + [("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
 
 
 class _Driver:
@@ -91,6 +99,8 @@ class _Driver:
         self.close.argtypes = [ctypes.c_uint64]
         self.copy = lib.cuMemcpyAsync
         self.copy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        self.copy2d = getattr(lib, "cuMemcpy2DAsync_v2", None) or lib.cuMemcpy2DAsync
+        self.copy2d.argtypes = [ctypes.POINTER(_Copy2D), ctypes.c_void_p]
         self.range = getattr(lib, "cuMemGetAddressRange_v2", None) or lib.cuMemGetAddressRange
         self.range.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
 
@@ -132,6 +142,24 @@ def copy_engine(dst: int, src: int, nbytes: int, stream: int) -> None:
     on the raw stream ``stream``."""
     drv = _drv()
     drv.check(drv.copy(dst, src, nbytes, stream), "cuMemcpyAsync")
+
+
+def copy_engine_2d(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int,
+                   stream: int) -> None:
+    """Copy engine, strided: ``height`` rows of ``width`` bytes from ``src`` (rows ``src_pitch`` bytes apart) to
+    ``dst`` (rows ``dst_pitch`` apart), device addresses (peers' included), on the raw stream ``stream``: e.g.
+    a slice of columns of a row-major matrix."""
+    for name, v in (("width", width), ("height", height), ("dst_pitch", dst_pitch), ("src_pitch", src_pitch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"copy_engine_2d: {name}={v!r} must be a non-negative int")
+    if height > 1 and (dst_pitch < width or src_pitch < width):
+        raise ValueError(f"copy_engine_2d: pitches ({dst_pitch}, {src_pitch}) must be >= width={width}")
+    if width == 0 or height == 0:
+        return
+    drv = _drv()
+    p = _Copy2D(srcMemoryType=2, srcDevice=src, srcPitch=src_pitch, dstMemoryType=2, dstDevice=dst,
+                dstPitch=dst_pitch, WidthInBytes=width, Height=height)  # 2: CU_MEMORYTYPE_DEVICE
+    drv.check(drv.copy2d(ctypes.byref(p), stream), "cuMemcpy2DAsync")
 
 
 def available(comm) -> bool:

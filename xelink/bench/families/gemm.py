@@ -13,7 +13,9 @@
   chunks of rows against one ``torch.matmul``, in CUDA graphs, at the row-block shapes: every flag already
   set (targets >= 0.97x at 8192^3 and 16384x8192x4096, >= 0.9x at 2048x4096x4096), and the chunks copied
   in from another buffer by a copy-engine stream that sets each flag after its chunk (target: within 5%
-  of the flags-set row, ``extra["vs_flags_set"]``); ``cuda`` and ``triton``.
+  of the flags-set row, ``extra["vs_flags_set"]``); ``cuda`` and ``triton``; and ``cuda, 8 column slices``:
+  the same copies as 8 column slices of all the rows (strided copy-engine copies, ``k_slices=8``), so every
+  tile can start on the first slice.
 - CUDA, host time (op ``gemm:host``): the host time of one eager call of each path and of
   ``torch.matmul`` at 2048^3, b row-major and column-major (an ``nn.Linear`` weight's ``.t()``), the
   GPU kept busy (``kernel_timing.host_timing``); issue 20's target is torch's + 10 us. With b row-major
@@ -188,44 +190,59 @@ def run_row_blocks(report, shapes=ROW_BLOCK_SHAPES, blocks=(2, 4, 8), *, repeats
 def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int = 5, rounds: int = 3,
               progress=None, tiles=()) -> None:
     """``gated_gemm`` with every flag set and with copy-engine arrivals, against ``torch.matmul``, in CUDA
-    graphs of ``repeats`` calls; rows ``gemm:gated`` into ``report`` (module docstring). ``tiles``: more TMA
-    variants, each a ``gated_gemm(config=...)`` tile (tagged ``cuda BMxBN``)."""
-    from ...kernels.gated_gemm import gated_gemm
+    graphs of ``repeats`` calls; rows ``gemm:gated`` into ``report`` (module docstring). Two ways the copy
+    lands: ``chunks`` chunks of rows, and (the TMA kernel, tagged ``cuda, N column slices``) all rows in
+    ``chunks`` column slices (``gated_gemm(k_slices=...)``: each a strided copy-engine copy, the same bytes a
+    copy as a chunk of rows). ``tiles``: more TMA variants, each a ``gated_gemm(config=...)`` tile (tagged
+    ``cuda BMxBN``)."""
+    from ... import symm
+    from ...kernels.gated_gemm import column_slices, gated_gemm
 
-    variants = {"cuda": ("cuda", None), "triton": ("triton", None)}
+    # tag: (impl, tile, column slices)
+    variants = {"cuda": ("cuda", None, 1), f"cuda, {chunks} column slices": ("cuda", None, chunks),
+                "triton": ("triton", None, 1)}
     if torch.cuda.get_device_capability()[0] == 9:
-        variants.update({f"cuda {t['BLOCK_M']}x{t['BLOCK_N']}": ("cuda", t) for t in tiles})
+        variants.update({f"cuda {t['BLOCK_M']}x{t['BLOCK_N']}": ("cuda", t, 1) for t in tiles})
     else:
-        del variants["cuda"]
+        variants = {k: v for k, v in variants.items() if v[0] != "cuda"}
     for M, N, K in shapes:
-        rows = -(-M // chunks)
         src = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         a = src.clone()
         b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
         ref = torch.matmul(a, b).float()
         err = torch.zeros(1 + chunks, dtype=torch.int32, device="cuda")
-        ones = torch.ones(chunks, dtype=torch.int32, device="cuda")
+        counts = torch.arange(1, chunks + 1, dtype=torch.int32, device="cuda")  # a flag's values, copied in
         side = torch.cuda.Stream()
         outs = {"torch:matmul": torch.empty(M, N, device="cuda", dtype=torch.bfloat16)}
         calls = {"torch:matmul": [lambda: torch.matmul(a, b, out=outs["torch:matmul"])]}
-        for tag, (impl, tile) in variants.items():
-            set_flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
+        for tag, (impl, tile, slices) in variants.items():
+            # rows: `chunks` chunks of rows, a flag each (0 or 1); slices: one chunk of every row, its flag
+            # counting the column slices landed
+            rows, n_flags = (-(-M // chunks), chunks) if slices == 1 else (M, 1)
+            opts = dict(chunk_rows=rows, k_slices=slices, error=err, impl=impl, timeout_ns=10**10, config=tile)
+            set_flags = torch.full((n_flags,), slices, dtype=torch.int32, device="cuda")
             c = outs[f"xelink:gated({tag}) flags set"] = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             calls[f"xelink:gated({tag}) flags set"] = [
-                lambda c=c, f=set_flags, i=impl, t=tile: gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c,
-                                                                     timeout_ns=10**10, config=t)]
-            flags = torch.zeros(chunks, dtype=torch.int32, device="cuda")
+                lambda c=c, f=set_flags, o=opts: gated_gemm(a, b, f, out=c, **o)]
+            flags = torch.zeros(n_flags, dtype=torch.int32, device="cuda")
             c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
                                                                                  dtype=torch.bfloat16)
 
-            def arrive(c=c2, f=flags, i=impl, t=tile):
+            def arrive(c=c2, f=flags, o=opts, rows=rows, slices=slices):
                 main = torch.cuda.current_stream()  # the capture's stream inside a graph
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
-                    for q in range(chunks):
-                        a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
-                        f[q:q + 1].copy_(ones[q:q + 1], non_blocking=True)
-                gated_gemm(a, b, f, chunk_rows=rows, error=err, impl=i, out=c, timeout_ns=10**10, config=t)
+                    if slices == 1:
+                        for q in range(chunks):
+                            a[q * rows:(q + 1) * rows].copy_(src[q * rows:(q + 1) * rows], non_blocking=True)
+                            f[q:q + 1].copy_(counts[:1], non_blocking=True)
+                    else:
+                        pitch = a.stride(0) * a.element_size()
+                        for s, (lo, hi) in enumerate(column_slices(K, slices)):
+                            symm.copy_engine_2d(a[:, lo:].data_ptr(), pitch, src[:, lo:].data_ptr(), pitch,
+                                                (hi - lo) * a.element_size(), M, side.cuda_stream)
+                            f.copy_(counts[s:s + 1], non_blocking=True)
+                gated_gemm(a, b, f, out=c, **o)
                 main.wait_stream(side)
                 f.zero_()
 
