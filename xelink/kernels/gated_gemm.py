@@ -91,9 +91,12 @@ if triton is not None:
             q += 1
         tl.debug_barrier()  # thread 0's acquires happen before every thread's reads below
 
-    # The TMA kernel's wait, per thread: $0 = the slices known landed on every chunk of the span ($2 before),
-    # polling the span's n ($4) flags from $1 (acquire, system scope) only while fewer than need ($3) are known;
-    # past the deadline ($5 ns of %globaltimer) it returns _LATE, which no later wait polls again.
+    # The TMA kernel's wait, run by every thread: $0 = the slices known landed on every chunk of the span ($2
+    # before), polling the span's n ($4) flags from $1 (acquire, system scope) only while fewer than need ($3)
+    # are known. Past the deadline ($5 ns of %globaltimer) it marks the late chunk ($6: its error word for the
+    # span's first chunk) and the error flag ($7), and returns 2**30, which no later wait of the thread polls
+    # again. (A thread marks its own lateness: threads poll on their own, and the one issuing the loads may be
+    # the only late one.)
     _SLICE_WAIT = tl.constexpr("""{
         .reg .pred p;
         .reg .s32 v, m, i;
@@ -113,6 +116,10 @@ if triton is not None:
         sub.u64 t1, t1, t0;
         setp.lt.u64 p, t1, $5;
         @p bra POLL;
+        sub.u64 a, a, $1;
+        add.u64 a, a, $6;
+        st.global.s32 [a], 1;
+        st.global.s32 [$7], 1;
         mov.b32 $0, 0x40000000;
         bra DONE;
         HAVE:
@@ -124,14 +131,14 @@ if triton is not None:
         mov.b32 $0, m;
         DONE:
     }""")
-    _LATE = tl.constexpr(0x40000000)
 
     @triton.jit
-    def _slice_wait(first_flag, known, need, n_chunks, timeout_ns):
+    def _slice_wait(first_flag, known, need, n_chunks, timeout_ns, first_err, err):
         # pure to the compiler: the software pipeliner then issues it with the load whose coordinate depends
-        # on it (it cannot predicate a side-effecting op); its inputs change every iteration, so it is never
-        # merged or hoisted
-        return tl.inline_asm_elementwise(_SLICE_WAIT, "=r,l,r,r,r,l", [first_flag, known, need, n_chunks, timeout_ns],
+        # on it (it cannot predicate a side-effecting op; the only effect, marking a late chunk, is idempotent);
+        # its inputs change every iteration, so it is never merged or hoisted
+        return tl.inline_asm_elementwise(_SLICE_WAIT, "=r,l,r,r,r,l,l,l",
+                                         [first_flag, known, need, n_chunks, timeout_ns, first_err, err],
                                          dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
@@ -159,8 +166,9 @@ if triton is not None:
                 # the slices columns [off_k, off_k + BLOCK_K) reach into: through the one holding the last
                 # column c, slice ((c + 1) * SLICES - 1) // K (column_slices' bounds inverted)
                 need = (tl.minimum(off_k + BLOCK_K, K) * SLICES - 1) // K + 1
-                known = _slice_wait(flags + first, known, need, n_chunks, timeout_ns)
-                # off_k itself (known >= need puts the slices' end past it), computed from the wait's result
+                known = _slice_wait(flags + first, known, need, n_chunks, timeout_ns, err + 1 + first, err)
+                # off_k itself (known >= need puts the slices' end past it; a late wait returns more than SLICES),
+                # computed from the wait's result
                 k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
                 if A_ROW_MAJOR:
                     a = a_desc.load([off_m, k])
@@ -171,11 +179,6 @@ if triton is not None:
                 else:
                     b = b_desc.load([off_n, k]).T
                 acc = tl.dot(a, b, acc)
-            if known >= _LATE:  # past a deadline: the rows were read anyway (garbage); the late chunks marked
-                for q in range(first, first + n_chunks):
-                    if tl.load(flags + q, volatile=True) < SLICES:
-                        tl.store(err + 1 + q, 1)
-                tl.store(err, 1)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     @triton.jit
