@@ -9,10 +9,12 @@ Every function takes the group and, where it enqueues work, an explicit ``stream
 stream of the group's device). Kernels of composed ops use ``xelink.symm.device`` (Triton device
 functions: ``pick``, ``notify``, ``wait_at_least``, ``block_barrier``) and ``Team.kernel``/``Team.run``.
 """
-from .cuda import (MAX_BLOCKS, MAX_WORLD, SIGNAL_SLOTS, Bound, Copy, Join, Kernel, Mailboxes, Pair, Team, Work, available,
-                   barrier, copy_engine, copy_engine_2d, empty, get, pair_of, peer_addresses, peer_tensor, put, signal, synchronize,
-                   team_of, timeout_ns, wait, word_dtype, WORDS)
+from .cuda import (MAX_BLOCKS, MAX_WORLD, SIGNAL_SLOTS, Bound, Copy, Join, Kernel, Mailboxes, Pair, Team, Work,
+                   available, barrier, copy_engine, copy_engine_2d, empty, get, pair_of,
+                   peer_addresses, peer_tensor, put, signal, synchronize, team_of, timeout_ns, wait,
+                   word_dtype, WORDS)
 
-__all__ = ["MAX_BLOCKS", "MAX_WORLD", "SIGNAL_SLOTS", "Bound", "Copy", "Join", "Kernel", "Mailboxes", "Pair", "Team", "Work",
-           "available", "barrier", "copy_engine", "copy_engine_2d", "empty", "get", "pair_of", "peer_addresses", "peer_tensor", "put",
-           "signal", "synchronize", "team_of", "timeout_ns", "wait", "word_dtype", "WORDS"]
+__all__ = ["MAX_BLOCKS", "MAX_WORLD", "SIGNAL_SLOTS", "Bound", "Copy", "Join", "Kernel", "Mailboxes", "Pair",
+           "Team", "Work", "available", "barrier", "copy_engine", "copy_engine_2d", "empty", "get",
+           "pair_of", "peer_addresses", "peer_tensor", "put", "signal", "synchronize", "team_of",
+           "timeout_ns", "wait", "word_dtype", "WORDS"]
