@@ -61,8 +61,8 @@ from . import watchdog
 from .device import MAX_WORLD
 
 __all__ = ["Team", "Mailboxes", "Pair", "Kernel", "Bound", "Copy", "Join", "Work", "team_of", "pair_of", "empty",
-           "available", "copy_engine", "copy_engine_2d", "peer_addresses", "peer_tensor", "put", "get", "signal", "wait",
-           "barrier", "synchronize",
+           "available", "copy_engine", "copy_engine_2d", "peer_addresses", "peer_tensor", "put", "get", "signal",
+           "wait", "barrier", "synchronize",
            "MAX_WORLD", "MAX_BLOCKS", "SIGNAL_SLOTS", "WORDS", "word_dtype", "timeout_ns"]
 
 _log = get_logger("symm")
