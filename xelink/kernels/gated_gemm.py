@@ -31,9 +31,10 @@ Rules for callers:
   peer-memory layer's error word works: ``xelink.symm`` raises ``xelink.TimeoutError`` on its next call).
 
 Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; each tile runs its own
-pipelined K loop, whose loads each wait first for the slice they read: a PTX poll whose result the load's
-coordinate depends on, so the pipeliner issues each wait with its load, stages ahead of the math, and a
-wait costs a compare once the tile has seen its slices land; fusing the tile and K loops into one pipeline
+pipelined K loop; with whole chunks it waits once before it, with column slices each of its loads waits
+first for the slices it reads: a PTX poll whose result the load's coordinate depends on, so the pipeliner
+issues each wait with its load, stages ahead of the math, and a wait costs a compare once the tile has seen
+its slices land; fusing the tile and K loops into one pipeline
 as ``gemm`` does, with each tile waiting one tile ahead, measured 3.5x slower on an H200, so it is not
 offered) and ``impl="triton"`` (portable: block pointers, the one the Intel compile check covers; a tile
 waits for each slice, then runs a K loop over it).
@@ -45,7 +46,7 @@ import torch
 from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
                      forward_only, interpreting, path_key, require_triton, sm_count, tl, triton)
 from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
-                   _tma_view)
+                   _tma_tile, _tma_view)
 from .launcher import Descriptor, Slot, launch_keyed
 
 __all__ = ["GATED_GEMM_IMPLS", "column_slices", "gated_gemm"]
@@ -150,7 +151,8 @@ if triton is not None:
     def _gated_gemm_tma_kernel(a_desc, b_desc, c_desc, flags, order, err, M, N, K, chunk_rows, timeout_ns,
                                A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SLICES: tl.constexpr):
+                               GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr,
+                               SLICES: tl.constexpr):
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         tiles = num_m * num_n
@@ -158,28 +160,42 @@ if triton is not None:
             pid_m, pid_n = _tile_of(tile, order, num_m, num_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            first = off_m // chunk_rows
-            n_chunks = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows - first + 1
-            known = first * 0
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for off_k in range(0, K, BLOCK_K):
-                # the slices columns [off_k, off_k + BLOCK_K) reach into: through the one holding the last
-                # column c, slice ((c + 1) * SLICES - 1) // K (column_slices' bounds inverted)
-                need = (tl.minimum(off_k + BLOCK_K, K) * SLICES - 1) // K + 1
-                known = _slice_wait(flags + first, known, need, n_chunks, timeout_ns, err + 1 + first, err)
-                # off_k itself (known >= need puts the slices' end past it; a late wait returns more than SLICES),
-                # computed from the wait's result
-                k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
-                if A_ROW_MAJOR:
-                    a = a_desc.load([off_m, k])
-                else:
-                    a = a_desc.load([k, off_m]).T
-                if B_ROW_MAJOR:
-                    b = b_desc.load([k, off_n])
-                else:
-                    b = b_desc.load([off_n, k]).T
-                acc = tl.dot(a, b, acc)
+            if SLICES == 1:  # whole chunks: the tile waits once, then runs gemm's K loop
+                _await_rows(flags, err, off_m, M, chunk_rows, 1, timeout_ns, BLOCK_M, TIMER)
+                acc = _tma_tile(a_desc, b_desc, off_m, off_n, K, A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N,
+                                BLOCK_K)
+            else:
+                acc = _sliced_tma_tile(a_desc, b_desc, flags, err, off_m, off_n, M, K, chunk_rows, timeout_ns,
+                                       A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, SLICES)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+    @triton.jit
+    def _sliced_tma_tile(a_desc, b_desc, flags, err, off_m, off_n, M, K, chunk_rows, timeout_ns,
+                         A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr):
+        """``_tma_tile`` whose loads each wait for the column slices they read (module docstring)."""
+        first = off_m // chunk_rows
+        n_chunks = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows - first + 1
+        known = first * 0
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for off_k in range(0, K, BLOCK_K):
+            # the slices columns [off_k, off_k + BLOCK_K) reach into: through the one holding the last
+            # column c, slice ((c + 1) * SLICES - 1) // K (column_slices' bounds inverted)
+            need = (tl.minimum(off_k + BLOCK_K, K) * SLICES - 1) // K + 1
+            known = _slice_wait(flags + first, known, need, n_chunks, timeout_ns, err + 1 + first, err)
+            # off_k itself (known >= need puts the slices' end past it; a late wait returns more than SLICES),
+            # computed from the wait's result
+            k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
+            if A_ROW_MAJOR:
+                a = a_desc.load([off_m, k])
+            else:
+                a = a_desc.load([k, off_m]).T
+            if B_ROW_MAJOR:
+                b = b_desc.load([k, off_n])
+            else:
+                b = b_desc.load([off_n, k]).T
+            acc = tl.dot(a, b, acc)
+        return acc
 
     @triton.jit
     def _gated_gemm_kernel(a_ptr, b_ptr, c_ptr, flags, order, err, M, N, K,
@@ -250,7 +266,7 @@ class _Plan:
             self.views = (_tma_view(a) + ((bm, bk) if a_row else (bk, bm),),
                           _tma_view(b) + ((bk, bn) if b_row else (bn, bk),), _tma_view(c) + ((bm, bn),))
             self.ints = (M, N, K, chunk_rows)
-            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs,
+            self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, TIMER=timer,
                                SLICES=k_slices, **cfg)
         else:
             self.fn, self.views = _gated_gemm_kernel, None
