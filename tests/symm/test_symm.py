@@ -84,3 +84,38 @@ def test_kernel_keys_ignore_the_values_of_typed_unspecialized_arguments():
     assert preload == real
     assert k._fill(dict(X=(1 << 20) + 4, n=1, nbytes=1, count=5))[1] != preload  # X's alignment still counts
     assert k._fill(dict(X=1 << 20, n=1, nbytes=1, count=1 << 40))[1] != preload  # an i64 count is another kernel
+
+
+@pytest.mark.parametrize("args, text", [
+    ((0, 64, 0, 64, -1, 4), "width=-1 must be a non-negative int"),
+    ((0, 64, 0, 64, 32, 2.0), "height=2.0 must be a non-negative int"),
+    ((0, 16, 0, 64, 32, 4), "pitches (16, 64) must be >= width=32"),
+])
+def test_copy_engine_2d_names_a_bad_shape(args, text):
+    with pytest.raises(ValueError) as info:
+        symm.copy_engine_2d(*args, stream=0)
+    assert "copy_engine_2d" in str(info.value) and text in str(info.value)
+
+
+def test_copy_engine_2d_fills_the_drivers_struct(monkeypatch):
+    # The strided copy is one cuMemcpy2DAsync with device memory on both sides; nothing is enqueued for an
+    # empty copy. (The copies themselves: tests/kernels/test_gated_gemm.py on a GPU.)
+    from xelink.symm import cuda as sc
+
+    calls = []
+
+    class Driver:
+        def copy2d(self, p, stream):
+            s = p._obj
+            calls.append((s.srcMemoryType, s.srcDevice, s.srcPitch, s.dstMemoryType, s.dstDevice, s.dstPitch,
+                          s.WidthInBytes, s.Height, s.srcXInBytes, s.dstY, stream))
+            return 0
+
+        def check(self, status, what):
+            assert status == 0 and what == "cuMemcpy2DAsync"
+
+    monkeypatch.setattr(sc, "_driver", Driver())
+    symm.copy_engine_2d(4096, 8192, 1024, 2048, 512, 300, stream=77)
+    symm.copy_engine_2d(4096, 8192, 1024, 2048, 0, 300, stream=77)
+    symm.copy_engine_2d(4096, 8192, 1024, 2048, 512, 0, stream=77)
+    assert calls == [(2, 1024, 2048, 2, 4096, 8192, 512, 300, 0, 0, 77)]

@@ -138,8 +138,10 @@ if triton is not None:
         # pure to the compiler: the software pipeliner then issues it with the load whose coordinate depends
         # on it (it cannot predicate a side-effecting op; the only effect, marking a late chunk, is idempotent);
         # its inputs change every iteration, so it is never merged or hoisted
+        # (timeout_ns as int64 whatever width the launch gave it: Triton types a small deadline as i32)
         return tl.inline_asm_elementwise(_SLICE_WAIT, "=r,l,r,r,r,l,l,l",
-                                         [first_flag, known, need, n_chunks, timeout_ns, first_err, err],
+                                         [first_flag, known, need, n_chunks, tl.cast(timeout_ns, tl.int64), first_err,
+                                          err],
                                          dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
