@@ -1,5 +1,6 @@
 """Issue 22's one-GPU targets: ``gated_gemm`` (the fused distributed GEMM's kernel) with every flag set and
-with copy-engine arrivals, against torch.matmul, in CUDA graphs (``xelink.bench.families.gemm.run_gated``).
+with copy-engine arrivals (8 chunks of rows; the TMA kernel also with 8 column slices of every row,
+``k_slices=8``), against torch.matmul, in CUDA graphs (``xelink.bench.families.gemm.run_gated``).
 
     python3 benchmarks/scripts/gated_gemm_bench.py [--quick] [--tiles] [--jsonl FILE]
 

@@ -11,13 +11,14 @@ Triton-level poll loop inside the K loop, compiled that way).
 """
 import importlib
 import os
-import subprocess
-import tempfile
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia import compiler as nvidia
 from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90_registers import ptxas_report  # noqa: E402
 
 G = importlib.import_module("xelink.kernels.gated_gemm")  # (xelink.kernels.gated_gemm is also the function)
 
@@ -42,13 +43,7 @@ def compile_tma(slices: int, a_row: bool = True, b_row: bool = True, stages: int
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=stages))
     ttgir = kernel.asm["ttgir"]
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(kernel.asm["ptx"])
-    ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
-    report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull], capture_output=True,
-                            text=True, check=True).stderr
-    os.unlink(f.name)
-    regs = int(report.split("Used ")[1].split(" registers")[0])
+    regs = int(ptxas_report(kernel).split("Used ")[1].split(" registers")[0])
     return ttgir.count("async_tma_copy_global_to_local"), ttgir.count("warp_group_dot "), regs
 
 

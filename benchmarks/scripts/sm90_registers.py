@@ -44,15 +44,21 @@ def probe(kind: str, head_dim: int, tile) -> tuple[int, int, int]:
     src = ASTSource(fn=fn, signature={a: _type(a) for a in fn.arg_names},
                     constexprs={(fn.arg_names.index(a),): v for a, v in values.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    report = ptxas_report(kernel)
+    regs = int(report.split("Used ")[1].split(" registers")[0])
+    spill = int(report.split(" bytes spill stores")[0].rsplit(",", 1)[-1])
+    return regs, spill, kernel.metadata.shared
+
+
+def ptxas_report(kernel) -> str:
+    """``ptxas -v``'s report (registers, spills) of a kernel Triton compiled for sm_90a, by Triton's bundled ptxas."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(kernel.asm["ptx"])
     ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
     report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull], capture_output=True,
                             text=True, check=True).stderr
     os.unlink(f.name)
-    regs = int(report.split("Used ")[1].split(" registers")[0])
-    spill = int(report.split(" bytes spill stores")[0].rsplit(",", 1)[-1])
-    return regs, spill, kernel.metadata.shared
+    return report
 
 
 def main() -> int:

@@ -226,40 +226,26 @@ def test_gpu_tiles_read_column_slices_as_they_land(requires_gpus, impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("slices, landed", [(1, [1, 1, 0, 1]), (3, [3, 3, 2, 3])])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_gpu_a_slice_that_never_lands_marks_its_chunk(requires_gpus, impl):
+def test_gpu_a_chunk_or_slice_that_never_lands_marks_the_error_word(requires_gpus, impl, slices, landed):
+    # (chunk 2 never lands, or its last slice never does)
     requires_gpus(1)
     _skip_unless(impl)
     a = torch.ones(512, 256, device="cuda").bfloat16()
     b = torch.ones(256, 256, device="cuda").bfloat16()
-    flags = torch.tensor([3, 3, 2, 3], dtype=torch.int32, device="cuda")  # chunk 2's last slice never lands
-    err = torch.zeros(5, dtype=torch.int32, device="cuda")
-    c = gated_gemm(a, b, flags, chunk_rows=128, k_slices=3, error=err, impl=impl, timeout_ns=2_000_000)
+    flags = torch.tensor(landed, dtype=torch.int32, device="cuda")
+    err = torch.zeros(5, dtype=torch.int32, pin_memory=True)  # pinned host memory, as xelink.symm's error word
+    c = gated_gemm(a, b, flags, chunk_rows=128, k_slices=slices, error=err, impl=impl, timeout_ns=2_000_000)
     torch.cuda.synchronize()
     assert err.tolist() == [1, 0, 0, 1, 0]
     assert bool((c[:256] == 256).all()) and bool((c[384:] == 256).all())
-    # the next call, every slice there: right again (nothing of the late call left behind)
-    flags.fill_(3)
+    # the next call, everything there: right again (nothing of the late call left behind)
+    flags.fill_(slices)
     err.zero_()
-    c = gated_gemm(a, b, flags, chunk_rows=128, k_slices=3, error=err, impl=impl, timeout_ns=2_000_000)
+    c = gated_gemm(a, b, flags, chunk_rows=128, k_slices=slices, error=err, impl=impl, timeout_ns=2_000_000)
     torch.cuda.synchronize()
     assert not err.any() and bool((c == 256).all())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("impl", IMPLS)
-def test_gpu_a_chunk_that_never_lands_marks_the_error_word(requires_gpus, impl):
-    requires_gpus(1)
-    _skip_unless(impl)
-    a = torch.ones(512, 256, device="cuda").bfloat16()
-    b = torch.ones(256, 256, device="cuda").bfloat16()
-    flags = torch.ones(4, dtype=torch.int32, device="cuda")
-    flags[2] = 0
-    err = torch.zeros(5, dtype=torch.int32, pin_memory=True)  # pinned host memory, as xelink.symm's error word
-    c = gated_gemm(a, b, flags, chunk_rows=128, error=err, impl=impl, timeout_ns=2_000_000)
-    torch.cuda.synchronize()
-    assert err.tolist() == [1, 0, 0, 1, 0]
-    assert bool((c[:256] == 256).all()) and bool((c[384:] == 256).all())
 
 
 @pytest.mark.gpu
