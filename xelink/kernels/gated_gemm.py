@@ -34,10 +34,9 @@ Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; ea
 pipelined K loop; with whole chunks it waits once before it, with column slices each of its loads waits
 first for the slices it reads: a PTX poll whose result the load's coordinate depends on, so the pipeliner
 issues each wait with its load, stages ahead of the math, and a wait costs a compare once the tile has seen
-its slices land; fusing the tile and K loops into one pipeline
-as ``gemm`` does, with each tile waiting one tile ahead, measured 3.5x slower on an H200, so it is not
-offered) and ``impl="triton"`` (portable: block pointers, the one the Intel compile check covers; a tile
-waits for each slice, then runs a K loop over it).
+its slices land; fusing the tile and K loops into one pipeline as ``gemm`` does, with each tile waiting one
+tile ahead, measured 3.5x slower on an H200, so it is not offered) and ``impl="triton"`` (portable: block
+pointers, the one the Intel compile check covers; a tile waits for each slice, then runs a K loop over it).
 """
 from __future__ import annotations
 
@@ -221,9 +220,9 @@ if triton is not None:
                 for s in range(0, SLICES):  # each slice once it landed, a K loop over its columns
                     lo = s * K // SLICES
                     _await_rows(flags, err, off_m, M, chunk_rows, s + 1, timeout_ns, BLOCK_M, TIMER)
-                    acc += _block_tile(a_ptr + lo * stride_ak, b_ptr + lo * stride_bk, M, N, (s + 1) * K // SLICES - lo,
-                                       stride_am, stride_ak, stride_bk, stride_bn, off_m, off_n, A_ROW_MAJOR,
-                                       B_ROW_MAJOR, False, BLOCK_M, BLOCK_N, BLOCK_K)
+                    acc += _block_tile(a_ptr + lo.to(tl.int64) * stride_ak, b_ptr + lo.to(tl.int64) * stride_bk, M, N,
+                                       (s + 1) * K // SLICES - lo, stride_am, stride_ak, stride_bk, stride_bn, off_m,
+                                       off_n, A_ROW_MAJOR, B_ROW_MAJOR, False, BLOCK_M, BLOCK_N, BLOCK_K)
             _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, off_m, off_n, BLOCK_M, BLOCK_N)
 
 
