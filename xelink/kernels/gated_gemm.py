@@ -44,8 +44,8 @@ import torch
 
 from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
                      forward_only, interpreting, path_key, require_triton, sm_count, tl, triton)
-from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_out_ok,
-                   _tma_tile, _tma_view)
+from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_operands,
+                   _tma_out_ok, _tma_tile, _tma_view)
 from .launcher import Descriptor, Slot, launch_keyed
 
 __all__ = ["GATED_GEMM_IMPLS", "column_slices", "gated_gemm"]
@@ -187,14 +187,7 @@ if triton is not None:
             # off_k itself (known >= need puts the slices' end past it; a late wait returns more than SLICES),
             # computed from the wait's result
             k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
-            if A_ROW_MAJOR:
-                a = a_desc.load([off_m, k])
-            else:
-                a = a_desc.load([k, off_m]).T
-            if B_ROW_MAJOR:
-                b = b_desc.load([k, off_n])
-            else:
-                b = b_desc.load([off_n, k]).T
+            a, b = _tma_operands(a_desc, b_desc, off_m, off_n, k, A_ROW_MAJOR, B_ROW_MAJOR)
             acc = tl.dot(a, b, acc)
         return acc
 

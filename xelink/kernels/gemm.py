@@ -108,18 +108,24 @@ if triton is not None:
         """The fp32 tile ``a[off_m:+BLOCK_M] @ b[:, off_n:+BLOCK_N]`` through TMA descriptors."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for off_k in range(0, K, BLOCK_K):
-            # Column-major operands are described by their transpose, which is row-major, and
-            # transposed back in shared memory (wgmma reads either orientation of 16-bit types).
-            if A_ROW_MAJOR:
-                a = a_desc.load([off_m, off_k])
-            else:
-                a = a_desc.load([off_k, off_m]).T
-            if B_ROW_MAJOR:
-                b = b_desc.load([off_k, off_n])
-            else:
-                b = b_desc.load([off_n, off_k]).T
+            a, b = _tma_operands(a_desc, b_desc, off_m, off_n, off_k, A_ROW_MAJOR, B_ROW_MAJOR)
             acc = tl.dot(a, b, acc)
         return acc
+
+    @triton.jit
+    def _tma_operands(a_desc, b_desc, off_m, off_n, off_k, A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr):
+        """The K block at ``off_k`` of a tile's operands: ``a`` [BLOCK_M, BLOCK_K], ``b`` [BLOCK_K, BLOCK_N]."""
+        # Column-major operands are described by their transpose, which is row-major, and
+        # transposed back in shared memory (wgmma reads either orientation of 16-bit types).
+        if A_ROW_MAJOR:
+            a = a_desc.load([off_m, off_k])
+        else:
+            a = a_desc.load([off_k, off_m]).T
+        if B_ROW_MAJOR:
+            b = b_desc.load([off_k, off_n])
+        else:
+            b = b_desc.load([off_n, off_k]).T
+        return a, b
 
     @triton.jit
     def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
