@@ -118,4 +118,5 @@ def test_copy_engine_2d_fills_the_drivers_struct(monkeypatch):
     symm.copy_engine_2d(4096, 8192, 1024, 2048, 512, 300, stream=77)
     symm.copy_engine_2d(4096, 8192, 1024, 2048, 0, 300, stream=77)
     symm.copy_engine_2d(4096, 8192, 1024, 2048, 512, 0, stream=77)
-    assert calls == [(2, 1024, 2048, 2, 4096, 8192, 512, 300, 0, 0, 77)]
+    symm.copy_engine_2d(4096, 0, 1024, 0, 512, 1, stream=78)  # one row: the pitches raised to the width
+    assert calls == [(2, 1024, 2048, 2, 4096, 8192, 512, 300, 0, 0, 77), (2, 1024, 512, 2, 4096, 512, 512, 1, 0, 0, 78)]

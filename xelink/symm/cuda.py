@@ -157,6 +157,8 @@ def copy_engine_2d(dst: int, dst_pitch: int, src: int, src_pitch: int, width: in
         raise ValueError(f"copy_engine_2d: pitches ({dst_pitch}, {src_pitch}) must be >= width={width}")
     if width == 0 or height == 0:
         return
+    if height == 1:  # one row: its pitch is never used, and the driver wants every pitch >= the width
+        dst_pitch, src_pitch = max(dst_pitch, width), max(src_pitch, width)
     drv = _drv()
     p = _Copy2D(srcMemoryType=2, srcDevice=src, srcPitch=src_pitch, dstMemoryType=2, dstDevice=dst,
                 dstPitch=dst_pitch, WidthInBytes=width, Height=height)  # 2: CU_MEMORYTYPE_DEVICE
