@@ -209,6 +209,30 @@ def check_async_handles_keep_order(world):
     w.wait()
 
 
+def check_blocking_calls_return_none(world):
+    # torch.distributed's contract: a blocking collective returns None (only async_op=True returns a handle),
+    # at every world size (a world of one once returned False from all_reduce)
+    n, r = world.size, world.rank
+    x = torch.ones(4)
+    calls = {
+        "all_reduce": lambda: xelink.all_reduce(x.clone()),
+        "all_gather_into_tensor": lambda: xelink.all_gather_into_tensor(torch.empty(4 * n), x),
+        "all_gather": lambda: xelink.all_gather([torch.empty(4) for _ in range(n)], x),
+        "reduce_scatter_tensor": lambda: xelink.reduce_scatter_tensor(torch.empty(4), torch.ones(4 * n)),
+        "all_to_all_single": lambda: xelink.all_to_all_single(torch.empty(4 * n), torch.ones(4 * n)),
+        "broadcast": lambda: xelink.broadcast(x.clone(), src=0),
+        "reduce": lambda: xelink.reduce(x.clone(), dst=0),
+        "gather": lambda: xelink.gather(x, [torch.empty(4) for _ in range(n)] if r == 0 else None, dst=0),
+        "scatter": lambda: xelink.scatter(torch.empty(4), [x] * n if r == 0 else None, src=0),
+        "barrier": lambda: xelink.barrier(),
+    }
+    for name, call in calls.items():
+        got = call()
+        assert got is None, f"{name} returned {got!r}, not None"
+    w = xelink.all_reduce(x.clone(), async_op=True)
+    assert w is not None and w.wait() is True
+
+
 def check_torch_reduce_op_accepted(world):
     x = torch.full((4,), float(world.rank))
     xelink.all_reduce(x, op=torch.distributed.ReduceOp.MAX)

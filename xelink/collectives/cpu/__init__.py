@@ -68,7 +68,12 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def all_reduce(comm, x, op, algo, async_op, timeout):
     flat = _flat(x)
-    return run(comm, "all_reduce", lambda d: comm.size > 1 and algo.impl(comm, flat, op, d), async_op, timeout)
+
+    def body(deadline):
+        if comm.size > 1:  # (a world of one has nothing to reduce; the call still returns None, as torch's)
+            algo.impl(comm, flat, op, deadline)
+
+    return run(comm, "all_reduce", body, async_op, timeout)
 
 
 def _gather_into(comm, out, inp, algo, deadline):
