@@ -1,0 +1,64 @@
+"""Where the gated GEMM's column-slice path loses time with every flag set (issue 22): the TMA kernel's per-load
+wait (``gated_gemm._SLICE_WAIT``) swapped for diagnostic variants, each in its own process (Triton keys its cache on
+the constexpr), timed by ``run_gated`` (rows and slices, flags set and copy-engine arrivals).
+
+    python3 benchmarks/scripts/gated_slices_ab.py [variant ...]
+
+Variants: ``acquire`` (the kept wait: every thread polls with ld.acquire.sys), ``relaxed`` (ld.relaxed.sys: no
+ordering, a diagnostic only), ``gpu`` (ld.acquire.gpu: orders the copy engine's writes on this GPU, not a peer's),
+``none`` (no poll: the wait returns max(known, need), so what is left is the loop's other work; wrong under real
+arrivals, so its arrival rows are not meaningful).
+"""
+import importlib
+import subprocess
+import sys
+
+VARIANTS = ("acquire", "relaxed", "gpu", "none")
+
+
+def patch(variant: str) -> None:
+    gg = importlib.import_module("xelink.kernels.gated_gemm")
+    text = gg._SLICE_WAIT.value
+    if variant == "relaxed":
+        text = text.replace("ld.acquire.sys.global", "ld.relaxed.sys.global")
+    elif variant == "gpu":
+        text = text.replace("ld.acquire.sys.global", "ld.acquire.gpu.global")
+    elif variant == "none":
+        text = "{ max.s32 $0, $2, $3; }"
+    elif variant != "acquire":
+        raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
+    gg._SLICE_WAIT = gg.tl.constexpr(text)
+
+
+def one(variant: str) -> None:
+    import torch
+
+    from xelink.bench.families.gemm import ROW_BLOCK_SHAPES, run_gated
+    from xelink.bench.kernel_timing import KernelReport
+
+    patch(variant)
+    report = KernelReport()
+    run_gated(report, ROW_BLOCK_SHAPES, rounds=3)
+    print(f"# variant {variant}, {torch.cuda.get_device_name()}")
+    for r in report.rows:
+        if "triton" in r.path:
+            continue
+        vs = r.extra.get("vs_flags_set")
+        print(f"{variant:>8} {r.extra['shape']:>16} {r.path:<62} {r.time_us:9.1f} us {(r.ratio or 1.0):6.3f}x torch"
+              f"{'' if vs is None else f' {vs:6.3f} of flags set'} #wrong {r.wrong}", flush=True)
+    for n in report.notes:
+        print("note:", n)
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+        one(sys.argv[2])
+        return 0
+    rc = 0
+    for v in sys.argv[1:] or VARIANTS:
+        rc |= subprocess.run([sys.executable, __file__, "--one", v]).returncode
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
