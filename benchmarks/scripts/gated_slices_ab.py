@@ -7,47 +7,17 @@ the constexpr), timed by ``run_gated`` (rows and slices, flags set and copy-engi
 Variants: ``acquire`` (the kept wait: every thread polls with ld.acquire.sys), ``relaxed`` (ld.relaxed.sys: no
 ordering, a diagnostic only), ``gpu`` (ld.acquire.gpu: orders the copy engine's writes on this GPU, not a peer's),
 ``none`` (no poll: the wait returns max(known, need), so what is left is the loop's other work; wrong under real
-arrivals, so its arrival rows are not meaningful), ``nodiv`` (every load waits for all slices: no division by K
-a load), ``nodep`` (the loads' coordinates do not depend on the wait: the pipeliner may issue a load before its
-wait; a diagnostic only). ``--copies``: the copy engine alone, 8 copies of 2048 rows of a 4096-column bf16
-matrix, contiguous row chunks against column slices of every row (``symm.copy_engine_2d``), in a CUDA graph.
+arrivals, so its arrival rows are not meaningful). (0bb083e's script also had ``nodiv``, every load waiting for
+all slices, and ``nodep``, the loads' coordinates independent of the wait: the tile then divided by K a load, which
+they showed cost 3-7%; the tile now counts slices without dividing.) ``--copies``: the copy engine alone, 8
+copies of 2048 rows of a 4096-column bf16 matrix, contiguous row chunks against column slices of every row
+(``symm.copy_engine_2d``), in a CUDA graph.
 """
 import importlib
 import subprocess
 import sys
 
-VARIANTS = ("acquire", "relaxed", "gpu", "none", "nodiv", "nodep")
-
-
-def _diagnostic_tile(gg, variant):
-    tl, triton = gg.tl, gg.triton
-    NODIV = tl.constexpr(variant == "nodiv")
-
-    @triton.jit
-    def tile(a_desc, b_desc, flags, err, off_m, off_n, M, K, chunk_rows, timeout_ns, A_ROW_MAJOR: tl.constexpr,
-             B_ROW_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             SLICES: tl.constexpr):
-        first = off_m // chunk_rows
-        n_chunks = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows - first + 1
-        known = first * 0
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for off_k in range(0, K, BLOCK_K):
-            if NODIV:
-                need = first * 0 + SLICES
-            else:
-                need = (tl.minimum(off_k + BLOCK_K, K) * SLICES - 1) // K + 1
-            known = gg._slice_wait(flags + first, known, need, n_chunks, timeout_ns, err + 1 + first, err)
-            if NODIV:
-                k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
-            else:
-                k = off_k
-            a, b = gg._tma_operands(a_desc, b_desc, off_m, off_n, k, A_ROW_MAJOR, B_ROW_MAJOR)
-            acc = tl.dot(a, b, acc)
-        if known < 0:  # keeps the waits alive where the loads do not use them
-            tl.store(err, 2)
-        return acc
-
-    return tile
+VARIANTS = ("acquire", "relaxed", "gpu", "none")
 
 
 def copies() -> None:
@@ -103,8 +73,6 @@ def patch(variant: str) -> None:
         text = text.replace("ld.acquire.sys.global", "ld.acquire.gpu.global")
     elif variant == "none":
         text = "{ max.s32 $0, $2, $3; }"
-    elif variant in ("nodiv", "nodep"):
-        gg._sliced_tma_tile = _diagnostic_tile(gg, variant)
     elif variant != "acquire":
         raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
     gg._SLICE_WAIT = gg.tl.constexpr(text)

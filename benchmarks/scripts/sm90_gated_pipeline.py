@@ -23,11 +23,11 @@ from sm90_registers import ptxas_report  # noqa: E402
 G = importlib.import_module("xelink.kernels.gated_gemm")  # (xelink.kernels.gated_gemm is also the function)
 
 
-def compile_tma(slices: int, a_row: bool = True, b_row: bool = True, stages: int = 3):
+def compile_tma(slices: int, a_row: bool = True, b_row: bool = True, stages: int = 3, cross: int = 1):
     """(TMA copies in the TTGIR, wgmma ops, registers a thread) of the kernel at the 128x256x64 tile."""
     fn = G._gated_gemm_tma_kernel
     const = dict(A_ROW_MAJOR=a_row, B_ROW_MAJOR=b_row, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8,
-                 NUM_PROGRAMS=131, TIMER=True, SLICES=slices)
+                 NUM_PROGRAMS=131, TIMER=True, SLICES=slices, CROSS=cross)
     descs = {"a_desc": "[128, 64]" if a_row else "[64, 128]", "b_desc": "[64, 256]" if b_row else "[256, 64]",
              "c_desc": "[128, 256]"}
     sig = {}
@@ -50,12 +50,13 @@ def compile_tma(slices: int, a_row: bool = True, b_row: bool = True, stages: int
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90a, 128x256x64 tiles, 8 warps, 3 stages")
     bad = 0
-    for slices, a_row, b_row in ((1, True, True), (8, True, True), (8, False, False), (24, True, False)):
-        copies, dots, regs = compile_tma(slices, a_row, b_row)
+    for slices, a_row, b_row, cross in ((1, True, True, 1), (8, True, True, 1), (8, False, False, 1),
+                                        (24, True, False, 2), (1000, True, True, 0)):
+        copies, dots, regs = compile_tma(slices, a_row, b_row, cross=cross)
         ok = copies == 6
         bad += not ok
-        print(f"SLICES={slices:<3} a {'row' if a_row else 'col'}-major, b {'row' if b_row else 'col'}-major: "
-              f"{copies} TMA copies, {dots} wgmma, {regs} registers: {'pipelined' if ok else 'NOT pipelined'}")
+        orient = f"a {'row' if a_row else 'col'}-major, b {'row' if b_row else 'col'}-major"
+        print(f"SLICES={slices:<4} CROSS={cross} {orient}: {copies} TMA copies, {dots} wgmma, {regs} registers: {'pipelined' if ok else 'NOT pipelined'}")
     return 1 if bad else 0
 
 

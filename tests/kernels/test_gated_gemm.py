@@ -42,6 +42,27 @@ def test_column_slices_cover_k_in_order():
             assert lo <= c < hi, (K, n, c)
 
 
+def test_the_sliced_tma_tile_counts_slices_as_a_division_would():
+    # The TMA tile carries the slices a load reaches into from load to load, CROSS steps a load (its Triton
+    # integer arithmetic, replayed here), or divides where CROSS is 0; either way every load must wait for
+    # exactly the slices that start before its end, ((end * S - 1) // K) + 1.
+    gg = importlib.import_module("xelink.kernels.gated_gemm")
+    for K, bk, S in ((4096, 64, 8), (2056, 64, 3), (2048, 64, 24), (2048, 64, 64), (4096, 64, 1000), (10, 64, 4),
+                     (7, 16, 30), (136, 64, 5), (8192, 64, 1024), (100, 32, 7)):
+        cross = gg._cross(K, bk, S)
+        need = edge = 0
+        for off in range(0, K, bk):
+            end = min(off + bk, K)
+            if cross == 0:
+                need = (end * S - 1) // K + 1
+            else:
+                for _ in range(cross):
+                    need += int(need < S and end > edge)
+                    edge = need * K // S
+            assert need == (end * S - 1) // K + 1, (K, bk, S, off)
+            assert column_slices(K, S)[need - 1][0] < end, (K, bk, S, off)
+
+
 @pytest.mark.parametrize("call, exc, text", [
     (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f.float(), chunk_rows=2, error=e),
      ValueError, "flags must be int32 with at least 2 entries"),
@@ -194,8 +215,8 @@ def test_gpu_tiles_wait_for_chunks_a_copy_engine_stream_lands(requires_gpus, imp
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gpu_tiles_read_column_slices_as_they_land(requires_gpus, impl):
     # A tile that read a slice before its flag counted it would see NaN; chunks of 100 rows span tiles
-    # unevenly, K = 2056 splits into uneven slices (not whole K blocks), and 24 slices leave K blocks that
-    # reach into two of them.
+    # unevenly, K = 2056 splits into uneven slices (not whole K blocks), 24 slices leave K blocks that reach
+    # into two of them, 64 slices K blocks that enter two a load, 200 slices of ~5 columns many.
     requires_gpus(1)
     _skip_unless(impl)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -206,7 +227,9 @@ def test_gpu_tiles_read_column_slices_as_they_land(requires_gpus, impl):
             ((2048, 1024, 2048), 256, 4, [0, 1, 2, 3, 4, 5, 6, 7], True, (3, 1)),
             ((2048, 1024, 2048), 256, 4, [5, 2, 7, 0, 3, 6, 1, 4], False, (2, 3)),
             ((1000, 264, 2056), 100, 3, [9, 0, 8, 1, 7, 2, 6, 3, 5, 4], True, None),
-            ((512, 256, 2048), 512, 24, [0], False, (0, 13))):
+            ((512, 256, 2048), 512, 24, [0], False, (0, 13)),
+            ((512, 256, 2048), 256, 64, [1, 0], True, (1, 40)),  # loads enter 2 slices (CROSS 2)
+            ((256, 256, 1024), 256, 200, [0], False, (0, 150))):  # slices of ~5 columns: the tile divides
         src = torch.randn(M, K, generator=g, device="cuda").bfloat16()
         b = torch.randn(K, N, generator=g, device="cuda").bfloat16()
         want = reference_gemm(src, b).float()

@@ -34,9 +34,10 @@ Two kernels: ``impl="cuda"`` (sm90: TMA descriptors, the gemm kernel's tiles; ea
 pipelined K loop; with whole chunks it waits once before it, with column slices each of its loads waits
 first for the slices it reads: a PTX poll whose result the load's coordinate depends on, so the pipeliner
 issues each wait with its load, stages ahead of the math, and a wait costs a compare once the tile has seen
-its slices land; fusing the tile and K loops into one pipeline as ``gemm`` does, with each tile waiting one
-tile ahead, measured 3.5x slower on an H200, so it is not offered) and ``impl="triton"`` (portable: block
-pointers, the one the Intel compile check covers; a tile waits for each slice, then runs a K loop over it).
+its slices land (the slices a load reaches into are counted from load to load, without a division); fusing
+the tile and K loops into one pipeline as ``gemm`` does, with each tile waiting one tile ahead, measured 3.5x
+slower on an H200, so it is not offered) and ``impl="triton"`` (portable: block pointers, the one the Intel
+compile check covers; a tile waits for each slice, then runs a K loop over it).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ __all__ = ["GATED_GEMM_IMPLS", "column_slices", "gated_gemm"]
 
 GATED_GEMM_IMPLS = ("auto", "triton", "cuda")
 _POLL_NS = 100  # the deadline of a poll-counting wait: polls = timeout_ns / _POLL_NS
+_MAX_CROSS = 4  # the most slice steps the sliced TMA tile unrolls a load (more: it divides)
 
 
 if triton is not None:
@@ -91,57 +93,58 @@ if triton is not None:
             q += 1
         tl.debug_barrier()  # thread 0's acquires happen before every thread's reads below
 
-    # The TMA kernel's wait, run by every thread: $0 = the slices known landed on every chunk of the span ($2
-    # before), polling the span's n ($4) flags from $1 (acquire, system scope) only while fewer than need ($3)
-    # are known. Past the deadline ($5 ns of %globaltimer) it marks the late chunk ($6: its error word for the
-    # span's first chunk) and the error flag ($7), and returns 2**30, which no later wait of the thread polls
-    # again. (A thread marks its own lateness: threads poll on their own, and the one issuing the loads may be
-    # the only late one.)
+    # The TMA kernel's wait, run by every thread: $0 = the slices known landed on every chunk of the span ($3
+    # before), polling the span's n ($5) flags from $2 (acquire, system scope) only while fewer than need ($4)
+    # are known; $1 = $9 (the load's column, which the load then takes from the wait). Past the deadline ($6 ns
+    # of %globaltimer) it marks the late chunk ($7: its error word for the span's first chunk) and the error flag
+    # ($8), and returns 2**30, which no later wait of the thread polls again. (A thread marks its own lateness:
+    # threads poll on their own, and the one issuing the loads may be the only late one.)
     _SLICE_WAIT = tl.constexpr("""{
         .reg .pred p;
         .reg .s32 v, m, i;
         .reg .u64 a, t0, t1;
-        mov.b32 $0, $2;
-        setp.ge.s32 p, $2, $3;
+        mov.b32 $1, $9;
+        mov.b32 $0, $3;
+        setp.ge.s32 p, $3, $4;
         @p bra DONE;
         mov.u64 t0, %globaltimer;
         mov.b32 m, 0x7fffffff;
-        mov.b64 a, $1;
+        mov.b64 a, $2;
         mov.b32 i, 0;
         POLL:
         ld.acquire.sys.global.s32 v, [a];
-        setp.ge.s32 p, v, $3;
+        setp.ge.s32 p, v, $4;
         @p bra HAVE;
         mov.u64 t1, %globaltimer;
         sub.u64 t1, t1, t0;
-        setp.lt.u64 p, t1, $5;
+        setp.lt.u64 p, t1, $6;
         @p bra POLL;
-        sub.u64 a, a, $1;
-        add.u64 a, a, $6;
+        sub.u64 a, a, $2;
+        add.u64 a, a, $7;
         st.global.s32 [a], 1;
-        st.global.s32 [$7], 1;
+        st.global.s32 [$8], 1;
         mov.b32 $0, 0x40000000;
         bra DONE;
         HAVE:
         min.s32 m, m, v;
         add.u64 a, a, 4;
         add.s32 i, i, 1;
-        setp.lt.s32 p, i, $4;
+        setp.lt.s32 p, i, $5;
         @p bra POLL;
         mov.b32 $0, m;
         DONE:
     }""")
 
     @triton.jit
-    def _slice_wait(first_flag, known, need, n_chunks, timeout_ns, first_err, err):
+    def _slice_wait(first_flag, known, need, n_chunks, timeout_ns, first_err, err, off_k):
+        """(slices known landed, ``off_k`` as the wait's output: the column the load then reads)."""
         # pure to the compiler: the software pipeliner then issues it with the load whose coordinate depends
         # on it (it cannot predicate a side-effecting op; the only effect, marking a late chunk, is idempotent);
         # its inputs change every iteration, so it is never merged or hoisted
         # (timeout_ns as int64 whatever width the launch gave it: Triton types a small deadline as i32)
-        return tl.inline_asm_elementwise(_SLICE_WAIT, "=r,l,r,r,r,l,l,l",
+        return tl.inline_asm_elementwise(_SLICE_WAIT, "=r,=r,l,r,r,r,l,l,l,r",
                                          [first_flag, known, need, n_chunks, tl.cast(timeout_ns, tl.int64), first_err,
-                                          err],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+                                          err, off_k], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
 
     @triton.jit
     def _tile_of(tile, order, num_m, num_n, GROUP_M: tl.constexpr):
@@ -153,7 +156,7 @@ if triton is not None:
                                A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, TIMER: tl.constexpr,
-                               SLICES: tl.constexpr):
+                               SLICES: tl.constexpr, CROSS: tl.constexpr = 1):
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
         tiles = num_m * num_n
@@ -167,26 +170,33 @@ if triton is not None:
                                 BLOCK_K)
             else:
                 acc = _sliced_tma_tile(a_desc, b_desc, flags, err, off_m, off_n, M, K, chunk_rows, timeout_ns,
-                                       A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, SLICES)
+                                       A_ROW_MAJOR, B_ROW_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, SLICES, CROSS)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     @triton.jit
     def _sliced_tma_tile(a_desc, b_desc, flags, err, off_m, off_n, M, K, chunk_rows, timeout_ns,
                          A_ROW_MAJOR: tl.constexpr, B_ROW_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr, CROSS: tl.constexpr):
         """``_tma_tile`` whose loads each wait for the column slices they read (module docstring)."""
         first = off_m // chunk_rows
         n_chunks = (tl.minimum(off_m + BLOCK_M, M) - 1) // chunk_rows - first + 1
         known = first * 0
+        # need: the slices the loads so far reach into (those that start before their end); edge: where slice
+        # `need` starts (column_slices' bounds). Carried from load to load, with at most CROSS slices entered a
+        # load (``_crossings``), instead of a division by K a load, which cost the loop 3-7% on an H100; CROSS 0
+        # (slices much narrower than a load) divides.
+        need = first * 0
+        edge = first * 0
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for off_k in range(0, K, BLOCK_K):
-            # the slices columns [off_k, off_k + BLOCK_K) reach into: through the one holding the last
-            # column c, slice ((c + 1) * SLICES - 1) // K (column_slices' bounds inverted)
-            need = (tl.minimum(off_k + BLOCK_K, K) * SLICES - 1) // K + 1
-            known = _slice_wait(flags + first, known, need, n_chunks, timeout_ns, err + 1 + first, err)
-            # off_k itself (known >= need puts the slices' end past it; a late wait returns more than SLICES),
-            # computed from the wait's result
-            k = tl.minimum(off_k, tl.minimum(known, SLICES) * K // SLICES)
+            end = tl.minimum(off_k + BLOCK_K, K)
+            if CROSS == 0:
+                need = (end * SLICES - 1) // K + 1  # through the slice of column end - 1 (bounds inverted)
+            else:
+                for _ in tl.static_range(CROSS):
+                    need += ((need < SLICES) & (end > edge)).to(tl.int32)
+                    edge = need * K // SLICES
+            known, k = _slice_wait(flags + first, known, need, n_chunks, timeout_ns, err + 1 + first, err, off_k)
             a, b = _tma_operands(a_desc, b_desc, off_m, off_n, k, A_ROW_MAJOR, B_ROW_MAJOR)
             acc = tl.dot(a, b, acc)
         return acc
@@ -217,6 +227,28 @@ if triton is not None:
                                        (s + 1) * K // SLICES - lo, stride_am, stride_ak, stride_bk, stride_bn, off_m,
                                        off_n, A_ROW_MAJOR, B_ROW_MAJOR, False, BLOCK_M, BLOCK_N, BLOCK_K)
             _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, off_m, off_n, BLOCK_M, BLOCK_N)
+
+
+def _cross(K: int, block_k: int, k_slices: int) -> int:
+    """The sliced TMA tile's CROSS: ``_crossings`` where it is small, else 0 (the tile divides instead of
+    unrolling that many steps a load)."""
+    if k_slices == 1:
+        return 1  # (unused: whole chunks take gemm's K loop)
+    most = _crossings(K, block_k, k_slices)
+    return most if most <= _MAX_CROSS else 0
+
+
+def _crossings(K: int, block_k: int, k_slices: int) -> int:
+    """The most slices one K block of ``block_k`` columns enters, reading K in order (the sliced TMA tile's
+    CROSS: how many times a load may have to advance its slice count)."""
+    starts = [lo for lo, _ in column_slices(K, k_slices)]
+    most = need = 0
+    for off in range(0, K, block_k):
+        end, entered = min(off + block_k, K), 0
+        while need < k_slices and end > starts[need]:
+            need, entered = need + 1, entered + 1
+        most = max(most, entered)
+    return most
 
 
 def column_slices(K: int, k_slices: int) -> list[tuple[int, int]]:
@@ -261,7 +293,7 @@ class _Plan:
                           _tma_view(b) + ((bk, bn) if b_row else (bn, bk),), _tma_view(c) + ((bm, bn),))
             self.ints = (M, N, K, chunk_rows)
             self.kwargs = dict(A_ROW_MAJOR=bool(a_row), B_ROW_MAJOR=bool(b_row), NUM_PROGRAMS=programs, TIMER=timer,
-                               SLICES=k_slices, **cfg)
+                               SLICES=k_slices, CROSS=_cross(K, bk, k_slices), **cfg)
         else:
             self.fn, self.views = _gated_gemm_kernel, None
             self.ints = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
