@@ -75,8 +75,8 @@ def main() -> int:
             main.wait_stream(side)
             flags.zero_()
 
-        variants = {"flags set": flags_set, "copies beside": beside,
-                    "arrivals, flag copies": lambda: arrivals("copy"), "arrivals, flag writes": lambda: arrivals("write")}
+        variants = {"flags set": flags_set, "copies beside": beside, "arrivals, flag copies": lambda: arrivals("copy"),
+                    "arrivals, flag writes": lambda: arrivals("write")}
         graphs = {}
         for name, fn in variants.items():
             try:
