@@ -11,7 +11,8 @@ arrivals, so its arrival rows are not meaningful). (0bb083e's script also had ``
 all slices, and ``nodep``, the loads' coordinates independent of the wait: the tile then divided by K a load, which
 they showed cost 3-7%; the tile now counts slices without dividing.) ``--copies``: the copy engine alone, 8
 copies of 2048 rows of a 4096-column bf16 matrix, contiguous row chunks against column slices of every row
-(``symm.copy_engine_2d``), in a CUDA graph.
+(``symm.copy_engine_2d``), in a CUDA graph. ``--chunks``: the kept wait at 2048x4096x4096 with 4, 8 and 16 chunks of
+rows / column slices (``run_gated``'s ``chunks``; b0091b5 ran it as ``gated_chunks_ab.py``).
 """
 import importlib
 import subprocess
@@ -88,11 +89,26 @@ def one(variant: str) -> None:
     report = KernelReport()
     run_gated(report, ROW_BLOCK_SHAPES, rounds=3)
     print(f"# variant {variant}, {torch.cuda.get_device_name()}")
+    print_rows(f"{variant:>8}", report)
+
+
+def chunks() -> None:
+    from xelink.bench.families.gemm import run_gated
+    from xelink.bench.kernel_timing import KernelReport
+
+    for n in (4, 8, 16):
+        report = KernelReport()
+        run_gated(report, [(2048, 4096, 4096)], chunks=n, rounds=5)
+        print_rows(f"chunks {n:>2}", report)
+
+
+def print_rows(label: str, report) -> None:
+    """The TMA kernel's rows of a ``run_gated`` report (time, ratio to torch.matmul, to its flags-set row)."""
     for r in report.rows:
         if "triton" in r.path:
             continue
         vs = r.extra.get("vs_flags_set")
-        print(f"{variant:>8} {r.extra['shape']:>16} {r.path:<62} {r.time_us:9.1f} us {(r.ratio or 1.0):6.3f}x torch"
+        print(f"{label} {r.extra['shape']:>16} {r.path:<62} {r.time_us:9.1f} us {(r.ratio or 1.0):6.3f}x torch"
               f"{'' if vs is None else f' {vs:6.3f} of flags set'} #wrong {r.wrong}", flush=True)
     for n in report.notes:
         print("note:", n)
@@ -104,6 +120,9 @@ def main() -> int:
         return 0
     if sys.argv[1:] == ["--copies"]:
         copies()
+        return 0
+    if sys.argv[1:] == ["--chunks"]:
+        chunks()
         return 0
     rc = 0
     for v in sys.argv[1:] or VARIANTS:

@@ -84,6 +84,8 @@ def test_the_sliced_tma_tile_counts_slices_as_a_division_would():
      ValueError, "k_slices=0 must be an int in [1, 1024]"),
     (lambda f, e: gated_gemm(torch.ones(4, 4).half(), torch.ones(4, 4).half(), f, chunk_rows=2, error=e,
                              k_slices=True), ValueError, "k_slices=True must be an int"),
+    (lambda f, e: gated_gemm(torch.ones(1, 2**21).half(), torch.ones(2**21, 1).half(), f, chunk_rows=2, error=e,
+                             k_slices=1024), ValueError, "K * k_slices = 2097152 * 1024 must stay below 2**31"),
 ])
 def test_bad_arguments_are_named(call, exc, text):
     with pytest.raises(exc) as info:
