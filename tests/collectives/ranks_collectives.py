@@ -264,6 +264,45 @@ def check_point_to_point(world):
         assert torch.equal(buf, torch.arange(4))
 
 
+def check_receive_from_any_source(world):
+    """recv / irecv with src=None (CPU) take whichever rank's message of that tag comes first and name its
+    sender (recv's return, the handle's source_rank()), as torch.distributed's; a wait no rank answers names
+    every other rank."""
+    n, r = world.size, world.rank
+    if n == 1:
+        with pytest.raises(ValueError, match=r"recv: src=None \(any source\) in a group of one rank"):
+            xelink.recv(torch.zeros(2), None)
+        return
+    if r == 0:
+        seen = []
+        for _ in range(n - 1):
+            buf = torch.empty(3, dtype=torch.int64)
+            src = xelink.recv(buf, tag=7)
+            assert torch.equal(buf, torch.full((3,), 10 * src)), (src, buf)
+            seen.append(src)
+        assert sorted(seen) == list(range(1, n)), seen
+        arr = np.zeros(2)
+        work = xelink.irecv(arr, None, tag=8)
+        work.wait()
+        assert work.source_rank() == n - 1 and (arr == n - 1).all(), (work.source_rank(), arr)
+    else:
+        xelink.send(torch.full((3,), 10 * r, dtype=torch.int64), 0, tag=7)
+        if r == n - 1:
+            xelink.send(np.full(2, float(r)), 0, tag=8)
+    if world.transport.name == "mpi":  # (a gloo receive that times out closes its pairs: fatal by design)
+        sub = world.split(0)
+        if r == 0:
+            work = xelink.irecv(torch.zeros(2), None, group=sub, tag=9)
+            with pytest.raises(xelink.TimeoutError) as info:
+                work.wait(timeout=0.2)
+            assert info.value.missing == list(range(1, n)), info.value.missing
+            with pytest.raises(RuntimeError, match=r"irecv: source_rank\(\) of an any-source receive that has not"):
+                work.source_rank()
+        sub.barrier()
+        sub.free()
+    world.barrier()
+
+
 def check_bad_inputs_raise_before_sending(world):
     n = world.size
     x = torch.zeros(4)
@@ -293,8 +332,8 @@ def check_bad_inputs_raise_before_sending(world):
         xelink.broadcast(x, src=n)
     with pytest.raises(ValueError, match=r"send: tag=-1 must be an int in \[0, 16384\)"):
         xelink.send(x, 0, tag=-1)
-    with pytest.raises(ValueError, match=r"recv: src=None \(any source\) is not supported"):
-        xelink.recv(x, None)
+    with pytest.raises(ValueError, match=r"send: dst=None; name the destination rank"):
+        xelink.send(x, None)
     with pytest.raises(ValueError, match=rf"all_gather: tensor_list must be a list of world_size={n} tensors, got {n + 1}"):
         xelink.all_gather([x] * (n + 1), x)
     world.barrier()  # nothing was sent: the world still works

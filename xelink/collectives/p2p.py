@@ -7,6 +7,7 @@ import dataclasses
 
 import torch
 
+from ..errors import TimeoutError
 from ..transport import wait_all
 from .checks import USER_TAG_LIMIT, check_rank, group_of, tensor as _tensor
 
@@ -23,9 +24,17 @@ def _check(fn, tensor, peer_name, peer, group, tag):
         x = tensor.detach() if tensor.requires_grad else tensor  # moved outside autograd, as checks.tensor
     else:
         x = _tensor(fn, "tensor", tensor, comm)
-    if peer is None:
-        raise ValueError(f"{fn}: {peer_name}=None (any source) is not supported; name the peer rank")
-    check_rank(fn, peer_name, peer, comm.size)
+    if peer is None:  # any source: a CPU receive (NCCL and peer memory name the sender)
+        if peer_name != "src":
+            raise ValueError(f"{fn}: {peer_name}=None; name the destination rank")
+        if cuda:
+            raise ValueError(f"{fn}: src=None (any source) needs a CPU tensor or numpy array; CUDA receives "
+                             f"(NCCL, peer memory) name the sender")
+        if comm.size == 1:
+            raise ValueError(f"{fn}: src=None (any source) in a group of one rank ({comm.name}): no other rank "
+                             f"can send")
+    else:
+        check_rank(fn, peer_name, peer, comm.size)
     if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < USER_TAG_LIMIT:
         raise ValueError(f"{fn}: tag={tag!r} must be an int in [0, {USER_TAG_LIMIT})")
     if peer == comm.rank:  # as torch.distributed: a rank's message to itself would wait for itself
@@ -48,7 +57,8 @@ def _start(fn, comm, x, peer, tag, send):
 
 
 class P2PWork:
-    """Handle of a point-to-point transfer: ``wait()`` blocks up to the communicator's deadline."""
+    """Handle of a point-to-point transfer: ``wait()`` blocks up to the communicator's deadline;
+    ``source_rank()`` names the sender of a receive (of an any-source one once it completed)."""
 
     def __init__(self, comm, requests, what: str):
         self._comm, self._requests, self._what = comm, requests, what
@@ -57,8 +67,23 @@ class P2PWork:
         return all(r.test() for r in self._requests)
 
     def wait(self, timeout=None) -> bool:
-        wait_all(self._requests, self._comm.deadline(timeout, self._what), self._what)
+        try:
+            wait_all(self._requests, self._comm.deadline(timeout, self._what), self._what)
+        except TimeoutError as exc:
+            if self._requests[0].peer is None:  # an any-source receive: no rank sent
+                others = [p for p in range(self._comm.size) if p != self._comm.rank]
+                raise exc.restate(missing=others) from None
+            raise
         return True
+
+    def source_rank(self) -> int:
+        """The rank (of the group) this receive came from, as torch.distributed's ``Work.source_rank``; a
+        ``RuntimeError`` before an any-source receive completed."""
+        peer = self._requests[0].peer
+        if peer is None:
+            raise RuntimeError(f"{self._what}: source_rank() of an any-source receive that has not completed "
+                               f"(wait() first)")
+        return peer
 
 
 def isend(tensor, dst: int, group=None, tag: int = 0):
@@ -72,9 +97,10 @@ def isend(tensor, dst: int, group=None, tag: int = 0):
     return _start("isend", comm, x, dst, tag, True)
 
 
-def irecv(tensor, src: int, group=None, tag: int = 0):
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0):
     """Start receiving into ``tensor`` from rank ``src`` of ``group``; returns a handle with ``wait()``
-    (see ``isend`` for CUDA tensors)."""
+    (see ``isend`` for CUDA tensors) and ``source_rank()``. ``src=None``: from whichever rank sends a
+    message with this tag first (CPU tensors and numpy arrays; a CUDA receive names its sender)."""
     comm, x = _check("irecv", tensor, "src", src, group, tag)
     return _start("irecv", comm, x, src, tag, False)
 
@@ -84,10 +110,12 @@ def send(tensor, dst: int, group=None, tag: int = 0) -> None:
     isend(tensor, dst, group, tag).wait()
 
 
-def recv(tensor, src: int, group=None, tag: int = 0) -> int:
-    """Receive into ``tensor`` from rank ``src``; returns ``src`` like torch.distributed.recv."""
-    irecv(tensor, src, group, tag).wait()
-    return src
+def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
+    """Receive into ``tensor`` from rank ``src`` (None: any rank, as ``irecv``); returns the sender's rank
+    in ``group`` like torch.distributed.recv."""
+    work = irecv(tensor, src, group, tag)
+    work.wait()
+    return src if src is not None else work.source_rank()
 
 
 @dataclasses.dataclass

@@ -74,9 +74,10 @@ class Request(abc.ABC):
 class SizeMismatch(ValueError):
     """A receive got another number of bytes than its buffer holds: the ranks passed different sizes."""
 
-    def __init__(self, peer: int, got: int | None, expected: int):
+    def __init__(self, peer: int | None, got: int | None, expected: int):
         sent = "more" if got is None else str(got)
-        super().__init__(f"rank {peer} sent {sent} bytes where this rank expected {expected} (the ranks passed "
+        who = "a rank" if peer is None else f"rank {peer}"  # None: an any-source receive that failed
+        super().__init__(f"{who} sent {sent} bytes where this rank expected {expected} (the ranks passed "
                          f"different sizes)")
 
 
@@ -133,8 +134,9 @@ class Transport(abc.ABC):
         """Start sending the bytes of ``buf`` to rank ``dst``."""
 
     @abc.abstractmethod
-    def irecv(self, buf, src: int, tag: int = 0) -> Request:
-        """Start receiving into ``buf`` from rank ``src``."""
+    def irecv(self, buf, src: int | None, tag: int = 0) -> Request:
+        """Start receiving into ``buf`` from rank ``src`` (None: from any rank; the request's ``peer`` is the
+        sender once it completed, None before)."""
 
     def free(self) -> None:
         """Release what the transport holds; it must not be used afterwards."""
@@ -158,6 +160,8 @@ class SelfTransport(Transport):
         raise ValueError(f"isend: dst={dst} is this rank itself (world size 1)")
 
     def irecv(self, buf, src, tag=0):
+        if src is None:
+            raise ValueError("irecv: src=None (any source) in a world of one rank: no other rank can send")
         raise ValueError(f"irecv: src={src} is this rank itself (world size 1)")
 
 

@@ -68,6 +68,8 @@ class _MPIRequest(Request):
             raise SizeMismatch(self.peer, None, self.expect) from None
         if done:
             self._done = True
+            if self.peer is None:  # an any-source receive: the sender is known now
+                self.peer = self._status.Get_source()
             got = self._status.Get_count(mpi().BYTE)
             if got != self.expect:
                 raise SizeMismatch(self.peer, got, self.expect)
@@ -139,9 +141,10 @@ class MPITransport(Transport):
     def isend(self, buf, dst: int, tag: int = 0) -> Request:
         return _MPIRequest(self.comm.Isend(_buffer(buf), dest=dst, tag=tag), dst, buf=buf)
 
-    def irecv(self, buf, src: int, tag: int = 0) -> Request:
+    def irecv(self, buf, src: int | None, tag: int = 0) -> Request:
         data = _buffer(buf)
-        return _MPIRequest(self.comm.Irecv(data, source=src, tag=tag), src, data.nbytes, buf)
+        source = mpi().ANY_SOURCE if src is None else src
+        return _MPIRequest(self.comm.Irecv(data, source=source, tag=tag), src, data.nbytes, buf)
 
     def free(self) -> None:
         """Drop what is still queued for this communicator (after a timeout), then free it."""

@@ -58,6 +58,8 @@ class _TorchRequest(Request):
                 return False
             raise XelinkError(f"{self.what}: transfer with rank {self.peer} failed: {exc}") from exc
         self._done = True
+        if self.peer is None:  # an any-source receive: the sender is known now
+            self.peer = self.work.source_rank()
         return True
 
 
@@ -110,5 +112,7 @@ class TorchTransport(Transport):
     def isend(self, buf, dst: int, tag: int = 0) -> Request:
         return _TorchRequest(self.gloo.send([_as_tensor(buf)], dst, tag), dst, "isend")
 
-    def irecv(self, buf, src: int, tag: int = 0) -> Request:
+    def irecv(self, buf, src: int | None, tag: int = 0) -> Request:
+        if src is None:
+            return _TorchRequest(self.gloo.recv_anysource([_as_tensor(buf)], tag), None, "irecv")
         return _TorchRequest(self.gloo.recv([_as_tensor(buf)], src, tag), src, "irecv")
