@@ -293,6 +293,7 @@ def check_bad_arguments(world):
         (lambda: xelink.all_to_all_single(x, x, [8] + [0] * (world.size - 1), algo="direct"), ValueError,
          "run on NCCL only"),
         (lambda: xelink.all_reduce(x, algo="copy_engine"), ValueError, "xelink.empty"),
+        (lambda: xelink.recv(x, None), ValueError, "recv: src=None (any source) needs a CPU tensor"),
     ]
     for call, exc, text in cases:
         try:
