@@ -128,6 +128,67 @@ def check_new_group(world):
     world.barrier()  # the refused calls sent nothing
 
 
+def check_roots_and_peers_are_world_ranks_or_group_ranks(world):
+    """As torch.distributed: ``src``/``dst`` (and P2POp's ``peer``) name world ranks whatever the group,
+    ``group_src``/``group_dst`` (``group_peer``) ranks of the group; recv returns the sender's world rank. The
+    group lists the world's ranks backwards, so the two numberings differ on every rank but the middle one."""
+    n, r = world.size, world.rank
+    g = xelink.new_group(list(reversed(range(n))))
+    me = g.rank
+    assert xelink.get_global_rank(g, me) == r and xelink.get_group_rank(g, r) == me == n - 1 - r
+    assert xelink.get_global_rank(None, r) == r == xelink.get_group_rank(None, r)
+    for kw, want in ((dict(src=n - 1), n - 1), (dict(group_src=0), n - 1), (dict(src=0), 0),
+                     (dict(group_src=n - 1), 0)):
+        x = torch.full((3,), float(r))
+        xelink.broadcast(x, group=g, **kw)
+        assert torch.equal(x, torch.full((3,), float(want))), (kw, x)
+    lst = [torch.empty(2) for _ in range(n)] if r == 0 else None
+    xelink.gather(torch.full((2,), float(r)), lst, dst=0, group=g)
+    if r == 0:  # group rank j is world rank n-1-j
+        assert torch.equal(torch.stack(lst)[:, 0], torch.arange(n - 1, -1, -1, dtype=torch.float32)), lst
+    objs = ["from world 0"] if r == 0 else [None]
+    xelink.broadcast_object_list(objs, src=0, group=g)
+    assert objs == ["from world 0"], objs
+    if n > 1:
+        right = (me + 1) % n  # a ring in the group's order, peers named both ways
+        got, got2 = torch.empty(1), torch.empty(1)
+        ops = [xelink.P2POp(xelink.isend, torch.full((1,), float(r)), group_peer=right, group=g),
+               xelink.P2POp(xelink.irecv, got, g.world_ranks[(me - 1) % n], group=g)]
+        for h in xelink.batch_isend_irecv(ops):
+            h.wait()
+        left_world = g.world_ranks[(me - 1) % n]
+        assert got.item() == left_world, (got, left_world)
+        # (isend, then recv: a ring of blocking sends may wait for each other, as with gloo)
+        w = xelink.isend(torch.full((1,), float(r)), g.world_ranks[right], group=g)
+        assert xelink.recv(got2, group=g, group_src=(me - 1) % n) == left_world and got2.item() == left_world
+        w.wait()
+        w = xelink.isend(torch.full((1,), float(r)), group=g, group_dst=right)
+        assert xelink.recv(got2, group=g) == left_world and got2.item() == left_world  # any source
+        w.wait()
+    with pytest.raises(ValueError, match=r"broadcast: pass src= \(a world rank\) or group_src= \(a rank of the "
+                                         r"group\), not both; got src=0, group_src=0"):
+        xelink.broadcast(torch.zeros(1), src=0, group=g, group_src=0)
+    with pytest.raises(ValueError, match=r"reduce: dst= \(a world rank\) or group_dst= \(a rank of the group\) is "
+                                         r"required"):
+        xelink.reduce(torch.zeros(1), group=g)
+    with pytest.raises(ValueError, match=r"send: dst= \(a world rank\) or group_dst= \(a rank of the group\) is "
+                                         r"required"):
+        xelink.send(torch.zeros(1), group=g)
+    with pytest.raises(ValueError, match=rf"get_global_rank: group_rank={n} is out of range for a group of size {n}"):
+        xelink.get_global_rank(g, n)
+    g.free()
+    if n > 1:
+        h = xelink.new_group([n - 1])
+        if r == n - 1:
+            with pytest.raises(ValueError, match=rf"get_group_rank: global_rank=0 is not a member of {h.name}"):
+                xelink.get_group_rank(h, 0)
+            with pytest.raises(ValueError, match=rf"broadcast: src=0 is a world rank outside {h.name} \(its world "
+                                                 rf"ranks: \[{n - 1}\]\); group_src= takes a rank of the group"):
+                xelink.broadcast(torch.zeros(1), src=0, group=h)
+            h.free()
+    world.barrier()  # the refused calls sent nothing
+
+
 def check_new_group_bad_arguments(world):
     with pytest.raises(ValueError, match=r"new_group: ranks=\[0, 0\] has duplicates"):
         xelink.new_group([0, 0])

@@ -3,7 +3,7 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
                           all_to_all, all_to_all_single, barrier, batch_isend_irecv, broadcast, broadcast_object_list,
                           device_barrier, gather, gather_object, irecv, isend, recv, reduce, reduce_scatter,
                           reduce_scatter_tensor, scatter, scatter_object_list, send, synchronize)
-from .comm import NON_GROUP_MEMBER, Communicator, get_rank, get_world_size, new_group
+from .comm import NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_rank, get_rank, get_world_size, new_group
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -25,6 +25,8 @@ __all__ = [
     "TimeoutError",
     "XelinkError",
     "finalize",
+    "get_global_rank",
+    "get_group_rank",
     "get_rank",
     "get_world",
     "get_world_size",

@@ -19,7 +19,7 @@ from .errors import NotInitializedError, TimeoutError, XelinkError
 from .transport import Deadline, Transport, shm
 
 __all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_rank", "get_world",
-           "get_world_size", "named"]
+           "get_world_size", "get_global_rank", "get_group_rank", "named"]
 
 # Every live communicator of this process (finalize frees them) and the world (None: not initialised). Held
 # strongly: a dropped communicator must stay until free() or finalize() releases it on every rank together (a weak
@@ -423,6 +423,27 @@ def get_world_size(group=None) -> int:
     """The number of ranks of ``group`` (None: the world), as torch.distributed.get_world_size: -1 on a rank
     that is not a member."""
     return -1 if group is NON_GROUP_MEMBER else resolve_group(group, "get_world_size").size
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """The world rank of rank ``group_rank`` of ``group`` (None: the world), as
+    torch.distributed.get_global_rank."""
+    comm = resolve_group(group, "get_global_rank")
+    _check_int("get_global_rank", "group_rank", group_rank)
+    if group_rank >= comm.size:
+        raise ValueError(f"get_global_rank: group_rank={group_rank} is out of range for a group of size {comm.size}")
+    return comm.world_ranks[group_rank]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    """The rank in ``group`` (None: the world) of world rank ``global_rank``, as
+    torch.distributed.get_group_rank (a ValueError where that rank is not a member)."""
+    comm = resolve_group(group, "get_group_rank")
+    _check_int("get_group_rank", "global_rank", global_rank)
+    if global_rank not in comm.world_ranks:
+        raise ValueError(f"get_group_rank: global_rank={global_rank} is not a member of {comm.name} (its world "
+                         f"ranks: {comm.world_ranks})")
+    return comm.world_ranks.index(global_rank)
 
 
 def new_group(ranks: Sequence[int], group: Communicator | None = None,

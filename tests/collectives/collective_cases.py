@@ -130,19 +130,19 @@ def run_rooted(comm, dtypes=DTYPES):
     for dtype in dtypes:
         for root in sorted({0, n - 1}):
             x = torch.full((7,), r, dtype=torch.int64).to(dtype)
-            xelink.broadcast(x, src=root, group=comm)
+            xelink.broadcast(x, group=comm, group_src=root)
             assert_same(x, torch.full((7,), root, dtype=torch.int64).to(dtype), f"broadcast {dtype} root={root}")
             x = torch.full((7,), r + 1, dtype=torch.int64).to(dtype)
-            xelink.reduce(x, dst=root, op="sum", group=comm)
+            xelink.reduce(x, op="sum", group=comm, group_dst=root)
             if r == root:
                 assert_same(x, torch.full((7,), n * (n + 1) // 2, dtype=torch.int64).to(dtype), f"reduce {dtype}")
             lst = [torch.empty(3, dtype=dtype) for _ in range(n)] if r == root else None
-            xelink.gather(torch.full((3,), r, dtype=torch.int64).to(dtype), lst, dst=root, group=comm)
+            xelink.gather(torch.full((3,), r, dtype=torch.int64).to(dtype), lst, group=comm, group_dst=root)
             if r == root:
                 assert_same(torch.stack(lst), torch.arange(n).repeat_interleave(3).view(n, 3).to(dtype), "gather")
             lst = [torch.full((3,), p * 2, dtype=torch.int64).to(dtype) for p in range(n)] if r == root else None
             y = torch.empty(3, dtype=dtype)
-            xelink.scatter(y, lst, src=root, group=comm)
+            xelink.scatter(y, lst, group=comm, group_src=root)
             assert_same(y, torch.full((3,), 2 * r, dtype=torch.int64).to(dtype), "scatter")
             outs = [torch.empty(2, dtype=dtype) for _ in range(n)]
             xelink.all_gather(outs, torch.full((2,), r, dtype=torch.int64).to(dtype), group=comm)
@@ -229,7 +229,7 @@ def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtype
         else:
             root = draw.randrange(n)
             x = data(r, case, count, dtype).to(device)
-            work = xelink.broadcast(x, src=root, group=comm, async_op=async_op)
+            work = xelink.broadcast(x, group=comm, async_op=async_op, group_src=root)
             want = data(root, case, count, dtype)
             check = lambda x=x, want=want, label=label: assert_same(x.cpu(), want, label)  # noqa: E731
         if async_op:

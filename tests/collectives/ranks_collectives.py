@@ -139,8 +139,8 @@ def check_list_forms_and_object_scatter_gather(world):
     mine = [None]
     xelink.scatter_object_list(mine, [("for", j) for j in range(n)] if r == 0 else None, src=0)
     assert mine == [("for", r)], mine
-    with pytest.raises(ValueError, match=rf"scatter_object_list: src=0's scatter_object_input_list must be a list of "
-                                         rf"world_size={n} entries, got {n + 1} entries"):
+    with pytest.raises(ValueError, match=rf"scatter_object_list: the root's \(group_src=0\) scatter_object_input_list "
+                                         rf"must be a list of world_size={n} entries, got {n + 1} entries"):
         xelink.scatter_object_list(mine, [0] * (n + 1), src=0)
     with pytest.raises(ValueError, match=rf"all_to_all: output_tensor_list must be a list of world_size={n} tensors"):
         xelink.all_to_all([torch.empty(1)] * (n + 1), [torch.empty(1)] * n)
@@ -332,7 +332,7 @@ def check_bad_inputs_raise_before_sending(world):
         xelink.broadcast(x, src=n)
     with pytest.raises(ValueError, match=r"send: tag=-1 must be an int in \[0, 16384\)"):
         xelink.send(x, 0, tag=-1)
-    with pytest.raises(ValueError, match=r"send: dst=None; name the destination rank"):
+    with pytest.raises(ValueError, match=r"send: dst= \(a world rank\) or group_dst= \(a rank of the group\) is required"):
         xelink.send(x, None)
     with pytest.raises(ValueError, match=rf"all_gather: tensor_list must be a list of world_size={n} tensors, got {n + 1}"):
         xelink.all_gather([x] * (n + 1), x)

@@ -12,7 +12,7 @@ import torch
 from .. import symm
 from . import checks, compiled, cpu, dispatch, gpu, registry
 from .gpu import rooted as gpu_rooted
-from .checks import backend_of, check_op_dtype, check_rank, fingerprint_check, group_of, pair, parse_op, splits
+from .checks import backend_of, check_op_dtype, fingerprint_check, group_of, pair, parse_op, root_of, splits
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
            "all_to_all_single", "all_to_all", "broadcast", "reduce", "gather", "scatter", "all_gather_object",
@@ -271,8 +271,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     return _Staged(work, finish)
 
 
-def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None):
-    """Copy ``tensor`` of rank ``src`` (a rank of ``group``) into ``tensor`` on every rank, in place.
+def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False, timeout=None, group_src=None):
+    """Copy ``tensor`` of the root into ``tensor`` on every rank, in place. The root, as torch.distributed's:
+    ``src`` a rank of the world, or ``group_src`` a rank of ``group`` (one of them).
 
     CPU tensors and numpy arrays move through the host transport; CUDA tensors by point-to-point
     transfers from ``src``, ordered on the current stream (``gpu.rooted``).
@@ -282,7 +283,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None
     fn = "broadcast"
     comm = group_of(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm)
-    check_rank(fn, "src", src, comm.size)
+    src = root_of(fn, comm, "src", src, group_src)
     entry = None if x.is_cuda else dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
     if x.is_cuda:
@@ -290,8 +291,10 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, timeout=None
     return cpu.broadcast(comm, x, src, entry, async_op, timeout)
 
 
-def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeout=None):
-    """Reduce ``tensor`` over all ranks into ``tensor`` of rank ``dst`` (others keep theirs).
+def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool = False, timeout=None,
+           group_dst=None):
+    """Reduce ``tensor`` over all ranks into ``tensor`` of the root (others keep theirs): ``dst`` a rank of the
+    world or ``group_dst`` a rank of ``group``, as torch.distributed's.
 
     CUDA tensors: an all-reduce of a copy (``algo="auto"``), ``dst`` keeping the result; stream-ordered.
 
@@ -302,7 +305,7 @@ def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeo
     x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
     check_op_dtype(fn, op, x.dtype)
-    check_rank(fn, "dst", dst, comm.size)
+    dst = root_of(fn, comm, "dst", dst, group_dst)
     entry = dispatch.resolve(fn, "all_reduce", "auto", comm, "cuda", _nbytes(x), x.dtype, x) if x.is_cuda else None
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))
     if x.is_cuda:
@@ -314,39 +317,45 @@ def reduce(tensor, dst: int, op="sum", group=None, async_op: bool = False, timeo
     return cpu.reduce(comm, x, dst, op, async_op, timeout)
 
 
-def _rooted(fn: str, tensor, items, root_name: str, root: int, group):
-    """The checked (comm, tensor, list) of ``gather``/``scatter``: the list of ``world_size`` tensors like
-    ``tensor`` on the root, None elsewhere."""
+def _rooted(fn: str, tensor, items, root_name: str, root, group_root, group):
+    """The checked (comm, tensor, list, root as a rank of comm) of ``gather``/``scatter``: the list of
+    ``world_size`` tensors like ``tensor`` on the root, None elsewhere."""
     comm = group_of(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm)
-    check_rank(fn, root_name, root, comm.size)
+    root = root_of(fn, comm, root_name, root, group_root, default=0)
     name = f"{fn}_list"
     if comm.rank != root:
         if items is not None:
             where = "destination" if root_name == "dst" else "source"
             raise ValueError(f"{fn}: {name} must be None on non-{where} rank {comm.rank}")
-        return comm, x, None
-    return comm, x, _tensor_list(fn, name, items, comm, like=x, where=" on the root")
+        return comm, x, None, root
+    return comm, x, _tensor_list(fn, name, items, comm, like=x, where=" on the root"), root
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False, timeout=None):
-    """Rank ``dst`` receives every rank's ``tensor`` in ``gather_list`` (None on the other ranks).
+def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False, timeout=None,
+           group_dst=None):
+    """The root receives every rank's ``tensor`` in ``gather_list`` (None on the other ranks). The root:
+    ``dst`` a rank of the world or ``group_dst`` a rank of ``group`` (neither: world rank 0), as
+    torch.distributed's.
 
     Collective: every rank of ``group`` must call this.
     """
-    comm, x, outs = _rooted("gather", tensor, gather_list, "dst", dst, group)
+    comm, x, outs, dst = _rooted("gather", tensor, gather_list, "dst", dst, group_dst, group)
     fingerprint_check(comm, "gather", ("gather", tuple(x.shape), str(x.dtype), dst))
     if x.is_cuda:
         return gpu_rooted.gather(comm, x, outs, dst, async_op)
     return cpu.gather(comm, x, outs, dst, async_op, timeout)
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False, timeout=None):
-    """Rank ``src`` sends ``scatter_list[r]`` to rank r, which receives it into ``tensor``.
+def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False, timeout=None,
+            group_src=None):
+    """The root sends ``scatter_list[r]`` to rank r of ``group``, which receives it into ``tensor``. The root:
+    ``src`` a rank of the world or ``group_src`` a rank of ``group`` (neither: world rank 0), as
+    torch.distributed's.
 
     Collective: every rank of ``group`` must call this.
     """
-    comm, x, ins = _rooted("scatter", tensor, scatter_list, "src", src, group)
+    comm, x, ins, src = _rooted("scatter", tensor, scatter_list, "src", src, group_src, group)
     fingerprint_check(comm, "scatter", ("scatter", tuple(x.shape), str(x.dtype), src))
     if x.is_cuda:
         return gpu_rooted.scatter(comm, x, ins, src, async_op)
@@ -372,15 +381,17 @@ def all_gather_object(object_list, obj, group=None, timeout=None) -> None:
     object_list[:] = comm.allgather_object(obj, timeout)
 
 
-def gather_object(obj, object_gather_list=None, dst: int = 0, group=None, timeout=None) -> None:
-    """Rank ``dst``'s ``object_gather_list[r]`` becomes rank r's ``obj`` (torch.distributed.gather_object; the
-    other ranks pass None); through the host transport.
+def gather_object(obj, object_gather_list=None, dst: int | None = None, group=None, timeout=None,
+                  group_dst=None) -> None:
+    """The root's ``object_gather_list[r]`` becomes rank r's ``obj`` (torch.distributed.gather_object; the
+    other ranks pass None); through the host transport. The root: ``dst`` a rank of the world or ``group_dst``
+    a rank of ``group`` (neither: world rank 0).
 
     Collective: every rank of ``group`` must call this.
     """
     fn = "gather_object"
     comm = group_of(group, fn)
-    check_rank(fn, "dst", dst, comm.size)
+    dst = root_of(fn, comm, "dst", dst, group_dst, default=0)
     if comm.rank == dst:
         _object_list(fn, object_gather_list, comm.size)
     got = comm.allgather_object(obj, timeout)
@@ -388,17 +399,18 @@ def gather_object(obj, object_gather_list=None, dst: int = 0, group=None, timeou
         object_gather_list[:] = got
 
 
-def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src: int = 0, group=None,
-                        timeout=None) -> None:
-    """``scatter_object_output_list[0]`` becomes rank ``src``'s ``scatter_object_input_list[rank]``
-    (torch.distributed.scatter_object_list; the input list matters on ``src`` only); through the host transport.
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src: int | None = None,
+                        group=None, timeout=None, group_src=None) -> None:
+    """``scatter_object_output_list[0]`` becomes the root's ``scatter_object_input_list[rank]``
+    (torch.distributed.scatter_object_list; the input list matters on the root only); through the host transport.
+    The root: ``src`` a rank of the world or ``group_src`` a rank of ``group`` (neither: world rank 0).
 
     Raises ValueError on every rank when src's input list is not world_size long (after the exchange).
     Collective: every rank of ``group`` must call this.
     """
     fn = "scatter_object_list"
     comm = group_of(group, fn)
-    check_rank(fn, "src", src, comm.size)
+    src = root_of(fn, comm, "src", src, group_src, default=0)
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError(f"{fn}: scatter_object_output_list must be a non-empty list, got "
                          f"{scatter_object_output_list!r}")
@@ -407,14 +419,17 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     got = comm.allgather_object(mine, timeout)[src]
     if got is None or len(got) != comm.size:
         what = type(scatter_object_input_list).__name__ if got is None else f"{len(got)} entries"
-        raise ValueError(f"{fn}: src={src}'s scatter_object_input_list must be a list of world_size={comm.size} "
-                         f"entries, got {what}")
+        raise ValueError(f"{fn}: the root's (group_src={src}) scatter_object_input_list must be a list of "
+                         f"world_size={comm.size} entries, got {what}")
     scatter_object_output_list[0] = got[comm.rank]
 
 
-def broadcast_object_list(object_list, src: int = 0, group=None, timeout=None) -> None:
-    """Every rank's ``object_list`` becomes rank ``src``'s (picklable objects), as
-    torch.distributed.broadcast_object_list; every rank passes a list of the same length.
+def broadcast_object_list(object_list, src: int | None = None, group=None, timeout=None, device=None,
+                          group_src=None) -> None:
+    """Every rank's ``object_list`` becomes the root's (picklable objects), as
+    torch.distributed.broadcast_object_list; every rank passes a list of the same length. The root: ``src`` a
+    rank of the world or ``group_src`` a rank of ``group`` (neither: world rank 0). ``device`` is accepted for
+    torch's signature and unused: objects always move through the host transport.
 
     Raises ValueError on a rank whose list length differs from ``src``'s (after the exchange, which every
     rank completes).
@@ -422,12 +437,12 @@ def broadcast_object_list(object_list, src: int = 0, group=None, timeout=None) -
     """
     fn = "broadcast_object_list"
     comm = group_of(group, fn)
-    check_rank(fn, "src", src, comm.size)
+    src = root_of(fn, comm, "src", src, group_src, default=0)
     _object_list(fn, object_list)
     got = comm.allgather_object(list(object_list) if comm.rank == src else None, timeout)[src]
     if len(got) != len(object_list):
         raise ValueError(f"{fn}: object_list has {len(object_list)} entries on rank {comm.rank}, {len(got)} on "
-                         f"src={src}")
+                         f"the root (group_src={src})")
     object_list[:] = got
 
 

@@ -13,7 +13,7 @@ import torch
 from ..comm import Communicator, resolve_group
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op_dtype",
-           "check_rank", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
+           "check_rank", "root_of", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 # CPU ranks reduce these too, as torch.distributed's gloo does (integers wrap; bool: sum and max are "or",
@@ -135,6 +135,32 @@ def check_rank(fn: str, name: str, value, size: int) -> int:
     if not 0 <= value < size:
         raise ValueError(f"{fn}: {name}={value} is out of range for a group of size {size}")
     return value
+
+
+def root_of(fn: str, comm: Communicator, name: str, rank, group_rank, default: int | None = None) -> int:
+    """The rank of ``comm`` that a root or peer argument names, as torch.distributed takes them: ``name=rank`` a
+    rank of the world (``xelink.init``'s communicator, whatever ``group`` is), or ``group_<name>=group_rank`` a
+    rank of ``comm``; not both. Neither: the world rank ``default`` (None: one of them is required)."""
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"{fn}: pass {name}= (a world rank) or group_{name}= (a rank of the group), not both; got "
+                         f"{name}={rank!r}, group_{name}={group_rank!r}")
+    if group_rank is not None:
+        return check_rank(fn, f"group_{name}", group_rank, comm.size)
+    if rank is None:
+        if default is None:
+            raise ValueError(f"{fn}: {name}= (a world rank) or group_{name}= (a rank of the group) is required")
+        rank = default
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"{fn}: {name}={rank!r} must be an int")
+    ranks = comm.world_ranks
+    if 0 <= rank < comm.size and ranks[rank] == rank:  # the world, or a group that starts as it does
+        return rank
+    if rank in ranks:
+        return ranks.index(rank)
+    if ranks == list(range(comm.size)):
+        raise ValueError(f"{fn}: {name}={rank} is out of range for a group of size {comm.size}")
+    raise ValueError(f"{fn}: {name}={rank} is a world rank outside {comm.name} (its world ranks: {ranks}); "
+                     f"group_{name}= takes a rank of the group")
 
 
 def group_of(group, fn: str) -> Communicator:

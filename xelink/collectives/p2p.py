@@ -9,12 +9,14 @@ import torch
 
 from ..errors import TimeoutError
 from ..transport import wait_all
-from .checks import USER_TAG_LIMIT, check_rank, group_of, tensor as _tensor
+from .checks import USER_TAG_LIMIT, group_of, root_of, tensor as _tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork"]
 
 
-def _check(fn, tensor, peer_name, peer, group, tag):
+def _check(fn, tensor, peer_name, peer, group_peer, group, tag):
+    """(comm, the tensor, the peer as a rank of comm or None for any source): ``peer`` a world rank or
+    ``group_peer`` a rank of the group, as torch.distributed's ``dst``/``group_dst`` and ``src``/``group_src``."""
     comm = group_of(group, fn)
     cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     if cuda:  # any dtype: the transfer moves bytes
@@ -24,9 +26,9 @@ def _check(fn, tensor, peer_name, peer, group, tag):
         x = tensor.detach() if tensor.requires_grad else tensor  # moved outside autograd, as checks.tensor
     else:
         x = _tensor(fn, "tensor", tensor, comm)
-    if peer is None:  # any source: a CPU receive (NCCL and peer memory name the sender)
+    if peer is None and group_peer is None:  # any source: a CPU receive (NCCL and peer memory name the sender)
         if peer_name != "src":
-            raise ValueError(f"{fn}: {peer_name}=None; name the destination rank")
+            raise ValueError(f"{fn}: dst= (a world rank) or group_dst= (a rank of the group) is required")
         if cuda:
             raise ValueError(f"{fn}: src=None (any source) needs a CPU tensor or numpy array; CUDA receives "
                              f"(NCCL, peer memory) name the sender")
@@ -34,17 +36,18 @@ def _check(fn, tensor, peer_name, peer, group, tag):
             raise ValueError(f"{fn}: src=None (any source) in a group of one rank ({comm.name}): no other rank "
                              f"can send")
     else:
-        check_rank(fn, peer_name, peer, comm.size)
+        given = f"{peer_name}={peer}" if group_peer is None else f"group_{peer_name}={group_peer}"
+        peer = root_of(fn, comm, peer_name, peer, group_peer)
     if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < USER_TAG_LIMIT:
         raise ValueError(f"{fn}: tag={tag!r} must be an int in [0, {USER_TAG_LIMIT})")
     if peer == comm.rank:  # as torch.distributed: a rank's message to itself would wait for itself
-        raise ValueError(f"{fn}: {peer_name}={peer} is this rank itself (rank {comm.rank} of {comm.name}); "
-                         f"copy the tensor instead")
+        raise ValueError(f"{fn}: {given} is this rank itself (rank {comm.rank} of {comm.name}, world rank "
+                         f"{comm.world_ranks[comm.rank]}); copy the tensor instead")
     if cuda:
         problem = gpu_p2p.unsupported(comm)
         if problem is not None:
             raise problem
-    return comm, x
+    return comm, x, peer
 
 
 def _start(fn, comm, x, peer, tag, send):
@@ -86,47 +89,52 @@ class P2PWork:
         return peer
 
 
-def isend(tensor, dst: int, group=None, tag: int = 0):
-    """Start sending ``tensor`` to rank ``dst`` of ``group``; returns a handle with ``wait()``.
+def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None):
+    """Start sending ``tensor`` to ``dst`` (a world rank) or ``group_dst`` (a rank of ``group``), as
+    torch.distributed's; returns a handle with ``wait()``.
 
     CPU tensors: ``wait()`` blocks until the buffer may be reused (deadline applies). CUDA tensors: the
     transfer is enqueued after the work queued on the current stream; ``wait()`` makes the current stream
     wait for it; messages to one rank match its receives in order (tags are not matched, as with NCCL).
     """
-    comm, x = _check("isend", tensor, "dst", dst, group, tag)
-    return _start("isend", comm, x, dst, tag, True)
+    comm, x, peer = _check("isend", tensor, "dst", dst, group_dst, group, tag)
+    return _start("isend", comm, x, peer, tag, True)
 
 
-def irecv(tensor, src: int | None = None, group=None, tag: int = 0):
-    """Start receiving into ``tensor`` from rank ``src`` of ``group``; returns a handle with ``wait()``
-    (see ``isend`` for CUDA tensors) and ``source_rank()``. ``src=None``: from whichever rank sends a
-    message with this tag first (CPU tensors and numpy arrays; a CUDA receive names its sender)."""
-    comm, x = _check("irecv", tensor, "src", src, group, tag)
-    return _start("irecv", comm, x, src, tag, False)
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
+    """Start receiving into ``tensor`` from ``src`` (a world rank) or ``group_src`` (a rank of ``group``);
+    returns a handle with ``wait()`` (see ``isend`` for CUDA tensors) and ``source_rank()``. Neither: from
+    whichever rank sends a message with this tag first (CPU tensors and numpy arrays; a CUDA receive names
+    its sender)."""
+    comm, x, peer = _check("irecv", tensor, "src", src, group_src, group, tag)
+    return _start("irecv", comm, x, peer, tag, False)
 
 
-def send(tensor, dst: int, group=None, tag: int = 0) -> None:
-    """Send ``tensor`` to rank ``dst``: ``isend(...).wait()`` (CUDA: ordered on the current stream)."""
-    isend(tensor, dst, group, tag).wait()
+def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
+    """Send ``tensor`` to ``dst`` / ``group_dst``: ``isend(...).wait()`` (CUDA: ordered on the current stream)."""
+    isend(tensor, dst, group, tag, group_dst).wait()
 
 
-def recv(tensor, src: int | None = None, group=None, tag: int = 0) -> int:
-    """Receive into ``tensor`` from rank ``src`` (None: any rank, as ``irecv``); returns the sender's rank
-    in ``group`` like torch.distributed.recv."""
-    work = irecv(tensor, src, group, tag)
+def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from ``src`` / ``group_src`` (neither: any rank, as ``irecv``); returns the
+    sender's world rank, as torch.distributed.recv."""
+    comm, x, peer = _check("recv", tensor, "src", src, group_src, group, tag)
+    work = _start("recv", comm, x, peer, tag, False)
     work.wait()
-    return src if src is not None else work.source_rank()
+    return comm.world_ranks[peer if peer is not None else work.source_rank()]
 
 
 @dataclasses.dataclass
 class P2POp:
-    """One transfer for ``batch_isend_irecv``: ``op`` is ``xelink.isend`` or ``xelink.irecv``."""
+    """One transfer for ``batch_isend_irecv``: ``op`` is ``xelink.isend`` or ``xelink.irecv``; the peer is
+    ``peer`` (a world rank) or ``group_peer`` (a rank of ``group``), as torch.distributed's."""
 
     op: object
     tensor: object
-    peer: int
+    peer: int | None = None
     group: object = None
     tag: int = 0
+    group_peer: int | None = None
 
     def __post_init__(self):
         if self.op not in (isend, irecv):
@@ -142,9 +150,9 @@ def batch_isend_irecv(p2p_op_list) -> list:
     if not ops or not all(isinstance(o, P2POp) for o in ops):
         raise ValueError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
     for o in ops:  # every op is checked before any starts: a bad one leaves nothing posted
-        _check(o.op.__name__, o.tensor, "dst" if o.op is isend else "src", o.peer, o.group, o.tag)
+        _check(o.op.__name__, o.tensor, "dst" if o.op is isend else "src", o.peer, o.group_peer, o.group, o.tag)
     handles = [None] * len(ops)
     for i in sorted(range(len(ops)), key=lambda i: ops[i].op is isend):
         o = ops[i]
-        handles[i] = o.op(o.tensor, o.peer, o.group, o.tag)
+        handles[i] = o.op(o.tensor, o.peer, o.group, o.tag, o.group_peer)
     return handles

@@ -98,7 +98,7 @@ def ring_backward(comm, g, kv, lengths, layout, causal, scale):
     def post(t: torch.Tensor, tag: int, send: bool):
         if not t.numel():  # both sides know every length: empty blocks are not sent
             return None
-        return isend(t, right, group=p2p, tag=tag) if send else irecv(t, left, group=p2p, tag=tag)
+        return isend(t, group=p2p, tag=tag, group_dst=right) if send else irecv(t, group=p2p, tag=tag, group_src=left)
 
     cur, partial, sends = kv, None, []
     for s, owner in enumerate(owners):

@@ -50,9 +50,9 @@ def ring_attention(comm, q, kv, lengths, layout, causal, scale):
             nxt_owner = order[(pos - s - 1) % n]
             nxt = kv.new_empty((two, B, Hkv, lengths[nxt_owner], D))
             if nxt.numel():
-                recv = irecv(nxt, left, group=p2p, tag=nxt_owner)
+                recv = irecv(nxt, group=p2p, tag=nxt_owner, group_src=left)
             if cur.numel():
-                sends.append(isend(cur, right, group=p2p, tag=owner))
+                sends.append(isend(cur, group=p2p, tag=owner, group_dst=right))
                 while len(sends) > 1:  # the block sent a step ago has landed: its buffer goes (memory of ~2 blocks,
                     sends.pop(0).wait()  # not of every block the ring passed on)
         if recv is not None:

@@ -79,13 +79,13 @@ def _run_gather_plan(p2p, stage, reads, compute) -> None:
         for q, src in reads[x]:
             if src == me:
                 fwd[q].append(x)
-    recvs = {q: irecv(stage[q], src, group=p2p, tag=q) for q, src in reads[me]}
-    sends = [isend(stage[me], x, group=p2p, tag=me) for x in fwd[me]]
+    recvs = {q: irecv(stage[q], group=p2p, tag=q, group_src=src) for q, src in reads[me]}
+    sends = [isend(stage[me], group=p2p, tag=me, group_dst=x) for x in fwd[me]]
     forwarded = set()
 
     def forward(q):
         forwarded.add(q)
-        sends.extend(isend(stage[q], x, group=p2p, tag=q) for x in fwd[q])
+        sends.extend(isend(stage[q], group=p2p, tag=q, group_dst=x) for x in fwd[q])
 
     compute(me)
     for q, _ in reads[me]:
@@ -174,13 +174,13 @@ def _ring_reduce(p2p, partial, shape, wd, sends):
         h = None
         if s:
             inbox = torch.empty(shape, dtype=wd)
-            h = irecv(inbox, left, group=p2p, tag=j)
+            h = irecv(inbox, group=p2p, tag=j, group_src=left)
         part = partial(j)
         if h is not None:
             h.wait()
             part.add_(inbox)
         if s < n - 1:
-            sends.append(isend(part, right, group=p2p, tag=j))
+            sends.append(isend(part, group=p2p, tag=j, group_dst=right))
             while len(sends) > 1:  # the sum sent a step ago has landed: its buffer goes
                 sends.pop(0).wait()
     return part
@@ -200,7 +200,7 @@ def _topo_reduce(p2p, packages, partial, shape, wd, sends):
 
     def post(src, tag):
         buf = torch.empty(shape, dtype=wd)
-        return buf, irecv(buf, src, group=p2p, tag=tag)
+        return buf, irecv(buf, group=p2p, tag=tag, group_src=src)
 
     as_agg = {j: [post(m, j) for m in others] for j in remote if schedule.aggregator(packages, p, j) == me}
     incoming = [post(m, me) for m in others]
@@ -211,11 +211,11 @@ def _topo_reduce(p2p, packages, partial, shape, wd, sends):
             for buf, h in as_agg[j]:
                 h.wait()
                 part.add_(buf)
-            sends.append(isend(part, j, group=p2p, tag=j))
+            sends.append(isend(part, group=p2p, tag=j, group_dst=j))
         else:
-            sends.append(isend(part, schedule.aggregator(packages, p, j), group=p2p, tag=j))
+            sends.append(isend(part, group=p2p, tag=j, group_dst=schedule.aggregator(packages, p, j)))
     for j in local:
-        sends.append(isend(partial(j), j, group=p2p, tag=j))
+        sends.append(isend(partial(j), group=p2p, tag=j, group_dst=j))
     acc = partial(me)
     for buf, h in incoming:
         h.wait()

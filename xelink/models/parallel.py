@@ -119,7 +119,7 @@ class ContextParallel:
 
     def agree(self, tokens: torch.Tensor) -> torch.Tensor:
         """CP rank 0's ``tokens`` on every rank of the group (after ``TensorParallel.agree``)."""
-        broadcast(tokens, 0, group=self.group)
+        broadcast(tokens, group=self.group, group_src=0)
         return tokens
 
     def merge(self, out: torch.Tensor, lse: torch.Tensor, impl: str) -> torch.Tensor:
@@ -209,7 +209,7 @@ class TensorParallel:
         """Rank 0's ``tokens`` (a CPU int64 tensor) on every rank: sampling stays identical even where the
         ranks' logits differ in the last bit."""
         if self.size > 1:
-            broadcast(tokens, 0, group=self.group)
+            broadcast(tokens, group=self.group, group_src=0)
         return tokens
 
     # -- loading -------------------------------------------------------------------------------
