@@ -462,8 +462,8 @@ def check_ring_backward_posts_no_partial_receive_ahead_of_its_step(world):
             pending.discard(self)
             return self.work.wait(*args, **kwargs)
 
-    def irecv(t, src, group=None, tag=0):
-        work = real[0](t, src, group=group, tag=tag)
+    def irecv(t, src=None, group=None, tag=0, group_src=None):
+        work = real[0](t, src, group=group, tag=tag, group_src=group_src)
         if tag < n:  # a KV block (tags n + owner: gradients, cp_backward's docstring)
             return work
         counts["posted"] += 1  # the i-th partial received is the one for step i (the n-th: the total)
