@@ -336,6 +336,9 @@ def check_bad_inputs_raise_before_sending(world):
         xelink.send(x, None)
     with pytest.raises(ValueError, match=rf"all_gather: tensor_list must be a list of world_size={n} tensors, got {n + 1}"):
         xelink.all_gather([x] * (n + 1), x)
+    with pytest.raises(TypeError, match=r"barrier: device_ids='0' must be a list of ints"):
+        xelink.barrier(device_ids="0")
+    xelink.barrier(device_ids=[0])  # NCCL code's barrier(device_ids=[local_rank]): a host barrier here
     world.barrier()  # nothing was sent: the world still works
     y = torch.ones(3)
     xelink.all_reduce(y)

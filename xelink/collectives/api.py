@@ -446,12 +446,18 @@ def broadcast_object_list(object_list, src: int | None = None, group=None, timeo
     object_list[:] = got
 
 
-def barrier(group=None, async_op: bool = False, timeout=None):
+def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None):
     """Block until every rank of ``group`` has called ``barrier`` (deadline: the group's timeout).
+
+    ``device_ids`` is taken for torch.distributed's signature (NCCL code passes ``[local_rank]``) and checked
+    to be a list of ints; the barrier is on the host, whatever the devices.
 
     Raises ``xelink.TimeoutError`` naming the ranks that did not arrive.
     Collective: every rank of ``group`` must call this.
     """
+    if device_ids is not None and (not isinstance(device_ids, (list, tuple))
+                                   or not all(isinstance(d, int) and not isinstance(d, bool) for d in device_ids)):
+        raise TypeError(f"barrier: device_ids={device_ids!r} must be a list of ints")
     return cpu.barrier(group_of(group, "barrier"), async_op, timeout)
 
 
