@@ -233,6 +233,42 @@ def check_blocking_calls_return_none(world):
     assert w is not None and w.wait() is True
 
 
+def check_bitwise_reductions(world):
+    """band / bor / bxor (as gloo's) on integer and bool tensors, every all-reduce and reduce-scatter algorithm,
+    reduce, and torch's ReduceOp spellings: each rank's bit r of a pattern, so that every op has a distinct
+    answer; float and CUDA tensors are refused by name."""
+    n, r = world.size, world.rank
+    ops = torch.distributed.ReduceOp
+    base = torch.arange(24, dtype=torch.int64) * 37 + 5
+    mine = base ^ (1 << (r % 8)) | (r << 12)
+    ranks = [base ^ (1 << (q % 8)) | (q << 12) for q in range(n)]
+    want = {"band": ranks[0].clone(), "bor": ranks[0].clone(), "bxor": ranks[0].clone()}
+    for q in range(1, n):
+        want["band"] &= ranks[q]
+        want["bor"] |= ranks[q]
+        want["bxor"] ^= ranks[q]
+    for op, spelled in (("band", ops.BAND), ("bor", "bor"), ("bxor", ops.BXOR)):
+        for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            for algo in xelink.collectives.ALGORITHMS["all_reduce"]:
+                x = mine.to(dtype, copy=True)
+                xelink.all_reduce(x, op=spelled, algo=algo)
+                assert torch.equal(x, want[op].to(dtype)), (op, dtype, algo, x)
+        for algo in xelink.collectives.ALGORITHMS["reduce_scatter"]:
+            out = torch.empty(4, dtype=torch.int32)
+            xelink.reduce_scatter_tensor(out, mine.repeat(n)[: 4 * n].to(torch.int32), op=op, algo=algo)
+            full = want[op].repeat(n)[: 4 * n].to(torch.int32)
+            assert torch.equal(out, full[4 * r: 4 * r + 4]), (op, algo, out)
+        x = mine.clone()
+        xelink.reduce(x, dst=n - 1, op=op)
+        assert r != n - 1 or torch.equal(x, want[op]), (op, x)
+    flags = torch.tensor([r == 0, True, r % 2 == 1])
+    xelink.all_reduce(flags, op="bor")
+    assert flags.tolist() == [True, True, n > 1], flags
+    with pytest.raises(TypeError, match=r"all_reduce: op='band' needs an integer or bool dtype, got torch.float32"):
+        xelink.all_reduce(torch.ones(3), op=ops.BAND)
+    world.barrier()
+
+
 def check_torch_reduce_op_accepted(world):
     x = torch.full((4,), float(world.rank))
     xelink.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
@@ -306,7 +342,8 @@ def check_receive_from_any_source(world):
 def check_bad_inputs_raise_before_sending(world):
     n = world.size
     x = torch.zeros(4)
-    with pytest.raises(ValueError, match=r"all_reduce: op='mean' is not one of sum, avg, max, min, prod"):
+    with pytest.raises(ValueError, match=r"all_reduce: op='mean' is not one of sum, avg, max, min, prod, band, bor, "
+                                         r"bxor"):
         xelink.all_reduce(x, op="mean")
     with pytest.raises(ValueError, match=r"all_reduce: algo='tree' is not one of auto, ring, direct"):
         xelink.all_reduce(x, algo="tree")

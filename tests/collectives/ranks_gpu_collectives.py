@@ -294,6 +294,8 @@ def check_bad_arguments(world):
          "run on NCCL only"),
         (lambda: xelink.all_reduce(x, algo="copy_engine"), ValueError, "xelink.empty"),
         (lambda: xelink.recv(x, None), ValueError, "recv: src=None (any source) needs a CPU tensor"),
+        (lambda: xelink.all_reduce(torch.ones(4, dtype=torch.int32, device=dev), op="bor"), ValueError,
+         "op='bor' runs on CPU ranks only"),
     ]
     for call, exc, text in cases:
         try:

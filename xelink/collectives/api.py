@@ -12,7 +12,7 @@ import torch
 from .. import symm
 from . import checks, compiled, cpu, dispatch, gpu, registry
 from .gpu import rooted as gpu_rooted
-from .checks import backend_of, check_op_dtype, fingerprint_check, group_of, pair, parse_op, root_of, splits
+from .checks import backend_of, check_op, fingerprint_check, group_of, pair, parse_op, root_of, splits
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
            "all_to_all_single", "all_to_all", "broadcast", "reduce", "gather", "scatter", "all_gather_object",
@@ -31,7 +31,8 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
             bfloat16, int32 or int64, and on CPU ranks int16, int8, uint8 or bool too (half types are
             reduced in float32 on CPU ranks; narrow integers wrap; bool: sum and max are "or", prod and
             min "and"). CUDA tensors run on the GPU with NCCL's stream semantics.
-        op: "sum", "avg" (floating dtypes), "max", "min", "prod", or a torch ``ReduceOp``.
+        op: "sum", "avg" (floating dtypes), "max", "min", "prod", "band", "bor", "bxor" (integer and bool
+            tensors on CPU ranks), or a torch ``ReduceOp``.
         group: xelink communicator (None: the world).
         async_op: return a handle (``Work``; ``GpuWork`` on CUDA) instead of waiting.
         algo: "auto" or an algorithm of the tensor's backend (``ALGORITHMS``, ``GPU_ALGORITHMS``).
@@ -49,7 +50,7 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     comm = group_of(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
-    check_op_dtype(fn, op, x.dtype)
+    check_op(fn, op, x)
     backend = backend_of(x)
     entry = dispatch.resolve(fn, "all_reduce", algo, comm, backend, _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, algo))
@@ -125,7 +126,7 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     comm = group_of(group, fn)
     out, inp = pair(fn, output, input, comm, reduce=True)
     op = parse_op(fn, op)
-    check_op_dtype(fn, op, inp.dtype)
+    check_op(fn, op, inp)
     if inp.numel() != comm.size * out.numel():
         raise ValueError(f"{fn}: input.numel()={inp.numel()} != world_size*output.numel()="
                          f"{comm.size * out.numel()}")
@@ -304,7 +305,7 @@ def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool 
     comm = group_of(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
-    check_op_dtype(fn, op, x.dtype)
+    check_op(fn, op, x)
     dst = root_of(fn, comm, "dst", dst, group_dst)
     entry = dispatch.resolve(fn, "all_reduce", "auto", comm, "cuda", _nbytes(x), x.dtype, x) if x.is_cuda else None
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, dst))

@@ -12,7 +12,7 @@ import torch
 
 from ..comm import Communicator, resolve_group
 
-__all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op_dtype",
+__all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op",
            "check_rank", "root_of", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
@@ -28,7 +28,9 @@ class ReduceOp:
     """Reduction names accepted by ``op=`` (torch's ``ReduceOp`` values are accepted too)."""
 
     SUM, AVG, MAX, MIN, PROD = "sum", "avg", "max", "min", "prod"
-    ALL = (SUM, AVG, MAX, MIN, PROD)
+    BAND, BOR, BXOR = "band", "bor", "bxor"  # integer and bool tensors on CPU ranks, as gloo's
+    BITWISE = (BAND, BOR, BXOR)
+    ALL = (SUM, AVG, MAX, MIN, PROD) + BITWISE
 
 
 def parse_op(fn: str, op) -> str:
@@ -124,9 +126,16 @@ def pair(fn: str, output, input, comm: Communicator, *, reduce: bool = False) ->
     return out, inp
 
 
-def check_op_dtype(fn: str, op: str, dtype: torch.dtype) -> None:
-    if op == ReduceOp.AVG and not dtype.is_floating_point:
-        raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {dtype}")
+def check_op(fn: str, op: str, x: torch.Tensor) -> None:
+    """``op`` (parsed) suits ``x``: avg a floating dtype; the bitwise ops integers or bool, on CPU ranks."""
+    if op == ReduceOp.AVG and not x.dtype.is_floating_point:
+        raise TypeError(f"{fn}: op='avg' needs a floating dtype, got {x.dtype}")
+    if op in ReduceOp.BITWISE:
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            raise TypeError(f"{fn}: op={op!r} needs an integer or bool dtype, got {x.dtype}")
+        if x.is_cuda:
+            raise ValueError(f"{fn}: op={op!r} runs on CPU ranks only (the GPU kernels and NCCL have no bitwise "
+                             f"reductions)")
 
 
 def check_rank(fn: str, name: str, value, size: int) -> int:

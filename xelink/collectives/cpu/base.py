@@ -88,8 +88,10 @@ def combine(acc: torch.Tensor, x: torch.Tensor, op: str) -> None:
         torch.maximum(acc, x, out=acc)
     elif op == ReduceOp.MIN:
         torch.minimum(acc, x, out=acc)
-    else:
+    elif op == ReduceOp.PROD:
         acc.mul_(x)
+    else:
+        _FIRST[op](acc, x, out=acc)
 
 
 def finish(acc: torch.Tensor, op: str, n: int) -> torch.Tensor:
@@ -99,7 +101,8 @@ def finish(acc: torch.Tensor, op: str, n: int) -> torch.Tensor:
 
 
 _FIRST = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.MAX: torch.maximum,
-          ReduceOp.MIN: torch.minimum, ReduceOp.PROD: torch.mul}
+          ReduceOp.MIN: torch.minimum, ReduceOp.PROD: torch.mul, ReduceOp.BAND: torch.bitwise_and,
+          ReduceOp.BOR: torch.bitwise_or, ReduceOp.BXOR: torch.bitwise_xor}
 
 
 def reduce_into(out: torch.Tensor, parts: list, op: str, *, disjoint: bool | None = None) -> None:
