@@ -189,6 +189,16 @@ def check_roots_and_peers_are_world_ranks_or_group_ranks(world):
     world.barrier()  # the refused calls sent nothing
 
 
+def check_new_group_of_every_rank(world):
+    """new_group() with no ranks: every rank of the parent, in its order (torch.distributed's ranks=None)."""
+    g = xelink.new_group()
+    assert (g.size, g.rank, g.world_ranks) == (world.size, world.rank, list(range(world.size)))
+    x = torch.ones(2)
+    xelink.all_reduce(x, group=g)
+    assert torch.equal(x, torch.full((2,), float(world.size)))
+    g.free()
+
+
 def check_new_group_bad_arguments(world):
     with pytest.raises(ValueError, match=r"new_group: ranks=\[0, 0\] has duplicates"):
         xelink.new_group([0, 0])

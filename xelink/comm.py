@@ -446,12 +446,13 @@ def get_group_rank(group, global_rank: int) -> int:
     return comm.world_ranks.index(global_rank)
 
 
-def new_group(ranks: Sequence[int], group: Communicator | None = None,
+def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = None,
               timeout=None) -> "Communicator | _NonGroupMember":
     """A communicator of ``ranks`` (ranks of ``group``, default world), in the order given.
 
     Args:
-        ranks: distinct ranks of ``group``; every rank of ``group`` must pass the same list.
+        ranks: distinct ranks of ``group``; every rank of ``group`` must pass the same list (None: all of
+            them, as torch.distributed.new_group).
 
     Returns:
         The new communicator on member ranks; ``xelink.NON_GROUP_MEMBER`` on the others (torch's non-member
@@ -460,6 +461,8 @@ def new_group(ranks: Sequence[int], group: Communicator | None = None,
     Collective: every rank of ``group`` must call this, members or not.
     """
     parent = resolve_group(group, "new_group")
+    if ranks is None:
+        ranks = range(parent.size)
     if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
         raise TypeError(f"new_group: ranks={ranks!r} must be a sequence of ints")
     ranks = list(ranks)
