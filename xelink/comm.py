@@ -197,6 +197,14 @@ class Communicator:
 
         return Placement(self.topology, tuple(self.world_placement.devices[w] for w in self.world_ranks))
 
+    def group_rank_of(self, world_rank: int) -> int | None:
+        """The rank in this communicator of world rank ``world_rank`` (None: not a member)."""
+        ranks = self.world_ranks
+        # the world, or a group that starts as it does: one comparison
+        if 0 <= world_rank < self.size and ranks[world_rank] == world_rank:
+            return world_rank
+        return ranks.index(world_rank) if world_rank in ranks else None
+
     def package_index(self, rank: int) -> tuple[int, int]:
         """(package index, local index) of ``rank`` in ``packages``."""
         for p, members in enumerate(self._groups()):
@@ -440,10 +448,11 @@ def get_group_rank(group, global_rank: int) -> int:
     torch.distributed.get_group_rank (a ValueError where that rank is not a member)."""
     comm = resolve_group(group, "get_group_rank")
     _check_int("get_group_rank", "global_rank", global_rank)
-    if global_rank not in comm.world_ranks:
+    index = comm.group_rank_of(global_rank)
+    if index is None:
         raise ValueError(f"get_group_rank: global_rank={global_rank} is not a member of {comm.name} (its world "
                          f"ranks: {comm.world_ranks})")
-    return comm.world_ranks.index(global_rank)
+    return index
 
 
 def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = None,

@@ -161,11 +161,10 @@ def root_of(fn: str, comm: Communicator, name: str, rank, group_rank, default: i
         rank = default
     if isinstance(rank, bool) or not isinstance(rank, int):
         raise TypeError(f"{fn}: {name}={rank!r} must be an int")
+    index = comm.group_rank_of(rank)
+    if index is not None:
+        return index
     ranks = comm.world_ranks
-    if 0 <= rank < comm.size and ranks[rank] == rank:  # the world, or a group that starts as it does
-        return rank
-    if rank in ranks:
-        return ranks.index(rank)
     if ranks == list(range(comm.size)):
         raise ValueError(f"{fn}: {name}={rank} is out of range for a group of size {comm.size}")
     raise ValueError(f"{fn}: {name}={rank} is a world rank outside {comm.name} (its world ranks: {ranks}); "
