@@ -1,9 +1,11 @@
 """xelink: topology-aware collectives and fast local kernels for multi-GPU jobs."""
 from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
                           all_to_all, all_to_all_single, barrier, batch_isend_irecv, broadcast, broadcast_object_list,
-                          device_barrier, gather, gather_object, irecv, isend, recv, reduce, reduce_scatter,
-                          reduce_scatter_tensor, scatter, scatter_object_list, send, synchronize)
-from .comm import NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_rank, get_rank, get_world_size, new_group
+                          device_barrier, gather, gather_object, irecv, isend, monitored_barrier, recv,
+                          recv_object_list, reduce, reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list,
+                          send, send_object_list, synchronize)
+from .comm import (NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_rank, get_process_group_ranks, get_rank,
+                   get_world_size, new_group)
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -16,7 +18,8 @@ __all__ = [
     "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
     "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "gather", "gather_object", "irecv", "isend", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-    "scatter", "scatter_object_list", "send", "device_barrier", "synchronize", "empty",
+    "scatter", "scatter_object_list", "send", "device_barrier", "synchronize", "empty", "monitored_barrier",
+    "send_object_list", "recv_object_list",
     "Communicator",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
     "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_positions", "cp_shard", "cp_unshard",
@@ -27,6 +30,7 @@ __all__ = [
     "finalize",
     "get_global_rank",
     "get_group_rank",
+    "get_process_group_ranks",
     "get_rank",
     "get_world",
     "get_world_size",

@@ -443,6 +443,12 @@ def get_global_rank(group, group_rank: int) -> int:
     return comm.world_ranks[group_rank]
 
 
+def get_process_group_ranks(group) -> list[int]:
+    """The world ranks of ``group``'s members in group-rank order (None: the world), as
+    torch.distributed.get_process_group_ranks."""
+    return list(resolve_group(group, "get_process_group_ranks").world_ranks)
+
+
 def get_group_rank(group, global_rank: int) -> int:
     """The rank in ``group`` (None: the world) of world rank ``global_rank``, as
     torch.distributed.get_group_rank (a ValueError where that rank is not a member)."""

@@ -339,6 +339,76 @@ def check_receive_from_any_source(world):
     world.barrier()
 
 
+def check_objects_point_to_point(world):
+    """send_object_list / recv_object_list as torch.distributed's: a ring of lists whose size changes from call
+    to call (one past MPI's eager limit), tensor messages of tag 0 to the same peer in between that neither
+    takes, any-source receives that name their sender, group ranks, a length that differs (refused once the
+    message came: the next exchange is intact); get_process_group_ranks and monitored_barrier."""
+    n, r = world.size, world.rank
+    assert xelink.get_process_group_ranks(None) == list(range(n))
+    backwards = xelink.new_group(list(range(n - 1, -1, -1)))
+    assert xelink.get_process_group_ranks(backwards) == list(range(n - 1, -1, -1))
+    xelink.monitored_barrier(timeout=30, wait_all_ranks=True)
+    if n == 1:
+        with pytest.raises(ValueError, match=r"send_object_list: dst=0 is this rank itself"):
+            xelink.send_object_list([1], 0)
+        with pytest.raises(ValueError, match=r"recv_object_list: src=None \(any source\) in a group of one rank"):
+            xelink.recv_object_list([None])
+        return
+    right, left = (r + 1) % n, (r - 1) % n
+    for size in (1, 3000, 300_000):  # bytes of the payload: the last one leaves MPI's eager protocol
+        sent = [{"from": r, "size": size}, b"x" * size, torch.arange(3) * r]
+        got = [None] * 3
+        tensor = torch.empty(2)
+
+        def give():
+            xelink.send(torch.full((2,), float(r)), right)
+            xelink.send_object_list(sent, right)
+
+        def take():  # (the tensor's receive is posted first: a gloo send waits for its receive)
+            work = xelink.irecv(tensor, left)
+            assert xelink.recv_object_list(got, left) == left
+            work.wait()
+
+        for step in (give, take) if r % 2 == 0 else (take, give):  # no two ranks wait on each other's receive
+            step()
+        assert got[0] == {"from": left, "size": size} and got[1] == b"x" * size, got[0]
+        assert torch.equal(got[2], torch.arange(3) * left) and torch.equal(tensor, torch.full((2,), float(left)))
+    # any source, through a group that lists the world backwards (group_dst 0 is world rank n - 1)
+    if r == n - 1:
+        senders = []
+        for _ in range(n - 1):
+            box = [None, None]
+            senders.append(xelink.recv_object_list(box, group=backwards))
+            assert box == [senders[-1], "hello"], box
+        assert sorted(senders) == list(range(n - 1)), senders
+    else:
+        xelink.send_object_list([r, "hello"], group_dst=0, group=backwards)
+    world.barrier()  # (rank 0's next lists must not meet the any-source receives above)
+    if r == n - 1:
+        box = [None]  # a length that differs: refused once the message came
+        with pytest.raises(ValueError, match=r"recv_object_list: object_list has 1 entries on rank \d+; world rank 0 "
+                                             r"sent 2"):
+            xelink.recv_object_list(box, group_src=n - 1, group=backwards)
+        assert box == [None]
+        box = [None, None]
+        assert xelink.recv_object_list(box, 0) == 0 and box == ["next", 0]
+    elif r == 0:
+        xelink.send_object_list(("short", 1), group_dst=0, group=backwards)
+        xelink.send_object_list(["next", 0], n - 1)
+    with pytest.raises(TypeError, match=r"send_object_list: object_list must be a list, got int"):
+        xelink.send_object_list(3, right)
+    sub = world.split(None if r == 0 else 0)
+    if r:
+        with pytest.raises(ValueError, match=r"recv_object_list: src=0 is a world rank outside"):
+            xelink.recv_object_list([None], 0, group=sub)
+        sub.free()
+    with pytest.raises(TypeError, match=r"monitored_barrier: wait_all_ranks=1 must be a bool"):
+        xelink.monitored_barrier(wait_all_ranks=1)
+    backwards.free()
+    world.barrier()
+
+
 def check_bad_inputs_raise_before_sending(world):
     n = world.size
     x = torch.zeros(4)

@@ -8,12 +8,13 @@
 from . import cpu as _cpu, gpu as _gpu  # noqa: F401 (registers the backends' algorithms)
 from . import registry
 from .api import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce, all_to_all, all_to_all_single,
-                  barrier, broadcast, broadcast_object_list, device_barrier, gather, gather_object, reduce,
+                  barrier, broadcast, broadcast_object_list, device_barrier, gather, gather_object, monitored_barrier,
+                  reduce,
                   reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list, synchronize)
 from .checks import ReduceOp
 from .cpu import Work
 from .gpu import GpuWork
-from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, recv_object_list, send, send_object_list
 
 # The algorithms each op accepts as ``algo=`` (besides "auto"): on CPU tensors, and on CUDA tensors.
 ALGORITHMS = registry.names("cpu")
@@ -22,6 +23,7 @@ GPU_ALGORITHMS = registry.names("cuda")
 __all__ = [
     "ALGORITHMS", "GPU_ALGORITHMS", "GpuWork", "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-    "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv", "isend", "recv", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "registry", "scatter", "scatter_object_list", "send", "synchronize",
+    "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv", "isend", "monitored_barrier",
+    "recv", "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "registry", "scatter",
+    "scatter_object_list", "send", "send_object_list", "synchronize",
 ]

@@ -462,6 +462,18 @@ def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None):
     return cpu.barrier(group_of(group, "barrier"), async_op, timeout)
 
 
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """``barrier`` under torch.distributed.monitored_barrier's name and signature: on the host, its
+    ``xelink.TimeoutError`` names every rank that did not arrive (whatever ``wait_all_ranks``: torch names
+    the first one only without it).
+
+    Collective: every rank of ``group`` must call this.
+    """
+    if not isinstance(wait_all_ranks, bool):
+        raise TypeError(f"monitored_barrier: wait_all_ranks={wait_all_ranks!r} must be a bool")
+    cpu.barrier(group_of(group, "monitored_barrier"), False, timeout)
+
+
 device_barrier = gpu.device_barrier
 synchronize = gpu.synchronize_group
 

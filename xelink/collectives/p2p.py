@@ -1,9 +1,11 @@
 """Point-to-point: send, recv, isend, irecv, batch_isend_irecv, on CPU tensors and numpy arrays (the host
 transport; ``wait()`` blocks the host) and on CUDA tensors (``gpu.p2p``: peer memory or NCCL, stream-ordered;
-``wait()`` makes the current stream wait, as torch.distributed's NCCL works do)."""
+``wait()`` makes the current stream wait, as torch.distributed's NCCL works do); send_object_list and
+recv_object_list (picklable objects, through the host transport)."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import torch
 
@@ -11,7 +13,12 @@ from ..errors import TimeoutError
 from ..transport import wait_all
 from .checks import USER_TAG_LIMIT, group_of, root_of, tensor as _tensor
 
-__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork"]
+__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork", "send_object_list",
+           "recv_object_list"]
+
+# The objects' messages: above the user (< 2**14) and collective (< 2**15) tags and symm's set-up tag (2**15), so
+# that neither a tensor receive nor a collective takes them
+_OBJECT_TAG = (1 << 15) + 1
 
 
 def _check(fn, tensor, peer_name, peer, group_peer, group, tag):
@@ -156,3 +163,47 @@ def batch_isend_irecv(p2p_op_list) -> list:
         o = ops[i]
         handles[i] = o.op(o.tensor, o.peer, o.group, o.tag, o.group_peer)
     return handles
+
+
+def send_object_list(object_list, dst: int | None = None, group=None, device=None, group_dst: int | None = None,
+                     timeout=None) -> None:
+    """Send the picklable objects of ``object_list`` to ``dst`` (a world rank) or ``group_dst`` (a rank of
+    ``group``), as torch.distributed.send_object_list; that rank's ``recv_object_list`` takes a list of as
+    many entries. Through the host transport whatever ``device`` (taken for torch's signature); returns once
+    the receiver may have the objects (deadline: ``timeout`` or the group's).
+    """
+    fn = "send_object_list"
+    if not isinstance(object_list, (list, tuple)):
+        raise TypeError(f"{fn}: object_list must be a list, got {type(object_list).__name__}")
+    header = torch.zeros(2, dtype=torch.int64)
+    comm, _, peer = _check(fn, header, "dst", dst, group_dst, group, 0)
+    payload = torch.frombuffer(bytearray(pickle.dumps(list(object_list))), dtype=torch.uint8)  # before any message
+    header[0], header[1] = len(object_list), payload.numel()
+    t = comm.transport
+    P2PWork(comm, [t.isend(header, peer, _OBJECT_TAG), t.isend(payload, peer, _OBJECT_TAG)], fn).wait(timeout)
+
+
+def recv_object_list(object_list, src: int | None = None, group=None, device=None, group_src: int | None = None,
+                     timeout=None) -> int:
+    """Fill ``object_list`` with the objects ``src`` (a world rank) or ``group_src`` (a rank of ``group``) sent
+    by ``send_object_list``; neither: the first rank that sends; returns the sender's world rank, as
+    torch.distributed.recv_object_list. A ValueError (after the whole message came, so nothing is left
+    queued) where the sender's list has another length than ``object_list``.
+    """
+    fn = "recv_object_list"
+    if not isinstance(object_list, list):
+        raise TypeError(f"{fn}: object_list must be a list, got {type(object_list).__name__}")
+    header = torch.zeros(2, dtype=torch.int64)
+    comm, _, peer = _check(fn, header, "src", src, group_src, group, 0)
+    t = comm.transport
+    work = P2PWork(comm, [t.irecv(header, peer, _OBJECT_TAG)], fn)
+    work.wait(timeout)
+    peer = work.source_rank()
+    payload = torch.empty(int(header[1]), dtype=torch.uint8)
+    P2PWork(comm, [t.irecv(payload, peer, _OBJECT_TAG)], fn).wait(timeout)
+    got = pickle.loads(payload.numpy().tobytes())
+    if len(got) != len(object_list):
+        raise ValueError(f"{fn}: object_list has {len(object_list)} entries on rank {comm.rank}; world rank "
+                         f"{comm.world_ranks[peer]} sent {len(got)}")
+    object_list[:] = got
+    return comm.world_ranks[peer]
