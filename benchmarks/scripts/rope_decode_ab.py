@@ -35,14 +35,14 @@ _prefetch_args, _EARLY_ROWS = attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS
 _pdl_launch_args = attn.pdl_launch_args
 
 
-def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops):
+def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
     attn.prefetch_args = _prefetch_args  # a variant captured before may have turned it off
     q = rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
     return decode_attention(q, self.k[:q.shape[0]], self.v[:q.shape[0]], kv_lens)
 
 
 def fused(pdl, prefetch=True):
-    def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
+    def decode(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
         attn.prefetch_args = _prefetch_args if prefetch else (lambda *a, **kw: {})
         B = q.shape[0]
         return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, pdl=pdl)
@@ -53,7 +53,7 @@ def released(mode):
     """The kept call (not placed early itself) compiled with the PDL trigger (mode 1: at entry, 2: after the main
     loop), so that the O GEMV after it is placed early (its launch and, W4A16, its weight prefetch overlap the
     attention)."""
-    def decode(self, q, k, v, cos, sin, positions, kv_lens, ops):
+    def decode(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
         attn.prefetch_args = lambda *a, **kw: {}  # not placed early: nothing to prefetch before
         attn.pdl_launch_args = lambda option, programs, device: dict(PDL=mode)
         try:

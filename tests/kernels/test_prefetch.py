@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-from xelink.kernels import decode_attention, gemv, reference_decode_attention
+from xelink.kernels import decode_attention, gemv, reference_decode_attention, rope_decode_attention
 from xelink.kernels.gemv import pack_w4a16, pack_w8a16
 
 pdl = importlib.import_module("xelink.kernels.pdl")
@@ -155,6 +155,70 @@ def test_gpu_decode_cache_and_lengths_written_by_the_kernel_before(requires_gpus
         want = step(False, n)
         torch.cuda.synchronize()
         assert torch.equal(got, want), (kv_len, n)
+
+
+def _rope_decode_inputs(gen, device, B=2, HQ=32, HKV=8, S=2048, D=128, dt=torch.bfloat16):
+    qkv = torch.randn(B, HQ + 2 * HKV, 1, D, device=device, generator=gen).to(dt)
+    caches = [torch.randn(B, HKV, S, D, device=device, generator=gen).to(dt) for _ in range(2)]
+    pos = torch.arange(S, device=device, dtype=torch.float32)[:, None]
+    freq = 1.0 / 10000 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
+    ang = torch.cat([pos * freq, pos * freq], dim=1)
+    return qkv[:, :HQ], qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:], ang.cos(), ang.sin(), caches
+
+
+def test_rope_decode_prefetch_hint_is_checked():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, cos, sin, (kc, vc) = _rope_decode_inputs(gen, "cpu", B=1, S=64, D=64)
+    lens = torch.tensor([9])
+    want = rope_decode_attention(q, k, v, cos, sin, kc.clone(), vc.clone(), lens)
+    got = rope_decode_attention(q, k, v, cos, sin, kc.clone(), vc.clone(), lens, prefetch=torch.zeros(5))
+    assert torch.equal(got, want)  # the reference path: the hint is ignored
+    for bad, what in ((torch.zeros(4, 4).t(), "not contiguous"), ([1, 2], "list"),
+                      (torch.zeros(4, device="meta"), "on meta")):
+        with pytest.raises(ValueError, match=rf"rope_decode_attention: prefetch must be a contiguous tensor on q's "
+                                             rf"device cpu, got .*{what}"):
+            rope_decode_attention(q, k, v, cos, sin, kc, vc, lens, prefetch=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("at", [0, 1])
+def test_gpu_rope_decode_prefetch_of_the_next_weight_changes_nothing(requires_gpus, monkeypatch, at):
+    # The split programs ask L2 for a weight the GEMV after them reads (odd byte counts, more and fewer bytes
+    # than programs x 16, the whole weight), at entry or after their keys: bit for bit the call without the
+    # hint (its cache writes too), eager and in a CUDA graph replayed over new lengths and a new weight.
+    _sm90(requires_gpus)
+    monkeypatch.setattr(attn_mod, "NEXT_AT", at)
+    attn_mod._PATHS.clear()
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    q, k, v, cos, sin, (kc, vc) = _rope_decode_inputs(gen, "cuda")
+    w = (torch.randn(4096, 4096, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    lens = torch.tensor([700, 2048], device="cuda")
+
+    def step(hint):
+        c = (kc.clone(), vc.clone())
+        a = rope_decode_attention(q, k, v, cos, sin, *c, lens, prefetch=hint)
+        return a, gemv(w, a.reshape(2, -1), None, "bf16"), c
+
+    plain = step(None)
+    for hint in (w.view(-1)[:7], w.view(-1)[:1000], w.view(-1)[:(5 << 20) + 3], w.view(-1)):
+        got = step(hint)
+        for x, y in zip((got[0], got[1], *got[2]), (plain[0], plain[1], *plain[2])):
+            assert torch.equal(x, y), hint.numel()
+    kg, vg = kc.clone(), vc.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a = rope_decode_attention(q, k, v, cos, sin, kg, vg, lens, prefetch=w.view(-1))
+        y = gemv(w, a.reshape(2, -1), None, "bf16")
+    for n in ((700, 2048), (1, 1500), (2048, 3)):
+        lens.copy_(torch.tensor(n))
+        w.copy_((torch.randn(4096, 4096, device="cuda", generator=gen) * 0.02).to(torch.bfloat16))
+        kg.copy_(kc)
+        vg.copy_(vc)
+        graph.replay()
+        want = step(None)
+        torch.cuda.synchronize()
+        assert torch.equal(a, want[0]) and torch.equal(y, want[1]) and torch.equal(kg, want[2][0]), n
+    attn_mod._PATHS.clear()
 
 
 def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):

@@ -41,8 +41,8 @@ import torch
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
-                     check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count, tl,
-                     triton)
+                     check_tensor, cdiv, forward_only, interpreting, next_power_of_2, path_key, require_triton,
+                     sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
 from .norm import check_rope_kv, reference_rope_kv
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2
@@ -114,6 +114,8 @@ _DECODE_PREFETCH = 32 << 10
 # one measured; H200, B=1, 32/8 heads over 16 splits, 3 -> 4 stages: 39.6 -> 39.0 us at 32K, 134.3 -> 128.1 us
 # at 128K, B=8 32K over 2 splits 259.7 -> 246.1; at 8K, 512 keys a split, 14.9 -> 15.1: decode_splits_ab.log).
 _DECODE_DEEP_KEYS = 1024
+# rope_decode_attention's prefetch of the next kernel's weights: at the split kernel's entry (0) or after its keys (1)
+NEXT_AT = 0
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -663,6 +665,16 @@ if triton is not None:
                     n * (X.dtype.element_ty.primitive_bitwidth // 8), PIECES, LIMIT)
 
     @triton.jit
+    def _prefetch_next(NXT, NEXT_BYTES, PIECES: tl.constexpr):
+        """This program's share of the NEXT_BYTES bytes at NXT into L2 (the next kernel's input, which this
+        kernel neither reads nor writes: a hint, pdl.py), in PIECES bulk prefetches."""
+        p = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+        share = (tl.cdiv(NEXT_BYTES, tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)) + 15) // 16 * 16
+        lo = p.to(tl.int64) * share
+        prefetch_l2(NXT.to(tl.pointer_type(tl.uint8)) + lo + tl.zeros([1], tl.int64),
+                    tl.minimum(share, NEXT_BYTES - lo), PIECES, 1 << 30)
+
+    @triton.jit
     def _rotate_halves(x1, x2, c1, c2, s1, s2):
         """Rotate-half RoPE of a row split in halves, in float32, rounded once to x's dtype: the expressions of
         norm.py's rope kernels, so that the fused decode rounds (and contracts into FMAs) as rope_kv does."""
@@ -702,18 +714,19 @@ if triton is not None:
         # [rows, HALF] x 2 -> [rows, HEAD_DIM]: element (r, j * HALF + i) from half j
         return tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (q1.shape[0], HEAD_DIM))
 
-    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX"])
+    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX", "NEXT_BYTES"])
     def _decode_split_kernel(
-        Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS, KN, VN, COS, SIN,
+        Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS, KN, VN, COS, SIN, NXT,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_xb, stride_xh, stride_xs, stride_xd,
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
-        HKV, GROUP, SQ, SMAX, qk_scale,
+        HKV, GROUP, SQ, SMAX, qk_scale, NEXT_BYTES,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0, ROPE: tl.constexpr = False,
+        NEXT_PIECES: tl.constexpr = 0, NEXT_AT: tl.constexpr = 0,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -731,7 +744,13 @@ if triton is not None:
         COUNTERS, one a (batch, KV head, row block): split.py) merges the splits' partials with
         ``_merge_kernel``'s weights (online, in split order) into OUT (strides x) and LSE_OUT (B, Hq, SQ)
         contiguous.
+
+        ``NEXT_PIECES`` > 0: the programs ask L2 for the NEXT_BYTES bytes at NXT between them (the next
+        kernel's weights: this kernel is latency-bound and leaves HBM idle), at entry (``NEXT_AT`` 0) or once
+        their keys are read (1).
         """
+        if NEXT_PIECES and NEXT_AT == 0:
+            _prefetch_next(NXT, NEXT_BYTES, NEXT_PIECES)
         split = tl.program_id(0)
         n_splits = tl.num_programs(0)
         bk = tl.program_id(1)
@@ -777,6 +796,8 @@ if triton is not None:
                                   (1, 0))
         out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
                                        BLOCK_M, BLOCK_N, HEAD_DIM)
+        if NEXT_PIECES and NEXT_AT == 1:
+            _prefetch_next(NXT, NEXT_BYTES, NEXT_PIECES)
         pdl_launch(PDL)
         hq = HKV * GROUP
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
@@ -967,7 +988,7 @@ class _DecodeLaunch:
     __slots__ = ("grid", "ints", "kwargs", "parts", "lse_at", "out_lse_at", "out_shape", "tiles", "slot")
 
     def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
-                 remembered: bool, keep_lse: bool = True, rope=None):
+                 remembered: bool, keep_lse: bool = True, rope=None, next_bytes: int = 0):
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
@@ -999,7 +1020,7 @@ class _DecodeLaunch:
         rope_strides = (0,) * 6 if rope is None else (*rope[0].stride()[:2], *rope[1].stride()[:2], rope[2].stride(0),
                                                       rope[3].stride(0))
         self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *rope_strides, HKV, group, SQ,
-                     SMAX, scale * _LOG2E)
+                     SMAX, scale * _LOG2E, next_bytes)
         # The merge: rows MERGE_ROWS at a time (at most 16, no more than the block's real rows), UNROLL splits
         # a round, so that a round's partials are 64 floats a thread (4 warps).
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
@@ -1010,11 +1031,14 @@ class _DecodeLaunch:
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
+        if next_bytes:  # (the caller checked for sm90: the bulk prefetch)
+            self.kwargs.update(NEXT_PIECES=32 * num_warps, NEXT_AT=NEXT_AT)
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
-    def __call__(self, q, k_cache, v_cache, kv_lens, out, rope=()):
+    def __call__(self, q, k_cache, v_cache, kv_lens, out, rope=(), nxt=None):
         """(out, lse): ``out`` (a new tensor unless given) and the float32 LSE (a new tensor with
-        ``keep_lse``, else a flat scratch slice). ``rope``: (k, v, cos, sin) where the plan was made with them."""
+        ``keep_lse``, else a flat scratch slice). ``rope``: (k, v, cos, sin) where the plan was made with them;
+        ``nxt``: the tensor to prefetch where it was made with ``next_bytes``."""
         out = q.new_empty(self.out_shape) if out is None else out
         if out.numel() == 0:
             return out, q.new_empty(self.out_shape[:3], dtype=torch.float32)
@@ -1023,16 +1047,16 @@ class _DecodeLaunch:
         # the addresses are all that may differ from call to call (no slot: a plan used once)
         key = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), kv_lens.data_ptr(), out.data_ptr(),
                part_o.data_ptr(), counters.data_ptr(), 0 if lse is None else lse.data_ptr(),
-               *(t.data_ptr() for t in rope))
+               *(t.data_ptr() for t in rope), 0 if nxt is None else nxt.data_ptr())
         launch_keyed(self.slot, key, self.grid,
-                     lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse, rope), self.kwargs,
-                     _decode_split_kernel)
+                     lambda: self._args(q, k_cache, v_cache, kv_lens, out, part_o, counters, lse, rope, nxt),
+                     self.kwargs, _decode_split_kernel)
         return out, lse  # (lse None where the plan does not keep it: a remembered call without return_lse)
 
-    def _args(self, q, k_cache, v_cache, kv_lens, out, part_o, counters, lse, rope) -> tuple:
+    def _args(self, q, k_cache, v_cache, kv_lens, out, part_o, counters, lse, rope, nxt) -> tuple:
         lse = part_o[self.out_lse_at:] if lse is None else lse
         return (q, k_cache, v_cache, kv_lens, part_o, part_o[self.lse_at:], out, lse, counters, *(rope or (q,) * 4),
-                *self.ints)
+                q if nxt is None else nxt, *self.ints)
 
 
 def _decode_forward(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, config=None,
@@ -1072,8 +1096,9 @@ def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_sp
 
 
 def _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale: float, impl: str, pdl: str, out=None,
-                     plan=None):
-    """rope_decode_attention's call; ``plan``: the remembered path's :class:`_DecodeLaunch`."""
+                     plan=None, prefetch=None):
+    """rope_decode_attention's call; ``plan``: the remembered path's :class:`_DecodeLaunch`; ``prefetch``: the
+    checked hint (None where it does not apply)."""
     if out is not None:
         check_no_overlap("rope_decode_attention", out, q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
                          kv_lens=kv_lens)
@@ -1082,8 +1107,26 @@ def _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale: float,
         return o if out is None else out.copy_(o)
     rope = (k, v, cos, sin)
     if plan is None:
-        plan = _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, False, False, rope)
-    return plan(q, k_cache, v_cache, kv_lens, out, rope)[0]
+        plan = _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, False, False, rope,
+                             _next_bytes(prefetch))
+    return plan(q, k_cache, v_cache, kv_lens, out, rope, prefetch)[0]
+
+
+def _check_prefetch(fn: str, prefetch, q, path: str):
+    """rope_decode_attention's ``prefetch`` hint: the tensor, or None where the kernel cannot use it (the reference
+    path, below sm90's bulk prefetch)."""
+    if prefetch is None:
+        return None
+    if not isinstance(prefetch, torch.Tensor) or prefetch.device != q.device or not prefetch.is_contiguous():
+        what = (f"a tensor on {prefetch.device}{'' if prefetch.is_contiguous() else ', not contiguous'}"
+                if isinstance(prefetch, torch.Tensor) else type(prefetch).__name__)
+        raise ValueError(f"{fn}: prefetch must be a contiguous tensor on q's device {q.device}, got {what}")
+    sm90 = path != "reference" and not interpreting() and (capability(q.device) or (0, 0)) >= (9, 0)
+    return prefetch if sm90 and prefetch.numel() else None
+
+
+def _next_bytes(prefetch) -> int:
+    return 0 if prefetch is None else prefetch.numel() * prefetch.element_size()
 
 
 def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
@@ -1404,7 +1447,7 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
 
 
 def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, impl="auto", pdl=None, *,
-                          out=None):
+                          out=None, prefetch=None):
     """One decode step's attention with the new token's RoPE and KV-cache write in the same launch:
     ``rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)`` then ``decode_attention`` of the rotated q.
 
@@ -1427,6 +1470,11 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
             without, 5.41 with; 4.16 / 4.17 ms at 1K; benchmarks/results/h200-issue26/rope_decode_ab.log).
         out: optional (B, Hq, 1, D) tensor of q's dtype and device for the output, sharing no memory with
             the inputs or caches.
+        prefetch: optional contiguous tensor on q's device that the next kernel reads (a decode step: the O
+            projection's weight, or the part of it to ask for): the kernel's programs ask L2 for its bytes
+            between them while they wait on their keys (the kernel is latency-bound at short contexts and leaves
+            HBM idle). A hint: it changes no value; the Triton path on sm90+ only (the bulk prefetch), ignored
+            elsewhere and where traced.
 
     Returns:
         ``out`` (a new tensor unless given) in q's dtype.
@@ -1434,22 +1482,25 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     Raises:
         TypeError / ValueError: before anything runs, naming the bad argument.
     """
-    key = path_key(("rope_decode", impl, pdl, scale), (q, k, v, cos, sin, k_cache, v_cache, kv_lens), (out,))
+    key = path_key(("rope_decode", impl, pdl, scale), (q, k, v, cos, sin, k_cache, v_cache, kv_lens),
+                   (out, prefetch))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
-        return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3])
+        return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3],
+                                prefetch if hit[4] else None)
     fn = "rope_decode_attention"
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
     path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
                                        False if pdl is None else pdl, out, k=k, v=v, cos=cos, sin=sin)
     if path != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
         raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
+    prefetch = _check_prefetch(fn, prefetch, q, path)
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
                               _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, True, False,
-                                            (k, v, cos, sin))))
-    if torch.compiler.is_compiling():  # traced: the custom op writes out and the caches
+                                            (k, v, cos, sin), _next_bytes(prefetch)), prefetch is not None))
+    if torch.compiler.is_compiling():  # traced: the custom op writes out and the caches (no prefetch hint)
         out = _traced_out(out, q)
         torch.ops.xelink.rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out)
         return out
-    return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out)
+    return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out, prefetch=prefetch)

@@ -147,8 +147,8 @@ def _decode(d=128, dtype="bfloat16", rope=False):
         # rope: the new k and v as views of a fused qkv row (48 heads of d), the cos / sin tables' row stride
         new = (48 * d, d, 48 * d, d, d, d) if rope else (0,) * 6
         return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), _t(dtype), _t("float32"),
-                 _t("int32"), _t(dtype), _t(dtype), _t("float32"), _t("float32"), *q, *kv, *kv, *q, *new, HKV,
-                 HQ // HKV, SQ, SMAX, 0.127],
+                 _t("int32"), _t(dtype), _t(dtype), _t("float32"), _t("float32"), _t(dtype), *q, *kv, *kv, *q, *new,
+                 HKV, HQ // HKV, SQ, SMAX, 0.127, 0],
                 dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, MIN_CHUNK=256, PDL=0,
                      ROPE=rope))
     return args

@@ -53,6 +53,9 @@ MAX_SEQ_LEN_DEFAULT = 8192
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _GEMV_ROWS = 8
+# MiB of each layer's O projection weight that the decode step's attention asks L2 for (rope_decode_attention's
+# prefetch: that kernel is latency-bound and leaves HBM idle, and the O GEMV follows it); 0: none.
+PREFETCH_O_MB = 0
 
 
 class Ops:
@@ -116,10 +119,10 @@ class Ops:
             return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse)
         return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl)
 
-    def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens):
+    def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens, prefetch=None):
         if self.ref:
             return reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens)
-        return rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, impl=self.kimpl)
+        return rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, impl=self.kimpl, prefetch=prefetch)
 
 
 class KVCache:
@@ -136,13 +139,15 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops) -> torch.Tensor:
+    def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
+               prefetch=None) -> torch.Tensor:
         """One token per sequence, before RoPE: rotate q and k at ``positions[b]`` (rows of the ``cos``/``sin``
         tables), write k and v there and attend over positions ``0 .. positions[b]`` (``kv_lens = positions +
         1``), in one launch (``rope_decode_attention``); [B] tensors on the cache's device, no host
-        synchronization (a CUDA graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``."""
+        synchronization (a CUDA graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``; ``prefetch``:
+        what the kernel asks L2 for (the next GEMV's weight), or None."""
         B = q.shape[0]
-        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens)
+        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, prefetch)
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """Write this chunk's keys and values, then attend.
@@ -257,6 +262,7 @@ class Llama:
                            for _ in self.layers]
         self.last_timings: dict = {}
         self._graphs: dict = {}  # batch size -> DecodeGraph
+        self._o_views: dict = {}  # (O weight address, MiB) -> the view the decode attention prefetches
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -483,7 +489,7 @@ class Llama:
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
 
-        def attend(cache, q, k, v):
+        def attend(cache, q, k, v, layer):
             q, k = self.ops.rope(q, k, cos, sin)
             return cache.attend(q, k, v, starts, pads, self.ops)
 
@@ -532,8 +538,8 @@ class Llama:
         """``decode`` after its checks (also the model call's path for one token a sequence)."""
         kv_lens = positions + 1
         x = self.embed[tokens][:, None]  # (B, 1, H)
-        normed = self._layers(x, lambda cache, q, k, v: cache.decode(q, k, v, self.cos, self.sin, positions, kv_lens,
-                                                                     self.ops))
+        normed = self._layers(x, lambda cache, q, k, v, layer: cache.decode(q, k, v, self.cos, self.sin, positions,
+                                                                            kv_lens, self.ops, self._o_prefetch(layer)))
         return self._head(normed.reshape(tokens.shape[0], -1))
 
     @property
@@ -551,8 +557,8 @@ class Llama:
         return g
 
     def _layers(self, x, attend):
-        """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v)`` (q, k, v before RoPE) for each
-        layer's attention; returns the final norm's output."""
+        """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v, layer)`` (q, k, v before RoPE) for
+        each layer's attention; returns the final norm's output."""
         ops, eps = self.ops, self.config.rms_norm_eps
         residual = None
         for layer, cache in zip(self.layers, self.caches):
@@ -565,6 +571,18 @@ class Llama:
             x = self._mlp(layer, normed)
         return ops.rmsnorm(x, self.norm, eps, residual)[0] if residual is not None else ops.rmsnorm(x, self.norm, eps)
 
+    def _o_prefetch(self, layer):
+        """The first ``PREFETCH_O_MB`` MiB of ``layer``'s O projection weight (a flat view, made once), which the
+        decode step's attention asks L2 for; None where off (or on the reference path)."""
+        mb, w = PREFETCH_O_MB, layer["o"].weight
+        if not mb or self.ops.ref or not w.is_contiguous():
+            return None
+        key = (w.data_ptr(), mb)
+        view = self._o_views.get(key)
+        if view is None:
+            view = self._o_views[key] = w.view(-1)[:min(w.numel(), (mb << 20) // w.element_size())]
+        return view
+
     def _head(self, x):
         """``[M, H]`` final hidden states -> ``[M, vocab]`` logits (the TP gather of the vocabulary)."""
         return self.tp.gather_vocab(self.ops.linear(self.head, x))
@@ -573,7 +591,7 @@ class Llama:
         B, S, H = x.shape
         hq, hk, D = self.heads, self.kv_heads, self.head_dim
         qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D).transpose(1, 2)
-        a = attend(cache, qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:])  # (B, hq, S, D)
+        a = attend(cache, qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:], layer)  # (B, hq, S, D)
         return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
 
     def _mlp(self, layer, x):

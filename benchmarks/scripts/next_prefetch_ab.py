@@ -1,0 +1,101 @@
+"""A/B of the decode step's attention asking L2 for the O projection's weight (issue 26): ``rope_decode_attention``
+is latency-bound (8 us a layer at 1K, 15 at 8K on an H200, for 4-34 MB of cache) and leaves HBM idle, and the O
+GEMV (33.5 MB bf16 at 8K-context sizes) follows it; ``prefetch=`` makes the split programs bulk-prefetch a part
+of that weight (``llama.PREFETCH_O_MB`` MiB of it) at their entry (``NEXT_AT`` 0) or after their keys (1).
+
+Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at 1K / 8K / 32K of context (bf16) and
+1K (W4A16: the packed O weight is 8 MiB), each variant captured on its own and replayed interleaved; the variants'
+logits compared bit for bit (a hint changes no value). Before them, ``pieces``: attention + O GEMV of the 32
+layers in one graph, with and without the whole O weight asked for.
+
+python3 benchmarks/scripts/next_prefetch_ab.py [bf16|w4a16 ...]
+"""
+import gc
+import importlib
+import statistics
+import sys
+
+import torch
+
+from xelink.bench.families.decode import _fill_caches
+from xelink.bench.harness import time_cuda_events
+from xelink.bench.kernel_timing import cuda_graph
+from xelink.kernels import gemv, rope_decode_attention
+from xelink.models import Llama
+from xelink.models.llama import DecodeGraph
+
+attn = importlib.import_module("xelink.kernels.attention")
+llama = importlib.import_module("xelink.models.llama")
+CONTEXTS = {"bf16": [1024, 8192, 32768], "w4a16": [1024]}
+# name -> (MiB of the O weight, where in the split kernel)
+VARIANTS = {"off": (0, 0), "4M": (4, 0), "8M": (8, 0), "16M": (16, 0), "24M": (24, 0), "all": (64, 0),
+            "16M-after": (16, 1), "all-after": (64, 1)}
+
+
+def pieces(model, L, gen):
+    """us a step of the 32 layers' attention + O GEMV in one graph, without and with the whole O weight asked
+    for, and the O GEMV alone."""
+    dev, dt, hq, hk, D = model.device, model.dtype, model.heads, model.kv_heads, model.head_dim
+    qkv = torch.randn(1, hq + 2 * hk, 1, D, device=dev, generator=gen).to(dt)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
+    lens = torch.full((1,), L, dtype=torch.int64, device=dev)
+    a = torch.randn(1, hq * D, device=dev, generator=gen).to(dt)
+    out = {}
+    for name, pre in (("attn+o", False), ("attn+o prefetch", True), ("o alone", None)):
+        calls = []
+        for ly, c in zip(model.layers, model.caches):
+            o = ly["o"]
+            w = o.weight.view(-1) if pre else None
+
+            def call(o=o, c=c, w=w, pre=pre):
+                if pre is not None:
+                    rope_decode_attention(q, k, v, model.cos, model.sin, c.k[:1], c.v[:1], lens, prefetch=w)
+                gemv(o.weight, a, o.scales, model.ops.gemv_format(o, a))
+            calls.append(call)
+        graph, _, _ = cuda_graph(calls, 1)
+        out[name] = statistics.median(time_cuda_events(graph.replay, warmup=2, iters=20)) * 1e6
+        del graph
+    return ", ".join(f"{n} {us:.1f}" for n, us in out.items())
+
+
+def main():
+    fmts = sys.argv[1:] or ["bf16", "w4a16"]
+    dev = torch.device("cuda", 0)
+    print(torch.cuda.get_device_name(0), flush=True)
+    for fmt in fmts:
+        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
+                             max_seq_len=max(CONTEXTS[fmt]) + 16)
+        gen = torch.Generator(device=dev).manual_seed(3)
+        for L in CONTEXTS[fmt]:
+            _fill_caches(model, 1, L, gen)
+            try:
+                print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
+            except Exception as exc:  # the step A/B below still runs
+                print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
+            tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
+            positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
+            graphs, logits = {}, {}
+            for name, (mb, at) in VARIANTS.items():
+                llama.PREFETCH_O_MB, attn.NEXT_AT = mb, at
+                attn._PATHS.clear()
+                g = DecodeGraph(model, 1)
+                logits[name] = g.step(tokens, positions).clone()
+                graphs[name] = g
+            llama.PREFETCH_O_MB, attn.NEXT_AT = 0, 0
+            attn._PATHS.clear()
+            same = all(torch.equal(logits[n], logits["off"]) for n in VARIANTS)
+            times = {n: [] for n in VARIANTS}
+            for _ in range(5):  # interleaved rounds
+                for n in VARIANTS:
+                    times[n] += time_cuda_events(graphs[n].graph.replay, warmup=2, iters=10)
+            line = ", ".join(f"{n} {statistics.median(t) * 1e3:.3f}" for n, t in times.items())
+            print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; logits equal: {same}", flush=True)
+            del graphs, logits
+            gc.collect()
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
