@@ -1,7 +1,8 @@
 """A/B of the decode step's attention asking L2 for the O projection's weight (issue 26): ``rope_decode_attention``
 is latency-bound (8 us a layer at 1K, 15 at 8K on an H200, for 4-34 MB of cache) and leaves HBM idle, and the O
-GEMV (33.5 MB bf16 at 8K-context sizes) follows it; ``prefetch=`` makes the split programs bulk-prefetch a part
-of that weight (``llama.PREFETCH_O_MB`` MiB of it) at their entry (``NEXT_AT`` 0) or after their keys (1).
+GEMV (33.5 MB bf16) follows it; ``prefetch=`` makes the split programs bulk-prefetch a part of that weight
+(``llama.PREFETCH_O_MB`` MiB of it) after their keys, those of sequences of at least ``NEXT_MIN_KEYS`` keys. (At
+9afe1c9 the script also tried the prefetch at the kernel's entry: slower at every context; removed.)
 
 Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at 1K / 8K / 32K of context (bf16) and
 1K (W4A16: the packed O weight is 8 MiB), each variant captured on its own and replayed interleaved; the variants'
@@ -27,9 +28,10 @@ from xelink.models.llama import DecodeGraph
 attn = importlib.import_module("xelink.kernels.attention")
 llama = importlib.import_module("xelink.models.llama")
 CONTEXTS = {"bf16": [1024, 8192, 32768], "w4a16": [1024]}
-# name -> (MiB of the O weight, where in the split kernel)
-VARIANTS = {"off": (0, 0), "4M": (4, 0), "8M": (8, 0), "16M": (16, 0), "24M": (24, 0), "all": (64, 0),
-            "16M-after": (16, 1), "all-after": (64, 1)}
+# name -> (MiB of the O weight, the least keys of a sequence whose programs ask)
+VARIANTS = {"off": (0, 0), "kept": (llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS), "all-always": (64, 0),
+            "16M": (16, attn.NEXT_MIN_KEYS), "all-from-2K": (64, 2048)}
+KEPT = llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS
 
 
 def pieces(model, L, gen):
@@ -41,7 +43,7 @@ def pieces(model, L, gen):
     lens = torch.full((1,), L, dtype=torch.int64, device=dev)
     a = torch.randn(1, hq * D, device=dev, generator=gen).to(dt)
     out = {}
-    for name, pre in (("attn+o", False), ("attn+o prefetch", True), ("o alone", None)):
+    for name, pre in (("attn+o", False), ("attn+o prefetch", True), ("o alone", None)):  # (at the kept threshold)
         calls = []
         for ly, c in zip(model.layers, model.caches):
             o = ly["o"]
@@ -76,12 +78,12 @@ def main():
             positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
             graphs, logits = {}, {}
             for name, (mb, at) in VARIANTS.items():
-                llama.PREFETCH_O_MB, attn.NEXT_AT = mb, at
+                llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS = mb, at
                 attn._PATHS.clear()
                 g = DecodeGraph(model, 1)
                 logits[name] = g.step(tokens, positions).clone()
                 graphs[name] = g
-            llama.PREFETCH_O_MB, attn.NEXT_AT = 0, 0
+            llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS = KEPT
             attn._PATHS.clear()
             same = all(torch.equal(logits[n], logits["off"]) for n in VARIANTS)
             times = {n: [] for n in VARIANTS}

@@ -181,13 +181,14 @@ def test_rope_decode_prefetch_hint_is_checked():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("at", [0, 1])
-def test_gpu_rope_decode_prefetch_of_the_next_weight_changes_nothing(requires_gpus, monkeypatch, at):
+@pytest.mark.parametrize("min_keys", [0, 1000, 1 << 20])
+def test_gpu_rope_decode_prefetch_of_the_next_weight_changes_nothing(requires_gpus, monkeypatch, min_keys):
     # The split programs ask L2 for a weight the GEMV after them reads (odd byte counts, more and fewer bytes
-    # than programs x 16, the whole weight), at entry or after their keys: bit for bit the call without the
-    # hint (its cache writes too), eager and in a CUDA graph replayed over new lengths and a new weight.
+    # than programs x 16, the whole weight) after their keys, those of every sequence, of the longer one only,
+    # of none: bit for bit the call without the hint (its cache writes too), eager and in a CUDA graph
+    # replayed over new lengths and a new weight.
     _sm90(requires_gpus)
-    monkeypatch.setattr(attn_mod, "NEXT_AT", at)
+    monkeypatch.setattr(attn_mod, "NEXT_MIN_KEYS", min_keys)
     attn_mod._PATHS.clear()
     gen = torch.Generator(device="cuda").manual_seed(13)
     q, k, v, cos, sin, (kc, vc) = _rope_decode_inputs(gen, "cuda")

@@ -114,8 +114,11 @@ _DECODE_PREFETCH = 32 << 10
 # one measured; H200, B=1, 32/8 heads over 16 splits, 3 -> 4 stages: 39.6 -> 39.0 us at 32K, 134.3 -> 128.1 us
 # at 128K, B=8 32K over 2 splits 259.7 -> 246.1; at 8K, 512 keys a split, 14.9 -> 15.1: decode_splits_ab.log).
 _DECODE_DEEP_KEYS = 1024
-# rope_decode_attention's prefetch of the next kernel's weights: at the split kernel's entry (0) or after its keys (1)
-NEXT_AT = 0
+# rope_decode_attention's prefetch of the next kernel's weight: asked for by the programs of sequences of at least
+# this many keys, after their keys. On an H100 (benchmarks/results/h100-rows/next_prefetch_ab.log) the Llama-3.1-8B
+# step with its O weight asked for so took 0.85% / 0.7% less at 8K / 32K and nothing less at 1K (W4A16 1K: 0.3%
+# more); asked for at the kernel's entry it took 0.2-1.5% more everywhere (the prefetch slowed the key reads).
+NEXT_MIN_KEYS = 4096
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -726,7 +729,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0, ROPE: tl.constexpr = False,
-        NEXT_PIECES: tl.constexpr = 0, NEXT_AT: tl.constexpr = 0,
+        NEXT_PIECES: tl.constexpr = 0, NEXT_MIN_KEYS: tl.constexpr = 0,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -745,12 +748,10 @@ if triton is not None:
         ``_merge_kernel``'s weights (online, in split order) into OUT (strides x) and LSE_OUT (B, Hq, SQ)
         contiguous.
 
-        ``NEXT_PIECES`` > 0: the programs ask L2 for the NEXT_BYTES bytes at NXT between them (the next
-        kernel's weights: this kernel is latency-bound and leaves HBM idle), at entry (``NEXT_AT`` 0) or once
-        their keys are read (1).
+        ``NEXT_PIECES`` > 0: once their keys are read, the programs of a sequence of at least NEXT_MIN_KEYS keys
+        ask L2 for their share of the NEXT_BYTES bytes at NXT (the next kernel's weight: HBM is idle while the
+        splits end, merge and the next kernel starts).
         """
-        if NEXT_PIECES and NEXT_AT == 0:
-            _prefetch_next(NXT, NEXT_BYTES, NEXT_PIECES)
         split = tl.program_id(0)
         n_splits = tl.num_programs(0)
         bk = tl.program_id(1)
@@ -796,8 +797,9 @@ if triton is not None:
                                   (1, 0))
         out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
                                        BLOCK_M, BLOCK_N, HEAD_DIM)
-        if NEXT_PIECES and NEXT_AT == 1:
-            _prefetch_next(NXT, NEXT_BYTES, NEXT_PIECES)
+        if NEXT_PIECES:
+            if kv_len >= NEXT_MIN_KEYS:
+                _prefetch_next(NXT, NEXT_BYTES, NEXT_PIECES)
         pdl_launch(PDL)
         hq = HKV * GROUP
         part = (b * hq + h).to(tl.int64) * SQ + t  # (b, h, t) row of the partial tensors
@@ -1032,7 +1034,7 @@ class _DecodeLaunch:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
         if next_bytes:  # (the caller checked for sm90: the bulk prefetch)
-            self.kwargs.update(NEXT_PIECES=32 * num_warps, NEXT_AT=NEXT_AT)
+            self.kwargs.update(NEXT_PIECES=32 * num_warps, NEXT_MIN_KEYS=NEXT_MIN_KEYS)
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out, rope=(), nxt=None):
@@ -1471,10 +1473,10 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
         out: optional (B, Hq, 1, D) tensor of q's dtype and device for the output, sharing no memory with
             the inputs or caches.
         prefetch: optional contiguous tensor on q's device that the next kernel reads (a decode step: the O
-            projection's weight, or the part of it to ask for): the kernel's programs ask L2 for its bytes
-            between them while they wait on their keys (the kernel is latency-bound at short contexts and leaves
-            HBM idle). A hint: it changes no value; the Triton path on sm90+ only (the bulk prefetch), ignored
-            elsewhere and where traced.
+            projection's weight): once their keys are read, the programs of sequences of at least
+            ``NEXT_MIN_KEYS`` (4096) keys ask L2 for its bytes between them, so that HBM streams the weight while
+            the splits merge and the next kernel starts. A hint: it changes no value; the Triton path on sm90+
+            only (the bulk prefetch), ignored elsewhere and where traced.
 
     Returns:
         ``out`` (a new tensor unless given) in q's dtype.

@@ -53,9 +53,10 @@ MAX_SEQ_LEN_DEFAULT = 8192
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _GEMV_ROWS = 8
-# MiB of each layer's O projection weight that the decode step's attention asks L2 for (rope_decode_attention's
-# prefetch: that kernel is latency-bound and leaves HBM idle, and the O GEMV follows it); 0: none.
-PREFETCH_O_MB = 0
+# MiB of each layer's O projection weight at most that the decode step's attention asks L2 for once its keys are
+# read (rope_decode_attention's prefetch, at 4K keys and more: HBM is idle while the splits end and the O GEMV
+# starts); 0: none. 64: the whole weight of an 8B model (H100: 0.85% / 0.7% faster steps at 8K / 32K).
+PREFETCH_O_MB = 64
 
 
 class Ops:
