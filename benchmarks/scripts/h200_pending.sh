@@ -57,7 +57,7 @@ case "$1" in
 ranks|all)  # (on an H100: symm, distributed GEMM and CP ~200 s, the models ~150 s)
   step gpu_rank_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_dist_gemm.py tests/dist/ranks_gpu_cp_attention.py
-  step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/models
+  step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models
   ;;
 collectives)  # (not timed on an H100 yet: the GPU collectives' tests last ran in full on H200s)
   step gpu_collective_tests 330 python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_reuse.py \
