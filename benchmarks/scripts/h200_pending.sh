@@ -21,12 +21,14 @@
 #             ok; NCCL baselines left out where ranks share the GPU) (~4 minutes);
 #   slices:   issue 22's gated GEMM with column slices (k_slices): its GPU tests and the scatter GEMM's (they
 #             share the waits), the gated rows of every shape (rows and column slices, flags set and copy-engine
-#             arrivals), then the fused distributed GEMM's checks with ranks sharing the GPU (~6 minutes).
+#             arrivals), then the fused distributed GEMM's checks with ranks sharing the GPU (~6 minutes);
+#   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
+#             its A/B in the Llama-3.1-8B step (~5 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -106,10 +108,15 @@ slices)
   step fused_gpu_checks 200 env XELINK_TEST_CHECKS=fused python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/dist/ranks_gpu_dist_gemm.py
   ;;
+prefetch)  # (twentieth session's code; ~5 minutes)
+  step prefetch_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu \
+    tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
+  step next_prefetch_ab 330 python3 benchmarks/scripts/next_prefetch_ab.py
+  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch" >&2
   exit 2
   ;;
 esac
