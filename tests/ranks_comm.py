@@ -217,6 +217,48 @@ def check_new_group_bad_arguments(world):
     world.barrier()
 
 
+def check_subgroups_as_torch_distributed(world):
+    """new_subgroups / new_subgroups_by_enumeration: one split, this rank's subgroup and NON_GROUP_MEMBER for the
+    others' (torch's shape of the answer), the enumeration's order and ranks left out, the refusals."""
+    n, r = world.size, world.rank
+    size = 2 if n % 2 == 0 else 1
+    cur, subs = xelink.new_subgroups(size)
+    assert len(subs) == n // size and subs[r // size] is cur
+    assert all(s is xelink.NON_GROUP_MEMBER for i, s in enumerate(subs) if i != r // size)
+    assert xelink.get_process_group_ranks(cur) == list(range(r // size * size, r // size * size + size))
+    x = torch.full((3,), float(r))
+    xelink.all_reduce(x, group=cur)
+    assert torch.equal(x, torch.full((3,), float(sum(range(r // size * size, r // size * size + size)))))
+    whole, subs = xelink.new_subgroups()  # the ranks of one host: here all of them
+    assert subs == [whole] and whole.size == world.local_size == n
+    # lists in an order of their own, rank n - 2 in none where there are 3 ranks or more: [[3, 0], [1]] at 4 ranks
+    lists = [[n - 1, 0] if n > 1 else [0]] + ([list(range(n - 3, 0, -1))] if n > 3 else [])
+    cur, subs = xelink.new_subgroups_by_enumeration(lists)
+    mine = next((b for b in lists if r in b), None)
+    if mine is None:
+        assert cur is None and all(s is xelink.NON_GROUP_MEMBER for s in subs)
+    else:
+        assert xelink.get_process_group_ranks(cur) == mine and cur.rank == mine.index(r)
+        got = [None] * cur.size
+        xelink.all_gather_object(got, r, group=cur)
+        assert got == mine
+    for sub in (s for s in subs if s):
+        sub.free()
+    with pytest.raises(ValueError, match=rf"new_subgroups: group_size={n + 1} must divide the size of"):
+        xelink.new_subgroups(n + 1)
+    with pytest.raises(ValueError, match=r"new_subgroups: group_size=0 must be >= 1"):
+        xelink.new_subgroups(0)
+    with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: rank 0 is in both subgroup \[0\] and "
+                                         r"\[0\]"):
+        xelink.new_subgroups_by_enumeration([[0], [0]])
+    with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: ranks_per_subgroup_list=\[\] must be"):
+        xelink.new_subgroups_by_enumeration([])
+    if n > 1:  # callers that disagree: every rank gets the error
+        with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: ranks differ between callers"):
+            xelink.new_subgroups_by_enumeration([[0]] if r == 0 else [[1]])
+    world.barrier()
+
+
 def check_torch_distributed_bridge(world):
     pg = world.process_group()
     assert world.process_group() is pg

@@ -5,7 +5,7 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
                           recv_object_list, reduce, reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list,
                           send, send_object_list, synchronize)
 from .comm import (NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_rank, get_process_group_ranks, get_rank,
-                   get_world_size, new_group)
+                   get_world_size, new_group, new_subgroups, new_subgroups_by_enumeration)
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -37,6 +37,8 @@ __all__ = [
     "init",
     "is_initialized",
     "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
     "NON_GROUP_MEMBER",
     "__version__",
 ]

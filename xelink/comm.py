@@ -18,8 +18,9 @@ from . import bridge, config
 from .errors import NotInitializedError, TimeoutError, XelinkError
 from .transport import Deadline, Transport, shm
 
-__all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "resolve_group", "get_rank", "get_world",
-           "get_world_size", "get_global_rank", "get_group_rank", "named"]
+__all__ = ["Communicator", "NON_GROUP_MEMBER", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+           "resolve_group", "get_rank", "get_world", "get_world_size", "get_global_rank", "get_group_rank",
+           "get_process_group_ranks", "named"]
 
 # Every live communicator of this process (finalize frees them) and the world (None: not initialised). Held
 # strongly: a dropped communicator must stay until free() or finalize() releases it on every rank together (a weak
@@ -489,10 +490,63 @@ def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = N
         raise ValueError("new_group: ranks=[] is empty")
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"new_group: ranks={ranks} has duplicates")
-    seen = parent._exchange(ranks, timeout, "new_group")
-    differ = [r for r, other in enumerate(seen) if other != ranks]
+    sub = _subgroups("new_group", parent, [ranks], timeout)[0]
+    return NON_GROUP_MEMBER if sub is None else sub
+
+
+def new_subgroups(group_size: int | None = None, group: Communicator | None = None, timeout=None) -> tuple:
+    """(this rank's subgroup, every subgroup), as torch.distributed.new_subgroups: ``group`` (None: the world) cut
+    into consecutive blocks of ``group_size`` of its ranks (None: the ranks of one host, ``local_size``, which must
+    then be the same on every host); the list holds ``xelink.NON_GROUP_MEMBER`` for the blocks of other ranks.
+
+    Collective: every rank of ``group`` must call this (one split, not one call a subgroup).
+    """
+    fn = "new_subgroups"
+    parent = resolve_group(group, fn)
+    size = parent.local_size if group_size is None else _check_int(fn, "group_size", group_size, 1)
+    if size > parent.size or parent.size % size:
+        raise ValueError(f"{fn}: group_size={size} must divide the size of {parent.name}, {parent.size}")
+    return _subgroups(fn, parent, [list(range(i, i + size)) for i in range(0, parent.size, size)], timeout)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None) -> tuple:
+    """(this rank's subgroup or None, every subgroup), as torch.distributed.new_subgroups_by_enumeration: one
+    communicator a list of world ranks (in that order; lists that share no rank, ranks in none allowed: their
+    subgroup is None); the list holds ``xelink.NON_GROUP_MEMBER`` for the subgroups of other ranks.
+
+    Collective: every rank of the world must call this with the same lists (one split).
+    """
+    fn = "new_subgroups_by_enumeration"
+    world = resolve_group(None, fn)
+    if isinstance(ranks_per_subgroup_list, (str, bytes)) or not isinstance(ranks_per_subgroup_list, Sequence) \
+            or not ranks_per_subgroup_list:
+        raise ValueError(f"{fn}: ranks_per_subgroup_list={ranks_per_subgroup_list!r} must be a non-empty list of "
+                         f"lists of world ranks")
+    blocks, owner = [], {}
+    for block in ranks_per_subgroup_list:
+        if isinstance(block, (str, bytes)) or not isinstance(block, Sequence) or not block:
+            raise ValueError(f"{fn}: subgroup {block!r} must be a non-empty list of world ranks")
+        for r in block:
+            _check_int(fn, "rank", r)
+            if r >= world.size:
+                raise ValueError(f"{fn}: rank {r} is out of range for a world of {world.size}")
+            if r in owner:
+                raise ValueError(f"{fn}: rank {r} is in both subgroup {owner[r]} and {list(block)}")
+            owner[r] = list(block)
+        blocks.append(list(block))
+    return _subgroups(fn, world, blocks, timeout)
+
+
+def _subgroups(fn: str, parent: Communicator, blocks: list, timeout) -> tuple:
+    """(this rank's communicator or None, one entry a block: it or NON_GROUP_MEMBER): one split of ``parent``
+    into ``blocks`` (disjoint lists of its ranks, in the new ranks' order; every caller's the same: checked)."""
+    seen = parent._exchange(blocks, timeout, fn)
+    differ = [r for r, other in enumerate(seen) if other != blocks]
     if differ:
-        raise ValueError(f"new_group: ranks differ between callers: rank {parent.rank} passed {ranks}, rank "
-                         f"{differ[0]} passed {seen[differ[0]]}")
-    member = parent.rank in ranks
-    return parent.split(0 if member else None, ranks.index(parent.rank) if member else None, timeout)
+        one = len(blocks) == 1  # new_group: its one list, as the caller passed it
+        raise ValueError(f"{fn}: ranks differ between callers: rank {parent.rank} passed "
+                         f"{blocks[0] if one else blocks}, rank {differ[0]} passed "
+                         f"{seen[differ[0]][0] if one and len(seen[differ[0]]) == 1 else seen[differ[0]]}")
+    mine = next((i for i, block in enumerate(blocks) if parent.rank in block), None)
+    sub = parent.split(mine, None if mine is None else blocks[mine].index(parent.rank), timeout)
+    return (None if mine is None else sub), [sub if i == mine else NON_GROUP_MEMBER for i in range(len(blocks))]

@@ -166,11 +166,12 @@ def batch_isend_irecv(p2p_op_list) -> list:
 
 
 def send_object_list(object_list, dst: int | None = None, group=None, device=None, group_dst: int | None = None,
-                     timeout=None) -> None:
+                     use_batch: bool = False, *, timeout=None) -> None:
     """Send the picklable objects of ``object_list`` to ``dst`` (a world rank) or ``group_dst`` (a rank of
     ``group``), as torch.distributed.send_object_list; that rank's ``recv_object_list`` takes a list of as
-    many entries. Through the host transport whatever ``device`` (taken for torch's signature); returns once
-    the receiver may have the objects (deadline: ``timeout`` or the group's).
+    many entries. Through the host transport whatever ``device`` and ``use_batch`` (taken for torch's
+    signature: the list always moves as one message after its size); returns once the receiver may have the
+    objects (deadline: ``timeout`` or the group's).
     """
     fn = "send_object_list"
     if not isinstance(object_list, (list, tuple)):
@@ -184,7 +185,7 @@ def send_object_list(object_list, dst: int | None = None, group=None, device=Non
 
 
 def recv_object_list(object_list, src: int | None = None, group=None, device=None, group_src: int | None = None,
-                     timeout=None) -> int:
+                     use_batch: bool = False, *, timeout=None) -> int:
     """Fill ``object_list`` with the objects ``src`` (a world rank) or ``group_src`` (a rank of ``group``) sent
     by ``send_object_list``; neither: the first rank that sends; returns the sender's world rank, as
     torch.distributed.recv_object_list. A ValueError (after the whole message came, so nothing is left
