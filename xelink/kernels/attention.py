@@ -115,9 +115,9 @@ _DECODE_PREFETCH = 32 << 10
 # at 128K, B=8 32K over 2 splits 259.7 -> 246.1; at 8K, 512 keys a split, 14.9 -> 15.1: decode_splits_ab.log).
 _DECODE_DEEP_KEYS = 1024
 # rope_decode_attention's prefetch of the next kernel's weight: asked for by the programs of sequences of at least
-# this many keys, after their keys. On an H100 (benchmarks/results/h100-rows/next_prefetch_ab.log) the Llama-3.1-8B
-# step with its O weight asked for so took 0.85% / 0.7% less at 8K / 32K and nothing less at 1K (W4A16 1K: 0.3%
-# more); asked for at the kernel's entry it took 0.2-1.5% more everywhere (the prefetch slowed the key reads).
+# this many keys, after their keys. On an H100 the Llama-3.1-8B step with its O weight asked for so took 0.85% /
+# 0.7% less at 8K / 32K and nothing less at 1K (W4A16 1K: 0.3% more); asked for at the kernel's entry it took
+# 0.2-1.5% more everywhere, the prefetch slowing the key reads (benchmarks/results/h100-rows/README.md).
 NEXT_MIN_KEYS = 4096
 
 
@@ -1128,7 +1128,8 @@ def _check_prefetch(fn: str, prefetch, q, path: str):
 
 
 def _next_bytes(prefetch) -> int:
-    return 0 if prefetch is None else prefetch.numel() * prefetch.element_size()
+    """The bytes of the hint the kernel asks for: all of it up to 1 GiB (a 32-bit kernel argument)."""
+    return 0 if prefetch is None else min(prefetch.numel() * prefetch.element_size(), 1 << 30)
 
 
 def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
