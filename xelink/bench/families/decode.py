@@ -77,6 +77,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import importlib
 import statistics
 import sys
 import time
@@ -91,6 +92,10 @@ from ..harness import co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max,
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
                              run_single_device, timing, wrong_elements)
 from .collectives import transport_baseline
+
+# (modules whose names the packages' functions shadow) the decode attention's prefetch of the O weight, recorded
+llama_mod = importlib.import_module("xelink.models.llama")
+attention_mod = importlib.import_module("xelink.kernels.attention")
 
 __all__ = ["CPU_CONFIG", "CPU_CONTEXTS", "CPU_MODEL", "GPU_CONFIG", "GPU_CONTEXTS", "GPU_MODEL", "HBM_BYTES_PER_S",
            "device_hbm", "QUICK_CPU_CONFIG", "QUICK_GPU_CONTEXTS", "TorchDecode", "add_arguments", "cp_rows",
@@ -606,7 +611,9 @@ def _gpu_case(model, weights, name, fmt, B, L, gen, *, iters, rounds, report, ba
     xbytes, tbytes = model_step_bytes(model, B, L), twin.bytes()
     xrow = make_row(_OP, xname, samples[xname], size_bytes=xbytes, count=B, dtype=fmt, nranks=1, wrong=wrong[xname],
                     baseline=baseline_name, baseline_samples=samples[baseline_name],
-                    extra={**base, "impl": "xelink", "prefetch_mb": prefetch_bytes(1, dev) >> 20, **agree,
+                    extra={**base, "impl": "xelink", "prefetch_mb": prefetch_bytes(1, dev) >> 20,
+                           "o_prefetch_mb": llama_mod.PREFETCH_O_MB,
+                           "o_prefetch_from_keys": attention_mod.NEXT_MIN_KEYS, **agree,
                            "check": "agreement with the torch twin at the first replay (bf16 twin: quantization "
                            "error included for w8a16/w4a16)"})
     rows = [xrow]
