@@ -41,11 +41,11 @@ import torch
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
-                     check_tensor, cdiv, forward_only, interpreting, next_power_of_2, path_key, require_triton,
-                     sm_count, tl, triton)
+                     check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count, tl,
+                     triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
 from .norm import check_rope_kv, reference_rope_kv
-from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2
+from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2, sm90_kernel
 from .flash_ws import ws_applies, ws_plan
 from .split import SCRATCH, last_split
 
@@ -1123,8 +1123,7 @@ def _check_prefetch(fn: str, prefetch, q, path: str):
         what = (f"a tensor on {prefetch.device}{'' if prefetch.is_contiguous() else ', not contiguous'}"
                 if isinstance(prefetch, torch.Tensor) else type(prefetch).__name__)
         raise ValueError(f"{fn}: prefetch must be a contiguous tensor on q's device {q.device}, got {what}")
-    sm90 = path != "reference" and not interpreting() and (capability(q.device) or (0, 0)) >= (9, 0)
-    return prefetch if sm90 and prefetch.numel() else None
+    return prefetch if sm90_kernel(path, q.device) and prefetch.numel() else None
 
 
 def _next_bytes(prefetch) -> int:

@@ -31,7 +31,7 @@ from ..config import env, env_flag, env_int
 from .common import capability, interpreting, sm_count, tl, triton
 
 __all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_args",
-           "prefetch_bytes", "prefetch_l2"]
+           "prefetch_bytes", "prefetch_l2", "sm90_kernel"]
 
 # MiB a launch prefetches at most, over its first programs (each kernel sets what a program asks for): the
 # first wave's start, not its whole input. On an H200 (benchmarks/results/h200-issue26) a GEMV chain whose
@@ -129,6 +129,12 @@ def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int
     return args
 
 
+def sm90_kernel(impl: str, device: torch.device) -> bool:
+    """Whether path ``impl`` (any but "reference" is a Triton kernel) runs compiled on a CUDA GPU of compute
+    capability >= 9.0, where griddepcontrol and the bulk L2 prefetch exist."""
+    return impl != "reference" and not interpreting() and (capability(device) or (0, 0)) >= (9, 0)
+
+
 def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pdl") -> str:
     """Check a ``pdl`` argument before anything runs; returns "auto", "off", "early" or "late".
     ``impl``: the path that will run (any but "reference" is a Triton kernel); ``name``: what the caller
@@ -137,7 +143,7 @@ def pdl_option(fn: str, pdl, impl: str, device: torch.device, *, name: str = "pd
     False: off."""
     if not (pdl is None or isinstance(pdl, bool) or (isinstance(pdl, str) and pdl in ("early", "late"))):
         raise ValueError(f"{fn}: {name}={pdl!r} must be None, True, False, 'early' or 'late'")
-    sm90 = impl != "reference" and not interpreting() and (capability(device) or (0, 0)) >= (9, 0)
+    sm90 = sm90_kernel(impl, device)
     if pdl is None or pdl is False:
         return "auto" if pdl is None and sm90 else "off"
     if not sm90:
