@@ -251,6 +251,8 @@ def check_subgroups_as_torch_distributed(world):
     with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: rank 0 is in both subgroup \[0\] and "
                                          r"\[0\]"):
         xelink.new_subgroups_by_enumeration([[0], [0]])
+    with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: subgroup=\[0, 0\] has duplicates"):
+        xelink.new_subgroups_by_enumeration([[0, 0]])
     with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: ranks_per_subgroup_list=\[\] must be"):
         xelink.new_subgroups_by_enumeration([])
     if n > 1:  # callers that disagree: every rank gets the error

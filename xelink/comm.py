@@ -477,21 +477,25 @@ def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = N
     Collective: every rank of ``group`` must call this, members or not.
     """
     parent = resolve_group(group, "new_group")
-    if ranks is None:
-        ranks = range(parent.size)
-    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
-        raise TypeError(f"new_group: ranks={ranks!r} must be a sequence of ints")
-    ranks = list(ranks)
-    for r in ranks:
-        _check_int("new_group", "rank", r)
-        if r >= parent.size:
-            raise ValueError(f"new_group: rank {r} is out of range for a group of size {parent.size}")
-    if not ranks:
-        raise ValueError("new_group: ranks=[] is empty")
-    if len(set(ranks)) != len(ranks):
-        raise ValueError(f"new_group: ranks={ranks} has duplicates")
+    ranks = _rank_list("new_group", "ranks", range(parent.size) if ranks is None else ranks, parent.size)
     sub = _subgroups("new_group", parent, [ranks], timeout)[0]
     return NON_GROUP_MEMBER if sub is None else sub
+
+
+def _rank_list(fn: str, name: str, ranks, size: int) -> list[int]:
+    """``ranks`` as a list of distinct ints in [0, size), at least one, or an error naming ``fn`` and ``name``."""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise TypeError(f"{fn}: {name}={ranks!r} must be a sequence of ints")
+    ranks = list(ranks)
+    for r in ranks:
+        _check_int(fn, "rank", r)
+        if r >= size:
+            raise ValueError(f"{fn}: rank {r} is out of range for a group of size {size}")
+    if not ranks:
+        raise ValueError(f"{fn}: {name}=[] is empty")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"{fn}: {name}={ranks} has duplicates")
+    return ranks
 
 
 def new_subgroups(group_size: int | None = None, group: Communicator | None = None, timeout=None) -> tuple:
@@ -524,16 +528,12 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None) -> tuple
                          f"lists of world ranks")
     blocks, owner = [], {}
     for block in ranks_per_subgroup_list:
-        if isinstance(block, (str, bytes)) or not isinstance(block, Sequence) or not block:
-            raise ValueError(f"{fn}: subgroup {block!r} must be a non-empty list of world ranks")
+        block = _rank_list(fn, "subgroup", block, world.size)
         for r in block:
-            _check_int(fn, "rank", r)
-            if r >= world.size:
-                raise ValueError(f"{fn}: rank {r} is out of range for a world of {world.size}")
             if r in owner:
-                raise ValueError(f"{fn}: rank {r} is in both subgroup {owner[r]} and {list(block)}")
-            owner[r] = list(block)
-        blocks.append(list(block))
+                raise ValueError(f"{fn}: rank {r} is in both subgroup {owner[r]} and {block}")
+            owner[r] = block
+        blocks.append(block)
     return _subgroups(fn, world, blocks, timeout)
 
 
@@ -543,10 +543,10 @@ def _subgroups(fn: str, parent: Communicator, blocks: list, timeout) -> tuple:
     seen = parent._exchange(blocks, timeout, fn)
     differ = [r for r, other in enumerate(seen) if other != blocks]
     if differ:
-        one = len(blocks) == 1  # new_group: its one list, as the caller passed it
-        raise ValueError(f"{fn}: ranks differ between callers: rank {parent.rank} passed "
-                         f"{blocks[0] if one else blocks}, rank {differ[0]} passed "
-                         f"{seen[differ[0]][0] if one and len(seen[differ[0]]) == 1 else seen[differ[0]]}")
+        def shown(b):  # one list (new_group's) as the caller passed it
+            return b[0] if len(b) == 1 else b
+        raise ValueError(f"{fn}: ranks differ between callers: rank {parent.rank} passed {shown(blocks)}, rank "
+                         f"{differ[0]} passed {shown(seen[differ[0]])}")
     mine = next((i for i, block in enumerate(blocks) if parent.rank in block), None)
     sub = parent.split(mine, None if mine is None else blocks[mine].index(parent.rank), timeout)
     return (None if mine is None else sub), [sub if i == mine else NON_GROUP_MEMBER for i in range(len(blocks))]
