@@ -8,7 +8,8 @@ launcher, a world size and an environment share one launch: its ranks run the ch
 module collected in the session, module after module, so the suite pays one start-up per size, not
 one per module and size.
 
-Each rank writes its results after every check (``<out>/rank<r>.json``, keyed ``<module>::<check>``),
+Each rank writes its results after every check (``<out>/rank<r>.json``, keyed ``<module>::<check>``, with
+the check's own seconds: what a launch spends where),
 so a rank that dies or hangs still leaves what it finished, and ``progress`` says where it stopped. A
 launch that outlives its timeout (the sum of its modules') is killed, process group and all.
 
@@ -119,7 +120,7 @@ class LaunchResult:
     timed_out: bool
     seconds: float
     output: str
-    results: dict  # rank -> {"<module>::<check>" -> {"ok": bool, "error": str, "skipped"?: str}}
+    results: dict  # rank -> {"<module>::<check>" -> {"ok": bool, "error": str, "seconds": float, "skipped"?: str}}
     progress: dict  # rank -> the check it was in when last heard of ("<done>" at the end)
     modules: tuple = ()  # the modules the launch ran, in order
 
@@ -226,6 +227,7 @@ def _run_rank(outdir: str, launcher: str, module_paths: list[str]) -> int:
         for name in check_names(module, launcher, world.size):
             record["progress"] = k = key(path, name)
             save()
+            start = time.monotonic()
             try:
                 getattr(module, name)(world)
                 record["results"][k] = {"ok": True, "error": ""}
@@ -234,6 +236,7 @@ def _run_rank(outdir: str, launcher: str, module_paths: list[str]) -> int:
             except BaseException:  # noqa: BLE001 - a failing check is recorded, then the next one runs
                 failed = True
                 record["results"][k] = {"ok": False, "error": traceback.format_exc()}
+            record["results"][k]["seconds"] = round(time.monotonic() - start, 3)
             save()
             world = xelink.get_world() if xelink.is_initialized() else xelink.init()
     record["progress"] = "<done>"

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+import xelink
+from xelink import cli
 from xelink.bench import make_row, plots, suite
 from xelink.bench.harness import Progress
 from xelink.bench.families.links import format_matrix, matrices
@@ -126,11 +128,19 @@ def test_gpu_options_are_refused_by_the_cpu_reference_run():
     assert r.returncode != 0 and "unrecognized arguments" in r.stderr and "--impl cuda" in r.stderr
 
 
-def test_all_refuses_an_unknown_family():
-    r = _xelink("bench", "all", "--only", "links,gemmm")
-    assert r.returncode == 2 and "unknown families ['gemmm']" in r.stderr
-    r = _xelink("bench", "all", "--only", ",")
-    assert r.returncode == 2 and "--only ',' names no family" in r.stderr
+def _usage_error(capsys, *args) -> str:
+    """stderr of ``xelink *args`` run in this process, which must stop with exit status 2 (argparse's
+    usage error) before any set-up (a subprocess a call cost the suite 3-4 s of imports each)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(list(args))
+    assert info.value.code == 2, args
+    return capsys.readouterr().err
+
+
+def test_all_refuses_an_unknown_family(capsys):
+    assert "unknown families ['gemmm']" in _usage_error(capsys, "bench", "all", "--only", "links,gemmm")
+    assert "--only ',' names no family" in _usage_error(capsys, "bench", "all", "--only", ",")
+    assert not xelink.is_initialized()
 
 
 def test_python_m_xelink_bench_runs_a_kernel_family(tmp_path):
@@ -176,9 +186,9 @@ def test_a_cuda_case_builds_its_tensors_on_the_device_it_is_given():
                              1008.0, 1009.0, 1010.0, 1011.0, 1012.0, 1013.0, 1014.0, 1015.0]
 
 
-def test_counts_below_their_minimum_are_usage_errors():
+def test_counts_below_their_minimum_are_usage_errors(capsys):
     for args, text in ((["collectives", "--iters", "0"], "argument --iters: 0 must be >= 1"),
                        (["gemv", "--rounds", "-1"], "argument --rounds: -1 must be >= 1"),
                        (["collectives", "--warmup", "x"], "argument --warmup: 'x' is not an int")):
-        r = _xelink("bench", *args)
-        assert r.returncode == 2 and text in r.stderr, (args, r.stderr[-300:])
+        err = _usage_error(capsys, "bench", *args)
+        assert text in err, (args, err[-300:])

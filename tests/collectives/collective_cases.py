@@ -22,19 +22,21 @@ def _block(rank, case, op):
     return x - 3
 
 
-def data(rank, case, count, dtype, op="sum"):
-    """Small integers in [-3, 3] (for prod: 1, 2, -1), different per rank, case and position."""
-    block = _block(rank, case, op)
+def data(rank, case, count, dtype, op="sum", start=0):
+    """Small integers in [-3, 3] (for prod: 1, 2, -1), different per rank, case and position: positions
+    [start, start + count) of the rank's endless pattern."""
+    block = _block(rank, case, op).roll(-(start % _PERIOD))
     return block.repeat(count // _PERIOD + 1)[:count].to(dtype)
 
 
-def expected_reduce(n, case, count, dtype, op):
+def expected_reduce(n, case, count, dtype, op, start=0):
     """op over the n ranks' inputs as ``dtype`` holds them (uint8 wraps the negatives, bool keeps nonzero), exact
     in int64, then rounded (avg from float64, like float32 accumulation) or wrapped (narrow integers) into
-    ``dtype``: sums and products modulo 2^bits as the narrow types compute them, bool's sum and max "or"."""
-    acc = data(0, case, count, dtype, op).to(torch.int64)
+    ``dtype``: sums and products modulo 2^bits as the narrow types compute them, bool's sum and max "or".
+    ``start``: positions [start, start + count) only (a reduce-scatter's block, without the whole input's sum)."""
+    acc = data(0, case, count, dtype, op, start).to(torch.int64)
     for p in range(1, n):
-        x = data(p, case, count, dtype, op).to(torch.int64)
+        x = data(p, case, count, dtype, op, start).to(torch.int64)
         if op in ("sum", "avg"):
             acc += x
         elif op == "max":
@@ -92,8 +94,7 @@ def run_all(comm, counts, dtypes=DTYPES, ops=OPS, algos=None, tag="", inplace=Tr
             for algo in pick("reduce_scatter"):
                 for op in (tuple(o for o in ops if floating or o != "avg") if last else ("sum",)):
                     case += 1
-                    full = expected_reduce(n, case, n * count, dtype, op)
-                    want = full[r * count:(r + 1) * count]
+                    want = expected_reduce(n, case, count, dtype, op, start=r * count)
                     out = torch.full((count,), 99, dtype=dtype)
                     xelink.reduce_scatter_tensor(out, data(r, case, n * count, dtype, op), op=op, group=comm, algo=algo)
                     assert_same(out, want, f"{tag} reduce_scatter {algo} {op} {dtype} count={count}")
@@ -218,13 +219,13 @@ def run_sequence(comm, steps, *, seed, algos=ALGORITHMS, ops=SEQUENCE_OPS, dtype
             out = torch.full((count,), 99, dtype=dtype, device=device)
             work = xelink.reduce_scatter_tensor(out, place(data(r, case, n * count, dtype, rop)), op=rop,
                                                 group=comm, algo=algo, async_op=async_op)
-            want = expected_reduce(n, case, n * count, dtype, rop)[r * count:(r + 1) * count]
+            want = expected_reduce(n, case, count, dtype, rop, start=r * count)
             check = lambda out=out, want=want, label=label: assert_same(out.cpu(), want, label)  # noqa: E731
         elif name == "all_to_all":
             out = torch.full((n * count,), 99, dtype=dtype, device=device)
             work = xelink.all_to_all_single(out, place(data(r, case, n * count, dtype)), group=comm, algo=algo,
                                             async_op=async_op)
-            want = torch.cat([data(p, case, n * count, dtype)[r * count:(r + 1) * count] for p in range(n)])
+            want = torch.cat([data(p, case, count, dtype, start=r * count) for p in range(n)])
             check = lambda out=out, want=want, label=label: assert_same(out.cpu(), want, label)  # noqa: E731
         else:
             root = draw.randrange(n)

@@ -67,21 +67,22 @@ def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
     assert f"text: {' '.join(f'w{t}' for t in new)}" in r.stdout
 
 
-def test_generate_clear_messages(tiny, tmp_path):
+def test_generate_clear_messages(tiny, tmp_path, monkeypatch, capsys):
+    from xelink import cli
+
     path, _ = tiny
-    r = _run("--model", str(path), "--prompt", "hello")
-    assert r.returncode == 2 and "--prompt needs" in r.stderr and "tokenizer.json; this folder has none" in r.stderr
+    # The argument checks come before any set-up: run in this process (exit status 2, the reason on stderr).
+    assert cli.main(["generate", "--model", str(path), "--prompt", "hello"]) == 2
+    assert "--prompt needs" in (err := capsys.readouterr().err) and "tokenizer.json; this folder has none" in err
     # tokenizer.json present but the tokenizers package missing (an import that fails).
-    (tmp_path / "tokenizers").mkdir()
-    (tmp_path / "tokenizers" / "__init__.py").write_text("raise ImportError('no tokenizers here')\n")
     folder = tmp_path / "tok"
     folder.mkdir()
     (folder / "tokenizer.json").write_text("{}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    r = _run("--model", str(folder), "--prompt", "hello", env=env)
-    assert r.returncode == 2 and "--prompt needs the `tokenizers` package" in r.stderr
-    r = _run("--model", str(path), "--prompt-ids", "1,x")
-    assert r.returncode == 2 and "--prompt-ids '1,x' must be comma-separated token ids" in r.stderr
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    assert cli.main(["generate", "--model", str(folder), "--prompt", "hello"]) == 2
+    assert "--prompt needs the `tokenizers` package" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", str(path), "--prompt-ids", "1,x"]) == 2
+    assert "--prompt-ids '1,x' must be comma-separated token ids" in capsys.readouterr().err
     # The model's checks, before any work, on every rank; rank 0 says why.
     r = _run("--model", str(path), "--prompt-ids", "1,2,3,4", "--max-new-tokens", "8", "--max-seq-len", "6", n=2)
     assert r.returncode == 2, r.stdout + r.stderr

@@ -455,23 +455,45 @@ def problems(launch: Launch, compiled, sub_group: int | None = None) -> list[str
     return out
 
 
-def check(launches=None, targets=None, sub_groups=None, log=print) -> list[str]:
-    """Compile every launch for every target and sub-group size; return the failures (empty: all good)."""
+def _check_one(launch: Launch, target: str, sg: int) -> tuple[list[str], str]:
+    """(failures, log line) of one compile."""
+    where = f"{launch.name} [{target}, sub-group {sg}]"
+    try:
+        compiled = compile_launch(launch, target, sg)
+    except Exception as e:  # noqa: BLE001 - a compile error is the finding; report it whole
+        failure = f"{where}: does not compile: {type(e).__name__}: {str(e).splitlines()[0]}"
+        return [failure], failure
+    found = problems(launch, compiled, sg)
+    return [f"{where}: {p}" for p in found], (f"{where}: {'ok' if not found else '; '.join(found)} "
+                                              f"(shared={compiled.metadata.shared}, spv={len(compiled.asm['spv'])} B)")
+
+
+def _check_listed(index: int, target: str, sg: int) -> tuple[list[str], str]:
+    """_check_one of ``LAUNCHES[index]`` (a worker process's job: launches are not picklable)."""
+    return _check_one(LAUNCHES[index], target, sg)
+
+
+def check(launches=None, targets=None, sub_groups=None, log=print, workers: int = 1) -> list[str]:
+    """Compile every launch for every target and sub-group size; return the failures (empty: all good).
+    ``workers`` > 1: the compiles of ``LAUNCHES`` (the default list) in that many processes (the
+    compiler is single-threaded); the failures and the log lines come in the same order either way."""
+    listed = launches is None
+    jobs = [(i, launch, target, sg) for i, launch in enumerate(LAUNCHES if listed else launches)
+            for target in targets or TARGETS
+            for sg in (launch.sub_groups if sub_groups is None else [s for s in sub_groups if s in launch.sub_groups])]
+    if workers > 1 and listed and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = pool.map(_check_listed, *zip(*[(i, target, sg) for i, _, target, sg in jobs]))
+            results = list(results)
+    else:
+        results = (_check_one(launch, target, sg) for _, launch, target, sg in jobs)
     failures = []
-    for launch in launches if launches is not None else LAUNCHES:
-        for target in targets or TARGETS:
-            for sg in launch.sub_groups if sub_groups is None else [s for s in sub_groups if s in launch.sub_groups]:
-                where = f"{launch.name} [{target}, sub-group {sg}]"
-                try:
-                    compiled = compile_launch(launch, target, sg)
-                except Exception as e:  # noqa: BLE001 - a compile error is the finding; report it whole
-                    failures.append(f"{where}: does not compile: {type(e).__name__}: {str(e).splitlines()[0]}")
-                    log(failures[-1])
-                    continue
-                found = problems(launch, compiled, sg)
-                failures += [f"{where}: {p}" for p in found]
-                log(f"{where}: {'ok' if not found else '; '.join(found)} "
-                    f"(shared={compiled.metadata.shared}, spv={len(compiled.asm['spv'])} B)")
+    for found, line in results:
+        failures += found
+        log(line)
     return failures
 
 
@@ -488,6 +510,7 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="the kernel launches checked, and the exceptions")
     c = sub.add_parser("check", help="compile every kernel for every Intel target; exit 1 on a failure")
     c.add_argument("--target", choices=sorted(TARGETS), action="append")
+    c.add_argument("--workers", type=int, default=1, help="compile in this many processes (default 1)")
     d = sub.add_parser("dump", help="write one kernel's TTGIR, LLVM IR and SPIR-V")
     d.add_argument("name")
     d.add_argument("--target", choices=sorted(TARGETS), default="xe2")
@@ -501,7 +524,7 @@ def main(argv=None) -> int:
             print(f"{name:45s} not compiled: {why}")
         return 0
     if args.cmd == "check":
-        failures = check(targets=args.target)
+        failures = check(targets=args.target, workers=max(1, args.workers))
         print(f"intel_aot: {len(failures)} failure(s)")
         return 1 if failures else 0
     compiled = compile_launch(_by_name(args.name), args.target, args.sub_group)
