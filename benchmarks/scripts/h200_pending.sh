@@ -23,14 +23,12 @@
 #             share the waits), the gated rows of every shape (rows and column slices, flags set and copy-engine
 #             arrivals), then the fused distributed GEMM's checks with ranks sharing the GPU (~6 minutes);
 #   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
-#             its A/B in the Llama-3.1-8B step (~5 minutes);
-#   early:    the decode attention's early key tiles (issue 26, 23): their GPU tests, their A/B in the step
-#             (step_ab.py), the decode step rows, then every kernel GPU test (~8 minutes).
+#             its A/B in the Llama-3.1-8B step (~5 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|early
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -115,20 +113,10 @@ prefetch)  # (twentieth session's code; ~5 minutes)
     tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
   step next_prefetch_ab 330 python3 benchmarks/scripts/next_prefetch_ab.py
   ;;
-early)  # (twenty-first session's code)
-  step early_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu \
-    tests/kernels/test_prefetch.py
-  step early_keys_ab 150 python3 benchmarks/scripts/step_ab.py attention.EARLY_KEY_TILES=0,1,2,8
-  step bench_decode 130 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
-    --out "$OUT/bench" --commit "$C"
-  rm -f "$OUT"/bench/*.txt
-  step kernels_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
-    tests/kernels
-  ;;
 host)  # ran above
   ;;
 *)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|early" >&2
+  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch" >&2
   exit 2
   ;;
 esac

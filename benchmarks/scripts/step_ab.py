@@ -1,14 +1,16 @@
 """A/B of module switches in the whole Llama-3.1-8B decode step (issue 26): each variant sets one switch of a
-xelink module (an attribute read when a launch is planned, e.g. ``attention.EARLY_KEY_TILES``), drops the
+xelink module (an attribute read when a launch is planned, e.g. ``attention.NEXT_MIN_KEYS``), drops the
 remembered launch plans, captures its own step graph (``DecodeGraph``, B = 1) and takes a step; the variants'
 logits must equal the first variant's bit for bit (a switch of this kind changes no value: hints, placement),
-and their graphs are replayed in interleaved rounds. Random weights, one model a format with a 32K + 16 cache
-(as ``xelink bench decode``), caches filled to each context.
+and their graphs are replayed in interleaved rounds. Random weights, one model a format whose cache holds the
+longest context + 16 (W4A16: the first context only, as ``xelink bench decode``'s row), filled to each context.
 
-    python3 benchmarks/scripts/step_ab.py attention.EARLY_KEY_TILES=0,1,2 [--fmts bf16 w4a16] \
+    python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 [--fmts bf16 w4a16] \
         [--contexts 1024 8192 32768]
 
 (a GPU script: CUDA, NVIDIA's Triton.) The first value is the baseline; the switch is left at it afterwards.
+Ran at 8a10676 with ``attention.EARLY_KEY_TILES=0,1,2,8`` (a switch that commit had, since removed:
+benchmarks/results/h100-rows/early_keys_ab.log).
 """
 import argparse
 import gc

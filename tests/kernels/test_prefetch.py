@@ -222,41 +222,6 @@ def test_gpu_rope_decode_prefetch_of_the_next_weight_changes_nothing(requires_gp
     attn_mod._PATHS.clear()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [1, 2, 64])
-def test_gpu_rope_decode_early_key_tiles_change_nothing(requires_gpus, monkeypatch, tiles):
-    # The split programs ask L2 for their first key / value tiles before the RoPE (and before the split that
-    # holds the new token writes its row, which may lie in those tiles: lengths 1 and 3): bit for bit the
-    # call without it, its cache writes too, eager and in a CUDA graph replayed over new lengths.
-    _sm90(requires_gpus)
-    gen = torch.Generator(device="cuda").manual_seed(14)
-    q, k, v, cos, sin, (kc, vc) = _rope_decode_inputs(gen, "cuda")
-
-    def step(early, lens):
-        monkeypatch.setattr(attn_mod, "EARLY_KEY_TILES", early)
-        attn_mod._PATHS.clear()
-        c = (kc.clone(), vc.clone())
-        return rope_decode_attention(q, k, v, cos, sin, *c, torch.tensor(lens, device="cuda")), c
-
-    for lens in ((700, 2048), (1, 3), (64, 65)):
-        want, got = step(0, lens), step(tiles, lens)
-        assert torch.equal(got[0], want[0]) and all(map(torch.equal, got[1], want[1])), lens
-    kg, vg = kc.clone(), vc.clone()
-    lens = torch.tensor([5, 2048], device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # planned with EARLY_KEY_TILES = tiles (the last call above)
-        a = rope_decode_attention(q, k, v, cos, sin, kg, vg, lens)
-    for n in ((700, 2048), (1, 1500), (2048, 3)):
-        lens.copy_(torch.tensor(n))
-        kg.copy_(kc)
-        vg.copy_(vc)
-        graph.replay()
-        want = step(0, n)
-        torch.cuda.synchronize()
-        assert torch.equal(a, want[0]) and torch.equal(kg, want[1][0]) and torch.equal(vg, want[1][1]), n
-    attn_mod._PATHS.clear()
-
-
 def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
     # The H200 A/B (benchmarks/results/h200-issue26): decode attention and the word GEMV prefetch (and the
     # tensor-core GEMV, which needs Gluon), the dense fma and mma GEMVs do not (they lost 10-25%); a launch
@@ -291,12 +256,3 @@ def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
                                                     False).kwargs
     monkeypatch.setattr(pdl, "PREFETCH", False)
     assert "PREFETCH" not in attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "auto", False).kwargs
-    # rope_decode_attention's early key tiles (an A/B switch): the fused call's plans only, a piece a thread
-    rope = (q[:, :8], q[:, :8], torch.zeros(8192, 128), torch.zeros(8192, 128))
-    monkeypatch.setattr(attn_mod, "EARLY_KEY_TILES", 2)
-    plan = attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "off", False, False, rope)
-    assert plan.kwargs["EARLY_TILES"] == 2 and plan.kwargs["EARLY_PIECES"] == 32 * plan.kwargs["num_warps"]
-    assert "EARLY_TILES" not in attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "off", False).kwargs
-    monkeypatch.setattr(attn_mod, "EARLY_KEY_TILES", 0)
-    assert "EARLY_TILES" not in attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "off", False,
-                                                       False, rope).kwargs

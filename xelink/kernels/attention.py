@@ -119,10 +119,6 @@ _DECODE_DEEP_KEYS = 1024
 # 0.7% less at 8K / 32K and nothing less at 1K (W4A16 1K: 0.3% more); asked for at the kernel's entry it took
 # 0.2-1.5% more everywhere, the prefetch slowing the key reads (benchmarks/results/h100-rows/README.md).
 NEXT_MIN_KEYS = 4096
-# rope_decode_attention's programs ask L2 for this many of their first key and value tiles as soon as kv_len is
-# read, before the RoPE (cos / sin rows at kv_len - 1, then q rotated): the key loop's first loads wait for that
-# chain otherwise. 0: off. An A/B switch (benchmarks/scripts/early_keys_ab.py), read when a launch is planned.
-EARLY_KEY_TILES = 0
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -733,8 +729,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0, ROPE: tl.constexpr = False,
-        NEXT_PIECES: tl.constexpr = 0, NEXT_MIN_KEYS: tl.constexpr = 0, EARLY_TILES: tl.constexpr = 0,
-        EARLY_PIECES: tl.constexpr = 1,
+        NEXT_PIECES: tl.constexpr = 0, NEXT_MIN_KEYS: tl.constexpr = 0,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -756,9 +751,6 @@ if triton is not None:
         ``NEXT_PIECES`` > 0: once their keys are read, the programs of a sequence of at least NEXT_MIN_KEYS keys
         ask L2 for their share of the NEXT_BYTES bytes at NXT (the next kernel's weight: HBM is idle while the
         splits end, merge and the next kernel starts).
-
-        ``EARLY_TILES`` > 0: once kv_len is read, each program asks L2 for its first EARLY_TILES tiles of keys and
-        values (EARLY_PIECES bulk prefetches each), so that HBM serves them while the RoPE's loads are in flight.
         """
         split = tl.program_id(0)
         n_splits = tl.num_programs(0)
@@ -782,10 +774,8 @@ if triton is not None:
                 _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
         kv_len, chunk, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
-        if EARLY_TILES:
-            early = tl.minimum(hi, lo + EARLY_TILES * BLOCK_N)
-            _prefetch_keys(k_base, lo, early, stride_kn, HEAD_DIM, EARLY_PIECES, 1 << 30)
-            _prefetch_keys(v_base, lo, early, stride_vn, HEAD_DIM, EARLY_PIECES, 1 << 30)
+        # (Asking L2 for the first key and value tiles here, ahead of the RoPE's loads, made the Llama-3.1-8B step
+        # 0.3-2% slower on an H100: benchmarks/results/h100-rows/early_keys_ab.log.)
         if ROPE:
             q = _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, kv_len - 1, lo, hi,
                                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -1047,9 +1037,6 @@ class _DecodeLaunch:
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
         if next_bytes:  # (the caller checked for sm90: the bulk prefetch)
             self.kwargs.update(NEXT_PIECES=32 * num_warps, NEXT_MIN_KEYS=NEXT_MIN_KEYS)
-        if EARLY_KEY_TILES and rope is not None and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and \
-                sm90_kernel("triton", q.device):
-            self.kwargs.update(EARLY_TILES=EARLY_KEY_TILES, EARLY_PIECES=32 * num_warps)  # a piece a thread each
         self.slot = Slot(_decode_split_kernel) if remembered else None
 
     def __call__(self, q, k_cache, v_cache, kv_lens, out, rope=(), nxt=None):
