@@ -11,19 +11,19 @@ layers in one graph, with and without the whole O weight asked for.
 
 python3 benchmarks/scripts/next_prefetch_ab.py [bf16|w4a16 ...]
 """
-import gc
 import importlib
+import os
 import statistics
 import sys
 
 import torch
 
-from xelink.bench.families.decode import _fill_caches
 from xelink.bench.harness import time_cuda_events
 from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import gemv, rope_decode_attention
-from xelink.models import Llama
-from xelink.models.llama import DecodeGraph
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_ab import capture, each_context, same_logits, time_interleaved  # noqa: E402
 
 attn = importlib.import_module("xelink.kernels.attention")
 llama = importlib.import_module("xelink.models.llama")
@@ -31,7 +31,6 @@ CONTEXTS = {"bf16": [1024, 8192, 32768], "w4a16": [1024]}
 # name -> (MiB of the O weight, the least keys of a sequence whose programs ask)
 VARIANTS = {"off": (0, 0), "kept": (llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS), "all-always": (64, 0),
             "16M": (16, attn.NEXT_MIN_KEYS), "all-from-2K": (64, 2048)}
-KEPT = llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS
 
 
 def pieces(model, L, gen):
@@ -62,41 +61,16 @@ def pieces(model, L, gen):
 
 def main():
     fmts = sys.argv[1:] or ["bf16", "w4a16"]
-    dev = torch.device("cuda", 0)
-    print(torch.cuda.get_device_name(0), flush=True)
-    for fmt in fmts:
-        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
-                             max_seq_len=max(CONTEXTS[fmt]) + 16)
-        gen = torch.Generator(device=dev).manual_seed(3)
-        for L in CONTEXTS[fmt]:
-            _fill_caches(model, 1, L, gen)
-            try:
-                print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
-            except Exception as exc:  # the step A/B below still runs
-                print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
-            tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
-            positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
-            graphs, logits = {}, {}
-            for name, (mb, at) in VARIANTS.items():
-                llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS = mb, at
-                attn._PATHS.clear()
-                g = DecodeGraph(model, 1)
-                logits[name] = g.step(tokens, positions).clone()
-                graphs[name] = g
-            llama.PREFETCH_O_MB, attn.NEXT_MIN_KEYS = KEPT
-            attn._PATHS.clear()
-            same = all(torch.equal(logits[n], logits["off"]) for n in VARIANTS)
-            times = {n: [] for n in VARIANTS}
-            for _ in range(5):  # interleaved rounds
-                for n in VARIANTS:
-                    times[n] += time_cuda_events(graphs[n].graph.replay, warmup=2, iters=10)
-            line = ", ".join(f"{n} {statistics.median(t) * 1e3:.3f}" for n, t in times.items())
-            print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; logits equal: {same}", flush=True)
-            del graphs, logits
-            gc.collect()
-        del model
-        gc.collect()
-        torch.cuda.empty_cache()
+    variants = {name: [(llama, "PREFETCH_O_MB", mb), (attn, "NEXT_MIN_KEYS", at)]
+                for name, (mb, at) in VARIANTS.items()}
+    for fmt, model, L, gen in each_context(fmts, CONTEXTS):
+        try:
+            print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
+        except Exception as exc:  # the step A/B below still runs
+            print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
+        graphs, logits = capture(model, L, variants, gen)
+        line = ", ".join(f"{n} {ms:.3f}" for n, ms in time_interleaved(graphs).items())
+        print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; logits equal: {same_logits(logits)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,20 @@ trigger at its entry / after its main loop, so that the O GEMV after it is place
 python3 benchmarks/scripts/rope_decode_ab.py [--variants NAME,NAME] [bf16|w4a16 ...]
 """
 import functools
-import gc
 import importlib
+import os
 import statistics
 import sys
 
 import torch
 
-from xelink.bench.families.decode import _fill_caches
 from xelink.bench.harness import time_cuda_events
 from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import decode_attention, gemv, rope_decode_attention, rope_kv
-from xelink.models import Llama
-from xelink.models.llama import DecodeGraph, KVCache
+from xelink.models.llama import KVCache
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_ab import capture, each_context, time_interleaved  # noqa: E402
 
 attn = importlib.import_module("xelink.kernels.attention")
 gemv_mod = importlib.import_module("xelink.kernels.gemv")
@@ -35,15 +36,17 @@ _prefetch_args, _EARLY_ROWS = attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS
 _pdl_launch_args = attn.pdl_launch_args
 
 
+def _no_prefetch(*args, **kwargs):
+    return {}
+
+
 def unfused(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
-    attn.prefetch_args = _prefetch_args  # a variant captured before may have turned it off
     q = rope_kv(q, k, v, cos, sin, positions, self.k, self.v)
     return decode_attention(q, self.k[:q.shape[0]], self.v[:q.shape[0]], kv_lens)
 
 
-def fused(pdl, prefetch=True):
+def fused(pdl):
     def decode(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
-        attn.prefetch_args = _prefetch_args if prefetch else (lambda *a, **kw: {})
         B = q.shape[0]
         return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, pdl=pdl)
     return decode
@@ -54,20 +57,27 @@ def released(mode):
     loop), so that the O GEMV after it is placed early (its launch and, W4A16, its weight prefetch overlap the
     attention)."""
     def decode(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
-        attn.prefetch_args = lambda *a, **kw: {}  # not placed early: nothing to prefetch before
         attn.pdl_launch_args = lambda option, programs, device: dict(PDL=mode)
         try:
             B = q.shape[0]
             return rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens)
         finally:
-            attn.pdl_launch_args, attn.prefetch_args = _pdl_launch_args, _prefetch_args
+            attn.pdl_launch_args = _pdl_launch_args
     return decode
 
 
-# name -> (the cache's decode, whether the QKV GEMV (6144 rows) lets the next kernel go late)
-VARIANTS = {"release-early": (released(1), False), "release-late": (released(2), False), "kept": (fused(None), False), "pdl": (fused("early"), False), "pdl-qkvlate": (fused("early"), True),
-            "pdl-late-qkvlate": (fused("late"), True), "pdl-qkvlate-nopref": (fused("early", prefetch=False), True),
-            "unfused": (unfused, False)}
+def variant(decode, qkv_late=False, prefetch=True):
+    """The settings of a variant: the cache's decode, whether the QKV GEMV (6144 rows) lets the next kernel go
+    late, and whether launches placed early prefetch before their PDL wait."""
+    return [(KVCache, "decode", decode), (gemv_mod, "PDL_EARLY_MAX_ROWS", 6000 if qkv_late else _EARLY_ROWS),
+            (attn, "prefetch_args", _prefetch_args if prefetch else _no_prefetch)]
+
+
+VARIANTS = {"release-early": variant(released(1), prefetch=False),
+            "release-late": variant(released(2), prefetch=False), "kept": variant(fused(None)),
+            "pdl": variant(fused("early")), "pdl-qkvlate": variant(fused("early"), True),
+            "pdl-late-qkvlate": variant(fused("late"), True),
+            "pdl-qkvlate-nopref": variant(fused("early"), True, prefetch=False), "unfused": variant(unfused)}
 
 
 def pieces(model, L, gen):
@@ -113,49 +123,18 @@ def main():
                 del VARIANTS[name]
         del args[i:i + 2]
     fmts = args or ["bf16", "w4a16"]
-    dev = torch.device("cuda", 0)
-    print(torch.cuda.get_device_name(0), flush=True)
-    kept = KVCache.decode
-    for fmt in fmts:
-        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
-                             max_seq_len=max(CONTEXTS[fmt]) + 16)
-        gen = torch.Generator(device=dev).manual_seed(3)
-        for L in CONTEXTS[fmt]:
-            _fill_caches(model, 1, L, gen)
-            try:
-                print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
-            except Exception as exc:  # the step A/B below still runs
-                print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
-            tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
-            positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
-            graphs, logits = {}, {}
-            for name, (fn, qkv_late) in VARIANTS.items():
-                KVCache.decode = fn
-                gemv_mod.PDL_EARLY_MAX_ROWS = 6000 if qkv_late else _EARLY_ROWS
-                attn._PATHS.clear()
-                gemv_mod._PATHS.clear()
-                g = DecodeGraph(model, 1)
-                logits[name] = g.step(tokens, positions).clone()
-                graphs[name] = g
-            KVCache.decode = kept
-            attn.prefetch_args, gemv_mod.PDL_EARLY_MAX_ROWS = _prefetch_args, _EARLY_ROWS
-            attn._PATHS.clear()
-            gemv_mod._PATHS.clear()
-            fused_same = all(torch.equal(logits[n], logits["kept"]) for n in VARIANTS if n != "unfused")
-            diff = float((logits["unfused"].float() - logits["kept"].float()).abs().max()) \
-                if "unfused" in logits else float("nan")
-            times = {n: [] for n in VARIANTS}
-            for _ in range(5):  # interleaved rounds
-                for n in VARIANTS:
-                    times[n] += time_cuda_events(graphs[n].graph.replay, warmup=2, iters=10)
-            line = ", ".join(f"{n} {statistics.median(t) * 1e3:.3f}" for n, t in times.items())
-            print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; fused variants' logits equal: {fused_same}; "
-                  f"unfused vs kept logits max abs diff {diff:.3g}", flush=True)
-            del graphs, logits
-            gc.collect()
-        del model
-        gc.collect()
-        torch.cuda.empty_cache()
+    for fmt, model, L, gen in each_context(fmts, CONTEXTS):
+        try:
+            print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
+        except Exception as exc:  # the step A/B below still runs
+            print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
+        graphs, logits = capture(model, L, VARIANTS, gen)
+        fused_same = all(torch.equal(logits[n], logits["kept"]) for n in logits if n != "unfused")
+        diff = float((logits["unfused"].float() - logits["kept"].float()).abs().max()) \
+            if "unfused" in logits else float("nan")
+        line = ", ".join(f"{n} {ms:.3f}" for n, ms in time_interleaved(graphs).items())
+        print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; fused variants' logits equal: {fused_same}; "
+              f"unfused vs kept logits max abs diff {diff:.3g}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,25 @@
-"""A/B of module switches in the whole Llama-3.1-8B decode step (issue 26): each variant sets one switch of a
-xelink module (an attribute read when a launch is planned, e.g. ``attention.NEXT_MIN_KEYS``), drops the
-remembered launch plans, captures its own step graph (``DecodeGraph``, B = 1) and takes a step; the variants'
-logits must equal the first variant's bit for bit (a switch of this kind changes no value: hints, placement),
-and their graphs are replayed in interleaved rounds. Random weights, one model a format whose cache holds the
-longest context + 16 (W4A16: the first context only, as ``xelink bench decode``'s row), filled to each context.
+"""A/B of settings in the whole Llama-3.1-8B decode step (issue 26), and the helpers the step A/B scripts share
+(``next_prefetch_ab.py``, ``prefetch_ab.py``, ``rope_decode_ab.py``).
+
+A variant is a list of settings ``(object, attribute, value)``: module switches read when a launch is planned
+(e.g. ``attention.NEXT_MIN_KEYS``) or a replaced method. ``capture`` applies each variant's settings, drops the
+remembered launch plans, captures the variant's own step graph (``DecodeGraph``, B = 1), takes a step, and puts
+every setting back; ``time_interleaved`` replays the graphs in interleaved rounds. Random weights, one model a
+format whose cache holds the longest context + 16 (W4A16: the first context only, as ``xelink bench decode``'s
+row), filled to each context (``each_context``).
+
+As a command, one switch's values, the first the baseline; the variants' logits must equal the baseline's bit
+for bit (a switch of this kind changes no value: hints, placement):
 
     python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 [--fmts bf16 w4a16] \
         [--contexts 1024 8192 32768]
 
-(a GPU script: CUDA, NVIDIA's Triton.) The first value is the baseline; the switch is left at it afterwards.
-Ran at 8a10676 with ``attention.EARLY_KEY_TILES=0,1,2,8`` (a switch that commit had, since removed:
-benchmarks/results/h100-rows/early_keys_ab.log).
+(a GPU script: CUDA, NVIDIA's Triton.) Ran at 8a10676 with ``attention.EARLY_KEY_TILES=0,1,2,8`` (a switch that
+commit had, since removed: benchmarks/results/h100-rows/early_keys_ab.log).
 """
 import argparse
+import ast
+import contextlib
 import gc
 import importlib
 import statistics
@@ -24,6 +31,7 @@ from xelink.bench.harness import time_cuda_events
 from xelink.models import Llama
 from xelink.models.llama import DecodeGraph
 
+CONTEXTS = [1024, 8192, 32768]
 
 
 def forget_plans() -> None:
@@ -32,11 +40,69 @@ def forget_plans() -> None:
         importlib.import_module(f"xelink.kernels.{name}")._PATHS.clear()
 
 
+@contextlib.contextmanager
+def applied(settings):
+    """The settings ``(object, attribute, value)`` in force (and no plan made without them) inside the block."""
+    kept = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in settings]
+    try:
+        for obj, attr, value in settings:
+            setattr(obj, attr, value)
+        forget_plans()
+        yield
+    finally:
+        for obj, attr, value in reversed(kept):
+            setattr(obj, attr, value)
+        forget_plans()
+
+
+def each_context(fmts, contexts):
+    """(fmt, model, context, generator) for each format and each of its contexts (``contexts``: fmt -> list),
+    the model's caches filled to the context; the model dropped after its last context."""
+    dev = torch.device("cuda", 0)
+    print(torch.cuda.get_device_name(0), flush=True)
+    for fmt in fmts:
+        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
+                             max_seq_len=max(contexts[fmt]) + 16)
+        gen = torch.Generator(device=dev).manual_seed(3)
+        for L in contexts[fmt]:
+            _fill_caches(model, 1, L, gen)
+            yield fmt, model, L, gen
+            gc.collect()
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def capture(model, L: int, variants: dict, gen) -> tuple[dict, dict]:
+    """({name: DecodeGraph}, {name: logits of one step at context L}) of each variant (name -> settings)."""
+    tokens = torch.randint(0, model.config.vocab_size, (1,), device=model.device, generator=gen)
+    positions = torch.full((1,), L - 1, dtype=torch.int64, device=model.device)
+    graphs, logits = {}, {}
+    for name, settings in variants.items():
+        with applied(settings):
+            graphs[name] = DecodeGraph(model, 1)
+            logits[name] = graphs[name].step(tokens, positions).clone()
+    return graphs, logits
+
+
+def time_interleaved(graphs: dict, rounds: int = 5, iters: int = 10) -> dict:
+    """{name: median ms a replay} over ``rounds`` interleaved rounds of ``iters`` replays each."""
+    times = {n: [] for n in graphs}
+    for _ in range(rounds):
+        for n, g in graphs.items():
+            times[n] += time_cuda_events(g.graph.replay, warmup=2, iters=iters)
+    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
+
+
+def same_logits(logits: dict, names=None) -> bool:
+    """Whether the logits of ``names`` (default: all) equal the first variant's bit for bit."""
+    first = next(iter(logits.values()))
+    return all(torch.equal(logits[n], first) for n in (names or logits))
+
+
 def parse_switch(text: str):
     """``module.NAME=v1,v2,...`` -> (module object, NAME, [values]) (module under xelink.kernels or xelink.models,
     values Python literals)."""
-    import ast
-
     where, _, values = text.partition("=")
     mod, _, name = where.rpartition(".")
     for package in ("xelink.kernels", "xelink.models"):
@@ -52,52 +118,22 @@ def parse_switch(text: str):
     return module, name, [ast.literal_eval(v) for v in values.split(",")]
 
 
-def compare(model, L: int, module, name: str, values, gen) -> str:
-    """One context's line: ms a step (median of 50 replays) per value, and whether the logits are equal."""
-    dev = model.device
-    tokens = torch.randint(0, model.config.vocab_size, (1,), device=dev, generator=gen)
-    positions = torch.full((1,), L - 1, dtype=torch.int64, device=dev)
-    graphs, logits = {}, {}
-    for v in values:
-        setattr(module, name, v)
-        forget_plans()
-        g = DecodeGraph(model, 1)
-        logits[v] = g.step(tokens, positions).clone()
-        graphs[v] = g
-    setattr(module, name, values[0])
-    forget_plans()
-    same = all(torch.equal(logits[v], logits[values[0]]) for v in values)
-    times = {v: [] for v in values}
-    for _ in range(5):  # interleaved rounds
-        for v in values:
-            times[v] += time_cuda_events(graphs[v].graph.replay, warmup=2, iters=10)
-    base = statistics.median(times[values[0]])
-    cells = ", ".join(f"{v!r} {statistics.median(t) * 1e3:.3f} ({statistics.median(t) / base - 1:+.2%})"
-                      for v, t in times.items())
-    return f"{name} ms a step (median of 50 replays): {cells}; logits equal: {same}"
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description="A/B of one module switch in the Llama-3.1-8B decode step")
     p.add_argument("switch", help="module.NAME=v1,v2,... (the first value is the baseline)")
     p.add_argument("--fmts", nargs="+", default=["bf16", "w4a16"])
-    p.add_argument("--contexts", nargs="+", type=int, default=[1024, 8192, 32768])
+    p.add_argument("--contexts", nargs="+", type=int, default=CONTEXTS)
     args = p.parse_args(argv)
     module, name, values = parse_switch(args.switch)
-    dev = torch.device("cuda", 0)
-    print(torch.cuda.get_device_name(0), flush=True)
-    for fmt in args.fmts:
-        contexts = args.contexts if fmt == "bf16" else args.contexts[:1]  # (W4A16: xelink bench decode's 1K row)
-        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
-                             max_seq_len=max(contexts) + 16)
-        gen = torch.Generator(device=dev).manual_seed(3)
-        for L in contexts:
-            _fill_caches(model, 1, L, gen)
-            print(f"{fmt} ctx {L} {compare(model, L, module, name, values, gen)}", flush=True)
-            gc.collect()
-        del model
-        gc.collect()
-        torch.cuda.empty_cache()
+    variants = {repr(v): [(module, name, v)] for v in values}
+    contexts = {fmt: args.contexts if fmt == "bf16" else args.contexts[:1] for fmt in args.fmts}
+    for fmt, model, L, gen in each_context(args.fmts, contexts):
+        graphs, logits = capture(model, L, variants, gen)
+        ms = time_interleaved(graphs)
+        base = ms[repr(values[0])]
+        cells = ", ".join(f"{n} {t:.3f} ({t / base - 1:+.2%})" for n, t in ms.items())
+        print(f"{fmt} ctx {L} {name} ms a step (median of 50 replays): {cells}; logits equal: {same_logits(logits)}",
+              flush=True)
     return 0
 
 
