@@ -24,12 +24,18 @@
 #             arrivals), then the fused distributed GEMM's checks with ranks sharing the GPU (~6 minutes);
 #   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
 #             its A/B in the Llama-3.1-8B step (~5 minutes);
-#   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes).
+#   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes);
+#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200"
+if ! [[ "$1" =~ ^($STEPS)$ ]]; then
+  echo "usage: OUT=<dir> bash $0 $STEPS" >&2
+  exit 2
+fi
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -114,16 +120,18 @@ prefetch)  # (twentieth session's code; ~5 minutes)
     tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
   step next_prefetch_ab 330 python3 benchmarks/scripts/next_prefetch_ab.py
   ;;
-abs)  # (twenty-first session: next_prefetch_ab, prefetch_ab, rope_decode_ab moved onto step_ab.py)
+h200)
+  step bench_decode 130 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  ;;
+esac
+case "$1" in
+abs|h200)  # (twenty-first session: next_prefetch_ab, prefetch_ab, rope_decode_ab moved onto step_ab.py)
   step step_ab 60 python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 --fmts bf16 --contexts 8192
   step next_prefetch_ab 150 python3 benchmarks/scripts/next_prefetch_ab.py
   step prefetch_ab 150 python3 benchmarks/scripts/prefetch_ab.py
   step rope_decode_ab 200 python3 benchmarks/scripts/rope_decode_ab.py
-  ;;
-host)  # ran above
-  ;;
-*)
-  echo "usage: OUT=<dir> bash $0 host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs" >&2
-  exit 2
   ;;
 esac
