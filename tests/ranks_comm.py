@@ -109,12 +109,13 @@ def check_a_dropped_communicator_stays_until_freed_on_every_rank(world):
 
 def check_new_group(world):
     ranks = [world.size - 1, 0] if world.size > 1 else [0]
-    g = xelink.new_group(ranks)
-    if world.rank in ranks:
-        assert g.rank == ranks.index(world.rank) and g.size == len(ranks)
-        assert g.allgather_object(world.rank) == ranks
-        g.free()
-    else:
+    # torch's numbering: the list sorted (sort_ranks=True, the default), or in its own order (sort_ranks=False)
+    for order, g in ((sorted(ranks), xelink.new_group(ranks)), (ranks, xelink.new_group(ranks, sort_ranks=False))):
+        if world.rank in ranks:
+            assert g.rank == order.index(world.rank) and g.size == len(ranks)
+            assert g.allgather_object(world.rank) == order == xelink.get_process_group_ranks(g)
+            g.free()
+    if world.rank not in ranks:
         # torch's non-member sentinel; None would mean the world, so every call refuses it, before any message
         assert g is xelink.NON_GROUP_MEMBER and not g
         x = torch.ones(4)
@@ -133,7 +134,7 @@ def check_roots_and_peers_are_world_ranks_or_group_ranks(world):
     ``group_src``/``group_dst`` (``group_peer``) ranks of the group; recv returns the sender's world rank. The
     group lists the world's ranks backwards, so the two numberings differ on every rank but the middle one."""
     n, r = world.size, world.rank
-    g = xelink.new_group(list(reversed(range(n))))
+    g = xelink.new_group(list(reversed(range(n))), sort_ranks=False)
     me = g.rank
     assert xelink.get_global_rank(g, me) == r and xelink.get_group_rank(g, r) == me == n - 1 - r
     assert xelink.get_global_rank(None, r) == r == xelink.get_group_rank(None, r)
@@ -210,6 +211,19 @@ def check_new_group_bad_arguments(world):
         xelink.new_group(3)
     with pytest.raises(TypeError, match=r"new_group: group='world' is not an xelink Communicator"):
         xelink.new_group([0], group="world")
+    # torch.distributed's options: taken (unused: one communicator serves every device), checked for their types
+    with pytest.raises(ValueError, match=r"new_group: use_local_synchronization=True is not supported: every rank"):
+        xelink.new_group([0], use_local_synchronization=True)
+    for kw, bad in ((dict(backend=3), r"backend=3 must be None or a str"),
+                    (dict(group_desc=["x"]), r"group_desc=\['x'\] must be None or a str"),
+                    (dict(device_id="cuda:0"), r"device_id='cuda:0' must be None or a torch.device"),
+                    (dict(sort_ranks=None), r"sort_ranks=None must be a bool")):
+        with pytest.raises(TypeError, match=f"new_group: {bad}"):
+            xelink.new_group([0], **kw)
+    g = xelink.new_group(list(range(world.size))[::-1], None, 30, backend="gloo", pg_options=object(),
+                         group_desc="all", device_id=torch.device("cpu"))
+    assert g.world_ranks == list(range(world.size))
+    g.free()
     if world.size > 1:
         # Callers that disagree are detected, and every rank gets the error.
         with pytest.raises(ValueError, match=r"new_group: ranks differ between callers"):
@@ -222,7 +236,7 @@ def check_subgroups_as_torch_distributed(world):
     others' (torch's shape of the answer), the enumeration's order and ranks left out, the refusals."""
     n, r = world.size, world.rank
     size = 2 if n % 2 == 0 else 1
-    cur, subs = xelink.new_subgroups(size)
+    cur, subs = xelink.new_subgroups(size, backend="nccl", group_desc="pairs")  # (torch options: unused)
     assert len(subs) == n // size and subs[r // size] is cur
     assert all(s is xelink.NON_GROUP_MEMBER for i, s in enumerate(subs) if i != r // size)
     assert xelink.get_process_group_ranks(cur) == list(range(r // size * size, r // size * size + size))
@@ -231,10 +245,11 @@ def check_subgroups_as_torch_distributed(world):
     assert torch.equal(x, torch.full((3,), float(sum(range(r // size * size, r // size * size + size)))))
     whole, subs = xelink.new_subgroups()  # the ranks of one host: here all of them
     assert subs == [whole] and whole.size == world.local_size == n
-    # lists in an order of their own, rank n - 2 in none where there are 3 ranks or more: [[3, 0], [1]] at 4 ranks
+    # lists in an order of their own, rank n - 2 in none where there are 3 ranks or more: [[3, 0], [1]] at 4 ranks;
+    # each numbered in the world's order, as torch's (its new_group sorts the ranks)
     lists = [[n - 1, 0] if n > 1 else [0]] + ([list(range(n - 3, 0, -1))] if n > 3 else [])
-    cur, subs = xelink.new_subgroups_by_enumeration(lists)
-    mine = next((b for b in lists if r in b), None)
+    cur, subs = xelink.new_subgroups_by_enumeration(lists, None, "gloo", None, "pairs")
+    mine = next((sorted(b) for b in lists if r in b), None)
     if mine is None:
         assert cur is None and all(s is xelink.NON_GROUP_MEMBER for s in subs)
     else:

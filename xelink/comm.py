@@ -462,13 +462,20 @@ def get_group_rank(group, global_rank: int) -> int:
     return index
 
 
-def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = None,
-              timeout=None) -> "Communicator | _NonGroupMember":
-    """A communicator of ``ranks`` (ranks of ``group``, default world), in the order given.
+def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = None, timeout=None, *,
+              backend=None, pg_options=None, use_local_synchronization: bool = False, group_desc: str | None = None,
+              device_id=None, sort_ranks: bool = True) -> "Communicator | _NonGroupMember":
+    """A communicator of ``ranks`` (ranks of ``group``, default world), as torch.distributed.new_group.
 
     Args:
         ranks: distinct ranks of ``group``; every rank of ``group`` must pass the same list (None: all of
             them, as torch.distributed.new_group).
+        sort_ranks: as torch's: True (the default) numbers the new ranks in the order of the old ones (the list
+            sorted); False keeps the list's order (``ranks[i]`` becomes rank i).
+        backend, pg_options, group_desc, device_id: torch.distributed's, accepted so that its code runs and
+            otherwise unused: one communicator serves CPU and CUDA tensors through the transport and device
+            bound at ``init``.
+        use_local_synchronization: only False: every rank of ``group`` calls this (one split).
 
     Returns:
         The new communicator on member ranks; ``xelink.NON_GROUP_MEMBER`` on the others (torch's non-member
@@ -476,10 +483,27 @@ def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = N
 
     Collective: every rank of ``group`` must call this, members or not.
     """
-    parent = resolve_group(group, "new_group")
-    ranks = _rank_list("new_group", "ranks", range(parent.size) if ranks is None else ranks, parent.size)
-    sub = _subgroups("new_group", parent, [ranks], timeout)[0]
+    fn = "new_group"
+    parent = resolve_group(group, fn)
+    _torch_group_options(fn, backend, group_desc, device_id)
+    if not isinstance(sort_ranks, bool):
+        raise TypeError(f"{fn}: sort_ranks={sort_ranks!r} must be a bool")
+    if use_local_synchronization is not False:
+        raise ValueError(f"{fn}: use_local_synchronization={use_local_synchronization!r} is not supported: every "
+                         f"rank of the parent group calls new_group, members or not (one split)")
+    ranks = _rank_list(fn, "ranks", range(parent.size) if ranks is None else ranks, parent.size)
+    sub = _subgroups(fn, parent, [sorted(ranks) if sort_ranks else ranks], timeout)[0]
     return NON_GROUP_MEMBER if sub is None else sub
+
+
+def _torch_group_options(fn: str, backend, group_desc, device_id) -> None:
+    """torch.distributed's group-creation options that xelink takes and does not use, checked for their types."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"{fn}: backend={backend!r} must be None or a str (a torch.distributed backend name)")
+    if group_desc is not None and not isinstance(group_desc, str):
+        raise TypeError(f"{fn}: group_desc={group_desc!r} must be None or a str")
+    if device_id is not None and type(device_id).__module__ + "." + type(device_id).__name__ != "torch.device":
+        raise TypeError(f"{fn}: device_id={device_id!r} must be None or a torch.device")
 
 
 def _rank_list(fn: str, name: str, ranks, size: int) -> list[int]:
@@ -498,30 +522,37 @@ def _rank_list(fn: str, name: str, ranks, size: int) -> list[int]:
     return ranks
 
 
-def new_subgroups(group_size: int | None = None, group: Communicator | None = None, timeout=None) -> tuple:
+def new_subgroups(group_size: int | None = None, group: Communicator | None = None, timeout=None, backend=None,
+                  pg_options=None, group_desc: str | None = None) -> tuple:
     """(this rank's subgroup, every subgroup), as torch.distributed.new_subgroups: ``group`` (None: the world) cut
     into consecutive blocks of ``group_size`` of its ranks (None: the ranks of one host, ``local_size``, which must
     then be the same on every host); the list holds ``xelink.NON_GROUP_MEMBER`` for the blocks of other ranks.
+    ``backend``, ``pg_options``, ``group_desc``: accepted and unused (as :func:`new_group`).
 
     Collective: every rank of ``group`` must call this (one split, not one call a subgroup).
     """
     fn = "new_subgroups"
     parent = resolve_group(group, fn)
+    _torch_group_options(fn, backend, group_desc, None)
     size = parent.local_size if group_size is None else _check_int(fn, "group_size", group_size, 1)
     if size > parent.size or parent.size % size:
         raise ValueError(f"{fn}: group_size={size} must divide the size of {parent.name}, {parent.size}")
     return _subgroups(fn, parent, [list(range(i, i + size)) for i in range(0, parent.size, size)], timeout)
 
 
-def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None) -> tuple:
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None,
+                                 group_desc: str | None = None) -> tuple:
     """(this rank's subgroup or None, every subgroup), as torch.distributed.new_subgroups_by_enumeration: one
-    communicator a list of world ranks (in that order; lists that share no rank, ranks in none allowed: their
-    subgroup is None); the list holds ``xelink.NON_GROUP_MEMBER`` for the subgroups of other ranks.
+    communicator a list of world ranks (numbered in the world's order, as torch's ``new_group`` sorts them; lists
+    that share no rank, ranks in none allowed: their subgroup is None); the list holds ``xelink.NON_GROUP_MEMBER``
+    for the subgroups of other ranks. ``backend``, ``pg_options``, ``group_desc``: accepted and unused (as
+    :func:`new_group`).
 
     Collective: every rank of the world must call this with the same lists (one split).
     """
     fn = "new_subgroups_by_enumeration"
     world = resolve_group(None, fn)
+    _torch_group_options(fn, backend, group_desc, None)
     if isinstance(ranks_per_subgroup_list, (str, bytes)) or not isinstance(ranks_per_subgroup_list, Sequence) \
             or not ranks_per_subgroup_list:
         raise ValueError(f"{fn}: ranks_per_subgroup_list={ranks_per_subgroup_list!r} must be a non-empty list of "
@@ -533,7 +564,7 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None) -> tuple
             if r in owner:
                 raise ValueError(f"{fn}: rank {r} is in both subgroup {owner[r]} and {block}")
             owner[r] = block
-        blocks.append(block)
+        blocks.append(sorted(block))
     return _subgroups(fn, world, blocks, timeout)
 
 
