@@ -231,6 +231,15 @@ def check_blocking_calls_return_none(world):
         assert got is None, f"{name} returned {got!r}, not None"
     w = xelink.all_reduce(x.clone(), async_op=True)
     assert w is not None and w.wait() is True
+    # all_gather_into_tensor under torch's keyword names too (output_tensor, input_tensor), one name of each
+    out = torch.empty(4 * n)
+    assert xelink.all_gather_into_tensor(output_tensor=out, input_tensor=x + r) is None
+    assert torch.equal(out, torch.arange(n).repeat_interleave(4) + 1.0)
+    for kw, why in ((dict(output=out, output_tensor=out, input=x), "pass output= or output_tensor= .*not both"),
+                    (dict(output=out), "pass input= or input_tensor= .*one is required")):
+        with pytest.raises(TypeError, match=f"all_gather_into_tensor: {why}"):
+            xelink.all_gather_into_tensor(**kw)
+    world.barrier()  # the refused calls sent nothing
 
 
 def check_bitwise_reductions(world):

@@ -57,13 +57,16 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     return registry.backend(backend).all_reduce(comm, x, op, entry, async_op, timeout)
 
 
-def all_gather_into_tensor(output, input, group=None, async_op: bool = False, algo: str = "auto", timeout=None):
+def all_gather_into_tensor(output=None, input=None, group=None, async_op: bool = False, algo: str = "auto",
+                           timeout=None, *, output_tensor=None, input_tensor=None):
     """Concatenate every rank's ``input`` into ``output`` in rank order (torch.distributed semantics).
 
     Args:
         output: tensor/array of ``world_size * input.numel()`` elements, same dtype; either shape
             ``(world_size * d0, ...)`` or any shape with that many elements.
         input: this rank's shard (any dtype on CPU ranks).
+        output_tensor, input_tensor: torch.distributed's keyword names of ``output`` and ``input`` (one name
+            of each).
         algo: "auto" or an algorithm of the backend.
         timeout: deadline in seconds (default: the group's).
 
@@ -73,6 +76,8 @@ def all_gather_into_tensor(output, input, group=None, async_op: bool = False, al
     Collective: every rank of ``group`` must call this with inputs of the same shape and dtype.
     """
     fn = "all_gather_into_tensor"
+    output = _one_of(fn, "output", output, "output_tensor", output_tensor)
+    input = _one_of(fn, "input", input, "input_tensor", input_tensor)
     if torch.compiler.is_compiling():
         compiled.traced(fn, async_op)
         return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group))
@@ -85,6 +90,14 @@ def all_gather_into_tensor(output, input, group=None, async_op: bool = False, al
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, _nbytes(out), out.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
     return registry.backend(backend).all_gather_into_tensor(comm, out, inp, entry, async_op, timeout)
+
+
+def _one_of(fn: str, name: str, value, torch_name: str, torch_value):
+    """The argument passed as ``name`` or under torch.distributed's ``torch_name``: exactly one of them."""
+    if (value is None) == (torch_value is None):
+        raise TypeError(f"{fn}: pass {name}= or {torch_name}= (torch.distributed's name), "
+                        f"{'not both' if value is not None else 'one is required'}")
+    return torch_value if value is None else value
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: str = "auto", timeout=None):
