@@ -47,6 +47,14 @@ def test_every_kernel_compiles_for_xe2_and_max(aot):
     assert {"attention", "gemm", "gated_gemm", "scatter_gemm", "gemv", "norm"} <= modules
 
 
+def test_check_of_given_launches_in_this_process(aot):
+    # the list a caller passes compiles here, one line a compile (the full list above goes to worker processes)
+    norm = [x for x in aot.LAUNCHES if x.module == "norm"][:1]
+    lines = []
+    assert aot.check(norm, ["xe2"], [16], log=lines.append, workers=4) == []
+    assert len(lines) == 1 and lines[0].startswith(f"{norm[0].name} [xe2, sub-group 16]: ok")
+
+
 def test_a_gemm_without_dpas_is_caught(aot):
     launch = next(x for x in aot.LAUNCHES if x.module == "gemm" and x.matrix)
     no_dpas = dict(aot.TARGETS["xe2"], has_subgroup_matrix_multiply_accumulate=False, has_subgroup_2d_block_io=False)

@@ -486,8 +486,7 @@ def check(launches=None, targets=None, sub_groups=None, log=print, workers: int 
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = pool.map(_check_listed, *zip(*[(i, target, sg) for i, _, target, sg in jobs]))
-            results = list(results)
+            results = list(pool.map(_check_listed, *zip(*[(i, target, sg) for i, _, target, sg in jobs])))
     else:
         results = (_check_one(launch, target, sg) for _, launch, target, sg in jobs)
     failures = []
