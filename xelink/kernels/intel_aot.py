@@ -184,7 +184,7 @@ def _rope():
 def _rope_kv():
     def args():
         B, HQ, HK, S, D = 1, 32, 8, 8192, 128
-        q, k, kc = _contiguous(B, HQ + 2 * HK, 1, D), _contiguous(B, HK, 1, D), _contiguous(B, HK, S, D)
+        q, kc = _contiguous(B, HQ + 2 * HK, 1, D), _contiguous(B, HK, S, D)
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("int64"),
                  _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), HQ, HK, q[0], q[1], q[0], q[1], q[0], q[1], D, D,
                  HQ * D, D, *kc[:3], *kc[:3]],
