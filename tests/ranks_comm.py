@@ -333,6 +333,27 @@ def check_timeout_names_the_missing_rank(world):
     world.barrier()
 
 
+def check_destroy_process_group_and_node_local_rank(world):
+    """torch.distributed's names: destroy_process_group frees a group (the world's: finalize; the non-member
+    sentinel: nothing), get_node_local_rank is the rank on this host (its fallback only before init)."""
+    from xelink import comm as C
+
+    assert xelink.get_node_local_rank() == world.local_rank == xelink.get_node_local_rank(fallback_rank=7)
+    sub = xelink.new_group(list(range(world.size)))
+    pair = xelink.new_group([0])
+    xelink.destroy_process_group(pair)  # NON_GROUP_MEMBER on ranks > 0: nothing to do
+    xelink.destroy_process_group(sub)
+    assert sub.name not in [c.name for c in C.live()]
+    with pytest.raises(TypeError, match=r"destroy_process_group: group='world' is not an xelink Communicator"):
+        xelink.destroy_process_group("world")
+    xelink.destroy_process_group()  # the world: finalize, as torch's deinitializes the package
+    assert not xelink.is_initialized()
+    assert xelink.get_node_local_rank(fallback_rank=3) == 3
+    with pytest.raises(xelink.NotInitializedError, match="get_node_local_rank: xelink.init"):
+        xelink.get_node_local_rank()
+    xelink.init().barrier()
+
+
 def check_finalize_then_init_again(world):
     xelink.finalize()
     assert not xelink.is_initialized()

@@ -9,7 +9,7 @@ from .comm import (NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_ra
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
-from .runtime import finalize, get_world, init, is_initialized
+from .runtime import destroy_process_group, finalize, get_node_local_rank, get_world, init, is_initialized
 from .symm import empty
 
 __version__ = "0.1.0"
@@ -27,9 +27,11 @@ __all__ = [
     "NotInitializedError",
     "TimeoutError",
     "XelinkError",
+    "destroy_process_group",
     "finalize",
     "get_global_rank",
     "get_group_rank",
+    "get_node_local_rank",
     "get_process_group_ranks",
     "get_rank",
     "get_world",

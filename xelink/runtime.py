@@ -25,6 +25,8 @@ __all__ = [
     "detect_launch",
     "init",
     "finalize",
+    "destroy_process_group",
+    "get_node_local_rank",
     "get_world",
     "is_initialized",
     "resolve_timeout",
@@ -363,6 +365,37 @@ def is_initialized() -> bool:
     except NotInitializedError:
         return False
     return True
+
+
+def destroy_process_group(group=None) -> None:
+    """torch.distributed.destroy_process_group's shape: ``group`` None (or the world) finalizes xelink
+    (:func:`finalize`), a communicator is freed (``Communicator.free``), ``NON_GROUP_MEMBER`` is left alone.
+
+    Collective: every rank of the group (of the world for None) must call this.
+    """
+    from .comm import NON_GROUP_MEMBER, resolve_group
+
+    if group is NON_GROUP_MEMBER:
+        return
+    if group is None:
+        finalize()
+        return
+    comm = resolve_group(group, "destroy_process_group")
+    if comm is get_world():
+        finalize()
+    else:
+        comm.free()
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank among the world's ranks on its host (``Communicator.local_rank``), as
+    torch.distributed.get_node_local_rank; before :func:`init`, ``fallback_rank`` where given."""
+    if is_initialized():
+        return get_world().local_rank
+    if fallback_rank is None:
+        raise NotInitializedError("get_node_local_rank: xelink.init() has not been called; pass fallback_rank= to "
+                                  "get a rank without it")
+    return int(fallback_rank)
 
 
 def finalize() -> None:
