@@ -502,8 +502,11 @@ def _torch_group_options(fn: str, backend, group_desc, device_id) -> None:
         raise TypeError(f"{fn}: backend={backend!r} must be None or a str (a torch.distributed backend name)")
     if group_desc is not None and not isinstance(group_desc, str):
         raise TypeError(f"{fn}: group_desc={group_desc!r} must be None or a str")
-    if device_id is not None and type(device_id).__module__ + "." + type(device_id).__name__ != "torch.device":
-        raise TypeError(f"{fn}: device_id={device_id!r} must be None or a torch.device")
+    if device_id is not None:
+        import torch  # (the host layer imports torch only where a call needs it)
+
+        if not isinstance(device_id, torch.device):
+            raise TypeError(f"{fn}: device_id={device_id!r} must be None or a torch.device")
 
 
 def _rank_list(fn: str, name: str, ranks, size: int) -> list[int]:

@@ -15,7 +15,7 @@ import time
 from typing import Mapping
 
 from . import bridge, config, log, tuning
-from .comm import Communicator, get_world, live, set_world
+from .comm import NON_GROUP_MEMBER, Communicator, get_world, live, resolve_group, set_world
 from .config import DEFAULT_TIMEOUT_S, resolve_timeout  # noqa: F401 (public here since before config.py)
 from .errors import LaunchError, NotInitializedError, XelinkError
 from .transport import Deadline, SelfTransport, Transport, shm
@@ -373,18 +373,12 @@ def destroy_process_group(group=None) -> None:
 
     Collective: every rank of the group (of the world for None) must call this.
     """
-    from .comm import NON_GROUP_MEMBER, resolve_group
-
     if group is NON_GROUP_MEMBER:
         return
-    if group is None:
-        finalize()
-        return
-    comm = resolve_group(group, "destroy_process_group")
-    if comm is get_world():
+    if group is None or resolve_group(group, "destroy_process_group") is get_world():
         finalize()
     else:
-        comm.free()
+        group.free()
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
