@@ -351,6 +351,8 @@ def check_destroy_process_group_and_node_local_rank(world):
     assert xelink.get_node_local_rank(fallback_rank=3) == 3
     with pytest.raises(xelink.NotInitializedError, match="get_node_local_rank: xelink.init"):
         xelink.get_node_local_rank()
+    with pytest.raises(TypeError, match=r"get_node_local_rank: fallback_rank='x' must be an int"):
+        xelink.get_node_local_rank(fallback_rank="x")
     xelink.init().barrier()
 
 

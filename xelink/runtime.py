@@ -389,7 +389,10 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     if fallback_rank is None:
         raise NotInitializedError("get_node_local_rank: xelink.init() has not been called; pass fallback_rank= to "
                                   "get a rank without it")
-    return int(fallback_rank)
+    try:
+        return int(fallback_rank)  # (as torch's: anything int() takes)
+    except (TypeError, ValueError):
+        raise TypeError(f"get_node_local_rank: fallback_rank={fallback_rank!r} must be an int") from None
 
 
 def finalize() -> None:
