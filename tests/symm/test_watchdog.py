@@ -42,7 +42,7 @@ def test_a_wait_that_gives_up_is_reported_once_naming_rank_comm_and_peers(monkey
     word = _word(comm)
     time.sleep(3 * watchdog.INTERVAL_S)
     assert "w.team" not in capsys.readouterr().err  # nothing set: nothing said
-    word.tensor[0], word.tensor[1 + 3] = 1, 1  # the kernel: a wait gave up, waiting for rank 3
+    word.tensor[1 + 3], word.tensor[0] = 1, 1  # the kernel: a wait gave up, waiting for rank 3
     seen = _wait_for(capsys, "w.team")
     assert "xelink watchdog: rank 2 of w.team" in seen and "rank(s) [3]" in seen, seen
     time.sleep(3 * watchdog.INTERVAL_S)
@@ -62,6 +62,22 @@ def test_a_pairs_wrong_size_is_reported(monkeypatch, capsys):
                                           "size on rank 2"):
         word.raise_if_set("recv")  # the call still raises, and breaks the communicator
     assert len(word.comm.failed) == 1
+
+
+def test_a_word_is_read_whole_one_poll_after_it_is_first_seen_set(monkeypatch):
+    # The kernels' stores reach the host one at a time (the flag may come before a late program's peer): a word
+    # first seen set is told at the next poll, with every peer that has landed by then. (Not watched: "off".)
+    monkeypatch.setenv("XELINK_WATCHDOG", "off")
+    word = _word(_comm("w.halfway"))
+    word.tensor[0] = 1
+    assert word.tripped() is None
+    word.tensor[1 + 1], word.tensor[1 + 3] = 1, 1
+    assert "waited 5 s for rank(s) [1, 3]" in word.tripped()
+    pair = _word(_comm("w.halfpair"), ranks=[5], pair=True)
+    pair.tensor[2] = 1
+    assert pair.tripped() is None
+    pair.tensor[3] = 4096
+    assert "sent a message of 4096 B" in pair.tripped()
 
 
 def test_an_error_a_call_raised_and_off_say_nothing(monkeypatch, capsys):

@@ -246,6 +246,7 @@ class _ErrorWord:
         self._view = self.tensor.numpy()
         self.comm, self.ranks, self.what, self.pair = comm, list(ranks), what, pair
         self.told = False  # a call raised it or the watchdog reported it: nothing more to say
+        self._seen = False  # the watchdog saw it set once: it reads it again, whole, at its next poll
         watchdog.watch(self)
 
     def _state(self) -> tuple[str, object] | None:
@@ -276,9 +277,12 @@ class _ErrorWord:
 
     def tripped(self) -> str | None:
         """The watchdog's line once a wait gave up (or a pair's message had another size) and neither a call nor
-        the watchdog has told it yet, else None."""
+        the watchdog has told it yet, else None; None too the first time it is seen set (read again next poll)."""
         state, comm = None if self.told else self._state(), self.comm
         if state is None:
+            return None
+        if not self._seen:  # the kernels' stores land one at a time (the flag, each late program's peer, a size):
+            self._seen = True  # a word first seen set is read again one poll later, when they all have
             return None
         kind, value = state
         if kind == "size":

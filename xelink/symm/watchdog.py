@@ -5,7 +5,8 @@ and lets its stream go on: what the call should have written is not written, and
 communicator (or ``synchronize``, or ``finalize``) raises ``xelink.TimeoutError``. Until then the job's own GPU work
 may already be using that data, and a job that makes no further xelink call for a while learns nothing. So a
 daemon thread reads every live error word (host memory: no CUDA call, no synchronization) every
-:data:`INTERVAL_S` and, the first time one is set:
+:data:`INTERVAL_S` and, once one is set (read again one poll after it is first seen set: the kernels' stores
+reach the host one at a time, the flag perhaps before a late program's peer):
 
 - ``warn`` (the default): writes one line to stderr naming the rank, the communicator and the peers it waited for;
 - ``abort``: writes that line and ends the process (``os.abort``; under MPI the launcher then ends the other
