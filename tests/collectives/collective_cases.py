@@ -296,13 +296,19 @@ def compare_training(comm, algos, *, device="cpu", steps=30, tol=1e-5):
                            f"from one process's by {err:.3g} (> {tol:g})"
 
 
-def ddp_training(world, device, tol=1e-5):
+def ddp_training(world, device, tol=1e-5, hooks=False):
     """A data-parallel client written as a torch user writes one: every rank builds its own model, rank 0's
     parameters (leaves that require grad) are broadcast, each rank trains on its rows of every batch (shards of
     different sizes) with the gradients summed by all_reduce, and the loss is gathered as an object. The
     weights must equal one process's trained on whole batches from rank 0's start, up to summation order.
-    ``device``: where the models and data live ("cpu" or this rank's CUDA device); ``tol``: on the weights."""
+    ``device``: where the models and data live ("cpu" or this rank's CUDA device); ``tol``: on the weights;
+    ``hooks``: each gradient's all-reduce starts in backward, as soon as the gradient is accumulated
+    (``async_op=True``), and the step takes it from the handle's future, as DDP's communication hooks do."""
     n, r = xelink.get_world_size(world), xelink.get_rank(world)
+    futures = {}
+
+    def reduce_when_ready(p):  # backward still runs: the all-reduce of p.grad goes on beside it
+        futures[p] = xelink.all_reduce(p.grad, async_op=True).get_future().then(lambda f: f.value()[0])
 
     def model(seed):
         return mlp((8, 16, 4), torch.Generator().manual_seed(seed), 0.5).to(device)
@@ -310,6 +316,8 @@ def ddp_training(world, device, tol=1e-5):
     ddp, ref = model(100 + r), model(100)  # each rank starts elsewhere until the broadcast
     for p in ddp.parameters():
         xelink.broadcast(p, 0)
+        if hooks:
+            p.register_post_accumulate_grad_hook(reduce_when_ready)
     assert all(p.requires_grad and p.grad_fn is None for p in ddp.parameters())
     data = torch.Generator().manual_seed(7)
     batch = 23  # a prime: the ranks' shards differ in size
@@ -323,7 +331,10 @@ def ddp_training(world, device, tol=1e-5):
             loss.backward()
             with torch.no_grad():
                 for p in m.parameters():
-                    if reduce:
+                    if reduce and hooks:
+                        grad = futures.pop(p).wait()
+                        assert grad is p.grad  # the future's value: the tensor the call reduced in place
+                    elif reduce:
                         xelink.all_reduce(p.grad)
                     p.sub_(0.5 * p.grad)
             if reduce:

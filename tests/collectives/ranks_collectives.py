@@ -1,4 +1,5 @@
 """Every collective x algorithm x dtype, whole buffer, exact, at world sizes 1-8 and package layouts."""
+import datetime
 import math
 import numpy as np
 import pytest
@@ -152,6 +153,7 @@ def check_list_forms_and_object_scatter_gather(world):
 
 def check_ddp_style_training_matches_one_process(world):
     ddp_training(world, "cpu")
+    ddp_training(world, "cpu", hooks=True)  # the all-reduces started in backward, read from their futures
 
 
 def check_numpy_inputs(world):
@@ -207,6 +209,70 @@ def check_async_handles_keep_order(world):
     assert torch.equal(y, torch.full((10,), float(n)))
     w = xelink.barrier(async_op=True)
     w.wait()
+
+
+def check_work_protocol(world):
+    """Every async_op=True handle has torch.distributed's Work protocol: result() and its future's value are the
+    objects the call wrote (the same objects, numpy arrays too), exception() None and synchronize() once done, the
+    future's then() chains as DDP's hooks do; wait() takes a timedelta and refuses a bad timeout by name."""
+    n, r = world.size, world.rank
+    x = torch.full((4,), float(r + 1))
+    total = float(n * (n + 1) // 2)
+    outs = {"all_reduce": x.clone(), "all_gather_into_tensor": torch.empty(4 * n),
+            "all_gather": [torch.empty(4) for _ in range(n)], "reduce_scatter_tensor": torch.empty(4),
+            "reduce_scatter": torch.empty(4), "all_to_all_single": torch.empty(4 * n),
+            "all_to_all": [torch.empty(4) for _ in range(n)], "broadcast": x.clone(), "reduce": x.clone(),
+            "gather": [torch.empty(4) for _ in range(n)] if r == 0 else None, "scatter": torch.empty(4),
+            "numpy": np.full(4, r + 1.0, dtype=np.float32)}
+    calls = {
+        "all_reduce": lambda o: xelink.all_reduce(o, async_op=True),
+        "all_gather_into_tensor": lambda o: xelink.all_gather_into_tensor(o, x, async_op=True),
+        "all_gather": lambda o: xelink.all_gather(o, x, async_op=True),
+        "reduce_scatter_tensor": lambda o: xelink.reduce_scatter_tensor(o, x.repeat(n), async_op=True),
+        "reduce_scatter": lambda o: xelink.reduce_scatter(o, [x] * n, async_op=True),
+        "all_to_all_single": lambda o: xelink.all_to_all_single(o, x.repeat(n), async_op=True),
+        "all_to_all": lambda o: xelink.all_to_all(o, [x] * n, async_op=True),
+        "broadcast": lambda o: xelink.broadcast(o, src=0, async_op=True),
+        "reduce": lambda o: xelink.reduce(o, dst=0, async_op=True),
+        "gather": lambda o: xelink.gather(x, o, dst=0, async_op=True),
+        "scatter": lambda o: xelink.scatter(o, [x * (q + 1) for q in range(n)] if r == 0 else None, src=0,
+                                            async_op=True),
+        "numpy": lambda o: xelink.all_reduce(o, async_op=True),
+    }
+    for name, call in calls.items():
+        out = outs[name]
+        work = call(out)
+        want = out if isinstance(out, list) else [] if out is None else [out]
+        value = work.get_future().wait()
+        assert isinstance(work, xelink.Work) and work.is_completed(), name
+        for got in (value, work.result()):
+            assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), (name, got)
+        assert work.exception() is None and work.synchronize() is None and work.wait() is True, name
+    full = torch.arange(n, dtype=torch.float32).add(1).repeat_interleave(4)
+    assert torch.equal(outs["all_reduce"], torch.full((4,), total))
+    assert torch.equal(outs["all_gather_into_tensor"], full)
+    assert torch.equal(torch.cat(outs["all_gather"]), full) and torch.equal(torch.cat(outs["all_to_all"]), full)
+    for name in ("reduce_scatter", "reduce_scatter_tensor"):
+        assert torch.equal(outs[name], torch.full((4,), total)), name
+    assert torch.equal(outs["all_to_all_single"], full) and torch.equal(outs["broadcast"], torch.ones(4))
+    assert torch.equal(outs["scatter"], torch.full((4,), float(r + 1)))
+    assert np.array_equal(outs["numpy"], np.full(4, total, dtype=np.float32))
+    # DDP's allreduce hook: the mean, computed by a callback on the future
+    mean = xelink.all_reduce(x.clone(), async_op=True).get_future().then(lambda f: f.value()[0] / n)
+    assert torch.allclose(mean.wait(), torch.full((4,), total / n))
+    futures = [xelink.all_reduce(torch.full((2,), float(i)), async_op=True).get_future() for i in range(3)]
+    assert [float(v[0][0]) for v in torch.futures.wait_all(futures)] == [0.0, n, 2.0 * n]
+    work = xelink.all_reduce(x.clone(), async_op=True)
+    assert work.wait(timeout=datetime.timedelta(seconds=60)) is True
+    for bad, kind in ((-1, ValueError), ("soon", TypeError)):
+        with pytest.raises(kind, match=rf"Work.wait of all_reduce: timeout={bad!r} must be a"):
+            work.wait(timeout=bad)
+    if n > 1:  # a receive's future holds the receive buffer; a send's holds nothing
+        got = torch.empty(3)
+        works = [xelink.irecv(got, (r - 1) % n), xelink.isend(torch.full((3,), float(r)), (r + 1) % n)]
+        values = [w.get_future().wait() for w in works]
+        assert values[0][0] is got and values[1] == [] and torch.equal(got, torch.full((3,), float((r - 1) % n)))
+    world.barrier()
 
 
 def check_blocking_calls_return_none(world):
@@ -516,6 +582,17 @@ def check_rank_that_never_calls_is_named(world):
     if world.rank != late:
         with pytest.raises(xelink.TimeoutError, match=rf"all_reduce: timed out after 1 s waiting for rank\(s\) {late}"):
             xelink.all_reduce(torch.ones(8), group=sub, algo="two_shot", timeout=1.0)
+    sub.free()
+    # The same through a handle: its future (asked for at once) fails with that error, exception() gives it
+    sub = world.split(0)
+    if world.rank != late:
+        work = xelink.all_reduce(torch.ones(8), group=sub, algo="two_shot", timeout=1.0, async_op=True)
+        future = work.get_future()
+        with pytest.raises(xelink.TimeoutError, match=rf"all_reduce: timed out after 1 s waiting for rank\(s\) {late}"):
+            future.wait()
+        assert isinstance(work.exception(), xelink.TimeoutError) and work.is_completed()
+        with pytest.raises(xelink.TimeoutError):
+            work.wait()
     sub.free()
     # The peer-memory path (one host, MPI) sets up its window under the same deadline.
     sub = world.split(0)

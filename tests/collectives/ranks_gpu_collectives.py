@@ -224,8 +224,10 @@ def check_rooted_ops_on_cuda_tensors(world):
 
 
 def check_ddp_style_training_on_cuda(world):
-    # The CPU ranks' real client on CUDA tensors: parameters broadcast (the rooted ops), gradients all-reduced.
+    # The CPU ranks' real client on CUDA tensors: parameters broadcast (the rooted ops), gradients all-reduced
+    # after backward, then in backward (each as its gradient is ready, the step reading the handles' futures).
     ddp_training(world, _dev(world), tol=1e-4)
+    ddp_training(world, _dev(world), tol=1e-4, hooks=True)
 
 
 def check_cuda_graph_replays(world):

@@ -192,9 +192,12 @@ def test_async_chain():
     outs = [fill(c, p * n, "int64", np.full(p * n, 99)) for c in comms]
     h1 = xs.all_reduce(arrs, algo="ring", async_op=True)
     h2 = xs.all_gather_into_tensor(outs, arrs, algo="topo", async_op=True)
-    h2.wait(timeout=30)
-    h1.wait(timeout=30)
+    assert h2.wait(timeout=30) is True and h1.wait(timeout=30) is True
     assert h1.is_completed() and h2.is_completed()
+    # torch.distributed's Work protocol: the arrays written, as result() and as the future's value
+    assert isinstance(h1, xelink.Work) and h1.exception() is None
+    assert all(a is b for a, b in zip(h1.result(), arrs)) and len(h1.result()) == p
+    assert all(a is b for a, b in zip(h2.get_future().wait(), outs)) and len(h2.get_future().wait()) == p
     total = np.sum(np.stack(data), axis=0).astype(np.float64)
     for r, o in enumerate(outs):
         check(o.to_host(), np.tile(total, p), "int64", f"rank {r}")

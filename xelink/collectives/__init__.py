@@ -12,7 +12,7 @@ from .api import (all_gather, all_gather_into_tensor, all_gather_object, all_red
                   reduce,
                   reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list, synchronize)
 from .checks import ReduceOp
-from .cpu import Work
+from ..work import Work  # every handle's base: torch.distributed's Work protocol
 from .gpu import GpuWork
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, recv_object_list, send, send_object_list
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import symm
+from ..work import Work as Handle
 from . import checks, compiled, cpu, dispatch, gpu, registry
 from .gpu import rooted as gpu_rooted
 from .checks import backend_of, check_op, fingerprint_check, group_of, pair, parse_op, root_of, splits
@@ -21,6 +22,14 @@ __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _handle(work, outputs: list):
+    """``work`` (None: the call was not async), holding what the call writes: its ``result()`` and future's
+    value, as torch.distributed's Work (``xelink.work``)."""
+    if work is not None:
+        work.outputs = list(outputs)
+    return work
 
 
 def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str = "auto", timeout=None):
@@ -54,7 +63,7 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     backend = backend_of(x)
     entry = dispatch.resolve(fn, "all_reduce", algo, comm, backend, _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), op, algo))
-    return registry.backend(backend).all_reduce(comm, x, op, entry, async_op, timeout)
+    return _handle(registry.backend(backend).all_reduce(comm, x, op, entry, async_op, timeout), [tensor])
 
 
 def all_gather_into_tensor(output=None, input=None, group=None, async_op: bool = False, algo: str = "auto",
@@ -89,7 +98,8 @@ def all_gather_into_tensor(output=None, input=None, group=None, async_op: bool =
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, _nbytes(out), out.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
-    return registry.backend(backend).all_gather_into_tensor(comm, out, inp, entry, async_op, timeout)
+    return _handle(registry.backend(backend).all_gather_into_tensor(comm, out, inp, entry, async_op, timeout),
+                   [output])
 
 
 def _one_of(fn: str, name: str, value, torch_name: str, torch_value):
@@ -112,7 +122,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     backend = backend_of(inp)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, comm.size * _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
-    return registry.backend(backend).all_gather(comm, outs, inp, entry, async_op, timeout)
+    return _handle(registry.backend(backend).all_gather(comm, outs, inp, entry, async_op, timeout), tensor_list)
 
 
 def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = False, algo: str = "auto",
@@ -146,7 +156,8 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "reduce_scatter", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(out.shape), str(out.dtype), op, algo))
-    return registry.backend(backend).reduce_scatter_tensor(comm, out, inp, op, entry, async_op, timeout)
+    return _handle(registry.backend(backend).reduce_scatter_tensor(comm, out, inp, op, entry, async_op, timeout),
+                   [output])
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -191,10 +202,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_to_all", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape[1:]), str(inp.dtype), algo))
-    return registry.backend(backend).all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout)
+    return _handle(registry.backend(backend).all_to_all_single(comm, out, inp, outs, ins, entry, async_op, timeout),
+                   [output])
 
 
-class _Staged:
+class _Staged(Handle):
     """The handle of a list-form call that runs through one staging buffer: ``wait()`` (or an
     ``is_completed()`` that finds the work done) waits for the inner call, then copies the results out once."""
 
@@ -249,7 +261,8 @@ def reduce_scatter(output, input_list, op="sum", group=None, async_op: bool = Fa
     out = checks.tensor(fn, "output", output, comm)
     ins = _tensor_list(fn, "input_list", input_list, comm, like=out, like_name="output")
     stacked = torch.cat([t.reshape(-1) for t in ins])
-    return reduce_scatter_tensor(out, stacked, op=op, group=comm, async_op=async_op, algo=algo, timeout=timeout)
+    return _handle(reduce_scatter_tensor(out, stacked, op=op, group=comm, async_op=async_op, algo=algo,
+                                         timeout=timeout), [output])
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False, algo: str = "auto",
@@ -282,7 +295,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     if not async_op:
         finish()
         return None
-    return _Staged(work, finish)
+    return _handle(_Staged(work, finish), output_tensor_list)
 
 
 def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False, timeout=None, group_src=None):
@@ -301,8 +314,8 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
     entry = None if x.is_cuda else dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
     if x.is_cuda:
-        return gpu_rooted.broadcast(comm, x, src, async_op)
-    return cpu.broadcast(comm, x, src, entry, async_op, timeout)
+        return _handle(gpu_rooted.broadcast(comm, x, src, async_op), [tensor])
+    return _handle(cpu.broadcast(comm, x, src, entry, async_op, timeout), [tensor])
 
 
 def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool = False, timeout=None,
@@ -327,8 +340,8 @@ def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool 
         registry.backend("cuda").all_reduce(comm, acc, op, entry, False, timeout)
         if comm.rank == dst:
             x.copy_(acc)
-        return symm.Work(None, fn) if async_op else None
-    return cpu.reduce(comm, x, dst, op, async_op, timeout)
+        return _handle(symm.Work(None, fn) if async_op else None, [tensor])
+    return _handle(cpu.reduce(comm, x, dst, op, async_op, timeout), [tensor])
 
 
 def _rooted(fn: str, tensor, items, root_name: str, root, group_root, group):
@@ -357,8 +370,8 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     comm, x, outs, dst = _rooted("gather", tensor, gather_list, "dst", dst, group_dst, group)
     fingerprint_check(comm, "gather", ("gather", tuple(x.shape), str(x.dtype), dst))
     if x.is_cuda:
-        return gpu_rooted.gather(comm, x, outs, dst, async_op)
-    return cpu.gather(comm, x, outs, dst, async_op, timeout)
+        return _handle(gpu_rooted.gather(comm, x, outs, dst, async_op), gather_list or [])
+    return _handle(cpu.gather(comm, x, outs, dst, async_op, timeout), gather_list or [])
 
 
 def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False, timeout=None,
@@ -372,8 +385,8 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     comm, x, ins, src = _rooted("scatter", tensor, scatter_list, "src", src, group_src, group)
     fingerprint_check(comm, "scatter", ("scatter", tuple(x.shape), str(x.dtype), src))
     if x.is_cuda:
-        return gpu_rooted.scatter(comm, x, ins, src, async_op)
-    return cpu.scatter(comm, x, ins, src, async_op, timeout)
+        return _handle(gpu_rooted.scatter(comm, x, ins, src, async_op), [tensor])
+    return _handle(cpu.scatter(comm, x, ins, src, async_op, timeout), [tensor])
 
 
 def _object_list(fn: str, object_list, size: int | None = None) -> None:

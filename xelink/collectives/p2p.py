@@ -11,6 +11,7 @@ import torch
 
 from ..errors import TimeoutError
 from ..transport import wait_all
+from ..work import Work as Handle
 from .checks import USER_TAG_LIMIT, group_of, root_of, tensor as _tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork", "send_object_list",
@@ -61,12 +62,15 @@ def _start(fn, comm, x, peer, tag, send):
     if x.is_cuda:
         from .gpu import p2p as gpu_p2p
 
-        return gpu_p2p.start(comm, x, peer, send)
-    t = comm.transport
-    return P2PWork(comm, [t.isend(x, peer, tag) if send else t.irecv(x, peer, tag)], fn)
+        work = gpu_p2p.start(comm, x, peer, send)
+    else:
+        t = comm.transport
+        work = P2PWork(comm, [t.isend(x, peer, tag) if send else t.irecv(x, peer, tag)], fn)
+    work.outputs = [] if send else [x]  # the received tensor: result() and the future's value, as torch's
+    return work
 
 
-class P2PWork:
+class P2PWork(Handle):
     """Handle of a point-to-point transfer: ``wait()`` blocks up to the communicator's deadline;
     ``source_rank()`` names the sender of a receive (of an any-source one once it completed)."""
 

@@ -284,8 +284,9 @@ def _check_pair(fn: str, outs, ins, out_factor: int, in_factor: int):
     return team
 
 
-def _finish(team, what: str, events, keep, async_op: bool):
+def _finish(team, what: str, events, keep, async_op: bool, outputs):
     work = _s.Work(team, what, events, keep)
+    work.outputs = list(outputs)  # what the call writes: result() and the future's value
     team.last = list(events)
     team.keep(work)
     if async_op:
@@ -407,7 +408,7 @@ def all_reduce(arrays, op: str = "sum", algo: str = "auto", async_op: bool = Fal
         else:
             {"direct": _all_reduce_direct, "two_shot": _all_reduce_two_shot,
              "ring": _all_reduce_ring}[algo](team, arrays, op, ph, keep)
-    return _finish(team, fn, ph.events, keep + list(arrays), async_op)
+    return _finish(team, fn, ph.events, keep + list(arrays), async_op, arrays)
 
 
 def all_gather_into_tensor(outs, ins, algo: str = "auto", async_op: bool = False):
@@ -468,7 +469,7 @@ def all_gather_into_tensor(outs, ins, algo: str = "auto", async_op: bool = False
                 return copies(q, pairs, deps)
             ph.step(cross)
             ph.step(spread)
-    return _finish(team, fn, ph.events, list(outs) + list(ins), async_op)
+    return _finish(team, fn, ph.events, list(outs) + list(ins), async_op, outs)
 
 
 def _team_size(arrays) -> int:
@@ -513,7 +514,7 @@ def reduce_scatter_tensor(outs, ins, op: str = "sum", algo: str = "auto", async_
                     srcs = [ins[r].elements(c * n, n)] + ([acc[(r - 1) % p][(s - 1) % 2]] if s else [])
                     return _s.reduce(q, dst, srcs, n, dt, op, deps)
                 ph.step(step)
-    return _finish(team, fn, ph.events, keep, async_op)
+    return _finish(team, fn, ph.events, keep, async_op, outs)
 
 
 def _reduce_scatter_hierarchical(team, outs, ins, op, ph, packages):
@@ -571,7 +572,7 @@ def all_to_all_single(outs, ins, algo: str = "auto", async_op: bool = False):
         return ev
     if m:
         ph.step(pull)
-    return _finish(team, fn, ph.events, list(outs) + list(ins), async_op)
+    return _finish(team, fn, ph.events, list(outs) + list(ins), async_op, outs)
 
 
 def broadcast(arrays, src: int = 0, algo: str = "auto", async_op: bool = False):
@@ -587,7 +588,7 @@ def broadcast(arrays, src: int = 0, algo: str = "auto", async_op: bool = False):
     if n:
         ph.step(lambda r, q, deps: None if r == src else
                 _s.copy(q, arrays[r].elements(0, n), arrays[src].elements(0, n), deps))
-    return _finish(team, fn, ph.events, list(arrays), async_op)
+    return _finish(team, fn, ph.events, list(arrays), async_op, arrays)
 
 
 def barrier(comms, timeout=None) -> None:

@@ -57,6 +57,7 @@ import torch
 from .. import config
 from ..errors import TimeoutError, XelinkError
 from ..log import get_logger
+from ..work import Work as Handle
 from . import watchdog
 from .device import MAX_WORLD
 
@@ -771,9 +772,10 @@ class Join:
         torch.cuda.current_stream().wait_event(self.finished)
 
 
-class Work:
-    """Handle of stream-ordered work (torch.distributed's Work for CUDA): ``wait()`` makes the current
-    stream wait for it, ``synchronize()`` blocks the host and raises a deadline that expired. ``keep``: tensors
+class Work(Handle):
+    """Handle of stream-ordered work (torch.distributed's Work for CUDA, with its protocol: ``xelink.work``):
+    ``wait()`` makes the current stream wait for it, ``synchronize()`` blocks the host and raises a deadline that
+    expired. ``keep``: tensors
     the work's stream uses, held until ``wait()`` (under CUDA-graph capture, where ``record_stream`` is not
     used, a tensor the caller drops would otherwise go to the next allocation while the work still uses it)."""
 

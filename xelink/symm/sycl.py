@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import config
 from ..errors import TimeoutError
+from ..work import Work as Handle
 
 __all__ = ["DTYPES", "OPS", "USM_KINDS", "Buffer", "Team", "Work", "available", "dpctl_module", "alloc", "program",
            "kernel_source", "copy", "reduce", "barrier", "wait_events", "MAX_SOURCES"]
@@ -228,9 +229,9 @@ class Team:
         return f"rank {rank}: {d.name.strip()} ({d.filter_string if d.parent_device is None else 'sub-device'})"
 
 
-class Work:
+class Work(Handle):
     """A handle on enqueued work: ``events`` (per rank, None where a rank had nothing to do), the buffers
-    that must live until they complete, and ``wait(timeout)``."""
+    that must live until they complete, and ``wait(timeout)``; torch.distributed's Work protocol (``xelink.work``)."""
 
     def __init__(self, team: Team, what: str, events, keep=()):
         self.team, self.what, self.events, self._keep = team, what, list(events), list(keep)
@@ -243,13 +244,14 @@ class Work:
                              for e in self.events)
         return self._done
 
-    def wait(self, timeout=None) -> None:
+    def wait(self, timeout=None) -> bool:
         """Wait for every rank's work, at most ``timeout`` seconds (None: ``XELINK_TIMEOUT``, else 300 s);
         raises ``xelink.TimeoutError`` naming the ranks whose work did not complete."""
         if not self._done:
             wait_events(self.events, timeout, self.what, self.team)
             self._done = True
             self._keep = []
+        return True
 
 
 def wait_events(events, timeout, what: str, team: Team | None = None) -> None:

@@ -12,6 +12,7 @@ from ...comm import Communicator
 from ...config import resolve_timeout
 from ...errors import TimeoutError
 from ...transport import Deadline, wait_all
+from ...work import Work as Handle
 from ..checks import USER_TAG_LIMIT, ReduceOp
 
 __all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "copy_as", "work_copy", "combine", "finish",
@@ -170,12 +171,11 @@ def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadlin
             raise exc.restate(group=exc.group or comm)
 
 
-class Work:
-    """Handle of an ``async_op=True`` call, like torch.distributed's ``Work``.
-
-    ``wait()`` blocks until the operation has finished (or raises its error); ``is_completed()``
-    polls. A wait has a deadline: the communicator's timeout unless ``timeout`` is given.
-    """
+class Work(Handle):
+    """Handle of an ``async_op=True`` call on CPU ranks (the call runs on the communicator's worker thread), with
+    torch.distributed's Work protocol (``xelink.work``): ``wait()`` blocks until the operation has finished (or
+    raises its error); a wait has a deadline: the communicator's timeout unless ``timeout`` is given. Its
+    ``get_future()`` completes when the call does, without waiting."""
 
     def __init__(self, future: concurrent.futures.Future, what: str, timeout: float):
         self._future, self._what, self._timeout = future, what, timeout
@@ -183,17 +183,26 @@ class Work:
     def is_completed(self) -> bool:
         return self._future.done()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        limit = self._timeout if timeout is None else timeout
+    def wait(self, timeout=None) -> bool:
+        limit = self._timeout if timeout is None else resolve_timeout(timeout, f"Work.wait of {self._what}")
         try:
             self._future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(self._what, [], limit, "the operation is still running") from None
         return True
 
-    def result(self):
-        self.wait()
-        return self._future.result()
+    def get_future(self):
+        future = torch.futures.Future()
+
+        def done(call):
+            error = call.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(list(self.outputs))
+
+        self._future.add_done_callback(done)
+        return future
 
 
 def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async_op: bool, timeout=None):
