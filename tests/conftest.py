@@ -91,6 +91,12 @@ def _need_gpus(n: int) -> None:
         pytest.skip(f"needs {n} GPU(s), {count} visible")
 
 
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Every test draws the same random data in every run (``ranks.seed``; rank checks seed per check and rank)."""
+    ranks.seed(request.node.nodeid)
+
+
 @pytest.fixture
 def requires_gpus():
     """``requires_gpus(n)`` skips the test unless n CUDA devices are visible (no query at import)."""

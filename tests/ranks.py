@@ -13,6 +13,9 @@ the check's own seconds: what a launch spends where),
 so a rank that dies or hangs still leaves what it finished, and ``progress`` says where it stopped. A
 launch that outlives its timeout (the sum of its modules') is killed, process group and all.
 
+Every check starts with torch's and numpy's generators seeded from its name and the rank (``seed``; the
+conftest seeds every other test from its id), so a run's random data is the same in every run.
+
 A check decorated with ``@ranks.only(launchers=..., sizes=...)`` runs only under those launchers
 and world sizes. ``XELINK_TEST_CHECKS`` (comma-separated parts of check names) keeps only the checks
 whose names contain one of them, in collection and in the launch alike; a launch runs only the checks
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 DEFAULT_WORLD_SIZES = (1, 2, 4)
@@ -206,6 +210,19 @@ def _skipped():
     return pytest.skip.Exception
 
 
+def seed(name: str, rank: int = 0) -> None:
+    """Seed torch's and numpy's generators for one test (``name``) on one rank: a test's random data is the same
+    in every run (a failure repeats; a pass is not luck of the draw), and differs between ranks.
+    ``XELINK_TEST_SEED`` (any text) draws other data everywhere: a hunt for tests that pass by luck."""
+    import numpy as np
+    import torch
+
+    salt = os.environ.get("XELINK_TEST_SEED", "")
+    value = (zlib.crc32(f"{salt}{name}".encode()) + rank) % 2**32
+    torch.manual_seed(value)
+    np.random.seed(value)
+
+
 def _run_rank(outdir: str, launcher: str, module_paths: list[str]) -> int:
     """Per rank: init xelink, run every check of every module, record each result as it finishes."""
     import xelink
@@ -228,6 +245,7 @@ def _run_rank(outdir: str, launcher: str, module_paths: list[str]) -> int:
             record["progress"] = k = key(path, name)
             save()
             start = time.monotonic()
+            seed(name, world.rank)
             try:
                 getattr(module, name)(world)
                 record["results"][k] = {"ok": True, "error": ""}

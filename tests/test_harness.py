@@ -1,6 +1,11 @@
 """The multi-rank harness itself: a failing rank fails its check, a hung rank is killed and named."""
+import os
 import sys
+import zlib
 from pathlib import Path
+
+import numpy as np
+import torch
 
 import ranks
 
@@ -66,3 +71,15 @@ def test_launch_commands():
     assert both[-4:] == ["/o", "mpi", "a.py", "b.py"]
     tr = ranks.launch_command("torchrun", 2, Path("m.py"), Path("/o"))
     assert tr[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--nproc-per-node=2" in tr
+
+
+def test_every_test_starts_seeded_from_its_id(request):
+    salt = os.environ.get("XELINK_TEST_SEED", "")
+    assert torch.initial_seed() == zlib.crc32(f"{salt}{request.node.nodeid}".encode())  # the conftest's seed
+    first = torch.rand(4), np.random.rand(4)
+    ranks.seed("check_x", 3)
+    again = torch.rand(4), np.random.rand(4)
+    ranks.seed("check_x", 3)
+    assert torch.equal(torch.rand(4), again[0]) and np.array_equal(np.random.rand(4), again[1])
+    ranks.seed("check_x", 4)  # another rank draws other data
+    assert not torch.equal(torch.rand(4), again[0]) and not torch.equal(first[0], again[0])
