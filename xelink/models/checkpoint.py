@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Mistral folders: the config, slice-wise tensor reads, and random folders for tests.
+"""Hugging Face Llama/Mistral/Qwen2 folders: the config, slice-wise tensor reads, and random folders for tests.
 
 A folder holds ``config.json``, one ``*.safetensors`` file or several with ``model.safetensors.index.json``,
 and optionally ``generation_config.json`` and ``tokenizer.json``. ``LlamaConfig.from_hf`` reads the
@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "RandomWeights", "save_random_llama"]
 
-_SUPPORTED_TYPES = ("llama", "mistral")
+_SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
 
 
@@ -31,7 +31,9 @@ class LlamaConfig:
     Fields follow the HF names: ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
     ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size``, ``rms_norm_eps``,
     ``rope_theta``, ``rope_scaling`` (None or a dict with ``rope_type`` "llama3"),
-    ``max_position_embeddings``, ``tie_word_embeddings``, ``attention_bias``, ``mlp_bias``.
+    ``max_position_embeddings``, ``tie_word_embeddings``, ``attention_bias``, ``mlp_bias``, ``model_type``
+    ("llama", "mistral" or "qwen2": Qwen2's q/k/v projections always have a bias, its o and MLP ones never,
+    whatever ``attention_bias`` / ``mlp_bias`` say, as transformers' Qwen2 builds them; ``qkv_bias``, ``o_bias``).
     """
 
     hidden_size: int
@@ -49,6 +51,14 @@ class LlamaConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     model_type: str = "llama"
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias or self.model_type == "qwen2"
+
+    @property
+    def o_bias(self) -> bool:
+        return self.attention_bias and self.model_type != "qwen2"
 
     @classmethod
     def from_hf(cls, hf: dict, fn: str = "LlamaConfig.from_hf") -> "LlamaConfig":
@@ -99,8 +109,8 @@ class LlamaConfig:
                   rope_theta=theta, rope_scaling=scaling,
                   max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                  attention_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
-                  model_type=model_type)
+                  attention_bias=bool(hf.get("attention_bias", False)) and model_type != "qwen2",
+                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type != "qwen2", model_type=model_type)
         cfg.check(fn)
         return cfg
 
@@ -118,12 +128,14 @@ class LlamaConfig:
 
     def to_hf(self) -> dict:
         """The ``config.json`` dict of this config (the classic field names every transformers reads)."""
-        arch = "MistralForCausalLM" if self.model_type == "mistral" else "LlamaForCausalLM"
+        arch = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
         out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu",
                "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.model_type == "mistral":
             out["sliding_window"] = None  # full attention, as this model computes (transformers' default is 4096)
+        if self.model_type == "qwen2":
+            out["use_sliding_window"] = False
         return out
 
 
@@ -175,9 +187,11 @@ def tensor_shapes(cfg: LlamaConfig) -> dict:
                        p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
                        p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
                        p + "mlp.down_proj.weight": (H, I)})
-        if cfg.attention_bias:
+        if cfg.qkv_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (H,)})
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (H,)
         if cfg.mlp_bias:
             shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
                            p + "mlp.down_proj.bias": (H,)})

@@ -257,9 +257,10 @@ class TensorParallel:
             qkv = torch.cat([get(a + "q_proj.weight", 0, qs, qe), get(a + "k_proj.weight", 0, ks, ke),
                              get(a + "v_proj.weight", 0, ks, ke)])
             qkv_b = o_b = gu_b = down_b = None
-            if cfg.attention_bias:
+            if cfg.qkv_bias:
                 qkv_b = torch.cat([get(a + "q_proj.bias", 0, qs, qe), get(a + "k_proj.bias", 0, ks, ke),
                                    get(a + "v_proj.bias", 0, ks, ke)])
+            if cfg.o_bias:
                 o_b = get(a + "o_proj.bias")
             if cfg.mlp_bias:
                 gu_b = torch.cat([get(m + "gate_proj.bias", 0, fs, fe), get(m + "up_proj.bias", 0, fs, fe)])
