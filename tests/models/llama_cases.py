@@ -1,13 +1,14 @@
 """Hugging Face folders for the model tests, written by transformers' own ``save_pretrained`` from configs
 modelled on real ``config.json`` files (shrunk to 2 layers and small widths, features kept: GQA ratio,
-RoPE theta and scaling, tied or untied head, Mistral's and Qwen2's types)."""
+RoPE theta and scaling, tied or untied head, Mistral's, Qwen2's and Qwen3's types)."""
 import torch
 
 # name -> (HF class name, config kwargs). The real models: Llama-2-7b (MHA, theta 1e4, eps 1e-5),
 # Llama-3.1-8B (GQA 4:1, llama3 scaling factor 8, theta 5e5), Llama-3.2-1B (GQA 4:1, head_dim 64 of hidden
 # 2048, scaling factor 32, tied embeddings), Mistral-7B-v0.3 (GQA 4:1, theta 1e6, no sliding window),
 # Qwen2.5-0.5B (14 heads, GQA 7:1, q/k/v biases without an o one, theta 1e6, eps 1e-6, tied embeddings, a
-# sliding window written but off).
+# sliding window written but off), Qwen3-0.6B (16 heads of head_dim 128 over hidden 1024: a head_dim of its own;
+# GQA 2:1, q/k norms, theta 1e6, tied embeddings).
 # Llama 3.1 keeps its three EOS ids (moved into the small vocabulary).
 CASES = {
     "llama2": ("LlamaForCausalLM", dict(
@@ -35,6 +36,10 @@ CASES = {
         vocab_size=208, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
         use_sliding_window=False, sliding_window=32768, max_window_layers=2, tie_word_embeddings=True,
         bos_token_id=200, eos_token_id=201)),
+    "qwen3": ("Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=16, vocab_size=176, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+        use_sliding_window=False, max_window_layers=2, tie_word_embeddings=True, attention_bias=False)),
     # Biases on (attention_bias / mlp_bias): Llama-architecture variants that set them.
     "bias": ("LlamaForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -6,12 +6,14 @@ random weights are the same for every seed and TP slice, the errors. GPU (marked
 the eager decode's bit for bit across replays at moving positions and batch rows at different lengths;
 greedy generation through the graph gives the eager loop's tokens, and the reference path's (pure torch)
 tokens up to the first step where the reference's top-2 margin is within the logits' rounding difference,
-on the tiny and the Llama-3.2-1B shapes."""
+on the tiny and the Llama-3.2-1B shapes, and a tiny Qwen3 with attention biases (q/k norms, biases in the graph)."""
 import pytest
 import torch
 
-from xelink.models import Llama
+from xelink.models import CONFIGS, Llama
 from xelink.models.checkpoint import RandomWeights, tensor_shapes
+
+QWEN3 = dict(CONFIGS["tiny"].to_hf(), model_type="qwen3", attention_bias=True)
 
 
 def _tiny(**kw):
@@ -19,8 +21,10 @@ def _tiny(**kw):
     return Llama.random("tiny", seed=5, max_batch=3, max_seq_len=64, **kw)
 
 
-def test_decode_equals_the_models_own_step():
-    model = _tiny()
+@pytest.mark.parametrize("config", ["tiny", "qwen3"])
+def test_decode_equals_the_models_own_step(config):
+    model = Llama.random(QWEN3 if config == "qwen3" else config, seed=5, max_batch=3, max_seq_len=64,
+                         dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (3, 7), generator=g)
     model(ids, 0)
@@ -98,9 +102,10 @@ def _greedy_steps(model, ids, n, graph):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b"])
+@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b", "qwen3"])
 def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
     requires_gpus(1)
+    config = QWEN3 if config == "qwen3" else config
     g = torch.Generator().manual_seed(11)
     kw = dict(seed=7, dtype=torch.bfloat16, max_batch=4, max_seq_len=256, device="cuda")
     fast = Llama.random(config, impl="xelink", **kw)

@@ -1,6 +1,6 @@
-"""The Llama model against Hugging Face's own code (LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM) on
-folders that transformers' save_pretrained wrote: logits and greedy tokens in float32, ragged batches, quantized
-weights, generation options, and the errors raised before any work. Multi-rank TP: ranks_llama.py."""
+"""The Llama model against Hugging Face's own code (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM) on folders that transformers' save_pretrained wrote: logits and greedy tokens in float32, ragged
+batches, quantized weights, generation options, and the errors raised before any work. Multi-rank TP: ranks_llama.py."""
 import json
 import shutil
 
@@ -58,7 +58,7 @@ def test_logits_and_greedy_tokens_match_transformers(folders, name, shard):
     assert torch.equal(model.generate(ids, new, eos_token_id=[]), hf_greedy(hf, ids, new))
 
 
-@pytest.mark.parametrize("name", ["llama3.1", "mistral", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3.1", "mistral", "qwen2", "qwen3"])
 def test_ragged_left_padded_batch_matches_transformers(folders, name):
     path, hf = folders[name, False]
     model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=3, max_seq_len=64)
@@ -207,27 +207,30 @@ def test_a_prefill_chunk_may_hold_only_padding_for_a_row(folders):
         model(ids[:, :5], 0, torch.zeros(2, 5, dtype=torch.long))
 
 
-def test_qwen2_folders_biases_and_window(tmp_path, folders):
-    """A Qwen2 folder xelink writes is one transformers' Qwen2 reads (q/k/v biases, no o or MLP bias, whatever
-    attention_bias / mlp_bias say; the window off); a window that is on is refused past its length."""
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_folders_biases_norms_and_window(tmp_path, folders, kind):
+    """A Qwen2 / Qwen3 folder xelink writes is one transformers reads (Qwen2: q/k/v biases, no o or MLP bias,
+    whatever attention_bias / mlp_bias say; Qwen3: q/k norms, the biases attention_bias says, none in the MLP; the
+    window off); a window that is on is refused past its length."""
     import transformers
     from safetensors import safe_open
 
     from xelink.models import LlamaConfig
 
-    cfg = LlamaConfig.from_hf(dict(CONFIGS["tiny"].to_hf(), model_type="qwen2", attention_bias=True, mlp_bias=True))
-    assert cfg.qkv_bias and not cfg.o_bias and not cfg.mlp_bias
+    cfg = LlamaConfig.from_hf(dict(CONFIGS["tiny"].to_hf(), model_type=kind, attention_bias=True, mlp_bias=True))
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias, cfg.qk_norm) == (True, kind == "qwen3", False, kind == "qwen3")
     path = save_random_llama(tmp_path / "q", cfg, dtype=torch.float32)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         names = set(f.keys())
-    assert "model.layers.0.self_attn.k_proj.bias" in names and not [n for n in names if "o_proj.bias" in n or
-                                                                    "mlp" in n and n.endswith("bias")]
+    assert "model.layers.0.self_attn.k_proj.bias" in names and not [n for n in names if "mlp" in n and "bias" in n]
+    assert ("model.layers.1.self_attn.o_proj.bias" in names) == ("model.layers.1.self_attn.k_norm.weight" in names) \
+        == (kind == "qwen3")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    assert type(hf).__name__ == "Qwen2ForCausalLM"
+    assert type(hf).__name__ == f"{kind.title()}ForCausalLM"
     ids = torch.randint(0, cfg.vocab_size, (1, 6))
     got = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16)(ids, 0)
     assert (got - hf_logits(hf, ids)).abs().max().item() < TOL
-    path = folders["qwen2", False][0]  # sliding_window 32768 written, use_sliding_window false: no limit
+    path = folders[kind, False][0]  # use_sliding_window false (a window written or not): no limit
     assert Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=40000).max_seq_len == 40000
     on = _edit(path, tmp_path / "on", config={"use_sliding_window": True, "sliding_window": 16})
     with pytest.raises(ValueError, match="sliding_window=16 < max_seq_len=32 is not supported"):

@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Mistral/Qwen2 folders: the config, slice-wise tensor reads, and random folders for tests.
+"""Hugging Face Llama/Mistral/Qwen2/Qwen3 folders: the config, slice-wise tensor reads, and random folders for tests.
 
 A folder holds ``config.json``, one ``*.safetensors`` file or several with ``model.safetensors.index.json``,
 and optionally ``generation_config.json`` and ``tokenizer.json``. ``LlamaConfig.from_hf`` reads the
@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "RandomWeights", "save_random_llama"]
 
-_SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+_SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
 
 
@@ -32,8 +32,9 @@ class LlamaConfig:
     ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size``, ``rms_norm_eps``,
     ``rope_theta``, ``rope_scaling`` (None or a dict with ``rope_type`` "llama3"),
     ``max_position_embeddings``, ``tie_word_embeddings``, ``attention_bias``, ``mlp_bias``, ``model_type``
-    ("llama", "mistral" or "qwen2": Qwen2's q/k/v projections always have a bias, its o and MLP ones never,
-    whatever ``attention_bias`` / ``mlp_bias`` say, as transformers' Qwen2 builds them; ``qkv_bias``, ``o_bias``).
+    ("llama", "mistral", "qwen2" or "qwen3", as transformers builds them: Qwen2's q/k/v projections always have
+    a bias, its o one never; Qwen3 RMS-normalizes each head's q and k before the RoPE (``qk_norm``); neither has
+    MLP biases, whatever ``attention_bias`` / ``mlp_bias`` say: ``qkv_bias``, ``o_bias``).
     """
 
     hidden_size: int
@@ -59,6 +60,10 @@ class LlamaConfig:
     @property
     def o_bias(self) -> bool:
         return self.attention_bias and self.model_type != "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
 
     @classmethod
     def from_hf(cls, hf: dict, fn: str = "LlamaConfig.from_hf") -> "LlamaConfig":
@@ -110,7 +115,8 @@ class LlamaConfig:
                   max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                   attention_bias=bool(hf.get("attention_bias", False)) and model_type != "qwen2",
-                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type != "qwen2", model_type=model_type)
+                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3"),
+                  model_type=model_type)
         cfg.check(fn)
         return cfg
 
@@ -128,13 +134,14 @@ class LlamaConfig:
 
     def to_hf(self) -> dict:
         """The ``config.json`` dict of this config (the classic field names every transformers reads)."""
-        arch = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
+        arch = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
         out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu",
                "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.model_type == "mistral":
             out["sliding_window"] = None  # full attention, as this model computes (transformers' default is 4096)
-        if self.model_type == "qwen2":
+        if self.model_type in ("qwen2", "qwen3"):
             out["use_sliding_window"] = False
         return out
 
@@ -192,6 +199,8 @@ def tensor_shapes(cfg: LlamaConfig) -> dict:
                            p + "self_attn.v_proj.bias": (kv,)})
         if cfg.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (H,)
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
         if cfg.mlp_bias:
             shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
                            p + "mlp.down_proj.bias": (H,)})

@@ -1,4 +1,4 @@
-"""A Llama-style decoder (Llama 2 / 3.x, Mistral and Qwen2 without a sliding window) on xelink's kernels.
+"""A Llama-style decoder (Llama 2 / 3.x, Mistral, Qwen2 and Qwen3 without a sliding window) on xelink's kernels.
 
 The model reads as a one-device model: embedding, then per layer RMSNorm (the residual add fused in),
 fused QKV projection, RoPE, attention over the KV cache, O projection, RMSNorm, fused gate/up, SwiGLU,
@@ -271,7 +271,7 @@ class Llama:
     def from_pretrained(cls, path, *, tp_group=None, cp_group=None, dtype: torch.dtype = torch.bfloat16,
                         weights: str = "bf16", max_batch: int = 1, max_seq_len: int | None = None,
                         impl: str = "auto", device=None) -> "Llama":
-        """Load a Hugging Face Llama/Mistral/Qwen2 folder, each rank reading only the slices it keeps.
+        """Load a Hugging Face Llama/Mistral/Qwen2/Qwen3 folder, each rank reading only the slices it keeps.
 
         Args:
             path: the folder (``config.json``, ``*.safetensors``, optional ``model.safetensors.index.json``,
@@ -308,10 +308,10 @@ class Llama:
         cfg = LlamaConfig.from_hf(hf, fn)
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
-        # transformers' Mistral attends within 4096 positions unless config.json says otherwise; Qwen2 only with
-        # use_sliding_window (then on some layers: refused past the window all the same)
+        # transformers' Mistral attends within 4096 positions unless config.json says otherwise; Qwen2 and Qwen3
+        # only with use_sliding_window (then on some layers: refused past the window all the same)
         window = hf.get("sliding_window", 4096 if cfg.model_type == "mistral" else None)
-        if cfg.model_type == "qwen2" and not hf.get("use_sliding_window", False):
+        if cfg.model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
             window = None
         if window is not None and window < max_seq_len:
             raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
@@ -594,7 +594,12 @@ class Llama:
     def _attention(self, layer, cache, x, attend):
         B, S, H = x.shape
         hq, hk, D = self.heads, self.kv_heads, self.head_dim
-        qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D).transpose(1, 2)
+        qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D)
+        if "q_norm" in layer:  # Qwen3: each head's q and k RMS-normalized (before the RoPE), in place
+            for lo, hi, w in ((0, hq, layer["q_norm"]), (hq, hq + hk, layer["k_norm"])):
+                heads = qkv[:, :, lo:hi].reshape(-1, D)
+                qkv[:, :, lo:hi] = self.ops.rmsnorm(heads, w, self.config.rms_norm_eps).view(B, S, hi - lo, D)
+        qkv = qkv.transpose(1, 2)
         a = attend(cache, qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:], layer)  # (B, hq, S, D)
         return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
 

@@ -274,6 +274,9 @@ class TensorParallel:
                 "gate_up": linear(gate_up, gu_b),
                 "down": linear(get(m + "down_proj.weight", 1, fs, fe), down_b, self.reduce),
             })
+            if cfg.qk_norm:  # one weight over the head dim, for every head: whole on every rank
+                layers[-1].update(q_norm=get(a + "q_norm.weight").to(device),
+                                  k_norm=get(a + "k_norm.weight").to(device))
         head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
         head = get(head_name, 0, self.v0, min(self.v0 + self.vocab, cfg.vocab_size))
         if head.shape[0] < self.vocab:  # the last rank's rows past the vocabulary
