@@ -177,6 +177,19 @@ def check_stream_semantics_and_async(world):
     work.wait()  # the current stream now waits for the side stream's all-reduce
     y = x * 1
     _same("all_reduce async on a side stream", y, want)
+    # torch's Work protocol on a CUDA handle: the future (CUDA-aware) holds the reduced tensor itself, ready on
+    # the stream that waits on it; a then() callback reads it as DDP's hooks do
+    x = _data(world.rank, n, torch.float32, dev)
+    with torch.cuda.stream(side):
+        work = xelink.all_reduce(x, algo="two_shot", async_op=True)
+    future = work.get_future()
+    got = future.wait()
+    assert isinstance(work, xelink.Work) and len(got) == 1 and got[0] is x and work.result()[0] is x
+    _same("all_reduce async, the future's value", got[0] * 1, want)
+    half = xelink.all_reduce(_data(world.rank, n, torch.float32, dev), async_op=True).get_future().then(
+        lambda f: f.value()[0] / 2)
+    _same("all_reduce async, a then() callback", half.wait() * 2, want)
+    assert work.synchronize() is None and work.exception() is None and work.is_completed()
 
 
 def check_tensors_that_require_grad_are_moved_by_their_data(world):
