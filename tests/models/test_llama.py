@@ -286,6 +286,76 @@ def test_sample_keeps_the_top_k_then_the_top_p():
     assert set(sample(logits, 1.0, 0.7, g, top_k=3).tolist()) == {0, 1}
 
 
+def test_sampling_probs_keep_what_transformers_warpers_keep():
+    """top-k, then top-p, then min-p (transformers' order): the tokens kept are those its warpers leave finite."""
+    from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from xelink.models.generate import sampling_probs
+
+    logits = torch.randn(64, 50) * 3
+    for top_k, top_p, min_p in ((0, 1.0, 0.1), (20, 0.9, 0.05), (0, 0.8, 0.3), (5, 1.0, 0.0)):
+        scores = logits / 0.8
+        for warper in ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else []) \
+                + ([MinPLogitsWarper(min_p)] if min_p else []):
+            scores = warper(None, scores)
+        kept = sampling_probs(logits, 0.8, top_p, top_k, min_p) > 0
+        assert torch.equal(kept, scores > float("-inf")), (top_k, top_p, min_p)
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "qwen2"])
+def test_repetition_penalty_and_min_new_tokens_match_transformers(folders, name):
+    """Greedy tokens under transformers' repetition penalty (every id of the row so far: its prompt as given,
+    padding included, then its new tokens, finished rows' pads too) and min_new_tokens (no EOS before it): those
+    of transformers' generate, on a ragged batch; from the arguments and from generation_config.json."""
+    path, hf = folders[name, False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=3, max_seq_len=64)
+    model.generation_config = dict(model.generation_config, pad_token_id=0)
+    ids = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(21))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, :4] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    free = model.generate(ids, 10, attention_mask=mask, eos_token_id=[])
+    stop = int(free[0, 7 + 1])  # row 0's second token: without min_new_tokens row 0 would stop there
+
+    def hf_generate(**kw):
+        with torch.no_grad():
+            return hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=stop,
+                               pad_token_id=0, **kw)
+
+    for kw in (dict(repetition_penalty=1.5, min_new_tokens=4), dict(repetition_penalty=0.7), dict(min_new_tokens=3)):
+        got = model.generate(ids, 10, attention_mask=mask, eos_token_id=stop, **kw)
+        assert torch.equal(got, hf_generate(**kw)), kw
+    assert not torch.equal(got, model.generate(ids, 10, attention_mask=mask, eos_token_id=stop))  # it did apply
+    model.generation_config.update(repetition_penalty=1.5, min_new_tokens=4, eos_token_id=stop)
+    assert torch.equal(model.generate(ids, 10, attention_mask=mask), hf_generate(repetition_penalty=1.5,
+                                                                                 min_new_tokens=4))
+
+
+def test_generation_config_settings_not_done_are_refused_by_name(folders):
+    """A generation_config.json that asks for what this generate does not do (beam search, n-gram bans, typical
+    sampling, ...) is refused by name before any work; the values that do nothing are taken."""
+    path, _ = folders["llama2", False]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
+    ids = torch.randint(0, 160, (1, 4), generator=torch.Generator().manual_seed(22))
+    want = model.generate(ids, 3, eos_token_id=[])
+    base = dict(model.generation_config)
+    for idle in (dict(num_beams=1, no_repeat_ngram_size=0, bad_words_ids=None, suppress_tokens=[], typical_p=0.5),
+                 dict(guidance_scale=1.0, repetition_penalty=None, min_p=0.5)):  # typical_p, min_p: sampling only
+        model.generation_config = dict(base, **idle)
+        assert torch.equal(model.generate(ids, 3, eos_token_id=[]), want), idle
+    for setting, sampling in ((dict(num_beams=4), False), (dict(no_repeat_ngram_size=3), False),
+                              (dict(bad_words_ids=[[5]]), False), (dict(typical_p=0.5), True)):
+        model.generation_config = dict(base, **setting)
+        (name, value), = setting.items()
+        with pytest.raises(ValueError, match=rf"Llama.generate: generation_config.json sets {name}={value!r}"
+                                             .replace("[", r"\[")):
+            model.generate(ids, 3, temperature=1.0 if sampling else 0.0)
+    model.generation_config = base
+    for bad in (dict(repetition_penalty=0.0), dict(min_p=1.5), dict(min_new_tokens=-1)):
+        with pytest.raises(ValueError, match=rf"Llama.generate: {next(iter(bad))}="):
+            model.generate(ids, 3, **bad)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from transformers import LlamaForCausalLM

@@ -12,16 +12,32 @@ import time
 
 import torch
 
-__all__ = ["generate", "sample"]
+__all__ = ["generate", "sample", "sampling_probs"]
+
+# generation_config.json settings that change transformers' tokens and that generate does not do, with the value
+# that does nothing (None: only absent, None or empty does nothing); the sampling-only ones matter when sampling
+_NOT_DONE = {"num_beams": 1, "num_beam_groups": 1, "penalty_alpha": 0, "no_repeat_ngram_size": 0,
+             "bad_words_ids": None, "force_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+             "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
+             "sequence_bias": None, "guidance_scale": 1, "dola_layers": None, "watermarking_config": None}
+_NOT_DONE_SAMPLING = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
-           top_k: int = 0):
-    """Next tokens ``[B]`` from float logits ``[B, V]``: argmax at temperature 0, else sampling from the
-    ``top_k`` most likely tokens (0: all), then from the smallest prefix of them holding ``top_p`` of the mass
-    (transformers' order: temperature, top-k, top-p)."""
+           top_k: int = 0, min_p: float = 0.0):
+    """Next tokens ``[B]`` from float logits ``[B, V]``: argmax at temperature 0, else a draw from
+    ``sampling_probs``."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
+    probs = sampling_probs(logits, temperature, top_p, top_k, min_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0,
+                   min_p: float = 0.0) -> torch.Tensor:
+    """The (unnormalized) probabilities sampling draws from: the ``top_k`` most likely tokens (0: all), then
+    the smallest prefix of them holding ``top_p`` of the mass, then those at least ``min_p`` times as likely
+    as the most likely one (transformers' order: temperature, top-k, top-p, min-p); the others 0."""
     logits = logits.float() / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
@@ -32,7 +48,22 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
         drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if min_p > 0:  # relative to the top token: the same whether or not the kept mass is renormalized
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    return probs
+
+
+def _processed(logits: torch.Tensor, seen: torch.Tensor, penalty: float, eos_t: torch.Tensor, ban_eos: bool):
+    """transformers' logits processors that greedy and sampled decoding share, in its order: the repetition
+    penalty over every id of ``seen`` (``[B, L]``: the prompts as given, padding included, then the new tokens;
+    a logit below 0 multiplied by ``penalty``, else divided), then the EOS ids banned (``ban_eos``: below the
+    minimum length)."""
+    if penalty != 1.0:
+        score = logits.gather(1, seen)
+        logits = logits.scatter(1, seen, torch.where(score < 0, score * penalty, score / penalty))
+    if ban_eos and eos_t.numel():
+        logits = logits.index_fill(1, eos_t, float("-inf"))
+    return logits
 
 
 def _eos_list(eos, fn):
@@ -51,7 +82,8 @@ def _eos_list(eos, fn):
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask=None, temperature=None,
-             top_p=None, top_k=None, eos_token_id=None, seed=None, cuda_graph=None) -> torch.Tensor:
+             top_p=None, top_k=None, eos_token_id=None, seed=None, cuda_graph=None, repetition_penalty=None,
+             min_p=None, min_new_tokens=None) -> torch.Tensor:
     """Continue a batch of prompts.
 
     Args:
@@ -67,6 +99,13 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         eos_token_id: an int or a list (Llama 3.1 has three); None: ``generation_config.json``'s. A sequence
             stops at its first EOS (later positions get the pad token: ``pad_token_id``, else the first EOS).
         seed: the sampling generator's seed (the same on every rank); None: one rank 0 picks.
+        repetition_penalty: > 0; every token already in a row (its prompt as given, padding included, and its
+            new tokens) has its logit divided by it (multiplied where negative), greedy or sampling, as
+            transformers'; None: ``generation_config.json``'s, else 1 (none).
+        min_p: in [0, 1]: when sampling, keep the tokens at least ``min_p`` times as likely as the most likely
+            one (after top-k and top-p); None: ``generation_config.json``'s when sampling, else 0.
+        min_new_tokens: no EOS before this many new tokens; None: ``generation_config.json``'s, else 0. Its
+            ``min_length`` (prompt length plus new tokens, as transformers counts it) holds too.
         cuda_graph: decode steps as replays of ``model.decode_graph(B)`` (one CUDA graph a step, greedy
             tokens taken from the graph's argmax); None: where the model allows it (CUDA, the kernel path,
             no context parallelism), True: required (ValueError where not), False: eager steps.
@@ -75,6 +114,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         ``[B, S + n]`` int64 on the CPU, the prompts then ``n <= max_new_tokens`` new tokens (fewer when
         every sequence stopped). ``model.last_timings`` gets ``ttft_s`` (the prefill and first token) and
         ``tpot_s`` (mean seconds a later token).
+
+    Raises ValueError for a ``generation_config.json`` setting that would change transformers' tokens and that
+    this loop does not do (beam search, n-gram bans, ...: ``_NOT_DONE``), before any work.
 
     Collective over the TP and CP groups.
     """
@@ -96,6 +138,25 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         raise ValueError(f"{fn}: temperature={temperature!r} must be >= 0")
     if not 0 < top_p <= 1:
         raise ValueError(f"{fn}: top_p={top_p!r} must be in (0, 1]")
+    if repetition_penalty is None:
+        repetition_penalty = gc.get("repetition_penalty") or 1.0
+    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, numbers.Real) or \
+            not repetition_penalty > 0:
+        raise ValueError(f"{fn}: repetition_penalty={repetition_penalty!r} must be a number > 0 (1: none)")
+    if min_p is None:
+        min_p = (gc.get("min_p") or 0.0) if sampling else 0.0
+    if isinstance(min_p, bool) or not isinstance(min_p, numbers.Real) or not 0 <= min_p <= 1:
+        raise ValueError(f"{fn}: min_p={min_p!r} must be in [0, 1] (0: none)")
+    if min_new_tokens is None:
+        min_new_tokens = gc.get("min_new_tokens") or 0
+    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, numbers.Integral) or min_new_tokens < 0:
+        raise ValueError(f"{fn}: min_new_tokens={min_new_tokens!r} must be an int >= 0")
+    for name, idle in list(_NOT_DONE.items()) + (list(_NOT_DONE_SAMPLING.items()) if temperature > 0 else []):
+        value = gc.get(name)
+        if value is not None and value != idle and (idle is not None or value not in ([], {})):
+            raise ValueError(f"{fn}: generation_config.json sets {name}={value!r}, which transformers' generate "
+                             f"would apply and this one does not; remove it from model.generation_config to "
+                             f"generate without it")
     eos = _eos_list(gc.get("eos_token_id") if eos_token_id is None else eos_token_id, fn)
     pad = gc.get("pad_token_id")
     pad = pad if isinstance(pad, int) else (eos[0] if eos else 0)
@@ -146,15 +207,20 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     eos_t = torch.tensor(eos, dtype=torch.int64)
     out, starts = [], list(lens)
     ttft = None
+    seen, min_length = ids, gc.get("min_length") or 0  # transformers counts the (padded) prompt in min_length
     for step in range(max_new_tokens):
-        if graph is not None and step > 0 and temperature <= 0:  # the graph's argmax: B ints to the host
-            token = graph.next_tokens.cpu()
+        ban_eos = step < min_new_tokens or S + step < min_length
+        if graph is not None and step > 0 and temperature <= 0 and repetition_penalty == 1 and not ban_eos:
+            token = graph.next_tokens.cpu()  # the graph's argmax: B ints to the host
         else:
-            token = sample(logits.float().cpu(), temperature, top_p, generator, int(top_k))
+            scores = _processed(logits.float().cpu(), seen, float(repetition_penalty), eos_t, ban_eos)
+            token = sample(scores, temperature, top_p, generator, int(top_k), float(min_p))
             token = token.to(torch.int64).contiguous()
         token = agree(token)
         token = torch.where(done, torch.full_like(token, pad), token)
         out.append(token)
+        if repetition_penalty != 1:
+            seen = torch.cat([seen, token[:, None]], dim=1)
         if ttft is None:
             ttft = time.perf_counter() - t0
         if eos:

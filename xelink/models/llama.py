@@ -609,12 +609,14 @@ class Llama:
         return self.ops.linear(layer["down"], act).view(B, S, H)
 
     def generate(self, input_ids, max_new_tokens: int, *, attention_mask=None, temperature=None, top_p=None,
-                 top_k=None, eos_token_id=None, seed=None, cuda_graph=None):
+                 top_k=None, eos_token_id=None, seed=None, cuda_graph=None, repetition_penalty=None, min_p=None,
+                 min_new_tokens=None):
         """Greedy or sampled continuation of a (left-padded) batch of prompts; see ``generate.generate``."""
         from .generate import generate
 
         return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, temperature=temperature,
-                        top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, seed=seed, cuda_graph=cuda_graph)
+                        top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, seed=seed, cuda_graph=cuda_graph,
+                        repetition_penalty=repetition_penalty, min_p=min_p, min_new_tokens=min_new_tokens)
 
 
 class DecodeGraph:
