@@ -40,6 +40,21 @@ CASES = {
         hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
         head_dim=16, vocab_size=176, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
         use_sliding_window=False, max_window_layers=2, tie_word_embeddings=True, attention_bias=False)),
+    # RoPE scalings: linear (positions / factor), YaRN as Qwen documents it for long contexts (factor 4 over the
+    # pretraining length; here 64 of 256), and YaRN with DeepSeek's mscale terms and its own betas.
+    "linear": ("LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=150, rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "yarn": ("Qwen2ForCausalLM", dict(
+        hidden_size=112, intermediate_size=304, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
+        vocab_size=208, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=256,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        use_sliding_window=False, tie_word_embeddings=True)),
+    "yarn-mscale": ("LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=150, rope_theta=10000.0, max_position_embeddings=512,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "mscale": 0.707,
+                      "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2})),
     # Biases on (attention_bias / mlp_bias): Llama-architecture variants that set them.
     "bias": ("LlamaForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -237,6 +237,23 @@ def test_qwen_folders_biases_norms_and_window(tmp_path, folders, kind):
         Llama.from_pretrained(on, dtype=torch.float32, max_seq_len=32)
 
 
+def test_rope_scaling_fields_as_transformers_reads_them():
+    """The pretraining length of a scaled RoPE: config.json's own original_max_position_embeddings first (as
+    transformers gives it priority), then rope_scaling's, then max_position_embeddings; what a type needs is
+    named when missing."""
+    from xelink.models import LlamaConfig
+
+    base = dict(CONFIGS["tiny"].to_hf(), max_position_embeddings=1024)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    for extra, old in ((dict(original_max_position_embeddings=64), 64), ({}, 128)):
+        cfg = LlamaConfig.from_hf(dict(base, rope_scaling=yarn, **extra))
+        assert cfg.rope_scaling == dict(yarn, original_max_position_embeddings=old), cfg.rope_scaling
+    assert LlamaConfig.from_hf(dict(base, rope_scaling={"type": "yarn", "factor": 2.0})).rope_scaling == \
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}
+    with pytest.raises(ValueError, match=r"rope_scaling of type 'linear' lacks \['factor'\]"):
+        LlamaConfig.from_hf(dict(base, rope_scaling={"rope_type": "linear"}))
+
+
 def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
     """Fields a config.json leaves out take transformers' defaults (rms_norm_eps 1e-6; a Mistral's window 4096,
     refused past it); a Mistral xelink writes says full attention; a folder saved again as one file after a
@@ -471,9 +488,9 @@ def test_errors_before_any_work(folders, tmp_path):
         Llama.from_pretrained(_edit(path, tmp_path / "b", reshape=name))
     with pytest.raises(ValueError, match="hidden_act='gelu' is not supported"):
         Llama.from_pretrained(_edit(path, tmp_path / "c", config={"hidden_act": "gelu"}))
-    with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported"):
+    with pytest.raises(ValueError, match="rope_scaling type 'dynamic' is not supported"):
         Llama.from_pretrained(_edit(path, tmp_path / "d", config={
-            "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}))
+            "rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}}))
     with pytest.raises(ValueError, match="model_type='gpt2' is not supported"):
         Llama.from_pretrained(_edit(path, tmp_path / "e", config={"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="sliding_window=16 < max_seq_len=64"):

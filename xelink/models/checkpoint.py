@@ -21,6 +21,10 @@ import torch
 __all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "RandomWeights", "save_random_llama"]
 
 _SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# rope_scaling types: (keys required, keys taken when given); llama3 and yarn also take the pretraining length
+_ROPE_KEYS = {"llama3": (("factor", "low_freq_factor", "high_freq_factor"), ()), "linear": (("factor",), ()),
+              "yarn": ((), ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                            "truncate"))}
 _SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
 
 
@@ -30,7 +34,7 @@ class LlamaConfig:
 
     Fields follow the HF names: ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
     ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size``, ``rms_norm_eps``,
-    ``rope_theta``, ``rope_scaling`` (None or a dict with ``rope_type`` "llama3"),
+    ``rope_theta``, ``rope_scaling`` (None or a dict with ``rope_type`` "llama3", "linear" or "yarn"),
     ``max_position_embeddings``, ``tie_word_embeddings``, ``attention_bias``, ``mlp_bias``, ``model_type``
     ("llama", "mistral", "qwen2" or "qwen3", as transformers builds them: Qwen2's q/k/v projections always have
     a bias, its o one never; Qwen3 RMS-normalizes each head's q and k before the RoPE (``qk_norm``); neither has
@@ -93,18 +97,23 @@ class LlamaConfig:
         theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         scaling = dict(hf.get("rope_scaling") or {}) or rope
         kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+        # the pretraining length, as transformers takes it: config.json's own field first, then rope_scaling's
+        old = hf.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings") \
+            or hf.get("max_position_embeddings", 2048)
         if kind == "default":
             scaling = None
-        elif kind == "llama3":
-            missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                       if k not in scaling]
+        elif kind in _ROPE_KEYS:
+            needed, optional = _ROPE_KEYS[kind]
+            missing = [k for k in needed if scaling.get(k) is None]
             if missing:
-                raise ValueError(f"{fn}: rope_scaling of type 'llama3' lacks {missing}")
-            scaling = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                                "original_max_position_embeddings")}
-            scaling["rope_type"] = "llama3"
+                raise ValueError(f"{fn}: rope_scaling of type {kind!r} lacks {missing}")
+            scaling = {k: scaling[k] for k in needed + optional if scaling.get(k) is not None}
+            scaling["rope_type"] = kind
+            if kind != "linear":
+                scaling["original_max_position_embeddings"] = int(old)
         else:
-            raise ValueError(f"{fn}: rope_scaling type {kind!r} is not supported (None or 'llama3')")
+            raise ValueError(f"{fn}: rope_scaling type {kind!r} is not supported (None, "
+                             f"{', '.join(map(repr, _ROPE_KEYS))})")
         partial = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
         if partial != 1.0:
             raise ValueError(f"{fn}: partial_rotary_factor={partial!r} is not supported (only 1.0)")
@@ -356,13 +365,18 @@ def read_json(path: Path, name: str) -> dict | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
-def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
-    """The RoPE inverse frequencies ``[head_dim / 2]`` in float32, Llama 3's scaling applied (as HF)."""
+def rope_inv_freq(cfg: LlamaConfig) -> tuple[torch.Tensor, float]:
+    """The RoPE inverse frequencies ``[head_dim / 2]`` in float32 and the factor cos and sin are multiplied by,
+    with the config's scaling (Llama 3's, linear or YaRN) applied as transformers applies it."""
     D = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
     s = cfg.rope_scaling
     if s is None:
-        return inv
+        return inv, 1.0
+    if s["rope_type"] == "linear":
+        return inv / s["factor"], 1.0
+    if s["rope_type"] == "yarn":
+        return _yarn(cfg, s)
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old = s["original_max_position_embeddings"]
     low_wavelen, high_wavelen = old / low, old / high
@@ -371,5 +385,36 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     smooth = (old / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+def _yarn(cfg: LlamaConfig, s: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023), as transformers computes it: each frequency between the original one and
+    1 / ``factor`` of it along a linear ramp over the dimensions that turn between ``beta_slow`` and ``beta_fast``
+    times in the pretraining length; cos and sin scaled by ``0.1 ln(factor) + 1`` (or ``attention_factor``, or
+    the ratio of two such terms with ``mscale`` / ``mscale_all_dim``)."""
+    D, base, old = cfg.head_dim, cfg.rope_theta, s["original_max_position_embeddings"]
+    factor = s.get("factor") or cfg.max_position_embeddings / old
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = s.get("attention_factor")
+    if attention is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def turns_dim(turns):  # the dimension that turns ``turns`` times over the pretraining length
+        return D * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = turns_dim(s.get("beta_fast") or 32), turns_dim(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos = base ** (torch.arange(0, D, 2).float() / D)
+    keep = 1 - ramp  # the share of the original (extrapolated) frequency
+    return 1.0 / (factor * pos) * (1 - keep) + 1.0 / pos * keep, float(attention)
 

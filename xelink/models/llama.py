@@ -251,10 +251,11 @@ class Llama:
         self.embed, self.norm, self.head, self.layers = (weights["embed"], weights["norm"], weights["head"],
                                                          weights["layers"])
         self.heads, self.kv_heads, self.head_dim = tp.heads, tp.kv_heads, config.head_dim
-        freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), rope_inv_freq(config))
+        inv_freq, scale = rope_inv_freq(config)
+        freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        # As Hugging Face: cos/sin in float32, rounded to the activation dtype.
-        self.cos, self.sin = emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+        # As Hugging Face: cos/sin in float32 (times YaRN's attention factor), rounded to the activation dtype.
+        self.cos, self.sin = (emb.cos() * scale).to(dtype).to(device), (emb.sin() * scale).to(dtype).to(device)
         if cp is None:
             self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
                            for _ in self.layers]
