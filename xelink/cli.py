@@ -279,7 +279,9 @@ def _cmd_generate(args) -> int:
         model = Llama.from_pretrained(args.model, tp_group=tp_group, cp_group=cp_group, dtype=dtype,
                                       weights=args.weights, max_seq_len=args.max_seq_len, impl=args.impl)
         load_s = time.perf_counter() - t0
-        out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+        out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                             top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                             repetition_penalty=args.repetition_penalty, min_new_tokens=args.min_new_tokens)
     except (ValueError, TypeError, FileNotFoundError) as e:
         if world.rank == 0:
             print(f"xelink generate: {e}", file=sys.stderr)
@@ -365,6 +367,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq-len", type=int, help="cache length (default: min(model maximum, 8192))")
     p.add_argument("--temperature", type=float, help="0 greedy (default: generation_config.json's)")
     p.add_argument("--seed", type=int, help="sampling seed")
+    for flag, kind, what in (("--top-p", float, "nucleus mass when sampling"),
+                             ("--top-k", int, "sample from the k most likely tokens (0: all)"),
+                             ("--min-p", float, "keep tokens at least this times as likely as the top one"),
+                             ("--repetition-penalty", float, "transformers' repetition penalty (1: none)"),
+                             ("--min-new-tokens", int, "no end-of-sequence token before this many")):
+        p.add_argument(flag, type=kind, help=f"{what} (default: generation_config.json's)")
     p.set_defaults(fn=_cmd_generate)
     # Never parsed here (main hands `xelink bench ...` to the suite first): listed for `xelink --help`.
     sub.add_parser("bench", add_help=False, help="the benchmark suite (multi-rank families under a launcher): "

@@ -31,13 +31,15 @@ def _run(*args, n=None, env=None):
 def tiny(tmp_path_factory):
     path = save_random_llama(tmp_path_factory.mktemp("tiny-cli"), "tiny", seed=2, dtype=torch.float32)
     model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
-    return path, model.generate(torch.tensor([PROMPT]), 6, eos_token_id=[])[0, len(PROMPT):].tolist()
+    plain, penalized = (model.generate(torch.tensor([PROMPT]), 6, eos_token_id=[], repetition_penalty=p)
+                        for p in (None, 3.0))
+    return path, plain[0, len(PROMPT):].tolist(), penalized[0, len(PROMPT):].tolist()
 
 
 @pytest.mark.parametrize("layout,note", [((), "TP 2,"), (("--cp", "2"), "TP 1, CP 2,"),
                                          (("--tp", "1"), "TP 1, 2 replicas,")], ids=["tp2", "cp2", "replicas"])
 def test_generate_under_mpiexec_prints_the_one_rank_tokens(tiny, layout, note):
-    path, want = tiny
+    path, want, _ = tiny
     r = _run("--model", str(path), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "6",
              "--dtype", "fp32", *layout, n=2)
     assert r.returncode == 0, r.stderr
@@ -51,7 +53,7 @@ def test_generate_under_mpiexec_prints_the_one_rank_tokens(tiny, layout, note):
 def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    path, _ = tiny
+    path = tiny[0]
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(512)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     folder = tmp_path / "with-tokenizer"
@@ -65,12 +67,17 @@ def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
     new = ast.literal_eval(r.stdout.split("new tokens (6): ")[1].splitlines()[0])
     assert new == tiny[1]
     assert f"text: {' '.join(f'w{t}' for t in new)}" in r.stdout
+    # generate's options on the command line: the repetition penalty (greedy: top-k, top-p, min-p do nothing)
+    r = _run("--model", str(folder), "--prompt", "w1 w2 w3 w4", "--max-new-tokens", "6", "--dtype", "fp32",
+             "--repetition-penalty", "3", "--top-k", "5", "--top-p", "0.5", "--min-p", "0.1")
+    assert r.returncode == 0, r.stderr
+    assert f"new tokens (6): {tiny[2]}" in r.stdout and tiny[2] != tiny[1], (r.stdout, tiny)
 
 
 def test_generate_clear_messages(tiny, tmp_path, monkeypatch, capsys):
     from xelink import cli
 
-    path, _ = tiny
+    path = tiny[0]
     # The argument checks come before any set-up: run in this process (exit status 2, the reason on stderr).
     assert cli.main(["generate", "--model", str(path), "--prompt", "hello"]) == 2
     assert "--prompt needs" in (err := capsys.readouterr().err) and "tokenizer.json; this folder has none" in err
