@@ -6,7 +6,8 @@ random weights are the same for every seed and TP slice, the errors. GPU (marked
 the eager decode's bit for bit across replays at moving positions and batch rows at different lengths;
 greedy generation through the graph gives the eager loop's tokens, and the reference path's (pure torch)
 tokens up to the first step where the reference's top-2 margin is within the logits' rounding difference,
-on the tiny and the Llama-3.2-1B shapes, and a tiny Qwen3 with attention biases (q/k norms, biases in the graph)."""
+on the tiny, Llama-3.2-1B and Qwen3-0.6B shapes, and a tiny Qwen3 with attention biases (q/k norms, biases in the
+graph)."""
 import pytest
 import torch
 
@@ -102,7 +103,7 @@ def _greedy_steps(model, ids, n, graph):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b", "qwen3"])
+@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b", "qwen3", "qwen3-0.6b"])
 def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
     requires_gpus(1)
     config = QWEN3 if config == "qwen3" else config

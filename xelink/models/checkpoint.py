@@ -169,6 +169,11 @@ CONFIGS = {
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 8192},
         max_position_embeddings=131072, tie_word_embeddings=True),
+    # Qwen/Qwen3-0.6B: 16 heads of 128 over a hidden 1024 (a head_dim of its own), q/k norms, tied embeddings.
+    "qwen3-0.6b": LlamaConfig(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3"),
     # Widths of multiples of 128 per rank at TP = 2, so every weight format loads at TP 1 and 2.
     "tiny": LlamaConfig(
         hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -307,7 +312,7 @@ def save_random_llama(path, config, *, seed: int = 0, dtype: torch.dtype = torch
 
     Args:
         path: the folder (created).
-        config: a named config (``CONFIGS``: "llama-3.1-8b", "llama-3.2-1b", "tiny"), a HF-style dict or a
+        config: a named config (``CONFIGS``: "llama-3.1-8b", "llama-3.2-1b", "qwen3-0.6b", "tiny"), a HF-style dict or a
             ``LlamaConfig``.
         seed: weights are ``N(0, 0.02)`` (norms ``1 + N(0, 0.02)``) drawn from this seed, in name order.
         dtype: the stored dtype.
