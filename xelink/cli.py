@@ -225,6 +225,25 @@ def _generate_tp(world, cp: int) -> int:
     return pkg if pkg and per % pkg == 0 else per
 
 
+def _chat_ids(folder, prompt: str):
+    """(token ids, tokenizer) of ``prompt`` as a user's turn in the folder's chat template, as transformers'
+    ``apply_chat_template(..., add_generation_prompt=True)`` writes it; else (None, why)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None, "needs the transformers package (pip install transformers) for the folder's chat template"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as e:
+        return None, f"could not load the folder's tokenizer: {e}"
+    if not getattr(tokenizer, "chat_template", None):
+        return None, (f"needs a chat template in {folder} (tokenizer_config.json or chat_template.jinja); this "
+                      f"folder has none")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids), tokenizer
+
+
 def _cmd_generate(args) -> int:
     """Load a Hugging Face folder across the ranks (TP groups of consecutive ranks, inside a package by default;
     CP groups strided by the TP size; the rest replicas) and continue a prompt."""
@@ -242,7 +261,15 @@ def _cmd_generate(args) -> int:
         if v is not None and v < 1:
             print(f"xelink generate: --{name} {v} must be >= 1", file=sys.stderr)
             return 2
-    if args.prompt_ids is not None:
+    if args.chat and args.prompt is None:
+        print("xelink generate: --chat takes --prompt (text), not --prompt-ids", file=sys.stderr)
+        return 2
+    if args.chat:
+        ids, tokenizer = _chat_ids(args.model, args.prompt)
+        if ids is None:
+            print(f"xelink generate: --chat {tokenizer}", file=sys.stderr)
+            return 2
+    elif args.prompt_ids is not None:
         try:
             ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
@@ -298,8 +325,8 @@ def _cmd_generate(args) -> int:
               f"{model.device}, loaded in {load_s:.2f} s")
         print(f"prompt ({len(ids)} tokens): {ids}")
         print(f"new tokens ({len(new)}): {new}")
-        if tokenizer is not None:
-            print("text:", tokenizer.decode(new))
+        if tokenizer is not None:  # a chat's text without its special tokens (the end of the turn)
+            print("text:", tokenizer.decode(new, skip_special_tokens=True) if args.chat else tokenizer.decode(new))
         if t:
             print(f"time to first token: {t['ttft_s'] * 1e3:.1f} ms; time per output token: {t['tpot_s'] * 1e3:.1f} ms")
     xelink.finalize()
@@ -363,6 +390,8 @@ def main(argv=None) -> int:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
     g.add_argument("--prompt", help="text (needs tokenizer.json in the folder and the tokenizers package)")
+    p.add_argument("--chat", action="store_true", help="the prompt as a user's turn in the folder's chat template "
+                   "(as transformers' apply_chat_template; needs transformers)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--max-seq-len", type=int, help="cache length (default: min(model maximum, 8192))")
     p.add_argument("--temperature", type=float, help="0 greedy (default: generation_config.json's)")

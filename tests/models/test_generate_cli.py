@@ -74,6 +74,41 @@ def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
     assert f"new tokens (6): {tiny[2]}" in r.stdout and tiny[2] != tiny[1], (r.stdout, tiny)
 
 
+def test_generate_chat_prompt_through_the_folders_template(tiny, tmp_path, capsys):
+    """--chat: the prompt as a user's turn in the folder's chat template (transformers' apply_chat_template with
+    the generation prompt), the text printed without special tokens; clear messages without a template."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from xelink import cli
+
+    path = tiny[0]
+    folder = tmp_path / "chat"
+    folder.mkdir()
+    for f in path.iterdir():
+        (folder / f.name).symlink_to(f)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(512)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": "{% for m in messages %}w9 {{ m['content'] }} "
+        "w8 {% endfor %}{% if add_generation_prompt %}w7{% endif %}"}))
+    r = _run("--model", str(folder), "--prompt", "w1 w2", "--chat", "--max-new-tokens", "3", "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "prompt (5 tokens): [9, 1, 2, 8, 7]" in out, out
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
+    want = model.generate(torch.tensor([[9, 1, 2, 8, 7]]), 3)[0, 5:].tolist()
+    assert f"new tokens ({len(want)}): {want}" in out
+    # the argument checks come before any set-up: in this process
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    assert cli.main(["generate", "--model", str(folder), "--prompt", "w1", "--chat"]) == 2
+    assert "--chat needs a chat template in" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", str(folder), "--prompt-ids", "1", "--chat"]) == 2
+    assert "--chat takes --prompt (text), not --prompt-ids" in capsys.readouterr().err
+
+
 def test_generate_clear_messages(tiny, tmp_path, monkeypatch, capsys):
     from xelink import cli
 
