@@ -14,13 +14,15 @@ from xelink.bench.kernel_timing import KernelReport
 from xelink.models import CONFIGS, Llama
 
 
-def _tiny(max_batch=2, max_seq_len=80, weights="bf16", dtype=torch.float32):
-    return Llama.random("tiny", impl="reference", device="cpu", dtype=dtype, weights=weights, max_batch=max_batch,
+def _tiny(max_batch=2, max_seq_len=80, weights="bf16", dtype=torch.float32, config="tiny"):
+    return Llama.random(config, impl="reference", device="cpu", dtype=dtype, weights=weights, max_batch=max_batch,
                         max_seq_len=max_seq_len)
 
 
-def test_twin_matches_llama_decode_at_different_positions_and_writes_the_cache():
-    model = _tiny()
+@pytest.mark.parametrize("config", ["tiny", "qwen3"])
+def test_twin_matches_llama_decode_at_different_positions_and_writes_the_cache(config):
+    # qwen3: the tiny shape with Qwen3's per-head q/k norms (what `--model qwen3-0.6b` times)
+    model = _tiny(config=dict(CONFIGS["tiny"].to_hf(), model_type="qwen3") if config == "qwen3" else config)
     gen = torch.Generator().manual_seed(0)
     decode._fill_caches(model, 2, 48, gen)  # rows past a sequence's position hold keys it must not see
     tokens, positions = torch.tensor([3, 411]), torch.tensor([10, 47])
@@ -51,6 +53,9 @@ def test_step_bytes_count_weights_norms_head_one_embedding_row_and_the_cache_row
     model = _tiny()
     assert decode.model_step_bytes(model, B, L) == want
     assert decode.TorchDecode(decode.dense_weights(model), B, L, model.caches).bytes() == want
+    qwen3 = _tiny(config=dict(cfg.to_hf(), model_type="qwen3"))  # plus two norms of head_dim a layer
+    assert decode.model_step_bytes(qwen3, B, L) == want + 4 * n * 2 * D
+    assert decode.TorchDecode(decode.dense_weights(qwen3), B, L, qwen3.caches).bytes() == want + 4 * n * 2 * D
     # quantized weights count as stored (int4 packed + scales: well under a quarter of bf16's, plus the dense head)
     bf16 = decode.model_step_bytes(_tiny(dtype=torch.bfloat16), 1, L)
     w4 = decode.model_step_bytes(_tiny(weights="w4a16", dtype=torch.bfloat16), 1, L)

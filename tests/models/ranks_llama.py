@@ -145,7 +145,10 @@ def check_seeded_sampling_same_tokens_on_every_rank(world):
     b = model.generate(ids, 6, attention_mask=mask, temperature=0.9, top_p=0.95, seed=11, eos_token_id=[])
     assert torch.equal(a, b)
     c = model.generate(ids, 6, attention_mask=mask, temperature=0.9, seed=None, eos_token_id=[])  # rank 0's seed
-    seen = world.allgather_object((a.tolist(), c.tolist()))
+    # the repetition penalty over the tokens the ranks agreed on, min-p, a minimum length: still one draw
+    d = model.generate(ids, 6, attention_mask=mask, temperature=1.2, min_p=0.05, repetition_penalty=1.3,
+                       min_new_tokens=3, seed=12, eos_token_id=[int(a[0, 7])])
+    seen = world.allgather_object((a.tolist(), c.tolist(), d.tolist()))
     assert all(s == seen[0] for s in seen), "ranks drew different tokens"
 
 

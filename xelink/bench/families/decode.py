@@ -278,11 +278,12 @@ def _linear_bytes(lin) -> int:
 
 def model_step_bytes(model, batch: int, context: int) -> int:
     """Bytes one decode step of ``model`` reads for ``batch`` sequences at ``context`` cached positions each:
-    every linear weight as stored (scales and biases included), the norms, the head, one embedding row a
-    sequence and the K/V cache rows ``0 .. context-1`` of every layer."""
+    every linear weight as stored (scales and biases included), the norms (Qwen3's q/k ones too), the head, one
+    embedding row a sequence and the K/V cache rows ``0 .. context-1`` of every layer."""
     n = _nbytes(model.norm) + _linear_bytes(model.head) + batch * model.embed.shape[1] * model.embed.element_size()
     for layer in model.layers:
         n += _nbytes(layer["attn_norm"]) + _nbytes(layer["mlp_norm"]) + sum(_linear_bytes(layer[k]) for k in _LINEARS)
+        n += _nbytes(layer.get("q_norm")) + _nbytes(layer.get("k_norm"))
     k = model.caches[0].k
     return n + len(model.layers) * 2 * batch * context * k.shape[1] * k.shape[3] * k.element_size()
 
@@ -303,7 +304,9 @@ def dense_weights(model, dtype: torch.dtype | None = None) -> dict:
         return x if dtype is None else x.to(dtype)
 
     layers = [{"attn_norm": t(layer["attn_norm"]), "mlp_norm": t(layer["mlp_norm"]),
-               **{k: t(layer[k].weight) for k in _LINEARS}} for layer in model.layers]
+               **{k: t(layer[k].weight) for k in _LINEARS},
+               **{k: t(layer[k]) for k in ("q_norm", "k_norm") if k in layer}}  # Qwen3's per-head norms
+              for layer in model.layers]
     return {"config": cfg, "heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim,
             "embed": t(model.embed), "norm": t(model.norm), "head": t(model.head.weight), "layers": layers,
             "cos": t(model.cos), "sin": t(model.sin), "tp": model.tp.size}
@@ -376,6 +379,8 @@ class TorchDecode:
         for layer, kc, vc in zip(w["layers"], self.k, self.v):
             qkv = F.linear(F.rms_norm(x, (H,), layer["attn_norm"], eps), layer["qkv"]).view(B, hq + 2 * hk, 1, D)
             q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
+            if "q_norm" in layer:
+                q, k = F.rms_norm(q, (D,), layer["q_norm"], eps), F.rms_norm(k, (D,), layer["k_norm"], eps)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             kc[self.rows, :, pos] = k[:, :, 0]
             vc[self.rows, :, pos] = v[:, :, 0]
