@@ -356,6 +356,40 @@ def check_destroy_process_group_and_node_local_rank(world):
     xelink.init().barrier()
 
 
+def check_init_process_group_as_torch_distributed(world):
+    """torch.distributed.init_process_group's call joins the job as init() does: its arguments are checked
+    before joining (nothing joined after a refusal), the launcher's rank and size and env:// taken, a second call
+    refused; destroy_process_group() undoes it."""
+    import datetime
+
+    r, n = world.rank, world.size
+    xelink.destroy_process_group()
+    for kw, kind, text in ((dict(init_method="tcp://10.0.0.1:23456"), ValueError, "init_method='tcp://10.0.0.1:23456' "
+                                                                                   "is not used"),
+                           (dict(store=object()), ValueError, "store=<object object"),
+                           (dict(rank=r + 1), ValueError, f"rank={r + 1}, but the launcher "),
+                           (dict(world_size=n + 1), ValueError, f"world_size={n + 1}, but the launcher "),
+                           (dict(rank="0"), TypeError, "rank='0' must be an int"),
+                           (dict(backend=3), TypeError, "backend=3 must be a string"),
+                           (dict(device_id="warp:0"), ValueError, "device_id='warp:0' is not a device")):
+        with pytest.raises(kind) as info:
+            xelink.init_process_group(**kw)
+        assert f"init_process_group: {text}" in str(info.value), (str(info.value), text)
+        assert not xelink.is_initialized()
+    xelink.init_process_group("nccl", init_method="env://", timeout=datetime.timedelta(seconds=60), world_size=n,
+                              rank=r, group_name="trainers", device_id=torch.device("cpu"))
+    assert xelink.is_initialized() and xelink.is_available()
+    assert (xelink.get_rank(), xelink.get_world_size()) == (r, n)
+    assert xelink.get_world().timeout == 60
+    with pytest.raises(ValueError, match="init_process_group: trying to initialize the default process group twice"):
+        xelink.init_process_group()
+    xelink.all_reduce(t := torch.ones(3))
+    assert torch.equal(t, torch.full((3,), float(n)))
+    xelink.destroy_process_group()
+    xelink.init_process_group(backend="cpu:gloo,cuda:nccl")  # torch's defaults otherwise
+    xelink.barrier()
+
+
 def check_finalize_then_init_again(world):
     xelink.finalize()
     assert not xelink.is_initialized()

@@ -9,7 +9,8 @@ from .comm import (NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_ra
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
-from .runtime import destroy_process_group, finalize, get_node_local_rank, get_world, init, is_initialized
+from .runtime import (destroy_process_group, finalize, get_node_local_rank, get_world, init, init_process_group,
+                      is_available, is_initialized)
 from .symm import empty
 
 __version__ = "0.1.0"
@@ -37,6 +38,8 @@ __all__ = [
     "get_world",
     "get_world_size",
     "init",
+    "init_process_group",
+    "is_available",
     "is_initialized",
     "new_group",
     "new_subgroups",

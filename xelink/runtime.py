@@ -26,6 +26,8 @@ __all__ = [
     "init",
     "finalize",
     "destroy_process_group",
+    "init_process_group",
+    "is_available",
     "get_node_local_rank",
     "get_world",
     "is_initialized",
@@ -357,6 +359,57 @@ def _install_abort_hook() -> None:
 
     _state["previous_excepthook"] = previous
     sys.excepthook = hook
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size: int = -1, rank: int = -1,
+                       store=None, group_name: str = "", pg_options=None, device_id=None) -> None:
+    """torch.distributed.init_process_group's signature over :func:`init` (which also returns the world).
+
+    The job's ranks come from its launcher (mpirun, mpiexec, srun, torchrun), so ``init_method`` may be None or
+    ``"env://"`` only, ``store`` None only, and ``world_size`` / ``rank`` where given (not -1) must be the
+    launcher's; ``backend`` ("nccl", "gloo", "mpi", "xccl", "cpu:gloo,cuda:nccl", ...), ``group_name`` and
+    ``pg_options`` are taken and unused (xelink picks by each tensor's device). ``device_id`` (a torch.device,
+    "cuda:1" or an index) binds that kind of device, and its index must be the one this rank binds
+    (``local_rank // ranks_per_device``): ValueError after joining otherwise. Everything else is checked before
+    joining; a second call raises ValueError, as torch's.
+
+    Collective: every rank of the job must call this.
+    """
+    fn = "init_process_group"
+    if is_initialized():
+        raise ValueError(f"{fn}: trying to initialize the default process group twice (xelink is initialized; "
+                         f"destroy_process_group() or finalize() first)")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"{fn}: backend={backend!r} must be a string such as 'nccl' or 'gloo' (or None)")
+    if init_method not in (None, "env://"):
+        raise ValueError(f"{fn}: init_method={init_method!r} is not used: xelink joins the job through its "
+                         f"launcher (mpirun, mpiexec, srun, torchrun); pass None or 'env://'")
+    if store is not None:
+        raise ValueError(f"{fn}: store={store!r} is not used: xelink joins the job through its launcher; pass None")
+    launch = detect_launch(os.environ)
+    for name, given, real in (("world_size", world_size, launch.size), ("rank", rank, launch.rank)):
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise TypeError(f"{fn}: {name}={given!r} must be an int (-1: the launcher's)")
+        if given not in (-1, real):
+            raise ValueError(f"{fn}: {name}={given}, but the launcher ({launch.launcher}) started this process as "
+                             f"{name} {real}")
+    want = None
+    if device_id is not None:
+        import torch
+
+        try:
+            want = torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"{fn}: device_id={device_id!r} is not a device") from None
+    world = init(timeout, device=None if want is None else want.type)
+    if want is not None and want.index is not None and world.device != want:
+        raise ValueError(f"{fn}: device_id={device_id!r}, but this rank binds {world.device} (local rank "
+                         f"{world.local_rank}: device local_rank // ranks_per_device)")
+
+
+def is_available() -> bool:
+    """True, as torch.distributed.is_available (xelink always has a host transport)."""
+    return True
 
 
 def is_initialized() -> bool:
