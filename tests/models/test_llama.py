@@ -256,7 +256,7 @@ def test_rope_scaling_fields_as_transformers_reads_them():
 
 def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
     """Fields a config.json leaves out take transformers' defaults (rms_norm_eps 1e-6; a Mistral's window 4096,
-    refused past it); a Mistral xelink writes says full attention; a folder saved again as one file after a
+    refused past it, where the default cache stops); a Mistral xelink writes says full attention; a folder saved again as one file after a
     sharded save drops the old index (which named files no longer there)."""
     from xelink.models import LlamaConfig
 
@@ -272,6 +272,10 @@ def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="sliding_window=4096 < max_seq_len=8192 is not supported"):
         Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=8192)
+    assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 2048  # tiny: max_position_embeddings
+    cfg["max_position_embeddings"] = 32768  # Mistral-7B-v0.1's: the default cache stops at the window
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 4096
     assert (path / "model.safetensors.index.json").exists()
     save_random_llama(path, "tiny", dtype=torch.float32)
     assert not (path / "model.safetensors.index.json").exists()

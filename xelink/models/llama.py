@@ -286,7 +286,8 @@ class Llama:
             weights: ``"bf16"`` (dense in ``dtype``), ``"w8a16"`` or ``"w4a16"`` (quantized at load with
                 ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
             max_batch: sequences the cache holds.
-            max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192).
+            max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192, the
+                sliding window where the config has one).
             impl: ``"auto"``, ``"xelink"`` (xelink's kernels and, on CUDA, xelink's collective algorithms
                 forced: an error where they cannot run) or ``"reference"`` (pure torch).
             device: where the model runs; default the TP group's device, else the CP group's, else the world's
@@ -307,13 +308,14 @@ class Llama:
         if hf is None:
             raise FileNotFoundError(f"{fn}: {path / 'config.json'} does not exist")
         cfg = LlamaConfig.from_hf(hf, fn)
-        if max_seq_len is None:
-            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
         # transformers' Mistral attends within 4096 positions unless config.json says otherwise; Qwen2 and Qwen3
-        # only with use_sliding_window (then on some layers: refused past the window all the same)
+        # only with use_sliding_window (then on some layers: refused past the window all the same). Up to the
+        # window, full attention is the same: the default cache stops there.
         window = hf.get("sliding_window", 4096 if cfg.model_type == "mistral" else None)
         if cfg.model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
             window = None
+        if max_seq_len is None:
+            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT, window or MAX_SEQ_LEN_DEFAULT)
         if window is not None and window < max_seq_len:
             raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
                              f"attention only); pass max_seq_len <= {window}")
