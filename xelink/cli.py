@@ -393,7 +393,8 @@ def main(argv=None) -> int:
     p.add_argument("--chat", action="store_true", help="the prompt as a user's turn in the folder's chat template "
                    "(as transformers' apply_chat_template; needs transformers)")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--max-seq-len", type=int, help="cache length (default: min(model maximum, 8192, its sliding window))")
+    p.add_argument("--max-seq-len", type=int,
+                   help="cache length (default: min(model maximum, 8192, its sliding window))")
     p.add_argument("--temperature", type=float, help="0 greedy (default: generation_config.json's)")
     p.add_argument("--seed", type=int, help="sampling seed")
     for flag, kind, what in (("--top-p", float, "nucleus mass when sampling"),
