@@ -398,3 +398,45 @@ def check_finalize_then_init_again(world):
     again = xelink.init()
     assert again is not world and again.size == world.size and again.rank == world.rank
     again.barrier()
+
+
+def check_device_mesh_as_torch_distributed(world):
+    """init_device_mesh lays the world out row-major (the last dimension's ranks consecutive) with one communicator
+    a dimension, as torch's DeviceMesh; sub-meshes by name; the arguments checked before any split."""
+    r, n = world.rank, world.size
+    shape = (2, n // 2) if n % 2 == 0 else (1, n)
+    mesh = xelink.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    assert torch.equal(mesh.mesh, torch.arange(n).view(*shape)) and mesh.shape == shape and mesh.ndim == 2
+    dp, tp = r // shape[1], r % shape[1]
+    assert mesh.get_coordinate() == [dp, tp] and mesh.get_rank() == r and mesh.size() == n
+    assert (mesh.get_local_rank("dp"), mesh.get_local_rank(1), mesh.size("tp")) == (dp, tp, shape[1])
+    assert mesh.get_group("tp").world_ranks == [dp * shape[1] + j for j in range(shape[1])]
+    assert mesh.get_group(0).world_ranks == [i * shape[1] + tp for i in range(shape[0])]
+    assert mesh.get_group(-1) is mesh.get_group("tp") and mesh.get_all_groups() == [mesh.get_group(0),
+                                                                                    mesh.get_group(1)]
+    x = torch.full((3,), float(r))
+    xelink.all_reduce(x, group=mesh.get_group("tp"))  # the TP row's sum
+    assert torch.equal(x, torch.full((3,), float(sum(mesh.get_group("tp").world_ranks))))
+    row = mesh["tp"]
+    assert row.ndim == 1 and row.mesh.tolist() == mesh.get_group("tp").world_ranks and row.get_group() is \
+        mesh.get_group("tp") and row.get_local_rank() == tp
+    assert mesh["dp", "tp"].mesh.tolist() == mesh.mesh.tolist()
+    flat = xelink.init_device_mesh("cpu", n)  # one dimension, unnamed: the world's ranks in order
+    assert flat.get_group().world_ranks == list(range(n)) and flat.mesh_dim_names is None
+    for args, kw, kind, text in (
+            (("cuda", (n,)), {}, ValueError, "device_type='cuda', but the ranks drive cpu devices"),
+            (("cpu", (n, 2)), {}, ValueError, f"mesh_shape=({n}, 2) holds {2 * n} ranks, the world has {n}"),
+            (("cpu", (0, n)), {}, ValueError, "mesh_shape=(0, "),
+            (("cpu", shape), dict(mesh_dim_names=("a", "a")), ValueError, "mesh_dim_names=('a', 'a') must be 2 "
+                                                                          "distinct names")):
+        with pytest.raises(kind) as info:
+            xelink.init_device_mesh(*args, **kw)
+        assert f"init_device_mesh: {text}" in str(info.value), (str(info.value), text)
+    with pytest.raises(ValueError, match=r"DeviceMesh.get_group: this mesh has 2 dimensions \('dp', 'tp'\)"):
+        mesh.get_group()
+    with pytest.raises(KeyError, match="must name distinct dimensions"):
+        mesh["tp", "dp"]
+    for m in (mesh, flat):
+        for g in m.get_all_groups():
+            g.free()
+    world.barrier()  # the refused calls split nothing: the ranks are still in step

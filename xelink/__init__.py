@@ -9,6 +9,7 @@ from .comm import (NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_ra
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
+from .mesh import DeviceMesh, init_device_mesh
 from .runtime import (destroy_process_group, finalize, get_node_local_rank, get_world, init, init_process_group,
                       is_available, is_initialized)
 from .symm import empty
@@ -22,6 +23,8 @@ __all__ = [
     "scatter", "scatter_object_list", "send", "device_barrier", "synchronize", "empty", "monitored_barrier",
     "send_object_list", "recv_object_list",
     "Communicator",
+    "DeviceMesh",
+    "init_device_mesh",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
     "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_positions", "cp_shard", "cp_unshard",
     "LaunchError",

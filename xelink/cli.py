@@ -298,8 +298,10 @@ def _cmd_generate(args) -> int:
             print(f"xelink generate: --tp {tp} x --cp {args.cp} does not tile {world.size} rank(s)", file=sys.stderr)
         xelink.finalize()
         return 2
-    tp_group = world.split(world.rank // tp)
-    cp_group = world.split(world.rank % tp + tp * (world.rank // (tp * args.cp))) if args.cp > 1 else None
+    # replicas x CP x TP, row-major: TP groups of consecutive ranks, CP groups strided by the TP size
+    mesh = xelink.init_device_mesh(torch.device(world.device).type, (world.size // (tp * args.cp), args.cp, tp),
+                                   mesh_dim_names=("replica", "cp", "tp"))
+    tp_group, cp_group = mesh.get_group("tp"), mesh.get_group("cp") if args.cp > 1 else None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     t0 = time.perf_counter()
     try:  # the checks made before any work: every rank raises the same
