@@ -1,0 +1,109 @@
+"""xelink.nn.functional on CPU ranks: each op's input gradients equal one process's autograd of the same
+computation on the stacked tensors, and tensor-parallel training through them (column- then row-parallel MLP;
+with sequence parallelism: rows all-gathered before it, the output reduce-scattered after) ends with one
+process's weights."""
+import pytest
+import torch
+
+import xelink.nn.functional as XF
+
+
+def _global(shape, seed):
+    """The same tensor on every rank (the one-process side)."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def check_each_op_has_one_process_gradients(world):
+    n, r = world.size, world.rank
+    X = _global((n, 6), 1)  # row q: rank q's input
+    W = _global((n, 6), 2)  # row q: rank q's loss weights
+    cases = {
+        "all_reduce sum": (lambda x: XF.all_reduce(x), lambda X: X.sum(0).expand(n, -1)),
+        "all_reduce avg": (lambda x: XF.all_reduce(x, op="avg"), lambda X: X.mean(0).expand(n, -1)),
+        "all_reduce torch AVG": (lambda x: XF.all_reduce(x, op=torch.distributed.ReduceOp.AVG),
+                                 lambda X: X.mean(0).expand(n, -1)),
+        "broadcast": (lambda x: XF.broadcast(x, src=n - 1), lambda X: X[n - 1].expand(n, -1)),
+        "broadcast group_src": (lambda x: XF.broadcast(x, group_src=0), lambda X: X[0].expand(n, -1)),
+    }
+    for name, (op, whole) in cases.items():
+        x = X[r].clone().requires_grad_()
+        (op(x) * W[r]).sum().backward()
+        G = X.clone().requires_grad_()
+        (whole(G) * W).sum().backward()
+        torch.testing.assert_close(x.grad, G.grad[r], msg=name)
+    # all_gather: rank r's slot q is rank q's tensor; loss weights per (rank, slot)
+    V = _global((n, n, 3), 3)
+    x = X[r, :3].clone().requires_grad_()
+    got = XF.all_gather(x)
+    assert len(got) == n and all(torch.equal(g, X[q, :3]) for q, g in enumerate(got))
+    sum((g * V[r, q]).sum() for q, g in enumerate(got)).backward()
+    torch.testing.assert_close(x.grad, V[:, r].sum(0))  # every rank's weight of slot r
+    # reduce_scatter (sum, avg): rank r receives the reduction of every rank's block r
+    for op, scale in (("sum", 1.0), ("avg", 1.0 / n)):
+        blocks = [_global((2, 3), 10 + 7 * r + j).requires_grad_() for j in range(n)]
+        output = torch.full((2, 3), float("nan"), dtype=torch.float64)
+        out = XF.reduce_scatter(output, blocks, op=op)
+        want = sum(_global((2, 3), 10 + 7 * q + r) for q in range(n)) * scale
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(output, want)  # written too, as torch's
+        wr = [_global((2, 3), 50 + j) for j in range(n)]  # rank j's loss weights
+        (out * wr[r]).sum().backward()
+        for j, b in enumerate(blocks):
+            torch.testing.assert_close(b.grad, wr[j] * scale, msg=f"reduce_scatter {op} block {j}")
+    # all_to_all_single with uneven rows: rank q sends q + j + 1 rows to rank j
+    rows = [[q + j + 1 for j in range(n)] for q in range(n)]
+    inp = _global((sum(rows[r]), 2), 60 + r).requires_grad_()
+    output = torch.empty(sum(rows[q][r] for q in range(n)), 2, dtype=torch.float64)
+    out = XF.all_to_all_single(output, inp, [rows[q][r] for q in range(n)], rows[r])
+    assert torch.equal(out, output)
+    w = _global(tuple(out.shape), 70 + r)
+    (out * w).sum().backward()
+    # the gradient of the rows rank r sent to rank j: rank j's weights of the rows it got from r
+    start = [sum(rows[q][j] for q in range(r)) for j in range(n)]
+    want = torch.cat([_global((sum(rows[q][j] for q in range(n)), 2), 70 + j)[start[j]:start[j] + rows[r][j]]
+                      for j in range(n)])
+    torch.testing.assert_close(inp.grad, want)
+    with pytest.raises(ValueError, match=r"xelink.nn.functional.all_reduce: op='max' has no gradient here"):
+        XF.all_reduce(torch.ones(2), op="max")
+    with pytest.raises(ValueError, match=r"reduce_scatter: input_list must be"):
+        XF.reduce_scatter(torch.empty(2), [torch.ones(3)] * n)
+    world.barrier()  # nothing was sent by the refused calls
+
+
+def check_tensor_parallel_mlp_training_matches_one_process(world):
+    """Megatron-style: W1 split by output features (column-parallel), W2 by input features (row-parallel), the
+    partial outputs summed by all_reduce; with sequence parallelism the batch rows are sharded, all-gathered
+    (with their gradient) before W1 and the output reduce-scattered after W2. SGD on every shard, 6 steps:
+    the weights equal one process's training of the whole MLP."""
+    n, r = world.size, world.rank
+    B, H, F = 4 * n, 8, 4 * n
+    W1, W2 = _global((F, H), 80), _global((H, F), 81)
+    for sequence_parallel in (False, True):
+        w1 = W1[r * F // n:(r + 1) * F // n].clone().requires_grad_()
+        w2 = W2[:, r * F // n:(r + 1) * F // n].clone().requires_grad_()
+        ref1, ref2 = W1.clone().requires_grad_(), W2.clone().requires_grad_()
+        for step in range(6):
+            x, target = _global((B, H), 90 + step), _global((B, H), 100 + step)
+            for params, full in (((w1, w2), False), ((ref1, ref2), True)):
+                a, b = params
+                if full:
+                    y = torch.relu(x @ a.T) @ b.T
+                    loss = ((y - target) ** 2).sum()
+                elif sequence_parallel:
+                    mine = x[r * B // n:(r + 1) * B // n]
+                    whole = torch.cat(XF.all_gather(mine))  # the rows of every rank, with their gradient
+                    partial = torch.relu(whole @ a.T) @ b.T
+                    out = torch.empty(B // n, H, dtype=torch.float64)
+                    y = XF.reduce_scatter(out, list(partial.chunk(n)))  # this rank's rows of the sum
+                    loss = ((y - target[r * B // n:(r + 1) * B // n]) ** 2).sum()
+                else:
+                    y = XF.all_reduce(torch.relu(x @ a.T) @ b.T)
+                    loss = ((y - target) ** 2).sum() / n  # every rank holds the whole loss: count it once
+                loss.backward()
+                with torch.no_grad():
+                    for p in params:
+                        p -= 1e-3 * p.grad
+                        p.grad = None
+        torch.testing.assert_close(w1.detach(), ref1.detach()[r * F // n:(r + 1) * F // n])
+        torch.testing.assert_close(w2.detach(), ref2.detach()[:, r * F // n:(r + 1) * F // n])
+        assert not torch.equal(w1.detach(), W1[r * F // n:(r + 1) * F // n]), "the weights did not move"

@@ -1,0 +1,161 @@
+"""Collectives that autograd differentiates, under torch.distributed.nn.functional's names.
+
+Each returns new tensors (the inputs are left as they are) and its backward runs the collective the chain rule
+asks for on the gradients, over the same group:
+
+- ``all_reduce`` (sum or avg): every rank's gradient is the same reduction of all ranks' gradients;
+- ``all_gather``: rank q's gradient is the sum over ranks of their gradients of slot q (a reduce-scatter);
+- ``reduce_scatter`` (sum or avg): each input block's gradient is the gradient of the rank that received its
+  reduction (an all-gather);
+- ``broadcast``: the root's gradient is the sum of every rank's (a reduce to the root), the others' zero;
+- ``all_to_all_single``: the gradients go back the way the rows came (the reverse exchange).
+
+They run xelink's collectives (``xelink.all_reduce`` and the rest: CPU tensors on CPU ranks, CUDA tensors with
+stream semantics), so the forward and the backward take the same algorithms and deadlines. ``reduce_scatter`` and
+``all_to_all_single`` also write ``output`` as torch's do; the tensor they return is the one that carries the
+gradient. Collective: every rank of ``group`` calls each function, and its backward runs where autograd reaches it
+on every rank (as every rank's loss must use the result).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import collectives as C
+from ..comm import Communicator, get_group_rank, get_world
+
+__all__ = ["all_gather", "all_reduce", "all_to_all_single", "broadcast", "reduce_scatter"]
+
+
+def _group(group, fn: str) -> Communicator:
+    comm = get_world() if group is None else group
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"{fn}: group={group!r} is not an xelink Communicator")
+    return comm
+
+
+def _sum_or_avg(fn: str, op) -> str:
+    """"sum" or "avg" (the reductions with a gradient; torch's ReduceOp.SUM / AVG too); else refused by name."""
+    name = str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+    if name not in ("sum", "avg"):
+        raise ValueError(f"{fn}: op={op!r} has no gradient here; use 'sum' or 'avg'")
+    return name
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, comm):
+        ctx.op, ctx.comm = op, comm
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        C.all_reduce(out, op=op, group=comm)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllReduce.apply(grad, ctx.op, ctx.comm), None, None
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, comm):
+        ctx.comm = comm
+        out = tensor.new_empty((comm.size,) + tuple(tensor.shape))
+        C.all_gather_into_tensor(out, tensor.contiguous(), group=comm)
+        return tuple(out.unbind(0))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad = torch.empty_like(grads[0], memory_format=torch.contiguous_format)
+        C.reduce_scatter_tensor(grad, torch.stack(grads).contiguous(), group=ctx.comm)
+        return grad, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, comm, *inputs):
+        ctx.op, ctx.comm = op, comm
+        out = inputs[0].new_empty(inputs[0].shape)
+        C.reduce_scatter_tensor(out, torch.stack(inputs).contiguous(), op=op, group=comm)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        got = grad.new_empty((ctx.comm.size,) + tuple(grad.shape))
+        C.all_gather_into_tensor(got, grad.contiguous(), group=ctx.comm)
+        if ctx.op == "avg":
+            got = got / ctx.comm.size
+        return (None, None) + tuple(got.unbind(0))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root, comm):
+        ctx.root, ctx.comm = root, comm
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        C.broadcast(out, group=comm, group_src=root)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone(memory_format=torch.contiguous_format)
+        C.reduce(total, group=ctx.comm, group_dst=ctx.root)
+        return (total if ctx.comm.rank == ctx.root else torch.zeros_like(total)), None, None
+
+
+class _AllToAllSingle(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, out_shape, out_splits, in_splits, comm):
+        ctx.in_shape, ctx.out_splits, ctx.in_splits, ctx.comm = tuple(tensor.shape), out_splits, in_splits, comm
+        out = tensor.new_empty(out_shape)
+        C.all_to_all_single(out, tensor.contiguous(), out_splits, in_splits, group=comm)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        back = _AllToAllSingle.apply(grad.contiguous(), ctx.in_shape, ctx.in_splits, ctx.out_splits, ctx.comm)
+        return back, None, None, None, None
+
+
+def all_reduce(tensor, op="sum", group=None) -> torch.Tensor:
+    """The reduction of ``tensor`` over the ranks of ``group`` ("sum" or "avg"), as a new tensor."""
+    fn = "xelink.nn.functional.all_reduce"
+    return _AllReduce.apply(tensor, _sum_or_avg(fn, op), _group(group, fn))
+
+
+def all_gather(tensor, group=None) -> tuple:
+    """Every rank's ``tensor``, in rank order (a tuple of ``world_size`` new tensors)."""
+    return _AllGather.apply(tensor, _group(group, "xelink.nn.functional.all_gather"))
+
+
+def reduce_scatter(output, input_list, op="sum", group=None) -> torch.Tensor:
+    """The reduction over ranks of ``input_list[rank]`` (``world_size`` tensors shaped like ``output``), written
+    to ``output`` and returned as a new tensor (the one with the gradient)."""
+    fn = "xelink.nn.functional.reduce_scatter"
+    comm, op = _group(group, fn), _sum_or_avg(fn, op)
+    if not isinstance(input_list, (list, tuple)) or len(input_list) != comm.size or \
+            any(not isinstance(t, torch.Tensor) or t.shape != output.shape for t in input_list):
+        raise ValueError(f"{fn}: input_list must be {comm.size} tensors shaped like output {tuple(output.shape)}")
+    out = _ReduceScatter.apply(op, comm, *input_list)
+    with torch.no_grad():
+        output.copy_(out)
+    return out
+
+
+def broadcast(tensor, src: int | None = None, group=None, group_src: int | None = None) -> torch.Tensor:
+    """The root's ``tensor`` on every rank, as a new tensor; the root: ``src`` a world rank or ``group_src`` a
+    rank of ``group``, as ``xelink.broadcast``."""
+    fn = "xelink.nn.functional.broadcast"
+    comm = _group(group, fn)
+    if (src is None) == (group_src is None):
+        raise ValueError(f"{fn}: pass src= (a world rank) or group_src= (a rank of the group), one of them")
+    root = get_group_rank(comm, src) if group_src is None else group_src
+    return _Broadcast.apply(tensor, root, comm)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None) -> torch.Tensor:
+    """``xelink.all_to_all_single`` of ``input`` (rows split along dim 0), written to ``output`` and returned as
+    a new tensor (the one with the gradient)."""
+    comm = _group(group, "xelink.nn.functional.all_to_all_single")
+    out = _AllToAllSingle.apply(input, tuple(output.shape), output_split_sizes, input_split_sizes, comm)
+    with torch.no_grad():
+        output.copy_(out)
+    return out
