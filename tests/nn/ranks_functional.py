@@ -67,6 +67,10 @@ def check_each_op_has_one_process_gradients(world):
         XF.all_reduce(torch.ones(2), op="max")
     with pytest.raises(ValueError, match=r"reduce_scatter: input_list must be"):
         XF.reduce_scatter(torch.empty(2), [torch.ones(3)] * n)
+    with pytest.raises(TypeError, match=r"xelink.nn.functional.all_gather: group='w' is not an xelink Communicator"):
+        XF.all_gather(torch.ones(2), group="w")
+    with pytest.raises(ValueError, match=r"xelink.nn.functional.broadcast: pass src= .* or group_src="):
+        XF.broadcast(torch.ones(2))
     world.barrier()  # nothing was sent by the refused calls
 
 

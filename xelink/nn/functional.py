@@ -21,16 +21,9 @@ from __future__ import annotations
 import torch
 
 from .. import collectives as C
-from ..comm import Communicator, get_group_rank, get_world
+from ..comm import get_group_rank, resolve_group
 
 __all__ = ["all_gather", "all_reduce", "all_to_all_single", "broadcast", "reduce_scatter"]
-
-
-def _group(group, fn: str) -> Communicator:
-    comm = get_world() if group is None else group
-    if not isinstance(comm, Communicator):
-        raise TypeError(f"{fn}: group={group!r} is not an xelink Communicator")
-    return comm
 
 
 def _sum_or_avg(fn: str, op) -> str:
@@ -118,19 +111,19 @@ class _AllToAllSingle(torch.autograd.Function):
 def all_reduce(tensor, op="sum", group=None) -> torch.Tensor:
     """The reduction of ``tensor`` over the ranks of ``group`` ("sum" or "avg"), as a new tensor."""
     fn = "xelink.nn.functional.all_reduce"
-    return _AllReduce.apply(tensor, _sum_or_avg(fn, op), _group(group, fn))
+    return _AllReduce.apply(tensor, _sum_or_avg(fn, op), resolve_group(group, fn))
 
 
 def all_gather(tensor, group=None) -> tuple:
     """Every rank's ``tensor``, in rank order (a tuple of ``world_size`` new tensors)."""
-    return _AllGather.apply(tensor, _group(group, "xelink.nn.functional.all_gather"))
+    return _AllGather.apply(tensor, resolve_group(group, "xelink.nn.functional.all_gather"))
 
 
 def reduce_scatter(output, input_list, op="sum", group=None) -> torch.Tensor:
     """The reduction over ranks of ``input_list[rank]`` (``world_size`` tensors shaped like ``output``), written
     to ``output`` and returned as a new tensor (the one with the gradient)."""
     fn = "xelink.nn.functional.reduce_scatter"
-    comm, op = _group(group, fn), _sum_or_avg(fn, op)
+    comm, op = resolve_group(group, fn), _sum_or_avg(fn, op)
     if not isinstance(input_list, (list, tuple)) or len(input_list) != comm.size or \
             any(not isinstance(t, torch.Tensor) or t.shape != output.shape for t in input_list):
         raise ValueError(f"{fn}: input_list must be {comm.size} tensors shaped like output {tuple(output.shape)}")
@@ -144,7 +137,7 @@ def broadcast(tensor, src: int | None = None, group=None, group_src: int | None 
     """The root's ``tensor`` on every rank, as a new tensor; the root: ``src`` a world rank or ``group_src`` a
     rank of ``group``, as ``xelink.broadcast``."""
     fn = "xelink.nn.functional.broadcast"
-    comm = _group(group, fn)
+    comm = resolve_group(group, fn)
     if (src is None) == (group_src is None):
         raise ValueError(f"{fn}: pass src= (a world rank) or group_src= (a rank of the group), one of them")
     root = get_group_rank(comm, src) if group_src is None else group_src
@@ -154,7 +147,7 @@ def broadcast(tensor, src: int | None = None, group=None, group_src: int | None 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None) -> torch.Tensor:
     """``xelink.all_to_all_single`` of ``input`` (rows split along dim 0), written to ``output`` and returned as
     a new tensor (the one with the gradient)."""
-    comm = _group(group, "xelink.nn.functional.all_to_all_single")
+    comm = resolve_group(group, "xelink.nn.functional.all_to_all_single")
     out = _AllToAllSingle.apply(input, tuple(output.shape), output_split_sizes, input_split_sizes, comm)
     with torch.no_grad():
         output.copy_(out)
