@@ -72,7 +72,7 @@ collectives)  # (not timed on an H100 yet: the GPU collectives' tests last ran i
   step gpu_collective_tests 330 python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_reuse.py \
     tests/collectives/ranks_gpu_uneven.py
   step gpu_collectives_shared 200 env XELINK_RANKS_PER_DEVICE=2 python3 -m pytest -q -rfEs -p no:cacheprovider \
-    tests/collectives/ranks_gpu_collectives.py
+    tests/collectives/ranks_gpu_collectives.py tests/nn/ranks_gpu_functional.py
   ;;
 bench)
   step bench_dist_gemm 150 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench dist-gemm --quick \

@@ -8,9 +8,9 @@ import torch
 import xelink.nn.functional as XF
 
 
-def _global(shape, seed):
+def _global(shape, seed, device="cpu", dtype=torch.float64):
     """The same tensor on every rank (the one-process side)."""
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(device, dtype)
 
 
 def check_each_op_has_one_process_gradients(world):
@@ -75,19 +75,25 @@ def check_each_op_has_one_process_gradients(world):
 
 
 def check_tensor_parallel_mlp_training_matches_one_process(world):
+    tp_training(world, "cpu", torch.float64)
+
+
+def tp_training(world, device, dtype, tol=None):
     """Megatron-style: W1 split by output features (column-parallel), W2 by input features (row-parallel), the
     partial outputs summed by all_reduce; with sequence parallelism the batch rows are sharded, all-gathered
     (with their gradient) before W1 and the output reduce-scattered after W2. SGD on every shard, 6 steps:
-    the weights equal one process's training of the whole MLP."""
+    the weights equal one process's training of the whole MLP (on ``device`` in ``dtype``; ``tol``: rtol and
+    atol of the comparison, default assert_close's for the dtype)."""
     n, r = world.size, world.rank
     B, H, F = 4 * n, 8, 4 * n
-    W1, W2 = _global((F, H), 80), _global((H, F), 81)
+    W1, W2 = _global((F, H), 80, device, dtype), _global((H, F), 81, device, dtype)
+    close = {} if tol is None else dict(rtol=tol, atol=tol)
     for sequence_parallel in (False, True):
         w1 = W1[r * F // n:(r + 1) * F // n].clone().requires_grad_()
         w2 = W2[:, r * F // n:(r + 1) * F // n].clone().requires_grad_()
         ref1, ref2 = W1.clone().requires_grad_(), W2.clone().requires_grad_()
         for step in range(6):
-            x, target = _global((B, H), 90 + step), _global((B, H), 100 + step)
+            x, target = _global((B, H), 90 + step, device, dtype), _global((B, H), 100 + step, device, dtype)
             for params, full in (((w1, w2), False), ((ref1, ref2), True)):
                 a, b = params
                 if full:
@@ -97,7 +103,7 @@ def check_tensor_parallel_mlp_training_matches_one_process(world):
                     mine = x[r * B // n:(r + 1) * B // n]
                     whole = torch.cat(XF.all_gather(mine))  # the rows of every rank, with their gradient
                     partial = torch.relu(whole @ a.T) @ b.T
-                    out = torch.empty(B // n, H, dtype=torch.float64)
+                    out = torch.empty(B // n, H, dtype=dtype, device=device)
                     y = XF.reduce_scatter(out, list(partial.chunk(n)))  # this rank's rows of the sum
                     loss = ((y - target[r * B // n:(r + 1) * B // n]) ** 2).sum()
                 else:
@@ -108,6 +114,6 @@ def check_tensor_parallel_mlp_training_matches_one_process(world):
                     for p in params:
                         p -= 1e-3 * p.grad
                         p.grad = None
-        torch.testing.assert_close(w1.detach(), ref1.detach()[r * F // n:(r + 1) * F // n])
-        torch.testing.assert_close(w2.detach(), ref2.detach()[:, r * F // n:(r + 1) * F // n])
+        torch.testing.assert_close(w1.detach(), ref1.detach()[r * F // n:(r + 1) * F // n], **close)
+        torch.testing.assert_close(w2.detach(), ref2.detach()[:, r * F // n:(r + 1) * F // n], **close)
         assert not torch.equal(w1.detach(), W1[r * F // n:(r + 1) * F // n]), "the weights did not move"
