@@ -275,6 +275,43 @@ def check_work_protocol(world):
     world.barrier()
 
 
+@only(sizes=(2, 4))
+def check_torch_ddp_with_an_xelink_comm_hook_matches_one_process(world):
+    """torch's DistributedDataParallel (over the world's torch group) with a communication hook that all-reduces
+    each gradient bucket with xelink and hands DDP the handle's future, as DDP's allreduce hook does with
+    torch.distributed: 5 SGD steps on each rank's rows of every batch equal one process's on the whole batches."""
+    import copy
+
+    from collective_cases import mlp
+
+    n, r = world.size, world.rank
+    model = mlp((8, 16, 4), torch.Generator().manual_seed(1), 0.5).double()
+    ref = copy.deepcopy(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=world.process_group(), bucket_cap_mb=1e-4)
+    buckets = []
+
+    def hook(state, bucket):  # the mean of the ranks' gradients, through xelink
+        buckets.append(bucket.index())
+        work = xelink.all_reduce(bucket.buffer().div_(n), async_op=True)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    ddp.register_comm_hook(None, hook)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.2) for m in (ddp, ref))
+    data = torch.Generator().manual_seed(2)
+    B = 6 * n
+    for _ in range(5):
+        x, y = torch.randn(B, 8, generator=data, dtype=torch.float64), torch.randn(B, 4, generator=data,
+                                                                                   dtype=torch.float64)
+        rows = slice(r * B // n, (r + 1) * B // n)
+        for m, o, xs, ys in ((ddp, opt, x[rows], y[rows]), (ref, ref_opt, x, y)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(xs), ys).backward()
+            o.step()
+    assert len(set(buckets)) > 1, buckets  # several buckets, each through the hook
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach())
+
+
 def check_blocking_calls_return_none(world):
     # torch.distributed's contract: a blocking collective returns None (only async_op=True returns a handle),
     # at every world size (a world of one once returned False from all_reduce)
