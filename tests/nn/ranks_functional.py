@@ -63,6 +63,30 @@ def check_each_op_has_one_process_gradients(world):
     want = torch.cat([_global((sum(rows[q][j] for q in range(n)), 2), 70 + j)[start[j]:start[j] + rows[r][j]]
                       for j in range(n)])
     torch.testing.assert_close(inp.grad, want)
+    # gather to the last rank: slot q there is rank q's tensor; the others' outputs are zeros (no gradient)
+    x = X[r, :4].clone().requires_grad_()
+    got = XF.gather(x, dst=n - 1)
+    assert all(torch.equal(g, X[q, :4] if r == n - 1 else torch.zeros(4, dtype=torch.float64))
+               for q, g in enumerate(got))
+    sum((g * V[r, q, :1]).sum() for q, g in enumerate(got)).backward()
+    torch.testing.assert_close(x.grad, V[n - 1, r, :1].expand(4))  # the root's weight of slot r
+    # scatter from rank 0 (group_src): rank r gets the root's entry r; the root's entries' gradients come back
+    ins = [(X[r, :3] * (j + 1)).clone().requires_grad_() for j in range(n)]
+    out = XF.scatter(ins, group_src=0)
+    assert torch.equal(out, X[0, :3] * (r + 1))
+    (out * W[r, :3]).sum().backward()
+    for j, t in enumerate(ins):
+        want = W[j, :3] if r == 0 else None
+        assert (t.grad is None) if want is None else torch.allclose(t.grad, want), (j, t.grad)
+    # all_to_all (list form), tensors of other sizes per pair: rank q sends rank j q + j + 1 elements
+    ins = [_global((r + j + 1,), 200 + 10 * r + j).requires_grad_() for j in range(n)]
+    outputs = [torch.empty(q + r + 1, dtype=torch.float64) for q in range(n)]
+    got = XF.all_to_all(outputs, ins)
+    assert all(torch.equal(g, _global((q + r + 1,), 200 + 10 * q + r)) and torch.equal(g, o)
+               for q, (g, o) in enumerate(zip(got, outputs)))
+    sum((g * _global(tuple(g.shape), 300 + 10 * r + q)).sum() for q, g in enumerate(got)).backward()
+    for j, t in enumerate(ins):  # rank j's weights of what it got from this rank
+        torch.testing.assert_close(t.grad, _global((r + j + 1,), 300 + 10 * j + r))
     with pytest.raises(ValueError, match=r"xelink.nn.functional.all_reduce: op='max' has no gradient here"):
         XF.all_reduce(torch.ones(2), op="max")
     with pytest.raises(ValueError, match=r"reduce_scatter: input_list must be"):

@@ -8,7 +8,9 @@ asks for on the gradients, over the same group:
 - ``reduce_scatter`` (sum or avg): each input block's gradient is the gradient of the rank that received its
   reduction (an all-gather);
 - ``broadcast``: the root's gradient is the sum of every rank's (a reduce to the root), the others' zero;
-- ``all_to_all_single``: the gradients go back the way the rows came (the reverse exchange).
+- ``all_to_all_single``, ``all_to_all``: the gradients go back the way the rows came (the reverse exchange);
+- ``gather``: each rank's gradient is the root's gradient of its slot (a scatter from the root);
+- ``scatter``: the root's gradient of each slot is the gradient of the rank that received it (a gather).
 
 They run xelink's collectives (``xelink.all_reduce`` and the rest: CPU tensors on CPU ranks, CUDA tensors with
 stream semantics), so the forward and the backward take the same algorithms and deadlines. ``reduce_scatter`` and
@@ -23,7 +25,8 @@ import torch
 from .. import collectives as C
 from ..comm import get_group_rank, resolve_group
 
-__all__ = ["all_gather", "all_reduce", "all_to_all_single", "broadcast", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_single", "broadcast", "gather", "reduce_scatter",
+           "scatter"]
 
 
 def _sum_or_avg(fn: str, op) -> str:
@@ -108,6 +111,60 @@ class _AllToAllSingle(torch.autograd.Function):
         return back, None, None, None, None
 
 
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, comm, shapes, *inputs):
+        ctx.comm, ctx.in_shapes = comm, [tuple(t.shape) for t in inputs]
+        outs = [inputs[0].new_empty(s) for s in shapes]
+        C.all_to_all(outs, [t.contiguous() for t in inputs], group=comm)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None) + _AllToAll.apply(ctx.comm, ctx.in_shapes, *[g.contiguous() for g in grads])
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root, comm):
+        ctx.root, ctx.comm = root, comm
+        mine = comm.rank == root
+        outs = [torch.zeros_like(tensor, memory_format=torch.contiguous_format) for _ in range(comm.size)]
+        C.gather(tensor.contiguous(), outs if mine else None, group=comm, group_dst=root)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad = torch.empty_like(grads[0], memory_format=torch.contiguous_format)
+        mine = ctx.comm.rank == ctx.root
+        C.scatter(grad, [g.contiguous() for g in grads] if mine else None, group=ctx.comm, group_src=ctx.root)
+        return grad, None, None
+
+
+class _Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, root, comm, like, *tensors):
+        ctx.root, ctx.comm = root, comm
+        out = like.new_empty(like.shape)
+        C.scatter(out, [t.contiguous() for t in tensors] if comm.rank == root else None, group=comm,
+                  group_src=root)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        mine = ctx.comm.rank == ctx.root
+        got = [torch.empty_like(grad, memory_format=torch.contiguous_format) for _ in range(ctx.comm.size)]
+        C.gather(grad.contiguous(), got if mine else None, group=ctx.comm, group_dst=ctx.root)
+        return (None, None, None) + (tuple(got) if mine else (None,) * ctx.comm.size)
+
+
+def _root(fn: str, comm, name: str, rank, group_rank) -> int:
+    """The root as a rank of ``comm``: ``name`` a world rank or ``group_<name>`` a rank of the group."""
+    if (rank is None) == (group_rank is None):
+        raise ValueError(f"{fn}: pass {name}= (a world rank) or group_{name}= (a rank of the group), one of them")
+    return get_group_rank(comm, rank) if group_rank is None else group_rank
+
+
 def all_reduce(tensor, op="sum", group=None) -> torch.Tensor:
     """The reduction of ``tensor`` over the ranks of ``group`` ("sum" or "avg"), as a new tensor."""
     fn = "xelink.nn.functional.all_reduce"
@@ -138,10 +195,38 @@ def broadcast(tensor, src: int | None = None, group=None, group_src: int | None 
     rank of ``group``, as ``xelink.broadcast``."""
     fn = "xelink.nn.functional.broadcast"
     comm = resolve_group(group, fn)
-    if (src is None) == (group_src is None):
-        raise ValueError(f"{fn}: pass src= (a world rank) or group_src= (a rank of the group), one of them")
-    root = get_group_rank(comm, src) if group_src is None else group_src
-    return _Broadcast.apply(tensor, root, comm)
+    return _Broadcast.apply(tensor, _root(fn, comm, "src", src, group_src), comm)
+
+
+def gather(tensor, dst: int | None = None, group=None, group_dst: int | None = None) -> tuple:
+    """Every rank's ``tensor`` in rank order on the root (``dst`` a world rank or ``group_dst`` a rank of
+    ``group``), as a tuple of new tensors; zeros on the other ranks (as torch's)."""
+    fn = "xelink.nn.functional.gather"
+    comm = resolve_group(group, fn)
+    return _Gather.apply(tensor, _root(fn, comm, "dst", dst, group_dst), comm)
+
+
+def scatter(tensors, src: int | None = None, group=None, group_src: int | None = None) -> torch.Tensor:
+    """This rank's entry of the root's ``tensors`` (``world_size`` tensors of one shape, on every rank: the
+    others' give the shape), as a new tensor; the root: ``src`` a world rank or ``group_src`` a rank of
+    ``group``."""
+    fn = "xelink.nn.functional.scatter"
+    comm = resolve_group(group, fn)
+    root = _root(fn, comm, "src", src, group_src)
+    if not isinstance(tensors, (list, tuple)) or len(tensors) != comm.size:
+        raise ValueError(f"{fn}: tensors must be a list of world_size={comm.size} tensors")
+    return _Scatter.apply(root, comm, tensors[0], *tensors)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple:
+    """``input_tensor_list[j]`` to rank j, which receives it in slot ``rank`` (``xelink.all_to_all``), written to
+    ``output_tensor_list`` and returned as new tensors (the ones with the gradient)."""
+    comm = resolve_group(group, "xelink.nn.functional.all_to_all")
+    outs = _AllToAll.apply(comm, [tuple(t.shape) for t in output_tensor_list], *input_tensor_list)
+    with torch.no_grad():
+        for t, o in zip(output_tensor_list, outs):
+            t.copy_(o)
+    return outs
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None) -> torch.Tensor:
