@@ -1,6 +1,6 @@
 """Hugging Face folders for the model tests, written by transformers' own ``save_pretrained`` from configs
 modelled on real ``config.json`` files (shrunk to 2 layers and small widths, features kept: GQA ratio,
-RoPE theta and scaling, tied or untied head, Mistral's, Qwen2's and Qwen3's types)."""
+RoPE theta and scaling, tied or untied head, Mistral's, Qwen2's, Qwen3's and Phi-3's types)."""
 import torch
 
 # name -> (HF class name, config kwargs). The real models: Llama-2-7b (MHA, theta 1e4, eps 1e-5),
@@ -40,6 +40,11 @@ CASES = {
         hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
         head_dim=16, vocab_size=176, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
         use_sliding_window=False, max_window_layers=2, tie_word_embeddings=True, attention_bias=False)),
+    # Phi-3 / Phi-4's layout: q, k, v in one qkv_proj and gate, up in one gate_up_proj (GQA 3:1 here).
+    "phi3": ("Phi3ForCausalLM", dict(
+        hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+        vocab_size=180, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096, sliding_window=None,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)),
     # RoPE scalings: linear (positions / factor), YaRN as Qwen documents it for long contexts (factor 4 over the
     # pretraining length; here 64 of 256), and YaRN with DeepSeek's mscale terms and its own betas.
     "linear": ("LlamaForCausalLM", dict(

@@ -116,12 +116,13 @@ def check_tp_biases_and_uneven_vocab_match_transformers(world):
     """The "bias" case (attention and MLP biases, vocabulary 130: 33 rows a rank at TP 4, the last padded):
     the row-parallel biases added once after the all-reduce, the head's padding cut. The "qwen2" case (q/k/v
     biases sliced with their heads, no o bias, a tied head; 14 heads: TP 2 where the world is even); the "qwen3"
-    one (q/k norms whole on every rank, a head_dim of its own)."""
+    one (q/k norms whole on every rank, a head_dim of its own); the "phi3" one (q, k, v and gate, up sliced out of
+    its fused tensors)."""
     from xelink.models import Llama
 
     ids, mask = _prompts()
     for name, size, vocab in (("bias", world.size, 130), ("qwen2", 2 - world.size % 2, 208),
-                              ("qwen3", world.size, 176)):
+                              ("qwen3", world.size, 176), ("phi3", 2 - world.size % 2, 180)):
         path, want, want_tokens = _folder(world, name)[:3]
         tp = _tp(world, size)
         model = Llama.from_pretrained(path, tp_group=tp, dtype=torch.float32, max_batch=3, max_seq_len=32)

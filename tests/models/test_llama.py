@@ -58,7 +58,7 @@ def test_logits_and_greedy_tokens_match_transformers(folders, name, shard):
     assert torch.equal(model.generate(ids, new, eos_token_id=[]), hf_greedy(hf, ids, new))
 
 
-@pytest.mark.parametrize("name", ["llama3.1", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["llama3.1", "mistral", "qwen2", "qwen3", "phi3"])
 def test_ragged_left_padded_batch_matches_transformers(folders, name):
     path, hf = folders[name, False]
     model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=3, max_seq_len=64)
@@ -235,6 +235,32 @@ def test_qwen_folders_biases_norms_and_window(tmp_path, folders, kind):
     on = _edit(path, tmp_path / "on", config={"use_sliding_window": True, "sliding_window": 16})
     with pytest.raises(ValueError, match="sliding_window=16 < max_seq_len=32 is not supported"):
         Llama.from_pretrained(on, dtype=torch.float32, max_seq_len=32)
+
+
+def test_phi3_folder_xelink_writes_is_one_transformers_reads(tmp_path):
+    """Phi-3's fused tensors (qkv_proj, gate_up_proj) as save_random_llama writes them, read by transformers'
+    Phi3ForCausalLM to the same logits; biases asked for are not Phi-3's (none is written); a window in its config
+    bounds the default cache (Phi-3-mini-4k's 2047)."""
+    import transformers
+    from safetensors import safe_open
+
+    from xelink.models import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(dict(CONFIGS["tiny"].to_hf(), model_type="phi3", attention_bias=True, mlp_bias=True,
+                                   rope_scaling=None))  # transformers' Phi3 takes no Llama 3 scaling
+    assert cfg.fused_projections and not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias)
+    path = save_random_llama(tmp_path / "p", cfg, dtype=torch.float32)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.layers.1.self_attn.qkv_proj.weight" in names and "model.layers.1.mlp.gate_up_proj.weight" in names
+    assert not [n for n in names if n.endswith("bias") or "q_proj" in n or ".gate_proj" in n]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Phi3ForCausalLM"
+    ids = torch.randint(0, cfg.vocab_size, (1, 6))
+    assert (Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16)(ids, 0) - hf_logits(hf, ids)).abs().max() \
+        < TOL
+    windowed = _edit(path, tmp_path / "w", config={"sliding_window": 2047})
+    assert Llama.from_pretrained(windowed, dtype=torch.float32).max_seq_len == 2047
 
 
 def test_rope_scaling_fields_as_transformers_reads_them():

@@ -1,4 +1,5 @@
-"""Hugging Face Llama/Mistral/Qwen2/Qwen3 folders: the config, slice-wise tensor reads, and random folders for tests.
+"""Hugging Face Llama/Mistral/Qwen2/Qwen3/Phi-3 folders: the config, slice-wise tensor reads, random folders for
+tests.
 
 A folder holds ``config.json``, one ``*.safetensors`` file or several with ``model.safetensors.index.json``,
 and optionally ``generation_config.json`` and ``tokenizer.json``. ``LlamaConfig.from_hf`` reads the
@@ -20,7 +21,7 @@ import torch
 
 __all__ = ["CONFIGS", "Checkpoint", "LlamaConfig", "RandomWeights", "save_random_llama"]
 
-_SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # rope_scaling types: (keys required, keys taken when given); llama3 and yarn also take the pretraining length
 _ROPE_KEYS = {"llama3": (("factor", "low_freq_factor", "high_freq_factor"), ()), "linear": (("factor",), ()),
               "yarn": ((), ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
@@ -36,9 +37,10 @@ class LlamaConfig:
     ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``vocab_size``, ``rms_norm_eps``,
     ``rope_theta``, ``rope_scaling`` (None or a dict with ``rope_type`` "llama3", "linear" or "yarn"),
     ``max_position_embeddings``, ``tie_word_embeddings``, ``attention_bias``, ``mlp_bias``, ``model_type``
-    ("llama", "mistral", "qwen2" or "qwen3", as transformers builds them: Qwen2's q/k/v projections always have
-    a bias, its o one never; Qwen3 RMS-normalizes each head's q and k before the RoPE (``qk_norm``); neither has
-    MLP biases, whatever ``attention_bias`` / ``mlp_bias`` say: ``qkv_bias``, ``o_bias``).
+    ("llama", "mistral", "qwen2", "qwen3" or "phi3", as transformers builds them: Qwen2's q/k/v projections always
+    have a bias, its o one never; Qwen3 RMS-normalizes each head's q and k before the RoPE (``qk_norm``); Phi-3
+    stores q, k, v in one ``qkv_proj`` and gate, up in one ``gate_up_proj`` (``fused_projections``), without
+    biases; none of them has MLP biases, whatever ``attention_bias`` / ``mlp_bias`` say: ``qkv_bias``, ``o_bias``).
     """
 
     hidden_size: int
@@ -68,6 +70,10 @@ class LlamaConfig:
     @property
     def qk_norm(self) -> bool:
         return self.model_type == "qwen3"
+
+    @property
+    def fused_projections(self) -> bool:
+        return self.model_type == "phi3"
 
     @classmethod
     def from_hf(cls, hf: dict, fn: str = "LlamaConfig.from_hf") -> "LlamaConfig":
@@ -123,8 +129,8 @@ class LlamaConfig:
                   rope_theta=theta, rope_scaling=scaling,
                   max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                  attention_bias=bool(hf.get("attention_bias", False)) and model_type != "qwen2",
-                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3"),
+                  attention_bias=bool(hf.get("attention_bias", False)) and model_type not in ("qwen2", "phi3"),
+                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3", "phi3"),
                   model_type=model_type)
         cfg.check(fn)
         return cfg
@@ -143,12 +149,13 @@ class LlamaConfig:
 
     def to_hf(self) -> dict:
         """The ``config.json`` dict of this config (the classic field names every transformers reads)."""
-        arch = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
+        arch = {"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "phi3": "Phi3ForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
         out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu",
-               "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+               "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+               "pad_token_id": None}  # (Phi3Config's default, 32000, lies outside a small vocabulary)
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
-        if self.model_type == "mistral":
+        if self.model_type in ("mistral", "phi3"):
             out["sliding_window"] = None  # full attention, as this model computes (transformers' default is 4096)
         if self.model_type in ("qwen2", "qwen3"):
             out["use_sliding_window"] = False
@@ -215,6 +222,10 @@ def tensor_shapes(cfg: LlamaConfig) -> dict:
             shapes[p + "self_attn.o_proj.bias"] = (H,)
         if cfg.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)})
+        if cfg.fused_projections:
+            for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+                del shapes[p + name + ".weight"]
+            shapes.update({p + "self_attn.qkv_proj.weight": (q + 2 * kv, H), p + "mlp.gate_up_proj.weight": (2 * I, H)})
         if cfg.mlp_bias:
             shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
                            p + "mlp.down_proj.bias": (H,)})

@@ -1,4 +1,4 @@
-"""A Llama-style decoder (Llama 2 / 3.x, Mistral, Qwen2 and Qwen3 without a sliding window) on xelink's kernels.
+"""A Llama-style decoder (Llama 2 / 3.x, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4; full attention) on xelink's kernels.
 
 The model reads as a one-device model: embedding, then per layer RMSNorm (the residual add fused in),
 fused QKV projection, RoPE, attention over the KV cache, O projection, RMSNorm, fused gate/up, SwiGLU,
@@ -272,7 +272,7 @@ class Llama:
     def from_pretrained(cls, path, *, tp_group=None, cp_group=None, dtype: torch.dtype = torch.bfloat16,
                         weights: str = "bf16", max_batch: int = 1, max_seq_len: int | None = None,
                         impl: str = "auto", device=None) -> "Llama":
-        """Load a Hugging Face Llama/Mistral/Qwen2/Qwen3 folder, each rank reading only the slices it keeps.
+        """Load a Hugging Face Llama/Mistral/Qwen2/Qwen3/Phi-3 folder, each rank reading only the slices it keeps.
 
         Args:
             path: the folder (``config.json``, ``*.safetensors``, optional ``model.safetensors.index.json``,

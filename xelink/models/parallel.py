@@ -250,12 +250,20 @@ class TensorParallel:
         qs, qe = self.q0 * D, (self.q0 + self.heads) * D
         ks, ke = self.kv0 * D, (self.kv0 + self.kv_heads) * D
         fs, fe = self.f0, self.f0 + self.ffn
+        Q, KV, I = cfg.num_attention_heads * D, cfg.num_key_value_heads * D, cfg.intermediate_size
+        # Phi-3 stores q, k, v in one qkv_proj and gate, up in one gate_up_proj: the same rows, at offsets
+        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", Q), "v_proj": ("qkv_proj", Q + KV),
+                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", I)} if cfg.fused_projections else {}
+
+        def rows(prefix, proj, start, stop):  # rows [start, stop) of projection ``proj``'s weight
+            name, offset = fused.get(proj, (proj, 0))
+            return get(f"{prefix}{name}.weight", 0, offset + start, offset + stop)
+
         layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
-            qkv = torch.cat([get(a + "q_proj.weight", 0, qs, qe), get(a + "k_proj.weight", 0, ks, ke),
-                             get(a + "v_proj.weight", 0, ks, ke)])
+            qkv = torch.cat([rows(a, "q_proj", qs, qe), rows(a, "k_proj", ks, ke), rows(a, "v_proj", ks, ke)])
             qkv_b = o_b = gu_b = down_b = None
             if cfg.qkv_bias:
                 qkv_b = torch.cat([get(a + "q_proj.bias", 0, qs, qe), get(a + "k_proj.bias", 0, ks, ke),
@@ -265,7 +273,7 @@ class TensorParallel:
             if cfg.mlp_bias:
                 gu_b = torch.cat([get(m + "gate_proj.bias", 0, fs, fe), get(m + "up_proj.bias", 0, fs, fe)])
                 down_b = get(m + "down_proj.bias")
-            gate_up = torch.cat([get(m + "gate_proj.weight", 0, fs, fe), get(m + "up_proj.weight", 0, fs, fe)])
+            gate_up = torch.cat([rows(m, "gate_proj", fs, fe), rows(m, "up_proj", fs, fe)])
             layers.append({
                 "attn_norm": get(p + "input_layernorm.weight").to(device),
                 "mlp_norm": get(p + "post_attention_layernorm.weight").to(device),
