@@ -265,10 +265,11 @@ def _cmd_generate(args) -> int:
         print("xelink generate: --chat takes --prompt (text), not --prompt-ids", file=sys.stderr)
         return 2
     if args.chat:
-        ids, tokenizer = _chat_ids(args.model, args.prompt)
-        if ids is None:
-            print(f"xelink generate: --chat {tokenizer}", file=sys.stderr)
+        ids, got = _chat_ids(args.model, args.prompt)
+        if ids is None:  # got: why
+            print(f"xelink generate: --chat {got}", file=sys.stderr)
             return 2
+        tokenizer = got
     elif args.prompt_ids is not None:
         try:
             ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
