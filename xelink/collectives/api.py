@@ -313,9 +313,9 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
     src = root_of(fn, comm, "src", src, group_src)
     entry = None if x.is_cuda else dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
     fingerprint_check(comm, fn, (fn, tuple(x.shape), str(x.dtype), src))
-    if x.is_cuda:
-        return _handle(gpu_rooted.broadcast(comm, x, src, async_op), [tensor])
-    return _handle(cpu.broadcast(comm, x, src, entry, async_op, timeout), [tensor])
+    work = gpu_rooted.broadcast(comm, x, src, async_op) if x.is_cuda else \
+        cpu.broadcast(comm, x, src, entry, async_op, timeout)
+    return _handle(work, [tensor])
 
 
 def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool = False, timeout=None,
@@ -369,9 +369,9 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     """
     comm, x, outs, dst = _rooted("gather", tensor, gather_list, "dst", dst, group_dst, group)
     fingerprint_check(comm, "gather", ("gather", tuple(x.shape), str(x.dtype), dst))
-    if x.is_cuda:
-        return _handle(gpu_rooted.gather(comm, x, outs, dst, async_op), gather_list or [])
-    return _handle(cpu.gather(comm, x, outs, dst, async_op, timeout), gather_list or [])
+    work = gpu_rooted.gather(comm, x, outs, dst, async_op) if x.is_cuda else \
+        cpu.gather(comm, x, outs, dst, async_op, timeout)
+    return _handle(work, gather_list or [])
 
 
 def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False, timeout=None,
@@ -384,9 +384,9 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     """
     comm, x, ins, src = _rooted("scatter", tensor, scatter_list, "src", src, group_src, group)
     fingerprint_check(comm, "scatter", ("scatter", tuple(x.shape), str(x.dtype), src))
-    if x.is_cuda:
-        return _handle(gpu_rooted.scatter(comm, x, ins, src, async_op), [tensor])
-    return _handle(cpu.scatter(comm, x, ins, src, async_op, timeout), [tensor])
+    work = gpu_rooted.scatter(comm, x, ins, src, async_op) if x.is_cuda else \
+        cpu.scatter(comm, x, ins, src, async_op, timeout)
+    return _handle(work, [tensor])
 
 
 def _object_list(fn: str, object_list, size: int | None = None) -> None:
