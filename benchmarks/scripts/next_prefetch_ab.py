@@ -23,7 +23,7 @@ from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import gemv, rope_decode_attention
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_ab import capture, each_context, same_logits, time_interleaved  # noqa: E402
+from step_ab import capture, each_context, print_pieces, same_logits, time_interleaved  # noqa: E402
 
 attn = importlib.import_module("xelink.kernels.attention")
 llama = importlib.import_module("xelink.models.llama")
@@ -64,10 +64,7 @@ def main():
     variants = {name: [(llama, "PREFETCH_O_MB", mb), (attn, "NEXT_MIN_KEYS", at)]
                 for name, (mb, at) in VARIANTS.items()}
     for fmt, model, L, gen in each_context(fmts, CONTEXTS):
-        try:
-            print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
-        except Exception as exc:  # the step A/B below still runs
-            print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
+        print_pieces(fmt, L, pieces, model, gen)
         graphs, logits = capture(model, L, variants, gen)
         line = ", ".join(f"{n} {ms:.3f}" for n, ms in time_interleaved(graphs).items())
         print(f"{fmt} ctx {L} step ms (median of 50 replays): {line}; logits equal: {same_logits(logits)}", flush=True)

@@ -27,7 +27,7 @@ from xelink.kernels import decode_attention, gemv, rope_decode_attention, rope_k
 from xelink.models.llama import KVCache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_ab import capture, each_context, time_interleaved  # noqa: E402
+from step_ab import capture, each_context, print_pieces, time_interleaved  # noqa: E402
 
 attn = importlib.import_module("xelink.kernels.attention")
 gemv_mod = importlib.import_module("xelink.kernels.gemv")
@@ -124,10 +124,7 @@ def main():
         del args[i:i + 2]
     fmts = args or ["bf16", "w4a16"]
     for fmt, model, L, gen in each_context(fmts, CONTEXTS):
-        try:
-            print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
-        except Exception as exc:  # the step A/B below still runs
-            print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
+        print_pieces(fmt, L, pieces, model, gen)
         graphs, logits = capture(model, L, VARIANTS, gen)
         fused_same = all(torch.equal(logits[n], logits["kept"]) for n in logits if n != "unfused")
         diff = float((logits["unfused"].float() - logits["kept"].float()).abs().max()) \

@@ -73,6 +73,15 @@ def each_context(fmts, contexts):
         torch.cuda.empty_cache()
 
 
+def print_pieces(fmt: str, L: int, pieces, model, gen) -> None:
+    """A script's own ``pieces(model, L, gen)`` line for one context (what each piece of the step costs); a failure
+    is printed instead, so the step A/B after it still runs."""
+    try:
+        print(f"{fmt} ctx {L} pieces us a step: {pieces(model, L, gen)}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - a side measurement
+        print(f"{fmt} ctx {L} pieces failed: {exc!r}", flush=True)
+
+
 def capture(model, L: int, variants: dict, gen) -> tuple[dict, dict]:
     """({name: DecodeGraph}, {name: logits of one step at context L}) of each variant (name -> settings)."""
     tokens = torch.randint(0, model.config.vocab_size, (1,), device=model.device, generator=gen)
