@@ -25,13 +25,16 @@
 #   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
 #             its A/B in the Llama-3.1-8B step (~5 minutes);
 #   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes);
-#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes).
+#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes);
+#   unrun22:  the twenty-second session's GPU-side tests (the CUDA Work protocol and DDP-hook training with 2 ranks
+#             sharing the GPU, xelink.nn.functional's TP training on CUDA, the decode graphs with Qwen3), then
+#             step_bound.py (the step with no norm kernels: what folding them into the GEMVs could save) (~6 minutes).
 # Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
 # script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200
-STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200"
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|unrun22
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|unrun22"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -125,6 +128,14 @@ h200)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  ;;
+unrun22)
+  step work_ddp_functional_gpu 200 env XELINK_RANKS_PER_DEVICE=2 \
+    XELINK_TEST_CHECKS=stream_semantics,ddp_style,tensor_parallel_training python3 -m pytest -q -rfEs \
+    -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py tests/nn/ranks_gpu_functional.py
+  step decode_graph_gpu_tests 180 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 \
+    -m gpu tests/models/test_decode_graph.py
+  step step_bound 170 python3 benchmarks/scripts/step_bound.py
   ;;
 esac
 case "$1" in
