@@ -8,8 +8,9 @@ every setting back; ``time_interleaved`` replays the graphs in interleaved round
 format whose cache holds the longest context + 16 (W4A16: the first context only, as ``xelink bench decode``'s
 row), filled to each context (``each_context``).
 
-As a command, one switch's values, the first the baseline; the variants' logits must equal the baseline's bit
-for bit (a switch of this kind changes no value: hints, placement):
+As a command, one switch's values, the first the baseline; the variants' logits are compared with the baseline's:
+equal bit for bit for a switch that changes no value (hints, placement), else the next token and the relative
+difference (``llama.FOLD_NORMS``: the norm's rounding):
 
     python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 [--fmts bf16 w4a16] \
         [--contexts 1024 8192 32768]
@@ -109,6 +110,15 @@ def same_logits(logits: dict, names=None) -> bool:
     return all(torch.equal(logits[n], first) for n in (names or logits))
 
 
+def differences(logits: dict) -> str:
+    """How each variant's logits differ from the first's (a switch that changes values: rounding)."""
+    names = list(logits)
+    first = logits[names[0]].float()
+    return ", ".join(f"{n}: next token {'equal' if torch.equal(logits[n].argmax(-1), first.argmax(-1)) else 'DIFFERS'}"
+                     f", relative RMS {float((logits[n].float() - first).norm() / first.norm()):.1e}"
+                     for n in names[1:])
+
+
 def parse_switch(text: str):
     """``module.NAME=v1,v2,...`` -> (module object, NAME, [values]) (module under xelink.kernels or xelink.models,
     values Python literals)."""
@@ -141,8 +151,8 @@ def main(argv=None) -> int:
         ms = time_interleaved(graphs)
         base = ms[repr(values[0])]
         cells = ", ".join(f"{n} {t:.3f} ({t / base - 1:+.2%})" for n, t in ms.items())
-        print(f"{fmt} ctx {L} {name} ms a step (median of 50 replays): {cells}; logits equal: {same_logits(logits)}",
-              flush=True)
+        print(f"{fmt} ctx {L} {name} ms a step (median of 50 replays): {cells}; logits equal: {same_logits(logits)}"
+              f"{'' if same_logits(logits) else '; ' + differences(logits)}", flush=True)
     return 0
 
 
