@@ -72,6 +72,9 @@ _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
 # pdl="auto": a launch of at most this many rows of W lets the next kernel go early, a larger one late (the H200
 # sweep in _GemvLaunch); an A/B switch (benchmarks/scripts/rope_decode_ab.py), read when a launch is planned.
 PDL_EARLY_MAX_ROWS = 8192
+# rmsnorm_gemv's fma tile rows (None: the plain GEMV's): each program loads and normalizes x for its rows, so
+# taller tiles share that work (a switch for step_ab.py).
+NORM_BLOCK_N = None
 
 
 # -- packing --------------------------------------------------------------------------------------
@@ -935,6 +938,8 @@ class _GemvLaunch:
         block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
         if act or self.norm:
             split = 1  # the pairs are combined, the rows' norms known, at the store: no partial sums
+        if self.norm and NORM_BLOCK_N and kernel == "fma":
+            cfg["BLOCK_N"] = NORM_BLOCK_N
         k_blocks = -(-K // block_k)
         split = max(1, min(split, k_blocks))
         per_split = -(-k_blocks // split) * block_k
