@@ -29,6 +29,7 @@ import torch
 
 from xelink.bench.families.decode import _fill_caches
 from xelink.bench.harness import time_cuda_events
+from xelink.kernels.common import Paths
 from xelink.models import Llama
 from xelink.models.llama import DecodeGraph
 
@@ -38,7 +39,9 @@ CONTEXTS = [1024, 8192, 32768]
 def forget_plans() -> None:
     """Drop every kernel module's remembered launch plans (they hold the switches as they were when planned)."""
     for name in ("attention", "gemv", "norm", "gemm", "gated_gemm"):
-        importlib.import_module(f"xelink.kernels.{name}")._PATHS.clear()
+        for value in vars(importlib.import_module(f"xelink.kernels.{name}")).values():
+            if isinstance(value, Paths):
+                value.clear()
 
 
 @contextlib.contextmanager
