@@ -25,19 +25,13 @@
 #   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
 #             its A/B in the Llama-3.1-8B step (~5 minutes);
 #   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes);
-#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes);
-#   unrun22:  the twenty-second session's GPU-side tests (the CUDA Work protocol and DDP-hook training with 2 ranks
-#             sharing the GPU, xelink.nn.functional's TP training on CUDA, the decode graphs with Qwen3), then
-#             step_bound.py (the step with no norm kernels: what folding them into the GEMVs could save) (~6 minutes);
-#   norms:    rmsnorm_gemv (the pre-norms folded into the fma GEMV, issue 26): its GPU tests with gemv's and
-#             rmsnorm's, then every model GPU test (~7 minutes);
-#   norms_ab: the fold's A/B in the Llama-3.1-8B step, then issue 26's decode rows (an H200 wanted) (~5 minutes).
-# Earlier sessions' one-off steps were removed in the fifteenth session; each result README names the commit whose
-# script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
+#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes).
+# Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
+# the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|unrun22|norms|norms_ab
-STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|unrun22|norms|norms_ab"
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -131,25 +125,6 @@ h200)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
-  ;;
-unrun22)
-  step work_ddp_functional_gpu 200 env XELINK_RANKS_PER_DEVICE=2 \
-    XELINK_TEST_CHECKS=stream_semantics,ddp_style,tensor_parallel_training python3 -m pytest -q -rfEs \
-    -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py tests/nn/ranks_gpu_functional.py
-  step decode_graph_gpu_tests 180 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 \
-    -m gpu tests/models/test_decode_graph.py
-  step step_bound 170 python3 benchmarks/scripts/step_bound.py
-  ;;
-norms)
-  step norm_gemv_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
-    tests/kernels/test_rmsnorm_gemv.py tests/kernels/test_gemv.py tests/kernels/test_norm.py
-  step model_gpu_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models
-  ;;
-norms_ab)
-  step norms_ab 200 python3 benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True --contexts 1024 8192
-  step bench_decode 130 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
-    --out "$OUT/bench" --commit "$C"
-  rm -f "$OUT"/bench/*.txt
   ;;
 esac
 case "$1" in

@@ -55,12 +55,12 @@ from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, che
                      check_same_device, check_tensor, forward_only, path_key, require_triton, sm_count, tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
-from .norm import check_rmsnorm, reference_silu_mul, rmsnorm, silu_mul
+from .norm import reference_silu_mul, silu_mul
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_l2
 from .split import SCRATCH, last_split
 
 __all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
-           "rmsnorm_gemv", "unpack_w4a16", "unpack_w8a16"]
+           "unpack_w4a16", "unpack_w8a16"]
 
 GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
 GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
@@ -72,9 +72,6 @@ _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
 # pdl="auto": a launch of at most this many rows of W lets the next kernel go early, a larger one late (the H200
 # sweep in _GemvLaunch); an A/B switch (benchmarks/scripts/rope_decode_ab.py), read when a launch is planned.
 PDL_EARLY_MAX_ROWS = 8192
-# rmsnorm_gemv's fma tile rows (None: the plain GEMV's): each program loads and normalizes x for its rows, so
-# taller tiles share that work (a switch for step_ab.py).
-NORM_BLOCK_N = None
 
 
 # -- packing --------------------------------------------------------------------------------------
@@ -450,40 +447,15 @@ if triton is not None:
         _store_row(y_ptr, 6, a6, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
         _store_row(y_ptr, 7, a7, rn, N, stride_ym, stride_ys, pid_s, scale, PARTIAL, ROWS, ACT)
 
-    @triton.jit
-    def _normed_row(x_ptr, r_ptr, g, h_ptr, m, stride_xm, stride_rm, stride_hm, kk, live, q, store,
-                    ROWS: tl.constexpr, RES: tl.constexpr):
-        """rmsnorm_gemv's row m of x at columns kk: (h * g in fp32, q plus h^2 where ``live``), h = x, or with
-        RES round(x + r) (stored where ``store``: the new residual); rows past the real ones are zeros."""
-        if m < ROWS:
-            h = tl.load(x_ptr + m * stride_xm + kk)
-            if RES:
-                h = (h.to(tl.float32) + tl.load(r_ptr + m * stride_rm + kk).to(tl.float32)).to(h.dtype)
-                if store:
-                    tl.store(h_ptr + m * stride_hm + kk, h, mask=live)
-            hf = h.to(tl.float32)
-            return hf * g, q + tl.where(live, hf * hf, 0.0)
-        else:
-            return tl.zeros(kk.shape, dtype=tl.float32), q
-
-    @triton.jit
-    def _rstd(q, K, eps):
-        # rmsnorm's formula (norm.py) over a row's squares
-        return 1.0 / tl.sqrt(tl.sum(q, axis=0) / K + eps)
-
     @triton.jit(do_not_specialize=["K_STEPS"])
     def _gemv_fma_kernel(w_ptr, x_ptr, s_ptr, y_ptr, o_ptr, cnt_ptr, N, K, K_STEPS,
                          stride_wn, stride_xm, stride_sn, stride_ym, stride_ys, stride_om,
-                         r_ptr, g_ptr, h_ptr, stride_rm, stride_hm, eps,
                          FMT: tl.constexpr, EVEN_K: tl.constexpr, PARTIAL: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                         ACT: tl.constexpr = False, NORM: tl.constexpr = False, RES: tl.constexpr = False):
+                         ACT: tl.constexpr = False):
         # CUDA-core path for dense and W8A16 weights: one [BLOCK_N, BLOCK_K] fp32 accumulator per
         # activation row (ROWS <= 8, unrolled by hand), reduced once at the end. Small tiles keep many
         # programs, and their loads, in flight per SM.
-        # NORM (rmsnorm_gemv, no K split): x is an RMSNorm's input h (RES: x + r, rounded, program 0 storing it
-        # to h_ptr); the tile multiplies h * g and sums each row's h^2 beside, the sums scaled by the row's
-        # 1 / rms at the end (so the normalized x is never rounded nor written).
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rn, rn_safe = _tile_rows(pid_n, N, BLOCK_N, ACT, PARTIAL)  # past N: row N-1 again, loads stay wide
@@ -503,85 +475,32 @@ if triton is not None:
         a7 = a0
         rk = tl.arange(0, BLOCK_K)
         w_rows = w_ptr + rn_safe[:, None] * stride_wn
-        if NORM:  # each row's sum of squares, a column a lane
-            q0 = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            q1 = q0
-            q2 = q0
-            q3 = q0
-            q4 = q0
-            q5 = q0
-            q6 = q0
-            q7 = q0
-            store = pid_n == 0
         for k0 in range(k_lo, k_hi, BLOCK_K):
             kk = k0 + rk
-            live = kk < k_hi
             if EVEN_K:
                 w = tl.load(w_rows + kk[None, :])
             else:
-                w = tl.load(w_rows + kk[None, :], mask=live[None, :], other=0)
+                w = tl.load(w_rows + kk[None, :], mask=(kk < k_hi)[None, :], other=0)
                 # Tail: masked columns load as 0 and their x is never read past K (index clamped).
                 kk = tl.minimum(kk, K - 1)
             if FMT == 1:
                 wf = _q8_float(w.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80)
                 if not EVEN_K:
-                    wf = tl.where(live[None, :], wf, 0.0)
+                    wf = tl.where((k0 + rk < k_hi)[None, :], wf, 0.0)
             else:
                 wf = w.to(tl.float32)
-            if NORM:
-                g = tl.load(g_ptr + kk).to(tl.float32)
-                x0, q0 = _normed_row(x_ptr, r_ptr, g, h_ptr, 0, stride_xm, stride_rm, stride_hm, kk, live, q0, store,
-                                     ROWS, RES)
-                a0 += wf * x0[None, :]
-                if ROWS > 1:
-                    x1, q1 = _normed_row(x_ptr, r_ptr, g, h_ptr, 1, stride_xm, stride_rm, stride_hm, kk, live, q1,
-                                         store, ROWS, RES)
-                    a1 += wf * x1[None, :]
-                if ROWS > 2:
-                    x2, q2 = _normed_row(x_ptr, r_ptr, g, h_ptr, 2, stride_xm, stride_rm, stride_hm, kk, live, q2,
-                                         store, ROWS, RES)
-                    a2 += wf * x2[None, :]
-                    x3, q3 = _normed_row(x_ptr, r_ptr, g, h_ptr, 3, stride_xm, stride_rm, stride_hm, kk, live, q3,
-                                         store, ROWS, RES)
-                    a3 += wf * x3[None, :]
-                if ROWS > 4:
-                    x4, q4 = _normed_row(x_ptr, r_ptr, g, h_ptr, 4, stride_xm, stride_rm, stride_hm, kk, live, q4,
-                                         store, ROWS, RES)
-                    a4 += wf * x4[None, :]
-                    x5, q5 = _normed_row(x_ptr, r_ptr, g, h_ptr, 5, stride_xm, stride_rm, stride_hm, kk, live, q5,
-                                         store, ROWS, RES)
-                    a5 += wf * x5[None, :]
-                    x6, q6 = _normed_row(x_ptr, r_ptr, g, h_ptr, 6, stride_xm, stride_rm, stride_hm, kk, live, q6,
-                                         store, ROWS, RES)
-                    a6 += wf * x6[None, :]
-                    x7, q7 = _normed_row(x_ptr, r_ptr, g, h_ptr, 7, stride_xm, stride_rm, stride_hm, kk, live, q7,
-                                         store, ROWS, RES)
-                    a7 += wf * x7[None, :]
-            else:
-                a0 += wf * _x_row(x_ptr, 0, stride_xm, kk, ROWS)[None, :]
-                if ROWS > 1:
-                    a1 += wf * _x_row(x_ptr, 1, stride_xm, kk, ROWS)[None, :]
-                if ROWS > 2:
-                    a2 += wf * _x_row(x_ptr, 2, stride_xm, kk, ROWS)[None, :]
-                    a3 += wf * _x_row(x_ptr, 3, stride_xm, kk, ROWS)[None, :]
-                if ROWS > 4:
-                    a4 += wf * _x_row(x_ptr, 4, stride_xm, kk, ROWS)[None, :]
-                    a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
-                    a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
-                    a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
-        pdl_launch(PDL)
-        if NORM:  # each row's 1 / rms into its sums (rows past ROWS are never stored)
-            a0 = a0 * _rstd(q0, K, eps)
+            a0 += wf * _x_row(x_ptr, 0, stride_xm, kk, ROWS)[None, :]
             if ROWS > 1:
-                a1 = a1 * _rstd(q1, K, eps)
+                a1 += wf * _x_row(x_ptr, 1, stride_xm, kk, ROWS)[None, :]
             if ROWS > 2:
-                a2 = a2 * _rstd(q2, K, eps)
-                a3 = a3 * _rstd(q3, K, eps)
+                a2 += wf * _x_row(x_ptr, 2, stride_xm, kk, ROWS)[None, :]
+                a3 += wf * _x_row(x_ptr, 3, stride_xm, kk, ROWS)[None, :]
             if ROWS > 4:
-                a4 = a4 * _rstd(q4, K, eps)
-                a5 = a5 * _rstd(q5, K, eps)
-                a6 = a6 * _rstd(q6, K, eps)
-                a7 = a7 * _rstd(q7, K, eps)
+                a4 += wf * _x_row(x_ptr, 4, stride_xm, kk, ROWS)[None, :]
+                a5 += wf * _x_row(x_ptr, 5, stride_xm, kk, ROWS)[None, :]
+                a6 += wf * _x_row(x_ptr, 6, stride_xm, kk, ROWS)[None, :]
+                a7 += wf * _x_row(x_ptr, 7, stride_xm, kk, ROWS)[None, :]
+        pdl_launch(PDL)
         if FMT == 1:
             scale = tl.load(s_ptr + rn_safe * stride_sn).to(tl.float32)
         else:
@@ -866,10 +785,10 @@ class _GemvLaunch:
     the K split (and, for the tc kernel, its sum kernel's launch), and (``remembered``: a call of ``_PATHS``,
     whose key fixes every argument's class) a launcher slot for each kernel."""
 
-    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused", "norm")
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused")
 
     def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool,
-                 act: bool = False, norm: int = 0):
+                 act: bool = False):
         M, K = x.shape
         N = w.shape[0]  # rows of W; with act, [gate; up]: N // 2 outputs
         self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
@@ -907,8 +826,6 @@ class _GemvLaunch:
                              f"got config BLOCK_N={cfg['BLOCK_N']}")
         # y's row stride: out's, else a new contiguous one's (the unfused act's temporary: [M, N])
         y_stride = N if self.unfused else out.stride(0) if out is not None else self.shape[1]
-        # norm (rmsnorm_gemv: 1, 2 with a residual): folded into the fma kernel; the others run it unfused
-        self.norm = norm if kernel == "fma" else 0
         if kernel == "tc":
             cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
                    **cfg, "PDL": pdl}
@@ -929,17 +846,13 @@ class _GemvLaunch:
         self.slots = (Slot(self.fn), Slot(_splitk_sum_kernel)) if remembered else None
 
     def _triton(self, w, x, scales, fmt, cfg, ptx, pdl, y_stride, act):
-        """The Triton kernels' launch (``cfg`` checked, a copy); ``act``: silu_mul of row pairs, unsplit;
-        ``self.norm``: the fma kernel's RMSNorm of x, unsplit (its ints then end before the norm's: the
-        call adds them)."""
+        """The Triton kernels' launch (``cfg`` checked, a copy); ``act``: silu_mul of row pairs, unsplit."""
         M, K = x.shape
         N = w.shape[0] // 2 if act else w.shape[0]  # outputs
         kernel = cfg.pop("KERNEL", "mma")
         block_k, split = cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
-        if act or self.norm:
-            split = 1  # the pairs are combined, the rows' norms known, at the store: no partial sums
-        if self.norm and NORM_BLOCK_N and kernel == "fma":
-            cfg["BLOCK_N"] = NORM_BLOCK_N
+        if act:
+            split = 1  # the pairs are combined at the store: no partial sums
         k_blocks = -(-K // block_k)
         split = max(1, min(split, k_blocks))
         per_split = -(-k_blocks // split) * block_k
@@ -974,11 +887,8 @@ class _GemvLaunch:
         elif kernel == "fma":
             cfg.pop("FOLD", None)
             self.fn = _gemv_fma_kernel
-            # (then r, g, h, their row strides and eps: unused unless NORM, None and zeros)
-            self.ints = (N, K, steps, *strides) + (() if self.norm else (None, None, None, 0, 0, 0.0))
+            self.ints = (N, K, steps, *strides)
             self.kwargs = dict(common, EVEN_K=even_k, ROWS=M, BLOCK_K=block_k, **cfg)
-            if self.norm:
-                self.kwargs.update(NORM=True, RES=self.norm == 2)
         else:
             cfg.setdefault("FOLD", False)
             if x.dtype == torch.bfloat16:
@@ -1010,17 +920,6 @@ class _GemvLaunch:
         launch_plan(self.slots[0] if self.slots else None, self.fn, self.grid, (w, x, s, dst, y, counters, *self.ints),
                     self.kwargs)
         return y
-
-    def normed(self, w, x, scales, g, eps: float, residual) -> tuple:
-        """rmsnorm_gemv's launch on a plan made with ``norm``: (y, the new residual or None); x and residual
-        contiguous ``[M, K]``."""
-        K = x.shape[1]
-        y = x.new_empty(self.shape)
-        h = None if residual is None else torch.empty_like(x)
-        s = scales if scales is not None else w
-        launch_plan(self.slots[0] if self.slots else None, self.fn, self.grid,
-                    (w, x, s, y, y, y, *self.ints, residual, g, h, K, K, eps), self.kwargs)
-        return y, h
 
     def _tc(self, w, x, scales, y) -> torch.Tensor:
         """The tensor-core kernel's launch into y ([M, rows of W]), and its sum launch where K is split."""
@@ -1229,68 +1128,3 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
     if out is not None:
         return out
     return y.reshape(-1) if one_row else y
-
-
-# rmsnorm_gemv()'s checks and path, remembered as gemv's (``_PATHS``): (impl, pdl option, the fused plan or None
-# where the norm runs as its own kernel first).
-_NORM_PATHS = Paths()
-
-
-def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None = None,
-                 fmt: str = "bf16", eps: float = 1e-6, residual: torch.Tensor | None = None, impl: str = "auto", *,
-                 act: str | None = None, pdl=None):
-    """``gemv(w, rmsnorm(x, norm_weight, eps, residual), scales, fmt, act=act)`` with the norm (and the residual
-    add before it) folded into the GEMV where its kernel takes it: a pre-norm block's projection in one launch.
-
-    Where the GEMV runs on the ``fma`` kernel (1-4 rows, dense or W8A16 weights: the decode step's), each tile
-    multiplies ``h * norm_weight`` (h = x, or ``round(x + residual)`` as ``rmsnorm`` rounds it), sums each
-    row's ``h^2`` beside, and scales its sums by the row's ``1 / sqrt(mean(h^2) + eps)`` at the end; the
-    first program writes the new residual. So the normalized x is neither rounded to x's dtype nor written:
-    y is close to (not bit for bit) the unfused pair's, whose GEMV reads the rounded norm. Elsewhere (other
-    kernels, ``impl="reference"``, traced calls) it is ``rmsnorm`` then ``gemv``, exactly.
-
-    Args:
-        x: ``[K]`` or ``[M, K]`` (1 <= M <= 8), bf16 or fp16: the norm's input.
-        norm_weight: ``[K]``, a float dtype.
-        w, scales, fmt, act: as :func:`gemv`.
-        eps: a float >= 0.
-        residual: None, or x's shape and dtype: the norm's input is then ``x + residual`` (rmsnorm's).
-        impl: as :func:`gemv` (the norm's own kernel, where it runs apart, is rmsnorm's Triton one).
-        pdl: as :func:`gemv`.
-
-    Returns:
-        y (as gemv's), or with ``residual`` ``(y, h)``: h the new residual, a new tensor of x's shape.
-
-    Raises:
-        TypeError, ValueError: as gemv's and rmsnorm's checks, named ``rmsnorm_gemv``.
-    """
-    key = path_key((fmt, impl, pdl, act, eps), (x, w, norm_weight), (scales, residual))
-    path = _NORM_PATHS.get(key) if key is not None else None
-    if path is None:
-        fn = "rmsnorm_gemv"
-        check_rmsnorm(fn, x, norm_weight, eps, residual, "norm_weight")
-        try:
-            impl, x2, _, option, _ = _check_gemv(w, x, scales, fmt, impl, None, pdl, None, act)
-        except (TypeError, ValueError) as e:  # gemv's checks, named as this function's
-            raise type(e)(f"{fn}: {str(e).removeprefix('gemv: ')}") from None
-        plan = None
-        if impl != "reference" and x2.shape[1] and w.shape[0] and not torch.compiler.is_compiling():
-            plan = _GemvLaunch(w, x2, scales, fmt, None, impl == "cuda", option, None, key is not None,
-                               act is not None, 1 if residual is None else 2)
-            plan = plan if plan.norm else None
-        path = (impl, option, plan)
-        if key is not None:
-            _NORM_PATHS.remember(key, path)
-    impl, _, plan = path
-    if plan is None:
-        got = rmsnorm(x, norm_weight, eps, residual, impl="reference" if impl == "reference" else "auto", pdl=pdl)
-        normed, h = got if residual is not None else (got, None)
-        y = gemv(w, normed, scales, fmt, impl, pdl=pdl, act=act)
-    else:
-        one_row = x.dim() == 1
-        x2 = x.reshape(1, -1) if one_row else x
-        r2 = None if residual is None else residual.reshape(x2.shape).contiguous()
-        y, h = plan.normed(w, x2.contiguous(), scales, norm_weight.contiguous(), float(eps), r2)
-        if one_row:
-            y, h = y.reshape(-1), None if h is None else h.reshape(-1)
-    return y if residual is None else (y, h)

@@ -350,29 +350,6 @@ def _check_rows_out(fn: str, out, x) -> None:
                              "viewed as rows [-1, H] (its leading dims one stride apart)") from None
 
 
-def check_rmsnorm(fn: str, x, w, eps, residual, w_name: str = "w") -> None:
-    """The checks of an RMSNorm's operands (``rmsnorm``, ``gemv.rmsnorm_gemv``), named by ``fn`` (the weight by
-    ``w_name``): tensors, w ``[H]`` of a float dtype, eps a float >= 0, residual of x's shape and dtype, one
-    device."""
-    check_tensor(fn, "x", x)
-    check_tensor(fn, w_name, w)
-    if not w.is_floating_point():
-        raise TypeError(f"{fn}: {w_name}.dtype={w.dtype} must be a floating dtype")
-    if x.dim() < 1:
-        raise ValueError(f"{fn}: x must have at least one dimension")
-    if w.dim() != 1 or w.shape[0] != x.shape[-1]:
-        raise ValueError(f"{fn}: {w_name}.shape={tuple(w.shape)} must be ({x.shape[-1]},), the last dim of x")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
-        raise ValueError(f"{fn}: eps={eps!r} must be a float >= 0")
-    if residual is not None:
-        check_tensor(fn, "residual", residual)
-        if residual.shape != x.shape:
-            raise ValueError(f"{fn}: residual.shape={tuple(residual.shape)} != x.shape={tuple(x.shape)}")
-        if residual.dtype != x.dtype:
-            raise TypeError(f"{fn}: residual.dtype={residual.dtype} != x.dtype={x.dtype}")
-    check_same_device(fn, x=x, residual=residual, **{w_name: w})
-
-
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None,
             impl: str = "auto", pdl: bool | str | None = None, *, out: torch.Tensor | None = None):
     """RMSNorm over the last dimension, optionally fused with the residual add before it.
@@ -409,10 +386,26 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, residual: torch
         return plan(x, w, eps, residual, out)
     fn = "rmsnorm"
     impl = check_impl(fn, impl, NORM_IMPLS)
-    check_rmsnorm(fn, x, w, eps, residual)
+    check_tensor(fn, "x", x)
+    check_tensor(fn, "w", w)
     impl = forward_only(fn, impl, x=x, w=w, residual=residual)
     if x.dtype not in _FLOATS:
         raise TypeError(f"rmsnorm: x.dtype={x.dtype} must be bfloat16, float16 or float32")
+    if not w.is_floating_point():
+        raise TypeError(f"rmsnorm: w.dtype={w.dtype} must be a floating dtype")
+    if x.dim() < 1:
+        raise ValueError("rmsnorm: x must have at least one dimension")
+    if w.dim() != 1 or w.shape[0] != x.shape[-1]:
+        raise ValueError(f"rmsnorm: w.shape={tuple(w.shape)} must be ({x.shape[-1]},), the last dim of x")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"rmsnorm: eps={eps!r} must be a float >= 0")
+    if residual is not None:
+        check_tensor(fn, "residual", residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"rmsnorm: residual.shape={tuple(residual.shape)} != x.shape={tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"rmsnorm: residual.dtype={residual.dtype} != x.dtype={x.dtype}")
+    check_same_device(fn, x=x, w=w, residual=residual)
     if out is not None:
         _check_rows_out(fn, out, x)
     impl = _resolve(fn, impl, x.device)

@@ -39,8 +39,8 @@ import torch
 
 from .. import cp_attention
 from ..kernels import (flash_attention, gemm, gemv, reference_flash_attention, reference_gemv, reference_rmsnorm,
-                       reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm, rmsnorm_gemv,
-                       rope, rope_decode_attention, silu_mul, unpack_w4a16, unpack_w8a16)
+                       reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope,
+                       rope_decode_attention, silu_mul, unpack_w4a16, unpack_w8a16)
 from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
@@ -53,9 +53,6 @@ MAX_SEQ_LEN_DEFAULT = 8192
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _GEMV_ROWS = 8
-# Each pre-norm (the residual add and RMSNorm) folded into the projection after it (``rmsnorm_gemv``) where its
-# GEMV's kernel takes it; False: the norm's own kernel, then the GEMV (a switch for step_ab.py's A/B).
-FOLD_NORMS = True
 # MiB of each layer's O projection weight at most that the decode step's attention asks L2 for once its keys are
 # read (rope_decode_attention's prefetch, at 4K keys and more: HBM is idle while the splits end and the O GEMV
 # starts); 0: none. 64: the whole weight of an 8B model (H100: 0.85% / 0.7% faster steps at 8K / 32K).
@@ -104,23 +101,6 @@ class Ops:
         if self.ref:
             return reference_rmsnorm(x, w, eps, residual)
         return rmsnorm(x, w, eps, residual, impl=self.kimpl)
-
-    def norm_linear(self, lin: Linear, x: torch.Tensor, w, eps: float, residual=None, act: str | None = None):
-        """``rmsnorm(x, w, eps, residual)``, then ``linear`` of it (``act="silu_mul"``: ``gate_up``), on ``[M, K]``
-        rows: ``(y, h)``, h the new residual (x itself without one). At decode (a GEMV; with act, also without a
-        TP sum or bias) one launch where ``rmsnorm_gemv`` folds the norm into the GEMV's kernel."""
-        if not FOLD_NORMS or self.dense_ref or x.shape[0] > _GEMV_ROWS or \
-                act and (lin.reduce is not None or lin.bias is not None):
-            got = self.rmsnorm(x, w, eps, residual)
-            normed, h = got if residual is not None else (got, x)
-            return (self.gate_up(lin, normed) if act else self.linear(lin, normed)), h
-        got = rmsnorm_gemv(x, w, lin.weight, lin.scales, self.gemv_format(lin, x), eps, residual, self.kimpl, act=act)
-        y, h = got if residual is not None else (got, x)
-        if lin.reduce is not None:
-            y = lin.reduce(y.contiguous())
-        if lin.bias is not None:
-            y = y + lin.bias
-        return y, h
 
     def rope(self, q, k, cos, sin):
         return reference_rope(q, k, cos, sin) if self.ref else rope(q, k, cos, sin, impl=self.kimpl)
@@ -520,7 +500,7 @@ class Llama:
             q, k = self.ops.rope(q, k, cos, sin)
             return cache.attend(q, k, v, starts, pads, self.ops)
 
-        normed = self._final_norm(*self._layers(x, attend))
+        normed = self._layers(x, attend)
         if S != full:  # every position's hidden state, on every CP rank
             normed, S = self.cp.unshard(normed, full), full
         if 0 < logits_to_keep < S:
@@ -565,13 +545,9 @@ class Llama:
         """``decode`` after its checks (also the model call's path for one token a sequence)."""
         kv_lens = positions + 1
         x = self.embed[tokens][:, None]  # (B, 1, H)
-        x, residual = self._layers(x, lambda cache, q, k, v, layer: cache.decode(q, k, v, self.cos, self.sin,
-                                                                                 positions, kv_lens, self.ops,
-                                                                                 self._o_prefetch(layer)))
-        # the final norm folded into the head's GEMV where it can be
-        x = x.reshape(tokens.shape[0], -1)
-        return self.tp.gather_vocab(self.ops.norm_linear(self.head, x, self.norm, self.config.rms_norm_eps,
-                                                         residual)[0])
+        normed = self._layers(x, lambda cache, q, k, v, layer: cache.decode(q, k, v, self.cos, self.sin, positions,
+                                                                            kv_lens, self.ops, self._o_prefetch(layer)))
+        return self._head(normed.reshape(tokens.shape[0], -1))
 
     @property
     def graph_capturable(self) -> bool:
@@ -589,21 +565,18 @@ class Llama:
 
     def _layers(self, x, attend):
         """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v, layer)`` (q, k, v before RoPE) for
-        each layer's attention; returns ``(x, residual)`` before the final norm: the last layer's output and the
-        residual stream (``[B * S, H]``; None without layers). Each pre-norm (the residual add and RMSNorm) runs
-        with the projection after it (``Ops.norm_linear``)."""
+        each layer's attention; returns the final norm's output."""
+        ops, eps = self.ops, self.config.rms_norm_eps
         residual = None
         for layer, cache in zip(self.layers, self.caches):
-            x, residual = self._attention(layer, cache, x, residual, attend)
-            x, residual = self._mlp(layer, x, residual)
-        return x, residual
-
-    def _final_norm(self, x, residual):
-        """The final norm of ``_layers``' ``(x, residual)``: ``(B, S, H)``."""
-        ops, eps = self.ops, self.config.rms_norm_eps
-        if residual is None:
-            return ops.rmsnorm(x, self.norm, eps)
-        return ops.rmsnorm(x, self.norm, eps, residual.reshape(x.shape))[0]
+            if residual is None:
+                normed, residual = ops.rmsnorm(x, layer["attn_norm"], eps), x
+            else:
+                normed, residual = ops.rmsnorm(x, layer["attn_norm"], eps, residual)
+            x = self._attention(layer, cache, normed, attend)
+            normed, residual = ops.rmsnorm(x, layer["mlp_norm"], eps, residual)
+            x = self._mlp(layer, normed)
+        return ops.rmsnorm(x, self.norm, eps, residual)[0] if residual is not None else ops.rmsnorm(x, self.norm, eps)
 
     def _o_prefetch(self, layer):
         """The first ``PREFETCH_O_MB`` MiB of ``layer``'s O projection weight (a flat view, made once), which the
@@ -621,27 +594,22 @@ class Llama:
         """``[M, H]`` final hidden states -> ``[M, vocab]`` logits (the TP gather of the vocabulary)."""
         return self.tp.gather_vocab(self.ops.linear(self.head, x))
 
-    def _attention(self, layer, cache, x, residual, attend):
-        """The attention block's output ``(B, S, H)`` and the residual stream ``[B * S, H]`` after its pre-norm."""
+    def _attention(self, layer, cache, x, attend):
         B, S, H = x.shape
         hq, hk, D = self.heads, self.kv_heads, self.head_dim
-        qkv, residual = self.ops.norm_linear(layer["qkv"], x.reshape(B * S, H), layer["attn_norm"],
-                                             self.config.rms_norm_eps, residual)
-        qkv = qkv.view(B, S, hq + 2 * hk, D)
+        qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D)
         if "q_norm" in layer:  # Qwen3: each head's q and k RMS-normalized (before the RoPE), in place
             for lo, hi, w in ((0, hq, layer["q_norm"]), (hq, hq + hk, layer["k_norm"])):
                 heads = qkv[:, :, lo:hi].reshape(-1, D)
                 qkv[:, :, lo:hi] = self.ops.rmsnorm(heads, w, self.config.rms_norm_eps).view(B, S, hi - lo, D)
         qkv = qkv.transpose(1, 2)
         a = attend(cache, qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:], layer)  # (B, hq, S, D)
-        return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H), residual
+        return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
 
-    def _mlp(self, layer, x, residual):
-        """The MLP block's output ``(B, S, H)`` and the residual stream after its pre-norm."""
+    def _mlp(self, layer, x):
         B, S, H = x.shape
-        act, residual = self.ops.norm_linear(layer["gate_up"], x.reshape(B * S, H), layer["mlp_norm"],
-                                             self.config.rms_norm_eps, residual, act="silu_mul")
-        return self.ops.linear(layer["down"], act).view(B, S, H), residual
+        act = self.ops.gate_up(layer["gate_up"], x.reshape(B * S, H))
+        return self.ops.linear(layer["down"], act).view(B, S, H)
 
     def generate(self, input_ids, max_new_tokens: int, *, attention_mask=None, temperature=None, top_p=None,
                  top_k=None, eos_token_id=None, seed=None, cuda_graph=None, repetition_penalty=None, min_p=None,

@@ -517,10 +517,9 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     """Where the decode step's time goes: each op of ``Llama.decode`` timed alone at B sequences and context L,
     its calls over every layer (each layer's own weights and cache, so the weights stream from HBM as in the
     step) captured in one CUDA graph: ``{op: (us per step, GB/s)}`` (GB/s over the bytes the op reads), in the
-    order of the step (a pre-norm with the projection after it, as ``Ops.norm_linear`` runs them). ``"sum"``
-    adds them; the step's own time minus it is launch gaps and the small torch ops (embedding row, kv_lens,
-    argmax)."""
-    from ...kernels import gemv, rmsnorm_gemv, rope_decode_attention
+    order of the step. ``"sum"`` adds them; the step's own time minus it is launch gaps and the small torch
+    ops (embedding row, kv_lens, argmax)."""
+    from ...kernels import gemv, rmsnorm, rope_decode_attention
 
     cfg, dev, dt = model.config, model.device, model.dtype
     H, eps, hq, hk, D = cfg.hidden_size, cfg.rms_norm_eps, model.heads, model.kv_heads, model.head_dim
@@ -529,34 +528,30 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     def rnd(*shape):
         return torch.randn(*shape, device=dev, generator=gen).to(dt)
 
-    x, res = rnd(B, H), rnd(B, H)
+    x, res = rnd(B, 1, H), rnd(B, 1, H)
     qkv = rnd(B, hq + 2 * hk, 1, D)
     q, k, v = qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:]
     lens = torch.full((B,), L, dtype=torch.int64, device=dev)
+    acts = {"qkv": x.view(B, H), "o": rnd(B, hq * D), "gate_up": x.view(B, H), "down": rnd(B, ffn)}
+
     layers, caches = model.layers, model.caches
 
-    def gemvs(lins, a):
+    def gemvs(lins, a, act=None):
         """The GEMV of each Linear in ``lins`` on ``a``, and the bytes they read."""
-        calls = [functools.partial(gemv, li.weight, a, li.scales, model.ops.gemv_format(li, a), "auto")
+        calls = [functools.partial(gemv, li.weight, a, li.scales, model.ops.gemv_format(li, a), "auto", act=act)
                  for li in lins]
         return calls, sum(_linear_bytes(li) for li in lins)
 
-    def normed(pairs, act=None):
-        """Each (norm weight, Linear) of ``pairs`` as the step runs it: the residual add and the norm, then the
-        GEMV (``rmsnorm_gemv``: one launch where the GEMV's kernel folds the norm), and the bytes they read."""
-        calls = [functools.partial(rmsnorm_gemv, x, nw, li.weight, li.scales, model.ops.gemv_format(li, x), eps, res,
-                                   "auto", act=act) for nw, li in pairs]
-        return calls, sum(_linear_bytes(li) for _, li in pairs)
-
     kv_bytes = len(caches) * 2 * B * hk * L * D * caches[0].k.element_size()
-    ops = {"rmsnorm + gemv qkv": normed([(ly["attn_norm"], ly["qkv"]) for ly in layers]),
+    ops = {"rmsnorm (2 a layer)": ([functools.partial(rmsnorm, x, ly[n], eps, res) for ly in layers
+                                    for n in ("attn_norm", "mlp_norm")], None),
+           "gemv qkv": gemvs([ly["qkv"] for ly in layers], acts["qkv"]),
            "rope_decode_attention": ([functools.partial(rope_decode_attention, q, k, v, model.cos, model.sin,
                                                         c.k[:B], c.v[:B], lens) for c in caches], kv_bytes),
-           "gemv o": gemvs([ly["o"] for ly in layers], rnd(B, hq * D)),
-           "rmsnorm + gemv gate_up + silu_mul": normed([(ly["mlp_norm"], ly["gate_up"]) for ly in layers],
-                                                       "silu_mul"),
-           "gemv down": gemvs([ly["down"] for ly in layers], rnd(B, ffn)),
-           "rmsnorm + gemv head": normed([(model.norm, model.head)])}
+           "gemv o": gemvs([ly["o"] for ly in layers], acts["o"]),
+           "gemv gate_up + silu_mul": gemvs([ly["gate_up"] for ly in layers], acts["gate_up"], "silu_mul"),
+           "gemv down": gemvs([ly["down"] for ly in layers], acts["down"]),
+           "gemv head": gemvs([model.head], acts["qkv"])}
     out, total = {}, 0.0
     for name, (calls, nbytes) in ops.items():
         graph, _, _ = cuda_graph(calls, 1)
