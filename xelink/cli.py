@@ -397,7 +397,7 @@ def main(argv=None) -> int:
                    "(as transformers' apply_chat_template; needs transformers)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--max-seq-len", type=int,
-                   help="cache length (default: min(model maximum, 8192, its sliding window))")
+                   help="cache length (default: min(model maximum, 8192))")
     p.add_argument("--temperature", type=float, help="0 greedy (default: generation_config.json's)")
     p.add_argument("--seed", type=int, help="sampling seed")
     for flag, kind, what in (("--top-p", float, "nucleus mass when sampling"),

@@ -158,10 +158,10 @@ def test_fake_implementations_give_shapes():
     q = torch.empty(2, 8, 5, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2, 2, 9, 64, dtype=torch.bfloat16, device="meta")
     out = torch.empty_like(q)
-    lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton", "off", out)
+    lse = torch.ops.xelink.flash_attention(q, k, k, True, 0.125, "triton", "off", out, 0)
     assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32 and lse.device.type == "meta"
     lens = torch.empty(2, dtype=torch.int32, device="meta")
-    lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton", "off", out)
+    lse = torch.ops.xelink.decode_attention(q, k, k, lens, False, 0.125, 0, "triton", "off", out, 0)
     assert lse.shape == (2, 8, 5) and lse.device.type == "meta"
     lse = torch.ops.xelink.merge_attention([q, q], [lse, lse], "triton", "off", out)
     assert lse.shape == (2, 8, 5)
@@ -777,7 +777,9 @@ def test_rope_decode_custom_op():
     q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 8, 2, 40, 64, torch.float32, "cpu", gen)
     lens = torch.tensor([7, 40])
     torch.library.opcheck(torch.ops.xelink.rope_decode_attention.default,
-                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64)))
+                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64), 0))
+    torch.library.opcheck(torch.ops.xelink.rope_decode_attention.default,  # a sliding window of 5 keys
+                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64), 5))
     _rope_decode_compiled("cpu", torch.float32, "reference")
 
 
@@ -883,7 +885,7 @@ def test_auto_compile_and_cuda_graph_gpu(requires_gpus):
     @torch.compile(backend="aot_eager", fullgraph=True)
     def op(q, k, v):  # the custom op itself: traced through its fake implementation, no graph break
         out = torch.empty_like(q)
-        lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want, "off", out)
+        lse = torch.ops.xelink.flash_attention(q, k, v, True, 128 ** -0.5, want, "off", out, 0)
         return out * 2, lse
 
     @torch.compile(backend="aot_eager")

@@ -6,8 +6,8 @@ random weights are the same for every seed and TP slice, the errors. GPU (marked
 the eager decode's bit for bit across replays at moving positions and batch rows at different lengths;
 greedy generation through the graph gives the eager loop's tokens, and the reference path's (pure torch)
 tokens up to the first step where the reference's top-2 margin is within the logits' rounding difference,
-on the tiny, Llama-3.2-1B and Qwen3-0.6B shapes, and a tiny Qwen3 with attention biases (q/k norms, biases in the
-graph)."""
+on the tiny, Llama-3.2-1B and Qwen3-0.6B shapes, a tiny Qwen3 with attention biases (q/k norms, biases in the
+graph) and a tiny Mistral with a 16-key sliding window (the windowed decode and prefill kernels)."""
 import pytest
 import torch
 
@@ -15,6 +15,9 @@ from xelink.models import CONFIGS, Llama
 from xelink.models.checkpoint import RandomWeights, tensor_shapes
 
 QWEN3 = dict(CONFIGS["tiny"].to_hf(), model_type="qwen3", attention_bias=True)
+# a sliding window of 16 keys (Mistral's), far shorter than the 40-token prompts and their decode below
+MISTRAL_WINDOW = dict(CONFIGS["tiny"].to_hf(), model_type="mistral", sliding_window=16)
+CONFIG_DICTS = {"qwen3": QWEN3, "mistral-window": MISTRAL_WINDOW}
 
 
 def _tiny(**kw):
@@ -22,10 +25,9 @@ def _tiny(**kw):
     return Llama.random("tiny", seed=5, max_batch=3, max_seq_len=64, **kw)
 
 
-@pytest.mark.parametrize("config", ["tiny", "qwen3"])
+@pytest.mark.parametrize("config", ["tiny", "qwen3", "mistral-window"])
 def test_decode_equals_the_models_own_step(config):
-    model = Llama.random(QWEN3 if config == "qwen3" else config, seed=5, max_batch=3, max_seq_len=64,
-                         dtype=torch.float32)
+    model = Llama.random(CONFIG_DICTS.get(config, config), seed=5, max_batch=3, max_seq_len=64, dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (3, 7), generator=g)
     model(ids, 0)
@@ -103,10 +105,10 @@ def _greedy_steps(model, ids, n, graph):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b", "qwen3", "qwen3-0.6b"])
+@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b", "qwen3", "qwen3-0.6b", "mistral-window"])
 def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
     requires_gpus(1)
-    config = QWEN3 if config == "qwen3" else config
+    config = CONFIG_DICTS.get(config, config)
     g = torch.Generator().manual_seed(11)
     kw = dict(seed=7, dtype=torch.bfloat16, max_batch=4, max_seq_len=256, device="cuda")
     fast = Llama.random(config, impl="xelink", **kw)

@@ -1,6 +1,7 @@
 """The Llama model against Hugging Face's own code (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM) on folders that transformers' save_pretrained wrote: logits and greedy tokens in float32, ragged
 batches, quantized weights, generation options, and the errors raised before any work. Multi-rank TP: ranks_llama.py."""
+import dataclasses
 import json
 import shutil
 
@@ -211,7 +212,7 @@ def test_a_prefill_chunk_may_hold_only_padding_for_a_row(folders):
 def test_qwen_folders_biases_norms_and_window(tmp_path, folders, kind):
     """A Qwen2 / Qwen3 folder xelink writes is one transformers reads (Qwen2: q/k/v biases, no o or MLP bias,
     whatever attention_bias / mlp_bias say; Qwen3: q/k norms, the biases attention_bias says, none in the MLP; the
-    window off); a window that is on is refused past its length."""
+    window off); a window written but off bounds nothing."""
     import transformers
     from safetensors import safe_open
 
@@ -231,16 +232,14 @@ def test_qwen_folders_biases_norms_and_window(tmp_path, folders, kind):
     got = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16)(ids, 0)
     assert (got - hf_logits(hf, ids)).abs().max().item() < TOL
     path = folders[kind, False][0]  # use_sliding_window false (a window written or not): no limit
-    assert Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=40000).max_seq_len == 40000
-    on = _edit(path, tmp_path / "on", config={"use_sliding_window": True, "sliding_window": 16})
-    with pytest.raises(ValueError, match="sliding_window=16 < max_seq_len=32 is not supported"):
-        Llama.from_pretrained(on, dtype=torch.float32, max_seq_len=32)
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=40000)
+    assert model.max_seq_len == 40000 and model.config.sliding_window is None
 
 
 def test_phi3_folder_xelink_writes_is_one_transformers_reads(tmp_path):
     """Phi-3's fused tensors (qkv_proj, gate_up_proj) as save_random_llama writes them, read by transformers'
     Phi3ForCausalLM to the same logits; biases asked for are not Phi-3's (none is written); a window in its config
-    bounds the default cache (Phi-3-mini-4k's 2047)."""
+    (Phi-3-mini-4k's 2047) no longer bounds the default cache."""
     import transformers
     from safetensors import safe_open
 
@@ -259,8 +258,8 @@ def test_phi3_folder_xelink_writes_is_one_transformers_reads(tmp_path):
     ids = torch.randint(0, cfg.vocab_size, (1, 6))
     assert (Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16)(ids, 0) - hf_logits(hf, ids)).abs().max() \
         < TOL
-    windowed = _edit(path, tmp_path / "w", config={"sliding_window": 2047})
-    assert Llama.from_pretrained(windowed, dtype=torch.float32).max_seq_len == 2047
+    windowed = Llama.from_pretrained(_edit(path, tmp_path / "w", config={"sliding_window": 2047}), dtype=torch.float32)
+    assert windowed.max_seq_len == 2048 and windowed.config.sliding_window == 2047  # tiny: max_position_embeddings
 
 
 def test_rope_scaling_fields_as_transformers_reads_them():
@@ -281,27 +280,24 @@ def test_rope_scaling_fields_as_transformers_reads_them():
 
 
 def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
-    """Fields a config.json leaves out take transformers' defaults (rms_norm_eps 1e-6; a Mistral's window 4096,
-    refused past it, where the default cache stops); a Mistral xelink writes says full attention; a folder saved again as one file after a
-    sharded save drops the old index (which named files no longer there)."""
+    """Fields a config.json leaves out take transformers' defaults (rms_norm_eps 1e-6; a Mistral's window 4096); a
+    Mistral xelink writes says full attention; a folder saved again as one file after a sharded save drops the old
+    index (which named files no longer there)."""
     from xelink.models import LlamaConfig
 
     hf = CONFIGS["tiny"].to_hf()
     del hf["rms_norm_eps"]
     assert LlamaConfig.from_hf(hf, "t").rms_norm_eps == 1e-6
-    path = save_random_llama(tmp_path / "m", dict(CONFIGS["tiny"].to_hf(), model_type="mistral"), dtype=torch.float32,
-                             max_shard_bytes=200_000)
+    path = save_random_llama(tmp_path / "m", dict(CONFIGS["tiny"].to_hf(), model_type="mistral", sliding_window=None),
+                             dtype=torch.float32, max_shard_bytes=200_000)
     assert json.loads((path / "config.json").read_text())["sliding_window"] is None
     assert Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=8192).max_seq_len == 8192
     cfg = json.loads((path / "config.json").read_text())
     del cfg["sliding_window"]
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="sliding_window=4096 < max_seq_len=8192 is not supported"):
-        Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=8192)
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=8192)
+    assert model.config.sliding_window == 4096 and [c.window for c in model.caches] == [4096, 4096]
     assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 2048  # tiny: max_position_embeddings
-    cfg["max_position_embeddings"] = 32768  # Mistral-7B-v0.1's: the default cache stops at the window
-    (path / "config.json").write_text(json.dumps(cfg))
-    assert Llama.from_pretrained(path, dtype=torch.float32).max_seq_len == 4096
     assert (path / "model.safetensors.index.json").exists()
     save_random_llama(path, "tiny", dtype=torch.float32)
     assert not (path / "model.safetensors.index.json").exists()
@@ -523,8 +519,11 @@ def test_errors_before_any_work(folders, tmp_path):
             "rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}}))
     with pytest.raises(ValueError, match="model_type='gpt2' is not supported"):
         Llama.from_pretrained(_edit(path, tmp_path / "e", config={"model_type": "gpt2"}))
-    with pytest.raises(ValueError, match="sliding_window=16 < max_seq_len=64"):
-        Llama.from_pretrained(_edit(path, tmp_path / "f", config={"sliding_window": 16}), max_seq_len=64)
+    # transformers' Llama has no window: one in its config.json is not read; a config that sets one is refused
+    windowed = Llama.from_pretrained(_edit(path, tmp_path / "f", config={"sliding_window": 16}), max_seq_len=64)
+    assert windowed.config.sliding_window is None
+    with pytest.raises(ValueError, match="sliding_window=16 on model_type 'llama'"):
+        dataclasses.replace(CONFIGS["tiny"], sliding_window=16).check("t")
     with pytest.raises(TypeError, match="cannot be served"):
         Llama.from_pretrained(path, dtype=torch.int8)
     with pytest.raises(ValueError, match=r"quantization_config \(quant_method='fp8'\) is not supported"):
@@ -558,3 +557,42 @@ def test_errors_before_any_work(folders, tmp_path):
         model(torch.zeros(2, 3, dtype=torch.long), 0)
     with pytest.raises(ValueError, match="left-padded"):
         model(torch.zeros(1, 3, dtype=torch.long), 0, torch.tensor([[1, 0, 1]]))
+
+
+@pytest.mark.parametrize("kind, extra, windows", [
+    ("mistral", dict(sliding_window=5), [5, 5]),
+    ("phi3", dict(sliding_window=4, rope_scaling=None), [4, 4]),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1), [None, 3]),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
+     [6, None]),
+])
+def test_sliding_window_matches_transformers(tmp_path, kind, extra, windows):
+    """Sliding-window attention as transformers computes it (Mistral-7B-v0.1, Phi-3-mini-4k; Qwen2/Qwen3 with
+    use_sliding_window on the layers max_window_layers or layer_types name): a ragged left-padded prompt longer than
+    the window, its logits at every real position, and greedy tokens decoded well past the window, equal to
+    transformers' generate; the folder written again reads back with the same windows."""
+    import transformers
+
+    from xelink.models import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(dict(CONFIGS["tiny"].to_hf(), model_type=kind, **extra))
+    assert [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)] == windows
+    path = save_random_llama(tmp_path / kind, cfg, dtype=torch.float32, seed=3)
+    assert LlamaConfig.from_hf(json.loads((path / "config.json").read_text())) == cfg
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=48, max_batch=2)
+    assert [c.window for c in model.caches] == windows
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, cfg.vocab_size, (2, 14), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # row 1: 4 pads, then 10 tokens
+    got = model(ids, 0, mask)
+    want = hf_logits(hf, ids, mask)
+    assert (got[0] - want[0]).abs().max().item() < TOL
+    assert (got[1, 4:] - want[1, 4:]).abs().max().item() < TOL
+    assert torch.equal(model.generate(ids, 16, attention_mask=mask), hf_greedy(hf, ids, 16, mask))
+    # the window matters: full attention gives other logits past it
+    full = Llama.from_pretrained(_edit(path, tmp_path / "full", config={"sliding_window": None,
+                                                                       "use_sliding_window": False}),
+                                 dtype=torch.float32, max_seq_len=48)
+    assert (full(ids[:1], 0)[0, -1] - got[0, -1]).abs().max().item() > 100 * TOL

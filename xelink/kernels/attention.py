@@ -146,7 +146,10 @@ def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k") -> None:
         raise ValueError(f"{fn}: q heads {hq} must be a multiple of {kv_name} heads {hkv} (GQA)")
 
 
-def _check_flags(fn: str, causal, scale, return_lse) -> None:
+def _check_flags(fn: str, causal, scale, return_lse, window=None) -> None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{fn}: window={window!r} must be None or an int >= 1 (the keys a query sees, ending at its "
+                         f"last visible one)")
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: causal={causal!r} must be a bool")
     if not isinstance(return_lse, bool):
@@ -211,12 +214,13 @@ def _check_kernel_inputs(fn: str, impl: str, q) -> None:
 
 # -- references ---------------------------------------------------------------------------------
 
-def _ref_core(q, k, v, row_last, scale):
+def _ref_core(q, k, v, row_last, scale, window=None):
     """Grouped attention in float32 (float64 for float64 inputs) with an explicit mask.
 
     q: (B, Hkv, R, D) rows of the q heads sharing one KV head; k, v: (B, Hkv, Sk, D);
-    row_last: (R,) long, the last key index each row may see (-1: none). Returns out (B, Hkv, R, D)
-    and lse (B, Hkv, R), computed over row chunks so the score matrix stays small.
+    row_last: (R,) long, the last key index each row may see (-1: none); ``window``: each row sees only the
+    ``window`` keys ending at its last one. Returns out (B, Hkv, R, D) and lse (B, Hkv, R), computed over row
+    chunks so the score matrix stays small.
     """
     ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
     B, Hkv, R, D = q.shape
@@ -231,7 +235,10 @@ def _ref_core(q, k, v, row_last, scale):
     for r0 in range(0, R, chunk):
         r1 = min(R, r0 + chunk)
         s = torch.matmul(q[:, :, r0:r1].to(ctype), kf.transpose(-1, -2)) * scale
-        s = s.masked_fill(cols[None, :] > row_last[r0:r1, None], float("-inf"))
+        hidden = cols[None, :] > row_last[r0:r1, None]
+        if window is not None:
+            hidden |= cols[None, :] <= row_last[r0:r1, None] - window
+        s = s.masked_fill(hidden, float("-inf"))
         m = s.amax(-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p = torch.exp(s - m)
@@ -248,7 +255,7 @@ def _grouped(q, hkv):
     return q.reshape(B, hkv, (Hq // hkv) * S, D)
 
 
-def reference_flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
+def reference_flash_attention(q, k, v, causal=False, scale=None, return_lse=False, *, window=None):
     """Pure-torch twin of ``flash_attention``: float32 math (float64 for float64 inputs), explicit mask.
 
     Args:
@@ -256,17 +263,18 @@ def reference_flash_attention(q, k, v, causal=False, scale=None, return_lse=Fals
         causal: query i sees keys 0 .. i + Sk - Sq (aligned to the end of the keys).
         scale: softmax scale; default 1/sqrt(D).
         return_lse: also return the float32 natural-log LSE (B, Hq, Sq).
+        window: None, or an int >= 1: each query sees only the ``window`` keys ending at its last visible one.
 
     Returns:
         out (B, Hq, Sq, D) in q's dtype, or (out, lse).
     """
     fn = "reference_flash_attention"
     _check_qkv(fn, q, k, v)
-    _check_flags(fn, causal, scale, return_lse)
+    _check_flags(fn, causal, scale, return_lse, window)
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    out, lse = _ref_core(_grouped(q, Hkv), k, v, _row_last(Sq, Sk, Hq // Hkv, causal, q.device), scale)
+    out, lse = _ref_core(_grouped(q, Hkv), k, v, _row_last(Sq, Sk, Hq // Hkv, causal, q.device), scale, window)
     out = out.reshape(B, Hq, Sq, D).to(q.dtype)
     lse = lse.reshape(B, Hq, Sq).to(torch.float32)
     return (out, lse) if return_lse else out
@@ -420,21 +428,23 @@ def _check_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits):
         raise ValueError(f"{fn}: num_splits={num_splits!r} must be a positive int or None")
 
 
-def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False):
-    """Pure-torch twin of ``decode_attention``: batch b attends to ``k_cache[b, :, :kv_lens[b]]``.
+def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, *,
+                               window=None):
+    """Pure-torch twin of ``decode_attention``: batch b attends to ``k_cache[b, :, :kv_lens[b]]`` (the last
+    ``window`` keys of what each query sees, with a window).
 
     ``kv_lens`` values are clamped to [0, k_cache.shape[2]], as in the kernel.
     """
     fn = "reference_decode_attention"
     _check_decode(fn, q, k_cache, v_cache, kv_lens, None)
-    _check_flags(fn, causal, scale, return_lse)
+    _check_flags(fn, causal, scale, return_lse, window)
     B, Hq, Sq, D = q.shape
     smax = k_cache.shape[2]
     outs, lses = [], []
     for b, n in enumerate(kv_lens.tolist()):
         n = min(max(int(n), 0), smax)
         o, s = reference_flash_attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
-                                         causal=causal, scale=scale, return_lse=True)
+                                         causal=causal, scale=scale, return_lse=True, window=window)
         outs.append(o)
         lses.append(s)
     out = torch.cat(outs) if outs else q.new_zeros(q.shape)
@@ -442,11 +452,12 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale
     return (out, lse) if return_lse else out
 
 
-def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None):
+def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, *, window=None):
     """Pure-torch twin of ``rope_decode_attention``: ``reference_rope_kv`` at ``kv_lens - 1`` (the caches
     written), then ``reference_decode_attention`` of the rotated q."""
+    _check_flags("reference_rope_decode_attention", False, scale, False, window)
     qr = reference_rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)
-    return reference_decode_attention(qr, k_cache, v_cache, kv_lens, scale=scale)
+    return reference_decode_attention(qr, k_cache, v_cache, kv_lens, scale=scale, window=window)
 
 
 # -- Triton kernels -----------------------------------------------------------------------------
@@ -454,11 +465,15 @@ def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens
 if triton is not None:
 
     @triton.jit
-    def _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, MASKED: tl.constexpr):
-        """One KV tile of the online softmax (log2 domain); MASKED tiles apply the causal/length mask."""
+    def _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, MASKED: tl.constexpr,
+                   row_first=None, WINDOWED: tl.constexpr = False):
+        """One KV tile of the online softmax (log2 domain); MASKED tiles apply the causal/length mask (WINDOWED:
+        and each row's first key, a sliding window's)."""
         qk = tl.dot(q, tl.trans(k))
         if MASKED:
             keep = (offs_n[None, :] <= row_last[:, None]) & (offs_n[None, :] < n_end)
+            if WINDOWED:
+                keep = keep & (offs_n[None, :] >= row_first[:, None])
             s = tl.where(keep, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # A row with no visible key so far keeps m = -inf; subtract 0 instead so p = 0, not NaN.
@@ -486,15 +501,27 @@ if triton is not None:
 
     @triton.jit
     def _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, end, row_last, n_end, qk_scale,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            head=0, row_first=None, WINDOWED: tl.constexpr = False):
         """Online softmax over keys [lo, end) read through block pointers positioned at lo.
 
-        Tiles below ``full`` need no mask and no bounds check; the rest are masked and zero-padded.
+        Tiles below ``full`` need no mask and no bounds check; the rest are masked and zero-padded. WINDOWED
+        (a sliding window: row r sees keys from ``row_first[r]``): the tiles [lo, head) are masked too.
         Returns the normalised output tile and its LSE.
         """
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        if WINDOWED:
+            for start_n in range(lo, head, BLOCK_N):
+                k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
+                v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True,
+                                           row_first, True)
+                k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
+                v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+            lo = head
         for start_n in range(lo, full, BLOCK_N):
             k = tl.load(k_ptr)
             v = tl.load(v_ptr)
@@ -505,7 +532,8 @@ if triton is not None:
             k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
             v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True,
+                                       row_first, WINDOWED)
             k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
             v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
         return _attn_finish(acc, l_i, m_i)
@@ -523,18 +551,20 @@ if triton is not None:
         full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
         return full, end
 
-    @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK"])
+    @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK", "WINDOW"])
     def _flash_fwd_kernel(
         Q, K, V, O, LSE,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        H, GROUP, SQ, SK, qk_scale,
+        H, GROUP, SQ, SK, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = 0, WINDOWED: tl.constexpr = False,
     ):
-        """Portable forward: one program per (query block, batch*head), block pointers only."""
+        """Portable forward: one program per (query block, batch*head), block pointers only. WINDOWED: each row
+        sees the WINDOW keys ending at its last visible one (a sliding window), the keys before the block's
+        first row's window skipped."""
         pdl_wait(PDL)  # q, k and v may be the previous kernel's output
         pid_m = tl.program_id(0)
         if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
@@ -544,21 +574,27 @@ if triton is not None:
         h = bh % H
         kvh = (h // GROUP).to(tl.int64)
         m0 = pid_m * BLOCK_M
-        q_ptr = tl.make_block_ptr(Q + b * stride_qb + h.to(tl.int64) * stride_qh, (SQ, HEAD_DIM),
-                                  (stride_qm, stride_qd), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
-        k_ptr = tl.make_block_ptr(K + b * stride_kb + kvh * stride_kh, (SK, HEAD_DIM),
-                                  (stride_kn, stride_kd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0))
-        v_ptr = tl.make_block_ptr(V + b * stride_vb + kvh * stride_vh, (SK, HEAD_DIM),
-                                  (stride_vn, stride_vd), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0))
-        q = tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
         offs_m = m0 + tl.arange(0, BLOCK_M)
         if CAUSAL:
             row_last = offs_m + (SK - SQ)
         else:
             row_last = offs_m * 0 + (SK - 1)
         full, end = _causal_bounds(m0, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
-        out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, 0, full, end, row_last, SK, qk_scale,
-                                       BLOCK_M, BLOCK_N, HEAD_DIM)
+        lo = 0
+        head = 0
+        row_first = row_last - WINDOW + 1
+        if WINDOWED:  # from the tile of the block's first row's first key; masked up to the last row's
+            lo = tl.maximum(tl.min(row_first, 0), 0) // BLOCK_N * BLOCK_N
+            head = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(tl.max(row_first, 0), 0), BLOCK_N) * BLOCK_N, lo), full)
+        q_ptr = tl.make_block_ptr(Q + b * stride_qb + h.to(tl.int64) * stride_qh, (SQ, HEAD_DIM),
+                                  (stride_qm, stride_qd), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
+        k_ptr = tl.make_block_ptr(K + b * stride_kb + kvh * stride_kh, (SK, HEAD_DIM),
+                                  (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        v_ptr = tl.make_block_ptr(V + b * stride_vb + kvh * stride_vh, (SK, HEAD_DIM),
+                                  (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM), (1, 0))
+        q = tl.load(q_ptr, boundary_check=(0,), padding_option="zero")
+        out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, end, row_last, SK, qk_scale,
+                                       BLOCK_M, BLOCK_N, HEAD_DIM, head, row_first, WINDOWED)
         pdl_launch(PDL)
         o_ptr = tl.make_block_ptr(O + b * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
                                   (stride_om, stride_od), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
@@ -653,12 +689,18 @@ if triton is not None:
         tl.store(LSE_OUT + part, lse, mask=ok_rows)
 
     @triton.jit
-    def _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-        """(kv_len, keys a split, this split's first and end key) of sequence b."""
+    def _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, BACK=0,
+                    WINDOWED: tl.constexpr = False):
+        """(kv_len, keys a split, this split's first and end key, the sequence's first key) of sequence b: the
+        splits share keys [first, kv_len), first = 0, or WINDOWED kv_len - BACK (the first key any query's
+        window reaches)."""
         kv_len = tl.minimum(tl.maximum(tl.load(KV_LENS + b).to(tl.int32), 0), SMAX)
-        chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_len, n_splits), BLOCK_N) * BLOCK_N, MIN_CHUNK)
-        lo = split * chunk
-        return kv_len, chunk, lo, tl.minimum(lo + chunk, kv_len)
+        first = kv_len * 0
+        if WINDOWED:
+            first = tl.maximum(kv_len - BACK, 0)
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_len - first, n_splits), BLOCK_N) * BLOCK_N, MIN_CHUNK)
+        lo = first + split * chunk
+        return kv_len, chunk, lo, tl.minimum(lo + chunk, kv_len), first
 
     @triton.jit
     def _prefetch_keys(X, lo, hi, stride_n, HEAD_DIM: tl.constexpr, PIECES: tl.constexpr, LIMIT: tl.constexpr):
@@ -717,7 +759,7 @@ if triton is not None:
         # [rows, HALF] x 2 -> [rows, HEAD_DIM]: element (r, j * HALF + i) from half j
         return tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (q1.shape[0], HEAD_DIM))
 
-    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX", "NEXT_BYTES"])
+    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SMAX", "NEXT_BYTES", "WINDOW", "BACK"])
     def _decode_split_kernel(
         Q, K, V, KV_LENS, OP, LSEP, OUT, LSE_OUT, COUNTERS, KN, VN, COS, SIN, NXT,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -725,11 +767,11 @@ if triton is not None:
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_xb, stride_xh, stride_xs, stride_xd,
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
-        HKV, GROUP, SQ, SMAX, qk_scale, NEXT_BYTES,
+        HKV, GROUP, SQ, SMAX, qk_scale, NEXT_BYTES, WINDOW, BACK,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0, ROPE: tl.constexpr = False,
-        NEXT_PIECES: tl.constexpr = 0, NEXT_MIN_KEYS: tl.constexpr = 0,
+        NEXT_PIECES: tl.constexpr = 0, NEXT_MIN_KEYS: tl.constexpr = 0, WINDOWED: tl.constexpr = False,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -747,6 +789,9 @@ if triton is not None:
         COUNTERS, one a (batch, KV head, row block): split.py) merges the splits' partials with
         ``_merge_kernel``'s weights (online, in split order) into OUT (strides x) and LSE_OUT (B, Hq, SQ)
         contiguous.
+
+        ``WINDOWED``: each row sees the WINDOW keys ending at its last visible one (a sliding window); the splits
+        share the keys from ``kv_len - BACK`` (BACK = WINDOW, plus SQ - 1 when causal).
 
         ``NEXT_PIECES`` > 0: once their keys are read, the programs of a sequence of at least NEXT_MIN_KEYS keys
         ask L2 for their share of the NEXT_BYTES bytes at NXT (the next kernel's weight: HBM is idle while the
@@ -769,11 +814,12 @@ if triton is not None:
             # programs); kv_lens read before the wait may be stale (the previous kernel may write it): it
             # only moves the hint.
             if split + n_splits * (bk + tl.num_programs(1) * tl.program_id(2)) < PREFETCH:
-                _, _, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+                _, _, lo, hi, _ = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK, BACK, WINDOWED)
                 _prefetch_keys(k_base, lo, hi, stride_kn, HEAD_DIM, PIECES, LIMIT // 2)
                 _prefetch_keys(v_base, lo, hi, stride_vn, HEAD_DIM, PIECES, LIMIT // 2)
         pdl_wait(PDL)  # q (and the cache) may be the previous kernel's output
-        kv_len, chunk, lo, hi = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK)
+        kv_len, chunk, lo, hi, first = _split_keys(KV_LENS, b, SMAX, split, n_splits, BLOCK_N, MIN_CHUNK, BACK,
+                                                   WINDOWED)
         # (Asking L2 for the first key and value tiles here, ahead of the RoPE's loads, made the Llama-3.1-8B step
         # 0.3-2% slower on an H100: benchmarks/results/h100-rows/early_keys_ab.log.)
         if ROPE:
@@ -790,15 +836,19 @@ if triton is not None:
         else:
             row_last = t * 0 + (kv_len - 1)
             first_last = kv_len - 1
-        n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len, chunk), n_splits), 1)
+        n_used = tl.maximum(tl.minimum(tl.cdiv(kv_len - first, chunk), n_splits), 1)
         full = lo + tl.maximum(tl.minimum(hi, first_last + 1) - lo, 0) // BLOCK_N * BLOCK_N
+        row_first = row_last - WINDOW + 1
+        head = lo
+        if WINDOWED:  # masked up to the last row's first key (one query token, or no causal mask: none)
+            head = tl.minimum(lo + tl.cdiv(tl.maximum(tl.max(row_first, 0) - lo, 0), BLOCK_N) * BLOCK_N, full)
         # The block pointers end at this split's last key: the zero padding then covers the tail.
         k_ptr = tl.make_block_ptr(k_base, (hi, HEAD_DIM), (stride_kn, stride_kd), (lo, 0), (BLOCK_N, HEAD_DIM),
                                   (1, 0))
         v_ptr = tl.make_block_ptr(v_base, (hi, HEAD_DIM), (stride_vn, stride_vd), (lo, 0), (BLOCK_N, HEAD_DIM),
                                   (1, 0))
         out, lse = _attn_blockptr_loop(q, k_ptr, v_ptr, lo, full, hi, row_last, hi, qk_scale,
-                                       BLOCK_M, BLOCK_N, HEAD_DIM)
+                                       BLOCK_M, BLOCK_N, HEAD_DIM, head, row_first, WINDOWED)
         if NEXT_PIECES:
             if kv_len >= NEXT_MIN_KEYS:
                 _prefetch_next(NXT, NEXT_BYTES, NEXT_PIECES)
@@ -879,11 +929,13 @@ class _FlashLaunch:
     addresses): the kernel (TMA descriptors for ``impl="cuda"`` on contiguous aligned tensors, block
     pointers otherwise), its grid, integer arguments and options, and (``remembered``: a call of
     ``_PATHS``, whose key fixes every argument's class) the launcher slot that skips the launcher's key.
-    ``config`` overrides the tile table (tuning); ``pdl``: as ``pdl.pdl_launch_args`` takes it."""
+    ``config`` overrides the tile table (tuning); ``pdl``: as ``pdl.pdl_launch_args`` takes it; ``window`` (0:
+    none): a sliding window, on the portable kernel (the sm90 kernels have none)."""
 
     __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "lse_shape", "keys")
 
-    def __init__(self, q, k, v, out, causal: bool, scale: float, impl: str, pdl: str, config, remembered: bool):
+    def __init__(self, q, k, v, out, causal: bool, scale: float, impl: str, pdl: str, config, remembered: bool,
+                 window: int = 0):
         B, H, SQ, D = q.shape
         HKV, SK = k.shape[1], k.shape[2]
         self.lse_shape, self.keys = (B, H, SQ), SK
@@ -895,10 +947,11 @@ class _FlashLaunch:
         pdl_args = pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device)
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
                            num_stages=num_stages, **pdl_args)
-        if impl == "cuda" and config is None and ws_applies(q, k, v) and (out is None or out.is_contiguous()):
+        if impl == "cuda" and not window and config is None and ws_applies(q, k, v) and \
+                (out is None or out.is_contiguous()):
             # the warp-specialized Gluon kernel (flash_ws.py): descriptors with its layouts, then out and lse
             self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(q, k, causal, qk_scale, pdl_args)
-        elif impl == "cuda" and _tma_ok(q, k, v):
+        elif impl == "cuda" and not window and _tma_ok(q, k, v):
             # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
             self.fn = _flash_fwd_tma_kernel
             self.views = (((B * H * SQ, D), (D, 1), (block_m, D)), ((B * HKV * SK, D), (D, 1), (block_n, D)),
@@ -906,7 +959,9 @@ class _FlashLaunch:
             self.ints = o_strides + (H, HKV, H // HKV, SQ, SK, qk_scale)
         else:
             self.fn, self.views = _flash_fwd_kernel, None
-            self.ints = (*q.stride(), *k.stride(), *v.stride(), *o_strides, H, H // HKV, SQ, SK, qk_scale)
+            self.ints = (*q.stride(), *k.stride(), *v.stride(), *o_strides, H, H // HKV, SQ, SK, qk_scale, window)
+            if window:
+                self.kwargs["WINDOWED"] = True
         self.slot = Slot(self.fn) if remembered else None
 
     def __call__(self, q, k, v, out):
@@ -972,11 +1027,12 @@ def _decode_rows_block(rows: int) -> int:
     return max(16, min(128, next_power_of_2(rows)))
 
 
-def _decode_splits(q, k_cache, block_n: int, per_sm: int | None = None) -> int:
+def _decode_splits(q, k_cache, block_n: int, per_sm: int | None = None, keys: int | None = None) -> int:
     """Splits so that the grid fills whole waves of ``per_sm`` programs a multiprocessor (the head dim's
-    ``_DECODE_PROGRAMS_PER_SM`` unless given), each split >= _DECODE_MIN_CHUNK keys."""
+    ``_DECODE_PROGRAMS_PER_SM`` unless given), each split >= _DECODE_MIN_CHUNK keys of the most a sequence
+    reads (the cache, or ``keys``: a sliding window's)."""
     B, Hq, SQ, D = q.shape
-    HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
+    HKV, SMAX = k_cache.shape[1], min(k_cache.shape[2], keys or k_cache.shape[2])
     row_blocks = cdiv((Hq // HKV) * SQ, _decode_rows_block((Hq // HKV) * SQ))
     programs = max(1, B * HKV * row_blocks)
     want = (per_sm or _DECODE_PROGRAMS_PER_SM[D]) * sm_count(q.device) // programs
@@ -992,22 +1048,24 @@ class _DecodeLaunch:
     __slots__ = ("grid", "ints", "kwargs", "parts", "lse_at", "out_lse_at", "out_shape", "tiles", "slot")
 
     def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
-                 remembered: bool, keep_lse: bool = True, rope=None, next_bytes: int = 0):
+                 remembered: bool, keep_lse: bool = True, rope=None, next_bytes: int = 0, window: int = 0):
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
+        # a sliding window (0: none): the keys any query of a sequence reaches, back from its end
+        back = window + (SQ - 1 if causal else 0) if window else 0
         # A split of an automatic count covers at least _DECODE_SEQ_MIN_CHUNK keys of the sequence (not only of
         # the cache: kv_lens may be far below Smax); an explicit num_splits is taken as asked.
         min_chunk = block_n
         if num_splits <= 0:
-            num_splits = _decode_splits(q, k_cache, block_n)
+            num_splits = _decode_splits(q, k_cache, block_n, keys=back or None)
             min_chunk = cdiv(_DECODE_SEQ_MIN_CHUNK, block_n) * block_n
         group = HQ // HKV
         block_m = _decode_rows_block(group * SQ)
         self.grid = (num_splits, B * HKV, cdiv(group * SQ, block_m))
         self.tiles = self.grid[1] * self.grid[2]
         programs = num_splits * self.tiles
-        if config is None and D == 128 and cdiv(SMAX, num_splits) >= _DECODE_DEEP_KEYS and \
+        if config is None and D == 128 and cdiv(min(SMAX, back or SMAX), num_splits) >= _DECODE_DEEP_KEYS and \
                 programs <= _DECODE_PROGRAMS_PER_SM[D] * sm_count(q.device):
             num_stages += 1  # long splits in one wave: one more tile in flight (decode_splits_ab.log)
         self.out_shape = (B, HQ, SQ, D)
@@ -1024,7 +1082,7 @@ class _DecodeLaunch:
         rope_strides = (0,) * 6 if rope is None else (*rope[0].stride()[:2], *rope[1].stride()[:2], rope[2].stride(0),
                                                       rope[3].stride(0))
         self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *rope_strides, HKV, group, SQ,
-                     SMAX, scale * _LOG2E, next_bytes)
+                     SMAX, scale * _LOG2E, next_bytes, window, back)
         # The merge: rows MERGE_ROWS at a time (at most 16, no more than the block's real rows), UNROLL splits
         # a round, so that a round's partials are 64 floats a thread (4 warps).
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
@@ -1032,6 +1090,8 @@ class _DecodeLaunch:
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
                            UNROLL=unroll, MIN_CHUNK=min_chunk, ROPE=rope is not None, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, programs, q.device))
+        if window:
+            self.kwargs["WINDOWED"] = True
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
@@ -1075,44 +1135,48 @@ def _into(out, got):
     return (o if out is None else out.copy_(o)), lse
 
 
-def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None, pdl: str = "off", plan=None):
-    """The eager call (also the custom op's body); ``plan``: the remembered path's :class:`_FlashLaunch`."""
+def _flash_run(q, k, v, causal: bool, scale: float, impl: str, out=None, pdl: str = "off", plan=None,
+               window: int = 0):
+    """The eager call (also the custom op's body); ``plan``: the remembered path's :class:`_FlashLaunch`;
+    ``window``: 0 (none) or the sliding window's keys."""
     if out is not None:
         check_no_overlap("flash_attention", out, q=q, k=k, v=v)
     if impl == "reference":
-        return _into(out, reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True))
+        return _into(out, reference_flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True,
+                                                    window=window or None))
     if plan is None:
-        plan = _FlashLaunch(q, k, v, out, causal, scale, impl, pdl, None, False)
+        plan = _FlashLaunch(q, k, v, out, causal, scale, impl, pdl, None, False, window)
     return plan(q, k, v, out)
 
 
 def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_splits: int, impl: str, pdl: str,
-                out=None, plan=None):
-    """The eager call (also the custom op's body); ``plan``: the remembered path's :class:`_DecodeLaunch`."""
+                out=None, plan=None, window: int = 0):
+    """The eager call (also the custom op's body); ``plan``: the remembered path's :class:`_DecodeLaunch`;
+    ``window``: 0 (none) or the sliding window's keys."""
     if out is not None:
         check_no_overlap("decode_attention", out, q=q, k_cache=k_cache, v_cache=v_cache, kv_lens=kv_lens)
     if impl == "reference":
         return _into(out, reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=causal, scale=scale,
-                                                     return_lse=True))
+                                                     return_lse=True, window=window or None))
     if plan is None:
-        plan = _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, False)
+        plan = _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, False, window=window)
     return plan(q, k_cache, v_cache, kv_lens, out)
 
 
 def _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale: float, impl: str, pdl: str, out=None,
-                     plan=None, prefetch=None):
+                     plan=None, prefetch=None, window: int = 0):
     """rope_decode_attention's call; ``plan``: the remembered path's :class:`_DecodeLaunch`; ``prefetch``: the
-    checked hint (None where it does not apply)."""
+    checked hint (None where it does not apply); ``window``: 0 (none) or the sliding window's keys."""
     if out is not None:
         check_no_overlap("rope_decode_attention", out, q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
                          kv_lens=kv_lens)
     if impl == "reference":
-        o = reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale)
+        o = reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, window=window or None)
         return o if out is None else out.copy_(o)
     rope = (k, v, cos, sin)
     if plan is None:
         plan = _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, False, False, rope,
-                             _next_bytes(prefetch))
+                             _next_bytes(prefetch), window)
     return plan(q, k_cache, v_cache, kv_lens, out, rope, prefetch)[0]
 
 
@@ -1144,26 +1208,26 @@ def _merge_run(outs, lses, impl: str, out=None, pdl: str = "off"):
 
 @torch.library.custom_op("xelink::flash_attention", mutates_args=("out",),
                          schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, str impl, str pdl, "
-                                "Tensor(a!) out) -> Tensor")
-def _flash_attention_op(q, k, v, causal, scale, impl, pdl, out):
-    return _flash_run(q, k, v, causal, scale, impl, out, pdl)[1]
+                                "Tensor(a!) out, int window) -> Tensor")
+def _flash_attention_op(q, k, v, causal, scale, impl, pdl, out, window):
+    return _flash_run(q, k, v, causal, scale, impl, out, pdl, window=window)[1]
 
 
 @_flash_attention_op.register_fake
-def _(q, k, v, causal, scale, impl, pdl, out):
+def _(q, k, v, causal, scale, impl, pdl, out, window):
     B, H, S, _ = q.shape
     return q.new_empty((B, H, S), dtype=torch.float32)
 
 
 @torch.library.custom_op("xelink::decode_attention", mutates_args=("out",),
                          schema="(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, bool causal, float scale, "
-                                "int num_splits, str impl, str pdl, Tensor(a!) out) -> Tensor")
-def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out):
-    return _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out)[1]
+                                "int num_splits, str impl, str pdl, Tensor(a!) out, int window) -> Tensor")
+def _decode_attention_op(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out, window):
+    return _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out, window=window)[1]
 
 
 @_decode_attention_op.register_fake
-def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out):
+def _(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, impl, pdl, out, window):
     B, H, S, _ = q.shape
     return q.new_empty((B, H, S), dtype=torch.float32)
 
@@ -1181,14 +1245,14 @@ def _(outs, lses, impl, pdl, out):
 
 @torch.library.custom_op("xelink::rope_decode_attention", mutates_args=("k_cache", "v_cache", "out"),
                          schema="(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
-                                "Tensor(b!) v_cache, Tensor kv_lens, float scale, str impl, str pdl, Tensor(c!) out) "
-                                "-> ()")
-def _rope_decode_attention_op(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out):
-    _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out)
+                                "Tensor(b!) v_cache, Tensor kv_lens, float scale, str impl, str pdl, Tensor(c!) out, "
+                                "int window) -> ()")
+def _rope_decode_attention_op(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window):
+    _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window=window)
 
 
 @_rope_decode_attention_op.register_fake
-def _(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out):
+def _(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window):
     return None
 
 
@@ -1210,7 +1274,8 @@ def _traced_out(out, like):
 # is (path, pdl option, scale[, splits], the launch plan: None for the reference); what reads addresses (out
 # overlapping an input) runs every call.
 _PATHS = Paths()
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None, pdl=None):
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="auto", *, out=None, pdl=None,
+                    window=None):
     """Attention forward, ``softmax(q k^T * scale) v``, with GQA, causal masking and the LSE.
 
     Args:
@@ -1228,6 +1293,10 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
             q, k or v (address ranges compared). The LSE is a new tensor either way.
         pdl: programmatic dependent launch (pdl.py; a Triton path on CUDA sm90+): None or False (off: the
             forward kernel is compute-bound and launched as it always was), True, "early" or "late".
+        window: None, or an int >= 1: a sliding window, each query sees only the ``window`` keys ending at its
+            last visible one (Mistral's and Phi-3's ``sliding_window``: with causal, query i sees keys
+            ``i + Sk - Sq - window + 1 .. i + Sk - Sq``). Runs on the portable kernel (``impl="auto"`` takes it
+            on sm90 too; ``"cuda"`` is refused) or the reference; with grad, on the reference's torch ops.
 
     Autograd: where grad mode is on and q, k or v requires grad, the call (any ``impl``) is the forward of an
     autograd node that keeps q, k, v, the output and the LSE, and whose backward is ``flash_attention_backward``
@@ -1240,13 +1309,14 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     Raises:
         TypeError / ValueError: bad tensors, dtypes, shapes, devices, flags or out, before anything runs.
     """
-    key = path_key(("flash", impl, pdl, causal, scale, return_lse), (q, k, v), (out,))
+    key = path_key(("flash", impl, pdl, causal, scale, return_lse, window), (q, k, v), (out,))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
-        out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1], hit[3])
+        out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1], hit[3], window or 0)
         return (out, lse) if return_lse else out
     grad_key = None
-    if key is None and out is None:  # a differentiable call's remembered path (its key is None when none is)
+    if key is None and out is None and window is None:  # a differentiable call's remembered path (its key is
+        # None when none is)
         grad_key = path_key(("flash-grad", impl, pdl, causal, scale), (q, k, v), grad_ok=True)
         hit = _PATHS.get(grad_key) if grad_key is not None else None
         if hit is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -1254,11 +1324,24 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
             return (out, lse) if return_lse else out
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
-    _check_flags(fn, causal, scale, return_lse)
+    _check_flags(fn, causal, scale, return_lse, window)
     # With grad (eager), any path runs as the forward of an autograd node whose backward is
     # flash_attention_backward; traced, the custom op has no formula, so grad takes the reference's torch ops.
     grad = not torch.compiler.is_compiling() and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if window is not None and (grad or impl == "cuda"):
+        # the backward kernel and the sm90 kernels have no window: the reference's torch ops (differentiable)
+        if impl not in ("auto", "reference"):
+            raise ValueError(f"{fn}: window={window} runs on impl='triton' without grad, or on the reference's "
+                             f"torch ops (impl='auto' or 'reference'); impl={impl!r} "
+                             f"{'with an input that requires grad' if grad else 'has no window'}")
+        if out is not None:
+            raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it "
+                             f"under torch.no_grad()")
+        got = reference_flash_attention(q, k, v, causal, scale, True, window=window)
+        return got if return_lse else got[0]
     path = _fit(resolve_impl(fn, impl, q.device, **({} if grad else dict(q=q, k=k, v=v))), impl, q)
+    if window is not None and path == "cuda":
+        path = "triton"  # (auto on sm90: the portable kernel has the window)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
     _check_out_like(fn, out, q)
@@ -1276,12 +1359,12 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         return (out, lse) if return_lse else out
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
-                              _FlashLaunch(q, k, v, out, causal, scale, path, pdl, None, True)))
+                              _FlashLaunch(q, k, v, out, causal, scale, path, pdl, None, True, window or 0)))
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
         out = _traced_out(out, q)
-        lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path, pdl, out)
+        lse = torch.ops.xelink.flash_attention(q, k, v, causal, scale, path, pdl, out, window or 0)
     else:  # eager (CUDA graph capture included): launch directly, no custom-op dispatch
-        out, lse = _flash_run(q, k, v, causal, scale, path, out, pdl)
+        out, lse = _flash_run(q, k, v, causal, scale, path, out, pdl, window=window or 0)
     return (out, lse) if return_lse else out
 
 
@@ -1385,11 +1468,11 @@ def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
 
 
 def _checked_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits, causal, scale, return_lse, impl, pdl, out,
-                    **inputs):
+                    window=None, **inputs):
     """decode_attention's checks (rope_decode_attention's too, its other ``inputs`` for autograd): (path, pdl
     option, scale)."""
     _check_decode(fn, q, k_cache, v_cache, kv_lens, num_splits)
-    _check_flags(fn, causal, scale, return_lse)
+    _check_flags(fn, causal, scale, return_lse, window)
     path = _fit(resolve_impl(fn, impl, q.device, DECODE_IMPLS, **inputs, q=q, k_cache=k_cache, v_cache=v_cache), impl,
                 q)
     pdl = pdl_option(fn, pdl, path, q.device)
@@ -1400,7 +1483,7 @@ def _checked_decode(fn: str, q, k_cache, v_cache, kv_lens, num_splits, causal, s
 
 
 def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, return_lse=False, num_splits=None,
-                     impl="auto", pdl=None, *, out=None):
+                     impl="auto", pdl=None, *, out=None, window=None):
     """Attention of a few new query tokens over a long KV cache, split along the keys and then merged.
 
     Batch b attends to ``k_cache[b, :, :kv_lens[b]]``. The work is split into ``num_splits`` pieces of the
@@ -1423,35 +1506,39 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
             (on where it exists), True (the same, required), False, "early" or "late".
         out: optional (B, Hq, Sq, D) tensor of q's dtype and device for the output (the merge writes it):
             any view with unit stride along D sharing no memory with q, the caches or kv_lens.
+        window: None, or an int >= 1: a sliding window, each new token sees only the ``window`` keys ending at its
+            last visible one (token i of a causal call: keys ``kv_lens[b] - Sq + i - window + 1 ..``); the splits
+            then share those keys alone.
 
     Returns:
         ``out`` (a new tensor unless given) in q's dtype, or (out, lse).
     """
-    key = path_key(("decode", impl, pdl, causal, scale, return_lse, num_splits), (q, k_cache, v_cache, kv_lens),
-                   (out,))
+    key = path_key(("decode", impl, pdl, causal, scale, return_lse, num_splits, window), (q, k_cache, v_cache,
+                                                                                         kv_lens), (out,))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
-        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, hit[2], hit[3], hit[0], hit[1], out, hit[4])
+        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, hit[2], hit[3], hit[0], hit[1], out, hit[4],
+                               window or 0)
         return (out, lse) if return_lse else out
     fn = "decode_attention"
     path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, num_splits, causal, scale, return_lse, impl,
-                                       pdl, out)
-    num_splits = num_splits or 0
+                                       pdl, out, window)
+    num_splits, window = num_splits or 0, window or 0
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, num_splits, None if path == "reference" else
                               _DecodeLaunch(q, k_cache, v_cache, out, causal, scale, num_splits, None, pdl, True,
-                                            return_lse)))
+                                            return_lse, window=window)))
     if torch.compiler.is_compiling():
         out = _traced_out(out, q)
         lse = torch.ops.xelink.decode_attention(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl,
-                                                out)
+                                                out, window)
     else:
-        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl, out)
+        out, lse = _decode_run(q, k_cache, v_cache, kv_lens, causal, scale, num_splits, path, pdl, out, window=window)
     return (out, lse) if return_lse else out
 
 
 def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, impl="auto", pdl=None, *,
-                          out=None, prefetch=None):
+                          out=None, prefetch=None, window=None):
     """One decode step's attention with the new token's RoPE and KV-cache write in the same launch:
     ``rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)`` then ``decode_attention`` of the rotated q.
 
@@ -1479,6 +1566,8 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
             ``NEXT_MIN_KEYS`` (4096) keys ask L2 for its bytes between them, so that HBM streams the weight while
             the splits merge and the next kernel starts. A hint: it changes no value; the Triton path on sm90+
             only (the bulk prefetch), ignored elsewhere and where traced.
+        window: None, or an int >= 1: a sliding window (as ``decode_attention``'s): the new token sees rows
+            ``p - window + 1 .. p``.
 
     Returns:
         ``out`` (a new tensor unless given) in q's dtype.
@@ -1486,25 +1575,28 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     Raises:
         TypeError / ValueError: before anything runs, naming the bad argument.
     """
-    key = path_key(("rope_decode", impl, pdl, scale), (q, k, v, cos, sin, k_cache, v_cache, kv_lens),
+    key = path_key(("rope_decode", impl, pdl, scale, window), (q, k, v, cos, sin, k_cache, v_cache, kv_lens),
                    (out, prefetch))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
         return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3],
-                                prefetch if hit[4] else None)
+                                prefetch if hit[4] else None, window or 0)
     fn = "rope_decode_attention"
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
     path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
-                                       False if pdl is None else pdl, out, k=k, v=v, cos=cos, sin=sin)
+                                       False if pdl is None else pdl, out, window, k=k, v=v, cos=cos, sin=sin)
+    window = window or 0
     if path != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
         raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")
     prefetch = _check_prefetch(fn, prefetch, q, path)
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
                               _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, True, False,
-                                            (k, v, cos, sin), _next_bytes(prefetch)), prefetch is not None))
+                                            (k, v, cos, sin), _next_bytes(prefetch), window), prefetch is not None))
     if torch.compiler.is_compiling():  # traced: the custom op writes out and the caches (no prefetch hint)
         out = _traced_out(out, q)
-        torch.ops.xelink.rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out)
+        torch.ops.xelink.rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out,
+                                               window)
         return out
-    return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out, prefetch=prefetch)
+    return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out, prefetch=prefetch,
+                            window=window)

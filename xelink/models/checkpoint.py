@@ -3,8 +3,8 @@ tests.
 
 A folder holds ``config.json``, one ``*.safetensors`` file or several with ``model.safetensors.index.json``,
 and optionally ``generation_config.json`` and ``tokenizer.json``. ``LlamaConfig.from_hf`` reads the
-fields a Llama-style decoder needs and refuses the ones it cannot serve (a sliding window shorter than the
-cache, an activation other than SiLU, a RoPE scaling other than Llama 3's); ``Checkpoint`` opens the
+fields a Llama-style decoder needs (a sliding window and the layers it applies to included) and refuses the ones
+it cannot serve (an activation other than SiLU, a RoPE scaling it does not know); ``Checkpoint`` opens the
 files lazily and reads row or column slices of a named tensor (``safetensors``' ``get_slice``), so each
 rank loads only what it keeps. ``save_random_llama`` writes such a folder with random weights;
 ``RandomWeights`` draws random tensors of a config where they are read (no folder: ``Llama.random``).
@@ -41,6 +41,9 @@ class LlamaConfig:
     have a bias, its o one never; Qwen3 RMS-normalizes each head's q and k before the RoPE (``qk_norm``); Phi-3
     stores q, k, v in one ``qkv_proj`` and gate, up in one ``gate_up_proj`` (``fused_projections``), without
     biases; none of them has MLP biases, whatever ``attention_bias`` / ``mlp_bias`` say: ``qkv_bias``, ``o_bias``).
+    ``sliding_window`` (Mistral, Phi-3, Qwen2/Qwen3 with ``use_sliding_window``; None: full attention) is the keys a
+    query sees, ending at its own; ``layer_types`` says which layers slide (transformers' names, "full_attention" /
+    "sliding_attention"; None: every layer): ``layer_window(i)``.
     """
 
     hidden_size: int
@@ -58,6 +61,14 @@ class LlamaConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     model_type: str = "llama"
+    sliding_window: int | None = None
+    layer_types: tuple | None = None
+
+    def layer_window(self, i: int) -> int | None:
+        """Layer i's sliding window (its keys a query sees), or None: full attention."""
+        if self.sliding_window is None or self.layer_types is not None and self.layer_types[i] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def qkv_bias(self) -> bool:
@@ -120,6 +131,20 @@ class LlamaConfig:
         else:
             raise ValueError(f"{fn}: rope_scaling type {kind!r} is not supported (None, "
                              f"{', '.join(map(repr, _ROPE_KEYS))})")
+        # As transformers reads them: Mistral's window defaults to 4096, Qwen's is off without use_sliding_window
+        # and then slides on layers max_window_layers.. unless layer_types says otherwise; Phi-3's defaults to none.
+        window = hf.get("sliding_window", 4096 if model_type == "mistral" else None)
+        if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False) or model_type == "llama":
+            window = None
+        layer_types = hf.get("layer_types")
+        if window is not None and layer_types is None and model_type in ("qwen2", "qwen3"):
+            first = hf.get("max_window_layers", 28)
+            layer_types = ["sliding_attention" if i >= first else "full_attention"
+                           for i in range(hf["num_hidden_layers"])]
+        if window is None or layer_types is None or model_type == "mistral":
+            layer_types = None
+        else:
+            layer_types = tuple(layer_types)
         partial = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
         if partial != 1.0:
             raise ValueError(f"{fn}: partial_rotary_factor={partial!r} is not supported (only 1.0)")
@@ -131,7 +156,7 @@ class LlamaConfig:
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                   attention_bias=bool(hf.get("attention_bias", False)) and model_type not in ("qwen2", "phi3"),
                   mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3", "phi3"),
-                  model_type=model_type)
+                  model_type=model_type, sliding_window=window, layer_types=layer_types)
         cfg.check(fn)
         return cfg
 
@@ -146,6 +171,17 @@ class LlamaConfig:
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
             raise ValueError(f"{fn}: head_dim={self.head_dim} must be even (RoPE)")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"{fn}: sliding_window={w!r} must be None or an int >= 1")
+        if w is not None and self.model_type == "llama":
+            raise ValueError(f"{fn}: sliding_window={w} on model_type 'llama' (transformers' Llama has none): use "
+                             f"'mistral', 'phi3', 'qwen2' or 'qwen3'")
+        kinds = ("full_attention", "sliding_attention")
+        if self.layer_types is not None and (len(self.layer_types) != self.num_hidden_layers or
+                                             any(t not in kinds for t in self.layer_types)):
+            raise ValueError(f"{fn}: layer_types={list(self.layer_types)} must give each of the "
+                             f"{self.num_hidden_layers} layers one of {kinds}")
 
     def to_hf(self) -> dict:
         """The ``config.json`` dict of this config (the classic field names every transformers reads)."""
@@ -155,10 +191,15 @@ class LlamaConfig:
                "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
                "pad_token_id": None}  # (Phi3Config's default, 32000, lies outside a small vocabulary)
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
-        if self.model_type in ("mistral", "phi3"):
-            out["sliding_window"] = None  # full attention, as this model computes (transformers' default is 4096)
+        out["layer_types"] = None if self.layer_types is None else list(self.layer_types)
+        if self.model_type == "llama" or out["layer_types"] is None:
+            del out["layer_types"]  # (every layer alike: each transformers version's default)
+        if self.model_type == "llama":
+            del out["sliding_window"]
         if self.model_type in ("qwen2", "qwen3"):
-            out["use_sliding_window"] = False
+            out["use_sliding_window"] = self.sliding_window is not None
+            if self.sliding_window is not None and self.layer_types is None:  # every layer slides
+                out["max_window_layers"] = 0
         return out
 
 

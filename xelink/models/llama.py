@@ -115,15 +115,17 @@ class Ops:
             return self.silu_mul(self.linear(lin, x))
         return gemv(lin.weight, x, lin.scales, self.gemv_format(lin, x), self.kimpl, act="silu_mul")
 
-    def attention(self, q, k, v, causal: bool, return_lse: bool = False):
+    def attention(self, q, k, v, causal: bool, return_lse: bool = False, window: int | None = None):
         if self.ref:
-            return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse)
-        return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl)
+            return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse, window=window)
+        return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl, window=window)
 
-    def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens, prefetch=None):
+    def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens, prefetch=None,
+                              window: int | None = None):
         if self.ref:
-            return reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens)
-        return rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, impl=self.kimpl, prefetch=prefetch)
+            return reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, window=window)
+        return rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, impl=self.kimpl, prefetch=prefetch,
+                                     window=window)
 
 
 class KVCache:
@@ -132,13 +134,16 @@ class KVCache:
     ``k, v``: ``(batch, kv_heads, max_seq_len, head_dim)``. Sequence b's real tokens sit at positions
     ``0 .. len[b] - 1`` (no padding inside). This object is the model's one attention call site: a
     context-parallel cache (each CP rank holding a shard of the positions) replaces it with the same
-    ``attend``.
+    ``attend``. ``window``: the layer's sliding window (a query sees its last ``window`` positions), or None; the
+    cache keeps every position all the same.
     """
 
-    def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device):
+    def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
+                 window: int | None = None):
         shape = (batch, kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.window = window
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
@@ -148,7 +153,7 @@ class KVCache:
         synchronization (a CUDA graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``; ``prefetch``:
         what the kernel asks L2 for (the next GEMV's weight), or None."""
         B = q.shape[0]
-        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, prefetch)
+        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, prefetch, self.window)
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """Write this chunk's keys and values, then attend.
@@ -169,13 +174,13 @@ class KVCache:
             self.v[b, :, starts[b]:starts[b] + n] = v[b, :, pads[b]:]
         if not any(pads) and len(set(starts)) == 1:  # one rectangular call
             end = starts[0] + S
-            return ops.attention(q, self.k[:B, :, :end], self.v[:B, :, :end], causal=True)
+            return ops.attention(q, self.k[:B, :, :end], self.v[:B, :, :end], causal=True, window=self.window)
         out = q.new_zeros(q.shape)
         for b in range(B):
             p, end = pads[b], starts[b] + S - pads[b]
             if p < S:
                 out[b:b + 1, :, p:] = ops.attention(q[b:b + 1, :, p:], self.k[b:b + 1, :, :end],
-                                                    self.v[b:b + 1, :, :end], causal=True)
+                                                    self.v[b:b + 1, :, :end], causal=True, window=self.window)
         return out
 
 
@@ -257,8 +262,8 @@ class Llama:
         # As Hugging Face: cos/sin in float32 (times YaRN's attention factor), rounded to the activation dtype.
         self.cos, self.sin = (emb.cos() * scale).to(dtype).to(device), (emb.sin() * scale).to(dtype).to(device)
         if cp is None:
-            self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device)
-                           for _ in self.layers]
+            self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device,
+                                   config.layer_window(i)) for i in range(len(self.layers))]
         else:
             self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp)
                            for _ in self.layers]
@@ -286,8 +291,9 @@ class Llama:
             weights: ``"bf16"`` (dense in ``dtype``), ``"w8a16"`` or ``"w4a16"`` (quantized at load with
                 ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
             max_batch: sequences the cache holds.
-            max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192, the
-                sliding window where the config has one).
+            max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192). A
+                sliding window (``config.sliding_window``) is attended within on its layers; the cache keeps
+                every position.
             impl: ``"auto"``, ``"xelink"`` (xelink's kernels and, on CUDA, xelink's collective algorithms
                 forced: an error where they cannot run) or ``"reference"`` (pure torch).
             device: where the model runs; default the TP group's device, else the CP group's, else the world's
@@ -308,17 +314,8 @@ class Llama:
         if hf is None:
             raise FileNotFoundError(f"{fn}: {path / 'config.json'} does not exist")
         cfg = LlamaConfig.from_hf(hf, fn)
-        # transformers' Mistral attends within 4096 positions unless config.json says otherwise; Qwen2 and Qwen3
-        # only with use_sliding_window (then on some layers: refused past the window all the same). Up to the
-        # window, full attention is the same: the default cache stops there.
-        window = hf.get("sliding_window", 4096 if cfg.model_type == "mistral" else None)
-        if cfg.model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
-            window = None
         if max_seq_len is None:
-            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT, window or MAX_SEQ_LEN_DEFAULT)
-        if window is not None and window < max_seq_len:
-            raise ValueError(f"{fn}: sliding_window={window} < max_seq_len={max_seq_len} is not supported (full "
-                             f"attention only); pass max_seq_len <= {window}")
+            max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
         generation = read_json(path, "generation_config.json")
         if generation is None:  # as transformers builds it from the model config: the special tokens
             generation = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf.get(k) is not None}
@@ -387,6 +384,12 @@ class Llama:
         that need the config."""
         tp = TensorParallel(cfg, tp_group, fn, force_xelink=impl == "xelink")
         tp.check_formats(weights, fn)
+        if cp_group is not None and cp_group.size > 1 and cfg.sliding_window is not None and \
+                any(cfg.layer_window(i) is not None and cfg.layer_window(i) < max_seq_len
+                    for i in range(cfg.num_hidden_layers)):
+            raise ValueError(f"{fn}: sliding_window={cfg.sliding_window} < max_seq_len={max_seq_len} under context "
+                             f"parallelism (cp_group of {cp_group.size} ranks) is not supported: context-parallel "
+                             f"attention has no window; pass max_seq_len <= {cfg.sliding_window} or no cp_group")
         ckpt = source()
         ckpt.check(tensor_shapes(cfg))
         loaded = tp.load(ckpt, weights, dtype, device)

@@ -1,0 +1,200 @@
+"""Sliding-window attention (``window=``) of flash_attention, decode_attention and rope_decode_attention.
+
+Each query sees the ``window`` keys ending at its last visible one (Mistral's and Phi-3's ``sliding_window``). The
+references against float64 attention with the mask written out element by element (CPU); the kernels against the
+references: the Triton interpreter on the CPU (TRITON_INTERPRET=1) and the GPU (marked), with the cache rows before
+each sequence's window and past its end NaN, so a decode split that read one shows."""
+import os
+
+import pytest
+import torch
+
+from xelink.kernels import attention as A
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" and A.triton is not None
+TOL = {torch.bfloat16: 1.5e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+
+
+def _rel(out, ref):
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _qkv(b, hq, hkv, sq, sk, d, dtype, device="cpu", gen=None):
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    return r(b, hq, sq, d), r(b, hkv, sk, d), r(b, hkv, sk, d)
+
+
+def _window64(q, k, v, causal, window):
+    """float64 attention with every (query, key) pair's visibility decided one by one; rows that see nothing: 0."""
+    B, Hq, Sq, D = q.shape
+    Sk, g = k.shape[2], Hq // k.shape[1]
+    out = torch.zeros(B, Hq, Sq, D, dtype=torch.float64)
+    for i in range(Sq):
+        last = i + Sk - Sq if causal else Sk - 1
+        keys = [j for j in range(Sk) if last - window < j <= last]
+        if not keys:
+            continue
+        kk = k.double().repeat_interleave(g, dim=1)[:, :, keys]
+        vv = v.double().repeat_interleave(g, dim=1)[:, :, keys]
+        p = torch.softmax(q[:, :, i:i + 1].double() @ kk.transpose(-1, -2) / D ** 0.5, dim=-1)
+        out[:, :, i] = (p @ vv)[:, :, 0]
+    return out
+
+
+WINDOW_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, causal, window)
+    (2, 4, 2, 9, 9, True, 3), (1, 4, 1, 7, 19, True, 5), (2, 2, 2, 13, 5, True, 2), (1, 3, 1, 1, 40, True, 8),
+    (1, 2, 1, 6, 17, False, 4), (2, 4, 4, 9, 9, True, 1), (1, 2, 2, 9, 9, True, 100),
+]
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES)
+def test_reference_against_float64(shape):
+    b, hq, hkv, sq, sk, causal, window = shape
+    q, k, v = _qkv(b, hq, hkv, sq, sk, 16, torch.float32)
+    out = A.reference_flash_attention(q, k, v, causal=causal, window=window)
+    assert _rel(out, _window64(q, k, v, causal, window)) < 1e-5
+    if window >= sk:  # a window over every key is no window
+        assert torch.equal(out, A.reference_flash_attention(q, k, v, causal=causal))
+
+
+def test_reference_decode_is_attention_over_each_sequence():
+    q, kc, vc = _qkv(3, 4, 2, 3, 30, 16, torch.float32)
+    lens = torch.tensor([30, 4, 17])
+    for causal in (False, True):
+        out = A.reference_decode_attention(q, kc, vc, lens, causal=causal, window=6)
+        for b, n in enumerate(lens.tolist()):
+            want = _window64(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n], causal, 6)
+            assert _rel(out[b:b + 1], want) < 1e-5, (causal, b)
+
+
+@pytest.mark.parametrize("window", [0, -3, True, 2.5, "8"])
+def test_bad_window(window):
+    q, k, v = _qkv(1, 2, 1, 3, 5, 16, torch.float32)
+    with pytest.raises(ValueError, match=f"^flash_attention: window={window!r} must be None or an int >= 1"):
+        A.flash_attention(q, k, v, causal=True, window=window)
+    with pytest.raises(ValueError, match=f"^decode_attention: window={window!r}"):
+        A.decode_attention(q, k, v, torch.tensor([5]), window=window)
+    with pytest.raises(ValueError, match=f"^reference_flash_attention: window={window!r}"):
+        A.reference_flash_attention(q, k, v, window=window)
+
+
+def test_sm90_kernels_refuse_a_window():
+    q, k, v = _qkv(1, 2, 1, 3, 5, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="^flash_attention: window=4 runs on impl='triton' without grad"):
+        A.flash_attention(q, k, v, causal=True, impl="cuda", window=4)
+
+
+def test_grad_takes_the_references_torch_ops():
+    # With grad, a window runs on the reference's differentiable ops: the gradients of a windowed loss are those of
+    # the float64 attention (the backward kernel has no window); out= is refused as for any call with grad.
+    q, k, v = (t.double().requires_grad_() for t in _qkv(1, 4, 2, 6, 11, 16, torch.float32))
+    out, lse = A.flash_attention(q, k, v, causal=True, window=3, return_lse=True)
+    (out.square().sum() + lse.sum()).backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    want, want_lse = A.reference_flash_attention(q2, k2, v2, causal=True, window=3, return_lse=True)
+    (want.square().sum() + want_lse.sum()).backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        assert torch.allclose(a.grad, b.grad)
+    with pytest.raises(ValueError, match="out= is not differentiable"):
+        A.flash_attention(q, k, v, causal=True, window=3, out=torch.empty(1, 4, 6, 16, dtype=torch.float64))
+
+
+# -- the kernels: the interpreter on the CPU, and the GPU ---------------------------------------------------
+
+def _check_flash(device, d, dtype, shapes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for b, hq, hkv, sq, sk, causal, window in shapes:
+        q, k, v = _qkv(b, hq, hkv, sq, sk, d, dtype, device, gen)
+        out, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True, impl="triton", window=window)
+        ref, ref_lse = A.reference_flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
+        where = (d, dtype, b, hq, hkv, sq, sk, causal, window)
+        assert not torch.isnan(out).any(), where
+        assert _rel(out, ref) < TOL[dtype], (where, _rel(out, ref))
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite), where
+        assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3, where
+
+
+def _poisoned_caches(b, hq, hkv, sq, smax, d, dtype, device, gen, lens, back):
+    """q and caches whose rows outside [len - back, len) of each sequence are NaN (a kernel that reads one shows)."""
+    q, kc, vc = _qkv(b, hq, hkv, sq, smax, d, dtype, device, gen)
+    for i, n in enumerate(lens):
+        for c in (kc, vc):
+            c[i, :, n:] = float("nan")
+            c[i, :, :max(n - back, 0)] = float("nan")
+    return q, kc, vc
+
+
+def _check_decode(device, d, dtype, cases, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for b, hq, hkv, sq, smax, lens, splits, causal, window in cases:
+        back = window + (sq - 1 if causal else 0)
+        q, kc, vc = _poisoned_caches(b, hq, hkv, sq, smax, d, dtype, device, gen, lens, back)
+        kv_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        out, lse = A.decode_attention(q, kc, vc, kv_lens, causal=causal, return_lse=True, num_splits=splits,
+                                      impl="triton", window=window)
+        ref, ref_lse = A.reference_decode_attention(q, kc.nan_to_num(), vc.nan_to_num(), kv_lens, causal=causal,
+                                                    return_lse=True, window=window)
+        where = (d, dtype, b, hq, hkv, sq, smax, lens, splits, causal, window)
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"NaN: a row outside the window read {where}"
+        assert _rel(out, ref) < TOL[dtype], (where, _rel(out, ref))
+
+
+def _check_rope_decode(device, d, dtype, seed):
+    # The fused decode step with a window equals rope_kv then the windowed decode attention (the reference); the new
+    # row written, the rows before the window never read (NaN there).
+    gen = torch.Generator().manual_seed(seed)
+    b, hq, hkv, smax, window = 3, 8, 2, 300, 37
+    lens = [300, 20, 130]
+    qkv = torch.randn(b, hq + 2 * hkv, 1, d, generator=gen).to(device=device, dtype=dtype)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    ang = torch.arange(smax, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)[None, :]
+    cos, sin = (torch.cat([f(ang)] * 2, dim=1).float().to(device) for f in (torch.cos, torch.sin))
+    _, kc, vc = _poisoned_caches(b, hq, hkv, 1, smax, d, dtype, device, gen, lens, window)
+    kv_lens = torch.tensor(lens, device=device)
+    clean = kc.nan_to_num(), vc.nan_to_num()
+    out = A.rope_decode_attention(q, k, v, cos, sin, kc, vc, kv_lens, impl="triton", window=window)
+    ref = A.reference_rope_decode_attention(q, k, v, cos, sin, *clean, kv_lens, window=window)
+    assert not torch.isnan(out).any(), "a row outside the window was read"
+    assert _rel(out, ref) < TOL[dtype], _rel(out, ref)
+    for i, n in enumerate(lens):  # the new row written where the reference wrote it
+        assert torch.equal(vc[i, :, n - 1], clean[1][i, :, n - 1])
+
+
+FLASH_CASES = [(1, 4, 2, 200, 200, True, 64), (2, 2, 1, 77, 300, True, 50), (1, 2, 2, 130, 130, False, 33),
+               (1, 4, 4, 65, 65, True, 1), (1, 2, 1, 40, 90, True, 500)]
+DECODE_CASES = [  # (B, Hq, Hkv, Sq, Smax, kv_lens, num_splits, causal, window)
+    (3, 8, 2, 1, 400, [400, 5, 260], None, True, 100), (2, 4, 1, 3, 300, [300, 70], 4, True, 64),
+    (2, 4, 1, 3, 300, [300, 70], 3, False, 50), (1, 8, 2, 1, 200, [200], 7, False, 1),
+    (1, 4, 4, 2, 100, [100], None, True, 1000)]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_kernels_interpreter():
+    _check_flash("cpu", 64, torch.float16, FLASH_CASES, 1)
+    _check_decode("cpu", 64, torch.float16, DECODE_CASES, 2)
+    _check_rope_decode("cpu", 64, torch.float16, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+def test_kernels_gpu(requires_gpus, d, dtype):
+    requires_gpus(1)
+    _check_flash("cuda", d, dtype, FLASH_CASES + [(1, 8, 2, 2048, 2048, True, 1024), (1, 4, 1, 1000, 5000, True, 700)],
+                 d)
+    _check_decode("cuda", d, dtype, DECODE_CASES + [(1, 32, 8, 1, 32768, [32768], None, True, 4096),
+                                                    (2, 32, 8, 1, 9000, [9000, 3000], None, True, 4096)], d + 1)
+    _check_rope_decode("cuda", d, dtype, d + 2)
+
+
+@pytest.mark.gpu
+def test_auto_on_sm90_takes_the_portable_kernel(requires_gpus):
+    # impl="auto" (the sm90 kernels where they apply) with a window: the portable kernel, the reference's values
+    requires_gpus(1)
+    q, k, v = _qkv(1, 8, 2, 1024, 1024, 128, torch.bfloat16, "cuda")
+    out = A.flash_attention(q, k, v, causal=True, window=256)
+    assert _rel(out, A.reference_flash_attention(q, k, v, causal=True, window=256)) < TOL[torch.bfloat16]
+    assert _rel(A.flash_attention(q, k, v, causal=True), out) > 0.05  # (the window changes the values)
