@@ -25,13 +25,16 @@
 #   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
 #             its A/B in the Llama-3.1-8B step (~5 minutes);
 #   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes);
-#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes).
+#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes);
+#   window:   sliding-window attention (window=): the attention and prefetch GPU tests with the windowed ones, the
+#             decode graphs (a windowed Mistral among them), then the decode rows, unwindowed, as a check that the
+#             kernels' new arguments cost nothing (~8 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200
-STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200"
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -125,6 +128,14 @@ h200)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  ;;
+window)
+  step window_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_attention_window.py tests/kernels/test_attention.py tests/kernels/test_prefetch.py \
+    tests/models/test_decode_graph.py
+  step bench_decode 100 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
   ;;
 esac
 case "$1" in
