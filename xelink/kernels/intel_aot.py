@@ -109,13 +109,13 @@ def _contiguous(*shape):
     return list(reversed(strides))
 
 
-def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=64):
+def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=64, window=0):
     def args():
         B, H, S = 1, 32, 8192
         q = _contiguous(B, H, S, d)
         kv = _contiguous(B, H // group, S, d)
-        return ([_t(dtype), _t(dtype), _t(dtype), _t(dtype), _t("float32"), *q, *kv, *kv, *q, H, group, S, S, 0.127],
-                dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal))
+        return ([_t(dtype), _t(dtype), _t(dtype), _t(dtype), _t("float32"), *q, *kv, *kv, *q, H, group, S, S, 0.127,
+                 window], dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOWED=window > 0))
     return args
 
 
@@ -139,7 +139,7 @@ def _flash_delta(d=128):
     return args
 
 
-def _decode(d=128, dtype="bfloat16", rope=False):
+def _decode(d=128, dtype="bfloat16", rope=False, window=0):
     def args():
         B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
         q = _contiguous(B, HQ, SQ, d)
@@ -148,9 +148,9 @@ def _decode(d=128, dtype="bfloat16", rope=False):
         new = (48 * d, d, 48 * d, d, d, d) if rope else (0,) * 6
         return ([_t(dtype), _t(dtype), _t(dtype), _t("int32"), _t("float32"), _t("float32"), _t(dtype), _t("float32"),
                  _t("int32"), _t(dtype), _t(dtype), _t("float32"), _t("float32"), _t(dtype), *q, *kv, *kv, *q, *new,
-                 HKV, HQ // HKV, SQ, SMAX, 0.127, 0],
+                 HKV, HQ // HKV, SQ, SMAX, 0.127, 0, window, window],
                 dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, MIN_CHUNK=256, PDL=0,
-                     ROPE=rope))
+                     ROPE=rope, WINDOWED=window > 0))
     return args
 
 
@@ -287,6 +287,8 @@ LAUNCHES: list[Launch] = [
              _flash(d, c, group=4 if c else 1, block_m=128 if d < 256 else 64), num_warps=8, matrix=True,
              shared=256 * d, sub_groups=(16,))
       for d in (64, 128, 256) for c in (False, True)],
+    Launch("attention._flash_fwd_kernel[hd128, causal gqa, window]", "attention", "_flash_fwd_kernel",
+           _flash(128, True, group=4, window=4096), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("attention_bwd._delta_kernel[hd128, dlse]", "attention_bwd", "_delta_kernel", _flash_delta(),
            num_warps=4, sub_groups=(16,)),
     Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4]", "attention_bwd", "_dkdv_kernel", _flash_bwd(True),
@@ -297,6 +299,8 @@ LAUNCHES: list[Launch] = [
            num_warps=4, matrix=True, shared=36864, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4, rope]", "attention", "_decode_split_kernel",
            _decode(rope=True), num_warps=4, matrix=True, sub_groups=(16,)),
+    Launch("attention._decode_split_kernel[hd128, gqa 4, rope, window]", "attention", "_decode_split_kernel",
+           _decode(rope=True, window=4096), num_warps=4, matrix=True, sub_groups=(16,)),
     Launch("attention._merge_kernel[hd128]", "attention", "_merge_kernel", _merge(), num_warps=4,
            shared={16: 1088, 32: 2176}),
     Launch("gemm._gemm_kernel[bf16, row x row]", "gemm", "_gemm_kernel", _gemm(), num_warps=8, matrix=True,
