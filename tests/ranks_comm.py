@@ -273,6 +273,35 @@ def check_subgroups_as_torch_distributed(world):
     if n > 1:  # callers that disagree: every rank gets the error
         with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: ranks differ between callers"):
             xelink.new_subgroups_by_enumeration([[0]] if r == 0 else [[1]])
+    # split_group: ranks of the parent (here the odd-numbered ranks of the world, in reverse, when there are 3 or
+    # more), each split numbered in the parent's order, None on a rank in no split
+    parent = xelink.new_group(list(range(n - 1, -1, -2)), sort_ranks=False) if n > 2 else world
+    if parent:
+        splits = [[parent.size - 1, 0]] if parent.size > 1 else [[0]]
+        sub = xelink.split_group(parent, splits, group_desc="ends", backend="nccl")
+        mine = parent.rank in splits[0]
+        assert (sub is None) == (not mine)
+        if mine:
+            want = [parent.world_ranks[i] for i in sorted(splits[0])]
+            assert xelink.get_process_group_ranks(sub) == want and xelink.get_backend(sub) == "xelink"
+            y = torch.tensor([float(r)])
+            xelink.all_reduce(y, group=sub)
+            assert y.item() == sum(want)
+            sub.free()
+        with pytest.raises(ValueError, match=r"split_group: split_ranks=\[\] must be a non-empty list"):
+            xelink.split_group(parent, [])
+        with pytest.raises(ValueError, match=rf"split_group: rank {parent.size} is out of range"):
+            xelink.split_group(parent, [[parent.size]])
+        if parent is not world:
+            parent.free()
+    else:
+        with pytest.raises(ValueError, match="get_backend"):
+            xelink.get_backend(parent)
+    first = xelink.split_group(split_ranks=[[0]])  # the world's rank 0 alone; None elsewhere
+    assert (first is None) == (r != 0) and (first is None or first.size == 1)
+    if first is not None:
+        first.free()
+    assert xelink.get_backend() == "xelink"
     world.barrier()
 
 

@@ -4,8 +4,8 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
                           device_barrier, gather, gather_object, irecv, isend, monitored_barrier, recv,
                           recv_object_list, reduce, reduce_scatter, reduce_scatter_tensor, scatter, scatter_object_list,
                           send, send_object_list, synchronize)
-from .comm import (NON_GROUP_MEMBER, Communicator, get_global_rank, get_group_rank, get_process_group_ranks, get_rank,
-                   get_world_size, new_group, new_subgroups, new_subgroups_by_enumeration)
+from .comm import (NON_GROUP_MEMBER, Communicator, get_backend, get_global_rank, get_group_rank, get_process_group_ranks,
+                   get_rank, get_world_size, new_group, new_subgroups, new_subgroups_by_enumeration, split_group)
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -33,6 +33,7 @@ __all__ = [
     "XelinkError",
     "destroy_process_group",
     "finalize",
+    "get_backend",
     "get_global_rank",
     "get_group_rank",
     "get_node_local_rank",
@@ -48,5 +49,6 @@ __all__ = [
     "new_subgroups",
     "new_subgroups_by_enumeration",
     "NON_GROUP_MEMBER",
+    "split_group",
     "__version__",
 ]

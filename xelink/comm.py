@@ -556,19 +556,47 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
     fn = "new_subgroups_by_enumeration"
     world = resolve_group(None, fn)
     _torch_group_options(fn, backend, group_desc, None)
-    if isinstance(ranks_per_subgroup_list, (str, bytes)) or not isinstance(ranks_per_subgroup_list, Sequence) \
-            or not ranks_per_subgroup_list:
-        raise ValueError(f"{fn}: ranks_per_subgroup_list={ranks_per_subgroup_list!r} must be a non-empty list of "
-                         f"lists of world ranks")
+    blocks = _disjoint_lists(fn, "ranks_per_subgroup_list", "subgroup", ranks_per_subgroup_list, world)
+    return _subgroups(fn, world, blocks, timeout)
+
+
+def split_group(parent_pg: Communicator | None = None, split_ranks=None, timeout=None, pg_options=None,
+                group_desc: str | None = None, backend=None) -> "Communicator | None":
+    """This rank's communicator of ``split_ranks`` (lists of ranks of ``parent_pg``, None: the world; lists that
+    share no rank, each numbered in the parent's order, ranks in none allowed), or None where this rank is in no
+    list, as torch.distributed.split_group. ``pg_options``, ``group_desc``, ``backend``: accepted and unused (as
+    :func:`new_group`).
+
+    Collective: every rank of ``parent_pg`` must call this with the same lists (one split).
+    """
+    fn = "split_group"
+    parent = resolve_group(parent_pg, fn)
+    _torch_group_options(fn, backend, group_desc, None)
+    return _subgroups(fn, parent, _disjoint_lists(fn, "split_ranks", "split", split_ranks, parent), timeout)[0]
+
+
+def _disjoint_lists(fn: str, name: str, item: str, lists, parent: Communicator) -> list:
+    """``lists`` (named ``name``, each an ``item``) as sorted lists of distinct ranks of ``parent`` that share no
+    rank, or an error naming ``fn`` and what is wrong."""
+    if isinstance(lists, (str, bytes)) or not isinstance(lists, Sequence) or not lists:
+        raise ValueError(f"{fn}: {name}={lists!r} must be a non-empty list of lists of ranks")
     blocks, owner = [], {}
-    for block in ranks_per_subgroup_list:
-        block = _rank_list(fn, "subgroup", block, world.size)
+    for block in lists:
+        block = _rank_list(fn, item, block, parent.size)
         for r in block:
             if r in owner:
-                raise ValueError(f"{fn}: rank {r} is in both subgroup {owner[r]} and {block}")
+                raise ValueError(f"{fn}: rank {r} is in both {item} {owner[r]} and {block}")
             owner[r] = block
         blocks.append(sorted(block))
-    return _subgroups(fn, world, blocks, timeout)
+    return blocks
+
+
+def get_backend(group: Communicator | None = None) -> str:
+    """The backend of ``group`` (None: the world), as torch.distributed.get_backend: ``"xelink"`` (one communicator
+    serves every device, CPU and GPU tensors alike; a backend named at ``init_process_group`` is taken and not
+    used). Given ``NON_GROUP_MEMBER`` or a freed communicator, the error every call given one raises."""
+    resolve_group(group, "get_backend")
+    return "xelink"
 
 
 def _subgroups(fn: str, parent: Communicator, blocks: list, timeout) -> tuple:

@@ -513,14 +513,8 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         if WINDOWED:
-            for start_n in range(lo, head, BLOCK_N):
-                k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
-                v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True,
-                                           row_first, True)
-                k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
-                v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+            acc, l_i, m_i, k_ptr, v_ptr = _attn_masked_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, lo, head, row_first,
+                                                             row_last, n_end, qk_scale, BLOCK_N, True)
             lo = head
         for start_n in range(lo, full, BLOCK_N):
             k = tl.load(k_ptr)
@@ -528,15 +522,24 @@ if triton is not None:
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n, row_last, n_end, qk_scale, False)
             k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
             v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
-        for start_n in range(full, end, BLOCK_N):
+        acc, l_i, m_i, k_ptr, v_ptr = _attn_masked_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, full, end, row_first,
+                                                         row_last, n_end, qk_scale, BLOCK_N, WINDOWED)
+        return _attn_finish(acc, l_i, m_i)
+
+    @triton.jit
+    def _attn_masked_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, lo, hi, row_first, row_last, n_end, qk_scale,
+                           BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+        """The masked, zero-padded tiles [lo, hi) of ``_attn_blockptr_loop`` (block pointers at lo): the state
+        and the block pointers advanced past them."""
+        for start_n in range(lo, hi, BLOCK_N):
             k = tl.load(k_ptr, boundary_check=(0,), padding_option="zero")
             v = tl.load(v_ptr, boundary_check=(0,), padding_option="zero")
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True,
-                                       row_first, WINDOWED)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, True, row_first,
+                                       WINDOWED)
             k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
             v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
-        return _attn_finish(acc, l_i, m_i)
+        return acc, l_i, m_i, k_ptr, v_ptr
 
     @triton.jit
     def _causal_bounds(m0, SQ, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
