@@ -164,7 +164,8 @@ def _check_rope_decode(device, d, dtype, seed):
 
 
 FLASH_CASES = [(1, 4, 2, 200, 200, True, 64), (2, 2, 1, 77, 300, True, 50), (1, 2, 2, 130, 130, False, 33),
-               (1, 4, 4, 65, 65, True, 1), (1, 2, 1, 40, 90, True, 500)]
+               (1, 4, 4, 65, 65, True, 1), (1, 2, 1, 40, 90, True, 500),
+               (1, 2, 1, 150, 40, True, 16)]  # more queries than keys: the first 110 rows see none
 DECODE_CASES = [  # (B, Hq, Hkv, Sq, Smax, kv_lens, num_splits, causal, window)
     (3, 8, 2, 1, 400, [400, 5, 260], None, True, 100), (2, 4, 1, 3, 300, [300, 70], 4, True, 64),
     (2, 4, 1, 3, 300, [300, 70], 3, False, 50), (1, 8, 2, 1, 200, [200], 7, False, 1),
