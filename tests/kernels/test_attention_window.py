@@ -80,10 +80,11 @@ def test_bad_window(window):
         A.reference_flash_attention(q, k, v, window=window)
 
 
-def test_sm90_kernels_refuse_a_window():
+def test_a_kernel_with_grad_refuses_a_window():
     q, k, v = _qkv(1, 2, 1, 3, 5, 64, torch.bfloat16)
-    with pytest.raises(ValueError, match="^flash_attention: window=4 runs on impl='triton' without grad"):
-        A.flash_attention(q, k, v, causal=True, impl="cuda", window=4)
+    with pytest.raises(ValueError, match="^flash_attention: window=4 with an input that requires grad runs on the "
+                                         "reference's torch ops .* impl='triton' has no windowed backward"):
+        A.flash_attention(q.requires_grad_(), k, v, causal=True, impl="triton", window=4)
 
 
 def test_grad_takes_the_references_torch_ops():
@@ -103,13 +104,13 @@ def test_grad_takes_the_references_torch_ops():
 
 # -- the kernels: the interpreter on the CPU, and the GPU ---------------------------------------------------
 
-def _check_flash(device, d, dtype, shapes, seed):
+def _check_flash(device, d, dtype, shapes, seed, impl="triton"):
     gen = torch.Generator().manual_seed(seed)
     for b, hq, hkv, sq, sk, causal, window in shapes:
         q, k, v = _qkv(b, hq, hkv, sq, sk, d, dtype, device, gen)
-        out, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True, impl="triton", window=window)
+        out, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True, impl=impl, window=window)
         ref, ref_lse = A.reference_flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
-        where = (d, dtype, b, hq, hkv, sq, sk, causal, window)
+        where = (impl, d, dtype, b, hq, hkv, sq, sk, causal, window)
         assert not torch.isnan(out).any(), where
         assert _rel(out, ref) < TOL[dtype], (where, _rel(out, ref))
         finite = torch.isfinite(ref_lse)
@@ -184,18 +185,25 @@ def test_kernels_interpreter():
 @pytest.mark.parametrize("d", A.HEAD_DIMS)
 def test_kernels_gpu(requires_gpus, d, dtype):
     requires_gpus(1)
-    _check_flash("cuda", d, dtype, FLASH_CASES + [(1, 8, 2, 2048, 2048, True, 1024), (1, 4, 1, 1000, 5000, True, 700)],
-                 d)
+    for impl in ("triton", "cuda"):  # the portable kernel, and on sm90 the TMA one (elsewhere "cuda" is refused)
+        if impl == "cuda" and torch.cuda.get_device_capability()[0] != 9:
+            continue
+        _check_flash("cuda", d, dtype, FLASH_CASES + [(1, 8, 2, 2048, 2048, True, 1024),
+                                                      (1, 4, 1, 1000, 5000, True, 700)], d, impl)
     _check_decode("cuda", d, dtype, DECODE_CASES + [(1, 32, 8, 1, 32768, [32768], None, True, 4096),
                                                     (2, 32, 8, 1, 9000, [9000, 3000], None, True, 4096)], d + 1)
     _check_rope_decode("cuda", d, dtype, d + 2)
 
 
 @pytest.mark.gpu
-def test_auto_on_sm90_takes_the_portable_kernel(requires_gpus):
-    # impl="auto" (the sm90 kernels where they apply) with a window: the portable kernel, the reference's values
+def test_auto_on_sm90_takes_the_tma_kernel(requires_gpus):
+    # impl="auto" on sm90 with a window: the TMA kernel where it applies (not the Gluon kernel, which has no window),
+    # the reference's values
     requires_gpus(1)
     q, k, v = _qkv(1, 8, 2, 1024, 1024, 128, torch.bfloat16, "cuda")
+    if torch.cuda.get_device_capability()[0] == 9:
+        plan = A._FlashLaunch(q, k, v, None, True, 0.1, "cuda", "off", None, False, 256)
+        assert plan.fn is A._flash_fwd_tma_kernel and plan.kwargs["WINDOWED"]
     out = A.flash_attention(q, k, v, causal=True, window=256)
     assert _rel(out, A.reference_flash_attention(q, k, v, causal=True, window=256)) < TOL[torch.bfloat16]
     assert _rel(A.flash_attention(q, k, v, causal=True), out) > 0.05  # (the window changes the values)

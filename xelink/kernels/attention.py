@@ -542,6 +542,14 @@ if triton is not None:
         return acc, l_i, m_i, k_ptr, v_ptr
 
     @triton.jit
+    def _window_bounds(row_first, full, BLOCK_N: tl.constexpr):
+        """A sliding window's key tiles for a query block whose rows see keys from ``row_first`` on: (lo, the
+        tile of the first row's first key; head, the first tile every row sees whole, at most ``full``)."""
+        lo = tl.maximum(tl.min(row_first, 0), 0) // BLOCK_N * BLOCK_N
+        head = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(tl.max(row_first, 0), 0), BLOCK_N) * BLOCK_N, lo), full)
+        return lo, head
+
+    @triton.jit
     def _causal_bounds(m0, SQ, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
         """Key ranges of a query block: [0, full) needs no mask, [full, end) does."""
         if CAUSAL:
@@ -587,8 +595,7 @@ if triton is not None:
         head = 0
         row_first = row_last - WINDOW + 1
         if WINDOWED:  # from the tile of the block's first row's first key; masked up to the last row's
-            lo = tl.maximum(tl.min(row_first, 0), 0) // BLOCK_N * BLOCK_N
-            head = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(tl.max(row_first, 0), 0), BLOCK_N) * BLOCK_N, lo), full)
+            lo, head = _window_bounds(row_first, full, BLOCK_N)
         q_ptr = tl.make_block_ptr(Q + b * stride_qb + h.to(tl.int64) * stride_qh, (SQ, HEAD_DIM),
                                   (stride_qm, stride_qd), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
         k_ptr = tl.make_block_ptr(K + b * stride_kb + kvh * stride_kh, (SK, HEAD_DIM),
@@ -604,18 +611,19 @@ if triton is not None:
         tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
         tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
 
-    @triton.jit(do_not_specialize=["H", "HKV", "GROUP", "SQ", "SK"])
+    @triton.jit(do_not_specialize=["H", "HKV", "GROUP", "SQ", "SK", "WINDOW"])
     def _flash_fwd_tma_kernel(
         q_desc, k_desc, v_desc, O, LSE,
         stride_ob, stride_oh, stride_om, stride_od,
-        H, HKV, GROUP, SQ, SK, qk_scale,
+        H, HKV, GROUP, SQ, SK, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        PDL: tl.constexpr = 0,
+        PDL: tl.constexpr = 0, WINDOWED: tl.constexpr = False,
     ):
         """sm90 forward: Q/K/V tiles through TMA descriptors over the (B*H*S, D) row view.
 
         A tile that runs past its head's last key reads the next head's rows (or TMA's zero fill past
         the tensor): the mask drops those keys and their V rows are zeroed, so they cannot leak in.
+        WINDOWED: a sliding window of WINDOW keys, as the portable kernel's.
         """
         pdl_wait(PDL)
         pid_m = tl.program_id(0)
@@ -637,7 +645,16 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         full, end = _causal_bounds(m0, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
-        for start_n in range(0, full, BLOCK_N):
+        head = 0
+        row_first = row_last - WINDOW + 1
+        if WINDOWED:  # the window's first tiles masked (they lie below full: this head's own rows)
+            lo, head = _window_bounds(row_first, full, BLOCK_N)
+            for start_n in range(lo, head, BLOCK_N):
+                k = k_desc.load([kv_row + start_n, 0])
+                v = v_desc.load([kv_row + start_n, 0])
+                acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n + tl.arange(0, BLOCK_N), row_last, SK,
+                                           qk_scale, True, row_first, True)
+        for start_n in range(head, full, BLOCK_N):
             k = k_desc.load([kv_row + start_n, 0])
             v = v_desc.load([kv_row + start_n, 0])
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, start_n, row_last, SK, qk_scale, False)
@@ -646,7 +663,8 @@ if triton is not None:
             v = v_desc.load([kv_row + start_n, 0])
             offs_n = start_n + tl.arange(0, BLOCK_N)
             v = tl.where((offs_n < SK)[:, None], v, 0.0)
-            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, SK, qk_scale, True)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, SK, qk_scale, True, row_first,
+                                       WINDOWED)
         out, lse = _attn_finish(acc, l_i, m_i)
         pdl_launch(PDL)
         o_ptr = tl.make_block_ptr(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
@@ -933,7 +951,7 @@ class _FlashLaunch:
     pointers otherwise), its grid, integer arguments and options, and (``remembered``: a call of
     ``_PATHS``, whose key fixes every argument's class) the launcher slot that skips the launcher's key.
     ``config`` overrides the tile table (tuning); ``pdl``: as ``pdl.pdl_launch_args`` takes it; ``window`` (0:
-    none): a sliding window, on the portable kernel (the sm90 kernels have none)."""
+    none): a sliding window, on the TMA or the portable kernel (the Gluon kernel has none)."""
 
     __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "lse_shape", "keys")
 
@@ -954,17 +972,17 @@ class _FlashLaunch:
                 (out is None or out.is_contiguous()):
             # the warp-specialized Gluon kernel (flash_ws.py): descriptors with its layouts, then out and lse
             self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(q, k, causal, qk_scale, pdl_args)
-        elif impl == "cuda" and not window and _tma_ok(q, k, v):
+        elif impl == "cuda" and _tma_ok(q, k, v):
             # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
             self.fn = _flash_fwd_tma_kernel
             self.views = (((B * H * SQ, D), (D, 1), (block_m, D)), ((B * HKV * SK, D), (D, 1), (block_n, D)),
                           ((B * HKV * SK, D), (D, 1), (block_n, D)))
-            self.ints = o_strides + (H, HKV, H // HKV, SQ, SK, qk_scale)
+            self.ints = o_strides + (H, HKV, H // HKV, SQ, SK, qk_scale, window)
         else:
             self.fn, self.views = _flash_fwd_kernel, None
             self.ints = (*q.stride(), *k.stride(), *v.stride(), *o_strides, H, H // HKV, SQ, SK, qk_scale, window)
-            if window:
-                self.kwargs["WINDOWED"] = True
+        if window:
+            self.kwargs["WINDOWED"] = True
         self.slot = Slot(self.fn) if remembered else None
 
     def __call__(self, q, k, v, out):
@@ -1298,8 +1316,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
             forward kernel is compute-bound and launched as it always was), True, "early" or "late".
         window: None, or an int >= 1: a sliding window, each query sees only the ``window`` keys ending at its
             last visible one (Mistral's and Phi-3's ``sliding_window``: with causal, query i sees keys
-            ``i + Sk - Sq - window + 1 .. i + Sk - Sq``). Runs on the portable kernel (``impl="auto"`` takes it
-            on sm90 too; ``"cuda"`` is refused) or the reference; with grad, on the reference's torch ops.
+            ``i + Sk - Sq - window + 1 .. i + Sk - Sq``). Runs on the TMA kernel (``"cuda"``; the Gluon kernel
+            has no window), the portable one or the reference; with grad, on the reference's torch ops.
 
     Autograd: where grad mode is on and q, k or v requires grad, the call (any ``impl``) is the forward of an
     autograd node that keeps q, k, v, the output and the LSE, and whose backward is ``flash_attention_backward``
@@ -1331,20 +1349,17 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     # With grad (eager), any path runs as the forward of an autograd node whose backward is
     # flash_attention_backward; traced, the custom op has no formula, so grad takes the reference's torch ops.
     grad = not torch.compiler.is_compiling() and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if window is not None and (grad or impl == "cuda"):
-        # the backward kernel and the sm90 kernels have no window: the reference's torch ops (differentiable)
+    if window is not None and grad:
+        # the backward kernel has no window: the reference's torch ops (differentiable)
         if impl not in ("auto", "reference"):
-            raise ValueError(f"{fn}: window={window} runs on impl='triton' without grad, or on the reference's "
-                             f"torch ops (impl='auto' or 'reference'); impl={impl!r} "
-                             f"{'with an input that requires grad' if grad else 'has no window'}")
+            raise ValueError(f"{fn}: window={window} with an input that requires grad runs on the reference's torch "
+                             f"ops (impl='auto' or 'reference'); impl={impl!r} has no windowed backward")
         if out is not None:
             raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it "
                              f"under torch.no_grad()")
         got = reference_flash_attention(q, k, v, causal, scale, True, window=window)
         return got if return_lse else got[0]
     path = _fit(resolve_impl(fn, impl, q.device, **({} if grad else dict(q=q, k=k, v=v))), impl, q)
-    if window is not None and path == "cuda":
-        path = "triton"  # (auto on sm90: the portable kernel has the window)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
     _check_out_like(fn, out, q)
