@@ -27,8 +27,8 @@
 #   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes);
 #   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes);
 #   window:   sliding-window attention (window=): the attention and prefetch GPU tests with the windowed ones, the
-#             decode graphs (a windowed Mistral among them), then the decode rows, unwindowed, as a check that the
-#             kernels' new arguments cost nothing (~8 minutes).
+#             decode graphs (a windowed Mistral among them), what a window saves (window_ab.py), then the decode
+#             rows, unwindowed, as a check that the kernels' new arguments cost nothing (~5 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -133,6 +133,8 @@ window)
   step window_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
     tests/kernels/test_attention_window.py tests/kernels/test_attention.py tests/kernels/test_prefetch.py \
     tests/models/test_decode_graph.py
+  step window_ab 120 python3 benchmarks/scripts/window_ab.py
+  [ -n "$NO_ROWS" ] && exit 0  # (NO_ROWS=1: the kernels the step runs did not change)
   step bench_decode 100 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
