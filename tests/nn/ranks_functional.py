@@ -24,6 +24,11 @@ def check_each_op_has_one_process_gradients(world):
                                  lambda X: X.mean(0).expand(n, -1)),
         "broadcast": (lambda x: XF.broadcast(x, src=n - 1), lambda X: X[n - 1].expand(n, -1)),
         "broadcast group_src": (lambda x: XF.broadcast(x, group_src=0), lambda X: X[0].expand(n, -1)),
+        # reduce: the sum (mean) on the root, each other rank's own input elsewhere, every output in the loss
+        "reduce sum": (lambda x: XF.reduce(x, dst=n - 1),
+                       lambda X: torch.stack([X.sum(0) if q == n - 1 else X[q] for q in range(n)])),
+        "reduce avg group_dst": (lambda x: XF.reduce(x, op="avg", group_dst=0),
+                                 lambda X: torch.stack([X.mean(0) if q == 0 else X[q] for q in range(n)])),
     }
     for name, (op, whole) in cases.items():
         x = X[r].clone().requires_grad_()

@@ -8,6 +8,9 @@ asks for on the gradients, over the same group:
 - ``reduce_scatter`` (sum or avg): each input block's gradient is the gradient of the rank that received its
   reduction (an all-gather);
 - ``broadcast``: the root's gradient is the sum of every rank's (a reduce to the root), the others' zero;
+- ``reduce`` (sum or avg): the root's output is the reduction, the others' their own input (as ``xelink.reduce``
+  leaves it), so each rank's gradient is the root's (broadcast; avg: over the ranks) plus, off the root, its own
+  output's. (torch's broadcasts the root's alone, dropping what a non-root output used by the loss contributes.)
 - ``all_to_all_single``, ``all_to_all``: the gradients go back the way the rows came (the reverse exchange);
 - ``gather``: each rank's gradient is the root's gradient of its slot (a scatter from the root);
 - ``scatter``: the root's gradient of each slot is the gradient of the rank that received it (a gather).
@@ -25,8 +28,8 @@ import torch
 from .. import collectives as C
 from ..comm import get_group_rank, resolve_group
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_single", "broadcast", "gather", "reduce_scatter",
-           "scatter"]
+__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_single", "broadcast", "gather", "reduce",
+           "reduce_scatter", "scatter"]
 
 
 def _sum_or_avg(fn: str, op) -> str:
@@ -95,6 +98,23 @@ class _Broadcast(torch.autograd.Function):
         total = grad.clone(memory_format=torch.contiguous_format)
         C.reduce(total, group=ctx.comm, group_dst=ctx.root)
         return (total if ctx.comm.rank == ctx.root else torch.zeros_like(total)), None, None
+
+
+class _Reduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root, op, comm):
+        ctx.root, ctx.op, ctx.comm = root, op, comm
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        C.reduce(out, op=op, group=comm, group_dst=root)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone(memory_format=torch.contiguous_format)
+        C.broadcast(total, group=ctx.comm, group_src=ctx.root)  # the root's output's gradient, on every rank
+        if ctx.op == "avg":
+            total = total / ctx.comm.size
+        return (total if ctx.comm.rank == ctx.root else total + grad), None, None, None
 
 
 class _AllToAllSingle(torch.autograd.Function):
@@ -196,6 +216,14 @@ def broadcast(tensor, src: int | None = None, group=None, group_src: int | None 
     fn = "xelink.nn.functional.broadcast"
     comm = resolve_group(group, fn)
     return _Broadcast.apply(tensor, _root(fn, comm, "src", src, group_src), comm)
+
+
+def reduce(tensor, dst: int | None = None, op="sum", group=None, group_dst: int | None = None) -> torch.Tensor:
+    """The reduction of ``tensor`` over the ranks ("sum" or "avg") on the root (``dst`` a world rank or ``group_dst``
+    a rank of ``group``), this rank's ``tensor`` elsewhere, as a new tensor (the gradient: the module's)."""
+    fn = "xelink.nn.functional.reduce"
+    comm = resolve_group(group, fn)
+    return _Reduce.apply(tensor, _root(fn, comm, "dst", dst, group_dst), _sum_or_avg(fn, op), comm)
 
 
 def gather(tensor, dst: int | None = None, group=None, group_dst: int | None = None) -> tuple:
