@@ -302,6 +302,18 @@ def check_subgroups_as_torch_distributed(world):
     if first is not None:
         first.free()
     assert xelink.get_backend() == "xelink"
+    # torch's names: group.WORLD / GroupMember, all_gather_single and reduce_scatter_single (the *_tensor calls)
+    assert xelink.group.WORLD is xelink.get_world() is xelink.GroupMember.WORLD
+    assert xelink.GroupMember.NON_GROUP_MEMBER is xelink.NON_GROUP_MEMBER
+    y = torch.full((2,), float(r))
+    xelink.all_reduce(y, group=xelink.group.WORLD)
+    assert torch.equal(y, torch.full((2,), float(sum(range(n)))))
+    out = torch.empty(2 * n)
+    xelink.all_gather_single(out, torch.full((2,), float(r)))
+    assert torch.equal(out, torch.arange(n, dtype=torch.float32).repeat_interleave(2))
+    part = torch.empty(2)
+    xelink.reduce_scatter_single(part, torch.arange(2 * n, dtype=torch.float32), group=xelink.group.WORLD)
+    assert torch.equal(part, n * torch.arange(2 * r, 2 * r + 2, dtype=torch.float32))
     world.barrier()
 
 

@@ -105,7 +105,7 @@ def test_init_single_process_and_bad_arguments():
         xelink.init(ranks_per_device=0)
     with pytest.raises(ValueError, match=r"init: timeout=-5 must be a positive"):
         xelink.init(timeout=-5)
-    assert not xelink.is_initialized()
+    assert not xelink.is_initialized() and xelink.group.WORLD is None  # (torch's group.WORLD before init: None)
 
 
 def test_finalize_raises_a_gpu_wait_error_no_call_reported(monkeypatch):

@@ -47,6 +47,22 @@ class _NonGroupMember:
 NON_GROUP_MEMBER = _NonGroupMember()
 
 
+class _WorldAttribute(type):
+    @property
+    def WORLD(cls) -> "Communicator | None":  # noqa: N802 - torch's name
+        return _world
+
+
+class group(metaclass=_WorldAttribute):  # noqa: N801 - torch.distributed's name
+    """``group.WORLD``: the world communicator (None before ``xelink.init``), as torch.distributed.group.WORLD."""
+
+
+class GroupMember(metaclass=_WorldAttribute):
+    """``GroupMember.WORLD`` (as ``group.WORLD``) and ``GroupMember.NON_GROUP_MEMBER``, as torch.distributed's."""
+
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
+
+
 def get_world() -> "Communicator":
     """The world communicator; raises ``NotInitializedError`` before ``xelink.init()``."""
     if _world is None:

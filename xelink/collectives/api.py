@@ -15,7 +15,8 @@ from . import checks, compiled, cpu, dispatch, gpu, registry
 from .gpu import rooted as gpu_rooted
 from .checks import backend_of, check_op, fingerprint_check, group_of, pair, parse_op, root_of, splits
 
-__all__ = ["all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
+__all__ = ["all_reduce", "all_gather_into_tensor", "all_gather_single", "all_gather", "reduce_scatter_tensor",
+           "reduce_scatter_single", "reduce_scatter",
            "all_to_all_single", "all_to_all", "broadcast", "reduce", "gather", "scatter", "all_gather_object",
            "gather_object", "scatter_object_list", "broadcast_object_list", "barrier", "device_barrier",
            "synchronize"]
@@ -123,6 +124,20 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, comm.size * _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
     return _handle(registry.backend(backend).all_gather(comm, outs, inp, entry, async_op, timeout), tensor_list)
+
+
+def all_gather_single(output_tensor, input_tensor, group=None, async_op: bool = False, algo: str = "auto",
+                      timeout=None):
+    """torch.distributed.all_gather_single (torch 2.13's name): :func:`all_gather_into_tensor`, whose name its
+    errors carry."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op, algo, timeout)
+
+
+def reduce_scatter_single(output, input, op="sum", group=None, async_op: bool = False, algo: str = "auto",
+                          timeout=None):
+    """torch.distributed.reduce_scatter_single (torch 2.13's name): :func:`reduce_scatter_tensor`, whose name its
+    errors carry."""
+    return reduce_scatter_tensor(output, input, op, group, async_op, algo, timeout)
 
 
 def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = False, algo: str = "auto",
