@@ -13,6 +13,17 @@ def _global(shape, seed, device="cpu", dtype=torch.float64):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(device, dtype)
 
 
+def match_one_process(cases, X, W, r):
+    """Each case (name: (op on this rank's row of X, the same on all of X at once)): the input gradient of this rank's
+    loss (its output weighted by W[r]) equals one process's autograd of every rank's loss."""
+    for name, (op, whole) in cases.items():
+        x = X[r].clone().requires_grad_()
+        (op(x) * W[r]).sum().backward()
+        G = X.clone().requires_grad_()
+        (whole(G) * W).sum().backward()
+        torch.testing.assert_close(x.grad, G.grad[r], msg=name)
+
+
 def check_each_op_has_one_process_gradients(world):
     n, r = world.size, world.rank
     X = _global((n, 6), 1)  # row q: rank q's input
@@ -30,12 +41,7 @@ def check_each_op_has_one_process_gradients(world):
         "reduce avg group_dst": (lambda x: XF.reduce(x, op="avg", group_dst=0),
                                  lambda X: torch.stack([X.mean(0) if q == 0 else X[q] for q in range(n)])),
     }
-    for name, (op, whole) in cases.items():
-        x = X[r].clone().requires_grad_()
-        (op(x) * W[r]).sum().backward()
-        G = X.clone().requires_grad_()
-        (whole(G) * W).sum().backward()
-        torch.testing.assert_close(x.grad, G.grad[r], msg=name)
+    match_one_process(cases, X, W, r)
     # all_gather: rank r's slot q is rank q's tensor; loss weights per (rank, slot)
     V = _global((n, n, 3), 3)
     x = X[r, :3].clone().requires_grad_()
