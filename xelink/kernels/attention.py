@@ -1279,6 +1279,13 @@ def _(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, windo
 
 # -- public API --------------------------------------------------------------------------------
 
+def _no_out_with_grad(fn: str, out) -> None:
+    """A differentiable call refuses ``out=`` (what autograd records is the returned tensor)."""
+    if out is not None:
+        raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it under "
+                         f"torch.no_grad()")
+
+
 def _check_out_like(fn: str, out, like):
     """``out`` (if given) checked for an output shaped like ``like`` (B, H, S, D), in its dtype and on its
     device."""
@@ -1354,9 +1361,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         if impl not in ("auto", "reference"):
             raise ValueError(f"{fn}: window={window} with an input that requires grad runs on the reference's torch "
                              f"ops (impl='auto' or 'reference'); impl={impl!r} has no windowed backward")
-        if out is not None:
-            raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it "
-                             f"under torch.no_grad()")
+        _no_out_with_grad(fn, out)
         got = reference_flash_attention(q, k, v, causal, scale, True, window=window)
         return got if return_lse else got[0]
     path = _fit(resolve_impl(fn, impl, q.device, **({} if grad else dict(q=q, k=k, v=v))), impl, q)
@@ -1366,9 +1371,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     pdl = "off" if pdl is None else pdl_option(fn, pdl, path, q.device)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     if grad:
-        if out is not None:
-            raise ValueError(f"{fn}: out= is not differentiable, and an input requires grad; drop out= or call it "
-                             f"under torch.no_grad()")
+        _no_out_with_grad(fn, out)
         plan = None if path == "reference" else _FlashLaunch(q, k, v, None, causal, scale, path, pdl, None,
                                                                  grad_key is not None)
         if grad_key is not None:

@@ -40,13 +40,18 @@ def _sum_or_avg(fn: str, op) -> str:
     return name
 
 
+def _on_copy(collective, tensor, **kwargs):
+    """A contiguous copy of ``tensor`` that ``collective`` (an in-place xelink collective, with ``kwargs``) ran on."""
+    out = tensor.clone(memory_format=torch.contiguous_format)
+    collective(out, **kwargs)
+    return out
+
+
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, comm):
         ctx.op, ctx.comm = op, comm
-        out = tensor.clone(memory_format=torch.contiguous_format)
-        C.all_reduce(out, op=op, group=comm)
-        return out
+        return _on_copy(C.all_reduce, tensor, op=op, group=comm)
 
     @staticmethod
     def backward(ctx, grad):
@@ -89,14 +94,11 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root, comm):
         ctx.root, ctx.comm = root, comm
-        out = tensor.clone(memory_format=torch.contiguous_format)
-        C.broadcast(out, group=comm, group_src=root)
-        return out
+        return _on_copy(C.broadcast, tensor, group=comm, group_src=root)
 
     @staticmethod
     def backward(ctx, grad):
-        total = grad.clone(memory_format=torch.contiguous_format)
-        C.reduce(total, group=ctx.comm, group_dst=ctx.root)
+        total = _on_copy(C.reduce, grad, group=ctx.comm, group_dst=ctx.root)
         return (total if ctx.comm.rank == ctx.root else torch.zeros_like(total)), None, None
 
 
@@ -104,14 +106,11 @@ class _Reduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root, op, comm):
         ctx.root, ctx.op, ctx.comm = root, op, comm
-        out = tensor.clone(memory_format=torch.contiguous_format)
-        C.reduce(out, op=op, group=comm, group_dst=root)
-        return out
+        return _on_copy(C.reduce, tensor, op=op, group=comm, group_dst=root)
 
     @staticmethod
     def backward(ctx, grad):
-        total = grad.clone(memory_format=torch.contiguous_format)
-        C.broadcast(total, group=ctx.comm, group_src=ctx.root)  # the root's output's gradient, on every rank
+        total = _on_copy(C.broadcast, grad, group=ctx.comm, group_src=ctx.root)  # the root's gradient, everywhere
         if ctx.op == "avg":
             total = total / ctx.comm.size
         return (total if ctx.comm.rank == ctx.root else total + grad), None, None, None
