@@ -4,9 +4,10 @@
 
 Decode (``decode_attention``, B = 1, 32 / 8 heads of 128, bf16, one token): a 32K cache with a 4096-key window
 against the same cache without one and against a 4K cache (the floor the window should reach); 8 layers' caches
-replayed in one CUDA graph (more than L2), us a call. Prefill (``flash_attention``, causal, S = 8192 / 16384, the
-portable kernel and ``impl="cuda"``: the TMA kernel with a window, the Gluon one without): a 4096-key window against
-full causal attention, ms a call. Outputs checked
+replayed in one CUDA graph (more than L2), us a call. The fused decode step (``rope_decode_attention``) at position
+32767 over a 32K cache with the window against a ring of 4096 rows (``ring=True``: the model's windowed caches).
+Prefill (``flash_attention``, causal, S = 8192 / 16384, the portable kernel and ``impl="cuda"``: the TMA kernel with
+a window, the Gluon one without): a 4096-key window against full causal attention, ms a call. Outputs checked
 against the references first. (a GPU script: CUDA, NVIDIA's Triton.)
 """
 import statistics
@@ -54,6 +55,26 @@ def decode_rows(gen):
     return rows
 
 
+def ring_rows(gen):
+    """The fused decode step (``rope_decode_attention``) of a 4096-key window at position 32767: over a 32K cache
+    with ``window=4096``, and over a ring of 4096 rows (``ring=True``: the model's cache of a windowed layer)."""
+    q, kn, vn = (torch.randn(1, h, 1, 128, device="cuda", generator=gen).bfloat16() for h in (32, 8, 8))
+    cos, sin = (torch.randn(32768, 128, device="cuda", generator=gen) for _ in range(2))
+    lens = torch.tensor([32768], device="cuda")
+    rows = {}
+    for name, smax, kw in (("32K cache, window 4096", 32768, dict(window=4096)),
+                           ("ring of 4096 rows", 4096, dict(ring=True))):
+        caches = [tuple(torch.randn(1, 8, smax, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
+                  for _ in range(LAYERS)]
+        k, v = caches[0]
+        got = A.rope_decode_attention(q, kn, vn, cos, sin, k.clone(), v.clone(), lens, **kw)
+        want = A.reference_rope_decode_attention(q, kn, vn, cos, sin, k.clone(), v.clone(), lens, **kw)
+        err = float((got.float() - want.float()).norm() / want.float().norm())
+        g = _graph([lambda k=k, v=v: A.rope_decode_attention(q, kn, vn, cos, sin, k, v, lens, **kw) for k, v in caches])
+        rows[name] = (_time(g.replay) / LAYERS * 1e6, err, 2 * caches[0][0].nbytes)
+    return rows
+
+
 def prefill_rows(gen):
     rows = {}
     for S in (8192, 16384):
@@ -73,6 +94,9 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(1)
     for name, (us, err) in decode_rows(gen).items():
         print(f"decode B=1 32/8 heads, {name}: {us:.2f} us a call (rel err vs reference {err:.1e})", flush=True)
+    for name, (us, err, nbytes) in ring_rows(gen).items():
+        print(f"rope decode B=1 32/8 heads, {name} ({nbytes / 2 ** 20:.0f} MiB a layer): {us:.2f} us a call "
+              f"(rel err vs reference {err:.1e})", flush=True)
     for name, (ms, err) in prefill_rows(gen).items():
         print(f"prefill causal, {name}: {ms:.3f} ms (rel err of the last 256 rows {err:.1e})",
               flush=True)

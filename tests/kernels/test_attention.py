@@ -751,16 +751,19 @@ def test_rope_decode_bad_inputs():
     assert torch.isfinite(kc).all() and torch.isfinite(vc).all()  # nothing ran
 
 
-def _rope_decode_compiled(device, dtype, impl):
+def _rope_decode_compiled(device, dtype, impl, ring=False):
     """rope_decode_attention under torch.compile(fullgraph=True) (its custom op, the caches marked as written)
-    twice as lengths grow, against eager calls on copies of the caches: outputs and caches bit for bit."""
+    twice as lengths grow, against eager calls on copies of the caches: outputs and caches bit for bit (``ring``:
+    ring caches of 64 rows, the lengths past them)."""
     gen = torch.Generator().manual_seed(13)
     q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 8, 2, 300, 64, dtype, device, gen)
+    if ring:
+        kc, vc = kc[:, :, :64].clone(), vc[:, :, :64].clone()
     kc2, vc2 = kc.clone(), vc.clone()
 
     def step(q, k, v, kc, vc, lens, out):
-        A.rope_decode_attention(q, k, v, cos, sin, kc, vc, lens, impl=impl, out=out)
-        return A.rope_decode_attention(q * 2, k, v, cos, sin, kc, vc, lens + 1, impl=impl) + out
+        A.rope_decode_attention(q, k, v, cos, sin, kc, vc, lens, impl=impl, out=out, ring=ring)
+        return A.rope_decode_attention(q * 2, k, v, cos, sin, kc, vc, lens + 1, impl=impl, ring=ring) + out
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     for lens in ([5, 200], [6, 201]):
@@ -777,21 +780,29 @@ def test_rope_decode_custom_op():
     q, k, v, cos, sin, kc, vc = _rope_decode_inputs(2, 8, 2, 40, 64, torch.float32, "cpu", gen)
     lens = torch.tensor([7, 40])
     torch.library.opcheck(torch.ops.xelink.rope_decode_attention.default,
-                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64), 0))
+                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64), 0,
+                           False))
     torch.library.opcheck(torch.ops.xelink.rope_decode_attention.default,  # a sliding window of 5 keys
-                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64), 5))
+                          (q, k, v, cos, sin, kc, vc, lens, 0.125, "reference", "off", torch.empty(2, 8, 1, 64), 5,
+                           False))
+    torch.library.opcheck(torch.ops.xelink.rope_decode_attention.default,  # ring caches of 16 rows
+                          (q, k, v, cos, sin, kc[:, :, :16], vc[:, :, :16], lens, 0.125, "reference", "off",
+                           torch.empty(2, 8, 1, 64), 0, True))
     _rope_decode_compiled("cpu", torch.float32, "reference")
+    _rope_decode_compiled("cpu", torch.float32, "reference", ring=True)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 def test_rope_decode_compiled_interpreter():
     _rope_decode_compiled("cpu", torch.float16, "triton")
+    _rope_decode_compiled("cpu", torch.float16, "triton", ring=True)
 
 
 @pytest.mark.gpu
 def test_rope_decode_compiled_gpu(requires_gpus):
     requires_gpus(1)
     _rope_decode_compiled("cuda", torch.bfloat16, "triton")
+    _rope_decode_compiled("cuda", torch.bfloat16, "triton", ring=True)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")

@@ -128,6 +128,11 @@ def _poisoned_caches(b, hq, hkv, sq, smax, d, dtype, device, gen, lens, back):
     return q, kc, vc
 
 
+def _rope_tables(n, d, device):
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)[None, :]
+    return (torch.cat([f(ang)] * 2, dim=1).float().to(device) for f in (torch.cos, torch.sin))
+
+
 def _check_decode(device, d, dtype, cases, seed):
     gen = torch.Generator().manual_seed(seed)
     for b, hq, hkv, sq, smax, lens, splits, causal, window in cases:
@@ -151,8 +156,7 @@ def _check_rope_decode(device, d, dtype, seed):
     lens = [300, 20, 130]
     qkv = torch.randn(b, hq + 2 * hkv, 1, d, generator=gen).to(device=device, dtype=dtype)
     q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
-    ang = torch.arange(smax, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)[None, :]
-    cos, sin = (torch.cat([f(ang)] * 2, dim=1).float().to(device) for f in (torch.cos, torch.sin))
+    cos, sin = _rope_tables(smax, d, device)
     _, kc, vc = _poisoned_caches(b, hq, hkv, 1, smax, d, dtype, device, gen, lens, window)
     kv_lens = torch.tensor(lens, device=device)
     clean = kc.nan_to_num(), vc.nan_to_num()
@@ -162,6 +166,75 @@ def _check_rope_decode(device, d, dtype, seed):
     assert _rel(out, ref) < TOL[dtype], _rel(out, ref)
     for i, n in enumerate(lens):  # the new row written where the reference wrote it
         assert torch.equal(vc[i, :, n - 1], clean[1][i, :, n - 1])
+
+
+def _ring_case(b, hq, hkv, d, ring_rows, lens, dtype, device, gen):
+    """One decode step of sequences of ``lens`` tokens (the new one included) over a full cache and over a ring of
+    ``ring_rows`` rows holding each sequence's latest positions (position p at row p % ring_rows; rows not in use
+    NaN): (q, k, v, cos, sin, full caches, ring caches, kv_lens)."""
+    qkv = torch.randn(b, hq + 2 * hkv, 1, d, generator=gen).to(device=device, dtype=dtype)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    cos, sin = _rope_tables(max(lens), d, device)
+    full = tuple(torch.randn(b, hkv, max(lens), d, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    ring = tuple(torch.full((b, hkv, ring_rows, d), float("nan"), dtype=dtype, device=device) for _ in range(2))
+    for i, n in enumerate(lens):
+        for p in range(max(n - 1 - ring_rows, 0), n - 1):  # the latest cached positions before the new token's
+            for f, r in zip(full, ring):
+                r[i, :, p % ring_rows] = f[i, :, p]
+    return q, k, v, cos, sin, full, ring, torch.tensor(lens, device=device)
+
+
+RING_LENS = [[1, 9, 16, 17], [40, 5, 33, 64]]  # with 16 ring rows: empty, partly filled, full, wrapped (twice)
+
+
+def test_ring_reference_is_the_window_over_a_full_cache():
+    # A ring of W rows holding the latest positions (in ring order) gives the window of W over the whole cache.
+    gen = torch.Generator().manual_seed(11)
+    for lens in RING_LENS:
+        q, k, v, cos, sin, full, ring, kv_lens = _ring_case(4, 4, 2, 16, 16, lens, torch.float64, "cpu", gen)
+        want = A.reference_rope_decode_attention(q, k, v, cos, sin, *full, kv_lens, window=16)
+        got = A.reference_rope_decode_attention(q, k, v, cos, sin, *ring, kv_lens, ring=True)
+        assert _rel(got, want) < 1e-12, lens
+        for i, n in enumerate(lens):  # the new key and value written at the position's ring row
+            assert torch.equal(ring[0][i, :, (n - 1) % 16], full[0][i, :, n - 1])
+            assert torch.equal(ring[1][i, :, (n - 1) % 16], full[1][i, :, n - 1])
+    # a ring at least as long as the sequences is the plain cache
+    q, k, v, cos, sin, full, ring, kv_lens = _ring_case(2, 4, 2, 16, 64, [30, 64], torch.float64, "cpu", gen)
+    assert torch.equal(A.reference_rope_decode_attention(q, k, v, cos, sin, *ring, kv_lens, ring=True),
+                       A.reference_rope_decode_attention(q, k, v, cos, sin, *full, kv_lens))
+
+
+def test_bad_ring():
+    q, k, v, cos, sin, full, ring, kv_lens = _ring_case(1, 2, 1, 16, 8, [5], torch.float32, "cpu",
+                                                        torch.Generator().manual_seed(0))
+    for fn in (A.rope_decode_attention, A.reference_rope_decode_attention):
+        with pytest.raises(TypeError, match="ring=1 must be a bool"):
+            fn(q, k, v, cos, sin, *ring, kv_lens, ring=1)
+        with pytest.raises(ValueError, match="window=4 with ring=True"):
+            fn(q, k, v, cos, sin, *ring, kv_lens, ring=True, window=4)
+
+
+def _check_rope_ring(device, d, dtype, seed, hq=8, hkv=2, ring_rows=16, lens_list=RING_LENS):
+    # The fused decode step over ring caches against the ring reference: the output, no row out of use read (NaN
+    # there), the caches after the call (the new value at p % rows, the new key within one rounding: FMAs, every
+    # other row untouched); eager and then remembered (a second call of the same geometry).
+    gen = torch.Generator().manual_seed(seed)
+    for lens in lens_list:
+        q, k, v, cos, sin, _, ring, kv_lens = _ring_case(len(lens), hq, hkv, d, ring_rows, lens, dtype, device, gen)
+        ref_caches = tuple(c.clone() for c in ring)
+        want = A.reference_rope_decode_attention(q, k, v, cos, sin, *ref_caches, kv_lens, ring=True)
+        rows = [(n - 1) % ring_rows for n in lens]
+        for _ in range(2):
+            caches = tuple(c.clone() for c in ring)
+            out = A.rope_decode_attention(q, k, v, cos, sin, *caches, kv_lens, impl="triton", ring=True)
+            assert not torch.isnan(out).any(), (lens, "a ring row out of use was read")
+            assert _rel(out, want) < TOL[dtype], (lens, _rel(out, want))
+            assert torch.equal(caches[1].nan_to_num(7.0), ref_caches[1].nan_to_num(7.0)), lens
+            got_k, want_k = caches[0].clone(), ref_caches[0].clone()
+            for i, row in enumerate(rows):
+                assert torch.allclose(got_k[i, :, row].float(), want_k[i, :, row].float(), rtol=2 ** -7, atol=0)
+                got_k[i, :, row] = want_k[i, :, row] = 0.0
+            assert torch.equal(got_k.nan_to_num(7.0), want_k.nan_to_num(7.0)), lens
 
 
 FLASH_CASES = [(1, 4, 2, 200, 200, True, 64), (2, 2, 1, 77, 300, True, 50), (1, 2, 2, 130, 130, False, 33),
@@ -178,6 +251,7 @@ def test_kernels_interpreter():
     _check_flash("cpu", 64, torch.float16, FLASH_CASES, 1)
     _check_decode("cpu", 64, torch.float16, DECODE_CASES, 2)
     _check_rope_decode("cpu", 64, torch.float16, 3)
+    _check_rope_ring("cpu", 64, torch.float16, 4)
 
 
 @pytest.mark.gpu
@@ -193,6 +267,8 @@ def test_kernels_gpu(requires_gpus, d, dtype):
     _check_decode("cuda", d, dtype, DECODE_CASES + [(1, 32, 8, 1, 32768, [32768], None, True, 4096),
                                                     (2, 32, 8, 1, 9000, [9000, 3000], None, True, 4096)], d + 1)
     _check_rope_decode("cuda", d, dtype, d + 2)
+    _check_rope_ring("cuda", d, dtype, d + 3)
+    _check_rope_ring("cuda", d, dtype, d + 4, 32, 8, 4096, [[70000, 4096, 100, 8193]])  # Mistral's, splits of a ring
 
 
 @pytest.mark.gpu

@@ -596,3 +596,31 @@ def test_sliding_window_matches_transformers(tmp_path, kind, extra, windows):
                                                                        "use_sliding_window": False}),
                                  dtype=torch.float32, max_seq_len=48)
     assert (full(ids[:1], 0)[0, -1] - got[0, -1]).abs().max().item() > 100 * TOL
+
+
+def test_ring_cache_holds_the_window_only(tmp_path):
+    """A sliding-window layer shorter than max_seq_len caches its window's rows only (a ring, as transformers'
+    sliding-window caches), a full layer every position; a left-padded first chunk, ragged later chunks (one of them
+    past the window) and ragged decode steps give the logits of the same calls on the same model whose caches keep
+    every position (the window then masks: the path checked against transformers above)."""
+    from xelink.models import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(dict(CONFIGS["tiny"].to_hf(), model_type="qwen3", use_sliding_window=True,
+                                   sliding_window=5, layer_types=["sliding_attention", "full_attention"]))
+    path = save_random_llama(tmp_path / "q3", cfg, dtype=torch.float32, seed=4)
+    ring = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=40, max_batch=2)
+    assert [(c.ring, c.k.shape[2], c.v.shape[2]) for c in ring.caches] == [(True, 5, 5), (False, 40, 40)]
+    plain = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=40, max_batch=2)
+    for c in plain.caches:  # the same model keeping every position
+        c.ring = False
+        c.k, c.v = (torch.zeros(2, c.k.shape[1], 40, c.k.shape[3]) for _ in range(2))
+    ids = torch.randint(1, cfg.vocab_size, (2, 26), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :4] = 0  # sequence 1: 3 real tokens, then 4 behind sequence 0 throughout
+    calls = [(ids[:, :7], 0, mask), (ids[:, 7:13], [7, 3], None), (ids[:, 13:15], [13, 9], None)]
+    calls += [(ids[:, t:t + 1], [t, t - 4], None) for t in range(15, 26)]  # decode steps, positions past the window
+    for chunk, start, m in calls:
+        got, want = ring(chunk, start, m), plain(chunk, start, m)
+        real = slice(4, None) if m is not None else slice(None)
+        assert (got[0] - want[0]).abs().max().item() < TOL, start
+        assert (got[1, real] - want[1, real]).abs().max().item() < TOL, start

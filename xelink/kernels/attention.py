@@ -44,7 +44,7 @@ from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, che
                      check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count, tl,
                      triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
-from .norm import check_rope_kv, reference_rope_kv
+from .norm import check_rope_kv, rope_kv_rows
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2, sm90_kernel
 from .flash_ws import ws_applies, ws_plan
 from .split import SCRATCH, last_split
@@ -452,11 +452,24 @@ def reference_decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale
     return (out, lse) if return_lse else out
 
 
-def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, *, window=None):
+def _check_ring(fn: str, ring, window) -> None:
+    if not isinstance(ring, bool):
+        raise TypeError(f"{fn}: ring={ring!r} must be a bool")
+    if ring and window is not None:
+        raise ValueError(f"{fn}: window={window!r} with ring=True: a ring cache's rows are the window (its Smax "
+                         f"latest positions); pass window=None")
+
+
+def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, *, window=None,
+                                    ring=False):
     """Pure-torch twin of ``rope_decode_attention``: ``reference_rope_kv`` at ``kv_lens - 1`` (the caches
-    written), then ``reference_decode_attention`` of the rotated q."""
-    _check_flags("reference_rope_decode_attention", False, scale, False, window)
-    qr = reference_rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)
+    written; ``ring``: at row ``(kv_lens - 1) % Smax``), then ``reference_decode_attention`` of the rotated q
+    (over the ``min(kv_lens, Smax)`` rows in use)."""
+    fn = "reference_rope_decode_attention"
+    _check_flags(fn, False, scale, False, window)
+    _check_ring(fn, ring, window)
+    pos = kv_lens - 1
+    qr = rope_kv_rows(q, k, v, cos, sin, pos, pos % k_cache.shape[2] if ring else pos, k_cache, v_cache)
     return reference_decode_attention(qr, k_cache, v_cache, kv_lens, scale=scale, window=window)
 
 
@@ -749,13 +762,14 @@ if triton is not None:
         return (x1f * c1 - x2f * s1).to(x1.dtype), (x2f * c2 + x1f * s2).to(x1.dtype)
 
     @triton.jit
-    def _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, pos, lo, hi,
+    def _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, pos, row, lo, hi,
                         stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
                         HEAD_DIM: tl.constexpr):
         """rope_kv inside the decode kernel: q's rows rotated at position ``pos`` (returned, [rows, HEAD_DIM]);
-        the split that holds key ``pos`` also rotates the new key and writes it and the new value into cache
-        row ``pos``, then orders its block after those stores before any thread reads the cache."""
+        the split that holds cache row ``row`` (``pos``, or a ring cache's ``pos % SMAX``) also rotates the new
+        key and writes it and the new value there, then orders its block after those stores before any thread
+        reads the cache."""
         HALF: tl.constexpr = HEAD_DIM // 2
         offs_h = tl.arange(0, HALF)
         p = tl.maximum(pos, 0).to(tl.int64)
@@ -767,15 +781,16 @@ if triton is not None:
         x1 = tl.load(q_row + offs_h[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
         x2 = tl.load(q_row + (HALF + offs_h)[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
         q1, q2 = _rotate_halves(x1, x2, c1[None, :], c2[None, :], s1[None, :], s2[None, :])
-        if (pos >= lo) & (pos < hi):
+        if (row >= lo) & (row < hi):
             kn = KN + b.to(tl.int64) * stride_nkb + kvh.to(tl.int64) * stride_nkh
             k1, k2 = _rotate_halves(tl.load(kn + offs_h), tl.load(kn + HALF + offs_h), c1, c2, s1, s2)
-            k_row = k_base + p * stride_kn
+            r = row.to(tl.int64)  # (>= lo >= 0)
+            k_row = k_base + r * stride_kn
             tl.store(k_row + offs_h * stride_kd, k1)
             tl.store(k_row + (HALF + offs_h) * stride_kd, k2)
             offs_d = tl.arange(0, HEAD_DIM)
             vn = tl.load(VN + b.to(tl.int64) * stride_nvb + kvh.to(tl.int64) * stride_nvh + offs_d)
-            tl.store(v_base + p * stride_vn + offs_d * stride_vd, vn)
+            tl.store(v_base + r * stride_vn + offs_d * stride_vd, vn)
             tl.debug_barrier()  # the block's later cache reads (other threads) see the new row
         # [rows, HALF] x 2 -> [rows, HEAD_DIM]: element (r, j * HALF + i) from half j
         return tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (q1.shape[0], HEAD_DIM))
@@ -793,6 +808,7 @@ if triton is not None:
         MERGE_ROWS: tl.constexpr, UNROLL: tl.constexpr, MIN_CHUNK: tl.constexpr, PDL: tl.constexpr,
         PREFETCH: tl.constexpr = 0, PIECES: tl.constexpr = 1, LIMIT: tl.constexpr = 0, ROPE: tl.constexpr = False,
         NEXT_PIECES: tl.constexpr = 0, NEXT_MIN_KEYS: tl.constexpr = 0, WINDOWED: tl.constexpr = False,
+        RING: tl.constexpr = False,
     ):
         """One KV split of one (batch, KV head) for all its q heads x query tokens, packed as rows.
 
@@ -813,6 +829,11 @@ if triton is not None:
 
         ``WINDOWED``: each row sees the WINDOW keys ending at its last visible one (a sliding window); the splits
         share the keys from ``kv_len - BACK`` (BACK = WINDOW, plus SQ - 1 when causal).
+
+        ``RING`` (with ``ROPE``): the caches are rings of SMAX rows. A sequence of kv_lens[b] tokens holds its
+        latest min(kv_lens[b], SMAX) positions, position p at row p % SMAX (keys stored rotated, so their order
+        does not matter to the softmax): the new token (position kv_lens[b] - 1) is written at its row and
+        attends to every row in use.
 
         ``NEXT_PIECES`` > 0: once their keys are read, the programs of a sequence of at least NEXT_MIN_KEYS keys
         ask L2 for their share of the NEXT_BYTES bytes at NXT (the next kernel's weight: HBM is idle while the
@@ -844,7 +865,12 @@ if triton is not None:
         # (Asking L2 for the first key and value tiles here, ahead of the RoPE's loads, made the Llama-3.1-8B step
         # 0.3-2% slower on an H100: benchmarks/results/h100-rows/early_keys_ab.log.)
         if ROPE:
-            q = _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, kv_len - 1, lo, hi,
+            pos = kv_len - 1
+            row = pos
+            if RING:  # the position itself, unclamped (kv_len is the rows in use)
+                pos = tl.load(KV_LENS + b).to(tl.int32) - 1
+                row = pos % SMAX
+            q = _rope_new_token(Q, KN, VN, COS, SIN, k_base, v_base, b, kvh, h, t, row_ok, pos, row, lo, hi,
                                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                                 stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin, HEAD_DIM)
         else:
@@ -1069,7 +1095,8 @@ class _DecodeLaunch:
     __slots__ = ("grid", "ints", "kwargs", "parts", "lse_at", "out_lse_at", "out_shape", "tiles", "slot")
 
     def __init__(self, q, k_cache, v_cache, out, causal: bool, scale: float, num_splits: int, config, pdl: str,
-                 remembered: bool, keep_lse: bool = True, rope=None, next_bytes: int = 0, window: int = 0):
+                 remembered: bool, keep_lse: bool = True, rope=None, next_bytes: int = 0, window: int = 0,
+                 ring: bool = False):
         B, HQ, SQ, D = q.shape
         HKV, SMAX = k_cache.shape[1], k_cache.shape[2]
         block_n, num_warps, num_stages = config or _DECODE_CONFIGS[D]
@@ -1113,6 +1140,8 @@ class _DecodeLaunch:
                            num_stages=num_stages, **pdl_launch_args(pdl, programs, q.device))
         if window:
             self.kwargs["WINDOWED"] = True
+        if ring:
+            self.kwargs["RING"] = True
         if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
             # the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
@@ -1185,19 +1214,21 @@ def _decode_run(q, k_cache, v_cache, kv_lens, causal: bool, scale: float, num_sp
 
 
 def _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale: float, impl: str, pdl: str, out=None,
-                     plan=None, prefetch=None, window: int = 0):
+                     plan=None, prefetch=None, window: int = 0, ring: bool = False):
     """rope_decode_attention's call; ``plan``: the remembered path's :class:`_DecodeLaunch`; ``prefetch``: the
-    checked hint (None where it does not apply); ``window``: 0 (none) or the sliding window's keys."""
+    checked hint (None where it does not apply); ``window``: 0 (none) or the sliding window's keys; ``ring``: the
+    caches are rings."""
     if out is not None:
         check_no_overlap("rope_decode_attention", out, q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
                          kv_lens=kv_lens)
     if impl == "reference":
-        o = reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, window=window or None)
+        o = reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, window=window or None,
+                                            ring=ring)
         return o if out is None else out.copy_(o)
     rope = (k, v, cos, sin)
     if plan is None:
         plan = _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, False, False, rope,
-                             _next_bytes(prefetch), window)
+                             _next_bytes(prefetch), window, ring)
     return plan(q, k_cache, v_cache, kv_lens, out, rope, prefetch)[0]
 
 
@@ -1267,13 +1298,13 @@ def _(outs, lses, impl, pdl, out):
 @torch.library.custom_op("xelink::rope_decode_attention", mutates_args=("k_cache", "v_cache", "out"),
                          schema="(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
                                 "Tensor(b!) v_cache, Tensor kv_lens, float scale, str impl, str pdl, Tensor(c!) out, "
-                                "int window) -> ()")
-def _rope_decode_attention_op(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window):
-    _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window=window)
+                                "int window, bool ring) -> ()")
+def _rope_decode_attention_op(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window, ring):
+    _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window=window, ring=ring)
 
 
 @_rope_decode_attention_op.register_fake
-def _(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window):
+def _(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, impl, pdl, out, window, ring):
     return None
 
 
@@ -1559,7 +1590,7 @@ def decode_attention(q, k_cache, v_cache, kv_lens, causal=False, scale=None, ret
 
 
 def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=None, impl="auto", pdl=None, *,
-                          out=None, prefetch=None, window=None):
+                          out=None, prefetch=None, window=None, ring=False):
     """One decode step's attention with the new token's RoPE and KV-cache write in the same launch:
     ``rope_kv(q, k, v, cos, sin, kv_lens - 1, k_cache, v_cache)`` then ``decode_attention`` of the rotated q.
 
@@ -1573,8 +1604,8 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
             such as a fused QKV projection's columns are fine: unit stride along D).
         cos, sin: (max_positions, D) float tables, unit stride along D.
         k_cache, v_cache: (B, Hkv, Smax, D) in q's dtype, unit stride along D.
-        kv_lens: (B,) int32/int64 on q's device, each in [1, min(Smax, max_positions)] (not checked: that
-            would synchronize).
+        kv_lens: (B,) int32/int64 on q's device, each in [1, min(Smax, max_positions)] (``ring``: [1,
+            max_positions]) (not checked: that would synchronize).
         scale: softmax scale, > 0; default 1/sqrt(D).
         impl: "auto", "triton" or "reference" (as ``decode_attention``).
         pdl: as ``decode_attention``, but None is off: placed early behind the QKV GEMV that precedes it in a
@@ -1589,6 +1620,10 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
             only (the bulk prefetch), ignored elsewhere and where traced.
         window: None, or an int >= 1: a sliding window (as ``decode_attention``'s): the new token sees rows
             ``p - window + 1 .. p``.
+        ring: the caches are rings holding each sequence's latest ``Smax`` positions (a sliding-window layer's
+            cache of ``window`` rows, whatever the context): position ``p`` sits at row ``p % Smax``; the new
+            token is written at row ``p % Smax`` and sees the ``min(p + 1, Smax)`` rows in use (keys are stored
+            rotated, so their order in the ring does not matter). ``window`` must then be None.
 
     Returns:
         ``out`` (a new tensor unless given) in q's dtype.
@@ -1596,14 +1631,15 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     Raises:
         TypeError / ValueError: before anything runs, naming the bad argument.
     """
-    key = path_key(("rope_decode", impl, pdl, scale, window), (q, k, v, cos, sin, k_cache, v_cache, kv_lens),
+    key = path_key(("rope_decode", impl, pdl, scale, window, ring), (q, k, v, cos, sin, k_cache, v_cache, kv_lens),
                    (out, prefetch))
     hit = _PATHS.get(key) if key is not None else None
     if hit is not None:
         return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, hit[2], hit[0], hit[1], out, hit[3],
-                                prefetch if hit[4] else None, window or 0)
+                                prefetch if hit[4] else None, window or 0, ring)
     fn = "rope_decode_attention"
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
+    _check_ring(fn, ring, window)
     path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
                                        False if pdl is None else pdl, out, window, k=k, v=v, cos=cos, sin=sin)
     window = window or 0
@@ -1613,11 +1649,12 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
                               _DecodeLaunch(q, k_cache, v_cache, out, False, scale, 0, None, pdl, True, False,
-                                            (k, v, cos, sin), _next_bytes(prefetch), window), prefetch is not None))
+                                            (k, v, cos, sin), _next_bytes(prefetch), window, ring),
+                              prefetch is not None))
     if torch.compiler.is_compiling():  # traced: the custom op writes out and the caches (no prefetch hint)
         out = _traced_out(out, q)
         torch.ops.xelink.rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out,
-                                               window)
+                                               window, ring)
         return out
     return _rope_decode_run(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale, path, pdl, out, prefetch=prefetch,
-                            window=window)
+                            window=window, ring=ring)

@@ -69,11 +69,17 @@ def reference_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
 def reference_rope_kv(q, k, v, cos, sin, positions, k_cache, v_cache):
     """Twin of ``rope_kv``: RoPE of one token's q and k at ``positions`` (rows of the ``cos``/``sin`` tables),
     k and v written into the caches there; returns the rotated q."""
+    return rope_kv_rows(q, k, v, cos, sin, positions, positions, k_cache, v_cache)
+
+
+def rope_kv_rows(q, k, v, cos, sin, positions, rows, k_cache, v_cache):
+    """``reference_rope_kv`` writing sequence b's k and v at cache row ``rows[b]`` instead of its position (a ring
+    cache: ``rope_decode_attention(ring=True)``'s reference)."""
     c, s = cos[positions][:, None, None], sin[positions][:, None, None]  # (B, 1, 1, D)
     qr, kr = reference_rope(q, k, c, s)
-    rows = torch.arange(q.shape[0], device=q.device)
-    k_cache[rows, :, positions] = kr[:, :, 0]
-    v_cache[rows, :, positions] = v[:, :, 0]
+    batch = torch.arange(q.shape[0], device=q.device)
+    k_cache[batch, :, rows] = kr[:, :, 0]
+    v_cache[batch, :, rows] = v[:, :, 0]
     return qr
 
 

@@ -121,11 +121,12 @@ class Ops:
         return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl, window=window)
 
     def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens, prefetch=None,
-                              window: int | None = None):
+                              window: int | None = None, ring: bool = False):
         if self.ref:
-            return reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, window=window)
+            return reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, window=window,
+                                                   ring=ring)
         return rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, impl=self.kimpl, prefetch=prefetch,
-                                     window=window)
+                                     window=window, ring=ring)
 
 
 class KVCache:
@@ -134,16 +135,20 @@ class KVCache:
     ``k, v``: ``(batch, kv_heads, max_seq_len, head_dim)``. Sequence b's real tokens sit at positions
     ``0 .. len[b] - 1`` (no padding inside). This object is the model's one attention call site: a
     context-parallel cache (each CP rank holding a shard of the positions) replaces it with the same
-    ``attend``. ``window``: the layer's sliding window (a query sees its last ``window`` positions), or None; the
-    cache keeps every position all the same.
+    ``attend``. ``window``: the layer's sliding window (a query sees its last ``window`` positions), or None.
+
+    A sliding-window layer whose window is shorter than ``max_seq_len`` keeps only what its queries can still see
+    (``ring``, as transformers' sliding-window caches): ``window`` rows, position p at row ``p % window`` (keys are
+    stored rotated, so their order does not matter to attention), whatever the context.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
                  window: int | None = None):
-        shape = (batch, kv_heads, max_seq_len, head_dim)
+        self.window = window
+        self.ring = window is not None and window < max_seq_len
+        shape = (batch, kv_heads, window if self.ring else max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.window = window
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
@@ -153,7 +158,8 @@ class KVCache:
         synchronization (a CUDA graph can hold it). q: ``(B, Hq, 1, D)``; k, v: ``(B, Hkv, 1, D)``; ``prefetch``:
         what the kernel asks L2 for (the next GEMV's weight), or None."""
         B = q.shape[0]
-        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, prefetch, self.window)
+        return ops.rope_decode_attention(q, k, v, cos, sin, self.k[:B], self.v[:B], kv_lens, prefetch,
+                                         None if self.ring else self.window, self.ring)
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """Write this chunk's keys and values, then attend.
@@ -167,6 +173,8 @@ class KVCache:
         Returns:
             ``(B, Hq, S, D)``: attention of each real token over its sequence's cache (causal); pads give 0.
         """
+        if self.ring:
+            return self._attend_ring(q, k, v, starts, pads, ops)
         B, _, S, _ = q.shape
         for b in range(B):
             n = S - pads[b]
@@ -181,6 +189,28 @@ class KVCache:
             if p < S:
                 out[b:b + 1, :, p:] = ops.attention(q[b:b + 1, :, p:], self.k[b:b + 1, :, :end],
                                                     self.v[b:b + 1, :, :end], causal=True, window=self.window)
+        return out
+
+    def _attend_ring(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
+        """``attend`` on a ring: each sequence's chunk attends to the cached positions its first query still sees
+        (read out of the ring in position order) followed by its own keys; then its latest ``window`` keys are
+        written at their rows. Sequences of one start without pads go together."""
+        B, _, S, _ = q.shape
+        W = self.window
+        if not any(pads) and len(set(starts)) == 1:
+            groups = [(slice(0, B), starts[0], 0)]
+        else:
+            groups = [(slice(b, b + 1), starts[b], pads[b]) for b in range(B) if pads[b] < S]
+        out = q.new_zeros(q.shape)
+        for rows, start, pad in groups:
+            seen = torch.arange(start - min(start, W - 1), start, device=self.k.device) % W
+            keys = torch.cat([self.k[rows][:, :, seen], k[rows, :, pad:]], dim=2)
+            values = torch.cat([self.v[rows][:, :, seen], v[rows, :, pad:]], dim=2)
+            out[rows, :, pad:] = ops.attention(q[rows, :, pad:], keys, values, causal=True, window=W)
+            keep = min(S - pad, W)
+            at = torch.arange(start + S - pad - keep, start + S - pad, device=self.k.device) % W
+            self.k[rows, :, at] = k[rows, :, S - keep:]
+            self.v[rows, :, at] = v[rows, :, S - keep:]
         return out
 
 
@@ -292,8 +322,8 @@ class Llama:
                 ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
             max_batch: sequences the cache holds.
             max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192). A
-                sliding window (``config.sliding_window``) is attended within on its layers; the cache keeps
-                every position.
+                sliding window (``config.sliding_window``) is attended within on its layers, whose caches keep
+                their window's rows only where it is shorter (``KVCache``'s ring).
             impl: ``"auto"``, ``"xelink"`` (xelink's kernels and, on CUDA, xelink's collective algorithms
                 forced: an error where they cannot run) or ``"reference"`` (pure torch).
             device: where the model runs; default the TP group's device, else the CP group's, else the world's
