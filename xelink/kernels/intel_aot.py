@@ -139,9 +139,9 @@ def _flash_delta(d=128):
     return args
 
 
-def _decode(d=128, dtype="bfloat16", rope=False, window=0):
+def _decode(d=128, dtype="bfloat16", rope=False, window=0, ring=False):
     def args():
-        B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 32768
+        B, HQ, HKV, SQ, SMAX = 8, 32, 8, 1, 4096 if ring else 32768
         q = _contiguous(B, HQ, SQ, d)
         kv = _contiguous(B, HKV, SMAX, d)
         # rope: the new k and v as views of a fused qkv row (48 heads of d), the cos / sin tables' row stride
@@ -150,7 +150,7 @@ def _decode(d=128, dtype="bfloat16", rope=False, window=0):
                  _t("int32"), _t(dtype), _t(dtype), _t("float32"), _t("float32"), _t(dtype), *q, *kv, *kv, *q, *new,
                  HKV, HQ // HKV, SQ, SMAX, 0.127, 0, window, window],
                 dict(HEAD_DIM=d, BLOCK_M=16, BLOCK_N=64, CAUSAL=False, MERGE_ROWS=4, UNROLL=16, MIN_CHUNK=256, PDL=0,
-                     ROPE=rope, WINDOWED=window > 0))
+                     ROPE=rope, WINDOWED=window > 0, RING=ring))
     return args
 
 
@@ -301,6 +301,8 @@ LAUNCHES: list[Launch] = [
            _decode(rope=True), num_warps=4, matrix=True, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4, rope, window]", "attention", "_decode_split_kernel",
            _decode(rope=True, window=4096), num_warps=4, matrix=True, sub_groups=(16,)),
+    Launch("attention._decode_split_kernel[hd128, gqa 4, rope, ring]", "attention", "_decode_split_kernel",
+           _decode(rope=True, ring=True), num_warps=4, matrix=True, sub_groups=(16,)),
     Launch("attention._merge_kernel[hd128]", "attention", "_merge_kernel", _merge(), num_warps=4,
            shared={16: 1088, 32: 2176}),
     Launch("gemm._gemm_kernel[bf16, row x row]", "gemm", "_gemm_kernel", _gemm(), num_warps=8, matrix=True,
