@@ -179,3 +179,27 @@ def test_gpu_graph_capture_while_a_dropped_model_is_collected(requires_gpus):
     tok, pos = torch.tensor([5], device="cuda"), torch.tensor([3], device="cuda")
     want = decode(tok, pos).float().cpu()
     assert torch.equal(graph.step(tok, pos).float().cpu(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_made_after_a_prefill_keeps_the_caches(requires_gpus):
+    """The capture's warm-up decodes at position max_seq_len - 1, whose row in a ring cache (a windowed layer)
+    holds a live position of a prompt already cached: the rows are put back, so a graph made after the prefill
+    leaves every cache as it was and decodes as a twin model's eager steps, bit for bit."""
+    requires_gpus(1)
+    kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=256, device="cuda")
+    fast, twin = (Llama.random(MISTRAL_WINDOW, impl="xelink", **kw) for _ in range(2))
+    assert all(c.ring and c.k.shape[2] == 16 for c in fast.caches) and fast.caches[0].row(255) == 15
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, fast.config.vocab_size, (2, 40), generator=g)  # row 15 holds position 31, still seen
+    fast(ids, 0)
+    twin(ids, 0)
+    before = [(c.k.clone(), c.v.clone()) for c in fast.caches]
+    graph = fast.decode_graph(2)
+    assert all(torch.equal(c.k, k) and torch.equal(c.v, v) for c, (k, v) in zip(fast.caches, before))
+    tok = torch.randint(0, fast.config.vocab_size, (2,), generator=g)
+    for step in range(8):  # positions 40-47: position 31's key is in the window up to 46
+        pos = torch.tensor([40 + step] * 2, device="cuda")
+        got = graph.step(tok, pos).float().cpu()
+        assert torch.equal(got, twin.decode(tok.cuda(), pos).float().cpu()), step
+        tok = got.argmax(-1)

@@ -150,6 +150,10 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
+    def row(self, position: int) -> int:
+        """The cache row that holds ``position``."""
+        return position % self.window if self.ring else position
+
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
         """One token per sequence, before RoPE: rotate q and k at ``positions[b]`` (rows of the ``cos``/``sin``
@@ -666,8 +670,9 @@ class DecodeGraph:
 
     Capture: ``Llama.decode`` runs eagerly twice first on the stream that then captures (compilation,
     launch plans, the split kernels' scratch, the collectives' peer memory: what a capture cannot set
-    up), at position ``max_seq_len - 1`` of every sequence (whose cache slot each token overwrites before
-    attending to it, so the warm-up's keys there are never read). The graph then reads the positions
+    up), at position ``max_seq_len - 1`` of every sequence; the cache rows it writes there are put back
+    after it (a ring cache's row of that position may hold a live one), so a graph made after a prefill leaves
+    the caches as they were. The graph then reads the positions
     from its buffer: one graph serves every position. The capture runs with Python's cyclic collector
     paused after a collection (``kernels.common.gc_paused``: a dropped model's graph freed inside it would
     invalidate it).
@@ -689,11 +694,16 @@ class DecodeGraph:
         self.model, self.batch = model, batch
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.positions = torch.full((batch,), model.max_seq_len - 1, dtype=torch.int64, device=dev)
+        # the rows the warm-up writes, put back after it
+        kept = [(c, r, c.k[:batch, :, r].clone(), c.v[:batch, :, r].clone())
+                for c in model.caches for r in (c.row(model.max_seq_len - 1),)]
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.device(dev), torch.cuda.stream(stream):
             for _ in range(2):
                 model.decode(self.tokens, self.positions)
+            for c, r, k, v in kept:
+                c.k[:batch, :, r], c.v[:batch, :, r] = k, v
         stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA call (a library's) cannot invalidate this capture; gc_paused: nor can
