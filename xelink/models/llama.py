@@ -207,9 +207,11 @@ class KVCache:
             groups = [(slice(b, b + 1), starts[b], pads[b]) for b in range(B) if pads[b] < S]
         out = q.new_zeros(q.shape)
         for rows, start, pad in groups:
-            seen = torch.arange(start - min(start, W - 1), start, device=self.k.device) % W
-            keys = torch.cat([self.k[rows][:, :, seen], k[rows, :, pad:]], dim=2)
-            values = torch.cat([self.v[rows][:, :, seen], v[rows, :, pad:]], dim=2)
+            keys, values = k[rows, :, pad:], v[rows, :, pad:]
+            if start:  # (a first chunk sees no cached position)
+                seen = torch.arange(start - min(start, W - 1), start, device=self.k.device) % W
+                keys = torch.cat([self.k[rows][:, :, seen], keys], dim=2)
+                values = torch.cat([self.v[rows][:, :, seen], values], dim=2)
             out[rows, :, pad:] = ops.attention(q[rows, :, pad:], keys, values, causal=True, window=W)
             keep = min(S - pad, W)
             at = torch.arange(start + S - pad - keep, start + S - pad, device=self.k.device) % W
