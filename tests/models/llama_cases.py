@@ -31,6 +31,11 @@ CASES = {
         hidden_size=128, intermediate_size=448, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
         head_dim=32, vocab_size=192, rms_norm_eps=1e-5, rope_theta=1000000.0, max_position_embeddings=32768,
         sliding_window=None, tie_word_embeddings=False)),
+    # a sliding window of 3 keys, shorter than the prompts and the cache (the ring caches)
+    "mistral-window": ("MistralForCausalLM", dict(
+        hidden_size=128, intermediate_size=448, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=192, rms_norm_eps=1e-5, rope_theta=1000000.0, max_position_embeddings=32768,
+        sliding_window=3, tie_word_embeddings=False)),
     "qwen2": ("Qwen2ForCausalLM", dict(
         hidden_size=112, intermediate_size=304, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
         vocab_size=208, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,

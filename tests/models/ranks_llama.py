@@ -117,15 +117,18 @@ def check_tp_biases_and_uneven_vocab_match_transformers(world):
     the row-parallel biases added once after the all-reduce, the head's padding cut. The "qwen2" case (q/k/v
     biases sliced with their heads, no o bias, a tied head; 14 heads: TP 2 where the world is even); the "qwen3"
     one (q/k norms whole on every rank, a head_dim of its own); the "phi3" one (q, k, v and gate, up sliced out of
-    its fused tensors)."""
+    its fused tensors); the "mistral-window" one (a 3-key sliding window: each rank's heads in ring caches of 3
+    rows, the prompts and their decode past the window)."""
     from xelink.models import Llama
 
     ids, mask = _prompts()
     for name, size, vocab in (("bias", world.size, 130), ("qwen2", 2 - world.size % 2, 208),
-                              ("qwen3", world.size, 176), ("phi3", 2 - world.size % 2, 180)):
+                              ("qwen3", world.size, 176), ("phi3", 2 - world.size % 2, 180),
+                              ("mistral-window", world.size, 192)):
         path, want, want_tokens = _folder(world, name)[:3]
         tp = _tp(world, size)
         model = Llama.from_pretrained(path, tp_group=tp, dtype=torch.float32, max_batch=3, max_seq_len=32)
+        assert all(c.ring == (name == "mistral-window") for c in model.caches)
         got = model(ids, 0, mask)
         assert got.shape[-1] == vocab
         err = (got[mask.bool()] - want[mask.bool()]).abs().max().item()
