@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from xelink.bench.harness import time_cuda_events
+from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import attention as A
 
 LAYERS = 16
@@ -50,23 +51,9 @@ def _stream_kernel(K, V, OUT, chunk, stride_h, BLOCK: tl.constexpr):
     tl.store(OUT + h * tl.num_programs(0) + s, tl.sum(acc))
 
 
-def _graph(calls):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(stream)
-    return g
-
-
 def _row(calls):
     """us a call in the graph."""
-    g = _graph(calls)
+    g = cuda_graph(calls, 1)[0]
     per = statistics.median(t for _ in range(5) for t in time_cuda_events(g.replay, warmup=2, iters=10))
     return per / len(calls) * 1e6
 

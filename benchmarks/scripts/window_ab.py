@@ -15,23 +15,10 @@ import statistics
 import torch
 
 from xelink.bench.harness import time_cuda_events
+from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import attention as A
 
 LAYERS = 8
-
-
-def _graph(calls):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(stream)
-    return g
 
 
 def _time(fn, rounds=5, iters=10):
@@ -50,7 +37,7 @@ def decode_rows(gen):
         got = A.decode_attention(q, k, v, lens, window=window)
         want = A.reference_decode_attention(q, k, v, lens, window=window)
         err = float((got.float() - want.float()).norm() / want.float().norm())
-        g = _graph([lambda k=k, v=v: A.decode_attention(q, k, v, lens, window=window) for k, v in caches])
+        g = cuda_graph([lambda k=k, v=v: A.decode_attention(q, k, v, lens, window=window) for k, v in caches], 1)[0]
         rows[name] = (_time(g.replay) / LAYERS * 1e6, err)
     return rows
 
@@ -70,7 +57,8 @@ def ring_rows(gen):
         got = A.rope_decode_attention(q, kn, vn, cos, sin, k.clone(), v.clone(), lens, **kw)
         want = A.reference_rope_decode_attention(q, kn, vn, cos, sin, k.clone(), v.clone(), lens, **kw)
         err = float((got.float() - want.float()).norm() / want.float().norm())
-        g = _graph([lambda k=k, v=v: A.rope_decode_attention(q, kn, vn, cos, sin, k, v, lens, **kw) for k, v in caches])
+        g = cuda_graph([lambda k=k, v=v: A.rope_decode_attention(q, kn, vn, cos, sin, k, v, lens, **kw)
+                        for k, v in caches], 1)[0]
         rows[name] = (_time(g.replay) / LAYERS * 1e6, err, 2 * caches[0][0].nbytes)
     return rows
 
