@@ -391,6 +391,9 @@ def check_torch_reduce_op_accepted(world):
         x = torch.full((4,), float(world.rank + 1))
         xelink.all_reduce(x, op=op)
         assert torch.equal(x, torch.full((4,), float(want))), op
+        y = torch.full((4,), float(world.rank + 1))  # xelink.ReduceOp spells every one of torch's names
+        xelink.all_reduce(y, op=getattr(xelink.ReduceOp, str(op).rsplit(".", 1)[-1]))
+        assert torch.equal(y, x), op
 
 
 def check_point_to_point(world):

@@ -28,6 +28,7 @@ class ReduceOp:
     """Reduction names accepted by ``op=`` (torch's ``ReduceOp`` values are accepted too)."""
 
     SUM, AVG, MAX, MIN, PROD = "sum", "avg", "max", "min", "prod"
+    PRODUCT = PROD  # torch.distributed's name
     BAND, BOR, BXOR = "band", "bor", "bxor"  # integer and bool tensors on CPU ranks, as gloo's
     BITWISE = (BAND, BOR, BXOR)
     ALL = (SUM, AVG, MAX, MIN, PROD) + BITWISE
