@@ -4,14 +4,14 @@ NVIDIA-specific kernel, where the op has one: gemm, gemv, flash_attention; "hopp
 "reference"; ``pdl=`` programmatic dependent launch, None, True, False, "early" or "late" (gemm, gemv,
 rmsnorm, rope, rope_kv, silu_mul, decode_attention, rope_decode_attention); ``out=`` a caller's buffer (or a view
 of one) to write the result into
-(gemm, gemv, rmsnorm and the attention ops).
+(gemm, gemv, qgemm, rmsnorm and the attention ops); ``qgemm`` is gemv's quantized weights for any number of rows.
 Eager calls launch the kernels directly; under ``torch.compile`` every op goes through a ``torch.library``
 custom op (``xelink::<name>``; rope_kv and rope_decode_attention mark the caches they write);
 ``flash_attention_backward`` is plain eager code (its kernels launched as Triton's own). See ``xelink.kernels``."""
 from .kernels import (decode_attention, flash_attention, flash_attention_backward, gemm, gemv, merge_attention,
-                      pack_w4a16, pack_w8a16, rmsnorm, rope, rope_decode_attention, rope_kv, silu_mul, unpack_w4a16,
-                      unpack_w8a16)
+                      pack_w4a16, pack_w8a16, qgemm, rmsnorm, rope, rope_decode_attention, rope_kv, silu_mul,
+                      unpack_w4a16, unpack_w8a16)
 
 __all__ = ["decode_attention", "flash_attention", "flash_attention_backward", "gemm", "gemv", "merge_attention",
-           "pack_w4a16", "pack_w8a16", "rmsnorm", "rope", "rope_decode_attention", "rope_kv", "silu_mul",
+           "pack_w4a16", "pack_w8a16", "qgemm", "rmsnorm", "rope", "rope_decode_attention", "rope_kv", "silu_mul",
            "unpack_w4a16", "unpack_w8a16"]

@@ -16,6 +16,7 @@ from .gemm import gemm, reference_gemm
 from .gemv import gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
 from .norm import (reference_rmsnorm, reference_rope, reference_rope_kv, reference_silu_mul, rmsnorm, rope, rope_kv,
                    silu_mul)
+from .qgemm import qgemm
 from .scatter_gemm import (reduce_programs, reference_scatter_reduce, scatter_gemm, scatter_geometry,
                            scatter_reduce)
 
@@ -23,7 +24,8 @@ __all__: list[str] = [
     "decode_attention", "flash_attention", "flash_attention_backward", "merge_attention", "reference_decode_attention",
     "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention",
     "reference_rope_decode_attention", "rope_decode_attention",
-    "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemm", "reference_gemv", "reference_rmsnorm",
+    "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "qgemm", "reference_gemm", "reference_gemv",
+    "reference_rmsnorm",
     "reduce_programs", "reference_rope", "reference_rope_kv", "reference_scatter_reduce", "reference_silu_mul",
     "rmsnorm", "rope", "rope_kv", "scatter_gemm", "scatter_geometry", "scatter_reduce", "silu_mul", "unpack_w4a16",
     "unpack_w8a16",

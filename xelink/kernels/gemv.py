@@ -972,66 +972,68 @@ def _pdl_alias(pdl, config):
     return alias, {k: v for k, v in config.items() if k != "PDL"} or None, "config['PDL']"
 
 
-def _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act=None):
+def _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act=None, *, fn="gemv", formats=GEMV_FORMATS,
+                impls=GEMV_IMPLS, max_rows=MAX_ROWS):
     """Every check before a launch; returns (impl resolved, x as [M, K], out as [M, N] or None, pdl option,
-    config without its PDL key)."""
-    fn = "gemv"
-    impl = check_impl(fn, impl, GEMV_IMPLS)
-    if not isinstance(fmt, str) or fmt not in GEMV_FORMATS:
-        raise ValueError(f"gemv: fmt={fmt!r} is not one of {', '.join(GEMV_FORMATS)}")
+    config without its PDL key). ``fn``, ``formats``, ``impls``, ``max_rows`` (None: any): the caller's
+    (``qgemm`` shares the checks)."""
+    impl = check_impl(fn, impl, impls)
+    if not isinstance(fmt, str) or fmt not in formats:
+        raise ValueError(f"{fn}: fmt={fmt!r} is not one of {', '.join(formats)}")
     if act is not None and act not in GEMV_ACTS:
-        raise ValueError(f"gemv: act={act!r} is not None or one of {', '.join(GEMV_ACTS)}")
+        raise ValueError(f"{fn}: act={act!r} is not None or one of {', '.join(GEMV_ACTS)}")
     check_tensor(fn, "w", w)
     check_tensor(fn, "x", x)
     impl = forward_only(fn, impl, w=w, x=x, scales=scales)
     if x.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"gemv: x.dtype={x.dtype} must be torch.bfloat16 or torch.float16")
+        raise TypeError(f"{fn}: x.dtype={x.dtype} must be torch.bfloat16 or torch.float16")
     one_row = x.dim() == 1
     if one_row:
         x = x.reshape(1, -1)
     if x.dim() != 2:
-        raise ValueError(f"gemv: x must be [K] or [M, K], got shape {tuple(x.shape)}")
+        raise ValueError(f"{fn}: x must be [K] or [M, K], got shape {tuple(x.shape)}")
     M, K = x.shape
-    if not 1 <= M <= MAX_ROWS:
-        raise ValueError(f"gemv: x has M={M} rows; gemv takes 1 to {MAX_ROWS} (use gemm for more)")
+    if M < 1 or max_rows is not None and M > max_rows:
+        most = f"1 to {max_rows} (use gemm for more, qgemm for quantized weights)" if max_rows else "at least 1"
+        raise ValueError(f"{fn}: x has M={M} rows; {fn} takes {most}")
     if w.dim() != 2:
-        raise ValueError(f"gemv: w must be 2-D, got shape {tuple(w.shape)}")
+        raise ValueError(f"{fn}: w must be 2-D, got shape {tuple(w.shape)}")
     if w.stride(1) != 1 and w.shape[1] > 1:
-        raise ValueError(f"gemv: w must be contiguous along K (w.stride()={w.stride()}); pass w.contiguous()")
+        raise ValueError(f"{fn}: w must be contiguous along K (w.stride()={w.stride()}); pass w.contiguous()")
     N = w.shape[0]
     if fmt in _FLOAT16:
         if w.dtype != _FLOAT16[fmt] or x.dtype != w.dtype:
-            raise TypeError(f"gemv: fmt={fmt!r} needs w and x in {_FLOAT16[fmt]}, got w.dtype={w.dtype}, "
+            raise TypeError(f"{fn}: fmt={fmt!r} needs w and x in {_FLOAT16[fmt]}, got w.dtype={w.dtype}, "
                             f"x.dtype={x.dtype}")
         if w.shape[1] != K:
-            raise ValueError(f"gemv: w.shape[1]={w.shape[1]} != K={K} (x is [M, K], w is [N, K])")
+            raise ValueError(f"{fn}: w.shape[1]={w.shape[1]} != K={K} (x is [M, K], w is [N, K])")
         if scales is not None:
-            raise ValueError(f"gemv: fmt={fmt!r} takes no scales")
+            raise ValueError(f"{fn}: fmt={fmt!r} takes no scales")
     else:
         want_w = torch.int8 if fmt == "w8a16" else torch.uint8
         if w.dtype != want_w:
-            raise TypeError(f"gemv: fmt={fmt!r} needs w.dtype={want_w}, got {w.dtype} (see pack_{fmt})")
+            raise TypeError(f"{fn}: fmt={fmt!r} needs w.dtype={want_w}, got {w.dtype} (see pack_{fmt})")
         check_tensor(fn, "scales", scales)
         if scales.dtype != x.dtype:
-            raise TypeError(f"gemv: scales.dtype={scales.dtype} must equal x.dtype={x.dtype}")
+            raise TypeError(f"{fn}: scales.dtype={scales.dtype} must equal x.dtype={x.dtype}")
         if fmt == "w8a16":
             if w.shape[1] != K:
-                raise ValueError(f"gemv: w.shape[1]={w.shape[1]} != K={K} (x is [M, K], w is [N, K])")
+                raise ValueError(f"{fn}: w.shape[1]={w.shape[1]} != K={K} (x is [M, K], w is [N, K])")
             if tuple(scales.shape) != (N,):
-                raise ValueError(f"gemv: w8a16 scales.shape={tuple(scales.shape)} must be ({N},)")
+                raise ValueError(f"{fn}: w8a16 scales.shape={tuple(scales.shape)} must be ({N},)")
         else:
             if K % W4_GROUP:
-                raise ValueError(f"gemv: w4a16 needs K={K} to be a multiple of {W4_GROUP}")
+                raise ValueError(f"{fn}: w4a16 needs K={K} to be a multiple of {W4_GROUP}")
             if 2 * w.shape[1] != K:
-                raise ValueError(f"gemv: w4a16 w.shape[1]={w.shape[1]} != K/2={K // 2} (w is packed [N, K/2])")
+                raise ValueError(f"{fn}: w4a16 w.shape[1]={w.shape[1]} != K/2={K // 2} (w is packed [N, K/2])")
             if tuple(scales.shape) != (N, K // W4_GROUP):
-                raise ValueError(f"gemv: w4a16 scales.shape={tuple(scales.shape)} must be ({N}, {K // W4_GROUP})")
+                raise ValueError(f"{fn}: w4a16 scales.shape={tuple(scales.shape)} must be ({N}, {K // W4_GROUP})")
             if scales.stride(1) != 1 and scales.shape[1] > 1:
-                raise ValueError(f"gemv: scales must be contiguous along groups (stride {scales.stride()})")
+                raise ValueError(f"{fn}: scales must be contiguous along groups (stride {scales.stride()})")
     check_same_device(fn, w=w, x=x, scales=scales)
     if act is not None:
         if N % 2:
-            raise ValueError(f"gemv: act={act!r} takes w as [gate; up], an even number of rows, got N={N}")
+            raise ValueError(f"{fn}: act={act!r} takes w as [gate; up], an even number of rows, got N={N}")
         N //= 2
     if out is not None:
         check_out(fn, out, (N,) if one_row else (M, N), x.dtype, x.device)
@@ -1040,11 +1042,11 @@ def _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act=None):
         if not auto_takes_triton(x.device):
             impl = "reference"
         else:
-            impl = "cuda" if _cuda_ptx_ok(x.device) else "triton"
+            impl = "cuda" if "cuda" in impls and _cuda_ptx_ok(x.device) else "triton"
     if impl in ("triton", "cuda"):
         require_triton(fn, impl, x.device)
     if impl == "cuda" and not _cuda_ptx_ok(x.device):
-        raise ValueError(f"gemv: impl='cuda' needs a CUDA GPU of compute capability >= 8.0 (its PTX uses "
+        raise ValueError(f"{fn}: impl='cuda' needs a CUDA GPU of compute capability >= 8.0 (its PTX uses "
                          f"bf16x2 instructions), got device {x.device}; use impl='triton'")
     pdl, config, name = _pdl_alias(pdl, config)
     option = pdl_option(fn, pdl, impl, x.device, name=name)

@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from .. import cp_attention
-from ..kernels import (flash_attention, gemm, gemv, reference_flash_attention, reference_gemv, reference_rmsnorm,
-                       reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope,
-                       rope_decode_attention, silu_mul, unpack_w4a16, unpack_w8a16)
+from ..kernels import (flash_attention, gemm, gemv, qgemm, reference_flash_attention, reference_gemv,
+                       reference_rmsnorm, reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm,
+                       rope, rope_decode_attention, silu_mul)
 from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
@@ -84,13 +84,10 @@ class Ops:
             y = reference_gemv(lin.weight, x, lin.scales, fmt if lin.fmt != "dense" else "bf16")
         elif x.shape[0] <= _GEMV_ROWS:
             y = gemv(lin.weight, x, lin.scales, fmt, self.kimpl)
+        elif lin.fmt != "dense":  # quantized, more rows than a GEMV's: dequantized inside the GEMM's tiles
+            y = qgemm(lin.weight, x, lin.scales, lin.fmt, self.kimpl)
         else:
-            w = lin.weight
-            if lin.fmt == "w8a16":
-                w = unpack_w8a16(w, lin.scales).to(x.dtype)
-            elif lin.fmt == "w4a16":
-                w = unpack_w4a16(w, lin.scales).to(x.dtype)
-            y = gemm(x, w.t(), self.kimpl)
+            y = gemm(x, lin.weight.t(), self.kimpl)
         if lin.reduce is not None:
             y = lin.reduce(y.contiguous())
         if lin.bias is not None:

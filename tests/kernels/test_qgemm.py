@@ -1,0 +1,109 @@
+"""qgemm: ``x @ W^T`` with W8A16 / W4A16 weights for any number of rows (the dequantization in the GEMM's tiles):
+the reference path, argument checks, the custom op, and the Triton kernel against float64 on the dequantized
+weights (CPU interpreter with TRITON_INTERPRET=1; GPU: both formats and dtypes, tails in M and N, Llama-3.1-8B's
+shapes at prefill and batch sizes, out= views, under a CUDA graph)."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from xelink.kernels.gemv import pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
+from xelink.kernels.qgemm import qgemm
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+TOL = {torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+def _case(fmt, m, n, k, dtype, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    q, s = (pack_w8a16 if fmt == "w8a16" else pack_w4a16)(w, dtype)
+    exact = (unpack_w8a16 if fmt == "w8a16" else unpack_w4a16)(q, s).double()
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    return q.to(device), s.to(device), x.to(device), exact
+
+
+def _rel(y, x, exact):
+    ref = x.double().cpu() @ exact.T
+    return float((y.double().cpu() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
+def test_reference_is_gemvs_for_any_rows(fmt):
+    q, s, x, exact = _case(fmt, 37, 24, 256, torch.float16)
+    assert torch.equal(qgemm(q, x, s, fmt), reference_gemv(q, x, s, fmt))  # CPU: auto is the reference
+    assert _rel(qgemm(q, x, s, fmt, impl="reference"), x, exact) < TOL[torch.float16]
+    assert torch.equal(qgemm(q, x[0], s, fmt), reference_gemv(q, x[:1], s, fmt)[0])  # a 1-D x
+    big = torch.zeros(37, 40, dtype=torch.float16)
+    assert qgemm(q, x, s, fmt, out=big[:, 8:32]) is not None and torch.equal(big[:, 8:32], reference_gemv(q, x, s, fmt))
+    assert not big[:, :8].any() and not big[:, 32:].any()
+
+
+def test_bad_arguments_name_qgemm():
+    q, s, x, _ = _case("w4a16", 20, 16, 256, torch.bfloat16)
+    with pytest.raises(ValueError, match="qgemm: fmt='bf16' is not one of w8a16, w4a16"):
+        qgemm(q, x, s, "bf16")
+    with pytest.raises(ValueError, match="qgemm: x has M=0 rows; qgemm takes at least 1"):
+        qgemm(q, x[:0], s, "w4a16")
+    with pytest.raises(ValueError, match="qgemm has no cuda kernel"):
+        qgemm(q, x, s, "w4a16", impl="cuda")
+    with pytest.raises(TypeError, match="qgemm: scales.dtype=torch.float16 must equal x.dtype=torch.bfloat16"):
+        qgemm(q, x, s.half(), "w4a16")
+    with pytest.raises(ValueError, match=r"qgemm: w4a16 w.shape\[1\]=128 != K/2=64"):
+        qgemm(q, x[:, :128], s, "w4a16")
+    with pytest.raises(ValueError, match="qgemm: out"):
+        qgemm(q, x, s, "w4a16", out=torch.empty(20, 15, dtype=torch.bfloat16))
+
+
+def test_custom_op_and_compile():
+    q, s, x, _ = _case("w4a16", 19, 32, 256, torch.float16)
+    out = torch.empty(19, 32, dtype=x.dtype)
+    torch.library.opcheck(torch.ops.xelink.qgemm.default, (q, x, s, "w4a16", "reference", out))
+    compiled = torch.compile(lambda x: qgemm(q, x, s, "w4a16") * 2, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), reference_gemv(q, x, s, "w4a16") * 2)
+
+
+def _check_kernel(device, dtype, shapes, fmts=("w8a16", "w4a16")):
+    for fmt in fmts:
+        for m, n, k in shapes:
+            if fmt == "w4a16" and k % 128:
+                continue
+            q, s, x, exact = _case(fmt, m, n, k, dtype, device, seed=m + n + k)
+            y = qgemm(q, x, s, fmt, impl="triton")
+            assert y.shape == (m, n) and y.dtype == dtype
+            assert _rel(y, x, exact) < TOL[dtype], (fmt, m, n, k, _rel(y, x, exact))
+            # out= a column block of a wider buffer, poisoned around it
+            big = torch.full((m, n + 16), float("nan"), dtype=dtype, device=device)
+            assert qgemm(q, x, s, fmt, impl="triton", out=big[:, 8:8 + n]) is not None
+            assert torch.equal(big[:, 8:8 + n], y) and big[:, :8].isnan().all() and big[:, 8 + n:].isnan().all()
+
+
+SMALL = [(1, 16, 128), (9, 64, 256), (17, 200, 384), (33, 130, 200), (70, 96, 512), (130, 48, 256)]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_kernel_interpreter():
+    _check_kernel("cpu", torch.float16, SMALL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_gpu(requires_gpus, dtype):
+    requires_gpus(1)
+    # tails, then Llama-3.1-8B's projections at decode batches past gemv's 8 rows and at a prefill
+    _check_kernel("cuda", dtype, SMALL + [(16, 6144, 4096), (64, 28672, 4096), (100, 4096, 14336),
+                                          (1024, 4096, 4096), (777, 1000, 1152)])
+
+
+@pytest.mark.gpu
+def test_kernel_in_a_cuda_graph(requires_gpus):
+    requires_gpus(1)
+    q, s, x, exact = _case("w4a16", 24, 512, 1024, torch.bfloat16, "cuda")
+    y = qgemm(q, x, s, "w4a16")  # auto: the kernel
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = qgemm(q, x, s, "w4a16")
+    x.copy_(torch.randn(24, 1024, device="cuda").bfloat16())  # new inputs, replayed
+    g.replay()
+    assert not torch.equal(out, y) and _rel(out, x, exact) < TOL[torch.bfloat16]
