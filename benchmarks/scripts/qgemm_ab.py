@@ -2,8 +2,9 @@
 model ran before it (the weight dequantized to a 16-bit copy, then ``gemm``), a dense bf16 ``gemm`` of the same
 shape (the same FLOPs, 4x / 2x the weight bytes) and ``torch.matmul``; Llama-3.1-8B's projections, M rows of
 activations (decode batches past 8, prefills), bf16, ms a call (CUDA events, median). Each qgemm output is
-checked against ``reference_gemv`` first. Then tile overrides for qgemm at M = 16 and 1024, and a W4A16
-Llama-3.1-8B prefill of 512 tokens and a batch-16 decode step (CUDA graph) through the model.
+checked against ``reference_gemv`` first. Then overrides of qgemm's tiles, K split and unpacking at M = 16 and
+1024 (qkv, gate_up), and a W4A16 Llama-3.1-8B prefill of 512 tokens and a batch-16 decode step (CUDA graph)
+through the model.
 
     python3 benchmarks/scripts/qgemm_ab.py [--fmts w4a16 w8a16] [--rows 16 64 256 1024] [--no-model]
 
@@ -18,9 +19,11 @@ from xelink.bench.harness import time_cuda_events
 from xelink.kernels import gemm, pack_w4a16, pack_w8a16, qgemm, reference_gemv, unpack_w4a16, unpack_w8a16
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-TILES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st) for m, n, w, st in
-         ((16, 64, 4, 3), (16, 128, 4, 4), (16, 256, 8, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
-          (128, 256, 8, 3), (64, 256, 8, 3))]
+# overrides of the default tiles (qgemm's config=), by rows of x
+TILES = {16: [dict(UNPACK=0), dict(SPLIT_K=1), dict(SPLIT_K=2), dict(SPLIT_K=8), dict(BLOCK_N=128),
+              dict(BLOCK_N=32), dict(num_stages=4)],
+         1024: [dict(UNPACK=0), dict(BLOCK_M=64, num_warps=4), dict(BLOCK_N=256), dict(num_stages=4),
+                dict(BLOCK_N=64)]}
 
 
 def _ms(fn):
@@ -50,22 +53,22 @@ def kernel_rows(fmts, rows):
 
 def tile_rows(fmt):
     gen = torch.Generator(device="cuda").manual_seed(2)
-    n, k = SHAPES["gate_up"]
-    q, s = (pack_w4a16 if fmt == "w4a16" else pack_w8a16)(torch.randn(n, k, device="cuda", generator=gen),
-                                                           torch.bfloat16)
-    for m in (16, 1024):
-        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
-        ref = reference_gemv(q, x, s, fmt).float()
-        line = []
-        for cfg in [None] + [c for c in TILES if (c["BLOCK_M"] == 16) == (m == 16)]:
-            try:
-                y = qgemm(q, x, s, fmt, config=cfg)
-                assert float((y.float() - ref).norm() / ref.norm()) < 8e-3
-                ms = _ms(lambda: qgemm(q, x, s, fmt, config=cfg))
-                line.append(f"{'default' if cfg is None else tuple(cfg.values())} {ms:.4f}")
-            except Exception as e:  # noqa: BLE001 - a tile the GPU cannot take (shared memory): reported
-                line.append(f"{tuple(cfg.values())} failed ({type(e).__name__})")
-        print(f"{fmt} gate_up M={m} tiles (BLOCK_M, BLOCK_N, warps, stages) ms: " + ", ".join(line), flush=True)
+    for name in ("qkv", "gate_up"):
+        n, k = SHAPES[name]
+        q, s = (pack_w4a16 if fmt == "w4a16" else pack_w8a16)(torch.randn(n, k, device="cuda", generator=gen),
+                                                               torch.bfloat16)
+        for m, overrides in TILES.items():
+            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+            ref = reference_gemv(q, x, s, fmt).float()
+            line = []
+            for cfg in [None] + overrides:
+                try:
+                    y = qgemm(q, x, s, fmt, config=cfg)
+                    assert float((y.float() - ref).norm() / ref.norm()) < 8e-3
+                    line.append(f"{cfg or 'default'} {_ms(lambda: qgemm(q, x, s, fmt, config=cfg)):.4f}")
+                except Exception as e:  # noqa: BLE001 - a tile the GPU cannot take (shared memory): reported
+                    line.append(f"{cfg} failed ({type(e).__name__})")
+            print(f"{fmt} {name} M={m} ms: " + ", ".join(line), flush=True)
 
 
 def model_rows():

@@ -1,7 +1,7 @@
 """qgemm: ``x @ W^T`` with W8A16 / W4A16 weights for any number of rows (the dequantization in the GEMM's tiles):
 the reference path, argument checks, the custom op, and the Triton kernel against float64 on the dequantized
 weights (CPU interpreter with TRITON_INTERPRET=1; GPU: both formats and dtypes, tails in M and N, Llama-3.1-8B's
-shapes at prefill and batch sizes, out= views, under a CUDA graph)."""
+shapes at prefill and batch sizes, K splits and both unpackings, out= views, under a CUDA graph)."""
 import importlib.util
 import os
 
@@ -64,18 +64,18 @@ def test_custom_op_and_compile():
     assert torch.equal(compiled(x), reference_gemv(q, x, s, "w4a16") * 2)
 
 
-def _check_kernel(device, dtype, shapes, fmts=("w8a16", "w4a16")):
+def _check_kernel(device, dtype, shapes, fmts=("w8a16", "w4a16"), config=None):
     for fmt in fmts:
         for m, n, k in shapes:
             if fmt == "w4a16" and k % 128:
                 continue
             q, s, x, exact = _case(fmt, m, n, k, dtype, device, seed=m + n + k)
-            y = qgemm(q, x, s, fmt, impl="triton")
+            y = qgemm(q, x, s, fmt, impl="triton", config=config)
             assert y.shape == (m, n) and y.dtype == dtype
             assert _rel(y, x, exact) < TOL[dtype], (fmt, m, n, k, _rel(y, x, exact))
             # out= a column block of a wider buffer, poisoned around it
             big = torch.full((m, n + 16), float("nan"), dtype=dtype, device=device)
-            assert qgemm(q, x, s, fmt, impl="triton", out=big[:, 8:8 + n]) is not None
+            assert qgemm(q, x, s, fmt, impl="triton", out=big[:, 8:8 + n], config=config) is not None
             assert torch.equal(big[:, 8:8 + n], y) and big[:, :8].isnan().all() and big[:, 8 + n:].isnan().all()
 
 
@@ -84,7 +84,9 @@ SMALL = [(1, 16, 128), (9, 64, 256), (17, 200, 384), (33, 130, 200), (70, 96, 51
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 def test_kernel_interpreter():
-    _check_kernel("cpu", torch.float16, SMALL)
+    _check_kernel("cpu", torch.float16, SMALL)  # (K split where the tiles are few: the interpreter has 8 "SMs")
+    _check_kernel("cpu", torch.float16, SMALL[:3], ("w4a16",), dict(UNPACK=0, SPLIT_K=1))
+    _check_kernel("cpu", torch.float16, SMALL[3:], ("w4a16",), dict(UNPACK=0, SPLIT_K=3))
 
 
 @pytest.mark.gpu
@@ -94,6 +96,8 @@ def test_kernel_gpu(requires_gpus, dtype):
     # tails, then Llama-3.1-8B's projections at decode batches past gemv's 8 rows and at a prefill
     _check_kernel("cuda", dtype, SMALL + [(16, 6144, 4096), (64, 28672, 4096), (100, 4096, 14336),
                                           (1024, 4096, 4096), (777, 1000, 1152)])
+    _check_kernel("cuda", dtype, [(16, 6144, 4096), (300, 1000, 1152)], ("w4a16",), dict(UNPACK=0))
+    _check_kernel("cuda", dtype, [(40, 4096, 4096)], config=dict(SPLIT_K=5))  # a split count not dividing K
 
 
 @pytest.mark.gpu

@@ -4,18 +4,21 @@ inside a tiled tensor-core GEMM (prefill, and decode batches past ``gemv``'s 8 r
 Weights and scales as ``gemv``'s formats (gemv.py): W8A16 ``W`` int8 ``[N, K]`` with ``scales [N]``, W4A16 ``W``
 uint8 ``[N, K/2]`` (low nibble = even k) with ``scales [N, K/128]``. Each program computes a ``BLOCK_M x
 BLOCK_N`` tile of y over K in steps of ``BLOCK_K`` = 128 columns: the activations' tile, the weights' tile as
-exact 16-bit integers (the int8, or nibble - 8), one ``tl.dot`` into fp32, and then the scales: W4A16's group
-scale (one group a step) multiplies each step's product, W8A16's row scale the sum at the end. Every product is
-thus ``x * q`` exactly and the sums run in fp32, as ``reference_gemv`` computes ``x @ (q * scale)^T`` (up to
-fp32 rounding), instead of rounding ``q * scale`` to 16 bits first. Before this kernel a model dequantized every
-weight into a 16-bit copy for each call of more than 8 rows.
+exact 16-bit integers (the int8, or nibble - 8 built under a float's exponent: no int-to-float conversion), one
+``tl.dot`` into fp32, and then the scales: W4A16's group scale (one group a step) multiplies each step's product,
+W8A16's row scale the sum at the end. Every product is thus ``x * q`` exactly and the sums run in fp32, as
+``reference_gemv`` computes ``x @ (q * scale)^T`` (up to fp32 rounding), instead of rounding ``q * scale`` to 16
+bits first. Where the tiles are too few to fill the GPU (a few rows: decode batches), K is split and the last
+split of a tile to finish adds the float32 partials in split order, in the same launch (``split.py``).
+Before this kernel a model dequantized every weight into a 16-bit copy for each call of more than 8 rows.
 """
 from __future__ import annotations
 
 import torch
 
-from .common import check_no_overlap, triton, tl
+from .common import check_no_overlap, sm_count, tl, triton
 from .gemv import W4_GROUP, _check_gemv, reference_gemv
+from .split import SCRATCH, last_split
 
 __all__ = ["QGEMM_FORMATS", "QGEMM_IMPLS", "qgemm"]
 
@@ -27,11 +30,30 @@ _BLOCK_K = W4_GROUP  # a W4A16 step is one scale group
 if triton is not None:
 
     @triton.jit
-    def _qgemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_sn, stride_ym,
-                      stride_yn, W4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    def _w4_tile(w_ptrs, n_ok, rk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP16: tl.constexpr,
+                 UNPACK: tl.constexpr):
+        """One [BLOCK_N, BLOCK_K] tile of nibble - 8 in the activation dtype, exactly: the nibble OR-ed under the
+        exponent of 128.0 (bf16) or 1024.0 (fp16) is 128 + n (1024 + n) exactly, and one subtraction leaves n - 8
+        (no int-to-float conversion). UNPACK 0: the byte row split in two halves and joined; 1: each byte read
+        twice (once a column) and shifted."""
+        if UNPACK == 0:
+            p = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+            n = tl.reshape(tl.join((p & 15).to(tl.int16), (p >> 4).to(tl.int16)), (BLOCK_N, BLOCK_K))
+        else:
+            p = tl.load(w_ptrs, mask=n_ok[:, None], other=0).to(tl.int16)
+            n = (p >> ((rk % 2) * 4)[None, :]) & 15
+        if FP16:
+            return (n | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        return (n | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+
+    @triton.jit
+    def _qgemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, counters, M, N, K, stride_xm, stride_xk, stride_wn,
+                      stride_sn, stride_ym, stride_yn, W4: tl.constexpr, FP16: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+                      UNPACK: tl.constexpr):
         # tiles in groups of GROUP_M rows of tiles, so that neighbouring programs share W's tiles in L2
         pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
         grid_m = tl.cdiv(M, BLOCK_M)
         width = GROUP_M * tl.cdiv(N, BLOCK_N)
         first_m = pid // width * GROUP_M
@@ -43,41 +65,71 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         m_ok = rm < M
         n_ok = rn < N
-        x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :] * stride_xk
+        # this split's K range: whole BLOCK_K steps
+        per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = pid_k * per
+        k_hi = tl.minimum(K, k_lo + per)
+        x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :] * stride_xk
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if W4:  # K is a multiple of BLOCK_K (= the scale group)
-            w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K // 2)[None, :]
-            s_ptrs = s_ptr + rn.to(tl.int64) * stride_sn
-            for _ in range(0, K, BLOCK_K):
+            if UNPACK == 0:
+                w_cols = k_lo // 2 + tl.arange(0, BLOCK_K // 2)
+                w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + w_cols[None, :]
+            else:
+                w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo // 2 + rk // 2)[None, :]
+            s_ptrs = s_ptr + rn.to(tl.int64) * stride_sn + k_lo // BLOCK_K
+            for _ in range(k_lo, k_hi, BLOCK_K):
                 x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-                p = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
-                lo = (p & 15).to(tl.int16) - 8
-                hi = (p >> 4).to(tl.int16) - 8
-                q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(x.dtype)  # column 2j: lo, 2j + 1: hi
+                q = _w4_tile(w_ptrs, n_ok, rk, BLOCK_N, BLOCK_K, FP16, UNPACK)
                 s = tl.load(s_ptrs, mask=n_ok, other=0.0).to(tl.float32)
                 acc += tl.dot(x, tl.trans(q)) * s[None, :]
                 x_ptrs += BLOCK_K * stride_xk
                 w_ptrs += BLOCK_K // 2
                 s_ptrs += 1
         else:
-            w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
-            for k0 in range(0, K, BLOCK_K):
+            w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
+            for k0 in range(k_lo, k_hi, BLOCK_K):
                 k_ok = (k0 + rk < K)[None, :]
                 x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok, other=0.0)
                 q = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok, other=0).to(x.dtype)
                 acc += tl.dot(x, tl.trans(q))
                 x_ptrs += BLOCK_K * stride_xk
                 w_ptrs += BLOCK_K
+        if SPLIT_K == 1:
+            _store_tile(acc, s_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_sn, stride_ym, stride_yn, W4)
+        else:
+            # a float32 partial a split; the last split of the tile to finish sums them in split order
+            tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tiles = tl.num_programs(0)
+            tl.store(part_ptr + (pid_k * tiles + pid).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile, acc)
+            if last_split(counters, pid, SPLIT_K):
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for k in range(0, SPLIT_K):
+                    acc += tl.load(part_ptr + (k * tiles + pid).to(tl.int64) * (BLOCK_M * BLOCK_N) + tile,
+                                   cache_modifier=".cg")
+                _store_tile(acc, s_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_sn, stride_ym, stride_yn, W4)
+
+    @triton.jit
+    def _store_tile(acc, s_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_sn, stride_ym, stride_yn, W4: tl.constexpr):
+        """y's tile, W8A16's row scales applied (W4A16's were, a step at a time)."""
+        if not W4:
             acc *= tl.load(s_ptr + rn * stride_sn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         y_ptrs = y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :] * stride_yn
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _config(M: int) -> dict:
-    """Tile sizes by the rows of x (the tensor cores' 16 at the fewest)."""
+def _config(M: int, N: int, K: int, sms: int) -> dict:
+    """Tiles by the rows of x (the tensor cores' 16 at the fewest); where the tiles fill less than two waves of
+    the GPU, K split in two, four, ... (at least two BLOCK_K steps a split) until they do."""
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
-    return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=_BLOCK_K, GROUP_M=8, num_warps=8 if block_m == 128 else 4,
-                num_stages=3)
+    block_n = 64 if M <= 64 else 128
+    tiles = -(-M // block_m) * -(-N // block_n)
+    steps = -(-K // _BLOCK_K)
+    split = 1
+    while tiles * split < 2 * sms and steps // (2 * split) >= 2:
+        split *= 2
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_BLOCK_K, GROUP_M=8, SPLIT_K=split, UNPACK=1,
+                num_warps=8 if block_m == 128 else 4, num_stages=3)
 
 
 def qgemm(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, fmt: str = "w4a16", impl: str = "auto", *,
@@ -94,8 +146,8 @@ def qgemm(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, fmt: str = "w4
             (``reference_gemv``: torch, float32).
         out: optional ``[M, N]`` (``[N]`` for a 1-D x) tensor in ``x.dtype`` on x's device, unit stride along N,
             sharing no memory with w, x or scales.
-        config: tile override (``BLOCK_M``, ``BLOCK_N``, ``GROUP_M``, ``num_warps``, ``num_stages``), for
-            benchmarks.
+        config: tile override (``BLOCK_M``, ``BLOCK_N``, ``GROUP_M``, ``SPLIT_K``, ``UNPACK``, ``num_warps``,
+            ``num_stages``), for benchmarks.
 
     Returns:
         ``out``, or a new ``[M, N]`` (``[N]`` for a 1-D x) tensor in ``x.dtype``, accumulated in fp32 and rounded
@@ -127,11 +179,15 @@ def _qgemm_run(w, x, scales, fmt: str, impl: str, out=None, config: dict | None 
         return y if out is None else out.copy_(y)
     (M, K), N = x.shape, w.shape[0]
     y = x.new_empty((M, N)) if out is None else out
-    cfg = dict(_config(M), **(config or {}), BLOCK_K=_BLOCK_K)
-    if y.numel():
-        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        _qgemm_kernel[grid](x, w, scales, y, M, N, K, x.stride(0), x.stride(1), w.stride(0), scales.stride(0),
-                            y.stride(0), y.stride(1), W4=fmt == "w4a16", **cfg)
+    if not y.numel():
+        return y
+    cfg = dict(_config(M, N, K, sm_count(x.device)), **(config or {}), BLOCK_K=_BLOCK_K)
+    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    counters, part = SCRATCH.get(x.device, tiles, tiles * cfg["SPLIT_K"] * cfg["BLOCK_M"] * cfg["BLOCK_N"]) \
+        if cfg["SPLIT_K"] > 1 else (y, y)
+    _qgemm_kernel[(tiles, cfg["SPLIT_K"])](x, w, scales, y, part, counters, M, N, K, x.stride(0), x.stride(1),
+                                           w.stride(0), scales.stride(0), y.stride(0), y.stride(1),
+                                           W4=fmt == "w4a16", FP16=x.dtype == torch.float16, **cfg)
     return y
 
 
