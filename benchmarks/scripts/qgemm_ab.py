@@ -3,7 +3,7 @@ model ran before it (the weight dequantized to a 16-bit copy, then ``gemm``), a 
 shape (the same FLOPs, 4x / 2x the weight bytes) and ``torch.matmul``; Llama-3.1-8B's projections, M rows of
 activations (decode batches past 8, prefills), bf16, ms a call (CUDA events, median). Each qgemm output is
 checked against ``reference_gemv`` first. Then overrides of qgemm's tiles, K split and unpacking at M = 16 and
-1024 (qkv, gate_up), and a W4A16 Llama-3.1-8B prefill of 512 tokens and a batch-16 decode step (CUDA graph)
+1024 (qkv, gate_up, down), and a W4A16 Llama-3.1-8B prefill of 512 tokens and a batch-16 decode step (CUDA graph)
 through the model.
 
     python3 benchmarks/scripts/qgemm_ab.py [--fmts w4a16 w8a16] [--rows 16 64 256 1024] [--no-model]
@@ -20,9 +20,9 @@ from xelink.kernels import gemm, pack_w4a16, pack_w8a16, qgemm, reference_gemv, 
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # overrides of the default tiles (qgemm's config=), by rows of x
-TILES = {16: [dict(UNPACK=0), dict(SPLIT_K=1), dict(SPLIT_K=2), dict(SPLIT_K=8), dict(BLOCK_N=128),
-              dict(BLOCK_N=32), dict(num_stages=4)],
-         1024: [dict(UNPACK=0), dict(BLOCK_M=64, num_warps=4), dict(BLOCK_N=256), dict(num_stages=4),
+TILES = {16: [dict(UNPACK=1), dict(SPLIT_K=1), dict(SPLIT_K=2), dict(SPLIT_K=4), dict(SPLIT_K=8), dict(BLOCK_N=64),
+              dict(num_stages=4)],
+         1024: [dict(UNPACK=1), dict(BLOCK_M=64, num_warps=4), dict(BLOCK_N=256), dict(num_stages=4),
                 dict(BLOCK_N=64)]}
 
 
@@ -53,7 +53,7 @@ def kernel_rows(fmts, rows):
 
 def tile_rows(fmt):
     gen = torch.Generator(device="cuda").manual_seed(2)
-    for name in ("qkv", "gate_up"):
+    for name in ("qkv", "gate_up", "down"):
         n, k = SHAPES[name]
         q, s = (pack_w4a16 if fmt == "w4a16" else pack_w8a16)(torch.randn(n, k, device="cuda", generator=gen),
                                                                torch.bfloat16)

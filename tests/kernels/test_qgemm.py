@@ -85,8 +85,8 @@ SMALL = [(1, 16, 128), (9, 64, 256), (17, 200, 384), (33, 130, 200), (70, 96, 51
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 def test_kernel_interpreter():
     _check_kernel("cpu", torch.float16, SMALL)  # (K split where the tiles are few: the interpreter has 8 "SMs")
-    _check_kernel("cpu", torch.float16, SMALL[:3], ("w4a16",), dict(UNPACK=0, SPLIT_K=1))
-    _check_kernel("cpu", torch.float16, SMALL[3:], ("w4a16",), dict(UNPACK=0, SPLIT_K=3))
+    _check_kernel("cpu", torch.float16, SMALL[:3], ("w4a16",), dict(UNPACK=1, SPLIT_K=1))
+    _check_kernel("cpu", torch.float16, SMALL[3:], ("w4a16",), dict(UNPACK=1, SPLIT_K=3))
 
 
 @pytest.mark.gpu
@@ -96,7 +96,7 @@ def test_kernel_gpu(requires_gpus, dtype):
     # tails, then Llama-3.1-8B's projections at decode batches past gemv's 8 rows and at a prefill
     _check_kernel("cuda", dtype, SMALL + [(16, 6144, 4096), (64, 28672, 4096), (100, 4096, 14336),
                                           (1024, 4096, 4096), (777, 1000, 1152)])
-    _check_kernel("cuda", dtype, [(16, 6144, 4096), (300, 1000, 1152)], ("w4a16",), dict(UNPACK=0))
+    _check_kernel("cuda", dtype, [(16, 6144, 4096), (300, 1000, 1152)], ("w4a16",), dict(UNPACK=1))
     _check_kernel("cuda", dtype, [(40, 4096, 4096)], config=dict(SPLIT_K=5))  # a split count not dividing K
 
 

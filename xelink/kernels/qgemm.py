@@ -43,8 +43,10 @@ if triton is not None:
             p = tl.load(w_ptrs, mask=n_ok[:, None], other=0).to(tl.int16)
             n = (p >> ((rk % 2) * 4)[None, :]) & 15
         if FP16:
-            return (n | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-        return (n | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+            q = (n | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        else:
+            q = (n | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        return q
 
     @triton.jit
     def _qgemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, counters, M, N, K, stride_xm, stride_xk, stride_wn,
@@ -119,16 +121,17 @@ if triton is not None:
 
 
 def _config(M: int, N: int, K: int, sms: int) -> dict:
-    """Tiles by the rows of x (the tensor cores' 16 at the fewest); where the tiles fill less than two waves of
-    the GPU, K split in two, four, ... (at least two BLOCK_K steps a split) until they do."""
+    """Tiles by the rows of x (the tensor cores' 16 at the fewest); where the tiles do not fill one wave of the
+    GPU, K split in two, four, ... (at least two BLOCK_K steps a split) until they do. (H100, Llama-3.1-8B's
+    projections: 128-column tiles beat 64 at 16 rows, and the bytes split in two halves and joined beat each byte
+    read twice by 2-4x: benchmarks/results/h100-rows/qgemm_ab.log.)"""
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64 if M <= 64 else 128
-    block_n = 64 if M <= 64 else 128
-    tiles = -(-M // block_m) * -(-N // block_n)
+    tiles = -(-M // block_m) * -(-N // 128)
     steps = -(-K // _BLOCK_K)
     split = 1
-    while tiles * split < 2 * sms and steps // (2 * split) >= 2:
+    while tiles * split < sms and steps // (2 * split) >= 2:
         split *= 2
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_BLOCK_K, GROUP_M=8, SPLIT_K=split, UNPACK=1,
+    return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=_BLOCK_K, GROUP_M=8, SPLIT_K=split, UNPACK=0,
                 num_warps=8 if block_m == 128 else 4, num_stages=3)
 
 
