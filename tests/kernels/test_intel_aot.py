@@ -30,7 +30,7 @@ def aot():
 
 def test_every_kernel_module_imports_under_intel_triton():
     for name in ("xelink.kernels.attention", "xelink.kernels.attention_bwd", "xelink.kernels.gemm", "xelink.kernels.gated_gemm", "xelink.kernels.gemv",
-                 "xelink.kernels.scatter_gemm",
+                 "xelink.kernels.scatter_gemm", "xelink.kernels.qgemm",
                  "xelink.kernels.norm",
                  "xelink.collectives.gpu.kernels", "xelink.symm.kernels"):
         importlib.import_module(name)
@@ -44,7 +44,7 @@ def test_every_kernel_compiles_for_xe2_and_max(aot):
     expected = sum(len(aot.TARGETS) * len(launch.sub_groups) for launch in aot.LAUNCHES)
     assert len(lines) == expected
     modules = {launch.module for launch in aot.LAUNCHES}
-    assert {"attention", "gemm", "gated_gemm", "scatter_gemm", "gemv", "norm"} <= modules
+    assert {"attention", "gemm", "gated_gemm", "scatter_gemm", "gemv", "norm", "qgemm"} <= modules
 
 
 def test_check_of_given_launches_in_this_process(aot):
