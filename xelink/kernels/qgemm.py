@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import Paths, check_no_overlap, path_key, sm_count, tl, triton
+from .common import check_no_overlap, sm_count, tl, triton
 from .gemv import W4_GROUP, _check_gemv, reference_gemv
-from .launcher import launch
 from .split import SCRATCH, last_split
 
 __all__ = ["QGEMM_FORMATS", "QGEMM_IMPLS", "qgemm"]
@@ -161,17 +160,10 @@ def qgemm(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, fmt: str = "w4
     Raises:
         TypeError / ValueError: as ``gemv``'s checks (before anything runs), naming ``qgemm``.
     """
+    fn = "qgemm"
     one_row = isinstance(x, torch.Tensor) and x.dim() == 1
-    key = path_key((fmt, impl), (x, w), (scales, out)) if config is None else None
-    path = _PATHS.get(key) if key is not None else None
-    if path is not None:  # a call whose checks passed before (the geometry of everything they read)
-        y = _qgemm_run(w, x.reshape(1, -1) if one_row else x, scales, fmt, path,
-                       None if out is None else (out.unsqueeze(0) if one_row else out))
-        return out if out is not None else (y.reshape(-1) if one_row else y)
-    impl, x2, out2, _, _ = _check_gemv(w, x, scales, fmt, impl, out, None, None, fn="qgemm", formats=QGEMM_FORMATS,
+    impl, x2, out2, _, _ = _check_gemv(w, x, scales, fmt, impl, out, None, None, fn=fn, formats=QGEMM_FORMATS,
                                        impls=QGEMM_IMPLS, max_rows=None)
-    if key is not None:
-        _PATHS.remember(key, impl)
     if torch.compiler.is_compiling():  # traced: the custom op with its fake implementation
         y = x2.new_empty((x2.shape[0], w.shape[0])) if out2 is None else out2
         torch.ops.xelink.qgemm(w, x2, scales, fmt, impl, y)
@@ -197,14 +189,10 @@ def _qgemm_run(w, x, scales, fmt: str, impl: str, out=None, config: dict | None 
     tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
     counters, part = SCRATCH.get(x.device, tiles, tiles * cfg["SPLIT_K"] * cfg["BLOCK_M"] * cfg["BLOCK_N"]) \
         if cfg["SPLIT_K"] > 1 else (y, y)
-    launch(_qgemm_kernel, (tiles, cfg["SPLIT_K"]), x, w, scales, y, part, counters, M, N, K, x.stride(0), x.stride(1),
-           w.stride(0), scales.stride(0), y.stride(0), y.stride(1), W4=fmt == "w4a16", FP16=x.dtype == torch.float16,
-           **cfg)
+    _qgemm_kernel[(tiles, cfg["SPLIT_K"])](x, w, scales, y, part, counters, M, N, K, x.stride(0), x.stride(1),
+                                           w.stride(0), scales.stride(0), y.stride(0), y.stride(1),
+                                           W4=fmt == "w4a16", FP16=x.dtype == torch.float16, **cfg)
     return y
-
-
-# qgemm()'s checks, remembered by everything they read (``common.path_key``); the value is the impl resolved.
-_PATHS = Paths()
 
 
 @torch.library.custom_op("xelink::qgemm", mutates_args=("out",))
