@@ -301,7 +301,10 @@ def check_subgroups_as_torch_distributed(world):
     assert (first is None) == (r != 0) and (first is None or first.size == 1)
     if first is not None:
         first.free()
-    assert xelink.get_backend() == "xelink"
+    assert xelink.get_backend() == "xelink" == xelink.Backend.XELINK
+    # torch's Backend names: plain lowercase strings, equal to torch's own
+    assert xelink.Backend("NCCL") == xelink.Backend.NCCL == torch.distributed.Backend.NCCL == "nccl"
+    assert set(torch.distributed.Backend.backend_list) - {"fake"} <= set(xelink.Backend.backend_list)
     # torch's names: group.WORLD / GroupMember, all_gather_single and reduce_scatter_single (the *_tensor calls)
     assert xelink.group.WORLD is xelink.get_world() is xelink.GroupMember.WORLD
     assert xelink.GroupMember.NON_GROUP_MEMBER is xelink.NON_GROUP_MEMBER

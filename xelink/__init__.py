@@ -4,9 +4,9 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
                           broadcast, broadcast_object_list, device_barrier, gather, gather_object, irecv, isend,
                           monitored_barrier, recv, recv_object_list, reduce, reduce_scatter, reduce_scatter_single,
                           reduce_scatter_tensor, scatter, scatter_object_list, send, send_object_list, synchronize)
-from .comm import (NON_GROUP_MEMBER, Communicator, GroupMember, get_backend, get_global_rank, get_group_rank, get_process_group_ranks,
-                   get_rank, get_world_size, group, new_group, new_subgroups, new_subgroups_by_enumeration,
-                   split_group)
+from .comm import (NON_GROUP_MEMBER, Backend, Communicator, GroupMember, get_backend, get_global_rank, get_group_rank,
+                   get_process_group_ranks, get_rank, get_world_size, group, new_group, new_subgroups,
+                   new_subgroups_by_enumeration, split_group)
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
                    cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
@@ -25,6 +25,7 @@ __all__ = [
     "reduce_scatter_tensor",
     "scatter", "scatter_object_list", "send", "device_barrier", "synchronize", "empty", "monitored_barrier",
     "send_object_list", "recv_object_list",
+    "Backend",
     "Communicator",
     "GroupMember",
     "group",

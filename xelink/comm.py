@@ -63,6 +63,20 @@ class GroupMember(metaclass=_WorldAttribute):
     NON_GROUP_MEMBER = NON_GROUP_MEMBER
 
 
+class Backend(str):
+    """torch.distributed.Backend's names, plain lowercase strings as torch's (``Backend("NCCL") == Backend.NCCL ==
+    "nccl"``): ``init_process_group`` takes any of them and runs xelink's own (``get_backend`` answers
+    ``Backend.XELINK``)."""
+
+    UNDEFINED, GLOO, NCCL, XCCL, UCC, MPI, XELINK = "undefined", "gloo", "nccl", "xccl", "ucc", "mpi", "xelink"
+    backend_list = [UNDEFINED, GLOO, NCCL, XCCL, UCC, MPI, XELINK]
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise ValueError(f"Backend: name={name!r} must be a string such as 'nccl'")
+        return str.__new__(cls, name.lower())
+
+
 def get_world() -> "Communicator":
     """The world communicator; raises ``NotInitializedError`` before ``xelink.init()``."""
     if _world is None:
