@@ -56,6 +56,16 @@ def test_bad_arguments_name_qgemm():
         qgemm(q, x, s, "w4a16", out=torch.empty(20, 15, dtype=torch.bfloat16))
 
 
+def test_grad_takes_the_reference():
+    # forward only: with grad, auto is the reference's torch ops (differentiable); a named kernel path refuses
+    q, s, x, exact = _case("w4a16", 5, 16, 128, torch.bfloat16)
+    x.requires_grad_()
+    qgemm(q, x, s, "w4a16").float().sum().backward()
+    assert torch.allclose(x.grad.float(), exact.sum(0).float().expand(5, -1), rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="qgemm: x requires grad, but impl='triton' is forward only"):
+        qgemm(q, x, s, "w4a16", impl="triton")
+
+
 def test_custom_op_and_compile():
     q, s, x, _ = _case("w4a16", 19, 32, 256, torch.float16)
     out = torch.empty(19, 32, dtype=x.dtype)
