@@ -28,13 +28,15 @@
 #   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes);
 #   window:   sliding-window attention (window=): the attention and prefetch GPU tests with the windowed ones, the
 #             decode graphs (a windowed Mistral among them), what a window saves (window_ab.py), then the decode
-#             rows, unwindowed, as a check that the kernels' new arguments cost nothing (~5 minutes).
+#             rows, unwindowed, as a check that the kernels' new arguments cost nothing (~5 minutes);
+#   qgemm:    quantized projections past 8 rows: qgemm's GPU tests with every fast launch checked, the Llama GPU
+#             rank checks whose W8A16 / W4A16 prefills run on it, then qgemm_ab.py (~5 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window
-STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window"
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -128,6 +130,13 @@ h200)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  ;;
+qgemm)
+  step qgemm_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+    tests/kernels/test_qgemm.py tests/models/test_decode_graph.py
+  step qgemm_rank_tests 200 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=bf16_logits,decode_graph_under_tp \
+    python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
+  step qgemm_ab 280 python3 benchmarks/scripts/qgemm_ab.py
   ;;
 window)
   step window_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
