@@ -76,10 +76,17 @@ def check_tp_matches_one_rank_and_transformers(world):
 @only(sizes=(2, 4))
 def check_cp_and_tp_x_cp_match_transformers(world):
     """CP over the world, and at 4 ranks TP = 2 x CP = 2 (TP {0,1},{2,3}, CP {0,2},{1,3}), as ``xelink
-    generate --cp`` builds the groups."""
+    generate --cp`` builds the groups; the llama3.1 case, and the mistral-window one (a 3-key sliding window: the
+    prompt's queries over the gathered keys within their windows, each decode token over the slots its window
+    reaches on every rank)."""
+    for name in ("llama3.1", "mistral-window"):
+        _cp_and_tp_x_cp(world, name)
+
+
+def _cp_and_tp_x_cp(world, name):
     from xelink.models import Llama
 
-    path, _, _, want, want_tokens = _folder(world)
+    path, _, _, want, want_tokens = _folder(world, name)
     ids, _ = _prompts()
     for tp_size in (1, 2) if world.size == 4 else (1,):
         cp_size = world.size // tp_size
@@ -89,9 +96,9 @@ def check_cp_and_tp_x_cp_match_transformers(world):
                                       max_seq_len=16)
         got = model(ids, 0)
         err = (got - want).abs().max().item()
-        assert err < TOL, f"TP={tp_size} x CP={cp_size}: logits differ from transformers by {err}"
+        assert err < TOL, f"{name} TP={tp_size} x CP={cp_size}: logits differ from transformers by {err}"
         tokens = model.generate(ids, 6, eos_token_id=[])
-        assert torch.equal(tokens, want_tokens), f"TP={tp_size} x CP={cp_size}: {tokens} != {want_tokens}"
+        assert torch.equal(tokens, want_tokens), f"{name} TP={tp_size} x CP={cp_size}: {tokens} != {want_tokens}"
         # Each rank cached its shard of the 7 prompt positions and its round-robin share of the 5 decoded ones.
         cache = model.caches[0]
         assert cache.total == 12

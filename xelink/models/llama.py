@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from .. import cp_attention
+from .. import cp_attention, cp_unshard
 from ..kernels import (flash_attention, gemm, gemv, qgemm, reference_flash_attention, reference_gemv,
                        reference_rmsnorm, reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm,
                        rope, rope_decode_attention, silu_mul)
@@ -221,15 +221,20 @@ class CPKVCache:
     """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module).
 
     ``k, v``: ``(batch, kv_heads, capacity, head_dim)``, the first ``len`` slots filled: this rank's prompt
-    positions (its zigzag shard), then the decode tokens it owns (``cp.owner``). The slots keep no position
-    order: decode attention over a set of past keys does not need one (RoPE is applied before caching).
-    ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt shard, at most ``S/n + 2``, and its
-    round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
+    positions (its zigzag shard), then the decode tokens it owns (``cp.owner``); ``pos`` lists each slot's
+    position. The slots keep no position order: decode attention over a set of past keys does not need one (RoPE
+    is applied before caching). ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt shard, at most
+    ``S/n + 2``, and its round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
+
+    ``window`` (a sliding-window layer, or None): a prompt's queries attend to the group's keys gathered in
+    position order (each contiguous run of this rank's positions to the keys its window reaches: context-parallel
+    attention has no window), a decode token to the slots whose positions its window reaches, on every rank.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
-                 cp: ContextParallel):
-        self.cp = cp
+                 cp: ContextParallel, window: int | None = None):
+        self.cp, self.window = cp, window
+        self.pos: list[int] = []
         self.capacity = max_seq_len // cp.size + 4
         shape = (batch, kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -249,19 +254,46 @@ class CPKVCache:
         if cp.seq_len:
             self._write(k, v, 0)
             self.len, self.total = S, cp.seq_len
+            self.pos = cp.positions(cp.seq_len).tolist()
+            if self.window is not None and self.window < cp.seq_len:
+                return self._windowed_prompt(q, k, v, ops)
             return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len)
         pos = starts[0]
         if cp.owner(pos) == cp.rank:
             self._write(k, v, self.len)
             self.len += 1
+            self.pos.append(pos)
         self.total = pos + 1
-        if self.len:
-            out, lse = ops.attention(q, self.k[:B, :, :self.len], self.v[:B, :, :self.len], causal=False,
-                                     return_lse=True)
+        keys, values = self.k[:B, :, :self.len], self.v[:B, :, :self.len]
+        if self.window is not None:  # the slots the token's window reaches
+            seen = [i for i, p in enumerate(self.pos) if p > pos - self.window]
+            keys, values = keys[:, :, seen], values[:, :, seen]
+        if keys.shape[2]:
+            out, lse = ops.attention(q, keys, values, causal=False, return_lse=True)
         else:  # no key here yet: an empty partial
             out = q.new_zeros(q.shape)
             lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
         return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
+
+    def _windowed_prompt(self, q, k, v, ops: Ops) -> torch.Tensor:
+        """A prompt's attention within the window: every rank's keys and values gathered in position order, then
+        each contiguous run of this rank's positions attends (causal, windowed) to the keys from its first
+        query's window to its last query."""
+        cp, W = self.cp, self.window
+        keys, values = (cp_unshard(t.contiguous(), seq_len=cp.seq_len, group=cp.group, layout=cp.LAYOUT, dim=2)
+                        for t in (k, v))
+        out = q.new_zeros(q.shape)
+        j = 0
+        while j < len(self.pos):
+            end = j + 1
+            while end < len(self.pos) and self.pos[end] == self.pos[end - 1] + 1:
+                end += 1
+            first, last = self.pos[j], self.pos[end - 1]
+            lo = max(0, first - W + 1)
+            out[:, :, j:end] = ops.attention(q[:, :, j:end], keys[:, :, lo:last + 1], values[:, :, lo:last + 1],
+                                             causal=True, window=W)
+            j = end
+        return out
 
     def _write(self, k, v, at: int):
         B, _, n, _ = k.shape
@@ -298,8 +330,8 @@ class Llama:
             self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device,
                                    config.layer_window(i)) for i in range(len(self.layers))]
         else:
-            self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp)
-                           for _ in self.layers]
+            self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp,
+                                     config.layer_window(i)) for i in range(len(self.layers))]
         self.last_timings: dict = {}
         self._graphs: dict = {}  # batch size -> DecodeGraph
         self._o_views: dict = {}  # (O weight address, MiB) -> the view the decode attention prefetches
@@ -417,12 +449,6 @@ class Llama:
         that need the config."""
         tp = TensorParallel(cfg, tp_group, fn, force_xelink=impl == "xelink")
         tp.check_formats(weights, fn)
-        if cp_group is not None and cp_group.size > 1 and cfg.sliding_window is not None and \
-                any(cfg.layer_window(i) is not None and cfg.layer_window(i) < max_seq_len
-                    for i in range(cfg.num_hidden_layers)):
-            raise ValueError(f"{fn}: sliding_window={cfg.sliding_window} < max_seq_len={max_seq_len} under context "
-                             f"parallelism (cp_group of {cp_group.size} ranks) is not supported: context-parallel "
-                             f"attention has no window; pass max_seq_len <= {cfg.sliding_window} or no cp_group")
         ckpt = source()
         ckpt.check(tensor_shapes(cfg))
         loaded = tp.load(ckpt, weights, dtype, device)
