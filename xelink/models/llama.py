@@ -358,7 +358,8 @@ class Llama:
             max_batch: sequences the cache holds.
             max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192). A
                 sliding window (``config.sliding_window``) is attended within on its layers, whose caches keep
-                their window's rows only where it is shorter (``KVCache``'s ring).
+                their window's rows only where it is shorter (``KVCache``'s ring; under CP, ``CPKVCache``'s
+                window).
             impl: ``"auto"``, ``"xelink"`` (xelink's kernels and, on CUDA, xelink's collective algorithms
                 forced: an error where they cannot run) or ``"reference"`` (pure torch).
             device: where the model runs; default the TP group's device, else the CP group's, else the world's
