@@ -29,9 +29,9 @@ def aot():
 
 
 def test_every_kernel_module_imports_under_intel_triton():
-    for name in ("xelink.kernels.attention", "xelink.kernels.attention_bwd", "xelink.kernels.gemm", "xelink.kernels.gated_gemm", "xelink.kernels.gemv",
-                 "xelink.kernels.scatter_gemm", "xelink.kernels.qgemm",
-                 "xelink.kernels.norm",
+    for name in ("xelink.kernels.attention", "xelink.kernels.attention_bwd", "xelink.kernels.gemm",
+                 "xelink.kernels.gated_gemm", "xelink.kernels.gemv", "xelink.kernels.scatter_gemm",
+                 "xelink.kernels.qgemm", "xelink.kernels.norm",
                  "xelink.collectives.gpu.kernels", "xelink.symm.kernels"):
         importlib.import_module(name)
 

@@ -22,8 +22,8 @@ GPU_ALGORITHMS = registry.names("cuda")
 
 __all__ = [
     "ALGORITHMS", "GPU_ALGORITHMS", "GpuWork", "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor",
-    "all_gather_object", "all_gather_single", "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-    "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv", "isend", "monitored_barrier",
-    "recv", "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "registry", "scatter",
-    "scatter_object_list", "send", "send_object_list", "synchronize",
+    "all_gather_object", "all_gather_single", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
+    "batch_isend_irecv", "broadcast", "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv",
+    "isend", "monitored_barrier", "recv", "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_single",
+    "reduce_scatter_tensor", "registry", "scatter", "scatter_object_list", "send", "send_object_list", "synchronize",
 ]
