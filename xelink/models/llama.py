@@ -221,10 +221,10 @@ class CPKVCache:
     """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module).
 
     ``k, v``: ``(batch, kv_heads, capacity, head_dim)``, the first ``len`` slots filled: this rank's prompt
-    positions (its zigzag shard), then the decode tokens it owns (``cp.owner``); ``pos`` lists each slot's
-    position. The slots keep no position order: decode attention over a set of past keys does not need one (RoPE
-    is applied before caching). ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt shard, at most
-    ``S/n + 2``, and its round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
+    positions (its zigzag shard), then the decode tokens it owns (``cp.owner``); ``pos`` holds each slot's
+    position (a CPU tensor). The slots keep no position order: decode attention over a set of past keys does not
+    need one (RoPE is applied before caching). ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt
+    shard, at most ``S/n + 2``, and its round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
 
     ``window`` (a sliding-window layer, or None): a prompt's queries attend to the group's keys gathered in
     position order (each contiguous run of this rank's positions to the keys its window reaches: context-parallel
@@ -234,8 +234,8 @@ class CPKVCache:
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
                  cp: ContextParallel, window: int | None = None):
         self.cp, self.window = cp, window
-        self.pos: list[int] = []
         self.capacity = max_seq_len // cp.size + 4
+        self.pos = torch.zeros(self.capacity, dtype=torch.int64)
         shape = (batch, kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -254,20 +254,20 @@ class CPKVCache:
         if cp.seq_len:
             self._write(k, v, 0)
             self.len, self.total = S, cp.seq_len
-            self.pos = cp.positions(cp.seq_len).tolist()
+            self.pos[:S] = cp.positions(cp.seq_len)
             if self.window is not None and self.window < cp.seq_len:
                 return self._windowed_prompt(q, k, v, ops)
             return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len)
         pos = starts[0]
         if cp.owner(pos) == cp.rank:
             self._write(k, v, self.len)
+            self.pos[self.len] = pos
             self.len += 1
-            self.pos.append(pos)
         self.total = pos + 1
         keys, values = self.k[:B, :, :self.len], self.v[:B, :, :self.len]
         if self.window is not None:  # the slots the token's window reaches
-            seen = [i for i, p in enumerate(self.pos) if p > pos - self.window]
-            keys, values = keys[:, :, seen], values[:, :, seen]
+            seen = torch.nonzero(self.pos[:self.len] > pos - self.window).flatten().to(keys.device)
+            keys, values = keys.index_select(2, seen), values.index_select(2, seen)
         if keys.shape[2]:
             out, lse = ops.attention(q, keys, values, causal=False, return_lse=True)
         else:  # no key here yet: an empty partial
@@ -283,16 +283,14 @@ class CPKVCache:
         keys, values = (cp_unshard(t.contiguous(), seq_len=cp.seq_len, group=cp.group, layout=cp.LAYOUT, dim=2)
                         for t in (k, v))
         out = q.new_zeros(q.shape)
-        j = 0
-        while j < len(self.pos):
-            end = j + 1
-            while end < len(self.pos) and self.pos[end] == self.pos[end - 1] + 1:
-                end += 1
-            first, last = self.pos[j], self.pos[end - 1]
+        n = self.len
+        pos = self.pos[:n]
+        runs = [0] + (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist() if n else []
+        for j, end in zip(runs, runs[1:] + [n]):  # slots j..end-1 hold consecutive positions
+            first, last = int(pos[j]), int(pos[end - 1])
             lo = max(0, first - W + 1)
             out[:, :, j:end] = ops.attention(q[:, :, j:end], keys[:, :, lo:last + 1], values[:, :, lo:last + 1],
                                              causal=True, window=W)
-            j = end
         return out
 
     def _write(self, k, v, at: int):
