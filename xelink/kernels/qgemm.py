@@ -187,6 +187,7 @@ def _qgemm_run(w, x, scales, fmt: str, impl: str, out=None, config: dict | None 
         return y
     cfg = dict(_config(M, N, K, sm_count(x.device), fmt == "w4a16"), **(config or {}), BLOCK_K=_BLOCK_K)
     tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    # without a K split the kernel reads neither counters nor partials: y stands in for both
     counters, part = SCRATCH.get(x.device, tiles, tiles * cfg["SPLIT_K"] * cfg["BLOCK_M"] * cfg["BLOCK_N"]) \
         if cfg["SPLIT_K"] > 1 else (y, y)
     _qgemm_kernel[(tiles, cfg["SPLIT_K"])](x, w, scales, y, part, counters, M, N, K, x.stride(0), x.stride(1),
