@@ -305,6 +305,8 @@ def check_subgroups_as_torch_distributed(world):
     # torch's Backend names: plain lowercase strings, equal to torch's own
     assert xelink.Backend("NCCL") == xelink.Backend.NCCL == torch.distributed.Backend.NCCL == "nccl"
     assert set(torch.distributed.Backend.backend_list) - {"fake"} <= set(xelink.Backend.backend_list)
+    with pytest.raises(ValueError, match="Backend: name=3 must be a string"):
+        xelink.Backend(3)
     # torch's names: group.WORLD / GroupMember, all_gather_single and reduce_scatter_single (the *_tensor calls)
     assert xelink.group.WORLD is xelink.get_world() is xelink.GroupMember.WORLD
     assert xelink.GroupMember.NON_GROUP_MEMBER is xelink.NON_GROUP_MEMBER
