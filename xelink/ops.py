@@ -10,8 +10,8 @@ custom op (``xelink::<name>``; rope_kv and rope_decode_attention mark the caches
 ``flash_attention_backward`` is plain eager code (its kernels launched as Triton's own). See ``xelink.kernels``."""
 from .kernels import (decode_attention, flash_attention, flash_attention_backward, gemm, gemv, merge_attention,
                       pack_w4a16, pack_w8a16, qgemm, rmsnorm, rope, rope_decode_attention, rope_kv, silu_mul,
-                      unpack_w4a16, unpack_w8a16)
+                      tile_w4a16, tiled_w4a16_native, unpack_w4a16, unpack_w8a16, untile_w4a16)
 
 __all__ = ["decode_attention", "flash_attention", "flash_attention_backward", "gemm", "gemv", "merge_attention",
            "pack_w4a16", "pack_w8a16", "qgemm", "rmsnorm", "rope", "rope_decode_attention", "rope_kv", "silu_mul",
-           "unpack_w4a16", "unpack_w8a16"]
+           "tile_w4a16", "tiled_w4a16_native", "unpack_w4a16", "unpack_w8a16", "untile_w4a16"]

@@ -4,9 +4,10 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|staged-bf16|staged-w4a16[:shape,...] ...]
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|w4a16t|staged-bf16|staged-w4a16|kept-<fmt>[:shape,...] ...]
 (default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
-shared-memory stages, ``STAGES``)
+shared-memory stages, ``STAGES``; ``w4a16t``: the weights in tiles, ``tile_w4a16``; ``kept-*``: the kept
+configuration only)
 """
 import statistics
 import sys
@@ -16,7 +17,7 @@ import torch
 from xelink.bench.harness import time_cuda_events
 from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import gemv
-from xelink.kernels.gemv import pack_w4a16
+from xelink.kernels.gemv import pack_w4a16, tile_w4a16
 
 LAYERS = 32
 SHAPES = {"bf16": [(6144, 4096, "qkv"), (4096, 4096, "o"), (4096, 14336, "down")],
@@ -47,6 +48,15 @@ CONFIGS = {
 _STAGED = [(4, 1, 3, 1), (4, 1, 4, 1), (4, 1, 6, 1), (4, 2, 3, 1), (4, 2, 4, 1), (4, 2, 6, 1), (4, 4, 3, 1),
            (4, 4, 4, 1), (8, 1, 4, 1), (8, 2, 3, 1), (8, 2, 4, 1), (2, 2, 4, 1), (2, 4, 4, 1), (4, 2, 4, 2),
            (4, 1, 8, 1)]
+# The weights in tiles of 16 rows x 128 columns ("w4a16t": a warp's step one contiguous 1 KB piece), read by the
+# tensor-core kernel: row tiles, warps, steps a warp an iteration, grid split.
+SHAPES["w4a16t"] = SHAPES["w4a16"]
+CONFIGS["w4a16t"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=sp)
+                     for rt, nw, un, sp in [(1, 4, 1, 1), (1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 1, 1), (1, 8, 2, 1),
+                                            (1, 8, 1, 2), (1, 8, 2, 2), (1, 4, 1, 2), (1, 4, 1, 4), (1, 2, 1, 1),
+                                            (2, 4, 2, 1)]]
+for _fmt in ("bf16", "w4a16", "w4a16t"):
+    SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
     SHAPES["staged-" + _fmt] = SHAPES[_fmt]
     CONFIGS["staged-" + _fmt] = [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=un, STAGES=st, SPLIT=sp)
@@ -60,7 +70,7 @@ def main():
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
         mode, _, names = arg.partition(":")
-        fmt = mode.removeprefix("staged-")
+        fmt = mode.removeprefix("staged-").removeprefix("kept-")
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue
@@ -68,6 +78,8 @@ def main():
             for _ in range(LAYERS):
                 w = torch.randn(n, k, device=dev, generator=gen) * 0.02
                 ws.append((w.to(torch.bfloat16), None) if fmt == "bf16" else pack_w4a16(w, torch.bfloat16))
+                if fmt == "w4a16t":
+                    ws[-1] = (tile_w4a16(ws[-1][0]), ws[-1][1])
                 del w
             nbytes = sum(t.numel() * t.element_size() for t in ws[0] if t is not None)
             x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)

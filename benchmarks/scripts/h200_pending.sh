@@ -30,13 +30,16 @@
 #             decode graphs (a windowed Mistral among them), what a window saves (window_ab.py), then the decode
 #             rows, unwindowed, as a check that the kernels' new arguments cost nothing (~5 minutes);
 #   qgemm:    quantized projections past 8 rows: qgemm's GPU tests with every fast launch checked, the Llama GPU
-#             rank checks whose W8A16 / W4A16 prefills run on it, then qgemm_ab.py (~5 minutes).
+#             rank checks whose W8A16 / W4A16 prefills run on it, then qgemm_ab.py (~5 minutes);
+#   w4tiles:  W4A16 weights in tiles ("w4a16t"): the gemv, qgemm and decode-graph GPU tests with every fast launch
+#             checked, the one-row GEMVs' tiles (gemv_chain_sweep.py), the windowed CP = 2 check on CUDA
+#             (~8 minutes); then (W4TILES_AB=1) only the decode step's A/B, tiles against rows (tiles_ab.py).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm
-STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -137,6 +140,17 @@ qgemm)
   step qgemm_rank_tests 200 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=bf16_logits,decode_graph_under_tp \
     python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
   step qgemm_ab 280 python3 benchmarks/scripts/qgemm_ab.py
+  ;;
+w4tiles)
+  if [ -n "$W4TILES_AB" ]; then
+    step tiles_ab 240 python3 benchmarks/scripts/tiles_ab.py
+    exit 0
+  fi
+  step w4tiles_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_gemv.py tests/kernels/test_qgemm.py tests/models/test_decode_graph.py
+  step gemv_tiled_sweep 120 python3 benchmarks/scripts/gemv_chain_sweep.py kept-w4a16 w4a16t kept-w4a16
+  step window_cp_gpu 100 env XELINK_TEST_CHECKS=sliding_window python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/models/ranks_gpu_llama.py
   ;;
 window)
   step window_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \

@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from xelink.kernels.gemv import (W4_GROUP, gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16,
-                                 unpack_w8a16)
+from xelink.kernels.gemv import (W4_GROUP, gemv, pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16,
+                                 tiled_w4a16_native, unpack_w4a16, unpack_w8a16, untile_w4a16)
+from xelink.kernels.qgemm import qgemm
 from xelink.kernels.norm import silu_mul
 
 from out_blocks import on_two_streams, only_block_written, poisoned
@@ -50,6 +51,60 @@ def test_w4_layout_low_nibble_is_even_k():
     want = ((k[0::2] % 15) + 1) | (((k[1::2] % 15) + 1) << 4)
     assert torch.equal(packed[0].long(), want)
     assert torch.equal(unpack_w4a16(packed, scales), w)
+
+
+def test_w4_tiles_layout_and_round_trip():
+    # "w4a16t": tiles of 16 rows x 64 bytes (one scale group), each contiguous, a 16-row block's tiles in column
+    # order, blocks in row order
+    n, k = 48, 384
+    packed, scales = pack_w4a16(torch.randn(n, k), torch.bfloat16)
+    tiled = tile_w4a16(packed)
+    assert tiled.shape == packed.shape and tiled.dtype == torch.uint8 and tiled.is_contiguous()
+    flat = tiled.reshape(-1)
+    for row, byte in ((0, 0), (5, 63), (15, 64), (16, 0), (33, 130), (47, 191)):
+        at = (row // 16) * 16 * (k // 2) + (byte // 64) * 1024 + (row % 16) * 64 + byte % 64
+        assert flat[at] == packed[row, byte], (row, byte)
+    assert not torch.equal(tiled, packed) and torch.equal(untile_w4a16(tiled), packed)
+    with pytest.raises(ValueError, match=r"tile_w4a16: packed.shape=\(20, 64\) must be \[N, K/2\] with N a multiple "
+                                         r"of 16"):
+        tile_w4a16(packed[:20, :64])
+    with pytest.raises(ValueError, match="tile_w4a16: .* K of 128"):
+        tile_w4a16(packed[:, :100])
+    with pytest.raises(TypeError, match="tile_w4a16: packed.dtype=torch.int8 must be torch.uint8"):
+        tile_w4a16(packed.view(torch.int8))
+    with pytest.raises(ValueError, match="untile_w4a16: a tiled weight is contiguous"):
+        untile_w4a16(torch.zeros(16, 128, dtype=torch.uint8)[:, :64])
+
+
+def test_w4_tiles_off_the_tensor_core_kernel():
+    # Where the tensor-core kernel does not run (CPU: the reference), gemv and qgemm give the row layout's results
+    w, s, _ = _weights("w4a16", 32, 256, torch.bfloat16)
+    t = tile_w4a16(w)
+    for m in (1, 3, 8):
+        x = torch.randn(m, 256).to(torch.bfloat16)
+        assert torch.equal(gemv(t, x, s, "w4a16t"), gemv(w, x, s, "w4a16"))
+        assert torch.equal(gemv(t, x, s, "w4a16t", act="silu_mul"), gemv(w, x, s, "w4a16", act="silu_mul"))
+        assert torch.equal(qgemm(t, x, s, "w4a16t"), qgemm(w, x, s, "w4a16"))
+        assert torch.equal(reference_gemv(t, x, s, "w4a16t"), reference_gemv(w, x, s, "w4a16"))
+    assert not tiled_w4a16_native("cpu")
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    for fn in (gemv, qgemm):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: fmt='w4a16t' takes tile_w4a16's weight: contiguous, "
+                                             r"N a multiple of 16 \(got shape \(20, 128\)"):
+            fn(t[:20], x, s[:20], "w4a16t")
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: fmt='w4a16t' takes tile_w4a16's weight"):
+            fn(torch.zeros(32, 256, dtype=torch.uint8)[:, :128], x, s, "w4a16t")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+def test_interpreted_tiles_take_a_row_copy():
+    # impl="triton" (the portable kernels) reads a row-layout copy: the row layout's result bit for bit
+    w, s, _ = _weights("w4a16", 48, 384, torch.float16)
+    x = torch.randn(3, 384).to(torch.float16)
+    cfg = dict(KERNEL="words", BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=1, num_stages=1)
+    assert torch.equal(gemv(tile_w4a16(w), x, s, "w4a16t", "triton", config=cfg), gemv(w, x, s, "w4a16", "triton",
+                                                                                         config=cfg))
+    assert torch.equal(gemv(tile_w4a16(w), x, s, "w4a16t", "triton"), gemv(w, x, s, "w4a16", "triton"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -503,6 +558,45 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
             for cfg in TC_CONFIGS + (TC_W4_CONFIGS if fmt == "w4a16" else []):
                 _check_gpu_gemv(w, x, s, fmt, "cuda", cfg, exact, f"tc {fmt} {dtype} N={N} K={K} M={M} cfg={cfg} "
                                 f"seed={seed}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
+    # "w4a16t" read in place by the tensor-core kernel: the row layout's sums in the same order (bit for bit) at
+    # its default tiles (8 warps, K split where K is long; the remembered launch with PDL and the L2 prefetch) and
+    # every config but STAGES, 1-8 rows, within TOL of float64; act="silu_mul"; a graph replayed with new inputs.
+    requires_gpus(1)
+    from xelink.kernels.common import sm_count
+    from xelink.kernels.gemv_tc import tc_config
+    assert tiled_w4a16_native("cuda")
+    seed = random.SystemRandom().randrange(2**31)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    configs = [None] + [c for c in TC_CONFIGS + TC_W4_CONFIGS if "STAGES" not in c]
+    for N, K in [(16, 128), (48, 384), (304, 1024), (4096, 256), (64, 4224), (2048, 8192), (4096, 14336)]:
+        w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
+        t = tile_w4a16(w)
+        for M in (1, 4, 5, 8):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
+            for cfg in configs:
+                where = f"w4a16t {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
+                _check_gpu_gemv(t, x, s, "w4a16t", "cuda", cfg, exact, where)
+                rows_cfg = cfg or dict(KERNEL="tc", **tc_config(M, N, K, "w4a16t", sm_count(x.device)))
+                want = gemv(w, x, s, "w4a16", "cuda", config=rows_cfg)
+                assert torch.equal(gemv(t, x, s, "w4a16t", "cuda", config=cfg), want), where
+    w, s, _ = _weights("w4a16", 2 * 2048, 4096, dtype, "cuda", gen)
+    t = tile_w4a16(w)
+    x = torch.randn(2, 4096, device="cuda", generator=gen).to(dtype)
+    rows_cfg = dict(KERNEL="tc", **tc_config(2, 4096, 4096, "w4a16t", sm_count(x.device)))
+    assert torch.equal(gemv(t, x, s, "w4a16t", act="silu_mul"), gemv(w, x, s, "w4a16", act="silu_mul",
+                                                                      config=rows_cfg))
+    out = gemv(t, x, s, "w4a16t")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = gemv(t, x, s, "w4a16t")
+    x.copy_(torch.randn(2, 4096, device="cuda", generator=gen).to(dtype))
+    g.replay()
+    assert torch.equal(out, gemv(w, x, s, "w4a16", config=rows_cfg))
 
 
 def test_tensor_core_stages_only_on_aligned_rows():

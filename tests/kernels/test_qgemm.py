@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from xelink.kernels.gemv import pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
+from xelink.kernels.gemv import pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16, unpack_w4a16, unpack_w8a16
 from xelink.kernels.qgemm import qgemm
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
@@ -74,15 +74,19 @@ def test_custom_op_and_compile():
     assert torch.equal(compiled(x), reference_gemv(q, x, s, "w4a16") * 2)
 
 
-def _check_kernel(device, dtype, shapes, fmts=("w8a16", "w4a16"), config=None):
+def _check_kernel(device, dtype, shapes, fmts=("w8a16", "w4a16", "w4a16t"), config=None):
     for fmt in fmts:
         for m, n, k in shapes:
-            if fmt == "w4a16" and k % 128:
+            if fmt != "w8a16" and k % 128 or fmt == "w4a16t" and n % 16:
                 continue
             q, s, x, exact = _case(fmt, m, n, k, dtype, device, seed=m + n + k)
+            if fmt == "w4a16t":  # the same weights tiled: the same sums in the same order as the row layout's
+                rows = qgemm(q, x, s, "w4a16", impl="triton", config=config)
+                q = tile_w4a16(q)
             y = qgemm(q, x, s, fmt, impl="triton", config=config)
             assert y.shape == (m, n) and y.dtype == dtype
             assert _rel(y, x, exact) < TOL[dtype], (fmt, m, n, k, _rel(y, x, exact))
+            assert fmt != "w4a16t" or torch.equal(y, rows), (m, n, k, "tiled != rows")
             # out= a column block of a wider buffer, poisoned around it
             big = torch.full((m, n + 16), float("nan"), dtype=dtype, device=device)
             assert qgemm(q, x, s, fmt, impl="triton", out=big[:, 8:8 + n], config=config) is not None
@@ -95,8 +99,8 @@ SMALL = [(1, 16, 128), (9, 64, 256), (17, 200, 384), (33, 130, 200), (70, 96, 51
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 def test_kernel_interpreter():
     _check_kernel("cpu", torch.float16, SMALL)  # (K split where the tiles are few: the interpreter has 8 "SMs")
-    _check_kernel("cpu", torch.float16, SMALL[:3], ("w4a16",), dict(UNPACK=1, SPLIT_K=1))
-    _check_kernel("cpu", torch.float16, SMALL[3:], ("w4a16",), dict(UNPACK=1, SPLIT_K=3))
+    _check_kernel("cpu", torch.float16, SMALL[:3], ("w4a16", "w4a16t"), dict(UNPACK=1, SPLIT_K=1))
+    _check_kernel("cpu", torch.float16, SMALL[3:], ("w4a16", "w4a16t"), dict(UNPACK=1, SPLIT_K=3))
 
 
 @pytest.mark.gpu
@@ -106,7 +110,7 @@ def test_kernel_gpu(requires_gpus, dtype):
     # tails, then Llama-3.1-8B's projections at decode batches past gemv's 8 rows and at a prefill
     _check_kernel("cuda", dtype, SMALL + [(16, 6144, 4096), (64, 28672, 4096), (100, 4096, 14336),
                                           (1024, 4096, 4096), (777, 1000, 1152)])
-    _check_kernel("cuda", dtype, [(16, 6144, 4096), (300, 1000, 1152)], ("w4a16",), dict(UNPACK=1))
+    _check_kernel("cuda", dtype, [(16, 6144, 4096), (300, 1008, 1152)], ("w4a16", "w4a16t"), dict(UNPACK=1))
     _check_kernel("cuda", dtype, [(40, 4096, 4096)], config=dict(SPLIT_K=5))  # a split count not dividing K
 
 

@@ -96,6 +96,38 @@ def check_cp2_bf16_matches_transformers(world):
         assert seen[0] == seen[1], f"CP=2 impl={impl}: ranks disagree"
 
 
+
+@only(sizes=(2,))
+def check_cp2_sliding_window_bf16_matches_transformers(world):
+    """The "mistral-window" case (a 3-key sliding window) at CP = 2 on CUDA: the windowed prompt over the
+    gathered keys, then decode tokens each over the slots its window reaches on either rank, merged across the
+    group; the prompt's logits and five decode steps' (given tokens, positions 9-13) against transformers'."""
+    pytest.importorskip("transformers")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from llama_cases import hf_logits, hf_model, save
+
+    from xelink.models import Llama
+
+    path = None
+    if world.rank == 0:
+        path = tempfile.mkdtemp(prefix="xelink-gpu-window-")
+        save("mistral-window", path)
+    path = world.allgather_object(path)[0]
+    seq = torch.randint(0, 128, (2, 14), generator=torch.Generator().manual_seed(6))
+    want = hf_logits(hf_model("mistral-window"), seq)
+    for impl in ("xelink", "auto"):
+        model = Llama.from_pretrained(path, cp_group=world, dtype=torch.bfloat16, impl=impl, max_batch=2,
+                                      max_seq_len=32)
+        err = _rel(model(seq[:, :9], 0).float().cpu(), want[:, :9])
+        assert err < 3e-2, f"CP=2 window impl={impl}: prompt relative error {err:.3g}"
+        for p in range(9, 14):
+            step = model(seq[:, p:p + 1], p).float().cpu()
+            err = _rel(step[:, -1], want[:, p])
+            assert err < 3e-2, f"CP=2 window impl={impl}: decode at position {p} relative error {err:.3g}"
+        seen = world.allgather_object(step.numpy().tobytes())
+        assert seen[0] == seen[1], f"CP=2 window impl={impl}: ranks disagree"
+
 def check_decode_graph_under_tp_matches_eager(world):
     """The decode step captured in a CUDA graph with the TP all-reduces and the head's gather in it (ranks
     sharing the GPU): its logits equal the eager step's bit for bit, positions moving; greedy generation

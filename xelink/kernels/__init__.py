@@ -13,7 +13,8 @@ from .attention import (decode_attention, flash_attention, flash_attention_backw
                         reference_merge_attention, reference_rope_decode_attention, rope_decode_attention)
 from .gated_gemm import gated_gemm
 from .gemm import gemm, reference_gemm
-from .gemv import gemv, pack_w4a16, pack_w8a16, reference_gemv, unpack_w4a16, unpack_w8a16
+from .gemv import (gemv, pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16, tiled_w4a16_native, unpack_w4a16,
+                   unpack_w8a16, untile_w4a16)
 from .norm import (reference_rmsnorm, reference_rope, reference_rope_kv, reference_silu_mul, rmsnorm, rope, rope_kv,
                    silu_mul)
 from .qgemm import qgemm
@@ -27,6 +28,6 @@ __all__: list[str] = [
     "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "qgemm", "reference_gemm", "reference_gemv",
     "reference_rmsnorm",
     "reduce_programs", "reference_rope", "reference_rope_kv", "reference_scatter_reduce", "reference_silu_mul",
-    "rmsnorm", "rope", "rope_kv", "scatter_gemm", "scatter_geometry", "scatter_reduce", "silu_mul", "unpack_w4a16",
-    "unpack_w8a16",
+    "rmsnorm", "rope", "rope_kv", "scatter_gemm", "scatter_geometry", "scatter_reduce", "silu_mul", "tile_w4a16",
+    "tiled_w4a16_native", "unpack_w4a16", "unpack_w8a16", "untile_w4a16",
 ]

@@ -52,23 +52,25 @@ import functools
 import torch
 
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
-                     check_same_device, check_tensor, forward_only, path_key, require_triton, sm_count, tl, triton)
+                     check_same_device, check_tensor, forward_only, interpreting, path_key, require_triton, sm_count,
+                     tl, triton)
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_l2
 from .split import SCRATCH, last_split
 
-__all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "gemv", "pack_w4a16", "pack_w8a16", "reference_gemv",
-           "unpack_w4a16", "unpack_w8a16"]
+__all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "W4_TILE_ROWS", "gemv", "pack_w4a16", "pack_w8a16",
+           "reference_gemv", "tile_w4a16", "tiled_w4a16_native", "unpack_w4a16", "unpack_w8a16", "untile_w4a16"]
 
-GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16")
+GEMV_FORMATS = ("bf16", "fp16", "w8a16", "w4a16", "w4a16t")
 GEMV_IMPLS = ("auto", "triton", "cuda", "reference")
 GEMV_ACTS = ("silu_mul",)  # act=: an activation applied to the output at the store
 W4_GROUP = 128  # columns of W sharing one W4A16 scale
+W4_TILE_ROWS = 16  # rows of a "w4a16t" tile (its columns: one scale group)
 MAX_ROWS = 8
 _FLOAT16 = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2}
+_FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2, "w4a16t": 2}
 # pdl="auto": a launch of at most this many rows of W lets the next kernel go early, a larger one late (the H200
 # sweep in _GemvLaunch); an A/B switch (benchmarks/scripts/rope_decode_ab.py), read when a launch is planned.
 PDL_EARLY_MAX_ROWS = 8192
@@ -169,9 +171,52 @@ def unpack_w4a16(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(n, -1, W4_GROUP) * scales.float()[:, :, None]).reshape(n, 2 * half)
 
 
+def _tiles_view(fn: str, packed: torch.Tensor) -> tuple[int, int, int]:
+    """(row blocks, groups, bytes a group row) of a W4A16 weight ``[N, K/2]`` cut into "w4a16t" tiles."""
+    check_tensor(fn, "packed", packed, 2)
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"{fn}: packed.dtype={packed.dtype} must be torch.uint8 (see pack_w4a16)")
+    n, half = packed.shape
+    if n % W4_TILE_ROWS or 2 * half % W4_GROUP:
+        raise ValueError(f"{fn}: packed.shape={tuple(packed.shape)} must be [N, K/2] with N a multiple of "
+                         f"{W4_TILE_ROWS} and K of {W4_GROUP}")
+    return n // W4_TILE_ROWS, 2 * half // W4_GROUP, W4_GROUP // 2
+
+
+def tile_w4a16(packed: torch.Tensor) -> torch.Tensor:
+    """A W4A16 weight (``pack_w4a16``'s ``[N, K/2]``) in the ``"w4a16t"`` layout: the same bytes, stored as tiles
+    of 16 rows x 128 columns (one scale group: 64 bytes a row), each tile contiguous, a block of 16 rows' tiles
+    in column order, blocks in row order. The shape stays ``[N, K/2]`` (a new contiguous tensor); the scales are
+    unchanged. ``gemv`` reads it in place on the tensor-core kernel (``tiled_w4a16_native``), where a warp's
+    step is then one contiguous 1 KB piece instead of 16 rows' 64 bytes (HBM reads them faster: 14-18% on the
+    larger one-row GEMVs of Llama-3.1-8B, benchmarks/results/h100-rows); ``qgemm`` reads it in place too.
+
+    Args:
+        packed: uint8 ``[N, K/2]``, N a multiple of 16, K of 128.
+
+    Returns:
+        uint8 ``[N, K/2]``, contiguous.
+    """
+    blocks, groups, width = _tiles_view("tile_w4a16", packed)
+    return (packed.reshape(blocks, W4_TILE_ROWS, groups, width).permute(0, 2, 1, 3).contiguous()
+            .reshape(packed.shape))
+
+
+def untile_w4a16(tiled: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`tile_w4a16`: a ``"w4a16t"`` weight back in ``pack_w4a16``'s row layout
+    (``[N, K/2]``, contiguous)."""
+    blocks, groups, width = _tiles_view("untile_w4a16", tiled)
+    if not tiled.is_contiguous():
+        raise ValueError(f"untile_w4a16: a tiled weight is contiguous (stride {tiled.stride()})")
+    return (tiled.reshape(blocks, groups, W4_TILE_ROWS, width).permute(0, 2, 1, 3).contiguous()
+            .reshape(tiled.shape))
+
+
 def _dequantize(w: torch.Tensor, scales, fmt: str) -> torch.Tensor:
     if fmt == "w8a16":
         return unpack_w8a16(w, scales)
+    if fmt == "w4a16t":
+        return unpack_w4a16(untile_w4a16(w), scales)
     if fmt == "w4a16":
         return unpack_w4a16(w, scales)
     return w.float()
@@ -751,7 +796,8 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     (5-8 rows). A K split (split_k) is finished in the same launch (split.py); the tc kernel's adds a
     second one.
     """
-    if ptx and TC_AVAILABLE and fmt in ("w8a16", "w4a16") and (M > 4 or N >= 8192 or fmt == "w4a16" and K <= N):
+    if ptx and TC_AVAILABLE and (fmt == "w4a16t" or fmt in ("w8a16", "w4a16") and (M > 4 or N >= 8192 or
+                                                                                   fmt == "w4a16" and K <= N)):
         # Quantized weights on the tensor cores with the operands loaded into the mma fragments (gemv_tc):
         # fastest at 5-8 rows on every shape, at 1 row from 8192 rows up, and for W4A16 at 1 row on
         # 4096x4096 too (runs 12, 13; the word kernel stays ahead where K is long against N).
@@ -792,6 +838,8 @@ class _GemvLaunch:
         M, K = x.shape
         N = w.shape[0]  # rows of W; with act, [gate; up]: N // 2 outputs
         self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
+        if fmt == "w4a16t" and not (ptx and TC_AVAILABLE):
+            fmt = "w4a16"  # the other kernels read a row-layout copy (_gemv_run)
         if pdl == "auto":
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
             # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
@@ -817,6 +865,8 @@ class _GemvLaunch:
             kernel = cfg["KERNEL"]
         if kernel == "tc" and not ptx:
             raise ValueError("gemv: config KERNEL='tc' (Gluon, inline PTX) runs with impl='cuda' only")
+        if kernel != "tc" and fmt == "w4a16t":
+            raise ValueError(f"gemv: fmt='w4a16t' runs on KERNEL='tc' (impl='cuda'), not config KERNEL={kernel!r}")
         if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
             raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
         # act on the tensor-core kernel: its [M, N] into a temporary, then silu_mul (two launches).
@@ -831,7 +881,7 @@ class _GemvLaunch:
                    **cfg, "PDL": pdl}
             cfg.pop("KERNEL")
             self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(w, x, scales, _FMT_CODE[fmt],
-                                                                                    cfg, y_stride)
+                                                                                    cfg, y_stride, fmt == "w4a16t")
         else:
             self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride, act)
         self.sum, self.tiles, self.tc = None, 0, kernel == "tc"
@@ -940,6 +990,9 @@ def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict |
     (``plan``: the remembered path's :class:`_GemvLaunch`, else one worked out for this call)."""
     if out is not None:
         check_no_overlap("gemv", out, w=w, x=x, scales=scales)
+    if fmt == "w4a16t" and not (impl == "cuda" and TC_AVAILABLE):
+        # only the tensor-core kernel reads tiles in place: the others take a row-layout copy (tiled_w4a16_native)
+        w, fmt = untile_w4a16(w), "w4a16"
     if impl == "reference":
         y = reference_gemv(w, x, scales, fmt)
         y = reference_silu_mul(y) if act else y
@@ -1030,6 +1083,9 @@ def _check_gemv(w, x, scales, fmt, impl, out, pdl, config, act=None, *, fn="gemv
                 raise ValueError(f"{fn}: w4a16 scales.shape={tuple(scales.shape)} must be ({N}, {K // W4_GROUP})")
             if scales.stride(1) != 1 and scales.shape[1] > 1:
                 raise ValueError(f"{fn}: scales must be contiguous along groups (stride {scales.stride()})")
+            if fmt == "w4a16t" and (N % W4_TILE_ROWS or not w.is_contiguous()):
+                raise ValueError(f"{fn}: fmt='w4a16t' takes tile_w4a16's weight: contiguous, N a multiple of "
+                                 f"{W4_TILE_ROWS} (got shape {tuple(w.shape)}, stride {w.stride()})")
     check_same_device(fn, w=w, x=x, scales=scales)
     if act is not None:
         if N % 2:
@@ -1067,6 +1123,16 @@ def _cuda_ptx_ok(device: torch.device) -> bool:
     return cap is not None and cap >= (8, 0)
 
 
+def tiled_w4a16_native(device) -> bool:
+    """Whether ``gemv(impl="auto")`` reads ``"w4a16t"`` weights (``tile_w4a16``) in place on ``device``: the
+    tensor-core kernel, on a CUDA GPU of compute capability >= 8.0 with Triton's Gluon. Elsewhere gemv takes a
+    row-layout copy a call (correct, slower: keep ``"w4a16"`` there); ``qgemm`` reads tiles in place wherever
+    its Triton kernel runs."""
+    device = torch.device(device)
+    return (TC_AVAILABLE and device.type == "cuda" and auto_takes_triton(device) and not interpreting()
+            and _cuda_ptx_ok(device))
+
+
 def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, fmt: str = "bf16",
          impl: str = "auto", *, out: torch.Tensor | None = None, pdl=None, config: dict | None = None,
          act: str | None = None) -> torch.Tensor:
@@ -1074,10 +1140,13 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
 
     Args:
         w: ``[N, K]`` in the activation dtype (fmt ``"bf16"``/``"fp16"``), int8 ``[N, K]`` (``"w8a16"``)
-            or packed uint8 ``[N, K/2]`` (``"w4a16"``); contiguous along K.
+            or packed uint8 ``[N, K/2]`` (``"w4a16"``; ``"w4a16t"``: in ``tile_w4a16``'s layout, contiguous,
+            N a multiple of 16); contiguous along K.
         x: ``[K]`` or ``[M, K]`` with ``1 <= M <= 8``, bf16 or fp16.
-        scales: None for dense; ``[N]`` (w8a16) or ``[N, K/128]`` (w4a16) in ``x.dtype``.
-        fmt: ``"bf16"``, ``"fp16"``, ``"w8a16"`` or ``"w4a16"``.
+        scales: None for dense; ``[N]`` (w8a16) or ``[N, K/128]`` (w4a16, w4a16t) in ``x.dtype``.
+        fmt: ``"bf16"``, ``"fp16"``, ``"w8a16"``, ``"w4a16"`` or ``"w4a16t"`` (the same weights tiled: read in
+            place by the tensor-core kernel, ``impl="cuda"``; the other paths untile a copy a call,
+            ``tiled_w4a16_native``).
         impl: ``"auto"`` (``"cuda"`` on a CUDA GPU of compute capability >= 8.0, ``"triton"`` on other
             GPUs, else the reference), ``"triton"`` (portable Triton ops), ``"cuda"`` (inline-PTX
             dequantization, the Gluon tensor-core kernel; otherwise the same) or ``"reference"``.

@@ -210,14 +210,15 @@ if gluon is not None:
             return 0.0
 
     @gluon.jit
-    def _step_weights(w_ptrs, s_ptrs, w_kb, s_k, k, K, FMT: gl.constexpr, EVEN: gl.constexpr):
+    def _step_weights(w_ptrs, s_ptrs, w_kb, s_k, k, K, FMT: gl.constexpr, EVEN: gl.constexpr,
+                      W_ADV: gl.constexpr = 1):
         """The raw weight tiles and (W4A16) group scales ``k`` columns on, loaded into registers (every
-        batch: ``UNROLL`` steps of each warp)."""
+        batch: ``UNROLL`` steps of each warp; ``W_ADV``: 16 where W is stored in tiles of 16 rows)."""
         W_DIV: gl.constexpr = 2 if FMT == 2 else 1
         if EVEN:
-            p = gl.load(w_ptrs + k // W_DIV)
+            p = gl.load(w_ptrs + k // W_DIV * W_ADV)
         else:
-            p = gl.load(w_ptrs + k // W_DIV, mask=w_kb + k // W_DIV < K // W_DIV, other=0)
+            p = gl.load(w_ptrs + k // W_DIV * W_ADV, mask=w_kb + k // W_DIV < K // W_DIV, other=0)
         return p, _step_scales(s_ptrs, s_k, k, K, FMT)
 
     @gluon.jit
@@ -281,7 +282,7 @@ if gluon is not None:
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
                         num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0,
-                        PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0):
+                        PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0, TILED: gl.constexpr = False):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
@@ -298,12 +299,19 @@ if gluon is not None:
 
         pid_n = gl.program_id(0)
         pid_s = gl.program_id(1)
+        # TILED (fmt "w4a16t", gemv.tile_w4a16): W stored as tiles of 16 rows x one step (16 x W_COLS elements,
+        # contiguous), a 16-row block's tiles in column order: a warp's load of a step is one contiguous piece.
+        W_ADV: gl.constexpr = 16 if TILED else 1
         if PREFETCH:
             if pid_n + pid_s * gl.num_programs(0) < PREFETCH:  # the first PREFETCH programs' columns: their
                 # warps' STEPS steps each, from (s * WARPS) * STEPS * 128
                 k_lo = pid_s * WARPS * STEPS * _STEP
                 k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
-                _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
+                if TILED:  # a program's columns of each of its 16-row blocks are one contiguous range
+                    _prefetch_tc(w_ptr, pid_n, gl.cdiv(N, 16), stride_wn * 16, k_lo // W_DIV * 16,
+                                 k_n // W_DIV * 16, ROW_TILES, WARPS, LIMIT * 16)
+                else:
+                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
         pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128, UNROLL at a time:
         # batch b holds step u = b // WARPS of each iteration of warp w = b % WARPS.
@@ -313,7 +321,11 @@ if gluon is not None:
         rn = gl.minimum(rn, N - 1)  # rows past N re-read row N-1 (dropped at the store): no row mask
         rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
         w_kb = (k_w // W_DIV)[:, None, None] + rc[None, None, :]  # element (byte) offset within a row
-        w_ptrs = w_ptr + rn[None, :, None] * stride_wn + w_kb
+        if TILED:
+            w_ptrs = (w_ptr + ((rn // 16) * (16 * stride_wn) + (rn % 16) * W_COLS)[None, :, None]
+                      + (k_w // W_DIV * 16)[:, None, None] + rc[None, None, :])
+        else:
+            w_ptrs = w_ptr + rn[None, :, None] * stride_wn + w_kb
 
         bx = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
         x_w = ((pid_s * WARPS + bx % WARPS) * STEPS + bx // WARPS) * _STEP
@@ -336,9 +348,10 @@ if gluon is not None:
         if PIPE:
             # The next iteration's weights are loaded before this one's math: two iterations in flight a warp
             # (the last loads its own tiles again, from L2). The activations (L1 / L2) are loaded when used.
-            p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, 0, K, FMT, EVEN)
+            p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, 0, K, FMT, EVEN, W_ADV)
             for it in range(ITERS):
-                pn, sn = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, gl.minimum(it + 1, ITERS - 1) * KI, K, FMT, EVEN)
+                pn, sn = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, gl.minimum(it + 1, ITERS - 1) * KI, K, FMT, EVEN,
+                                       W_ADV)
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
                 p = pn
@@ -361,7 +374,7 @@ if gluon is not None:
         else:
             for it in range(ITERS):
                 # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
-                p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN)
+                p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN, W_ADV)
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
 
@@ -389,9 +402,12 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
     few; 4 for W4A16 at 1-4 rows where every program is resident at once), ``UNROLL`` steps a warp loaded at
     once (4 in that case), ``BIASED`` (W4A16) where 4 row tiles make the kernel instruction-bound, and a grid
     ``SPLIT`` of K (a second launch) only when the programs would leave the GPU short of 8 warps a
-    multiprocessor while every warp keeps at least 2 steps (not in that case)."""
+    multiprocessor while every warp keeps at least 2 steps (not in that case). Tiled W4A16 ("w4a16t") at 1-4 rows
+    with every warp resident: 8 warps of 1 step, K split while a warp would have 12 steps or more (the H100 sweep,
+    benchmarks/results/h100-rows/gemv_tiled_sweep.log)."""
     big = N >= 65536
-    w4 = fmt == "w4a16"
+    w4 = fmt in ("w4a16", "w4a16t")
+    split = 1
     if row_tiles is None:
         if w4:
             row_tiles = 1 if M <= 4 or N <= 4096 else 4 if big else 2
@@ -402,13 +418,17 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
         # grid split (gemv_chain_sweep, 658a747: 6144 x 4096 9.02 -> 6.46 us a call; 4096 x 4096 5.61 us, as
         # fast as 8 warps x 2 steps, and 8.43 us split in two)
         num_warps, unroll, may_split = 4, 4, False
+        if fmt == "w4a16t":
+            num_warps, unroll = 8, 1
+            while -(-K // STEP) // (2 * split * num_warps) >= 6:
+                split *= 2
     else:
         may_split = True  # a grid split while warps are few
     if num_warps is None:
         num_warps = 8 if N <= 4096 else 4
     if unroll is None:
         unroll = 2 if (w4 and (N <= 4096 or row_tiles == 1 and big)) or row_tiles == 2 else 1
-    split, programs, steps = 1, -(-N // (16 * row_tiles)), -(-K // STEP)
+    programs, steps = -(-N // (16 * row_tiles)), -(-K // STEP)
     while may_split and programs * split * num_warps < 8 * sms and steps // (2 * split * num_warps) >= 2:
         split *= 2
     cfg = dict(ROW_TILES=row_tiles, num_warps=num_warps, UNROLL=unroll, SPLIT=split)
@@ -417,7 +437,8 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
     return cfg
 
 
-def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y_stride: int) -> tuple:
+def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y_stride: int,
+                   tiled: bool = False) -> tuple:
     """How the tensor-core GEMV launches for W ``w [N, *]`` and activations ``x [M, K]`` (x taken
     contiguous, M <= 8; checks done by the caller) into ``y [M, N]`` of row stride ``y_stride``: (kernel,
     grid, the integer arguments after (w, x, scales, out), the options, the grid split: > 1 means ``out``
@@ -427,7 +448,9 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     nibbles' bias removed by a constant mma instead of a packed fma a weight pair; default False), ``PDL``
     (0, 1 or 2: programmatic dependent launch, see pdl.py, sm90+; default 0), ``PIPE`` (the next iteration's
     weights loaded into registers early) or ``STAGES`` (0, or 2-8 shared-memory stages of cp.async; taken where
-    K and W's row stride are multiples of 16 elements and its base 16-byte aligned, else off), each defaulted."""
+    K and W's row stride are multiples of 16 elements and its base 16-byte aligned, else off), each defaulted.
+    ``tiled``: W4A16 weights in ``tile_w4a16``'s layout (fmt "w4a16t"; N a multiple of 16, contiguous: checked by
+    the caller)."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
@@ -446,6 +469,8 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         raise ValueError(f"gemv: KERNEL='tc' config PIPE={pipe!r} must be a bool")
     if not isinstance(stages, int) or isinstance(stages, bool) or not 0 <= stages <= 8 or stages == 1:
         raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages!r} must be 0 (off) or 2-8")
+    if tiled and stages:
+        raise ValueError("gemv: KERNEL='tc' config STAGES does not take fmt='w4a16t' (copies of row pieces)")
     if stages and pipe:
         raise ValueError("gemv: KERNEL='tc' config takes PIPE or STAGES, not both (two ways to load ahead)")
     # a stage is a warp's UNROLL steps of 16 * ROW_TILES rows of W, every warp's
@@ -473,6 +498,7 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
             M * N if split > 1 else 0)
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe), STAGES=stages,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
+                  TILED=bool(tiled),
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
     kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles,

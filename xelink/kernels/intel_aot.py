@@ -101,13 +101,14 @@ def _gemm(dtype="bfloat16", a_row=True, b_row=True, even=True):
     return args
 
 
-def _qgemm(w4=True, split=1):
+def _qgemm(w4=True, split=1, tiled=False):
     def args():
         M, N, K = 512, 4096, 4096
         # x, w, scales, y, partials, counters, M, N, K, x's strides, w's row stride, scales' row stride, y's strides
         return ([_t("bfloat16"), _t("uint8" if w4 else "int8"), _t("bfloat16"), _t("bfloat16"), _t("float32"),
                  _t("int32"), M, N, K, K, 1, K // 2 if w4 else K, K // 128 if w4 else 1, N, 1],
-                dict(W4=w4, FP16=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, SPLIT_K=split, UNPACK=0))
+                dict(W4=w4, FP16=False, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, SPLIT_K=split, UNPACK=0,
+                     TILED=tiled))
     return args
 
 
@@ -321,6 +322,8 @@ LAUNCHES: list[Launch] = [
            _gemm("float16", b_row=False, even=False), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("qgemm._qgemm_kernel[w4a16, bf16]", "qgemm", "_qgemm_kernel", _qgemm(), num_warps=4, matrix=True,
            block_io=False, sub_groups=(16,)),
+    Launch("qgemm._qgemm_kernel[w4a16t, bf16]", "qgemm", "_qgemm_kernel", _qgemm(tiled=True), num_warps=4,
+           matrix=True, block_io=False, sub_groups=(16,)),
     Launch("qgemm._qgemm_kernel[w8a16, bf16, K split 4]", "qgemm", "_qgemm_kernel", _qgemm(False, 4), num_warps=4,
            matrix=True, block_io=False, sub_groups=(16,)),
     Launch("gated_gemm._gated_gemm_kernel[bf16, 8 chunks]", "gated_gemm", "_gated_gemm_kernel", _gated_gemm(),

@@ -22,7 +22,7 @@ from .split import SCRATCH, last_split
 
 __all__ = ["QGEMM_FORMATS", "QGEMM_IMPLS", "qgemm"]
 
-QGEMM_FORMATS = ("w8a16", "w4a16")
+QGEMM_FORMATS = ("w8a16", "w4a16", "w4a16t")
 QGEMM_IMPLS = ("auto", "triton", "reference")
 _BLOCK_K = W4_GROUP  # a W4A16 step is one scale group
 
@@ -52,7 +52,7 @@ if triton is not None:
     def _qgemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, counters, M, N, K, stride_xm, stride_xk, stride_wn,
                       stride_sn, stride_ym, stride_yn, W4: tl.constexpr, FP16: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
-                      UNPACK: tl.constexpr):
+                      UNPACK: tl.constexpr, TILED: tl.constexpr = False):
         # tiles in groups of GROUP_M rows of tiles, so that neighbouring programs share W's tiles in L2
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -74,11 +74,14 @@ if triton is not None:
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :] * stride_xk
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if W4:  # K is a multiple of BLOCK_K (= the scale group)
-            if UNPACK == 0:
-                w_cols = k_lo // 2 + tl.arange(0, BLOCK_K // 2)
-                w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + w_cols[None, :]
+            w_cols = tl.arange(0, BLOCK_K // 2) if UNPACK == 0 else rk // 2  # bytes of a step's row
+            if TILED:
+                # "w4a16t" (gemv.tile_w4a16): a step of 16 rows is one 16 x 64-byte tile, a row block's tiles in
+                # column order
+                rows = (rn // 16).to(tl.int64) * (16 * stride_wn) + (rn % 16) * (BLOCK_K // 2)
+                w_ptrs = w_ptr + rows[:, None] + k_lo // 2 * 16 + w_cols[None, :]
             else:
-                w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo // 2 + rk // 2)[None, :]
+                w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + k_lo // 2 + w_cols[None, :]
             s_ptrs = s_ptr + rn.to(tl.int64) * stride_sn + k_lo // BLOCK_K
             for _ in range(k_lo, k_hi, BLOCK_K):
                 x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
@@ -86,7 +89,7 @@ if triton is not None:
                 s = tl.load(s_ptrs, mask=n_ok, other=0.0).to(tl.float32)
                 acc += tl.dot(x, tl.trans(q)) * s[None, :]
                 x_ptrs += BLOCK_K * stride_xk
-                w_ptrs += BLOCK_K // 2
+                w_ptrs += BLOCK_K // 2 * (16 if TILED else 1)
                 s_ptrs += 1
         else:
             w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
@@ -142,10 +145,11 @@ def qgemm(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, fmt: str = "w4
     past its 8 rows.
 
     Args:
-        w: int8 ``[N, K]`` (``"w8a16"``) or packed uint8 ``[N, K/2]`` (``"w4a16"``), contiguous along K.
+        w: int8 ``[N, K]`` (``"w8a16"``) or packed uint8 ``[N, K/2]`` (``"w4a16"``, or ``"w4a16t"``:
+            ``tile_w4a16``'s layout), contiguous along K.
         x: ``[K]`` or ``[M, K]``, M >= 1, bf16 or fp16.
-        scales: ``[N]`` (w8a16) or ``[N, K/128]`` (w4a16) in ``x.dtype``.
-        fmt: ``"w8a16"`` or ``"w4a16"`` (dense weights: ``gemm``).
+        scales: ``[N]`` (w8a16) or ``[N, K/128]`` (w4a16, w4a16t) in ``x.dtype``.
+        fmt: ``"w8a16"``, ``"w4a16"`` or ``"w4a16t"`` (dense weights: ``gemm``).
         impl: ``"auto"`` (the Triton kernel on a GPU, else the reference), ``"triton"`` or ``"reference"``
             (``reference_gemv``: torch, float32).
         out: optional ``[M, N]`` (``[N]`` for a 1-D x) tensor in ``x.dtype`` on x's device, unit stride along N,
@@ -185,14 +189,15 @@ def _qgemm_run(w, x, scales, fmt: str, impl: str, out=None, config: dict | None 
     y = x.new_empty((M, N)) if out is None else out
     if not y.numel():
         return y
-    cfg = dict(_config(M, N, K, sm_count(x.device), fmt == "w4a16"), **(config or {}), BLOCK_K=_BLOCK_K)
+    cfg = dict(_config(M, N, K, sm_count(x.device), fmt != "w8a16"), **(config or {}), BLOCK_K=_BLOCK_K)
     tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
     # without a K split the kernel reads neither counters nor partials: y stands in for both
     counters, part = SCRATCH.get(x.device, tiles, tiles * cfg["SPLIT_K"] * cfg["BLOCK_M"] * cfg["BLOCK_N"]) \
         if cfg["SPLIT_K"] > 1 else (y, y)
     _qgemm_kernel[(tiles, cfg["SPLIT_K"])](x, w, scales, y, part, counters, M, N, K, x.stride(0), x.stride(1),
                                            w.stride(0), scales.stride(0), y.stride(0), y.stride(1),
-                                           W4=fmt == "w4a16", FP16=x.dtype == torch.float16, **cfg)
+                                           W4=fmt != "w8a16", TILED=fmt == "w4a16t", FP16=x.dtype == torch.float16,
+                                           **cfg)
     return y
 
 

@@ -40,7 +40,7 @@ import torch
 from .. import cp_attention, cp_unshard
 from ..kernels import (flash_attention, gemm, gemv, qgemm, reference_flash_attention, reference_gemv,
                        reference_rmsnorm, reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm,
-                       rope, rope_decode_attention, silu_mul)
+                       rope, rope_decode_attention, silu_mul, tiled_w4a16_native)
 from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
@@ -450,7 +450,9 @@ class Llama:
         tp.check_formats(weights, fn)
         ckpt = source()
         ckpt.check(tensor_shapes(cfg))
-        loaded = tp.load(ckpt, weights, dtype, device)
+        # W4A16 in tiles where the GEMVs read them in place (the tensor-core kernel: faster HBM reads)
+        tiled = impl != "reference" and dtype in _KERNEL_DTYPES and tiled_w4a16_native(device)
+        loaded = tp.load(ckpt, weights, dtype, device, tiled=tiled)
         return cls(cfg, loaded, tp, dtype=dtype, device=device, impl=impl, max_batch=max_batch,
                    max_seq_len=max_seq_len, generation_config=generation_config,
                    cp=ContextParallel(cp_group, force_xelink=impl == "xelink")

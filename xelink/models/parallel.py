@@ -25,13 +25,14 @@ import torch
 from ..collectives import all_gather_into_tensor, all_reduce, broadcast
 from ..comm import Communicator
 from .. import cp_positions, cp_unshard
-from ..kernels import merge_attention, pack_w4a16, pack_w8a16
+from ..kernels import merge_attention, pack_w4a16, pack_w8a16, tile_w4a16
 from .checkpoint import Checkpoint, LlamaConfig
 
 __all__ = ["ContextParallel", "TensorParallel", "WEIGHT_FORMATS", "check_groups", "check_xelink_collectives"]
 
 WEIGHT_FORMATS = ("bf16", "w8a16", "w4a16")
 _W4_GROUP = 128
+_W4_TILE_ROWS = 16  # rows of a "w4a16t" tile (xelink.kernels.tile_w4a16)
 
 
 def check_groups(tp_group, cp_group, fn: str):
@@ -139,13 +140,14 @@ class ContextParallel:
 class Linear:
     """``y = x @ W^T`` (then the TP sum where ``reduce``, then ``+ bias``), W in a GEMV format.
 
-    ``weight`` is ``[N, K]`` dense, int8 ``[N, K]`` (w8a16) or packed uint8 ``[N, K/2]`` (w4a16), with
-    ``scales`` for the quantized formats (``xelink.kernels.pack_w8a16`` / ``pack_w4a16``).
+    ``weight`` is ``[N, K]`` dense, int8 ``[N, K]`` (w8a16) or packed uint8 ``[N, K/2]`` (w4a16; w4a16t in
+    ``tile_w4a16``'s layout), with ``scales`` for the quantized formats (``xelink.kernels.pack_w8a16`` /
+    ``pack_w4a16``).
     """
 
     weight: torch.Tensor
     scales: torch.Tensor | None
-    fmt: str  # "dense", "w8a16", "w4a16"
+    fmt: str  # "dense", "w8a16", "w4a16", "w4a16t" (tiled: xelink.kernels.tile_w4a16)
     bias: torch.Tensor | None = None
     reduce: object = None  # callable summing the partial outputs over the TP group (row-parallel)
 
@@ -227,8 +229,9 @@ class TensorParallel:
                 raise ValueError(f"{fn}: weights='w4a16' needs the {name}={k} to be a multiple of {_W4_GROUP} "
                                  f"(one scale per {_W4_GROUP} columns); use weights='w8a16' or 'bf16'")
 
-    def load(self, ckpt: Checkpoint, weights: str, dtype: torch.dtype, device) -> dict:
-        """This rank's slices of every weight, quantized to ``weights``, on ``device``.
+    def load(self, ckpt: Checkpoint, weights: str, dtype: torch.dtype, device, tiled: bool = False) -> dict:
+        """This rank's slices of every weight, quantized to ``weights``, on ``device``; ``tiled``: W4A16 weights
+        in ``tile_w4a16``'s layout (format ``"w4a16t"``) where their rows are whole 16-row tiles.
 
         Returns:
             ``{"embed", "norm", "head": Linear, "layers": [dict of attn_norm, mlp_norm, qkv, o, gate_up, down]}``.
@@ -244,6 +247,8 @@ class TensorParallel:
                 return Linear(q.to(device), s.to(device), "w8a16", _dev(bias, device), reduce)
             if fmt == "w4a16":
                 q, s = pack_w4a16(w, dtype)
+                if tiled and q.shape[0] % _W4_TILE_ROWS == 0:
+                    return Linear(tile_w4a16(q.to(device)), s.to(device), "w4a16t", _dev(bias, device), reduce)
                 return Linear(q.to(device), s.to(device), "w4a16", _dev(bias, device), reduce)
             return Linear(w.to(device).contiguous(), None, "dense", _dev(bias, device), reduce)
 
