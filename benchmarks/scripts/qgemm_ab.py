@@ -6,7 +6,9 @@ checked against ``reference_gemv`` first. Then overrides of qgemm's tiles, K spl
 1024 (qkv, gate_up, down), and a W4A16 Llama-3.1-8B prefill of 512 tokens and a batch-16 decode step (CUDA graph)
 through the model.
 
-    python3 benchmarks/scripts/qgemm_ab.py [--fmts w4a16 w8a16] [--rows 16 64 256 1024] [--no-model]
+    python3 benchmarks/scripts/qgemm_ab.py [--fmts w4a16 w8a16 w4a16t] [--rows 16 64 256 1024] [--no-model]
+
+(``w4a16t``: the W4A16 weights in tiles, ``tile_w4a16``, as the model loads them on CUDA.)
 
 (a GPU script: CUDA, NVIDIA's Triton.)
 """
@@ -16,7 +18,8 @@ import statistics
 import torch
 
 from xelink.bench.harness import time_cuda_events
-from xelink.kernels import gemm, pack_w4a16, pack_w8a16, qgemm, reference_gemv, unpack_w4a16, unpack_w8a16
+from xelink.kernels import (gemm, pack_w4a16, pack_w8a16, qgemm, reference_gemv, tile_w4a16, unpack_w4a16, unpack_w8a16,
+                            untile_w4a16)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # overrides of the default tiles (qgemm's config=), by rows of x
@@ -26,6 +29,16 @@ TILES = {16: [dict(UNPACK=1), dict(SPLIT_K=1), dict(SPLIT_K=2), dict(SPLIT_K=4),
                 dict(BLOCK_N=64)]}
 
 
+def _pack(fmt, w):
+    """(q, scales) of ``w`` in ``fmt``, and the exact float32 weight's function of them."""
+    if fmt == "w8a16":
+        return (*pack_w8a16(w, torch.bfloat16), unpack_w8a16)
+    q, s = pack_w4a16(w, torch.bfloat16)
+    if fmt == "w4a16t":
+        return tile_w4a16(q), s, lambda q, s: unpack_w4a16(untile_w4a16(q), s)
+    return q, s, unpack_w4a16
+
+
 def _ms(fn):
     return statistics.median(t for _ in range(3) for t in time_cuda_events(fn, warmup=2, iters=10)) * 1e3
 
@@ -33,10 +46,9 @@ def _ms(fn):
 def kernel_rows(fmts, rows):
     gen = torch.Generator(device="cuda").manual_seed(1)
     for fmt in fmts:
-        pack, unpack = (pack_w4a16, unpack_w4a16) if fmt == "w4a16" else (pack_w8a16, unpack_w8a16)
         for name, (n, k) in SHAPES.items():
             dense = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).bfloat16()
-            q, s = pack(dense, torch.bfloat16)
+            q, s, unpack = _pack(fmt, dense)
             for m in rows:
                 x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
                 y, ref = qgemm(q, x, s, fmt), reference_gemv(q, x, s, fmt)
@@ -55,8 +67,7 @@ def tile_rows(fmt):
     gen = torch.Generator(device="cuda").manual_seed(2)
     for name in ("qkv", "gate_up", "down"):
         n, k = SHAPES[name]
-        q, s = (pack_w4a16 if fmt == "w4a16" else pack_w8a16)(torch.randn(n, k, device="cuda", generator=gen),
-                                                               torch.bfloat16)
+        q, s, _ = _pack(fmt, torch.randn(n, k, device="cuda", generator=gen))
         for m, overrides in TILES.items():
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
             ref = reference_gemv(q, x, s, fmt).float()
