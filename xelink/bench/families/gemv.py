@@ -89,24 +89,30 @@ def run_gpu(report, shapes=GPU_SHAPES, rows=GPU_ROWS, copies: int = COPIES, repe
     """Time gemv against torch's bf16 GEMV in CUDA graphs; rows and notes into ``report``. ``sweep``: ""
     (defaults only), "all" (every kernel's tuning variants), "tc" (the tensor-core kernel's) or "pdl"
     (``gemv_sweep``)."""
-    from ...kernels.gemv import gemv, pack_w4a16, pack_w8a16, unpack_w4a16, unpack_w8a16
+    from ...kernels.gemv import (gemv, pack_w4a16, pack_w8a16, tile_w4a16, tiled_w4a16_native, unpack_w4a16,
+                                 unpack_w8a16)
 
     for N, K in shapes:
         gen = torch.Generator(device="cuda").manual_seed(N + K)
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.05 for _ in range(copies)]
         w8 = [pack_w8a16(w) for w in ws]
         w4 = [pack_w4a16(w) for w in ws]
+        # the W4A16 weights in tiles (what Llama loads on CUDA), where the tensor-core kernel reads them in place
+        w4t = [(tile_w4a16(p), s) for p, s in w4] if N % 16 == 0 and tiled_w4a16_native(ws[0].device) else None
         for M in rows:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
             refs = {"bf16": [x.float() @ w.float().T for w in ws],
                     "w8a16": [x.float() @ unpack_w8a16(q, s).T for q, s in w8],
                     "w4a16": [x.float() @ unpack_w4a16(p, s).T for p, s in w4]}
+            refs["w4a16t"] = refs["w4a16"]
             plans = {"torch:matmul": ("bf16", None, None)}
             for impl in ("cuda", "triton"):
                 for fmt in ("bf16", "w8a16", "w4a16"):
                     if fmt == "bf16" and impl == "triton":
                         continue  # the same kernel as "cuda" for dense weights
                     plans[f"xelink:{impl}:{fmt}"] = (fmt, impl, None)
+            if w4t is not None:
+                plans["xelink:cuda:w4a16t"] = ("w4a16t", "cuda", None)
             if torch.cuda.get_device_capability() >= (9, 0):
                 for fmt in ("bf16", "w8a16", "w4a16"):  # the default tiles without programmatic dependent launch
                     plans[f"xelink:cuda:{fmt}[PDL=False]"] = (fmt, "cuda", dict(PDL=False))
@@ -120,7 +126,7 @@ def run_gpu(report, shapes=GPU_SHAPES, rows=GPU_ROWS, copies: int = COPIES, repe
                 if impl is None:
                     calls = [functools.partial(torch.matmul, x, w.T) for w in ws]
                 else:
-                    packs = {"bf16": [(w, None) for w in ws], "w8a16": w8, "w4a16": w4}[fmt]
+                    packs = {"bf16": [(w, None) for w in ws], "w8a16": w8, "w4a16": w4, "w4a16t": w4t}[fmt]
                     calls = [functools.partial(gemv, wq, x, s, fmt, impl, config=cfg) for wq, s in packs]
                 try:
                     graphs[name], outs[name], launches[name] = cuda_graph(calls, repeats)
@@ -140,7 +146,7 @@ def run_gpu(report, shapes=GPU_SHAPES, rows=GPU_ROWS, copies: int = COPIES, repe
             for name, s in samples.items():
                 fmt, impl, cfg = plans[name]
                 per_call = [t / launches[name] for t in s]
-                wbytes = {"bf16": 2 * N * K, "w8a16": N * K + 2 * N, "w4a16": N * K // 2 + 2 * N * (K // 128)}[fmt]
+                wbytes = {"bf16": 2 * N * K, "w8a16": N * K + 2 * N}.get(fmt, N * K // 2 + 2 * N * (K // 128))
                 nbytes = wbytes + 2 * M * K + 2 * M * N
                 is_base = name == "torch:matmul"
                 report.add(make_row("gemv", name, per_call, size_bytes=nbytes, count=M * N, dtype=fmt, nranks=1,
@@ -151,7 +157,7 @@ def run_gpu(report, shapes=GPU_SHAPES, rows=GPU_ROWS, copies: int = COPIES, repe
             del graphs, outs, refs, x
             if progress is not None:
                 progress.step(f"gemv N={N} K={K} M={M}: {len(plans)} path(s)")
-        del ws, w8, w4
+        del ws, w8, w4, w4t
         torch.cuda.empty_cache()
 
 
