@@ -34,7 +34,8 @@
 #   w4tiles:  W4A16 weights in tiles ("w4a16t"): the gemv, qgemm and decode-graph GPU tests with every fast launch
 #             checked, the one-row GEMVs' tiles (gemv_chain_sweep.py), the windowed CP = 2 check on CUDA
 #             (~8 minutes); then (W4TILES_AB=1) the decode step's A/B, tiles against rows (tiles_ab.py), and qgemm's
-#             (qgemm_ab.py: the kernel at 16 / 1024 rows, a W4A16 prefill and batch-16 step through the model).
+#             (qgemm_ab.py: the kernel at 16 / 1024 rows, a W4A16 prefill and batch-16 step through the model), the
+#             gemv family's rows (xelink:cuda:w4a16t among them).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -144,8 +145,9 @@ qgemm)
   ;;
 w4tiles)
   if [ -n "$W4TILES_AB" ]; then
-    step tiles_ab 200 python3 benchmarks/scripts/tiles_ab.py
-    step qgemm_tiles_ab 200 python3 benchmarks/scripts/qgemm_ab.py --fmts w4a16 w4a16t --rows 16 1024
+    step tiles_ab 180 python3 benchmarks/scripts/tiles_ab.py
+    step qgemm_tiles_ab 150 python3 benchmarks/scripts/qgemm_ab.py --fmts w4a16 w4a16t --rows 16 1024 --no-overrides
+    step bench_gemv 150 python3 -m xelink.bench gemv --quick --out "$OUT/bench" --commit "$C"
     exit 0
   fi
   step w4tiles_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \

@@ -6,7 +6,7 @@ checked against ``reference_gemv`` first. Then overrides of qgemm's tiles, K spl
 1024 (qkv, gate_up, down), and a W4A16 Llama-3.1-8B prefill of 512 tokens and a batch-16 decode step (CUDA graph)
 through the model.
 
-    python3 benchmarks/scripts/qgemm_ab.py [--fmts w4a16 w8a16 w4a16t] [--rows 16 64 256 1024] [--no-model]
+    python3 benchmarks/scripts/qgemm_ab.py [--fmts w4a16 w8a16 w4a16t] [--rows 16 64 256 1024] [--no-model] [--no-overrides]
 
 (``w4a16t``: the W4A16 weights in tiles, ``tile_w4a16``, as the model loads them on CUDA.)
 
@@ -102,10 +102,11 @@ def main() -> int:
     ap.add_argument("--fmts", nargs="+", default=["w4a16", "w8a16"])
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 64, 256, 1024])
     ap.add_argument("--no-model", action="store_true")
+    ap.add_argument("--no-overrides", action="store_true", help="leave out the tile overrides' rows")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(0), flush=True)
     kernel_rows(args.fmts, args.rows)
-    for fmt in args.fmts:
+    for fmt in [] if args.no_overrides else args.fmts:
         tile_rows(fmt)
     if not args.no_model:
         model_rows()
