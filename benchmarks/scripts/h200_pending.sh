@@ -31,11 +31,10 @@
 #             rows, unwindowed, as a check that the kernels' new arguments cost nothing (~5 minutes);
 #   qgemm:    quantized projections past 8 rows: qgemm's GPU tests with every fast launch checked, the Llama GPU
 #             rank checks whose W8A16 / W4A16 prefills run on it, then qgemm_ab.py (~5 minutes);
-#   w4tiles:  W4A16 weights in tiles ("w4a16t"): the gemv, qgemm and decode-graph GPU tests with every fast launch
-#             checked, the one-row GEMVs' tiles (gemv_chain_sweep.py), the windowed CP = 2 check on CUDA
-#             (~8 minutes); then (W4TILES_AB=1) the decode step's A/B, tiles against rows (tiles_ab.py), and qgemm's
-#             (qgemm_ab.py: the kernel at 16 / 1024 rows, a W4A16 prefill and batch-16 step through the model), the
-#             gemv family's rows (xelink:cuda:w4a16t among them).
+#   w4tiles:  W4A16 weights in tiles ("w4a16t"): the tensor-core gemv, qgemm and decode-graph GPU tests with every fast
+#             launch checked, the decode step's A/B (tiles_ab.py: tiles against rows), the one-row GEMVs' tiles
+#             (gemv_chain_sweep.py), qgemm's A/B (the kernel at 16 / 1024 rows, a W4A16 prefill and batch-16 step
+#             through the model), the windowed CP = 2 check on CUDA (~9 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -143,17 +142,14 @@ qgemm)
     python3 -m pytest -q -rfEs -p no:cacheprovider tests/models/ranks_gpu_llama.py
   step qgemm_ab 280 python3 benchmarks/scripts/qgemm_ab.py
   ;;
-w4tiles)
-  if [ -n "$W4TILES_AB" ]; then
-    step tiles_ab 180 python3 benchmarks/scripts/tiles_ab.py
-    step qgemm_tiles_ab 150 python3 benchmarks/scripts/qgemm_ab.py --fmts w4a16 w4a16t --rows 16 1024 --no-overrides
-    step bench_gemv 150 python3 -m xelink.bench gemv --quick --out "$OUT/bench" --commit "$C"
-    exit 0
-  fi
-  step w4tiles_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
-    tests/kernels/test_gemv.py tests/kernels/test_qgemm.py tests/models/test_decode_graph.py
-  step gemv_tiled_sweep 120 python3 benchmarks/scripts/gemv_chain_sweep.py kept-w4a16 w4a16t kept-w4a16
-  step window_cp_gpu 100 env XELINK_TEST_CHECKS=sliding_window python3 -m pytest -q -rfEs -p no:cacheprovider \
+w4tiles)  # in order of need, to fit one call
+  step w4tiles_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_gemv.py -k "tiled or tensor_core_kernel or act or graph" tests/kernels/test_qgemm.py \
+    tests/models/test_decode_graph.py
+  step tiles_ab 150 python3 benchmarks/scripts/tiles_ab.py
+  step gemv_tiled_sweep 80 python3 benchmarks/scripts/gemv_chain_sweep.py kept-w4a16 w4a16t
+  step qgemm_tiles_ab 90 python3 benchmarks/scripts/qgemm_ab.py --fmts w4a16 w4a16t --rows 16 1024 --no-overrides
+  step window_cp_gpu 60 env XELINK_TEST_CHECKS=sliding_window python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/models/ranks_gpu_llama.py
   ;;
 window)
