@@ -144,7 +144,7 @@ qgemm)
   ;;
 w4tiles)  # in order of need, to fit one call
   step w4tiles_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
-    tests/kernels/test_gemv.py -k "tiled or tensor_core_kernel or act or graph" tests/kernels/test_qgemm.py \
+    tests/kernels/test_gemv.py -k "tiled or tensor_core_kernel or act or graph or qgemm" tests/kernels/test_qgemm.py \
     tests/models/test_decode_graph.py
   step tiles_ab 150 python3 benchmarks/scripts/tiles_ab.py
   step gemv_tiled_sweep 80 python3 benchmarks/scripts/gemv_chain_sweep.py kept-w4a16 w4a16t
