@@ -34,13 +34,16 @@
 #   w4tiles:  W4A16 weights in tiles ("w4a16t"): the tensor-core gemv, qgemm and decode-graph GPU tests with every fast
 #             launch checked, the decode step's A/B (tiles_ab.py: tiles against rows), the one-row GEMVs' tiles
 #             (gemv_chain_sweep.py), qgemm's A/B (the kernel at 16 / 1024 rows, a W4A16 prefill and batch-16 step
-#             through the model), the windowed CP = 2 check on CUDA (~9 minutes).
+#             through the model), the windowed CP = 2 check on CUDA (~9 minutes); w4check: the tiled format's own
+#             GPU tests with tracebacks, then the step's A/B (~5 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
-#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles
-STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles"
+#     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
+#     w4check
+STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
+STEPS="$STEPS|w4tiles|w4check"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -151,6 +154,12 @@ w4tiles)  # in order of need, to fit one call
   step qgemm_tiles_ab 90 python3 benchmarks/scripts/qgemm_ab.py --fmts w4a16 w4a16t --rows 16 1024 --no-overrides
   step window_cp_gpu 60 env XELINK_TEST_CHECKS=sliding_window python3 -m pytest -q -rfEs -p no:cacheprovider \
     tests/models/ranks_gpu_llama.py
+  ;;
+w4check)  # the tiled format's own GPU tests with their failures' tracebacks, then the step's A/B
+  step w4check_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 5 \
+    -m gpu tests/kernels/test_gemv.py tests/kernels/test_qgemm.py tests/models/test_decode_graph.py \
+    -k "tiled or tiles or kernel_gpu"
+  step tiles_ab 60 python3 benchmarks/scripts/tiles_ab.py
   ;;
 window)
   step window_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \

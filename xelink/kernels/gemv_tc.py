@@ -403,8 +403,8 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
     once (4 in that case), ``BIASED`` (W4A16) where 4 row tiles make the kernel instruction-bound, and a grid
     ``SPLIT`` of K (a second launch) only when the programs would leave the GPU short of 8 warps a
     multiprocessor while every warp keeps at least 2 steps (not in that case). Tiled W4A16 ("w4a16t") at 1-4 rows
-    with every warp resident: 8 warps of 1 step, K split while a warp would have 12 steps or more (the H100 sweep,
-    benchmarks/results/h100-rows/gemv_tiled_sweep.log)."""
+    with every warp resident: 8 warps of 1 step (2 above 4096 rows), K split while a warp would have 12 steps or
+    more (the H100 sweeps, benchmarks/results/h100-rows/gemv_tiled_sweep.log)."""
     big = N >= 65536
     w4 = fmt in ("w4a16", "w4a16t")
     split = 1
@@ -418,8 +418,8 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
         # grid split (gemv_chain_sweep, 658a747: 6144 x 4096 9.02 -> 6.46 us a call; 4096 x 4096 5.61 us, as
         # fast as 8 warps x 2 steps, and 8.43 us split in two)
         num_warps, unroll, may_split = 4, 4, False
-        if fmt == "w4a16t":
-            num_warps, unroll = 8, 1
+        if fmt == "w4a16t":  # (N > 4096: two steps a warp in flight; H100 sweeps, gemv_tiled_sweep.log)
+            num_warps, unroll = 8, 2 if N > 4096 else 1
             while -(-K // STEP) // (2 * split * num_warps) >= 6:
                 split *= 2
     else:
