@@ -581,7 +581,10 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
             for cfg in configs:
                 where = f"w4a16t {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
                 _check_gpu_gemv(t, x, s, "w4a16t", "cuda", cfg, exact, where)
-                rows_cfg = cfg or dict(KERNEL="tc", **tc_config(M, N, K, "w4a16t", sm_count(x.device)))
+                # the tiled format's tiles (a partial config completed by its defaults, as gemv does) on the rows
+                given = cfg or {}
+                rows_cfg = {**tc_config(M, N, K, "w4a16t", sm_count(x.device), given.get("ROW_TILES"),
+                                        given.get("num_warps"), given.get("UNROLL")), **given, "KERNEL": "tc"}
                 want = gemv(w, x, s, "w4a16", "cuda", config=rows_cfg)
                 assert torch.equal(gemv(t, x, s, "w4a16t", "cuda", config=cfg), want), where
     w, s, _ = _weights("w4a16", 2 * 2048, 4096, dtype, "cuda", gen)
