@@ -429,6 +429,28 @@ def test_quantized_weights_equal_transformers_on_the_dequantized_weights(tiny, w
     assert torch.equal(model.generate(ids, 4, eos_token_id=[]), hf_greedy(hf_q, ids, 4))
 
 
+def test_w4a16_tiles_give_the_row_layouts_logits():
+    """``TensorParallel.load(..., tiled=True)`` (what ``Llama`` asks for where gemv reads tiles in place, CUDA):
+    every projection of whole 16-row tiles as ``"w4a16t"``; a model on them (here the paths that untile a copy)
+    gives the row layout's logits and tokens bit for bit, through a prefill of several rows (qgemm's format) and
+    decode steps (gemv's)."""
+    from xelink.models.checkpoint import RandomWeights
+    from xelink.models.parallel import TensorParallel
+
+    cfg = CONFIGS["tiny"]
+    tp = TensorParallel(cfg, None, "test")
+    models = {}
+    for tiled in (False, True):
+        loaded = tp.load(RandomWeights(cfg, 3, "cpu"), "w4a16", torch.bfloat16, "cpu", tiled=tiled)
+        fmts = {lin.fmt for layer in loaded["layers"] for lin in layer.values() if hasattr(lin, "fmt")}
+        assert fmts == {"w4a16t" if tiled else "w4a16"} and loaded["head"].fmt == "dense"
+        models[tiled] = Llama(cfg, loaded, tp, dtype=torch.bfloat16, device=torch.device("cpu"), impl="auto",
+                              max_batch=2, max_seq_len=32)
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(models[True](ids, 0), models[False](ids, 0))
+    assert torch.equal(models[True].generate(ids, 4, eos_token_id=[]), models[False].generate(ids, 4, eos_token_id=[]))
+
+
 def test_w4a16_needs_k_multiple_of_128(folders):
     path, _ = folders["llama3.1", False]  # MLP 448
     with pytest.raises(ValueError, match=r"down_proj input \(intermediate_size / TP\)=448 to be a multiple of 128"):
