@@ -188,8 +188,9 @@ def tile_w4a16(packed: torch.Tensor) -> torch.Tensor:
     of 16 rows x 128 columns (one scale group: 64 bytes a row), each tile contiguous, a block of 16 rows' tiles
     in column order, blocks in row order. The shape stays ``[N, K/2]`` (a new contiguous tensor); the scales are
     unchanged. ``gemv`` reads it in place on the tensor-core kernel (``tiled_w4a16_native``), where a warp's
-    step is then one contiguous 1 KB piece instead of 16 rows' 64 bytes (HBM reads them faster: 14-18% on the
-    larger one-row GEMVs of Llama-3.1-8B, benchmarks/results/h100-rows); ``qgemm`` reads it in place too.
+    step is then one contiguous 1 KB piece instead of 16 rows' 64 bytes (HBM reads them faster: Llama-3.1-8B's
+    one-row gate/up and O GEMVs 14% and 18% on an H100, benchmarks/results/h100-rows); ``qgemm`` reads it in place
+    too.
 
     Args:
         packed: uint8 ``[N, K/2]``, N a multiple of 16, K of 128.
