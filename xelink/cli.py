@@ -307,7 +307,8 @@ def _cmd_generate(args) -> int:
     t0 = time.perf_counter()
     try:  # the checks made before any work: every rank raises the same
         model = Llama.from_pretrained(args.model, tp_group=tp_group, cp_group=cp_group, dtype=dtype,
-                                      weights=args.weights, max_seq_len=args.max_seq_len, impl=args.impl)
+                                      weights=args.weights, max_seq_len=args.max_seq_len, impl=args.impl,
+                                      quantize_head=args.quantize_head)
         load_s = time.perf_counter() - t0
         out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                              top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
@@ -324,7 +325,8 @@ def _cmd_generate(args) -> int:
     rep_note = f", {replicas} replicas" if replicas > 1 else ""
     if world.rank == 0:
         print(f"model {args.model}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-              f"{world.size} rank(s), TP {tp}{cp_note}{rep_note}, weights {args.weights}, {args.dtype}, device "
+              f"{world.size} rank(s), TP {tp}{cp_note}{rep_note}, weights {args.weights}"
+              f"{' (the head too)' if args.quantize_head else ''}, {args.dtype}, device "
               f"{model.device}, loaded in {load_s:.2f} s")
         print(f"prompt ({len(ids)} tokens): {ids}")
         print(f"new tokens ({len(new)}): {new}")
@@ -388,6 +390,7 @@ def main(argv=None) -> int:
     p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per group (strided by the TP size: "
                    "--tp 2 --cp 2 on 4 ranks gives TP {0,1},{2,3} x CP {0,2},{1,3})")
     p.add_argument("--weights", default="bf16", choices=("bf16", "w8a16", "w4a16"), help="weight format")
+    p.add_argument("--quantize-head", action="store_true", help="the head in --weights' format too (else dense)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="activation dtype")
     p.add_argument("--impl", default="auto", choices=("auto", "xelink", "reference"), help="kernels")
     g = p.add_mutually_exclusive_group(required=True)

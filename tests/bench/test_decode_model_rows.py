@@ -68,9 +68,9 @@ def test_step_bytes_count_weights_norms_head_one_embedding_row_and_the_cache_row
 def test_model_cases_and_contexts():
     assert decode.model_cases(decode.GPU_CONTEXTS) == [
         ("bf16", 1, 1024), ("bf16", 1, 8192), ("bf16", 1, 32768), ("bf16", 8, 1024), ("w4a16", 1, 1024),
-        ("w8a16", 1, 1024)]
+        ("w4a16+head", 1, 1024), ("w8a16", 1, 1024)]
     assert decode.model_cases(decode.QUICK_GPU_CONTEXTS, quick=True) == [
-        ("bf16", 1, 1024), ("bf16", 1, 8192), ("bf16", 8, 1024), ("w4a16", 1, 1024)]
+        ("bf16", 1, 1024), ("bf16", 1, 8192), ("bf16", 8, 1024), ("w4a16", 1, 1024), ("w4a16+head", 1, 1024)]
     assert decode.model_cases([4096, 512, 4096], quick=True)[0] == ("bf16", 1, 512)
     args = suite.family_parser("decode").parse_args(["--contexts", "1K", "2048", "--model-only"])
     assert args.contexts == [1024, 2048] and args.model_only and args.model is None and not args.no_transformers
@@ -151,17 +151,17 @@ def test_cuda_rows_flow_with_eager_stand_ins(monkeypatch):
     got = [(r.path, r.extra["batch"], r.extra["context"]) for r in report.rows]
     assert got == [("xelink:graph bf16", 1, 16), ("torch:graph bf16", 1, 16), ("xelink:graph bf16", 1, 32),
                    ("torch:graph bf16", 1, 32), ("xelink:graph bf16", 8, 16), ("torch:graph bf16", 8, 16),
-                   ("xelink:graph w4a16", 1, 16)]
+                   ("xelink:graph w4a16", 1, 16), ("xelink:graph w4a16+head", 1, 16)]
     for r in report.rows:
         assert r.wrong == 0 and r.extra["roofline"] > 0 and r.extra["kernels"] == "stand-in"
         assert r.extra["timing"] == "cuda-graph per step" and r.count == r.extra["batch"]
     x = report.rows[0]
     assert x.baseline == "torch:graph bf16" and x.extra["same_next_token"] and x.extra["logits_rel_rms_diff"] < 1e-5
-    w4 = report.rows[-1]
+    w4, w4_head = report.rows[-2:]
     assert w4.baseline == "torch:graph bf16" and w4.extra["torch_bf16_us"] == w4.baseline_us
-    assert w4.size_bytes < x.size_bytes
+    assert w4_head.size_bytes < w4.size_bytes < x.size_bytes  # the quantized head reads fewer bytes
     text = decode._model_summary(report.rows)
-    assert len(text.splitlines()) == 7 and "roofline" in text and "vs torch:graph bf16" in text
+    assert len(text.splitlines()) == 8 and "roofline" in text and "vs torch:graph bf16" in text
     assert decode._targets(report.rows, "tiny") == ["decode-model targets (issue 26): Llama-3.1-8B only (this run: "
                                                     "tiny)"]
 

@@ -50,6 +50,17 @@ def test_generate_under_mpiexec_prints_the_one_rank_tokens(tiny, layout, note):
     assert r.stdout.count("new tokens") == 1  # rank 0 prints
 
 
+def test_generate_w4a16_with_the_head_quantized(tiny):
+    # --weights w4a16 --quantize-head: one rank, the tokens of the model loaded so (the folder's EOS stops both)
+    path = tiny[0]
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64, weights="w4a16", quantize_head=True)
+    want = model.generate(torch.tensor([PROMPT]), 6)[0, len(PROMPT):].tolist()
+    r = _run("--model", str(path), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "6",
+             "--dtype", "fp32", "--weights", "w4a16", "--quantize-head")
+    assert r.returncode == 0, r.stderr
+    assert f"new tokens ({len(want)}): {want}" in r.stdout and "weights w4a16 (the head too)" in r.stdout
+
+
 def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -408,8 +408,10 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("weights", ["w8a16", "w4a16"])
-def test_quantized_weights_equal_transformers_on_the_dequantized_weights(tiny, weights):
-    """Quantized at load: the logits are HF's on the exact dequantized projections (float32 scales)."""
+@pytest.mark.parametrize("head", [False, True])
+def test_quantized_weights_equal_transformers_on_the_dequantized_weights(tiny, weights, head):
+    """Quantized at load: the logits are HF's on the exact dequantized projections (float32 scales), and with
+    ``quantize_head`` on the dequantized head too."""
     import copy
 
     from xelink.kernels import pack_w4a16, pack_w8a16, unpack_w4a16, unpack_w8a16
@@ -419,10 +421,12 @@ def test_quantized_weights_equal_transformers_on_the_dequantized_weights(tiny, w
     hf_q = copy.deepcopy(hf)
     with torch.no_grad():
         for name, p in hf_q.named_parameters():
-            if "proj" in name:
+            if "proj" in name or head and name == "lm_head.weight":
                 p.copy_(unpack(*pack(p, torch.float32)))
     ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(10))
-    model = Llama.from_pretrained(path, dtype=torch.float32, weights=weights, max_batch=2, max_seq_len=32)
+    model = Llama.from_pretrained(path, dtype=torch.float32, weights=weights, max_batch=2, max_seq_len=32,
+                                  quantize_head=head)
+    assert model.head.fmt == (weights if head else "dense")
     got, want = model(ids, 0), hf_logits(hf_q, ids)
     assert (got - want).abs().max().item() < TOL
     assert 1e-3 < _rel(got, hf_logits(hf, ids)) < 0.5  # and it did quantize
@@ -449,6 +453,16 @@ def test_w4a16_tiles_give_the_row_layouts_logits():
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
     assert torch.equal(models[True](ids, 0), models[False](ids, 0))
     assert torch.equal(models[True].generate(ids, 4, eos_token_id=[]), models[False].generate(ids, 4, eos_token_id=[]))
+
+
+def test_quantize_head_needs_a_quantized_format(tiny):
+    path, _ = tiny
+    with pytest.raises(ValueError, match="Llama.from_pretrained: quantize_head=True quantizes the head to the "
+                                         "projections' format: it needs weights='w8a16' or 'w4a16', got "
+                                         "weights='bf16'"):
+        Llama.from_pretrained(path, dtype=torch.float32, quantize_head=True)
+    with pytest.raises(ValueError, match="Llama.random: quantize_head='yes' must be a bool"):
+        Llama.random("tiny", weights="w4a16", quantize_head="yes")
 
 
 def test_w4a16_needs_k_multiple_of_128(folders):

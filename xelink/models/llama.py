@@ -339,7 +339,7 @@ class Llama:
     @classmethod
     def from_pretrained(cls, path, *, tp_group=None, cp_group=None, dtype: torch.dtype = torch.bfloat16,
                         weights: str = "bf16", max_batch: int = 1, max_seq_len: int | None = None,
-                        impl: str = "auto", device=None) -> "Llama":
+                        impl: str = "auto", device=None, quantize_head: bool = False) -> "Llama":
         """Load a Hugging Face Llama/Mistral/Qwen2/Qwen3/Phi-3 folder, each rank reading only the slices it keeps.
 
         Args:
@@ -353,6 +353,10 @@ class Llama:
             dtype: activations, cache and dense weights: bfloat16, float16 or float32.
             weights: ``"bf16"`` (dense in ``dtype``), ``"w8a16"`` or ``"w4a16"`` (quantized at load with
                 ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
+            quantize_head: the head (``lm_head``, or the tied embedding's copy it reads) in ``weights`` too, as
+                llama.cpp's and MLC's 4-bit models keep it (a W4A16 Llama-3.1-8B reads 0.8 GB less a token); the
+                logits then move by the head's rounding, so greedy tokens may differ from a dense head's. Needs a
+                quantized ``weights``.
             max_batch: sequences the cache holds.
             max_seq_len: tokens per sequence the cache holds; None: min(max_position_embeddings, 8192). A
                 sliding window (``config.sliding_window``) is attended within on its layers, whose caches keep
@@ -385,12 +389,12 @@ class Llama:
             generation = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf.get(k) is not None}
         return cls._load(fn, cfg, lambda: Checkpoint(path, fn), generation,
                          tp_group=tp_group, cp_group=cp_group, dtype=dtype, weights=weights, max_batch=max_batch,
-                         max_seq_len=max_seq_len, impl=impl, device=device)
+                         max_seq_len=max_seq_len, impl=impl, device=device, quantize_head=quantize_head)
 
     @classmethod
     def random(cls, config, *, seed: int = 0, tp_group=None, cp_group=None, dtype: torch.dtype = torch.bfloat16,
                weights: str = "bf16", max_batch: int = 1, max_seq_len: int | None = None, impl: str = "auto",
-               device=None) -> "Llama":
+               device=None, quantize_head: bool = False) -> "Llama":
         """A model of ``config`` with random weights drawn on its device (``checkpoint.RandomWeights``: no
         folder, no download; benchmarks at real shapes). ``config``: a named config (``CONFIGS``), a Hugging
         Face dict or a ``LlamaConfig``; ``seed`` picks the weights (the same on every rank, so TP slices
@@ -404,7 +408,7 @@ class Llama:
             max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
         return cls._load(fn, cfg, lambda: RandomWeights(cfg, seed, device), None, tp_group=tp_group,
                          cp_group=cp_group, dtype=dtype, weights=weights, max_batch=max_batch,
-                         max_seq_len=max_seq_len, impl=impl, device=device)
+                         max_seq_len=max_seq_len, impl=impl, device=device, quantize_head=quantize_head)
 
     @staticmethod
     def _resolve(fn, dtype, max_batch, max_seq_len, impl, tp_group, cp_group, device) -> torch.device:
@@ -443,16 +447,21 @@ class Llama:
 
     @classmethod
     def _load(cls, fn, cfg, source, generation_config, *, tp_group, cp_group, dtype, weights, max_batch,
-              max_seq_len, impl, device) -> "Llama":
+              max_seq_len, impl, device, quantize_head) -> "Llama":
         """The model of ``cfg`` from ``source()`` (a ``Checkpoint`` or ``RandomWeights``), after the checks
         that need the config."""
         tp = TensorParallel(cfg, tp_group, fn, force_xelink=impl == "xelink")
         tp.check_formats(weights, fn)
+        if quantize_head not in (False, True):
+            raise ValueError(f"{fn}: quantize_head={quantize_head!r} must be a bool")
+        if quantize_head and weights == "bf16":
+            raise ValueError(f"{fn}: quantize_head=True quantizes the head to the projections' format: it needs "
+                             f"weights='w8a16' or 'w4a16', got weights={weights!r}")
         ckpt = source()
         ckpt.check(tensor_shapes(cfg))
         # W4A16 in tiles where the GEMVs read them in place (the tensor-core kernel: faster HBM reads)
         tiled = impl != "reference" and dtype in _KERNEL_DTYPES and tiled_w4a16_native(device)
-        loaded = tp.load(ckpt, weights, dtype, device, tiled=tiled)
+        loaded = tp.load(ckpt, weights, dtype, device, tiled=tiled, quantize_head=quantize_head)
         return cls(cfg, loaded, tp, dtype=dtype, device=device, impl=impl, max_batch=max_batch,
                    max_seq_len=max_seq_len, generation_config=generation_config,
                    cp=ContextParallel(cp_group, force_xelink=impl == "xelink")

@@ -229,9 +229,11 @@ class TensorParallel:
                 raise ValueError(f"{fn}: weights='w4a16' needs the {name}={k} to be a multiple of {_W4_GROUP} "
                                  f"(one scale per {_W4_GROUP} columns); use weights='w8a16' or 'bf16'")
 
-    def load(self, ckpt: Checkpoint, weights: str, dtype: torch.dtype, device, tiled: bool = False) -> dict:
+    def load(self, ckpt: Checkpoint, weights: str, dtype: torch.dtype, device, tiled: bool = False,
+             quantize_head: bool = False) -> dict:
         """This rank's slices of every weight, quantized to ``weights``, on ``device``; ``tiled``: W4A16 weights
-        in ``tile_w4a16``'s layout (format ``"w4a16t"``) where their rows are whole 16-row tiles.
+        in ``tile_w4a16``'s layout (format ``"w4a16t"``) where their rows are whole 16-row tiles;
+        ``quantize_head``: the head in ``weights`` too (else dense).
 
         Returns:
             ``{"embed", "norm", "head": Linear, "layers": [dict of attn_norm, mlp_norm, qkv, o, gate_up, down]}``.
@@ -294,9 +296,9 @@ class TensorParallel:
         head = get(head_name, 0, self.v0, min(self.v0 + self.vocab, cfg.vocab_size))
         if head.shape[0] < self.vocab:  # the last rank's rows past the vocabulary
             head = torch.cat([head, head.new_zeros(self.vocab - head.shape[0], head.shape[1])])
-        # The head and the embedding stay dense: the head's logits decide the tokens.
+        # The embedding stays dense, and the head unless asked: the head's logits decide the tokens.
         return {"embed": get("model.embed_tokens.weight").to(device), "norm": get("model.norm.weight").to(device),
-                "head": linear(head, fmt="dense"), "layers": layers}
+                "head": linear(head, fmt=weights if quantize_head else "dense"), "layers": layers}
 
 
 def _dev(t, device):

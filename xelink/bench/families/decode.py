@@ -410,10 +410,11 @@ class TorchDecode:
 
 def model_cases(contexts, quick: bool = False) -> list:
     """The CUDA model rows, ``(weights, B, context)`` grouped by weight format: bf16 B=1 at every context,
-    bf16 B=8, W4A16 B=1 and (not quick) W8A16 B=1 at the smallest."""
+    bf16 B=8, W4A16 B=1 (the head dense, as issue 26's target; then ``"w4a16+head"``: the head quantized too,
+    ``quantize_head``) and (not quick) W8A16 B=1 at the smallest."""
     contexts = sorted(set(contexts))
     c0 = contexts[0]
-    cases = [("bf16", 1, c) for c in contexts] + [("bf16", 8, c0), ("w4a16", 1, c0)]
+    cases = [("bf16", 1, c) for c in contexts] + [("bf16", 8, c0), ("w4a16", 1, c0), ("w4a16+head", 1, c0)]
     return cases if quick else cases + [("w8a16", 1, c0)]
 
 
@@ -710,7 +711,8 @@ def run_model_gpu(report, name: str = GPU_MODEL, contexts=GPU_CONTEXTS, *, quick
         mine = [(B, L) for f, B, L in cases if f == fmt]
         model = None
         try:
-            model = Llama.random(name, weights=fmt, impl="xelink", device=dev, max_batch=max(B for B, _ in mine),
+            model = Llama.random(name, weights=fmt.removesuffix("+head"), quantize_head=fmt.endswith("+head"),
+                                 impl="xelink", device=dev, max_batch=max(B for B, _ in mine),
                                  max_seq_len=max(L for _, L in mine) + 16)
             if fmt == "bf16":
                 weights = dense_weights(model)
