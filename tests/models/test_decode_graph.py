@@ -206,14 +206,18 @@ def test_gpu_graph_made_after_a_prefill_keeps_the_caches(requires_gpus):
 
 
 @pytest.mark.gpu
-def test_gpu_w4a16_weights_in_tiles(requires_gpus):
-    """W4A16 on CUDA: the projections stored as tiles ("w4a16t", read in place by the tensor-core GEMV and by
-    qgemm at the 80-row prompt); the prompt's logits close to the reference path's (which keeps the row layout,
-    torch ops) and the greedy tokens through the graph equal to the reference's up to a near tie."""
+@pytest.mark.parametrize("quantize_head", [False, True])
+def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head):
+    """W4A16 on CUDA: the projections (and with ``quantize_head`` the head) stored as tiles ("w4a16t", read in
+    place by the tensor-core GEMV and by qgemm at the 80-row prompt); the prompt's logits close to the reference
+    path's (which keeps the row layout, torch ops) and the greedy tokens through the graph equal to the
+    reference's up to a near tie."""
     requires_gpus(1)
-    kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=128, device="cuda", weights="w4a16")
+    kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=128, device="cuda", weights="w4a16",
+              quantize_head=quantize_head)
     fast = Llama.random("tiny", impl="xelink", **kw)
     assert {lin.fmt for layer in fast.layers for lin in layer.values() if hasattr(lin, "fmt")} == {"w4a16t"}
+    assert fast.head.fmt == ("w4a16t" if quantize_head else "dense")
     ids = torch.randint(0, fast.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
     graph = fast.decode_graph(2)
     toks, lgs = _greedy_steps(fast, ids, 10, graph)
