@@ -352,7 +352,8 @@ class Llama:
                 Collective over it.
             dtype: activations, cache and dense weights: bfloat16, float16 or float32.
             weights: ``"bf16"`` (dense in ``dtype``), ``"w8a16"`` or ``"w4a16"`` (quantized at load with
-                ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding and head stay dense).
+                ``xelink.kernels.pack_w8a16`` / ``pack_w4a16``; the embedding stays dense, the head too unless
+                ``quantize_head``).
             quantize_head: the head (``lm_head``, or the tied embedding's copy it reads) in ``weights`` too, as
                 llama.cpp's and MLC's 4-bit models keep it (a W4A16 Llama-3.1-8B reads 0.8 GB less a token); the
                 logits then move by the head's rounding, so greedy tokens may differ from a dense head's. Needs a
