@@ -13,8 +13,8 @@ from .attention import (decode_attention, flash_attention, flash_attention_backw
                         reference_merge_attention, reference_rope_decode_attention, rope_decode_attention)
 from .gated_gemm import gated_gemm
 from .gemm import gemm, reference_gemm
-from .gemv import (gemv, pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16, tiled_w4a16_native, unpack_w4a16,
-                   unpack_w8a16, untile_w4a16)
+from .gemv import (W4_TILE_ROWS, gemv, pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16, tiled_w4a16_native,
+                   unpack_w4a16, unpack_w8a16, untile_w4a16)
 from .norm import (reference_rmsnorm, reference_rope, reference_rope_kv, reference_silu_mul, rmsnorm, rope, rope_kv,
                    silu_mul)
 from .qgemm import qgemm
@@ -22,6 +22,7 @@ from .scatter_gemm import (reduce_programs, reference_scatter_reduce, scatter_ge
                            scatter_reduce)
 
 __all__: list[str] = [
+    "W4_TILE_ROWS",
     "decode_attention", "flash_attention", "flash_attention_backward", "merge_attention", "reference_decode_attention",
     "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention",
     "reference_rope_decode_attention", "rope_decode_attention",

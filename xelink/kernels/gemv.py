@@ -839,7 +839,7 @@ class _GemvLaunch:
         M, K = x.shape
         N = w.shape[0]  # rows of W; with act, [gate; up]: N // 2 outputs
         self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
-        if fmt == "w4a16t" and not (ptx and TC_AVAILABLE):
+        if fmt == "w4a16t" and not _tiles_in_place(ptx):
             fmt = "w4a16"  # the other kernels read a row-layout copy (_gemv_run)
         if pdl == "auto":
             # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
@@ -991,8 +991,7 @@ def _gemv_run(w, x, scales, fmt: str, impl: str, pdl: str, out=None, cfg: dict |
     (``plan``: the remembered path's :class:`_GemvLaunch`, else one worked out for this call)."""
     if out is not None:
         check_no_overlap("gemv", out, w=w, x=x, scales=scales)
-    if fmt == "w4a16t" and not (impl == "cuda" and TC_AVAILABLE):
-        # only the tensor-core kernel reads tiles in place: the others take a row-layout copy (tiled_w4a16_native)
+    if fmt == "w4a16t" and not _tiles_in_place(impl == "cuda"):
         w, fmt = untile_w4a16(w), "w4a16"
     if impl == "reference":
         y = reference_gemv(w, x, scales, fmt)
@@ -1122,6 +1121,12 @@ _PATHS = Paths()
 def _cuda_ptx_ok(device: torch.device) -> bool:
     cap = capability(device)
     return cap is not None and cap >= (8, 0)
+
+
+def _tiles_in_place(ptx: bool) -> bool:
+    """Whether a gemv path (``ptx``: impl "cuda") reads "w4a16t" weights in place: the tensor-core kernel alone;
+    the others take a row-layout copy. One rule for the launch plan and the call (``_GemvLaunch``, ``_gemv_run``)."""
+    return ptx and TC_AVAILABLE
 
 
 def tiled_w4a16_native(device) -> bool:

@@ -2,7 +2,8 @@
 inside a tiled tensor-core GEMM (prefill, and decode batches past ``gemv``'s 8 rows).
 
 Weights and scales as ``gemv``'s formats (gemv.py): W8A16 ``W`` int8 ``[N, K]`` with ``scales [N]``, W4A16 ``W``
-uint8 ``[N, K/2]`` (low nibble = even k) with ``scales [N, K/128]``. Each program computes a ``BLOCK_M x
+uint8 ``[N, K/2]`` (low nibble = even k) with ``scales [N, K/128]``, read in place also in ``tile_w4a16``'s tiles
+(``"w4a16t"``: a tile of 16 rows is one step of K, 1 KB). Each program computes a ``BLOCK_M x
 BLOCK_N`` tile of y over K in steps of ``BLOCK_K`` = 128 columns: the activations' tile, the weights' tile as
 exact 16-bit integers (the int8, or nibble - 8 built under a float's exponent: no int-to-float conversion), one
 ``tl.dot`` into fp32, and then the scales: W4A16's group scale (one group a step) multiplies each step's product,

@@ -25,14 +25,13 @@ import torch
 from ..collectives import all_gather_into_tensor, all_reduce, broadcast
 from ..comm import Communicator
 from .. import cp_positions, cp_unshard
-from ..kernels import merge_attention, pack_w4a16, pack_w8a16, tile_w4a16
+from ..kernels import W4_TILE_ROWS, merge_attention, pack_w4a16, pack_w8a16, tile_w4a16
 from .checkpoint import Checkpoint, LlamaConfig
 
 __all__ = ["ContextParallel", "TensorParallel", "WEIGHT_FORMATS", "check_groups", "check_xelink_collectives"]
 
 WEIGHT_FORMATS = ("bf16", "w8a16", "w4a16")
 _W4_GROUP = 128
-_W4_TILE_ROWS = 16  # rows of a "w4a16t" tile (xelink.kernels.tile_w4a16)
 
 
 def check_groups(tp_group, cp_group, fn: str):
@@ -249,7 +248,7 @@ class TensorParallel:
                 return Linear(q.to(device), s.to(device), "w8a16", _dev(bias, device), reduce)
             if fmt == "w4a16":
                 q, s = pack_w4a16(w, dtype)
-                if tiled and q.shape[0] % _W4_TILE_ROWS == 0:
+                if tiled and q.shape[0] % W4_TILE_ROWS == 0:
                     return Linear(tile_w4a16(q.to(device)), s.to(device), "w4a16t", _dev(bias, device), reduce)
                 return Linear(q.to(device), s.to(device), "w4a16", _dev(bias, device), reduce)
             return Linear(w.to(device).contiguous(), None, "dense", _dev(bias, device), reduce)
