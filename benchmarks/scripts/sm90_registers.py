@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 
 from xelink.kernels import attention_bwd as AB
 
-_CONST = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL")
+_CONST = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "WINDOWED")
 _HALF = ("Q", "K", "V", "DO")
 _FLOAT_PTRS = ("LSE", "DELTA", "DK", "DV", "DQ")
 
@@ -40,7 +40,7 @@ def probe(kind: str, head_dim: int, tile) -> tuple[int, int, int]:
     """(registers a thread, spill-store bytes, shared bytes) of pass ``kind`` at ``tile``."""
     fn = AB._dkdv_kernel if kind == "dkdv" else AB._dq_kernel
     block_m, block_n, warps, stages = tile
-    values = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": True}
+    values = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": True, "WINDOWED": False}
     src = ASTSource(fn=fn, signature={a: _type(a) for a in fn.arg_names},
                     constexprs={(fn.arg_names.index(a),): v for a, v in values.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))

@@ -1,9 +1,11 @@
-"""Sliding-window attention (``window=``) of flash_attention, decode_attention and rope_decode_attention.
+"""Sliding-window attention (``window=``) of flash_attention, decode_attention and rope_decode_attention, and of the
+flash attention backward (``flash_attention_backward(..., window=)``, the autograd node of a windowed call with grad).
 
 Each query sees the ``window`` keys ending at its last visible one (Mistral's and Phi-3's ``sliding_window``). The
-references against float64 attention with the mask written out element by element (CPU); the kernels against the
-references: the Triton interpreter on the CPU (TRITON_INTERPRET=1) and the GPU (marked), with the cache rows before
-each sequence's window and past its end NaN, so a decode split that read one shows."""
+references against float64 attention with the mask written out element by element (CPU), the backward's against
+autograd of it; the kernels against the references: the Triton interpreter on the CPU (TRITON_INTERPRET=1) and the
+GPU (marked), with the cache rows before each sequence's window and past its end NaN, so a decode split that read one
+shows."""
 import os
 
 import pytest
@@ -26,21 +28,25 @@ def _qkv(b, hq, hkv, sq, sk, d, dtype, device="cpu", gen=None):
     return r(b, hq, sq, d), r(b, hkv, sk, d), r(b, hkv, sk, d)
 
 
-def _window64(q, k, v, causal, window):
-    """float64 attention with every (query, key) pair's visibility decided one by one; rows that see nothing: 0."""
+def _window64(q, k, v, causal, window, lse=False):
+    """float64 attention with every (query, key) pair's visibility decided one by one; rows that see nothing: 0
+    (LSE -inf). Differentiable (built from torch ops on q, k, v). ``lse``: (out, lse)."""
     B, Hq, Sq, D = q.shape
     Sk, g = k.shape[2], Hq // k.shape[1]
-    out = torch.zeros(B, Hq, Sq, D, dtype=torch.float64)
+    kk, vv = (t.double().repeat_interleave(g, dim=1) for t in (k, v))
+    outs, lses = [], []
     for i in range(Sq):
         last = i + Sk - Sq if causal else Sk - 1
         keys = [j for j in range(Sk) if last - window < j <= last]
         if not keys:
+            outs.append(torch.zeros(B, Hq, D, dtype=torch.float64))
+            lses.append(torch.full((B, Hq), float("-inf"), dtype=torch.float64))
             continue
-        kk = k.double().repeat_interleave(g, dim=1)[:, :, keys]
-        vv = v.double().repeat_interleave(g, dim=1)[:, :, keys]
-        p = torch.softmax(q[:, :, i:i + 1].double() @ kk.transpose(-1, -2) / D ** 0.5, dim=-1)
-        out[:, :, i] = (p @ vv)[:, :, 0]
-    return out
+        s = (q[:, :, i:i + 1].double() @ kk[:, :, keys].transpose(-1, -2))[:, :, 0] / D ** 0.5  # (B, Hq, keys)
+        outs.append((torch.softmax(s, dim=-1)[:, :, None] @ vv[:, :, keys])[:, :, 0])
+        lses.append(torch.logsumexp(s, dim=-1))
+    out = torch.stack(outs, dim=2)
+    return (out, torch.stack(lses, dim=2)) if lse else out
 
 
 WINDOW_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, causal, window)
@@ -80,26 +86,74 @@ def test_bad_window(window):
         A.reference_flash_attention(q, k, v, window=window)
 
 
-def test_a_kernel_with_grad_refuses_a_window():
+def test_a_kernel_with_grad_takes_a_window():
+    # A named kernel path with grad and a window is refused only for what refuses it without a window (here: CPU
+    # tensors outside the interpreter), never for the window: its backward takes one.
     q, k, v = _qkv(1, 2, 1, 3, 5, 64, torch.bfloat16)
-    with pytest.raises(ValueError, match="^flash_attention: window=4 with an input that requires grad runs on the "
-                                         "reference's torch ops .* impl='triton' has no windowed backward"):
+    if INTERPRET:
+        out = A.flash_attention(q.requires_grad_(), k, v, causal=True, impl="triton", window=4)
+        assert out.grad_fn is not None
+        return
+    with pytest.raises((ValueError, RuntimeError)) as err:
         A.flash_attention(q.requires_grad_(), k, v, causal=True, impl="triton", window=4)
+    assert "window" not in str(err.value) and "impl='triton' needs" in str(err.value), err.value
 
 
-def test_grad_takes_the_references_torch_ops():
-    # With grad, a window runs on the reference's differentiable ops: the gradients of a windowed loss are those of
-    # the float64 attention (the backward kernel has no window); out= is refused as for any call with grad.
-    q, k, v = (t.double().requires_grad_() for t in _qkv(1, 4, 2, 6, 11, 16, torch.float32))
-    out, lse = A.flash_attention(q, k, v, causal=True, window=3, return_lse=True)
-    (out.square().sum() + lse.sum()).backward()
-    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    want, want_lse = A.reference_flash_attention(q2, k2, v2, causal=True, window=3, return_lse=True)
-    (want.square().sum() + want_lse.sum()).backward()
-    for a, b in ((q, q2), (k, k2), (v, v2)):
-        assert torch.allclose(a.grad, b.grad)
+def test_grad_runs_through_the_autograd_node():
+    # With grad, a window runs as the forward of the autograd node whose backward is flash_attention_backward: it
+    # keeps q, k, v, the output and the LSE (no score matrix), and the gradients of a loss of the output and the LSE
+    # are those of float64 attention with the mask written out; out= is refused as for any call with grad.
+    q, k, v = (t.double() for t in _qkv(1, 4, 2, 6, 11, 16, torch.float32))
+    for causal, window in ((True, 3), (False, 4), (True, 1), (True, 20)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = A.flash_attention(*leaves, causal=causal, window=window, return_lse=True)
+        saved = out.grad_fn.saved_tensors
+        assert sorted(tuple(t.shape) for t in saved) == [(1, 2, 11, 16), (1, 2, 11, 16), (1, 4, 6), (1, 4, 6, 16),
+                                                         (1, 4, 6, 16)], [t.shape for t in saved]
+        (out.square().sum() + lse.sum()).backward()
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        want, want_lse = _window64(*full, causal, window, lse=True)
+        (want.square().sum() + want_lse.sum()).backward()
+        for name, a, b in zip("qkv", leaves, full):
+            assert a.grad.dtype == torch.float64 and torch.allclose(a.grad, b.grad, atol=1e-5), (causal, window, name)
     with pytest.raises(ValueError, match="out= is not differentiable"):
-        A.flash_attention(q, k, v, causal=True, window=3, out=torch.empty(1, 4, 6, 16, dtype=torch.float64))
+        A.flash_attention(*leaves, causal=True, window=3, out=torch.empty(1, 4, 6, 16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES)
+def test_backward_is_autograd_of_windowed_attention(shape):
+    # flash_attention_backward with a window (the forward's out and LSE given, the LSE's gradient too) against autograd
+    # of the float64 windowed attention; rows that see nothing (LSE -inf) get no gradient; a window over every key
+    # gives exactly the unwindowed result.
+    b, hq, hkv, sq, sk, causal, window = shape
+    gen = torch.Generator().manual_seed(sq * 31 + sk + window)
+    q, k, v = (t.double() for t in _qkv(b, hq, hkv, sq, sk, 16, torch.float32, gen=gen))
+    dout = torch.randn(b, hq, sq, 16, generator=gen, dtype=torch.float64)
+    dlse = torch.randn(b, hq, sq, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = _window64(*leaves, causal, window, lse=True)
+    seen = torch.isfinite(lse)
+    ((out * dout).sum() + (torch.where(seen, lse, 0.0) * dlse).sum()).backward()
+    args = (dout, q, k, v, out.detach(), lse.detach().float())
+    got = A.flash_attention_backward(*args, causal=causal, dlse=dlse, window=window)
+    for name, a, t in zip(("dq", "dk", "dv"), got, leaves):
+        assert a.dtype == torch.float64 and a.shape == t.shape, name
+        assert torch.allclose(a, t.grad, atol=1e-5), (shape, name, (a - t.grad).abs().max())
+    assert torch.equal(got[0][~seen], torch.zeros_like(got[0][~seen]))
+    ref = A.reference_flash_attention_backward(*args, causal=causal, dlse=dlse, window=window)
+    assert all(torch.equal(a, r) for a, r in zip(got, ref))
+    if window >= sk:  # a window over every key is no window
+        plain = A.flash_attention_backward(*args, causal=causal, dlse=dlse)
+        assert all(torch.equal(a, r) for a, r in zip(got, plain))
+
+
+@pytest.mark.parametrize("window", [0, -3, True, 2.5, "8"])
+def test_backward_bad_window(window):
+    q, k, v = _qkv(1, 2, 1, 3, 5, 16, torch.float32)
+    out, lse = A.reference_flash_attention(q, k, v, causal=True, return_lse=True)
+    for fn in (A.flash_attention_backward, A.reference_flash_attention_backward):
+        with pytest.raises(ValueError, match=f"^{fn.__name__}: window={window!r} must be None or an int >= 1"):
+            fn(out, q, k, v, out, lse, causal=True, window=window)
 
 
 # -- the kernels: the interpreter on the CPU, and the GPU ---------------------------------------------------
@@ -269,6 +323,107 @@ def test_kernels_gpu(requires_gpus, d, dtype):
     _check_rope_decode("cuda", d, dtype, d + 2)
     _check_rope_ring("cuda", d, dtype, d + 3)
     _check_rope_ring("cuda", d, dtype, d + 4, 32, 8, 4096, [[70000, 4096, 100, 8193]])  # Mistral's, splits of a ring
+
+
+# -- the backward kernel with a window: the interpreter on the CPU, and the GPU -------------------------------------
+
+# (B, Hq, Hkv, Sq, Sk, D, causal, window): tile tails, GQA, Sq < Sk and Sq > Sk (rows that see no key), window 1,
+# windows within one tile and over several, a window past every key, non-causal windows (the key tiles before every
+# row's window seen by none). The first two have window - 2 - (Sk - Sq) a multiple of 16: on 16 x 16 tiles the last
+# row that sees a key tile starts a query tile, and the first key a query tile sees ends a key tile (a bound one off
+# shows)
+BWD_WINDOW_SHAPES = [(1, 2, 1, 70, 70, 64, True, 18), (2, 4, 2, 33, 97, 64, True, 2), (1, 2, 2, 100, 40, 64, True, 1),
+                     (1, 2, 1, 30, 90, 64, True, 70), (1, 2, 2, 17, 100, 64, False, 20),
+                     (1, 4, 1, 50, 20, 64, True, 200), (1, 2, 1, 40, 90, 64, False, 75)]
+
+
+def _check_bwd_window(shape, device, dtype, tol):
+    """The Triton backward with a window against the reference (the LSE's gradient included), the results stored
+    in dtype= as in float32 less the rounding, the same bits on a second call."""
+    b, hq, hkv, sq, sk, d, causal, window = shape
+    gen = torch.Generator().manual_seed(sq * 7 + sk + window)
+    q, k, v = _qkv(b, hq, hkv, sq, sk, d, dtype, device, gen)
+    out, lse = A.reference_flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
+    dout = torch.randn(b, hq, sq, d, generator=gen).to(device, dtype)
+    dlse = torch.randn(b, hq, sq, generator=gen).to(device)
+    args, kw = (dout, q, k, v, out, lse), dict(causal=causal, dlse=dlse, window=window)
+    got = A.flash_attention_backward(*args, impl="triton", **kw)
+    want = A.flash_attention_backward(*args, impl="reference", **kw)
+    for name, a, w in zip(("dq", "dk", "dv"), got, want):
+        assert a.dtype == torch.float32 and a.shape == w.shape, (name, a.dtype, a.shape)
+        err = _rel(a, w)
+        assert err <= tol and torch.isfinite(a).all(), f"{shape} {dtype} {name}: relative error {err:.3g}"
+    eps = torch.finfo(dtype).eps
+    for name, a, r in zip(("dq", "dk", "dv"), got, A.flash_attention_backward(*args, impl="triton", dtype=dtype, **kw)):
+        assert r.dtype == dtype and bool(((r.float() - a).abs() <= a.abs() * eps + 1e-6).all()), (shape, name)
+    assert all(torch.equal(a, r) for a, r in zip(got, A.flash_attention_backward(*args, impl="triton", **kw)))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+@pytest.mark.parametrize("tiles", ["kept", "16x16"])
+@pytest.mark.parametrize("shape", BWD_WINDOW_SHAPES)
+def test_interpreter_flash_backward_kernel_with_a_window(shape, tiles, monkeypatch):
+    # float16 (the interpreter's bfloat16 dot is wrong); "16x16": both passes on 16 x 16 tiles, so that these short
+    # sequences span many key and query tiles and the windowed loop bounds (where dk/dv stops, where dq starts, the
+    # key tiles nobody sees) are crossed at every offset
+    if tiles == "16x16":
+        from xelink.kernels import attention_bwd
+        monkeypatch.setitem(attention_bwd.BWD_CONFIGS, shape[5], {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1)})
+    _check_bwd_window(shape, "cpu", torch.float16, 2e-3)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_interpreter_windowed_grad_runs_the_kernels():
+    # A windowed call with grad on the named Triton path: the kernel forward, then the kernel backward; gradients
+    # within float16 rounding of the reference path's
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _qkv(1, 4, 2, 40, 70, 64, torch.float16, gen=gen)
+    up = torch.randn(1, 4, 40, 64, generator=gen).half()
+    grads = {}
+    for impl in ("triton", "reference"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = A.flash_attention(*leaves, causal=True, window=24, return_lse=True, impl=impl)
+        grads[impl] = torch.autograd.grad((out.float() * up).sum() + lse.sum(), leaves)
+    for name, a, b in zip("qkv", grads["triton"], grads["reference"]):
+        assert a.dtype == torch.float16 and _rel(a, b) < 5e-3, (name, _rel(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", BWD_WINDOW_SHAPES + [(2, 32, 8, 1000, 1000, 128, True, 256),
+                                                       (1, 8, 8, 513, 2048, 64, False, 300),
+                                                       (1, 8, 2, 700, 1500, 256, True, 100)])
+def test_gpu_flash_backward_kernel_with_a_window(shape, dtype, requires_gpus):
+    requires_gpus(1)
+    _check_bwd_window(shape, "cuda", dtype, 2e-3 if dtype == torch.float16 else 1.5e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_windowed_grad_is_remembered_apart(requires_gpus):
+    # impl="auto" with grad and a window: the forward kernel (on sm90 the TMA one, never the Gluon kernel, which has
+    # no window) and the backward kernel, gradients within bfloat16 rounding of the reference's autograd; remembered
+    # under a key of its own: windowed and unwindowed calls of one geometry, alternating, each keep their values.
+    requires_gpus(1)
+    q, k, v = _qkv(1, 8, 2, 1024, 1024, 128, torch.bfloat16, "cuda")
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    want = {}
+    for window in (256, None):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = A.reference_flash_attention(*leaves, causal=True, window=window)
+        want[window] = (out, torch.autograd.grad(out, leaves, dout))
+    for _ in range(2):
+        for window in (256, None):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = A.flash_attention(*leaves, causal=True, window=window)
+            grads = torch.autograd.grad(out, leaves, dout)
+            assert _rel(out, want[window][0]) < TOL[torch.bfloat16], window
+            for name, a, b in zip("qkv", grads, want[window][1]):
+                assert a.dtype == torch.bfloat16 and _rel(a, b) < 2e-2, (window, name, _rel(a, b))
+    hits = [(key, hit) for key, hit in A._PATHS.items() if isinstance(key, tuple) and key[1] == "flash-grad"]
+    windows = {key[11]: hit for key, hit in hits}  # (class, value) pairs: window is the 6th option
+    assert {256, None} <= set(windows), list(windows)
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert windows[256][3].fn is A._flash_fwd_tma_kernel and windows[256][3].kwargs["WINDOWED"]
 
 
 @pytest.mark.gpu

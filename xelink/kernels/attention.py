@@ -286,10 +286,11 @@ def _row_last(sq: int, sk: int, g: int, causal: bool, device) -> torch.Tensor:
     return t + (sk - sq) if causal else torch.full_like(t, sk - 1)
 
 
-def _ref_core_backward(q, k, v, dout, lse, delta, row_last, scale):
+def _ref_core_backward(q, k, v, dout, lse, delta, row_last, scale, window=None):
     """The gradients of ``_ref_core``'s rows, given the forward's LSE and ``delta`` (the rows' dot products of
     output and output gradient): dq (B, Hkv, R, D), dk, dv (B, Hkv, Sk, D), in float32 (float64 for float64),
-    over row chunks as ``_ref_core``. A row's probabilities are ``exp(s - lse)``: with the LSE of attention over
+    over row chunks as ``_ref_core``, masked as it is (``window``: each row sees the ``window`` keys ending at
+    ``row_last``). A row's probabilities are ``exp(s - lse)``: with the LSE of attention over
     more keys than ``k`` (context parallelism) these are the block's share of the row's softmax, so the results
     are the block's contributions."""
     ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -307,7 +308,10 @@ def _ref_core_backward(q, k, v, dout, lse, delta, row_last, scale):
         r1 = min(R, r0 + chunk)
         qc, dc = q[:, :, r0:r1].to(ctype), dout[:, :, r0:r1].to(ctype)
         s = torch.matmul(qc, kf.transpose(-1, -2)) * scale
-        s = s.masked_fill(cols[None, :] > row_last[r0:r1, None], float("-inf"))
+        hidden = cols[None, :] > row_last[r0:r1, None]
+        if window is not None:
+            hidden |= cols[None, :] <= row_last[r0:r1, None] - window
+        s = s.masked_fill(hidden, float("-inf"))
         m = lse[:, :, r0:r1, None].to(ctype)
         seen = torch.isfinite(m)  # a row that sees no key anywhere (LSE -inf) has no gradient
         p = torch.where(seen, torch.exp(s - torch.where(seen, m, torch.zeros_like(m))), torch.zeros_like(s))
@@ -318,9 +322,9 @@ def _ref_core_backward(q, k, v, dout, lse, delta, row_last, scale):
     return dq, dk, dv
 
 
-def _check_backward(fn: str, dout, q, k, v, out, lse, causal, scale, dlse) -> None:
+def _check_backward(fn: str, dout, q, k, v, out, lse, causal, scale, dlse, window=None) -> None:
     _check_qkv(fn, q, k, v)
-    _check_flags(fn, causal, scale, False)
+    _check_flags(fn, causal, scale, False, window)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(fn, name, t, 4)
         if t.shape != q.shape:
@@ -342,10 +346,11 @@ def _check_backward(fn: str, dout, q, k, v, out, lse, causal, scale, dlse) -> No
             raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
 
 
-def reference_flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, *, dlse=None):
-    """Pure-torch gradients of ``flash_attention`` (``flash_attention_backward``'s reference path)."""
-    _check_backward("reference_flash_attention_backward", dout, q, k, v, out, lse, causal, scale, dlse)
-    return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+def reference_flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, *, dlse=None, window=None):
+    """Pure-torch gradients of ``flash_attention`` (``flash_attention_backward``'s reference path; ``window``: the
+    forward's sliding window, None or an int >= 1)."""
+    _check_backward("reference_flash_attention_backward", dout, q, k, v, out, lse, causal, scale, dlse, window)
+    return _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse, window)
 
 
 def _delta(dout, out, dlse, ctype) -> torch.Tensor:
@@ -355,14 +360,14 @@ def _delta(dout, out, dlse, ctype) -> torch.Tensor:
     return delta if dlse is None else delta - dlse.to(ctype)
 
 
-def _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse):
+def _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse, window=None):
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     delta = _delta(dout, out, dlse, torch.float64 if q.dtype == torch.float64 else torch.float32)
     row_last = _row_last(Sq, Sk, Hq // Hkv, causal, q.device)
     dq, dk, dv = _ref_core_backward(_grouped(q, Hkv), k, v, _grouped(dout, Hkv), lse.reshape(B, Hkv, -1),
-                                    delta.reshape(B, Hkv, -1), row_last, scale)
+                                    delta.reshape(B, Hkv, -1), row_last, scale, window)
     return dq.reshape(B, Hq, Sq, D), dk, dv
 
 
@@ -1355,7 +1360,8 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         window: None, or an int >= 1: a sliding window, each query sees only the ``window`` keys ending at its
             last visible one (Mistral's and Phi-3's ``sliding_window``: with causal, query i sees keys
             ``i + Sk - Sq - window + 1 .. i + Sk - Sq``). Runs on the TMA kernel (``"cuda"``; the Gluon kernel
-            has no window), the portable one or the reference; with grad, on the reference's torch ops.
+            has no window), the portable one or the reference; with grad as without (the backward takes the
+            window too).
 
     Autograd: where grad mode is on and q, k or v requires grad, the call (any ``impl``) is the forward of an
     autograd node that keeps q, k, v, the output and the LSE, and whose backward is ``flash_attention_backward``
@@ -1374,12 +1380,11 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
         out, lse = _flash_run(q, k, v, causal, hit[2], hit[0], out, hit[1], hit[3], window or 0)
         return (out, lse) if return_lse else out
     grad_key = None
-    if key is None and out is None and window is None:  # a differentiable call's remembered path (its key is
-        # None when none is)
-        grad_key = path_key(("flash-grad", impl, pdl, causal, scale), (q, k, v), grad_ok=True)
+    if key is None and out is None:  # a differentiable call's remembered path (its key is None when none is)
+        grad_key = path_key(("flash-grad", impl, pdl, causal, scale, window), (q, k, v), grad_ok=True)
         hit = _PATHS.get(grad_key) if grad_key is not None else None
         if hit is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            out, lse = _FlashAttention.apply(q, k, v, causal, hit[2], hit[0], hit[1], hit[3])
+            out, lse = _FlashAttention.apply(q, k, v, causal, hit[2], hit[0], hit[1], hit[3], window or 0)
             return (out, lse) if return_lse else out
     fn = "flash_attention"
     _check_qkv(fn, q, k, v)
@@ -1387,14 +1392,6 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     # With grad (eager), any path runs as the forward of an autograd node whose backward is
     # flash_attention_backward; traced, the custom op has no formula, so grad takes the reference's torch ops.
     grad = not torch.compiler.is_compiling() and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if window is not None and grad:
-        # the backward kernel has no window: the reference's torch ops (differentiable)
-        if impl not in ("auto", "reference"):
-            raise ValueError(f"{fn}: window={window} with an input that requires grad runs on the reference's torch "
-                             f"ops (impl='auto' or 'reference'); impl={impl!r} has no windowed backward")
-        _no_out_with_grad(fn, out)
-        got = reference_flash_attention(q, k, v, causal, scale, True, window=window)
-        return got if return_lse else got[0]
     path = _fit(resolve_impl(fn, impl, q.device, **({} if grad else dict(q=q, k=k, v=v))), impl, q)
     if path != "reference":
         _check_kernel_inputs(fn, path, q)
@@ -1403,11 +1400,12 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     if grad:
         _no_out_with_grad(fn, out)
+        # (a window's plan skips the Gluon kernel, which has none, as the call without grad does)
         plan = None if path == "reference" else _FlashLaunch(q, k, v, None, causal, scale, path, pdl, None,
-                                                                 grad_key is not None)
+                                                             grad_key is not None, window or 0)
         if grad_key is not None:
             _PATHS.remember(grad_key, (path, pdl, scale, plan))
-        out, lse = _FlashAttention.apply(q, k, v, causal, scale, path, pdl, plan)
+        out, lse = _FlashAttention.apply(q, k, v, causal, scale, path, pdl, plan, window or 0)
         return (out, lse) if return_lse else out
     if key is not None:
         _PATHS.remember(key, (path, pdl, scale, None if path == "reference" else
@@ -1421,7 +1419,7 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
 
 
 def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, impl="auto", *, dlse=None,
-                             dtype=None):
+                             dtype=None, window=None):
     """Gradients of ``flash_attention``'s output with respect to q, k and v (FlashAttention's backward
     contract: the forward's output and LSE are given, the probabilities recomputed from them).
 
@@ -1432,6 +1430,9 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
             sequence, as context parallelism splits it): the results are then this block's contributions, which
             sum over the blocks to the gradients of the whole attention.
         causal, scale: as the forward's call over this block.
+        window: None, or an int >= 1: the forward's sliding window (each query sees only the ``window`` keys
+            ending at its last visible one: ``i + Sk - Sq`` with causal, else ``Sk - 1``); both paths take it, the
+            kernel visiting only the tiles some row's window reaches.
         dlse: the gradient of the LSE, (B, Hq, Sq), where a loss used it too (None: zero).
         dtype: the results' floating dtype (None: float32, float64 for float64 inputs). The kernel stores it
             directly (no cast pass); a block's contributions to be summed over blocks want the float32 default.
@@ -1449,13 +1450,13 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
         TypeError / ValueError: bad tensors, shapes, dtypes, devices, flags or impl, before anything runs.
     """
     fn = "flash_attention_backward"
-    _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse)
+    _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse, window)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise TypeError(f"{fn}: dtype={dtype!r} must be None or a floating torch.dtype")
     path = _fit(resolve_impl(fn, impl, q.device, BACKWARD_IMPLS, dout=dout, q=q, k=k, v=v, out=out, lse=lse,
                              dlse=dlse), impl, q)
     if path == "reference":
-        grads = _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse)
+        grads = _reference_backward(dout, q, k, v, out, lse, causal, scale, dlse, window)
         return grads if dtype is None else tuple(g.to(dtype) for g in grads)
     _check_kernel_inputs(fn, path, q)
     if dout.dtype != q.dtype:
@@ -1463,17 +1464,19 @@ def flash_attention_backward(dout, q, k, v, out, lse, causal=False, scale=None, 
     from .attention_bwd import flash_backward
 
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    return flash_backward(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale, dtype or torch.float32)
+    return flash_backward(dout, q, k, v, out, lse.contiguous(), dlse, causal, scale, dtype or torch.float32,
+                          window or 0)
 
 
 class _FlashAttention(torch.autograd.Function):
     """flash_attention with grad: the forward of the path chosen, the backward ``flash_attention_backward``
-    (from the saved inputs, output and LSE: no score matrix kept), the LSE's gradient included."""
+    (from the saved inputs, output and LSE: no score matrix kept), the LSE's gradient included; ``window``: 0
+    (none) or the sliding window's keys, given to both."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, path, pdl, plan):
-        out, lse = _flash_run(q, k, v, causal, scale, path, None, pdl, plan)
-        ctx.flags = (causal, scale)
+    def forward(ctx, q, k, v, causal, scale, path, pdl, plan, window):
+        out, lse = _flash_run(q, k, v, causal, scale, path, None, pdl, plan, window=window)
+        ctx.flags = (causal, scale, window)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)  # an unused LSE's gradient comes as None, not a tensor of zeros
         return out, lse
@@ -1481,12 +1484,12 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, scale = ctx.flags
+        causal, scale, window = ctx.flags
         if dout is None:  # only the LSE was used
             dout = torch.zeros_like(out)
         dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse,
-                                              dtype=q.dtype)
-        return dq, dk, dv, None, None, None, None, None
+                                              dtype=q.dtype, window=window or None)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):

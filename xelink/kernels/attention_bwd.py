@@ -11,10 +11,15 @@ gradient; ``_delta_kernel``, one launch), a row's probabilities are recomputed t
 - ``_dq_kernel``: one program per (query tile, batch x q head); it walks the key tiles the rows can see and
   accumulates ``dq += ds k``.
 
-Masks follow the forward's: query i sees keys ``0 .. i + Sk - Sq`` (causal, end-aligned) or all keys; a row
-whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p and ds rounded to the inputs'
-dtype (bfloat16 / float16), accumulating in float32; the results are stored in the dtype asked for (float32 by
-default).
+Masks follow the forward's: query i sees keys ``0 .. i + Sk - Sq`` (causal, end-aligned) or all keys, and with a
+sliding window (``WINDOWED``, ``WINDOW`` keys) only the last ``WINDOW`` of those: keys after ``last - WINDOW``, last
+= ``i + Sk - Sq`` (causal) or ``Sk - 1``. A windowed pass visits only the tiles some row's window reaches: dk/dv
+stops its query loop after the last row whose window still reaches its key tile (non-causal: a key tile before
+every window sees no query and stores zeros), dq starts its key loop at the tile of its first row's first key, so
+the work is O(Sq x (window + a tile)), not O(Sq x Sk). The unwindowed kernels are compiled without any of it (a
+constexpr). A row whose LSE is -inf (it sees no key anywhere) gets no gradient. The dots take p and ds rounded
+to the inputs' dtype (bfloat16 / float16), accumulating in float32; the results are stored in the dtype asked for
+(float32 by default).
 
 Tiles (``BWD_CONFIGS``), from H100 A/Bs (``benchmarks/scripts/flash_bwd_ab.py``, results in
 ``benchmarks/results/h100-flash-backward``): at head dim 128, 64 x 128 key tiles for dk/dv (ptxas spills 224
@@ -42,19 +47,26 @@ _LOG2E = 1.4426950408889634
 if triton is not None:
 
     @triton.jit
-    def _visible(rows, keys, SQ, SK, CAUSAL: tl.constexpr):
+    def _visible(rows, keys, SQ, SK, WINDOW, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
         """Which (query row, key) pairs attend, for ``rows`` and ``keys`` already broadcast against each other
-        (either orientation): both in range, and under CAUSAL the key at most the row + (SK - SQ)."""
+        (either orientation): both in range, under CAUSAL the key at most the row's last (row + SK - SQ), and
+        WINDOWED the key after that last one less WINDOW (non-causal, the last is SK - 1)."""
         keep = (keys < SK) & (rows < SQ)
         if CAUSAL:
             keep = keep & (keys <= rows + (SK - SQ))
+        if WINDOWED:
+            if CAUSAL:
+                keep = keep & (keys > rows + (SK - SQ) - WINDOW)
+            else:
+                keep = keep & (keys > SK - 1 - WINDOW)
         return keep
 
     @triton.jit
-    def _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL: tl.constexpr):
+    def _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, WINDOW, CAUSAL: tl.constexpr,
+                      WINDOWED: tl.constexpr):
         """p (BLOCK_M, BLOCK_N) of the rows offs_m over keys offs_n, and ds = p * (do v^T - delta)."""
         s = tl.dot(q, tl.trans(k))
-        keep = _visible(offs_m[:, None], offs_n[None, :], SQ, SK, CAUSAL)
+        keep = _visible(offs_m[:, None], offs_n[None, :], SQ, SK, WINDOW, CAUSAL, WINDOWED)
         p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
@@ -107,15 +119,16 @@ if triton is not None:
         ptrs = base + rows[None, :].to(tl.int64) * stride_row + offs_d[:, None] * stride_d
         return tl.load(ptrs, mask=(rows < n_rows)[None, :], other=0.0)
 
-    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SK"])
+    @triton.jit(do_not_specialize=["HKV", "GROUP", "SQ", "SK", "WINDOW"])
     def _dkdv_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        HKV, GROUP, SQ, SK, scale, qk_scale,
+        HKV, GROUP, SQ, SK, scale, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+        WINDOWED: tl.constexpr = False,
     ):
         # Everything in the key-major orientation: s^T = k q^T (BLOCK_N, BLOCK_M), so the dots that accumulate dv
         # and dk take p^T and ds^T as computed (no transpose of a register tile); q comes in transposed.
@@ -134,15 +147,23 @@ if triton is not None:
         m_lo = 0
         if CAUSAL:  # rows before n0 - (SK - SQ) see none of these keys
             m_lo = tl.maximum(n0 - (SK - SQ), 0) // BLOCK_M * BLOCK_M
+        m_hi = SQ
+        if WINDOWED:
+            if CAUSAL:  # row i's window starts at key i + SK - SQ - WINDOW + 1: the rows from
+                # n0 + BLOCK_N + WINDOW - 1 - (SK - SQ) on start past the tile's last key
+                m_hi = tl.minimum(tl.maximum(n0 + BLOCK_N + WINDOW - 1 - (SK - SQ), 0), SQ)
+            elif n0 + BLOCK_N <= SK - WINDOW:  # every row's window starts at key SK - WINDOW: none sees this tile
+                m_hi = 0
         for g in range(GROUP):
             h = kvh * GROUP + g
             row0 = (b * HKV * GROUP + h) * SQ
-            for m0 in range(m_lo, SQ, BLOCK_M):
+            for m0 in range(m_lo, m_hi, BLOCK_M):
                 offs_m = m0 + tl.arange(0, BLOCK_M)
                 qT = _load_cols(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
                 do = _load_rows(DO + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
                 lse2, delta = _row_stats(LSE, DELTA, row0, offs_m, SQ)
-                keep = _visible(offs_m[None, :], offs_n[:, None], SQ, SK, CAUSAL)  # (BLOCK_N, BLOCK_M)
+                keep = _visible(offs_m[None, :], offs_n[:, None], SQ, SK, WINDOW, CAUSAL,
+                                WINDOWED)  # (BLOCK_N, BLOCK_M)
                 pT = tl.where(keep, tl.math.exp2(tl.dot(k, qT) * qk_scale - lse2[None, :]), 0.0)
                 dv = tl.dot(pT.to(do.dtype), do, dv)
                 dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
@@ -151,15 +172,16 @@ if triton is not None:
         tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=ok_n)
         tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=ok_n)
 
-    @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK"])
+    @triton.jit(do_not_specialize=["H", "GROUP", "SQ", "SK", "WINDOW"])
     def _dq_kernel(
         Q, K, V, DO, LSE, DELTA, DQ,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        H, GROUP, SQ, SK, scale, qk_scale,
+        H, GROUP, SQ, SK, scale, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+        WINDOWED: tl.constexpr = False,
     ):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -177,21 +199,29 @@ if triton is not None:
         end = SK
         if CAUSAL:  # no row of this tile sees keys past its last row's
             end = tl.minimum(tl.maximum(m0 + BLOCK_M + (SK - SQ), 0), SK)
+        lo = 0
+        if WINDOWED:  # from the tile of the first row's first key: no row of this tile sees keys before it
+            if CAUSAL:
+                lo = tl.maximum(m0 + (SK - SQ) - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+            else:
+                lo = tl.maximum(SK - WINDOW, 0) // BLOCK_N * BLOCK_N
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        for n0 in range(0, end, BLOCK_N):
+        for n0 in range(lo, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             k = _load_rows(K + b * stride_kb + kvh * stride_kh, offs_n, SK, stride_kn, stride_kd, HEAD_DIM)
             v = _load_rows(V + b * stride_vb + kvh * stride_vh, offs_n, SK, stride_vn, stride_vd, HEAD_DIM)
-            p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL)
+            p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, WINDOW, CAUSAL,
+                                  WINDOWED)
             dq = tl.dot(ds.to(k.dtype), k, dq)
         rows = row0 * HEAD_DIM + offs_m[:, None].to(tl.int64) * HEAD_DIM
         tl.store(DQ + rows + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=ok_m)
 
 
-def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dtype=torch.float32):
+def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dtype=torch.float32, window: int = 0):
     """(dq, dk, dv) in ``dtype``, contiguous: delta (one launch), then the two passes (arguments checked by the
-    caller; ``lse`` float32 ``(B, Hq, Sq)``, contiguous; ``dlse`` None or any floating ``(B, Hq, Sq)``). Every row
-    of each result is stored (a row with nothing to add gets zeros), so they start empty."""
+    caller; ``lse`` float32 ``(B, Hq, Sq)``, contiguous; ``dlse`` None or any floating ``(B, Hq, Sq)``; ``window``
+    0 (none) or the sliding window's keys, as the forward's). Every row of each result is stored (a row with
+    nothing to add gets zeros), so they start empty."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     if B == 0 or Sq == 0 or Sk == 0:
@@ -210,14 +240,17 @@ def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dt
 
     def opts(kind):
         block_m, block_n, warps, stages = BWD_CONFIGS[D][kind]
-        return dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
-                    num_stages=stages)
+        kw = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), num_warps=warps,
+                  num_stages=stages)
+        if window:  # (passed only when set: the unwindowed launch keeps its keywords)
+            kw["WINDOWED"] = True
+        return kw
 
     o = opts("dkdv")  # launcher.launch: Triton's JIT call without its tens of microseconds of host time
     launch(_dkdv_kernel, (cdiv(Sk, o["BLOCK_N"]), B * Hkv), q, k, v, dout, lse, delta, dk, dv, *strides, Hkv, Hq // Hkv,
-           Sq, Sk, scale, qk_scale, **o)
+           Sq, Sk, scale, qk_scale, window, **o)
     o = opts("dq")
     launch(_dq_kernel, (cdiv(Sq, o["BLOCK_M"]), B * Hq), q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv, Sq,
-           Sk, scale, qk_scale, **o)
+           Sk, scale, qk_scale, window, **o)
     return dq, dk, dv
 

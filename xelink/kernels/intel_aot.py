@@ -130,15 +130,16 @@ def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=
     return args
 
 
-def _flash_bwd(kv_pass: bool, d=128, group=4):
+def _flash_bwd(kv_pass: bool, d=128, group=4, window=0):
     def args():
         B, H, S = 1, 32, 8192
         q = _contiguous(B, H, S, d)
         kv = _contiguous(B, H // group, S, d)
         outs = [_t("float32"), _t("float32")] if kv_pass else [_t("float32")]
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *outs,
-                 *q, *kv, *kv, *q, H // group if kv_pass else H, group, S, S, 0.088, 0.127],
-                dict(HEAD_DIM=d, BLOCK_M=32 if kv_pass else 64, BLOCK_N=64 if kv_pass else 32, CAUSAL=True))
+                 *q, *kv, *kv, *q, H // group if kv_pass else H, group, S, S, 0.088, 0.127, window],
+                dict(HEAD_DIM=d, BLOCK_M=32 if kv_pass else 64, BLOCK_N=64 if kv_pass else 32, CAUSAL=True,
+                     WINDOWED=window > 0))
     return args
 
 
@@ -306,6 +307,10 @@ LAUNCHES: list[Launch] = [
            num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention_bwd._dq_kernel[hd128, causal gqa 4]", "attention_bwd", "_dq_kernel", _flash_bwd(False),
            num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
+    Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4, window]", "attention_bwd", "_dkdv_kernel",
+           _flash_bwd(True, window=4096), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
+    Launch("attention_bwd._dq_kernel[hd128, causal gqa 4, window]", "attention_bwd", "_dq_kernel",
+           _flash_bwd(False, window=4096), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4]", "attention", "_decode_split_kernel", _decode(),
            num_warps=4, matrix=True, shared=36864, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4, rope]", "attention", "_decode_split_kernel",
