@@ -42,13 +42,18 @@ def expect_errors(cases):
             raise AssertionError(f"no {exc.__name__} for {text!r}")
 
 
-def full_attention(q, k, v, causal, scale=None):
+def full_attention(q, k, v, causal, scale=None, window=None):
     """(out, lse) of attention over the whole sequence in plain torch, no xelink code (GQA by repeated KV
-    heads; causal: position p sees keys <= p)."""
+    heads; causal: position p sees keys <= p; a window: only the ``window`` keys ending at p, or without causal
+    the sequence's last ``window``)."""
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if causal:
-        S = q.shape[2]
-        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    S = q.shape[2]
+    p, key = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    last = p if causal else torch.full_like(p, S - 1)
+    hidden = key > last
+    if window is not None:
+        hidden |= key <= last - window
+    s = s.masked_fill(hidden, float("-inf"))
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)

@@ -4,14 +4,16 @@ it), float32 (1e-5, out and LSE) and bfloat16, against reference_flash_attention
 (computed on every rank from the same seed) sliced to the rank's positions; flat and as packages (one rank
 each at 2, 2+1 at 3, 2x2 at 4: the ring then runs package after package); cp_shard/cp_unshard round trips,
 cp_positions, seq_len= without the exchange, back-to-back calls that change shape and algorithm, ranks that
-disagree (every rank raises the same error), and torch.compile through the custom op (2 ranks).
+disagree (every rank raises the same error), and torch.compile through the custom op (2 ranks). Sliding windows
+(``window=``, the halo exchange): every layout, mask and window length (1, shorter and longer than a block, the
+whole sequence), short sequences, a named algorithm refused, back-to-back calls with and without a window.
 
 Gradients (the backward, ``cp_backward``): dq, dk, dv of every algorithm, layout and mask, with the LSE in the
 loss, against autograd of attention over the whole sequence written in plain torch float64 (no xelink code);
 short sequences, bfloat16, ranks that disagree about grad, a rank late to the backward, activation
 checkpointing, an error part way through the backward, the traced backward; and a real client: an attention
 layer trained over context-parallel ranks (gradients summed with all_reduce) that ends with one process's
-weights."""
+weights, with and without a sliding window."""
 import torch
 from ranks import only
 
@@ -38,15 +40,16 @@ def _check(got, want, what, tol):
         raise AssertionError(f"{what}: max abs error {err:.3g} > {tol}")
 
 
-def _case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float32, tol=1e-5, scale=None):
+def _case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float32, tol=1e-5, scale=None,
+          window=None):
     q, k, v = _qkv(B, hq, hkv, S, D, seed, dtype)
     want, want_lse = reference_flash_attention(q.float(), k.float(), v.float(), causal=causal, scale=scale,
-                                               return_lse=True)
+                                               return_lse=True, window=window)
     pos = xelink.cp_positions(S, group=comm, layout=layout)
     shard = lambda x: xelink.cp_shard(x, group=comm, layout=layout)  # noqa: E731
     out, lse = xelink.cp_attention(shard(q), shard(k), shard(v), causal=causal, scale=scale, group=comm,
-                                   layout=layout, algo=algo, return_lse=True)
-    what = f"B={B} hq={hq} hkv={hkv} S={S} D={D} causal={causal} {layout} {algo} {dtype}"
+                                   layout=layout, algo=algo, return_lse=True, window=window)
+    what = f"B={B} hq={hq} hkv={hkv} S={S} D={D} causal={causal} {layout} {algo} {dtype} window={window}"
     assert out.shape == (B, hq, pos.numel(), D) and out.dtype == dtype, f"{what}: {out.shape} {out.dtype}"
     assert lse.shape == (B, hq, pos.numel()) and lse.dtype == torch.float32, f"{what}: lse {lse.shape}"
     _check(out, want[:, :, pos], what, tol)
@@ -188,6 +191,14 @@ def check_torch_compile_traces_the_custom_op(world):
     _check(out, want[:, :, pos], "compiled", 1e-5)
     _check(lse, want_lse[:, :, pos], "compiled lse", 1e-5)
 
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def windowed(q, k, v):
+        return xelink.cp_attention(q * 1.0, k, v, causal=True, window=4) + 0.0
+
+    with torch.no_grad():
+        out = windowed(*(xelink.cp_shard(x) for x in (q, k, v)))
+    _check(out, reference_flash_attention(q, k, v, causal=True, window=4)[:, :, pos], "compiled window", 1e-5)
+
 
 @only(sizes=(2,))
 def check_torch_compile_backward_equals_eager(world):
@@ -242,7 +253,80 @@ def check_ring_keeps_about_two_blocks_in_flight(world):
     assert len(steps) == world.size and max(steps) <= 2 * block, (steps, block)
 
 
-def _grad_case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float64, tol=1e-5, use_lse=True):
+WINDOWS = (1, 3, 7, 12, 29, 40)  # one key, shorter and longer than a block, the sequence less one, all, more
+
+
+def check_window_every_layout_and_mask(world):
+    """A sliding window over the halo exchange: every group (flat and packages), layout, mask and window."""
+    groups = layouts(world, PACKAGES)
+    for name, comm in groups:
+        for layout in LAYOUTS:
+            for causal in (True, False):
+                for i, window in enumerate(WINDOWS):
+                    try:
+                        _case(comm, 1, 4, 2, 30, 16, causal, layout, "auto", 200 + i, window=window)
+                    except AssertionError as e:
+                        raise AssertionError(f"{name}: {e}") from None
+    free(groups)
+
+
+def check_window_short_sequences_bfloat16_and_batch(world):
+    """Empty blocks and ranks (S below 2n), bfloat16, batch 2 with MHA and a head dim of 64."""
+    n = world.size
+    for layout in LAYOUTS:
+        for S in (1, n, 2 * n + 1):
+            _case(world, 1, 2, 1, S, 16, True, layout, "auto", 210 + S, window=2)
+        _case(world, 1, 4, 2, 23, 64, True, layout, "auto", 215, dtype=torch.bfloat16, tol=3e-2, window=5)
+        _case(world, 2, 3, 3, 19, 64, True, layout, "auto", 216, window=4)
+
+
+def check_window_names_no_algorithm(world):
+    """A window shorter than the sequence runs the halo exchange, so a named algorithm is refused (on every rank,
+    before anything moves: the group works afterwards); a window over the whole sequence is no window, and any
+    algorithm runs it."""
+    q, k, v = (xelink.cp_shard(t) for t in _qkv(1, 4, 2, 16, 16, 220))
+    for algo in ALGOS:
+        if world.size > 1:
+            try:
+                xelink.cp_attention(q, k, v, causal=True, window=5, algo=algo)
+            except ValueError as e:
+                assert f"algo must be 'auto', got '{algo}'" in str(e), str(e)
+            else:
+                raise AssertionError(f"no ValueError for window=5 with algo={algo!r}")
+        _case(world, 1, 4, 2, 16, 16, True, "zigzag", algo, 221, window=16)
+    _case(world, 1, 4, 2, 16, 16, True, "zigzag", "auto", 222, window=5)
+
+
+def check_window_and_no_window_back_to_back(world):
+    """Calls that change the window (and drop it), the shape and grad mode: each result as its own."""
+    plan = [(17, 4, False), (17, None, True), (17, 9, True), (11, 2, False), (25, 25, True), (25, 3, False),
+            (17, 4, True)]
+    for i, (S, window, grad) in enumerate(plan):
+        if grad:
+            _grad_case(world, 1, 4, 2, S, 16, True, "zigzag", "auto", 230 + i, window=window)
+        else:
+            _case(world, 1, 4, 2, S, 16, True, "zigzag", "auto", 230 + i, window=window)
+
+
+def check_window_gradients_every_layout_and_mask(world):
+    groups = layouts(world, PACKAGES)
+    for name, comm in groups:
+        for layout in LAYOUTS:
+            for causal in (True, False):
+                for i, window in enumerate((1, 6, 13, 30)):
+                    try:
+                        _grad_case(comm, 1, 4, 2, 29, 16, causal, layout, "auto", 240 + i, use_lse=i % 2 == 0,
+                                   window=window)
+                    except AssertionError as e:
+                        raise AssertionError(f"{name}: {e}") from None
+    free(groups)
+    for S in (1, world.size, 2 * world.size + 1):
+        _grad_case(world, 1, 2, 1, S, 8, True, "zigzag", "auto", 250 + S, window=2)
+    _grad_case(world, 1, 4, 2, 23, 64, True, "zigzag", "auto", 255, dtype=torch.bfloat16, tol=3e-2, window=5)
+
+
+def _grad_case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.float64, tol=1e-5, use_lse=True,
+               window=None):
     """The gradients of a loss of this rank's output (and LSE) shard: summed over the ranks, the loss is one
     loss of the whole attention, whose float64 gradients (sliced to the rank's positions) they must equal."""
     q, k, v = _qkv(B, hq, hkv, S, D, seed, torch.float64)
@@ -250,13 +334,15 @@ def _grad_case(comm, B, hq, hkv, S, D, causal, layout, algo, seed, dtype=torch.f
     dout, dlse = torch.randn(B, hq, S, D, generator=g, dtype=torch.float64), torch.randn(B, hq, S, generator=g,
                                                                                         dtype=torch.float64)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    out, lse = full_attention(*full, causal)
+    out, lse = full_attention(*full, causal, window=window)
     ((out * dout).sum() + use_lse * (lse * dlse).sum()).backward()
     shard = lambda x: xelink.cp_shard(x, group=comm, layout=layout)  # noqa: E731
     mine = [shard(t).to(dtype).requires_grad_() for t in (q, k, v)]
-    o, l = xelink.cp_attention(*mine, causal=causal, group=comm, layout=layout, algo=algo, return_lse=True)
+    o, l = xelink.cp_attention(*mine, causal=causal, group=comm, layout=layout, algo=algo, return_lse=True,
+                               window=window)
     ((o.double() * shard(dout)).sum() + use_lse * (l.double() * shard(dlse)).sum()).backward()
-    what = f"grad B={B} hq={hq} hkv={hkv} S={S} D={D} causal={causal} {layout} {algo} {dtype} lse={use_lse}"
+    what = (f"grad B={B} hq={hq} hkv={hkv} S={S} D={D} causal={causal} {layout} {algo} {dtype} lse={use_lse} "
+            f"window={window}")
     for name, got, want in zip("qkv", mine, full):
         assert got.grad is not None and got.grad.dtype == dtype, f"{what}: d{name} {got.grad}"
         want = shard(want.grad)
@@ -367,7 +453,13 @@ def _layer(x, w, causal, attend):
 def check_training_matches_one_process(world):
     """A real client: three SGD steps of an attention block on a sequence split over the ranks (zigzag, causal;
     the algorithm changing per step), each rank's loss its positions' share of the mean squared error, the
-    weight gradients summed with xelink.all_reduce, against the same training in one process."""
+    weight gradients summed with xelink.all_reduce, against the same training in one process; then the same
+    with a sliding window of 4 positions (Mistral's attention)."""
+    _train(world, ("ring", "all_gather", "auto"), None)
+    _train(world, ("auto",) * 3, 4)
+
+
+def _train(world, algos, window):
     g = torch.Generator().manual_seed(90)
     shapes = {"q": (16, 32), "k": (16, 16), "v": (16, 16), "o": (32, 16)}
     init = {name: torch.randn(shape, generator=g, dtype=torch.float64) * 0.3 for name, shape in shapes.items()}
@@ -377,10 +469,12 @@ def check_training_matches_one_process(world):
     one = {name: t.clone().requires_grad_() for name, t in init.items()}
     ours = {name: t.clone().requires_grad_() for name, t in init.items()}
     xs, ys = xelink.cp_shard(x, dim=1), xelink.cp_shard(y, dim=1)
-    for step, algo in enumerate(("ring", "all_gather", "auto")):
-        loss = ((_layer(x, one, True, lambda q, k, v, c: full_attention(q, k, v, c)[0]) - y) ** 2).sum() / count
+    for step, algo in enumerate(algos):
+        loss = ((_layer(x, one, True, lambda q, k, v, c: full_attention(q, k, v, c, window=window)[0]) - y) ** 2
+                ).sum() / count
         loss.backward()
-        mine = ((_layer(xs, ours, True, lambda q, k, v, c: xelink.cp_attention(q, k, v, causal=c, algo=algo))
+        mine = ((_layer(xs, ours, True, lambda q, k, v, c: xelink.cp_attention(q, k, v, causal=c, algo=algo,
+                                                                             window=window))
                  - ys) ** 2).sum() / count
         mine.backward()
         total = torch.tensor([mine.item()], dtype=torch.float64)
@@ -389,12 +483,12 @@ def check_training_matches_one_process(world):
         with torch.no_grad():
             for name in shapes:
                 xelink.all_reduce(ours[name].grad)
-                _check(ours[name].grad, one[name].grad, f"step {step} ({algo}) grad {name}", 1e-6)
+                _check(ours[name].grad, one[name].grad, f"step {step} ({algo}, window {window}) grad {name}", 1e-6)
                 for w in (one[name], ours[name]):
                     w -= 0.5 * w.grad
                     w.grad = None
     for name in shapes:
-        _check(ours[name], one[name], f"weights {name} after training", 1e-6)
+        _check(ours[name], one[name], f"weights {name} after training (window {window})", 1e-6)
 
 
 @only(launchers=("mpi",), sizes=(2, 3))

@@ -4,7 +4,8 @@ block count does not divide), against one flash_attention over the whole sequenc
 the rank's positions; a package layout (1+1 at 2 ranks, 2+1 at 3: the ring goes package after package);
 back-to-back calls that change shape; CUDA-graph capture and replay with new inputs after a warm-up call of
 the shape; gradients (the backward's point-to-point and reduce-scatter on CUDA tensors) against autograd of
-float64 attention on the CPU. Skips without a GPU (CPU CI); run on a GPU machine, log committed."""
+float64 attention on the CPU; sliding windows (the halo exchange), forward and gradients. Skips without a GPU (CPU
+CI); run on a GPU machine, log committed."""
 import torch
 
 import xelink
@@ -171,4 +172,39 @@ def check_gradients_on_cuda(world):
                 for name, got, want in zip("qkv", mine, full):
                     assert got.grad.dtype == torch.bfloat16 and got.grad.device == dev, (name, got.grad)
                     _close(got.grad, xelink.cp_shard(want.grad, layout=layout), f"d{name} S={S} {layout} {algo}")
+    xelink.synchronize()
+
+
+def check_window_on_cuda(world):
+    """A sliding window (the halo exchange: CUDA point-to-point between the ranks sharing the GPU): the output
+    and LSE of both layouts, causal and not, windows of 1 key, shorter and longer than a block and the whole
+    sequence, against one windowed flash_attention over the whole sequence; then dq, dk, dv (bfloat16, the LSE in
+    the loss) against autograd of float64 windowed attention on the CPU, twice in a row."""
+    dev = _dev(world)
+    for layout in LAYOUTS:
+        for causal in (True, False):
+            for window in (1, 100, 300, 1000):
+                q, k, v = _qkv(1, 8, 2, 1000, 128, window, dev)
+                want, want_lse = flash_attention(q, k, v, causal=causal, return_lse=True, window=window)
+                pos = xelink.cp_positions(1000, layout=layout).to(dev)
+                shard = lambda x: xelink.cp_shard(x, layout=layout)  # noqa: E731
+                out, lse = xelink.cp_attention(shard(q), shard(k), shard(v), causal=causal, layout=layout,
+                                               return_lse=True, window=window)
+                what = f"window={window} causal={causal} {layout}"
+                _close(out, want[:, :, pos], what)
+                _close(lse, want_lse[:, :, pos], f"{what} lse", 1e-3)
+        for S in (333, 1000, 1000):
+            q, k, v = (t.cpu() for t in _qkv(1, 8, 2, S, 64, S, dev))
+            g = torch.Generator().manual_seed(S + 2)
+            dout, dlse = torch.randn(1, 8, S, 64, generator=g), torch.randn(1, 8, S, generator=g)
+            full = [t.double().requires_grad_() for t in (q, k, v)]
+            want_out, want_lse = full_attention(*full, True, window=100)
+            ((want_out * dout).sum() + (want_lse * dlse).sum()).backward()
+            shard = lambda x: xelink.cp_shard(x, layout=layout).to(dev)  # noqa: E731
+            mine = [shard(t).requires_grad_() for t in (q, k, v)]
+            out, lse = xelink.cp_attention(*mine, causal=True, layout=layout, return_lse=True, window=100)
+            ((out.float() * shard(dout)).sum() + (lse * shard(dlse)).sum()).backward()
+            for name, got, want in zip("qkv", mine, full):
+                assert got.grad.dtype == torch.bfloat16 and got.grad.device == dev, (name, got.grad)
+                _close(got.grad, xelink.cp_shard(want.grad, layout=layout), f"window d{name} S={S} {layout}")
     xelink.synchronize()

@@ -66,6 +66,10 @@ BAD = [
     (lambda: xelink.cp_unshard(Q, seq_len=None), TypeError, r"cp_unshard: seq_len=None must be an int"),
     (lambda: xelink.cp_positions(True), TypeError, r"cp_positions: seq_len=True must be an int"),
     (lambda: xelink.cp_positions(4, layout=None), ValueError, r"cp_positions: layout=None is not one of"),
+    (lambda: xelink.cp_attention(Q, K, K, window=0), ValueError,
+     r"cp_attention: window=0 must be None or an int >= 1"),
+    (lambda: xelink.cp_attention(Q, K, K, window=True), ValueError, r"cp_attention: window=True must be None"),
+    (lambda: xelink.cp_attention(Q, K, K, window=2.0), ValueError, r"cp_attention: window=2.0 must be None"),
 ]
 
 
@@ -197,3 +201,41 @@ def test_the_cuda_module_imports_without_a_gpu():
     slots = {cp_device.CP_READY, cp_device.CP_FREE}
     assert slots <= set(range(xelink.symm.SIGNAL_SLOTS))
     assert not slots & {device.READY, device.FREE, device.RS_READY, device.RS_FREE}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_window_spans_and_halos_are_what_the_windows_see(layout):
+    """Under a sliding window every piece's span is exactly the keys its queries see (the first query's window
+    start to the last query; without causal the sequence's last ``window``), and what a rank receives from each
+    other rank (``halo_runs``) is exactly its spans' keys that that rank holds, at the right local offsets."""
+    for n, S, window, causal in itertools.product((1, 2, 3, 4), (0, 1, 5, 13, 29), (1, 2, 4, 7, 30),
+                                                  (True, False)):
+        where = {}  # position -> (owner, local offset)
+        for x in range(n):
+            for start, length, off in schedule.rank_pieces(S, n, layout, x):
+                where.update({start + i: (x, off + i) for i in range(length)})
+        for r in range(n):
+            pieces = schedule.rank_pieces(S, n, layout, r)
+            spans = schedule.window_spans(S, window, causal, pieces)
+            assert len(spans) == sum(1 for _, length, _ in pieces if length)
+            seen = set()
+            for (lo, hi, first, end), (start, length, off) in zip(spans, [p for p in pieces if p[1]]):
+                assert (lo, hi) == (off, off + length)
+                visible = {k for p in range(start, start + length) for k in range(S)
+                           if (k <= p and k > p - window if causal else k >= S - window)}
+                assert set(range(first, end)) == visible, (n, S, window, causal, r, start, length)
+                seen |= visible
+            for x in range(n):
+                runs = schedule.halo_runs(S, n, layout, window, causal, r, x)
+                got = [(p, where[p]) for start, length, _ in runs for p in range(start, start + length)]
+                assert [pos for pos, _ in got] == sorted(pos for pos in seen if where[pos][0] == x and x != r)
+                assert all(where[start + i] == (x, off + i) for start, length, off in runs for i in range(length))
+
+
+def test_world_size_one_window_is_flash_attentions(world):
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, h, 12, 16, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    for causal, window in itertools.product((True, False), (1, 5, 12, 40)):
+        out, lse = xelink.cp_attention(q, k, v, causal=causal, window=window, return_lse=True)
+        want, want_lse = reference_flash_attention(q, k, v, causal=causal, window=window, return_lse=True)
+        assert torch.allclose(out, want, atol=1e-12) and torch.allclose(lse, want_lse, atol=1e-12), (causal, window)

@@ -99,8 +99,8 @@ def check_cp2_bf16_matches_transformers(world):
 
 @only(sizes=(2,))
 def check_cp2_sliding_window_bf16_matches_transformers(world):
-    """The "mistral-window" case (a 3-key sliding window) at CP = 2 on CUDA: the windowed prompt over the
-    gathered keys, then decode tokens each over the slots its window reaches on either rank, merged across the
+    """The "mistral-window" case (a 3-key sliding window) at CP = 2 on CUDA: the prompt through cp_attention's
+    window (the halo exchange), then decode tokens each over the slots its window reaches on either rank, merged across the
     group; the prompt's logits and five decode steps' (given tokens, positions 9-13) against transformers'."""
     pytest.importorskip("transformers")
     if not torch.cuda.is_available():

@@ -77,8 +77,7 @@ def check_tp_matches_one_rank_and_transformers(world):
 def check_cp_and_tp_x_cp_match_transformers(world):
     """CP over the world, and at 4 ranks TP = 2 x CP = 2 (TP {0,1},{2,3}, CP {0,2},{1,3}), as ``xelink
     generate --cp`` builds the groups; the llama3.1 case, and the mistral-window one (a 3-key sliding window: the
-    prompt's queries over the gathered keys within their windows, each decode token over the slots its window
-    reaches on every rank)."""
+    prompt through cp_attention's window, each decode token over the slots its window reaches on every rank)."""
     for name in ("llama3.1", "mistral-window"):
         _cp_and_tp_x_cp(world, name)
 

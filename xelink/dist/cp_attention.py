@@ -29,6 +29,8 @@ Algorithms (``algo=``, ``CP_ALGOS``):
   ``all_gather_into_tensor`` (asynchronously; its ``auto`` takes the topology-aware algorithm where the group
   has packages) while this rank's queries attend to its own KV; then the other ranks' blocks, put in global
   order and coalesced into runs of adjacent blocks (one copy), are attended run by run and merged.
+- a sliding window (``window=``, shorter than the sequence): neither; the halo exchange of ``cp_window`` (each
+  rank receives only the keys its queries' windows reach, one kernel call a piece, nothing to merge).
 - ``"auto"``: ``ring`` when the gathered KV, counted twice (the gather buffer and its global-order copy),
   does not fit ``AUTO_GATHER_BYTES`` (256 MiB, a memory rule); otherwise the one the cost model
   (``xelink.cost.predict_cp_attention``) predicts faster on the group's placement in its topology, and
@@ -70,7 +72,7 @@ from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
 from ..kernels import flash_attention, flash_attention_backward
-from . import cp_backward, schedule
+from . import cp_backward, cp_window, schedule
 from .cp_engine import all_gather_attention
 
 __all__ = ["CP_ALGOS", "CP_LAYOUTS", "AUTO_GATHER_BYTES", "cp_attention", "cp_shard", "cp_unshard", "cp_positions",
@@ -138,7 +140,10 @@ def _check_qkv(fn: str, q, k, v, comm) -> None:
         raise ValueError(f"{fn}: q heads {hq} must be a multiple of k heads {hkv} (GQA)")
 
 
-def _check_flags(fn: str, causal, scale, return_lse) -> float | None:
+def _check_flags(fn: str, causal, scale, return_lse, window=None) -> float | None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{fn}: window={window!r} must be None or an int >= 1 (the positions a query sees, ending "
+                         f"at its own)")
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: causal={causal!r} must be a bool")
     if not isinstance(return_lse, bool):
@@ -162,7 +167,7 @@ def _seq_dim(fn: str, dim, x: torch.Tensor) -> int:
 
 
 def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, return_lse: bool, seq_len,
-             grad: bool):
+             grad: bool, window):
     """Every rank's local length (the layout's for their sum), checked; exchanged unless ``seq_len`` is given.
     ``grad`` (a backward will follow, itself collective) is part of the call every rank must agree on."""
     n, r = comm.size, comm.rank
@@ -173,16 +178,16 @@ def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, r
             raise ValueError(f"{fn}: q.shape[2]={mine} on rank {r}, but seq_len={seq_len} with layout={layout!r} "
                              f"over {n} ranks gives rank {r} {want[r]} positions")
         fingerprint_check(comm, fn, (fn, seq_len, tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype),
-                                     layout, algo, causal, scale, return_lse, grad))
+                                     layout, algo, causal, scale, return_lse, grad, window))
         return want
     sig = (tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype), q.device.type, layout, algo, causal,
-           scale, return_lse, grad)
+           scale, return_lse, grad, window)
     seen = comm.allgather_object((mine, sig))
     differ = [x for x, (_, s) in enumerate(seen) if s != sig]
     if differ:
         raise ValueError(f"{fn}: ranks disagree about the call: rank {r} has {sig}, rank {differ[0]} has "
                          f"{seen[differ[0]][1]} (batch and heads, head_dim, dtype, device, layout, algo, causal, "
-                         f"scale, return_lse, whether an input requires grad)")
+                         f"scale, return_lse, whether an input requires grad, window)")
     got = [length for length, _ in seen]
     want = schedule.cp_lengths(sum(got), n, layout)
     if got != want:
@@ -226,7 +231,7 @@ def _backend(q: torch.Tensor):
 
 
 def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layout: str = "zigzag",
-                 algo: str = "auto", return_lse: bool = False, seq_len=None):
+                 algo: str = "auto", return_lse: bool = False, seq_len=None, window=None):
     """Attention of this rank's queries over the whole sequence, which the ranks of ``group`` hold in shards.
 
     Args:
@@ -245,6 +250,11 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
         return_lse: also return the float32 natural-log LSE of this rank's rows.
         seq_len: the total length, if the caller knows it (an extension of the contract): skips the one host
             exchange of the local lengths that the call otherwise makes.
+        window: None, or an int >= 1: a sliding window (``flash_attention``'s): with causal, position p sees the
+            keys at positions p - window + 1 .. p (Mistral's ``sliding_window``); without, every query sees the
+            last ``window`` positions. A window shorter than the sequence runs the halo exchange
+            (``cp_window``: each rank receives only the keys its queries' windows reach; ``algo`` must then be
+            "auto"); one at least as long is no window.
 
     Returns:
         out (B, Hq, S_local, D) in q's dtype (a new tensor), equal to full attention over the whole sequence
@@ -263,19 +273,21 @@ def cp_attention(q, k, v, *, causal: bool = False, scale=None, group=None, layou
     fn = "cp_attention"
     if torch.compiler.is_compiling():  # traced: the custom op (its eager body is this function, checks and all)
         out, lse = torch.ops.xelink.cp_attention(q, k, v, causal, None if scale is None else float(scale),
-                                                 group_name(group), layout, algo, -1 if seq_len is None else seq_len)
+                                                 group_name(group), layout, algo, -1 if seq_len is None else seq_len,
+                                                 0 if window is None else window)
         return (out, lse) if return_lse else out
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    call = _plan(fn, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad)
+    call = _plan(fn, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad, window)
     out, lse = _Differentiable.apply(q, k, v, call) if grad else call.forward(q, k, v)
     return (out, lse) if return_lse else out
 
 
-def _plan(fn: str, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad: bool) -> "_Call":
+def _plan(fn: str, q, k, v, causal, scale, group, layout, algo, return_lse, seq_len, grad: bool,
+          window=None) -> "_Call":
     """Every check of a call, the lengths (exchanged unless ``seq_len`` is given) and the algorithm."""
     comm = group_of(group, fn)
     _check_qkv(fn, q, k, v, comm)
-    scale_f = _check_flags(fn, causal, scale, return_lse)
+    scale_f = _check_flags(fn, causal, scale, return_lse, window)
     layout = _layout(fn, layout)
     algo = _algo(fn, algo)
     if seq_len is not None:
@@ -286,12 +298,21 @@ def _plan(fn: str, q, k, v, causal, scale, group, layout, algo, return_lse, seq_
             raise ValueError(f"{fn}: q.shape[2]={q.shape[2]} but seq_len={seq_len} on a group of one rank")
         lengths = [q.shape[2]]
     else:
-        lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len, grad)
-        picked = _picked(comm, q, k, lengths, layout, algo, causal)
+        lengths = _lengths(fn, comm, q, k, layout, algo, causal, scale_f, return_lse, seq_len, grad, window)
+        if window is not None and window >= sum(lengths):
+            window = None  # every query sees every key it would without one
+        if window is not None:
+            if algo != "auto":
+                raise ValueError(f"{fn}: window={window} shorter than the sequence ({sum(lengths)}) runs the halo "
+                                 f"exchange (each rank receives only the keys its windows reach); algo must be "
+                                 f"'auto', got {algo!r}")
+            picked = "window"
+        else:
+            picked = _picked(comm, q, k, lengths, layout, algo, causal)
         why = _backend(q).unmet(comm, picked)
         if why is not None:
             raise ValueError(f"{fn}: {why}")
-    return _Call(comm, tuple(lengths), layout, picked, causal, scale_f)
+    return _Call(comm, tuple(lengths), layout, picked, causal, scale_f, window)
 
 
 def _picked(comm, q, k, lengths, layout: str, algo: str, causal: bool) -> str:
@@ -323,12 +344,17 @@ class _Call:
     algo: str
     causal: bool
     scale: float | None
+    window: int | None = None  # (only with algo "window")
 
     def forward(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         comm, lengths = self.comm, list(self.lengths)
         if comm.size == 1:
-            return flash_attention(q, k, v, causal=self.causal, scale=self.scale, return_lse=True)
+            return flash_attention(q, k, v, causal=self.causal, scale=self.scale, return_lse=True,
+                                   window=self.window)
         kv = torch.stack((k, v))  # (2, B, Hkv, S_local, D), contiguous: one message per block
+        if self.algo == "window":
+            return cp_window.window_attention(comm, q, kv, lengths, self.layout, self.causal, self.scale,
+                                              self.window)
         backend = _backend(q)
         if self.algo == "all_gather":
             acc = all_gather_attention(comm, q, kv, lengths, self.layout, self.causal, self.scale,
@@ -341,11 +367,14 @@ class _Call:
         comm, lengths = self.comm, list(self.lengths)
         if comm.size == 1:
             dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=self.causal, scale=self.scale,
-                                                  dlse=dlse, dtype=q.dtype)
+                                                  dlse=dlse, dtype=q.dtype, window=self.window)
         else:
             g = (q, dout, out, lse, dlse)
             kv = torch.stack((k, v))
-            if self.algo == "all_gather":
+            if self.algo == "window":
+                dq, dkv = cp_window.window_backward(comm, g, kv, lengths, self.layout, self.causal, self.scale,
+                                                    self.window)
+            elif self.algo == "all_gather":
                 dq, dkv = cp_backward.all_gather_backward(comm, g, kv, lengths, self.layout, self.causal, self.scale,
                                                           _backend(q).start_gather)
             else:
@@ -373,13 +402,13 @@ class _Differentiable(torch.autograd.Function):
 
 @torch.library.custom_op("xelink::cp_attention", mutates_args=())
 def _cp_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, group: str,
-                     layout: str, algo: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     layout: str, algo: str, seq_len: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cp_attention(q, k, v, causal=causal, scale=scale, group=comm_named(group), layout=layout, algo=algo,
-                        return_lse=True, seq_len=None if seq_len < 0 else seq_len)
+                        return_lse=True, seq_len=None if seq_len < 0 else seq_len, window=window or None)
 
 
 @_cp_attention_op.register_fake
-def _(q, k, v, causal, scale, group, layout, algo, seq_len):
+def _(q, k, v, causal, scale, group, layout, algo, seq_len, window):
     B, H, S, D = q.shape
     return q.new_empty((B, H, S, D)), q.new_empty((B, H, S), dtype=torch.float32)
 
@@ -387,18 +416,18 @@ def _(q, k, v, causal, scale, group, layout, algo, seq_len):
 @torch.library.custom_op("xelink::cp_attention_backward", mutates_args=())
 def _cp_attention_backward_op(dout: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                               v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float | None,
-                              group: str, layout: str, algo: str,
-                              seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              group: str, layout: str, algo: str, seq_len: int,
+                              window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The traced backward: the call planned again (its checks, lengths and algorithm, as the forward op's
     body planned it: no input of a traced op requires grad), then ``_Call.backward``."""
     call = _plan("cp_attention", q, k, v, causal, scale, comm_named(group), layout, algo, True,
-                 None if seq_len < 0 else seq_len, False)
+                 None if seq_len < 0 else seq_len, False, window or None)
     dq, dk, dv = call.backward(dout, dlse, q, k, v, out, lse)
     return dq, dk.clone(), dv.clone()  # an op's outputs may not alias each other (dk, dv: views of one buffer)
 
 
 @_cp_attention_backward_op.register_fake
-def _(dout, dlse, q, k, v, out, lse, causal, scale, group, layout, algo, seq_len):
+def _(dout, dlse, q, k, v, out, lse, causal, scale, group, layout, algo, seq_len, window):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -410,7 +439,7 @@ def _setup_context(ctx, inputs, output):
 def _traced_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     grads = torch.ops.xelink.cp_attention_backward(dout, dlse, q, k, v, out, lse, *ctx.flags)
-    return (*grads, None, None, None, None, None, None)
+    return (*grads, None, None, None, None, None, None, None)
 
 
 _cp_attention_op.register_autograd(_traced_backward, setup_context=_setup_context)

@@ -51,6 +51,11 @@ def unmet(comm, algo: str) -> str | None:
     if algo == "ring" and not symm.available(comm):
         return (f"algo='ring' on CUDA tensors needs peer memory between the ranks (one host, at most "
                 f"{symm.MAX_WORLD} ranks); use 'all_gather'")
+    if algo == "window":  # the halo's point-to-point
+        from ..collectives.gpu.p2p import unsupported
+
+        problem = unsupported(comm)
+        return None if problem is None else f"window= exchanges its halo point-to-point: {problem}"
     return None
 
 

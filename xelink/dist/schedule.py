@@ -14,7 +14,8 @@ topology-aware one whose aggregators are given by ``aggregator``.
 Context parallelism (``cp_attention``): ``cp_blocks``, ``cp_pieces``, ``cp_lengths`` and ``topo_ring``
 (the layouts and the ring order, from ``xelink.layout``, which the cost model reads too), and
 ``attend_parts`` decomposes a (query range, key range) pair
-into what the end-aligned causal kernels can compute.
+into what the end-aligned causal kernels can compute; under a sliding window (``window_spans``, ``halo_runs``)
+each of a rank's pieces reads one contiguous span of keys instead, and the ranks exchange only those.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ..layout import CP_LAYOUTS, cp_blocks, cp_lengths, cp_pieces, topo_ring
 
 __all__ = ["ring_plan", "direct_plan", "topo_plan", "serves", "cross_target", "aggregator", "package_index",
            "check_plan", "CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "attend_parts",
-           "local_pieces", "rank_pieces", "attend_calls"]
+           "local_pieces", "rank_pieces", "attend_calls", "window_spans", "halo_runs"]
 
 
 
@@ -179,3 +180,41 @@ def attend_calls(qpieces, kpieces, causal: bool) -> list[list]:
         else:
             merged.append(call)
     return merged
+
+
+def window_spans(seq_len: int, window: int, causal: bool, pieces) -> list[tuple[int, int, int, int]]:
+    """The keys each of a rank's pieces (``local_pieces``) sees under a sliding window of ``window`` positions,
+    as ``(local lo, local hi, first key, end key)``, one contiguous span a non-empty piece. Causal: a query at p
+    sees (p - window, p], so the piece [s, e) reads [max(0, s - window + 1), e) and one end-aligned causal call
+    with that window computes it exactly; without causal every query sees the last ``window`` positions
+    (``flash_attention``'s non-causal window)."""
+    spans = []
+    for start, length, off in pieces:
+        if length:
+            first, end = (max(0, start - window + 1), start + length) if causal else (max(0, seq_len - window),
+                                                                                    seq_len)
+            spans.append((off, off + length, first, end))
+    return spans
+
+
+def halo_runs(seq_len: int, n: int, layout: str, window: int, causal: bool, reader: int,
+              owner: int) -> list[tuple[int, int, int]]:
+    """The positions of ``owner`` that ``reader``'s spans (``window_spans``) reach, as runs ``(global start,
+    length, offset in owner's local sequence)`` in global order (empty for the reader itself)."""
+    if reader == owner:
+        return []
+    spans = sorted((a, b) for _, _, a, b in window_spans(seq_len, window, causal,
+                                                         rank_pieces(seq_len, n, layout, reader)))
+    union = []
+    for a, b in spans:
+        if union and a <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    runs = []
+    for start, length, off in rank_pieces(seq_len, n, layout, owner):
+        for a, b in union:
+            lo, hi = max(a, start), min(b, start + length)
+            if lo < hi:
+                runs.append((lo, hi - lo, off + lo - start))
+    return sorted(runs)

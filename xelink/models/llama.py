@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from .. import cp_attention, cp_unshard
+from .. import cp_attention
 from ..kernels import (flash_attention, gemm, gemv, qgemm, reference_flash_attention, reference_gemv,
                        reference_rmsnorm, reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm,
                        rope, rope_decode_attention, silu_mul, tiled_w4a16_native)
@@ -226,9 +226,9 @@ class CPKVCache:
     need one (RoPE is applied before caching). ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt
     shard, at most ``S/n + 2``, and its round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
 
-    ``window`` (a sliding-window layer, or None): a prompt's queries attend to the group's keys gathered in
-    position order (each contiguous run of this rank's positions to the keys its window reaches: context-parallel
-    attention has no window), a decode token to the slots whose positions its window reaches, on every rank.
+    ``window`` (a sliding-window layer, or None): a prompt's queries attend within it through ``cp_attention``'s
+    window (each rank receives only the keys its queries' windows reach), a decode token to the slots whose
+    positions its window reaches, on every rank.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
@@ -255,9 +255,8 @@ class CPKVCache:
             self._write(k, v, 0)
             self.len, self.total = S, cp.seq_len
             self.pos[:S] = cp.positions(cp.seq_len)
-            if self.window is not None and self.window < cp.seq_len:
-                return self._windowed_prompt(q, k, v, ops)
-            return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len)
+            return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len,
+                                window=self.window)
         pos = starts[0]
         if cp.owner(pos) == cp.rank:
             self._write(k, v, self.len)
@@ -274,24 +273,6 @@ class CPKVCache:
             out = q.new_zeros(q.shape)
             lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
         return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
-
-    def _windowed_prompt(self, q, k, v, ops: Ops) -> torch.Tensor:
-        """A prompt's attention within the window: every rank's keys and values gathered in position order, then
-        each contiguous run of this rank's positions attends (causal, windowed) to the keys from its first
-        query's window to its last query."""
-        cp, W = self.cp, self.window
-        keys, values = (cp_unshard(t.contiguous(), seq_len=cp.seq_len, group=cp.group, layout=cp.LAYOUT, dim=2)
-                        for t in (k, v))
-        out = q.new_zeros(q.shape)
-        n = self.len
-        pos = self.pos[:n]
-        runs = [0] + (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist() if n else []
-        for j, end in zip(runs, runs[1:] + [n]):  # slots j..end-1 hold consecutive positions
-            first, last = int(pos[j]), int(pos[end - 1])
-            lo = max(0, first - W + 1)
-            out[:, :, j:end] = ops.attention(q[:, :, j:end], keys[:, :, lo:last + 1], values[:, :, lo:last + 1],
-                                             causal=True, window=W)
-        return out
 
     def _write(self, k, v, at: int):
         B, _, n, _ = k.shape
