@@ -36,15 +36,18 @@
 #             (gemv_chain_sweep.py), qgemm's A/B (the kernel at 16 / 1024 rows, a W4A16 prefill and batch-16 step
 #             through the model), the windowed CP = 2 check on CUDA (~10 minutes: its tests took more than the
 #             200 s they had at cc7995e); w4check: the tiled format's own
-#             GPU tests with tracebacks, then the step's A/B (~5 minutes).
+#             GPU tests with tracebacks, then the step's A/B (~5 minutes);
+#   windows:  sliding windows in training and context parallelism: the windowed flash backward's GPU tests (the
+#             autograd tests with it), then the windowed cp_attention checks (the halo exchange, ranks sharing the
+#             GPU) and the windowed Mistral at CP = 2 against transformers (~4 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check
+#     w4check|windows
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check"
+STEPS="$STEPS|w4tiles|w4check|windows"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -161,6 +164,12 @@ w4check)  # the tiled format's own GPU tests with their failures' tracebacks, th
     -m gpu tests/kernels/test_gemv.py tests/kernels/test_qgemm.py tests/models/test_decode_graph.py \
     -k "tiled or tiles or kernel_gpu"
   step tiles_ab 60 python3 benchmarks/scripts/tiles_ab.py
+  ;;
+windows)
+  step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
+    -m gpu tests/kernels/test_attention_window.py tests/kernels/test_autograd.py
+  step window_cp_gpu_checks 240 env XELINK_TEST_CHECKS=window python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    tests/dist/ranks_gpu_cp_attention.py tests/models/ranks_gpu_llama.py
   ;;
 window)
   step window_gpu_tests 330 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
