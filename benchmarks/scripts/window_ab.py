@@ -6,9 +6,11 @@ Decode (``decode_attention``, B = 1, 32 / 8 heads of 128, bf16, one token): a 32
 against the same cache without one and against a 4K cache (the floor the window should reach); 8 layers' caches
 replayed in one CUDA graph (more than L2), us a call. The fused decode step (``rope_decode_attention``) at position
 32767 over a 32K cache with the window against a ring of 4096 rows (``ring=True``: the model's windowed caches).
-Prefill (``flash_attention``, causal, S = 8192 / 16384, the portable kernel and ``impl="cuda"``: the TMA kernel with
-a window, the Gluon one without): a 4096-key window against full causal attention, ms a call. Outputs checked
-against the references first. (a GPU script: CUDA, NVIDIA's Triton.)
+Prefill (``flash_attention``, causal, S = 8192 / 16384, the portable kernel and ``impl="cuda"``: the Gluon kernel
+with a window and without): a 4096-key window against full causal attention, ms a call. Training (forward and
+backward through autograd, ``impl="auto"``, S = 4096 / 8192, 32 / 8 heads of 128): a 1024- / 4096-key window against
+full causal attention and against SDPA's full causal (cuDNN or flash), ms a step. Outputs checked against the
+references first. (a GPU script: CUDA, NVIDIA's Triton.)
 """
 import statistics
 
@@ -77,6 +79,25 @@ def prefill_rows(gen):
     return rows
 
 
+def train_rows(gen):
+    import torch.nn.functional as F
+
+    rows = {}
+    for S, window in ((4096, 1024), (8192, 4096)):
+        q, k, v = (torch.randn(1, h, S, 128, device="cuda", generator=gen).bfloat16().requires_grad_()
+                   for h in (32, 8, 8))
+        dout = torch.randn(1, 32, S, 128, device="cuda", generator=gen).bfloat16()
+        calls = {f"window {window}": lambda w=window: A.flash_attention(q, k, v, causal=True, window=w),
+                 "full causal": lambda: A.flash_attention(q, k, v, causal=True),
+                 "SDPA full causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}
+        for name, call in calls.items():
+            def step(call=call):
+                torch.autograd.backward(call(), dout)
+            ms = _time(step, 3, 5) * 1e3
+            rows[f"S={S}, {name}"] = ms
+    return rows
+
+
 def main() -> int:
     print(torch.cuda.get_device_name(0), flush=True)
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -88,6 +109,8 @@ def main() -> int:
     for name, (ms, err) in prefill_rows(gen).items():
         print(f"prefill causal, {name}: {ms:.3f} ms (rel err of the last 256 rows {err:.1e})",
               flush=True)
+    for name, ms in train_rows(gen).items():
+        print(f"training step (forward + backward) B=1 32/8 heads of 128, {name}: {ms:.3f} ms", flush=True)
     return 0
 
 

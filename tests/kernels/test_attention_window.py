@@ -400,8 +400,8 @@ def test_gpu_flash_backward_kernel_with_a_window(shape, dtype, requires_gpus):
 
 @pytest.mark.gpu
 def test_gpu_windowed_grad_is_remembered_apart(requires_gpus):
-    # impl="auto" with grad and a window: the forward kernel (on sm90 the TMA one, never the Gluon kernel, which has
-    # no window) and the backward kernel, gradients within bfloat16 rounding of the reference's autograd; remembered
+    # impl="auto" with grad and a window: the forward kernel (on sm90 the Gluon one, the keys a multiple of its
+    # tile) and the backward kernel, gradients within bfloat16 rounding of the reference's autograd; remembered
     # under a key of its own: windowed and unwindowed calls of one geometry, alternating, each keep their values.
     requires_gpus(1)
     q, k, v = _qkv(1, 8, 2, 1024, 1024, 128, torch.bfloat16, "cuda")
@@ -423,18 +423,42 @@ def test_gpu_windowed_grad_is_remembered_apart(requires_gpus):
     windows = {key[11]: hit for key, hit in hits}  # (class, value) pairs: window is the 6th option
     assert {256, None} <= set(windows), list(windows)
     if torch.cuda.get_device_capability()[0] == 9:
-        assert windows[256][3].fn is A._flash_fwd_tma_kernel and windows[256][3].kwargs["WINDOWED"]
+        assert windows[256][3].fn is _ws_kernel() and windows[256][3].kwargs["WINDOWED"]
+
+
+def _ws_kernel():
+    from xelink.kernels.flash_ws import _flash_ws_kernel
+
+    return _flash_ws_kernel
+
+
+# (B, Hq, Hkv, Sq, Sk, causal, window) the Gluon kernel takes (Sk a multiple of its key tile: 128, or 64 at head
+# dim 256): a window of one key, windows cut inside a tile and across tiles, Sq below and above Sk (the first rows
+# see none), a window over every key, a non-causal window, a query block whose rows' windows start in 3 tiles
+WS_CASES = [(1, 4, 2, 256, 256, True, 1), (2, 4, 1, 200, 384, True, 100), (1, 2, 2, 300, 256, True, 64),
+            (1, 4, 2, 384, 384, False, 100), (1, 4, 4, 1024, 1024, True, 129), (1, 8, 2, 640, 640, True, 640),
+            (1, 2, 1, 512, 512, True, 200), (1, 8, 2, 2048, 2048, True, 1024)]
 
 
 @pytest.mark.gpu
-def test_auto_on_sm90_takes_the_tma_kernel(requires_gpus):
-    # impl="auto" on sm90 with a window: the TMA kernel where it applies (not the Gluon kernel, which has no window),
-    # the reference's values
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+def test_gpu_gluon_kernel_with_a_window(requires_gpus, d, dtype):
+    # impl="cuda" (and "auto") on sm90 with a window: the warp-specialized Gluon kernel where it applies (its key loop
+    # from the tile of each block's first row's first key, the tiles before the last row's first key masked), the
+    # reference's values; the TMA kernel where it does not (Sk not a multiple of the tile)
     requires_gpus(1)
-    q, k, v = _qkv(1, 8, 2, 1024, 1024, 128, torch.bfloat16, "cuda")
-    if torch.cuda.get_device_capability()[0] == 9:
-        plan = A._FlashLaunch(q, k, v, None, True, 0.1, "cuda", "off", None, False, 256)
-        assert plan.fn is A._flash_fwd_tma_kernel and plan.kwargs["WINDOWED"]
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel is sm90's")
+    for b, hq, hkv, sq, sk, causal, window in WS_CASES:
+        q, k, v = _qkv(b, hq, hkv, sq, sk, d, dtype, "cuda")
+        plan = A._FlashLaunch(q, k, v, None, causal, 0.1, "cuda", "off", None, False, window)
+        assert plan.fn is _ws_kernel() and plan.kwargs["WINDOWED"], (sq, sk)
+    _check_flash("cuda", d, dtype, WS_CASES, d + 5, "cuda")
+    _check_flash("cuda", d, dtype, WS_CASES[:2], d + 6, "auto")
+    q, k, v = _qkv(1, 8, 2, 1000, 1000, d, dtype, "cuda")
+    plan = A._FlashLaunch(q, k, v, None, True, 0.1, "cuda", "off", None, False, 256)
+    assert plan.fn is A._flash_fwd_tma_kernel and plan.kwargs["WINDOWED"]
     out = A.flash_attention(q, k, v, causal=True, window=256)
-    assert _rel(out, A.reference_flash_attention(q, k, v, causal=True, window=256)) < TOL[torch.bfloat16]
+    assert _rel(out, A.reference_flash_attention(q, k, v, causal=True, window=256)) < TOL[dtype]
     assert _rel(A.flash_attention(q, k, v, causal=True), out) > 0.05  # (the window changes the values)

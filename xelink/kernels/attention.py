@@ -982,7 +982,7 @@ class _FlashLaunch:
     pointers otherwise), its grid, integer arguments and options, and (``remembered``: a call of
     ``_PATHS``, whose key fixes every argument's class) the launcher slot that skips the launcher's key.
     ``config`` overrides the tile table (tuning); ``pdl``: as ``pdl.pdl_launch_args`` takes it; ``window`` (0:
-    none): a sliding window, on the TMA or the portable kernel (the Gluon kernel has none)."""
+    none): a sliding window (every kernel takes one)."""
 
     __slots__ = ("fn", "grid", "views", "ints", "kwargs", "slot", "lse_shape", "keys")
 
@@ -999,10 +999,10 @@ class _FlashLaunch:
         pdl_args = pdl_launch_args(pdl, self.grid[0] * self.grid[1], q.device)
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, num_warps=num_warps,
                            num_stages=num_stages, **pdl_args)
-        if impl == "cuda" and not window and config is None and ws_applies(q, k, v) and \
-                (out is None or out.is_contiguous()):
+        if impl == "cuda" and config is None and ws_applies(q, k, v) and (out is None or out.is_contiguous()):
             # the warp-specialized Gluon kernel (flash_ws.py): descriptors with its layouts, then out and lse
-            self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(q, k, causal, qk_scale, pdl_args)
+            self.fn, self.grid, self.views, self.ints, self.kwargs = ws_plan(q, k, causal, qk_scale, pdl_args,
+                                                                             window=window)
         elif impl == "cuda" and _tma_ok(q, k, v):
             # (B*H*S, D) row views of the contiguous q, k, v: the tensors themselves are the bases.
             self.fn = _flash_fwd_tma_kernel
@@ -1359,9 +1359,9 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
             forward kernel is compute-bound and launched as it always was), True, "early" or "late".
         window: None, or an int >= 1: a sliding window, each query sees only the ``window`` keys ending at its
             last visible one (Mistral's and Phi-3's ``sliding_window``: with causal, query i sees keys
-            ``i + Sk - Sq - window + 1 .. i + Sk - Sq``). Runs on the TMA kernel (``"cuda"``; the Gluon kernel
-            has no window), the portable one or the reference; with grad as without (the backward takes the
-            window too).
+            ``i + Sk - Sq - window + 1 .. i + Sk - Sq``). Every path takes it (``"cuda"``: the Gluon kernel where
+            it applies, else the TMA one; each query block starts at its first row's window); with grad as without
+            (the backward takes the window too).
 
     Autograd: where grad mode is on and q, k or v requires grad, the call (any ``impl``) is the forward of an
     autograd node that keeps q, k, v, the output and the LSE, and whose backward is ``flash_attention_backward``

@@ -15,7 +15,9 @@ partitions:
 
 Limits (``ws_applies``; the caller takes the TMA or portable Triton kernels otherwise): bf16/fp16, head dim
 64, 128 or 256, contiguous (B, H, S, D) q, k, v with 16-byte aligned bases, ``Sk`` a multiple of ``BLOCK_N`` (a
-tile never crosses into the next head's keys, so only causal rows need a mask). Query rows past ``Sq`` (the
+tile never crosses into the next head's keys, so only causal rows and windows need a mask). A sliding window
+(``WINDOWED``, ``WINDOW`` keys a row) starts each block's key loop at the tile of its first row's first key and
+masks the tiles before the block's last row's first key. Query rows past ``Sq`` (the
 last block of a head) read the next head's rows and are never stored. ``out`` is contiguous (B, H, Sq, D),
 the LSE (B, H, Sq) float32.
 """
@@ -80,15 +82,20 @@ if gluon is not None:
             tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _softmax(s, m_i, l_i, j, qk_scale, full, row_last, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 s_layout: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr):
-        """Tile j's online-softmax step (log2 domain) on its scores ``s``: (P as the PV operand, the
-        rescale of the rows so far, m, l)."""
+    def _softmax(s, m_i, l_i, start_n, qk_scale, full, row_last, row_first, head, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr, WINDOWED: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                 DTYPE: gl.constexpr):
+        """The online-softmax step (log2 domain) of the key tile at ``start_n`` on its scores ``s``: (P as the PV
+        operand, the rescale of the rows so far, m, l). Causal: keys past ``row_last`` hidden in the tiles from
+        ``full`` on; WINDOWED: keys before ``row_first`` hidden in the tiles before ``head``."""
         if CAUSAL:
-            start_n = j * BLOCK_N
             if start_n + BLOCK_N > full:
                 offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
                 s = gl.where(gl.expand_dims(offs_n, 0) <= gl.expand_dims(row_last, 1), s, float("-inf"))
+        if WINDOWED:
+            if start_n < head:
+                offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                s = gl.where(gl.expand_dims(offs_n, 0) >= gl.expand_dims(row_first, 1), s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         # a row that saw no key yet keeps m = -inf: subtract 0 instead, so p = 0 and not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -99,10 +106,11 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, row0, m_block, SQ,
-                  SK, n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, WG: gl.constexpr):
-        """One warpgroup's 64 query rows (WG 0 or 1 of the block): its own partition, so the two warpgroups
-        drift apart and one's softmax runs while the other's products hold the tensor cores."""
+                  SK, n0, n_tiles, qk_scale, WINDOW, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOWED: gl.constexpr, WG: gl.constexpr):
+        """One warpgroup's 64 query rows (WG 0 or 1 of the block) over the ``n_tiles`` key tiles from key ``n0``:
+        its own partition, so the two warpgroups drift apart and one's softmax runs while the other's products
+        hold the tensor cores."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -116,6 +124,18 @@ if gluon is not None:
         offs_m = m0 + gl.arange(0, _HM, layout=row_s)
         row_last = offs_m + (SK - SQ)  # causal: the last key each row sees
         full = gl.maximum(gl.minimum(m0 + SK - SQ + 1, SK), 0) // BLOCK_N * BLOCK_N  # tiles below need no mask
+        # a window: each row's first key (its last one less WINDOW - 1), and the first key every row sees
+        row_first = row_last
+        head = 0
+        if not WINDOWED:
+            n0 = 0  # (a constant: the unwindowed loop's tile offsets as before)
+        else:
+            if CAUSAL:
+                row_first = row_last - WINDOW + 1
+                head = m0 + _HM - 1 + SK - SQ - WINDOW + 1
+            else:
+                row_first = offs_m * 0 + (SK - WINDOW)
+                head = SK - WINDOW
         m_i = gl.full([_HM], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([_HM], gl.float32, layout=row_s)
         acc = gl.zeros([_HM, HEAD_DIM], gl.float32, layout=o_layout)
@@ -125,8 +145,8 @@ if gluon is not None:
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
         mbarrier.arrive(k_empty.index(0))
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, qk_scale, full, row_last, BLOCK_N, CAUSAL, s_layout, p_layout,
-                                      q_smem.dtype)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, n0, qk_scale, full, row_last, row_first, head, BLOCK_N, CAUSAL,
+                                      WINDOWED, s_layout, p_layout, q_smem.dtype)
         for j in range(n_tiles - 1):
             # tile j+1's QK^T and tile j's PV queued on the tensor cores; tile j+1's softmax runs under the PV.
             # Nothing is in flight at the end of an iteration (a wgmma result carried round the loop would be
@@ -138,8 +158,8 @@ if gluon is not None:
             mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
             acc = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s, ))
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j + 1, qk_scale, full, row_last, BLOCK_N, CAUSAL, s_layout,
-                                          p_layout, q_smem.dtype)
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, n0 + (j + 1) * BLOCK_N, qk_scale, full, row_last, row_first,
+                                          head, BLOCK_N, CAUSAL, WINDOWED, s_layout, p_layout, q_smem.dtype)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(k_empty.index(nxt))
             mbarrier.arrive(v_empty.index(slot))
@@ -159,9 +179,10 @@ if gluon is not None:
         gl.store(LSE + row0 + offs_m, lse, mask=offs_m < SQ)
 
     @gluon.jit
-    def _flash_ws_kernel(q_desc, k_desc, v_desc, O, LSE, H, HKV, SQ, SK, qk_scale,
+    def _flash_ws_kernel(q_desc, k_desc, v_desc, O, LSE, H, HKV, SQ, SK, qk_scale, WINDOW,
                          HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                         CAUSAL: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+                         WINDOWED: gl.constexpr = False):
         pdl_wait(PDL)  # q, k and v may be the previous kernel's output
         pid_m = gl.program_id(0)
         if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
@@ -174,7 +195,13 @@ if gluon is not None:
             end = gl.minimum(m0 + _BM + SK - SQ, SK)
         else:
             end = SK
-        n_tiles = gl.maximum(gl.cdiv(end, BLOCK_N), 1)  # at least one tile (masked to nothing if end <= 0)
+        n0 = 0
+        if WINDOWED:  # from the tile of the block's first row's first key (the window's start, or the keys' last)
+            if CAUSAL:
+                n0 = gl.maximum(m0 + SK - SQ - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+            else:
+                n0 = gl.maximum(SK - WINDOW, 0) // BLOCK_N * BLOCK_N
+        n_tiles = gl.maximum(gl.cdiv(end - n0, BLOCK_N), 1)  # at least one tile (masked to nothing if end <= 0)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [_BM, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -194,21 +221,23 @@ if gluon is not None:
 
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, bh * SQ, m0,
-                         SQ, SK, n_tiles, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
+                         SQ, SK, n0, n_tiles, qk_scale, WINDOW, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOWED, 0)),
             (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, O, LSE, bh * SQ, m0,
-                         SQ, SK, n_tiles, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 1)),
+                         SQ, SK, n0, n_tiles, qk_scale, WINDOW, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WINDOWED, 1)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         bh * SQ + m0, (b * HKV + kvh) * SK, n_tiles, BLOCK_N, STAGES)),
+                         bh * SQ + m0, (b * HKV + kvh) * SK + n0, n_tiles, BLOCK_N, STAGES)),
         ], [4, 1], [232, 24])
         pdl_launch(PDL)
 
 
-def ws_plan(q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None):
+def ws_plan(q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None, window: int = 0):
     """How the kernel launches for one geometry, as ``attention._FlashLaunch`` keeps it: (kernel, grid, the
     descriptor views of q, k, v as ``launcher.Descriptor`` fields with their Gluon layouts, the integer
     arguments after ``out, lse``, the options). ``out`` must be contiguous (B, H, Sq, D) and ``lse``
     contiguous (B, H, Sq) float32; ``qk_scale`` is the softmax scale times log2(e); ``pdl_args``:
-    ``pdl.pdl_launch_args``'s; ``config``: (BLOCK_N, STAGES) instead of the table."""
+    ``pdl.pdl_launch_args``'s; ``config``: (BLOCK_N, STAGES) instead of the table; ``window``: 0, or a sliding
+    window (``flash_attention``'s: each row sees the ``window`` keys ending at its last visible one), whose
+    blocks start at the tile of their first row's first key."""
     B, H, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     block_n, stages = config or WS_CONFIGS[D]
@@ -219,10 +248,12 @@ def ws_plan(q, k, causal: bool, qk_scale: float, pdl_args: dict, config=None):
              ((B * HKV * SK, D), (D, 1), (block_n, D), "zero", kv_layout),
              ((B * HKV * SK, D), (D, 1), (block_n, D), "zero", kv_layout))
     kwargs = dict(HEAD_DIM=D, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, num_warps=4, **pdl_args)
-    return _flash_ws_kernel, (triton.cdiv(SQ, BLOCK_M), B * H), views, (H, HKV, SQ, SK, qk_scale), kwargs
+    if window:
+        kwargs["WINDOWED"] = True
+    return _flash_ws_kernel, (triton.cdiv(SQ, BLOCK_M), B * H), views, (H, HKV, SQ, SK, qk_scale, window), kwargs
 
 
-def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=None):
+def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=None, window: int = 0):
     """One plain launch (no PDL) into ``out`` / ``lse`` as :func:`ws_plan` takes them (benchmarks, A/B). Raises
     ValueError, before launching, for tensors the kernel does not take (:func:`ws_applies`) or outputs of
     another shape, dtype or layout."""
@@ -241,6 +272,6 @@ def ws_flash_forward(q, k, v, out, lse, causal: bool, qk_scale: float, config=No
                          f"{tuple(q.shape[:3])} float32, got {tuple(out.shape)} {out.dtype} and {tuple(lse.shape)} "
                          f"{lse.dtype}")
 
-    fn, grid, views, ints, kwargs = ws_plan(q, k, causal, qk_scale, dict(PDL=0), config)
+    fn, grid, views, ints, kwargs = ws_plan(q, k, causal, qk_scale, dict(PDL=0), config, window)
     launch(fn, grid, *(Descriptor(t, *view) for t, view in zip((q, k, v), views)), out, lse, *ints, **kwargs)
     return out, lse
