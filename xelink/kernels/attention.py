@@ -1400,7 +1400,6 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, impl="a
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     if grad:
         _no_out_with_grad(fn, out)
-        # (a window's plan skips the Gluon kernel, which has none, as the call without grad does)
         plan = None if path == "reference" else _FlashLaunch(q, k, v, None, causal, scale, path, pdl, None,
                                                              grad_key is not None, window or 0)
         if grad_key is not None:
