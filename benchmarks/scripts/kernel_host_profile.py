@@ -1,11 +1,11 @@
 """Where the host time of one eager kernel call goes (gemm 2048^3, rmsnorm 8x4096, flash/decode attention,
-gemv), on one GPU.
+gemv, qgemm), on one GPU.
 
 Each piece of the eager path is timed on its own (median of rounds of ``CALLS`` back-to-back calls,
 the GPU kept busy by ``torch.cuda._sleep`` so that no call waits for the device), next to the whole
 call and torch's equivalent; then cProfile lists the Python functions of the whole call.
 
-python3 benchmarks/scripts/kernel_host_profile.py [gemm] [norm] [attention] [gemv]   (default: all)
+python3 benchmarks/scripts/kernel_host_profile.py [gemm] [norm] [attention] [gemv] [qgemm]   (default: all)
 """
 import cProfile
 import importlib
@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from xelink.bench import kernel_timing
 from xelink.kernels import launcher
 from xelink.kernels.common import sm_count
-from xelink.ops import decode_attention, flash_attention, gemm, gemv, rmsnorm
+from xelink.ops import decode_attention, flash_attention, gemm, gemv, qgemm, rmsnorm
 
 attn = importlib.import_module("xelink.kernels.attention")
 gemv_mod = importlib.import_module("xelink.kernels.gemv")
+qgemm_mod = importlib.import_module("xelink.kernels.qgemm")
 gemm_mod = importlib.import_module("xelink.kernels.gemm")  # the module (the package re-exports the function)
 norm = importlib.import_module("xelink.kernels.norm")
 CALLS, ROUNDS = 200, 7
@@ -76,7 +77,7 @@ def profile(name, fn, n=3000):
 def main():
     dev = torch.device("cuda", 0)
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)
-    want = sys.argv[1:] or ["gemm", "norm", "attention", "gemv"]
+    want = sys.argv[1:] or ["gemm", "norm", "attention", "gemv", "qgemm"]
     if "gemm" in want:
         gemm_rows(dev)
     if "norm" in want:
@@ -85,6 +86,8 @@ def main():
         attention_rows(dev)
     if "gemv" in want:
         gemv_rows(dev)
+    if "qgemm" in want:
+        qgemm_rows(dev)
 
 
 def gemm_rows(dev):
@@ -239,6 +242,31 @@ def gemv_rows(dev):
     row("_default_config", lambda: gemv_mod._default_config(1, 4096, 4096, "bf16", 132, True), gpu=False)
     profile("gemv(w, x)", lambda: gemv(w, x))
     profile("gemv(w, x8)", lambda: gemv(w, x8))
+
+
+def qgemm_rows(dev):
+    print("-- qgemm 512x14336 @ w4a16 4096x14336 (a 512-token prefill's down projection), 16 rows x w8a16 4096x4096")
+    w4, s4 = gemv_mod.pack_w4a16(torch.randn(4096, 14336, device=dev, dtype=torch.bfloat16))
+    w8, s8 = gemv_mod.pack_w8a16(torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16))
+    x4 = torch.randn(512, 14336, device=dev, dtype=torch.bfloat16)
+    x8 = torch.randn(16, 4096, device=dev, dtype=torch.bfloat16)
+    wd = torch.randn(4096, 14336, device=dev, dtype=torch.bfloat16)
+    row("torch.matmul(x, w.t()) (dense bf16, the same shape)", lambda: torch.matmul(x4, wd.t()))
+    row("qgemm(w4, x, s4, 'w4a16')", lambda: qgemm(w4, x4, s4, "w4a16"))
+    row("qgemm(w8, x16, s8, 'w8a16')", lambda: qgemm(w8, x8, s8, "w8a16"))
+    row("_qgemm_run(w4, x, s4)", lambda: qgemm_mod._qgemm_run(w4, x4, s4, "w4a16", "triton"))
+    M, K = x4.shape
+    cfg = dict(qgemm_mod._config(M, 4096, K, sm_count(dev), True), BLOCK_K=qgemm_mod._BLOCK_K)
+    y = x4.new_empty((M, 4096))
+    tiles = triton_cdiv(M, cfg["BLOCK_M"]) * triton_cdiv(4096, cfg["BLOCK_N"])
+    args = (x4, w4, s4, y, y, y, M, 4096, K, x4.stride(0), x4.stride(1), w4.stride(0), s4.stride(0), y.stride(0),
+            y.stride(1))
+    opts = dict(W4=True, TILED=False, FP16=False, **cfg)
+    if cfg["SPLIT_K"] == 1:  # (a K split reads scratch counters: the model's shape here splits none)
+        row("its kernel: Triton's JIT call (before)", lambda: qgemm_mod._qgemm_kernel[(tiles, 1)](*args, **opts))
+        row("its kernel: launcher.launch (now)", lambda: launcher.launch(qgemm_mod._qgemm_kernel, (tiles, 1), *args,
+                                                                        **opts))
+    profile("qgemm(w4, x, s4, 'w4a16')", lambda: qgemm(w4, x4, s4, "w4a16"))
 
 
 def triton_cdiv(a, b):

@@ -111,8 +111,9 @@ def check_all_gather_holds_its_send_buffer_while_the_gather_runs(world):
 
 
 def check_cuda_graph_replays_with_new_inputs(world):
-    """cp_attention captured once per algorithm (after an eager warm-up call of the shape), replayed with new
-    inputs copied into the captured tensors; a rank sleeps before some replays so the peers run ahead."""
+    """cp_attention captured once per algorithm and with a sliding window (the halo exchange's point-to-point in
+    the graph), each after an eager warm-up call of the shape, replayed with new inputs copied into the captured
+    tensors; a rank sleeps before some replays so the peers run ahead."""
     dev, r = _dev(world), world.rank
     S, D, layout = 700, 128, "zigzag"
     pos = xelink.cp_positions(S, layout=layout).to(dev)
@@ -120,9 +121,10 @@ def check_cuda_graph_replays_with_new_inputs(world):
     q = torch.zeros(1, 8, local, D, dtype=torch.bfloat16, device=dev)
     k = torch.zeros(1, 2, local, D, dtype=torch.bfloat16, device=dev)
     v = torch.zeros_like(k)
-    for algo in ALGOS:
+    for algo, window in [(algo, None) for algo in ALGOS] + [("auto", 100)]:
         def step():
-            return xelink.cp_attention(q, k, v, causal=True, layout=layout, algo=algo, seq_len=S, return_lse=True)
+            return xelink.cp_attention(q, k, v, causal=True, layout=layout, algo=algo, seq_len=S, return_lse=True,
+                                       window=window)
 
         step()
         torch.cuda.synchronize()
@@ -137,9 +139,9 @@ def check_cuda_graph_replays_with_new_inputs(world):
             if replay % 2:
                 torch.cuda._sleep(int(5e7 * (r + 1)))
             graph.replay()
-            want, want_lse = flash_attention(fq, fk, fv, causal=True, return_lse=True)
-            _close(out, want[:, :, pos], f"graph {algo} replay {replay}")
-            _close(lse, want_lse[:, :, pos], f"graph {algo} replay {replay} lse", 1e-3)
+            want, want_lse = flash_attention(fq, fk, fv, causal=True, return_lse=True, window=window)
+            _close(out, want[:, :, pos], f"graph {algo} window {window} replay {replay}")
+            _close(lse, want_lse[:, :, pos], f"graph {algo} window {window} replay {replay} lse", 1e-3)
         del graph
     xelink.synchronize()
 
