@@ -1,6 +1,6 @@
 """The cp-attention family on CPU ranks: both algorithms in both causal modes next to one device's flash
 attention, the blocking ring and the launch's all-gather then SDPA, the timed outputs checked, a wrong output
-counted, the outputs written."""
+counted, the outputs written; the windowed rows (``--window``)."""
 import contextlib
 import json
 import tempfile
@@ -65,6 +65,37 @@ def check_both_algorithms_both_causal_modes_and_the_baselines_are_timed_and_chec
     assert len(lines) == len(rows) and lines[0]["manifest"]["extra"]["family"] == "cp-attention"
     assert "the overlap alone" in ctx.path(".txt").read_text()
     assert (ctx.out / "cp-attention-cp_attention.png").is_file()
+
+
+def check_window_rows_are_timed_and_checked(world):
+    """--window: the halo exchange, one device's windowed attention and the gathered baseline, causal only, every
+    timed output checked against SDPA with the window's mask; a wrong halo output is counted."""
+    for layout in ("zigzag", "contiguous"):
+        ctx = _ctx(world, "--window", "5", "--layout", layout)
+        rows = fam.run(ctx)
+        if world.rank:
+            assert rows == []
+            continue
+        by = {(r.op, r.path): r for r in rows}
+        assert set(by) == {("cp_attention:window", p) for p in ("xelink:halo", fam.SINGLE, "gather:window")}, set(by)
+        for r in rows:
+            assert r.wrong == 0 and r.time_us > 0 and r.extra["window"] == 5 and r.extra["causal"], r
+        assert by["cp_attention:window", "xelink:halo"].extra["vs_gather"] > 0
+        assert not any("target" in n for n in ctx.notes), ctx.notes
+    real = xelink.cp_attention
+
+    def off(*args, **kw):
+        out = real(*args, **kw).clone()
+        out[0, 0, 0, 0] += 1.0
+        return out
+
+    xelink.cp_attention = off
+    try:
+        rows = fam.run(_ctx(world, "--window", "5"))
+    finally:
+        xelink.cp_attention = real
+    if world.rank == 0:
+        assert {r.path: r.wrong for r in rows}["xelink:halo"] > 0, rows
 
 
 def check_the_blocking_ring_agrees_with_the_op_contiguous_and_uneven(world):

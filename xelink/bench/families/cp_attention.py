@@ -22,6 +22,12 @@ H heads, total length N, head dim D; MHA; q, k, v drawn in full on every rank, e
   Where ranks share a GPU NCCL cannot run: left out with a note; causal left out (SDPA's ``is_causal``
   cannot express the layout's positions without a dense mask).
 
+``--window W`` (a sliding window of W positions, causal): instead, op ``cp_attention:window`` with
+``xelink:halo`` (``cp_attention(..., window=W)``: each rank receives only the keys its windows reach), the
+single-device ``flash_attention(..., window=W)`` baseline, and ``gather:window``: the packed KV gathered whole
+(``cp_unshard``) and each of the rank's pieces attending to its span (what ``Llama`` ran under CP before the halo
+exchange; ``extra["vs_gather"]`` of ``xelink:halo``).
+
 The outputs of the timed calls are checked (``#wrong``, summed over ranks) against single-process attention
 over the gathered sequence (float64 SDPA on CPU, float32 SDPA's memory-efficient backend on CUDA), each
 rank against its ``cp_shard`` of it: relative tolerance 1e-4 on CPU (float32), 2e-2 on CUDA (bf16), of the
@@ -103,15 +109,20 @@ def _draw(N, H, D, dtype, dev):
     return [torch.randn((1, H, N, D), generator=g).to(dtype).to(dev) for _ in range(3)]
 
 
-def _reference(q, k, v, causal, cuda):
+def _reference(q, k, v, causal, cuda, window=None):
     import torch.nn.functional as F
 
+    mask = None
+    if window is not None:  # causal within the window, as a dense mask (SDPA has no window)
+        p = torch.arange(q.shape[2], device=q.device)
+        mask = (p[None, :] <= p[:, None]) & (p[None, :] > p[:, None] - window)
+        causal = False
     if not cuda:
-        return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, is_causal=causal)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal)
 
 
 def _sdpa_cudnn(q, k, v, causal):
@@ -179,6 +190,29 @@ def _variants(world, cp, q, k, v, full, N, layout, causal, algos, cudnn_why):
     return out, notes
 
 
+def _window_variants(world, cp, q, k, v, full, N, layout, window):
+    """--window's calls: name -> a call returning this rank's output (None on ranks that idle)."""
+    import xelink
+
+    from ...dist.schedule import rank_pieces, window_spans
+    from ...kernels import flash_attention
+
+    spans = window_spans(N, window, True, rank_pieces(N, world.size, layout, world.rank))
+
+    def gathered():
+        kv = xelink.cp_unshard(torch.stack((k, v)), seq_len=N, layout=layout, dim=3)
+        out = torch.empty_like(q)
+        for lo, hi, first, end in spans:
+            out[:, :, lo:hi] = flash_attention(q[:, :, lo:hi], kv[0][:, :, first:end], kv[1][:, :, first:end],
+                                               causal=True, window=window)
+        return out
+
+    qf, kf, vf = full
+    single = (lambda: flash_attention(qf, kf, vf, causal=True, window=window)) if world.rank == 0 else (lambda: None)
+    return {"xelink:halo": functools.partial(cp, q, k, v, causal=True, layout=layout, seq_len=N, window=window),
+            SINGLE: single, "gather:window": gathered}
+
+
 def _checked(variants, want, want_full, rel):
     outs, wrong = {}, {name: 0 for name in variants}
 
@@ -193,9 +227,12 @@ def _checked(variants, want, want_full, rel):
     return {name: keep(name, fn) for name, fn in variants.items()}, check, wrong
 
 
-def _rows(world, op, samples, wrong, N, H, D, dtype, causal, layout):
+def _rows(world, op, samples, wrong, N, H, D, dtype, causal, layout, window=None):
     item = torch.tensor([], dtype=dtype).element_size()
     flops = 4.0 * H * N * N * D * (0.5 if causal else 1.0)
+    if window is not None:  # the pairs a window keeps: W a row, less the first rows' missing ones
+        w = min(window, N)
+        flops = 4.0 * H * D * (N * w - w * (w - 1) / 2)
     med = {k: summarize(v)["median"] for k, v in samples.items()}
     unfused = next((k for k in samples if "all_gather+" in k), None)
     rows = []
@@ -207,6 +244,10 @@ def _rows(world, op, samples, wrong, N, H, D, dtype, causal, layout):
             extra["vs_blocking_ring"] = med[BLOCKING] / t
         if name == "xelink:all_gather" and unfused and t > 0:
             extra["vs_gather_sdpa"] = med[unfused] / t
+        if window is not None:
+            extra["window"] = window
+            if name == "xelink:halo" and t > 0:
+                extra["vs_gather"] = med["gather:window"] / t
         rows.append(make_row(op, name, s, size_bytes=2 * H * N * D * item, count=H * N * D, dtype=dtype,
                              nranks=world.size, wrong=wrong.get(name, 0), baseline=None if name == SINGLE else SINGLE,
                              baseline_samples=None if name == SINGLE else samples[SINGLE], extra=extra))
@@ -214,9 +255,10 @@ def _rows(world, op, samples, wrong, N, H, D, dtype, causal, layout):
 
 
 def run_shapes(world, shapes, *, algos=ALGOS, causals=(False, True), layout="zigzag", iters=3, rounds=2,
-               progress=None) -> tuple[list, list]:
-    """Time both algorithms at every (N, H, D) shape and causal mode next to the baselines: (rows, notes), on
-    every rank. Collective: every rank must call this with the same arguments."""
+               progress=None, window=None) -> tuple[list, list]:
+    """Time both algorithms at every (N, H, D) shape and causal mode next to the baselines (``window``: the
+    windowed rows instead, causal): (rows, notes), on every rank. Collective: every rank must call this with the
+    same arguments."""
     import xelink
 
     cp = getattr(xelink, "cp_attention", None)  # looked up now: a test may wrap it
@@ -234,16 +276,19 @@ def run_shapes(world, shapes, *, algos=ALGOS, causals=(False, True), layout="zig
             raise ValueError(f"cp-attention: N={N} is shorter than the {2 * world.size} blocks of {world.size} ranks")
         full = _draw(N, H, D, dtype, dev)
         local = [xelink.cp_shard(x, layout=layout) for x in full]
-        for causal in causals:
-            ref = _reference(*full, causal, cuda)
+        for causal in causals if window is None else (True,):
+            ref = _reference(*full, causal, cuda, window)
             want = xelink.cp_shard(ref, layout=layout)
-            variants, why = _variants(world, cp, *local, full, N, layout, causal, algos, cudnn_why)
-            notes += [w for w in why if w not in notes]
+            if window is None:
+                variants, why = _variants(world, cp, *local, full, N, layout, causal, algos, cudnn_why)
+                notes += [w for w in why if w not in notes]
+            else:
+                variants = _window_variants(world, cp, *local, full, N, layout, window)
             calls, check, wrong = _checked(variants, want, ref if world.rank == 0 else None, rel)
             samples = co_measure(calls, warmup=2 if cuda else 1, iters=iters, rounds=rounds, barrier=world.barrier,
                                  reduce_max=rank_max(world), timing=timer, after_block=check)
-            op = "cp_attention:causal" if causal else "cp_attention"
-            rows += _rows(world, op, samples, rank_sums(world, wrong), N, H, D, dtype, causal, layout)
+            op = "cp_attention:window" if window is not None else "cp_attention:causal" if causal else "cp_attention"
+            rows += _rows(world, op, samples, rank_sums(world, wrong), N, H, D, dtype, causal, layout, window)
             del ref, want
             if progress is not None:
                 progress.step(f"{op} N={N} H={H} D={D}: {', '.join(variants)}")
@@ -294,6 +339,9 @@ def add_arguments(p) -> None:
     p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
     p.add_argument("--causal", choices=("both", "on", "off"), default="both", help="causal modes (default both)")
     p.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag")
+    p.add_argument("--window", type=int, default=None,
+                   help="a sliding window of this many positions (causal): the halo exchange against one device's "
+                        "windowed attention and the whole KV gathered (instead of the algorithms' rows)")
     add_timing_arguments(p, cpu="default 3, quick 2 (rounds 3, quick 2)", gpu="default 5 (rounds 3, quick 2)")
 
 
@@ -305,18 +353,22 @@ def run(ctx) -> list:
                              (QUICK_SHAPES if ctx.quick else SHAPES))
     dflt = (32, 128) if cuda else (4, 64)
     shapes = [(s[0], *(tuple(s[1:]) + dflt[len(s) - 1:])) for s in shapes]
-    causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
+    causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal] if args.window is None else (True,)
+    if args.window is not None and args.window < 1:
+        raise ValueError(f"cp-attention: --window {args.window} must be >= 1")
     knobs = timing(ctx, {"iters": 5 if cuda else 3, "rounds": 3}, {"iters": 5 if cuda else 2, "rounds": 2})
     rows, notes = run_shapes(world, shapes, algos=args.algos, causals=causals, layout=args.layout,
-                             progress=ctx.progress(len(shapes) * len(causals)), **knobs)
+                             progress=ctx.progress(len(shapes) * len(causals)), window=args.window, **knobs)
     if not ctx.lead:
         return []
     where = "bf16 CUDA tensors, CUDA events" if cuda else "float32 host tensors, host clock"
     ctx.header = (f"# cp-attention: {world.size} rank(s), {world.launch.launcher}, {where}, layout {args.layout}; "
                   f"ratio = {SINGLE} (one device, the whole sequence) / time; vs_blocking_ring = {BLOCKING} / ring "
                   f"(the overlap alone); vs_gather_sdpa = all-gather then SDPA / all_gather")
-    ctx.extra.update(layout=args.layout, causal=args.causal)
-    ctx.notes += notes + ([_summary(rows)] if rows else []) + _targets(world, rows)
+    ctx.extra.update(layout=args.layout, causal=args.causal, window=args.window)
+    if args.window is not None:
+        ctx.header += f"; window {args.window}: vs_gather = the whole KV gathered, then the pieces' spans / halo"
+    ctx.notes += notes + ([_summary(rows)] if rows else []) + (_targets(world, rows) if args.window is None else [])
     return rows
 
 
@@ -325,6 +377,7 @@ def _summary(rows) -> str:
     for r in rows:
         if r.path == SINGLE or r.ratio is None:
             continue
-        more = "".join(f", {r.extra[k]:.2f}x {k[3:]}" for k in ("vs_blocking_ring", "vs_gather_sdpa") if k in r.extra)
+        more = "".join(f", {r.extra[k]:.2f}x {k[3:]}" for k in ("vs_blocking_ring", "vs_gather_sdpa", "vs_gather")
+                       if k in r.extra)
         lines.append(f"{r.op:<20} {r.extra['shape']:>18} {r.path:<32} {r.ratio:6.2f}x single-device{more}")
     return "\n".join(lines)
