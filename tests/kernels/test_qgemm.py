@@ -125,3 +125,29 @@ def test_kernel_in_a_cuda_graph(requires_gpus):
     x.copy_(torch.randn(24, 1024, device="cuda").bfloat16())  # new inputs, replayed
     g.replay()
     assert not torch.equal(out, y) and _rel(out, x, exact) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_remembered_calls_change_shape_format_and_out(requires_gpus):
+    # Eager calls remember their checks (a repeated call skips them): back-to-back calls that change the format,
+    # the rows, the dtype, a 1-D x, out= and impl each give their own result, and an out= overlapping x is still
+    # refused after the same geometry was remembered without it.
+    requires_gpus(1)
+    cases = [("w4a16", 24, torch.bfloat16), ("w8a16", 24, torch.bfloat16), ("w4a16", 100, torch.bfloat16),
+             ("w4a16", 24, torch.float16), ("w4a16", 24, torch.bfloat16)]
+    for rnd in range(2):
+        for i, (fmt, m, dtype) in enumerate(cases):
+            q, s, x, exact = _case(fmt, m, 512, 1024, dtype, "cuda", seed=10 * rnd + i)
+            for impl in ("auto", "triton", "reference"):
+                assert _rel(qgemm(q, x, s, fmt, impl), x, exact) < TOL[dtype], (rnd, fmt, m, dtype, impl)
+            y = qgemm(q, x[0], s, fmt)
+            assert y.shape == (512,) and _rel(y[None], x[:1], exact) < TOL[dtype]
+            out = torch.full((m, 600), float("nan"), device="cuda", dtype=dtype)
+            assert qgemm(q, x, s, fmt, out=out[:, 44:556]) is not None
+            assert _rel(out[:, 44:556], x, exact) < TOL[dtype] and out[:, :44].isnan().all()
+    q, s, x, _ = _case("w4a16", 8, 512, 1024, torch.bfloat16, "cuda")
+    a, b = (torch.empty(8, 1024 + 512, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    a[:, :1024], b[:, :1024] = x, x
+    qgemm(q, a[:, :1024], s, "w4a16", out=a[:, 1024:])  # remembered: x and out views of one buffer, apart
+    with pytest.raises(ValueError, match="qgemm"):  # the same geometry, out overlapping x
+        qgemm(q, b[:, :1024], s, "w4a16", out=b[:, 512:1024])
