@@ -1,16 +1,18 @@
 """Local kernels: a Triton kernel per op plus its pure-torch ``reference_*`` twin.
 
 Modules import without Triton; a kernel that needs Triton raises a clear error when called without it.
-The kernels are forward only, except flash attention: where grad mode is on and an input requires grad,
-``impl="auto"`` takes the reference path (torch ops, differentiable) and a named kernel path raises ValueError
-(``common.forward_only``), so no output silently leaves the autograd graph. ``flash_attention`` with grad runs
+The kernels are forward only, except flash attention (and its packed-sequence twin ``flash_attention_varlen``):
+where grad mode is on and an input requires grad, ``impl="auto"`` takes the reference path (torch ops,
+differentiable) and a named kernel path raises ValueError (``common.forward_only``), so no output silently leaves
+the autograd graph. ``flash_attention`` with grad runs
 its path as the forward of an autograd node whose backward is ``flash_attention_backward`` (a Triton kernel on
 GPUs, ``attention_bwd``; the reference in torch ops elsewhere).
 """
 
-from .attention import (decode_attention, flash_attention, flash_attention_backward, merge_attention,
-                        reference_decode_attention, reference_flash_attention, reference_flash_attention_backward,
-                        reference_merge_attention, reference_rope_decode_attention, rope_decode_attention)
+from .attention import (decode_attention, flash_attention, flash_attention_backward, flash_attention_varlen,
+                        flash_attention_varlen_backward, merge_attention, reference_decode_attention,
+                        reference_flash_attention, reference_flash_attention_backward, reference_merge_attention,
+                        reference_rope_decode_attention, rope_decode_attention)
 from .gated_gemm import gated_gemm
 from .gemm import gemm, reference_gemm
 from .gemv import (W4_TILE_ROWS, gemv, pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16, tiled_w4a16_native,
@@ -23,7 +25,8 @@ from .scatter_gemm import (reduce_programs, reference_scatter_reduce, scatter_ge
 
 __all__: list[str] = [
     "W4_TILE_ROWS",
-    "decode_attention", "flash_attention", "flash_attention_backward", "merge_attention", "reference_decode_attention",
+    "decode_attention", "flash_attention", "flash_attention_backward", "flash_attention_varlen",
+    "flash_attention_varlen_backward", "merge_attention", "reference_decode_attention",
     "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention",
     "reference_rope_decode_attention", "rope_decode_attention",
     "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "qgemm", "reference_gemm", "reference_gemv",

@@ -23,6 +23,11 @@ Paths (``impl=``; which each function takes: ``FLASH_IMPLS``, ``DECODE_IMPLS``, 
 - ``"auto"``: ``"cuda"`` on a compute-capability-9 CUDA device (flash attention), ``"triton"`` on other
   GPUs, ``"reference"`` on the CPU, where Triton is missing, or for a dtype / head dim no kernel takes.
 
+``flash_attention_varlen`` (and its backward) takes packed sequences of different lengths, FlashAttention's
+``flash_attn_varlen_func``: q (total_q, Hq, D), k, v (total_k, Hkv, D), ``cu_seqlens`` offsets, the LSE (Hq, total_q);
+paths "triton" (the portable forward kernel's ``VARLEN`` mode, one program per (sequence x head, query block)) and
+"reference" (``reference_flash_attention`` over each sequence).
+
 ``out=`` (each function) writes the attention output into a caller's view, e.g. the ``(B, H, S, D)``
 transpose of a ``(B, S, H, D)`` buffer; the LSE is always a new tensor.
 
@@ -40,9 +45,9 @@ import torch
 
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
-from .common import (Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap, check_out,
-                     check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count, tl,
-                     triton)
+from .common import (IMPL_ALIASES, Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap,
+                     check_out, check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count,
+                     tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
 from .norm import check_rope_kv, rope_kv_rows
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2, sm90_kernel
@@ -54,10 +59,13 @@ __all__ = [
     "FLASH_IMPLS",
     "HEAD_DIMS",
     "MERGE_IMPLS",
+    "VARLEN_IMPLS",
     "BACKWARD_IMPLS",
     "decode_attention",
     "flash_attention",
     "flash_attention_backward",
+    "flash_attention_varlen",
+    "flash_attention_varlen_backward",
     "merge_attention",
     "reference_decode_attention",
     "reference_flash_attention",
@@ -71,6 +79,7 @@ __all__ = [
 FLASH_IMPLS = ("auto", "triton", "cuda", "reference")
 DECODE_IMPLS = MERGE_IMPLS = ("auto", "triton", "reference")
 BACKWARD_IMPLS = ("auto", "triton", "reference")
+VARLEN_IMPLS = ("auto", "triton", "reference")  # flash_attention_varlen(_backward): no TMA / Gluon varlen kernel
 HEAD_DIMS = (64, 128, 256)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
@@ -198,7 +207,7 @@ def resolve_impl(fn: str, impl, device: torch.device, allowed=FLASH_IMPLS, **inp
 
 def _fit(path: str, impl: str, q) -> str:
     """impl='auto' takes the reference where no kernel fits (dtype, head dim); a named path does not."""
-    if impl == "auto" and path != "reference" and (q.dtype not in _KERNEL_DTYPES or q.shape[3] not in HEAD_DIMS):
+    if impl == "auto" and path != "reference" and (q.dtype not in _KERNEL_DTYPES or q.shape[-1] not in HEAD_DIMS):
         return "reference"
     return path
 
@@ -207,8 +216,8 @@ def _check_kernel_inputs(fn: str, impl: str, q) -> None:
     if q.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"{fn}: q.dtype={q.dtype} is not supported by impl={impl!r} (bfloat16 or float16; "
                         f"impl='reference' takes any floating dtype)")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"{fn}: head_dim={q.shape[3]} is not supported by impl={impl!r} "
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"{fn}: head_dim={q.shape[-1]} is not supported by impl={impl!r} "
                          f"(one of {HEAD_DIMS}; impl='reference' takes any)")
 
 
@@ -589,20 +598,44 @@ if triton is not None:
         stride_ob, stride_oh, stride_om, stride_od,
         H, GROUP, SQ, SK, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        PDL: tl.constexpr = 0, WINDOWED: tl.constexpr = False,
+        PDL: tl.constexpr = 0, WINDOWED: tl.constexpr = False, VARLEN: tl.constexpr = False, CU_Q=None, CU_K=None,
     ):
         """Portable forward: one program per (query block, batch*head), block pointers only. WINDOWED: each row
         sees the WINDOW keys ending at its last visible one (a sliding window), the keys before the block's
-        first row's window skipped."""
+        first row's window skipped.
+
+        VARLEN (``flash_attention_varlen``): packed sequences, "batch" b is sequence b, its queries rows
+        ``CU_Q[b] .. CU_Q[b + 1]`` of Q (total_q, H, D), its keys rows ``CU_K[b] .. CU_K[b + 1]`` of K and V; the
+        batch strides are 0, SQ is total_q (the row stride of LSE, (H, total_q)) and SK unused; the grid is
+        (B * H, query blocks of the longest sequence), and a block past its own sequence's queries returns at once.
+        The rest runs as for one sequence of those lengths (the block pointers' shapes mask the tails)."""
         pdl_wait(PDL)  # q, k and v may be the previous kernel's output
-        pid_m = tl.program_id(0)
-        if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
-            pid_m = tl.num_programs(0) - 1 - pid_m
-        bh = tl.program_id(1)
+        if VARLEN:  # grid (B * H, query blocks): a packed batch may hold more sequence-heads than dim 1 takes (65535)
+            pid_m = tl.program_id(1)
+            if CAUSAL:
+                pid_m = tl.num_programs(1) - 1 - pid_m
+            bh = tl.program_id(0)
+        else:
+            pid_m = tl.program_id(0)
+            if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
+                pid_m = tl.num_programs(0) - 1 - pid_m
+            bh = tl.program_id(1)
         b = (bh // H).to(tl.int64)
         h = bh % H
         kvh = (h // GROUP).to(tl.int64)
         m0 = pid_m * BLOCK_M
+        if VARLEN:
+            q0 = tl.load(CU_Q + b).to(tl.int64)
+            k0 = tl.load(CU_K + b).to(tl.int64)
+            lse_row = h.to(tl.int64) * SQ + q0
+            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
+            SK = (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+            if m0 >= SQ:  # a query block past this sequence's end
+                return
+            Q += q0 * stride_qm
+            K += k0 * stride_kn
+            V += k0 * stride_vn
+            O += q0 * stride_om
         offs_m = m0 + tl.arange(0, BLOCK_M)
         if CAUSAL:
             row_last = offs_m + (SK - SQ)
@@ -627,7 +660,10 @@ if triton is not None:
         o_ptr = tl.make_block_ptr(O + b * stride_ob + h.to(tl.int64) * stride_oh, (SQ, HEAD_DIM),
                                   (stride_om, stride_od), (m0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
         tl.store(o_ptr, out.to(O.dtype.element_ty), boundary_check=(0,))
-        tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
+        if VARLEN:
+            tl.store(LSE + lse_row + offs_m, lse, mask=offs_m < SQ)
+        else:
+            tl.store(LSE + bh.to(tl.int64) * SQ + offs_m, lse, mask=offs_m < SQ)
 
     @triton.jit(do_not_specialize=["H", "HKV", "GROUP", "SQ", "SK", "WINDOW"])
     def _flash_fwd_tma_kernel(
@@ -1489,6 +1525,310 @@ class _FlashAttention(torch.autograd.Function):
         dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale, dlse=dlse,
                                               dtype=q.dtype, window=window or None)
         return dq, dk, dv, None, None, None, None, None, None
+
+
+# -- variable-length (packed) sequences: flash_attention_varlen ------------------------------------
+
+def _check_varlen_qkv(fn: str, q, k, v) -> None:
+    """Shapes, dtypes and devices of packed q (total_q, Hq, D), k, v (total_k, Hkv, D)."""
+    check_tensor(fn, "q", q, 3)
+    check_tensor(fn, "k", k, 3)
+    check_tensor(fn, "v", v, 3)
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"{fn}: q.dtype={q.dtype} must be a floating-point dtype")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{fn}: dtypes differ: q.dtype={q.dtype}, k.dtype={k.dtype}, v.dtype={v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{fn}: devices differ: q on {q.device}, k on {k.device}, v on {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"{fn}: k.shape={tuple(k.shape)} != v.shape={tuple(v.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"{fn}: head_dim differs: q.shape[2]={q.shape[2]} != k.shape[2]={k.shape[2]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"{fn}: q heads {hq} must be a multiple of k heads {hkv} (GQA)")
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
+    """The sequences' offsets and longest lengths: (max_q, max_k, offsets), ``offsets`` the host lists of both
+    offsets, or None inside CUDA-graph capture (where the values cannot be read; max_q and max_k must be given)."""
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        check_tensor(fn, name, cu, 1)
+        if cu.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{fn}: {name}.dtype={cu.dtype} must be torch.int32 or torch.int64")
+        if cu.device != q.device:
+            raise ValueError(f"{fn}: {name} on {cu.device}, q on {q.device}")
+        if cu.shape[0] < 2:
+            raise ValueError(f"{fn}: {name}.shape={tuple(cu.shape)} must hold B + 1 >= 2 offsets (0, then the end "
+                             f"of each sequence)")
+    if cu_q.shape[0] != cu_k.shape[0]:
+        raise ValueError(f"{fn}: cu_seqlens_q has {cu_q.shape[0]} offsets, cu_seqlens_k {cu_k.shape[0]}: both must "
+                         f"be B + 1 for the same B")
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0):
+            raise (ValueError if isinstance(m, numbers.Integral) and not isinstance(m, bool) else TypeError)(
+                f"{fn}: {name}={m!r} must be None or an int >= 0 (the longest sequence)")
+    if _capturing(q.device):
+        if max_q is None or max_k is None:
+            raise ValueError(f"{fn}: max_seqlen_q={max_q!r}, max_seqlen_k={max_k!r}: inside CUDA-graph capture both "
+                             f"must be given (the cu_seqlens values cannot be read on the host there)")
+        return int(max_q), int(max_k), None
+    offsets = []
+    for name, cu, total, m, mname in (("cu_seqlens_q", cu_q, q.shape[0], max_q, "max_seqlen_q"),
+                                      ("cu_seqlens_k", cu_k, k.shape[0], max_k, "max_seqlen_k")):
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{fn}: {name}[0]={vals[0]} must be 0")
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        if min(lens) < 0:
+            i = min(range(len(lens)), key=lens.__getitem__)
+            raise ValueError(f"{fn}: {name} must be nondecreasing: {name}[{i}]={vals[i]} > {name}[{i + 1}]="
+                             f"{vals[i + 1]}")
+        if vals[-1] != total:
+            raise ValueError(f"{fn}: {name}[-1]={vals[-1]} must equal the packed rows {total} "
+                             f"({'q' if mname == 'max_seqlen_q' else 'k'}.shape[0])")
+        if m is not None and m < max(lens):
+            raise ValueError(f"{fn}: {mname}={m} is less than the longest sequence's {max(lens)} ({name})")
+        offsets.append((vals, max(lens) if m is None else int(m)))
+    (oq, mq), (ok, mk) = offsets
+    return mq, mk, (oq, ok)
+
+
+def _refuse_cuda(fn: str, impl) -> None:
+    if isinstance(impl, str) and IMPL_ALIASES.get(impl, impl) == "cuda":
+        raise ValueError(f"{fn}: impl={impl!r} has no kernel here (no TMA / Gluon varlen kernel); use impl='triton' "
+                         f"or 'auto'")
+
+
+def _seq_view(t, a: int, b: int):
+    """Rows a..b of a packed (rows, heads, D) tensor as flash_attention's (1, heads, b - a, D)."""
+    return t[a:b].transpose(0, 1).unsqueeze(0)
+
+
+def _varlen_reference(q, k, v, offsets, causal: bool, scale: float, window: int):
+    """``reference_flash_attention`` over each sequence: (out (total_q, Hq, D) in q's dtype, lse (Hq, total_q))."""
+    oq, ok = offsets
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    for b in range(len(oq) - 1):
+        q0, q1, k0, k1 = oq[b], oq[b + 1], ok[b], ok[b + 1]
+        if q1 == q0:
+            continue
+        o, s = reference_flash_attention(_seq_view(q, q0, q1), _seq_view(k, k0, k1), _seq_view(v, k0, k1),
+                                         causal=causal, scale=scale, return_lse=True, window=window or None)
+        out[q0:q1] = o[0].transpose(0, 1)
+        lse[:, q0:q1] = s[0]
+    return out, lse
+
+
+def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, window: int):
+    """The portable kernel's VARLEN mode: (out (total_q, Hq, D) contiguous, lse (Hq, total_q) float32)."""
+    total_q, H, D = q.shape
+    out = q.new_empty(q.shape)
+    lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no sequence has keys
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    block_m, block_n, num_warps, num_stages = _fwd_config("triton", D)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, VARLEN=True, CU_Q=cu_q, CU_K=cu_k,
+                  num_warps=num_warps, num_stages=num_stages)
+    if window:
+        kwargs["WINDOWED"] = True
+
+    def rows(t):  # (batch, head, row, d) strides of a packed (rows, heads, d) tensor: no batch stride
+        return 0, t.stride(1), t.stride(0), t.stride(2)
+
+    launch(_flash_fwd_kernel, ((cu_q.shape[0] - 1) * H, cdiv(max(max_q, 1), block_m)), q, k, v, out, lse, *rows(q),
+           *rows(k), *rows(v), *rows(out), H, H // k.shape[1], total_q, k.shape[0], scale * _LOG2E, window, **kwargs)
+    return out, lse
+
+
+def _varlen_run(q, k, v, cu_q, cu_k, max_q, offsets, causal, scale, path, window):
+    if path == "reference":
+        return _varlen_reference(q, k, v, offsets, causal, scale, window)
+    return _varlen_forward(q, k, v, cu_q, cu_k, max_q, causal, scale, window)
+
+
+def _varlen_backward_run(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, offsets, causal, scale, path, dlse,
+                         dtype, window):
+    """(dq, dk, dv) of packed sequences: the Triton kernels' VARLEN mode, or ``_reference_backward`` over each
+    sequence; ``dtype`` None: float32 (float64 for float64 inputs) on the reference path, float32 on the kernel's."""
+    if path != "reference":
+        from .attention_bwd import flash_backward_varlen
+
+        return flash_backward_varlen(dout, q, k, v, out, lse.contiguous(), dlse, cu_q, cu_k, max_q, max_k, causal,
+                                     scale, dtype or torch.float32, window)
+    ctype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(q.shape, dtype=ctype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ctype, device=q.device)
+    dv = torch.zeros(k.shape, dtype=ctype, device=q.device)
+    oq, ok = offsets
+    for b in range(len(oq) - 1):
+        q0, q1, k0, k1 = oq[b], oq[b + 1], ok[b], ok[b + 1]
+        if q1 == q0 or k1 == k0:  # nothing attends: zero gradients
+            continue
+        g = _reference_backward(_seq_view(dout, q0, q1), _seq_view(q, q0, q1), _seq_view(k, k0, k1),
+                                _seq_view(v, k0, k1), _seq_view(out, q0, q1), lse[None, :, q0:q1], causal, scale,
+                                None if dlse is None else dlse[None, :, q0:q1], window or None)
+        dq[q0:q1] = g[0][0].transpose(0, 1)
+        dk[k0:k1] = g[1][0].transpose(0, 1)
+        dv[k0:k1] = g[2][0].transpose(0, 1)
+    return (dq, dk, dv) if dtype is None else (dq.to(dtype), dk.to(dtype), dv.to(dtype))
+
+
+class _FlashAttentionVarlen(torch.autograd.Function):
+    """flash_attention_varlen with grad: the forward of the path chosen, the backward ``_varlen_backward_run`` of
+    the same path (from the saved inputs, output and LSE, and the offsets: no score matrix kept), the LSE's gradient
+    included."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, offsets, causal, scale, path, window):
+        out, lse = _varlen_run(q, k, v, cu_q, cu_k, max_q, offsets, causal, scale, path, window)
+        ctx.flags = (max_q, max_k, offsets, causal, scale, path, window)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.set_materialize_grads(False)  # an unused LSE's gradient comes as None, not a tensor of zeros
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, offsets, causal, scale, path, window = ctx.flags
+        if dout is None:  # only the LSE was used
+            dout = torch.zeros_like(out)
+        if torch.is_grad_enabled() and path != "reference":  # a double backward: the kernels have no formula
+            if offsets is None:
+                offsets = tuple(cu.tolist() for cu in (cu_q, cu_k))
+            path = "reference"
+        dq, dk, dv = _varlen_backward_run(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, offsets, causal, scale,
+                                          path, dlse, q.dtype, window)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def _varlen_path(fn: str, impl, x, offsets, **inputs) -> str:
+    """The path of a varlen call of q ``x`` (``inputs`` as ``resolve_impl`` reads them), its kernel inputs checked."""
+    path = _fit(resolve_impl(fn, impl, x.device, VARLEN_IMPLS, **inputs), impl, x)
+    if path != "reference":
+        _check_kernel_inputs(fn, path, x)
+    elif offsets is None:
+        raise ValueError(f"{fn}: impl={impl!r} takes the reference path here (q.dtype={x.dtype}, head_dim="
+                         f"{x.shape[-1]}), which reads cu_seqlens on the host and so cannot run inside CUDA-graph "
+                         f"capture; capture a bfloat16 / float16 call of head dim {'/'.join(map(str, HEAD_DIMS))}")
+    return path
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                           scale=None, return_lse=False, impl="auto", *, window=None):
+    """Attention over packed sequences of different lengths (FlashAttention's ``flash_attn_varlen_func``).
+
+    Sequence b's queries are rows ``cu_seqlens_q[b] .. cu_seqlens_q[b + 1]`` of q, its keys and values rows
+    ``cu_seqlens_k[b] .. cu_seqlens_k[b + 1]`` of k and v; each sequence is attended as ``flash_attention`` attends
+    it alone (GQA, end-aligned causal mask: query i of Sq sees keys 0 .. i + Sk - Sq, FlashAttention 2.1+'s
+    bottom-right alignment; ``window``; rows that see no key give 0 and LSE -inf).
+
+    Args:
+        q: (total_q, Hq, D); k, v: (total_k, Hkv, D), Hq divisible by Hkv; any strides. Kernels take bfloat16 /
+            float16 and D in 64/128/256.
+        cu_seqlens_q, cu_seqlens_k: (B + 1,) int32/int64 on q's device, B >= 1: 0, then nondecreasing, ending at
+            total_q / total_k (zero-length sequences allowed on either side).
+        max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's lengths (the kernel's grid covers them);
+            None: read from the cu_seqlens on the host. Inside CUDA-graph capture both must be given (the values
+            are then not checked: they cannot be read there).
+        causal, scale, window: as ``flash_attention``'s (scale default 1/sqrt(D)).
+        return_lse: also return the float32 LSE, (Hq, total_q) (FlashAttention 2's varlen layout).
+        impl: "auto" (the Triton kernel on GPUs where it applies, else the reference), "triton" (the portable
+            forward kernel's VARLEN mode) or "reference" (``reference_flash_attention`` over each sequence, any
+            dtype / device; reads the offsets on the host). No "cuda": no TMA / Gluon varlen kernel.
+
+    Autograd: with grad mode on and q, k or v requiring grad, the call is the forward of an autograd node that keeps
+    q, k, v, the output, the LSE and the offsets (no score matrix), whose backward is
+    ``flash_attention_varlen_backward``'s of the same path; the LSE is differentiable too.
+
+    Returns:
+        out (total_q, Hq, D) in q's dtype (a new tensor), or (out, lse) with ``return_lse=True``.
+
+    Raises:
+        TypeError / ValueError: bad tensors, shapes, dtypes, devices, offsets, lengths, flags or impl, before
+            anything runs.
+    """
+    fn = "flash_attention_varlen"
+    _check_varlen_qkv(fn, q, k, v)
+    _check_flags(fn, causal, scale, return_lse, window)
+    _refuse_cuda(fn, impl)
+    check_impl(fn, impl, VARLEN_IMPLS)
+    max_q, max_k, offsets = _check_cu_seqlens(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    path = _varlen_path(fn, impl, q, offsets, **({} if grad else dict(q=q, k=k, v=v)))
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
+    window = window or 0
+    if grad:
+        out, lse = _FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, offsets, causal,
+                                               scale, path, window)
+    else:
+        out, lse = _varlen_run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, offsets, causal, scale, path, window)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                                    max_seqlen_k=None, causal=False, scale=None, impl="auto", *, dlse=None, dtype=None,
+                                    window=None):
+    """Gradients of ``flash_attention_varlen``'s output with respect to q, k and v (``flash_attention_backward`` of
+    packed sequences: each sequence's as that function gives them for it alone).
+
+    Args:
+        dout: (total_q, Hq, D), the output's gradient; q, k, v, cu_seqlens_*, max_seqlen_*, causal, scale, window:
+            the forward's; out: its output; lse: its float32 LSE (Hq, total_q).
+        dlse: the LSE's gradient, (Hq, total_q), where a loss used it too (None: zero).
+        dtype: the results' floating dtype (None: float32, float64 for float64 inputs on the reference path).
+        impl: "auto", "triton" (``attention_bwd``'s passes in their VARLEN mode: bfloat16 / float16, head dim 64 /
+            128 / 256) or "reference" (``reference_flash_attention_backward``'s torch ops over each sequence); no
+            "cuda".
+
+    Returns:
+        (dq (total_q, Hq, D), dk, dv (total_k, Hkv, D), summed over the q heads of each KV head), new tensors.
+
+    Raises:
+        TypeError / ValueError: as ``flash_attention_varlen``, and for dout, out, lse, dlse or dtype.
+    """
+    fn = "flash_attention_varlen_backward"
+    _check_varlen_qkv(fn, q, k, v)
+    _check_flags(fn, causal, scale, False, window)
+    for name, t in (("dout", dout), ("out", out)):
+        check_tensor(fn, name, t, 3)
+        if t.shape != q.shape:
+            raise ValueError(f"{fn}: {name}.shape={tuple(t.shape)} != q.shape={tuple(q.shape)}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{fn}: {name}.dtype={t.dtype} must be a floating-point dtype")
+    check_tensor(fn, "lse", lse, 2)
+    if lse.shape != (q.shape[1], q.shape[0]):
+        raise ValueError(f"{fn}: lse.shape={tuple(lse.shape)} must be (Hq, total_q)=({q.shape[1]}, {q.shape[0]})")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"{fn}: lse.dtype={lse.dtype} must be torch.float32 (flash_attention_varlen's return_lse)")
+    if dlse is not None:
+        check_tensor(fn, "dlse", dlse, 2)
+        if dlse.shape != lse.shape or not dlse.dtype.is_floating_point:
+            raise ValueError(f"{fn}: dlse (shape {tuple(dlse.shape)}, {dlse.dtype}) must be a floating tensor of "
+                             f"lse's shape {tuple(lse.shape)}")
+    for name, t in (("dout", dout), ("out", out), ("lse", lse), ("dlse", dlse)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"{fn}: dtype={dtype!r} must be None or a floating torch.dtype")
+    _refuse_cuda(fn, impl)
+    check_impl(fn, impl, VARLEN_IMPLS)
+    max_q, max_k, offsets = _check_cu_seqlens(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    path = _varlen_path(fn, impl, q, offsets, dout=dout, q=q, k=k, v=v, out=out, lse=lse, dlse=dlse)
+    if path != "reference" and dout.dtype != q.dtype:
+        raise TypeError(f"{fn}: dout.dtype={dout.dtype} != q.dtype={q.dtype} (impl={path!r} takes them alike)")
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
+    return _varlen_backward_run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, offsets, causal,
+                                scale, path, dlse, dtype, window or 0)
 
 
 def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):

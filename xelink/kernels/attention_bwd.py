@@ -21,6 +21,12 @@ constexpr). A row whose LSE is -inf (it sees no key anywhere) gets no gradient. 
 to the inputs' dtype (bfloat16 / float16), accumulating in float32; the results are stored in the dtype asked for
 (float32 by default).
 
+``VARLEN`` (``flash_backward_varlen``, ``flash_attention_varlen_backward``'s kernel path): packed sequences of
+different lengths, sequence b's queries and keys the rows ``CU_Q[b] ..`` / ``CU_K[b] ..`` of (total, heads, D)
+tensors, the LSE and delta (Hq, total_q); each program reads its sequence's offsets and lengths, the grids are
+(B x heads, tiles of the longest sequence), and a tile past its own sequence returns at once (a sequence's own tiles
+store every row of its results, so the results still start empty). Compiled only where asked for (a constexpr).
+
 Tiles (``BWD_CONFIGS``), from H100 A/Bs (``benchmarks/scripts/flash_bwd_ab.py``, results in
 ``benchmarks/results/h100-flash-backward``): at head dim 128, 64 x 128 key tiles for dk/dv (ptxas spills 224
 bytes a thread, and they are still 1.26-1.33x faster than the spill-free 16 x 128) and 128 x 32 query tiles for
@@ -36,7 +42,7 @@ import torch
 from .common import cdiv, tl, triton
 from .launcher import launch
 
-__all__ = ["BWD_CONFIGS", "flash_backward"]
+__all__ = ["BWD_CONFIGS", "flash_backward", "flash_backward_varlen"]
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim and pass (module docstring).
 BWD_CONFIGS = {64: {"dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2)},
@@ -95,13 +101,29 @@ if triton is not None:
         stride_gb, stride_gh, stride_gm, stride_gd,
         stride_lb, stride_lh, stride_lm,
         H, SQ,
-        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, VARLEN: tl.constexpr = False,
+        CU_Q=None,
     ):
-        """delta of BLOCK_M rows: dot(dout, out) in float32, less the LSE's gradient (stored contiguous)."""
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
+        """delta of BLOCK_M rows: dot(dout, out) in float32, less the LSE's gradient (stored contiguous).
+        VARLEN: sequence b's rows ``CU_Q[b] .. CU_Q[b + 1]`` of the packed tensors (batch strides 0), SQ total_q
+        (delta is (H, total_q), as the LSE)."""
+        if VARLEN:  # grid (B * H, row blocks)
+            pid_m = tl.program_id(1)
+            bh = tl.program_id(0)
+        else:
+            pid_m = tl.program_id(0)
+            bh = tl.program_id(1)
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
+        if VARLEN:
+            q0 = tl.load(CU_Q + b).to(tl.int64)
+            row0 = h * SQ + q0
+            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
+            if pid_m * BLOCK_M >= SQ:
+                return
+            O += q0 * stride_om
+            DO += q0 * stride_gm
+            DLSE += q0 * stride_lm
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         o = _load_rows(O + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
         do = _load_rows(DO + b * stride_gb + h * stride_gh, offs_m, SQ, stride_gm, stride_gd, HEAD_DIM)
@@ -110,7 +132,10 @@ if triton is not None:
         if HAS_DLSE:
             dlse = tl.load(DLSE + b * stride_lb + h * stride_lh + offs_m.to(tl.int64) * stride_lm, mask=ok, other=0.0)
             delta -= dlse.to(tl.float32)
-        tl.store(DELTA + bh.to(tl.int64) * SQ + offs_m, delta, mask=ok)
+        if VARLEN:
+            tl.store(DELTA + row0 + offs_m, delta, mask=ok)
+        else:
+            tl.store(DELTA + bh.to(tl.int64) * SQ + offs_m, delta, mask=ok)
 
     @triton.jit
     def _load_cols(base, rows, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr):
@@ -128,15 +153,34 @@ if triton is not None:
         stride_ob, stride_oh, stride_om, stride_od,
         HKV, GROUP, SQ, SK, scale, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        WINDOWED: tl.constexpr = False,
+        WINDOWED: tl.constexpr = False, VARLEN: tl.constexpr = False, CU_Q=None, CU_K=None,
     ):
         # Everything in the key-major orientation: s^T = k q^T (BLOCK_N, BLOCK_M), so the dots that accumulate dv
         # and dk take p^T and ds^T as computed (no transpose of a register tile); q comes in transposed.
-        pid_n = tl.program_id(0)
-        bh = tl.program_id(1)
+        # VARLEN: sequence b's queries and keys are rows CU_Q[b].. / CU_K[b].. of the packed tensors (batch strides
+        # 0), SQ is total_q (LSE and delta are (H, total_q)); dk, dv are (total_k, HKV, D). A key tile past its
+        # sequence's keys returns: it holds no row (the tiles of a sequence's keys store all of them).
+        if VARLEN:  # grid (B * HKV, key tiles)
+            pid_n = tl.program_id(1)
+            bh = tl.program_id(0)
+        else:
+            pid_n = tl.program_id(0)
+            bh = tl.program_id(1)
         b = (bh // HKV).to(tl.int64)
         kvh = (bh % HKV).to(tl.int64)
         n0 = pid_n * BLOCK_N
+        if VARLEN:
+            q0 = tl.load(CU_Q + b).to(tl.int64)
+            k0 = tl.load(CU_K + b).to(tl.int64)
+            total_q = SQ
+            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
+            SK = (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+            if n0 >= SK:
+                return
+            Q += q0 * stride_qm
+            K += k0 * stride_kn
+            V += k0 * stride_vn
+            DO += q0 * stride_om
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
         ok_n = (offs_n < SK)[:, None]
@@ -156,7 +200,10 @@ if triton is not None:
                 m_hi = 0
         for g in range(GROUP):
             h = kvh * GROUP + g
-            row0 = (b * HKV * GROUP + h) * SQ
+            if VARLEN:
+                row0 = h * total_q + q0
+            else:
+                row0 = (b * HKV * GROUP + h) * SQ
             for m0 in range(m_lo, m_hi, BLOCK_M):
                 offs_m = m0 + tl.arange(0, BLOCK_M)
                 qT = _load_cols(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
@@ -168,7 +215,10 @@ if triton is not None:
                 dv = tl.dot(pT.to(do.dtype), do, dv)
                 dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
                 dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
-        out = (b * HKV + kvh) * SK * HEAD_DIM + offs_n[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
+        if VARLEN:
+            out = ((k0 + offs_n[:, None]) * HKV + kvh) * HEAD_DIM + offs_d[None, :]
+        else:
+            out = (b * HKV + kvh) * SK * HEAD_DIM + offs_n[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
         tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=ok_n)
         tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=ok_n)
 
@@ -181,20 +231,38 @@ if triton is not None:
         stride_ob, stride_oh, stride_om, stride_od,
         H, GROUP, SQ, SK, scale, qk_scale, WINDOW,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-        WINDOWED: tl.constexpr = False,
+        WINDOWED: tl.constexpr = False, VARLEN: tl.constexpr = False, CU_Q=None, CU_K=None,
     ):
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
+        # VARLEN: as _dkdv_kernel's; dq is (total_q, H, D); a query tile past its sequence's queries returns.
+        if VARLEN:  # grid (B * H, query tiles)
+            pid_m = tl.program_id(1)
+            bh = tl.program_id(0)
+        else:
+            pid_m = tl.program_id(0)
+            bh = tl.program_id(1)
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
         kvh = h // GROUP
         m0 = pid_m * BLOCK_M
+        if VARLEN:
+            q0 = tl.load(CU_Q + b).to(tl.int64)
+            k0 = tl.load(CU_K + b).to(tl.int64)
+            row0 = h * SQ + q0
+            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
+            SK = (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+            if m0 >= SQ:
+                return
+            Q += q0 * stride_qm
+            K += k0 * stride_kn
+            V += k0 * stride_vn
+            DO += q0 * stride_om
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, HEAD_DIM)
         ok_m = (offs_m < SQ)[:, None]
         q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, SQ, stride_qm, stride_qd, HEAD_DIM)
         do = _load_rows(DO + b * stride_ob + h * stride_oh, offs_m, SQ, stride_om, stride_od, HEAD_DIM)
-        row0 = bh.to(tl.int64) * SQ
+        if not VARLEN:
+            row0 = bh.to(tl.int64) * SQ
         lse2, delta = _row_stats(LSE, DELTA, row0, offs_m, SQ)
         end = SK
         if CAUSAL:  # no row of this tile sees keys past its last row's
@@ -213,7 +281,10 @@ if triton is not None:
             p, ds = _probs_and_ds(q, k, v, do, lse2, delta, offs_m, offs_n, SQ, SK, qk_scale, WINDOW, CAUSAL,
                                   WINDOWED)
             dq = tl.dot(ds.to(k.dtype), k, dq)
-        rows = row0 * HEAD_DIM + offs_m[:, None].to(tl.int64) * HEAD_DIM
+        if VARLEN:
+            rows = ((q0 + offs_m[:, None]) * H + h) * HEAD_DIM
+        else:
+            rows = row0 * HEAD_DIM + offs_m[:, None].to(tl.int64) * HEAD_DIM
         tl.store(DQ + rows + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=ok_m)
 
 
@@ -254,3 +325,53 @@ def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dt
            Sk, scale, qk_scale, window, **o)
     return dq, dk, dv
 
+
+
+def flash_backward_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q: int, max_k: int, causal: bool,
+                          scale: float, dtype=torch.float32, window: int = 0):
+    """``flash_backward`` of packed sequences (``flash_attention_varlen_backward``'s kernel path): q, dout, out
+    (total_q, Hq, D), k, v (total_k, Hkv, D), any strides; ``lse`` float32 (Hq, total_q) contiguous; ``dlse`` None
+    or any floating (Hq, total_q); ``cu_q`` / ``cu_k`` the sequences' row offsets (B + 1, on the device), ``max_q`` /
+    ``max_k`` at least the longest sequence's lengths (grids (B x heads, tiles of those): a tile past its own
+    sequence returns).
+    Returns (dq (total_q, Hq, D), dk, dv (total_k, Hkv, D)) in ``dtype``, contiguous. Every row of each result is
+    still stored (each row belongs to a sequence, whose tiles store all their rows: zeros where nothing adds), so
+    they start empty, as ``flash_backward``'s."""
+    total_q, Hq, D = q.shape
+    total_k, Hkv = k.shape[0], k.shape[1]
+    B = cu_q.shape[0] - 1
+    if total_q == 0 or total_k == 0:
+        return (torch.zeros((total_q, Hq, D), dtype=dtype, device=q.device),
+                *(torch.zeros((total_k, Hkv, D), dtype=dtype, device=q.device) for _ in range(2)))
+    max_q, max_k = max(int(max_q), 1), max(int(max_k), 1)
+
+    def rows(t):  # (batch, head, row, d) strides of a packed (rows, heads, d) tensor: no batch stride
+        return 0, t.stride(1), t.stride(0), t.stride(2)
+
+    delta = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
+    block = 64 if D <= 128 else 32
+    dl = lse if dlse is None else dlse
+    launch(_delta_kernel, (B * Hq, cdiv(max_q, block)), out, dout, dl, delta, *rows(out), *rows(dout), 0,
+           dl.stride(0), dl.stride(1), Hq, total_q, HEAD_DIM=D, BLOCK_M=block, HAS_DLSE=dlse is not None, VARLEN=True,
+           CU_Q=cu_q, num_warps=4)
+    dq = torch.empty((total_q, Hq, D), dtype=dtype, device=q.device)
+    dk = torch.empty((total_k, Hkv, D), dtype=dtype, device=q.device)
+    dv = torch.empty((total_k, Hkv, D), dtype=dtype, device=q.device)
+    strides = (*rows(q), *rows(k), *rows(v), *rows(dout))
+    qk_scale = scale * _LOG2E
+
+    def opts(kind):
+        block_m, block_n, warps, stages = BWD_CONFIGS[D][kind]
+        kw = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), VARLEN=True, CU_Q=cu_q, CU_K=cu_k,
+                  num_warps=warps, num_stages=stages)
+        if window:
+            kw["WINDOWED"] = True
+        return kw
+
+    o = opts("dkdv")
+    launch(_dkdv_kernel, (B * Hkv, cdiv(max_k, o["BLOCK_N"])), q, k, v, dout, lse, delta, dk, dv, *strides, Hkv,
+           Hq // Hkv, total_q, total_k, scale, qk_scale, window, **o)
+    o = opts("dq")
+    launch(_dq_kernel, (B * Hq, cdiv(max_q, o["BLOCK_M"])), q, k, v, dout, lse, delta, dq, *strides, Hq, Hq // Hkv,
+           total_q, total_k, scale, qk_scale, window, **o)
+    return dq, dk, dv

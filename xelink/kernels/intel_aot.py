@@ -120,32 +120,50 @@ def _contiguous(*shape):
     return list(reversed(strides))
 
 
-def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=64, window=0):
+def _packed(total, heads, d):
+    """flash_attention_varlen's strides of a packed (total, heads, d) tensor as the kernels take them: (b, h, s, d)
+    with no batch stride."""
+    return [0, d, heads * d, 1]
+
+
+def _flash(d=128, causal=False, dtype="bfloat16", group=1, block_m=128, block_n=64, window=0, varlen=False):
     def args():
         B, H, S = 1, 32, 8192
         q = _contiguous(B, H, S, d)
         kv = _contiguous(B, H // group, S, d)
+        extra = {}
+        if varlen:  # 16 packed sequences of S tokens in all
+            q, kv = _packed(S, H, d), _packed(S, H // group, d)
+            extra = dict(VARLEN=True, CU_Q=_t("int32"), CU_K=_t("int32"))
         return ([_t(dtype), _t(dtype), _t(dtype), _t(dtype), _t("float32"), *q, *kv, *kv, *q, H, group, S, S, 0.127,
-                 window], dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOWED=window > 0))
+                 window], dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOWED=window > 0,
+                               **extra))
     return args
 
 
-def _flash_bwd(kv_pass: bool, d=128, group=4, window=0):
+def _flash_bwd(kv_pass: bool, d=128, group=4, window=0, varlen=False):
     def args():
         B, H, S = 1, 32, 8192
         q = _contiguous(B, H, S, d)
         kv = _contiguous(B, H // group, S, d)
+        extra = {}
+        if varlen:
+            q, kv = _packed(S, H, d), _packed(S, H // group, d)
+            extra = dict(VARLEN=True, CU_Q=_t("int32"), CU_K=_t("int32"))
         outs = [_t("float32"), _t("float32")] if kv_pass else [_t("float32")]
         return ([_t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *outs,
                  *q, *kv, *kv, *q, H // group if kv_pass else H, group, S, S, 0.088, 0.127, window],
                 dict(HEAD_DIM=d, BLOCK_M=32 if kv_pass else 64, BLOCK_N=64 if kv_pass else 32, CAUSAL=True,
-                     WINDOWED=window > 0))
+                     WINDOWED=window > 0, **extra))
     return args
 
 
-def _flash_delta(d=128):
+def _flash_delta(d=128, varlen=False):
     def args():
         B, H, S = 1, 32, 8192
+        if varlen:  # dlse (H, total_q): no batch stride
+            return ([_t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *_packed(S, H, d), *_packed(S, H, d),
+                     0, S, 1, H, S], dict(HEAD_DIM=d, BLOCK_M=64, HAS_DLSE=True, VARLEN=True, CU_Q=_t("int32")))
         return ([_t("bfloat16"), _t("bfloat16"), _t("float32"), _t("float32"), *_contiguous(B, H, S, d),
                  *_contiguous(B, H, S, d), H * S, S, 1, H, S], dict(HEAD_DIM=d, BLOCK_M=64, HAS_DLSE=True))
     return args
@@ -301,8 +319,14 @@ LAUNCHES: list[Launch] = [
       for d in (64, 128, 256) for c in (False, True)],
     Launch("attention._flash_fwd_kernel[hd128, causal gqa, window]", "attention", "_flash_fwd_kernel",
            _flash(128, True, group=4, window=4096), num_warps=8, matrix=True, sub_groups=(16,)),
+    Launch("attention._flash_fwd_kernel[hd128, causal gqa, varlen]", "attention", "_flash_fwd_kernel",
+           _flash(128, True, group=4, varlen=True), num_warps=8, matrix=True, shared=256 * 128, sub_groups=(16,)),
+    Launch("attention._flash_fwd_kernel[hd128, causal gqa, window, varlen]", "attention", "_flash_fwd_kernel",
+           _flash(128, True, group=4, window=4096, varlen=True), num_warps=8, matrix=True, sub_groups=(16,)),
     Launch("attention_bwd._delta_kernel[hd128, dlse]", "attention_bwd", "_delta_kernel", _flash_delta(),
            num_warps=4, sub_groups=(16,)),
+    Launch("attention_bwd._delta_kernel[hd128, dlse, varlen]", "attention_bwd", "_delta_kernel",
+           _flash_delta(varlen=True), num_warps=4, sub_groups=(16,)),
     Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4]", "attention_bwd", "_dkdv_kernel", _flash_bwd(True),
            num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention_bwd._dq_kernel[hd128, causal gqa 4]", "attention_bwd", "_dq_kernel", _flash_bwd(False),
@@ -311,6 +335,10 @@ LAUNCHES: list[Launch] = [
            _flash_bwd(True, window=4096), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention_bwd._dq_kernel[hd128, causal gqa 4, window]", "attention_bwd", "_dq_kernel",
            _flash_bwd(False, window=4096), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
+    Launch("attention_bwd._dkdv_kernel[hd128, causal gqa 4, varlen]", "attention_bwd", "_dkdv_kernel",
+           _flash_bwd(True, varlen=True), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
+    Launch("attention_bwd._dq_kernel[hd128, causal gqa 4, varlen]", "attention_bwd", "_dq_kernel",
+           _flash_bwd(False, varlen=True), num_warps=8, matrix=True, block_io=False, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4]", "attention", "_decode_split_kernel", _decode(),
            num_warps=4, matrix=True, shared=36864, sub_groups=(16,)),
     Launch("attention._decode_split_kernel[hd128, gqa 4, rope]", "attention", "_decode_split_kernel",
