@@ -475,3 +475,20 @@ def test_gpu_cuda_graph(requires_gpus):
         assert all(torch.equal(a, b) for a, b in zip(got[2], want[2])), (sq, sk)
         ref = flash_attention_varlen(*static, cu_q, cu_k, causal=True, impl="reference", window=700)
         assert _rel(got[0], ref) < TOL[dtype], (sq, sk)
+
+
+def test_offsets_are_read_once_a_tensor_and_version():
+    # The offsets cross to the host once a tensor and version (a training step's layers share one cu_seqlens): a
+    # repeated call reuses them, an in-place write (a new layout, then an invalid one) is seen, not a stale copy.
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _packed([4, 6, 2], [4, 6, 2], 2, 1, 16, torch.float64, gen=gen)
+    cu = _cu([4, 6, 2])
+    for lens in ([4, 6, 2], [4, 6, 2], [7, 1, 4]):
+        cu.copy_(_cu(lens))
+        out = flash_attention_varlen(q, k, v, cu, cu, causal=True)
+        assert _rel(out, _attn64(q, k, v, lens, lens, True)[0]) < TOL[torch.float64], lens
+        hit = A._HOST_OFFSETS[id(cu)]
+        assert hit[0]() is cu and hit[1] == cu._version and hit[2] == cu.tolist()
+    cu[1] = 20  # no longer nondecreasing
+    with pytest.raises(ValueError, match=f"^{FN}: cu_seqlens_q must be nondecreasing"):
+        flash_attention_varlen(q, k, v, cu, cu, causal=True)
