@@ -39,15 +39,18 @@
 #             GPU tests with tracebacks, then the step's A/B (~5 minutes);
 #   windows:  sliding windows in training and context parallelism: the windowed flash backward's GPU tests (the
 #             autograd tests with it), then the windowed cp_attention checks (the halo exchange, ranks sharing the
-#             GPU) and the windowed Mistral at CP = 2 against transformers (~4 minutes).
+#             GPU) and the windowed Mistral at CP = 2 against transformers (~4 minutes);
+#   s26:      what the twenty-sixth session changed after its last GPU run: qgemm's remembered checks (its GPU tests,
+#             the remembered-call test among them), flash_attention_varlen's offsets read once a version (its GPU
+#             tests), then qgemm's host time (~4 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows
+#     w4check|windows|s26
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows"
+STEPS="$STEPS|w4tiles|w4check|windows|s26"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -164,6 +167,11 @@ w4check)  # the tiled format's own GPU tests with their failures' tracebacks, th
     -m gpu tests/kernels/test_gemv.py tests/kernels/test_qgemm.py tests/models/test_decode_graph.py \
     -k "tiled or tiles or kernel_gpu"
   step tiles_ab 60 python3 benchmarks/scripts/tiles_ab.py
+  ;;
+s26)
+  step s26_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 -m gpu \
+    tests/kernels/test_qgemm.py tests/kernels/test_attention_varlen.py
+  step qgemm_host_profile 60 python3 benchmarks/scripts/kernel_host_profile.py qgemm
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
