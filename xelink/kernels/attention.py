@@ -133,12 +133,13 @@ NEXT_MIN_KEYS = 4096
 
 # -- argument checks ----------------------------------------------------------------------------
 
-def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k") -> None:
-    """Shapes, dtypes and devices shared by flash_attention and decode_attention."""
+def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k", dims: int = 4) -> None:
+    """Shapes, dtypes and devices shared by flash_attention and decode_attention ((B, H, S, D)) and, ``dims=3``,
+    flash_attention_varlen ((rows, H, D): no batch dim)."""
     vname = "v" if kv_name == "k" else "v_cache"
-    check_tensor(fn, "q", q, 4)
-    check_tensor(fn, kv_name, k, 4)
-    check_tensor(fn, vname, v, 4)
+    check_tensor(fn, "q", q, dims)
+    check_tensor(fn, kv_name, k, dims)
+    check_tensor(fn, vname, v, dims)
     if not q.dtype.is_floating_point:
         raise TypeError(f"{fn}: q.dtype={q.dtype} must be a floating-point dtype")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -147,10 +148,11 @@ def _check_qkv(fn: str, q, k, v, *, kv_name: str = "k") -> None:
         raise ValueError(f"{fn}: devices differ: q on {q.device}, {kv_name} on {k.device}, {vname} on {v.device}")
     if k.shape != v.shape:
         raise ValueError(f"{fn}: {kv_name}.shape={tuple(k.shape)} != {vname}.shape={tuple(v.shape)}")
-    if k.shape[0] != q.shape[0]:
+    if dims == 4 and k.shape[0] != q.shape[0]:
         raise ValueError(f"{fn}: batch differs: q.shape[0]={q.shape[0]} != {kv_name}.shape[0]={k.shape[0]}")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"{fn}: head_dim differs: q.shape[3]={q.shape[3]} != {kv_name}.shape[3]={k.shape[3]}")
+    d = dims - 1
+    if k.shape[d] != q.shape[d]:
+        raise ValueError(f"{fn}: head_dim differs: q.shape[{d}]={q.shape[d]} != {kv_name}.shape[{d}]={k.shape[d]}")
     hq, hkv = q.shape[1], k.shape[1]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"{fn}: q heads {hq} must be a multiple of {kv_name} heads {hkv} (GQA)")
@@ -1530,26 +1532,6 @@ class _FlashAttention(torch.autograd.Function):
 
 # -- variable-length (packed) sequences: flash_attention_varlen ------------------------------------
 
-def _check_varlen_qkv(fn: str, q, k, v) -> None:
-    """Shapes, dtypes and devices of packed q (total_q, Hq, D), k, v (total_k, Hkv, D)."""
-    check_tensor(fn, "q", q, 3)
-    check_tensor(fn, "k", k, 3)
-    check_tensor(fn, "v", v, 3)
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"{fn}: q.dtype={q.dtype} must be a floating-point dtype")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"{fn}: dtypes differ: q.dtype={q.dtype}, k.dtype={k.dtype}, v.dtype={v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{fn}: devices differ: q on {q.device}, k on {k.device}, v on {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"{fn}: k.shape={tuple(k.shape)} != v.shape={tuple(v.shape)}")
-    if k.shape[2] != q.shape[2]:
-        raise ValueError(f"{fn}: head_dim differs: q.shape[2]={q.shape[2]} != k.shape[2]={k.shape[2]}")
-    hq, hkv = q.shape[1], k.shape[1]
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"{fn}: q heads {hq} must be a multiple of k heads {hkv} (GQA)")
-
-
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -1782,7 +1764,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
             anything runs.
     """
     fn = "flash_attention_varlen"
-    _check_varlen_qkv(fn, q, k, v)
+    _check_qkv(fn, q, k, v, dims=3)
     _check_flags(fn, causal, scale, return_lse, window)
     _refuse_cuda(fn, impl)
     check_impl(fn, impl, VARLEN_IMPLS)
@@ -1821,7 +1803,7 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
         TypeError / ValueError: as ``flash_attention_varlen``, and for dout, out, lse, dlse or dtype.
     """
     fn = "flash_attention_varlen_backward"
-    _check_varlen_qkv(fn, q, k, v)
+    _check_qkv(fn, q, k, v, dims=3)
     _check_flags(fn, causal, scale, False, window)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(fn, name, t, 3)
