@@ -1754,7 +1754,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
 
     Autograd: with grad mode on and q, k or v requiring grad, the call is the forward of an autograd node that keeps
     q, k, v, the output, the LSE and the offsets (no score matrix), whose backward is
-    ``flash_attention_varlen_backward``'s of the same path; the LSE is differentiable too.
+    ``flash_attention_varlen_backward``'s of the same path; the LSE is differentiable too. Under ``torch.compile``
+    the call is the custom op ``xelink::flash_attention_varlen`` (its body this eager call; its backward
+    ``xelink::flash_attention_varlen_backward``), so a compiled function traces through it, grad included.
 
     Returns:
         out (total_q, Hq, D) in q's dtype (a new tensor), or (out, lse) with ``return_lse=True``.
@@ -1764,6 +1766,12 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
             anything runs.
     """
     fn = "flash_attention_varlen"
+    if torch.compiler.is_compiling():  # traced: the custom op (its body is this call, checks and all)
+        out, lse = torch.ops.xelink.flash_attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, -1 if max_seqlen_q is None else max_seqlen_q,
+            -1 if max_seqlen_k is None else max_seqlen_k, causal, None if scale is None else float(scale), impl,
+            window or 0)
+        return (out, lse) if return_lse else out
     _check_qkv(fn, q, k, v, dims=3)
     _check_flags(fn, causal, scale, return_lse, window)
     _refuse_cuda(fn, impl)
@@ -1835,6 +1843,54 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     return _varlen_backward_run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, offsets, causal,
                                 scale, path, dlse, dtype, window or 0)
+
+
+# flash_attention_varlen traced: a custom op whose body is the eager call (checks, the host read of the offsets and
+# all: opaque to the tracer, which cannot follow a host read), its backward the backward op's; max lengths -1 for None.
+@torch.library.custom_op("xelink::flash_attention_varlen", mutates_args=())
+def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
+               max_k: int, causal: bool, scale: float | None, impl: str,
+               window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        return flash_attention_varlen(q, k, v, cu_q, cu_k, None if max_q < 0 else max_q, None if max_k < 0 else max_k,
+                                      causal, scale, True, impl, window=window or None)
+
+
+@_varlen_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, impl, window):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("xelink::flash_attention_varlen_backward", mutates_args=())
+def _varlen_backward_op(dout: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                        max_q: int, max_k: int, causal: bool, scale: float | None, impl: str,
+                        window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, None if max_q < 0 else max_q,
+                                           None if max_k < 0 else max_k, causal, scale, impl, dlse=dlse, dtype=q.dtype,
+                                           window=window or None)
+
+
+@_varlen_backward_op.register_fake
+def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, impl, window):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *ctx.flags = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+
+
+def _varlen_traced_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:  # only the LSE was used
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.xelink.flash_attention_varlen_backward(dout, dlse, q, k, v, out, lse, cu_q, cu_k,
+                                                                  *ctx.flags)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_varlen_op.register_autograd(_varlen_traced_backward, setup_context=_varlen_setup_context)
 
 
 def merge_attention(outs, lses, impl="auto", *, out=None, pdl=None):
