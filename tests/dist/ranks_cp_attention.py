@@ -202,12 +202,13 @@ def check_torch_compile_traces_the_custom_op(world):
 
 @only(sizes=(2,))
 def check_torch_compile_backward_equals_eager(world):
-    """A compiled loss through cp_attention (the LSE unused, then used): its gradients are the eager call's
-    (the backward traced through ``xelink::cp_attention_backward``)."""
+    """A compiled loss through cp_attention (the LSE unused, then used, then with a window): its gradients are the
+    eager call's (the backward traced through ``xelink::cp_attention_backward``)."""
     q, k, v = (xelink.cp_shard(t) for t in _qkv(1, 4, 2, 19, 16, 12))
-    for use_lse in (False, True):
+    for use_lse, window in ((False, None), (True, None), (True, 5)):
         def loss(q, k, v):
-            out, lse = xelink.cp_attention(q, k, v, causal=True, algo="all_gather", return_lse=True)
+            out, lse = xelink.cp_attention(q, k, v, causal=True, algo="auto" if window else "all_gather",
+                                           return_lse=True, window=window)
             return (out * out).sum() + use_lse * lse.sum()
 
         grads = []
@@ -216,7 +217,7 @@ def check_torch_compile_backward_equals_eager(world):
             f(*leaves).backward()
             grads.append([t.grad for t in leaves])
         for name, got, want in zip("qkv", grads[1], grads[0]):
-            _check(got, want, f"compiled d{name} (lse used: {use_lse})", 1e-6)
+            _check(got, want, f"compiled d{name} (lse used: {use_lse}, window {window})", 1e-6)
 
 
 @only(launchers=("mpi",), sizes=(4,))
