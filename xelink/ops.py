@@ -7,9 +7,9 @@ of one) to write the result into
 (gemm, gemv, qgemm, rmsnorm and the attention ops); ``qgemm`` is gemv's quantized weights for any number of rows.
 Eager calls launch the kernels directly; under ``torch.compile`` every op goes through a ``torch.library``
 custom op (``xelink::<name>``; rope_kv and rope_decode_attention mark the caches they write);
-``flash_attention_backward`` is plain eager code (its kernels launched as Triton's own), and so are
-``flash_attention_varlen`` (packed sequences of different lengths, ``cu_seqlens`` offsets) and its backward. See
-``xelink.kernels``."""
+``flash_attention_backward`` is plain eager code (its kernels launched as Triton's own); ``flash_attention_varlen``
+(packed sequences of different lengths, ``cu_seqlens`` offsets) traces as one custom op whose backward op is its
+autograd formula. See ``xelink.kernels``."""
 from .kernels import (decode_attention, flash_attention, flash_attention_backward, flash_attention_varlen,
                       flash_attention_varlen_backward, gemm, gemv, merge_attention, pack_w4a16, pack_w8a16, qgemm,
                       rmsnorm, rope, rope_decode_attention, rope_kv, silu_mul, tile_w4a16, tiled_w4a16_native,

@@ -1,12 +1,12 @@
 """Local kernels: a Triton kernel per op plus its pure-torch ``reference_*`` twin.
 
 Modules import without Triton; a kernel that needs Triton raises a clear error when called without it.
-The kernels are forward only, except flash attention (and its packed-sequence twin ``flash_attention_varlen``):
+The kernels are forward only, except flash attention and its packed-sequence twin ``flash_attention_varlen``:
 where grad mode is on and an input requires grad, ``impl="auto"`` takes the reference path (torch ops,
 differentiable) and a named kernel path raises ValueError (``common.forward_only``), so no output silently leaves
-the autograd graph. ``flash_attention`` with grad runs
-its path as the forward of an autograd node whose backward is ``flash_attention_backward`` (a Triton kernel on
-GPUs, ``attention_bwd``; the reference in torch ops elsewhere).
+the autograd graph. ``flash_attention`` (``flash_attention_varlen``) with grad runs its path as the forward of an
+autograd node whose backward is ``flash_attention_backward`` (``flash_attention_varlen_backward``): Triton kernels
+on GPUs, ``attention_bwd``; the reference in torch ops elsewhere.
 """
 
 from .attention import (decode_attention, flash_attention, flash_attention_backward, flash_attention_varlen,
