@@ -383,6 +383,27 @@ def test_interpreter_strided_inputs_and_isolated_sequences(monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_interpreter_strided_offsets(monkeypatch):
+    # cu_seqlens that are strided views (a column of a (B + 1, 2) table, every other entry of a longer one): the
+    # kernels read the offsets at CU + b, so the wrappers must hand them a contiguous copy, not the view's storage
+    _small_tiles(monkeypatch)
+    lq, lk = [5, 0, 20, 3], [9, 3, 17, 1]
+    q, k, v = _packed(lq, lk, 2, 1, 64, torch.float16, gen=torch.Generator().manual_seed(4))
+    cu_q = torch.stack([_cu(lq), torch.full((5,), 10 ** 6, dtype=torch.int32)], 1)[:, 0]
+    cu_k = torch.stack([_cu(lk, dtype=torch.int64), torch.full((5,), -7, dtype=torch.int64)], 1).flatten()[::2]
+    assert cu_q.stride() == (2,) and cu_k.stride() == (2,)
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, impl="triton")
+    ref, ref_lse = flash_attention_varlen(q, k, v, _cu(lq), _cu(lk), causal=True, return_lse=True, impl="reference")
+    assert _rel(out, ref) < 3e-3
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).half()
+    got = flash_attention_varlen_backward(dout, q, k, v, ref, ref_lse, cu_q, cu_k, causal=True, impl="triton")
+    want = flash_attention_varlen_backward(dout, q, k, v, ref, ref_lse, _cu(lq), _cu(lk), causal=True,
+                                           impl="reference")
+    for name, a, w in zip(("dq", "dk", "dv"), got, want):
+        assert _rel(a, w) < 3e-3, name
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
 def test_interpreter_grad_runs_the_kernels():
     # With grad on the named Triton path: the kernel forward, then the kernels backward (dtype of the inputs);
     # gradients within float16 rounding of the reference path's

@@ -1643,6 +1643,7 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float,
         lse.fill_(float("-inf"))
         return out, lse
     block_m, block_n, num_warps, num_stages = _fwd_config("triton", D)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()  # the kernel reads offset b at CU + b: no strided view
     kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, VARLEN=True, CU_Q=cu_q, CU_K=cu_k,
                   num_warps=num_warps, num_stages=num_stages)
     if window:

@@ -333,7 +333,7 @@ def flash_backward_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q: int,
     (total_q, Hq, D), k, v (total_k, Hkv, D), any strides; ``lse`` float32 (Hq, total_q) contiguous; ``dlse`` None
     or any floating (Hq, total_q); ``cu_q`` / ``cu_k`` the sequences' row offsets (B + 1, on the device), ``max_q`` /
     ``max_k`` at least the longest sequence's lengths (grids (B x heads, tiles of those): a tile past its own
-    sequence returns).
+    sequence returns); the offsets may be strided views (the kernels get a contiguous copy).
     Returns (dq (total_q, Hq, D), dk, dv (total_k, Hkv, D)) in ``dtype``, contiguous. Every row of each result is
     still stored (each row belongs to a sequence, whose tiles store all their rows: zeros where nothing adds), so
     they start empty, as ``flash_backward``'s."""
@@ -344,6 +344,7 @@ def flash_backward_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q: int,
         return (torch.zeros((total_q, Hq, D), dtype=dtype, device=q.device),
                 *(torch.zeros((total_k, Hkv, D), dtype=dtype, device=q.device) for _ in range(2)))
     max_q, max_k = max(int(max_q), 1), max(int(max_k), 1)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()  # the kernels read offset b at CU + b: no strided view
 
     def rows(t):  # (batch, head, row, d) strides of a packed (rows, heads, d) tensor: no batch stride
         return 0, t.stride(1), t.stride(0), t.stride(2)
