@@ -539,3 +539,21 @@ def test_torch_compile_traces_the_custom_op():
         grads.append([t.grad for t in leaves])
     for name, a, b in zip("qkv", *grads):
         assert torch.allclose(a, b, atol=1e-12), name
+
+
+def test_custom_ops_fakes_match_the_real_results():
+    # The custom ops' fake (meta) results must have the real ones' shapes, dtypes and strides, which are
+    # contiguous whatever q, k, v's layout: a fake that copied a permuted q's strides failed inductor's
+    # assert_size_stride on the backward op's dq (opcheck's test_faketensor catches it without compiling)
+    gen = torch.Generator().manual_seed(9)
+    lq, lk = [5, 3], [4, 6]
+    q, k, v = _packed(lq, lk, 4, 2, 16, torch.float64, gen=gen)
+    q, k = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k))  # dense, not contiguous
+    cu_q, cu_k = _cu(lq), _cu(lk)
+    fwd = (q, k, v, cu_q, cu_k, -1, -1, True, None, "auto", 0)
+    torch.library.opcheck(torch.ops.xelink.flash_attention_varlen.default, fwd, test_utils=("test_faketensor",))
+    out, lse = torch.ops.xelink.flash_attention_varlen(*fwd)
+    bwd = (torch.randn(q.shape, generator=gen, dtype=torch.float64), None, q, k, v, out, lse, cu_q, cu_k, -1, -1,
+           True, None, "auto", 0)
+    torch.library.opcheck(torch.ops.xelink.flash_attention_varlen_backward.default, bwd,
+                          test_utils=("test_faketensor",))

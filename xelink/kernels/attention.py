@@ -1874,7 +1874,8 @@ def _varlen_backward_op(dout: torch.Tensor, dlse: torch.Tensor | None, q: torch.
 
 @_varlen_backward_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, impl, window):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as the real results (empty_like would keep a dense permuted q's strides: inductor asserts them)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
