@@ -386,21 +386,23 @@ def check_grad_and_no_grad_calls_back_to_back(world):
 
 
 def check_a_rank_late_to_the_backward(world):
-    """The last rank reaches its backward 0.3 s after the others (which wait inside theirs): the gradients are
-    still exact, for both algorithms."""
+    """The last rank reaches its forward and then its backward 0.3 s after the others (which wait inside theirs):
+    the gradients are still exact, for both algorithms and the windowed halo exchange."""
     import time
 
     q, k, v = _qkv(1, 4, 2, 21, 16, 86, torch.float64)
-    full = [t.clone().requires_grad_() for t in (q, k, v)]
-    full_attention(*full, True)[0].pow(2).sum().backward()
-    for algo in ALGOS:
+    for algo, window in [(algo, None) for algo in ALGOS] + [("auto", 4)]:
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        full_attention(*full, True, window=window)[0].pow(2).sum().backward()
         mine = [xelink.cp_shard(t).requires_grad_() for t in (q, k, v)]
-        loss = xelink.cp_attention(*mine, causal=True, algo=algo).pow(2).sum()
+        if window is not None and world.rank == world.size - 1:
+            time.sleep(0.3)
+        loss = xelink.cp_attention(*mine, causal=True, algo=algo, window=window).pow(2).sum()
         if world.rank == world.size - 1:
             time.sleep(0.3)
         loss.backward()
         for name, a, b in zip("qkv", mine, full):
-            _check(a.grad, xelink.cp_shard(b.grad), f"late rank, {algo} d{name}", 1e-5)
+            _check(a.grad, xelink.cp_shard(b.grad), f"late rank, {algo} window {window} d{name}", 1e-5)
 
 
 def check_activation_checkpointing_recomputes_the_same_gradients(world):
