@@ -496,45 +496,48 @@ def _train(world, algos, window):
 
 @only(launchers=("mpi",), sizes=(2, 3))
 def check_an_error_part_way_through_the_backward_fails_the_group(world):
-    """Rank 0's backward raises after its ring messages were posted: its next call on the group raises at once
-    (the group and its duplicate refuse further use) instead of taking the failed call's stray messages for
-    its own; the other ranks' waits expire naming a rank, or their next call raises; a new group works."""
+    """Rank 0's backward raises after its messages were posted (the ring's, then the windowed halo's: after the KV
+    halo arrived, before the gradients' return trip): its next call on the group raises at once (the group and its
+    duplicate refuse further use) instead of taking the failed call's stray messages for its own; the other ranks'
+    waits expire naming a rank, or their next call raises; a new group works."""
     import pytest
 
     import xelink.dist.cp_backward as cpb
+    import xelink.dist.cp_window as cpw
 
-    sub = world.split(0)
-    sub.timeout = 2.0  # (read by the group's private duplicate, made on the first call)
-    q, k, v = (xelink.cp_shard(t, group=sub).requires_grad_() for t in _qkv(1, 4, 2, 16, 16, 91))
-    real, calls = cpb.flash_attention_backward, []
+    for module, algo, window in ((cpb, "ring", None), (cpw, "auto", 3)):
+        sub = world.split(0)
+        sub.timeout = 2.0  # (read by the group's private duplicate, made on the first call)
+        q, k, v = (xelink.cp_shard(t, group=sub).requires_grad_() for t in _qkv(1, 4, 2, 16, 16, 91))
+        real, calls = module.flash_attention_backward, []
 
-    def broken(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("injected")
-        return real(*args, **kwargs)
+        def broken(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2 or module is cpw:
+                raise RuntimeError("injected")
+            return real(*args, **kwargs)
 
-    if world.rank == 0:
-        cpb.flash_attention_backward = broken
-    try:
+        if world.rank == 0:
+            module.flash_attention_backward = broken
         try:
-            xelink.cp_attention(q, k, v, causal=True, group=sub, algo="ring").sum().backward()
-            assert world.rank != 0, "the injected error did not surface"
-        except xelink.TimeoutError:
-            assert world.rank != 0
-        except RuntimeError as e:
-            assert world.rank == 0 and "injected" in str(e), str(e)
-    finally:
-        cpb.flash_attention_backward = real
-    with pytest.raises((xelink.XelinkError, xelink.TimeoutError)) as info:
-        with torch.no_grad():
-            xelink.cp_attention(q, k, v, causal=True, group=sub, algo="ring")
-    if world.rank == 0:
-        assert "unusable after an earlier failure" in str(info.value), str(info.value)
-    sub.free()
-    fresh = world.split(0)
-    _grad_case(fresh, 1, 4, 2, 16, 16, True, "zigzag", "ring", 92)
-    fresh.free()
+            try:
+                xelink.cp_attention(q, k, v, causal=True, group=sub, algo=algo, window=window).sum().backward()
+                assert world.rank != 0, "the injected error did not surface"
+            except xelink.TimeoutError:
+                assert world.rank != 0
+            except RuntimeError as e:
+                assert world.rank == 0 and "injected" in str(e), str(e)
+        finally:
+            module.flash_attention_backward = real
+        with pytest.raises((xelink.XelinkError, xelink.TimeoutError)) as info:
+            with torch.no_grad():
+                xelink.cp_attention(q, k, v, causal=True, group=sub, algo=algo, window=window)
+        if world.rank == 0:
+            assert "unusable after an earlier failure" in str(info.value), str(info.value)
+        sub.free()
+        fresh = world.split(0)
+        _grad_case(fresh, 1, 4, 2, 16, 16, True, "zigzag", algo, 92, window=window)
+        fresh.free()
 
 
 @only(sizes=(2, 3, 4))
