@@ -557,3 +557,27 @@ def test_custom_ops_fakes_match_the_real_results():
            True, None, "auto", 0)
     torch.library.opcheck(torch.ops.xelink.flash_attention_varlen_backward.default, bwd,
                           test_utils=("test_faketensor",))
+
+
+@pytest.mark.parametrize("changes,exc,msg", [
+    (dict(window=0), ValueError, "window=0 must be None or an int >= 1"),
+    (dict(window=True), ValueError, "window=True must be None or an int >= 1"),
+    (dict(max_seqlen_q=-1), ValueError, "max_seqlen_q=-1 must be None or an int >= 0"),
+    (dict(max_seqlen_k=2.5), TypeError, "max_seqlen_k=2.5 must be None or an int >= 0"),
+    (dict(scale=True), TypeError, "scale=True must be a float or None"),
+    (dict(causal=1), TypeError, "causal=1 must be a bool"),
+    (dict(return_lse=None), TypeError, "return_lse=None must be a bool"),
+    (dict(impl=None), TypeError, "impl=None must be a str"),
+])
+def test_torch_compile_checks_the_scalar_arguments(changes, exc, msg):
+    # Traced, the call's scalars go to the custom op as its sentinels (-1 lengths, window 0) and casts (float(scale),
+    # bool(causal)): they are checked while tracing, as the eager call checks them, not taken (window=0 ran
+    # unwindowed). The raise is a graph break: the eager call then raises it; fullgraph, Dynamo's error carries it
+    g = _good()
+
+    def f(q, k, v):
+        return flash_attention_varlen(q, k, v, g["cu_seqlens_q"], g["cu_seqlens_k"], **changes)
+    for fullgraph in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(Exception if fullgraph else exc, match=("" if fullgraph else "^") + f"{FN}: {msg}"):
+            torch.compile(f, backend="aot_eager", fullgraph=fullgraph)(g["q"], g["k"], g["v"])

@@ -1558,6 +1558,15 @@ def _host_offsets(cu: torch.Tensor) -> list:
     return vals
 
 
+def _check_max_seqlen(fn: str, max_q, max_k) -> None:
+    """max_seqlen_q / max_seqlen_k: None or ints >= 0 (a traced call's may be SymInts)."""
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        integral = isinstance(m, (numbers.Integral, torch.SymInt)) and not isinstance(m, bool)
+        if m is not None and (not integral or m < 0):
+            raise (ValueError if integral else TypeError)(
+                f"{fn}: {name}={m!r} must be None or an int >= 0 (the longest sequence)")
+
+
 def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
     """The sequences' offsets and longest lengths: (max_q, max_k, offsets), ``offsets`` the host lists of both
     offsets (``_host_offsets``: read once a tensor and version), or None inside CUDA-graph capture (where the values
@@ -1574,10 +1583,7 @@ def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
     if cu_q.shape[0] != cu_k.shape[0]:
         raise ValueError(f"{fn}: cu_seqlens_q has {cu_q.shape[0]} offsets, cu_seqlens_k {cu_k.shape[0]}: both must "
                          f"be B + 1 for the same B")
-    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-        if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0):
-            raise (ValueError if isinstance(m, numbers.Integral) and not isinstance(m, bool) else TypeError)(
-                f"{fn}: {name}={m!r} must be None or an int >= 0 (the longest sequence)")
+    _check_max_seqlen(fn, max_q, max_k)
     if _capturing(q.device):
         if max_q is None or max_k is None:
             raise ValueError(f"{fn}: max_seqlen_q={max_q!r}, max_seqlen_k={max_k!r}: inside CUDA-graph capture both "
@@ -1768,6 +1774,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     """
     fn = "flash_attention_varlen"
     if torch.compiler.is_compiling():  # traced: the custom op (its body is this call, checks and all)
+        # the scalars first: the op would take bad ones as its sentinels (-1 lengths, window 0) or cast them
+        _check_flags(fn, causal, scale, return_lse, window)
+        _refuse_cuda(fn, impl)
+        check_impl(fn, impl, VARLEN_IMPLS)
+        _check_max_seqlen(fn, max_seqlen_q, max_seqlen_k)
         out, lse = torch.ops.xelink.flash_attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, -1 if max_seqlen_q is None else max_seqlen_q,
             -1 if max_seqlen_k is None else max_seqlen_k, causal, None if scale is None else float(scale), impl,
