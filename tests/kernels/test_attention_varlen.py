@@ -581,3 +581,27 @@ def test_torch_compile_checks_the_scalar_arguments(changes, exc, msg):
         torch._dynamo.reset()
         with pytest.raises(Exception if fullgraph else exc, match=("" if fullgraph else "^") + f"{FN}: {msg}"):
             torch.compile(f, backend="aot_eager", fullgraph=fullgraph)(g["q"], g["k"], g["v"])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_interpreter_grids_cover_the_longest_sequence_read(monkeypatch):
+    # max_seqlen_q / max_seqlen_k far above the longest sequence (a context limit passed as FlashAttention takes it):
+    # outside CUDA-graph capture the offsets are read anyway, so the grids cover the longest sequence read, not the
+    # given bound (whose tiles would all return at once: wasted programs, a hang in the interpreter, and past 65535
+    # tiles a grid the GPU refuses)
+    from xelink.kernels import attention_bwd
+    grids = []
+
+    def recording(launch):
+        def run(fn, grid, *args, **kwargs):
+            grids.append(grid[1])
+            assert grid[1] <= 4, grid  # 40 rows, BLOCK_M / BLOCK_N >= 16 (the tiles below)
+            return launch(fn, grid, *args, **kwargs)
+        return run
+    _small_tiles(monkeypatch)
+    monkeypatch.setattr(A, "launch", recording(A.launch))
+    monkeypatch.setattr(attention_bwd, "launch", recording(attention_bwd.launch))
+    lq, lk = [40, 3], [33, 9]
+    q, k, v = _packed(lq, lk, 2, 1, 64, torch.float16, gen=torch.Generator().manual_seed(6))
+    _check_kernel(q, k, v, lq, lk, True, None, 3e-3, max_q=10 ** 7, max_k=10 ** 7)
+    assert len(grids) == 4  # forward, delta, dk/dv, dq

@@ -1570,7 +1570,8 @@ def _check_max_seqlen(fn: str, max_q, max_k) -> None:
 def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
     """The sequences' offsets and longest lengths: (max_q, max_k, offsets), ``offsets`` the host lists of both
     offsets (``_host_offsets``: read once a tensor and version), or None inside CUDA-graph capture (where the values
-    cannot be read; max_q and max_k must be given)."""
+    cannot be read; max_q and max_k must be given, and are the ones returned). Outside capture the lengths returned
+    are the longest read, a larger max_seqlen only checked."""
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         check_tensor(fn, name, cu, 1)
         if cu.dtype not in (torch.int32, torch.int64):
@@ -1605,7 +1606,7 @@ def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
                              f"({'q' if mname == 'max_seqlen_q' else 'k'}.shape[0])")
         if m is not None and m < max(lens):
             raise ValueError(f"{fn}: {mname}={m} is less than the longest sequence's {max(lens)} ({name})")
-        offsets.append((vals, max(lens) if m is None else int(m)))
+        offsets.append((vals, max(lens)))  # read: the grids cover it, not a larger m (tiles that would all return)
     (oq, mq), (ok, mk) = offsets
     return mq, mk, (oq, ok)
 
@@ -1750,8 +1751,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
             float16 and D in 64/128/256.
         cu_seqlens_q, cu_seqlens_k: (B + 1,) int32/int64 on q's device, B >= 1: 0, then nondecreasing, ending at
             total_q / total_k (zero-length sequences allowed on either side).
-        max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's lengths (the kernel's grid covers them);
-            None: read from the cu_seqlens on the host. Inside CUDA-graph capture both must be given (the values
+        max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's lengths, or None. Outside CUDA-graph
+            capture the offsets are read on the host and the kernels' grids cover the longest sequence read (a
+            larger value is only checked); inside capture both must be given, the grids cover them (the values
             are then not checked: they cannot be read there).
         causal, scale, window: as ``flash_attention``'s (scale default 1/sqrt(D)).
         return_lse: also return the float32 LSE, (Hq, total_q) (FlashAttention 2's varlen layout).
