@@ -334,22 +334,27 @@ def _ref_core_backward(q, k, v, dout, lse, delta, row_last, scale, window=None):
     return dq, dk, dv
 
 
-def _check_backward(fn: str, dout, q, k, v, out, lse, causal, scale, dlse, window=None) -> None:
-    _check_qkv(fn, q, k, v)
+def _check_backward(fn: str, dout, q, k, v, out, lse, causal, scale, dlse, window=None, varlen: bool = False) -> None:
+    """The backward's arguments: of flash_attention ((B, H, S, D), the LSE (B, Hq, Sq)) or, ``varlen``, of
+    flash_attention_varlen (packed (rows, H, D), the LSE (Hq, total_q))."""
+    dims = 3 if varlen else 4
+    _check_qkv(fn, q, k, v, dims=dims)
     _check_flags(fn, causal, scale, False, window)
     for name, t in (("dout", dout), ("out", out)):
-        check_tensor(fn, name, t, 4)
+        check_tensor(fn, name, t, dims)
         if t.shape != q.shape:
             raise ValueError(f"{fn}: {name}.shape={tuple(t.shape)} != q.shape={tuple(q.shape)}")
         if not t.dtype.is_floating_point:
             raise TypeError(f"{fn}: {name}.dtype={t.dtype} must be a floating-point dtype")
-    check_tensor(fn, "lse", lse, 3)
-    if lse.shape != q.shape[:3]:
-        raise ValueError(f"{fn}: lse.shape={tuple(lse.shape)} must be q.shape[:3]={tuple(q.shape[:3])}")
+    check_tensor(fn, "lse", lse, dims - 1)
+    want, what = ((q.shape[1], q.shape[0]), "(Hq, total_q)") if varlen else (tuple(q.shape[:3]), "q.shape[:3]")
+    if tuple(lse.shape) != want:
+        raise ValueError(f"{fn}: lse.shape={tuple(lse.shape)} must be {what}={want}")
     if lse.dtype != torch.float32:
-        raise TypeError(f"{fn}: lse.dtype={lse.dtype} must be torch.float32 (flash_attention's return_lse)")
+        raise TypeError(f"{fn}: lse.dtype={lse.dtype} must be torch.float32 "
+                        f"({'flash_attention_varlen' if varlen else 'flash_attention'}'s return_lse)")
     if dlse is not None:
-        check_tensor(fn, "dlse", dlse, 3)
+        check_tensor(fn, "dlse", dlse, dims - 1)
         if dlse.shape != lse.shape or not dlse.dtype.is_floating_point:
             raise ValueError(f"{fn}: dlse (shape {tuple(dlse.shape)}, {dlse.dtype}) must be a floating tensor of "
                              f"lse's shape {tuple(lse.shape)}")
@@ -1825,27 +1830,7 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
         TypeError / ValueError: as ``flash_attention_varlen``, and for dout, out, lse, dlse or dtype.
     """
     fn = "flash_attention_varlen_backward"
-    _check_qkv(fn, q, k, v, dims=3)
-    _check_flags(fn, causal, scale, False, window)
-    for name, t in (("dout", dout), ("out", out)):
-        check_tensor(fn, name, t, 3)
-        if t.shape != q.shape:
-            raise ValueError(f"{fn}: {name}.shape={tuple(t.shape)} != q.shape={tuple(q.shape)}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{fn}: {name}.dtype={t.dtype} must be a floating-point dtype")
-    check_tensor(fn, "lse", lse, 2)
-    if lse.shape != (q.shape[1], q.shape[0]):
-        raise ValueError(f"{fn}: lse.shape={tuple(lse.shape)} must be (Hq, total_q)=({q.shape[1]}, {q.shape[0]})")
-    if lse.dtype != torch.float32:
-        raise TypeError(f"{fn}: lse.dtype={lse.dtype} must be torch.float32 (flash_attention_varlen's return_lse)")
-    if dlse is not None:
-        check_tensor(fn, "dlse", dlse, 2)
-        if dlse.shape != lse.shape or not dlse.dtype.is_floating_point:
-            raise ValueError(f"{fn}: dlse (shape {tuple(dlse.shape)}, {dlse.dtype}) must be a floating tensor of "
-                             f"lse's shape {tuple(lse.shape)}")
-    for name, t in (("dout", dout), ("out", out), ("lse", lse), ("dlse", dlse)):
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
+    _check_backward(fn, dout, q, k, v, out, lse, causal, scale, dlse, window, varlen=True)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise TypeError(f"{fn}: dtype={dtype!r} must be None or a floating torch.dtype")
     _refuse_cuda(fn, impl)
