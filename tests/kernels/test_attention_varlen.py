@@ -605,3 +605,28 @@ def test_interpreter_grids_cover_the_longest_sequence_read(monkeypatch):
     q, k, v = _packed(lq, lk, 2, 1, 64, torch.float16, gen=torch.Generator().manual_seed(6))
     _check_kernel(q, k, v, lq, lk, True, None, 3e-3, max_q=10 ** 7, max_k=10 ** 7)
     assert len(grids) == 4  # forward, delta, dk/dv, dq
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and Triton")
+def test_interpreter_a_sequence_longer_than_the_grid_takes_is_refused(monkeypatch):
+    # A sequence whose tiles exceed the grid's second dimension (CUDA: 65535; here lowered) is refused naming
+    # the function and the lengths before anything runs: the forward alone, the forward with grad (whose backward
+    # needs more tiles), the backward; the reference path takes it.
+    monkeypatch.setattr(A, "_GRID_TILES", 1)
+    gen = torch.Generator().manual_seed(9)
+    lens = [200, 3]
+    q, k, v = _packed(lens, lens, 2, 1, 64, torch.float16, gen=gen)
+    cu = _cu(lens)
+    msg = r"the longest sequence \(max_seqlen_q=200, max_seqlen_k=200\) needs \d+ tiles on the kernel's grid"
+    with pytest.raises(ValueError, match=f"^{FN}: {msg}"):
+        flash_attention_varlen(q, k, v, cu, cu, causal=True, impl="triton")
+    with pytest.raises(ValueError, match=f"^{FN}: {msg}"):
+        flash_attention_varlen(q.requires_grad_(), k, v, cu, cu, causal=True, impl="triton")
+    q = q.detach()
+    out, lse = flash_attention_varlen(q, k, v, cu, cu, causal=True, impl="reference", return_lse=True)
+    with pytest.raises(ValueError, match=f"^{FN}_backward: {msg}"):
+        flash_attention_varlen_backward(out, q, k, v, out, lse, cu, cu, causal=True, impl="triton")
+    monkeypatch.setattr(A, "_GRID_TILES", 2)  # the forward's 2 tiles of 128 rows fit; the backward's 4 of 64 do not
+    assert flash_attention_varlen(q, k, v, cu, cu, causal=True, impl="triton").shape == q.shape
+    with pytest.raises(ValueError, match=f"^{FN}: {msg}"):
+        flash_attention_varlen(q.requires_grad_(), k, v, cu, cu, causal=True, impl="triton")

@@ -1669,6 +1669,25 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float,
     return out, lse
 
 
+# CUDA's limit on a grid's second dimension, where the varlen kernels put a sequence's tiles
+_GRID_TILES = 65535
+
+
+def _check_varlen_grid(fn: str, path: str, D: int, max_q: int, max_k: int, forward: bool, backward: bool) -> None:
+    """A kernel path's tiles of the longest sequence fit the grid (the forward's and, with ``backward``, the
+    backward's passes), or a ValueError before anything runs."""
+    if path == "reference":
+        return
+    from .attention_bwd import varlen_tiles
+
+    tiles = max(cdiv(max(max_q, 1), _fwd_config("triton", D)[0]) if forward else 0,
+                varlen_tiles(D, max(max_q, 1), max(max_k, 1)) if backward else 0)
+    if tiles > _GRID_TILES:
+        raise ValueError(f"{fn}: the longest sequence (max_seqlen_q={max_q}, max_seqlen_k={max_k}) needs {tiles} "
+                         f"tiles on the kernel's grid, more than CUDA's {_GRID_TILES}: split it, or use "
+                         f"impl='reference'")
+
+
 def _varlen_run(q, k, v, cu_q, cu_k, max_q, offsets, causal, scale, path, window):
     if path == "reference":
         return _varlen_reference(q, k, v, offsets, causal, scale, window)
@@ -1798,6 +1817,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     max_q, max_k, offsets = _check_cu_seqlens(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     path = _varlen_path(fn, impl, q, offsets, **({} if grad else dict(q=q, k=k, v=v)))
+    _check_varlen_grid(fn, path, q.shape[2], max_q, max_k, True, grad)
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     window = window or 0
     if grad:
@@ -1837,6 +1857,7 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
     check_impl(fn, impl, VARLEN_IMPLS)
     max_q, max_k, offsets = _check_cu_seqlens(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     path = _varlen_path(fn, impl, q, offsets, dout=dout, q=q, k=k, v=v, out=out, lse=lse, dlse=dlse)
+    _check_varlen_grid(fn, path, q.shape[2], max_q, max_k, False, True)
     if path != "reference" and dout.dtype != q.dtype:
         raise TypeError(f"{fn}: dout.dtype={dout.dtype} != q.dtype={q.dtype} (impl={path!r} takes them alike)")
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)

@@ -288,6 +288,18 @@ if triton is not None:
         tl.store(DQ + rows + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=ok_m)
 
 
+def _delta_block(D: int) -> int:
+    """Rows a ``_delta_kernel`` program takes."""
+    return 64 if D <= 128 else 32
+
+
+def varlen_tiles(D: int, max_q: int, max_k: int) -> int:
+    """The most tiles ``flash_backward_varlen``'s passes put on their grids' second dimension (a sequence's query or
+    key tiles), for sequences of at most ``max_q`` queries and ``max_k`` keys at head dim ``D``."""
+    return max(cdiv(max_q, _delta_block(D)), cdiv(max_k, BWD_CONFIGS[D]["dkdv"][1]),
+               cdiv(max_q, BWD_CONFIGS[D]["dq"][0]))
+
+
 def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dtype=torch.float32, window: int = 0):
     """(dq, dk, dv) in ``dtype``, contiguous: delta (one launch), then the two passes (arguments checked by the
     caller; ``lse`` float32 ``(B, Hq, Sq)``, contiguous; ``dlse`` None or any floating ``(B, Hq, Sq)``; ``window``
@@ -299,7 +311,7 @@ def flash_backward(dout, q, k, v, out, lse, dlse, causal: bool, scale: float, dt
         return (torch.zeros((B, Hq, Sq, D), dtype=dtype, device=q.device),
                 *(torch.zeros((B, Hkv, Sk, D), dtype=dtype, device=q.device) for _ in range(2)))
     delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    block = 64 if D <= 128 else 32
+    block = _delta_block(D)
     dl = lse if dlse is None else dlse  # without a dlse, any (B, Hq, Sq) tensor stands in: HAS_DLSE=False reads none
     launch(_delta_kernel, (cdiv(Sq, block), B * Hq), out, dout, dl, delta, *out.stride(), *dout.stride(), *dl.stride(),
            Hq, Sq, HEAD_DIM=D, BLOCK_M=block, HAS_DLSE=dlse is not None, num_warps=4)
@@ -350,7 +362,7 @@ def flash_backward_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q: int,
         return 0, t.stride(1), t.stride(0), t.stride(2)
 
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
-    block = 64 if D <= 128 else 32
+    block = _delta_block(D)
     dl = lse if dlse is None else dlse
     launch(_delta_kernel, (B * Hq, cdiv(max_q, block)), out, dout, dl, delta, *rows(out), *rows(dout), 0,
            dl.stride(0), dl.stride(1), Hq, total_q, HEAD_DIM=D, BLOCK_M=block, HAS_DLSE=dlse is not None, VARLEN=True,
