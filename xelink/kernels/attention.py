@@ -500,6 +500,26 @@ def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens
 if triton is not None:
 
     @triton.jit
+    def varlen_ids(VARLEN: tl.constexpr):
+        """(tile, tiles, batch x head) of this program: the grid is (tiles, B * H), or VARLEN (B * H, tiles) (a
+        packed batch may hold more sequence-heads than a grid's second dimension takes: 65535 on CUDA)."""
+        tile = tl.program_id(0)
+        tiles = tl.num_programs(0)
+        bh = tl.program_id(1)
+        if VARLEN:
+            tile = tl.program_id(1)
+            tiles = tl.num_programs(1)
+            bh = tl.program_id(0)
+        return tile, tiles, bh
+
+    @triton.jit
+    def varlen_sequence(CU_Q, CU_K, b):
+        """Sequence b of a packed batch: its first query and key rows (int64) and its query and key counts."""
+        q0 = tl.load(CU_Q + b).to(tl.int64)
+        k0 = tl.load(CU_K + b).to(tl.int64)
+        return q0, k0, (tl.load(CU_Q + b + 1) - q0).to(tl.int32), (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+
+    @triton.jit
     def _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, MASKED: tl.constexpr,
                    row_first=None, WINDOWED: tl.constexpr = False):
         """One KV tile of the online softmax (log2 domain); MASKED tiles apply the causal/length mask (WINDOWED:
@@ -618,26 +638,17 @@ if triton is not None:
         (B * H, query blocks of the longest sequence), and a block past its own sequence's queries returns at once.
         The rest runs as for one sequence of those lengths (the block pointers' shapes mask the tails)."""
         pdl_wait(PDL)  # q, k and v may be the previous kernel's output
-        if VARLEN:  # grid (B * H, query blocks): a packed batch may hold more sequence-heads than dim 1 takes (65535)
-            pid_m = tl.program_id(1)
-            if CAUSAL:
-                pid_m = tl.num_programs(1) - 1 - pid_m
-            bh = tl.program_id(0)
-        else:
-            pid_m = tl.program_id(0)
-            if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
-                pid_m = tl.num_programs(0) - 1 - pid_m
-            bh = tl.program_id(1)
+        pid_m, blocks, bh = varlen_ids(VARLEN)
+        if CAUSAL:  # the longest query blocks first, so the short ones fill the tail of the grid
+            pid_m = blocks - 1 - pid_m
         b = (bh // H).to(tl.int64)
         h = bh % H
         kvh = (h // GROUP).to(tl.int64)
         m0 = pid_m * BLOCK_M
         if VARLEN:
-            q0 = tl.load(CU_Q + b).to(tl.int64)
-            k0 = tl.load(CU_K + b).to(tl.int64)
+            q0, k0, sq, sk = varlen_sequence(CU_Q, CU_K, b)
             lse_row = h.to(tl.int64) * SQ + q0
-            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
-            SK = (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+            SQ, SK = sq, sk
             if m0 >= SQ:  # a query block past this sequence's end
                 return
             Q += q0 * stride_qm
@@ -1643,6 +1654,11 @@ def _varlen_reference(q, k, v, offsets, causal: bool, scale: float, window: int)
     return out, lse
 
 
+def packed_strides(t) -> tuple:
+    """The (batch, head, row, d) strides the kernels take of a packed (rows, heads, d) tensor: no batch stride."""
+    return 0, t.stride(1), t.stride(0), t.stride(2)
+
+
 def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, window: int):
     """The portable kernel's VARLEN mode: (out (total_q, Hq, D) contiguous, lse (Hq, total_q) float32)."""
     total_q, H, D = q.shape
@@ -1660,12 +1676,9 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float,
                   num_warps=num_warps, num_stages=num_stages)
     if window:
         kwargs["WINDOWED"] = True
-
-    def rows(t):  # (batch, head, row, d) strides of a packed (rows, heads, d) tensor: no batch stride
-        return 0, t.stride(1), t.stride(0), t.stride(2)
-
-    launch(_flash_fwd_kernel, ((cu_q.shape[0] - 1) * H, cdiv(max(max_q, 1), block_m)), q, k, v, out, lse, *rows(q),
-           *rows(k), *rows(v), *rows(out), H, H // k.shape[1], total_q, k.shape[0], scale * _LOG2E, window, **kwargs)
+    launch(_flash_fwd_kernel, ((cu_q.shape[0] - 1) * H, cdiv(max(max_q, 1), block_m)), q, k, v, out, lse,
+           *packed_strides(q), *packed_strides(k), *packed_strides(v), *packed_strides(out), H, H // k.shape[1],
+           total_q, k.shape[0], scale * _LOG2E, window, **kwargs)
     return out, lse
 
 

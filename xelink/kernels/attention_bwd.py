@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from .common import cdiv, tl, triton
+from .attention import packed_strides  # (attention.py imports this module lazily: no cycle)
 from .launcher import launch
 
 __all__ = ["BWD_CONFIGS", "flash_backward", "flash_backward_varlen"]
@@ -51,6 +52,7 @@ BWD_CONFIGS = {64: {"dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2)},
 _LOG2E = 1.4426950408889634
 
 if triton is not None:
+    from .attention import varlen_ids, varlen_sequence
 
     @triton.jit
     def _visible(rows, keys, SQ, SK, WINDOW, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
@@ -107,18 +109,13 @@ if triton is not None:
         """delta of BLOCK_M rows: dot(dout, out) in float32, less the LSE's gradient (stored contiguous).
         VARLEN: sequence b's rows ``CU_Q[b] .. CU_Q[b + 1]`` of the packed tensors (batch strides 0), SQ total_q
         (delta is (H, total_q), as the LSE)."""
-        if VARLEN:  # grid (B * H, row blocks)
-            pid_m = tl.program_id(1)
-            bh = tl.program_id(0)
-        else:
-            pid_m = tl.program_id(0)
-            bh = tl.program_id(1)
+        pid_m, _, bh = varlen_ids(VARLEN)  # VARLEN: grid (B * H, row blocks)
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
         if VARLEN:
-            q0 = tl.load(CU_Q + b).to(tl.int64)
+            q0, _, sq, _ = varlen_sequence(CU_Q, CU_Q, b)  # (no keys here)
             row0 = h * SQ + q0
-            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
+            SQ = sq
             if pid_m * BLOCK_M >= SQ:
                 return
             O += q0 * stride_om
@@ -160,21 +157,14 @@ if triton is not None:
         # VARLEN: sequence b's queries and keys are rows CU_Q[b].. / CU_K[b].. of the packed tensors (batch strides
         # 0), SQ is total_q (LSE and delta are (H, total_q)); dk, dv are (total_k, HKV, D). A key tile past its
         # sequence's keys returns: it holds no row (the tiles of a sequence's keys store all of them).
-        if VARLEN:  # grid (B * HKV, key tiles)
-            pid_n = tl.program_id(1)
-            bh = tl.program_id(0)
-        else:
-            pid_n = tl.program_id(0)
-            bh = tl.program_id(1)
+        pid_n, _, bh = varlen_ids(VARLEN)  # VARLEN: grid (B * HKV, key tiles)
         b = (bh // HKV).to(tl.int64)
         kvh = (bh % HKV).to(tl.int64)
         n0 = pid_n * BLOCK_N
         if VARLEN:
-            q0 = tl.load(CU_Q + b).to(tl.int64)
-            k0 = tl.load(CU_K + b).to(tl.int64)
+            q0, k0, sq, sk = varlen_sequence(CU_Q, CU_K, b)
             total_q = SQ
-            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
-            SK = (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+            SQ, SK = sq, sk
             if n0 >= SK:
                 return
             Q += q0 * stride_qm
@@ -234,22 +224,15 @@ if triton is not None:
         WINDOWED: tl.constexpr = False, VARLEN: tl.constexpr = False, CU_Q=None, CU_K=None,
     ):
         # VARLEN: as _dkdv_kernel's; dq is (total_q, H, D); a query tile past its sequence's queries returns.
-        if VARLEN:  # grid (B * H, query tiles)
-            pid_m = tl.program_id(1)
-            bh = tl.program_id(0)
-        else:
-            pid_m = tl.program_id(0)
-            bh = tl.program_id(1)
+        pid_m, _, bh = varlen_ids(VARLEN)  # VARLEN: grid (B * H, query tiles)
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
         kvh = h // GROUP
         m0 = pid_m * BLOCK_M
         if VARLEN:
-            q0 = tl.load(CU_Q + b).to(tl.int64)
-            k0 = tl.load(CU_K + b).to(tl.int64)
+            q0, k0, sq, sk = varlen_sequence(CU_Q, CU_K, b)
             row0 = h * SQ + q0
-            SQ = (tl.load(CU_Q + b + 1) - q0).to(tl.int32)
-            SK = (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+            SQ, SK = sq, sk
             if m0 >= SQ:
                 return
             Q += q0 * stride_qm
@@ -358,19 +341,16 @@ def flash_backward_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q: int,
     max_q, max_k = max(int(max_q), 1), max(int(max_k), 1)
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()  # the kernels read offset b at CU + b: no strided view
 
-    def rows(t):  # (batch, head, row, d) strides of a packed (rows, heads, d) tensor: no batch stride
-        return 0, t.stride(1), t.stride(0), t.stride(2)
-
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     block = _delta_block(D)
     dl = lse if dlse is None else dlse
-    launch(_delta_kernel, (B * Hq, cdiv(max_q, block)), out, dout, dl, delta, *rows(out), *rows(dout), 0,
-           dl.stride(0), dl.stride(1), Hq, total_q, HEAD_DIM=D, BLOCK_M=block, HAS_DLSE=dlse is not None, VARLEN=True,
-           CU_Q=cu_q, num_warps=4)
+    launch(_delta_kernel, (B * Hq, cdiv(max_q, block)), out, dout, dl, delta, *packed_strides(out),
+           *packed_strides(dout), 0, dl.stride(0), dl.stride(1), Hq, total_q, HEAD_DIM=D, BLOCK_M=block,
+           HAS_DLSE=dlse is not None, VARLEN=True, CU_Q=cu_q, num_warps=4)
     dq = torch.empty((total_q, Hq, D), dtype=dtype, device=q.device)
     dk = torch.empty((total_k, Hkv, D), dtype=dtype, device=q.device)
     dv = torch.empty((total_k, Hkv, D), dtype=dtype, device=q.device)
-    strides = (*rows(q), *rows(k), *rows(v), *rows(dout))
+    strides = (*packed_strides(q), *packed_strides(k), *packed_strides(v), *packed_strides(dout))
     qk_scale = scale * _LOG2E
 
     def opts(kind):
