@@ -1607,8 +1607,8 @@ def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
                              f"must be given (the cu_seqlens values cannot be read on the host there)")
         return int(max_q), int(max_k), None
     offsets = []
-    for name, cu, total, m, mname in (("cu_seqlens_q", cu_q, q.shape[0], max_q, "max_seqlen_q"),
-                                      ("cu_seqlens_k", cu_k, k.shape[0], max_k, "max_seqlen_k")):
+    for side, cu, total, m in (("q", cu_q, q.shape[0], max_q), ("k", cu_k, k.shape[0], max_k)):
+        name, mname = f"cu_seqlens_{side}", f"max_seqlen_{side}"
         vals = _host_offsets(cu)
         if vals[0] != 0:
             raise ValueError(f"{fn}: {name}[0]={vals[0]} must be 0")
@@ -1618,8 +1618,7 @@ def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
             raise ValueError(f"{fn}: {name} must be nondecreasing: {name}[{i}]={vals[i]} > {name}[{i + 1}]="
                              f"{vals[i + 1]}")
         if vals[-1] != total:
-            raise ValueError(f"{fn}: {name}[-1]={vals[-1]} must equal the packed rows {total} "
-                             f"({'q' if mname == 'max_seqlen_q' else 'k'}.shape[0])")
+            raise ValueError(f"{fn}: {name}[-1]={vals[-1]} must equal the packed rows {total} ({side}.shape[0])")
         if m is not None and m < max(lens):
             raise ValueError(f"{fn}: {mname}={m} is less than the longest sequence's {max(lens)} ({name})")
         offsets.append((vals, max(lens)))  # read: the grids cover it, not a larger m (tiles that would all return)
