@@ -39,11 +39,12 @@ class _Halo:
         n, r = comm.size, comm.rank
         seq_len = sum(lengths)
         self.comm = comm
-        self.spans = schedule.window_spans(seq_len, window, causal, schedule.rank_pieces(seq_len, n, layout, r))
+        pieces = schedule.rank_pieces(seq_len, n, layout, r)
+        self.spans = schedule.window_spans(seq_len, window, causal, pieces)
         self.recv = {x: schedule.halo_runs(seq_len, n, layout, window, causal, r, x) for x in range(n)}
         self.send = {x: schedule.halo_runs(seq_len, n, layout, window, causal, x, r) for x in range(n)}
         # Every source of keys: (global start, length, None for this rank's KV or the sender, offset there)
-        self.sources = [(start, length, None, off) for start, length, off in schedule.rank_pieces(seq_len, n, layout, r)]
+        self.sources = [(start, length, None, off) for start, length, off in pieces]
         for x, runs in self.recv.items():
             at = 0
             for start, length, _ in runs:
