@@ -162,3 +162,21 @@ def test_an_ipc_failure_says_when_the_peers_gpus_are_hidden(monkeypatch):
     assert cuda._visibility_hint(1) == ""  # as many GPUs as ranks: nothing hidden to blame
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert cuda._visibility_hint(2) == ""
+
+
+def test_cuda_p2p_unsupported_says_why_before_any_transfer():
+    # Without peer memory between the ranks and without NCCL (this CPU machine), CUDA point-to-point cannot run:
+    # the predicate says why (what the first CUDA isend would raise), and names itself for a bad group.
+    from xelink.collectives import cuda_p2p_unsupported
+
+    xelink.init()
+    try:
+        why = cuda_p2p_unsupported()
+        if torch.cuda.is_available():
+            assert why is None or "point-to-point on CUDA tensors" in why
+        else:
+            assert why is not None and "needs peer memory" in why and "or NCCL" in why, why
+        with pytest.raises(TypeError, match="^cuda_p2p_unsupported: group='w'"):
+            cuda_p2p_unsupported("w")
+    finally:
+        xelink.finalize()

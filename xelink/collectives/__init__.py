@@ -14,7 +14,8 @@ from .api import (all_gather, all_gather_into_tensor, all_gather_object, all_gat
 from .checks import ReduceOp
 from ..work import Work  # every handle's base: torch.distributed's Work protocol
 from .gpu import GpuWork
-from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, recv_object_list, send, send_object_list
+from .p2p import (P2POp, batch_isend_irecv, cuda_p2p_unsupported, irecv, isend, recv, recv_object_list, send,
+                  send_object_list)
 
 # The algorithms each op accepts as ``algo=`` (besides "auto"): on CPU tensors, and on CUDA tensors.
 ALGORITHMS = registry.names("cpu")
@@ -23,7 +24,7 @@ GPU_ALGORITHMS = registry.names("cuda")
 __all__ = [
     "ALGORITHMS", "GPU_ALGORITHMS", "GpuWork", "P2POp", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "all_gather_single", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
-    "batch_isend_irecv", "broadcast", "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv",
+    "batch_isend_irecv", "broadcast", "cuda_p2p_unsupported", "broadcast_object_list", "device_barrier", "gather", "gather_object", "irecv",
     "isend", "monitored_barrier", "recv", "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_single",
     "reduce_scatter_tensor", "registry", "scatter", "scatter_object_list", "send", "send_object_list", "synchronize",
 ]

@@ -15,7 +15,7 @@ from ..work import Work as Handle
 from .checks import USER_TAG_LIMIT, group_of, root_of, tensor as _tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork", "send_object_list",
-           "recv_object_list"]
+           "recv_object_list", "cuda_p2p_unsupported"]
 
 # The objects' messages: above the user (< 2**14) and collective (< 2**15) tags and symm's set-up tag (2**15), so
 # that neither a tensor receive nor a collective takes them
@@ -150,6 +150,16 @@ class P2POp:
     def __post_init__(self):
         if self.op not in (isend, irecv):
             raise ValueError(f"P2POp: op={self.op!r} must be xelink.isend or xelink.irecv")
+
+
+def cuda_p2p_unsupported(group=None) -> str | None:
+    """Why point-to-point on CUDA tensors cannot run on ``group`` (None: it can, through peer memory or NCCL): what
+    the first CUDA ``isend`` / ``irecv`` would raise, asked before any is posted (a schedule that checks its
+    arguments before anything moves)."""
+    from .gpu import p2p as gpu_p2p
+
+    problem = gpu_p2p.unsupported(group_of(group, "cuda_p2p_unsupported"))
+    return None if problem is None else str(problem)
 
 
 def batch_isend_irecv(p2p_op_list) -> list:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from .. import symm
-from ..collectives import all_gather_into_tensor
+from ..collectives import all_gather_into_tensor, cuda_p2p_unsupported
 from . import schedule
 from .cp_engine import Accumulator, attend
 from .device import side_stream, stage_buffer
@@ -52,9 +52,7 @@ def unmet(comm, algo: str) -> str | None:
         return (f"algo='ring' on CUDA tensors needs peer memory between the ranks (one host, at most "
                 f"{symm.MAX_WORLD} ranks); use 'all_gather'")
     if algo == "window":  # the halo's point-to-point
-        from ..collectives.gpu.p2p import unsupported
-
-        problem = unsupported(comm)
+        problem = cuda_p2p_unsupported(comm)
         return None if problem is None else f"window= exchanges its halo point-to-point: {problem}"
     return None
 
