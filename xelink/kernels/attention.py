@@ -54,6 +54,7 @@ from .norm import check_rope_kv, rope_kv_rows
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2, sm90_kernel
 from .flash_ws import ws_applies, ws_plan
 from .split import SCRATCH, last_split
+from .varlen import packed_strides
 
 __all__ = [
     "DECODE_IMPLS",
@@ -498,26 +499,7 @@ def reference_rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens
 # -- Triton kernels -----------------------------------------------------------------------------
 
 if triton is not None:
-
-    @triton.jit
-    def varlen_ids(VARLEN: tl.constexpr):
-        """(tile, tiles, batch x head) of this program: the grid is (tiles, B * H), or VARLEN (B * H, tiles) (a
-        packed batch may hold more sequence-heads than a grid's second dimension takes: 65535 on CUDA)."""
-        tile = tl.program_id(0)
-        tiles = tl.num_programs(0)
-        bh = tl.program_id(1)
-        if VARLEN:
-            tile = tl.program_id(1)
-            tiles = tl.num_programs(1)
-            bh = tl.program_id(0)
-        return tile, tiles, bh
-
-    @triton.jit
-    def varlen_sequence(CU_Q, CU_K, b):
-        """Sequence b of a packed batch: its first query and key rows (int64) and its query and key counts."""
-        q0 = tl.load(CU_Q + b).to(tl.int64)
-        k0 = tl.load(CU_K + b).to(tl.int64)
-        return q0, k0, (tl.load(CU_Q + b + 1) - q0).to(tl.int32), (tl.load(CU_K + b + 1) - k0).to(tl.int32)
+    from .varlen import varlen_ids, varlen_sequence
 
     @triton.jit
     def _attn_tile(acc, l_i, m_i, q, k, v, offs_n, row_last, n_end, qk_scale, MASKED: tl.constexpr,
@@ -1651,11 +1633,6 @@ def _varlen_reference(q, k, v, offsets, causal: bool, scale: float, window: int)
         out[q0:q1] = o[0].transpose(0, 1)
         lse[:, q0:q1] = s[0]
     return out, lse
-
-
-def packed_strides(t) -> tuple:
-    """The (batch, head, row, d) strides the kernels take of a packed (rows, heads, d) tensor: no batch stride."""
-    return 0, t.stride(1), t.stride(0), t.stride(2)
 
 
 def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, window: int):

@@ -40,8 +40,8 @@ from __future__ import annotations
 import torch
 
 from .common import cdiv, tl, triton
-from .attention import packed_strides  # (attention.py imports this module lazily: no cycle)
 from .launcher import launch
+from .varlen import packed_strides
 
 __all__ = ["BWD_CONFIGS", "flash_backward", "flash_backward_varlen"]
 
@@ -52,7 +52,7 @@ BWD_CONFIGS = {64: {"dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2)},
 _LOG2E = 1.4426950408889634
 
 if triton is not None:
-    from .attention import varlen_ids, varlen_sequence
+    from .varlen import varlen_ids, varlen_sequence
 
     @triton.jit
     def _visible(rows, keys, SQ, SK, WINDOW, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
