@@ -42,15 +42,17 @@
 #             GPU) and the windowed Mistral at CP = 2 against transformers (~4 minutes);
 #   s26:      what the twenty-sixth session changed after its last GPU run: qgemm's remembered checks (its GPU tests,
 #             the remembered-call test among them), flash_attention_varlen's offsets read once a version (its GPU
-#             tests), then qgemm's host time (~4 minutes).
+#             tests), then qgemm's host time (~4 minutes);
+#   s27:      the tensor-core GEMV's AHEAD (the warps' next tiled steps asked of L2) and WARP_ROWS (a warp its own rows
+#             over all of K): its GPU tests, then the one-row GEMVs' sweep of them on the tiled weights (~6 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26
+#     w4check|windows|s26|s27
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -172,6 +174,11 @@ s26)
   step s26_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 -m gpu \
     tests/kernels/test_qgemm.py tests/kernels/test_attention_varlen.py
   step qgemm_host_profile 60 python3 benchmarks/scripts/kernel_host_profile.py qgemm
+  ;;
+s27)
+  step tc_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gemv.py -k "tensor_core or tiled"
+  step gemv_chain_sweep_w4a16t_ahead 330 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-ahead
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \

@@ -276,13 +276,37 @@ if gluon is not None:
         gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [ptrs, gl.minimum(piece, n - at)], dtype=gl.int32,
                                   is_pure=False, pack=1)
 
+    @gluon.jit
+    def _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, first, count, ROW_TILES: gl.constexpr,
+                  WARPS: gl.constexpr, W_COLS: gl.constexpr, WARP_ROWS: gl.constexpr):
+        """Tiled W (``tile_w4a16``): each warp asks L2 for steps [first, first + count) of its own slice of the
+        program's 16-row blocks (one contiguous range a block: lane r of a warp takes block r), so the bytes a
+        warp will load later are in flight without registers."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        i = gl.arange(0, 32 * WARPS, layout=layout)
+        r = i % 32
+        if WARP_ROWS:  # warp w: blocks (pid_n * WARPS + w) * ROW_TILES on, steps from pid_s * STEPS
+            step0 = pid_s * STEPS + i * 0
+            block = (pid_n * WARPS + i // 32) * ROW_TILES + r
+        else:
+            step0 = (pid_s * WARPS + i // 32) * STEPS  # the warp's first step (of 128 columns) of K
+            block = pid_n * ROW_TILES + r
+        lo = step0 + gl.minimum(first, STEPS)
+        hi = gl.minimum(step0 + gl.minimum(first + count, STEPS), gl.cdiv(K, _STEP))
+        block = gl.minimum(block, gl.cdiv(N, 16) - 1)
+        ptrs = (w_ptr.to(gl.pointer_type(gl.uint8), bitcast=True) + block.to(gl.int64) * (16 * stride_wn)
+                + lo * (16 * W_COLS))
+        size = gl.where(r < ROW_TILES, gl.maximum(hi - lo, 0) * (16 * W_COLS), 0)
+        gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [ptrs, size], dtype=gl.int32, is_pure=False, pack=1)
+
     @gluon.jit(do_not_specialize=["STEPS"])
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
                         FMT: gl.constexpr, EVEN: gl.constexpr, PARTIAL: gl.constexpr, UNROLL: gl.constexpr,
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
                         num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0,
-                        PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0, TILED: gl.constexpr = False):
+                        PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0, TILED: gl.constexpr = False,
+                        AHEAD: gl.constexpr = 0, WARP_ROWS: gl.constexpr = False):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
@@ -304,31 +328,38 @@ if gluon is not None:
         W_ADV: gl.constexpr = 16 if TILED else 1
         if PREFETCH:
             if pid_n + pid_s * gl.num_programs(0) < PREFETCH:  # the first PREFETCH programs' columns: their
-                # warps' STEPS steps each, from (s * WARPS) * STEPS * 128
-                k_lo = pid_s * WARPS * STEPS * _STEP
-                k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
+                # warps' STEPS steps each, from (s * WARPS) * STEPS * 128 (WARP_ROWS: s * STEPS * 128)
+                KP: gl.constexpr = 1 if WARP_ROWS else WARPS
+                RP: gl.constexpr = WARPS if WARP_ROWS else 1
+                k_lo = pid_s * KP * STEPS * _STEP
+                k_n = gl.minimum(K - k_lo, KP * STEPS * _STEP)
                 if TILED:  # a program's columns of each of its 16-row blocks are one contiguous range
                     _prefetch_tc(w_ptr, pid_n, gl.cdiv(N, 16), stride_wn * 16, k_lo // W_DIV * 16,
-                                 k_n // W_DIV * 16, ROW_TILES, WARPS, LIMIT * 16)
+                                 k_n // W_DIV * 16, ROW_TILES * RP, WARPS, LIMIT * 16)
                 else:
-                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT)
+                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN * RP, WARPS, LIMIT)
         pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128, UNROLL at a time:
         # batch b holds step u = b // WARPS of each iteration of warp w = b % WARPS.
+        # WARP_ROWS: warp w takes rows (pid_n * WARPS + w) * BN on and every step of split s (no sum between warps).
+        KW: gl.constexpr = 1 if WARP_ROWS else WARPS  # warps splitting a program's K
         bw = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
-        k_w = ((pid_s * WARPS + bw % WARPS) * STEPS + bw // WARPS) * _STEP
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
-        rn = gl.minimum(rn, N - 1)  # rows past N re-read row N-1 (dropped at the store): no row mask
+        k_w = ((pid_s * KW + (0 if WARP_ROWS else bw % WARPS)) * STEPS + bw // WARPS) * _STEP
+        rn = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
+        if WARP_ROWS:
+            rn = gl.minimum((pid_n * WARPS + bw % WARPS)[:, None] * BN + rn[None, :], N - 1)  # [B, BN]
+        else:
+            rn = gl.minimum(pid_n * BN + rn, N - 1)[None, :]  # rows past N re-read row N-1 (dropped at the store)
         rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
         w_kb = (k_w // W_DIV)[:, None, None] + rc[None, None, :]  # element (byte) offset within a row
         if TILED:
-            w_ptrs = (w_ptr + ((rn // 16) * (16 * stride_wn) + (rn % 16) * W_COLS)[None, :, None]
+            w_ptrs = (w_ptr + ((rn // 16) * (16 * stride_wn) + (rn % 16) * W_COLS)[:, :, None]
                       + (k_w // W_DIV * 16)[:, None, None] + rc[None, None, :])
         else:
-            w_ptrs = w_ptr + rn[None, :, None] * stride_wn + w_kb
+            w_ptrs = w_ptr + rn[:, :, None] * stride_wn + w_kb
 
         bx = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
-        x_w = ((pid_s * WARPS + bx % WARPS) * STEPS + bx // WARPS) * _STEP
+        x_w = ((pid_s * KW + (0 if WARP_ROWS else bx % WARPS)) * STEPS + bx // WARPS) * _STEP
         rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
         rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
         x_kk = x_w[:, None, None] + rk[None, None, :]
@@ -337,9 +368,13 @@ if gluon is not None:
 
         # W4A16 group scales [batch, row] (masked: a warp's steps may run past K).
         bs = gl.arange(0, B, layout=gl.SliceLayout(1, sl))
-        s_k = ((pid_s * WARPS + bs % WARPS) * STEPS + bs // WARPS) * _STEP
-        s_n = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N - 1)
-        s_ptrs = s_ptr + s_n[None, :] * stride_sn + (s_k // _STEP)[:, None]
+        s_k = ((pid_s * KW + (0 if WARP_ROWS else bs % WARPS)) * STEPS + bs // WARPS) * _STEP
+        s_n = gl.arange(0, BN, layout=gl.SliceLayout(0, sl))
+        if WARP_ROWS:
+            s_n = gl.minimum((pid_n * WARPS + bs % WARPS)[:, None] * BN + s_n[None, :], N - 1)
+        else:
+            s_n = gl.minimum(pid_n * BN + s_n, N - 1)[None, :]
+        s_ptrs = s_ptr + s_n * stride_sn + (s_k // _STEP)[:, None]
         acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
         zero_acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
         offset = gl.full([B, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
@@ -372,16 +407,27 @@ if gluon is not None:
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
         else:
+            if AHEAD:  # (TILED) the warp's first AHEAD steps into L2, then each iteration the steps AHEAD on
+                _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, 0, AHEAD, ROW_TILES, WARPS, W_COLS, WARP_ROWS)
             for it in range(ITERS):
+                if AHEAD:
+                    _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, it * UNROLL + AHEAD, UNROLL, ROW_TILES,
+                              WARPS, W_COLS, WARP_ROWS)
                 # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
                 p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN, W_ADV)
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
 
         pdl_launch(PDL)
-        y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
-        ol: gl.constexpr = gl.SliceLayout(0, mma)
-        rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
+        if WARP_ROWS:  # each warp's UNROLL batches summed in its registers: [WARPS * BN, 8]
+            ol: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS, 1], [1, 0])
+            y = gl.sum(gl.reshape(acc, [UNROLL, WARPS, BN, 8]), axis=0)
+            y = gl.convert_layout(gl.reshape(y, [WARPS * BN, 8]), ol)
+            rno = pid_n * WARPS * BN + gl.arange(0, WARPS * BN, layout=gl.SliceLayout(1, ol))
+        else:
+            y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
+            ol: gl.constexpr = gl.SliceLayout(0, mma)
+            rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
         rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
         if FMT == 1:
             y = y * gl.load(s_ptr + gl.minimum(rno, N - 1) * stride_sn).to(gl.float32)[:, None]
@@ -457,7 +503,7 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
     biased, pipe, stages = cfg.pop("BIASED", False), cfg.pop("PIPE", False), cfg.pop("STAGES", 0)
-    pdl = cfg.pop("PDL", 0)
+    pdl, ahead, warp_rows = cfg.pop("PDL", 0), cfg.pop("AHEAD", 0), cfg.pop("WARP_ROWS", False)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
@@ -471,6 +517,14 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages!r} must be 0 (off) or 2-8")
     if tiled and stages:
         raise ValueError("gemv: KERNEL='tc' config STAGES does not take fmt='w4a16t' (copies of row pieces)")
+    if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= 64:
+        raise ValueError(f"gemv: KERNEL='tc' config AHEAD={ahead!r} must be an int in 0..64 (steps a warp asks L2 for "
+                         "ahead of its loads)")
+    if ahead and not (tiled and fmt_code == 2) or ahead and (stages or pipe):
+        raise ValueError(f"gemv: KERNEL='tc' config AHEAD={ahead} takes fmt='w4a16t' (a warp's steps contiguous) "
+                         "without PIPE or STAGES")
+    if not isinstance(warp_rows, bool) or warp_rows and (stages or pipe):
+        raise ValueError(f"gemv: KERNEL='tc' config WARP_ROWS={warp_rows!r} must be a bool, without PIPE or STAGES")
     if stages and pipe:
         raise ValueError("gemv: KERNEL='tc' config takes PIPE or STAGES, not both (two ways to load ahead)")
     # a stage is a warp's UNROLL steps of 16 * ROW_TILES rows of W, every warp's
@@ -486,21 +540,22 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         # (arguments divisible by 16): other rows are loaded into registers (STAGES off).
         stages = 0
     steps = -(-K // STEP)
-    split = max(1, min(split, -(-steps // warps)))
-    per_warp = -(-steps // (split * warps))
-    split = -(-steps // (per_warp * warps))
+    k_warps, row_warps = (1, warps) if warp_rows else (warps, 1)  # warps splitting K / taking rows of a program
+    split = max(1, min(split, -(-steps // k_warps)))
+    per_warp = -(-steps // (split * k_warps))
+    split = -(-steps // (per_warp * k_warps))
     per_warp = -(-per_warp // unroll) * unroll  # whole unrolled iterations; steps past K are masked
-    even = K == split * warps * per_warp * STEP
+    even = K == split * k_warps * per_warp * STEP
     stride_sn = scales.stride(0) if scales is not None else 0
     x_stride = x.stride(0) if x.is_contiguous() else K
-    grid = (-(-N // (16 * row_tiles)), split)
+    grid = (-(-N // (16 * row_tiles * row_warps)), split)
     ints = (M, N, K, per_warp, w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride,
             M * N if split > 1 else 0)
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe), STAGES=stages,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
-                  TILED=bool(tiled),
+                  TILED=bool(tiled), AHEAD=ahead, WARP_ROWS=bool(warp_rows),
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
-    kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles,
-                                warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1)))
+    kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles * row_warps,
+                                k_warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1)))
     return _gemv_tc_kernel, grid, ints, kwargs, split
