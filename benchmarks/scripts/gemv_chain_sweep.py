@@ -4,11 +4,12 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|w4a16t|w4a16t-ahead|staged-bf16|staged-w4a16|kept-<fmt>
-[:shape,...] ...]
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|w4a16t|w4a16t-ahead|w4a16t-act|staged-bf16|staged-w4a16|
+kept-<fmt>[:shape,...] ...]
 (default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
 shared-memory stages, ``STAGES``; ``w4a16t``: the weights in tiles, ``tile_w4a16``; ``w4a16t-ahead``: the tiles
-with ``AHEAD`` and ``WARP_ROWS``; ``kept-*``: the kept configuration only)
+with ``AHEAD`` and ``WARP_ROWS``; ``w4a16t-act``: gate_up with act="silu_mul", the kept two launches against
+tiles that apply it in the kernel; ``kept-*``: the kept configuration only)
 """
 import statistics
 import sys
@@ -70,6 +71,16 @@ CONFIGS["w4a16t-ahead"] = [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=u
                             (4, 2, 1, 8, True), (8, 1, 1, 0, True), (8, 1, 1, 8, True), (2, 1, 1, 8, True),
                             (2, 2, 1, 8, True), (4, 1, 2, 8, True), (4, 1, 4, 8, True), (4, 2, 4, 8, True),
                             (8, 1, 4, 8, True), (4, 1, 8, 4, True)]]
+# gate_up with act="silu_mul" on the tiles: the kept configuration (the GEMV, then silu_mul: two launches) against
+# tiles whose programs pair (gate, up) row blocks and apply it at the store (one launch): row tiles, warps, steps a
+# warp an iteration, AHEAD, WARP_ROWS.
+SHAPES["w4a16t-act"] = [(28672, 4096, "gate_up")]
+CONFIGS["w4a16t-act"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, AHEAD=ah, WARP_ROWS=wr)
+                         for rt, nw, un, ah, wr in
+                         [(2, 4, 1, 0, False), (2, 4, 1, 4, False), (2, 8, 1, 0, False), (2, 8, 1, 2, False),
+                          (2, 4, 2, 0, False), (2, 2, 1, 0, False), (1, 4, 1, 0, True), (1, 4, 1, 8, True),
+                          (1, 4, 2, 8, True), (1, 2, 1, 8, True), (1, 2, 2, 8, True), (1, 8, 1, 8, True),
+                          (2, 2, 1, 8, True)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
@@ -85,7 +96,8 @@ def main():
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
         mode, _, names = arg.partition(":")
-        fmt = mode.removeprefix("staged-").removeprefix("kept-").removesuffix("-ahead")
+        fmt = mode.removeprefix("staged-").removeprefix("kept-").removesuffix("-ahead").removesuffix("-act")
+        act = "silu_mul" if mode.endswith("-act") else None
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue
@@ -98,13 +110,13 @@ def main():
                 del w
             nbytes = sum(t.numel() * t.element_size() for t in ws[0] if t is not None)
             x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)
-            want = gemv(ws[0][0], x, ws[0][1], fmt, "cuda").float()
+            want = gemv(ws[0][0], x, ws[0][1], fmt, "cuda", act=act).float()
             rows = []
             for cfg in [None] + CONFIGS[mode]:
                 try:
-                    got = gemv(ws[0][0], x, ws[0][1], fmt, "cuda", config=cfg).float()
+                    got = gemv(ws[0][0], x, ws[0][1], fmt, "cuda", config=cfg, act=act).float()
                     err = float((got - want).norm() / want.norm())
-                    calls = [lambda w=w, s=s: gemv(w, x, s, fmt, "cuda", config=cfg) for w, s in ws]
+                    calls = [lambda w=w, s=s: gemv(w, x, s, fmt, "cuda", config=cfg, act=act) for w, s in ws]
                     graph, _, _ = cuda_graph(calls, 1)
                     us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
                     del graph

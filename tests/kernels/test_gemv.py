@@ -600,6 +600,13 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
     rows_cfg = dict(KERNEL="tc", **tc_config(2, 4096, 4096, "w4a16t", sm_count(x.device)))
     assert torch.equal(gemv(t, x, s, "w4a16t", act="silu_mul"), gemv(w, x, s, "w4a16", act="silu_mul",
                                                                       config=rows_cfg))
+    # act in the kernel on the tiles ((gate, up) halves of whole 16-row blocks), with AHEAD: as the rows' GEMV then
+    # silu_mul, bit for bit
+    for cfg in [dict(KERNEL="tc", ROW_TILES=2, num_warps=8, UNROLL=1, AHEAD=2),
+                dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, WARP_ROWS=True, AHEAD=4)]:
+        rows_cfg = {k: v for k, v in cfg.items() if k != "AHEAD"}
+        want = silu_mul(gemv(w, x, s, "w4a16", config=rows_cfg), impl="triton")
+        assert torch.equal(gemv(t, x, s, "w4a16t", config=cfg, act="silu_mul"), want), cfg
     out = gemv(t, x, s, "w4a16t")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -685,9 +692,10 @@ def test_gpu_out_blocks(requires_gpus, impl, fmt):
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_gpu_act_silu_mul(requires_gpus, fmt, impl):
     # act="silu_mul" (the decode MLP's gate/up projection) equals the plain GEMV then silu_mul bit for bit,
-    # with the default tiles (one launch on the fma, word and mma kernels; the tensor-core kernel's GEMV and a
-    # silu_mul), explicit tiles of every kernel, output tails, 1-8 rows, 1-D x, out= a column block, and
-    # captured in a CUDA graph replayed with new activations.
+    # with the default tiles (one launch on every kernel: the tensor-core kernel pairs (gate, up) rows in a
+    # program, tc_fuses_act), explicit tiles of every kernel (the tensor-core kernel's row tiles and WARP_ROWS
+    # halves), output tails, 1-8 rows, 1-D x, out= a column block, and captured in a CUDA graph replayed with new
+    # activations.
     requires_gpus(1)
     gen = torch.Generator(device="cuda").manual_seed(7)
     configs = [None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=2, num_warps=4,
@@ -695,7 +703,8 @@ def test_gpu_act_silu_mul(requires_gpus, fmt, impl):
     configs += [dict(KERNEL="fma", BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=3)] if fmt != "w4a16" \
         else [dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, num_warps=1, num_stages=1)]
     if impl == "cuda" and fmt != "bf16":
-        configs.append(dict(KERNEL="tc"))
+        configs += [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=2, num_warps=4, UNROLL=2),
+                    dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=1, WARP_ROWS=True)]
     for F, K in [(14336, 4096), (4096, 1024), (33, 256), (1, 128)]:
         w, s, _ = _weights(fmt, 2 * F, K, torch.bfloat16, "cuda", gen)
         for M in (1, 3, 8):

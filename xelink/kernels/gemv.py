@@ -54,7 +54,7 @@ import torch
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, forward_only, interpreting, path_key, require_triton, sm_count,
                      tl, triton)
-from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_launch_args, w4_ptx
+from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_fuses_act, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
 from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_l2
@@ -870,19 +870,21 @@ class _GemvLaunch:
             raise ValueError(f"gemv: fmt='w4a16t' runs on KERNEL='tc' (impl='cuda'), not config KERNEL={kernel!r}")
         if kernel != "tc" and fmt == "w4a16" and cfg["BLOCK_K"] % W4_GROUP:
             raise ValueError(f"gemv: BLOCK_K={cfg['BLOCK_K']} must be a multiple of {W4_GROUP} for w4a16")
-        # act on the tensor-core kernel: its [M, N] into a temporary, then silu_mul (two launches).
-        self.unfused = act and kernel == "tc"
+        if kernel == "tc":
+            cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
+                   **cfg, "PDL": pdl}
+            cfg.pop("KERNEL")
+        # act on the tensor-core kernel where its tiles cannot pair (gate, up) rows (tc_fuses_act): its [M, N] into a
+        # temporary, then silu_mul (two launches).
+        self.unfused = act and kernel == "tc" and not tc_fuses_act(cfg, N, fmt == "w4a16t")
         if act and not self.unfused and cfg["BLOCK_N"] % 2:
             raise ValueError(f"gemv: act='silu_mul' needs an even BLOCK_N (it takes (gate, up) row pairs), "
                              f"got config BLOCK_N={cfg['BLOCK_N']}")
         # y's row stride: out's, else a new contiguous one's (the unfused act's temporary: [M, N])
         y_stride = N if self.unfused else out.stride(0) if out is not None else self.shape[1]
         if kernel == "tc":
-            cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
-                   **cfg, "PDL": pdl}
-            cfg.pop("KERNEL")
-            self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(w, x, scales, _FMT_CODE[fmt],
-                                                                                    cfg, y_stride, fmt == "w4a16t")
+            self.fn, self.grid, self.ints, self.kwargs, self.split = tc_launch_args(
+                w, x, scales, _FMT_CODE[fmt], cfg, y_stride, fmt == "w4a16t", act and not self.unfused)
         else:
             self._triton(w, x, scales, fmt, cfg, ptx, pdl, y_stride, act)
         self.sum, self.tiles, self.tc = None, 0, kernel == "tc"

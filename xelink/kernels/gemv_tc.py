@@ -59,7 +59,7 @@ try:
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon (older, Intel's): the path is absent
     gluon = None
 
-__all__ = ["TC_AVAILABLE", "tc_config", "tc_launch_args"]
+__all__ = ["TC_AVAILABLE", "tc_config", "tc_fuses_act", "tc_launch_args"]
 
 TC_AVAILABLE = gluon is not None
 STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
@@ -260,15 +260,26 @@ if gluon is not None:
             return mma_v2(a, b, acc)
 
     @gluon.jit
+    def _w_row(pid_n, r, N, R: gl.constexpr, ACT: gl.constexpr):
+        """Row of W (of N; or 16-row block of N blocks) that row (block) ``r`` of program ``pid_n``'s R reads,
+        clamped to the last: R from pid_n * R; ACT (W is [gate; up]): the first R / 2 from gate row pid_n * R / 2,
+        the others the matching up rows, N / 2 on."""
+        if ACT:
+            H: gl.constexpr = R // 2
+            return (r // H) * (N // 2) + gl.minimum(pid_n * H + r % H, N // 2 - 1)
+        else:
+            return gl.minimum(pid_n * R + r, N - 1)
+
+    @gluon.jit
     def _prefetch_tc(w_ptr, pid_n, N, stride_wn, first, nbytes, BN: gl.constexpr, WARPS: gl.constexpr,
-                     LIMIT: gl.constexpr):
-        """Before the PDL wait: ``nbytes`` (at most LIMIT) of each of the program's BN rows of W from byte
-        ``first`` into L2, a piece a thread (pdl.py's prefetch_l2, in Gluon's explicit layouts)."""
+                     LIMIT: gl.constexpr, ACT: gl.constexpr = False):
+        """Before the PDL wait: ``nbytes`` (at most LIMIT) of each of the program's BN rows of W (``_w_row``) from
+        byte ``first`` into L2, a piece a thread (pdl.py's prefetch_l2, in Gluon's explicit layouts)."""
         E: gl.constexpr = max(32 * WARPS, BN)
         PIECES: gl.constexpr = E // BN
         layout: gl.constexpr = gl.BlockedLayout([E // (32 * WARPS)], [32], [WARPS], [0])
         i = gl.arange(0, E, layout=layout)
-        rows = gl.minimum(pid_n * BN + i // PIECES, N - 1)
+        rows = _w_row(pid_n, i // PIECES, N, BN, ACT)
         n = gl.minimum(nbytes, LIMIT)
         piece = (gl.cdiv(n, PIECES) + 15) // 16 * 16
         at = (i % PIECES) * piece
@@ -278,22 +289,21 @@ if gluon is not None:
 
     @gluon.jit
     def _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, first, count, ROW_TILES: gl.constexpr,
-                  WARPS: gl.constexpr, W_COLS: gl.constexpr, WARP_ROWS: gl.constexpr):
+                  WARPS: gl.constexpr, W_COLS: gl.constexpr, WARP_ROWS: gl.constexpr, ACT: gl.constexpr):
         """Tiled W (``tile_w4a16``): each warp asks L2 for steps [first, first + count) of its own slice of the
         program's 16-row blocks (one contiguous range a block: lane r of a warp takes block r), so the bytes a
         warp will load later are in flight without registers."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         i = gl.arange(0, 32 * WARPS, layout=layout)
         r = i % 32
-        if WARP_ROWS:  # warp w: blocks (pid_n * WARPS + w) * ROW_TILES on, steps from pid_s * STEPS
+        if WARP_ROWS:  # warp w: the program's blocks w * ROW_TILES on, steps from pid_s * STEPS
             step0 = pid_s * STEPS + i * 0
-            block = (pid_n * WARPS + i // 32) * ROW_TILES + r
+            block = _w_row(pid_n, (i // 32) * ROW_TILES + r, gl.cdiv(N, 16), WARPS * ROW_TILES, ACT)
         else:
             step0 = (pid_s * WARPS + i // 32) * STEPS  # the warp's first step (of 128 columns) of K
-            block = pid_n * ROW_TILES + r
+            block = _w_row(pid_n, r, gl.cdiv(N, 16), ROW_TILES, ACT)
         lo = step0 + gl.minimum(first, STEPS)
         hi = gl.minimum(step0 + gl.minimum(first + count, STEPS), gl.cdiv(K, _STEP))
-        block = gl.minimum(block, gl.cdiv(N, 16) - 1)
         ptrs = (w_ptr.to(gl.pointer_type(gl.uint8), bitcast=True) + block.to(gl.int64) * (16 * stride_wn)
                 + lo * (16 * W_COLS))
         size = gl.where(r < ROW_TILES, gl.maximum(hi - lo, 0) * (16 * W_COLS), 0)
@@ -306,7 +316,7 @@ if gluon is not None:
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
                         num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0,
                         PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0, TILED: gl.constexpr = False,
-                        AHEAD: gl.constexpr = 0, WARP_ROWS: gl.constexpr = False):
+                        AHEAD: gl.constexpr = 0, WARP_ROWS: gl.constexpr = False, ACT: gl.constexpr = False):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
@@ -335,9 +345,10 @@ if gluon is not None:
                 k_n = gl.minimum(K - k_lo, KP * STEPS * _STEP)
                 if TILED:  # a program's columns of each of its 16-row blocks are one contiguous range
                     _prefetch_tc(w_ptr, pid_n, gl.cdiv(N, 16), stride_wn * 16, k_lo // W_DIV * 16,
-                                 k_n // W_DIV * 16, ROW_TILES * RP, WARPS, LIMIT * 16)
+                                 k_n // W_DIV * 16, ROW_TILES * RP, WARPS, LIMIT * 16, ACT)
                 else:
-                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN * RP, WARPS, LIMIT)
+                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN * RP, WARPS, LIMIT,
+                                 ACT)
         pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128, UNROLL at a time:
         # batch b holds step u = b // WARPS of each iteration of warp w = b % WARPS.
@@ -345,11 +356,13 @@ if gluon is not None:
         KW: gl.constexpr = 1 if WARP_ROWS else WARPS  # warps splitting a program's K
         bw = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
         k_w = ((pid_s * KW + (0 if WARP_ROWS else bw % WARPS)) * STEPS + bw // WARPS) * _STEP
+        # R rows a program (_w_row: ACT reads (gate, up) halves); rows past N re-read row N-1 (dropped at the store)
+        R: gl.constexpr = BN * WARPS if WARP_ROWS else BN
         rn = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
         if WARP_ROWS:
-            rn = gl.minimum((pid_n * WARPS + bw % WARPS)[:, None] * BN + rn[None, :], N - 1)  # [B, BN]
+            rn = _w_row(pid_n, (bw % WARPS)[:, None] * BN + rn[None, :], N, R, ACT)  # [B, BN]
         else:
-            rn = gl.minimum(pid_n * BN + rn, N - 1)[None, :]  # rows past N re-read row N-1 (dropped at the store)
+            rn = _w_row(pid_n, rn, N, R, ACT)[None, :]
         rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
         w_kb = (k_w // W_DIV)[:, None, None] + rc[None, None, :]  # element (byte) offset within a row
         if TILED:
@@ -371,9 +384,9 @@ if gluon is not None:
         s_k = ((pid_s * KW + (0 if WARP_ROWS else bs % WARPS)) * STEPS + bs // WARPS) * _STEP
         s_n = gl.arange(0, BN, layout=gl.SliceLayout(0, sl))
         if WARP_ROWS:
-            s_n = gl.minimum((pid_n * WARPS + bs % WARPS)[:, None] * BN + s_n[None, :], N - 1)
+            s_n = _w_row(pid_n, (bs % WARPS)[:, None] * BN + s_n[None, :], N, R, ACT)
         else:
-            s_n = gl.minimum(pid_n * BN + s_n, N - 1)[None, :]
+            s_n = _w_row(pid_n, s_n, N, R, ACT)[None, :]
         s_ptrs = s_ptr + s_n * stride_sn + (s_k // _STEP)[:, None]
         acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
         zero_acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
@@ -408,31 +421,52 @@ if gluon is not None:
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
         else:
             if AHEAD:  # (TILED) the warp's first AHEAD steps into L2, then each iteration the steps AHEAD on
-                _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, 0, AHEAD, ROW_TILES, WARPS, W_COLS, WARP_ROWS)
+                _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, 0, AHEAD, ROW_TILES, WARPS, W_COLS, WARP_ROWS,
+                          ACT)
             for it in range(ITERS):
                 if AHEAD:
                     _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, it * UNROLL + AHEAD, UNROLL, ROW_TILES,
-                              WARPS, W_COLS, WARP_ROWS)
+                              WARPS, W_COLS, WARP_ROWS, ACT)
                 # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
                 p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN, W_ADV)
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
 
         pdl_launch(PDL)
-        if WARP_ROWS:  # each warp's UNROLL batches summed in its registers: [WARPS * BN, 8]
+        if WARP_ROWS or ACT:
             ol: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS, 1], [1, 0])
-            y = gl.sum(gl.reshape(acc, [UNROLL, WARPS, BN, 8]), axis=0)
-            y = gl.convert_layout(gl.reshape(y, [WARPS * BN, 8]), ol)
-            rno = pid_n * WARPS * BN + gl.arange(0, WARPS * BN, layout=gl.SliceLayout(1, ol))
+            if WARP_ROWS:  # each warp's UNROLL batches summed in its registers: [R, 8]
+                y = gl.reshape(gl.sum(gl.reshape(acc, [UNROLL, WARPS, BN, 8]), axis=0), [R, 8])
+            else:
+                y = gl.sum(acc, axis=0)  # the warps' partial sums
+            y = gl.convert_layout(y, ol)
+            rno = gl.arange(0, R, layout=gl.SliceLayout(1, ol))
+            if FMT == 1:
+                y = y * gl.load(s_ptr + _w_row(pid_n, rno, N, R, ACT) * stride_sn).to(gl.float32)[:, None]
+            n_out = N
+            if ACT:  # silu(gate) * up of each (gate, up) row pair, each sum rounded to y's dtype first (gemv.py)
+                pairs: gl.constexpr = gl.BlockedLayout([2, 1, 8], [1, 32, 1], [1, WARPS, 1], [2, 1, 0])
+                y = gl.convert_layout(gl.reshape(y, [2, R // 2, 8]), pairs)  # a pair's two rows in one thread
+                g, u = gl.split(gl.permute(y, [1, 2, 0]))
+                g = g.to(y_ptr.dtype.element_ty).to(gl.float32)
+                u = u.to(y_ptr.dtype.element_ty).to(gl.float32)
+                y = gl.convert_layout(g / (1.0 + gl.exp(-g)) * u, ol)
+                rno = pid_n * (R // 2) + gl.arange(0, R // 2, layout=gl.SliceLayout(1, ol))
+                rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
+                n_out = N // 2
+            else:
+                rno = pid_n * R + rno
+                rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
         else:
             y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
             ol: gl.constexpr = gl.SliceLayout(0, mma)
             rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
-        rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
-        if FMT == 1:
-            y = y * gl.load(s_ptr + gl.minimum(rno, N - 1) * stride_sn).to(gl.float32)[:, None]
+            rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
+            if FMT == 1:
+                y = y * gl.load(s_ptr + gl.minimum(rno, N - 1) * stride_sn).to(gl.float32)[:, None]
+            n_out = N
         y_ptrs = y_ptr + pid_s * stride_ys + rmo[None, :] * stride_ym + rno[:, None]
-        y_ok = (rmo < M)[None, :] & (rno < N)[:, None]
+        y_ok = (rmo < M)[None, :] & (rno < n_out)[:, None]
         if PARTIAL:
             gl.store(y_ptrs, y, mask=y_ok)
         else:
@@ -483,8 +517,17 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
     return cfg
 
 
+def tc_fuses_act(cfg: dict, N: int, tiled: bool) -> bool:
+    """Whether config ``cfg`` (its ``ROW_TILES``, ``num_warps``, ``WARP_ROWS``) applies ``act="silu_mul"`` in the
+    kernel for W [gate; up] of N rows: a program's rows split into (gate, up) halves, which for tiled weights must be
+    whole 16-row blocks (N / 2 and half the program's rows multiples of 16); else gemv runs the kernel, then
+    silu_mul."""
+    rows = 16 * cfg.get("ROW_TILES", 1) * (cfg.get("num_warps", 4) if cfg.get("WARP_ROWS", False) else 1)
+    return N % 2 == 0 and (not tiled or (N // 2) % 16 == 0 and (rows // 2) % 16 == 0)
+
+
 def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y_stride: int,
-                   tiled: bool = False) -> tuple:
+                   tiled: bool = False, act: bool = False) -> tuple:
     """How the tensor-core GEMV launches for W ``w [N, *]`` and activations ``x [M, K]`` (x taken
     contiguous, M <= 8; checks done by the caller) into ``y [M, N]`` of row stride ``y_stride``: (kernel,
     grid, the integer arguments after (w, x, scales, out), the options, the grid split: > 1 means ``out``
@@ -496,7 +539,9 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     weights loaded into registers early) or ``STAGES`` (0, or 2-8 shared-memory stages of cp.async; taken where
     K and W's row stride are multiples of 16 elements and its base 16-byte aligned, else off), each defaulted.
     ``tiled``: W4A16 weights in ``tile_w4a16``'s layout (fmt "w4a16t"; N a multiple of 16, contiguous: checked by
-    the caller)."""
+    the caller). ``act``: W is [gate; up] and y gets silu(gate) * up (``[M, N / 2]``; where :func:`tc_fuses_act`,
+    checked by the caller; no grid split). ``AHEAD`` (tiled W4A16: steps a warp asks L2 for ahead of its loads) and
+    ``WARP_ROWS`` (each warp its own 16-row blocks over all of the program's K) are opt-in, default 0 / False."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
@@ -541,6 +586,8 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         stages = 0
     steps = -(-K // STEP)
     k_warps, row_warps = (1, warps) if warp_rows else (warps, 1)  # warps splitting K / taking rows of a program
+    if act:
+        split = 1  # (the (gate, up) pairs combine at the store)
     split = max(1, min(split, -(-steps // k_warps)))
     per_warp = -(-steps // (split * k_warps))
     split = -(-steps // (per_warp * k_warps))
@@ -548,12 +595,13 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     even = K == split * k_warps * per_warp * STEP
     stride_sn = scales.stride(0) if scales is not None else 0
     x_stride = x.stride(0) if x.is_contiguous() else K
-    grid = (-(-N // (16 * row_tiles * row_warps)), split)
+    rows = 16 * row_tiles * row_warps  # a program's rows of W (act: half gate, half up)
+    grid = (-(-(N // 2) // (rows // 2)) if act else -(-N // rows), split)
     ints = (M, N, K, per_warp, w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride,
             M * N if split > 1 else 0)
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe), STAGES=stages,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
-                  TILED=bool(tiled), AHEAD=ahead, WARP_ROWS=bool(warp_rows),
+                  TILED=bool(tiled), AHEAD=ahead, WARP_ROWS=bool(warp_rows), ACT=bool(act),
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
     kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles * row_warps,
