@@ -4,12 +4,12 @@ kernel has it, the prefetch) as in the step, captured in one CUDA graph; us a ca
 stored (packed weights and scales for W4A16) for the kept configuration (``_gemv_config``) and each candidate;
 every output checked against the kept one's.
 
-python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|w4a16t|w4a16t-ahead|w4a16t-act|staged-bf16|staged-w4a16|
-kept-<fmt>[:shape,...] ...]
+python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|w4a16t|w4a16t-act|staged-bf16|staged-w4a16|kept-<fmt>
+[:shape,...] ...]
 (default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
-shared-memory stages, ``STAGES``; ``w4a16t``: the weights in tiles, ``tile_w4a16``; ``w4a16t-ahead``: the tiles
-with ``AHEAD`` and ``WARP_ROWS``; ``w4a16t-act``: gate_up with act="silu_mul", the kept two launches against
-tiles that apply it in the kernel; ``kept-*``: the kept configuration only)
+shared-memory stages, ``STAGES``; ``w4a16t``: the weights in tiles, ``tile_w4a16``; ``w4a16t-act``: gate_up
+with act="silu_mul" on the tiles, the kept two launches against tiles that apply it in the kernel; ``kept-*``: the
+kept configuration only)
 """
 import statistics
 import sys
@@ -57,30 +57,13 @@ CONFIGS["w4a16t"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SP
                      for rt, nw, un, sp in [(1, 4, 1, 1), (1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 1, 1), (1, 8, 2, 1),
                                             (1, 8, 1, 2), (1, 8, 2, 2), (1, 4, 1, 2), (1, 4, 1, 4), (1, 2, 1, 1),
                                             (2, 4, 2, 1)]]
-# The tiled weights with the warps' next steps asked of L2 ahead of their loads (AHEAD steps, bytes in flight without
-# registers), and warps that each take their own 16-row block over all of the program's K (WARP_ROWS: no sum
-# between warps; a grid split where rows are few): row tiles, warps, steps a warp an iteration, grid split, AHEAD,
-# WARP_ROWS.
-SHAPES["w4a16t-ahead"] = SHAPES["w4a16"]
-CONFIGS["w4a16t-ahead"] = [dict(KERNEL="tc", ROW_TILES=1, num_warps=nw, UNROLL=un, SPLIT=sp, AHEAD=ah, WARP_ROWS=wr)
-                           for nw, un, sp, ah, wr in
-                           [(4, 1, 1, 2, False), (4, 1, 1, 4, False), (4, 1, 1, 8, False), (8, 1, 1, 2, False),
-                            (8, 1, 1, 4, False), (8, 2, 1, 2, False), (8, 2, 1, 4, False), (4, 1, 4, 2, False),
-                            (4, 1, 4, 4, False), (8, 1, 2, 2, False), (8, 1, 2, 4, False),
-                            (4, 1, 1, 0, True), (4, 2, 1, 0, True), (4, 1, 1, 4, True), (4, 1, 1, 8, True),
-                            (4, 2, 1, 8, True), (8, 1, 1, 0, True), (8, 1, 1, 8, True), (2, 1, 1, 8, True),
-                            (2, 2, 1, 8, True), (4, 1, 2, 8, True), (4, 1, 4, 8, True), (4, 2, 4, 8, True),
-                            (8, 1, 4, 8, True), (4, 1, 8, 4, True)]]
 # gate_up with act="silu_mul" on the tiles: the kept configuration (the GEMV, then silu_mul: two launches) against
 # tiles whose programs pair (gate, up) row blocks and apply it at the store (one launch): row tiles, warps, steps a
-# warp an iteration, AHEAD, WARP_ROWS.
+# warp an iteration.
 SHAPES["w4a16t-act"] = [(28672, 4096, "gate_up")]
-CONFIGS["w4a16t-act"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, AHEAD=ah, WARP_ROWS=wr)
-                         for rt, nw, un, ah, wr in
-                         [(2, 4, 1, 0, False), (2, 4, 1, 4, False), (2, 8, 1, 0, False), (2, 8, 1, 2, False),
-                          (2, 4, 2, 0, False), (2, 2, 1, 0, False), (1, 4, 1, 0, True), (1, 4, 1, 8, True),
-                          (1, 4, 2, 8, True), (1, 2, 1, 8, True), (1, 2, 2, 8, True), (1, 8, 1, 8, True),
-                          (2, 2, 1, 8, True)]]
+CONFIGS["w4a16t-act"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=1)
+                         for rt, nw, un in [(2, 4, 1), (2, 8, 1), (2, 4, 2), (2, 2, 1), (2, 2, 2), (4, 4, 1), (4, 2, 1),
+                                            (4, 8, 1)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
@@ -96,7 +79,7 @@ def main():
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
         mode, _, names = arg.partition(":")
-        fmt = mode.removeprefix("staged-").removeprefix("kept-").removesuffix("-ahead").removesuffix("-act")
+        fmt = mode.removeprefix("staged-").removeprefix("kept-").removesuffix("-act")
         act = "silu_mul" if mode.endswith("-act") else None
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):

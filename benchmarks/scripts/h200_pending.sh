@@ -43,9 +43,8 @@
 #   s26:      what the twenty-sixth session changed after its last GPU run: qgemm's remembered checks (its GPU tests,
 #             the remembered-call test among them), flash_attention_varlen's offsets read once a version (its GPU
 #             tests), then qgemm's host time (~4 minutes);
-#   s27:      the tensor-core GEMV's AHEAD (the warps' next tiled steps asked of L2), WARP_ROWS (a warp its own rows
-#             over all of K) and act="silu_mul" in the kernel: the one-row GEMVs' sweep of them on the tiled weights,
-#             then their GPU tests (~9 minutes).
+#   s27:      the tensor-core GEMV with act="silu_mul" in the kernel: gate_up's sweep of it on the tiled weights,
+#             then the tensor-core, tiled and act GPU tests (~5 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -177,7 +176,7 @@ s26)
   step qgemm_host_profile 60 python3 benchmarks/scripts/kernel_host_profile.py qgemm
   ;;
 s27)
-  step gemv_chain_sweep_w4a16t_ahead 330 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-ahead w4a16t-act
+  step gemv_chain_sweep_w4a16t_act 150 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-act
   step tc_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv.py -k "tensor_core or tiled or act_silu_mul"
   ;;

@@ -531,19 +531,12 @@ TC_CONFIGS = [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNR
               # the weights in flight in shared memory (cp.async stages), with K tails, grid splits and late PDL
               dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, STAGES=4, SPLIT=1),
               dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=1, STAGES=3, SPLIT=2, PDL="late"),
-              dict(KERNEL="tc", ROW_TILES=1, num_warps=8, UNROLL=1, STAGES=2, SPLIT=4, BIASED=True),
-              # each warp its own 16-row blocks over all of the program's K (no sum between warps)
-              dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=2, WARP_ROWS=True),
-              dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=1, SPLIT=1, WARP_ROWS=True, PDL="late")]
+              dict(KERNEL="tc", ROW_TILES=1, num_warps=8, UNROLL=1, STAGES=2, SPLIT=4, BIASED=True)]
 # UNROLL 8 on W4A16 only: on rows of unaligned length (dense and W8A16 K tails) its element-wise loads make a kernel
 # that takes ptxas tens of seconds (658a747: 48 s at ROW_TILES=2, 2 warps)
 TC_W4_CONFIGS = [dict(KERNEL="tc", ROW_TILES=2, num_warps=2, UNROLL=8, SPLIT=2),
                  dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=8, PIPE=True, SPLIT=1),
                  dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=4, STAGES=8, SPLIT=1)]
-# The tiled weights only: the warps' next steps asked of L2 ahead of their loads (a hint: the same sums as without)
-TC_TILED_CONFIGS = [dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=1, SPLIT=1, AHEAD=4),
-                    dict(KERNEL="tc", ROW_TILES=2, num_warps=8, UNROLL=2, SPLIT=2, AHEAD=3, BIASED=True),
-                    dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=4, AHEAD=8, WARP_ROWS=True)]
 
 
 @pytest.mark.gpu
@@ -579,7 +572,7 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
     assert tiled_w4a16_native("cuda")
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    configs = [None] + [c for c in TC_CONFIGS + TC_W4_CONFIGS if "STAGES" not in c] + TC_TILED_CONFIGS
+    configs = [None] + [c for c in TC_CONFIGS + TC_W4_CONFIGS if "STAGES" not in c]
     for N, K in [(16, 128), (48, 384), (304, 1024), (4096, 256), (64, 4224), (6144, 4096), (4096, 14336)]:
         w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
         t = tile_w4a16(w)
@@ -589,7 +582,7 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
                 where = f"w4a16t {dtype} N={N} K={K} M={M} cfg={cfg} seed={seed}"
                 _check_gpu_gemv(t, x, s, "w4a16t", "cuda", cfg, exact, where)
                 # the tiled format's tiles (a partial config completed by its defaults, as gemv does) on the rows
-                given = {k: v for k, v in (cfg or {}).items() if k != "AHEAD"}  # (AHEAD: tiles only)
+                given = cfg or {}
                 rows_cfg = {**tc_config(M, N, K, "w4a16t", sm_count(x.device), given.get("ROW_TILES"),
                                         given.get("num_warps"), given.get("UNROLL")), **given, "KERNEL": "tc"}
                 want = gemv(w, x, s, "w4a16", "cuda", config=rows_cfg)
@@ -600,12 +593,11 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
     rows_cfg = dict(KERNEL="tc", **tc_config(2, 4096, 4096, "w4a16t", sm_count(x.device)))
     assert torch.equal(gemv(t, x, s, "w4a16t", act="silu_mul"), gemv(w, x, s, "w4a16", act="silu_mul",
                                                                       config=rows_cfg))
-    # act in the kernel on the tiles ((gate, up) halves of whole 16-row blocks), with AHEAD: as the rows' GEMV then
-    # silu_mul, bit for bit
-    for cfg in [dict(KERNEL="tc", ROW_TILES=2, num_warps=8, UNROLL=1, AHEAD=2),
-                dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=2, WARP_ROWS=True, AHEAD=4)]:
-        rows_cfg = {k: v for k, v in cfg.items() if k != "AHEAD"}
-        want = silu_mul(gemv(w, x, s, "w4a16", config=rows_cfg), impl="triton")
+    # act in the kernel on the tiles ((gate, up) halves of whole 16-row blocks): as the rows' GEMV then silu_mul,
+    # bit for bit
+    for cfg in [dict(KERNEL="tc", ROW_TILES=2, num_warps=8, UNROLL=1), dict(KERNEL="tc", ROW_TILES=4, num_warps=4,
+                                                                             UNROLL=2, BIASED=True)]:
+        want = silu_mul(gemv(w, x, s, "w4a16", config=cfg), impl="triton")
         assert torch.equal(gemv(t, x, s, "w4a16t", config=cfg, act="silu_mul"), want), cfg
     out = gemv(t, x, s, "w4a16t")
     g = torch.cuda.CUDAGraph()
@@ -648,12 +640,6 @@ def test_gpu_tensor_core_kernel_bad_config(requires_gpus):
         gemv(w, x, config=dict(KERNEL="tc", PIPE=True, STAGES=3), impl="cuda")
     with pytest.raises(ValueError, match="STAGES=8 needs 262144 bytes"):  # 8 x 8 warps x 16 rows x 256 bytes
         gemv(w, x, config=dict(KERNEL="tc", num_warps=8, STAGES=8), impl="cuda")
-    with pytest.raises(ValueError, match="AHEAD=4 takes fmt='w4a16t'"):
-        gemv(w, x, config=dict(KERNEL="tc", AHEAD=4), impl="cuda")
-    with pytest.raises(ValueError, match="AHEAD=65 must be an int in 0..64"):
-        gemv(w, x, config=dict(KERNEL="tc", AHEAD=65), impl="cuda")
-    with pytest.raises(ValueError, match="WARP_ROWS=1 must be a bool"):
-        gemv(w, x, config=dict(KERNEL="tc", WARP_ROWS=1), impl="cuda")
     with pytest.raises(ValueError, match="unknown KERNEL='tc' config keys"):
         gemv(w, x, config=dict(KERNEL="tc", BLOCK_N=16), impl="cuda")
     with pytest.raises(ValueError, match="impl='cuda' only"):
@@ -693,9 +679,8 @@ def test_gpu_out_blocks(requires_gpus, impl, fmt):
 def test_gpu_act_silu_mul(requires_gpus, fmt, impl):
     # act="silu_mul" (the decode MLP's gate/up projection) equals the plain GEMV then silu_mul bit for bit,
     # with the default tiles (one launch on every kernel: the tensor-core kernel pairs (gate, up) rows in a
-    # program, tc_fuses_act), explicit tiles of every kernel (the tensor-core kernel's row tiles and WARP_ROWS
-    # halves), output tails, 1-8 rows, 1-D x, out= a column block, and captured in a CUDA graph replayed with new
-    # activations.
+    # program, tc_fuses_act), explicit tiles of every kernel, output tails, 1-8 rows, 1-D x, out= a column block,
+    # and captured in a CUDA graph replayed with new activations.
     requires_gpus(1)
     gen = torch.Generator(device="cuda").manual_seed(7)
     configs = [None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=2, num_warps=4,
@@ -704,7 +689,7 @@ def test_gpu_act_silu_mul(requires_gpus, fmt, impl):
         else [dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, num_warps=1, num_stages=1)]
     if impl == "cuda" and fmt != "bf16":
         configs += [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=2, num_warps=4, UNROLL=2),
-                    dict(KERNEL="tc", ROW_TILES=1, num_warps=4, UNROLL=1, WARP_ROWS=True)]
+                    dict(KERNEL="tc", ROW_TILES=4, num_warps=2, UNROLL=1)]
     for F, K in [(14336, 4096), (4096, 1024), (33, 256), (1, 128)]:
         w, s, _ = _weights(fmt, 2 * F, K, torch.bfloat16, "cuda", gen)
         for M in (1, 3, 8):

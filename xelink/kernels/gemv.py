@@ -877,7 +877,7 @@ class _GemvLaunch:
         # act on the tensor-core kernel where its tiles cannot pair (gate, up) rows (tc_fuses_act): its [M, N] into a
         # temporary, then silu_mul (two launches).
         self.unfused = act and kernel == "tc" and not tc_fuses_act(cfg, N, fmt == "w4a16t")
-        if act and not self.unfused and cfg["BLOCK_N"] % 2:
+        if act and kernel != "tc" and cfg["BLOCK_N"] % 2:
             raise ValueError(f"gemv: act='silu_mul' needs an even BLOCK_N (it takes (gate, up) row pairs), "
                              f"got config BLOCK_N={cfg['BLOCK_N']}")
         # y's row stride: out's, else a new contiguous one's (the unfused act's temporary: [M, N])

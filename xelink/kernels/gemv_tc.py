@@ -260,19 +260,19 @@ if gluon is not None:
             return mma_v2(a, b, acc)
 
     @gluon.jit
-    def _w_row(pid_n, r, N, R: gl.constexpr, ACT: gl.constexpr):
-        """Row of W (of N; or 16-row block of N blocks) that row (block) ``r`` of program ``pid_n``'s R reads,
-        clamped to the last: R from pid_n * R; ACT (W is [gate; up]): the first R / 2 from gate row pid_n * R / 2,
-        the others the matching up rows, N / 2 on."""
+    def _w_row(pid_n, r, N, BN: gl.constexpr, ACT: gl.constexpr):
+        """Row of W (of N; or 16-row block of N blocks) that row (block) ``r`` of program ``pid_n``'s BN reads,
+        clamped to the last: BN from pid_n * BN; ACT (W is [gate; up]): the first BN / 2 from gate row
+        pid_n * BN / 2, the others the matching up rows, N / 2 on."""
         if ACT:
-            H: gl.constexpr = R // 2
+            H: gl.constexpr = BN // 2
             return (r // H) * (N // 2) + gl.minimum(pid_n * H + r % H, N // 2 - 1)
         else:
-            return gl.minimum(pid_n * R + r, N - 1)
+            return gl.minimum(pid_n * BN + r, N - 1)
 
     @gluon.jit
     def _prefetch_tc(w_ptr, pid_n, N, stride_wn, first, nbytes, BN: gl.constexpr, WARPS: gl.constexpr,
-                     LIMIT: gl.constexpr, ACT: gl.constexpr = False):
+                     LIMIT: gl.constexpr, ACT: gl.constexpr):
         """Before the PDL wait: ``nbytes`` (at most LIMIT) of each of the program's BN rows of W (``_w_row``) from
         byte ``first`` into L2, a piece a thread (pdl.py's prefetch_l2, in Gluon's explicit layouts)."""
         E: gl.constexpr = max(32 * WARPS, BN)
@@ -287,28 +287,6 @@ if gluon is not None:
         gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [ptrs, gl.minimum(piece, n - at)], dtype=gl.int32,
                                   is_pure=False, pack=1)
 
-    @gluon.jit
-    def _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, first, count, ROW_TILES: gl.constexpr,
-                  WARPS: gl.constexpr, W_COLS: gl.constexpr, WARP_ROWS: gl.constexpr, ACT: gl.constexpr):
-        """Tiled W (``tile_w4a16``): each warp asks L2 for steps [first, first + count) of its own slice of the
-        program's 16-row blocks (one contiguous range a block: lane r of a warp takes block r), so the bytes a
-        warp will load later are in flight without registers."""
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        i = gl.arange(0, 32 * WARPS, layout=layout)
-        r = i % 32
-        if WARP_ROWS:  # warp w: the program's blocks w * ROW_TILES on, steps from pid_s * STEPS
-            step0 = pid_s * STEPS + i * 0
-            block = _w_row(pid_n, (i // 32) * ROW_TILES + r, gl.cdiv(N, 16), WARPS * ROW_TILES, ACT)
-        else:
-            step0 = (pid_s * WARPS + i // 32) * STEPS  # the warp's first step (of 128 columns) of K
-            block = _w_row(pid_n, r, gl.cdiv(N, 16), ROW_TILES, ACT)
-        lo = step0 + gl.minimum(first, STEPS)
-        hi = gl.minimum(step0 + gl.minimum(first + count, STEPS), gl.cdiv(K, _STEP))
-        ptrs = (w_ptr.to(gl.pointer_type(gl.uint8), bitcast=True) + block.to(gl.int64) * (16 * stride_wn)
-                + lo * (16 * W_COLS))
-        size = gl.where(r < ROW_TILES, gl.maximum(hi - lo, 0) * (16 * W_COLS), 0)
-        gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [ptrs, size], dtype=gl.int32, is_pure=False, pack=1)
-
     @gluon.jit(do_not_specialize=["STEPS"])
     def _gemv_tc_kernel(w_ptr, x_ptr, s_ptr, y_ptr, M, N, K, STEPS,
                         stride_wn, stride_xm, stride_sn, stride_ym, stride_ys,
@@ -316,7 +294,7 @@ if gluon is not None:
                         BIASED: gl.constexpr, ROW_TILES: gl.constexpr, PDL: gl.constexpr,
                         num_warps: gl.constexpr, PREFETCH: gl.constexpr = 0, LIMIT: gl.constexpr = 0,
                         PIPE: gl.constexpr = False, STAGES: gl.constexpr = 0, TILED: gl.constexpr = False,
-                        AHEAD: gl.constexpr = 0, WARP_ROWS: gl.constexpr = False, ACT: gl.constexpr = False):
+                        ACT: gl.constexpr = False):
         WARPS: gl.constexpr = num_warps
         BN: gl.constexpr = 16 * ROW_TILES
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
@@ -338,41 +316,31 @@ if gluon is not None:
         W_ADV: gl.constexpr = 16 if TILED else 1
         if PREFETCH:
             if pid_n + pid_s * gl.num_programs(0) < PREFETCH:  # the first PREFETCH programs' columns: their
-                # warps' STEPS steps each, from (s * WARPS) * STEPS * 128 (WARP_ROWS: s * STEPS * 128)
-                KP: gl.constexpr = 1 if WARP_ROWS else WARPS
-                RP: gl.constexpr = WARPS if WARP_ROWS else 1
-                k_lo = pid_s * KP * STEPS * _STEP
-                k_n = gl.minimum(K - k_lo, KP * STEPS * _STEP)
+                # warps' STEPS steps each, from (s * WARPS) * STEPS * 128
+                k_lo = pid_s * WARPS * STEPS * _STEP
+                k_n = gl.minimum(K - k_lo, WARPS * STEPS * _STEP)
                 if TILED:  # a program's columns of each of its 16-row blocks are one contiguous range
                     _prefetch_tc(w_ptr, pid_n, gl.cdiv(N, 16), stride_wn * 16, k_lo // W_DIV * 16,
-                                 k_n // W_DIV * 16, ROW_TILES * RP, WARPS, LIMIT * 16, ACT)
+                                 k_n // W_DIV * 16, ROW_TILES, WARPS, LIMIT * 16, ACT)
                 else:
-                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN * RP, WARPS, LIMIT,
-                                 ACT)
+                    _prefetch_tc(w_ptr, pid_n, N, stride_wn, k_lo // W_DIV, k_n // W_DIV, BN, WARPS, LIMIT, ACT)
         pdl_wait(PDL)
         # Warp w of split s takes STEPS steps from column (s * WARPS + w) * STEPS * 128, UNROLL at a time:
         # batch b holds step u = b // WARPS of each iteration of warp w = b % WARPS.
-        # WARP_ROWS: warp w takes rows (pid_n * WARPS + w) * BN on and every step of split s (no sum between warps).
-        KW: gl.constexpr = 1 if WARP_ROWS else WARPS  # warps splitting a program's K
         bw = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
-        k_w = ((pid_s * KW + (0 if WARP_ROWS else bw % WARPS)) * STEPS + bw // WARPS) * _STEP
-        # R rows a program (_w_row: ACT reads (gate, up) halves); rows past N re-read row N-1 (dropped at the store)
-        R: gl.constexpr = BN * WARPS if WARP_ROWS else BN
-        rn = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
-        if WARP_ROWS:
-            rn = _w_row(pid_n, (bw % WARPS)[:, None] * BN + rn[None, :], N, R, ACT)  # [B, BN]
-        else:
-            rn = _w_row(pid_n, rn, N, R, ACT)[None, :]
+        k_w = ((pid_s * WARPS + bw % WARPS) * STEPS + bw // WARPS) * _STEP
+        # rows past N re-read row N-1 (dropped at the store): no row mask; ACT: (gate, up) halves (_w_row)
+        rn = _w_row(pid_n, gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl))), N, BN, ACT)
         rc = gl.arange(0, W_COLS, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
         w_kb = (k_w // W_DIV)[:, None, None] + rc[None, None, :]  # element (byte) offset within a row
         if TILED:
-            w_ptrs = (w_ptr + ((rn // 16) * (16 * stride_wn) + (rn % 16) * W_COLS)[:, :, None]
+            w_ptrs = (w_ptr + ((rn // 16) * (16 * stride_wn) + (rn % 16) * W_COLS)[None, :, None]
                       + (k_w // W_DIV * 16)[:, None, None] + rc[None, None, :])
         else:
-            w_ptrs = w_ptr + rn[:, :, None] * stride_wn + w_kb
+            w_ptrs = w_ptr + rn[None, :, None] * stride_wn + w_kb
 
         bx = gl.arange(0, B, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
-        x_w = ((pid_s * KW + (0 if WARP_ROWS else bx % WARPS)) * STEPS + bx // WARPS) * _STEP
+        x_w = ((pid_s * WARPS + bx % WARPS) * STEPS + bx // WARPS) * _STEP
         rm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
         rk = gl.arange(0, _STEP, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
         x_kk = x_w[:, None, None] + rk[None, None, :]
@@ -381,13 +349,9 @@ if gluon is not None:
 
         # W4A16 group scales [batch, row] (masked: a warp's steps may run past K).
         bs = gl.arange(0, B, layout=gl.SliceLayout(1, sl))
-        s_k = ((pid_s * KW + (0 if WARP_ROWS else bs % WARPS)) * STEPS + bs // WARPS) * _STEP
-        s_n = gl.arange(0, BN, layout=gl.SliceLayout(0, sl))
-        if WARP_ROWS:
-            s_n = _w_row(pid_n, (bs % WARPS)[:, None] * BN + s_n[None, :], N, R, ACT)
-        else:
-            s_n = _w_row(pid_n, s_n, N, R, ACT)[None, :]
-        s_ptrs = s_ptr + s_n * stride_sn + (s_k // _STEP)[:, None]
+        s_k = ((pid_s * WARPS + bs % WARPS) * STEPS + bs // WARPS) * _STEP
+        s_n = _w_row(pid_n, gl.arange(0, BN, layout=gl.SliceLayout(0, sl)), N, BN, ACT)
+        s_ptrs = s_ptr + s_n[None, :] * stride_sn + (s_k // _STEP)[:, None]
         acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
         zero_acc = gl.zeros([B, BN, 8], gl.float32, layout=mma)
         offset = gl.full([B, BN, _STEP], -136.0, gl.bfloat16, layout=a_layout)
@@ -420,45 +384,29 @@ if gluon is not None:
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
         else:
-            if AHEAD:  # (TILED) the warp's first AHEAD steps into L2, then each iteration the steps AHEAD on
-                _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, 0, AHEAD, ROW_TILES, WARPS, W_COLS, WARP_ROWS,
-                          ACT)
             for it in range(ITERS):
-                if AHEAD:
-                    _ahead_tc(w_ptr, pid_n, pid_s, N, K, stride_wn, STEPS, it * UNROLL + AHEAD, UNROLL, ROW_TILES,
-                              WARPS, W_COLS, WARP_ROWS, ACT)
                 # each warp's UNROLL steps loaded before any is used: more bytes in flight a warp
                 p, s = _step_weights(w_ptrs, s_ptrs, w_kb, s_k, it * KI, K, FMT, EVEN, W_ADV)
                 x = _step_x(x_ptrs, x_kk, it * KI, K, EVEN)
                 acc = _step_mma(acc, p, x, s, offset, zero_acc, FMT, BIASED, a_layout, b_layout, B, BN)
 
         pdl_launch(PDL)
-        if WARP_ROWS or ACT:
+        y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
+        if ACT:  # silu(gate) * up of each (gate, up) row pair, each sum rounded to y's dtype first (gemv.py)
             ol: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS, 1], [1, 0])
-            if WARP_ROWS:  # each warp's UNROLL batches summed in its registers: [R, 8]
-                y = gl.reshape(gl.sum(gl.reshape(acc, [UNROLL, WARPS, BN, 8]), axis=0), [R, 8])
-            else:
-                y = gl.sum(acc, axis=0)  # the warps' partial sums
-            y = gl.convert_layout(y, ol)
-            rno = gl.arange(0, R, layout=gl.SliceLayout(1, ol))
             if FMT == 1:
-                y = y * gl.load(s_ptr + _w_row(pid_n, rno, N, R, ACT) * stride_sn).to(gl.float32)[:, None]
-            n_out = N
-            if ACT:  # silu(gate) * up of each (gate, up) row pair, each sum rounded to y's dtype first (gemv.py)
-                pairs: gl.constexpr = gl.BlockedLayout([2, 1, 8], [1, 32, 1], [1, WARPS, 1], [2, 1, 0])
-                y = gl.convert_layout(gl.reshape(y, [2, R // 2, 8]), pairs)  # a pair's two rows in one thread
-                g, u = gl.split(gl.permute(y, [1, 2, 0]))
-                g = g.to(y_ptr.dtype.element_ty).to(gl.float32)
-                u = u.to(y_ptr.dtype.element_ty).to(gl.float32)
-                y = gl.convert_layout(g / (1.0 + gl.exp(-g)) * u, ol)
-                rno = pid_n * (R // 2) + gl.arange(0, R // 2, layout=gl.SliceLayout(1, ol))
-                rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
-                n_out = N // 2
-            else:
-                rno = pid_n * R + rno
-                rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
+                rs = _w_row(pid_n, gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(0, mma))), N, BN, ACT)
+                y = y * gl.load(s_ptr + rs * stride_sn).to(gl.float32)[:, None]
+            pairs: gl.constexpr = gl.BlockedLayout([2, 1, 8], [1, 32, 1], [1, WARPS, 1], [2, 1, 0])
+            y = gl.convert_layout(gl.reshape(y, [2, BN // 2, 8]), pairs)  # a pair's two rows in one thread
+            g, u = gl.split(gl.permute(y, [1, 2, 0]))
+            g = g.to(y_ptr.dtype.element_ty).to(gl.float32)
+            u = u.to(y_ptr.dtype.element_ty).to(gl.float32)
+            y = gl.convert_layout(g / (1.0 + gl.exp(-g)) * u, ol)
+            rno = pid_n * (BN // 2) + gl.arange(0, BN // 2, layout=gl.SliceLayout(1, ol))
+            rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
+            n_out = N // 2
         else:
-            y = gl.sum(acc, axis=0)  # the warps' partial sums: [BN, 8]
             ol: gl.constexpr = gl.SliceLayout(0, mma)
             rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ol))
             rmo = gl.arange(0, 8, layout=gl.SliceLayout(0, ol))
@@ -518,12 +466,10 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
 
 
 def tc_fuses_act(cfg: dict, N: int, tiled: bool) -> bool:
-    """Whether config ``cfg`` (its ``ROW_TILES``, ``num_warps``, ``WARP_ROWS``) applies ``act="silu_mul"`` in the
-    kernel for W [gate; up] of N rows: a program's rows split into (gate, up) halves, which for tiled weights must be
-    whole 16-row blocks (N / 2 and half the program's rows multiples of 16); else gemv runs the kernel, then
-    silu_mul."""
-    rows = 16 * cfg.get("ROW_TILES", 1) * (cfg.get("num_warps", 4) if cfg.get("WARP_ROWS", False) else 1)
-    return N % 2 == 0 and (not tiled or (N // 2) % 16 == 0 and (rows // 2) % 16 == 0)
+    """Whether config ``cfg`` (its ``ROW_TILES``) applies ``act="silu_mul"`` in the kernel for W [gate; up] of N
+    rows: a program's rows split into (gate, up) halves, which for tiled weights must be whole 16-row blocks (N / 2
+    a multiple of 16, ROW_TILES >= 2); else gemv runs the kernel, then silu_mul."""
+    return N % 2 == 0 and (not tiled or (N // 2) % 16 == 0 and cfg.get("ROW_TILES", 1) >= 2)
 
 
 def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg: dict, y_stride: int,
@@ -540,15 +486,14 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
     K and W's row stride are multiples of 16 elements and its base 16-byte aligned, else off), each defaulted.
     ``tiled``: W4A16 weights in ``tile_w4a16``'s layout (fmt "w4a16t"; N a multiple of 16, contiguous: checked by
     the caller). ``act``: W is [gate; up] and y gets silu(gate) * up (``[M, N / 2]``; where :func:`tc_fuses_act`,
-    checked by the caller; no grid split). ``AHEAD`` (tiled W4A16: steps a warp asks L2 for ahead of its loads) and
-    ``WARP_ROWS`` (each warp its own 16-row blocks over all of the program's K) are opt-in, default 0 / False."""
+    checked by the caller; no grid split)."""
     if gluon is None:
         raise RuntimeError("gemv: KERNEL='tc' needs Triton's Gluon (triton >= 3.5 for CUDA)")
     cfg = dict(cfg)
     row_tiles, warps = cfg.pop("ROW_TILES", 1), cfg.pop("num_warps", 4)
     split, unroll = cfg.pop("SPLIT", 1), cfg.pop("UNROLL", 1)
     biased, pipe, stages = cfg.pop("BIASED", False), cfg.pop("PIPE", False), cfg.pop("STAGES", 0)
-    pdl, ahead, warp_rows = cfg.pop("PDL", 0), cfg.pop("AHEAD", 0), cfg.pop("WARP_ROWS", False)
+    pdl = cfg.pop("PDL", 0)
     if cfg:
         raise ValueError(f"gemv: unknown KERNEL='tc' config keys {sorted(cfg)}")
     for name, v in (("ROW_TILES", row_tiles), ("num_warps", warps), ("SPLIT", split)):
@@ -562,14 +507,6 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         raise ValueError(f"gemv: KERNEL='tc' config STAGES={stages!r} must be 0 (off) or 2-8")
     if tiled and stages:
         raise ValueError("gemv: KERNEL='tc' config STAGES does not take fmt='w4a16t' (copies of row pieces)")
-    if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= 64:
-        raise ValueError(f"gemv: KERNEL='tc' config AHEAD={ahead!r} must be an int in 0..64 (steps a warp asks L2 for "
-                         "ahead of its loads)")
-    if ahead and not (tiled and fmt_code == 2) or ahead and (stages or pipe):
-        raise ValueError(f"gemv: KERNEL='tc' config AHEAD={ahead} takes fmt='w4a16t' (a warp's steps contiguous) "
-                         "without PIPE or STAGES")
-    if not isinstance(warp_rows, bool) or warp_rows and (stages or pipe):
-        raise ValueError(f"gemv: KERNEL='tc' config WARP_ROWS={warp_rows!r} must be a bool, without PIPE or STAGES")
     if stages and pipe:
         raise ValueError("gemv: KERNEL='tc' config takes PIPE or STAGES, not both (two ways to load ahead)")
     # a stage is a warp's UNROLL steps of 16 * ROW_TILES rows of W, every warp's
@@ -585,25 +522,23 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
         # (arguments divisible by 16): other rows are loaded into registers (STAGES off).
         stages = 0
     steps = -(-K // STEP)
-    k_warps, row_warps = (1, warps) if warp_rows else (warps, 1)  # warps splitting K / taking rows of a program
     if act:
         split = 1  # (the (gate, up) pairs combine at the store)
-    split = max(1, min(split, -(-steps // k_warps)))
-    per_warp = -(-steps // (split * k_warps))
-    split = -(-steps // (per_warp * k_warps))
+    split = max(1, min(split, -(-steps // warps)))
+    per_warp = -(-steps // (split * warps))
+    split = -(-steps // (per_warp * warps))
     per_warp = -(-per_warp // unroll) * unroll  # whole unrolled iterations; steps past K are masked
-    even = K == split * k_warps * per_warp * STEP
+    even = K == split * warps * per_warp * STEP
     stride_sn = scales.stride(0) if scales is not None else 0
     x_stride = x.stride(0) if x.is_contiguous() else K
-    rows = 16 * row_tiles * row_warps  # a program's rows of W (act: half gate, half up)
-    grid = (-(-(N // 2) // (rows // 2)) if act else -(-N // rows), split)
+    grid = (-(-(N // 2) // (8 * row_tiles)) if act else -(-N // (16 * row_tiles)), split)
     ints = (M, N, K, per_warp, w.stride(0), x_stride, stride_sn, N if split > 1 else y_stride,
             M * N if split > 1 else 0)
     kwargs = dict(FMT=fmt_code, EVEN=even, PARTIAL=split > 1, UNROLL=unroll, PIPE=bool(pipe), STAGES=stages,
                   BIASED=bool(biased) and fmt_code == 2 and x.dtype == torch.bfloat16, ROW_TILES=row_tiles, PDL=pdl,
-                  TILED=bool(tiled), AHEAD=ahead, WARP_ROWS=bool(warp_rows), ACT=bool(act),
+                  TILED=bool(tiled), ACT=bool(act),
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
-    kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles * row_warps,
-                                k_warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1)))
+    kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles,
+                                warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1)))
     return _gemv_tc_kernel, grid, ints, kwargs, split
