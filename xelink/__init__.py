@@ -7,8 +7,8 @@ from .collectives import (P2POp, ReduceOp, Work, all_gather, all_gather_into_ten
 from .comm import (NON_GROUP_MEMBER, Backend, Communicator, GroupMember, get_backend, get_global_rank, get_group_rank,
                    get_process_group_ranks, get_rank, get_world_size, group, new_group, new_subgroups,
                    new_subgroups_by_enumeration, split_group)
-from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_positions, cp_shard,
-                   cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
+from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_attention_varlen,
+                   cp_positions, cp_shard, cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
 from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
 from .mesh import DeviceMesh, init_device_mesh
 from .runtime import (destroy_process_group, finalize, get_node_local_rank, get_world, init, init_process_group,
@@ -32,7 +32,7 @@ __all__ = [
     "DeviceMesh",
     "init_device_mesh",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
-    "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_positions", "cp_shard", "cp_unshard",
+    "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_attention_varlen", "cp_positions", "cp_shard", "cp_unshard",
     "LaunchError",
     "NotInitializedError",
     "TimeoutError",

@@ -14,6 +14,8 @@ short sequences, bfloat16, ranks that disagree about grad, a rank late to the ba
 checkpointing, an error part way through the backward, the traced backward; and a real client: an attention
 layer trained over context-parallel ranks (gradients summed with all_reduce) that ends with one process's
 weights, with and without a sliding window."""
+import re
+
 import torch
 from ranks import only
 
@@ -584,3 +586,150 @@ def check_ring_backward_posts_no_partial_receive_ahead_of_its_step(world):
     finally:
         cpb.irecv, cpb._attend_backward = real
     assert not violations, f"(step launched, step of a pending partial receive): {violations}"
+
+
+# -- packed sequences (cp_attention_varlen) -------------------------------------------------------------------
+
+# (offsets) cases: a zero-length and a one-token sequence among long ones crossing rank blocks, one sequence, many
+# one-token sequences, and fewer tokens than ranks (ranks with no token at 3 and 4)
+VARLEN_OFFSETS = ([0, 5, 5, 17, 18, 40], [0, 23], [0, 1, 2, 3, 4, 5, 6, 7], [0, 2], [0, 9, 30, 31])
+
+
+def _packed(T, hq, hkv, D, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(T, h, D, generator=g).to(dtype) for h in (hq, hkv, hkv))
+
+
+def _varlen_full(q, k, v, cu, causal, window=None):
+    """(out (T, Hq, D), lse (Hq, T)) of each packed sequence attended alone, in plain torch (full_attention)."""
+    outs, lses = [], []
+    for a, b in zip(cu, cu[1:]):
+        if a == b:
+            continue
+        o, lse = full_attention(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), causal, window=window)
+        outs.append(o[0].transpose(0, 1))
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.float32, tol=1e-5, grad=False):
+    """cp_attention_varlen of this rank's block against _varlen_full of the whole packed batch (out, LSE and, with
+    grad, dq / dk / dv of a loss of both, in float64)."""
+    T = cu[-1]
+    q, k, v = _packed(T, hq, hkv, D, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    dout, dlse = torch.randn(T, hq, D, generator=g, dtype=torch.float64), torch.randn(hq, T, generator=g,
+                                                                                     dtype=torch.float64)
+    full = [t.clone().requires_grad_(grad) for t in (q, k, v)]
+    want, want_lse = _varlen_full(*full, cu, causal, window)
+    shard = lambda x, dim=0: xelink.cp_shard(x, group=comm, layout="contiguous", dim=dim)  # noqa: E731
+    mine = [shard(t).to(dtype).requires_grad_(grad) for t in (q, k, v)]
+    cu_t = torch.tensor(cu, dtype=torch.int32 if seed % 2 else torch.int64)
+    out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=causal, group=comm, window=window, return_lse=True)
+    what = f"varlen cu={cu} hq={hq} hkv={hkv} D={D} causal={causal} window={window} {dtype} grad={grad}"
+    n_local = mine[0].shape[0]
+    assert out.shape == (n_local, hq, D) and out.dtype == dtype, f"{what}: out {out.shape} {out.dtype}"
+    assert lse.shape == (hq, n_local) and lse.dtype == torch.float32, f"{what}: lse {lse.shape} {lse.dtype}"
+    _check(out, shard(want.detach()), what, tol)
+    _check(lse, shard(want_lse.detach(), 1), f"{what} lse", 1e-5 if dtype != torch.bfloat16 else 2e-2)
+    if grad:
+        ((want * dout).sum() + (want_lse * dlse).sum()).backward()
+        ((out.double() * shard(dout)).sum() + (lse.double() * shard(dlse, 1)).sum()).backward()
+        for name, got, ref in zip("qkv", mine, full):
+            assert got.grad is not None and got.grad.shape == got.shape, f"{what}: d{name} {got.grad}"
+            _check(got.grad, shard(ref.grad), f"{what}: d{name}", tol)
+
+
+def check_varlen_sequences_across_ranks(world):
+    """Packed sequences cut in contiguous blocks: sequences inside a block, across blocks, of one token, empty,
+    fewer tokens than ranks; causal or not, windows shorter and longer than sequences, GQA and MHA, float32 and
+    bfloat16, int32 and int64 offsets; then back-to-back calls that change every one of these."""
+    for i, cu in enumerate(VARLEN_OFFSETS):
+        for causal in (True, False):
+            for window in (None, 3, 100):
+                _varlen_case(world, cu, 4, 2, 16, causal, 300 + 10 * i + causal, window)
+    _varlen_case(world, [0, 7, 19, 26], 2, 2, 64, True, 351)
+    _varlen_case(world, [0, 7, 19, 26], 4, 1, 32, True, 352, dtype=torch.bfloat16, tol=3e-2)
+    _varlen_case(world, [0, 7, 19, 26], 4, 2, 16, False, 353, dtype=torch.float64, tol=1e-10)
+
+
+def check_varlen_gradients(world):
+    """dq, dk, dv of a loss of this rank's output and LSE (summed over the ranks: one loss of the whole batch)
+    against autograd of plain-torch float64 attention of each sequence; ranks without a token run the backward
+    too (their gather's gradient), and calls with and without grad alternate."""
+    for i, cu in enumerate(VARLEN_OFFSETS):
+        for causal in (True, False):
+            window = (None, 4)[i % 2]
+            _varlen_case(world, cu, 4, 2, 16, causal, 400 + 10 * i + causal, window, torch.float64, 1e-5, True)
+            _varlen_case(world, cu, 4, 2, 16, causal, 405 + 10 * i + causal, window)
+
+
+def check_varlen_training_matches_one_process(world):
+    """A real client: three SGD steps of an attention block over a packed batch of four sequences cut over the
+    ranks, each rank's loss its tokens' share of the mean squared error, weight gradients summed with
+    xelink.all_reduce, against the same training in one process (plain torch per sequence)."""
+    g = torch.Generator().manual_seed(91)
+    cu = [0, 6, 7, 20, 29]
+    shapes = {"q": (32, 16), "k": (16, 16), "v": (16, 16), "o": (16, 32)}  # (out, in)
+    init = {name: torch.randn(shape, generator=g, dtype=torch.float64) * 0.3 for name, shape in shapes.items()}
+    x, y = (torch.randn(cu[-1], 16, generator=g, dtype=torch.float64) for _ in range(2))
+    one = {name: t.clone().requires_grad_() for name, t in init.items()}
+    ours = {name: t.clone().requires_grad_() for name, t in init.items()}
+    xs, ys = (xelink.cp_shard(t, layout="contiguous", dim=0) for t in (x, y))
+    cu_t = torch.tensor(cu)
+
+    def layer(x, w, attend):
+        q, k, v = ((x @ w[name].t()).unflatten(-1, (-1, 8)) for name in "qkv")  # 4 q heads, 2 KV heads of 8
+        return attend(q, k, v).flatten(-2) @ w["o"].t()
+
+    for step in range(3):
+        loss = ((layer(x, one, lambda q, k, v: _varlen_full(q, k, v, cu, True)[0]) - y) ** 2).sum() / y.numel()
+        loss.backward()
+        mine = ((layer(xs, ours, lambda q, k, v: xelink.cp_attention_varlen(q, k, v, cu_t, causal=True)) - ys) ** 2
+                ).sum() / y.numel()
+        mine.backward()
+        total = torch.tensor([mine.item()], dtype=torch.float64)
+        xelink.all_reduce(total)
+        assert abs(total.item() - loss.item()) <= 1e-6 * abs(loss.item()), (step, total.item(), loss.item())
+        with torch.no_grad():
+            for name in shapes:
+                xelink.all_reduce(ours[name].grad)
+                _check(ours[name].grad, one[name].grad, f"varlen step {step} grad {name}", 1e-6)
+                for w in (one[name], ours[name]):
+                    w -= 0.5 * w.grad
+                    w.grad = None
+    for name in shapes:
+        _check(ours[name], one[name], f"varlen weights {name} after training", 1e-6)
+
+
+def check_varlen_bad_input_and_ranks_that_disagree(world):
+    """Bad input raises on the calling rank before anything is sent; offsets or grad that differ between ranks
+    raise the same error on every rank (after the one signature exchange), and the group still works after."""
+    q, k, v = (xelink.cp_shard(t, layout="contiguous", dim=0) for t in _packed(20, 4, 2, 16, 5, torch.float32))
+    cu = torch.tensor([0, 8, 20])
+    f = xelink.cp_attention_varlen
+    for call, error, match in [
+            (lambda: f(q[None], k, v, cu), ValueError, r"cp_attention_varlen: q must be 3-D"),
+            (lambda: f(q, k[:, :1].expand(-1, 3, -1), v, cu), ValueError, "k.shape="),
+            (lambda: f(q, k, v, cu.float()), ValueError, "cu_seqlens must be a 1-D int32/int64"),
+            (lambda: f(q, k, v, torch.tensor([0, 9, 8, 20])), ValueError, "must start at 0 and never decrease"),
+            (lambda: f(q, k, v, cu, max_seqlen=5), ValueError, r"max_seqlen=5 must be None or an int >= the longest"),
+            (lambda: f(q, k, v, cu, window=0), ValueError, "window=0"),
+            (lambda: f(q, k, v, torch.tensor([0, 8, 21])), ValueError, "cut the packed tensors with xelink.cp_shard"),
+            (lambda: f(q, k, v.double(), cu), TypeError, "dtypes differ")]:
+        try:
+            call()
+        except error as e:
+            assert re.search(match, str(e)), (match, str(e))
+        else:
+            raise AssertionError(f"no {error.__name__} matching {match!r}")
+    if world.size > 1:
+        other = torch.tensor([0, 9, 20]) if world.rank == world.size - 1 else cu
+        for args, kwargs in [((q, k, v, other), {}), ((q.clone().requires_grad_(world.rank == 0), k, v, cu), {})]:
+            try:
+                f(*args, **kwargs)
+            except ValueError as e:
+                assert "cp_attention_varlen: ranks disagree about the call" in str(e), str(e)
+            else:
+                raise AssertionError("ranks that disagree did not raise")
+    _varlen_case(world, [0, 8, 20], 4, 2, 16, True, 77)
