@@ -13,7 +13,12 @@ loss, against autograd of attention over the whole sequence written in plain tor
 short sequences, bfloat16, ranks that disagree about grad, a rank late to the backward, activation
 checkpointing, an error part way through the backward, the traced backward; and a real client: an attention
 layer trained over context-parallel ranks (gradients summed with all_reduce) that ends with one process's
-weights, with and without a sliding window."""
+weights, with and without a sliding window.
+
+Packed sequences (``cp_attention_varlen``): sequences inside and across the ranks' contiguous blocks, empty and
+one-token sequences, ranks without a token, windows, GQA, dtypes and offset dtypes, against plain-torch attention
+of each sequence (output, LSE, float64 gradients); a training client against one process; bad input and ranks
+that disagree; a compiled function around it."""
 import re
 
 import torch
