@@ -57,12 +57,13 @@ CONFIGS["w4a16t"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SP
                      for rt, nw, un, sp in [(1, 4, 1, 1), (1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 1, 1), (1, 8, 2, 1),
                                             (1, 8, 1, 2), (1, 8, 2, 2), (1, 4, 1, 2), (1, 4, 1, 4), (1, 2, 1, 1),
                                             (2, 4, 2, 1)]]
-# gate_up with act="silu_mul" on the tiles: the kept configuration (the GEMV, then silu_mul: two launches) against
-# tiles whose programs pair (gate, up) row blocks and apply it at the store (one launch): row tiles, warps, steps a
-# warp an iteration.
+# gate_up with act="silu_mul" on the tiles: the kept configuration (gemv.TC_ACT_TILES: programs that pair (gate, up)
+# row blocks and apply it at the store, one launch) against the GEMV's own tiles then silu_mul (the first: one row
+# tile a program cannot pair whole blocks, two launches, as before) and other pairing tiles: row tiles, warps, steps
+# a warp an iteration.
 SHAPES["w4a16t-act"] = [(28672, 4096, "gate_up")]
 CONFIGS["w4a16t-act"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=1)
-                         for rt, nw, un in [(2, 4, 1), (2, 8, 1), (2, 4, 2), (2, 2, 1), (2, 2, 2), (4, 4, 1), (4, 2, 1),
+                         for rt, nw, un in [(1, 4, 1), (2, 8, 1), (2, 4, 2), (2, 2, 1), (2, 2, 2), (4, 4, 1), (4, 2, 1),
                                             (4, 8, 1)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []

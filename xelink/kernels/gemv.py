@@ -74,6 +74,12 @@ _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2, "w4a16t": 2}
 # pdl="auto": a launch of at most this many rows of W lets the next kernel go early, a larger one late (the H200
 # sweep in _GemvLaunch); an A/B switch (benchmarks/scripts/rope_decode_ab.py), read when a launch is planned.
 PDL_EARLY_MAX_ROWS = 8192
+# act="silu_mul" on tiled W4A16 weights at 1-4 rows (the decode MLP's gate/up projection): the tensor-core kernel's
+# tiles TC_ACT_TILES, which pair a (gate, up) 16-row block in each program and apply it at the store, one launch
+# (tc_fuses_act); TC_ACT_FUSED False: the GEMV's own tiles, then silu_mul (two launches). An A/B switch (step_ab.py),
+# read when a launch is planned.
+TC_ACT_FUSED = True
+TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=1)
 
 
 # -- packing --------------------------------------------------------------------------------------
@@ -848,7 +854,10 @@ class _GemvLaunch:
             pdl = "early" if N <= PDL_EARLY_MAX_ROWS else "late"
         pdl = PDL_MODES[False if pdl == "off" else pdl]
         sms = sm_count(x.device)
+        given = cfg
         cfg = dict(cfg or _default_config(M, N, K, fmt, sms, ptx))  # popped below: a copy
+        if act and given is None and fmt == "w4a16t" and M <= 4 and TC_ACT_FUSED:
+            cfg.update(TC_ACT_TILES)
         kernel = cfg.get("KERNEL", "mma")
         if kernel not in ("fma", "mma", "words", "tc"):
             raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
