@@ -487,18 +487,24 @@ def _train(world, algos, window):
                                                                              window=window))
                  - ys) ** 2).sum() / count
         mine.backward()
-        total = torch.tensor([mine.item()], dtype=torch.float64)
-        xelink.all_reduce(total)
-        assert abs(total.item() - loss.item()) <= 1e-6 * abs(loss.item()), (step, total.item(), loss.item())
-        with torch.no_grad():
-            for name in shapes:
-                xelink.all_reduce(ours[name].grad)
-                _check(ours[name].grad, one[name].grad, f"step {step} ({algo}, window {window}) grad {name}", 1e-6)
-                for w in (one[name], ours[name]):
-                    w -= 0.5 * w.grad
-                    w.grad = None
+        _sgd_step(loss, mine, one, ours, f"step {step} ({algo}, window {window})")
     for name in shapes:
         _check(ours[name], one[name], f"weights {name} after training (window {window})", 1e-6)
+
+
+def _sgd_step(loss, mine, one, ours, what):
+    """One SGD step of both trainings (their losses back-propagated): the ranks' losses summed equal the one
+    process's, and so do their weight gradients summed with all_reduce."""
+    total = torch.tensor([mine.item()], dtype=torch.float64)
+    xelink.all_reduce(total)
+    assert abs(total.item() - loss.item()) <= 1e-6 * abs(loss.item()), (what, total.item(), loss.item())
+    with torch.no_grad():
+        for name in one:
+            xelink.all_reduce(ours[name].grad)
+            _check(ours[name].grad, one[name].grad, f"{what} grad {name}", 1e-6)
+            for w in (one[name], ours[name]):
+                w -= 0.5 * w.grad
+                w.grad = None
 
 
 @only(launchers=("mpi",), sizes=(2, 3))
@@ -693,16 +699,7 @@ def check_varlen_training_matches_one_process(world):
         mine = ((layer(xs, ours, lambda q, k, v: xelink.cp_attention_varlen(q, k, v, cu_t, causal=True)) - ys) ** 2
                 ).sum() / y.numel()
         mine.backward()
-        total = torch.tensor([mine.item()], dtype=torch.float64)
-        xelink.all_reduce(total)
-        assert abs(total.item() - loss.item()) <= 1e-6 * abs(loss.item()), (step, total.item(), loss.item())
-        with torch.no_grad():
-            for name in shapes:
-                xelink.all_reduce(ours[name].grad)
-                _check(ours[name].grad, one[name].grad, f"varlen step {step} grad {name}", 1e-6)
-                for w in (one[name], ours[name]):
-                    w -= 0.5 * w.grad
-                    w.grad = None
+        _sgd_step(loss, mine, one, ours, f"varlen step {step}")
     for name in shapes:
         _check(ours[name], one[name], f"varlen weights {name} after training", 1e-6)
 

@@ -107,35 +107,39 @@ def _int(fn: str, name: str, value, minimum: int = 0) -> int:
     return value
 
 
-def _tensor(fn: str, name: str, x, comm) -> torch.Tensor:
+def _tensor(fn: str, name: str, x, comm, axes: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 4:
-        raise ValueError(f"{fn}: {name} must be 4-D (batch, heads, seq_local, head_dim), got shape {tuple(x.shape)}")
+    if x.dim() != len(axes.split(", ")):
+        raise ValueError(f"{fn}: {name} must be {len(axes.split(', '))}-D ({axes}), got shape {tuple(x.shape)}")
     if x.dtype not in _FLOATS:
         raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or bfloat16")
     check_rank_device(fn, name, x, comm)
     return x
 
 
-def _check_qkv(fn: str, q, k, v, comm) -> None:
+def _check_qkv(fn: str, q, k, v, comm, packed: bool = False) -> None:
+    """q, k, v of one call: (B, H, S_local, D) shards of a sequence, or ``packed`` (T_local, H, D) blocks of packed
+    tokens (``cp_attention_varlen``)."""
+    axes = "tokens_local, heads, head_dim" if packed else "batch, heads, seq_local, head_dim"
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _tensor(fn, name, x, comm)
+        _tensor(fn, name, x, comm, axes)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"{fn}: dtypes differ: q.dtype={q.dtype}, k.dtype={k.dtype}, v.dtype={v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"{fn}: devices differ: q on {q.device}, k on {k.device}, v on {v.device}")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"{fn}: k.shape={tuple(k.shape)} != v.shape={tuple(v.shape)}")
-    if k.shape[0] != q.shape[0]:
+    seq, heads, dim = (0, 1, 2) if packed else (2, 1, 3)
+    if not packed and k.shape[0] != q.shape[0]:
         raise ValueError(f"{fn}: batch differs: q.shape[0]={q.shape[0]} != k.shape[0]={k.shape[0]}")
-    if k.shape[2] != q.shape[2]:
-        raise ValueError(f"{fn}: local lengths differ: q.shape[2]={q.shape[2]} != k.shape[2]={k.shape[2]} (q, k and "
-                         f"v are shards of one sequence, at the same positions)")
-    if k.shape[3] != q.shape[3] or q.shape[3] == 0:
-        raise ValueError(f"{fn}: head_dim: q.shape[3]={q.shape[3]}, k.shape[3]={k.shape[3]}; they must be equal "
-                         f"and > 0")
-    hq, hkv = q.shape[1], k.shape[1]
+    if k.shape[seq] != q.shape[seq]:
+        raise ValueError(f"{fn}: local lengths differ: q.shape[{seq}]={q.shape[seq]} != k.shape[{seq}]={k.shape[seq]} "
+                         f"(q, k and v are this rank's part of one sequence, at the same positions)")
+    if k.shape[dim] != q.shape[dim] or q.shape[dim] == 0:
+        raise ValueError(f"{fn}: head_dim: q.shape[{dim}]={q.shape[dim]}, k.shape[{dim}]={k.shape[dim]}; they must be "
+                         f"equal and > 0")
+    hq, hkv = q.shape[heads], k.shape[heads]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"{fn}: q heads {hq} must be a multiple of k heads {hkv} (GQA)")
 
@@ -182,18 +186,24 @@ def _lengths(fn: str, comm, q, k, layout: str, algo: str, causal: bool, scale, r
         return want
     sig = (tuple(q.shape[:2]), tuple(k.shape[:2]), q.shape[3], str(q.dtype), q.device.type, layout, algo, causal,
            scale, return_lse, grad, window)
-    seen = comm.allgather_object((mine, sig))
-    differ = [x for x, (_, s) in enumerate(seen) if s != sig]
-    if differ:
-        raise ValueError(f"{fn}: ranks disagree about the call: rank {r} has {sig}, rank {differ[0]} has "
-                         f"{seen[differ[0]][1]} (batch and heads, head_dim, dtype, device, layout, algo, causal, "
-                         f"scale, return_lse, whether an input requires grad, window)")
-    got = [length for length, _ in seen]
+    got = _exchange_lengths(fn, comm, mine, sig, "batch and heads, head_dim, dtype, device, layout, algo, causal, "
+                                                "scale, return_lse, whether an input requires grad, window")
     want = schedule.cp_lengths(sum(got), n, layout)
     if got != want:
         raise ValueError(f"{fn}: the ranks' local lengths {got} are not those of layout={layout!r} for a sequence "
                          f"of {sum(got)} positions over {n} ranks ({want}); cut it with xelink.cp_shard")
     return got
+
+
+def _exchange_lengths(fn: str, comm, local: int, signature: tuple, fields: str) -> list:
+    """Every rank's ``local`` length, after one host exchange of (``local``, ``signature``): a rank whose signature
+    differs makes every rank raise the same error (``fields`` names the signature's entries)."""
+    seen = comm.allgather_object((local, signature))
+    differ = [x for x, (_, s) in enumerate(seen) if s != signature]
+    if differ:
+        raise ValueError(f"{fn}: ranks disagree about the call: rank {comm.rank} has {signature}, rank {differ[0]} "
+                         f"has {seen[differ[0]][1]} ({fields})")
+    return [length for length, _ in seen]
 
 
 def auto_algo(comm, nbytes_gathered: int, cuda: bool = False, problem: dict | None = None) -> str:

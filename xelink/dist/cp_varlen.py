@@ -31,38 +31,12 @@ import hashlib
 import torch
 
 from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
-from ..collectives.checks import check_rank_device, group_of
+from ..collectives.checks import group_of
 from ..kernels import flash_attention_varlen
 from . import schedule
-from .cp_attention import _FLOATS, _check_flags
+from .cp_attention import _check_flags, _check_qkv, _exchange_lengths
 
 __all__ = ["cp_attention_varlen"]
-
-
-def _check_packed(fn: str, q, k, v, comm) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3:
-            raise ValueError(f"{fn}: {name} must be 3-D (tokens_local, heads, head_dim), got shape {tuple(x.shape)}")
-        if x.dtype not in _FLOATS:
-            raise TypeError(f"{fn}: {name}.dtype={x.dtype} is not supported; use float64, float32, float16 or "
-                            f"bfloat16")
-        check_rank_device(fn, name, x, comm)
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"{fn}: dtypes differ: q.dtype={q.dtype}, k.dtype={k.dtype}, v.dtype={v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{fn}: devices differ: q on {q.device}, k on {k.device}, v on {v.device}")
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"{fn}: k.shape={tuple(k.shape)} != v.shape={tuple(v.shape)}")
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"{fn}: local token counts differ: q.shape[0]={q.shape[0]} != k.shape[0]={k.shape[0]} (q, k "
-                         f"and v are this rank's block of the same packed tokens)")
-    if k.shape[2] != q.shape[2] or q.shape[2] == 0:
-        raise ValueError(f"{fn}: head_dim: q.shape[2]={q.shape[2]}, k.shape[2]={k.shape[2]}; they must be equal and "
-                         f"> 0")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"{fn}: q heads {q.shape[1]} must be a multiple of k heads {k.shape[1]} (GQA)")
 
 
 def _offsets(fn: str, cu_seqlens, max_seqlen) -> list:
@@ -89,17 +63,13 @@ def _lengths(fn: str, comm, total: int, local: int, signature: tuple) -> list:
     """The ranks' token counts (``cp_lengths`` of the total), checked against every rank's ``local``; above one rank
     after one host exchange of (``local``, ``signature``: shapes but the local length, dtype, device type, flags,
     grad, a digest of the offsets), so that a difference raises the same error on every rank."""
-    n, r = comm.size, comm.rank
+    n = comm.size
     want = schedule.cp_lengths(total, n, "contiguous")
     got = [local]
     if n > 1:
-        seen = comm.allgather_object((local, signature))
-        differ = [x for x, (_, s) in enumerate(seen) if s != signature]
-        if differ:
-            raise ValueError(f"{fn}: ranks disagree about the call: rank {r} has {signature}, rank {differ[0]} has "
-                             f"{seen[differ[0]][1]} (heads, head_dim, dtype, device, causal, scale, window, "
-                             f"return_lse, which of q, k, v require grad, a digest of cu_seqlens)")
-        got = [length for length, _ in seen]
+        got = _exchange_lengths(fn, comm, local, signature, "heads, head_dim, dtype, device, causal, scale, window, "
+                                                           "return_lse, which of q, k, v require grad, a digest of "
+                                                           "cu_seqlens")
     if got != want:
         raise ValueError(f"{fn}: the ranks' local token counts {got} are not the contiguous blocks of "
                          f"cu_seqlens[-1]={total} tokens over {n} ranks ({want}); cut the packed tensors with "
@@ -174,7 +144,7 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
     """
     fn = "cp_attention_varlen"
     comm = group_of(group, fn)
-    _check_packed(fn, q, k, v, comm)
+    _check_qkv(fn, q, k, v, comm, packed=True)
     scale = _check_flags(fn, causal, scale, return_lse, window)
     cu = _offsets(fn, cu_seqlens, max_seqlen)
     n, r = comm.size, comm.rank
