@@ -177,12 +177,12 @@ s26)
   step qgemm_host_profile 60 python3 benchmarks/scripts/kernel_host_profile.py qgemm
   ;;
 s27)
-  step gemv_chain_sweep_w4a16t_act 120 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-act
+  step gemv_chain_sweep_w4a16t_act 90 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-act
   step act_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv.py tests/models/test_decode_graph.py -k "tiled or tiles or act_silu_mul or graph"
-  step cp_varlen_gpu_checks 120 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+  step act_step_ab 110 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
+  step cp_varlen_gpu_checks 100 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
     tests/dist/ranks_gpu_cp_attention.py
-  step act_step_ab 120 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
