@@ -43,9 +43,9 @@
 #   s26:      what the twenty-sixth session changed after its last GPU run: qgemm's remembered checks (its GPU tests,
 #             the remembered-call test among them), flash_attention_varlen's offsets read once a version (its GPU
 #             tests), then qgemm's host time (~4 minutes);
-#   s27:      the tensor-core GEMV with act="silu_mul" in the kernel: the tiled, act and decode-graph GPU tests, the
-#             W4A16 step with and without it, cp_attention_varlen's CUDA checks with ranks sharing the GPU (NO_VARLEN=1:
-#             not), then gate_up's sweep of its tiles (NO_SWEEP=1: not) (~7 minutes).
+#   s27:      the tensor-core GEMV with act="silu_mul" in the kernel (gemv.TC_ACT_FUSED): its tiled and act GPU tests,
+#             gate_up's chain with and without it, then (unless NO_MORE=1) the W4A16 step with and without it and
+#             cp_attention_varlen's CUDA checks with ranks sharing the GPU (~3 / ~7 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -178,13 +178,12 @@ s26)
   ;;
 s27)
   step act_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 -m gpu \
-    tests/kernels/test_gemv.py tests/models/test_decode_graph.py -k "tiled or tiles or act_silu_mul or graph"
+    tests/kernels/test_gemv.py -k "tiled or act_silu_mul"
+  step gemv_chain_sweep_w4a16t_act 60 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-act
+  [ -n "$NO_MORE" ] && exit 0
   step act_step_ab 110 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
-  [ -n "$NO_VARLEN" ] && exit 0
   step cp_varlen_gpu_checks 100 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
     tests/dist/ranks_gpu_cp_attention.py
-  [ -n "$NO_SWEEP" ] && exit 0
-  step gemv_chain_sweep_w4a16t_act 90 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t-act
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \

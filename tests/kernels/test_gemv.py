@@ -560,9 +560,20 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
                                 f"seed={seed}")
 
 
+@pytest.fixture(params=[False, True], ids=["act-two-launches", "act-fused"])
+def fused_act(request, monkeypatch):
+    """gemv.TC_ACT_FUSED off and on (act="silu_mul" in the tensor-core kernel), the remembered plans forgotten around
+    it (they hold the switch as it was when planned)."""
+    module = importlib.import_module("xelink.kernels.gemv")
+    module._PATHS.clear()
+    monkeypatch.setattr(module, "TC_ACT_FUSED", request.param)
+    yield request.param
+    module._PATHS.clear()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
+def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch):
     # "w4a16t" read in place by the tensor-core kernel: the row layout's sums in the same order (bit for bit) at
     # its default tiles (8 warps, K split where K is long; the remembered launch with PDL and the L2 prefetch) and
     # every config but STAGES, 1-8 rows, within TOL of float64; act="silu_mul"; a graph replayed with new inputs.
@@ -593,8 +604,13 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
     rows_cfg = dict(KERNEL="tc", **tc_config(2, 4096, 4096, "w4a16t", sm_count(x.device)))
     assert torch.equal(gemv(t, x, s, "w4a16t", act="silu_mul"), gemv(w, x, s, "w4a16", act="silu_mul",
                                                                       config=rows_cfg))
-    # act in the kernel on the tiles ((gate, up) halves of whole 16-row blocks): as the rows' GEMV then silu_mul,
-    # bit for bit
+    # act in the kernel on the tiles (gemv.TC_ACT_FUSED: (gate, up) halves of whole 16-row blocks, the default tiles
+    # TC_ACT_TILES): as the rows' GEMV then silu_mul, bit for bit
+    module = importlib.import_module("xelink.kernels.gemv")
+    module._PATHS.clear()
+    monkeypatch.setattr(module, "TC_ACT_FUSED", True)
+    want = silu_mul(gemv(w, x, s, "w4a16", config=dict(KERNEL="tc", **module.TC_ACT_TILES)), impl="triton")
+    assert torch.equal(gemv(t, x, s, "w4a16t", act="silu_mul"), want)
     for cfg in [dict(KERNEL="tc", ROW_TILES=2, num_warps=8, UNROLL=1), dict(KERNEL="tc", ROW_TILES=4, num_warps=4,
                                                                              UNROLL=2, BIASED=True)]:
         want = silu_mul(gemv(w, x, s, "w4a16", config=cfg), impl="triton")
@@ -606,6 +622,7 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype):
     x.copy_(torch.randn(2, 4096, device="cuda", generator=gen).to(dtype))
     g.replay()
     assert torch.equal(out, gemv(w, x, s, "w4a16", config=rows_cfg))
+    module._PATHS.clear()  # (plans made with the switch on)
 
 
 def test_tensor_core_stages_only_on_aligned_rows():
@@ -676,11 +693,12 @@ def test_gpu_out_blocks(requires_gpus, impl, fmt):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["bf16", "w8a16", "w4a16"])
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
-def test_gpu_act_silu_mul(requires_gpus, fmt, impl):
+def test_gpu_act_silu_mul(requires_gpus, fmt, impl, fused_act):
     # act="silu_mul" (the decode MLP's gate/up projection) equals the plain GEMV then silu_mul bit for bit,
-    # with the default tiles (one launch on every kernel: the tensor-core kernel pairs (gate, up) rows in a
-    # program, tc_fuses_act), explicit tiles of every kernel, output tails, 1-8 rows, 1-D x, out= a column block,
-    # and captured in a CUDA graph replayed with new activations.
+    # with the default tiles (one launch on every kernel; the tensor-core kernel's GEMV then silu_mul, or with
+    # gemv.TC_ACT_FUSED one launch that pairs (gate, up) rows in a program, tc_fuses_act), explicit tiles of every
+    # kernel, output tails, 1-8 rows, 1-D x, out= a column block, and captured in a CUDA graph replayed with new
+    # activations.
     requires_gpus(1)
     gen = torch.Generator(device="cuda").manual_seed(7)
     configs = [None, dict(KERNEL="mma", BLOCK_N=32, BLOCK_K=256 if fmt != "w4a16" else 128, SPLIT_K=2, num_warps=4,

@@ -74,11 +74,12 @@ _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2, "w4a16t": 2}
 # pdl="auto": a launch of at most this many rows of W lets the next kernel go early, a larger one late (the H200
 # sweep in _GemvLaunch); an A/B switch (benchmarks/scripts/rope_decode_ab.py), read when a launch is planned.
 PDL_EARLY_MAX_ROWS = 8192
-# act="silu_mul" on tiled W4A16 weights at 1-4 rows (the decode MLP's gate/up projection): the tensor-core kernel's
-# tiles TC_ACT_TILES, which pair a (gate, up) 16-row block in each program and apply it at the store, one launch
-# (tc_fuses_act); TC_ACT_FUSED False: the GEMV's own tiles, then silu_mul (two launches). An A/B switch (step_ab.py),
-# read when a launch is planned.
-TC_ACT_FUSED = True
+# act="silu_mul" on the tensor-core kernel: TC_ACT_FUSED applies it at the store where a program's rows pair (gate, up)
+# halves (tc_fuses_act; tiled W4A16 at 1-4 rows then takes TC_ACT_TILES, a (gate, up) pair of 16-row blocks a
+# program), one launch; off, the kernel's GEMV then silu_mul (two launches). Off by default until measured on a GPU
+# (h200_pending.sh s27: its GPU tests and its A/B in the step); an A/B switch (step_ab.py), read when a launch is
+# planned.
+TC_ACT_FUSED = False
 TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=1)
 
 
@@ -883,9 +884,9 @@ class _GemvLaunch:
             cfg = {**tc_config(M, N, K, fmt, sms, cfg.get("ROW_TILES"), cfg.get("num_warps"), cfg.get("UNROLL")),
                    **cfg, "PDL": pdl}
             cfg.pop("KERNEL")
-        # act on the tensor-core kernel where its tiles cannot pair (gate, up) rows (tc_fuses_act): its [M, N] into a
-        # temporary, then silu_mul (two launches).
-        self.unfused = act and kernel == "tc" and not tc_fuses_act(cfg, N, fmt == "w4a16t")
+        # act on the tensor-core kernel unless TC_ACT_FUSED and its tiles pair (gate, up) rows (tc_fuses_act): its
+        # [M, N] into a temporary, then silu_mul (two launches).
+        self.unfused = act and kernel == "tc" and not (TC_ACT_FUSED and tc_fuses_act(cfg, N, fmt == "w4a16t"))
         if act and kernel != "tc" and cfg["BLOCK_N"] % 2:
             raise ValueError(f"gemv: act='silu_mul' needs an even BLOCK_N (it takes (gate, up) row pairs), "
                              f"got config BLOCK_N={cfg['BLOCK_N']}")
