@@ -706,8 +706,10 @@ def test_gpu_act_silu_mul(requires_gpus, fmt, impl, fused_act):
     configs += [dict(KERNEL="fma", BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=3)] if fmt != "w4a16" \
         else [dict(KERNEL="words", BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, num_warps=1, num_stages=1)]
     if impl == "cuda" and fmt != "bf16":
+        # (SPLIT=1: act takes no grid split, so its sums are those of the unsplit GEMV; tc_config would split the
+        # plain GEMV at 4 row tiles of 2 warps)
         configs += [dict(KERNEL="tc"), dict(KERNEL="tc", ROW_TILES=2, num_warps=4, UNROLL=2),
-                    dict(KERNEL="tc", ROW_TILES=4, num_warps=2, UNROLL=1)]
+                    dict(KERNEL="tc", ROW_TILES=4, num_warps=2, UNROLL=1, SPLIT=1)]
     for F, K in [(14336, 4096), (4096, 1024), (33, 256), (1, 128)]:
         w, s, _ = _weights(fmt, 2 * F, K, torch.bfloat16, "cuda", gen)
         for M in (1, 3, 8):
