@@ -64,7 +64,7 @@ CONFIGS["w4a16t"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SP
 # a warp an iteration.
 SHAPES["w4a16t-act"] = [(28672, 4096, "gate_up")]
 CONFIGS["w4a16t-act"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=1)
-                         for rt, nw, un in [(1, 4, 1), (2, 8, 1), (2, 4, 2)]]
+                         for rt, nw, un in [(1, 4, 1), (2, 8, 1), (2, 4, 1)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):

@@ -43,9 +43,10 @@
 #   s26:      what the twenty-sixth session changed after its last GPU run: qgemm's remembered checks (its GPU tests,
 #             the remembered-call test among them), flash_attention_varlen's offsets read once a version (its GPU
 #             tests), then qgemm's host time (~4 minutes);
-#   s27:      the tensor-core GEMV with act="silu_mul" in the kernel (gemv.TC_ACT_FUSED): its tiled and act GPU tests,
-#             gate_up's chain with and without it, then (unless NO_MORE=1) the W4A16 step with and without it and
-#             cp_attention_varlen's CUDA checks with ranks sharing the GPU (~3 / ~7 minutes).
+#   s27:      the tensor-core GEMV with act="silu_mul" in the kernel (gemv.TC_ACT_FUSED, off): its tiled and act GPU
+#             tests, gate_up's chain with and without it, then (unless NO_MORE=1) the W4A16 step with and without it and
+#             cp_attention_varlen's CUDA checks with ranks sharing the GPU (~3 / ~7 minutes; the twenty-seventh session
+#             ran the act tests and the chain on an H100, not the rest).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:

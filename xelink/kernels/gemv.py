@@ -76,11 +76,12 @@ _FMT_CODE = {"bf16": 0, "fp16": 0, "w8a16": 1, "w4a16": 2, "w4a16t": 2}
 PDL_EARLY_MAX_ROWS = 8192
 # act="silu_mul" on the tensor-core kernel: TC_ACT_FUSED applies it at the store where a program's rows pair (gate, up)
 # halves (tc_fuses_act; tiled W4A16 at 1-4 rows then takes TC_ACT_TILES, a (gate, up) pair of 16-row blocks a
-# program), one launch; off, the kernel's GEMV then silu_mul (two launches). Off by default until measured on a GPU
-# (h200_pending.sh s27: its GPU tests and its A/B in the step); an A/B switch (step_ab.py), read when a launch is
-# planned.
+# program), one launch; off, the kernel's GEMV then silu_mul (two launches). Off: on an H100 the fused tiles were no
+# faster in the Llama-3.1-8B gate_up chain (25.07 us a call against the two launches' 24.98; 2 x 4 warps x 1 step
+# 28.34; benchmarks/results/h100-rows, twenty-seventh session); an A/B switch (step_ab.py, gemv_chain_sweep.py),
+# read when a launch is planned, for the H200 A/B still to run (h200_pending.sh s27).
 TC_ACT_FUSED = False
-TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=1)
+TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=2)
 
 
 # -- packing --------------------------------------------------------------------------------------
