@@ -28,6 +28,8 @@ How (one ``m16n8k16`` per 16 rows of W and 16 columns of K):
   slower than the kept kernels at every shape of the Llama step on an H200 (W4A16 10-15%, bf16 40-60%;
   gemv_chain_sweep_staged_*.log), so only a config for benchmarks; rows Triton cannot prove 16-byte
   aligned run without it.
+- ``ACT`` (``gemv.TC_ACT_FUSED``, off): W is [gate; up] and a program's rows are (gate, up) halves (``_w_row``), so
+  SwiGLU is applied at the store (one launch instead of the GEMV then silu_mul); measured no faster on an H100.
 - W8A16: the prmt trick of gemv.py (exact int8 -> bf16/fp16), the row scale applied at the end.
   W4A16: one prmt puts a byte's two nibbles into the two halves of a register, one lop3 puts them
   under the magic exponent, one packed fma removes the offset (exactly nibble - 8): 13 instructions
