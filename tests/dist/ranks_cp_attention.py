@@ -20,6 +20,7 @@ one-token sequences, ranks without a token, windows, GQA, dtypes and offset dtyp
 of each sequence (output, LSE, float64 gradients); a training client against one process; bad input and ranks
 that disagree; a compiled function around it."""
 import re
+import time
 
 import torch
 from ranks import only
@@ -706,7 +707,8 @@ def check_varlen_training_matches_one_process(world):
 
 def check_varlen_bad_input_and_ranks_that_disagree(world):
     """Bad input raises on the calling rank before anything is sent; offsets or grad that differ between ranks
-    raise the same error on every rank (after the one signature exchange), and the group still works after."""
+    raise the same error on every rank (after the one signature exchange), and the group still works after; a rank
+    late to the call is waited for."""
     q, k, v = (xelink.cp_shard(t, layout="contiguous", dim=0) for t in _packed(20, 4, 2, 16, 5, torch.float32))
     cu = torch.tensor([0, 8, 20])
     f = xelink.cp_attention_varlen
@@ -734,7 +736,10 @@ def check_varlen_bad_input_and_ranks_that_disagree(world):
                 assert "cp_attention_varlen: ranks disagree about the call" in str(e), str(e)
             else:
                 raise AssertionError("ranks that disagree did not raise")
-    _varlen_case(world, [0, 8, 20], 4, 2, 16, True, 77)
+    _varlen_case(world, [0, 8, 20], 4, 2, 16, True, 77)  # the group still works
+    if world.rank == 0:
+        time.sleep(0.5)  # a rank late to the call (and to the backward): the others wait for it
+    _varlen_case(world, [0, 3, 20, 21], 4, 2, 16, True, 78, grad=True, dtype=torch.float64)
 
 
 @only(sizes=(2,))
