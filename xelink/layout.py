@@ -7,7 +7,7 @@ and 2n - 1 - r, in that order), the blocks sized as ``numpy.array_split`` sizes 
 """
 from __future__ import annotations
 
-__all__ = ["CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring"]
+__all__ = ["CP_LAYOUTS", "cp_blocks", "cp_pieces", "cp_lengths", "topo_ring", "varlen_pieces"]
 
 CP_LAYOUTS = ("contiguous", "zigzag")
 
@@ -38,6 +38,19 @@ def cp_pieces(seq_len: int, n: int, layout: str, rank: int) -> list[tuple[int, i
 def cp_lengths(seq_len: int, n: int, layout: str) -> list[int]:
     """Every rank's local length."""
     return [sum(length for _, length in cp_pieces(seq_len, n, layout, r)) for r in range(n)]
+
+
+def varlen_pieces(cu_seqlens, n: int, layout: str, rank: int) -> list[tuple[int, int]]:
+    """The global ranges ``(start, length)`` of a packed batch (sequences at offsets ``cu_seqlens``) that rank
+    ``rank`` holds, in its local order, one range a sequence's piece: ``contiguous``, its block of the packed
+    tokens (``cp_pieces`` of the total), cut where sequences end; ``zigzag``, every sequence laid out on its own
+    (``cp_pieces`` of its length), sequence after sequence. Empty ranges are left out."""
+    cu = list(cu_seqlens)
+    if layout == "contiguous":
+        (lo, length), = cp_pieces(cu[-1], n, layout, rank)
+        hi = lo + length
+        return [(max(a, lo), min(b, hi) - max(a, lo)) for a, b in zip(cu, cu[1:]) if a < hi and b > lo]
+    return [(a + s, length) for a, b in zip(cu, cu[1:]) for s, length in cp_pieces(b - a, n, layout, rank) if length]
 
 
 def topo_ring(packages) -> list[int]:

@@ -624,9 +624,11 @@ def _varlen_full(q, k, v, cu, causal, window=None):
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
-def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.float32, tol=1e-5, grad=False):
-    """cp_attention_varlen of this rank's block against _varlen_full of the whole packed batch (out, LSE and, with
-    grad, dq / dk / dv of a loss of both, in float64)."""
+def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.float32, tol=1e-5, grad=False,
+                 layout="zigzag"):
+    """cp_attention_varlen of this rank's share (cp_shard with the offsets) against _varlen_full of the whole packed
+    batch at the rank's positions (cp_positions with the offsets): out, LSE and, with grad, dq / dk / dv of a loss
+    of both, in float64."""
     T = cu[-1]
     q, k, v = _packed(T, hq, hkv, D, seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -634,11 +636,15 @@ def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.fl
                                                                                      dtype=torch.float64)
     full = [t.clone().requires_grad_(grad) for t in (q, k, v)]
     want, want_lse = _varlen_full(*full, cu, causal, window)
-    shard = lambda x, dim=0: xelink.cp_shard(x, group=comm, layout="contiguous", dim=dim)  # noqa: E731
-    mine = [shard(t).to(dtype).requires_grad_(grad) for t in (q, k, v)]
     cu_t = torch.tensor(cu, dtype=torch.int32 if seed % 2 else torch.int64)
-    out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=causal, group=comm, window=window, return_lse=True)
-    what = f"varlen cu={cu} hq={hq} hkv={hkv} D={D} causal={causal} window={window} {dtype} grad={grad}"
+    pos = xelink.cp_positions(T, group=comm, layout=layout, cu_seqlens=cu_t)
+    shard = lambda x, dim=0: x.index_select(dim, pos)  # noqa: E731
+    mine = [xelink.cp_shard(t, group=comm, layout=layout, dim=0, cu_seqlens=cu_t).to(dtype).requires_grad_(grad)
+            for t in (q, k, v)]
+    assert torch.equal(mine[0], shard(q).to(dtype)), "cp_shard and cp_positions disagree"
+    out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=causal, group=comm, layout=layout, window=window,
+                                          return_lse=True)
+    what = f"varlen {layout} cu={cu} hq={hq} hkv={hkv} D={D} causal={causal} window={window} {dtype} grad={grad}"
     n_local = mine[0].shape[0]
     assert out.shape == (n_local, hq, D) and out.dtype == dtype, f"{what}: out {out.shape} {out.dtype}"
     assert lse.shape == (hq, n_local) and lse.dtype == torch.float32, f"{what}: lse {lse.shape} {lse.dtype}"
@@ -653,33 +659,47 @@ def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.fl
 
 
 def check_varlen_sequences_across_ranks(world):
-    """Packed sequences cut in contiguous blocks: sequences inside a block, across blocks, of one token, empty,
-    fewer tokens than ranks; causal or not, windows shorter and longer than sequences, GQA and MHA, float32 and
-    bfloat16, int32 and int64 offsets; then back-to-back calls that change every one of these."""
-    for i, cu in enumerate(VARLEN_OFFSETS):
-        for causal in (True, False):
-            for window in (None, 3, 100):
-                _varlen_case(world, cu, 4, 2, 16, causal, 300 + 10 * i + causal, window)
-    _varlen_case(world, [0, 7, 19, 26], 2, 2, 64, True, 351)
-    _varlen_case(world, [0, 7, 19, 26], 4, 1, 32, True, 352, dtype=torch.bfloat16, tol=3e-2)
-    _varlen_case(world, [0, 7, 19, 26], 4, 2, 16, False, 353, dtype=torch.float64, tol=1e-10)
+    """Packed sequences in both layouts (zigzag: each sequence's 2n blocks; contiguous: the packed stream's n blocks):
+    sequences inside a block, across blocks, of one token, empty, shorter than the blocks, fewer tokens than ranks;
+    causal or not, windows shorter and longer than sequences, GQA and MHA, float32 / float64 / bfloat16, int32 and
+    int64 offsets; back-to-back calls that change every one of these; cp_unshard of cp_shard with the offsets."""
+    for layout in LAYOUTS:
+        for i, cu in enumerate(VARLEN_OFFSETS):
+            for causal in (True, False):
+                for window in (None, 3, 100):
+                    _varlen_case(world, cu, 4, 2, 16, causal, 300 + 10 * i + causal, window, layout=layout)
+        _varlen_case(world, [0, 7, 19, 26], 2, 2, 64, True, 351, layout=layout)
+        _varlen_case(world, [0, 7, 19, 26], 4, 1, 32, True, 352, dtype=torch.bfloat16, tol=3e-2, layout=layout)
+        _varlen_case(world, [0, 7, 19, 26], 4, 2, 16, False, 353, dtype=torch.float64, tol=1e-10, layout=layout)
+        for cu in VARLEN_OFFSETS:
+            cu_t = torch.tensor(cu)
+            x = torch.arange(cu[-1] * 3, dtype=torch.float32).reshape(1, cu[-1], 3)
+            local = xelink.cp_shard(x, layout=layout, dim=1, cu_seqlens=cu_t)
+            assert torch.equal(xelink.cp_unshard(local, seq_len=cu[-1], layout=layout, dim=1, cu_seqlens=cu_t), x)
 
 
 def check_varlen_gradients(world):
     """dq, dk, dv of a loss of this rank's output and LSE (summed over the ranks: one loss of the whole batch)
     against autograd of plain-torch float64 attention of each sequence; ranks without a token run the backward
     too (their gather's gradient), and calls with and without grad alternate."""
-    for i, cu in enumerate(VARLEN_OFFSETS):
-        for causal in (True, False):
-            window = (None, 4)[i % 2]
-            _varlen_case(world, cu, 4, 2, 16, causal, 400 + 10 * i + causal, window, torch.float64, 1e-5, True)
-            _varlen_case(world, cu, 4, 2, 16, causal, 405 + 10 * i + causal, window)
+    for layout in LAYOUTS:
+        for i, cu in enumerate(VARLEN_OFFSETS):
+            for causal in (True, False):
+                window = (None, 4)[i % 2]
+                _varlen_case(world, cu, 4, 2, 16, causal, 400 + 10 * i + causal, window, torch.float64, 1e-5, True,
+                             layout)
+                _varlen_case(world, cu, 4, 2, 16, causal, 405 + 10 * i + causal, window, layout=layout)
 
 
 def check_varlen_training_matches_one_process(world):
-    """A real client: three SGD steps of an attention block over a packed batch of four sequences cut over the
-    ranks, each rank's loss its tokens' share of the mean squared error, weight gradients summed with
-    xelink.all_reduce, against the same training in one process (plain torch per sequence)."""
+    """A real client: three SGD steps of an attention block over a packed batch of four sequences laid over the
+    ranks (zigzag, then contiguous), each rank's loss its tokens' share of the mean squared error, weight gradients
+    summed with xelink.all_reduce, against the same training in one process (plain torch per sequence)."""
+    for layout in ("zigzag", "contiguous"):
+        _varlen_train(world, layout)
+
+
+def _varlen_train(world, layout):
     g = torch.Generator().manual_seed(91)
     cu = [0, 6, 7, 20, 29]
     shapes = {"q": (32, 16), "k": (16, 16), "v": (16, 16), "o": (16, 32)}  # (out, in)
@@ -687,8 +707,8 @@ def check_varlen_training_matches_one_process(world):
     x, y = (torch.randn(cu[-1], 16, generator=g, dtype=torch.float64) for _ in range(2))
     one = {name: t.clone().requires_grad_() for name, t in init.items()}
     ours = {name: t.clone().requires_grad_() for name, t in init.items()}
-    xs, ys = (xelink.cp_shard(t, layout="contiguous", dim=0) for t in (x, y))
     cu_t = torch.tensor(cu)
+    xs, ys = (xelink.cp_shard(t, layout=layout, dim=0, cu_seqlens=cu_t) for t in (x, y))
 
     def layer(x, w, attend):
         q, k, v = ((x @ w[name].t()).unflatten(-1, (-1, 8)) for name in "qkv")  # 4 q heads, 2 KV heads of 8
@@ -697,20 +717,21 @@ def check_varlen_training_matches_one_process(world):
     for step in range(3):
         loss = ((layer(x, one, lambda q, k, v: _varlen_full(q, k, v, cu, True)[0]) - y) ** 2).sum() / y.numel()
         loss.backward()
-        mine = ((layer(xs, ours, lambda q, k, v: xelink.cp_attention_varlen(q, k, v, cu_t, causal=True)) - ys) ** 2
+        mine = ((layer(xs, ours, lambda q, k, v: xelink.cp_attention_varlen(q, k, v, cu_t, causal=True,
+                                                                           layout=layout)) - ys) ** 2
                 ).sum() / y.numel()
         mine.backward()
-        _sgd_step(loss, mine, one, ours, f"varlen step {step}")
+        _sgd_step(loss, mine, one, ours, f"varlen {layout} step {step}")
     for name in shapes:
-        _check(ours[name], one[name], f"varlen weights {name} after training", 1e-6)
+        _check(ours[name], one[name], f"varlen {layout} weights {name} after training", 1e-6)
 
 
 def check_varlen_bad_input_and_ranks_that_disagree(world):
     """Bad input raises on the calling rank before anything is sent; offsets or grad that differ between ranks
     raise the same error on every rank (after the one signature exchange), and the group still works after; a rank
     late to the call is waited for."""
-    q, k, v = (xelink.cp_shard(t, layout="contiguous", dim=0) for t in _packed(20, 4, 2, 16, 5, torch.float32))
     cu = torch.tensor([0, 8, 20])
+    q, k, v = (xelink.cp_shard(t, dim=0, cu_seqlens=cu) for t in _packed(20, 4, 2, 16, 5, torch.float32))
     f = xelink.cp_attention_varlen
     for call, error, match in [
             (lambda: f(q[None], k, v, cu), ValueError, r"cp_attention_varlen: q must be 3-D"),
@@ -719,6 +740,7 @@ def check_varlen_bad_input_and_ranks_that_disagree(world):
             (lambda: f(q, k, v, torch.tensor([0, 9, 8, 20])), ValueError, "must start at 0 and never decrease"),
             (lambda: f(q, k, v, cu, max_seqlen=5), ValueError, r"max_seqlen=5 must be None or an int >= the longest"),
             (lambda: f(q, k, v, cu, window=0), ValueError, "window=0"),
+            (lambda: f(q, k, v, cu, layout="ring"), ValueError, "layout='ring' is not one of"),
             (lambda: f(q, k, v, torch.tensor([0, 8, 21])), ValueError, "cut the packed tensors with xelink.cp_shard"),
             (lambda: f(q, k, v.double(), cu), TypeError, "dtypes differ")]:
         try:
@@ -746,9 +768,8 @@ def check_varlen_bad_input_and_ranks_that_disagree(world):
 def check_varlen_under_torch_compile(world):
     """A compiled function around cp_attention_varlen (a graph break there: the offsets are read on the host) gives
     the eager output and gradients."""
-    q, k, v = (xelink.cp_shard(t, layout="contiguous", dim=0).requires_grad_()
-               for t in _packed(25, 4, 2, 16, 11))
     cu = torch.tensor([0, 10, 25])
+    q, k, v = (xelink.cp_shard(t, dim=0, cu_seqlens=cu).requires_grad_() for t in _packed(25, 4, 2, 16, 11))
 
     def f(q, k, v):
         return (xelink.cp_attention_varlen(q * 2, k, v, cu, causal=True) ** 2).sum()

@@ -213,42 +213,44 @@ def check_window_on_cuda(world):
 
 
 def check_varlen_on_cuda(world):
-    """Packed sequences (cp_attention_varlen: the gather on CUDA tensors, the Triton varlen kernels): output and LSE of
-    sequences inside and across the ranks' blocks, causal and not, with a window, head dims 64 and 128, against one
-    flash_attention_varlen over the whole packed batch on the same GPU; then dq, dk, dv (bfloat16, the LSE in the
-    loss) against autograd of float64 attention of each sequence on the CPU, twice in a row."""
+    """Packed sequences (cp_attention_varlen: the gather on CUDA tensors, the Triton varlen kernels), both layouts:
+    output and LSE of sequences inside and across the ranks' blocks, causal and not, with a window, head dims 64 and
+    128, against one flash_attention_varlen over the whole packed batch on the same GPU; then dq, dk, dv (bfloat16, the
+    LSE in the loss) against autograd of float64 attention of each sequence on the CPU, twice in a row."""
     dev = _dev(world)
     cu = [0, 100, 101, 700, 1000, 1333]
     cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
     T = cu[-1]
-    shard = lambda x, dim=0: xelink.cp_shard(x, layout="contiguous", dim=dim)  # noqa: E731
-    for D in (64, 128):
-        for causal in (True, False):
-            for window in (None, 150):
-                g = torch.Generator().manual_seed(D + causal)
-                q, k, v = (torch.randn(T, h, D, generator=g).to(torch.bfloat16).to(dev) for h in (8, 2, 2))
-                want, want_lse = flash_attention_varlen(q, k, v, cu_t, cu_t, causal=causal, return_lse=True,
-                                                        window=window)
-                out, lse = xelink.cp_attention_varlen(shard(q), shard(k), shard(v), cu_t, causal=causal,
-                                                      return_lse=True, window=window)
-                what = f"varlen D={D} causal={causal} window={window}"
-                _close(out, shard(want), what)
-                _close(lse, shard(want_lse, 1), f"{what} lse", 1e-3)
-    for _ in range(2):
-        g = torch.Generator().manual_seed(7)
-        q, k, v = (torch.randn(T, h, 64, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
-        dout, dlse = torch.randn(T, 8, 64, generator=g), torch.randn(8, T, generator=g)
-        ref = [t.double().requires_grad_() for t in (q, k, v)]
-        outs, lses = [], []
-        for a, b in zip(cu, cu[1:]):
-            o, s = full_attention(*(t[a:b].transpose(0, 1)[None] for t in ref), True)
-            outs.append(o[0].transpose(0, 1))
-            lses.append(s[0])
-        ((torch.cat(outs) * dout).sum() + (torch.cat(lses, 1) * dlse).sum()).backward()
-        mine = [shard(t).to(dev).requires_grad_() for t in (q, k, v)]
-        out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=True, return_lse=True)
-        ((out.float() * shard(dout).to(dev)).sum() + (lse * shard(dlse, 1).to(dev)).sum()).backward()
-        for name, got, want in zip("qkv", mine, ref):
-            assert got.grad.dtype == torch.bfloat16 and got.grad.device == dev, (name, got.grad)
-            _close(got.grad, shard(want.grad), f"varlen d{name}")
+    for layout in LAYOUTS:
+        pos = xelink.cp_positions(T, layout=layout, cu_seqlens=cu_t)
+        shard = lambda x, dim=0: x.index_select(dim, pos.to(x.device))  # noqa: E731
+        for D in (64, 128):
+            for causal in (True, False):
+                for window in (None, 150):
+                    g = torch.Generator().manual_seed(D + causal)
+                    q, k, v = (torch.randn(T, h, D, generator=g).to(torch.bfloat16).to(dev) for h in (8, 2, 2))
+                    want, want_lse = flash_attention_varlen(q, k, v, cu_t, cu_t, causal=causal, return_lse=True,
+                                                            window=window)
+                    out, lse = xelink.cp_attention_varlen(shard(q), shard(k), shard(v), cu_t, causal=causal,
+                                                          layout=layout, return_lse=True, window=window)
+                    what = f"varlen {layout} D={D} causal={causal} window={window}"
+                    _close(out, shard(want), what)
+                    _close(lse, shard(want_lse, 1), f"{what} lse", 1e-3)
+        for _ in range(2):
+            g = torch.Generator().manual_seed(7)
+            q, k, v = (torch.randn(T, h, 64, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
+            dout, dlse = torch.randn(T, 8, 64, generator=g), torch.randn(8, T, generator=g)
+            ref = [t.double().requires_grad_() for t in (q, k, v)]
+            outs, lses = [], []
+            for a, b in zip(cu, cu[1:]):
+                o, s = full_attention(*(t[a:b].transpose(0, 1)[None] for t in ref), True)
+                outs.append(o[0].transpose(0, 1))
+                lses.append(s[0])
+            ((torch.cat(outs) * dout).sum() + (torch.cat(lses, 1) * dlse).sum()).backward()
+            mine = [shard(t).to(dev).requires_grad_() for t in (q, k, v)]
+            out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=True, layout=layout, return_lse=True)
+            ((out.float() * shard(dout).to(dev)).sum() + (lse * shard(dlse, 1).to(dev)).sum()).backward()
+            for name, got, want in zip("qkv", mine, ref):
+                assert got.grad.dtype == torch.bfloat16 and got.grad.device == dev, (name, got.grad)
+                _close(got.grad, shard(want.grad), f"varlen {layout} d{name}")
     xelink.synchronize()

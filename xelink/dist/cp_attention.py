@@ -72,6 +72,7 @@ from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
 from ..kernels import flash_attention, flash_attention_backward
+from ..layout import varlen_pieces
 from . import cp_backward, cp_window, schedule
 from .cp_engine import all_gather_attention
 
@@ -159,6 +160,26 @@ def _check_flags(fn: str, causal, scale, return_lse, window=None) -> float | Non
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"{fn}: scale={scale!r} must be finite and > 0")
     return float(scale)
+
+
+def _offsets(fn: str, cu_seqlens, max_seqlen) -> list:
+    """``cu_seqlens`` read on the host and checked: 0, then nondecreasing (zero-length sequences allowed)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{fn}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{fn}: cu_seqlens must be a 1-D int32/int64 tensor of (sequences + 1) offsets, got "
+                         f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{fn}: cannot run during CUDA-graph capture (it reads cu_seqlens on the host)")
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{fn}: cu_seqlens={cu} must start at 0 and never decrease")
+    longest = max(b - a for a, b in zip(cu, cu[1:]))
+    if max_seqlen is not None:
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
+            raise ValueError(f"{fn}: max_seqlen={max_seqlen!r} must be None or an int >= the longest sequence "
+                             f"({longest})")
+    return cu
 
 
 def _seq_dim(fn: str, dim, x: torch.Tensor) -> int:
@@ -455,7 +476,19 @@ def _traced_backward(ctx, dout, dlse):
 _cp_attention_op.register_autograd(_traced_backward, setup_context=_setup_context)
 
 
-def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2):
+def _rank_pieces(fn: str, seq_len: int, n: int, layout: str, rank: int, cu_seqlens) -> list:
+    """``rank``'s global ranges ``(start, length)`` in its local order: the layout's pieces of one sequence of
+    ``seq_len``, or with ``cu_seqlens`` of the packed sequences at those offsets (``varlen_pieces``; their total
+    must be ``seq_len``)."""
+    if cu_seqlens is None:
+        return schedule.cp_pieces(seq_len, n, layout, rank)
+    cu = _offsets(fn, cu_seqlens, None)
+    if cu[-1] != seq_len:
+        raise ValueError(f"{fn}: cu_seqlens[-1]={cu[-1]} != {seq_len}, the packed length")
+    return varlen_pieces(cu, n, layout, rank)
+
+
+def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2, cu_seqlens=None):
     """This rank's shard of a full-sequence tensor: its layout blocks of ``x`` along ``dim``, concatenated.
 
     Args:
@@ -464,12 +497,15 @@ def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2):
         group: xelink communicator (None: the world): its size and this rank.
         layout: "zigzag" or "contiguous".
         dim: the sequence dimension (negative counts from the end).
+        cu_seqlens: None, or the offsets of packed sequences along ``dim`` (``cp_attention_varlen``'s): each
+            sequence is laid out on its own (zigzag: its 2n blocks; contiguous: the packed tokens' n blocks, the
+            same as without), sequence after sequence.
 
     Returns:
         A new contiguous tensor, ``x``'s shape with ``S_local`` along ``dim``.
 
     Raises:
-        TypeError / ValueError: a non-tensor, a bad dim or layout.
+        TypeError / ValueError: a non-tensor, a bad dim, layout or offsets.
 
     Local: no communication (each rank cuts its own shard of the same ``x``).
     """
@@ -479,11 +515,13 @@ def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     d = _seq_dim(fn, dim, x)
-    pieces = schedule.cp_pieces(x.shape[d], comm.size, layout, comm.rank)
+    pieces = _rank_pieces(fn, x.shape[d], comm.size, layout, comm.rank, cu_seqlens)
+    if not pieces:
+        return x.narrow(d, 0, 0).contiguous()
     return torch.cat([x.narrow(d, start, length) for start, length in pieces], dim=d)
 
 
-def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int = 2):
+def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int = 2, cu_seqlens=None):
     """The full-sequence tensor from every rank's shard (the inverse of ``cp_shard``), on every rank.
 
     Args:
@@ -493,6 +531,7 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
         group: xelink communicator (None: the world).
         layout: "zigzag" or "contiguous".
         dim: the sequence dimension.
+        cu_seqlens: None, or the packed sequences' offsets ``cp_shard`` was given.
 
     Returns:
         A new tensor, ``x_local``'s shape with S along ``dim``.
@@ -512,12 +551,13 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
     seq_len = _int(fn, "seq_len", seq_len)
     d = _seq_dim(fn, dim, x_local)
     n, r = comm.size, comm.rank
-    lengths = schedule.cp_lengths(seq_len, n, layout)
+    pieces = [schedule.local_pieces(_rank_pieces(fn, seq_len, n, layout, x, cu_seqlens)) for x in range(n)]
+    lengths = [sum(length for _, length, _ in p) for p in pieces]
     if x_local.shape[d] != lengths[r]:
         raise ValueError(f"{fn}: x_local.shape[{d}]={x_local.shape[d]} on rank {r}, but seq_len={seq_len} with "
                          f"layout={layout!r} over {n} ranks gives rank {r} {lengths[r]} positions")
     fingerprint_check(comm, fn, (fn, seq_len, tuple(s for i, s in enumerate(x_local.shape) if i != d), d,
-                                 str(x_local.dtype), layout))
+                                 str(x_local.dtype), layout, tuple(lengths)))
     if n == 1:
         return x_local.clone(memory_format=torch.contiguous_format)
     lmax = max(lengths)
@@ -528,18 +568,21 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
     all_gather_into_tensor(stage, send, group=comm)
     full = moved.new_empty((seq_len,) + tuple(moved.shape[1:]))
     for x in range(n):
-        for start, length, off in schedule.rank_pieces(seq_len, n, layout, x):
+        for start, length, off in pieces[x]:
             full[start:start + length].copy_(stage[x, off:off + length])
     return full.movedim(0, d).contiguous()
 
 
-def cp_positions(seq_len, *, group=None, layout: str = "zigzag") -> torch.Tensor:
+def cp_positions(seq_len, *, group=None, layout: str = "zigzag", cu_seqlens=None) -> torch.Tensor:
     """This rank's global positions, in its local order (for RoPE and masks).
 
     Args:
         seq_len: the total length S.
         group: xelink communicator (None: the world).
         layout: "zigzag" or "contiguous".
+        cu_seqlens: None, or the packed sequences' offsets ``cp_shard`` was given: the positions are then the
+            local tokens' indices in the packed batch (a token's position in its sequence: minus the sequence's
+            offset).
 
     Returns:
         A CPU LongTensor of S_local positions (``.to(device)`` it for GPU work).
@@ -550,5 +593,6 @@ def cp_positions(seq_len, *, group=None, layout: str = "zigzag") -> torch.Tensor
     comm = group_of(group, fn)
     layout = _layout(fn, layout)
     seq_len = _int(fn, "seq_len", seq_len)
-    pieces = schedule.cp_pieces(seq_len, comm.size, layout, comm.rank)
-    return torch.cat([torch.arange(start, start + length, dtype=torch.long) for start, length in pieces])
+    pieces = _rank_pieces(fn, seq_len, comm.size, layout, comm.rank, cu_seqlens)
+    return torch.cat([torch.arange(start, start + length, dtype=torch.long) for start, length in pieces] +
+                     [torch.zeros(0, dtype=torch.long)])

@@ -1,18 +1,21 @@
 """Context-parallel attention over packed sequences (``cp_attention_varlen``): FlashAttention's
-``flash_attn_varlen_func`` contract with the packed tokens cut over the ranks of a group, as
-ring-flash-attention's ``llama3_flash_attn_varlen_func`` is used in training on packed batches.
+``flash_attn_varlen_func`` contract with the packed tokens laid over the ranks of a group, as ring-flash-attention's
+``zigzag_ring_flash_attn_varlen_func`` and ``llama3_flash_attn_varlen_func`` are used in training on packed batches.
 
-Layout. The packed stream (every sequence's tokens one after another, ``cu_seqlens`` their global offsets, the
-same on every rank) is cut into the ranks' contiguous blocks: ``cp_shard(x, layout="contiguous", dim=0)`` gives rank r
-its block (``numpy.array_split``'s sizes: the first ``T % n`` ranks hold one token more). A sequence may lie inside
-one rank's block or run over several.
+Layouts (``cp_shard(x, layout=..., dim=0, cu_seqlens=cu_seqlens)`` cuts a packed tensor; ``layout.varlen_pieces``):
+``"zigzag"`` lays every sequence out on its own (2n blocks, rank r holding blocks r and 2n-1-r), sequence after
+sequence, so every rank has the same causal work; ``"contiguous"`` cuts the packed stream (every sequence's tokens one
+after another, ``cu_seqlens`` their global offsets, the same on every rank) into n blocks, a sequence lying inside
+one block or running over several. Block sizes are ``numpy.array_split``'s.
 
-How. Every rank gathers the others' keys and values (one ``all_gather_into_tensor`` of its packed (k, v) block,
-padded to the longest block) and runs one ``flash_attention_varlen`` call: for each sequence its queries on this
-rank (a contiguous run) against its keys up to this rank's last token (causal; the whole sequence otherwise). A
-causal mask aligned to the end of the keys (FlashAttention 2.1+'s, which ``flash_attention_varlen`` keeps) is then
-exactly the global one, because the run's last query is the last key; windows likewise. Nothing to merge; memory
-O(T) for the gathered keys, as the all-gather algorithm of ``cp_attention``.
+How. Every rank gathers the others' keys and values (one ``all_gather_into_tensor`` of its packed (k, v) share,
+padded to the longest) and runs ``flash_attention_varlen``: each of its pieces (a run of one sequence's tokens)
+against that sequence's keys up to the piece's last token (causal; the whole sequence otherwise), the keys taken
+from the gathered shares by index. A causal mask aligned to the end of the keys (FlashAttention 2.1+'s, which
+``flash_attention_varlen`` keeps) is then exactly the global one, because a piece's last query is its last key;
+windows likewise. One call holds at most one piece of a sequence (its keys then appear once): contiguous needs one
+call, zigzag two (a sequence's first and second blocks). Nothing to merge; memory O(T) for the gathered keys, as the
+all-gather algorithm of ``cp_attention``.
 
 Autograd: the gather is differentiable (its backward a ``reduce_scatter_tensor`` of the gathered keys' and values'
 gradients, summed in rank order: every rank's gradient of its own block, deterministic), and
@@ -26,6 +29,7 @@ capture for the same reason.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 
 import torch
@@ -33,47 +37,27 @@ import torch
 from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
 from ..collectives.checks import group_of
 from ..kernels import flash_attention_varlen
-from . import schedule
-from .cp_attention import _check_flags, _check_qkv, _exchange_lengths
+from ..layout import varlen_pieces
+from .cp_attention import _check_flags, _check_qkv, _exchange_lengths, _layout, _offsets
 
 __all__ = ["cp_attention_varlen"]
 
 
-def _offsets(fn: str, cu_seqlens, max_seqlen) -> list:
-    """``cu_seqlens`` read on the host and checked: 0, then nondecreasing (zero-length sequences allowed)."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{fn}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{fn}: cu_seqlens must be a 1-D int32/int64 tensor of (sequences + 1) offsets, got "
-                         f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
-    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"{fn}: cannot run during CUDA-graph capture (it reads cu_seqlens on the host)")
-    cu = cu_seqlens.tolist()
-    if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"{fn}: cu_seqlens={cu} must start at 0 and never decrease")
-    longest = max(b - a for a, b in zip(cu, cu[1:]))
-    if max_seqlen is not None:
-        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
-            raise ValueError(f"{fn}: max_seqlen={max_seqlen!r} must be None or an int >= the longest sequence "
-                             f"({longest})")
-    return cu
-
-
-def _lengths(fn: str, comm, total: int, local: int, signature: tuple) -> list:
-    """The ranks' token counts (``cp_lengths`` of the total), checked against every rank's ``local``; above one rank
-    after one host exchange of (``local``, ``signature``: shapes but the local length, dtype, device type, flags,
+def _lengths(fn: str, comm, cu: list, layout: str, local: int, signature: tuple) -> list:
+    """The ranks' token counts (their ``varlen_pieces``), checked against every rank's ``local``; above one rank after
+    one host exchange of (``local``, ``signature``: shapes but the local length, dtype, device type, layout, flags,
     grad, a digest of the offsets), so that a difference raises the same error on every rank."""
     n = comm.size
-    want = schedule.cp_lengths(total, n, "contiguous")
+    want = [sum(length for _, length in varlen_pieces(cu, n, layout, x)) for x in range(n)]
     got = [local]
     if n > 1:
-        got = _exchange_lengths(fn, comm, local, signature, "heads, head_dim, dtype, device, causal, scale, window, "
-                                                           "return_lse, which of q, k, v require grad, a digest of "
-                                                           "cu_seqlens")
+        got = _exchange_lengths(fn, comm, local, signature, "heads, head_dim, dtype, device, layout, causal, scale, "
+                                                           "window, return_lse, which of q, k, v require grad, a "
+                                                           "digest of cu_seqlens")
     if got != want:
-        raise ValueError(f"{fn}: the ranks' local token counts {got} are not the contiguous blocks of "
-                         f"cu_seqlens[-1]={total} tokens over {n} ranks ({want}); cut the packed tensors with "
-                         f"xelink.cp_shard(x, layout='contiguous', dim=0)")
+        raise ValueError(f"{fn}: the ranks' local token counts {got} are not those of layout={layout!r} for "
+                         f"cu_seqlens={cu} over {n} ranks ({want}); cut the packed tensors with "
+                         f"xelink.cp_shard(x, layout={layout!r}, dim=0, cu_seqlens=cu_seqlens)")
     return want
 
 
@@ -95,39 +79,58 @@ class _GatherKV(torch.autograd.Function):
         return mine, None
 
 
-def _runs(cu: list, lo: int, hi: int, causal: bool):
-    """This rank's sequences (those with tokens in its block [lo, hi)): (their query offsets into the block, their
-    key offsets into the keys from the first one's start, the keys' global [start, end); None, None without one).
-    A sequence's keys end at its last token (causal: at its last token in the block)."""
-    cu_q, cu_k = [0], [0]
-    first = end = None
-    for a, b in zip(cu, cu[1:]):
-        if b <= lo or a >= hi or a == b:
-            continue
-        k_end = min(b, hi) if causal else b
-        if first is None:
-            first = a
-        cu_q.append(cu_q[-1] + min(b, hi) - max(a, lo))
-        cu_k.append(k_end - first)
-        end = k_end
-    return cu_q, cu_k, first, end
+def _owners(cu: list, n: int, layout: str):
+    """(owner rank, offset in the owner's block) of every packed token: two CPU long tensors of T."""
+    owner = torch.empty(cu[-1], dtype=torch.long)
+    offset = torch.empty(cu[-1], dtype=torch.long)
+    for x in range(n):
+        at = 0
+        for start, length in varlen_pieces(cu, n, layout, x):
+            owner[start:start + length] = x
+            offset[start:start + length] = torch.arange(at, at + length)
+            at += length
+    return owner, offset
+
+
+def _calls(cu: list, pieces, causal: bool) -> list:
+    """This rank's ``flash_attention_varlen`` calls: each a list of its pieces as (local offset, length, keys' global
+    start, end), at most one piece of a sequence a call (a zigzag rank's two pieces of a sequence read overlapping
+    keys). A piece's keys run from its sequence's start to its own last token (causal) or the sequence's end."""
+    calls, seen = [], {}
+    at = 0
+    for start, length in pieces:
+        i = bisect.bisect_right(cu, start) - 1  # the sequence holding the piece: cu[i] <= start < cu[i + 1]
+        c = seen[i] = seen.get(i, -1) + 1
+        if c == len(calls):
+            calls.append([])
+        calls[c].append((at, length, cu[i], start + length if causal else cu[i + 1]))
+        at += length
+    return calls
+
+
+def _ranges(spans) -> torch.Tensor:
+    """The indices of the ranges ``(start, end)``, concatenated (a CPU long tensor)."""
+    return torch.cat([torch.arange(a, b) for a, b in spans])
 
 
 @torch.compiler.disable
 def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = False, scale=None, group=None,
-                        window=None, return_lse: bool = False):
+                        layout: str = "zigzag", window=None, return_lse: bool = False):
     """Attention of this rank's block of packed sequences over their keys on every rank.
 
     Args:
-        q: (T_local, Hq, D) this rank's block of the packed queries: ``cp_shard(x, layout="contiguous", dim=0)`` of
-            the (T, Hq, D) packed tensor, T = cu_seqlens[-1]; float64, float32, float16 or bfloat16; a CPU tensor or
-            a CUDA tensor on this rank's device; any strides.
+        q: (T_local, Hq, D) this rank's share of the packed queries, ``cp_shard(x, layout=layout, dim=0,
+            cu_seqlens=cu_seqlens)`` of the (T, Hq, D) packed tensor, T = cu_seqlens[-1]; float64, float32, float16
+            or bfloat16; a CPU tensor or a CUDA tensor on this rank's device; any strides.
         k, v: (T_local, Hkv, D) the same tokens' keys and values; Hq divisible by Hkv (GQA: only KV heads move).
         cu_seqlens: (B + 1,) int32/int64 global offsets of the packed sequences (0, nondecreasing, ending at T),
             the same on every rank, on any device (read on the host).
         max_seqlen: None, or an int at least the longest sequence (only checked: the offsets are read anyway).
         causal, scale, window: ``flash_attention_varlen``'s, over each whole sequence (global positions).
         group: xelink communicator (None: the world).
+        layout: "zigzag" (each sequence cut into 2n blocks, rank r holding blocks r and 2n-1-r of every sequence:
+            every rank the same causal work, ring-flash-attention's zigzag varlen) or "contiguous" (the packed tokens
+            cut into n blocks, a sequence possibly over several: its llama3 varlen).
         return_lse: also return the float32 LSE of this rank's rows, (Hq, T_local) (FlashAttention 2's layout).
 
     Returns:
@@ -135,8 +138,8 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
         to this rank's tokens; or (out, lse).
 
     Raises:
-        TypeError / ValueError: bad tensors, offsets, flags, or a local block that is not this rank's share of T,
-            before anything is sent; after the signature exchange (every rank raises the same): ranks that
+        TypeError / ValueError: bad tensors, offsets, flags or layout before anything is sent; a local share that
+            is not the layout's (every rank raises) after the signature exchange; after the signature exchange (every rank raises the same): ranks that
             disagree. RuntimeError: during CUDA-graph capture.
 
     Collective: every rank of ``group`` calls it with the same offsets, heads, head dim, dtype and flags, and with
@@ -146,39 +149,54 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
     comm = group_of(group, fn)
     _check_qkv(fn, q, k, v, comm, packed=True)
     scale = _check_flags(fn, causal, scale, return_lse, window)
+    layout = _layout(fn, layout)
     cu = _offsets(fn, cu_seqlens, max_seqlen)
     n, r = comm.size, comm.rank
     grad = tuple(torch.is_grad_enabled() and t.requires_grad for t in (q, k, v))
-    signature = (q.shape[1], k.shape[1], q.shape[2], str(q.dtype), q.device.type, causal, scale, window, return_lse,
-                 grad, hashlib.sha1(repr(cu).encode()).hexdigest())
-    lengths = _lengths(fn, comm, cu[-1], q.shape[0], signature)
-    lo = sum(lengths[:r])
-    hi = lo + lengths[r]
+    signature = (q.shape[1], k.shape[1], q.shape[2], str(q.dtype), q.device.type, layout, causal, scale, window,
+                 return_lse, grad, hashlib.sha1(repr(cu).encode()).hexdigest())
+    lengths = _lengths(fn, comm, cu, layout, q.shape[0], signature)
+    pieces = varlen_pieces(cu, n, layout, r)
+    kv = torch.stack([k, v])  # (2, T_local, Hkv, D)
     if n == 1:
-        kv_all = None
-        keys, values = k, v
+        kv_all = kv[None]
     else:
-        # every rank's (k, v) block padded to the longest, gathered; then the global tokens in order
+        # every rank's (k, v) block padded to the longest, gathered: (n, 2, P, Hkv, D)
         P = max(lengths)
-        kv = torch.stack([k, v]).contiguous()
         if kv.shape[1] < P:
             kv = torch.cat([kv, kv.new_zeros((2, P - kv.shape[1]) + tuple(kv.shape[2:]))], dim=1)
-        kv_all = _GatherKV.apply(kv, comm)
-        blocks = [kv_all[j, :, :lengths[j]] for j in range(n)]
-        whole = torch.cat(blocks, dim=1)
-        keys, values = whole[0], whole[1]
-    cu_q, cu_k, first, end = _runs(cu, lo, hi, causal)
-    if first is None:  # no query token here: an empty output that still reaches the gather's backward
+        kv_all = _GatherKV.apply(kv.contiguous(), comm)
+    if not pieces:  # no query token here: an empty output that still reaches the gather's backward
         out = q.clone()  # (0, Hq, D), grad flows to q
         lse = torch.full((q.shape[1], 0), float("-inf"), dtype=torch.float32, device=q.device)
-        if kv_all is not None and kv_all.requires_grad:
+        if kv_all.requires_grad:
             out = out + kv_all.reshape(-1)[:0].sum()  # (+ 0 exactly; zeros flow back)
         return (out, lse) if return_lse else out
+    owner, offset = _owners(cu, n, layout)
     dev = q.device
-    cu_q_t = torch.tensor(cu_q, dtype=torch.int32, device=dev)
-    cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=dev)
-    max_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
-    max_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
-    out, lse = flash_attention_varlen(q, keys[first:end], values[first:end], cu_q_t, cu_k_t, max_q, max_k,
+    outs, lses, rows = [], [], []
+    for call in _calls(cu, pieces, causal):
+        keys = _ranges([(a, b) for _, _, a, b in call])
+        kvk = kv_all[owner[keys].to(dev), :, offset[keys].to(dev)]  # (keys, 2, Hkv, D), no key twice in a call
+        mine = _ranges([(at, at + length) for at, length, _, _ in call])
+        qc = q if len(mine) == q.shape[0] else q.index_select(0, mine.to(dev))  # (one call: every row, in order)
+        cu_q = [0]
+        cu_k = [0]
+        for _, length, a, b in call:
+            cu_q.append(cu_q[-1] + length)
+            cu_k.append(cu_k[-1] + b - a)
+        o, l = flash_attention_varlen(qc, kvk[:, 0], kvk[:, 1], torch.tensor(cu_q, dtype=torch.int32, device=dev),
+                                      torch.tensor(cu_k, dtype=torch.int32, device=dev),
+                                      max(length for _, length, _, _ in call), max(b - a for _, _, a, b in call),
                                       causal=causal, scale=scale, return_lse=True, window=window)
+        outs.append(o)
+        lses.append(l)
+        rows.append(mine)
+    if len(outs) == 1:
+        out, lse = outs[0], lses[0]
+    else:  # the calls' rows back in local order
+        where = torch.empty(q.shape[0], dtype=torch.long)
+        where[torch.cat(rows)] = torch.arange(q.shape[0])
+        where = where.to(dev)
+        out, lse = torch.cat(outs).index_select(0, where), torch.cat(lses, 1).index_select(1, where)
     return (out, lse) if return_lse else out
