@@ -49,7 +49,7 @@ def varlen_pieces(cu_seqlens, n: int, layout: str, rank: int) -> list[tuple[int,
     if layout == "contiguous":
         (lo, length), = cp_pieces(cu[-1], n, layout, rank)
         hi = lo + length
-        return [(max(a, lo), min(b, hi) - max(a, lo)) for a, b in zip(cu, cu[1:]) if a < hi and b > lo]
+        return [(max(a, lo), min(b, hi) - max(a, lo)) for a, b in zip(cu, cu[1:]) if max(a, lo) < min(b, hi)]
     return [(a + s, length) for a, b in zip(cu, cu[1:]) for s, length in cp_pieces(b - a, n, layout, rank) if length]
 
 

@@ -130,6 +130,34 @@ def test_blocks_are_array_splits_and_pieces_tile_the_sequence(n, layout):
         assert schedule.cp_pieces(16, 4, layout, 1) == [(2, 2), (12, 2)]
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_varlen_pieces_partition_the_packed_tokens(layout):
+    """layout.varlen_pieces: over the ranks every packed token once, each piece inside one sequence; zigzag lays each
+    sequence out as cp_pieces does one sequence, contiguous is the packed stream's cp_pieces cut at sequence ends."""
+    from xelink.layout import varlen_pieces
+    for n in (1, 2, 3, 4):
+        for cu in ([0, 5, 5, 17, 18, 40], [0, 23], [0, 1, 2, 3], [0, 2], [0, 0], [0, 9, 30, 31]):
+            held, per_rank = [], []
+            for r in range(n):
+                pieces = varlen_pieces(cu, n, layout, r)
+                per_rank.append(pieces)
+                for s, length in pieces:
+                    assert length > 0 and any(a <= s and s + length <= b for a, b in zip(cu, cu[1:])), (cu, s, length)
+                    held += range(s, s + length)
+            assert sorted(held) == list(range(cu[-1])), (n, cu, per_rank)
+            for r in range(n):
+                if layout == "zigzag":
+                    want = [(a + s, x) for a, b in zip(cu, cu[1:]) for s, x in schedule.cp_pieces(b - a, n, layout, r)
+                            if x]
+                else:
+                    (lo, x), = schedule.cp_pieces(cu[-1], n, layout, r)
+                    want = [(p, 1) for p in range(lo, lo + x)]
+                    got = [(p, 1) for s, length in per_rank[r] for p in range(s, s + length)]
+                    assert got == want, (n, cu, r)
+                    continue
+                assert per_rank[r] == want, (n, cu, r)
+
+
 def _mask_of_parts(q_range, k_range, causal):
     """The visibility the kernel calls of attend_parts produce, as {(query, key)}, each pair at most once."""
     seen = []
