@@ -3,7 +3,9 @@ over packages: plain data, shared by the context-parallel schedules (``xelink.di
 cost model that prices them (``xelink.cost.predict_cp_attention``).
 
 Layouts: ``contiguous`` (n blocks, rank r holds block r) and ``zigzag`` (2n blocks, rank r holds blocks r
-and 2n - 1 - r, in that order), the blocks sized as ``numpy.array_split`` sizes them.
+and 2n - 1 - r, in that order), the blocks sized as ``numpy.array_split`` sizes them; over a batch of packed
+sequences (``varlen_pieces``, ``cp_attention_varlen``'s): zigzag lays each sequence out on its own, contiguous cuts
+the packed tokens.
 """
 from __future__ import annotations
 
