@@ -476,16 +476,16 @@ def _traced_backward(ctx, dout, dlse):
 _cp_attention_op.register_autograd(_traced_backward, setup_context=_setup_context)
 
 
-def _rank_pieces(fn: str, seq_len: int, n: int, layout: str, rank: int, cu_seqlens) -> list:
-    """``rank``'s global ranges ``(start, length)`` in its local order: the layout's pieces of one sequence of
-    ``seq_len``, or with ``cu_seqlens`` of the packed sequences at those offsets (``varlen_pieces``; their total
-    must be ``seq_len``)."""
+def _pieces_of(fn: str, seq_len: int, n: int, layout: str, cu_seqlens):
+    """A function of a rank giving its global ranges ``(start, length)`` in its local order: the layout's pieces of
+    one sequence of ``seq_len``, or with ``cu_seqlens`` (read and checked here once) of the packed sequences at those
+    offsets (``varlen_pieces``; their total must be ``seq_len``)."""
     if cu_seqlens is None:
-        return schedule.cp_pieces(seq_len, n, layout, rank)
+        return lambda rank: schedule.cp_pieces(seq_len, n, layout, rank)
     cu = _offsets(fn, cu_seqlens, None)
     if cu[-1] != seq_len:
         raise ValueError(f"{fn}: cu_seqlens[-1]={cu[-1]} != {seq_len}, the packed length")
-    return varlen_pieces(cu, n, layout, rank)
+    return lambda rank: varlen_pieces(cu, n, layout, rank)
 
 
 def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2, cu_seqlens=None):
@@ -515,7 +515,7 @@ def cp_shard(x, *, group=None, layout: str = "zigzag", dim: int = 2, cu_seqlens=
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     d = _seq_dim(fn, dim, x)
-    pieces = _rank_pieces(fn, x.shape[d], comm.size, layout, comm.rank, cu_seqlens)
+    pieces = _pieces_of(fn, x.shape[d], comm.size, layout, cu_seqlens)(comm.rank)
     if not pieces:
         return x.narrow(d, 0, 0).contiguous()
     return torch.cat([x.narrow(d, start, length) for start, length in pieces], dim=d)
@@ -551,7 +551,8 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
     seq_len = _int(fn, "seq_len", seq_len)
     d = _seq_dim(fn, dim, x_local)
     n, r = comm.size, comm.rank
-    pieces = [schedule.local_pieces(_rank_pieces(fn, seq_len, n, layout, x, cu_seqlens)) for x in range(n)]
+    of = _pieces_of(fn, seq_len, n, layout, cu_seqlens)
+    pieces = [schedule.local_pieces(of(x)) for x in range(n)]
     lengths = [sum(length for _, length, _ in p) for p in pieces]
     if x_local.shape[d] != lengths[r]:
         raise ValueError(f"{fn}: x_local.shape[{d}]={x_local.shape[d]} on rank {r}, but seq_len={seq_len} with "
@@ -593,6 +594,6 @@ def cp_positions(seq_len, *, group=None, layout: str = "zigzag", cu_seqlens=None
     comm = group_of(group, fn)
     layout = _layout(fn, layout)
     seq_len = _int(fn, "seq_len", seq_len)
-    pieces = _rank_pieces(fn, seq_len, comm.size, layout, comm.rank, cu_seqlens)
+    pieces = _pieces_of(fn, seq_len, comm.size, layout, cu_seqlens)(comm.rank)
     return torch.cat([torch.arange(start, start + length, dtype=torch.long) for start, length in pieces] +
                      [torch.zeros(0, dtype=torch.long)])
