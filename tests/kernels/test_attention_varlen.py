@@ -17,6 +17,7 @@ import torch
 import xelink.kernels
 import xelink.ops
 from xelink.kernels import attention as A
+from xelink.kernels import common
 from xelink.kernels import flash_attention, flash_attention_varlen, flash_attention_varlen_backward
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" and A.triton is not None
@@ -508,7 +509,7 @@ def test_offsets_are_read_once_a_tensor_and_version():
         cu.copy_(_cu(lens))
         out = flash_attention_varlen(q, k, v, cu, cu, causal=True)
         assert _rel(out, _attn64(q, k, v, lens, lens, True)[0]) < TOL[torch.float64], lens
-        hit = A._HOST_OFFSETS[id(cu)]
+        hit = common._HOST_VALUES[id(cu)]
         assert hit[0]() is cu and hit[1] == cu._version and hit[2] == cu.tolist()
     cu[1] = 20  # no longer nondecreasing
     with pytest.raises(ValueError, match=f"^{FN}: cu_seqlens_q must be nondecreasing"):

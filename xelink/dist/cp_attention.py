@@ -72,6 +72,7 @@ from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
 from ..kernels import flash_attention, flash_attention_backward
+from ..kernels.common import host_values
 from ..layout import varlen_pieces
 from . import cp_backward, cp_window, schedule
 from .cp_engine import all_gather_attention
@@ -163,7 +164,8 @@ def _check_flags(fn: str, causal, scale, return_lse, window=None) -> float | Non
 
 
 def _offsets(fn: str, cu_seqlens, max_seqlen) -> list:
-    """``cu_seqlens`` read on the host and checked: 0, then nondecreasing (zero-length sequences allowed)."""
+    """``cu_seqlens`` read on the host (``host_values``: once a tensor and version) and checked: 0, then nondecreasing
+    (zero-length sequences allowed)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{fn}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -171,7 +173,7 @@ def _offsets(fn: str, cu_seqlens, max_seqlen) -> list:
                          f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
     if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{fn}: cannot run during CUDA-graph capture (it reads cu_seqlens on the host)")
-    cu = cu_seqlens.tolist()
+    cu = host_values(cu_seqlens)
     if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"{fn}: cu_seqlens={cu} must start at 0 and never decrease")
     longest = max(b - a for a, b in zip(cu, cu[1:]))

@@ -30,6 +30,7 @@ capture for the same reason.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 
 import torch
@@ -113,6 +114,37 @@ def _ranges(spans) -> torch.Tensor:
     return torch.cat([torch.arange(a, b) for a, b in spans])
 
 
+@functools.lru_cache(maxsize=32)
+def _plan(cu: tuple, n: int, r: int, layout: str, causal: bool, dev: torch.device):
+    """A call's work, on ``dev``, remembered (a step's layers share one batch's offsets, so their kernel calls get the
+    same offset tensors, whose values flash_attention_varlen then reads on the host once): for each call, (the
+    gathered keys' owner ranks and offsets, this rank's rows or None for all of them in order, cu_q, cu_k, the
+    longest query and key runs); and the permutation putting the calls' rows back in local order (None for one
+    call)."""
+    owner, offset = _owners(list(cu), n, layout)
+    pieces = varlen_pieces(cu, n, layout, r)
+    total = sum(length for _, length in pieces)
+    calls, rows = [], []
+    for call in _calls(list(cu), pieces, causal):
+        keys = _ranges([(a, b) for _, _, a, b in call])
+        mine = _ranges([(at, at + length) for at, length, _, _ in call])
+        rows.append(mine)
+        cu_q, cu_k = [0], [0]
+        for _, length, a, b in call:
+            cu_q.append(cu_q[-1] + length)
+            cu_k.append(cu_k[-1] + b - a)
+        calls.append((owner[keys].to(dev), offset[keys].to(dev), None if len(mine) == total else mine.to(dev),
+                      torch.tensor(cu_q, dtype=torch.int32, device=dev), torch.tensor(cu_k, dtype=torch.int32,
+                                                                                       device=dev),
+                      max(length for _, length, _, _ in call), max(b - a for _, _, a, b in call)))
+    where = None
+    if len(calls) > 1:
+        where = torch.empty(total, dtype=torch.long)
+        where[torch.cat(rows)] = torch.arange(total)
+        where = where.to(dev)
+    return calls, where
+
+
 @torch.compiler.disable
 def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = False, scale=None, group=None,
                         layout: str = "zigzag", window=None, return_lse: bool = False):
@@ -138,9 +170,9 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
         to this rank's tokens; or (out, lse).
 
     Raises:
-        TypeError / ValueError: bad tensors, offsets, flags or layout before anything is sent; a local share that
-            is not the layout's (every rank raises) after the signature exchange; after the signature exchange (every rank raises the same): ranks that
-            disagree. RuntimeError: during CUDA-graph capture.
+        TypeError / ValueError: bad tensors, offsets, flags or layout, before anything is sent; after the
+            signature exchange (every rank raises the same): ranks that disagree, or a local share that is not the
+            layout's. RuntimeError: during CUDA-graph capture.
 
     Collective: every rank of ``group`` calls it with the same offsets, heads, head dim, dtype and flags, and with
     grad every rank runs the backward too.
@@ -156,7 +188,6 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
     signature = (q.shape[1], k.shape[1], q.shape[2], str(q.dtype), q.device.type, layout, causal, scale, window,
                  return_lse, grad, hashlib.sha1(repr(cu).encode()).hexdigest())
     lengths = _lengths(fn, comm, cu, layout, q.shape[0], signature)
-    pieces = varlen_pieces(cu, n, layout, r)
     kv = torch.stack([k, v])  # (2, T_local, Hkv, D)
     if n == 1:
         kv_all = kv[None]
@@ -166,37 +197,23 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
         if kv.shape[1] < P:
             kv = torch.cat([kv, kv.new_zeros((2, P - kv.shape[1]) + tuple(kv.shape[2:]))], dim=1)
         kv_all = _GatherKV.apply(kv.contiguous(), comm)
-    if not pieces:  # no query token here: an empty output that still reaches the gather's backward
+    if not lengths[r]:  # no query token here: an empty output that still reaches the gather's backward
         out = q.clone()  # (0, Hq, D), grad flows to q
         lse = torch.full((q.shape[1], 0), float("-inf"), dtype=torch.float32, device=q.device)
         if kv_all.requires_grad:
             out = out + kv_all.reshape(-1)[:0].sum()  # (+ 0 exactly; zeros flow back)
         return (out, lse) if return_lse else out
-    owner, offset = _owners(cu, n, layout)
-    dev = q.device
-    outs, lses, rows = [], [], []
-    for call in _calls(cu, pieces, causal):
-        keys = _ranges([(a, b) for _, _, a, b in call])
-        kvk = kv_all[owner[keys].to(dev), :, offset[keys].to(dev)]  # (keys, 2, Hkv, D), no key twice in a call
-        mine = _ranges([(at, at + length) for at, length, _, _ in call])
-        qc = q if len(mine) == q.shape[0] else q.index_select(0, mine.to(dev))  # (one call: every row, in order)
-        cu_q = [0]
-        cu_k = [0]
-        for _, length, a, b in call:
-            cu_q.append(cu_q[-1] + length)
-            cu_k.append(cu_k[-1] + b - a)
-        o, l = flash_attention_varlen(qc, kvk[:, 0], kvk[:, 1], torch.tensor(cu_q, dtype=torch.int32, device=dev),
-                                      torch.tensor(cu_k, dtype=torch.int32, device=dev),
-                                      max(length for _, length, _, _ in call), max(b - a for _, _, a, b in call),
-                                      causal=causal, scale=scale, return_lse=True, window=window)
+    calls, where = _plan(tuple(cu), n, r, layout, causal, q.device)
+    outs, lses = [], []
+    for owners, offsets, rows, cu_q, cu_k, max_q, max_k in calls:
+        kvk = kv_all[owners, :, offsets]  # (keys, 2, Hkv, D), no key twice in a call
+        qc = q if rows is None else q.index_select(0, rows)  # (None: one call, every row in order)
+        o, l = flash_attention_varlen(qc, kvk[:, 0], kvk[:, 1], cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
+                                      return_lse=True, window=window)
         outs.append(o)
         lses.append(l)
-        rows.append(mine)
-    if len(outs) == 1:
+    if where is None:
         out, lse = outs[0], lses[0]
     else:  # the calls' rows back in local order
-        where = torch.empty(q.shape[0], dtype=torch.long)
-        where[torch.cat(rows)] = torch.arange(q.shape[0])
-        where = where.to(dev)
         out, lse = torch.cat(outs).index_select(0, where), torch.cat(lses, 1).index_select(1, where)
     return (out, lse) if return_lse else out

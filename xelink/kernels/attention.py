@@ -40,15 +40,14 @@ either. Triton is imported guarded: this module imports and its references run w
 """
 import math
 import numbers
-import weakref
 
 import torch
 
 # Triton is optional (common.py imports it for every kernel module): without it the references (and
 # impl="auto" on any device) still work.
 from .common import (IMPL_ALIASES, Paths, TensorDescriptor, auto_takes_triton, capability, check_impl, check_no_overlap,
-                     check_out, check_tensor, cdiv, forward_only, next_power_of_2, path_key, require_triton, sm_count,
-                     tl, triton)
+                     check_out, check_tensor, cdiv, forward_only, host_values, next_power_of_2, path_key,
+                     require_triton, sm_count, tl, triton)
 from .launcher import Descriptor, Slot, launch, launch_keyed
 from .norm import check_rope_kv, rope_kv_rows
 from .pdl import pdl_launch, pdl_launch_args, pdl_option, pdl_wait, prefetch_args, prefetch_l2, sm90_kernel
@@ -1534,27 +1533,6 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-# Offsets already read on the host, by tensor and version counter: a training step's layers pass one cu_seqlens
-# tensor, whose values then cross to the host (a sync) once a step, not once a layer. An in-place write bumps the
-# version; a tensor that died leaves a dead reference, never a match. (Writes torch does not see, e.g. a Triton
-# kernel's into the tensor, are not noticed: pass a new tensor then.)
-_HOST_OFFSETS: dict = {}
-
-
-def _host_offsets(cu: torch.Tensor) -> list:
-    try:
-        version = cu._version
-    except RuntimeError:  # an inference-mode tensor keeps no version counter: read it every call
-        return cu.tolist()
-    hit = _HOST_OFFSETS.get(id(cu))
-    if hit is not None and hit[0]() is cu and hit[1] == version:
-        return hit[2]
-    if len(_HOST_OFFSETS) >= 64:
-        _HOST_OFFSETS.clear()
-    vals = cu.tolist()
-    _HOST_OFFSETS[id(cu)] = (weakref.ref(cu), version, vals)
-    return vals
-
 
 def _check_max_seqlen(fn: str, max_q, max_k) -> None:
     """max_seqlen_q / max_seqlen_k: None or ints >= 0 (a traced call's may be SymInts)."""
@@ -1567,9 +1545,9 @@ def _check_max_seqlen(fn: str, max_q, max_k) -> None:
 
 def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
     """The sequences' offsets and longest lengths: (max_q, max_k, offsets), ``offsets`` the host lists of both
-    offsets (``_host_offsets``: read once a tensor and version), or None inside CUDA-graph capture (where the values
-    cannot be read; max_q and max_k must be given, and are the ones returned). Outside capture the lengths returned
-    are the longest read, a larger max_seqlen only checked."""
+    offsets (``common.host_values``: read once a tensor and version), or None inside CUDA-graph capture (where the
+    values cannot be read; max_q and max_k must be given, and are the ones returned). Outside capture the lengths
+    returned are the longest read, a larger max_seqlen only checked."""
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         check_tensor(fn, name, cu, 1)
         if cu.dtype not in (torch.int32, torch.int64):
@@ -1591,7 +1569,7 @@ def _check_cu_seqlens(fn: str, q, k, cu_q, cu_k, max_q, max_k):
     offsets = []
     for side, cu, total, m in (("q", cu_q, q.shape[0], max_q), ("k", cu_k, k.shape[0], max_k)):
         name, mname = f"cu_seqlens_{side}", f"max_seqlen_{side}"
-        vals = _host_offsets(cu)
+        vals = host_values(cu)
         if vals[0] != 0:
             raise ValueError(f"{fn}: {name}[0]={vals[0]} must be 0")
         lens = [b - a for a, b in zip(vals, vals[1:])]

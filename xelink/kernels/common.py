@@ -16,6 +16,7 @@ import contextlib
 import functools
 import gc
 import os
+import weakref
 
 import torch
 
@@ -34,8 +35,8 @@ except ImportError:  # Triton without host-side tensor descriptors (older, or In
 __all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_distinct",
            "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "forward_only",
            "interpreting", "require_triton",
-           "cdiv", "gc_paused", "geometry", "next_power_of_2", "path_key", "Paths", "sm_count", "tl", "triton",
-           "triton_can_run"]
+           "cdiv", "gc_paused", "geometry", "host_values", "next_power_of_2", "path_key", "Paths", "sm_count", "tl",
+           "triton", "triton_can_run"]
 
 IMPLS = ("auto", "triton", "cuda", "reference")
 IMPL_ALIASES = {"hopper": "cuda"}  # the Hopper TMA kernels of gemm and flash attention were "hopper" before
@@ -98,6 +99,29 @@ def path_key(options: tuple, tensors: tuple, optional: tuple = (), grad_ok: bool
         else:
             key.append((t.shape, t.stride(), t.dtype, t.device, (t.data_ptr() & 15) == 0))
     return tuple(key)
+
+
+# Values already read on the host (host_values), by tensor and version counter.
+_HOST_VALUES: dict = {}
+
+
+def host_values(t: torch.Tensor) -> list:
+    """``t.tolist()``, read once a tensor and version: a training step's layers passing one ``cu_seqlens`` tensor make
+    its values cross to the host (a sync) once a step, not once a layer. An in-place write bumps the version; a tensor
+    that died leaves a dead reference, never a match. (Writes torch does not see, e.g. a Triton kernel's into the
+    tensor, are not noticed: pass a new tensor then.) Inference-mode tensors keep no version: read every call."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return t.tolist()
+    hit = _HOST_VALUES.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == version:
+        return hit[2]
+    if len(_HOST_VALUES) >= 64:
+        _HOST_VALUES.clear()
+    vals = t.tolist()
+    _HOST_VALUES[id(t)] = (weakref.ref(t), version, vals)
+    return vals
 
 
 class Paths(dict):
