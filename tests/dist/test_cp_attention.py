@@ -70,6 +70,13 @@ BAD = [
      r"cp_attention: window=0 must be None or an int >= 1"),
     (lambda: xelink.cp_attention(Q, K, K, window=True), ValueError, r"cp_attention: window=True must be None"),
     (lambda: xelink.cp_attention(Q, K, K, window=2.0), ValueError, r"cp_attention: window=2.0 must be None"),
+    (lambda: xelink.cp_shard(Q, dim=2, cu_seqlens=torch.tensor([0, 3, 9])), ValueError,
+     r"cp_shard: cu_seqlens\[-1\]=9 != 8, the packed length"),
+    (lambda: xelink.cp_shard(Q, dim=2, cu_seqlens=[0, 8]), TypeError, r"cp_shard: cu_seqlens must be a torch.Tensor"),
+    (lambda: xelink.cp_unshard(Q, seq_len=8, cu_seqlens=torch.tensor([0, 5, 3, 8])), ValueError,
+     r"cp_unshard: cu_seqlens=\[0, 5, 3, 8\] must start at 0 and never decrease"),
+    (lambda: xelink.cp_positions(8, cu_seqlens=torch.tensor([[0, 8]])), ValueError,
+     r"cp_positions: cu_seqlens must be a 1-D int32/int64 tensor"),
 ]
 
 
