@@ -46,15 +46,17 @@
 #   s27:      the tensor-core GEMV with act="silu_mul" in the kernel (gemv.TC_ACT_FUSED, off): its tiled and act GPU
 #             tests, gate_up's chain with and without it, then (unless NO_MORE=1) the W4A16 step with and without it and
 #             cp_attention_varlen's CUDA checks with ranks sharing the GPU (~3 / ~7 minutes; the twenty-seventh session
-#             ran the act tests and the chain on an H100, not the rest).
+#             ran the act tests and the chain on an H100, not the rest);
+#   s28:      what the twenty-sixth and twenty-seventh sessions left unrun on a GPU, in order of need: cp_attention_varlen's
+#             CUDA checks (ranks sharing the GPU), s26's tests, the W4A16 step with and without TC_ACT_FUSED (~7 minutes).
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27
+#     w4check|windows|s26|s27|s28
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -185,6 +187,13 @@ s27)
   step act_step_ab 110 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
   step cp_varlen_gpu_checks 100 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
     tests/dist/ranks_gpu_cp_attention.py
+  ;;
+s28)
+  step cp_varlen_gpu_checks 120 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    tests/dist/ranks_gpu_cp_attention.py
+  step s26_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 -m gpu \
+    tests/kernels/test_qgemm.py tests/kernels/test_attention_varlen.py
+  step act_step_ab 150 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
