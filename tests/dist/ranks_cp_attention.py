@@ -642,9 +642,14 @@ def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.fl
     mine = [xelink.cp_shard(t, group=comm, layout=layout, dim=0, cu_seqlens=cu_t).to(dtype).requires_grad_(grad)
             for t in (q, k, v)]
     assert torch.equal(mine[0], shard(q).to(dtype)), "cp_shard and cp_positions disagree"
-    out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=causal, group=comm, layout=layout, window=window,
-                                          return_lse=True)
+    saved = []  # the bytes autograd keeps for the backward: this rank's tensors only, never the gathered keys
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                  lambda t: t):
+        out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=causal, group=comm, layout=layout, window=window,
+                                              return_lse=True)
     what = f"varlen {layout} cu={cu} hq={hq} hkv={hkv} D={D} causal={causal} window={window} {dtype} grad={grad}"
+    local = sum(t.numel() * t.element_size() for t in (*mine, out, lse))
+    assert sum(saved) <= local, f"{what}: {sum(saved)} bytes kept for the backward, more than the local {local}"
     n_local = mine[0].shape[0]
     assert out.shape == (n_local, hq, D) and out.dtype == dtype, f"{what}: out {out.shape} {out.dtype}"
     assert lse.shape == (hq, n_local) and lse.dtype == torch.float32, f"{what}: lse {lse.shape} {lse.dtype}"

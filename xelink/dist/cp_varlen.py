@@ -14,15 +14,19 @@ against that sequence's keys up to the piece's last token (causal; the whole seq
 from the gathered shares by index. A causal mask aligned to the end of the keys (FlashAttention 2.1+'s, which
 ``flash_attention_varlen`` keeps) is then exactly the global one, because a piece's last query is its last key;
 windows likewise. One call holds at most one piece of a sequence (its keys then appear once): contiguous needs one
-call, zigzag two (a sequence's first and second blocks). Nothing to merge; memory O(T) for the gathered keys, as the
-all-gather algorithm of ``cp_attention``.
+call, zigzag two (a sequence's first and second blocks). Nothing to merge; memory O(T) for the gathered keys during
+the call, as the all-gather algorithm of ``cp_attention``.
 
-Autograd: the gather is differentiable (its backward a ``reduce_scatter_tensor`` of the gathered keys' and values'
-gradients, summed in rank order: every rank's gradient of its own block, deterministic), and
-``flash_attention_varlen`` is, so dq, dk and dv (and the LSE's gradient) come from the same graph. The backward is
+Autograd (one ``torch.autograd.Function``): the forward keeps only this rank's q, k, v, output and LSE, not the
+gathered keys (O(T) a layer, which a model's every layer would otherwise hold until its backward); the backward
+gathers them again, runs ``flash_attention_varlen_backward`` on the forward's calls, adds each call's key and value
+gradients into one float32 buffer of every rank's block (a call's keys are distinct, and the calls run in order:
+deterministic) and sums it onto the owners with one ``reduce_scatter_tensor`` (in rank order). The backward is
 collective: every rank of the group must back-propagate through its output (ranks that disagree about grad raise in
-the forward). Every check, and one host exchange of the call's signature (shapes, dtype, flags, grad, the offsets),
-run before any byte moves, so ranks that disagree all raise the same error instead of hanging.
+the forward), ranks without a token included.
+
+Every check, and one host exchange of the call's signature (shapes, dtype, flags, grad, the offsets), run before any
+byte moves, so ranks that disagree all raise the same error instead of hanging.
 
 Not traced by ``torch.compile`` (a graph break: the call reads the offsets on the host) and refused during CUDA-graph
 capture for the same reason.
@@ -37,7 +41,7 @@ import torch
 
 from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
 from ..collectives.checks import group_of
-from ..kernels import flash_attention_varlen
+from ..kernels import flash_attention_varlen, flash_attention_varlen_backward
 from ..layout import varlen_pieces
 from .cp_attention import _check_flags, _check_qkv, _exchange_lengths, _layout, _offsets
 
@@ -62,22 +66,22 @@ def _lengths(fn: str, comm, cu: list, layout: str, local: int, signature: tuple)
     return want
 
 
-class _GatherKV(torch.autograd.Function):
-    """Every rank's padded (k, v) block, gathered in rank order: (n, 2, P, Hkv, D); the backward sums every rank's
-    gradient of block r into rank r (``reduce_scatter_tensor``)."""
+def _gathered(k, v, comm, lengths: list) -> torch.Tensor:
+    """Every rank's (k, v) block, padded to the longest, in rank order: (n, 2, P, Hkv, D)."""
+    kv = torch.stack([k, v])  # (2, T_local, Hkv, D)
+    if comm.size == 1:
+        return kv[None]
+    P = max(lengths)
+    if kv.shape[1] < P:
+        kv = torch.cat([kv, kv.new_zeros((2, P - kv.shape[1]) + tuple(kv.shape[2:]))], dim=1)
+    out = kv.new_empty((comm.size,) + tuple(kv.shape))
+    all_gather_into_tensor(out, kv.contiguous(), group=comm)
+    return out
 
-    @staticmethod
-    def forward(ctx, kv, comm):
-        ctx.comm = comm
-        out = kv.new_empty((comm.size,) + tuple(kv.shape))
-        all_gather_into_tensor(out, kv, group=comm)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        mine = grad.new_empty(grad.shape[1:])
-        reduce_scatter_tensor(mine, grad.contiguous(), group=ctx.comm)
-        return mine, None
+def _rows(x, rows, dim: int = 0):
+    """A call's rows of ``x`` (None: one call, every row in order), or None for None."""
+    return x if rows is None or x is None else x.index_select(dim, rows)
 
 
 def _owners(cu: list, n: int, layout: str):
@@ -188,32 +192,63 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
     signature = (q.shape[1], k.shape[1], q.shape[2], str(q.dtype), q.device.type, layout, causal, scale, window,
                  return_lse, grad, hashlib.sha1(repr(cu).encode()).hexdigest())
     lengths = _lengths(fn, comm, cu, layout, q.shape[0], signature)
-    kv = torch.stack([k, v])  # (2, T_local, Hkv, D)
-    if n == 1:
-        kv_all = kv[None]
-    else:
-        # every rank's (k, v) block padded to the longest, gathered: (n, 2, P, Hkv, D)
-        P = max(lengths)
-        if kv.shape[1] < P:
-            kv = torch.cat([kv, kv.new_zeros((2, P - kv.shape[1]) + tuple(kv.shape[2:]))], dim=1)
-        kv_all = _GatherKV.apply(kv.contiguous(), comm)
-    if not lengths[r]:  # no query token here: an empty output that still reaches the gather's backward
-        out = q.clone()  # (0, Hq, D), grad flows to q
-        lse = torch.full((q.shape[1], 0), float("-inf"), dtype=torch.float32, device=q.device)
-        if kv_all.requires_grad:
-            out = out + kv_all.reshape(-1)[:0].sum()  # (+ 0 exactly; zeros flow back)
-        return (out, lse) if return_lse else out
-    calls, where = _plan(tuple(cu), n, r, layout, causal, q.device)
-    outs, lses = [], []
-    for owners, offsets, rows, cu_q, cu_k, max_q, max_k in calls:
-        kvk = kv_all[owners, :, offsets]  # (keys, 2, Hkv, D), no key twice in a call
-        qc = q if rows is None else q.index_select(0, rows)  # (None: one call, every row in order)
-        o, l = flash_attention_varlen(qc, kvk[:, 0], kvk[:, 1], cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
-                                      return_lse=True, window=window)
-        outs.append(o)
-        lses.append(l)
-    if where is None:
-        out, lse = outs[0], lses[0]
-    else:  # the calls' rows back in local order
-        out, lse = torch.cat(outs).index_select(0, where), torch.cat(lses, 1).index_select(1, where)
+    plan = _plan(tuple(cu), n, r, layout, causal, q.device)
+    out, lse = _Attend.apply(q, k, v, comm, lengths, plan, (causal, scale, window))
     return (out, lse) if return_lse else out
+
+
+class _Attend(torch.autograd.Function):
+    """The gather and the calls of ``_plan``; saves the local tensors only and gathers again in the backward (module
+    docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, comm, lengths, plan, flags):
+        causal, scale, window = flags
+        kv_all = _gathered(k, v, comm, lengths)
+        calls, where = plan
+        outs, lses = [], []
+        for owners, offsets, rows, cu_q, cu_k, max_q, max_k in calls:
+            kvk = kv_all[owners, :, offsets]  # (keys, 2, Hkv, D), no key twice in a call
+            o, l = flash_attention_varlen(_rows(q, rows), kvk[:, 0], kvk[:, 1], cu_q, cu_k, max_q, max_k, causal=causal,
+                                          scale=scale, return_lse=True, window=window)
+            outs.append(o)
+            lses.append(l)
+        if not calls:  # no query token here
+            out, lse = q.new_empty(q.shape), torch.empty((q.shape[1], 0), dtype=torch.float32, device=q.device)
+        elif where is None:
+            out, lse = outs[0], lses[0]
+        else:  # the calls' rows back in local order
+            out, lse = torch.cat(outs).index_select(0, where), torch.cat(lses, 1).index_select(1, where)
+        ctx.comm, ctx.lengths, ctx.plan, ctx.flags = comm, lengths, plan, flags
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.set_materialize_grads(False)  # an unused LSE's gradient comes as None: the kernels skip its term
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:  # only the LSE was used
+            dout = torch.zeros_like(out)
+        causal, scale, window = ctx.flags
+        comm, lengths = ctx.comm, ctx.lengths
+        kv_all = _gathered(k, v, comm, lengths)
+        dkv_all = torch.zeros(kv_all.shape, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype,
+                              device=q.device)
+        dq = torch.empty(q.shape, dtype=dkv_all.dtype, device=q.device)
+        for owners, offsets, rows, cu_q, cu_k, max_q, max_k in ctx.plan[0]:
+            kvk = kv_all[owners, :, offsets]
+            a, dk, dv = flash_attention_varlen_backward(
+                _rows(dout, rows), _rows(q, rows), kvk[:, 0], kvk[:, 1], _rows(out, rows), _rows(lse, rows, 1), cu_q,
+                cu_k, max_q, max_k, causal, scale, dlse=_rows(dlse, rows, 1), dtype=dkv_all.dtype, window=window)
+            if rows is None:
+                dq = a
+            else:
+                dq[rows] = a
+            dkv_all[owners, :, offsets] += torch.stack([dk, dv], dim=1)  # distinct keys: a plain add
+        mine = dkv_all[0]
+        if comm.size > 1:
+            mine = torch.empty(dkv_all.shape[1:], dtype=dkv_all.dtype, device=q.device)
+            reduce_scatter_tensor(mine, dkv_all, group=comm)
+        L = q.shape[0]
+        return (dq.to(q.dtype), mine[0, :L].to(k.dtype), mine[1, :L].to(v.dtype), None, None, None, None)
