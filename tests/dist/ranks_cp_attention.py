@@ -625,10 +625,10 @@ def _varlen_full(q, k, v, cu, causal, window=None):
 
 
 def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.float32, tol=1e-5, grad=False,
-                 layout="zigzag"):
+                 layout="zigzag", stride=None):
     """cp_attention_varlen of this rank's share (cp_shard with the offsets) against _varlen_full of the whole packed
     batch at the rank's positions (cp_positions with the offsets): out, LSE and, with grad, dq / dk / dv of a loss
-    of both, in float64."""
+    of both, in float64; ``stride``: heads_k_stride."""
     T = cu[-1]
     q, k, v = _packed(T, hq, hkv, D, seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -646,8 +646,9 @@ def _varlen_case(comm, cu, hq, hkv, D, causal, seed, window=None, dtype=torch.fl
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
                                                   lambda t: t):
         out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=causal, group=comm, layout=layout, window=window,
-                                              return_lse=True)
-    what = f"varlen {layout} cu={cu} hq={hq} hkv={hkv} D={D} causal={causal} window={window} {dtype} grad={grad}"
+                                              return_lse=True, heads_k_stride=stride)
+    what = (f"varlen {layout} cu={cu} hq={hq} hkv={hkv} D={D} causal={causal} window={window} {dtype} grad={grad} "
+            f"stride={stride}")
     local = sum(t.numel() * t.element_size() for t in (*mine, out, lse))
     assert sum(saved) <= local, f"{what}: {sum(saved)} bytes kept for the backward, more than the local {local}"
     n_local = mine[0].shape[0]
@@ -686,14 +687,17 @@ def check_varlen_sequences_across_ranks(world):
 def check_varlen_gradients(world):
     """dq, dk, dv of a loss of this rank's output and LSE (summed over the ranks: one loss of the whole batch)
     against autograd of plain-torch float64 attention of each sequence; ranks without a token run the backward
-    too (their gather's gradient), and calls with and without grad alternate."""
+    too (their gathers' gradient), and calls with and without grad alternate; the keys gathered all at once, one KV
+    head at a time, and two of three heads at a time (a shorter last chunk)."""
     for layout in LAYOUTS:
         for i, cu in enumerate(VARLEN_OFFSETS):
             for causal in (True, False):
                 window = (None, 4)[i % 2]
+                stride = (None, 1)[(i + causal) % 2]
                 _varlen_case(world, cu, 4, 2, 16, causal, 400 + 10 * i + causal, window, torch.float64, 1e-5, True,
-                             layout)
-                _varlen_case(world, cu, 4, 2, 16, causal, 405 + 10 * i + causal, window, layout=layout)
+                             layout, stride)
+                _varlen_case(world, cu, 4, 2, 16, causal, 405 + 10 * i + causal, window, layout=layout, stride=stride)
+        _varlen_case(world, [0, 7, 19, 26], 6, 3, 16, True, 470, 5, torch.float64, 1e-5, True, layout, 2)
 
 
 def check_varlen_training_matches_one_process(world):
@@ -746,6 +750,7 @@ def check_varlen_bad_input_and_ranks_that_disagree(world):
             (lambda: f(q, k, v, cu, max_seqlen=5), ValueError, r"max_seqlen=5 must be None or an int >= the longest"),
             (lambda: f(q, k, v, cu, window=0), ValueError, "window=0"),
             (lambda: f(q, k, v, cu, layout="ring"), ValueError, "layout='ring' is not one of"),
+            (lambda: f(q, k, v, cu, heads_k_stride=0), ValueError, "heads_k_stride=0 must be None or an int >= 1"),
             (lambda: f(q, k, v, torch.tensor([0, 8, 21])), ValueError, "cut the packed tensors with xelink.cp_shard"),
             (lambda: f(q, k, v.double(), cu), TypeError, "dtypes differ")]:
         try:
@@ -756,7 +761,8 @@ def check_varlen_bad_input_and_ranks_that_disagree(world):
             raise AssertionError(f"no {error.__name__} matching {match!r}")
     if world.size > 1:
         other = torch.tensor([0, 9, 20]) if world.rank == world.size - 1 else cu
-        for args, kwargs in [((q, k, v, other), {}), ((q.clone().requires_grad_(world.rank == 0), k, v, cu), {})]:
+        for args, kwargs in [((q, k, v, other), {}), ((q.clone().requires_grad_(world.rank == 0), k, v, cu), {}),
+                             ((q, k, v, cu), dict(heads_k_stride=1 if world.rank else None))]:
             try:
                 f(*args, **kwargs)
             except ValueError as e:

@@ -216,7 +216,8 @@ def check_varlen_on_cuda(world):
     """Packed sequences (cp_attention_varlen: the gather on CUDA tensors, the Triton varlen kernels), both layouts:
     output and LSE of sequences inside and across the ranks' blocks, causal and not, with a window, head dims 64 and
     128, against one flash_attention_varlen over the whole packed batch on the same GPU; then dq, dk, dv (bfloat16, the
-    LSE in the loss) against autograd of float64 attention of each sequence on the CPU, twice in a row."""
+    LSE in the loss) against autograd of float64 attention of each sequence on the CPU, twice in a row (the second
+    one KV head at a time, heads_k_stride=1)."""
     dev = _dev(world)
     cu = [0, 100, 101, 700, 1000, 1333]
     cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
@@ -236,7 +237,7 @@ def check_varlen_on_cuda(world):
                     what = f"varlen {layout} D={D} causal={causal} window={window}"
                     _close(out, shard(want), what)
                     _close(lse, shard(want_lse, 1), f"{what} lse", 1e-3)
-        for _ in range(2):
+        for stride in (None, 1):
             g = torch.Generator().manual_seed(7)
             q, k, v = (torch.randn(T, h, 64, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
             dout, dlse = torch.randn(T, 8, 64, generator=g), torch.randn(8, T, generator=g)
@@ -248,9 +249,10 @@ def check_varlen_on_cuda(world):
                 lses.append(s[0])
             ((torch.cat(outs) * dout).sum() + (torch.cat(lses, 1) * dlse).sum()).backward()
             mine = [shard(t).to(dev).requires_grad_() for t in (q, k, v)]
-            out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=True, layout=layout, return_lse=True)
+            out, lse = xelink.cp_attention_varlen(*mine, cu_t, causal=True, layout=layout, return_lse=True,
+                                                  heads_k_stride=stride)
             ((out.float() * shard(dout).to(dev)).sum() + (lse * shard(dlse, 1).to(dev)).sum()).backward()
             for name, got, want in zip("qkv", mine, ref):
                 assert got.grad.dtype == torch.bfloat16 and got.grad.device == dev, (name, got.grad)
-                _close(got.grad, shard(want.grad), f"varlen {layout} d{name}")
+                _close(got.grad, shard(want.grad), f"varlen {layout} stride={stride} d{name}")
     xelink.synchronize()

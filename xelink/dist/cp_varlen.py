@@ -57,8 +57,8 @@ def _lengths(fn: str, comm, cu: list, layout: str, local: int, signature: tuple)
     got = [local]
     if n > 1:
         got = _exchange_lengths(fn, comm, local, signature, "heads, head_dim, dtype, device, layout, causal, scale, "
-                                                           "window, return_lse, which of q, k, v require grad, a "
-                                                           "digest of cu_seqlens")
+                                                           "window, return_lse, which of q, k, v require grad, "
+                                                           "heads_k_stride, a digest of cu_seqlens")
     if got != want:
         raise ValueError(f"{fn}: the ranks' local token counts {got} are not those of layout={layout!r} for "
                          f"cu_seqlens={cu} over {n} ranks ({want}); cut the packed tensors with "
@@ -66,17 +66,30 @@ def _lengths(fn: str, comm, cu: list, layout: str, local: int, signature: tuple)
     return want
 
 
-def _gathered(k, v, comm, lengths: list) -> torch.Tensor:
-    """Every rank's (k, v) block, padded to the longest, in rank order: (n, 2, P, Hkv, D)."""
-    kv = torch.stack([k, v])  # (2, T_local, Hkv, D)
+def _gather(k, v, comm, lengths: list, heads: tuple):
+    """Start gathering every rank's (k, v) block of KV heads ``heads`` (lo, hi), padded to the longest block, in rank
+    order: ((n, 2, P, hi - lo, D), the pending collective's work or None)."""
+    kv = torch.stack([k[:, heads[0]:heads[1]], v[:, heads[0]:heads[1]]])  # (2, T_local, h, D)
     if comm.size == 1:
-        return kv[None]
+        return kv[None], None
     P = max(lengths)
     if kv.shape[1] < P:
         kv = torch.cat([kv, kv.new_zeros((2, P - kv.shape[1]) + tuple(kv.shape[2:]))], dim=1)
     out = kv.new_empty((comm.size,) + tuple(kv.shape))
-    all_gather_into_tensor(out, kv.contiguous(), group=comm)
-    return out
+    return out, all_gather_into_tensor(out, kv.contiguous(), group=comm, async_op=True)
+
+
+def _gathered_chunks(k, v, comm, lengths: list, chunks: list):
+    """Each chunk of KV heads' gathered (k, v) (``_gather``), in order, the next chunk's gather in flight while the
+    caller works on one."""
+    pending = _gather(k, v, comm, lengths, chunks[0])
+    for i in range(len(chunks)):
+        kv_all, work = pending
+        if work is not None:
+            work.wait()
+        if i + 1 < len(chunks):
+            pending = _gather(k, v, comm, lengths, chunks[i + 1])
+        yield kv_all
 
 
 def _rows(x, rows, dim: int = 0):
@@ -151,7 +164,7 @@ def _plan(cu: tuple, n: int, r: int, layout: str, causal: bool, dev: torch.devic
 
 @torch.compiler.disable
 def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = False, scale=None, group=None,
-                        layout: str = "zigzag", window=None, return_lse: bool = False):
+                        layout: str = "zigzag", window=None, return_lse: bool = False, heads_k_stride=None):
     """Attention of this rank's block of packed sequences over their keys on every rank.
 
     Args:
@@ -168,6 +181,9 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
             every rank the same causal work, ring-flash-attention's zigzag varlen) or "contiguous" (the packed tokens
             cut into n blocks, a sequence possibly over several: its llama3 varlen).
         return_lse: also return the float32 LSE of this rank's rows, (Hq, T_local) (FlashAttention 2's layout).
+        heads_k_stride: None (every KV head at once) or an int >= 1: the keys are gathered and attended that many KV
+            heads at a time (their query heads with them), the next heads' gather in flight meanwhile, so a call holds
+            the gathered keys of that many heads only (ring-flash-attention's llama3 varlen argument).
 
     Returns:
         out (T_local, Hq, D) in q's dtype, equal to ``flash_attention_varlen`` over the whole packed batch restricted
@@ -187,13 +203,19 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
     scale = _check_flags(fn, causal, scale, return_lse, window)
     layout = _layout(fn, layout)
     cu = _offsets(fn, cu_seqlens, max_seqlen)
+    if heads_k_stride is not None and (isinstance(heads_k_stride, bool) or not isinstance(heads_k_stride, int) or
+                                       heads_k_stride < 1):
+        raise ValueError(f"{fn}: heads_k_stride={heads_k_stride!r} must be None or an int >= 1")
+    hkv = k.shape[1]
+    stride = min(heads_k_stride or hkv, hkv)
+    chunks = [(h, min(h + stride, hkv)) for h in range(0, hkv, stride)]
     n, r = comm.size, comm.rank
     grad = tuple(torch.is_grad_enabled() and t.requires_grad for t in (q, k, v))
-    signature = (q.shape[1], k.shape[1], q.shape[2], str(q.dtype), q.device.type, layout, causal, scale, window,
-                 return_lse, grad, hashlib.sha1(repr(cu).encode()).hexdigest())
+    signature = (q.shape[1], hkv, q.shape[2], str(q.dtype), q.device.type, layout, causal, scale, window,
+                 return_lse, grad, stride, hashlib.sha1(repr(cu).encode()).hexdigest())
     lengths = _lengths(fn, comm, cu, layout, q.shape[0], signature)
     plan = _plan(tuple(cu), n, r, layout, causal, q.device)
-    out, lse = _Attend.apply(q, k, v, comm, lengths, plan, (causal, scale, window))
+    out, lse = _Attend.apply(q, k, v, comm, lengths, plan, chunks, (causal, scale, window))
     return (out, lse) if return_lse else out
 
 
@@ -202,24 +224,28 @@ class _Attend(torch.autograd.Function):
     docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, comm, lengths, plan, flags):
+    def forward(ctx, q, k, v, comm, lengths, plan, chunks, flags):
         causal, scale, window = flags
-        kv_all = _gathered(k, v, comm, lengths)
         calls, where = plan
-        outs, lses = [], []
-        for owners, offsets, rows, cu_q, cu_k, max_q, max_k in calls:
-            kvk = kv_all[owners, :, offsets]  # (keys, 2, Hkv, D), no key twice in a call
-            o, l = flash_attention_varlen(_rows(q, rows), kvk[:, 0], kvk[:, 1], cu_q, cu_k, max_q, max_k, causal=causal,
-                                          scale=scale, return_lse=True, window=window)
-            outs.append(o)
-            lses.append(l)
+        g = q.shape[1] // k.shape[1]
+        outs, lses = [[] for _ in calls], [[] for _ in calls]
+        for (lo, hi), kv_all in zip(chunks, _gathered_chunks(k, v, comm, lengths, chunks)):
+            for c, (owners, offsets, rows, cu_q, cu_k, max_q, max_k) in enumerate(calls):
+                kvk = kv_all[owners, :, offsets]  # (keys, 2, hi - lo, D), no key twice in a call
+                o, l = flash_attention_varlen(_rows(q[:, g * lo:g * hi], rows), kvk[:, 0], kvk[:, 1], cu_q, cu_k,
+                                              max_q, max_k, causal=causal, scale=scale, return_lse=True,
+                                              window=window)
+                outs[c].append(o)
+                lses[c].append(l)
+        outs = [torch.cat(o, 1) if len(o) > 1 else o[0] for o in outs]  # each call's heads together
+        lses = [torch.cat(l, 0) if len(l) > 1 else l[0] for l in lses]
         if not calls:  # no query token here
             out, lse = q.new_empty(q.shape), torch.empty((q.shape[1], 0), dtype=torch.float32, device=q.device)
         elif where is None:
             out, lse = outs[0], lses[0]
         else:  # the calls' rows back in local order
             out, lse = torch.cat(outs).index_select(0, where), torch.cat(lses, 1).index_select(1, where)
-        ctx.comm, ctx.lengths, ctx.plan, ctx.flags = comm, lengths, plan, flags
+        ctx.comm, ctx.lengths, ctx.plan, ctx.chunks, ctx.flags = comm, lengths, plan, chunks, flags
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)  # an unused LSE's gradient comes as None: the kernels skip its term
         return out, lse
@@ -231,24 +257,27 @@ class _Attend(torch.autograd.Function):
         if dout is None:  # only the LSE was used
             dout = torch.zeros_like(out)
         causal, scale, window = ctx.flags
-        comm, lengths = ctx.comm, ctx.lengths
-        kv_all = _gathered(k, v, comm, lengths)
-        dkv_all = torch.zeros(kv_all.shape, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype,
-                              device=q.device)
-        dq = torch.empty(q.shape, dtype=dkv_all.dtype, device=q.device)
-        for owners, offsets, rows, cu_q, cu_k, max_q, max_k in ctx.plan[0]:
-            kvk = kv_all[owners, :, offsets]
-            a, dk, dv = flash_attention_varlen_backward(
-                _rows(dout, rows), _rows(q, rows), kvk[:, 0], kvk[:, 1], _rows(out, rows), _rows(lse, rows, 1), cu_q,
-                cu_k, max_q, max_k, causal, scale, dlse=_rows(dlse, rows, 1), dtype=dkv_all.dtype, window=window)
-            if rows is None:
-                dq = a
-            else:
-                dq[rows] = a
-            dkv_all[owners, :, offsets] += torch.stack([dk, dv], dim=1)  # distinct keys: a plain add
+        comm, lengths, chunks = ctx.comm, ctx.lengths, ctx.chunks
+        g = q.shape[1] // k.shape[1]
+        ctype = torch.float32 if q.dtype != torch.float64 else q.dtype
+        dkv_all = torch.zeros((comm.size, 2, max(lengths)) + tuple(k.shape[1:]), dtype=ctype, device=q.device)
+        dq = torch.empty(q.shape, dtype=ctype, device=q.device)
+        for (lo, hi), kv_all in zip(chunks, _gathered_chunks(k, v, comm, lengths, chunks)):
+            qh = slice(g * lo, g * hi)
+            for owners, offsets, rows, cu_q, cu_k, max_q, max_k in ctx.plan[0]:
+                kvk = kv_all[owners, :, offsets]
+                a, dk, dv = flash_attention_varlen_backward(
+                    _rows(dout[:, qh], rows), _rows(q[:, qh], rows), kvk[:, 0], kvk[:, 1], _rows(out[:, qh], rows),
+                    _rows(lse[qh], rows, 1), cu_q, cu_k, max_q, max_k, causal, scale,
+                    dlse=None if dlse is None else _rows(dlse[qh], rows, 1), dtype=ctype, window=window)
+                if rows is None:
+                    dq[:, qh] = a
+                else:
+                    dq[rows, qh] = a
+                dkv_all[owners, :, offsets, lo:hi] += torch.stack([dk, dv], dim=1)  # distinct keys: a plain add
         mine = dkv_all[0]
         if comm.size > 1:
             mine = torch.empty(dkv_all.shape[1:], dtype=dkv_all.dtype, device=q.device)
             reduce_scatter_tensor(mine, dkv_all, group=comm)
         L = q.shape[0]
-        return (dq.to(q.dtype), mine[0, :L].to(k.dtype), mine[1, :L].to(v.dtype), None, None, None, None)
+        return (dq.to(q.dtype), mine[0, :L].to(k.dtype), mine[1, :L].to(v.dtype), None, None, None, None, None)
