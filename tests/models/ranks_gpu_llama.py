@@ -77,7 +77,10 @@ def check_bf16_logits_match_transformers(world):
 @only(sizes=(2,))
 def check_cp2_bf16_matches_transformers(world):
     """CP = 2 over the two ranks (the prefill through cp_attention on CUDA, the decode KV round-robin, the
-    partial decode attention merged across the CP group)."""
+    partial decode attention merged across the CP group); then a ragged batch (its prefill through
+    cp_attention_varlen) and a decode step at each row's own position."""
+    from llama_cases import hf_logits
+
     from xelink.models import Llama
 
     path, ids, want, hf = _setup(world)
@@ -94,6 +97,18 @@ def check_cp2_bf16_matches_transformers(world):
         assert err < 3e-2, f"CP=2 impl={impl}: decode step relative error {err:.3g}"
         seen = world.allgather_object(step.numpy().tobytes())
         assert seen[0] == seen[1], f"CP=2 impl={impl}: ranks disagree"
+        # A ragged batch (row 1 left-padded by 9: cp_attention_varlen on CUDA), then a token a row at its own position.
+        mask = torch.ones_like(ids)
+        mask[1, :9] = 0
+        padded = ids.masked_fill(mask == 0, 0)
+        got = model(padded, 0, mask).float().cpu()
+        err = _rel(got[mask.bool()], hf_logits(hf, padded, mask)[mask.bool()])
+        assert err < 3e-2, f"CP=2 impl={impl}: ragged prompt relative error {err:.3g}"
+        step = model(nxt, [24, 15]).float().cpu()[:, -1]
+        for b, n in enumerate((24, 15)):
+            want_b = hf_logits(hf, torch.cat([ids[b:b + 1, 24 - n:], nxt[b:b + 1]], 1))[0, -1]
+            err = _rel(step[b], want_b)
+            assert err < 3e-2, f"CP=2 impl={impl}: ragged decode row {b} relative error {err:.3g}"
 
 
 

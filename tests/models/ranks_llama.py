@@ -85,7 +85,7 @@ def check_cp_and_tp_x_cp_match_transformers(world):
 def _cp_and_tp_x_cp(world, name):
     from xelink.models import Llama
 
-    path, _, _, want, want_tokens = _folder(world, name)
+    path, want_pad, want_pad_tokens, want, want_tokens = _folder(world, name)
     ids, _ = _prompts()
     for tp_size in (1, 2) if world.size == 4 else (1,):
         cp_size = world.size // tp_size
@@ -100,16 +100,30 @@ def _cp_and_tp_x_cp(world, name):
         assert torch.equal(tokens, want_tokens), f"{name} TP={tp_size} x CP={cp_size}: {tokens} != {want_tokens}"
         # Each rank cached its shard of the 7 prompt positions and its round-robin share of the 5 decoded ones.
         cache = model.caches[0]
-        assert cache.total == 12
-        assert cache.len == len(model.cp.positions(7)) + sum(p % cp_size == cp.rank for p in range(7, 12))
+        assert cache.totals[:3] == [12] * 3
+        assert cache.lens[:3] == [len(model.cp.positions(7)) + sum(p % cp_size == cp.rank for p in range(7, 12))] * 3
         seen = world.allgather_object((got.numpy().tobytes(), tokens.tolist()))
         assert all(s == seen[0] for s in seen), f"TP={tp_size} x CP={cp_size}: ranks disagree"
-        with pytest.raises(ValueError, match="padding is not supported under context parallelism"):
-            model(ids, 0, _prompts()[1])
         with pytest.raises(ValueError, match="prompt of several tokens is computed in one call at start_pos 0"):
             model(ids[:, :2], 12)
-        with pytest.raises(ValueError, match="a token goes at the cached length 12"):
+        with pytest.raises(ValueError, match=r"a token goes at its row's cached length \[12, 12, 12\]"):
             model(ids[:, :1], 5)
+        # A ragged (left-padded) batch: the rows' real tokens packed over the ranks (cp_attention_varlen), then each
+        # row decoding at its own position.
+        ids_pad, mask = _prompts()
+        got = model(ids_pad, 0, mask)
+        err = (got[mask.bool()] - want_pad[mask.bool()]).abs().max().item()
+        assert err < TOL, f"{name} TP={tp_size} x CP={cp_size}: ragged logits differ from transformers by {err}"
+        tokens = model.generate(ids_pad, 5, attention_mask=mask, eos_token_id=[])
+        assert torch.equal(tokens, want_pad_tokens), \
+            f"{name} TP={tp_size} x CP={cp_size}: ragged {tokens} != {want_pad_tokens}"
+        lens = mask.sum(1).tolist()  # each row's prompt, then the 4 tokens fed back
+        assert cache.totals[:3] == [n + 4 for n in lens], cache.totals
+        cu = torch.tensor([0] + lens).cumsum(0)
+        assert sum(cache.lens[:3]) == len(model.cp.positions(int(cu[-1]), cu)) + sum(
+            p % cp_size == cp.rank for n in lens for p in range(n, n + 4)), cache.lens
+        with pytest.raises(ValueError, match=r"a token goes at its row's cached length \[11, 7, 9\]"):
+            model(ids[:, :1], [11, 8, 9])
         # Sampling (rank 0's seed) draws the same tokens on every rank of the grid.
         sampled = model.generate(ids, 4, temperature=1.0, top_p=0.9, eos_token_id=[])
         seen = world.allgather_object(sampled.tolist())
@@ -207,7 +221,7 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
         k, v = (torch.randn(1, c1.k.shape[1], P, c1.k.shape[3], generator=gen) for _ in range(2))
         c1.k[:1, :, :P], c1.v[:1, :, :P] = k, v
         cc.k[:1, :, :len(mine)], cc.v[:1, :, :len(mine)] = k[:, :, mine], v[:, :, mine]
-        cc.len, cc.total = len(mine), P
+        cc.cached(mine, P)
     for step in range(3):  # the new tokens' keys go round-robin too
         tok = torch.tensor([[5 + step]])
         want = one.decode(tok[0], torch.tensor([P + step]))

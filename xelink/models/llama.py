@@ -21,12 +21,13 @@ Context parallelism (``cp_group`` of n > 1 ranks, ``parallel.ContextParallel``) 
 with the same ``attend``, ``CPKVCache``. The prompt (one call at ``start_pos`` 0, every rank given all of it)
 is computed on this rank's zigzag shard of the positions only (RoPE at their global positions), its
 attention through ``xelink.cp_attention``; each rank caches the KV of its positions; the final hidden states
-are gathered (``cp_unshard``) before the head, so every rank returns the logits of every position. A decode
-token (one per sequence) is computed on every rank; its KV is cached on rank ``position % n`` only; each rank
-attends the token's query to its own cached keys (all in the past: no mask) and the partials are merged by
-their LSE across the CP group. Under CP the sequences of a batch have one length: an ``attention_mask``
-with padding, a prompt chunk at ``start_pos`` > 0, or a token at another position than the cached length
-raise ValueError.
+are gathered (``cp_unshard``) before the head, so every rank returns the logits of every position. A ragged
+(left-padded) prompt's real tokens are packed and each row's laid out on its own (``cp_shard`` with their offsets,
+``xelink.cp_attention_varlen``). A decode token (one per sequence, each at its row's position) is computed on every
+rank; its KV is cached on rank ``position % n`` only; each rank attends the token's query to its own cached keys of
+its row (all in the past: no mask) and the partials are merged by their LSE across the CP group. Under CP a prompt
+chunk at ``start_pos`` > 0, a decode step with padding, or a token at another position than its row's cached
+length raise ValueError.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .. import cp_attention
+from .. import cp_attention, cp_attention_varlen
 from ..kernels import (flash_attention, gemm, gemv, qgemm, reference_flash_attention, reference_gemv,
                        reference_rmsnorm, reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm,
                        rope, rope_decode_attention, silu_mul, tiled_w4a16_native)
@@ -220,66 +221,107 @@ class KVCache:
 class CPKVCache:
     """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module).
 
-    ``k, v``: ``(batch, kv_heads, capacity, head_dim)``, the first ``len`` slots filled: this rank's prompt
-    positions (its zigzag shard), then the decode tokens it owns (``cp.owner``); ``pos`` holds each slot's
-    position (a CPU tensor). The slots keep no position order: decode attention over a set of past keys does not
-    need one (RoPE is applied before caching). ``capacity`` bounds a rank's share of ``max_seq_len`` (its prompt
-    shard, at most ``S/n + 2``, and its round-robin share of the rest, at most ``(max_seq_len - S)/n + 1``).
+    ``k, v``: ``(batch, kv_heads, capacity, head_dim)``; row b's first ``lens[b]`` slots filled: this rank's share
+    of the row's prompt positions (the zigzag shard: of one prompt length, or of the row's real tokens in a packed
+    ragged prompt), then the decode tokens it owns (``cp.owner``); ``pos[b]`` holds each slot's position (a CPU
+    tensor), increasing along the slots (a shard's blocks and the decode tokens come in position order), and
+    ``totals[b]`` the row's positions cached over the group. ``capacity`` bounds a rank's share of ``max_seq_len``
+    (its prompt shard, at most ``L/n + 2`` of a row of L, and its round-robin share of the rest, at most
+    ``(max_seq_len - L)/n + 1``).
 
     ``window`` (a sliding-window layer, or None): a prompt's queries attend within it through ``cp_attention``'s
-    window (each rank receives only the keys its queries' windows reach), a decode token to the slots whose
-    positions its window reaches, on every rank.
+    (``cp_attention_varlen``'s) window, a decode token to the slots whose positions its window reaches (a suffix of
+    its row's slots), on every rank.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
                  cp: ContextParallel, window: int | None = None):
         self.cp, self.window = cp, window
         self.capacity = max_seq_len // cp.size + 4
-        self.pos = torch.zeros(self.capacity, dtype=torch.int64)
+        self.pos = torch.zeros(batch, self.capacity, dtype=torch.int64)
         shape = (batch, kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.len = 0  # slots filled on this rank
-        self.total = 0  # positions cached over the group
+        self.lens = [0] * batch  # slots filled on this rank, a row
+        self.totals = [0] * batch  # positions cached over the group, a row
+
+    def cached(self, positions: torch.Tensor, total: int) -> None:
+        """Every row as if ``total`` positions were cached, ``positions`` (increasing, a CPU LongTensor) in this
+        rank's first slots, whatever keys and values they hold (the decode benchmark's caches, without a prefill)."""
+        n = len(positions)
+        self.lens, self.totals = [n] * len(self.lens), [total] * len(self.totals)
+        self.pos[:, :n] = positions
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
-        """``KVCache.attend`` under CP; ``Llama`` has checked that every sequence has the same start and no pad.
+        """``KVCache.attend`` under CP (``Llama`` has checked the call).
 
-        A prompt (``cp.seq_len`` > 1 positions, start 0): q, k, v are this rank's shard of them (any length,
-        none included). A token (``cp.seq_len == 0``, at position ``total``): q, k, v of that token, the same
-        on every rank.
+        A prompt (``cp.seq_len`` > 1 tokens, start 0): q, k, v are this rank's shard of them (any length, none
+        included), ``(B, H, S_local, D)`` of a prompt of one length or ``(1, H, T_local, D)`` of a ragged one's
+        real tokens packed (``cp.packed``). A token a row (``cp.seq_len == 0``, row b's at position ``starts[b]``,
+        its cached total): q, k, v of those tokens, the same on every rank.
         """
-        B, _, S, _ = q.shape
         cp = self.cp
-        if cp.seq_len:
-            self._write(k, v, 0)
-            self.len, self.total = S, cp.seq_len
-            self.pos[:S] = cp.positions(cp.seq_len)
+        if cp.seq_len and cp.packed is None:
+            B, S = q.shape[0], q.shape[2]
+            self._write(k, v, slice(0, B), 0)
+            self.pos[:B, :S] = cp.positions(cp.seq_len)
+            self.lens[:B], self.totals[:B] = [S] * B, [cp.seq_len] * B
             return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len,
                                 window=self.window)
-        pos = starts[0]
-        if cp.owner(pos) == cp.rank:
-            self._write(k, v, self.len)
-            self.pos[self.len] = pos
-            self.len += 1
-        self.total = pos + 1
-        keys, values = self.k[:B, :, :self.len], self.v[:B, :, :self.len]
-        if self.window is not None:  # the slots the token's window reaches
-            seen = torch.nonzero(self.pos[:self.len] > pos - self.window).flatten().to(keys.device)
-            keys, values = keys.index_select(2, seen), values.index_select(2, seen)
-        if keys.shape[2]:
-            out, lse = ops.attention(q, keys, values, causal=False, return_lse=True)
-        else:  # no key here yet: an empty partial
-            out = q.new_zeros(q.shape)
-            lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        if cp.seq_len:
+            rows, positions, cu = cp.packed
+            counts = torch.bincount(rows, minlength=len(cu) - 1).tolist()  # the rows' tokens here, in row order
+            at = 0
+            for b, c in enumerate(counts):
+                self._write(k[:, :, at:at + c], v[:, :, at:at + c], slice(b, b + 1), 0)
+                self.pos[b, :c] = positions[at:at + c]
+                self.lens[b], self.totals[b] = c, cu[b + 1] - cu[b]
+                at += c
+            out = cp_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), torch.tensor(cu), causal=True,
+                                      group=cp.group, layout=cp.LAYOUT, window=self.window)
+            return out.transpose(0, 1)[None]
+        B = q.shape[0]
+        for b, p in enumerate(starts):
+            if cp.owner(p) == cp.rank:
+                self._write(k[b:b + 1], v[b:b + 1], slice(b, b + 1), self.lens[b])
+                self.pos[b, self.lens[b]] = p
+                self.lens[b] += 1
+            self.totals[b] = p + 1
+        out = q.new_zeros(q.shape)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        for (lo, hi), rows in _same(self._seen(b, p) for b, p in enumerate(starts)):
+            if hi > lo:  # (no key here yet: an empty partial)
+                o, l = ops.attention(q[rows], self.k[rows, :, lo:hi], self.v[rows, :, lo:hi], causal=False,
+                                     return_lse=True)
+                out[rows], lse[rows] = o, l
         return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
 
-    def _write(self, k, v, at: int):
-        B, _, n, _ = k.shape
+    def _seen(self, b: int, p: int) -> tuple:
+        """The slots ``(lo, hi)`` of row b that a token at position p attends to: every filled one, or those its
+        window reaches (the last ones: positions increase along the slots)."""
+        hi = self.lens[b]
+        if self.window is None:
+            return 0, hi
+        return int(torch.searchsorted(self.pos[b, :hi], p - self.window, right=True)), hi
+
+    def _write(self, k, v, rows, at: int):
+        n = k.shape[2]
         if at + n > self.capacity:
             raise ValueError(f"CPKVCache: {at + n} slots exceed this rank's capacity {self.capacity}")
-        self.k[:B, :, at:at + n] = k
-        self.v[:B, :, at:at + n] = v
+        self.k[rows, :, at:at + n] = k
+        self.v[rows, :, at:at + n] = v
+
+
+def _same(keys) -> list:
+    """``(key, rows)`` for each distinct key of the rows' ``keys``, ``rows`` an index of the rows with it: the whole
+    batch's slice where every row has the same key."""
+    keys = list(keys)
+    if len(set(keys)) == 1:
+        return [(keys[0], slice(0, len(keys)))]
+    groups = {}
+    for b, key in enumerate(keys):
+        groups.setdefault(key, []).append(b)
+    return [(key, torch.tensor(rows)) for key, rows in groups.items()]
 
 
 class Llama:
@@ -493,23 +535,20 @@ class Llama:
         if max(ends) > self.max_seq_len:
             raise ValueError(f"{fn}: {max(ends)} tokens exceed max_seq_len={self.max_seq_len}")
         if self.cp is not None:
-            cached = self.caches[0].total
-            if any(pads):
-                raise ValueError(f"{fn}: an attention_mask with padding is not supported under context parallelism "
-                                 f"(cp_group of {self.cp.size} ranks): pass sequences of one length, or one at a time")
-            if len(set(starts)) != 1:
-                raise ValueError(f"{fn}: start_pos={starts} differ; under context parallelism the sequences of a "
-                                 f"batch have one length")
-            if S > 1 and starts[0] != 0:
+            cached = self.caches[0].totals[:B]
+            if S > 1 and any(starts):
                 raise ValueError(f"{fn}: under context parallelism a prompt of several tokens is computed in one "
-                                 f"call at start_pos 0 (got {S} tokens at start_pos {starts[0]}); decode one token "
+                                 f"call at start_pos 0 (got {S} tokens at start_pos {starts}); decode one token "
                                  f"at a time after it")
-            if S == 1 and starts[0] not in (0, cached):
-                raise ValueError(f"{fn}: under context parallelism a token goes at the cached length {cached} (or "
-                                 f"at 0, a new sequence), not at start_pos {starts[0]}")
-            if S == 1 and starts[0] == 0:
+            if S == 1 and any(pads):
+                raise ValueError(f"{fn}: under context parallelism every row of a decode step holds a token (an "
+                                 f"attention_mask of ones)")
+            if S == 1 and any(starts) and starts != cached:
+                raise ValueError(f"{fn}: under context parallelism a token goes at its row's cached length {cached} "
+                                 f"(or every row at 0, new sequences), not at start_pos {starts}")
+            if S == 1 and not any(starts):
                 for cache in self.caches:
-                    cache.len = cache.total = 0
+                    cache.lens[:B], cache.totals[:B] = [0] * B, [0] * B
         return starts, pads
 
     def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None,
@@ -538,10 +577,18 @@ class Llama:
         B, S = input_ids.shape
         H = self.config.hidden_size
         pos = (torch.tensor(starts)[:, None] + torch.arange(S)[None, :] - torch.tensor(pads)[:, None]).clamp_(min=0)
-        full = S
+        full, real = S, None
         if self.cp is not None:  # a CP prompt: this rank's positions only (a rank may get as few as none)
-            self.cp.seq_len = S if S > 1 else 0
-            if S > 1:
+            self.cp.seq_len, self.cp.packed = (S if S > 1 else 0), None
+            if S > 1 and any(pads):  # ragged: the rows' real tokens packed, this rank's share of each row's
+                cu = [0]
+                for p in pads:
+                    cu.append(cu[-1] + S - p)
+                real = torch.cat([torch.arange(b * S + p, (b + 1) * S) for b, p in enumerate(pads)])
+                mine = real[self.cp.positions(cu[-1], torch.tensor(cu))]
+                self.cp.seq_len, self.cp.packed = cu[-1], (mine // S, pos.reshape(-1)[mine], cu)
+                input_ids, pos, S = input_ids.reshape(1, -1)[:, mine], pos.reshape(1, -1)[:, mine], len(mine)
+            elif S > 1:
                 mine = self.cp.positions(S)
                 input_ids, pos, S = input_ids[:, mine], pos[:, mine], len(mine)
         pos = pos.to(self.device)
@@ -555,7 +602,11 @@ class Llama:
             return cache.attend(q, k, v, starts, pads, self.ops)
 
         normed = self._layers(x, attend)
-        if S != full:  # every position's hidden state, on every CP rank
+        if real is not None:  # every real token's hidden state, on every CP rank, at its place in the batch
+            packed = self.cp.unshard(normed, len(real), torch.tensor(self.cp.packed[2]))
+            normed = normed.new_zeros((B * full, H)).index_copy_(0, real.to(self.device), packed[0])
+            normed, S = normed.reshape(B, full, H), full
+        elif S != full:  # every position's hidden state, on every CP rank
             normed, S = self.cp.unshard(normed, full), full
         if 0 < logits_to_keep < S:
             normed, S = normed[:, S - logits_to_keep:], logits_to_keep

@@ -103,15 +103,21 @@ class ContextParallel:
     def __init__(self, group: Communicator, force_xelink: bool = False):
         self.group, self.size, self.rank = group, group.size, group.rank
         self.force_xelink = force_xelink  # impl="xelink": xelink's collective algorithms, never NCCL's
-        self.seq_len = 0  # the prompt being computed (set by the model before its layers); 0: a decode token
+        # The call being computed (set by the model before its layers): seq_len, the prompt's tokens (a row's, or
+        # all rows' real tokens packed), 0 for a decode token; packed, for a ragged prompt: (the rows of this rank's
+        # tokens, their positions: CPU LongTensors; the rows' offsets in the packed tokens, a list), else None.
+        self.seq_len, self.packed = 0, None
 
-    def positions(self, seq_len: int) -> torch.Tensor:
-        """This rank's positions of a prompt of ``seq_len`` tokens (a CPU LongTensor, local order)."""
-        return cp_positions(seq_len, group=self.group, layout=self.LAYOUT)
+    def positions(self, seq_len: int, cu_seqlens=None) -> torch.Tensor:
+        """This rank's positions of a prompt of ``seq_len`` tokens (a CPU LongTensor, local order); with
+        ``cu_seqlens``, its indices of the packed tokens of sequences at those offsets."""
+        return cp_positions(seq_len, group=self.group, layout=self.LAYOUT, cu_seqlens=cu_seqlens)
 
-    def unshard(self, x: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """``(B, S_local, H)`` of every rank -> ``(B, seq_len, H)`` on every rank."""
-        return cp_unshard(x.contiguous(), seq_len=seq_len, group=self.group, layout=self.LAYOUT, dim=1)
+    def unshard(self, x: torch.Tensor, seq_len: int, cu_seqlens=None) -> torch.Tensor:
+        """``(B, S_local, H)`` of every rank -> ``(B, seq_len, H)`` on every rank (``cu_seqlens``: packed
+        sequences, as ``positions``)."""
+        return cp_unshard(x.contiguous(), seq_len=seq_len, group=self.group, layout=self.LAYOUT, dim=1,
+                          cu_seqlens=cu_seqlens)
 
     def owner(self, pos: int) -> int:
         """The rank caching the KV of decode position ``pos`` (round-robin)."""

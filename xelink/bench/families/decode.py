@@ -795,11 +795,11 @@ def _fill_cp_caches(model, cached: int, gen) -> None:
     random keys and values (decode attention reads a set of keys: which positions they were does not
     matter)."""
     cp = model.cp
-    mine = cached // cp.size + (cp.rank < cached % cp.size)
+    mine = torch.arange(cp.rank, cached, cp.size)
     for c in model.caches:
-        c.k[:, :, :mine].normal_(generator=gen)
-        c.v[:, :, :mine].normal_(generator=gen)
-        c.len, c.total = mine, cached
+        c.k[:, :, :len(mine)].normal_(generator=gen)
+        c.v[:, :, :len(mine)].normal_(generator=gen)
+        c.cached(mine, cached)
 
 
 def tp_rows(world, name: str, context: int, *, iters: int, rounds: int) -> tuple[list, list]:
@@ -908,7 +908,7 @@ def cp_rows(ctx, name: str, context: int, *, iters: int, rounds: int) -> list:
     last = []
 
     def step():
-        last[:] = [model(ids, model.caches[0].total)[:, 0]]
+        last[:] = [model(ids, model.caches[0].totals[0])[:, 0]]
 
     xname = f"xelink:eager {wname} cp={n}"
     wrong = [0]
