@@ -7,6 +7,9 @@
 - ``arrivals, flag copies``: the arrival row as ``run_gated`` times it (a 4-byte copy-engine copy sets the flag
   after each slice).
 - ``arrivals, flag writes``: the flag set by ``cuStreamWriteValue32`` (a stream memory operation, no copy) instead.
+- ``arrivals, flag ring``: flag copies, the flags a ring of one a call of the graph, the next call's zeroed on the
+  copy stream after this call's copies instead of on the GEMM's stream after it (``run_gated``'s rows since the
+  twenty-eighth session).
 
     python3 benchmarks/scripts/gated_arrivals_ab.py [slices ...]   (default 4 8)
 """
@@ -75,8 +78,24 @@ def main() -> int:
             main.wait_stream(side)
             flags.zero_()
 
+        ring, made = torch.zeros(5, 1, dtype=torch.int32, device="cuda"), [0]  # call i's flag: ring[i % 5]
+
+        def ring_arrivals():
+            i = made[0]
+            made[0] += 1
+            main = torch.cuda.current_stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                for s, (lo, hi) in enumerate(bounds):
+                    symm.copy_engine_2d(a[:, lo:].data_ptr(), pitch, src[:, lo:].data_ptr(), pitch,
+                                        (hi - lo) * 2, M, side.cuda_stream)
+                    ring[i % 5].copy_(counts[s:s + 1], non_blocking=True)
+                ring[(i + 1) % 5].zero_()
+            gated_gemm(a, b, ring[i % 5], **opts)
+            main.wait_stream(side)
+
         variants = {"flags set": flags_set, "copies beside": beside, "arrivals, flag copies": lambda: arrivals("copy"),
-                    "arrivals, flag writes": lambda: arrivals("write")}
+                    "arrivals, flag writes": lambda: arrivals("write"), "arrivals, flag ring": ring_arrivals}
         graphs = {}
         for name, fn in variants.items():
             try:
@@ -102,6 +121,10 @@ def main() -> int:
                     ok = ((c.float() - want).norm() / want.norm()).item() < 1e-2 and not c.isnan().any()
                     if not ok:
                         print(f"slices {slices} {name}: WRONG result")
+        want_ring = torch.full_like(ring, slices)
+        want_ring[1] = 0  # (the warm-up was call 0, the graph calls 1-5: the last zeroes the first's)
+        if "arrivals, flag ring" in graphs and not torch.equal(ring, want_ring):
+            print(f"slices {slices}: the flag ring is not as the calls leave it: {ring.tolist()}")
         base = statistics.median(times["flags set"])
         for name, t in times.items():
             med = statistics.median(t)

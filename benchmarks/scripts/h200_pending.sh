@@ -25,7 +25,9 @@
 #   prefetch: the decode attention's prefetch of the O weight (issue 26): its GPU tests and decode graphs, then
 #             its A/B in the Llama-3.1-8B step (~5 minutes);
 #   abs:      the step A/B scripts on their shared helpers (step_ab.py): each run once (~6 minutes);
-#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices), then abs (~8 minutes);
+#   h200:     on an H200: issue 26's decode rows, issue 22's gated GEMM rows (column slices) and where its arrival rows
+#             lose time (gated_arrivals_ab.py) (~7 minutes);
+#   gated:    issue 22's gated GEMM rows, gated_arrivals_ab.py, then 4 / 8 / 16 chunks and slices (~6 minutes);
 #   window:   sliding-window attention (window=): the attention and prefetch GPU tests with the windowed ones, the
 #             decode graphs (a windowed Mistral among them), what a window saves (window_ab.py), then the decode
 #             rows, unwindowed, as a check that the kernels' new arguments cost nothing (~5 minutes);
@@ -55,9 +57,9 @@
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28
+#     w4check|windows|s26|s27|s28|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -151,6 +153,12 @@ h200)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  step gated_arrivals_ab 100 python3 benchmarks/scripts/gated_arrivals_ab.py 4 8
+  ;;
+gated)
+  step gated_bench 150 python3 benchmarks/scripts/gated_gemm_bench.py --jsonl "$OUT/gated.jsonl"
+  step gated_arrivals_ab 100 python3 benchmarks/scripts/gated_arrivals_ab.py 4 8
+  step gated_chunks_ab 150 python3 benchmarks/scripts/gated_slices_ab.py --chunks
   ;;
 qgemm)
   step qgemm_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
