@@ -49,9 +49,10 @@
 #             tests, gate_up's chain with and without it, then (unless NO_MORE=1) the W4A16 step with and without it and
 #             cp_attention_varlen's CUDA checks with ranks sharing the GPU (~3 / ~7 minutes; the twenty-seventh session
 #             ran the act tests and the chain on an H100, not the rest);
-#   s28:      what the twenty-sixth to twenty-eighth sessions left unrun on a GPU, in order of need: cp_attention_varlen's
-#             CUDA checks (ranks sharing the GPU), the Llama CP = 2 check with a ragged batch, s26's tests, the W4A16
-#             step with and without TC_ACT_FUSED (~8 minutes).
+#   s28:      what the twenty-seventh and twenty-eighth sessions left unrun on a GPU, in order of need:
+#             cp_attention_varlen's CUDA checks, the Llama CP = 2 checks (a ragged batch; the decode step in a CUDA
+#             graph under TP and CP), the decode family's CP = 2 row (ranks sharing the GPU: a check, not a speed),
+#             then (unless NO_MORE=1) the W4A16 step with and without TC_ACT_FUSED (~9 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -202,10 +203,12 @@ s27)
 s28)
   step cp_varlen_gpu_checks 120 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
     tests/dist/ranks_gpu_cp_attention.py
-  step cp_model_gpu_checks 150 env XELINK_TEST_CHECKS=cp2_bf16 python3 -m pytest -q -rfE --tb=short \
-    -p no:cacheprovider tests/models/ranks_gpu_llama.py
-  step s26_gpu_tests 240 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 -m gpu \
-    tests/kernels/test_qgemm.py tests/kernels/test_attention_varlen.py
+  step cp_model_gpu_checks 240 env XELINK_TEST_CHECKS=cp2_bf16,decode_graph_under_tp python3 -m pytest -q -rfE \
+    --tb=short -p no:cacheprovider tests/models/ranks_gpu_llama.py
+  step bench_decode_cp 120 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench decode --quick \
+    --parallel-only --model llama-3.2-1b --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
+  [ -n "$NO_MORE" ] && exit 0
   step act_step_ab 150 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
   ;;
 windows)

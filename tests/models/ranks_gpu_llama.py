@@ -143,17 +143,19 @@ def check_cp2_sliding_window_bf16_matches_transformers(world):
         seen = world.allgather_object(step.numpy().tobytes())
         assert seen[0] == seen[1], f"CP=2 window impl={impl}: ranks disagree"
 
-def check_decode_graph_under_tp_matches_eager(world):
-    """The decode step captured in a CUDA graph with the TP all-reduces and the head's gather in it (ranks
-    sharing the GPU): its logits equal the eager step's bit for bit, positions moving; greedy generation
-    through it gives the eager loop's tokens on every rank."""
+def check_decode_graph_under_tp_and_cp_matches_eager(world):
+    """The decode step captured in a CUDA graph with the TP all-reduces and the head's gather in it, then under
+    CP with the cache writes at the positions' slots and the merge's all-gather in it (ranks sharing the GPU): its
+    logits equal the eager step's bit for bit, positions moving; greedy generation through it gives the eager
+    loop's tokens on every rank, a ragged batch too."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from xelink.models import Llama
 
-    for impl in ("xelink", "auto"):
-        model = Llama.random("tiny", seed=9, tp_group=world, dtype=torch.bfloat16, impl=impl, max_batch=2,
-                             max_seq_len=96)
+    for impl, group in (("xelink", "tp_group"), ("auto", "tp_group"), ("xelink", "cp_group"), ("auto", "cp_group")):
+        model = Llama.random("tiny", seed=9, dtype=torch.bfloat16, impl=impl, max_batch=2, max_seq_len=96,
+                             **{group: world})
+        impl = f"{impl} {group}"
         ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
         graph = model.decode_graph(2)
         model(ids, 0)
@@ -163,7 +165,10 @@ def check_decode_graph_under_tp_matches_eager(world):
             want = model.decode(tok.to(model.device), pos).float().cpu()
             got = graph.step(tok, pos).float().cpu()
             assert torch.equal(got, want), f"impl={impl} step {step}: graph logits differ from the eager step"
-        a = model.generate(ids, 8, eos_token_id=[], cuda_graph=True)
-        b = model.generate(ids, 8, eos_token_id=[], cuda_graph=False)
-        assert torch.equal(a, b), f"impl={impl}: graph tokens {a[:, 20:].tolist()} != eager {b[:, 20:].tolist()}"
-        assert all(torch.equal(a, x) for x in world.allgather_object(a)), f"impl={impl}: ranks disagree"
+        mask = torch.ones_like(ids)
+        mask[1, :6] = 0
+        for m in (None, mask):
+            a = model.generate(ids, 8, attention_mask=m, eos_token_id=[], cuda_graph=True)
+            b = model.generate(ids, 8, attention_mask=m, eos_token_id=[], cuda_graph=False)
+            assert torch.equal(a, b), f"impl={impl}: graph tokens {a[:, 20:].tolist()} != eager {b[:, 20:].tolist()}"
+            assert all(torch.equal(a, x) for x in world.allgather_object(a)), f"impl={impl}: ranks disagree"

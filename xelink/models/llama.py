@@ -24,10 +24,11 @@ attention through ``xelink.cp_attention``; each rank caches the KV of its positi
 are gathered (``cp_unshard``) before the head, so every rank returns the logits of every position. A ragged
 (left-padded) prompt's real tokens are packed and each row's laid out on its own (``cp_shard`` with their offsets,
 ``xelink.cp_attention_varlen``). A decode token (one per sequence, each at its row's position) is computed on every
-rank; its KV is cached on rank ``position % n`` only; each rank attends the token's query to its own cached keys of
-its row (all in the past: no mask) and the partials are merged by their LSE across the CP group. Under CP a prompt
-chunk at ``start_pos`` > 0, a decode step with padding, or a token at another position than its row's cached
-length raise ValueError.
+rank; its KV is cached on rank ``position % n`` only, at a slot its position gives (``CPKVCache``: no host state, so
+the step runs in ``decode`` and a CUDA graph as without CP, but for sliding-window layers); each rank attends the
+token's query to its own cached keys of its row (all in the past: no mask) and the partials are merged by their LSE
+across the CP group. Under CP a prompt chunk at ``start_pos`` > 0, a decode step with padding, or a token inside
+its row's prompt raise ValueError.
 """
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ from pathlib import Path
 import torch
 
 from .. import cp_attention, cp_attention_varlen
-from ..kernels import (flash_attention, gemm, gemv, qgemm, reference_flash_attention, reference_gemv,
-                       reference_rmsnorm, reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm,
-                       rope, rope_decode_attention, silu_mul, tiled_w4a16_native)
+from ..kernels import (decode_attention, flash_attention, gemm, gemv, qgemm, reference_decode_attention,
+                       reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope,
+                       reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope, rope_decode_attention,
+                       silu_mul, tiled_w4a16_native)
 from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
@@ -118,6 +120,12 @@ class Ops:
             return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse, window=window)
         return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl, window=window)
 
+    def decode_attention(self, q, k_cache, v_cache, kv_lens):
+        """(out, lse) of ``q`` (B, Hq, 1, D) over each row's first ``kv_lens[b]`` cached keys."""
+        if self.ref:
+            return reference_decode_attention(q, k_cache, v_cache, kv_lens, return_lse=True)
+        return decode_attention(q, k_cache, v_cache, kv_lens, return_lse=True, impl=self.kimpl)
+
     def rope_decode_attention(self, q, k, v, cos, sin, k_cache, v_cache, kv_lens, prefetch=None,
                               window: int | None = None, ring: bool = False):
         if self.ref:
@@ -151,6 +159,16 @@ class KVCache:
     def row(self, position: int) -> int:
         """The cache row that holds ``position``."""
         return position % self.window if self.ring else position
+
+    def hold(self, batch: int, position: int):
+        """A function that puts back what a decode of ``batch`` rows at ``position`` writes (its cache row):
+        ``DecodeGraph``'s warm-up."""
+        r = self.row(position)
+        k, v = self.k[:batch, :, r].clone(), self.v[:batch, :, r].clone()
+
+        def restore():
+            self.k[:batch, :, r], self.v[:batch, :, r] = k, v
+        return restore
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
@@ -221,17 +239,19 @@ class KVCache:
 class CPKVCache:
     """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module).
 
-    ``k, v``: ``(batch, kv_heads, capacity, head_dim)``; row b's first ``lens[b]`` slots filled: this rank's share
-    of the row's prompt positions (the zigzag shard: of one prompt length, or of the row's real tokens in a packed
-    ragged prompt), then the decode tokens it owns (``cp.owner``); ``pos[b]`` holds each slot's position (a CPU
-    tensor), increasing along the slots (a shard's blocks and the decode tokens come in position order), and
-    ``totals[b]`` the row's positions cached over the group. ``capacity`` bounds a rank's share of ``max_seq_len``
-    (its prompt shard, at most ``L/n + 2`` of a row of L, and its round-robin share of the rest, at most
-    ``(max_seq_len - L)/n + 1``).
+    ``k, v``: ``(batch, kv_heads, capacity, head_dim)``. Row b's prompt (its first ``first[b]`` positions, cached by
+    one prefill over the group) fills this rank's first ``base[b]`` slots with its share (the zigzag shard: of one
+    prompt length, or of the row's real tokens in a packed ragged prompt; ``pos[b]`` holds their positions, a CPU
+    tensor, increasing); a decode position ``p >= first[b]`` is cached by rank ``p % n`` only (``cp.owner``), at
+    slot ``base[b] + owned(p) - owned(first[b])`` (``owned(x)``: this rank's positions below x), so the slots are
+    known from the position alone, on the host or the device, and positions increase along them. The other ranks
+    write a decode token to the last slot, which no position uses. ``capacity`` bounds a rank's share of
+    ``max_seq_len`` (its prompt shard, at most ``L/n + 2`` of a row of L, its share of the rest at most
+    ``(max_seq_len - L)/n + 1``, and that spare slot).
 
     ``window`` (a sliding-window layer, or None): a prompt's queries attend within it through ``cp_attention``'s
     (``cp_attention_varlen``'s) window, a decode token to the slots whose positions its window reaches (a suffix of
-    its row's slots), on every rank.
+    its row's slots), on every rank; only through ``attend`` (host positions): ``decode`` takes none.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
@@ -242,30 +262,40 @@ class CPKVCache:
         shape = (batch, kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.lens = [0] * batch  # slots filled on this rank, a row
-        self.totals = [0] * batch  # positions cached over the group, a row
+        self.first, self.base = [0] * batch, [0] * batch  # each row's prompt length, and its slots here
+        self._rows = torch.zeros(2, batch, dtype=torch.int64, device=device)  # (first, base) on the device
 
     def cached(self, positions: torch.Tensor, total: int) -> None:
-        """Every row as if ``total`` positions were cached, ``positions`` (increasing, a CPU LongTensor) in this
-        rank's first slots, whatever keys and values they hold (the decode benchmark's caches, without a prefill)."""
-        n = len(positions)
-        self.lens, self.totals = [n] * len(self.lens), [total] * len(self.totals)
-        self.pos[:, :n] = positions
+        """Every row as if a prompt of ``total`` positions were cached, ``positions`` of them (increasing, a CPU
+        LongTensor) in this rank's first slots, whatever keys and values they hold (the decode benchmark's caches,
+        without a prefill)."""
+        self._prompt([total] * len(self.first), [len(positions)] * len(self.base))
+        self.pos[:, :len(positions)] = positions
+
+    def _prompt(self, first: list, base: list) -> None:
+        B = len(first)
+        self.first[:B], self.base[:B] = first, base
+        self._rows[:, :B] = torch.tensor([first, base]).to(self._rows.device)
+
+    def _owned(self, x):
+        """This rank's decode positions below ``x`` (an int or a tensor) counted from 0: ``ceil((x - rank) / n)``."""
+        n, r = self.cp.size, self.cp.rank
+        return (x - r + n - 1) // n if isinstance(x, int) else torch.div(x - r + n - 1, n, rounding_mode="floor")
 
     def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """``KVCache.attend`` under CP (``Llama`` has checked the call).
 
         A prompt (``cp.seq_len`` > 1 tokens, start 0): q, k, v are this rank's shard of them (any length, none
         included), ``(B, H, S_local, D)`` of a prompt of one length or ``(1, H, T_local, D)`` of a ragged one's
-        real tokens packed (``cp.packed``). A token a row (``cp.seq_len == 0``, row b's at position ``starts[b]``,
-        its cached total): q, k, v of those tokens, the same on every rank.
+        real tokens packed (``cp.packed``). A token a row (``cp.seq_len == 0``, row b's at position ``starts[b]``):
+        q, k, v of those tokens (after RoPE), the same on every rank (``decode``'s, host positions, a window).
         """
         cp = self.cp
         if cp.seq_len and cp.packed is None:
             B, S = q.shape[0], q.shape[2]
             self._write(k, v, slice(0, B), 0)
             self.pos[:B, :S] = cp.positions(cp.seq_len)
-            self.lens[:B], self.totals[:B] = [S] * B, [cp.seq_len] * B
+            self._prompt([cp.seq_len] * B, [S] * B)
             return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len,
                                 window=self.window)
         if cp.seq_len:
@@ -275,34 +305,66 @@ class CPKVCache:
             for b, c in enumerate(counts):
                 self._write(k[:, :, at:at + c], v[:, :, at:at + c], slice(b, b + 1), 0)
                 self.pos[b, :c] = positions[at:at + c]
-                self.lens[b], self.totals[b] = c, cu[b + 1] - cu[b]
                 at += c
+            self._prompt([hi - lo for lo, hi in zip(cu, cu[1:])], counts)
             out = cp_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), torch.tensor(cu), causal=True,
                                       group=cp.group, layout=cp.LAYOUT, window=self.window)
             return out.transpose(0, 1)[None]
-        B = q.shape[0]
+        spans = []
         for b, p in enumerate(starts):
-            if cp.owner(p) == cp.rank:
-                self._write(k[b:b + 1], v[b:b + 1], slice(b, b + 1), self.lens[b])
-                self.pos[b, self.lens[b]] = p
-                self.lens[b] += 1
-            self.totals[b] = p + 1
+            at = self.base[b] + self._owned(p) - self._owned(self.first[b])
+            mine = cp.owner(p) == cp.rank
+            self._write(k[b:b + 1], v[b:b + 1], slice(b, b + 1), at if mine else self.capacity - 1)
+            spans.append((self._seen(b, p), at + mine))
         out = q.new_zeros(q.shape)
         lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-        for (lo, hi), rows in _same(self._seen(b, p) for b, p in enumerate(starts)):
+        for (lo, hi), rows in _same(spans):
             if hi > lo:  # (no key here yet: an empty partial)
                 o, l = ops.attention(q[rows], self.k[rows, :, lo:hi], self.v[rows, :, lo:hi], causal=False,
                                      return_lse=True)
                 out[rows], lse[rows] = o, l
         return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
 
-    def _seen(self, b: int, p: int) -> tuple:
-        """The slots ``(lo, hi)`` of row b that a token at position p attends to: every filled one, or those its
-        window reaches (the last ones: positions increase along the slots)."""
-        hi = self.lens[b]
+    def _seen(self, b: int, p: int) -> int:
+        """The first slot of row b that a token at position p attends to: 0, or with a window the first whose
+        position it reaches (positions increase along the slots: a prompt slot, else a decode slot)."""
         if self.window is None:
-            return 0, hi
-        return int(torch.searchsorted(self.pos[b, :hi], p - self.window, right=True)), hi
+            return 0
+        base, first = self.base[b], self.first[b]
+        lo = int(torch.searchsorted(self.pos[b, :base], p - self.window, right=True))
+        if lo < base:
+            return lo
+        return base + self._owned(max(first, p - self.window + 1)) - self._owned(first)
+
+    def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
+               prefetch=None) -> torch.Tensor:
+        """``KVCache.decode`` under CP (no window): rotate q and k at ``positions``, write k and v at their slots
+        on the positions' owners, attend to each row's slots here, merge across the group; no host
+        synchronization (a CUDA graph can hold it, the merge's all-gather included)."""
+        B = q.shape[0]
+        q, k = ops.rope(q, k, cos[positions][:, None], sin[positions][:, None])
+        first, base = self._rows[:, :B]
+        at = base + self._owned(positions) - self._owned(first)
+        mine = positions % self.cp.size == self.cp.rank
+        rows = torch.arange(B, device=q.device)
+        slot = torch.where(mine, at, self.capacity - 1)
+        self.k[rows, :, slot] = k[:, :, 0]
+        self.v[rows, :, slot] = v[:, :, 0]
+        out, lse = ops.decode_attention(q, self.k[:B], self.v[:B], at + mine.long())
+        return self.cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
+
+    def hold(self, batch: int, position: int):
+        """A function that puts back what a decode of ``batch`` rows at ``position`` writes here (its slots and
+        the spare one): ``DecodeGraph``'s warm-up."""
+        slots = sorted({self.capacity - 1} | {self.base[b] + self._owned(position) - self._owned(self.first[b])
+                                              for b in range(batch) if position >= self.first[b]})
+        slots = [s for s in slots if s < self.capacity]
+        kept = [(s, self.k[:batch, :, s].clone(), self.v[:batch, :, s].clone()) for s in slots]
+
+        def restore():
+            for s, kk, vv in kept:
+                self.k[:batch, :, s], self.v[:batch, :, s] = kk, vv
+        return restore
 
     def _write(self, k, v, rows, at: int):
         n = k.shape[2]
@@ -535,7 +597,7 @@ class Llama:
         if max(ends) > self.max_seq_len:
             raise ValueError(f"{fn}: {max(ends)} tokens exceed max_seq_len={self.max_seq_len}")
         if self.cp is not None:
-            cached = self.caches[0].totals[:B]
+            prompts = self.caches[0].first[:B]
             if S > 1 and any(starts):
                 raise ValueError(f"{fn}: under context parallelism a prompt of several tokens is computed in one "
                                  f"call at start_pos 0 (got {S} tokens at start_pos {starts}); decode one token "
@@ -543,12 +605,13 @@ class Llama:
             if S == 1 and any(pads):
                 raise ValueError(f"{fn}: under context parallelism every row of a decode step holds a token (an "
                                  f"attention_mask of ones)")
-            if S == 1 and any(starts) and starts != cached:
-                raise ValueError(f"{fn}: under context parallelism a token goes at its row's cached length {cached} "
-                                 f"(or every row at 0, new sequences), not at start_pos {starts}")
+            if S == 1 and any(starts) and any(s < p for s, p in zip(starts, prompts)):
+                raise ValueError(f"{fn}: under context parallelism a token goes after its row's prompt (of "
+                                 f"{prompts} positions), not at start_pos {starts} (or every row at 0: new sequences)")
             if S == 1 and not any(starts):
                 for cache in self.caches:
-                    cache.lens[:B], cache.totals[:B] = [0] * B, [0] * B
+                    cache.first[:B] = cache.base[:B] = [0] * B
+                    cache._rows[:, :B] = 0
         return starts, pads
 
     def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None,
@@ -592,7 +655,7 @@ class Llama:
                 mine = self.cp.positions(S)
                 input_ids, pos, S = input_ids[:, mine], pos[:, mine], len(mine)
         pos = pos.to(self.device)
-        if S == 1 and self.cp is None:  # a token per sequence (no pads: a row holds a token): the decode step
+        if full == 1 and not self._host_decode:  # a token per sequence (no pads: a row holds one): the decode step
             return self._decode_step(input_ids[:, 0].to(self.device), pos[:, 0])[:, None]
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
@@ -625,15 +688,17 @@ class Llama:
             ``[B, vocab]`` logits in the model's dtype.
 
         Raises:
-            ValueError: under context parallelism (its decode keeps host state: call the model), or tensors
-            of the wrong shape, dtype or device. Values are not checked (that would synchronize): an id or
-            position out of range is a device-side error.
+            ValueError: under context parallelism with a sliding-window layer (its decode reads positions on the
+            host: call the model), or tensors of the wrong shape, dtype or device. Values are not checked (that
+            would synchronize): an id or position out of range is a device-side error (under context parallelism a
+            position must also be at least its row's prompt length).
 
-        Collective over the TP group.
+        Collective over the TP group and the CP group.
         """
         fn = "Llama.decode"
-        if self.cp is not None:
-            raise ValueError(f"{fn}: not under context parallelism (cp_group of {self.cp.size} ranks): call the model")
+        if self._host_decode:
+            raise ValueError(f"{fn}: not under context parallelism (cp_group of {self.cp.size} ranks) with a "
+                             f"sliding-window layer: call the model")
         for name, t in (("tokens", tokens), ("positions", positions)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or \
                     t.device.type != self.device.type or self.device.index not in (None, t.device.index):
@@ -655,10 +720,17 @@ class Llama:
         return self._head(normed.reshape(tokens.shape[0], -1))
 
     @property
+    def _host_decode(self) -> bool:
+        """Whether a decode step goes through the layers' ``attend`` (host positions): under CP with a sliding-window
+        layer (``CPKVCache.decode`` takes no window)."""
+        return self.cp is not None and any(c.window is not None for c in self.caches)
+
+    @property
     def graph_capturable(self) -> bool:
         """Whether the decode step can be captured in a CUDA graph: on CUDA, on the kernel path (impl "auto"
-        or "xelink" in bf16/fp16: the references synchronize), without context parallelism."""
-        return self.device.type == "cuda" and not self.ops.dense_ref and self.cp is None
+        or "xelink" in bf16/fp16: the references synchronize), not under context parallelism with a sliding-window
+        layer."""
+        return self.device.type == "cuda" and not self.ops.dense_ref and not self._host_decode
 
     def decode_graph(self, batch: int) -> "DecodeGraph":
         """The decode step for ``batch`` sequences captured in a CUDA graph (made at the first call for that
@@ -745,33 +817,34 @@ class DecodeGraph:
     paused after a collection (``kernels.common.gc_paused``: a dropped model's graph freed inside it would
     invalidate it).
 
-    Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16) without context
-    parallelism; ``Llama.generate`` uses it where it can. Collective over the TP group (every rank
-    captures and replays the same steps).
+    Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16), not under context
+    parallelism with a sliding-window layer (under CP the step's cache writes, attention and merge across the
+    group are in the graph too); ``Llama.generate`` uses it where it can. Collective over the TP and CP groups
+    (every rank captures and replays the same steps).
     """
 
     def __init__(self, model: Llama, batch: int):
         fn = "Llama.decode_graph"
         if not model.graph_capturable:
             raise ValueError(f"{fn}: a CUDA graph needs the model on a CUDA device, impl 'auto' or 'xelink', dtype "
-                             f"bfloat16 or float16 and no context parallelism (got device {model.device}, impl "
-                             f"{model.impl!r}, {model.dtype}, cp {'on' if model.cp is not None else 'off'})")
+                             f"bfloat16 or float16 and no sliding-window layer under context parallelism (got "
+                             f"device {model.device}, impl {model.impl!r}, {model.dtype}, cp "
+                             f"{'on' if model.cp is not None else 'off'})")
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= model.max_batch:
             raise ValueError(f"{fn}: batch={batch!r} must be an int in 1..max_batch={model.max_batch}")
         dev = model.device
         self.model, self.batch = model, batch
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.positions = torch.full((batch,), model.max_seq_len - 1, dtype=torch.int64, device=dev)
-        # the rows the warm-up writes, put back after it
-        kept = [(c, r, c.k[:batch, :, r].clone(), c.v[:batch, :, r].clone())
-                for c in model.caches for r in (c.row(model.max_seq_len - 1),)]
+        # what the warm-up writes, put back after it
+        restores = [c.hold(batch, model.max_seq_len - 1) for c in model.caches]
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.device(dev), torch.cuda.stream(stream):
             for _ in range(2):
                 model.decode(self.tokens, self.positions)
-            for c, r, k, v in kept:
-                c.k[:batch, :, r], c.v[:batch, :, r] = k, v
+            for restore in restores:
+                restore()
         stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA call (a library's) cannot invalidate this capture; gc_paused: nor can

@@ -52,9 +52,9 @@ Parallel rows (op ``decode-model``, on a launch of n > 1 ranks; ``--no-parallel`
   torch twin on the same slices with the launch's collectives (``TorchDecode(collectives=...)``: NCCL in a
   CUDA graph with one GPU per rank, left out where ranks share a GPU; MPI or gloo eager on CPU ranks).
 - CP = n (``cp_rows``): the model with ``cp_group`` = the world at ``--cp-context`` (CUDA 128K, quick 32K;
-  CPU 64), one token a call, eager (a CP decode keeps host state), against TP = 1 on rank 0 alone at the same
-  context measured first (CUDA: its decode graph). Each rank's cache holds its round-robin share of the
-  context, random.
+  CPU 64), the token at the context's last position (CUDA: its decode graph, the merge's all-gather in it; CPU:
+  eager), against TP = 1 on rank 0 alone at the same context measured first (CUDA: its decode graph). Each
+  rank's cache holds its round-robin share of the context, random.
 - Checks: non-finite logits, tokens off their row's maximum, ranks disagreeing on the next token (#wrong).
   Targets (8B, 2 ranks): TP = 2 at 1K <= 2.6 ms; CP = 2 at 128K <= 0.8x TP = 1.
 
@@ -875,13 +875,13 @@ def tp_rows(world, name: str, context: int, *, iters: int, rounds: int) -> tuple
 
 def cp_rows(ctx, name: str, context: int, *, iters: int, rounds: int) -> list:
     """Context parallelism over every rank of the world at ``context`` cached positions (B=1): ``Llama`` with
-    ``cp_group=world``, one token a call (eager: a CP decode keeps host state, no graph), its context growing
-    by one a call, against TP = 1 on rank 0 alone (measured first, the other ranks waiting: CUDA its decode
-    graph, CPU the eager reference path) at the same context. Rows on rank 0. Collective."""
+    ``cp_group=world``, the token at position ``context - 1`` (CUDA: its decode graph replayed, the cache writes
+    and the merge's all-gather in it; CPU: eager ``Llama.decode``), against TP = 1 on rank 0 alone (measured first,
+    the other ranks waiting: CUDA its decode graph, CPU the eager reference path) at the same context. Rows on
+    rank 0. Collective."""
     world, n = ctx.world, ctx.world.size
     dev, dtype, impl, wname, timing = _par_env(world)
     cuda = dev.type == "cuda"
-    steps = 2 + iters * rounds
     one_name = f"xelink:{'graph' if cuda else 'reference'} {wname} tp=1"
 
     def one():
@@ -902,29 +902,36 @@ def cp_rows(ctx, name: str, context: int, *, iters: int, rounds: int) -> list:
     if cuda:
         _free()  # rank 0's model
     model = Llama.random(name, weights="bf16", impl=impl, device=dev, dtype=dtype, cp_group=world, max_batch=1,
-                         max_seq_len=context + steps + 16)
+                         max_seq_len=context + 16)
     _fill_cp_caches(model, context - 1, torch.Generator(device=dev).manual_seed(7 + world.rank))
-    ids = torch.zeros(1, 1, dtype=torch.int64)
-    last = []
+    tok = torch.zeros(1, dtype=torch.int64, device=dev)
+    pos = torch.full((1,), context - 1, dtype=torch.int64, device=dev)
+    xname = f"xelink:{'graph' if cuda else 'eager'} {wname} cp={n}"
+    if cuda:
+        g = model.decode_graph(1)
+        g.step(tok, pos)
+        step, out = g.graph.replay, (lambda: g.logits)
+    else:
+        last = []
 
-    def step():
-        last[:] = [model(ids, model.caches[0].totals[0])[:, 0]]
+        def step():
+            last[:] = [model.decode(tok, pos)]
 
-    xname = f"xelink:eager {wname} cp={n}"
+        out = lambda: last[0]  # noqa: E731
     wrong = [0]
 
     def check(_):
-        wrong[0] += _bad(last[0], last[0].argmax(-1))
+        wrong[0] += _bad(out(), out().argmax(-1))
 
     samples = co_measure({xname: step}, warmup=2, iters=iters, rounds=rounds, barrier=world.barrier,
                          reduce_max=rank_max(world), timing=timing, after_block=check)
-    same_tokens = len(set(world.allgather_object(last[0].argmax(-1).tolist()[0]))) == 1
+    same_tokens = len(set(world.allgather_object(out().argmax(-1).tolist()[0]))) == 1
     bad = sum(world.allgather_object(wrong[0])) + (0 if same_tokens else 1)
     kv = len(model.caches) * 2 * model.kv_heads * model.head_dim * model.caches[0].k.element_size()
     nbytes = model_step_bytes(model, 1, 0) + kv * (context // n)  # a rank's weights and its share of the cache
     extra = {"shape": _model_shape(name, 1, context), "batch": 1, "context": context, "weights": wname, "tp": 1,
-             "cp": n, "timing": ("CUDA events" if cuda else "host clock") + ", eager (a CP decode keeps host "
-             "state: no graph); the context grows by one a call", "per": "decode step (a token a sequence)",
+             "cp": n, "timing": "cuda-graph per step" if cuda else "host clock, eager",
+             "per": "decode step (a token a sequence)",
              "collectives": "the LSE merge of the ranks' partial attentions (xelink.cp_attention's merge)",
              "ranks_agree": same_tokens, "baseline_timing": "TP = 1 on rank 0 alone, measured first"}
     rows = [make_row(_OP, xname, samples[xname], size_bytes=nbytes, count=1, dtype=dtype, nranks=n, wrong=bad,
