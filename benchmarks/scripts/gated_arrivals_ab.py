@@ -49,7 +49,9 @@ def main() -> int:
         c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         opts = dict(chunk_rows=M, k_slices=slices, error=err, impl="cuda", timeout_ns=10**10, out=c)
 
-        def copy_slices(flag_mode):
+        def copy_slices(flag_mode, flag=flags, reset=None):
+            """The side stream's copies, ``flag`` set after each slice as ``flag_mode`` says, then ``reset``
+            zeroed; returns the main stream."""
             main = torch.cuda.current_stream()
             side.wait_stream(main)
             with torch.cuda.stream(side):
@@ -57,11 +59,13 @@ def main() -> int:
                     symm.copy_engine_2d(a[:, lo:].data_ptr(), pitch, src[:, lo:].data_ptr(), pitch,
                                         (hi - lo) * 2, M, side.cuda_stream)
                     if flag_mode == "copy":
-                        flags.copy_(counts[s:s + 1], non_blocking=True)
+                        flag.copy_(counts[s:s + 1], non_blocking=True)
                     elif flag_mode == "write":
-                        rc = write(side.cuda_stream, flags.data_ptr(), s + 1, 0)
+                        rc = write(side.cuda_stream, flag.data_ptr(), s + 1, 0)
                         if rc != 0:
                             raise RuntimeError(f"cuStreamWriteValue32: CUDA driver error {rc}")
+                if reset is not None:
+                    reset.zero_()
             return main
 
         def flags_set():
@@ -83,14 +87,7 @@ def main() -> int:
         def ring_arrivals():
             i = made[0]
             made[0] += 1
-            main = torch.cuda.current_stream()
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                for s, (lo, hi) in enumerate(bounds):
-                    symm.copy_engine_2d(a[:, lo:].data_ptr(), pitch, src[:, lo:].data_ptr(), pitch,
-                                        (hi - lo) * 2, M, side.cuda_stream)
-                    ring[i % 5].copy_(counts[s:s + 1], non_blocking=True)
-                ring[(i + 1) % 5].zero_()
+            main = copy_slices("copy", ring[i % 5], ring[(i + 1) % 5])
             gated_gemm(a, b, ring[i % 5], **opts)
             main.wait_stream(side)
 
