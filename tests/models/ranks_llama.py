@@ -234,3 +234,11 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
     # what a graph replays) sees what it saw then, not the later tokens.
     again = cp.decode(torch.tensor([6]), torch.tensor([P + 1]))
     assert torch.equal(again, steps[1]), f"a step again at {P + 1}: {float((again - steps[1]).abs().max()):.2e}"
+    # What DecodeGraph's warm-up does (a step at the last position, then its writes put back) leaves the caches.
+    before = [(c.k.clone(), c.v.clone()) for c in cp.caches]
+    restores = [c.hold(1, 79) for c in cp.caches]
+    cp.decode(torch.tensor([9]), torch.tensor([79]))
+    assert any(not torch.equal(c.k, k) for c, (k, _) in zip(cp.caches, before))  # its slot, or the spare one
+    for restore in restores:
+        restore()
+    assert all(torch.equal(c.k, k) and torch.equal(c.v, v) for c, (k, v) in zip(cp.caches, before))

@@ -357,8 +357,8 @@ class CPKVCache:
         """A function that puts back what a decode of ``batch`` rows at ``position`` writes here (its slots and
         the spare one): ``DecodeGraph``'s warm-up."""
         slots = sorted({self.capacity - 1} | {self.base[b] + self._owned(position) - self._owned(self.first[b])
-                                              for b in range(batch) if position >= self.first[b]})
-        slots = [s for s in slots if s < self.capacity]
+                                              for b in range(batch)})  # (inside a prompt too: a full cache's)
+        slots = [s for s in slots if 0 <= s < self.capacity]
         kept = [(s, self.k[:batch, :, s].clone(), self.v[:batch, :, s].clone()) for s in slots]
 
         def restore():
