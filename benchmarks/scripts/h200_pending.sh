@@ -49,9 +49,9 @@
 #             tests, gate_up's chain with and without it, then (unless NO_MORE=1) the W4A16 step with and without it and
 #             cp_attention_varlen's CUDA checks with ranks sharing the GPU (~3 / ~7 minutes; the twenty-seventh session
 #             ran the act tests and the chain on an H100, not the rest);
-#   s28:      what the twenty-seventh and twenty-eighth sessions left unrun on a GPU, in order of need:
-#             cp_attention_varlen's CUDA checks, the Llama CP = 2 checks (a ragged batch; the decode step in a CUDA
-#             graph under TP and CP), the decode family's CP = 2 row (ranks sharing the GPU: a check, not a speed),
+#   s28:      what the twenty-seventh and twenty-eighth sessions left unrun on a GPU, in order of need: the Llama
+#             CP = 2 checks (a ragged batch; the decode step in a CUDA graph under TP and CP), cp_attention_varlen's
+#             CUDA checks, the decode family's CP = 2 row (ranks sharing the GPU: a check, not a speed),
 #             then (unless NO_MORE=1) the W4A16 step with and without TC_ACT_FUSED (~9 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
@@ -201,10 +201,10 @@ s27)
     tests/dist/ranks_gpu_cp_attention.py
   ;;
 s28)
-  step cp_varlen_gpu_checks 120 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
-    tests/dist/ranks_gpu_cp_attention.py
   step cp_model_gpu_checks 240 env XELINK_TEST_CHECKS=cp2_bf16,decode_graph_under_tp python3 -m pytest -q -rfE \
     --tb=short -p no:cacheprovider tests/models/ranks_gpu_llama.py
+  step cp_varlen_gpu_checks 120 env XELINK_TEST_CHECKS=varlen python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    tests/dist/ranks_gpu_cp_attention.py
   step bench_decode_cp 120 env XELINK_RANKS_PER_DEVICE=2 mpirun -n 2 python3 -m xelink.bench decode --quick \
     --parallel-only --model llama-3.2-1b --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
