@@ -227,8 +227,10 @@ def run_gated(report, shapes=ROW_BLOCK_SHAPES, chunks: int = 8, *, repeats: int 
             calls[f"xelink:gated({tag}) flags set"] = [
                 lambda c=c, f=set_flags, o=opts: gated_gemm(a, b, f, out=c, **o)]
             # the flags of call i of the graph: ring[i % repeats] (the warm-up call is call 0); call i zeroes
-            # call i + 1's after its copies, so the last call of a replay zeroes the first's of the next
-            ring = rings[tag] = torch.zeros(repeats, n_flags, dtype=torch.int32, device="cuda")
+            # call i + 1's after its copies, so the last call of a replay zeroes the first's of the next; each
+            # set 16-byte aligned alike (gated_gemm's plan, made outside the capture, is keyed by the alignment)
+            ring = rings[tag] = torch.zeros(repeats, -(-n_flags // 4) * 4, dtype=torch.int32,
+                                            device="cuda")[:, :n_flags]
             c2 = outs[f"xelink:gated({tag}) copy-engine arrivals"] = torch.empty(M, N, device="cuda",
                                                                                  dtype=torch.bfloat16)
 
