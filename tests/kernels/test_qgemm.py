@@ -146,8 +146,11 @@ def test_remembered_calls_change_shape_format_and_out(requires_gpus):
             assert qgemm(q, x, s, fmt, out=out[:, 44:556]) is not None
             assert _rel(out[:, 44:556], x, exact) < TOL[dtype] and out[:, :44].isnan().all()
     q, s, x, _ = _case("w4a16", 8, 512, 1024, torch.bfloat16, "cuda")
-    a, b = (torch.empty(8, 1024 + 512, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    a[:, :1024], b[:, :1024] = x, x
-    qgemm(q, a[:, :1024], s, "w4a16", out=a[:, 1024:])  # remembered: x and out views of one buffer, apart
-    with pytest.raises(ValueError, match="qgemm"):  # the same geometry, out overlapping x
-        qgemm(q, b[:, :1024], s, "w4a16", out=b[:, 512:1024])
+    # (column blocks of one buffer count as overlapping: check_no_overlap compares address ranges)
+    a, b = (torch.empty(8 * 1024 + 8 * 512, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    xa, xb = a[:8192].view(8, 1024), b[:8192].view(8, 1024)
+    xa.copy_(x)
+    xb.copy_(x)
+    qgemm(q, xa, s, "w4a16", out=a[8192:].view(8, 512))  # remembered: x and out views of one buffer, apart
+    with pytest.raises(ValueError, match="qgemm: out overlaps x"):  # the same geometry, out overlapping x
+        qgemm(q, xb, s, "w4a16", out=b[4096:8192].view(8, 512))
