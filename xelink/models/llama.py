@@ -277,6 +277,10 @@ class CPKVCache:
         self.first[:B], self.base[:B] = first, base
         self._rows[:, :B] = torch.tensor([first, base]).to(self._rows.device)
 
+    def _slot(self, b: int, p: int) -> int:
+        """Row b's slot of decode position ``p`` (on its owner; the count of slots below it elsewhere)."""
+        return self.base[b] + self._owned(p) - self._owned(self.first[b])
+
     def _owned(self, x):
         """This rank's decode positions below ``x`` (an int or a tensor) counted from 0: ``ceil((x - rank) / n)``."""
         n, r = self.cp.size, self.cp.rank
@@ -312,7 +316,7 @@ class CPKVCache:
             return out.transpose(0, 1)[None]
         spans = []
         for b, p in enumerate(starts):
-            at = self.base[b] + self._owned(p) - self._owned(self.first[b])
+            at = self._slot(b, p)
             mine = cp.owner(p) == cp.rank
             self._write(k[b:b + 1], v[b:b + 1], slice(b, b + 1), at if mine else self.capacity - 1)
             spans.append((self._seen(b, p), at + mine))
@@ -330,11 +334,8 @@ class CPKVCache:
         position it reaches (positions increase along the slots: a prompt slot, else a decode slot)."""
         if self.window is None:
             return 0
-        base, first = self.base[b], self.first[b]
-        lo = int(torch.searchsorted(self.pos[b, :base], p - self.window, right=True))
-        if lo < base:
-            return lo
-        return base + self._owned(max(first, p - self.window + 1)) - self._owned(first)
+        lo = int(torch.searchsorted(self.pos[b, :self.base[b]], p - self.window, right=True))
+        return lo if lo < self.base[b] else self._slot(b, max(self.first[b], p - self.window + 1))
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
@@ -356,8 +357,8 @@ class CPKVCache:
     def hold(self, batch: int, position: int):
         """A function that puts back what a decode of ``batch`` rows at ``position`` writes here (its slots and
         the spare one): ``DecodeGraph``'s warm-up."""
-        slots = sorted({self.capacity - 1} | {self.base[b] + self._owned(position) - self._owned(self.first[b])
-                                              for b in range(batch)})  # (inside a prompt too: a full cache's)
+        slots = sorted({self.capacity - 1} | {self._slot(b, position) for b in range(batch)})  # (a full cache's
+        # position inside its prompt too)
         slots = [s for s in slots if 0 <= s < self.capacity]
         kept = [(s, self.k[:batch, :, s].clone(), self.v[:batch, :, s].clone()) for s in slots]
 
