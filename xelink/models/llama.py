@@ -357,8 +357,8 @@ class CPKVCache:
     def hold(self, batch: int, position: int):
         """A function that puts back what a decode of ``batch`` rows at ``position`` writes here (its slots and
         the spare one): ``DecodeGraph``'s warm-up."""
-        slots = sorted({self.capacity - 1} | {self._slot(b, position) for b in range(batch)})  # (a full cache's
-        # position inside its prompt too)
+        # (a row's slot of the position even inside its prompt: a full cache's)
+        slots = sorted({self.capacity - 1} | {self._slot(b, position) for b in range(batch)})
         slots = [s for s in slots if 0 <= s < self.capacity]
         kept = [(s, self.k[:batch, :, s].clone(), self.v[:batch, :, s].clone()) for s in slots]
 
