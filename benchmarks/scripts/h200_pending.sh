@@ -52,7 +52,8 @@
 #   s28:      what the twenty-seventh and twenty-eighth sessions left unrun on a GPU, in order of need: the Llama
 #             CP = 2 checks (a ragged batch; the decode step in a CUDA graph under TP and CP), cp_attention_varlen's
 #             CUDA checks, the decode family's CP = 2 row (ranks sharing the GPU: a check, not a speed),
-#             then (unless NO_MORE=1) the W4A16 step with and without TC_ACT_FUSED (~9 minutes);
+#             then (unless NO_MORE=1) the W4A16 step with and without TC_ACT_FUSED (~9 minutes; ran on an H100 at
+#             c82e224 / fab8f6f, every step passed: h100-gpu-tests/, h100-rows/act_step_ab.log);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
