@@ -242,3 +242,27 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
     for restore in restores:
         restore()
     assert all(torch.equal(c.k, k) and torch.equal(c.v, v) for c, (k, v) in zip(cp.caches, before))
+
+
+@only(sizes=(2, 4))
+def check_cp_ragged_rows_match_one_rank(world):
+    """Under CP a ragged batch with a row of padding only (its prompt empty) and rows decoding at their own
+    positions, that row from position 0: the logits of one rank's model on the same calls."""
+    from xelink.models import Llama
+
+    one = Llama.random("tiny", impl="reference", device="cpu", dtype=torch.float32, max_seq_len=40, max_batch=3)
+    cp = Llama.random("tiny", impl="reference", device="cpu", dtype=torch.float32, cp_group=world, max_seq_len=40,
+                      max_batch=3)
+    ids = torch.randint(0, 100, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, :] = 0
+    mask[2, :5] = 0
+    real = mask.bool()
+    want, got = one(ids, 0, mask), cp(ids, 0, mask)
+    assert torch.allclose(got[real], want[real], rtol=TOL, atol=TOL), float((got[real] - want[real]).abs().max())
+    starts = [9, 0, 4]
+    for step in range(3):
+        tok = torch.tensor([[3 + step], [4], [5]])
+        want, got = one(tok, starts), cp(tok, starts)
+        assert torch.allclose(got, want, rtol=TOL, atol=TOL), (step, float((got - want).abs().max()))
+        starts = [s + 1 for s in starts]
