@@ -68,15 +68,16 @@ def _lengths(fn: str, comm, cu: list, layout: str, local: int, signature: tuple)
 
 def _gather(k, v, comm, lengths: list, heads: tuple):
     """Start gathering every rank's (k, v) block of KV heads ``heads`` (lo, hi), padded to the longest block, in rank
-    order: ((n, 2, P, hi - lo, D), the pending collective's work or None)."""
+    order: ((n, 2, P, hi - lo, D), the pending collective's work or None, its input: kept until the work is done)."""
     kv = torch.stack([k[:, heads[0]:heads[1]], v[:, heads[0]:heads[1]]])  # (2, T_local, h, D)
     if comm.size == 1:
-        return kv[None], None
+        return kv[None], None, None
     P = max(lengths)
     if kv.shape[1] < P:
         kv = torch.cat([kv, kv.new_zeros((2, P - kv.shape[1]) + tuple(kv.shape[2:]))], dim=1)
+    kv = kv.contiguous()
     out = kv.new_empty((comm.size,) + tuple(kv.shape))
-    return out, all_gather_into_tensor(out, kv.contiguous(), group=comm, async_op=True)
+    return out, all_gather_into_tensor(out, kv, group=comm, async_op=True), kv
 
 
 def _gathered_chunks(k, v, comm, lengths: list, chunks: list):
@@ -84,7 +85,7 @@ def _gathered_chunks(k, v, comm, lengths: list, chunks: list):
     caller works on one."""
     pending = _gather(k, v, comm, lengths, chunks[0])
     for i in range(len(chunks)):
-        kv_all, work = pending
+        kv_all, work, _ = pending
         if work is not None:
             work.wait()
         if i + 1 < len(chunks):
