@@ -702,13 +702,14 @@ def check_varlen_gradients(world):
 
 def check_varlen_training_matches_one_process(world):
     """A real client: three SGD steps of an attention block over a packed batch of four sequences laid over the
-    ranks (zigzag, then contiguous), each rank's loss its tokens' share of the mean squared error, weight gradients
-    summed with xelink.all_reduce, against the same training in one process (plain torch per sequence)."""
-    for layout in ("zigzag", "contiguous"):
-        _varlen_train(world, layout)
+    ranks (zigzag, then contiguous one KV head at a time), each rank's loss its tokens' share of the mean squared
+    error, weight gradients summed with xelink.all_reduce, against the same training in one process (plain torch per
+    sequence)."""
+    for layout, stride in (("zigzag", None), ("contiguous", 1)):
+        _varlen_train(world, layout, stride)
 
 
-def _varlen_train(world, layout):
+def _varlen_train(world, layout, stride):
     g = torch.Generator().manual_seed(91)
     cu = [0, 6, 7, 20, 29]
     shapes = {"q": (32, 16), "k": (16, 16), "v": (16, 16), "o": (16, 32)}  # (out, in)
@@ -726,8 +727,8 @@ def _varlen_train(world, layout):
     for step in range(3):
         loss = ((layer(x, one, lambda q, k, v: _varlen_full(q, k, v, cu, True)[0]) - y) ** 2).sum() / y.numel()
         loss.backward()
-        mine = ((layer(xs, ours, lambda q, k, v: xelink.cp_attention_varlen(q, k, v, cu_t, causal=True,
-                                                                           layout=layout)) - ys) ** 2
+        mine = ((layer(xs, ours, lambda q, k, v: xelink.cp_attention_varlen(q, k, v, cu_t, causal=True, layout=layout,
+                                                                           heads_k_stride=stride)) - ys) ** 2
                 ).sum() / y.numel()
         mine.backward()
         _sgd_step(loss, mine, one, ours, f"varlen {layout} step {step}")
