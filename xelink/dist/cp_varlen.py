@@ -44,6 +44,7 @@ from ..collectives.checks import group_of
 from ..kernels import flash_attention_varlen, flash_attention_varlen_backward
 from ..layout import varlen_pieces
 from .cp_attention import _check_flags, _check_qkv, _exchange_lengths, _layout, _offsets
+from .schedule import local_pieces
 
 __all__ = ["cp_attention_varlen"]
 
@@ -103,11 +104,9 @@ def _owners(cu: list, n: int, layout: str):
     owner = torch.empty(cu[-1], dtype=torch.long)
     offset = torch.empty(cu[-1], dtype=torch.long)
     for x in range(n):
-        at = 0
-        for start, length in varlen_pieces(cu, n, layout, x):
+        for start, length, at in local_pieces(varlen_pieces(cu, n, layout, x)):
             owner[start:start + length] = x
             offset[start:start + length] = torch.arange(at, at + length)
-            at += length
     return owner, offset
 
 
@@ -116,14 +115,12 @@ def _calls(cu: list, pieces, causal: bool) -> list:
     start, end), at most one piece of a sequence a call (a zigzag rank's two pieces of a sequence read overlapping
     keys). A piece's keys run from its sequence's start to its own last token (causal) or the sequence's end."""
     calls, seen = [], {}
-    at = 0
-    for start, length in pieces:
+    for start, length, at in local_pieces(pieces):
         i = bisect.bisect_right(cu, start) - 1  # the sequence holding the piece: cu[i] <= start < cu[i + 1]
         c = seen[i] = seen.get(i, -1) + 1
         if c == len(calls):
             calls.append([])
         calls[c].append((at, length, cu[i], start + length if causal else cu[i + 1]))
-        at += length
     return calls
 
 
