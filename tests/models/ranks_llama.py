@@ -247,7 +247,8 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
 @only(sizes=(2, 4))
 def check_cp_ragged_rows_match_one_rank(world):
     """Under CP a ragged batch with a row of padding only (its prompt empty) and rows decoding at their own
-    positions, that row from position 0: the logits of one rank's model on the same calls."""
+    positions, that row from position 0, then new sequences token by token from 0: the logits of one rank's model on
+    the same calls."""
     from xelink.models import Llama
 
     one = Llama.random("tiny", impl="reference", device="cpu", dtype=torch.float32, max_seq_len=40, max_batch=3)
@@ -266,3 +267,7 @@ def check_cp_ragged_rows_match_one_rank(world):
         want, got = one(tok, starts), cp(tok, starts)
         assert torch.allclose(got, want, rtol=TOL, atol=TOL), (step, float((got - want).abs().max()))
         starts = [s + 1 for s in starts]
+    for p in range(3):  # every row at 0: new sequences, a token at a time (the prompts' slots forgotten)
+        tok = torch.tensor([[7 + p], [8], [9]])
+        want, got = one(tok, p), cp(tok, p)
+        assert torch.allclose(got, want, rtol=TOL, atol=TOL), (p, float((got - want).abs().max()))

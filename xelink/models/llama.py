@@ -277,9 +277,10 @@ class CPKVCache:
         self.first[:B], self.base[:B] = first, base
         self._rows[:, :B] = torch.tensor([first, base]).to(self._rows.device)
 
-    def _slot(self, b: int, p: int) -> int:
-        """Row b's slot of decode position ``p`` (on its owner; the count of slots below it elsewhere)."""
-        return self.base[b] + self._owned(p) - self._owned(self.first[b])
+    def _slot(self, p, base, first):
+        """The slot of decode position ``p`` in a row whose prompt of ``first`` positions fills ``base`` slots here (on
+        its owner; the count of the row's slots below it elsewhere): ints, or [B] tensors on the device."""
+        return base + self._owned(p) - self._owned(first)
 
     def _owned(self, x):
         """This rank's decode positions below ``x`` (an int or a tensor) counted from 0: ``ceil((x - rank) / n)``."""
@@ -316,7 +317,7 @@ class CPKVCache:
             return out.transpose(0, 1)[None]
         spans = []
         for b, p in enumerate(starts):
-            at = self._slot(b, p)
+            at = self._slot(p, self.base[b], self.first[b])
             mine = cp.owner(p) == cp.rank
             self._write(k[b:b + 1], v[b:b + 1], slice(b, b + 1), at if mine else self.capacity - 1)
             spans.append((self._seen(b, p), at + mine))
@@ -335,7 +336,8 @@ class CPKVCache:
         if self.window is None:
             return 0
         lo = int(torch.searchsorted(self.pos[b, :self.base[b]], p - self.window, right=True))
-        return lo if lo < self.base[b] else self._slot(b, max(self.first[b], p - self.window + 1))
+        return lo if lo < self.base[b] else self._slot(max(self.first[b], p - self.window + 1), self.base[b],
+                                                        self.first[b])
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
@@ -345,7 +347,7 @@ class CPKVCache:
         B = q.shape[0]
         q, k = ops.rope(q, k, cos[positions][:, None], sin[positions][:, None])
         first, base = self._rows[:, :B]
-        at = base + self._owned(positions) - self._owned(first)
+        at = self._slot(positions, base, first)
         mine = positions % self.cp.size == self.cp.rank
         rows = torch.arange(B, device=q.device)
         slot = torch.where(mine, at, self.capacity - 1)
@@ -358,7 +360,7 @@ class CPKVCache:
         """A function that puts back what a decode of ``batch`` rows at ``position`` writes here (its slots and
         the spare one): ``DecodeGraph``'s warm-up."""
         # (a row's slot of the position even inside its prompt: a full cache's)
-        slots = sorted({self.capacity - 1} | {self._slot(b, position) for b in range(batch)})
+        slots = sorted({self.capacity - 1} | {self._slot(position, self.base[b], self.first[b]) for b in range(batch)})
         slots = [s for s in slots if 0 <= s < self.capacity]
         kept = [(s, self.k[:batch, :, s].clone(), self.v[:batch, :, s].clone()) for s in slots]
 
@@ -611,8 +613,7 @@ class Llama:
                                  f"{prompts} positions), not at start_pos {starts} (or every row at 0: new sequences)")
             if S == 1 and not any(starts):
                 for cache in self.caches:
-                    cache.first[:B] = cache.base[:B] = [0] * B
-                    cache._rows[:, :B] = 0
+                    cache._prompt([0] * B, [0] * B)
         return starts, pads
 
     def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None,
