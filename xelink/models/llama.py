@@ -348,7 +348,7 @@ class CPKVCache:
         q, k = ops.rope(q, k, cos[positions][:, None], sin[positions][:, None])
         first, base = self._rows[:, :B]
         at = self._slot(positions, base, first)
-        mine = positions % self.cp.size == self.cp.rank
+        mine = self.cp.owner(positions) == self.cp.rank
         rows = torch.arange(B, device=q.device)
         slot = torch.where(mine, at, self.capacity - 1)
         self.k[rows, :, slot] = k[:, :, 0]

@@ -119,8 +119,8 @@ class ContextParallel:
         return cp_unshard(x.contiguous(), seq_len=seq_len, group=self.group, layout=self.LAYOUT, dim=1,
                           cu_seqlens=cu_seqlens)
 
-    def owner(self, pos: int) -> int:
-        """The rank caching the KV of decode position ``pos`` (round-robin)."""
+    def owner(self, pos):
+        """The rank caching the KV of decode position ``pos`` (round-robin): an int, or a tensor of them."""
         return pos % self.size
 
     def agree(self, tokens: torch.Tensor) -> torch.Tensor:
