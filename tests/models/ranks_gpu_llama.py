@@ -143,6 +143,38 @@ def check_cp2_sliding_window_bf16_matches_transformers(world):
         seen = world.allgather_object(step.numpy().tobytes())
         assert seen[0] == seen[1], f"CP=2 window impl={impl}: ranks disagree"
 
+@only(sizes=(2,))
+def check_cp2_chunks_after_the_prompt_bf16_match_transformers(world):
+    """At CP = 2 on CUDA, a sequence fed as a prompt, a chunk after it (computed on both ranks: each attends to its
+    cached keys, rank 0 to the chunk's own, merged), a decode token, then another chunk: every position's logits
+    against transformers' over the whole sequence, for the Llama case and "mistral-window" (a 3-key window: the
+    chunks' windows gathered from the ranks)."""
+    from llama_cases import hf_logits, hf_model, save
+
+    from xelink.models import Llama
+
+    path, ids, want, _ = _setup(world)
+    window = None
+    if world.rank == 0:
+        window = tempfile.mkdtemp(prefix="xelink-gpu-window-")
+        save("mistral-window", window)
+    window = world.allgather_object(window)[0]
+    seq = torch.randint(0, 128, (2, 14), generator=torch.Generator().manual_seed(7))
+    cases = [("llama", path, ids, want, (10, 18, 19)), ("window", window, seq, hf_logits(hf_model("mistral-window"),
+                                                                                       seq), (6, 10, 11))]
+    for name, folder, tokens, full, (a, b, c) in cases:
+        for impl in ("xelink", "auto"):
+            model = Llama.from_pretrained(folder, cp_group=world, dtype=torch.bfloat16, impl=impl, max_batch=2,
+                                          max_seq_len=32)
+            got = torch.cat([model(tokens[:, lo:hi], lo).float().cpu()
+                             for lo, hi in ((0, a), (a, b), (b, c), (c, tokens.shape[1]))], dim=1)
+            for lo, hi in ((0, a), (a, b), (b, c), (c, tokens.shape[1])):
+                err = _rel(got[:, lo:hi], full[:, lo:hi])
+                assert err < 3e-2, f"CP=2 {name} impl={impl}: positions {lo}..{hi - 1} relative error {err:.3g}"
+            seen = world.allgather_object(got.numpy().tobytes())
+            assert seen[0] == seen[1], f"CP=2 {name} impl={impl}: ranks disagree"
+
+
 def check_decode_graph_under_tp_and_cp_matches_eager(world):
     """The decode step captured in a CUDA graph with the TP all-reduces and the head's gather in it, then under
     CP with the cache writes at the positions' slots and the merge's all-gather in it (ranks sharing the GPU): its

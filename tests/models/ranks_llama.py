@@ -103,8 +103,6 @@ def _cp_and_tp_x_cp(world, name):
         assert cache.first[:3] == [7] * 3 and cache.base[:3] == [len(model.cp.positions(7))] * 3
         seen = world.allgather_object((got.numpy().tobytes(), tokens.tolist()))
         assert all(s == seen[0] for s in seen), f"TP={tp_size} x CP={cp_size}: ranks disagree"
-        with pytest.raises(ValueError, match="prompt of several tokens is computed in one call at start_pos 0"):
-            model(ids[:, :2], 12)
         with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[7, 7, 7\] positions\)"):
             model(ids[:, :1], 5)
         # A ragged (left-padded) batch: the rows' real tokens packed over the ranks (cp_attention_varlen), then each
@@ -242,6 +240,50 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
     for restore in restores:
         restore()
     assert all(torch.equal(c.k, k) and torch.equal(c.v, v) for c, (k, v) in zip(cp.caches, before))
+
+
+@only(sizes=(2, 4))
+def check_cp_chunks_after_the_prompt_match_one_rank(world):
+    """Under CP, chunks of tokens after the prompts (a follow-up turn; a prompt prefilled in chunks after its first):
+    a prompt, a chunk at one start, decode tokens, a left-padded chunk at each row's own start (a row without a
+    token in it), then a decode step in a CUDA-graph-free ``Llama.decode``: the logits of one rank's model on the same
+    calls, with full attention and with a sliding window of 5 on one layer of two (the chunk's window gathered from
+    the ranks, including decode slots and a window reaching into the prompt)."""
+    import dataclasses
+
+    from xelink.models import Llama
+    from xelink.models.checkpoint import CONFIGS
+
+    windowed = dataclasses.replace(CONFIGS["tiny"], model_type="qwen2", sliding_window=5,
+                                   layer_types=["sliding_attention", "full_attention"])
+    gen = torch.Generator().manual_seed(5)
+    for cfg in ("tiny", windowed):
+        one, cp = (Llama.random(cfg, impl="reference", device="cpu", dtype=torch.float32, max_seq_len=48,
+                                max_batch=2, cp_group=g) for g in (None, world))
+
+        def same(what, *call):
+            want, got = one(*call), cp(*call)
+            real = torch.ones(want.shape[:2], dtype=torch.bool) if len(call) < 3 else call[2].bool()
+            err = float((got[real] - want[real]).abs().max())
+            assert err < TOL, f"{what} ({'window' if cfg is windowed else 'full'}): CP logits differ by {err:.2e}"
+
+        same("prompt", torch.randint(0, 500, (2, 9), generator=gen), 0)
+        same("chunk at 9", torch.randint(0, 500, (2, 6), generator=gen), 9)
+        for p in (15, 16):
+            same(f"token at {p}", torch.randint(0, 500, (2, 1), generator=gen), p)
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, :3] = 0
+        same("ragged chunk", torch.randint(0, 500, (2, 7), generator=gen), [17, 17], mask)
+        mask[0, :] = 0  # row 0 without a token in this chunk
+        same("a row without tokens", torch.randint(0, 500, (2, 7), generator=gen), [24, 21], mask)
+        same("a token a row", torch.randint(0, 500, (2, 1), generator=gen), [24, 25])
+        same("chunk at different starts", torch.randint(0, 500, (2, 3), generator=gen), [25, 26])
+        if cfg == "tiny":
+            tok, at = torch.randint(0, 500, (2,), generator=gen), torch.tensor([28, 29])
+            got, want = cp.decode(tok, at), one.decode(tok, at)
+            assert float((got - want).abs().max()) < TOL, "decode after the chunks"
+        with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[9, 9\] positions\)"):
+            cp(torch.zeros(2, 3, dtype=torch.long), 4)
 
 
 @only(sizes=(2, 4))

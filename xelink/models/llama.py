@@ -27,8 +27,10 @@ are gathered (``cp_unshard``) before the head, so every rank returns the logits 
 rank; its KV is cached on rank ``position % n`` only, at a slot its position gives (``CPKVCache``: no host state, so
 the step runs in ``decode`` and a CUDA graph as without CP, but for sliding-window layers); each rank attends the
 token's query to its own cached keys of its row (all in the past: no mask) and the partials are merged by their LSE
-across the CP group. Under CP a prompt chunk at ``start_pos`` > 0, a decode step with padding, or a token inside
-its row's prompt raise ValueError.
+across the CP group. A chunk of tokens after the prompts (a follow-up turn over a long cached document, or a
+prompt prefilled in chunks after its first) is computed like decode tokens, on every rank: each position's KV cached
+on its owner, each rank attending the chunk to its cached keys of the row and rank 0 to the chunk's own (causal), the
+partials merged. Under CP a decode step with padding, or a token inside its row's prompt raise ValueError.
 """
 from __future__ import annotations
 
@@ -251,7 +253,8 @@ class CPKVCache:
 
     ``window`` (a sliding-window layer, or None): a prompt's queries attend within it through ``cp_attention``'s
     (``cp_attention_varlen``'s) window, a decode token to the slots whose positions its window reaches (a suffix of
-    its row's slots), on every rank; only through ``attend`` (host positions): ``decode`` takes none.
+    its row's slots), on every rank, and a chunk of tokens to its window's keys gathered from the group; only through
+    ``attend`` (host positions): ``decode`` takes none.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
@@ -292,8 +295,9 @@ class CPKVCache:
 
         A prompt (``cp.seq_len`` > 1 tokens, start 0): q, k, v are this rank's shard of them (any length, none
         included), ``(B, H, S_local, D)`` of a prompt of one length or ``(1, H, T_local, D)`` of a ragged one's
-        real tokens packed (``cp.packed``). A token a row (``cp.seq_len == 0``, row b's at position ``starts[b]``):
-        q, k, v of those tokens (after RoPE), the same on every rank (``decode``'s, host positions, a window).
+        real tokens packed (``cp.packed``). Tokens after the rows' prompts (``cp.seq_len == 0``: a token a row, or a
+        chunk of them, left-padded by ``pads``, row b's from position ``starts[b]``): q, k, v of all of them (after
+        RoPE), the same on every rank (``_attend_after``).
         """
         cp = self.cp
         if cp.seq_len and cp.packed is None:
@@ -315,20 +319,74 @@ class CPKVCache:
             out = cp_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), torch.tensor(cu), causal=True,
                                       group=cp.group, layout=cp.LAYOUT, window=self.window)
             return out.transpose(0, 1)[None]
-        spans = []
-        for b, p in enumerate(starts):
-            at = self._slot(p, self.base[b], self.first[b])
-            mine = cp.owner(p) == cp.rank
-            self._write(k[b:b + 1], v[b:b + 1], slice(b, b + 1), at if mine else self.capacity - 1)
-            spans.append((self._seen(b, p), at + mine))
-        out = q.new_zeros(q.shape)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-        for (lo, hi), rows in _same(spans):
-            if hi > lo:  # (no key here yet: an empty partial)
-                o, l = ops.attention(q[rows], self.k[rows, :, lo:hi], self.v[rows, :, lo:hi], causal=False,
-                                     return_lse=True)
-                out[rows], lse[rows] = o, l
+        return self._attend_after(q, k, v, starts, pads, ops)
+
+    def _attend_after(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
+        """``attend`` of tokens after their rows' prompts, the same on every rank (a decode token, or a chunk: row b's
+        real tokens after ``pads[b]``, at positions ``starts[b] ..``). Each position's key and value is cached on its
+        owner. A rank's two partials, merged across the group: attention to its slots of the row below the chunk
+        (within a window: the suffix the token reaches), and on CP rank 0 to the chunk's own keys (causal). A
+        windowed row of several tokens gathers its window's cached keys from the group instead (``_window``), and
+        rank 0 attends to them and the chunk."""
+        cp, W = self.cp, self.window
+        B, H, S, D = q.shape
+        out = q.new_zeros((2, B, H, S, D))
+        lse = torch.full((2, B, H, S), float("-inf"), dtype=torch.float32, device=q.device)
+
+        def put(i, rows, pad, keys, values, causal):
+            o, l = ops.attention(q[rows, :, pad:], keys, values, causal=causal, return_lse=True,
+                                 window=W if causal else None)
+            out[i][rows, :, pad:], lse[i][rows, :, pad:] = o, l
+
+        below, chunk = [], []  # per row: its slots here below the chunk, and its pads (None: no such partial)
+        for b, (p0, pad) in enumerate(zip(starts, pads)):
+            at = self._slot(p0, self.base[b], self.first[b])
+            j = torch.arange(S - pad)
+            mine = j[cp.owner(p0 + j) == cp.rank] + pad  # this rank's tokens of the chunk
+            self._write(k[b:b + 1, :, mine], v[b:b + 1, :, mine], slice(b, b + 1), at)
+            gathered = W is not None and S - pad > 1
+            if gathered:  # (collective: every rank takes the same rows in the same order)
+                keys, values = self._window(b, p0, at)
+                if cp.rank == 0:
+                    put(1, slice(b, b + 1), pad, torch.cat([keys, k[b:b + 1, :, pad:]], dim=2),
+                        torch.cat([values, v[b:b + 1, :, pad:]], dim=2), True)
+            real = pad < S and not gathered
+            below.append((pad, self._seen(b, p0), at) if real else None)
+            chunk.append(pad if real and cp.rank == 0 else None)
+        for key, rows in _same(below):
+            if key is not None and key[2] > key[1]:  # (no key here yet: an empty partial)
+                pad, lo, hi = key
+                put(0, rows, pad, self.k[rows, :, lo:hi], self.v[rows, :, lo:hi], False)
+        for pad, rows in _same(chunk):
+            if pad is not None:
+                put(1, rows, pad, k[rows, :, pad:], v[rows, :, pad:], True)
         return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
+
+    def _window(self, b: int, p0: int, at: int):
+        """Row b's cached keys and values at the positions a window ending at ``p0`` reaches below it (``[p0 -
+        window + 1, p0)``), gathered from the group in position order: ``(1, Hkv, m, D)`` each, on every rank. Each
+        rank sends its slots of them (those of row b from ``_seen(b, p0)`` up to ``at``), padded to ``m``."""
+        cp = self.cp
+        lo, m = self._seen(b, p0), min(p0, self.window - 1)
+        kv = self.k.new_zeros((2, self.k.shape[1], m, self.k.shape[3]))
+        kv[0, :, :at - lo], kv[1, :, :at - lo] = self.k[b, :, lo:at], self.v[b, :, lo:at]
+        tags = torch.full((m,), -1, dtype=torch.int64)
+        tags[:at - lo] = self._positions(b, lo, at)
+        kv, tags = cp.gather(kv), cp.gather(tags.to(kv.device)).cpu().reshape(-1)
+        held = torch.nonzero(tags >= 0)[:, 0]
+        order = held[torch.argsort(tags[held])]
+        if not torch.equal(tags[order], torch.arange(p0 - m, p0)):
+            raise RuntimeError(f"CPKVCache: row {b}'s cached positions {tags[order].tolist()} are not the window's "
+                               f"{p0 - m}..{p0 - 1} (a broken cache)")
+        kv = kv.permute(1, 2, 0, 3, 4).reshape(2, kv.shape[2], -1, kv.shape[4])[:, :, order.to(kv.device)]
+        return kv[0:1], kv[1:2]
+
+    def _positions(self, b: int, lo: int, hi: int) -> torch.Tensor:
+        """The positions of row b's slots ``[lo, hi)`` here (a CPU LongTensor): its prompt's from ``pos``, then
+        decode slots, slot ``base + i`` holding this rank's decode position ``owned(first) + i`` (counted from 0)."""
+        base, n = self.base[b], self.cp.size
+        s = torch.arange(max(lo, base), hi)
+        return torch.cat([self.pos[b, lo:min(hi, base)], self.cp.rank + n * (s - base + self._owned(self.first[b]))])
 
     def _seen(self, b: int, p: int) -> int:
         """The first slot of row b that a token at position p attends to: 0, or with a window the first whose
@@ -601,14 +659,10 @@ class Llama:
             raise ValueError(f"{fn}: {max(ends)} tokens exceed max_seq_len={self.max_seq_len}")
         if self.cp is not None:
             prompts = self.caches[0].first[:B]
-            if S > 1 and any(starts):
-                raise ValueError(f"{fn}: under context parallelism a prompt of several tokens is computed in one "
-                                 f"call at start_pos 0 (got {S} tokens at start_pos {starts}); decode one token "
-                                 f"at a time after it")
             if S == 1 and any(pads):
                 raise ValueError(f"{fn}: under context parallelism every row of a decode step holds a token (an "
                                  f"attention_mask of ones)")
-            if S == 1 and any(starts) and any(s < p for s, p in zip(starts, prompts)):
+            if any(starts) and any(s < p for s, p, d in zip(starts, prompts, pads) if d < S):
                 raise ValueError(f"{fn}: under context parallelism a token goes after its row's prompt (of "
                                  f"{prompts} positions), not at start_pos {starts} (or every row at 0: new sequences)")
             if S == 1 and not any(starts):
@@ -644,8 +698,9 @@ class Llama:
         pos = (torch.tensor(starts)[:, None] + torch.arange(S)[None, :] - torch.tensor(pads)[:, None]).clamp_(min=0)
         full, real = S, None
         if self.cp is not None:  # a CP prompt: this rank's positions only (a rank may get as few as none)
-            self.cp.seq_len, self.cp.packed = (S if S > 1 else 0), None
-            if S > 1 and any(pads):  # ragged: the rows' real tokens packed, this rank's share of each row's
+            prompt = S > 1 and not any(starts)  # (else tokens after the rows' prompts: every rank computes them all)
+            self.cp.seq_len, self.cp.packed = (S if prompt else 0), None
+            if prompt and any(pads):  # ragged: the rows' real tokens packed, this rank's share of each row's
                 cu = [0]
                 for p in pads:
                     cu.append(cu[-1] + S - p)
@@ -653,7 +708,7 @@ class Llama:
                 mine = real[self.cp.positions(cu[-1], torch.tensor(cu))]
                 self.cp.seq_len, self.cp.packed = cu[-1], (mine // S, pos.reshape(-1)[mine], cu)
                 input_ids, pos, S = input_ids.reshape(1, -1)[:, mine], pos.reshape(1, -1)[:, mine], len(mine)
-            elif S > 1:
+            elif prompt:
                 mine = self.cp.positions(S)
                 input_ids, pos, S = input_ids[:, mine], pos[:, mine], len(mine)
         pos = pos.to(self.device)

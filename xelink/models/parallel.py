@@ -128,15 +128,21 @@ class ContextParallel:
         broadcast(tokens, group=self.group, group_src=0)
         return tokens
 
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` (the same shape everywhere) -> ``(size, *x.shape)`` on every rank."""
+        x = x.contiguous()
+        stage = x.new_empty((self.size,) + tuple(x.shape))
+        all_gather_into_tensor(stage, x, group=self.group,
+                               algo=_algo(self.group, "all_gather", x, stage.nbytes, self.force_xelink))
+        return stage
+
     def merge(self, out: torch.Tensor, lse: torch.Tensor, impl: str) -> torch.Tensor:
-        """Every rank's partial ``out (B, H, S, D)`` with its float32 ``lse (B, H, S)`` -> the attention over
-        all of their keys (in ``out``'s dtype), on every rank: one ``all_gather_into_tensor`` of the partials
-        packed with their LSE in float32, then ``merge_attention``. A rank without keys sends LSE -inf."""
-        B, H, S, D = out.shape
-        packed = torch.cat([out.float(), lse[..., None]], dim=-1).contiguous()
-        stage = packed.new_empty((self.size,) + tuple(packed.shape))
-        all_gather_into_tensor(stage, packed, group=self.group,
-                               algo=_algo(self.group, "all_gather", packed, stage.nbytes, self.force_xelink))
+        """Every rank's partial ``out (B, H, S, D)`` with its float32 ``lse (B, H, S)`` (or ``P`` partials of each
+        rank: ``(P, B, H, S, D)`` and ``(P, B, H, S)``) -> the attention over all of their keys ``(B, H, S, D)`` (in
+        ``out``'s dtype), on every rank: one gather of the partials packed with their LSE in float32, then
+        ``merge_attention``. A partial without keys has LSE -inf."""
+        D = out.shape[-1]
+        stage = self.gather(torch.cat([out.float(), lse[..., None]], dim=-1)).reshape(-1, *out.shape[-4:-1], D + 1)
         merged, _ = merge_attention(stage[..., :D].contiguous(), stage[..., D].contiguous(), impl)
         return merged.to(out.dtype)
 
