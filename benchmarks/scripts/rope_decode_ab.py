@@ -1,5 +1,5 @@
 """A/B of the decode step's attention call (issue 26): ``rope_decode_attention`` (one launch; the kept step:
-no PDL, 64-key splits) against the same under PDL with the QKV GEMV before it letting it go early (gemv's default
+not placed early, 64-key splits) against the same under PDL with the QKV GEMV before it letting it go early (gemv's default
 for 6144 rows) or late (``gemv.PDL_EARLY_MAX_ROWS`` below 6144: its programs placed only as the GEMV's end, so
 they no longer crowd it), with and without the L2 prefetch of the cache before the PDL wait; and ``rope_kv`` +
 ``decode_attention`` (two launches). Llama-3.1-8B shapes on one GPU, the whole step's graph (``DecodeGraph``) at
@@ -8,8 +8,9 @@ they no longer crowd it), with and without the L2 prefetch of the cache before t
 (``pieces``). The fused variants' logits are compared bit for bit (PDL, the trigger and the prefetch change no
 value); the unfused step's may differ by a rounding of the rotated keys.
 
-Also ``release-early`` / ``release-late``: the kept call, not placed early itself, but compiled with the PDL
-trigger at its entry / after its main loop, so that the O GEMV after it is placed early.
+Also ``release-early`` / ``release-late``: the call, not placed early itself, but compiled with the PDL trigger at
+its entry / after its main loop, so that the O GEMV after it is placed early; ``release-late`` is the kept call
+since the twenty-ninth session (``attention.DECODE_RELEASE``), ``off`` the call before it.
 
 python3 benchmarks/scripts/rope_decode_ab.py [--variants NAME,NAME] [bf16|w4a16 ...]
 """
@@ -53,7 +54,7 @@ def fused(pdl):
 
 
 def released(mode):
-    """The kept call (not placed early itself) compiled with the PDL trigger (mode 1: at entry, 2: after the main
+    """The call (not placed early itself) compiled with the PDL trigger (mode 1: at entry, 2: after the main
     loop), so that the O GEMV after it is placed early (its launch and, W4A16, its weight prefetch overlap the
     attention)."""
     def decode(self, q, k, v, cos, sin, positions, kv_lens, ops, prefetch=None):
@@ -75,6 +76,7 @@ def variant(decode, qkv_late=False, prefetch=True):
 
 VARIANTS = {"release-early": variant(released(1), prefetch=False),
             "release-late": variant(released(2), prefetch=False), "kept": variant(fused(None)),
+            "off": variant(fused(False)),
             "pdl": variant(fused("early")), "pdl-qkvlate": variant(fused("early"), True),
             "pdl-late-qkvlate": variant(fused("late"), True),
             "pdl-qkvlate-nopref": variant(fused("early"), True, prefetch=False), "unfused": variant(unfused)}

@@ -129,6 +129,11 @@ _DECODE_DEEP_KEYS = 1024
 # 0.7% less at 8K / 32K and nothing less at 1K (W4A16 1K: 0.3% more); asked for at the kernel's entry it took
 # 0.2-1.5% more everywhere, the prefetch slowing the key reads (benchmarks/results/h100-rows/README.md).
 NEXT_MIN_KEYS = 4096
+# rope_decode_attention's pdl=None (sm90): launched in stream order (placed early behind the QKV GEMV, its waiting
+# programs slowed that GEMV) but letting the next kernel (the O GEMV) go once its main loop is done ("release",
+# pdl.py). An H200's Llama-3.1-8B step, release against off: bf16 4.104 / 4.385 / 5.139 ms against 4.119 / 4.404 /
+# 5.145 at 1K / 8K / 32K, W4A16 1K 2.241 against 2.260 (benchmarks/results/h200-issue26/rope_decode_ab.log).
+DECODE_RELEASE = True
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -1183,8 +1188,8 @@ class _DecodeLaunch:
             self.kwargs["WINDOWED"] = True
         if ring:
             self.kwargs["RING"] = True
-        if k_cache.stride(3) == 1 and v_cache.stride(3) == 1:
-            # the first programs' keys and values (32 KB each at most), a piece a thread each
+        if k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and self.kwargs.get("launch_pdl"):
+            # placed early: the first programs' keys and values (32 KB each at most), a piece a thread each
             self.kwargs.update(prefetch_args(self.kwargs["PDL"], q.device, 1, _DECODE_PREFETCH, num_warps))
         if next_bytes:  # (the caller checked for sm90: the bulk prefetch)
             self.kwargs.update(NEXT_PIECES=32 * num_warps, NEXT_MIN_KEYS=NEXT_MIN_KEYS)
@@ -2000,9 +2005,10 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
             max_positions]) (not checked: that would synchronize).
         scale: softmax scale, > 0; default 1/sqrt(D).
         impl: "auto", "triton" or "reference" (as ``decode_attention``).
-        pdl: as ``decode_attention``, but None is off: placed early behind the QKV GEMV that precedes it in a
-            decode step, its waiting programs slowed that GEMV (a Llama-3.1-8B step on an H200: 5.19 ms at 32K
-            without, 5.41 with; 4.16 / 4.17 ms at 1K; benchmarks/results/h200-issue26/rope_decode_ab.log).
+        pdl: as ``decode_attention``, but None is not placed early: behind the QKV GEMV that precedes it in a
+            decode step, its waiting programs slowed that GEMV (a Llama-3.1-8B step on an H200: 5.15 ms at 32K
+            without, 5.37 with; benchmarks/results/h200-issue26/rope_decode_ab.log); on sm90 it lets the next
+            kernel go once its main loop is done (``DECODE_RELEASE``: the O GEMV's launch overlaps its end).
         out: optional (B, Hq, 1, D) tensor of q's dtype and device for the output, sharing no memory with
             the inputs or caches.
         prefetch: optional contiguous tensor on q's device that the next kernel reads (a decode step: the O
@@ -2032,8 +2038,10 @@ def rope_decode_attention(q, k, v, cos, sin, k_cache, v_cache, kv_lens, scale=No
     fn = "rope_decode_attention"
     check_rope_kv(fn, q, k, v, cos, sin, k_cache, v_cache)
     _check_ring(fn, ring, window)
-    path, pdl, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
-                                       False if pdl is None else pdl, out, window, k=k, v=v, cos=cos, sin=sin)
+    path, option, scale = _checked_decode(fn, q, k_cache, v_cache, kv_lens, None, False, scale, False, impl,
+                                          False if pdl is None else pdl, out, window, k=k, v=v, cos=cos, sin=sin)
+    release = pdl is None and DECODE_RELEASE and sm90_kernel(path, q.device)
+    pdl = "release" if release else option
     window = window or 0
     if path != "reference" and any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_cache, v_cache)):
         raise ValueError(f"{fn}: q, k, v, cos, sin and the caches need unit stride along D")

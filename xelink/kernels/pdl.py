@@ -156,7 +156,11 @@ def pdl_launch_args(option: str, programs: int, device: torch.device) -> dict:
     """A kernel's ``PDL`` constexpr and launch option for ``option`` (from :func:`pdl_option`): "auto"
     lets the next kernel go early when the grid fits on the GPU at once (decode: a few rows) and late
     otherwise, where early programs would crowd the running grid (the GEMV sweeps,
-    benchmarks/results/h200-kernels run 15)."""
+    benchmarks/results/h200-kernels run 15); "release" (a kernel's own choice, not an argument) is launched
+    in stream order, not placed early itself, and lets the next kernel go late (its wait then returns at once;
+    :func:`prefetch_args` is off for it: nothing to overlap before the wait)."""
+    if option == "release":
+        return dict(PDL=PDL_MODES["late"])
     if option == "auto":
         option = "early" if programs <= sm_count(device) else "late"
     mode = PDL_MODES[False if option == "off" else option]
