@@ -248,7 +248,8 @@ def check_cp_chunks_after_the_prompt_match_one_rank(world):
     a prompt, a chunk at one start, decode tokens, a left-padded chunk at each row's own start (a row without a
     token in it), then a decode step in a CUDA-graph-free ``Llama.decode``: the logits of one rank's model on the same
     calls, with full attention and with a sliding window of 5 on one layer of two (the chunk's window gathered from
-    the ranks, including decode slots and a window reaching into the prompt)."""
+    the ranks, including decode slots and a window reaching into the prompt); CP over every rank, and at 4 ranks TP = 2
+    x CP = 2 too."""
     import dataclasses
 
     from xelink.models import Llama
@@ -257,15 +258,17 @@ def check_cp_chunks_after_the_prompt_match_one_rank(world):
     windowed = dataclasses.replace(CONFIGS["tiny"], model_type="qwen2", sliding_window=5,
                                    layer_types=["sliding_attention", "full_attention"])
     gen = torch.Generator().manual_seed(5)
-    for cfg in ("tiny", windowed):
+    grids = [(None, world)] + ([(_tp(world, 2), world.split(world.rank % 2))] if world.size == 4 else [])
+    for cfg, (tp, cp_group) in ((c, g) for c in ("tiny", windowed) for g in grids):
         one, cp = (Llama.random(cfg, impl="reference", device="cpu", dtype=torch.float32, max_seq_len=48,
-                                max_batch=2, cp_group=g) for g in (None, world))
+                                max_batch=2, tp_group=t, cp_group=g) for t, g in ((None, None), (tp, cp_group)))
 
         def same(what, *call):
             want, got = one(*call), cp(*call)
             real = torch.ones(want.shape[:2], dtype=torch.bool) if len(call) < 3 else call[2].bool()
             err = float((got[real] - want[real]).abs().max())
-            assert err < TOL, f"{what} ({'window' if cfg is windowed else 'full'}): CP logits differ by {err:.2e}"
+            assert err < TOL, f"{what} ({'window' if cfg is windowed else 'full'}, TP {1 if tp is None else tp.size} " \
+                              f"x CP {cp_group.size}): logits differ from one rank's by {err:.2e}"
 
         same("prompt", torch.randint(0, 500, (2, 9), generator=gen), 0)
         same("chunk at 9", torch.randint(0, 500, (2, 6), generator=gen), 9)
@@ -284,6 +287,8 @@ def check_cp_chunks_after_the_prompt_match_one_rank(world):
             assert float((got - want).abs().max()) < TOL, "decode after the chunks"
         with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[9, 9\] positions\)"):
             cp(torch.zeros(2, 3, dtype=torch.long), 4)
+    for group in grids[1] if len(grids) > 1 else ():
+        group.free()
 
 
 @only(sizes=(2, 4))
