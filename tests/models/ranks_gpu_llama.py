@@ -179,15 +179,23 @@ def check_decode_graph_under_tp_and_cp_matches_eager(world):
     """The decode step captured in a CUDA graph with the TP all-reduces and the head's gather in it, then under
     CP with the cache writes at the positions' slots and the merge's all-gather in it (ranks sharing the GPU): its
     logits equal the eager step's bit for bit, positions moving; greedy generation through it gives the eager
-    loop's tokens on every rank, a ragged batch too."""
+    loop's tokens on every rank, a ragged batch too; under CP also a model with a sliding window of 8 on one layer
+    of two (its ring on every rank: the window layer's decode without a merge, in the same graph)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from xelink.models import Llama
+    import dataclasses
 
-    for impl, group in (("xelink", "tp_group"), ("auto", "tp_group"), ("xelink", "cp_group"), ("auto", "cp_group")):
-        model = Llama.random("tiny", seed=9, dtype=torch.bfloat16, impl=impl, max_batch=2, max_seq_len=96,
+    from xelink.models import Llama
+    from xelink.models.checkpoint import CONFIGS
+
+    windowed = dataclasses.replace(CONFIGS["tiny"], model_type="qwen2", sliding_window=8,
+                                   layer_types=["sliding_attention", "full_attention"])
+    for impl, group, cfg in (("xelink", "tp_group", "tiny"), ("auto", "tp_group", "tiny"),
+                             ("xelink", "cp_group", "tiny"), ("auto", "cp_group", "tiny"),
+                             ("xelink", "cp_group", windowed)):
+        model = Llama.random(cfg, seed=9, dtype=torch.bfloat16, impl=impl, max_batch=2, max_seq_len=96,
                              **{group: world})
-        impl = f"{impl} {group}"
+        impl = f"{impl} {group}{' window' if cfg is windowed else ''}"
         ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
         graph = model.decode_graph(2)
         model(ids, 0)

@@ -77,7 +77,7 @@ def check_tp_matches_one_rank_and_transformers(world):
 def check_cp_and_tp_x_cp_match_transformers(world):
     """CP over the world, and at 4 ranks TP = 2 x CP = 2 (TP {0,1},{2,3}, CP {0,2},{1,3}), as ``xelink
     generate --cp`` builds the groups; the llama3.1 case, and the mistral-window one (a 3-key sliding window: the
-    prompt through cp_attention's window, each decode token over the slots its window reaches on every rank)."""
+    prompt through cp_attention's window, then each row's last 3 keys gathered into a ring on every rank)."""
     for name in ("llama3.1", "mistral-window"):
         _cp_and_tp_x_cp(world, name)
 
@@ -98,13 +98,16 @@ def _cp_and_tp_x_cp(world, name):
         assert err < TOL, f"{name} TP={tp_size} x CP={cp_size}: logits differ from transformers by {err}"
         tokens = model.generate(ids, 6, eos_token_id=[])
         assert torch.equal(tokens, want_tokens), f"{name} TP={tp_size} x CP={cp_size}: {tokens} != {want_tokens}"
-        # Each rank cached its shard of the 7 prompt positions (the decoded ones go round-robin after them).
-        cache = model.caches[0]
-        assert cache.first[:3] == [7] * 3 and cache.base[:3] == [len(model.cp.positions(7))] * 3
+        # Each rank cached its shard of the 7 prompt positions (the decoded ones go round-robin after them); a window
+        # shorter than max_seq_len: every rank a ring of the window's keys.
+        cache, ring = model.caches[0], name == "mistral-window"
+        assert all(type(c).__name__ == ("CPRingCache" if ring else "CPKVCache") for c in model.caches)
+        assert ring or cache.first[:3] == [7] * 3 and cache.base[:3] == [len(model.cp.positions(7))] * 3
         seen = world.allgather_object((got.numpy().tobytes(), tokens.tolist()))
         assert all(s == seen[0] for s in seen), f"TP={tp_size} x CP={cp_size}: ranks disagree"
-        with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[7, 7, 7\] positions\)"):
-            model(ids[:, :1], 5)
+        if not ring:
+            with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[7, 7, 7\] positions\)"):
+                model(ids[:, :1], 5)
         # A ragged (left-padded) batch: the rows' real tokens packed over the ranks (cp_attention_varlen), then each
         # row decoding at its own position.
         ids_pad, mask = _prompts()
@@ -116,12 +119,10 @@ def _cp_and_tp_x_cp(world, name):
             f"{name} TP={tp_size} x CP={cp_size}: ragged {tokens} != {want_pad_tokens}"
         lens = mask.sum(1).tolist()  # each row's prompt
         cu = torch.tensor([0] + lens).cumsum(0)
-        assert cache.first[:3] == lens and sum(cache.base[:3]) == len(model.cp.positions(int(cu[-1]), cu))
-        with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[7, 3, 5\] positions\)"):
-            model(ids[:, :1], [11, 2, 9])
-        if name == "mistral-window":  # its decode reads the window's slots on the host: no Llama.decode
-            with pytest.raises(ValueError, match="with a sliding-window layer: call the model"):
-                model.decode(torch.tensor([1, 2, 3]), torch.tensor([9, 9, 9]))
+        if not ring:
+            assert cache.first[:3] == lens and sum(cache.base[:3]) == len(model.cp.positions(int(cu[-1]), cu))
+            with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[7, 3, 5\] positions\)"):
+                model(ids[:, :1], [11, 2, 9])
         # Sampling (rank 0's seed) draws the same tokens on every rank of the grid.
         sampled = model.generate(ids, 4, temperature=1.0, top_p=0.9, eos_token_id=[])
         seen = world.allgather_object(sampled.tolist())
@@ -246,10 +247,10 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
 def check_cp_chunks_after_the_prompt_match_one_rank(world):
     """Under CP, chunks of tokens after the prompts (a follow-up turn; a prompt prefilled in chunks after its first):
     a prompt, a chunk at one start, decode tokens, a left-padded chunk at each row's own start (a row without a
-    token in it), then a decode step in a CUDA-graph-free ``Llama.decode``: the logits of one rank's model on the same
-    calls, with full attention and with a sliding window of 5 on one layer of two (the chunk's window gathered from
-    the ranks, including decode slots and a window reaching into the prompt); CP over every rank, and at 4 ranks TP = 2
-    x CP = 2 too."""
+    token in it), a one-token step leaving a row out, then ``Llama.decode`` (the device path a graph captures): the
+    logits of one rank's model on the same
+    calls, with full attention and with a sliding window of 5 on one layer of two (its ring gathered from the ranks
+    after the prompt); CP over every rank, and at 4 ranks TP = 2 x CP = 2 too."""
     import dataclasses
 
     from xelink.models import Llama
@@ -281,10 +282,11 @@ def check_cp_chunks_after_the_prompt_match_one_rank(world):
         same("a row without tokens", torch.randint(0, 500, (2, 7), generator=gen), [24, 21], mask)
         same("a token a row", torch.randint(0, 500, (2, 1), generator=gen), [24, 25])
         same("chunk at different starts", torch.randint(0, 500, (2, 3), generator=gen), [25, 26])
-        if cfg == "tiny":
-            tok, at = torch.randint(0, 500, (2,), generator=gen), torch.tensor([28, 29])
-            got, want = cp.decode(tok, at), one.decode(tok, at)
-            assert float((got - want).abs().max()) < TOL, "decode after the chunks"
+        same("a row left out of a one-token step", torch.randint(0, 500, (2, 1), generator=gen), [28, 29],
+             torch.tensor([[1], [0]]))
+        tok, at = torch.randint(0, 500, (2,), generator=gen), torch.tensor([29, 29])
+        got, want = cp.decode(tok, at), one.decode(tok, at)
+        assert float((got - want).abs().max()) < TOL, "Llama.decode after the chunks"
         with pytest.raises(ValueError, match=r"a token goes after its row's prompt \(of \[9, 9\] positions\)"):
             cp(torch.zeros(2, 3, dtype=torch.long), 4)
     for group in grids[1] if len(grids) > 1 else ():

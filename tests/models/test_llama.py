@@ -208,6 +208,21 @@ def test_a_prefill_chunk_may_hold_only_padding_for_a_row(folders):
         model(ids[:, :5], 0, torch.zeros(2, 5, dtype=torch.long))
 
 
+def test_a_one_token_step_may_leave_a_row_out(folders):
+    """A step of one token a row whose attention_mask leaves a row out (a finished sequence, say) writes nothing
+    into that row's cache: its next tokens' logits are those of a model that never saw the step (the decode step
+    had written the pad at the position before the row's start, a silent change of its logits)."""
+    path, _ = folders["llama3.1", False]
+    a, b = (Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=32) for _ in range(2))
+    ids = torch.randint(0, 250, (2, 6), generator=torch.Generator().manual_seed(17))
+    a(ids, 0), b(ids, 0)
+    got = a(torch.tensor([[7], [9]]), [6, 6], torch.tensor([[1], [0]]))
+    want = b(torch.tensor([[7]]), [6])
+    assert (got[0] - want[0]).abs().max().item() < TOL
+    got, want = a(torch.tensor([[3], [4]]), [7, 6]), b(torch.tensor([[3], [4]]), [7, 6])
+    assert (got - want).abs().max().item() < TOL
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_qwen_folders_biases_norms_and_window(tmp_path, folders, kind):
     """A Qwen2 / Qwen3 folder xelink writes is one transformers reads (Qwen2: q/k/v biases, no o or MLP bias,

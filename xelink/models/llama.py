@@ -25,12 +25,14 @@ are gathered (``cp_unshard``) before the head, so every rank returns the logits 
 (left-padded) prompt's real tokens are packed and each row's laid out on its own (``cp_shard`` with their offsets,
 ``xelink.cp_attention_varlen``). A decode token (one per sequence, each at its row's position) is computed on every
 rank; its KV is cached on rank ``position % n`` only, at a slot its position gives (``CPKVCache``: no host state, so
-the step runs in ``decode`` and a CUDA graph as without CP, but for sliding-window layers); each rank attends the
-token's query to its own cached keys of its row (all in the past: no mask) and the partials are merged by their LSE
-across the CP group. A chunk of tokens after the prompts (a follow-up turn over a long cached document, or a
-prompt prefilled in chunks after its first) is computed like decode tokens, on every rank: each position's KV cached
-on its owner, each rank attending the chunk to its cached keys of the row and rank 0 to the chunk's own (causal), the
-partials merged. Under CP a decode step with padding, or a token inside its row's prompt raise ValueError.
+the step runs in ``decode`` and a CUDA graph as without CP); each rank attends the token's query to its own cached
+keys of its row (all in the past: no mask) and the partials are merged by their LSE across the CP group. A chunk of
+tokens after the prompts (a follow-up turn over a long cached document, or a prompt prefilled in chunks after its
+first) is computed like decode tokens, on every rank: each position's KV cached on its owner, each rank attending the
+chunk to its cached keys of the row and rank 0 to the chunk's own (causal), the partials merged. A sliding-window
+layer (``CPRingCache``) computes the prompt on the shards too (``cp_attention``'s window), then gathers each row's
+last ``window`` keys into a ring every rank holds, and attends later tokens to it as without CP. Under CP a token
+inside its row's prompt raises ValueError.
 """
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config
                          tensor_shapes)
 from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
 
-__all__ = ["CPKVCache", "DecodeGraph", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT", "Ops"]
+__all__ = ["CPKVCache", "CPRingCache", "DecodeGraph", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT",
+           "Ops"]
 
 IMPLS = ("auto", "xelink", "reference")
 MAX_SEQ_LEN_DEFAULT = 8192
@@ -239,29 +242,23 @@ class KVCache:
 
 
 class CPKVCache:
-    """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module).
+    """One layer's keys and values on one rank of a CP group, and context-parallel attention (the module); a layer of
+    full attention (``CPRingCache``: a sliding-window one).
 
     ``k, v``: ``(batch, kv_heads, capacity, head_dim)``. Row b's prompt (its first ``first[b]`` positions, cached by
     one prefill over the group) fills this rank's first ``base[b]`` slots with its share (the zigzag shard: of one
-    prompt length, or of the row's real tokens in a packed ragged prompt; ``pos[b]`` holds their positions, a CPU
-    tensor, increasing); a decode position ``p >= first[b]`` is cached by rank ``p % n`` only (``cp.owner``), at
-    slot ``base[b] + owned(p) - owned(first[b])`` (``owned(x)``: this rank's positions below x), so the slots are
-    known from the position alone, on the host or the device, and positions increase along them. The other ranks
+    prompt length, or of the row's real tokens in a packed ragged prompt); a decode position ``p >= first[b]`` is cached
+    by rank ``p % n`` only (``cp.owner``), at slot ``base[b] + owned(p) - owned(first[b])`` (``owned(x)``: this rank's
+    positions below x), so the slots are known from the position alone, on the host or the device. The other ranks
     write a decode token to the last slot, which no position uses. ``capacity`` bounds a rank's share of
     ``max_seq_len`` (its prompt shard, at most ``L/n + 2`` of a row of L, its share of the rest at most
     ``(max_seq_len - L)/n + 1``, and that spare slot).
-
-    ``window`` (a sliding-window layer, or None): a prompt's queries attend within it through ``cp_attention``'s
-    (``cp_attention_varlen``'s) window, a decode token to the slots whose positions its window reaches (a suffix of
-    its row's slots), on every rank, and a chunk of tokens to its window's keys gathered from the group; only through
-    ``attend`` (host positions): ``decode`` takes none.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
-                 cp: ContextParallel, window: int | None = None):
-        self.cp, self.window = cp, window
+                 cp: ContextParallel):
+        self.cp = cp
         self.capacity = max_seq_len // cp.size + 4
-        self.pos = torch.zeros(batch, self.capacity, dtype=torch.int64)
         shape = (batch, kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -269,11 +266,10 @@ class CPKVCache:
         self._rows = torch.zeros(2, batch, dtype=torch.int64, device=device)  # (first, base) on the device
 
     def cached(self, positions: torch.Tensor, total: int) -> None:
-        """Every row as if a prompt of ``total`` positions were cached, ``positions`` of them (increasing, a CPU
-        LongTensor) in this rank's first slots, whatever keys and values they hold (the decode benchmark's caches,
-        without a prefill)."""
+        """Every row as if a prompt of ``total`` positions were cached, ``positions`` of them (a CPU LongTensor) in
+        this rank's first slots, whatever keys and values they hold (the decode benchmark's caches, without a
+        prefill)."""
         self._prompt([total] * len(self.first), [len(positions)] * len(self.base))
-        self.pos[:, :len(positions)] = positions
 
     def _prompt(self, first: list, base: list) -> None:
         B = len(first)
@@ -299,109 +295,53 @@ class CPKVCache:
         chunk of them, left-padded by ``pads``, row b's from position ``starts[b]``): q, k, v of all of them (after
         RoPE), the same on every rank (``_attend_after``).
         """
-        cp = self.cp
-        if cp.seq_len and cp.packed is None:
-            B, S = q.shape[0], q.shape[2]
-            self._write(k, v, slice(0, B), 0)
-            self.pos[:B, :S] = cp.positions(cp.seq_len)
-            self._prompt([cp.seq_len] * B, [S] * B)
-            return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len,
-                                window=self.window)
-        if cp.seq_len:
-            rows, positions, cu = cp.packed
-            counts = torch.bincount(rows, minlength=len(cu) - 1).tolist()  # the rows' tokens here, in row order
-            at = 0
-            for b, c in enumerate(counts):
-                self._write(k[:, :, at:at + c], v[:, :, at:at + c], slice(b, b + 1), 0)
-                self.pos[b, :c] = positions[at:at + c]
-                at += c
-            self._prompt([hi - lo for lo, hi in zip(cu, cu[1:])], counts)
-            out = cp_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), torch.tensor(cu), causal=True,
-                                      group=cp.group, layout=cp.LAYOUT, window=self.window)
-            return out.transpose(0, 1)[None]
-        return self._attend_after(q, k, v, starts, pads, ops)
+        if not self.cp.seq_len:
+            return self._attend_after(q, k, v, starts, pads, ops)
+        rows, _, lens = _prompt_tokens(self.cp, q.shape[0])
+        counts = torch.bincount(rows, minlength=len(lens)).tolist()  # the rows' tokens here, in row order
+        kf, vf = (_flat_tokens(t) for t in (k, v))
+        at = 0
+        for b, c in enumerate(counts):
+            self._write(kf[None, :, at:at + c], vf[None, :, at:at + c], slice(b, b + 1), 0)
+            at += c
+        self._prompt(lens, counts)
+        return _prompt_attention(self.cp, q, k, v)
 
     def _attend_after(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """``attend`` of tokens after their rows' prompts, the same on every rank (a decode token, or a chunk: row b's
         real tokens after ``pads[b]``, at positions ``starts[b] ..``). Each position's key and value is cached on its
-        owner. A rank's two partials, merged across the group: attention to its slots of the row below the chunk
-        (within a window: the suffix the token reaches), and on CP rank 0 to the chunk's own keys (causal). A
-        windowed row of several tokens gathers its window's cached keys from the group instead (``_window``), and
-        rank 0 attends to them and the chunk."""
-        cp, W = self.cp, self.window
+        owner. A rank's two partials, merged across the group: attention to its slots of the row below the chunk,
+        and on CP rank 0 to the chunk's own keys (causal)."""
+        cp = self.cp
         B, H, S, D = q.shape
         out = q.new_zeros((2, B, H, S, D))
         lse = torch.full((2, B, H, S), float("-inf"), dtype=torch.float32, device=q.device)
-
-        def put(i, rows, pad, keys, values, causal):
-            o, l = ops.attention(q[rows, :, pad:], keys, values, causal=causal, return_lse=True,
-                                 window=W if causal else None)
-            out[i][rows, :, pad:], lse[i][rows, :, pad:] = o, l
-
-        below, chunk = [], []  # per row: its slots here below the chunk, and its pads (None: no such partial)
+        below = []  # per row: (its pads, its slots here below the chunk), None without a token
         for b, (p0, pad) in enumerate(zip(starts, pads)):
             at = self._slot(p0, self.base[b], self.first[b])
             j = torch.arange(S - pad)
             mine = j[cp.owner(p0 + j) == cp.rank] + pad  # this rank's tokens of the chunk
             self._write(k[b:b + 1, :, mine], v[b:b + 1, :, mine], slice(b, b + 1), at)
-            gathered = W is not None and S - pad > 1
-            if gathered:  # (collective: every rank takes the same rows in the same order)
-                keys, values = self._window(b, p0, at)
-                if cp.rank == 0:
-                    put(1, slice(b, b + 1), pad, torch.cat([keys, k[b:b + 1, :, pad:]], dim=2),
-                        torch.cat([values, v[b:b + 1, :, pad:]], dim=2), True)
-            real = pad < S and not gathered
-            below.append((pad, self._seen(b, p0), at) if real else None)
-            chunk.append(pad if real and cp.rank == 0 else None)
+            below.append((pad, at) if pad < S else None)
         for key, rows in _same(below):
-            if key is not None and key[2] > key[1]:  # (no key here yet: an empty partial)
-                pad, lo, hi = key
-                put(0, rows, pad, self.k[rows, :, lo:hi], self.v[rows, :, lo:hi], False)
-        for pad, rows in _same(chunk):
-            if pad is not None:
-                put(1, rows, pad, k[rows, :, pad:], v[rows, :, pad:], True)
+            if key is not None and key[1] > 0:  # (no key here yet: an empty partial)
+                pad, hi = key
+                o, l = ops.attention(q[rows, :, pad:], self.k[rows, :, :hi], self.v[rows, :, :hi], causal=False,
+                                     return_lse=True)
+                out[0][rows, :, pad:], lse[0][rows, :, pad:] = o, l
+        if cp.rank == 0:
+            for pad, rows in _same(pads):
+                if pad < S:
+                    o, l = ops.attention(q[rows, :, pad:], k[rows, :, pad:], v[rows, :, pad:], causal=True,
+                                         return_lse=True)
+                    out[1][rows, :, pad:], lse[1][rows, :, pad:] = o, l
         return cp.merge(out, lse, "reference" if ops.ref else ops.kimpl)
-
-    def _window(self, b: int, p0: int, at: int):
-        """Row b's cached keys and values at the positions a window ending at ``p0`` reaches below it (``[p0 -
-        window + 1, p0)``), gathered from the group in position order: ``(1, Hkv, m, D)`` each, on every rank. Each
-        rank sends its slots of them (those of row b from ``_seen(b, p0)`` up to ``at``), padded to ``m``."""
-        cp = self.cp
-        lo, m = self._seen(b, p0), min(p0, self.window - 1)
-        kv = self.k.new_zeros((2, self.k.shape[1], m, self.k.shape[3]))
-        kv[0, :, :at - lo], kv[1, :, :at - lo] = self.k[b, :, lo:at], self.v[b, :, lo:at]
-        tags = torch.full((m,), -1, dtype=torch.int64)
-        tags[:at - lo] = self._positions(b, lo, at)
-        kv, tags = cp.gather(kv), cp.gather(tags.to(kv.device)).cpu().reshape(-1)
-        held = torch.nonzero(tags >= 0)[:, 0]
-        order = held[torch.argsort(tags[held])]
-        if not torch.equal(tags[order], torch.arange(p0 - m, p0)):
-            raise RuntimeError(f"CPKVCache: row {b}'s cached positions {tags[order].tolist()} are not the window's "
-                               f"{p0 - m}..{p0 - 1} (a broken cache)")
-        kv = kv.permute(1, 2, 0, 3, 4).reshape(2, kv.shape[2], -1, kv.shape[4])[:, :, order.to(kv.device)]
-        return kv[0:1], kv[1:2]
-
-    def _positions(self, b: int, lo: int, hi: int) -> torch.Tensor:
-        """The positions of row b's slots ``[lo, hi)`` here (a CPU LongTensor): its prompt's from ``pos``, then
-        decode slots, slot ``base + i`` holding this rank's decode position ``owned(first) + i`` (counted from 0)."""
-        base, n = self.base[b], self.cp.size
-        s = torch.arange(max(lo, base), hi)
-        return torch.cat([self.pos[b, lo:min(hi, base)], self.cp.rank + n * (s - base + self._owned(self.first[b]))])
-
-    def _seen(self, b: int, p: int) -> int:
-        """The first slot of row b that a token at position p attends to: 0, or with a window the first whose
-        position it reaches (positions increase along the slots: a prompt slot, else a decode slot)."""
-        if self.window is None:
-            return 0
-        lo = int(torch.searchsorted(self.pos[b, :self.base[b]], p - self.window, right=True))
-        return lo if lo < self.base[b] else self._slot(max(self.first[b], p - self.window + 1), self.base[b],
-                                                        self.first[b])
 
     def decode(self, q, k, v, cos, sin, positions: torch.Tensor, kv_lens: torch.Tensor, ops: Ops,
                prefetch=None) -> torch.Tensor:
-        """``KVCache.decode`` under CP (no window): rotate q and k at ``positions``, write k and v at their slots
-        on the positions' owners, attend to each row's slots here, merge across the group; no host
-        synchronization (a CUDA graph can hold it, the merge's all-gather included)."""
+        """``KVCache.decode`` under CP: rotate q and k at ``positions``, write k and v at their slots on the positions'
+        owners, attend to each row's slots here, merge across the group; no host synchronization (a CUDA graph can
+        hold it, the merge's all-gather included)."""
         B = q.shape[0]
         q, k = ops.rope(q, k, cos[positions][:, None], sin[positions][:, None])
         first, base = self._rows[:, :B]
@@ -433,6 +373,72 @@ class CPKVCache:
             raise ValueError(f"CPKVCache: {at + n} slots exceed this rank's capacity {self.capacity}")
         self.k[rows, :, at:at + n] = k
         self.v[rows, :, at:at + n] = v
+
+
+class CPRingCache(KVCache):
+    """A sliding-window layer's cache under CP (a window shorter than ``max_seq_len``): the prompt is computed on this
+    rank's shard (``cp_attention``'s window, ``cp_attention_varlen``'s for a ragged one), then each row's keys and
+    values of its last ``window`` prompt positions are gathered from the group into a ring that every rank holds
+    (``KVCache``'s), so that tokens after the prompt (decode steps, chunks) attend on every rank alone, as without CP
+    (no merge), the decode step on the device (``KVCache.decode``: a CUDA graph can hold it)."""
+
+    def __init__(self, batch: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype, device,
+                 cp: ContextParallel, window: int):
+        super().__init__(batch, kv_heads, max_seq_len, head_dim, dtype, device, window)
+        self.cp = cp
+
+    def attend(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
+        """``CPKVCache.attend``'s calls: a prompt's shard (its window's keys then gathered into the ring), or tokens
+        after the prompts, the same on every rank (``KVCache.attend`` on the ring)."""
+        cp = self.cp
+        if not cp.seq_len:
+            return super().attend(q, k, v, starts, pads, ops)
+        out = _prompt_attention(cp, q, k, v, self.window)
+        rows, positions, lens = _prompt_tokens(cp, q.shape[0])
+        W = self.window
+        tail = torch.nonzero(positions >= torch.tensor(lens)[rows] - W)[:, 0]  # what a later token's window reaches
+        m = sum(min(n, W) for n in lens)  # every row's tail: as much as one rank may hold
+        k, v = (_flat_tokens(t) for t in (k, v))
+        kv = k.new_zeros((2, k.shape[0], m, k.shape[2]))
+        kv[0, :, :len(tail)], kv[1, :, :len(tail)] = k[:, tail.to(k.device)], v[:, tail.to(k.device)]
+        tags = torch.full((2, m), -1, dtype=torch.int64)
+        tags[0, :len(tail)], tags[1, :len(tail)] = rows[tail], positions[tail]
+        kv, tags = cp.gather(kv), cp.gather(tags.to(k.device)).cpu()  # (n, 2, Hkv, m, D), (n, 2, m)
+        held = tags[:, 1] >= 0
+        r, p = tags[:, 0][held], tags[:, 1][held]
+        if not torch.equal(torch.bincount(r, minlength=len(lens)), torch.tensor([min(n, W) for n in lens])):
+            raise RuntimeError(f"CPRingCache: the group's prompt tokens {sorted(zip(r.tolist(), p.tolist()))} are not "
+                               f"each row's last {W} of {lens} (a broken shard)")
+        at = (r.to(k.device), (p % W).to(k.device))
+        held = held.to(k.device)
+        self.k[at[0], :, at[1]] = kv[:, 0].transpose(1, 2)[held]
+        self.v[at[0], :, at[1]] = kv[:, 1].transpose(1, 2)[held]
+        return out
+
+
+def _prompt_tokens(cp: ContextParallel, batch: int):
+    """(rows, positions, lengths) of this rank's share of a CP prompt, in ``attend``'s order of its tokens: their rows
+    and positions (CPU LongTensors), every row's prompt length (a list)."""
+    if cp.packed is None:
+        mine = cp.positions(cp.seq_len)
+        return torch.arange(batch).repeat_interleave(len(mine)), mine.repeat(batch), [cp.seq_len] * batch
+    rows, positions, cu = cp.packed
+    return rows, positions, [hi - lo for lo, hi in zip(cu, cu[1:])]
+
+
+def _flat_tokens(t: torch.Tensor) -> torch.Tensor:
+    """``attend``'s ``(B, H, S, D)`` -> ``(H, B * S, D)``: the tokens in ``_prompt_tokens``' order."""
+    return t.transpose(0, 1).reshape(t.shape[1], -1, t.shape[3])
+
+
+def _prompt_attention(cp: ContextParallel, q, k, v, window: int | None = None) -> torch.Tensor:
+    """A CP prompt's attention of this rank's shard (``attend``'s q, k, v): ``cp_attention`` for a prompt of one
+    length, ``cp_attention_varlen`` for a ragged one's packed tokens."""
+    if cp.packed is None:
+        return cp_attention(q, k, v, causal=True, group=cp.group, layout=cp.LAYOUT, seq_len=cp.seq_len, window=window)
+    out = cp_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), torch.tensor(cp.packed[2]), causal=True,
+                              group=cp.group, layout=cp.LAYOUT, window=window)
+    return out.transpose(0, 1)[None]
 
 
 def _same(keys) -> list:
@@ -474,8 +480,12 @@ class Llama:
             self.caches = [KVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device,
                                    config.layer_window(i)) for i in range(len(self.layers))]
         else:
-            self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp,
-                                     config.layer_window(i)) for i in range(len(self.layers))]
+            # (a window of max_seq_len or more reaches every position a query can have: full attention)
+            windows = [config.layer_window(i) for i in range(len(self.layers))]
+            self.caches = [CPKVCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp)
+                           if w is None or w >= max_seq_len else
+                           CPRingCache(max_batch, self.kv_heads, max_seq_len, self.head_dim, dtype, device, cp, w)
+                           for w in windows]
         self.last_timings: dict = {}
         self._graphs: dict = {}  # batch size -> DecodeGraph
         self._o_views: dict = {}  # (O weight address, MiB) -> the view the decode attention prefetches
@@ -657,16 +667,14 @@ class Llama:
         ends = [s + S - p for s, p in zip(starts, pads)]
         if max(ends) > self.max_seq_len:
             raise ValueError(f"{fn}: {max(ends)} tokens exceed max_seq_len={self.max_seq_len}")
-        if self.cp is not None:
-            prompts = self.caches[0].first[:B]
-            if S == 1 and any(pads):
-                raise ValueError(f"{fn}: under context parallelism every row of a decode step holds a token (an "
-                                 f"attention_mask of ones)")
+        sharded = [c for c in self.caches if isinstance(c, CPKVCache)]  # (CP ring caches: as without CP)
+        if sharded:
+            prompts = sharded[0].first[:B]
             if any(starts) and any(s < p for s, p, d in zip(starts, prompts, pads) if d < S):
                 raise ValueError(f"{fn}: under context parallelism a token goes after its row's prompt (of "
                                  f"{prompts} positions), not at start_pos {starts} (or every row at 0: new sequences)")
             if S == 1 and not any(starts):
-                for cache in self.caches:
+                for cache in sharded:
                     cache._prompt([0] * B, [0] * B)
         return starts, pads
 
@@ -712,7 +720,7 @@ class Llama:
                 mine = self.cp.positions(S)
                 input_ids, pos, S = input_ids[:, mine], pos[:, mine], len(mine)
         pos = pos.to(self.device)
-        if full == 1 and not self._host_decode:  # a token per sequence (no pads: a row holds one): the decode step
+        if full == 1 and not any(pads):  # a token per sequence: the decode step
             return self._decode_step(input_ids[:, 0].to(self.device), pos[:, 0])[:, None]
         cos, sin = self.cos[pos], self.sin[pos]  # (B, S, D)
         x = self.embed[input_ids.to(self.device)]  # (B, S, H)
@@ -745,17 +753,13 @@ class Llama:
             ``[B, vocab]`` logits in the model's dtype.
 
         Raises:
-            ValueError: under context parallelism with a sliding-window layer (its decode reads positions on the
-            host: call the model), or tensors of the wrong shape, dtype or device. Values are not checked (that
-            would synchronize): an id or position out of range is a device-side error (under context parallelism a
-            position must also be at least its row's prompt length).
+            ValueError: tensors of the wrong shape, dtype or device. Values are not checked (that would synchronize):
+            an id or position out of range is a device-side error (under context parallelism a position must also be
+            at least its row's prompt length).
 
         Collective over the TP group and the CP group.
         """
         fn = "Llama.decode"
-        if self._host_decode:
-            raise ValueError(f"{fn}: not under context parallelism (cp_group of {self.cp.size} ranks) with a "
-                             f"sliding-window layer: call the model")
         for name, t in (("tokens", tokens), ("positions", positions)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or \
                     t.device.type != self.device.type or self.device.index not in (None, t.device.index):
@@ -777,17 +781,10 @@ class Llama:
         return self._head(normed.reshape(tokens.shape[0], -1))
 
     @property
-    def _host_decode(self) -> bool:
-        """Whether a decode step goes through the layers' ``attend`` (host positions): under CP with a sliding-window
-        layer (``CPKVCache.decode`` takes no window)."""
-        return self.cp is not None and any(c.window is not None for c in self.caches)
-
-    @property
     def graph_capturable(self) -> bool:
         """Whether the decode step can be captured in a CUDA graph: on CUDA, on the kernel path (impl "auto"
-        or "xelink" in bf16/fp16: the references synchronize), not under context parallelism with a sliding-window
-        layer."""
-        return self.device.type == "cuda" and not self.ops.dense_ref and not self._host_decode
+        or "xelink" in bf16/fp16: the references synchronize)."""
+        return self.device.type == "cuda" and not self.ops.dense_ref
 
     def decode_graph(self, batch: int) -> "DecodeGraph":
         """The decode step for ``batch`` sequences captured in a CUDA graph (made at the first call for that
