@@ -39,6 +39,19 @@ def _setup(world):
     return _state["case"]
 
 
+def _window_folder(world):
+    """The "mistral-window" case's folder (a 3-key sliding window), once per launch: rank 0 writes it."""
+    if "window" not in _state:
+        from llama_cases import save
+
+        path = None
+        if world.rank == 0:
+            path = tempfile.mkdtemp(prefix="xelink-gpu-window-")
+            save("mistral-window", path)
+        _state["window"] = world.allgather_object(path)[0]
+    return _state["window"]
+
+
 def _rel(got, want) -> float:
     return ((got - want).norm() / want.norm()).item()
 
@@ -115,20 +128,17 @@ def check_cp2_bf16_matches_transformers(world):
 @only(sizes=(2,))
 def check_cp2_sliding_window_bf16_matches_transformers(world):
     """The "mistral-window" case (a 3-key sliding window) at CP = 2 on CUDA: the prompt through cp_attention's
-    window (the halo exchange), then decode tokens each over the slots its window reaches on either rank, merged across the
-    group; the prompt's logits and five decode steps' (given tokens, positions 9-13) against transformers'."""
+    window (the halo exchange), then each row's last 3 keys gathered into a ring on both ranks and the decode steps
+    over it (the decode step on the device); the prompt's logits and five decode steps' (given tokens, positions 9-13)
+    against transformers'."""
     pytest.importorskip("transformers")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from llama_cases import hf_logits, hf_model, save
+    from llama_cases import hf_logits, hf_model
 
     from xelink.models import Llama
 
-    path = None
-    if world.rank == 0:
-        path = tempfile.mkdtemp(prefix="xelink-gpu-window-")
-        save("mistral-window", path)
-    path = world.allgather_object(path)[0]
+    path = _window_folder(world)
     seq = torch.randint(0, 128, (2, 14), generator=torch.Generator().manual_seed(6))
     want = hf_logits(hf_model("mistral-window"), seq)
     for impl in ("xelink", "auto"):
@@ -143,22 +153,19 @@ def check_cp2_sliding_window_bf16_matches_transformers(world):
         seen = world.allgather_object(step.numpy().tobytes())
         assert seen[0] == seen[1], f"CP=2 window impl={impl}: ranks disagree"
 
+
 @only(sizes=(2,))
 def check_cp2_chunks_after_the_prompt_bf16_match_transformers(world):
     """At CP = 2 on CUDA, a sequence fed as a prompt, a chunk after it (computed on both ranks: each attends to its
     cached keys, rank 0 to the chunk's own, merged), a decode token, then another chunk: every position's logits
-    against transformers' over the whole sequence, for the Llama case and "mistral-window" (a 3-key window: the
-    chunks' windows gathered from the ranks)."""
-    from llama_cases import hf_logits, hf_model, save
+    against transformers' over the whole sequence, for the Llama case and "mistral-window" (a 3-key window: its
+    ring on both ranks)."""
+    from llama_cases import hf_logits, hf_model
 
     from xelink.models import Llama
 
     path, ids, want, _ = _setup(world)
-    window = None
-    if world.rank == 0:
-        window = tempfile.mkdtemp(prefix="xelink-gpu-window-")
-        save("mistral-window", window)
-    window = world.allgather_object(window)[0]
+    window = _window_folder(world)
     seq = torch.randint(0, 128, (2, 14), generator=torch.Generator().manual_seed(7))
     cases = [("llama", path, ids, want, (10, 18, 19)), ("window", window, seq, hf_logits(hf_model("mistral-window"),
                                                                                        seq), (6, 10, 11))]
