@@ -274,6 +274,31 @@ def test_gpu_a_chunk_or_slice_that_never_lands_marks_the_error_word(requires_gpu
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_capture_takes_flags_at_another_alignment(requires_gpus, impl):
+    """Flags at another 16-byte alignment than the call before (a ring of flag sets of 4-byte flags) make a new
+    plan, inside a CUDA graph capture too: it reuses the shape's tile order uploaded by the first call."""
+    requires_gpus(1)
+    _skip_unless(impl)
+    M, N, K, rows = 512, 256, 256, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(M, K, generator=g, device="cuda").bfloat16()
+    b = torch.randn(K, N, generator=g, device="cuda").bfloat16()
+    ring = torch.ones(2 * (M // rows) + 1, dtype=torch.int32, device="cuda")  # every chunk landed
+    err = torch.zeros(16, dtype=torch.int32, device="cuda")
+    gated_gemm(a, b, ring[:M // rows], chunk_rows=rows, error=err, impl=impl)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # flags 20 bytes further: 4 past a 16-byte boundary
+        c = gated_gemm(a, b, ring[M // rows + 1:], chunk_rows=rows, error=err, impl=impl)
+    c.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference_gemm(a, b).float()
+    assert not err.any() and ((c.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tile, slices", [(None, 1), (dict(BLOCK_M=128, BLOCK_N=128, num_stages=4), 1), (None, 4)])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gpu_graph_replays_with_flags_reset_in_the_graph(requires_gpus, impl, tile, slices):

@@ -267,6 +267,23 @@ def block_order(M: int, block_m: int, chunk_rows: int, order) -> list[int]:
     return sorted(blocks, key=lambda b: (ready[b], b))
 
 
+_ORDERS: dict = {}  # (device, M, BLOCK_M, chunk_rows, order) -> block_order on the device, uploaded once
+
+
+def _device_order(device: torch.device, M: int, block_m: int, chunk_rows: int, order) -> torch.Tensor:
+    """``block_order`` as an int32 tensor on ``device``, uploaded at its first use only (so that a plan made again,
+    e.g. for flags at another alignment, needs no upload and may be made inside a CUDA graph capture)."""
+    key = (str(device), M, block_m, chunk_rows, tuple(order))
+    hit = _ORDERS.get(key)
+    if hit is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gated_gemm: the first call of a shape uploads its tile order, which a CUDA graph "
+                               "capture cannot; run it once before capturing")
+        hit = _ORDERS[key] = torch.tensor(block_order(M, block_m, chunk_rows, order), dtype=torch.int32,
+                                          device=device)
+    return hit
+
+
 class _Plan:
     """One gated_gemm path: the kernel, grid, block order on the device, descriptors' fields or integer
     arguments, constexprs and the launcher slot."""
@@ -276,10 +293,7 @@ class _Plan:
     def __init__(self, a, b, c, impl: str, chunk_rows: int, k_slices: int, order, programs, cfg: dict):
         (M, K), N = a.shape, b.shape[1]
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        if torch.cuda.is_available() and a.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gated_gemm: the first call of a shape uploads its tile order, which a CUDA graph "
-                               "capture cannot; run it once before capturing")
-        self.order = torch.tensor(block_order(M, bm, chunk_rows, order), dtype=torch.int32, device=a.device)
+        self.order = _device_order(a.device, M, bm, chunk_rows, order)
         tiles = cdiv(M, bm) * cdiv(N, bn)
         if programs is None:
             programs = max(1, sm_count(a.device) - 1) if a.is_cuda else 4
