@@ -54,10 +54,11 @@
 #             CUDA checks, the decode family's CP = 2 row (ranks sharing the GPU: a check, not a speed),
 #             then (unless NO_MORE=1) the W4A16 step with and without TC_ACT_FUSED (~9 minutes; ran on an H100 at
 #             c82e224 / fab8f6f, every step passed: h100-gpu-tests/, h100-rows/act_step_ab.log);
-#   s29:      the twenty-ninth session: the decode step with the attention call letting the O GEMV go
-#             (attention.DECODE_RELEASE) against without, the decode attention / prefetch / decode-graph GPU tests with
-#             every fast launch checked, the Llama CP = 2 chunks after the prompt on CUDA against transformers, then
-#             the decode rows (~9 minutes);
+#   s29:      the twenty-ninth session: the model GPU tests (the Llama CP = 2 chunks after the prompt and the
+#             sliding-window ring under CP against transformers, decode graphs under CP with a window), the attention /
+#             prefetch / gated GEMM GPU tests with every fast launch checked (the decode attention letting the next
+#             kernel go, the gated plan made in a capture), then the decode step with and without
+#             attention.DECODE_RELEASE (~10 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -217,15 +218,11 @@ s28)
   step act_step_ab 150 python3 benchmarks/scripts/step_ab.py gemv.TC_ACT_FUSED=False,True --fmts w4a16 --contexts 1024
   ;;
 s29)
-  step release_ab 170 python3 benchmarks/scripts/step_ab.py attention.DECODE_RELEASE=False,True --fmts bf16 w4a16 \
+  step model_gpu_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/models
+  step kernel_gpu_tests 150 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_attention.py tests/kernels/test_prefetch.py tests/kernels/test_gated_gemm.py
+  step release_ab 190 python3 benchmarks/scripts/step_ab.py attention.DECODE_RELEASE=False,True --fmts bf16 w4a16 \
     --contexts 1024 8192 32768
-  step release_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
-    tests/kernels/test_attention.py tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
-  step cp_chunks_gpu 120 env XELINK_TEST_CHECKS=chunks_after python3 -m pytest -q -rfEs -p no:cacheprovider \
-    tests/models/ranks_gpu_llama.py
-  step bench_decode 130 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
-    --out "$OUT/bench" --commit "$C"
-  rm -f "$OUT"/bench/*.txt "$OUT"/bench/*.jsonl
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
