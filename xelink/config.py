@@ -22,7 +22,7 @@ Knobs (environment variables):
     XELINK_LAUNCH_CHECK      1: every fast kernel launch is checked against Triton's own cache key (tests)
     XELINK_PREFETCH          0: kernels under programmatic dependent launch do not prefetch into L2 before their
                              wait (``kernels.pdl``; default on where it was measured to gain: sm90+)
-    XELINK_PREFETCH_MB       MiB a launch prefetches at most (default 8)
+    XELINK_PREFETCH_MB       MiB a launch prefetches at most (default 8; the quantized GEMVs 2)
     XELINK_WATCHDOG          warn (default), abort or off: what a thread does when a GPU wait runs past its
                              deadline, before the next call raises (``symm.watchdog``)
     XELINK_TEST_READ_DELAY   test hook of the shared-memory collectives (``transport.shm``)

@@ -21,12 +21,15 @@ def test_prefetch_is_on_only_under_pdl_on_sm90(monkeypatch):
     assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == 0  # no CUDA capability
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
     assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(2, cpu) == pdl.DEFAULT_PREFETCH_MB << 20
+    assert pdl.prefetch_bytes(1, cpu, gemv=True) == pdl.GEMV_PREFETCH_MB << 20 == 2 << 20  # the GEMVs' own
+    args = pdl.prefetch_args(1, cpu, 16, 1 << 16, gemv=True)
+    assert args["PREFETCH"] == (2 << 20) // (16 << 16) and args["LIMIT"] == 1 << 16
     assert pdl.prefetch_bytes(0, cpu) == 0  # no PDL: no early placement to use
     monkeypatch.setattr(pdl, "capability", lambda dev: (8, 0))
     assert pdl.prefetch_bytes(1, cpu) == 0  # the bulk prefetch is sm90's
     monkeypatch.setattr(pdl, "capability", lambda dev: (9, 0))
-    monkeypatch.setenv("XELINK_PREFETCH_MB", "2")
-    assert pdl.prefetch_bytes(1, cpu) == 2 << 20
+    monkeypatch.setenv("XELINK_PREFETCH_MB", "4")  # every kernel's, the GEMVs' too
+    assert pdl.prefetch_bytes(1, cpu) == pdl.prefetch_bytes(1, cpu, gemv=True) == 4 << 20
     for bad in ("-1", "lots"):
         monkeypatch.setenv("XELINK_PREFETCH_MB", bad)
         with pytest.raises(ValueError, match="XELINK_PREFETCH_MB"):
@@ -241,7 +244,8 @@ def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
         assert "PREFETCH" not in plan.kwargs, cfg
     plan = gemv_mod._GemvLaunch(words[0], x, words[1], "w4a16", cfg_words, False, "early", None, False)
     row = 4096 // 2 // 2  # a split's packed bytes of a row (K split in 2, two weights a byte)
-    assert plan.kwargs["LIMIT"] == row and plan.kwargs["PREFETCH"] == total // (row * 8)
+    gemv_total = pdl.GEMV_PREFETCH_MB << 20  # the quantized GEMVs' own default (2 MB measured best)
+    assert plan.kwargs["LIMIT"] == row and plan.kwargs["PREFETCH"] == gemv_total // (row * 8)
     assert plan.kwargs["PIECES"] == 4  # 32 threads over 8 rows
     off = gemv_mod._GemvLaunch(words[0], x, words[1], "w4a16", cfg_words, False, "off", None, False)
     assert "PREFETCH" not in off.kwargs  # no PDL: no early placement to use
@@ -251,6 +255,11 @@ def test_plans_prefetch_only_on_the_kernels_measured_to_gain(monkeypatch):
     plan = attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "auto", False)
     assert plan.kwargs["PREFETCH"] == total // attn_mod._DECODE_PREFETCH
     assert plan.kwargs["LIMIT"] == attn_mod._DECODE_PREFETCH
+    # rope_decode_attention's default ("release"): launched in stream order, the next kernel let go after the main
+    # loop, nothing prefetched (no early placement)
+    released = attn_mod._DecodeLaunch(q, cache, cache, None, False, 0.1, 0, None, "release", False)
+    assert released.kwargs["PDL"] == pdl.PDL_MODES["late"] and "launch_pdl" not in released.kwargs
+    assert "PREFETCH" not in released.kwargs
     strided = cache.transpose(2, 3).contiguous().transpose(2, 3)  # the head dim not contiguous: no bulk range
     assert "PREFETCH" not in attn_mod._DecodeLaunch(q, strided, strided, None, False, 0.1, 0, None, "auto",
                                                     False).kwargs

@@ -947,7 +947,7 @@ class _GemvLaunch:
             # the W4A16 step 5% faster with this and the tc kernel's; the dense fma kernel lost 10-15% with it,
             # so it and the mma kernel do without).
             row_bytes = per_split * w.element_size() // (2 if fmt == "w4a16" else 1)
-            self.kwargs.update(prefetch_args(pdl, x.device, cfg["BLOCK_N"], row_bytes, cfg["num_warps"]))
+            self.kwargs.update(prefetch_args(pdl, x.device, cfg["BLOCK_N"], row_bytes, cfg["num_warps"], gemv=True))
         elif kernel == "fma":
             cfg.pop("FOLD", None)
             self.fn = _gemv_fma_kernel

@@ -542,5 +542,6 @@ def tc_launch_args(w: torch.Tensor, x: torch.Tensor, scales, fmt_code: int, cfg:
                   num_warps=warps, launch_pdl=pdl > 0)
     # the first programs' weights into L2 before the PDL wait (pdl.py)
     kwargs.update(prefetch_args(pdl, x.device, 16 * row_tiles,
-                                warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1)))
+                                warps * per_warp * STEP * w.element_size() // (2 if fmt_code == 2 else 1),
+                                gemv=True))
     return _gemv_tc_kernel, grid, ints, kwargs, split

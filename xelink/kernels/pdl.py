@@ -38,6 +38,10 @@ __all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_op
 # every program prefetched its whole slice ran 25% slower (the next matrix pushed the current one out of
 # L2), and decode attention gained most at about 8 MB of its 33 MB of cache at 8K.
 DEFAULT_PREFETCH_MB = 8
+# The quantized GEMVs' own default (their launches pass it): a W4A16 Llama-3.1-8B step (tiled weights) took 2.193 /
+# 2.477 ms at 1K / 8K on an H200 with 2 MB a launch against 2.260 / 2.549 with 8 MB and 2.242 / 2.523 without
+# (benchmarks/results/h200-issue26/prefetch_ab.log); an H100 had 2 MB best too (benchmarks/results/h100-rows).
+GEMV_PREFETCH_MB = 2
 # Benchmarks' A/B switches, read when a launch is planned: None takes XELINK_PREFETCH / XELINK_PREFETCH_MB.
 PREFETCH: bool | None = None
 PREFETCH_BYTES: int | None = None
@@ -98,28 +102,30 @@ else:  # no Triton: the kernel modules import, their Triton paths refuse to run
     pdl_wait = pdl_launch = prefetch_l2 = None
 
 
-def prefetch_bytes(pdl_mode: int, device: torch.device) -> int:
+def prefetch_bytes(pdl_mode: int, device: torch.device, gemv: bool = False) -> int:
     """The bytes a launch with PDL constexpr ``pdl_mode`` prefetches before its wait at most, over its first
-    programs (``XELINK_PREFETCH_MB``), or 0: off without PDL (no early placement to use), below sm90 (the bulk
-    prefetch) and with ``XELINK_PREFETCH=0``."""
+    programs (``XELINK_PREFETCH_MB``, else ``DEFAULT_PREFETCH_MB``, a quantized GEMV's (``gemv``)
+    ``GEMV_PREFETCH_MB``), or 0: off without PDL (no early placement to use), below sm90 (the bulk prefetch) and
+    with ``XELINK_PREFETCH=0``."""
     on = PREFETCH if PREFETCH is not None else env("XELINK_PREFETCH") is None or env_flag("XELINK_PREFETCH")
     if not (on and pdl_mode > 0 and (capability(device) or (0, 0)) >= (9, 0)):
         return 0
     if PREFETCH_BYTES is not None:
         return PREFETCH_BYTES
-    mb = env_int("XELINK_PREFETCH_MB", DEFAULT_PREFETCH_MB)
+    mb = env_int("XELINK_PREFETCH_MB", GEMV_PREFETCH_MB if gemv else DEFAULT_PREFETCH_MB)
     if mb < 0:
         raise ValueError(f"XELINK_PREFETCH_MB={mb} must be >= 0 (MiB a launch prefetches at most)")
     return mb << 20
 
 
-def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int, warps: int | None = None) -> dict:
+def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int, warps: int | None = None,
+                  gemv: bool = False) -> dict:
     """A kernel's prefetch constexprs for programs of ``rows`` ranges of ``row_bytes`` each: ``PREFETCH``, the
-    programs (the first ones) that prefetch within the launch's :func:`prefetch_bytes`, ``LIMIT``, the bytes of
-    a range they ask for (at most ``ROW_BYTES``), and with ``warps`` (a Triton kernel's, for
-    :func:`prefetch_l2`) ``PIECES``, a range's pieces so that each thread issues one; {} where the prefetch is
-    off."""
-    total = prefetch_bytes(pdl_mode, device)
+    programs (the first ones) that prefetch within the launch's :func:`prefetch_bytes` (``gemv``: a quantized
+    GEMV's), ``LIMIT``, the bytes of a range they ask for (at most ``ROW_BYTES``), and with ``warps`` (a Triton
+    kernel's, for :func:`prefetch_l2`) ``PIECES``, a range's pieces so that each thread issues one; {} where the
+    prefetch is off."""
+    total = prefetch_bytes(pdl_mode, device, gemv)
     if not total:
         return {}
     limit = min(row_bytes, ROW_BYTES)

@@ -618,6 +618,7 @@ def _gpu_case(model, weights, name, fmt, B, L, gen, *, iters, rounds, report, ba
     xrow = make_row(_OP, xname, samples[xname], size_bytes=xbytes, count=B, dtype=fmt, nranks=1, wrong=wrong[xname],
                     baseline=baseline_name, baseline_samples=samples[baseline_name],
                     extra={**base, "impl": "xelink", "prefetch_mb": prefetch_bytes(1, dev) >> 20,
+                           "gemv_prefetch_mb": prefetch_bytes(1, dev, gemv=True) >> 20,
                            "o_prefetch_mb": llama_mod.PREFETCH_O_MB,
                            "o_prefetch_from_keys": attention_mod.NEXT_MIN_KEYS, **agree,
                            "check": "agreement with the torch twin at the first replay (bf16 twin: quantization "
