@@ -58,15 +58,16 @@
 #             sliding-window ring under CP against transformers, decode graphs under CP with a window), the attention /
 #             prefetch / gated GEMM GPU tests with every fast launch checked (the decode attention letting the next
 #             kernel go, the gated plan made in a capture), then the decode step with and without
-#             attention.DECODE_RELEASE (~10 minutes);
+#             attention.DECODE_RELEASE (~10 minutes); s29b: the W4A16 step with the quantized GEMVs' prefetch at 8 and
+#             2 MB (pdl.GEMV_PREFETCH_MB), the gemv / prefetch GPU tests, then the decode rows (~7 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -223,6 +224,14 @@ s29)
     tests/kernels/test_attention.py tests/kernels/test_prefetch.py tests/kernels/test_gated_gemm.py
   step release_ab 190 python3 benchmarks/scripts/step_ab.py attention.DECODE_RELEASE=False,True --fmts bf16 w4a16 \
     --contexts 1024 8192 32768
+  ;;
+s29b)
+  step gemv_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=8,2 --fmts w4a16 --contexts 1024
+  step gemv_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_gemv.py tests/kernels/test_prefetch.py
+  step bench_decode 150 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
