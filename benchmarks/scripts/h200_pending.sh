@@ -58,8 +58,8 @@
 #             sliding-window ring under CP against transformers, decode graphs under CP with a window), the attention /
 #             prefetch / gated GEMM GPU tests with every fast launch checked (the decode attention letting the next
 #             kernel go, the gated plan made in a capture), then the decode step with and without
-#             attention.DECODE_RELEASE (~10 minutes); s29b: the W4A16 step with the quantized GEMVs' prefetch at 8 and
-#             2 MB (pdl.GEMV_PREFETCH_MB), the gemv / prefetch GPU tests, then the decode rows (~7 minutes);
+#             attention.DECODE_RELEASE (~10 minutes); s29b: the gemv / prefetch GPU tests, the decode rows, then the
+#             W4A16 step with the quantized GEMVs' prefetch at 8 and 2 MB (pdl.GEMV_PREFETCH_MB) (~7 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
@@ -226,12 +226,12 @@ s29)
     --contexts 1024 8192 32768
   ;;
 s29b)
-  step gemv_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=8,2 --fmts w4a16 --contexts 1024
   step gemv_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
     tests/kernels/test_gemv.py tests/kernels/test_prefetch.py
   step bench_decode 150 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  step gemv_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=8,2 --fmts w4a16 --contexts 1024
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \
