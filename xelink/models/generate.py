@@ -107,9 +107,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         min_new_tokens: no EOS before this many new tokens; None: ``generation_config.json``'s, else 0. Its
             ``min_length`` (prompt length plus new tokens, as transformers counts it) holds too.
         cuda_graph: decode steps as replays of ``model.decode_graph(B)`` (one CUDA graph a step, greedy
-            tokens taken from the graph's argmax); None: where the model allows it (CUDA, the kernel path,
-            no sliding-window layer under context parallelism), True: required (ValueError where not), False:
-            eager steps.
+            tokens taken from the graph's argmax); None: where the model allows it (CUDA, the kernel path),
+            True: required (ValueError where not), False: eager steps.
 
     Returns:
         ``[B, S + n]`` int64 on the CPU, the prompts then ``n <= max_new_tokens`` new tokens (fewer when
@@ -197,8 +196,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     graphable = model.graph_capturable
     if cuda_graph and not graphable:
         raise ValueError(f"{fn}: cuda_graph=True needs the model on CUDA, impl 'auto' or 'xelink', dtype bfloat16 or "
-                         f"float16 and no sliding-window layer under context parallelism (device {model.device}, "
-                         f"impl {model.impl!r}, {model.dtype})")
+                         f"float16 (device {model.device}, impl {model.impl!r}, {model.dtype})")
     if max_new_tokens == 0:
         return ids
     graph = model.decode_graph(B) if graphable and cuda_graph is not False and max_new_tokens > 1 else None

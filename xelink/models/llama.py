@@ -881,9 +881,7 @@ class DecodeGraph:
         fn = "Llama.decode_graph"
         if not model.graph_capturable:
             raise ValueError(f"{fn}: a CUDA graph needs the model on a CUDA device, impl 'auto' or 'xelink', dtype "
-                             f"bfloat16 or float16 and no sliding-window layer under context parallelism (got "
-                             f"device {model.device}, impl {model.impl!r}, {model.dtype}, cp "
-                             f"{'on' if model.cp is not None else 'off'})")
+                             f"bfloat16 or float16 (got device {model.device}, impl {model.impl!r}, {model.dtype})")
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= model.max_batch:
             raise ValueError(f"{fn}: batch={batch!r} must be an int in 1..max_batch={model.max_batch}")
         dev = model.device
