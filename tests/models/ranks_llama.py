@@ -220,7 +220,7 @@ def check_cp_decode_over_round_robin_caches_matches_one_rank(world):
         k, v = (torch.randn(1, c1.k.shape[1], P, c1.k.shape[3], generator=gen) for _ in range(2))
         c1.k[:1, :, :P], c1.v[:1, :, :P] = k, v
         cc.k[:1, :, :len(mine)], cc.v[:1, :, :len(mine)] = k[:, :, mine], v[:, :, mine]
-        cc.cached(mine, P)
+        cc.cached(len(mine), P)
     steps = []
     for step in range(3):  # the new tokens' keys go round-robin too
         tok = torch.tensor([[5 + step]])

@@ -265,11 +265,10 @@ class CPKVCache:
         self.first, self.base = [0] * batch, [0] * batch  # each row's prompt length, and its slots here
         self._rows = torch.zeros(2, batch, dtype=torch.int64, device=device)  # (first, base) on the device
 
-    def cached(self, positions: torch.Tensor, total: int) -> None:
-        """Every row as if a prompt of ``total`` positions were cached, ``positions`` of them (a CPU LongTensor) in
-        this rank's first slots, whatever keys and values they hold (the decode benchmark's caches, without a
-        prefill)."""
-        self._prompt([total] * len(self.first), [len(positions)] * len(self.base))
+    def cached(self, held: int, total: int) -> None:
+        """Every row as if a prompt of ``total`` positions were cached, ``held`` of them in this rank's first slots,
+        whatever keys and values they hold (the decode benchmark's caches, without a prefill)."""
+        self._prompt([total] * len(self.first), [held] * len(self.base))
 
     def _prompt(self, first: list, base: list) -> None:
         B = len(first)
@@ -397,7 +396,8 @@ class CPRingCache(KVCache):
         rows, positions, lens = _prompt_tokens(cp, q.shape[0])
         W = self.window
         tail = torch.nonzero(positions >= torch.tensor(lens)[rows] - W)[:, 0]  # what a later token's window reaches
-        m = sum(min(n, W) for n in lens)  # every row's tail: as much as one rank may hold
+        tails = torch.tensor([min(n, W) for n in lens])  # each row's tail, over the group
+        m = int(tails.sum())  # every row's tail: as much as one rank may hold
         k, v = (_flat_tokens(t) for t in (k, v))
         kv = k.new_zeros((2, k.shape[0], m, k.shape[2]))
         kv[0, :, :len(tail)], kv[1, :, :len(tail)] = k[:, tail.to(k.device)], v[:, tail.to(k.device)]
@@ -406,7 +406,7 @@ class CPRingCache(KVCache):
         kv, tags = cp.gather(kv), cp.gather(tags.to(k.device)).cpu()  # (n, 2, Hkv, m, D), (n, 2, m)
         held = tags[:, 1] >= 0
         r, p = tags[:, 0][held], tags[:, 1][held]
-        if not torch.equal(torch.bincount(r, minlength=len(lens)), torch.tensor([min(n, W) for n in lens])):
+        if not torch.equal(torch.bincount(r, minlength=len(lens)), tails):
             raise RuntimeError(f"CPRingCache: the group's prompt tokens {sorted(zip(r.tolist(), p.tolist()))} are not "
                                f"each row's last {W} of {lens} (a broken shard)")
         at = (r.to(k.device), (p % W).to(k.device))

@@ -796,10 +796,10 @@ def _fill_cp_caches(model, cached: int, gen) -> None:
     random keys and values (decode attention reads a set of keys: which positions they were does not
     matter)."""
     cp = model.cp
-    mine = torch.arange(cp.rank, cached, cp.size)
+    mine = len(range(cp.rank, cached, cp.size))
     for c in model.caches:
-        c.k[:, :, :len(mine)].normal_(generator=gen)
-        c.v[:, :, :len(mine)].normal_(generator=gen)
+        c.k[:, :, :mine].normal_(generator=gen)
+        c.v[:, :, :mine].normal_(generator=gen)
         c.cached(mine, cached)
 
 
