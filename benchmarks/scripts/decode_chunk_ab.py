@@ -10,9 +10,11 @@ bench's decode rows (full caches, B = 1 at 8K / 32K / 128K and B = 8 at 32K, cac
 a 32K cache, with SDPA's default (cuDNN) on the full caches for scale (54ccd1c ran it as ``interleave``, with each
 variant also with the tiles dealt out to the splits in turn: no faster, removed). ``splits``: at the same full-cache
 shapes, the automatic split count against explicit ones around it, each with 3 and 4 pipeline stages.
-``tiles``: the automatic split count (whole waves) with each kernel configuration of ``TILES``.
+``tiles``: the automatic split count (whole waves) with each kernel configuration of ``TILES``. ``warps``: one and
+two warps a program at several programs a multiprocessor (``FEW_WARPS``), the model's 1K-of-1040 cache included;
+``step``: the same variants in the Llama-3.1-8B decode step.
 
-python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave | splits | tiles]
+python3 benchmarks/scripts/decode_chunk_ab.py [configs | wave | splits | tiles | warps | step]
 """
 import statistics
 import sys
@@ -130,7 +132,58 @@ def tiles():
     attn._PATHS.clear()
 
 
+# (programs a multiprocessor, (BLOCK_N, num_warps, num_stages)): one and two warps a program, several programs a
+# multiprocessor (each split's tiles on one warp's own chain: no cross-warp step a tile); the kept one first.
+FEW_WARPS = [(1, (64, 4, 3)), (2, (64, 2, 3)), (2, (64, 2, 4)), (3, (64, 1, 2)), (4, (32, 1, 3)), (4, (32, 2, 3)),
+             (6, (32, 1, 2)), (2, (32, 2, 4))]
+
+
+def warps():
+    kept = attn._DECODE_PROGRAMS_PER_SM[D], DEFAULT_CONFIG
+    for b, smax, kv, q, caches, lens, ref, nbytes, timed in _shapes(
+            [(1, 1040, 1024), (1, 8192, 8192), (1, 32768, 32768), (1, 131072, 131072), (8, 8192, 8192),
+             (8, 32768, 32768)]):
+        if kv == smax:
+            _sdpa_row(b, smax, kv, q, caches, nbytes, timed)
+        for pps, config in FEW_WARPS:
+            attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_CONFIGS[D] = pps, config
+            attn._PATHS.clear()
+            try:
+                got = decode_attention(q, *caches[0], lens).float()
+            except Exception as e:  # noqa: BLE001 - a configuration that does not compile (shared memory)
+                print(f"B={b} cache {smax:6d} programs/SM {pps} config {config}: {type(e).__name__}: "
+                      f"{str(e)[:120]}", flush=True)
+                continue
+            err = float((got - ref).norm() / ref.norm())
+            us = timed([lambda c=c: decode_attention(q, *c, lens) for c in caches])
+            print(f"B={b} cache {smax:6d} kv {kv:6d} splits {attn._decode_splits(q, caches[0][0], config[0]):3d} "
+                  f"programs/SM {pps} config {config}: {us:7.2f} us ({nbytes / us / 1e6:5.2f} TB/s), rel err {err:.1e}",
+                  flush=True)
+    attn._DECODE_PROGRAMS_PER_SM[D], attn._DECODE_CONFIGS[D] = kept
+    attn._PATHS.clear()
+
+
+def step():
+    """``FEW_WARPS`` in the Llama-3.1-8B decode step (step_ab.py's helpers): bf16 at 1K / 8K / 32K, W4A16 at 1K."""
+    from step_ab import capture, differences, each_context, same_logits, time_interleaved
+    variants = {f"{pps}/{config}": [(attn, "_DECODE_PROGRAMS_PER_SM", {**attn._DECODE_PROGRAMS_PER_SM, D: pps}),
+                                    (attn, "_DECODE_CONFIGS", {**attn._DECODE_CONFIGS, D: config})]
+                for pps, config in FEW_WARPS}
+    for fmt, model, L, gen in each_context(["bf16", "w4a16"], {"bf16": [1024, 8192, 32768], "w4a16": [1024]}):
+        graphs, logits = capture(model, L, variants, gen)
+        ms = time_interleaved(graphs)
+        base = next(iter(ms.values()))
+        print(f"{fmt} ctx {L} ms a step: " + ", ".join(f"{n} {t:.3f} ({t / base - 1:+.2%})" for n, t in ms.items()),
+              flush=True)
+        print(f"{fmt} ctx {L} logits: " + ("equal" if same_logits(logits) else differences(logits)), flush=True)
+        del graphs
+
+
 def main():
+    if sys.argv[1:] == ["warps"]:
+        return warps()
+    if sys.argv[1:] == ["step"]:
+        return step()
     if sys.argv[1:] == ["wave"]:
         return wave()
     if sys.argv[1:] == ["splits"]:

@@ -57,7 +57,8 @@ SHAPES["w4a16t"] = SHAPES["w4a16"]
 CONFIGS["w4a16t"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=sp)
                      for rt, nw, un, sp in [(1, 4, 1, 1), (1, 4, 2, 1), (1, 4, 4, 1), (1, 8, 1, 1), (1, 8, 2, 1),
                                             (1, 8, 1, 2), (1, 8, 2, 2), (1, 4, 1, 2), (1, 4, 1, 4), (1, 2, 1, 1),
-                                            (2, 4, 2, 1)]]
+                                            (2, 4, 2, 1), (1, 8, 4, 1), (1, 4, 2, 2), (1, 4, 2, 4), (1, 8, 1, 4),
+                                            (1, 16, 1, 1)]]
 # gate_up with act="silu_mul" on the tiles: the kept configuration (gemv.TC_ACT_TILES: programs that pair (gate, up)
 # row blocks and apply it at the store, one launch) against the GEMV's own tiles then silu_mul (the first: one row
 # tile a program cannot pair whole blocks, two launches, as before) and other pairing tiles: row tiles, warps, steps

@@ -60,14 +60,17 @@
 #             kernel go, the gated plan made in a capture), then the decode step with and without
 #             attention.DECODE_RELEASE (~10 minutes); s29b: the gemv / prefetch GPU tests, the decode rows, then the
 #             W4A16 step with the quantized GEMVs' prefetch at 8 and 2 MB (pdl.GEMV_PREFETCH_MB) (~7 minutes);
+#   s30:      decode attention with one and two warps a program at several programs a multiprocessor (the split
+#             kernel alone at the bench's shapes and the model's 1K, then in the Llama-3.1-8B step), then the tiled
+#             W4A16 GEMVs' configurations on this GPU (the defaults came from H100 sweeps) (~9 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -232,6 +235,11 @@ s29b)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gemv_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=8,2 --fmts w4a16 --contexts 1024
+  ;;
+s30)
+  step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
+  step decode_warps_step 170 python3 benchmarks/scripts/decode_chunk_ab.py step
+  step gemv_tiled_sweep 230 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t
   ;;
 windows)
   step window_bwd_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 8 \

@@ -1178,9 +1178,9 @@ class _DecodeLaunch:
         self.ints = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *rope_strides, HKV, group, SQ,
                      SMAX, scale * _LOG2E, next_bytes, window, back)
         # The merge: rows MERGE_ROWS at a time (at most 16, no more than the block's real rows), UNROLL splits
-        # a round, so that a round's partials are 64 floats a thread (4 warps).
+        # a round, so that a round's partials are at most 64 floats a thread (2048 a warp).
         merge_rows = min(16, block_m, next_power_of_2(group * SQ))
-        unroll = max(2, min(16, 8192 // (merge_rows * D)))
+        unroll = max(2, min(16, 2048 * min(num_warps, 4) // (merge_rows * D)))
         self.kwargs = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, MERGE_ROWS=merge_rows,
                            UNROLL=unroll, MIN_CHUNK=min_chunk, ROPE=rope is not None, num_warps=num_warps,
                            num_stages=num_stages, **pdl_launch_args(pdl, programs, q.device))

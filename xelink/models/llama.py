@@ -871,9 +871,9 @@ class DecodeGraph:
     paused after a collection (``kernels.common.gc_paused``: a dropped model's graph freed inside it would
     invalidate it).
 
-    Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16), not under context
-    parallelism with a sliding-window layer (under CP the step's cache writes, attention and merge across the
-    group are in the graph too); ``Llama.generate`` uses it where it can. Collective over the TP and CP groups
+    Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16); under CP the step's cache
+    writes, attention and merge across the group are in the graph too (a sliding-window layer's ring is
+    attended on every rank alone, as without CP); ``Llama.generate`` uses it where it can. Collective over the TP and CP groups
     (every rank captures and replays the same steps).
     """
 
