@@ -1,7 +1,8 @@
 """Where gemv(act="silu_mul") with the SiLU in the tensor-core kernel (gemv.TC_ACT_FUSED, off by default) differs
 from the GEMV then silu_mul on tiled W4A16 weights (the H100 run at 0aedc40 failed test_gpu_tiled_w4_tensor_core_kernel's
-bit-for-bit checks of it): over seeds, the count of differing outputs, their largest difference in units of the
-output's last place, and whether the GEMV's own sums (before the activation) already differ.
+bit-for-bit checks of it): over seeds, the count of outputs differing from the GEMV without a K split then silu_mul
+(the kernel with act never splits K) and from the GEMV as tc_config completes the config (which may split K: the
+test's reference), and how many of the GEMV's own sums the split changes.
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/act_fused_probe.py
 """
@@ -25,7 +26,8 @@ def main() -> None:
             t = tile_w4a16(q)
             x = torch.randn(2, 4096, device=dev, generator=gen).to(dtype)
             for cfg in configs:
-                y = gemv(q, x, s, "w4a16", config=cfg)  # [2, 4096]: gate | up
+                split = gemv(q, x, s, "w4a16", config=cfg)  # the test's reference: tc_config may split K
+                y = gemv(q, x, s, "w4a16", config={**cfg, "SPLIT": 1})  # [2, 4096]: gate | up, K not split
                 want = silu_mul(y, impl="triton")
                 g, u = y[:, :2048].float(), y[:, 2048:].float()
                 torch_want = (g / (1.0 + torch.exp(-g)) * u).to(dtype)
@@ -33,9 +35,10 @@ def main() -> None:
                 bad = (got != want).nonzero()
                 ulp = ((got.float() - want.float()).abs() / torch.finfo(dtype).eps
                        / want.float().abs().clamp_min(torch.finfo(dtype).tiny)).max().item()
-                line = (f"{str(dtype)[6:]} seed {seed} {cfg}: {len(bad)} of {got.numel()} differ from silu_mul "
-                        f"(max {ulp:.2f} ulp-ish), silu_mul vs torch {int((want != torch_want).sum())}, fused vs torch "
-                        f"{int((got != torch_want).sum())}")
+                line = (f"{str(dtype)[6:]} seed {seed} {cfg}: {len(bad)} of {got.numel()} differ from the unsplit "
+                        f"GEMV then silu_mul (max {ulp:.2f} ulp-ish), "
+                        f"{int((got != silu_mul(split, impl='triton')).sum())} from the split-K one's, sums split vs "
+                        f"not {int((split != y).sum())}; silu_mul vs torch {int((want != torch_want).sum())}")
                 for r, c in bad[:3].tolist():
                     line += (f"\n    [{r},{c}] g={y[r, c].item()!r} u={y[r, 2048 + c].item()!r} fused={got[r, c].item()!r}"
                              f" silu_mul={want[r, c].item()!r} torch={torch_want[r, c].item()!r}")
