@@ -873,8 +873,8 @@ class DecodeGraph:
 
     Needs a CUDA model on the kernel path (``impl`` "auto" or "xelink", bf16/fp16); under CP the step's cache
     writes, attention and merge across the group are in the graph too (a sliding-window layer's ring is
-    attended on every rank alone, as without CP); ``Llama.generate`` uses it where it can. Collective over the TP and CP groups
-    (every rank captures and replays the same steps).
+    attended on every rank alone, as without CP); ``Llama.generate`` uses it where it can. Collective over the
+    TP and CP groups (every rank captures and replays the same steps).
     """
 
     def __init__(self, model: Llama, batch: int):
