@@ -1,6 +1,6 @@
 """Where gemv(act="silu_mul") with the SiLU in the tensor-core kernel (gemv.TC_ACT_FUSED, off by default) differs
-from the GEMV then silu_mul on tiled W4A16 weights (the H100 run at 0aedc40 failed test_gpu_tiled_w4_tensor_core_kernel's
-bit-for-bit checks of it): over seeds, the count of outputs differing from the GEMV without a K split then silu_mul
+from the GEMV then silu_mul on tiled W4A16 weights (the H100 run at 0aedc40 failed
+test_gpu_tiled_w4_tensor_core_kernel's bit-for-bit checks of it): over seeds, the count of outputs differing from the GEMV without a K split then silu_mul
 (the kernel with act never splits K) and from the GEMV as tc_config completes the config (which may split K: the
 test's reference), and how many of the GEMV's own sums the split changes.
 
@@ -40,8 +40,9 @@ def main() -> None:
                         f"{int((got != silu_mul(split, impl='triton')).sum())} from the split-K one's, sums split vs "
                         f"not {int((split != y).sum())}; silu_mul vs torch {int((want != torch_want).sum())}")
                 for r, c in bad[:3].tolist():
-                    line += (f"\n    [{r},{c}] g={y[r, c].item()!r} u={y[r, 2048 + c].item()!r} fused={got[r, c].item()!r}"
-                             f" silu_mul={want[r, c].item()!r} torch={torch_want[r, c].item()!r}")
+                    line += (f"\n    [{r},{c}] g={y[r, c].item()!r} u={y[r, 2048 + c].item()!r} "
+                             f"fused={got[r, c].item()!r} silu_mul={want[r, c].item()!r} "
+                             f"torch={torch_want[r, c].item()!r}")
                 print(line, flush=True)
     G.TC_ACT_FUSED = False
 
