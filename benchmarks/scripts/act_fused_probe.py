@@ -1,8 +1,8 @@
 """Where gemv(act="silu_mul") with the SiLU in the tensor-core kernel (gemv.TC_ACT_FUSED, off by default) differs
 from the GEMV then silu_mul on tiled W4A16 weights (the H100 run at 0aedc40 failed
-test_gpu_tiled_w4_tensor_core_kernel's bit-for-bit checks of it): over seeds, the count of outputs differing from the GEMV without a K split then silu_mul
-(the kernel with act never splits K) and from the GEMV as tc_config completes the config (which may split K: the
-test's reference), and how many of the GEMV's own sums the split changes.
+test_gpu_tiled_w4_tensor_core_kernel's bit-for-bit checks of it): over seeds, the count of outputs differing from the
+GEMV without a K split then silu_mul (the kernel with act never splits K) and from the GEMV as tc_config completes the
+config (which may split K: the test's reference), and how many of the GEMV's own sums the split changes.
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/act_fused_probe.py
 """
