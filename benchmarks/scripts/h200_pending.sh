@@ -62,7 +62,8 @@
 #             W4A16 step with the quantized GEMVs' prefetch at 8 and 2 MB (pdl.GEMV_PREFETCH_MB) (~7 minutes);
 #   s30:      decode attention with one and two warps a program at several programs a multiprocessor (the split
 #             kernel alone at the bench's shapes and the model's 1K, then in the Llama-3.1-8B step), then the tiled
-#             W4A16 GEMVs' configurations on this GPU (the defaults came from H100 sweeps) (~9 minutes);
+#             W4A16 GEMVs' configurations on this GPU (the defaults came from H100 sweeps) (126 s on an H100 at 0aedc40;
+#             s29b's gemv GPU tests also run the tiled test whose in-kernel SiLU reference 9600fb7 fixed);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
