@@ -212,8 +212,8 @@ def main():
             err = float((got - ref).norm() / ref.norm())
             graph, _, _ = cuda_graph([lambda c=c: decode_attention(q, *c, lens) for c in caches], 1)
             us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
-            print(f"cache {smax:6d} kv_len {kv:6d} programs/SM {pps} min keys cache {cache_min:3d} sequence {seq_min:3d}"
-                  f"{'' if config is None else f' config {config}'}: "
+            print(f"cache {smax:6d} kv_len {kv:6d} programs/SM {pps} min keys cache {cache_min:3d} "
+                  f"sequence {seq_min:3d}{'' if config is None else f' config {config}'}: "
                   f"{us:7.2f} us a layer "
                   f"({2 * HKV * kv * D * 2 / us / 1e3:7.1f} GB/s), rel err {err:.1e}", flush=True)
             del graph
