@@ -267,7 +267,7 @@ def block_order(M: int, block_m: int, chunk_rows: int, order) -> list[int]:
     return sorted(blocks, key=lambda b: (ready[b], b))
 
 
-_ORDERS: dict = {}  # (device, M, BLOCK_M, chunk_rows, order) -> block_order on the device, uploaded once
+_ORDERS = Paths()  # (device, M, BLOCK_M, chunk_rows, order) -> block_order on the device, uploaded once (bounded)
 
 
 def _device_order(device: torch.device, M: int, block_m: int, chunk_rows: int, order) -> torch.Tensor:
@@ -279,8 +279,8 @@ def _device_order(device: torch.device, M: int, block_m: int, chunk_rows: int, o
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("gated_gemm: the first call of a shape uploads its tile order, which a CUDA graph "
                                "capture cannot; run it once before capturing")
-        hit = _ORDERS[key] = torch.tensor(block_order(M, block_m, chunk_rows, order), dtype=torch.int32,
-                                          device=device)
+        hit = torch.tensor(block_order(M, block_m, chunk_rows, order), dtype=torch.int32, device=device)
+        _ORDERS.remember(key, hit)
     return hit
 
 
