@@ -59,7 +59,8 @@
 #             prefetch / gated GEMM GPU tests with every fast launch checked (the decode attention letting the next
 #             kernel go, the gated plan made in a capture), then the decode step with and without
 #             attention.DECODE_RELEASE (~10 minutes); s29b: the gemv / prefetch GPU tests, the decode rows, then the
-#             W4A16 step with the quantized GEMVs' prefetch at 8 and 2 MB (pdl.GEMV_PREFETCH_MB) (~7 minutes);
+#             W4A16 step with the quantized GEMVs' prefetch at 8 and 2 MB (pdl.GEMV_PREFETCH_MB) (~10 minutes: the
+#             GPU tests compile for ~4 on a fresh machine; ran at ef07a3c);
 #   s30:      decode attention with one and two warps a program at several programs a multiprocessor (the split
 #             kernel alone at the bench's shapes and the model's 1K, then in the Llama-3.1-8B step), then the tiled
 #             W4A16 GEMVs' configurations on this GPU (the defaults came from H100 sweeps) (126 s on an H100 at 0aedc40;
@@ -230,7 +231,7 @@ s29)
     --contexts 1024 8192 32768
   ;;
 s29b)
-  step gemv_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+  step gemv_gpu_tests 400 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
     tests/kernels/test_gemv.py tests/kernels/test_prefetch.py
   step bench_decode 150 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
