@@ -7,7 +7,8 @@ the eager decode's bit for bit across replays at moving positions and batch rows
 greedy generation through the graph gives the eager loop's tokens, and the reference path's (pure torch)
 tokens up to the first step where the reference's top-2 margin is within the logits' rounding difference,
 on the tiny, Llama-3.2-1B and Qwen3-0.6B shapes, a tiny Qwen3 with attention biases (q/k norms, biases in the
-graph) and a tiny Mistral with a 16-key sliding window (the windowed decode and prefill kernels)."""
+graph) and a tiny Mistral with a 16-key sliding window (the windowed decode and prefill kernels); a left-padded
+prompt's packed attention against each row alone and the reference path."""
 import pytest
 import torch
 
@@ -144,6 +145,35 @@ def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
     a = fast.generate(ids, 6, attention_mask=mask, eos_token_id=[], cuda_graph=True)
     b = fast.generate(ids, 6, attention_mask=mask, eos_token_id=[], cuda_graph=False)
     assert torch.equal(a, b), config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["tiny", "mistral-window"])
+def test_gpu_ragged_prompt_is_each_row_alone(requires_gpus, config):
+    """A left-padded prompt on the xelink path (its real tokens packed, one flash_attention_varlen call a layer; the
+    window's ring caches too): each row's logits are those of the row alone without pads (flash_attention) and of
+    the reference path's padded call; the next tokens decoded from both caches agree too."""
+    requires_gpus(1)
+    config = CONFIG_DICTS.get(config, config)
+    kw = dict(seed=3, dtype=torch.bfloat16, max_batch=3, max_seq_len=128, device="cuda")
+    fast, ref = Llama.random(config, impl="xelink", **kw), Llama.random(config, impl="reference", **kw)
+    ids = torch.randint(0, fast.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[0, :7], mask[2, :33] = 0, 0  # 33, 40 and 7 real tokens (the window is 16)
+    got, want = fast(ids, 0, mask).float(), ref(ids, 0, mask).float()
+    tok = torch.tensor([3, 5, 7])
+    steps = fast(tok[:, None], mask.sum(1).tolist())[:, -1].float(), ref(tok[:, None], mask.sum(1).tolist())[:, -1]
+    for b in range(3):
+        real = mask[b].bool()
+        alone = Llama.random(config, impl="xelink", **kw)
+        one = alone(ids[b:b + 1, real], 0)[0].float()
+        for name, other in (("the row alone", one), ("the reference path", want[b, real])):
+            err = ((got[b, real] - other).norm() / other.norm()).item()
+            assert err < 3e-2, f"{config} row {b}: packed prompt logits off {name} by {err:.3g}"
+        step = alone(tok[b:b + 1, None], int(real.sum()))[0, -1].float()
+        for name, other in (("the row alone", step), ("the reference path", steps[1][b].float())):
+            err = ((steps[0][b] - other).norm() / other.norm()).item()
+            assert err < 3e-2, f"{config} row {b}: the next token's logits off {name} by {err:.3g}"
 
 
 @pytest.mark.gpu
