@@ -5,7 +5,9 @@ free (no kernel at all; the results are wrong, the times say what a fusion could
 
 Variants (each its own DecodeGraph, B = 1, replayed interleaved with the kept step; step_ab.py's helpers):
 ``no_norms``: every RMSNorm returns its input (and x as the new residual: no add either) -- the most that folding
-the residual add and the norm into the next GEMV could save. (a GPU script: CUDA, NVIDIA's Triton.)
+the residual add and the norm into the next GEMV could save; ``no_attention``: the decode attention call (RoPE, the
+cache write, attention) returns its query, what a faster attention could at most save at that context. (a GPU
+script: CUDA, NVIDIA's Triton.)
 """
 import argparse
 
@@ -18,7 +20,12 @@ def _no_norm(self, x, w, eps, residual=None):
     return x if residual is None else (x, x)
 
 
-VARIANTS = {"kept": [], "no_norms": [(Ops, "rmsnorm", _no_norm)]}
+def _no_attention(self, q, *args, **kwargs):
+    return q
+
+
+VARIANTS = {"kept": [], "no_norms": [(Ops, "rmsnorm", _no_norm)],
+            "no_attention": [(Ops, "rope_decode_attention", _no_attention)]}
 
 
 def main(argv=None) -> int:
