@@ -505,21 +505,41 @@ def test_gpu_cuda_graph(requires_gpus):
         assert _rel(got[0], ref) < TOL[dtype], (sq, sk)
 
 
-def test_offsets_are_read_once_a_tensor_and_version():
-    # The offsets cross to the host once a tensor and version (a training step's layers share one cu_seqlens): a
-    # repeated call reuses them, an in-place write (a new layout, then an invalid one) is seen, not a stale copy.
+def test_cpu_offsets_are_read_every_call():
+    # CPU offsets cost no sync to read: every call reads them, so writes torch does not count (a numpy view, .data)
+    # are seen as well as in-place ones, never a stale copy; an invalid write is refused.
     gen = torch.Generator().manual_seed(7)
     q, k, v = _packed([4, 6, 2], [4, 6, 2], 2, 1, 16, torch.float64, gen=gen)
     cu = _cu([4, 6, 2])
-    for lens in ([4, 6, 2], [4, 6, 2], [7, 1, 4]):
-        cu.copy_(_cu(lens))
+    writes = [lambda t: cu.copy_(t), lambda t: cu.numpy().__setitem__(slice(None), t.numpy()),
+              lambda t: cu.data.copy_(t)]
+    for lens, write in zip(([4, 6, 2], [7, 1, 4], [2, 2, 8], [4, 6, 2]), writes + writes[1:2]):
+        write(_cu(lens))
         out = flash_attention_varlen(q, k, v, cu, cu, causal=True)
         assert _rel(out, _attn64(q, k, v, lens, lens, True)[0]) < TOL[torch.float64], lens
-        hit = common._HOST_VALUES[id(cu)]
-        assert hit[0]() is cu and hit[1] == cu._version and hit[2] == cu.tolist()
+    assert id(cu) not in common._HOST_VALUES
     cu[1] = 20  # no longer nondecreasing
     with pytest.raises(ValueError, match=f"^{FN}: cu_seqlens_q must be nondecreasing"):
         flash_attention_varlen(q, k, v, cu, cu, causal=True)
+
+
+@pytest.mark.gpu
+def test_gpu_offsets_are_read_once_a_tensor_and_version(requires_gpus):
+    # On a GPU the offsets cross to the host (a sync) once a tensor and version (a training step's layers share one
+    # cu_seqlens): a repeated call reuses them, an in-place write (a new layout, then an invalid one) is seen.
+    requires_gpus(1)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _packed([4, 6, 2], [4, 6, 2], 2, 1, 64, torch.float64, gen=gen)
+    cu = _cu([4, 6, 2], device="cuda")
+    for lens in ([4, 6, 2], [4, 6, 2], [7, 1, 4]):
+        cu.copy_(_cu(lens))
+        out = flash_attention_varlen(*(t.cuda() for t in (q, k, v)), cu, cu, causal=True, impl="reference")
+        assert _rel(out.cpu(), _attn64(q, k, v, lens, lens, True)[0]) < TOL[torch.float64], lens
+        hit = common._HOST_VALUES[id(cu)]
+        assert hit[0]() is cu and hit[1] == cu._version and hit[2] == cu.tolist()
+    cu[1] = 20
+    with pytest.raises(ValueError, match=f"^{FN}: cu_seqlens_q must be nondecreasing"):
+        flash_attention_varlen(q.cuda(), k.cuda(), v.cuda(), cu, cu, causal=True)
 
 
 def test_torch_compile_traces_the_custom_op():

@@ -56,7 +56,8 @@ def test_logits_and_greedy_tokens_match_transformers(folders, name, shard):
     assert _rel(got, want) < TOL
     # Greedy decode through the cache, one token a step, equals HF's greedy generation.
     new = 6
-    assert torch.equal(model.generate(ids, new, eos_token_id=[]), hf_greedy(hf, ids, new))
+    every = torch.ones_like(ids)  # (as hf_greedy's: a random prompt may hold a pad token, masked without it)
+    assert torch.equal(model.generate(ids, new, attention_mask=every, eos_token_id=[]), hf_greedy(hf, ids, new))
 
 
 @pytest.mark.parametrize("name", ["llama3.1", "mistral", "qwen2", "qwen3", "phi3"])
@@ -79,6 +80,27 @@ def test_ragged_left_padded_batch_matches_transformers(folders, name):
     new = 5
     assert torch.equal(model.generate(ids, new, attention_mask=mask, eos_token_id=[]),
                        hf_greedy(hf, ids, new, mask))
+
+
+def test_generate_masks_pad_tokens_as_transformers_generate(folders):
+    """Without attention_mask, transformers' generate takes a prompt's tokens equal to generation_config's
+    pad_token_id (set and no EOS) for padding: the same tokens here as there and as with the mask given; a pad
+    token after a real one is refused by name (transformers would mask it in place)."""
+    path, hf = folders["phi3", False]  # generation_config.json: pad_token_id 0, eos_token_id 2
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=2, max_seq_len=64)
+    assert model.generation_config["pad_token_id"] == 0
+    ids = torch.randint(3, hf.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(5))
+    ids[1, :3] = 0
+    got = model.generate(ids, 4)
+    assert torch.equal(got, model.generate(ids, 4, attention_mask=(ids != 0).long()))
+    with torch.no_grad():
+        assert torch.equal(got, hf.generate(ids, max_new_tokens=4, do_sample=False))
+    unpadded = model.generate(ids, 4, eos_token_id=0)  # the pad an EOS: every token real, as transformers reads it
+    assert not torch.equal(unpadded[1], got[1])
+    ids[0, 4] = 0
+    with pytest.raises(ValueError, match="^Llama.generate: input_ids row 0 holds pad_token_id=0 .* other than as left "
+                                         "padding"):
+        model.generate(ids, 4)
 
 
 def test_chunked_prefill_and_per_sequence_start(folders):
@@ -596,6 +618,14 @@ def test_errors_before_any_work(folders, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         Llama.from_pretrained(tmp_path / "nowhere")
     model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16, max_batch=1)
+    with pytest.raises(TypeError, match=r"^Llama: input_ids must be an int32/int64 tensor \[B, S\], got torch.float32"):
+        model(torch.zeros(1, 2))
+    with pytest.raises(ValueError, match=r"^Llama: input_ids.shape=\(1, 1, 2\) must be \[B, S\]"):
+        model(torch.zeros(1, 1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^Llama.generate: token id -1 at input_ids\[0, 1\] is not in \[0, vocab"):
+        model.generate(torch.tensor([[5, -1]]), 2)
+    with pytest.raises(ValueError, match="^Llama.generate: batch 2 must be in 1..max_batch=1"):
+        model.generate(torch.zeros(2, 3, dtype=torch.long), 2)
     ids = torch.zeros(1, 17, dtype=torch.long)
     with pytest.raises(ValueError, match="prompt of 17 tokens is longer than max_seq_len=16"):
         model.generate(ids, 1)

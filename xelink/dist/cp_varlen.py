@@ -171,7 +171,8 @@ def cp_attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, *, causal: bool = 
             or bfloat16; a CPU tensor or a CUDA tensor on this rank's device; any strides.
         k, v: (T_local, Hkv, D) the same tokens' keys and values; Hq divisible by Hkv (GQA: only KV heads move).
         cu_seqlens: (B + 1,) int32/int64 global offsets of the packed sequences (0, nondecreasing, ending at T),
-            the same on every rank, on any device (read on the host).
+            the same on every rank, on any device (read on the host; on a GPU once a tensor and version, as
+            ``flash_attention_varlen``'s: write them through torch ops or pass a new tensor).
         max_seqlen: None, or an int at least the longest sequence (only checked: the offsets are read anyway).
         causal, scale, window: ``flash_attention_varlen``'s, over each whole sequence (global positions).
         group: xelink communicator (None: the world).

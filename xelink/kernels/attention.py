@@ -1746,7 +1746,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
         q: (total_q, Hq, D); k, v: (total_k, Hkv, D), Hq divisible by Hkv; any strides. Kernels take bfloat16 /
             float16 and D in 64/128/256.
         cu_seqlens_q, cu_seqlens_k: (B + 1,) int32/int64 on q's device, B >= 1: 0, then nondecreasing, ending at
-            total_q / total_k (zero-length sequences allowed on either side).
+            total_q / total_k (zero-length sequences allowed on either side). On a GPU their values are read on
+            the host once a tensor and version (a sync saved where the layers of a step pass one tensor): write
+            them through torch ops (in place is fine) or pass a new tensor, not through ``.data`` or a kernel of
+            your own, which torch does not count as writes.
         max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's lengths, or None. Outside CUDA-graph
             capture the offsets are read on the host and the kernels' grids cover the longest sequence read (a
             larger value is only checked); inside capture both must be given, the grids cover them (the values

@@ -106,10 +106,13 @@ _HOST_VALUES: dict = {}
 
 
 def host_values(t: torch.Tensor) -> list:
-    """``t.tolist()``, read once a tensor and version: a training step's layers passing one ``cu_seqlens`` tensor make
-    its values cross to the host (a sync) once a step, not once a layer. An in-place write bumps the version; a tensor
-    that died leaves a dead reference, never a match. (Writes torch does not see, e.g. a Triton kernel's into the
-    tensor, are not noticed: pass a new tensor then.) Inference-mode tensors keep no version: read every call."""
+    """``t.tolist()``, a device tensor's read once a tensor and version: a training step's layers passing one
+    ``cu_seqlens`` tensor make its values cross to the host (a sync) once a step, not once a layer. An in-place write
+    bumps the version; a tensor that died leaves a dead reference, never a match. (Writes torch does not see, e.g.
+    through ``.data`` or a Triton kernel's into the tensor, are not noticed: pass a new tensor then.) A CPU tensor
+    (no sync to save; numpy views write it unseen) and an inference-mode one (no version) are read every call."""
+    if t.device.type == "cpu":
+        return t.tolist()
     try:
         version = t._version
     except RuntimeError:

@@ -90,7 +90,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
         model: a ``Llama``.
         input_ids: ``[B, S]`` prompts, left-padded where their lengths differ (with ``attention_mask``).
         max_new_tokens: tokens to add at most.
-        attention_mask: ``[B, S]`` 0/1, left-padded; None: every token real.
+        attention_mask: ``[B, S]`` 0/1, left-padded; None: as transformers' generate, the tokens other than
+            ``generation_config.json``'s ``pad_token_id`` where the prompts hold it and it is no EOS (left padding
+            only: ValueError for a pad token after a real one), else every token real.
         temperature: 0 greedy, > 0 sampling; None: ``generation_config.json``'s (when it has
             ``do_sample``), else 0.
         top_p: nucleus mass in (0, 1]; None: ``generation_config.json``'s when sampling, else 1.
@@ -171,6 +173,16 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
                                        tuple(attention_mask.shape) != (B, S)):
         got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
         raise ValueError(f"{fn}: attention_mask must be a [B, S] = {(B, S)} tensor like input_ids, got {got}")
+    pad_id = gc.get("pad_token_id")
+    if attention_mask is None and isinstance(pad_id, int) and pad_id not in eos and bool((ids == pad_id).any()):
+        # as transformers' generate: a prompt holding the pad token (not an EOS) is padded there
+        attention_mask = (ids != pad_id).long()
+        real = attention_mask.sum(1, keepdim=True)
+        odd = (attention_mask != (torch.arange(S)[None, :] >= S - real).long()).any(1)
+        if odd.any():
+            raise ValueError(f"{fn}: input_ids row {int(odd.nonzero()[0])} holds pad_token_id={pad_id} "
+                             f"(generation_config.json) other than as left padding; transformers' generate would "
+                             f"mask those tokens: pass attention_mask (1 for every token to keep)")
     lens = [S] * B if attention_mask is None else attention_mask.to("cpu", torch.int64).sum(1).tolist()
     if min(lens) < 1:
         raise ValueError(f"{fn}: a row of attention_mask has no token (every prompt needs one)")
@@ -180,6 +192,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     if max(lens) + max_new_tokens - 1 > model.max_seq_len:
         raise ValueError(f"{fn}: {max(lens)} prompt tokens + max_new_tokens={max_new_tokens} exceed "
                          f"max_seq_len={model.max_seq_len} + 1")
+    model._lengths(fn, ids, 0, attention_mask)  # the model call's own checks, named for this call, before any work
+
     def agree(t):  # rank 0's of the TP group, then of the CP group: TP rank 0 of CP rank 0's everywhere
         t = model.tp.agree(t)
         return t if model.cp is None else model.cp.agree(t)

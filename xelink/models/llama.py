@@ -651,12 +651,17 @@ class Llama:
 
     def _lengths(self, fn, input_ids, start_pos, attention_mask):
         """(starts, pads) as host lists, after the checks."""
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (
-                torch.int32, torch.int64):
-            raise ValueError(f"{fn}: input_ids must be an int tensor [B, S]")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64):
+            what = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise TypeError(f"{fn}: input_ids must be an int32/int64 tensor [B, S], got {what}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"{fn}: input_ids.shape={tuple(input_ids.shape)} must be [B, S]")
         B, S = input_ids.shape
-        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < self.config.vocab_size):
-            raise ValueError(f"{fn}: token ids must be in [0, vocab_size={self.config.vocab_size})")
+        V = self.config.vocab_size
+        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < V):
+            b, s = ((input_ids < 0) | (input_ids >= V)).nonzero()[0].tolist()
+            raise ValueError(f"{fn}: token id {int(input_ids[b, s])} at input_ids[{b}, {s}] is not in "
+                             f"[0, vocab_size={V})")
         if not 1 <= B <= self.max_batch:
             raise ValueError(f"{fn}: batch {B} must be in 1..max_batch={self.max_batch}")
         if S < 1:
@@ -696,9 +701,6 @@ class Llama:
             if any(starts) and any(s < p for s, p, d in zip(starts, prompts, pads) if d < S):
                 raise ValueError(f"{fn}: under context parallelism a token goes after its row's prompt (of "
                                  f"{prompts} positions), not at start_pos {starts} (or every row at 0: new sequences)")
-            if S == 1 and not any(starts):
-                for cache in sharded:
-                    cache._prompt([0] * B, [0] * B)
         return starts, pads
 
     def __call__(self, input_ids: torch.Tensor, start_pos=0, attention_mask: torch.Tensor | None = None,
@@ -724,6 +726,10 @@ class Llama:
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
             raise ValueError(f"Llama: logits_to_keep={logits_to_keep!r} must be an int >= 0 (0: every position)")
         starts, pads = self._lengths("Llama", input_ids, start_pos, attention_mask)
+        if input_ids.shape[1] == 1 and not any(starts):  # one-token prompts under CP: new sequences, none cached
+            for cache in self.caches:
+                if isinstance(cache, CPKVCache):
+                    cache._prompt([0] * len(starts), [0] * len(starts))
         B, S = input_ids.shape
         H = self.config.hidden_size
         pos = (torch.tensor(starts)[:, None] + torch.arange(S)[None, :] - torch.tensor(pads)[:, None]).clamp_(min=0)
