@@ -8,7 +8,7 @@ greedy generation through the graph gives the eager loop's tokens, and the refer
 tokens up to the first step where the reference's top-2 margin is within the logits' rounding difference,
 on the tiny, Llama-3.2-1B and Qwen3-0.6B shapes, a tiny Qwen3 with attention biases (q/k norms, biases in the
 graph) and a tiny Mistral with a 16-key sliding window (the windowed decode and prefill kernels); a left-padded
-prompt's packed attention against each row alone and the reference path."""
+prompt against each row alone and the reference path."""
 import pytest
 import torch
 
@@ -150,9 +150,9 @@ def test_gpu_graph_matches_eager_and_the_reference(requires_gpus, config):
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["tiny", "mistral-window"])
 def test_gpu_ragged_prompt_is_each_row_alone(requires_gpus, config):
-    """A left-padded prompt on the xelink path (its real tokens packed, one flash_attention_varlen call a layer; the
-    window's ring caches too): each row's logits are those of the row alone without pads (flash_attention) and of
-    the reference path's padded call; the next tokens decoded from both caches agree too."""
+    """A left-padded prompt on the xelink path (a flash_attention call a row over its real tokens; the window's ring
+    caches too): each row's logits are those of the row alone without pads and of the reference path's padded
+    call; the next tokens decoded from both caches agree too."""
     requires_gpus(1)
     config = CONFIG_DICTS.get(config, config)
     kw = dict(seed=3, dtype=torch.bfloat16, max_batch=3, max_seq_len=128, device="cuda")

@@ -44,8 +44,7 @@ from pathlib import Path
 import torch
 
 from .. import cp_attention, cp_attention_varlen
-from ..kernels import (decode_attention, flash_attention, flash_attention_varlen, gemm, gemv, qgemm,
-                       reference_decode_attention,
+from ..kernels import (decode_attention, flash_attention, gemm, gemv, qgemm, reference_decode_attention,
                        reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope,
                        reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope, rope_decode_attention,
                        silu_mul, tiled_w4a16_native)
@@ -125,23 +124,6 @@ class Ops:
         if self.ref:
             return reference_flash_attention(q, k, v, causal=causal, return_lse=return_lse, window=window)
         return flash_attention(q, k, v, causal=causal, return_lse=return_lse, impl=self.kimpl, window=window)
-
-    def packed_attention(self, q, k, v, pads: list, window: int | None = None):
-        """Causal attention of a ragged prompt chunk (every row from position 0, row b left-padded by ``pads[b]``)
-        over its own keys: the rows' real tokens packed, one ``flash_attention_varlen`` call. q ``(B, Hq, S, D)``,
-        k, v ``(B, Hkv, S, D)``; returns ``(B, Hq, S, D)``, pads 0."""
-        B, Hq, S, D = q.shape
-        lens = [S - p for p in pads]
-        real = torch.cat([torch.arange(b * S + p, (b + 1) * S) for b, p in enumerate(pads)]).to(q.device)
-        cu = torch.tensor([0] + lens, device=q.device).cumsum(0)
-
-        def pack(t):
-            return t.transpose(1, 2).reshape(B * S, t.shape[1], D).index_select(0, real)
-
-        a = flash_attention_varlen(pack(q), pack(k), pack(v), cu, cu, max(lens), max(lens), causal=True,
-                                   impl="reference" if self.ref else self.kimpl, window=window)
-        out = q.new_zeros((B * S, Hq, D)).index_copy_(0, real, a)
-        return out.view(B, S, Hq, D).transpose(1, 2)
 
     def decode_attention(self, q, k_cache, v_cache, kv_lens):
         """(out, lse) of ``q`` (B, Hq, 1, D) over each row's first ``kv_lens[b]`` cached keys."""
@@ -226,8 +208,6 @@ class KVCache:
         if not any(pads) and len(set(starts)) == 1:  # one rectangular call
             end = starts[0] + S
             return ops.attention(q, self.k[:B, :, :end], self.v[:B, :, :end], causal=True, window=self.window)
-        if not any(starts):  # a ragged prompt sees only its own keys: one call over its packed real tokens
-            return ops.packed_attention(q, k, v, pads, self.window)
         out = q.new_zeros(q.shape)
         for b in range(B):
             p, end = pads[b], starts[b] + S - pads[b]
@@ -239,24 +219,21 @@ class KVCache:
     def _attend_ring(self, q, k, v, starts: list, pads: list, ops: Ops) -> torch.Tensor:
         """``attend`` on a ring: each sequence's chunk attends to the cached positions its first query still sees
         (read out of the ring in position order) followed by its own keys; then its latest ``window`` keys are
-        written at their rows. Sequences of one start without pads go together; a ragged prompt (every row from
-        position 0) is one call over its packed real tokens."""
+        written at their rows. Sequences of one start without pads go together."""
         B, _, S, _ = q.shape
         W = self.window
         if not any(pads) and len(set(starts)) == 1:
             groups = [(slice(0, B), starts[0], 0)]
         else:
             groups = [(slice(b, b + 1), starts[b], pads[b]) for b in range(B) if pads[b] < S]
-        packed = any(pads) and not any(starts)
-        out = ops.packed_attention(q, k, v, pads, W) if packed else q.new_zeros(q.shape)
+        out = q.new_zeros(q.shape)
         for rows, start, pad in groups:
-            if not packed:
-                keys, values = k[rows, :, pad:], v[rows, :, pad:]
-                if start:  # (a first chunk sees no cached position)
-                    seen = torch.arange(start - min(start, W - 1), start, device=self.k.device) % W
-                    keys = torch.cat([self.k[rows][:, :, seen], keys], dim=2)
-                    values = torch.cat([self.v[rows][:, :, seen], values], dim=2)
-                out[rows, :, pad:] = ops.attention(q[rows, :, pad:], keys, values, causal=True, window=W)
+            keys, values = k[rows, :, pad:], v[rows, :, pad:]
+            if start:  # (a first chunk sees no cached position)
+                seen = torch.arange(start - min(start, W - 1), start, device=self.k.device) % W
+                keys = torch.cat([self.k[rows][:, :, seen], keys], dim=2)
+                values = torch.cat([self.v[rows][:, :, seen], values], dim=2)
+            out[rows, :, pad:] = ops.attention(q[rows, :, pad:], keys, values, causal=True, window=W)
             keep = min(S - pad, W)
             at = torch.arange(start + S - pad - keep, start + S - pad, device=self.k.device) % W
             self.k[rows, :, at] = k[rows, :, S - keep:]
