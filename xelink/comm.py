@@ -281,12 +281,13 @@ class Communicator:
             self._broken = exc
 
     def _exchange(self, obj: Any, timeout, fn: str) -> list:
-        """``transport.exchange`` under a deadline; a timeout leaves the communicator unusable.
+        """``transport.exchange`` under a deadline (``timeout``: seconds, or a ``Deadline``); a timeout leaves the
+        communicator unusable.
 
         After a timeout the ranks disagree about which exchanges happened (as with an NCCL timeout),
         so the communicator refuses further use rather than mixing up messages.
         """
-        deadline = self.deadline(timeout, fn)
+        deadline = timeout if isinstance(timeout, Deadline) else self.deadline(timeout, fn)
         self._live(fn)
         self._quiesce(fn)
         try:
@@ -316,6 +317,20 @@ class Communicator:
         """
         return self._exchange(obj, timeout, "allgather_object")
 
+    def rendezvous(self, obj: Any, timeout=None, fn: str = "rendezvous") -> list:
+        """Every rank's ``obj``, as ``allgather_object``, where the caller goes on into calls that cannot time out
+        (MPI's own collectives: communicator splits, shared windows): two exchanges under one deadline. A rank that
+        timed out in the first may have left its message behind (an eager send cannot always be cancelled), so the
+        first alone could let a late rank on into a call its peers never make; the second is what they never send.
+
+        Raises ``xelink.TimeoutError`` (``fn``'s) naming the ranks that did not call within the deadline.
+        Collective: every rank of the communicator must call this.
+        """
+        deadline = self.deadline(timeout, fn)
+        out = self._exchange(obj, deadline, fn)
+        self._exchange(None, deadline, fn)
+        return out
+
     def barrier(self, timeout=None) -> None:
         """Wait until every rank has called ``barrier``.
 
@@ -337,10 +352,14 @@ class Communicator:
 
         Collective: every rank of the communicator must call this.
         """
+        return self._split(color, key, timeout, "split")
+
+    def _split(self, color, key, timeout, fn: str):
+        """``split``, its errors naming ``fn`` (the call that splits: ``new_group``, ...)."""
         if color is not None:
-            _check_int("split", "color", color)
-        key = self.rank if key is None else _check_int("split", "key", key, None)
-        pairs = self._exchange((color, key), timeout, "split")
+            _check_int(fn, "color", color)
+        key = self.rank if key is None else _check_int(fn, "key", key, None)
+        pairs = self.rendezvous((color, key), timeout, fn)  # (MPI's split has no deadline)
         self._splits += 1
         if color is None:
             self.transport.split(None, key, [])
@@ -640,5 +659,5 @@ def _subgroups(fn: str, parent: Communicator, blocks: list, timeout) -> tuple:
         raise ValueError(f"{fn}: ranks differ between callers: rank {parent.rank} passed {shown(blocks)}, rank "
                          f"{differ[0]} passed {shown(seen[differ[0]])}")
     mine = next((i for i, block in enumerate(blocks) if parent.rank in block), None)
-    sub = parent.split(mine, None if mine is None else blocks[mine].index(parent.rank), timeout)
+    sub = parent._split(mine, None if mine is None else blocks[mine].index(parent.rank), timeout, fn)
     return (None if mine is None else sub), [sub if i == mine else NON_GROUP_MEMBER for i in range(len(blocks))]

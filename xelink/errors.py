@@ -48,9 +48,13 @@ class TimeoutError(XelinkError, builtins.TimeoutError):
                 msg += f" ({self._behind_detail})"
         return msg
 
-    def restate(self, *, missing=None, behind=None, behind_detail: str = "", group=None) -> "TimeoutError":
+    def restate(self, *, missing=None, behind=None, behind_detail: str = "", group=None,
+                what: str | None = None) -> "TimeoutError":
         """Name other ranks (e.g. those of the communicator the user called instead of a sub-group's,
-        and the ranks furthest behind); the message follows. Returns ``self``."""
+        and the ranks furthest behind), or the operation (the one the user called, where a step inside it
+        waited); the message follows. Returns ``self``."""
+        if what is not None:
+            self.what = what
         if missing is not None:
             self.missing = sorted(missing)
         if behind is not None:

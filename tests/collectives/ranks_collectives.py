@@ -1,6 +1,7 @@
 """Every collective x algorithm x dtype, whole buffer, exact, at world sizes 1-8 and package layouts."""
 import datetime
 import math
+import time
 import numpy as np
 import pytest
 import torch
@@ -107,8 +108,15 @@ def check_rank_size_and_object_collectives(world):
 
 def check_list_forms_and_object_scatter_gather(world):
     """torch.distributed's list forms (reduce_scatter, all_to_all with sizes that differ per pair, blocking and
-    async) and gather_object / scatter_object_list; bad lists refused by name."""
+    async) and gather_object / scatter_object_list; bad lists refused by name; gather / scatter given an empty list
+    off the root, as torch code passes it (``[...] if rank == 0 else []``)."""
     n, r = world.size, world.rank
+    got = [torch.empty(2) for _ in range(n)] if r == 0 else []
+    xelink.gather(torch.full((2,), float(r)), got, dst=0)
+    assert r or all(torch.equal(t, torch.full((2,), float(p))) for p, t in enumerate(got)), got
+    mine = torch.empty(2)
+    xelink.scatter(mine, [torch.full((2,), 5.0 * p) for p in range(n)] if r == 0 else [], src=0)
+    assert torch.equal(mine, torch.full((2,), 5.0 * r)), mine
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         out = torch.empty(3, 2, dtype=dtype)
         xelink.reduce_scatter(out, [torch.full((3, 2), 10 * r + j, dtype=dtype) for j in range(n)])
@@ -556,6 +564,10 @@ def check_bad_inputs_raise_before_sending(world):
         xelink.send(x, 0, tag=-1)
     with pytest.raises(ValueError, match=r"send: dst= \(a world rank\) or group_dst= \(a rank of the group\) is required"):
         xelink.send(x, None)
+    with pytest.raises(ValueError, match=rf"^send: dst={n} is out of range for a group of size {n}"):
+        xelink.send(x, n)
+    with pytest.raises(ValueError, match=rf"^batch_isend_irecv: dst={n} is out of range for a group of size {n}"):
+        xelink.batch_isend_irecv([xelink.P2POp(xelink.isend, x, n)])
     with pytest.raises(ValueError, match=rf"all_gather: tensor_list must be a list of world_size={n} tensors, got {n + 1}"):
         xelink.all_gather([x] * (n + 1), x)
     with pytest.raises(TypeError, match=r"barrier: device_ids='0' must be a list of ints"):
@@ -609,6 +621,26 @@ def check_different_sizes_without_checking_raise_instead_of_garbage(world):
         if sub.transport.name == "mpi":
             assert any(world.allgather_object(named)), str(info.value)
         sub.free()
+    world.barrier()
+
+
+def check_rank_late_to_a_first_window_times_out_too(world):
+    # A rank that arrives after its peers gave up on the first peer-memory all_reduce of a communicator (which
+    # makes the window: MPI calls without a deadline, after a rendezvous) raises under its own deadline, naming
+    # the call, instead of waiting in MPI for peers that left; the peers name it and the call.
+    if world.size == 1:
+        return
+    late = world.size - 1
+    sub = world.split(0)
+    if world.rank == late:
+        time.sleep(1.5)
+    t0 = time.monotonic()
+    with pytest.raises(xelink.TimeoutError, match=r"^all_reduce: timed out after (1|0\.9\d*) s waiting for rank") as info:
+        xelink.all_reduce(torch.ones(8), group=sub, algo="direct", timeout=1.0)
+    assert time.monotonic() - t0 < 3.0, time.monotonic() - t0
+    if world.rank != late:
+        assert info.value.missing == [late], str(info.value)
+    sub.free()
     world.barrier()
 
 

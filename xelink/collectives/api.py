@@ -361,15 +361,16 @@ def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool 
 
 def _rooted(fn: str, tensor, items, root_name: str, root, group_root, group):
     """The checked (comm, tensor, list, root as a rank of comm) of ``gather``/``scatter``: the list of
-    ``world_size`` tensors like ``tensor`` on the root, None elsewhere."""
+    ``world_size`` tensors like ``tensor`` on the root, None (or an empty list, as torch.distributed takes it)
+    elsewhere."""
     comm = group_of(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm)
     root = root_of(fn, comm, root_name, root, group_root, default=0)
     name = f"{fn}_list"
     if comm.rank != root:
-        if items is not None:
+        if items is not None and not (isinstance(items, (list, tuple)) and not items):
             where = "destination" if root_name == "dst" else "source"
-            raise ValueError(f"{fn}: {name} must be None on non-{where} rank {comm.rank}")
+            raise ValueError(f"{fn}: {name} must be None (or empty) on non-{where} rank {comm.rank}")
         return comm, x, None, root
     return comm, x, _tensor_list(fn, name, items, comm, like=x, where=" on the root"), root
 

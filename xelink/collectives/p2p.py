@@ -108,8 +108,12 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
     transfer is enqueued after the work queued on the current stream; ``wait()`` makes the current stream
     wait for it; messages to one rank match its receives in order (tags are not matched, as with NCCL).
     """
-    comm, x, peer = _check("isend", tensor, "dst", dst, group_dst, group, tag)
-    return _start("isend", comm, x, peer, tag, True)
+    return _isend("isend", tensor, dst, group, tag, group_dst)
+
+
+def _isend(fn: str, tensor, dst, group, tag, group_dst):
+    comm, x, peer = _check(fn, tensor, "dst", dst, group_dst, group, tag)
+    return _start(fn, comm, x, peer, tag, True)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
@@ -123,7 +127,7 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to ``dst`` / ``group_dst``: ``isend(...).wait()`` (CUDA: ordered on the current stream)."""
-    isend(tensor, dst, group, tag, group_dst).wait()
+    _isend("send", tensor, dst, group, tag, group_dst).wait()
 
 
 def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
@@ -171,7 +175,8 @@ def batch_isend_irecv(p2p_op_list) -> list:
     if not ops or not all(isinstance(o, P2POp) for o in ops):
         raise ValueError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
     for o in ops:  # every op is checked before any starts: a bad one leaves nothing posted
-        _check(o.op.__name__, o.tensor, "dst" if o.op is isend else "src", o.peer, o.group_peer, o.group, o.tag)
+        _check("batch_isend_irecv", o.tensor, "dst" if o.op is isend else "src", o.peer, o.group_peer, o.group,
+               o.tag)
     handles = [None] * len(ops)
     for i in sorted(range(len(ops)), key=lambda i: ops[i].op is isend):
         o = ops[i]

@@ -411,7 +411,7 @@ class PeerCounters(_OnNode):
         self._own_node = _node is None
         if _node is None:
             # Everyone arrives before the MPI collectives, which have no deadline of their own.
-            comm.allgather_object(_what, timeout)
+            comm.rendezvous(_what, timeout, _what)
             _node = _Node(comm, transport)
         self._node = _node
         self._win, self._lines, self._mine = _lines(_node)
@@ -567,11 +567,14 @@ class PeerCounters(_OnNode):
 
     # -- control ----------------------------------------------------------------------------------
     def _rendezvous(self, deadline: Deadline, what: str) -> None:
-        """Every node rank has entered the same control operation (``ensure``, ``free``)."""
-        self._control += 1
-        self._fence()
-        self._mine[_CONTROL] = self._control
-        self._wait(_CONTROL, range(self._node.size), self._control, deadline, what, mark_broken=False)
+        """Every node rank has entered the same control operation (``ensure``, ``free``), in two rounds (as
+        ``Communicator.rendezvous``'s): a rank that timed out in the first has posted it, never the second, so a
+        late rank cannot take the first alone for everyone going on into the MPI call after it."""
+        for _ in range(2):
+            self._control += 1
+            self._fence()
+            self._mine[_CONTROL] = self._control
+            self._wait(_CONTROL, range(self._node.size), self._control, deadline, what, mark_broken=False)
 
     def _free_windows(self) -> None:
         for mv in self._lines or ():
@@ -631,7 +634,7 @@ class ProgressBoard(_OnNode):
         transport = _check_comm("ProgressBoard", world)
         self.comm = world
         self._freed = False
-        world.allgather_object("ProgressBoard", timeout)  # everyone is here before the MPI calls
+        world.rendezvous("ProgressBoard", timeout, "ProgressBoard")  # everyone is here before the MPI calls
         self._node = _Node(world, transport)
         self._win, self._lines, self._mine = _lines(self._node)
         self._index = {w: i for i, w in enumerate(world.world_ranks[r] for r in self._node.comm_ranks)}
@@ -677,6 +680,7 @@ class PeerWindow(_OnNode):
             this host's ranks of it.
         nbytes: bytes of each segment (0 allowed); the largest value any rank passes is taken.
         timeout: deadline (seconds) of the creation rendezvous; the communicator's default when None.
+        fn: the call its errors name (a collective making its window on first use).
 
     Raises:
         PeerMemoryUnavailable: the transport is not MPI, or (on every node rank alike) ``SHM_DIR`` has no room for
@@ -698,16 +702,16 @@ class PeerWindow(_OnNode):
     Collective: every rank of ``comm`` must call this.
     """
 
-    def __init__(self, comm, nbytes: int, timeout=None):
-        transport = _check_comm("PeerWindow", comm)
-        nbytes = _check_count("PeerWindow", "nbytes", nbytes)
+    def __init__(self, comm, nbytes: int, timeout=None, fn: str = "PeerWindow"):
+        transport = _check_comm(fn, comm)
+        nbytes = _check_count(fn, "nbytes", nbytes)
         self.comm = comm
         self._freed = False
         # Everyone arrives (with a deadline) before the MPI collectives, which have none.
-        sizes = comm.allgather_object(("PeerWindow", nbytes), timeout)
+        sizes = comm.rendezvous(("PeerWindow", nbytes), timeout, fn)
         odd = [r for r, s in enumerate(sizes) if not (isinstance(s, tuple) and s[0] == "PeerWindow")]
         if odd:
-            raise XelinkError(f"PeerWindow: rank(s) {odd} called another collective ({sizes[odd[0]]!r}) "
+            raise XelinkError(f"{fn}: rank(s) {odd} called another collective ({sizes[odd[0]]!r}) "
                               f"while this rank created a PeerWindow")
         self._node = _Node(comm, transport)
         self.nbytes = max(s[1] for s in sizes)

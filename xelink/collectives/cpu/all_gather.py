@@ -9,7 +9,7 @@ __all__ = ["ring", "direct", "topo", "cross_target"]
 
 
 def ring(comm, parts, inp, deadline):
-    ring_all_gather(comm, parts, tag_for(comm), deadline)
+    ring_all_gather(comm, parts, tag_for(comm), deadline, "all_gather_into_tensor")
 
 
 def direct(comm, parts, inp, deadline):

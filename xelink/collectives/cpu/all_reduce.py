@@ -24,9 +24,9 @@ def ring(comm, x, op, deadline):
     x.copy_(acc)
 
 
-def ring_reduce_scatter(comm, parts, op, tag, deadline):
+def ring_reduce_scatter(comm, parts, op, tag, deadline, fn="all_reduce"):
     """``parts``: the n chunks of an accumulator (``chunks``, the first the longest); after it, ``parts[rank]``
-    holds the reduction of that chunk over all ranks."""
+    holds the reduction of that chunk over all ranks. ``fn``: the collective its errors name."""
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
     incoming = torch.empty_like(parts[0])
@@ -34,16 +34,17 @@ def ring_reduce_scatter(comm, parts, op, tag, deadline):
         out_c, in_c = (r - s - 1) % n, (r - s - 2) % n
         m = parts[in_c].numel()
         buf = incoming if m == incoming.numel() else incoming[:m]
-        step(comm, [(right, parts[out_c])], [(left, buf)], tag, deadline, "all_reduce")
+        step(comm, [(right, parts[out_c])], [(left, buf)], tag, deadline, fn)
         combine(parts[in_c], buf, op)
 
 
-def ring_all_gather(comm, parts, tag, deadline):
-    """``parts[rank]`` (the n chunks of one buffer, ``chunks``) is known; after it, every chunk is."""
+def ring_all_gather(comm, parts, tag, deadline, fn="all_reduce"):
+    """``parts[rank]`` (the n chunks of one buffer, ``chunks``) is known; after it, every chunk is. ``fn``: the
+    collective its errors name."""
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):
-        step(comm, [(right, parts[(r - s) % n])], [(left, parts[(r - s - 1) % n])], tag, deadline, "all_gather")
+        step(comm, [(right, parts[(r - s) % n])], [(left, parts[(r - s - 1) % n])], tag, deadline, fn)
 
 
 def direct(comm, x, op, deadline):
@@ -76,7 +77,8 @@ def _direct_peer_memory(comm, x, op, deadline):
     st = state(comm)
     win = st.window
     if win is None or win.freed:  # sized for two slots of this call at once (no growth in next_slot)
-        win = st.window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64), timeout=max(deadline.remaining(), 1e-3))
+        win = st.window = shm.PeerWindow(comm, 2 * (-(-nbytes // 64) * 64), timeout=max(deadline.remaining(), 1e-3),
+                                         fn="all_reduce")
     offset = win.next_slot(nbytes, timeout=max(deadline.remaining(), 1e-3))
     win.torch_slot(win.node_rank, dtype, offset, nbytes).copy_(x)
     win.barrier(deadline, "all_reduce", note=nbytes)

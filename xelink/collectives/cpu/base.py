@@ -251,7 +251,7 @@ def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], 
         comm.fail(exc)
         if exc.group is not None:
             exc.group.fail(exc)
-        raise _restate(comm, exc, deadline)
+        raise _restate(comm, exc, deadline, what)
     except Exception as exc:
         # Part way through (a receive of another size than was sent, say): messages of this call may still be
         # in flight, so later calls could take them for theirs. Refuse them instead.
@@ -259,24 +259,27 @@ def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], 
         raise
 
 
-def _restate(comm: Communicator, exc: TimeoutError, deadline: Deadline) -> TimeoutError:
+def _restate(comm: Communicator, exc: TimeoutError, deadline: Deadline, what: str) -> TimeoutError:
     if exc.group is not None and exc.group is not comm:  # a sub-group's ranks: say which ranks of comm
         here = {w: r for r, w in enumerate(comm.world_ranks)}
         exc.restate(missing=[here[w] for w in (exc.group.world_ranks[m] for m in exc.missing) if w in here])
-    exc.restate(group=comm)
+    exc.restate(group=comm, what=what)  # the call the user made (a step inside it may have waited)
     board = comm.board
     rows = {} if board is None else board.entries()
     rows = {r: rows[w] for r, w in enumerate(comm.world_ranks) if w in rows}
     if not rows:
         return exc
-    # Ranks not inside this call: on another communicator's collective (or none since), or behind
-    # on this one; of the latter, those furthest behind.
-    elsewhere = [r for r, (cid, _, _) in rows.items() if cid != comm.board_id]
-    lagging = {r: seq for r, (cid, seq, _) in rows.items() if cid == comm.board_id and seq < comm.calls}
-    if elsewhere or lagging:
+    # Ranks not inside this call: in none yet (a row never written), on another communicator's collective (or
+    # none since), or behind on this one; of the latter, those furthest behind.
+    never = [r for r, (_, seq, _) in rows.items() if seq == 0]
+    elsewhere = [r for r, (cid, seq, _) in rows.items() if cid != comm.board_id and seq]
+    lagging = {r: seq for r, (cid, seq, _) in rows.items() if cid == comm.board_id and 0 < seq < comm.calls}
+    if never or elsewhere or lagging:
         least = min(lagging.values(), default=None)
-        behind = elsewhere + [r for r, seq in lagging.items() if seq == least]
+        behind = never + elsewhere + [r for r, seq in lagging.items() if seq == least]
         parts = []
+        if never:
+            parts.append(f"rank(s) {', '.join(map(str, never))} entered no collective yet")
         if least is not None:
             parts.append(f"last entered call #{least} on {comm.name}, this rank is in #{comm.calls}")
         if elsewhere:

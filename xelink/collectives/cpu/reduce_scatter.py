@@ -14,7 +14,7 @@ __all__ = ["ring", "dest_split", "hierarchical"]
 def ring(comm, out, inp, op, deadline):
     n, r = comm.size, comm.rank
     parts = chunks(work_copy(inp), bounds(inp.numel(), n))  # n blocks of out.numel()
-    ring_reduce_scatter(comm, parts, op, tag_for(comm), deadline)
+    ring_reduce_scatter(comm, parts, op, tag_for(comm), deadline, "reduce_scatter_tensor")
     out.copy_(finish(parts[r], op, n))
 
 
