@@ -635,7 +635,7 @@ def check_rank_late_to_a_first_window_times_out_too(world):
     if world.rank == late:
         time.sleep(1.5)
     t0 = time.monotonic()
-    with pytest.raises(xelink.TimeoutError, match=r"^all_reduce: timed out after (1|0\.9\d*) s waiting for rank") as info:
+    with pytest.raises(xelink.TimeoutError, match=r"^all_reduce: timed out after (1|0\.9\d*) s waiting for") as info:
         xelink.all_reduce(torch.ones(8), group=sub, algo="direct", timeout=1.0)
     assert time.monotonic() - t0 < 3.0, time.monotonic() - t0
     if world.rank != late:
