@@ -154,6 +154,12 @@ def check_shard_unshard_round_trips_and_positions(world):
             local = xelink.cp_shard(ids, layout=layout, dim=-1)
             assert torch.equal(local, ids[:, pos])
             assert torch.equal(xelink.cp_unshard(local, seq_len=S, layout=layout, dim=1), ids)
+            # cp_unshard's gradient, as an autograd all-gather's: every rank's loss (its own weights on the whole
+            # sequence) a term of one sum, so a shard's gradient is the weights summed over the ranks there
+            weights = torch.randn((n,) + tuple(x.shape), generator=torch.Generator().manual_seed(S), dtype=x.dtype)
+            leaf = xelink.cp_shard(x, layout=layout).requires_grad_()
+            (xelink.cp_unshard(leaf, seq_len=S, layout=layout) * weights[r]).sum().backward()
+            assert torch.allclose(leaf.grad, weights.sum(0)[:, :, pos], atol=1e-5), (layout, S)
 
 
 def check_back_to_back_calls_change_shape_and_algo(world):

@@ -106,6 +106,10 @@ def check_each_op_has_one_process_gradients(world):
         XF.all_gather(torch.ones(2), group="w")
     with pytest.raises(ValueError, match=r"xelink.nn.functional.broadcast: pass src= .* or group_src="):
         XF.broadcast(torch.ones(2))
+    with pytest.raises(ValueError, match=rf"^xelink.nn.functional.broadcast: src={n} is not a world rank of the group"):
+        XF.broadcast(torch.ones(2), src=n)
+    with pytest.raises(ValueError, match=rf"^xelink.nn.functional.gather: group_dst={n} is out of range for a group "):
+        XF.gather(torch.ones(2), group_dst=n)
     world.barrier()  # nothing was sent by the refused calls
 
 

@@ -67,7 +67,7 @@ import math
 
 import torch
 
-from ..collectives import all_gather_into_tensor
+from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
 from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
 from ..collectives.compiled import comm_named, group_name
@@ -536,14 +536,16 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
         cu_seqlens: None, or the packed sequences' offsets ``cp_shard`` was given.
 
     Returns:
-        A new tensor, ``x_local``'s shape with S along ``dim``.
+        A new tensor, ``x_local``'s shape with S along ``dim``. Differentiable, as torch's autograd all-gather:
+        the gradient of a shard is the full gradient summed over the ranks at the shard's positions (every rank's
+        loss a term of one sum).
 
     Raises:
         TypeError / ValueError: a non-tensor, a bad seq_len, dim or layout, or a local length that is not
             the layout's for ``seq_len``, before anything is sent.
 
     Collective: every rank of ``group`` must call this (one ``all_gather_into_tensor`` of the shards, padded
-    to the longest local length).
+    to the longest local length; the backward one ``reduce_scatter_tensor``).
     """
     fn = "cp_unshard"
     comm = group_of(group, fn)
@@ -563,17 +565,38 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
                                  str(x_local.dtype), layout, tuple(lengths)))
     if n == 1:
         return x_local.clone(memory_format=torch.contiguous_format)
-    lmax = max(lengths)
-    moved = x_local.movedim(d, 0)
-    send = moved.new_zeros((lmax,) + tuple(moved.shape[1:]))
-    send[:lengths[r]].copy_(moved)
-    stage = moved.new_empty((n, lmax) + tuple(moved.shape[1:]))
-    all_gather_into_tensor(stage, send, group=comm)
-    full = moved.new_empty((seq_len,) + tuple(moved.shape[1:]))
-    for x in range(n):
-        for start, length, off in pieces[x]:
-            full[start:start + length].copy_(stage[x, off:off + length])
-    return full.movedim(0, d).contiguous()
+    return _Unshard.apply(x_local, comm, d, seq_len, pieces, lengths)
+
+
+class _Unshard(torch.autograd.Function):
+    """``cp_unshard``'s gather of the shards; its backward, as torch's autograd all-gather's: the full gradient
+    summed over the ranks, each keeping its shard's positions (one ``reduce_scatter_tensor``)."""
+
+    @staticmethod
+    def forward(ctx, x_local, comm, d, seq_len, pieces, lengths):
+        ctx.args = (comm, d, pieces, lengths)
+        moved = x_local.movedim(d, 0)
+        send = moved.new_zeros((max(lengths),) + tuple(moved.shape[1:]))
+        send[:lengths[comm.rank]].copy_(moved)
+        stage = moved.new_empty((comm.size,) + tuple(send.shape))
+        all_gather_into_tensor(stage, send, group=comm)
+        full = moved.new_empty((seq_len,) + tuple(moved.shape[1:]))
+        for x, stage_x in enumerate(stage):
+            for start, length, off in pieces[x]:
+                full[start:start + length].copy_(stage_x[off:off + length])
+        return full.movedim(0, d).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        comm, d, pieces, lengths = ctx.args
+        moved = grad.movedim(d, 0)
+        stage = moved.new_zeros((comm.size, max(lengths)) + tuple(moved.shape[1:]))
+        for x, stage_x in enumerate(stage):
+            for start, length, off in pieces[x]:
+                stage_x[off:off + length].copy_(moved[start:start + length])
+        mine = moved.new_empty(tuple(stage.shape[1:]))
+        reduce_scatter_tensor(mine, stage, group=comm)
+        return mine[:lengths[comm.rank]].movedim(0, d), None, None, None, None, None
 
 
 def cp_positions(seq_len, *, group=None, layout: str = "zigzag", cu_seqlens=None) -> torch.Tensor:
