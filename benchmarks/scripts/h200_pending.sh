@@ -65,14 +65,18 @@
 #             kernel alone at the bench's shapes and the model's 1K, then in the Llama-3.1-8B step), then the tiled
 #             W4A16 GEMVs' configurations on this GPU (the defaults came from H100 sweeps) (126 s on an H100 at 0aedc40;
 #             s29b's gemv GPU tests also run the tiled test whose in-kernel SiLU reference 9600fb7 fixed);
+#   s31:      what the thirty-first session left unrun on a GPU: the model GPU tests (the ragged prompt on the per-row
+#             path, generate's pad tokens), the varlen tests, the GPU rank tests of peer memory, CP attention
+#             (cp_unshard differentiable) and the GPU collectives' reuse (the two-round rendezvous before MPI calls), then
+#             step_bound.py on this GPU (the decode attention's and the norms' share of the step) (~11 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -237,6 +241,13 @@ s29b)
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
   step gemv_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=8,2 --fmts w4a16 --contexts 1024
+  ;;
+s31)
+  step s31_model_gpu_tests 300 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models \
+    tests/kernels/test_attention_varlen.py
+  step s31_rank_gpu_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+    tests/dist/ranks_gpu_cp_attention.py tests/collectives/ranks_gpu_reuse.py
+  step step_bound 120 python3 benchmarks/scripts/step_bound.py --contexts 1024
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
