@@ -68,7 +68,8 @@
 #   s31:      what the thirty-first session left unrun on a GPU: the model GPU tests (the ragged prompt on the per-row
 #             path, generate's pad tokens), the varlen tests, the GPU rank tests of peer memory, CP attention
 #             (cp_unshard differentiable) and the GPU collectives' reuse (the two-round rendezvous before MPI
-#             calls), then step_bound.py on this GPU (the decode attention's and the norms' share of the step) (~11 minutes);
+#             calls), then step_bound.py on this GPU (the decode attention's and the norms' share of the step)
+#             (~11 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
