@@ -19,6 +19,7 @@ def test_info_single_process():
     assert "launcher: single, 1 rank(s)" in r.stdout
     assert "host transport in use: self" in r.stdout
     assert "torch 2." in r.stdout
+    assert "sycl ['opencl:cpu" in r.stdout  # dpctl's CPU device (the test extra's OpenCL runtime), as xelink.sycl sees it
 
 
 def test_info_json_under_mpiexec():

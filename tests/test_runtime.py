@@ -50,6 +50,8 @@ def test_resolve_timeout(monkeypatch):
     assert runtime.resolve_timeout(datetime.timedelta(minutes=1)) == 60.0
     monkeypatch.setenv("XELINK_TIMEOUT", "7.5")
     assert runtime.resolve_timeout(None) == 7.5
+    monkeypatch.setenv("XELINK_TIMEOUT", "")  # set but empty: unset, as every knob
+    assert runtime.resolve_timeout(None) == runtime.DEFAULT_TIMEOUT_S
     monkeypatch.setenv("XELINK_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="XELINK_TIMEOUT='soon' is not a number of seconds"):
         runtime.resolve_timeout(None)
@@ -103,6 +105,14 @@ def test_init_single_process_and_bad_arguments():
         xelink.init(device="tpu")
     with pytest.raises(ValueError, match=r"init: ranks_per_device=0 must be a positive int"):
         xelink.init(ranks_per_device=0)
+    with pytest.MonkeyPatch.context() as mp:  # the variables' values: named as the variables
+        mp.setenv("XELINK_RANKS_PER_DEVICE", "0")
+        with pytest.raises(ValueError, match=r"^XELINK_RANKS_PER_DEVICE=0 must be a positive int"):
+            xelink.init()
+        mp.delenv("XELINK_RANKS_PER_DEVICE")
+        mp.setenv("XELINK_DEVICE", "tpu")
+        with pytest.raises(ValueError, match=r"^XELINK_DEVICE='tpu' is not one of 'cpu', 'cuda', 'xpu'"):
+            xelink.init()
     with pytest.raises(ValueError, match=r"init: timeout=-5 must be a positive"):
         xelink.init(timeout=-5)
     assert not xelink.is_initialized() and xelink.group.WORLD is None  # (torch's group.WORLD before init: None)

@@ -32,9 +32,23 @@ def _mpi_library(in_use: bool) -> str | None:
     return " ".join(MPI.Get_library_version().split("\n")[0].replace("\x00", "").split())
 
 
+def _count(text: str) -> int:
+    """An int >= 0 (argparse's error names the option otherwise)."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} must be >= 0")
+    return n
+
+
+_count.__name__ = "int"  # (argparse names the type in its error: "invalid int value")
+
+
 def _devices() -> dict:
     import torch
 
+    from .config import opencl_runtime_default
+
+    opencl_runtime_default()  # before anything loads a SYCL runtime (dpctl, xelink.sycl see the CPU device then)
     out = {"cuda": [], "xpu": [], "sycl": None}
     if torch.cuda.is_available():
         out["cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -66,6 +80,7 @@ def collect_info(world) -> dict:
     import torch
 
     launch = world.launch
+    devices = _devices()  # (first: importing dpctl for its version would load its runtime before OpenCL is set up)
     return {
         "rank": world.rank,
         "host": world.host,
@@ -82,7 +97,7 @@ def collect_info(world) -> dict:
             "triton": _version("triton"),
             "dpctl": _version("dpctl"),
         },
-        "devices_visible": _devices(),
+        "devices_visible": devices,
         "transports": _transports(world),
     }
 
@@ -292,6 +307,9 @@ def _cmd_generate(args) -> int:
             return 2
         tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
         ids = tokenizer.encode(args.prompt).ids
+        if not ids:
+            print(f"xelink generate: --prompt {args.prompt!r} gives no tokens", file=sys.stderr)
+            return 2
     world = xelink.init()
     tp = args.tp or _generate_tp(world, args.cp)
     if tp < 1 or world.size % (tp * args.cp):
@@ -352,7 +370,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print every rank's record as JSON")
     p.set_defaults(fn=_cmd_info)
     p = sub.add_parser("demo", help="all-reduce a small tensor on every rank and check the result")
-    p.add_argument("-n", type=int, default=8, help="elements (default 8)")
+    p.add_argument("-n", type=_count, default=8, help="elements (default 8)")
     p.set_defaults(fn=_cmd_demo)
     p = sub.add_parser("topology", help="print a topology (shipped, from XELINK_TOPOLOGY, or discovered)")
     g = p.add_mutually_exclusive_group()

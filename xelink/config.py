@@ -32,10 +32,22 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
+from pathlib import Path
 
-__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag"]
+__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "opencl_runtime_default"]
 
 DEFAULT_TIMEOUT_S = 300.0
+
+
+def opencl_runtime_default() -> None:
+    """Point the OpenCL ICD loader at the environment's ``libintelocl.so`` (the ``intel-opencl-rt`` wheel: SYCL on
+    the CPU) when ``OCL_ICD_FILENAMES`` is unset and dpctl is not loaded yet (it reads the variable as it loads):
+    call before any ``import dpctl``."""
+    if "dpctl" not in sys.modules and not os.environ.get("OCL_ICD_FILENAMES"):
+        lib = Path(sys.prefix) / "lib" / "libintelocl.so"
+        if lib.exists():
+            os.environ["OCL_ICD_FILENAMES"] = str(lib)
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -69,7 +81,7 @@ def resolve_timeout(timeout, fn: str = "init") -> float:
     """
     source = f"{fn}: timeout"
     if timeout is None:
-        value = os.environ.get("XELINK_TIMEOUT")
+        value = env("XELINK_TIMEOUT")  # (empty: unset, as every knob)
         if value is None:
             return DEFAULT_TIMEOUT_S
         source = "XELINK_TIMEOUT"

@@ -109,8 +109,9 @@ def _device_kind(device: str | None) -> str:
     """``cuda``, ``xpu`` or ``cpu``: the asked-for kind, else the first accelerator torch sees."""
     import torch
 
+    source = "init: device"
     if device is None:
-        device = config.env("XELINK_DEVICE")
+        device, source = config.env("XELINK_DEVICE"), "XELINK_DEVICE"
     if device is None:
         if torch.cuda.is_available():
             return "cuda"
@@ -119,7 +120,7 @@ def _device_kind(device: str | None) -> str:
         return "cpu"
     kind = str(device).split(":")[0]
     if kind not in ("cpu", "cuda", "xpu"):
-        raise ValueError(f"init: device={device!r} is not one of 'cpu', 'cuda', 'xpu'")
+        raise ValueError(f"{source}={device!r} is not one of 'cpu', 'cuda', 'xpu'")
     return kind
 
 
@@ -183,10 +184,11 @@ def _bind_device(kind: str, index: int):
 
 
 def _ranks_per_device(value) -> int:
+    source = "init: ranks_per_device"
     if value is None:
-        value = config.env_int("XELINK_RANKS_PER_DEVICE", 1)
+        value, source = config.env_int("XELINK_RANKS_PER_DEVICE", 1), "XELINK_RANKS_PER_DEVICE"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"init: ranks_per_device={value!r} must be a positive int")
+        raise ValueError(f"{source}={value!r} must be a positive int")
     return value
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import log
+from .config import opencl_runtime_default
 
 __all__ = [
     "Device",
@@ -1166,6 +1167,7 @@ def build_xpu_topology(records: Sequence[Mapping], probes: Mapping[str, Mapping]
 
 def _probe_dpctl() -> dict:
     """This host's Level Zero GPU units (as torch ``xpu`` numbers them) and the card each belongs to."""
+    opencl_runtime_default()  # (dpctl reads it once, as it loads: the CPU runtime stays visible to xelink.sycl)
     try:
         import dpctl  # optional: the sycl extra
     except ImportError:

@@ -141,6 +141,26 @@ def test_all_refuses_an_unknown_family(capsys):
     assert "unknown families ['gemmm']" in _usage_error(capsys, "bench", "all", "--only", "links,gemmm")
     assert "--only ',' names no family" in _usage_error(capsys, "bench", "all", "--only", ",")
     assert not xelink.is_initialized()
+    # a subset runs in the suite's order (links first: the collectives take its calibration), each family once
+    assert suite.all_families("collectives,links,collectives") == ("links", "collectives")
+    assert suite.all_families(None) == suite.ALL_ORDER
+
+
+def test_output_paths_and_bad_values_are_usage_errors_before_any_measurement(tmp_path, capsys):
+    # A results path that cannot be written fails at once (exit 2, the option named), not after the run with the
+    # results lost; bad sizes and windows are usage errors too, not tracebacks mid-run.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for argv, want in ((["bench", "collectives", "--quick", "--out", str(blocker / "x")], "--out '"),
+                       (["bench", "collectives", "--quick", "--tune", str(blocker / "t.json")], "--tune '"),
+                       (["bench", "gemm", "--quick", "--jsonl", str(tmp_path)], "is a folder, not a file"),
+                       (["bench", "all", "--quick", "--out", str(blocker / "r")], "--out '"),
+                       (["bench", "cp-attention", "--quick", "--window", "0"], "--window: 0 must be >= 1"),
+                       (["bench", "cp-attention", "--quick", "--shapes", "0"], "N, H and D must be >= 1"),
+                       (["bench", "sycl-collectives", "--quick", "--counts", "-5"], "--counts: -5 must be >= 0"),
+                       (["demo", "-n", "-1"], "-n: -1 must be >= 0")):
+        assert want in _usage_error(capsys, *argv), argv
+    assert not xelink.is_initialized()
 
 
 def test_python_m_xelink_bench_runs_a_kernel_family(tmp_path):

@@ -83,6 +83,9 @@ def test_generate_text_prompt_through_tokenizer_json(tiny, tmp_path):
              "--repetition-penalty", "3", "--top-k", "5", "--top-p", "0.5", "--min-p", "0.1")
     assert r.returncode == 0, r.stderr
     assert f"new tokens (6): {tiny[2]}" in r.stdout and tiny[2] != tiny[1], (r.stdout, tiny)
+    # text without a token: named, exit 2 (not the model's dtype error of an empty float tensor)
+    r = _run("--model", str(folder), "--prompt", "  ", "--max-new-tokens", "2")
+    assert r.returncode == 2 and "xelink generate: --prompt '  ' gives no tokens" in r.stderr, r.stderr
 
 
 def test_generate_chat_prompt_through_the_folders_template(tiny, tmp_path, capsys):

@@ -28,14 +28,15 @@ import argparse
 import dataclasses
 import importlib
 import io
+import os
 import sys
 import time
 from pathlib import Path
 
 from .harness import JsonlWriter, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
 
-__all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "family_parser", "main", "main_all",
-           "plots_dir", "write_outputs"]
+__all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "all_families", "check_output_paths",
+           "family_parser", "main", "main_all", "plots_dir", "write_outputs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,32 @@ def family_parser(name: str) -> argparse.ArgumentParser:
     _module(fam).add_arguments(p)
     add_output_arguments(p)
     return p
+
+
+# Options naming where results go: folders, and files (their folder is checked). Checked at parse time, so that a
+# path that cannot be written fails before the measurement, not after it with the results lost.
+_OUT_DIRS = ("out", "plots")
+_OUT_FILES = ("jsonl", "csv", "tune", "topology_out", "calibration_out")
+
+
+def check_output_paths(parser: argparse.ArgumentParser, args) -> None:
+    """``parser.error`` (exit 2, the option and path named) for an output option whose folder cannot be made or
+    written, or a file option naming a folder."""
+    for name in _OUT_DIRS + _OUT_FILES:
+        value = getattr(args, name, None)
+        if not isinstance(value, (str, Path)):
+            continue
+        path = Path(value)
+        option = "--" + name.replace("_", "-")
+        if name in _OUT_FILES and path.is_dir():
+            parser.error(f"{option} {str(value)!r} is a folder, not a file")
+        folder = path if name in _OUT_DIRS else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"{option} {str(value)!r}: cannot make {str(folder)!r} ({exc.strerror or exc})")
+        if not os.access(folder, os.W_OK):
+            parser.error(f"{option} {str(value)!r}: {str(folder)!r} is not writable")
 
 
 def _module(fam: Family):
@@ -269,7 +296,9 @@ def main(name: str, argv=None) -> int:
     2 if the family cannot run on this machine)."""
     import xelink
 
-    args = family_parser(name).parse_args(argv)
+    parser = family_parser(name)
+    args = parser.parse_args(argv)
+    check_output_paths(parser, args)
     world = xelink.init()
     status, _ = _run_family(Context(world, name, args))
     xelink.finalize()
@@ -320,6 +349,20 @@ def _family_argv(name: str, args, out: Path, links_here: bool = True) -> list[st
     return argv
 
 
+def all_families(only: str | None) -> tuple:
+    """The families ``xelink bench all --only`` names (None: every one), in the suite's order (links first: the
+    collectives take its calibration), each once; a usage error for a name that is no family."""
+    if not only:
+        return ALL_ORDER
+    listed = {n.strip() for n in only.split(",") if n.strip()}
+    unknown = sorted(listed - set(ALL_ORDER))
+    if not listed:
+        _all_parser().error(f"--only {only!r} names no family (choose from {', '.join(ALL_ORDER)})")
+    if unknown:
+        _all_parser().error(f"--only: unknown families {unknown} (choose from {', '.join(ALL_ORDER)})")
+    return tuple(n for n in ALL_ORDER if n in listed)
+
+
 def main_all(argv=None) -> int:
     """``xelink bench all``: every family this machine can run, in order, into one results folder.
 
@@ -329,14 +372,8 @@ def main_all(argv=None) -> int:
     import xelink
 
     args = _all_parser().parse_args(argv)
-    names = ALL_ORDER
-    if args.only:
-        names = tuple(n.strip() for n in args.only.split(",") if n.strip())
-        unknown = sorted(set(names) - set(ALL_ORDER))
-        if not names:
-            _all_parser().error(f"--only {args.only!r} names no family (choose from {', '.join(ALL_ORDER)})")
-        if unknown:
-            _all_parser().error(f"--only: unknown families {unknown} (choose from {', '.join(ALL_ORDER)})")
+    check_output_paths(_all_parser(), args)
+    names = all_families(args.only)
     if args.topology and not args.calibration:
         _all_parser().error("--topology needs --calibration (without both, the links family measures them)")
     out = Path(args.out)

@@ -65,10 +65,7 @@ _programs: dict = {}
 def dpctl_module():
     """Import dpctl, first pointing the OpenCL ICD loader at the environment's ``libintelocl.so`` when
     ``OCL_ICD_FILENAMES`` is unset (must happen before dpctl loads). Raises ImportError if dpctl is absent."""
-    if "dpctl" not in sys.modules and not os.environ.get("OCL_ICD_FILENAMES"):
-        lib = Path(sys.prefix) / "lib" / "libintelocl.so"
-        if lib.exists():
-            os.environ["OCL_ICD_FILENAMES"] = str(lib)
+    config.opencl_runtime_default()
     import dpctl
     import dpctl.memory  # noqa: F401
     import dpctl.program  # noqa: F401

@@ -36,11 +36,13 @@ ratios, or why they wait (two GPUs).
 """
 from __future__ import annotations
 
+import argparse
 import functools
 
 import torch
 
-from ..harness import co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, summarize, time_cuda_events
+from ..harness import (at_least, co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, summarize,
+                       time_cuda_events)
 from ..kernel_timing import add_timing_arguments, timing
 
 __all__ = ["ALGOS", "BLOCKING", "GPU_SHAPES", "QUICK_GPU_SHAPES", "QUICK_SHAPES", "SHAPES", "SINGLE", "add_arguments",
@@ -328,7 +330,10 @@ def _shape(text: str):
     mult = {"k": 1024, "m": 1 << 20}
     n = parts[0]
     N = int(n[:-1]) * mult[n[-1]] if n and n[-1] in mult else int(n)
-    return (N, *(int(p) for p in parts[1:]))
+    shape = (N, *(int(p) for p in parts[1:]))
+    if min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: N, H and D must be >= 1")
+    return shape
 
 
 def add_arguments(p) -> None:
@@ -339,7 +344,7 @@ def add_arguments(p) -> None:
     p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
     p.add_argument("--causal", choices=("both", "on", "off"), default="both", help="causal modes (default both)")
     p.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag")
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--window", type=at_least(1), default=None,
                    help="a sliding window of this many positions (causal): the halo exchange against one device's "
                         "windowed attention and the whole KV gathered (instead of the algorithms' rows)")
     add_timing_arguments(p, cpu="default 3, quick 2 (rounds 3, quick 2)", gpu="default 5 (rounds 3, quick 2)")
@@ -354,8 +359,6 @@ def run(ctx) -> list:
     dflt = (32, 128) if cuda else (4, 64)
     shapes = [(s[0], *(tuple(s[1:]) + dflt[len(s) - 1:])) for s in shapes]
     causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal] if args.window is None else (True,)
-    if args.window is not None and args.window < 1:
-        raise ValueError(f"cp-attention: --window {args.window} must be >= 1")
     knobs = timing(ctx, {"iters": 5 if cuda else 3, "rounds": 3}, {"iters": 5 if cuda else 2, "rounds": 2})
     rows, notes = run_shapes(world, shapes, algos=args.algos, causals=causals, layout=args.layout,
                              progress=ctx.progress(len(shapes) * len(causals)), window=args.window, **knobs)

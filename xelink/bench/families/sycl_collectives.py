@@ -31,7 +31,7 @@ QUICK_COUNTS = (1024, 65536)
 def add_arguments(p) -> None:
     p.add_argument("--devices", choices=DEVICE_SETS, default="sub2", help="the SYCL queues (default sub2)")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
-    p.add_argument("--counts", nargs="+", type=int, default=None,
+    p.add_argument("--counts", nargs="+", type=at_least(0), default=None,
                    help="float32 elements per rank (default 1024 65536 1048576; quick 1024 65536)")
     p.add_argument("--iters", type=at_least(1), default=None,
                    help="timed calls per variant per round (default 10; quick 3)")
