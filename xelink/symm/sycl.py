@@ -32,8 +32,6 @@ before importing dpctl.
 from __future__ import annotations
 
 import ctypes
-import os
-import sys
 import time
 from pathlib import Path
 
