@@ -135,3 +135,18 @@ def test_xelink_info_through_the_wrapper_and_dry_run():
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "launcher: mpich, 4 rank(s)" in r.stdout and "rank   3  local 3/4  device cpu" in r.stdout
+
+
+def test_bad_counts_and_launchers_are_usage_errors(capsys, monkeypatch):
+    # counts below 1 (shown as the launch's -n 1 before), a SLURM_NTASKS that is no number and a launcher that is not
+    # there: usage errors naming the option or variable, exit 2, before anything starts
+    for argv, want in ((["-n", "0"], "argument -n/--np: 0 must be >= 1"), (["--ppn", "0"], "--ppn: 0 must be >= 1"),
+                       (["--ranks-per-device", "0"], "--ranks-per-device: 0 must be >= 1"),
+                       (["--mpiexec", "/nonexistent"], "--mpiexec '/nonexistent' is not an executable launcher")):
+        with pytest.raises(SystemExit) as info:
+            run.main(["--dry-run", *argv, "echo"])
+        assert info.value.code == 2 and want in capsys.readouterr().err, argv
+    monkeypatch.setenv("SLURM_NTASKS", "abc")
+    with pytest.raises(SystemExit) as info:
+        run.main(["--dry-run", "echo"])
+    assert info.value.code == 2 and "SLURM_NTASKS='abc' is not a number of ranks" in capsys.readouterr().err
