@@ -10,6 +10,8 @@ import json
 import platform
 import sys
 
+from .config import at_least, opencl_runtime_default
+
 __all__ = ["main", "collect_info"]
 
 
@@ -32,21 +34,8 @@ def _mpi_library(in_use: bool) -> str | None:
     return " ".join(MPI.Get_library_version().split("\n")[0].replace("\x00", "").split())
 
 
-def _count(text: str) -> int:
-    """An int >= 0 (argparse's error names the option otherwise)."""
-    n = int(text)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} must be >= 0")
-    return n
-
-
-_count.__name__ = "int"  # (argparse names the type in its error: "invalid int value")
-
-
 def _devices() -> dict:
     import torch
-
-    from .config import opencl_runtime_default
 
     opencl_runtime_default()  # before anything loads a SYCL runtime (dpctl, xelink.sycl see the CPU device then)
     out = {"cuda": [], "xpu": [], "sycl": None}
@@ -370,7 +359,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print every rank's record as JSON")
     p.set_defaults(fn=_cmd_info)
     p = sub.add_parser("demo", help="all-reduce a small tensor on every rank and check the result")
-    p.add_argument("-n", type=_count, default=8, help="elements (default 8)")
+    p.add_argument("-n", type=at_least(0), default=8, help="elements (default 8)")
     p.set_defaults(fn=_cmd_demo)
     p = sub.add_parser("topology", help="print a topology (shipped, from XELINK_TOPOLOGY, or discovered)")
     g = p.add_mutually_exclusive_group()

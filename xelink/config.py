@@ -35,7 +35,8 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "opencl_runtime_default"]
+__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "opencl_runtime_default",
+           "at_least"]
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -96,3 +97,19 @@ def resolve_timeout(timeout, fn: str = "init") -> float:
     if not (timeout > 0 and math.isfinite(timeout)):
         raise ValueError(f"{source}={timeout!r} must be a positive, finite number of seconds")
     return float(timeout)
+
+
+def at_least(minimum: int):
+    """An argparse ``type``: an int >= ``minimum`` (``--iters 0`` is a usage error, not a traceback mid-run)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    return parse

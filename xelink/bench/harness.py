@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from ..config import at_least  # noqa: F401 (the families' argparse type, here with the suite's helpers)
 from ..tuning import dtype_name
 
 __all__ = [
@@ -272,22 +273,6 @@ def time_cuda_events(fn: Callable[[], Any], *, warmup: int, iters: int) -> list[
         end.record()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) / 1e3 for start, end in events]  # elapsed_time is in ms
-
-
-def at_least(minimum: int):
-    """An argparse ``type``: an int >= ``minimum`` (``--iters 0`` is a usage error, not a traceback mid-run)."""
-    import argparse
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-        return value
-
-    return parse
 
 
 def poison_unlike(out, want) -> None:
