@@ -39,6 +39,43 @@ def test_demo_under_mpiexec():
     assert "correct on every rank" in r.stdout
 
 
+def test_settings_it_cannot_use_are_one_line_usage_errors(monkeypatch, capsys):
+    """A bad XELINK_* value, topology name or size: exit 2 and one line naming the command and the value, no
+    traceback (in-process: the messages; under mpiexec: every rank exits, none hangs)."""
+    import pytest
+
+    from xelink import cli, config, errors, topology
+
+    cases = [({"XELINK_TIMEOUT": "abc"}, ["demo"], "xelink demo: XELINK_TIMEOUT='abc' is not a number of seconds"),
+             ({"XELINK_TOPOLOGY": "nope"}, ["info"], "xelink info: XELINK_TOPOLOGY='nope': load: unknown topology"),
+             ({"XELINK_DEVICE": "gpu"}, ["info"], "xelink info: XELINK_DEVICE='gpu' is not one of"),
+             ({"XELINK_LOG": "loud"}, ["info"], "xelink info: XELINK_LOG: unknown level 'loud'"),
+             ({}, ["topology", "--name", "nonexist"], "xelink topology: load: unknown topology 'nonexist'"),
+             ({}, ["cost", "--topology", "cpu-2x2", "--sizes", "1K", "abc"], "xelink cost: parse_size: 'abc'"),
+             ({}, ["cost", "--topology", "cpu-2x2", "--op", "all_gather_matmul", "--shapes", "12x"],
+              "xelink cost: parse_shape: '12x'"),
+             ({"XELINK_TIMEOUT": "-1"}, ["bench", "collectives", "--quick"],
+              "xelink bench collectives: XELINK_TIMEOUT=-1.0 must be a positive")]
+    for env, argv, want in cases:
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(want) and err.count("\n") == 1, (argv, err)
+    # the same errors stay ValueErrors for library callers; an argument (not a setting) stays a plain one
+    assert issubclass(errors.ConfigError, ValueError)
+    with pytest.raises(errors.ConfigError, match="load: unknown topology 'nonexist'"):
+        topology.load("nonexist")
+    with pytest.raises(ValueError, match="init: timeout=-1") as info:
+        config.resolve_timeout(-1)
+    assert type(info.value) is ValueError
+    r = subprocess.run([ranks.mpiexec(), "-n", "2", "env", "XELINK_TIMEOUT=abc", sys.executable, "-m", "xelink",
+                        "demo"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("xelink demo: XELINK_TIMEOUT='abc' is not a number of seconds") == 2, r.stderr
+
+
 
 def test_bench_probe_writes_a_topology_and_a_calibration(tmp_path):
     from xelink import cost

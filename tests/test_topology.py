@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from xelink import topology as T
+from xelink.errors import ConfigError
 
 SHIPPED = ["cpu-2x2", "intel-arc-b60x4", "intel-max-1550x6", "nvidia-h200x2", "nvidia-h200x8", "two-hosts-4gpu"]
 
@@ -230,8 +231,10 @@ def test_broken_descriptions_are_rejected_naming_the_file_and_problem(tmp_path, 
     text = edit(GOOD)
     assert text != GOOD
     path = _write(tmp_path, text, "broken.toml")
-    with pytest.raises(exc, match=r"^load: .*broken\.toml: " + pattern) as info:
-        T.load(path)
+    with pytest.raises(ConfigError, match=r"^load: .*broken\.toml: " + pattern):  # a file's problem is a
+        T.load(path)  # setting's, a ValueError whatever its kind (the command line prints it as one line)
+    with pytest.raises(exc, match=r"^loads: <string>: " + pattern) as info:  # text: the argument's problem
+        T.loads(text)
     assert type(info.value) is exc
 
 

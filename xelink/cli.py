@@ -10,7 +10,7 @@ import json
 import platform
 import sys
 
-from .config import at_least, opencl_runtime_default
+from .config import at_least, opencl_runtime_default, run_reporting_settings
 
 __all__ = ["main", "collect_info"]
 
@@ -186,6 +186,12 @@ def _cmd_cost(args) -> int:
     distributed GEMM op: per shape, and its share of GEMM-alone speed)."""
     from . import cost, topology
 
+    try:  # usage errors before any launch
+        shapes = [cost.parse_shape(s) for s in args.shapes] if args.op in cost.DIST_GEMM_OPS else []
+        sizes = [cost.parse_size(s) for s in args.sizes]
+    except ValueError as exc:
+        print(f"xelink cost: {exc}", file=sys.stderr)
+        return 2
     world = None
     if args.topology:
         topo = topology.load(args.topology)
@@ -201,11 +207,9 @@ def _cmd_cost(args) -> int:
             print(cost.cp_attention_table(topo, nranks, args.seq_lens, heads=args.heads, kv_heads=args.kv_heads,
                                           head_dim=args.head_dim, causal=args.causal, dtype_bytes=args.dtype_bytes))
         elif args.op in cost.DIST_GEMM_OPS:
-            shapes = [cost.parse_shape(s) for s in args.shapes]
             print(cost.dist_gemm_table(topo, nranks, args.op, shapes, args.dtype_bytes,
                                        gemm_tflops=args.gemm_tflops))
         else:
-            sizes = [cost.parse_size(s) for s in args.sizes]
             print("\n\n".join(cost.table(topo, nranks, op, sizes) for op in ops))
     if world is not None:
         import xelink
@@ -421,5 +425,5 @@ def main(argv=None) -> int:
     sub.add_parser("bench", add_help=False, help="the benchmark suite (multi-rank families under a launcher): "
                                                  "`xelink bench --help` lists its families and tools")
     args = parser.parse_args(argv)
-    return args.fn(args)
+    return run_reporting_settings(f"xelink {args.cmd}", args.fn, args)
 

@@ -35,6 +35,8 @@ import os
 import sys
 from pathlib import Path
 
+from .errors import ConfigError, LaunchError
+
 __all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "opencl_runtime_default",
            "at_least"]
 
@@ -58,14 +60,20 @@ def env(name: str, default: str | None = None) -> str | None:
 
 
 def env_int(name: str, default: int) -> int:
-    """The integer knob ``name``, or ``default``; a value that is not an integer is a ``ValueError``."""
+    """The integer knob ``name``, or ``default``; a value that is not an integer is a ``ConfigError``."""
     value = env(name)
     if value is None:
         return default
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
+        raise ConfigError(f"{name}={value!r} is not an integer") from None
+
+
+def bad_value(source: str, message: str) -> ValueError:
+    """The error for a bad value from ``source``: a ``ConfigError`` where it is an ``XELINK_*`` variable (a
+    setting), else a ``ValueError`` (an argument, ``source`` naming the function)."""
+    return (ConfigError if source.startswith("XELINK_") else ValueError)(message)
 
 
 def env_flag(name: str) -> bool:
@@ -89,13 +97,13 @@ def resolve_timeout(timeout, fn: str = "init") -> float:
         try:
             timeout = float(value)
         except ValueError:
-            raise ValueError(f"{source}={value!r} is not a number of seconds") from None
+            raise ConfigError(f"{source}={value!r} is not a number of seconds") from None
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"{source}={timeout!r} must be a number of seconds")
     if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"{source}={timeout!r} must be a positive, finite number of seconds")
+        raise bad_value(source, f"{source}={timeout!r} must be a positive, finite number of seconds")
     return float(timeout)
 
 
@@ -113,3 +121,14 @@ def at_least(minimum: int):
         return value
 
     return parse
+
+
+def run_reporting_settings(prog: str, fn, *args) -> int:
+    """``fn(*args)`` for a command ``prog`` of the command line, a setting it cannot use (``ConfigError``: a bad
+    ``XELINK_*`` value, topology name or file) or a launch it cannot serve (``LaunchError``) printed as one line
+    naming ``prog`` with exit status 2 (a usage error, as argparse's), not a traceback."""
+    try:
+        return fn(*args)
+    except (ConfigError, LaunchError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2

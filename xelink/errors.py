@@ -1,13 +1,19 @@
 """The exceptions xelink raises.
 
-Argument errors are plain ``ValueError``/``TypeError`` prefixed with the function name; the classes
-here cover what goes wrong in a running job.
+Argument errors are plain ``ValueError``/``TypeError`` prefixed with the function name; a setting xelink
+cannot use (an ``XELINK_*`` variable, a topology name or file) is a ``ConfigError``, a ``ValueError`` the
+command line prints as one line; the other classes cover what goes wrong in a running job.
 """
 from __future__ import annotations
 
 import builtins
 
-__all__ = ["XelinkError", "TimeoutError", "LaunchError", "NotInitializedError"]
+__all__ = ["ConfigError", "XelinkError", "TimeoutError", "LaunchError", "NotInitializedError"]
+
+
+class ConfigError(ValueError):
+    """A setting xelink cannot use: an ``XELINK_*`` environment variable, a topology name or file. The message
+    names the variable or file and the bad value; ``xelink`` commands print it and exit 2, with no traceback."""
 
 
 class XelinkError(RuntimeError):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 
+from .errors import ConfigError
+
 __all__ = ["get_logger", "configure"]
 
 _ROOT = "xelink"
@@ -30,7 +32,7 @@ def configure(rank: int | None = None, level: str | None = None) -> None:
     if level:
         value = logging.getLevelName(level.upper())
         if not isinstance(value, int):
-            raise ValueError(f"XELINK_LOG: unknown level {level!r} (debug, info, warning, error)")
+            raise ConfigError(f"XELINK_LOG: unknown level {level!r} (debug, info, warning, error)")
         logger.setLevel(value)
     if _handler is not None:
         logger.removeHandler(_handler)

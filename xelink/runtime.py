@@ -120,7 +120,7 @@ def _device_kind(device: str | None) -> str:
         return "cpu"
     kind = str(device).split(":")[0]
     if kind not in ("cpu", "cuda", "xpu"):
-        raise ValueError(f"{source}={device!r} is not one of 'cpu', 'cuda', 'xpu'")
+        raise config.bad_value(source, f"{source}={device!r} is not one of 'cpu', 'cuda', 'xpu'")
     return kind
 
 
@@ -188,7 +188,7 @@ def _ranks_per_device(value) -> int:
     if value is None:
         value, source = config.env_int("XELINK_RANKS_PER_DEVICE", 1), "XELINK_RANKS_PER_DEVICE"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{source}={value!r} must be a positive int")
+        raise config.bad_value(source, f"{source}={value!r} must be a positive int")
     return value
 
 

@@ -41,6 +41,7 @@ from typing import Mapping, Sequence
 
 from . import log
 from .config import opencl_runtime_default
+from .errors import ConfigError
 
 __all__ = [
     "Device",
@@ -260,9 +261,9 @@ def load(name_or_path: str | os.PathLike) -> Topology:
     """Read and validate a topology: a shipped name (see ``available()``) or a path to a TOML file.
 
     Raises:
-        ValueError: unknown name, missing file, invalid TOML, or a description that fails ``validate``
-            (the message names the file and the problem).
-        TypeError: a field of the wrong type.
+        ConfigError: unknown name, missing file, invalid TOML, a field of the wrong type or a description
+            that fails ``validate`` (the message names the file and the problem; a ``ValueError``).
+        TypeError: ``name_or_path`` is not a string or path.
     """
     if isinstance(name_or_path, os.PathLike):
         name_or_path = os.fspath(name_or_path)
@@ -272,13 +273,18 @@ def load(name_or_path: str | os.PathLike) -> Topology:
     if looks_like_path or os.path.exists(name_or_path):
         path = Path(name_or_path)
         if not path.is_file():
-            raise ValueError(f"load: topology file {name_or_path!r} does not exist")
-        return loads(path.read_text(encoding="utf-8"), path=str(path), fn="load")
-    res = _shipped_dir() / f"{name_or_path}.toml"
-    if not res.is_file():
-        raise ValueError(f"load: unknown topology {name_or_path!r}; shipped: {', '.join(available())} "
-                         f"(or pass a path to a .toml file)")
-    return loads(res.read_text(encoding="utf-8"), path=f"{name_or_path}.toml", fn="load")
+            raise ConfigError(f"load: topology file {name_or_path!r} does not exist")
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    else:
+        res = _shipped_dir() / f"{name_or_path}.toml"
+        if not res.is_file():
+            raise ConfigError(f"load: unknown topology {name_or_path!r}; shipped: {', '.join(available())} "
+                              f"(or pass a path to a .toml file)")
+        text, where = res.read_text(encoding="utf-8"), f"{name_or_path}.toml"
+    try:
+        return loads(text, path=where, fn="load")
+    except (ValueError, TypeError) as exc:  # the file's problem, named by loads: a setting, as the name was
+        raise ConfigError(str(exc)) from None
 
 
 def parse_toml(text: str, where: str, fn: str) -> dict:

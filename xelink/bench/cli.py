@@ -11,6 +11,7 @@ import argparse
 import importlib
 
 from . import suite
+from ..config import run_reporting_settings
 
 __all__ = ["NAMES", "TOOLS", "main"]
 
@@ -44,7 +45,9 @@ def main(argv=None) -> int:
         _parser().error("name a family, all, or a tool (xelink bench --help lists them)")
     args = _parser().parse_args(argv)
     if args.name in TOOLS:
-        return importlib.import_module(f".{TOOLS[args.name][0]}", __package__).main(args.rest)
-    if args.name == "all":
-        return suite.main_all(args.rest)
-    return suite.main(args.name, args.rest)
+        fn, rest = importlib.import_module(f".{TOOLS[args.name][0]}", __package__).main, (args.rest,)
+    elif args.name == "all":
+        fn, rest = suite.main_all, (args.rest,)
+    else:
+        fn, rest = suite.main, (args.name, args.rest)
+    return run_reporting_settings(f"xelink bench {args.name}", fn, *rest)

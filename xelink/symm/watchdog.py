@@ -24,6 +24,7 @@ import time
 import weakref
 
 from ..config import env
+from ..errors import ConfigError
 
 __all__ = ["INTERVAL_S", "MODES", "mode", "watch"]
 
@@ -35,10 +36,10 @@ _thread: threading.Thread | None = None
 
 
 def mode() -> str:
-    """``XELINK_WATCHDOG``: "warn" (default), "abort" or "off"; another value is a ValueError naming the knob."""
+    """``XELINK_WATCHDOG``: "warn" (default), "abort" or "off"; another value is a ConfigError naming the knob."""
     value = env("XELINK_WATCHDOG", "warn").strip().lower()
     if value not in MODES:
-        raise ValueError(f"XELINK_WATCHDOG={value!r} must be one of {', '.join(MODES)}")
+        raise ConfigError(f"XELINK_WATCHDOG={value!r} must be one of {', '.join(MODES)}")
     return value
 
 

@@ -47,7 +47,7 @@ from typing import Iterable
 import numpy as np
 
 from .. import log
-from ..errors import TimeoutError, XelinkError
+from ..errors import ConfigError, TimeoutError, XelinkError
 from .base import Deadline, spin_until
 
 __all__ = [
@@ -177,7 +177,7 @@ def _read_delay(comm) -> float:
         late = {int(r) for r in ranks.split(",")}
         delay = float(seconds)
     except ValueError:
-        raise ValueError(f"XELINK_TEST_READ_DELAY={spec!r} is not '<rank>[,<rank>...]:<seconds>'") from None
+        raise ConfigError(f"XELINK_TEST_READ_DELAY={spec!r} is not '<rank>[,<rank>...]:<seconds>'") from None
     return delay if comm.world_ranks[comm.rank] in late else 0.0
 
 
