@@ -125,7 +125,13 @@ def test_gpu_family_is_skipped_on_cpu_with_the_reason():
 
 def test_gpu_options_are_refused_by_the_cpu_reference_run():
     r = _xelink("bench", "attention", "--impl", "cuda")
-    assert r.returncode != 0 and "unrecognized arguments" in r.stderr and "--impl cuda" in r.stderr
+    assert r.returncode != 0 and "unrecognized arguments on cpu ranks" in r.stderr and "--impl cuda" in r.stderr
+    # every family's CUDA-only group, as typed (the distributed GEMM's graph calls were taken and dropped on CPU)
+    for name, argv, want in (("dist-gemm", ["--graph-calls", "3"], ["--graph-calls 3"]),
+                             ("decode", ["--model", "tiny", "--no-transformers"], ["--model tiny", "--no-transformers"]),
+                             ("gemv", ["--sweep"], ["--sweep gemv"]), ("gemm", [], []),
+                             ("attention", ["--only", "decode", "--warm-jobs", "2"], ["--only decode", "--warm-jobs 2"])):
+        assert suite.cuda_only_given(name, suite.family_parser(name).parse_args(argv)) == want, name
 
 
 def _usage_error(capsys, *args) -> str:
@@ -158,6 +164,8 @@ def test_output_paths_and_bad_values_are_usage_errors_before_any_measurement(tmp
                        (["bench", "cp-attention", "--quick", "--window", "0"], "--window: 0 must be >= 1"),
                        (["bench", "cp-attention", "--quick", "--shapes", "0"], "N, H and D must be >= 1"),
                        (["bench", "sycl-collectives", "--quick", "--counts", "-5"], "--counts: -5 must be >= 0"),
+                       (["bench", "collectives", "--quick", "--sizes", "1K", "0"], "--sizes: '0' must be at least 1"),
+                       (["bench", "collectives", "--quick", "--sizes", "1x"], "--sizes: parse_size: '1x' is not a"),
                        (["demo", "-n", "-1"], "-n: -1 must be >= 0")):
         assert want in _usage_error(capsys, *argv), argv
     assert not xelink.is_initialized()

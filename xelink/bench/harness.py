@@ -37,6 +37,7 @@ from ..tuning import dtype_name
 
 __all__ = [
     "BUSBW_FACTORS",
+    "CUDA_ONLY",
     "JsonlWriter",
     "Progress",
     "Row",
@@ -366,6 +367,11 @@ def rank_sums(comm, counts: Mapping[str, int]) -> dict:
     Collective: every rank of ``comm`` must call this with the same names in the same order.
     """
     return dict(zip(counts, map(sum, zip(*comm.allgather_object(list(counts.values()))))))
+
+
+# The title of a family's argument group of options that only its CUDA runs use (the suite names those set on
+# another device as ignored).
+CUDA_ONLY = "CUDA only"
 
 
 def on_cuda(comm) -> bool:

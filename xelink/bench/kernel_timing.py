@@ -3,10 +3,10 @@ family while the other ranks wait, the CPU reference run or the GPU benchmark by
 tolerance, co-measured CPU timing with checks, CUDA-graph capture of a list of calls, and the host time
 of an eager call (``host_timing``, ``host_rows``: what a launch costs the CPU while the GPU is busy).
 
-A family's ``run(ctx)`` is ``run_single_device(ctx, cpu=..., gpu=..., gpu_only=...)``: on a CUDA rank
-the family's GPU benchmark, on any other device its CPU reference run (the kernels' ``impl="reference"``
-paths, the pure-torch twins the GPU kernels are tested against, next to torch's own op at small
-shapes). Options that only the GPU benchmark knows are refused on CPU, by every rank, so none waits.
+A family's ``run(ctx)`` is ``run_single_device(ctx, cpu=..., gpu=...)``: on a CUDA rank the family's GPU
+benchmark, on any other device its CPU reference run (the kernels' ``impl="reference"`` paths, the pure-torch
+twins the GPU kernels are tested against, next to torch's own op at small shapes). Options that only the GPU
+benchmark knows (the family's ``harness.CUDA_ONLY`` group) are refused on CPU by the suite, by every rank.
 """
 from __future__ import annotations
 
@@ -244,25 +244,13 @@ def cpu_rows(op, samples, wrong, base, *, size_bytes, count, dtype, flops, extra
     return out
 
 
-def _given(args, gpu_only: dict) -> list[str]:
-    """The GPU-only options given, as they would be typed (``--impl cuda``, ``--sweep``)."""
-    given = []
-    for dest, flag in gpu_only.items():
-        value = getattr(args, dest, None)
-        if value is None or value is False:
-            continue
-        given.append(flag if value is True else f"{flag} {value}")
-    return given
-
-
-def run_single_device(ctx, *, cpu, gpu, gpu_only: dict | None = None) -> list:
+def run_single_device(ctx, *, cpu, gpu) -> list:
     """Run ``gpu(ctx)`` on a CUDA rank 0, else ``cpu(ctx)``, while the other ranks wait; rows on rank 0.
 
     Args:
         ctx: the family's ``suite.Context``.
-        cpu, gpu: functions of ctx returning rows (rank 0 only).
-        gpu_only: ``{dest: "--flag"}`` of the options only the GPU benchmark knows (default None: off);
-            given on a CPU run they are refused before anything runs.
+        cpu, gpu: functions of ctx returning rows (rank 0 only). (Options only ``gpu`` uses belong in the family's
+            ``harness.CUDA_ONLY`` argument group: the suite refuses them on other devices before anything runs.)
 
     Returns:
         the rows on rank 0, [] on the other ranks.
@@ -270,11 +258,6 @@ def run_single_device(ctx, *, cpu, gpu, gpu_only: dict | None = None) -> list:
     Collective: every rank of the world must call this.
     """
     cuda = getattr(ctx.world.device, "type", "cpu") == "cuda"
-    if not cuda:
-        given = _given(ctx.args, gpu_only or {})
-        if given:  # every rank refuses, so none waits for rank 0
-            raise SystemExit(f"xelink bench {ctx.family}: unrecognized arguments for the CPU reference run (options "
-                             f"of the GPU benchmark, CUDA only): {' '.join(given)}")
     if ctx.lead:
         if cuda:
             ctx.header = (f"# {ctx.family}: xelink's GPU kernels vs torch on {torch.cuda.get_device_name()}, rank 0 "

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import JsonlWriter, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
+from .harness import CUDA_ONLY, JsonlWriter, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
 
 __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "all_families", "check_output_paths",
            "family_parser", "main", "main_all", "plots_dir", "write_outputs"]
@@ -121,6 +121,21 @@ def family_parser(name: str) -> argparse.ArgumentParser:
     _module(fam).add_arguments(p)
     add_output_arguments(p)
     return p
+
+
+def cuda_only_given(name: str, args) -> list[str]:
+    """The options of family ``name``'s CUDA-only group (``harness.CUDA_ONLY``) that ``args`` sets to other than
+    their defaults, as typed (``--impl cuda``, ``--sweep``)."""
+    parser = family_parser(name)
+    groups = [g for g in parser._action_groups if g.title == CUDA_ONLY]  # (argparse keeps a group's options here)
+    given = []
+    for a in (a for g in groups for a in g._group_actions):
+        value = getattr(args, a.dest, a.default)
+        if value != a.default:
+            flag = a.option_strings[0]
+            given.append(flag if value is True else " ".join(map(str, [flag, *(value if isinstance(value, list)
+                                                                               else [value])])))
+    return given
 
 
 # Options naming where results go: folders, and files (their folder is checked). Checked at parse time, so that a
@@ -284,6 +299,10 @@ def _run_family(ctx: Context) -> tuple[str, list[Row]]:
             if ctx.lead:
                 print(f"{ctx.family}: {why}", file=sys.stderr)
             return why, []
+    given = [] if on_cuda(ctx.world) else cuda_only_given(ctx.family, ctx.args)
+    if given:  # every rank refuses (the same options), so none waits for another
+        raise SystemExit(f"xelink bench {ctx.family}: unrecognized arguments on {ctx.world.device} ranks (options of "
+                         f"its CUDA runs only): {' '.join(given)}")
     rows = _module(fam).run(ctx) or []
     if ctx.lead:
         write_outputs(ctx, rows)

@@ -41,7 +41,7 @@ import torch
 
 from ...kernels import attention as A
 from ...kernels.common import gc_paused
-from ..harness import co_measure, make_row, summarize, time_cuda_events
+from ..harness import CUDA_ONLY, co_measure, make_row, summarize, time_cuda_events
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_rows, host_summary, host_timing,
                              measure_checked, run_single_device, timing)
 
@@ -468,7 +468,7 @@ def add_arguments(p) -> None:
     """The options of ``xelink bench attention``."""
     add_timing_arguments(p, cpu="default 5, quick 3 (rounds 3, quick 2)",
                          gpu="default 10 prefill, 20 decode, quick 5 (rounds 3, quick 1)")
-    g = p.add_argument_group("CUDA only")
+    g = p.add_argument_group(CUDA_ONLY)
     g.add_argument("--impl", default=None, choices=("triton", "cuda"),
                    help="xelink flash-attention path to time (default: what impl='auto' picks on this GPU; "
                         "decode has the one portable kernel)")
@@ -569,6 +569,4 @@ def _gpu(ctx) -> list:
 
 def run(ctx) -> list:
     """The attention family (CPU reference run, or the GPU benchmark on CUDA); rows on rank 0. Collective."""
-    return run_single_device(ctx, cpu=_cpu, gpu=_gpu,
-                             gpu_only={"impl": "--impl", "only": "--only", "sweep": "--sweep",
-                                       "warm_jobs": "--warm-jobs"})
+    return run_single_device(ctx, cpu=_cpu, gpu=_gpu)

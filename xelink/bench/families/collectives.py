@@ -257,9 +257,18 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
 
 
 def _size(text: str) -> int:
+    """An argparse type: a size in bytes, at least 1 (a size below an element a rank is measured as one)."""
+    import argparse
+
     from ...cost import parse_size
 
-    return parse_size(text)
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    return size
 
 
 SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB to 16 MiB, x4

@@ -88,7 +88,8 @@ import torch
 from ...models import (CONFIGS, LLAMA3_8B, DecodeLayerConfig, DecodeLayerWeights, Llama, decode_layers,
                        reference_decode_layers)
 from ...kernels.pdl import prefetch_bytes
-from ..harness import co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, time_cuda_events, time_fn
+from ..harness import (CUDA_ONLY, co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, time_cuda_events,
+                       time_fn)
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
                              run_single_device, timing, wrong_elements)
 from .collectives import transport_baseline
@@ -136,9 +137,10 @@ def add_arguments(p) -> None:
     p.add_argument("--contexts", nargs="+", type=_context, default=None, metavar="L",
                    help="contexts of the model rows, e.g. 1K 8K (default: CPU 64; CUDA 1K 8K 32K, quick 1K 8K); "
                         "the quantized, B=8 and transformers rows run at the smallest")
-    p.add_argument("--model", choices=tuple(CONFIGS), default=None,
-                   help=f"CUDA: the named config of the model rows (default {GPU_MODEL}; targets for it only)")
-    p.add_argument("--no-transformers", action="store_true", help="CUDA: no transformers generate row")
+    g = p.add_argument_group(CUDA_ONLY)
+    g.add_argument("--model", choices=tuple(CONFIGS), default=None,
+                   help=f"the named config of the model rows (default {GPU_MODEL}; targets for it only)")
+    g.add_argument("--no-transformers", action="store_true", help="no transformers generate row")
     p.add_argument("--cp-context", type=_context, default=None, metavar="L",
                    help="several ranks: the context of the CP rows (default: CUDA 128K, quick 32K; CPU 64)")
     par = p.add_mutually_exclusive_group()
@@ -1113,8 +1115,7 @@ def run(ctx) -> list:
     args, several = ctx.args, ctx.world.size > 1
     rows = []
     if not (several and args.parallel_only):
-        rows = run_single_device(ctx, cpu=_cpu, gpu=_gpu,
-                                 gpu_only={"model": "--model", "no_transformers": "--no-transformers"})
+        rows = run_single_device(ctx, cpu=_cpu, gpu=_gpu)
     if several and not args.no_parallel:
         rows += _parallel(ctx)
     return rows

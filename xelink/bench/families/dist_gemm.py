@@ -35,8 +35,8 @@ import functools
 
 import torch
 
-from ..harness import (co_measure, make_row, on_cuda, one_gpu_per_rank, pred_over_meas, rank_max, rank_sums,
-                       summarize, time_cuda_events)
+from ..harness import (CUDA_ONLY, at_least, co_measure, make_row, on_cuda, one_gpu_per_rank, pred_over_meas, rank_max,
+                       rank_sums, summarize, time_cuda_events)
 from ..kernel_timing import add_timing_arguments, cuda_graph, host_rows, host_timing, timing, wrong_elements
 from .collectives import transport_baseline
 
@@ -291,10 +291,11 @@ def add_arguments(p) -> None:
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
     add_timing_arguments(p, cpu="default 3, quick 2 (rounds 3, quick 2)", gpu="default 10 (rounds 3, quick 2)")
-    p.add_argument("--graph-calls", type=int, default=None, help="CUDA: calls captured in each CUDA graph (default 10; "
-                                                                 "0: no graph rows)")
-    p.add_argument("--host-calls", type=int, default=None, help="CUDA: calls per block of the host-time rows "
-                                                                "(default 20; 0: none)")
+    g = p.add_argument_group(CUDA_ONLY)
+    g.add_argument("--graph-calls", type=at_least(0), default=None,
+                   help="calls captured in each CUDA graph (default 10; 0: no graph rows)")
+    g.add_argument("--host-calls", type=at_least(0), default=None,
+                   help="calls per block of the host-time rows (default 20; 0: none)")
 
 
 def run(ctx) -> list:

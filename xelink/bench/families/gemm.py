@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from ..harness import co_measure, make_row, summarize, time_cuda_events
+from ..harness import CUDA_ONLY, co_measure, make_row, summarize, time_cuda_events
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, host_rows, host_timing,
                              measure_checked, run_single_device, timing, with_host_rows,
                              wrong_elements)
@@ -53,7 +53,7 @@ def add_arguments(p) -> None:
     """The options of ``xelink bench gemm``."""
     add_timing_arguments(p, cpu="default 5, quick 3 (rounds 3, quick 2)", gpu="default 10 (rounds 3, quick or "
                                                                              "sweep 2)")
-    g = p.add_argument_group("CUDA only")
+    g = p.add_argument_group(CUDA_ONLY)
     g.add_argument("--sweep", nargs="?", const="gemm", default=None, choices=("gemm",),
                    help="also time tile configurations of the cuda (TMA) and triton kernels (tuning)")
 
@@ -372,4 +372,4 @@ def _gpu(ctx) -> list:
 
 def run(ctx) -> list:
     """The gemm family (CPU reference run, or the GPU benchmark on CUDA); rows on rank 0. Collective."""
-    return run_single_device(ctx, cpu=_cpu, gpu=_gpu, gpu_only={"sweep": "--sweep"})
+    return run_single_device(ctx, cpu=_cpu, gpu=_gpu)

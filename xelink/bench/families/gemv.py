@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from ..harness import co_measure, make_row, time_cuda_events
+from ..harness import CUDA_ONLY, co_measure, make_row, time_cuda_events
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, host_rows,
                              host_timing, measure_checked, run_single_device, timing, with_host_rows,
                              wrong_elements)
@@ -46,7 +46,7 @@ def add_arguments(p) -> None:
     """The options of ``xelink bench gemv``."""
     add_timing_arguments(p, cpu="default 5, quick 3 (rounds 3, quick 2)", gpu="default 10 (rounds 3, quick or "
                                                                              "sweep 2)")
-    g = p.add_argument_group("CUDA only")
+    g = p.add_argument_group(CUDA_ONLY)
     g.add_argument("--sweep", nargs="?", const="gemv", default=None, choices=tuple(SWEEPS),
                    help="also time tuning variants: gemv (every kernel's tiles, the default), gemv-tc (the "
                         "tensor-core kernel's), gemv-pdl (programmatic dependent launch: the next kernel's go "
@@ -259,4 +259,4 @@ def _gpu(ctx) -> list:
 
 def run(ctx) -> list:
     """The gemv family (CPU reference run, or the GPU benchmark on CUDA); rows on rank 0. Collective."""
-    return run_single_device(ctx, cpu=_cpu, gpu=_gpu, gpu_only={"sweep": "--sweep"})
+    return run_single_device(ctx, cpu=_cpu, gpu=_gpu)
