@@ -68,16 +68,16 @@
 #   s31:      what the thirty-first session left unrun on a GPU: the model GPU tests (the ragged prompt on the per-row
 #             path, generate's pad tokens), the varlen tests, the GPU rank tests of peer memory, CP attention
 #             (cp_unshard differentiable) and the GPU collectives' reuse (the two-round rendezvous before MPI
-#             calls), then step_bound.py on this GPU (the decode attention's and the norms' share of the step)
-#             (~11 minutes);
+#             calls) (~9 minutes); s31b: step_bound.py on this GPU (the decode attention's and the norms' share of
+#             the step), then s30's tiled W4A16 GEMV sweep (~6 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31b|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31b|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -248,7 +248,10 @@ s31)
     tests/kernels/test_attention_varlen.py
   step s31_rank_gpu_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_cp_attention.py tests/collectives/ranks_gpu_reuse.py
+  ;;
+s31b)
   step step_bound 120 python3 benchmarks/scripts/step_bound.py --contexts 1024
+  step gemv_tiled_sweep 230 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
