@@ -9,7 +9,7 @@ from .comm import (NON_GROUP_MEMBER, Backend, Communicator, GroupMember, get_bac
                    new_subgroups_by_enumeration, split_group)
 from .dist import (CP_ALGOS, CP_LAYOUTS, DIST_GEMM_ALGOS, all_gather_matmul, cp_attention, cp_attention_varlen,
                    cp_positions, cp_shard, cp_unshard, matmul_all_reduce, matmul_reduce_scatter)
-from .errors import LaunchError, NotInitializedError, TimeoutError, XelinkError
+from .errors import ConfigError, LaunchError, NotInitializedError, TimeoutError, XelinkError
 from .mesh import DeviceMesh, init_device_mesh
 from .runtime import (destroy_process_group, finalize, get_node_local_rank, get_world, init, init_process_group,
                       is_available, is_initialized)
@@ -33,6 +33,7 @@ __all__ = [
     "init_device_mesh",
     "DIST_GEMM_ALGOS", "all_gather_matmul", "matmul_all_reduce", "matmul_reduce_scatter",
     "CP_ALGOS", "CP_LAYOUTS", "cp_attention", "cp_attention_varlen", "cp_positions", "cp_shard", "cp_unshard",
+    "ConfigError",
     "LaunchError",
     "NotInitializedError",
     "TimeoutError",
