@@ -244,9 +244,9 @@ s29b)
   step gemv_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=8,2 --fmts w4a16 --contexts 1024
   ;;
 s31)
-  step s31_model_gpu_tests 300 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models \
+  step s31_model_gpu_tests 420 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models \
     tests/kernels/test_attention_varlen.py
-  step s31_rank_gpu_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+  step s31_rank_gpu_tests 170 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_cp_attention.py tests/collectives/ranks_gpu_reuse.py
   ;;
 s31b)
