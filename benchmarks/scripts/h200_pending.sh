@@ -68,16 +68,17 @@
 #   s31:      what the thirty-first session left unrun on a GPU: the model GPU tests (the ragged prompt on the per-row
 #             path, generate's pad tokens), the varlen tests, the GPU rank tests of peer memory, CP attention
 #             (cp_unshard differentiable) and the GPU collectives' reuse (the two-round rendezvous before MPI
-#             calls) (~9 minutes); s31b: step_bound.py on this GPU (the decode attention's and the norms' share of
-#             the step), then s30's tiled W4A16 GEMV sweep (~6 minutes);
+#             calls) (s31 the model tests, ~6 minutes; s31r the rank tests, ~4; both passed on an H100 at 10ec46b);
+#             s31b: step_bound.py on this GPU (the decode attention's and the norms' share of the step), then s30's
+#             tiled W4A16 GEMV sweep (~6 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31b|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31b|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -246,7 +247,9 @@ s29b)
 s31)
   step s31_model_gpu_tests 420 python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 -m gpu tests/models \
     tests/kernels/test_attention_varlen.py
-  step s31_rank_gpu_tests 170 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+  ;;
+s31r)
+  step s31_rank_gpu_tests 260 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/dist/ranks_gpu_cp_attention.py tests/collectives/ranks_gpu_reuse.py
   ;;
 s31b)
