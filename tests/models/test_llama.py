@@ -183,6 +183,17 @@ def test_without_generation_config_the_model_configs_eos_stops(folders, tmp_path
     model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
     first = next(i for i in range(5, free.shape[1]) if int(free[0, i]) == stop)
     assert torch.equal(model.generate(ids, 8), free[:, :first + 1])
+    # its generation settings too (an older folder's config.json), applied or refused as generation_config.json's
+    cfg.update(eos_token_id=None, repetition_penalty=1.5)
+    (path / "config.json").write_text(json.dumps(cfg))
+    model = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64)
+    assert model.generation_config["repetition_penalty"] == 1.5
+    assert torch.equal(model.generate(ids, 8), model.generate(ids, 8, repetition_penalty=1.5, eos_token_id=[]))
+    assert not torch.equal(model.generate(ids, 8), free)
+    cfg.update(no_repeat_ngram_size=2)
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"Llama.generate: generation_config.json sets no_repeat_ngram_size=2"):
+        Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=64).generate(ids, 8)
 
 
 def test_generate_takes_what_torch_users_pass_and_refuses_the_rest_by_name(folders):
@@ -299,6 +310,27 @@ def test_phi3_folder_xelink_writes_is_one_transformers_reads(tmp_path):
     assert windowed.max_seq_len == 2048 and windowed.config.sliding_window == 2047  # tiny: max_position_embeddings
 
 
+def test_a_head_stored_under_tie_word_embeddings_is_the_head(folders, tmp_path):
+    """A fine-tune that untied the head and kept tie_word_embeddings: transformers (5) uses the stored lm_head
+    (the embedding stays the embedding); so does xelink, to the same logits."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    src, _ = folders["llama3.2", False]  # (a tied case)
+    path = _edit(src, tmp_path / "m")
+    assert json.loads((path / "config.json").read_text())["tie_word_embeddings"]
+    tensors = load_file(str(path / "model.safetensors"))
+    assert "lm_head.weight" not in tensors
+    tensors["lm_head.weight"] = torch.randn(tensors["model.embed_tokens.weight"].shape,
+                                            generator=torch.Generator().manual_seed(3)) * 0.1
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    assert torch.equal(hf.lm_head.weight, tensors["lm_head.weight"])
+    ids = torch.randint(0, 200, (1, 6), generator=torch.Generator().manual_seed(4))
+    got = Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=16)(ids, 0)
+    assert _rel(got, hf_logits(hf, ids)) < TOL
+
+
 def test_rope_scaling_fields_as_transformers_reads_them():
     """The pretraining length of a scaled RoPE: config.json's own original_max_position_embeddings first (as
     transformers gives it priority), then rope_scaling's, then max_position_embeddings; what a type needs is
@@ -314,6 +346,16 @@ def test_rope_scaling_fields_as_transformers_reads_them():
         {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}
     with pytest.raises(ValueError, match=r"rope_scaling of type 'linear' lacks \['factor'\]"):
         LlamaConfig.from_hf(dict(base, rope_scaling={"rope_type": "linear"}))
+    # a LlamaConfig built by hand gets the same checks (Llama.random took it unchecked: KeyErrors, or a "dynamic"
+    # scaling run as llama3, a Gemma run as a Llama)
+    tiny = CONFIGS["tiny"]
+    for bad, what in (({"rope_scaling": {"type": "linear", "factor": 2.0}}, r"rope_scaling=.* must be None or a dict"),
+                      ({"rope_scaling": dict(tiny.rope_scaling, rope_type="dynamic")}, "rope_type one of"),
+                      ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
+                       r"lacks \['original_max_position_embeddings'\]"),
+                      ({"model_type": "gemma"}, "model_type=.gemma. is not supported")):
+        with pytest.raises(ValueError, match="Llama.random: .*" + what):
+            Llama.random(dataclasses.replace(tiny, **bad), dtype=torch.float32, max_seq_len=16)
 
 
 def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
@@ -325,6 +367,11 @@ def test_config_defaults_and_resaves_as_transformers_reads_them(tmp_path):
     hf = CONFIGS["tiny"].to_hf()
     del hf["rms_norm_eps"]
     assert LlamaConfig.from_hf(hf, "t").rms_norm_eps == 1e-6
+    assert LlamaConfig.from_hf(dict(hf, model_type="phi3"), "t").rms_norm_eps == 1e-5  # (Phi3Config's own)
+    # the flags a type's transformers class does not have are ignored, as transformers ignores them
+    mistral = LlamaConfig.from_hf(dict(hf, model_type="mistral", attention_bias=True, mlp_bias=True), "t")
+    assert not (mistral.qkv_bias or mistral.o_bias or mistral.mlp_bias)
+    assert LlamaConfig.from_hf(dict(hf, attention_bias=True, mlp_bias=True), "t").mlp_bias  # (Llama's has them)
     path = save_random_llama(tmp_path / "m", dict(CONFIGS["tiny"].to_hf(), model_type="mistral", sliding_window=None),
                              dtype=torch.float32, max_shard_bytes=200_000)
     assert json.loads((path / "config.json").read_text())["sliding_window"] is None
@@ -384,27 +431,35 @@ def test_sampling_probs_keep_what_transformers_warpers_keep():
 
 @pytest.mark.parametrize("name", ["llama3.1", "qwen2"])
 def test_repetition_penalty_and_min_new_tokens_match_transformers(folders, name):
-    """Greedy tokens under transformers' repetition penalty (every id of the row so far: its prompt as given,
-    padding included, then its new tokens, finished rows' pads too) and min_new_tokens (no EOS before it): those
-    of transformers' generate, on a ragged batch; from the arguments and from generation_config.json."""
+    """Greedy tokens under transformers' repetition penalty (every id of the row so far: its prompt's real tokens,
+    not its left padding, then its new tokens, finished rows' pads too) and min_new_tokens (no EOS before it): those
+    of transformers' generate, on a ragged batch whose pad id is the padded row's own next token (so a penalty on
+    the padding would change it); from the arguments and from generation_config.json."""
     path, hf = folders[name, False]
     model = Llama.from_pretrained(path, dtype=torch.float32, max_batch=3, max_seq_len=64)
-    model.generation_config = dict(model.generation_config, pad_token_id=0)
-    ids = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(21))
     mask = torch.ones(3, 7, dtype=torch.long)
     mask[1, :4] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    free = model.generate(ids, 10, attention_mask=mask, eos_token_id=[])
+    for seed in range(21, 41):  # prompts whose padded row's next token is none of its real ones
+        ids = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(seed))
+        free = model.generate(ids, 10, attention_mask=mask, eos_token_id=[])
+        pad = int(free[1, 7])  # (what the padding holds does not change the free run: it is masked)
+        if pad not in ids[1, 4:].tolist():
+            break
+    ids = ids.masked_fill(mask == 0, pad)
+    model.generation_config = dict(model.generation_config, pad_token_id=pad)
     stop = int(free[0, 7 + 1])  # row 0's second token: without min_new_tokens row 0 would stop there
 
     def hf_generate(**kw):
         with torch.no_grad():
             return hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=stop,
-                               pad_token_id=0, **kw)
+                               pad_token_id=pad, **kw)
 
-    for kw in (dict(repetition_penalty=1.5, min_new_tokens=4), dict(repetition_penalty=0.7), dict(min_new_tokens=3)):
+    for kw in (dict(repetition_penalty=1.5, min_new_tokens=4), dict(repetition_penalty=0.7), dict(min_new_tokens=3),
+               dict(repetition_penalty=100.0)):
         got = model.generate(ids, 10, attention_mask=mask, eos_token_id=stop, **kw)
         assert torch.equal(got, hf_generate(**kw)), kw
+        if kw.get("repetition_penalty", 1) > 1:
+            assert int(got[1, 7]) == pad, kw  # row 1's first token: its padding's id, not penalized
     assert not torch.equal(got, model.generate(ids, 10, attention_mask=mask, eos_token_id=stop))  # it did apply
     model.generation_config.update(repetition_penalty=1.5, min_new_tokens=4, eos_token_id=stop)
     assert torch.equal(model.generate(ids, 10, attention_mask=mask), hf_generate(repetition_penalty=1.5,
@@ -424,12 +479,20 @@ def test_generation_config_settings_not_done_are_refused_by_name(folders):
         model.generation_config = dict(base, **idle)
         assert torch.equal(model.generate(ids, 3, eos_token_id=[]), want), idle
     for setting, sampling in ((dict(num_beams=4), False), (dict(no_repeat_ngram_size=3), False),
-                              (dict(bad_words_ids=[[5]]), False), (dict(typical_p=0.5), True)):
+                              (dict(bad_words_ids=[[5]]), False), (dict(typical_p=0.5), True),
+                              (dict(encoder_repetition_penalty=1.3), False), (dict(encoder_no_repeat_ngram_size=2), False),
+                              (dict(num_return_sequences=2), False)):
         model.generation_config = dict(base, **setting)
         (name, value), = setting.items()
         with pytest.raises(ValueError, match=rf"Llama.generate: generation_config.json sets {name}={value!r}"
                                              .replace("[", r"\[")):
             model.generate(ids, 3, temperature=1.0 if sampling else 0.0)
+    # sampling settings written as null there: transformers' defaults (temperature 1, top_p 1, top_k 50)
+    model.generation_config = dict(base, do_sample=True, temperature=None, top_p=None, top_k=None)
+    drawn = [model.generate(ids, 4, seed=s) for s in range(8)]
+    assert all(torch.equal(d, model.generate(ids, 4, seed=s, temperature=1.0, top_p=1.0, top_k=50))
+               for s, d in enumerate(drawn))
+    assert any(not torch.equal(d, model.generate(ids, 4, seed=s, top_k=0)) for s, d in enumerate(drawn))
     model.generation_config = base
     for bad in (dict(repetition_penalty=0.0), dict(min_p=1.5), dict(min_new_tokens=-1)):
         with pytest.raises(ValueError, match=rf"Llama.generate: {next(iter(bad))}="):

@@ -26,7 +26,8 @@ _SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 _ROPE_KEYS = {"llama3": (("factor", "low_freq_factor", "high_freq_factor"), ()), "linear": (("factor",), ()),
               "yarn": ((), ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                             "truncate"))}
-_SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
+_SERVED_STORAGE = ("F32", "F16", "BF16", "F64")
+HEAD = "lm_head.weight"  # (a tied model's is the embedding's, unless stored)  # safetensors dtype names of the weights a folder may store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,12 +151,14 @@ class LlamaConfig:
             raise ValueError(f"{fn}: partial_rotary_factor={partial!r} is not supported (only 1.0)")
         cfg = cls(hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
                   num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads, num_key_value_heads=kv,
-                  head_dim=head_dim, vocab_size=hf["vocab_size"], rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                  head_dim=head_dim, vocab_size=hf["vocab_size"],
+                  rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5 if model_type == "phi3" else 1e-6)),  # (theirs)
                   rope_theta=theta, rope_scaling=scaling,
                   max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                  attention_bias=bool(hf.get("attention_bias", False)) and model_type not in ("qwen2", "phi3"),
-                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3", "phi3"),
+                  # (the types whose transformers class has no such flag ignore it, as transformers does)
+                  attention_bias=bool(hf.get("attention_bias", False)) and model_type not in ("qwen2", "phi3", "mistral"),
+                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3", "phi3", "mistral"),
                   model_type=model_type, sliding_window=window, layer_types=layer_types)
         cfg.check(fn)
         return cfg
@@ -171,6 +174,18 @@ class LlamaConfig:
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
             raise ValueError(f"{fn}: head_dim={self.head_dim} must be even (RoPE)")
+        if self.model_type not in _SUPPORTED_TYPES:
+            raise ValueError(f"{fn}: model_type={self.model_type!r} is not supported (one of {_SUPPORTED_TYPES})")
+        rs = self.rope_scaling
+        if rs is not None:  # (from_hf writes {rope_type, its keys}; a config built by hand must too)
+            kind = rs.get("rope_type") if isinstance(rs, dict) else None
+            missing = [k for k in _ROPE_KEYS[kind][0] if rs.get(k) is None] if kind in _ROPE_KEYS else []
+            if kind != "linear" and kind in _ROPE_KEYS and rs.get("original_max_position_embeddings") is None:
+                missing.append("original_max_position_embeddings")
+            if kind not in _ROPE_KEYS or missing:
+                raise ValueError(f"{fn}: rope_scaling={rs!r} must be None or a dict with rope_type one of "
+                                 f"{', '.join(map(repr, _ROPE_KEYS))} and its keys"
+                                 + (f" (lacks {missing})" if missing else ""))
         w = self.sliding_window
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise ValueError(f"{fn}: sliding_window={w!r} must be None or an int >= 1")
@@ -234,6 +249,7 @@ CONFIGS = {
 
 def _resolve_config(config, fn: str) -> LlamaConfig:
     if isinstance(config, LlamaConfig):
+        config.check(fn)  # (a config built by hand: from_hf's checks ran on the others)
         return config
     if isinstance(config, str):
         if config not in CONFIGS:
@@ -271,7 +287,7 @@ def tensor_shapes(cfg: LlamaConfig) -> dict:
             shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
                            p + "mlp.down_proj.bias": (H,)})
     if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, H)
+        shapes[HEAD] = (cfg.vocab_size, H)
     return shapes
 
 
@@ -306,6 +322,10 @@ class Checkpoint:
                 raise FileNotFoundError(f"{getattr(self, 'fn', 'Checkpoint')}: {f} (listed in the index) is missing")
             self._handles[f] = self._open(str(f), framework="pt")
         return self._handles[f]
+
+    def has(self, name: str) -> bool:
+        """Whether the folder stores tensor ``name``."""
+        return name in self.where
 
     def shape(self, name: str) -> tuple:
         if name not in self.where:
@@ -342,6 +362,10 @@ class RandomWeights:
 
     def __init__(self, cfg: LlamaConfig, seed: int, device):
         self.shapes, self.seed, self.device = tensor_shapes(cfg), int(seed), torch.device(device)
+
+    def has(self, name: str) -> bool:
+        """Whether the config has tensor ``name``."""
+        return name in self.shapes
 
     def check(self, shapes: dict) -> None:
         """Nothing to check: the shapes are the config's own."""

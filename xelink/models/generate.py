@@ -19,7 +19,12 @@ __all__ = ["generate", "sample", "sampling_probs"]
 _NOT_DONE = {"num_beams": 1, "num_beam_groups": 1, "penalty_alpha": 0, "no_repeat_ngram_size": 0,
              "bad_words_ids": None, "force_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
              "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
-             "sequence_bias": None, "guidance_scale": 1, "dola_layers": None, "watermarking_config": None}
+             "sequence_bias": None, "guidance_scale": 1, "dola_layers": None, "watermarking_config": None,
+             "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0, "num_return_sequences": 1,
+             "stop_strings": None}
+# The settings generate reads, with the special tokens
+_READ = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p", "top_k", "min_p",
+         "repetition_penalty", "min_new_tokens", "min_length")
 _NOT_DONE_SAMPLING = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
 
 
@@ -66,6 +71,12 @@ def _processed(logits: torch.Tensor, seen: torch.Tensor, penalty: float, eos_t: 
     return logits
 
 
+def settings_of_model_config(hf: dict) -> dict:
+    """The generation settings of a ``config.json`` (a folder without ``generation_config.json``), as transformers
+    builds its generation config from the model's: those ``generate`` reads and those it refuses (``_NOT_DONE``)."""
+    return {k: hf[k] for k in _READ + tuple(_NOT_DONE) + tuple(_NOT_DONE_SAMPLING) if hf.get(k) is not None}
+
+
 def _eos_list(eos, fn):
     if eos is None:
         return []
@@ -97,13 +108,13 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             ``do_sample``), else 0.
         top_p: nucleus mass in (0, 1]; None: ``generation_config.json``'s when sampling, else 1.
         top_k: sample from the k most likely tokens (0: all); None: ``generation_config.json``'s, else 50
-            (transformers' default, which its sampling applies too).
+            (transformers' default, which its sampling applies too; a null there is the default too).
         eos_token_id: an int or a list (Llama 3.1 has three); None: ``generation_config.json``'s. A sequence
             stops at its first EOS (later positions get the pad token: ``pad_token_id``, else the first EOS).
         seed: the sampling generator's seed (the same on every rank); None: one rank 0 picks.
-        repetition_penalty: > 0; every token already in a row (its prompt as given, padding included, and its
-            new tokens) has its logit divided by it (multiplied where negative), greedy or sampling, as
-            transformers'; None: ``generation_config.json``'s, else 1 (none).
+        repetition_penalty: > 0; every token already in a row (its prompt's tokens, not its left padding, and
+            its new tokens) has its logit divided by it (multiplied where negative), greedy or sampling, as
+            transformers' (5: the padding skipped); None: ``generation_config.json``'s, else 1 (none).
         min_p: in [0, 1]: when sampling, keep the tokens at least ``min_p`` times as likely as the most likely
             one (after top-k and top-p); None: ``generation_config.json``'s when sampling, else 0.
         min_new_tokens: no EOS before this many new tokens; None: ``generation_config.json``'s, else 0. Its
@@ -127,13 +138,17 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"{fn}: max_new_tokens={max_new_tokens!r} must be an int >= 0")
     sampling = bool(gc.get("do_sample", False))
+
+    def setting(name, default):  # generation_config.json's value; null there is transformers' default
+        value = gc.get(name)
+        return default if value is None else value
+
     if temperature is None:
-        temperature = float(gc.get("temperature", 1.0)) if sampling else 0.0
+        temperature = float(setting("temperature", 1.0)) if sampling else 0.0
     if top_p is None:
-        top_p = float(gc.get("top_p", 1.0)) if sampling else 1.0
+        top_p = float(setting("top_p", 1.0)) if sampling else 1.0
     if top_k is None:
-        top_k = gc.get("top_k", 50)
-        top_k = 0 if top_k is None else top_k
+        top_k = setting("top_k", 50)
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
         raise ValueError(f"{fn}: top_k={top_k!r} must be an int >= 0 (0: no top-k filter)")
     if not temperature >= 0:
@@ -221,6 +236,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     out, starts = [], list(lens)
     ttft = None
     seen, min_length = ids, gc.get("min_length") or 0  # transformers counts the (padded) prompt in min_length
+    if attention_mask is not None and repetition_penalty != 1:  # a pad is no token seen: its row's first real one
+        first = ids.gather(1, (S - torch.tensor(lens))[:, None])  # stands in (penalized once, as it is anyway)
+        seen = torch.where(attention_mask.to("cpu").bool(), ids, first)
     for step in range(max_new_tokens):
         ban_eos = step < min_new_tokens or S + step < min_length
         if graph is not None and step > 0 and temperature <= 0 and repetition_penalty == 1 and not ban_eos:

@@ -49,8 +49,9 @@ from ..kernels import (decode_attention, flash_attention, gemm, gemv, qgemm, ref
                        reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope, rope_decode_attention,
                        silu_mul, tiled_w4a16_native)
 from ..kernels.common import gc_paused
-from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
+from .checkpoint import (HEAD, Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
                          tensor_shapes)
+from .generate import generate, settings_of_model_config
 from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
 
 __all__ = ["CPKVCache", "CPRingCache", "DecodeGraph", "IMPLS", "KVCache", "Llama", "MAX_SEQ_LEN_DEFAULT",
@@ -542,8 +543,8 @@ class Llama:
         if max_seq_len is None:
             max_seq_len = min(cfg.max_position_embeddings, MAX_SEQ_LEN_DEFAULT)
         generation = read_json(path, "generation_config.json")
-        if generation is None:  # as transformers builds it from the model config: the special tokens
-            generation = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf.get(k) is not None}
+        if generation is None:  # an older folder: config.json's settings, as transformers takes them
+            generation = settings_of_model_config(hf)
         return cls._load(fn, cfg, lambda: Checkpoint(path, fn), generation,
                          tp_group=tp_group, cp_group=cp_group, dtype=dtype, weights=weights, max_batch=max_batch,
                          max_seq_len=max_seq_len, impl=impl, device=device, quantize_head=quantize_head)
@@ -615,7 +616,10 @@ class Llama:
             raise ValueError(f"{fn}: quantize_head=True quantizes the head to the projections' format: it needs "
                              f"weights='w8a16' or 'w4a16', got weights={weights!r}")
         ckpt = source()
-        ckpt.check(tensor_shapes(cfg))
+        shapes = tensor_shapes(cfg)
+        if cfg.tie_word_embeddings and ckpt.has(HEAD):  # a head stored under the tie: transformers (5) reads it
+            shapes[HEAD] = (cfg.vocab_size, cfg.hidden_size)
+        ckpt.check(shapes)
         # W4A16 in tiles where the GEMVs read them in place (the tensor-core kernel: faster HBM reads)
         tiled = impl != "reference" and dtype in _KERNEL_DTYPES and tiled_w4a16_native(device)
         loaded = tp.load(ckpt, weights, dtype, device, tiled=tiled, quantize_head=quantize_head)
@@ -852,8 +856,6 @@ class Llama:
                  top_k=None, eos_token_id=None, seed=None, cuda_graph=None, repetition_penalty=None, min_p=None,
                  min_new_tokens=None):
         """Greedy or sampled continuation of a (left-padded) batch of prompts; see ``generate.generate``."""
-        from .generate import generate
-
         return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, temperature=temperature,
                         top_p=top_p, top_k=top_k, eos_token_id=eos_token_id, seed=seed, cuda_graph=cuda_graph,
                         repetition_penalty=repetition_penalty, min_p=min_p, min_new_tokens=min_new_tokens)
