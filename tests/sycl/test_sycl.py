@@ -271,10 +271,20 @@ def test_rejects_bad_input_before_any_kernel():
         (lambda: xs.communicators([3]), TypeError, r"communicators: devices\[0\]=3 is not a dpctl.SyclDevice"),
         (lambda: xs.communicators(["opencl:cpu"] * 2, packages=[[0]]), ValueError,
          r"communicators: packages=\[\[0\]\] is not a partition"),
+        (lambda: xs.communicators(["opencl:cpu"] * 2, packages=[[0.0], [1]]), ValueError,
+         r"communicators: packages=\[\[0.0\], \[1\]\] is not a partition"),  # (a float rank failed later)
+        (lambda: xs.all_reduce(a, algo=["ring"]), TypeError, r"all_reduce: algo=\['ring'\] must be a str"),
     ]
     for call, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             call()
+    # a bad XELINK_TIMEOUT fails before any kernel too (the arrays were reduced, then the wait raised)
+    os.environ["XELINK_TIMEOUT"] = "abc"
+    try:
+        with pytest.raises(xelink.ConfigError, match=r"XELINK_TIMEOUT='abc' is not a number of seconds"):
+            xs.all_reduce(a)
+    finally:
+        del os.environ["XELINK_TIMEOUT"]
     assert comms[0].team.last is last, "a rejected call enqueued work"
     for x in a:
         np.testing.assert_array_equal(x.to_host(), np.arange(4))
@@ -413,3 +423,14 @@ def test_arrays_sharing_memory_and_bad_views_are_refused():
         xs.reduce_scatter_tensor(outs, halves)
     xs.all_reduce(halves)  # disjoint halves of one allocation are two arrays
     check(one.to_host(), np.concatenate([np.arange(4) + np.arange(4, 8)] * 2), "int32", "disjoint halves")
+    # an array is its n elements, not its whole buffer: numpy() and the overlap checks (two arrays at the start of
+    # one allocation, each the first 4 elements of its own buffer view)
+    shared = xs.empty(comms[0], 8, "int32", usm="shared").from_host(np.arange(8))
+    head = xs.SyclArray(comms[0], shared.buffer, 4, "int32")
+    assert len(head) == 4 and head.numpy().tolist() == [0, 1, 2, 3] == head.to_host().tolist()
+    assert xs.SyclArray(comms[0], shared.buffer, np.int64(2), "int32").numpy().tolist() == [0, 1]
+    twice = [xs.SyclArray(c, shared.buffer, 4, "int32") for c in comms]  # the same 4 elements: refused
+    with pytest.raises(ValueError, match=r"all_reduce: arrays\[1\] and arrays\[0\] share memory"):
+        xs.all_reduce(twice)
+    xs.all_reduce([head, xs.SyclArray(comms[1], shared.buffer.sub(16, 16), 4, "int32")])  # (head: the whole buffer's
+    assert shared.numpy().tolist() == [4, 6, 8, 10] * 2                                  # first half only)

@@ -90,3 +90,36 @@ def test_topology_wants_the_whole_group_in_rank_order():
             assert "the whole group, in rank order" in str(exc)
         else:
             raise AssertionError(f"no error for {bad}")
+
+
+def test_the_family_is_skipped_with_the_reason_where_there_are_not_two_queues(monkeypatch, capsys):
+    """A CPU device of one compute unit (e.g. under taskset -c 0) cannot be partitioned: the family is skipped
+    with why (it ended in a traceback); a default of more than two queues (a many-core host) is cut to two."""
+    from types import SimpleNamespace
+
+    from xelink.bench import suite
+
+    world = SimpleNamespace(rank=0, size=1, device="cpu", hosts=["here"], launch=None, topology=None)
+    ctx = suite.Context(world, "sycl-collectives", suite.family_parser("sycl-collectives").parse_args(["--quick"]))
+
+    def unpartitionable(devices=None, packages=None):
+        raise ValueError("communicators: AMD EPYC cannot be partitioned: Sub-devices were not created.")
+
+    monkeypatch.setattr(xs, "communicators", unpartitionable)
+    status, rows = suite._run_family(ctx)
+    assert status == ("skipped: --devices sub2 needs two SYCL queues: communicators: AMD EPYC cannot be "
+                      "partitioned: Sub-devices were not created.") and rows == []
+    assert "sycl-collectives: skipped: --devices sub2 needs two SYCL queues" in capsys.readouterr().err
+    monkeypatch.undo()
+    made = []
+    real = xs.communicators
+
+    def recorded(devices=None, packages=None):
+        made.append(real(["opencl:cpu"] * 3 if devices is None else devices, packages))
+        return made[-1]
+
+    monkeypatch.setattr(xs, "communicators", recorded)
+    ctx = suite.Context(world, "sycl-collectives", suite.family_parser("sycl-collectives").parse_args(
+        ["--quick", "--counts", "5", "--ops", "all_reduce", "--iters", "1", "--rounds", "1"]))
+    status, rows = suite._run_family(ctx)
+    assert status == "ok" and [len(m) for m in made] == [3, 2] and rows

@@ -38,6 +38,7 @@ from ..tuning import dtype_name
 __all__ = [
     "BUSBW_FACTORS",
     "CUDA_ONLY",
+    "Unavailable",
     "JsonlWriter",
     "Progress",
     "Row",
@@ -367,6 +368,11 @@ def rank_sums(comm, counts: Mapping[str, int]) -> dict:
     Collective: every rank of ``comm`` must call this with the same names in the same order.
     """
     return dict(zip(counts, map(sum, zip(*comm.allgather_object(list(counts.values()))))))
+
+
+class Unavailable(Exception):
+    """Raised by a family's ``run`` (before any measurement, on every rank alike) when this machine lacks what it
+    needs; the suite reports the family skipped with the message as the reason."""
 
 
 # The title of a family's argument group of options that only its CUDA runs use (the suite names those set on

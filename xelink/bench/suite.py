@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import CUDA_ONLY, JsonlWriter, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
+from .harness import CUDA_ONLY, JsonlWriter, Unavailable, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
 
 __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "all_families", "check_output_paths",
            "family_parser", "main", "main_all", "plots_dir", "write_outputs"]
@@ -285,25 +285,29 @@ def write_outputs(ctx: Context, rows: list[Row], extra_manifest=None) -> None:
 def _run_family(ctx: Context) -> tuple[str, list[Row]]:
     """("ok" | "wrong" | "skipped: why", rows) of one family. Collective."""
     fam = FAMILIES[ctx.family]
-    if fam.cuda_only and not one_gpu_per_rank(ctx.world):
-        why = f"skipped: needs one CUDA GPU per rank (this rank's device is {ctx.world.device}" + \
-            (f"; {ctx.world.size} ranks share GPUs, and NCCL, the baseline, refuses them)" if on_cuda(ctx.world) else ")")
+
+    def skipped(why: str) -> tuple[str, list[Row]]:
         if ctx.lead:
-            print(f"{ctx.family}: {why}", file=sys.stderr)
-        return why, []
+            print(f"{ctx.family}: skipped: {why}", file=sys.stderr)
+        return f"skipped: {why}", []
+
+    if fam.cuda_only and not one_gpu_per_rank(ctx.world):
+        return skipped(f"needs one CUDA GPU per rank (this rank's device is {ctx.world.device}" +
+                       (f"; {ctx.world.size} ranks share GPUs, and NCCL, the baseline, refuses them)"
+                        if on_cuda(ctx.world) else ")"))
     if fam.sycl_only:
         from ..symm import sycl
 
         if not sycl.available():
-            why = "skipped: needs dpctl and a SYCL device (pip install dpctl intel-opencl-rt: the test extra has them)"
-            if ctx.lead:
-                print(f"{ctx.family}: {why}", file=sys.stderr)
-            return why, []
+            return skipped("needs dpctl and a SYCL device (pip install dpctl intel-opencl-rt: the test extra has them)")
     given = [] if on_cuda(ctx.world) else cuda_only_given(ctx.family, ctx.args)
     if given:  # every rank refuses (the same options), so none waits for another
         raise SystemExit(f"xelink bench {ctx.family}: unrecognized arguments on {ctx.world.device} ranks (options of "
                          f"its CUDA runs only): {' '.join(given)}")
-    rows = _module(fam).run(ctx) or []
+    try:
+        rows = _module(fam).run(ctx) or []
+    except Unavailable as exc:  # what the family needs, found missing once it looked (the same on every rank)
+        return skipped(str(exc))
     if ctx.lead:
         write_outputs(ctx, rows)
     bad = sum(max(r.wrong, 0) for r in rows)

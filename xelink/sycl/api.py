@@ -20,8 +20,11 @@ Algorithms (names as in ``xelink.cost.ALGOS``):
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
+from .. import config
 from ..collectives import registry
 from ..symm import sycl as _s
 
@@ -64,12 +67,16 @@ class SyclArray:
     def __init__(self, comm: SyclCommunicator, buf, n: int, dtype: str):
         if dtype not in _s.DTYPES:
             raise TypeError(f"SyclArray: dtype={dtype!r} is not one of {', '.join(_s.DTYPES)}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n * _s.DTYPES[dtype][0].itemsize > buf.nbytes:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"SyclArray: n={n!r} must be an int (elements)")
+        n = int(n)
+        if n < 0 or n * _s.DTYPES[dtype][0].itemsize > buf.nbytes:
             raise ValueError(f"SyclArray: n={n!r} elements of {dtype} do not fit the buffer's {buf.nbytes} bytes")
         if buf.device != comm.device:
             raise ValueError(f"SyclArray: the buffer is on {buf.device.name.strip()!r}, not on rank {comm.rank}'s "
                              f"device {comm.device.name.strip()!r}")
-        self.comm, self.buffer, self.n, self.dtype = comm, buf, n, dtype
+        # the array is its n elements, not the whole buffer (numpy(), and the overlap checks of two arrays in one)
+        self.comm, self.buffer, self.n, self.dtype = comm, buf.sub(0, n * _s.DTYPES[dtype][0].itemsize), n, dtype
         self.usm = buf.usm
 
     def __len__(self) -> int:
@@ -210,7 +217,8 @@ def communicators(devices=None, packages=None):
     else:
         packages = [list(p) for p in packages]
         flat = sorted(r for p in packages for r in p)
-        if flat != list(range(n)) or any(not p for p in packages):
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in flat) or flat != list(range(n)) or \
+                any(not p for p in packages):
             raise ValueError(f"communicators: packages={packages!r} is not a partition of ranks 0..{n - 1}")
     team = _s.Team(queues)
     return [SyclCommunicator(team, r, packages) for r in range(n)]
@@ -258,6 +266,7 @@ def _check_arrays(fn: str, arrays, name: str = "arrays"):
         for j in range(i):  # (queues of one device may be handed views of one allocation)
             if a.buffer.overlaps(arrays[j].buffer):
                 raise ValueError(f"{fn}: {name}[{i}] and {name}[{j}] share memory (every rank needs its own array)")
+    config.resolve_timeout(None, fn)  # (a bad XELINK_TIMEOUT fails here, before any kernel is enqueued)
     return team
 
 
@@ -267,6 +276,8 @@ def _check_op(fn: str, op):
 
 
 def _check_algo(fn: str, family: str, algo):
+    if not isinstance(algo, str):
+        raise TypeError(f"{fn}: algo={algo!r} must be a str ('auto' or an algorithm's name)")
     if algo != "auto":
         registry.get(fn, family, algo, "sycl")  # a ValueError naming fn and the choices
 

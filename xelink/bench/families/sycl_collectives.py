@@ -1,9 +1,10 @@
 """``xelink bench sycl-collectives``: ``xelink.sycl`` (one process driving several SYCL queues through dpctl)
 against a host numpy reference over the same data, with the cost model's prediction.
 
-Rank 0 runs it (the backend is single-process; other ranks return no rows). ``--devices sub2``: the two
-sub-devices of the first GPU, else of the CPU device (one queue each); ``tiles4``: four queues of one
-device standing for tiles, packages ``[[0, 1], [2, 3]]``. Ops all_reduce, all_gather and reduce_scatter,
+Rank 0 runs it (the backend is single-process; other ranks return no rows). ``--devices sub2``: the first two
+queues of ``xelink.sycl.communicators()``' default (two tiles of the first GPU, or two GPUs, else two compute
+units of the CPU device; skipped where there are not two); ``tiles4``: four queues of one device standing for
+tiles, packages ``[[0, 1], [2, 3]]``. Ops all_reduce, all_gather and reduce_scatter,
 every algorithm of ``xelink.sycl.ALGOS``, float32 (small integers: exact in every order); ``count`` is
 elements per rank (all_reduce, all_gather input; reduce_scatter output). Timing: the host clock around the
 public call (it waits), co-measured with the baseline, round by round. Baseline ``numpy:host``: numpy on the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..harness import at_least, co_measure, make_row, poison_unlike
+from ..harness import Unavailable, at_least, co_measure, make_row, poison_unlike
 
 __all__ = ["add_arguments", "run", "OPS", "DEVICE_SETS"]
 
@@ -118,7 +119,13 @@ def run(ctx) -> list:
     args = ctx.args
 
     if args.devices == "sub2":
-        comms = xs.communicators()
+        try:
+            every = xs.communicators()
+        except ValueError as exc:  # (a CPU device of one compute unit cannot be partitioned)
+            raise Unavailable(f"--devices sub2 needs two SYCL queues: {exc}") from None
+        if len(every) < 2:
+            raise Unavailable(f"--devices sub2 needs two SYCL queues; this machine's default has {len(every)}")
+        comms = every if len(every) == 2 else xs.communicators([c.device for c in every[:2]])
     else:
         comms = xs.communicators(["opencl:cpu"] * 4, packages=[[0, 1], [2, 3]])
     topo, placement = xs.topology(comms)
