@@ -128,9 +128,11 @@ def test_gpu_options_are_refused_by_the_cpu_reference_run():
     assert r.returncode != 0 and "unrecognized arguments on cpu ranks" in r.stderr and "--impl cuda" in r.stderr
     # every family's CUDA-only group, as typed (the distributed GEMM's graph calls were taken and dropped on CPU)
     for name, argv, want in (("dist-gemm", ["--graph-calls", "3"], ["--graph-calls 3"]),
-                             ("decode", ["--model", "tiny", "--no-transformers"], ["--model tiny", "--no-transformers"]),
+                             ("decode", ["--model", "tiny", "--no-transformers"],
+                              ["--model tiny", "--no-transformers"]),
                              ("gemv", ["--sweep"], ["--sweep gemv"]), ("gemm", [], []),
-                             ("attention", ["--only", "decode", "--warm-jobs", "2"], ["--only decode", "--warm-jobs 2"])):
+                             ("attention", ["--only", "decode", "--warm-jobs", "2"],
+                              ["--only decode", "--warm-jobs 2"])):
         assert suite.cuda_only_given(name, suite.family_parser(name).parse_args(argv)) == want, name
 
 

@@ -480,7 +480,8 @@ def test_generation_config_settings_not_done_are_refused_by_name(folders):
         assert torch.equal(model.generate(ids, 3, eos_token_id=[]), want), idle
     for setting, sampling in ((dict(num_beams=4), False), (dict(no_repeat_ngram_size=3), False),
                               (dict(bad_words_ids=[[5]]), False), (dict(typical_p=0.5), True),
-                              (dict(encoder_repetition_penalty=1.3), False), (dict(encoder_no_repeat_ngram_size=2), False),
+                              (dict(encoder_repetition_penalty=1.3), False),
+                              (dict(encoder_no_repeat_ngram_size=2), False),
                               (dict(num_return_sequences=2), False)):
         model.generation_config = dict(base, **setting)
         (name, value), = setting.items()

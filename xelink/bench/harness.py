@@ -375,8 +375,8 @@ class Unavailable(Exception):
     needs; the suite reports the family skipped with the message as the reason."""
 
 
-# The title of a family's argument group of options that only its CUDA runs use (the suite names those set on
-# another device as ignored).
+# The title of a family's argument group of options that only its CUDA runs use (the suite refuses those set on
+# another device, before the family runs).
 CUDA_ONLY = "CUDA only"
 
 

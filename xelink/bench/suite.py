@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import CUDA_ONLY, JsonlWriter, Unavailable, Progress, Row, format_table, manifest, on_cuda, one_gpu_per_rank, write_csv
+from .harness import (CUDA_ONLY, JsonlWriter, Progress, Row, Unavailable, format_table, manifest, on_cuda,
+                      one_gpu_per_rank, write_csv)
 
 __all__ = ["FAMILIES", "ALL_ORDER", "Family", "Context", "add_output_arguments", "all_families", "check_output_paths",
            "family_parser", "main", "main_all", "plots_dir", "write_outputs"]
@@ -132,9 +133,8 @@ def cuda_only_given(name: str, args) -> list[str]:
     for a in (a for g in groups for a in g._group_actions):
         value = getattr(args, a.dest, a.default)
         if value != a.default:
-            flag = a.option_strings[0]
-            given.append(flag if value is True else " ".join(map(str, [flag, *(value if isinstance(value, list)
-                                                                               else [value])])))
+            shown = value if isinstance(value, list) else [value]
+            given.append(a.option_strings[0] if value is True else " ".join([a.option_strings[0], *map(str, shown)]))
     return given
 
 

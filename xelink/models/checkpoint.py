@@ -26,8 +26,10 @@ _SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 _ROPE_KEYS = {"llama3": (("factor", "low_freq_factor", "high_freq_factor"), ()), "linear": (("factor",), ()),
               "yarn": ((), ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                             "truncate"))}
-_SERVED_STORAGE = ("F32", "F16", "BF16", "F64")
-HEAD = "lm_head.weight"  # (a tied model's is the embedding's, unless stored)  # safetensors dtype names of the weights a folder may store
+_SERVED_STORAGE = ("F32", "F16", "BF16", "F64")  # safetensors dtype names of the weights a folder may store
+HEAD = "lm_head.weight"  # (a tied model's is the embedding's, unless stored)
+_NO_ATTENTION_BIAS = ("qwen2", "phi3", "mistral")  # config.json's flag ignored, as by their transformers classes
+_NO_MLP_BIAS = ("qwen2", "qwen3", "phi3", "mistral")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +159,8 @@ class LlamaConfig:
                   max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                   # (the types whose transformers class has no such flag ignore it, as transformers does)
-                  attention_bias=bool(hf.get("attention_bias", False)) and model_type not in ("qwen2", "phi3", "mistral"),
-                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in ("qwen2", "qwen3", "phi3", "mistral"),
+                  attention_bias=bool(hf.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS,
+                  mlp_bias=bool(hf.get("mlp_bias", False)) and model_type not in _NO_MLP_BIAS,
                   model_type=model_type, sliding_window=window, layer_types=layer_types)
         cfg.check(fn)
         return cfg

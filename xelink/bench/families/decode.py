@@ -88,8 +88,8 @@ import torch
 from ...models import (CONFIGS, LLAMA3_8B, DecodeLayerConfig, DecodeLayerWeights, Llama, decode_layers,
                        reference_decode_layers)
 from ...kernels.pdl import prefetch_bytes
-from ..harness import (CUDA_ONLY, co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums, time_cuda_events,
-                       time_fn)
+from ..harness import (CUDA_ONLY, co_measure, make_row, on_cuda, one_gpu_per_rank, rank_max, rank_sums,
+                       time_cuda_events, time_fn)
 from ..kernel_timing import (KernelReport, add_timing_arguments, cpu_rows, cuda_graph, measure_checked,
                              run_single_device, timing, wrong_elements)
 from .collectives import transport_baseline
