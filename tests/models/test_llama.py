@@ -494,6 +494,13 @@ def test_generation_config_settings_not_done_are_refused_by_name(folders):
     assert all(torch.equal(d, model.generate(ids, 4, seed=s, temperature=1.0, top_p=1.0, top_k=50))
                for s, d in enumerate(drawn))
     assert any(not torch.equal(d, model.generate(ids, 4, seed=s, top_k=0)) for s, d in enumerate(drawn))
+    # sampling asked by the call (temperature > 0) in a folder without do_sample: its top_p / min_p apply, as its top_k
+    model.generation_config = dict(base, top_p=0.3, min_p=0.2)
+    drawn = [model.generate(ids, 4, seed=s, temperature=1.5) for s in range(8)]
+    assert all(torch.equal(d, model.generate(ids, 4, seed=s, temperature=1.5, top_p=0.3, min_p=0.2))
+               for s, d in enumerate(drawn))
+    assert any(not torch.equal(d, model.generate(ids, 4, seed=s, temperature=1.5, top_p=1.0, min_p=0.0))
+               for s, d in enumerate(drawn))
     model.generation_config = base
     for bad in (dict(repetition_penalty=0.0), dict(min_p=1.5), dict(min_new_tokens=-1)):
         with pytest.raises(ValueError, match=rf"Llama.generate: {next(iter(bad))}="):

@@ -106,7 +106,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             only: ValueError for a pad token after a real one), else every token real.
         temperature: 0 greedy, > 0 sampling; None: ``generation_config.json``'s (when it has
             ``do_sample``), else 0.
-        top_p: nucleus mass in (0, 1]; None: ``generation_config.json``'s when sampling, else 1.
+        top_p: nucleus mass in (0, 1] (sampling only); None: ``generation_config.json``'s, else 1.
         top_k: sample from the k most likely tokens (0: all); None: ``generation_config.json``'s, else 50
             (transformers' default, which its sampling applies too; a null there is the default too).
         eos_token_id: an int or a list (Llama 3.1 has three); None: ``generation_config.json``'s. A sequence
@@ -116,7 +116,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             its new tokens) has its logit divided by it (multiplied where negative), greedy or sampling, as
             transformers' (5: the padding skipped); None: ``generation_config.json``'s, else 1 (none).
         min_p: in [0, 1]: when sampling, keep the tokens at least ``min_p`` times as likely as the most likely
-            one (after top-k and top-p); None: ``generation_config.json``'s when sampling, else 0.
+            one (after top-k and top-p); None: ``generation_config.json``'s, else 0.
         min_new_tokens: no EOS before this many new tokens; None: ``generation_config.json``'s, else 0. Its
             ``min_length`` (prompt length plus new tokens, as transformers counts it) holds too.
         cuda_graph: decode steps as replays of ``model.decode_graph(B)`` (one CUDA graph a step, greedy
@@ -146,7 +146,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
     if temperature is None:
         temperature = float(setting("temperature", 1.0)) if sampling else 0.0
     if top_p is None:
-        top_p = float(setting("top_p", 1.0)) if sampling else 1.0
+        top_p = float(setting("top_p", 1.0))  # (the folder's, as top_k: they act only when sampling)
     if top_k is None:
         top_k = setting("top_k", 50)
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
@@ -161,7 +161,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_m
             not repetition_penalty > 0:
         raise ValueError(f"{fn}: repetition_penalty={repetition_penalty!r} must be a number > 0 (1: none)")
     if min_p is None:
-        min_p = (gc.get("min_p") or 0.0) if sampling else 0.0
+        min_p = setting("min_p", 0.0)
     if isinstance(min_p, bool) or not isinstance(min_p, numbers.Real) or not 0 <= min_p <= 1:
         raise ValueError(f"{fn}: min_p={min_p!r} must be in [0, 1] (0: none)")
     if min_new_tokens is None:
