@@ -375,6 +375,11 @@ def test_tensor_core_config():
     assert tc_config(4, 4096, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=4, SPLIT=1, BIASED=False)
     assert tc_config(1, 28672, 4096, "w4a16", 132)["UNROLL"] == 1  # 7168 warps: more than fit, no unroll
     assert tc_config(1, 6144, 4096, "w4a16", 132, num_warps=8)["UNROLL"] == 1  # a caller's warps: the old rule
+    # tiled, the step's shapes (H100 sweeps): O's warps take their whole K slice at once (4 steps), gate/up 2 warps
+    tiled = {(N, K): tc_config(1, N, K, "w4a16t", 132) for N, K in ((6144, 4096), (4096, 4096), (28672, 4096),
+                                                                    (4096, 14336))}
+    assert [(c["num_warps"], c["UNROLL"], c["SPLIT"]) for c in tiled.values()] == [(8, 2, 1), (8, 4, 1), (2, 1, 1),
+                                                                                   (8, 1, 2)]
     assert tc_config(1, 128256, 4096, "w4a16", 132) == dict(ROW_TILES=1, num_warps=4, UNROLL=2, SPLIT=1,
                                                             BIASED=False)
     assert tc_config(1, 128256, 4096, "w8a16", 132) == dict(ROW_TILES=2, num_warps=4, UNROLL=2, SPLIT=1)

@@ -66,6 +66,12 @@ __all__ = ["TC_AVAILABLE", "tc_config", "tc_fuses_act", "tc_launch_args"]
 TC_AVAILABLE = gluon is not None
 STEP = 128  # columns of K a warp takes per iteration (one W4A16 scale group)
 _STAGED_SMEM = 200 * 1024  # the most shared memory STAGES may take a program (sm90 has 227 KB a block)
+# Tiled W4A16 at 1-4 rows (the decode step's GEMVs), as two H100 sweeps of the step's chain found
+# (benchmarks/results/h100-rows/gemv_tiled_sweep.log, thirtieth and thirty-second sessions): a warp's whole slice of
+# K in flight where it is at most 4 steps (O, 4096 x 4096: 5.85 -> 5.35 and 5.81 -> 5.33 us a call), and 2 warps a
+# program where the programs outnumber what is resident at once (gate/up, 28672 x 4096: 24.96 -> 23.72 and
+# 24.51 -> 23.03). False: the rules before them (the step's A/B: step_ab.py gemv_tc.TILED_SLICE_RULES=False,True).
+TILED_SLICE_RULES = True
 
 # PTX shared with gemv.py's kernels (plain strings; each kernel wraps them as constexprs). W8: four
 # int8 in, two registers of 16-bit pairs out, in order, exact: bf16 through fp32 (the byte q + 128
@@ -433,8 +439,9 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
     once (4 in that case), ``BIASED`` (W4A16) where 4 row tiles make the kernel instruction-bound, and a grid
     ``SPLIT`` of K (a second launch) only when the programs would leave the GPU short of 8 warps a
     multiprocessor while every warp keeps at least 2 steps (not in that case). Tiled W4A16 ("w4a16t") at 1-4 rows
-    with every warp resident: 8 warps of 1 step (2 above 4096 rows), K split while a warp would have 12 steps or
-    more (the H100 sweeps, benchmarks/results/h100-rows/gemv_tiled_sweep.log)."""
+    with every warp resident: 8 warps of 1 step (2 above 4096 rows; up to 4, a warp's whole slice of K, where that
+    is at most 4 steps), K split while a warp would have 12 steps or more; with more programs than are resident, 2
+    warps a program (the H100 sweeps, benchmarks/results/h100-rows/gemv_tiled_sweep.log; ``TILED_SLICE_RULES``)."""
     big = N >= 65536
     w4 = fmt in ("w4a16", "w4a16t")
     split = 1
@@ -452,8 +459,13 @@ def tc_config(M: int, N: int, K: int, fmt: str, sms: int, row_tiles: int | None 
             num_warps, unroll = 8, 2 if N > 4096 else 1
             while -(-K // STEP) // (2 * split * num_warps) >= 6:
                 split *= 2
+            per_warp = -(-K // STEP) // (split * num_warps)
+            if TILED_SLICE_RULES and N <= 4096 and 1 <= per_warp <= 4:  # the warp's whole slice at once
+                unroll = 1 << (per_warp.bit_length() - 1)
     else:
         may_split = True  # a grid split while warps are few
+        if TILED_SLICE_RULES and fmt == "w4a16t" and M <= 4 and row_tiles == 1 and not big and num_warps is None:
+            num_warps = 2  # (more programs resident a multiprocessor)
     if num_warps is None:
         num_warps = 8 if N <= 4096 else 4
     if unroll is None:
