@@ -71,14 +71,16 @@
 #             calls) (s31 the model tests, ~6 minutes; s31r the rank tests, ~4; both passed on an H100 at 10ec46b);
 #             s31b: step_bound.py on this GPU (the decode attention's and the norms' share of the step), then s30's
 #             tiled W4A16 GEMV sweep (~6 minutes);
+#   s32:      the tiled W4A16 GEMVs' new defaults (gemv_tc.TILED_SLICE_RULES: from two H100 sweeps of the chain) in the
+#             W4A16 step, off against on at 1K and 8K, then the gemv and decode-graph GPU tests (~8 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -255,6 +257,12 @@ s31r)
 s31b)
   step step_bound 120 python3 benchmarks/scripts/step_bound.py --contexts 1024
   step gemv_tiled_sweep 230 python3 benchmarks/scripts/gemv_chain_sweep.py w4a16t
+  ;;
+s32)
+  step tiled_rules_ab 200 python3 benchmarks/scripts/step_ab.py gemv_tc.TILED_SLICE_RULES=False,True --fmts w4a16 \
+    --contexts 1024 8192
+  step tiled_rules_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
+    tests/kernels/test_gemv.py tests/models/test_decode_graph.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
