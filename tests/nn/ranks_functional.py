@@ -49,6 +49,12 @@ def check_each_op_has_one_process_gradients(world):
     assert len(got) == n and all(torch.equal(g, X[q, :3]) for q, g in enumerate(got))
     sum((g * V[r, q]).sum() for q, g in enumerate(got)).backward()
     torch.testing.assert_close(x.grad, V[:, r].sum(0))  # every rank's weight of slot r
+    # each slot a tensor of its own, as torch's: modified in place before backward (views of one buffer refused it)
+    x.grad = None
+    got = XF.all_gather(x)
+    got[0].mul_(2)
+    sum((g * V[r, q]).sum() for q, g in enumerate(got)).backward()
+    torch.testing.assert_close(x.grad, V[:, r].sum(0) * (2 if r == 0 else 1))  # (every rank doubled slot 0)
     # reduce_scatter (sum, avg): rank r receives the reduction of every rank's block r
     for op, scale in (("sum", 1.0), ("avg", 1.0 / n)):
         blocks = [_global((2, 3), 10 + 7 * r + j).requires_grad_() for j in range(n)]

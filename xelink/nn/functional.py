@@ -62,9 +62,10 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, comm):
         ctx.comm = comm
-        out = tensor.new_empty((comm.size,) + tuple(tensor.shape))
-        C.all_gather_into_tensor(out, tensor.contiguous(), group=comm)
-        return tuple(out.unbind(0))
+        # a tensor of its own a rank, as torch's (views of one buffer could not be modified in place before backward)
+        outs = [torch.empty_like(tensor, memory_format=torch.contiguous_format) for _ in range(comm.size)]
+        C.all_gather(outs, tensor.contiguous(), group=comm)
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
