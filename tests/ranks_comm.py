@@ -1,4 +1,5 @@
 """Communicator checks on every rank: identity, barrier, allgather, split, new_group, bridge, timeouts."""
+import datetime
 import time
 
 import numpy as np
@@ -220,8 +221,9 @@ def check_new_group_bad_arguments(world):
                     (dict(sort_ranks=None), r"sort_ranks=None must be a bool")):
         with pytest.raises(TypeError, match=f"new_group: {bad}"):
             xelink.new_group([0], **kw)
-    g = xelink.new_group(list(range(world.size))[::-1], None, 30, backend="gloo", pg_options=object(),
-                         group_desc="all", device_id=torch.device("cpu"))
+    # torch's arguments in torch's order (a timeout second: new_group(ranks, timedelta) as torch code writes it)
+    g = xelink.new_group(list(range(world.size))[::-1], datetime.timedelta(seconds=30), "gloo", object(), False,
+                         "all", torch.device("cpu"))
     assert g.world_ranks == list(range(world.size))
     g.free()
     if world.size > 1:

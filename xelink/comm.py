@@ -511,10 +511,11 @@ def get_group_rank(group, global_rank: int) -> int:
     return index
 
 
-def new_group(ranks: Sequence[int] | None = None, group: Communicator | None = None, timeout=None, *,
-              backend=None, pg_options=None, use_local_synchronization: bool = False, group_desc: str | None = None,
-              device_id=None, sort_ranks: bool = True) -> "Communicator | _NonGroupMember":
-    """A communicator of ``ranks`` (ranks of ``group``, default world), as torch.distributed.new_group.
+def new_group(ranks: Sequence[int] | None = None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization: bool = False, group_desc: str | None = None, device_id=None,
+              sort_ranks: bool = True, *, group: Communicator | None = None) -> "Communicator | _NonGroupMember":
+    """A communicator of ``ranks`` (ranks of ``group``, default world), as torch.distributed.new_group (its
+    arguments in its order; ``group``, xelink's own, by keyword).
 
     Args:
         ranks: distinct ranks of ``group``; every rank of ``group`` must pass the same list (None: all of
