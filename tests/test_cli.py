@@ -54,12 +54,18 @@ def test_settings_it_cannot_use_are_one_line_usage_errors(monkeypatch, capsys):
              ({}, ["cost", "--topology", "cpu-2x2", "--sizes", "1K", "abc"], "xelink cost: parse_size: 'abc'"),
              ({}, ["cost", "--topology", "cpu-2x2", "--op", "all_gather_matmul", "--shapes", "12x"],
               "xelink cost: parse_shape: '12x'"),
+             ({}, ["cost", "--topology", "cpu-2x2", "--nranks", "0"], None),  # (was every device's count)
              ({"XELINK_TIMEOUT": "-1"}, ["bench", "collectives", "--quick"],
               "xelink bench collectives: XELINK_TIMEOUT=-1.0 must be a positive")]
     for env, argv, want in cases:
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.setenv(k, v)
+            if want is None:  # an argparse usage error
+                with pytest.raises(SystemExit, match="2"):
+                    cli.main(argv)
+                assert "argument --nranks: 0 must be >= 1" in capsys.readouterr().err
+                continue
             assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(want) and err.count("\n") == 1, (argv, err)

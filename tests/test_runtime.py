@@ -207,3 +207,49 @@ def test_uncaught_exception_on_one_rank_aborts_the_job():
     assert r.returncode != 0
     assert "RuntimeError: boom on rank 1" in r.stderr
     assert time.monotonic() - start < 60  # far below the 300 s deadline the others would wait
+
+
+def test_auto_reads_rank_0s_table_and_settings_that_differ_between_ranks_stop_init(tmp_path):
+    """algo='auto' chose by each rank's own tuning table (a multi-host job's ~/.cache/xelink differ: a table on rank 0's
+    host only), calibration or topology: ranks took different paths of one collective, wrong results, then a hang.
+    Rank 0's table now serves every rank; variables that differ between ranks are a LaunchError on every rank."""
+    import json
+
+    import ranks
+
+    from xelink import tuning
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XELINK_TOPOLOGY", "XELINK_TUNING",
+                                                                      "XELINK_CALIBRATION"))}
+    env.update(XELINK_TIMEOUT="60")
+    show = ("import json, torch, xelink; from xelink import tuning; w = xelink.init()\n"
+            "fp = tuning.fingerprint(w.topology.name, w.hosts, w.world_placement)\n"
+            "t = tuning.active(); x = torch.arange(1000.0) + w.rank; xelink.all_reduce(x)\n"
+            "ok = torch.equal(x, 2 * torch.arange(1000.0) + 1)\n"
+            "import sys; open(f'{sys.argv[1]}/rank{w.rank}.json', 'w').write(json.dumps([fp, t and t.source, ok]))\n"
+            "xelink.finalize()\n")  # (a file a rank: the ranks' stdout lines may interleave)
+    script = tmp_path / "show.py"
+    script.write_text(show)
+
+    def launch(*per_rank):  # per_rank: each rank's extra environment
+        argv = [ranks.mpiexec()]
+        for i, extra in enumerate(per_rank):
+            argv += ([":"] if i else []) + ["-n", "1"] + [a for k, v in extra.items() for a in ("-env", k, v)]
+            argv += [sys.executable, str(script), str(tmp_path)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    r = launch({"HOME": str(home_b)}, {"HOME": str(home_b)})
+    assert r.returncode == 0, r.stderr
+    fp = json.loads((tmp_path / "rank0.json").read_text())[0]
+    (home_a / ".cache" / "xelink").mkdir(parents=True)
+    path = home_a / ".cache" / "xelink" / "t.tuning.json"
+    tuning.TuningTable(fp, {("all_reduce", "float32"): [(0, None, "xelink:ring")]}).save(path)
+    r = launch({"HOME": str(home_a)}, {"HOME": str(home_b)})  # the table on rank 0's host only
+    assert r.returncode == 0, r.stderr
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text())[1:] for r in range(2)]
+    assert seen == [[str(path), True]] * 2, seen
+    r = launch({"HOME": str(home_b), "XELINK_TOPOLOGY": "cpu-2x2"}, {"HOME": str(home_b)})
+    assert r.returncode != 0
+    assert r.stderr.count("LaunchError: init: XELINK_TOPOLOGY differs between ranks (rank 0: 'cpu-2x2', rank 1: "
+                          "unset)") == 2, r.stderr

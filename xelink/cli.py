@@ -200,7 +200,7 @@ def _cmd_cost(args) -> int:
 
         world = xelink.init()
         topo = world.topology
-    nranks = args.nranks or len(topo.devices)
+    nranks = len(topo.devices) if args.nranks is None else args.nranks
     ops = cost.OPS if args.op == "all" else (args.op,)
     if world is None or world.rank == 0:
         if args.op == "cp_attention":
@@ -380,7 +380,7 @@ def main(argv=None) -> int:
                         "(default: all_gather)")
     p.add_argument("--sizes", nargs="+", default=["1K", "24K", "1M", "16M", "96M", "1G"],
                    help="message sizes, e.g. 24K 96M 1G (default: 1K 24K 1M 16M 96M 1G)")
-    p.add_argument("--nranks", type=int, help="ranks to place (default: one per device)")
+    p.add_argument("--nranks", type=at_least(1), help="ranks to place (default: one per device)")
     p.add_argument("--shapes", nargs="+", default=["6144", "12288"],
                    help="distributed GEMM shapes, M (a cube) or MxNxK (default: 6144 12288)")
     p.add_argument("--dtype-bytes", type=int, default=2,

@@ -318,10 +318,43 @@ def ranks_per_core(seen) -> float:
     return max([1.0] + [ranks[h] / max(len(cpus[h]), 1) for h in ranks])
 
 
+# What algo='auto' reads besides the call: ranks that chose by different ones took different paths of one
+# collective (wrong results, then a hang). The variables must agree; the files they (or ~/.cache/xelink, which
+# differs between hosts) name are read by rank 0 for every rank.
+_AUTO_SETTINGS = ("XELINK_TOPOLOGY", "XELINK_TUNING", "XELINK_CALIBRATION")
+
+
+def _agree_on_settings(world: Communicator) -> None:
+    """A ``LaunchError`` on every rank where the ranks' ``_AUTO_SETTINGS`` differ, naming the variable and values."""
+    seen = world.allgather_object([config.env(name) for name in _AUTO_SETTINGS])
+    for i, name in enumerate(_AUTO_SETTINGS):
+        values = [s[i] for s in seen]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"rank {r}: {'unset' if v is None else repr(v)}" for r, v in enumerate(values))
+            raise LaunchError(f"init: {name} differs between ranks ({shown}); every rank must see the same value "
+                              f"(algo='auto' would choose differently on each)")
+
+
+def _rank0s(world: Communicator, what: str, load):
+    """``load()`` run on rank 0, its result on every rank (its error a ``LaunchError`` on every rank)."""
+    got = None
+    if world.rank == 0:
+        try:
+            got = (load(), None)
+        except (OSError, ValueError, TypeError) as exc:
+            got = (None, str(exc))
+    value, error = world.allgather_object(got)[0]
+    if error is not None:
+        raise LaunchError(f"init: {what} (read by rank 0): {error}")
+    return value
+
+
 def _attach_topology(world: Communicator, rpd: int) -> None:
-    """Give the world its topology (``XELINK_TOPOLOGY`` or discovery), placement and tuning table."""
+    """Give the world its topology (``XELINK_TOPOLOGY`` or discovery), placement, tuning table and calibration,
+    the same on every rank (``_AUTO_SETTINGS``)."""
     from .topology import from_env_or_discover, place
 
+    _agree_on_settings(world)
     topo = from_env_or_discover(world)
     try:
         world.world_placement = place(topo, world.size, rpd)
@@ -330,7 +363,8 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
     world.topology = topo
     asked = config.env("XELINK_TUNING")
     fp = tuning.fingerprint(topo.name, world.hosts, world.world_placement)
-    table = tuning.find_table(fp, [asked or os.path.join(os.path.expanduser("~"), ".cache", "xelink")])
+    where = asked or os.path.join(os.path.expanduser("~"), ".cache", "xelink")
+    table = _rank0s(world, "the tuning table", lambda: tuning.find_table(fp, [where]))
     if asked and table is None and world.rank == 0:  # named, but nothing there fits: say so (auto uses the cost model)
         _log.warning("XELINK_TUNING=%s holds no tuning table (*%s) for this machine %s; algo='auto' falls back to "
                      "the cost model", asked, tuning.SUFFIX, fp)
@@ -339,10 +373,7 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
     if cal_path:  # a measured calibration (``xelink bench links --calibration-out``) prices auto's model
         from .cost import load_calibration, set_active_calibration
 
-        try:
-            set_active_calibration(load_calibration(cal_path))
-        except (ValueError, TypeError) as exc:
-            raise LaunchError(f"init: XELINK_CALIBRATION={cal_path!r}: {exc}") from None
+        set_active_calibration(_rank0s(world, f"XELINK_CALIBRATION={cal_path!r}", lambda: load_calibration(cal_path)))
 
 
 def _install_abort_hook() -> None:
