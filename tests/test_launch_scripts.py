@@ -150,3 +150,11 @@ def test_bad_counts_and_launchers_are_usage_errors(capsys, monkeypatch):
     with pytest.raises(SystemExit) as info:
         run.main(["--dry-run", "echo"])
     assert info.value.code == 2 and "SLURM_NTASKS='abc' is not a number of ranks" in capsys.readouterr().err
+
+
+def test_a_command_that_cannot_run_is_named(monkeypatch):
+    """A script given without python (execvp looks it up on PATH): every rank said only FileNotFoundError."""
+    monkeypatch.setenv("PMI_RANK", "0")
+    with pytest.raises(SystemExit, match=r"xelink-run: cannot run 'train\.py': No such file or directory \(a Python "
+                                         r"script: xelink-run \.\.\. python train\.py\)"):
+        run.main(["--bind-rank", "--devices", "cpu", "--", "train.py"])

@@ -26,6 +26,12 @@ SLURM = {"PMIX_RANK": "1", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0"}
     (OPENMPI, ("openmpi", 3, 8, 1, 4)),
     (TORCHRUN, ("torchrun", 5, 6, 1, 2)),
     (SLURM, ("mpi", 1, 3, 0, None)),
+    # an env:// launch by hand, without LOCAL_RANK (it ran every process as rank 0 of 1), as torch reads one
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     ("torchrun", 1, 2, None, None)),
+    # torch's variables left in the environment of an mpiexec launch: MPI's rank and size (not "1 of 1")
+    ({**MPICH, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}, ("mpich", 2, 4, 2, 4)),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, ("single", 0, 1, 0, 1)),  # a batch script's python
 ])
 def test_detect_launch(env, expect):
     launch = runtime.detect_launch(env)
@@ -37,6 +43,10 @@ def test_detect_launch(env, expect):
     ({"PMI_RANK": "4", "PMI_SIZE": "4"}, "launcher mpi gave rank=4 size=4"),
     ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='x' is not an integer"),
     ({"OMPI_COMM_WORLD_RANK": "0"}, "launcher openmpi gave rank=0 size=None"),
+    # srun without PMI: every task alone as rank 0 of 1 before
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2"},
+     "srun started this process as task 1 of 2 without PMI"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}, "task 0 of 2 without PMI"),
 ])
 def test_detect_launch_rejects_inconsistent_placement(env, message):
     with pytest.raises(LaunchError, match=message):
@@ -101,6 +111,8 @@ def test_init_single_process_and_bad_arguments():
         xelink.finalize()
     with pytest.raises(xelink.NotInitializedError, match=r"xelink.init\(\) has not been called"):
         xelink.get_world()
+    with pytest.raises(ValueError):  # as torch's "Default process group has not been initialized"
+        xelink.get_rank()
     with pytest.raises(ValueError, match=r"init: device='tpu' is not one of 'cpu', 'cuda', 'xpu'"):
         xelink.init(device="tpu")
     with pytest.raises(ValueError, match=r"init: ranks_per_device=0 must be a positive int"):

@@ -75,5 +75,6 @@ class LaunchError(XelinkError):
     """The job was launched in a way xelink cannot serve (e.g. more ranks on a host than GPUs)."""
 
 
-class NotInitializedError(XelinkError):
-    """A call needed the world communicator before ``xelink.init()``."""
+class NotInitializedError(XelinkError, ValueError):
+    """A call needed the world communicator before ``xelink.init()`` (a ``ValueError`` too, as torch.distributed's
+    "Default process group has not been initialized")."""

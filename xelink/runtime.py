@@ -74,7 +74,11 @@ def _env_int(env: Mapping[str, str], *names: str) -> int | None:
 def detect_launch(env: Mapping[str, str] = os.environ) -> Launch:
     """Identify the launcher from the environment it set (a pure function of ``env``)."""
     host = socket.gethostname()
-    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "RANK" in env and "WORLD_SIZE" in env):
+    mpi = any(k in env for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
+    # torchrun, or an env:// launch by hand (RANK, WORLD_SIZE and MASTER_ADDR, as torch's init_method="env://" reads
+    # them; LOCAL_RANK may be absent). Under an MPI launcher its own variables win over torch's left in the environment.
+    torch_env = "RANK" in env and "WORLD_SIZE" in env and ("LOCAL_RANK" in env or "MASTER_ADDR" in env)
+    if "TORCHELASTIC_RUN_ID" in env or (torch_env and not mpi):
         launcher = "torchrun"
         rank, size = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
         local_rank, local_size = _env_int(env, "LOCAL_RANK"), _env_int(env, "LOCAL_WORLD_SIZE")
@@ -95,6 +99,11 @@ def detect_launch(env: Mapping[str, str] = os.environ) -> Launch:
         local_rank = _env_int(env, "MPI_LOCALRANKID", "SLURM_LOCALID")
         local_size = _env_int(env, "MPI_LOCALNRANKS")
     else:
+        task, tasks = _env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_STEP_NUM_TASKS")
+        if task is not None and (task > 0 or (tasks or 1) > 1):  # (a batch script's own shell is task 0 of no step)
+            raise LaunchError(f"init: srun started this process as task {task} of {tasks} without PMI (no PMI_RANK or "
+                              f"PMIX_RANK): each task would run alone as rank 0 of 1; launch with srun --mpi=pmi2 (or "
+                              f"pmix), mpiexec or xelink-run")
         return Launch("single", 0, 1, 0, 1, host)
     if rank is None or size is None or size < 1 or not 0 <= rank < size:
         raise LaunchError(f"init: launcher {launcher} gave rank={rank} size={size}, which is not a valid placement")
