@@ -133,6 +133,20 @@ def test_w4_round_trip(dtype):
     assert torch.equal(unpack_w4a16(*pack_w4a16(deq, torch.float32)), deq)  # a packed weight packs to itself
 
 
+def test_pack_w8a16_of_a_column_slice_takes_the_whole_rows_scale():
+    """A row-parallel projection's slice of columns, scaled by the whole rows' largest: the whole weight's packing,
+    cut (each slice's own largest gave another model under TP); a magnitude below the slice's own is refused."""
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))
+    q, s = pack_w8a16(w, torch.bfloat16)
+    amax = w.abs().amax(1)
+    for lo, hi in ((0, 32), (32, 64)):
+        qs, ss = pack_w8a16(w[:, lo:hi], torch.bfloat16, amax)
+        assert torch.equal(ss, s) and torch.equal(qs, q[:, lo:hi])
+    assert not torch.equal(pack_w8a16(w[:, :32], torch.bfloat16)[1], s)  # (its own largest: another scale)
+    with pytest.raises(ValueError, match=r"pack_w8a16: amax \(shape \(8,\)\) must give each of w's 8 rows"):
+        pack_w8a16(w, torch.bfloat16, amax / 2)
+
+
 def test_pack_errors():
     with pytest.raises(ValueError, match="pack_w4a16: K=100 must be a multiple of 128"):
         pack_w4a16(torch.randn(2, 100))

@@ -157,6 +157,29 @@ def check_tp_biases_and_uneven_vocab_match_transformers(world):
         tp.free()
 
 
+@only(sizes=(2, 4))
+def check_tp_w8a16_is_the_one_rank_model(world):
+    """W8A16 under TP: the row-parallel projections (o, down) were quantized slice by slice, each rank's columns
+    scaled by their own largest (another model than one rank's: tokens differed); the whole rows' scale now."""
+    from xelink.models import Llama
+
+    path = _folder(world)[0]
+    ids, mask = _prompts()
+    alone = world.split(world.rank)
+    kw = dict(dtype=torch.float32, weights="w8a16", max_batch=3, max_seq_len=32)
+    one = Llama.from_pretrained(path, tp_group=alone, **kw)
+    want = one(ids, 0, mask)
+    tp = _tp(world, world.size)
+    model = Llama.from_pretrained(path, tp_group=tp, **kw)
+    got = model(ids, 0, mask)
+    err = (got[mask.bool()] - want[mask.bool()]).abs().max().item()
+    assert err < TOL, f"W8A16 TP={world.size}: logits differ from one rank's by {err}"
+    assert torch.equal(model.generate(ids, 5, attention_mask=mask, eos_token_id=[]),
+                       one.generate(ids, 5, attention_mask=mask, eos_token_id=[]))
+    for g in (tp, alone):
+        g.free()
+
+
 def check_seeded_sampling_same_tokens_on_every_rank(world):
     from xelink.models import Llama
 

@@ -104,12 +104,16 @@ def _check_float_weight(fn: str, w) -> None:
         raise TypeError(f"{fn}: w.dtype={w.dtype} must be a floating dtype")
 
 
-def pack_w8a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_w8a16(w: torch.Tensor, dtype: torch.dtype | None = None, amax: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``w [N, K]`` to int8 with one symmetric scale per row.
 
     Args:
         w: ``[N, K]`` float weight.
         dtype: dtype of the scales (the activation dtype); default ``w.dtype`` (bf16/fp16), else bf16.
+        amax: ``[N]`` the rows' largest magnitudes to scale by, at least ``w``'s (None: ``w``'s own): where ``w`` is
+            a slice of columns of a whole weight (a row-parallel projection's), the whole rows', so that every
+            slice takes the scale the whole weight would.
 
     Returns:
         ``(q, scales)``: ``q`` int8 ``[N, K]`` in [-127, 127], ``scales [N]`` with
@@ -119,8 +123,14 @@ def pack_w8a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch
     _check_float_weight("pack_w8a16", w)
     dtype = dtype or (w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16)
     wf = w.float()
-    amax = wf.abs().amax(dim=1)
-    scales = _scale_up(amax, 127, dtype)
+    own = wf.abs().amax(dim=1)
+    if amax is not None:
+        check_tensor("pack_w8a16", "amax", amax, 1)
+        if amax.shape[0] != w.shape[0] or bool((amax.float() < own).any()):
+            raise ValueError(f"pack_w8a16: amax (shape {tuple(amax.shape)}) must give each of w's {w.shape[0]} rows "
+                             f"a magnitude at least its own largest")
+        own = amax.float().to(own.device)
+    scales = _scale_up(own, 127, dtype)
     q = torch.round(wf / scales.float()[:, None]).clamp_(-128, 127).to(torch.int8)
     return q, scales
 

@@ -256,7 +256,11 @@ class TensorParallel:
 
         def linear(w, bias=None, reduce=None, fmt=weights):
             if fmt == "w8a16":
-                q, s = pack_w8a16(w, dtype)
+                amax = None
+                if reduce is not None and self.size > 1:  # a slice of columns: the whole rows' scale, as one process
+                    amax = w.float().abs().amax(dim=1)
+                    all_reduce(amax, op="max", group=self.group)
+                q, s = pack_w8a16(w, dtype, amax)
                 return Linear(q.to(device), s.to(device), "w8a16", _dev(bias, device), reduce)
             if fmt == "w4a16":
                 q, s = pack_w4a16(w, dtype)
