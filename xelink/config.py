@@ -37,8 +37,8 @@ from pathlib import Path
 
 from .errors import ConfigError, LaunchError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "opencl_runtime_default",
-           "at_least"]
+__all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "bad_value", "opencl_runtime_default",
+           "at_least", "run_reporting_settings"]
 
 DEFAULT_TIMEOUT_S = 300.0
 

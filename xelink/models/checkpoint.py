@@ -262,6 +262,13 @@ def _resolve_config(config, fn: str) -> LlamaConfig:
     raise TypeError(f"{fn}: config must be a name, a dict or a LlamaConfig, got {type(config).__name__}")
 
 
+def head_tensor(cfg: LlamaConfig, source) -> str:
+    """The tensor the head reads: ``lm_head.weight``, or a tied model's embedding unless ``source`` (a
+    ``Checkpoint`` or ``RandomWeights``) stores a head anyway (a fine-tune that untied it and kept the flag:
+    transformers 5 warns and reads the stored one)."""
+    return "model.embed_tokens.weight" if cfg.tie_word_embeddings and not source.has(HEAD) else HEAD
+
+
 def tensor_shapes(cfg: LlamaConfig) -> dict:
     """Every tensor of a Hugging Face Llama folder of this config: name -> shape."""
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim

@@ -49,8 +49,8 @@ from ..kernels import (decode_attention, flash_attention, gemm, gemv, qgemm, ref
                        reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope, rope_decode_attention,
                        silu_mul, tiled_w4a16_native)
 from ..kernels.common import gc_paused
-from .checkpoint import (HEAD, Checkpoint, LlamaConfig, RandomWeights, _resolve_config, read_json, rope_inv_freq,
-                         tensor_shapes)
+from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, head_tensor, read_json,
+                         rope_inv_freq, tensor_shapes)
 from .generate import generate, settings_of_model_config
 from .parallel import ContextParallel, Linear, TensorParallel, check_groups, check_xelink_collectives
 
@@ -617,8 +617,7 @@ class Llama:
                              f"weights='w8a16' or 'w4a16', got weights={weights!r}")
         ckpt = source()
         shapes = tensor_shapes(cfg)
-        if cfg.tie_word_embeddings and ckpt.has(HEAD):  # a head stored under the tie: transformers (5) reads it
-            shapes[HEAD] = (cfg.vocab_size, cfg.hidden_size)
+        shapes.setdefault(head_tensor(cfg, ckpt), (cfg.vocab_size, cfg.hidden_size))  # (a head stored under the tie)
         ckpt.check(shapes)
         # W4A16 in tiles where the GEMVs read them in place (the tensor-core kernel: faster HBM reads)
         tiled = impl != "reference" and dtype in _KERNEL_DTYPES and tiled_w4a16_native(device)

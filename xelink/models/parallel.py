@@ -26,7 +26,7 @@ from ..collectives import all_gather_into_tensor, all_reduce, broadcast
 from ..comm import Communicator
 from .. import cp_positions, cp_unshard
 from ..kernels import W4_TILE_ROWS, merge_attention, pack_w4a16, pack_w8a16, tile_w4a16
-from .checkpoint import HEAD, Checkpoint, LlamaConfig
+from .checkpoint import Checkpoint, LlamaConfig, head_tensor
 
 __all__ = ["ContextParallel", "TensorParallel", "WEIGHT_FORMATS", "check_groups", "check_xelink_collectives"]
 
@@ -307,10 +307,7 @@ class TensorParallel:
             if cfg.qk_norm:  # one weight over the head dim, for every head: whole on every rank
                 layers[-1].update(q_norm=get(a + "q_norm.weight").to(device),
                                   k_norm=get(a + "k_norm.weight").to(device))
-        # tied: the embedding, unless the folder stores a head anyway (a fine-tune that untied it and kept the flag:
-        # transformers 5 warns and uses the stored one)
-        head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings and not ckpt.has(HEAD) else HEAD
-        head = get(head_name, 0, self.v0, min(self.v0 + self.vocab, cfg.vocab_size))
+        head = get(head_tensor(cfg, ckpt), 0, self.v0, min(self.v0 + self.vocab, cfg.vocab_size))
         if head.shape[0] < self.vocab:  # the last rank's rows past the vocabulary
             head = torch.cat([head, head.new_zeros(self.vocab - head.shape[0], head.shape[1])])
         # The embedding stays dense, and the head unless asked: the head's logits decide the tokens.
