@@ -116,6 +116,13 @@ def check_each_op_has_one_process_gradients(world):
         XF.broadcast(torch.ones(2), src=n)
     with pytest.raises(ValueError, match=rf"^xelink.nn.functional.gather: group_dst={n} is out of range for a group "):
         XF.gather(torch.ones(2), group_dst=n)
+    # an output of another dtype is refused, not written truncated (a float into an int) or cast
+    with pytest.raises(TypeError, match=r"^xelink.nn.functional.all_to_all_single: output\[0\] is torch.int32 "):
+        XF.all_to_all_single(torch.empty(n, dtype=torch.int32), torch.full((n,), 1.5))
+    with pytest.raises(TypeError, match=rf"^xelink.nn.functional.all_to_all: output_tensor_list\[{n - 1}\] is "):
+        XF.all_to_all([torch.empty(1)] * (n - 1) + [torch.empty(1, dtype=torch.int64)], [torch.ones(1)] * n)
+    with pytest.raises(TypeError, match=rf"^xelink.nn.functional.reduce_scatter: input_list\[{n - 1}\] is "):
+        XF.reduce_scatter(torch.empty(2), [torch.ones(2)] * (n - 1) + [torch.ones(2, dtype=torch.bfloat16)])
     world.barrier()  # nothing was sent by the refused calls
 
 

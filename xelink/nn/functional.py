@@ -40,6 +40,15 @@ def _sum_or_avg(fn: str, op) -> str:
     return name
 
 
+def _like(fn: str, names: str, tensors, ref: torch.Tensor) -> None:
+    """Refuses, by name, a tensor of ``tensors`` whose dtype or device is not ``ref``'s: the result is written into
+    the outputs, which would otherwise cast it (a float into an int output truncated) without a word."""
+    for i, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and (t.dtype != ref.dtype or t.device != ref.device):
+            raise TypeError(f"{fn}: {names}[{i}] is {t.dtype} on {t.device}, expected {ref.dtype} on {ref.device} "
+                            "(every input and output of one dtype and device)")
+
+
 def _on_copy(collective, tensor, **kwargs):
     """A contiguous copy of ``tensor`` that ``collective`` (an in-place xelink collective, with ``kwargs``) ran on."""
     out = tensor.clone(memory_format=torch.contiguous_format)
@@ -209,6 +218,7 @@ def reduce_scatter(output, input_list, op="sum", group=None) -> torch.Tensor:
     if not isinstance(input_list, (list, tuple)) or len(input_list) != comm.size or \
             any(not isinstance(t, torch.Tensor) or t.shape != output.shape for t in input_list):
         raise ValueError(f"{fn}: input_list must be {comm.size} tensors shaped like output {tuple(output.shape)}")
+    _like(fn, "input_list", input_list, output)
     out = _ReduceScatter.apply(op, comm, *input_list)
     with torch.no_grad():
         output.copy_(out)
@@ -254,7 +264,10 @@ def scatter(tensors, src: int | None = None, group=None, group_src: int | None =
 def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple:
     """``input_tensor_list[j]`` to rank j, which receives it in slot ``rank`` (``xelink.all_to_all``), written to
     ``output_tensor_list`` and returned as new tensors (the ones with the gradient)."""
-    comm = resolve_group(group, "xelink.nn.functional.all_to_all")
+    fn = "xelink.nn.functional.all_to_all"
+    comm = resolve_group(group, fn)
+    if input_tensor_list and isinstance(input_tensor_list[0], torch.Tensor):
+        _like(fn, "output_tensor_list", output_tensor_list, input_tensor_list[0])
     outs = _AllToAll.apply(comm, [tuple(t.shape) for t in output_tensor_list], *input_tensor_list)
     with torch.no_grad():
         for t, o in zip(output_tensor_list, outs):
@@ -265,7 +278,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None) -> tuple:
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None) -> torch.Tensor:
     """``xelink.all_to_all_single`` of ``input`` (rows split along dim 0), written to ``output`` and returned as
     a new tensor (the one with the gradient)."""
-    comm = resolve_group(group, "xelink.nn.functional.all_to_all_single")
+    fn = "xelink.nn.functional.all_to_all_single"
+    comm = resolve_group(group, fn)
+    _like(fn, "output", [output], input)
     out = _AllToAllSingle.apply(input, tuple(output.shape), output_split_sizes, input_split_sizes, comm)
     with torch.no_grad():
         output.copy_(out)
