@@ -393,12 +393,14 @@ def set_active_calibration(cal: Calibration | None) -> None:
     _active_calibration[0] = cal
 
 
-def load_calibration(path: str | os.PathLike) -> Calibration:
-    """Read a calibration TOML file (``xelink bench probe --calibration PATH`` writes one)."""
+def load_calibration(path: str | os.PathLike, topology: Topology | None = None) -> Calibration:
+    """Read a calibration TOML file (``xelink bench probe --calibration PATH`` writes one); with ``topology``,
+    a ``[[devices]]`` entry naming a device it does not have is a ValueError (a calibration of another machine)."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"load_calibration: calibration file {os.fspath(path)!r} does not exist")
-    return loads_calibration(p.read_text(encoding="utf-8"), path=str(p), fn="load_calibration")
+    cal = loads_calibration(p.read_text(encoding="utf-8"), path=str(p), fn="load_calibration")
+    return cal if topology is None else _calibration("load_calibration", topology, cal)
 
 
 def dumps_calibration(cal: Calibration) -> str:

@@ -120,12 +120,21 @@ def test_auto_prices_with_a_measured_calibration_else_the_backends_software_term
 
 
 def test_a_bad_calibration_file_fails_init_by_name(tmp_path, monkeypatch):
+    """A missing file, a bad value, or a calibration of another machine (a device this topology lacks, which
+    auto's first call refused, after init had passed) fail init, naming the variable and the cause."""
+    from xelink import cost
+
     bad = tmp_path / "bad.toml"
     bad.write_text("step_us = 'fast'\n")
-    for path in (str(tmp_path / "missing.toml"), str(bad)):
-        monkeypatch.setenv("XELINK_CALIBRATION", path)
-        with pytest.raises(xelink.errors.LaunchError, match=r"init: XELINK_CALIBRATION="):
+    other = tmp_path / "other.toml"
+    other.write_text(cost.dumps_calibration(cost.Calibration(
+        name="another-box", devices={"gpu7": cost.DeviceLocal(copy_gbps=900.0)},
+        sources={"gpu7.copy_gbps": "measured elsewhere"})))
+    for path, why in ((tmp_path / "missing.toml", "does not exist"), (bad, "no .name."), (other, "device 'gpu7'")):
+        monkeypatch.setenv("XELINK_CALIBRATION", str(path))
+        with pytest.raises(xelink.errors.LaunchError, match=rf"init: XELINK_CALIBRATION=.*{why}"):
             xelink.init()
+        assert not xelink.is_initialized()
 
 
 def test_the_cpu_software_terms_keep_auto_on_direct_for_small_all_reduces():
