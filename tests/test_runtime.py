@@ -221,6 +221,24 @@ def test_uncaught_exception_on_one_rank_aborts_the_job():
     assert time.monotonic() - start < 60  # far below the 300 s deadline the others would wait
 
 
+def test_a_rank_that_exits_before_init_ends_the_job_at_the_deadline():
+    """A rank gone before MPI_Init (an error in the script before xelink.init): the others waited in MPI_Init for
+    it forever (MPICH's launcher waits too); now they stop at init's deadline, saying why, and the job ends."""
+    import time
+
+    import ranks
+
+    code = ("import os, sys\n"
+            "if os.environ.get('PMI_RANK') == '1': sys.exit('gone before init')\n"
+            "import xelink; xelink.init(); print('initialised')\n")
+    start = time.monotonic()
+    r = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "XELINK_TIMEOUT": "4"})
+    assert r.returncode != 0 and "initialised" not in r.stdout
+    assert "xelink: MPI_Init (rank 0) did not return within 4 s" in r.stderr, r.stderr[-2000:]
+    assert time.monotonic() - start < 60
+
+
 def test_auto_reads_rank_0s_table_and_settings_that_differ_between_ranks_stop_init(tmp_path):
     """algo='auto' chose by each rank's own tuning table (a multi-host job's ~/.cache/xelink differ: a table on rank 0's
     host only), calibration or topology: ranks took different paths of one collective, wrong results, then a hang.

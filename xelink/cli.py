@@ -28,8 +28,9 @@ def _mpi_library(in_use: bool) -> str | None:
         # Importing mpi4py.MPI initialises MPI; outside an MPI launch, report the package only.
         version = _version("mpi4py")
         return f"mpi4py {version} (not used by this launch)" if version else None
-    from mpi4py import MPI
+    from .transport.mpi import mpi
 
+    MPI = mpi()  # (under the watchdog of MPI_Init)
     # Open MPI ends the string with a NUL byte.
     return " ".join(MPI.Get_library_version().split("\n")[0].replace("\x00", "").split())
 

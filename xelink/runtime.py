@@ -213,7 +213,7 @@ def _make_transport(launch: Launch, kind: str, timeout: float) -> Transport:
     if launch.transport == "mpi":
         from .transport.mpi import MPITransport
 
-        t = MPITransport.world(f"w{bridge.generation()}")
+        t = MPITransport.world(f"w{bridge.generation()}", timeout)
         if (t.rank, t.size) != (launch.rank, launch.size):
             raise LaunchError(
                 f"init: {launch.launcher} launched rank {launch.rank} of {launch.size}, but mpi4py's MPI sees rank "

@@ -5,6 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..config import resolve_timeout
 from ..errors import TimeoutError
 from .base import Deadline, Request, SizeMismatch, Transport, as_bytes, iter_peers, spin_until, wait_all
 
@@ -25,15 +26,54 @@ _TAG_CYCLE = 1 << 15
 
 _MPI = None
 
+# What the watchdog of MPI_Init runs (``python -I -S -c``, argv: pid, seconds, message): it waits for its stdin to
+# close (MPI_Init returned, or this process died), else stops the process. Another process, because MPI_Init holds
+# the interpreter's lock: a thread of this one never runs while it waits.
+_WATCHDOG = """import os, select, signal, sys
+if not select.select([sys.stdin], [], [], float(sys.argv[2]))[0]:
+    sys.stderr.write(sys.argv[3])
+    sys.stderr.flush()
+    os.kill(int(sys.argv[1]), signal.SIGKILL)
+"""
 
-def mpi():
-    """The ``mpi4py.MPI`` module, imported on first use (importing it initialises MPI)."""
+
+def mpi(timeout: float | None = None):
+    """The ``mpi4py.MPI`` module, imported on first use (importing it initialises MPI).
+
+    MPI_Init waits for every process of the launch, and one that exited before it (an import error on one rank)
+    left the others waiting forever (MPICH's launcher waits for them). So the first import runs under a
+    watchdog that stops this process, saying why, when MPI_Init has not returned within ``timeout`` seconds
+    (``config.resolve_timeout``: ``XELINK_TIMEOUT`` or 300 s); the launcher then ends the job.
+    """
     global _MPI
     if _MPI is None:
-        from mpi4py import MPI
+        import sys
 
+        if "mpi4py.MPI" in sys.modules:  # initialised by the user's own import
+            from mpi4py import MPI
+        else:
+            MPI = _init_under_watchdog(resolve_timeout(timeout))
         _MPI = MPI
     return _MPI
+
+
+def _init_under_watchdog(seconds: float):
+    import os
+    import subprocess
+    import sys
+
+    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
+    why = (f"xelink: MPI_Init (rank {rank}) did not return within {seconds:g} s (XELINK_TIMEOUT or init's "
+           f"timeout): a process of this launch exited or hung before initialising MPI (its error should be above "
+           f"this line); stopping this one\n")
+    dog = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), str(seconds), why],
+                           stdin=subprocess.PIPE)
+    try:
+        from mpi4py import MPI
+    finally:
+        dog.stdin.close()
+        dog.wait()
+    return MPI
 
 
 def _buffer(buf):
@@ -94,8 +134,9 @@ class MPITransport(Transport):
         self._splits = 0
 
     @classmethod
-    def world(cls, uid: str = "w") -> "MPITransport":
-        MPI = mpi()
+    def world(cls, uid: str = "w", timeout: float | None = None) -> "MPITransport":
+        """The job's transport; ``timeout``: how long MPI_Init may wait for the launch's processes (``mpi``)."""
+        MPI = mpi(timeout)
         # A duplicate, so that the user's own traffic on COMM_WORLD never matches ours.
         return cls(MPI.COMM_WORLD.Dup(), uid)
 
