@@ -83,6 +83,10 @@ def check_all_quick_runs_every_family_into_one_folder(world):
                 "topology.toml", "summary.txt", "t.tuning.json"} <= names
         rows = [json.loads(line) for line in (out / "collectives.jsonl").read_text().splitlines()]
         assert {r["op"] for r in rows} == set(collectives.OPS) and all(r["wrong"] == 0 for r in rows)
+        # nccl-tests' count: one rank's share of all_gather's output and reduce_scatter's input, the whole buffer else
+        share = {"all_gather": world.size, "reduce_scatter": world.size}
+        assert all(r["count"] * 4 * share.get(r["op"], 1) == r["size_bytes"] for r in rows), \
+            [(r["op"], r["size_bytes"], r["count"]) for r in rows]
         ours = [r for r in rows if r["path"].startswith("xelink:")]
         # Priced with the calibration the links family measured in the same launch.
         assert all(r["predicted_us"] > 0 and r["extra"]["model"]["calibration"].endswith("-probed") for r in ours)

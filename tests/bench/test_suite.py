@@ -3,6 +3,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -134,6 +135,15 @@ def test_gpu_options_are_refused_by_the_cpu_reference_run():
                              ("attention", ["--only", "decode", "--warm-jobs", "2"],
                               ["--only decode", "--warm-jobs 2"])):
         assert suite.cuda_only_given(name, suite.family_parser(name).parse_args(argv)) == want, name
+
+
+def test_collectives_refuse_a_topology_of_another_machine():
+    """--topology prices this job's rows: a file without this job's devices (here a 2x2 model of named GPUs) is
+    refused naming it and the device, not a KeyError traceback from the cost model."""
+    topo = Path(xelink.__file__).parent / "topologies" / "cpu-2x2.toml"
+    r = _xelink("bench", "collectives", "--quick", "--topology", str(topo))
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert f"xelink bench collectives: --topology '{topo}'" in r.stderr and "has no device 'rank0'" in r.stderr
 
 
 def _usage_error(capsys, *args) -> str:

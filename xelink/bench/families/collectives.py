@@ -235,7 +235,9 @@ def run_sweep(comm, ops=OPS, sizes=(1 << 10, 1 << 14, 1 << 18, 1 << 22), dtype=t
             src, out, samples, wrong = measure_case(comm, op, nbytes, dtype, warmup=warmup, iters=iters,
                                                     rounds=rounds, baseline=base)
             size = out.numel() * out.element_size() if op == "all_gather" else src.numel() * src.element_size()
-            common = dict(size_bytes=size, count=src.numel(), dtype=dtype, nranks=n)
+            # nccl-tests' count: one rank's share (all_gather's input, reduce_scatter's output)
+            count = out.numel() if op == "reduce_scatter" else src.numel()
+            common = dict(size_bytes=size, count=count, dtype=dtype, nranks=n)
             bname = None if base is None else f"{base.name}:{op}"
             for a in algos:
                 modelled = model_algo(comm, op, a)
@@ -308,6 +310,11 @@ def run(ctx) -> list:
     cal = cost.load_calibration(args.calibration) if args.calibration else None
     if args.topology:
         topo = load(args.topology)
+        stray = sorted(set(placement.devices) - {d.id for d in topo.devices})
+        if stray:  # (every rank: the same file and job) a model of another machine cannot price this job's rows
+            raise SystemExit(f"xelink bench collectives: --topology {args.topology!r} ({topo.name}) has no device "
+                             f"{stray[0]!r} of this job's ({', '.join(sorted(set(placement.devices)))}): give one "
+                             f"measured for this job (`xelink bench links --topology-out`)")
         placement = Placement(topo, placement.devices)
     elif getattr(world.device, "type", "cpu") not in ("cpu", "cuda") and cal is None:
         # The job's topology then describes the GPUs' links; these collectives move host memory over the

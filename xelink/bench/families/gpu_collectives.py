@@ -257,12 +257,12 @@ def run(ctx) -> list:
              calls=args.large_calls, rounds=args.rounds, graph=False, rows=rows)
     progress.step(f"all_reduce {big} B, eager")
     n = out_bytes // 2 // world.size
-    _measure(world, "all_gather", out_bytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
+    _measure(world, "all_gather", out_bytes, n, dtype, _all_gather_variants(world, n, dtype, dev),
              calls=args.large_calls, rounds=args.rounds, graph=False, rows=rows)
     progress.step(f"all_gather {out_bytes} B, eager")
     for nbytes in (32 << 10, 1 << 20):
         n = nbytes // 2 // world.size
-        _measure(world, "all_gather", nbytes, n * world.size, dtype, _all_gather_variants(world, n, dtype, dev),
+        _measure(world, "all_gather", nbytes, n, dtype, _all_gather_variants(world, n, dtype, dev),
                  calls=args.calls, rounds=args.rounds, graph=True, rows=rows)
         progress.step(f"all_gather {nbytes} B, eager and CUDA graph")
     if not ctx.lead:
