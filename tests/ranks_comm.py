@@ -381,6 +381,33 @@ def check_timeout_names_the_missing_rank(world):
     world.barrier()
 
 
+def check_a_groups_timeout_is_its_deadline_and_numpy_ints_are_ranks(world):
+    """As torch's: new_group(timeout=) is the group's deadline of every wait (it applied to the split alone, the
+    group's collectives took the parent's), and numpy integers name ranks and sizes (ranks taken from arrays)."""
+    g = xelink.new_group(np.arange(world.size), timeout=datetime.timedelta(seconds=1))
+    own, _ = xelink.new_subgroups(1, timeout=2.5)
+    assert g.timeout == 1.0 and own.timeout == 2.5 and own.size == 1
+    t = torch.full((3,), float(world.rank))
+    xelink.broadcast(t, src=np.int64(world.size - 1))
+    assert torch.equal(t, torch.full((3,), float(world.size - 1)))
+    out = torch.empty(world.size)
+    xelink.all_to_all_single(out, torch.full((world.size,), float(world.rank)),
+                             output_split_sizes=list(np.ones(world.size, dtype=np.int64)),
+                             input_split_sizes=list(np.ones(world.size, dtype=np.int32)))
+    assert torch.equal(out, torch.arange(world.size, dtype=out.dtype))
+    hung = world.size - 1
+    if world.size > 1 and world.rank == hung:
+        time.sleep(2.0)  # never calls the all-reduce
+    elif world.size > 1:
+        start = time.monotonic()
+        with pytest.raises(xelink.TimeoutError) as info:
+            xelink.all_reduce(torch.ones(2), group=g)
+        assert time.monotonic() - start < 1.9 and info.value.missing == [hung]
+    g.free()
+    own.free()
+    world.barrier()
+
+
 def check_destroy_process_group_and_node_local_rank(world):
     """torch.distributed's names: destroy_process_group frees a group (the world's: finalize; the non-member
     sentinel: nothing), get_node_local_rank is the rank on this host (its fallback only before init)."""

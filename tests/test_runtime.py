@@ -229,13 +229,16 @@ def test_a_rank_that_exits_before_init_ends_the_job_at_the_deadline():
     import ranks
 
     code = ("import os, sys\n"
-            "if os.environ.get('PMI_RANK') == '1': sys.exit('gone before init')\n"
+            "rank = os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK'))\n"
+            "if rank == '1': sys.exit('gone before init')\n"
             "import xelink; xelink.init(); print('initialised')\n")
     start = time.monotonic()
     r = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "XELINK_TIMEOUT": "4"})
     assert r.returncode != 0 and "initialised" not in r.stdout
-    assert "xelink: MPI_Init (rank 0) did not return within 4 s" in r.stderr, r.stderr[-2000:]
+    version = subprocess.run([ranks.mpiexec(), "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" not in version and "OpenRTE" not in version:  # (Open MPI's launcher may end the job itself first)
+        assert "xelink: MPI_Init (rank 0) did not return within 4 s" in r.stderr, r.stderr[-2000:]
     assert time.monotonic() - start < 60
 
 

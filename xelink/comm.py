@@ -109,10 +109,7 @@ _INT_MAX = 2 ** 31 - 1  # MPI's colors and keys are C ints
 
 
 def _check_int(fn: str, name: str, value, minimum: int | None = 0):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{fn}: {name}={value!r} must be >= {minimum}")
+    value = config.integer(fn, name, value, minimum)
     if not -_INT_MAX - 1 <= value <= _INT_MAX:
         raise ValueError(f"{fn}: {name}={value!r} must fit a 32-bit int")
     return value
@@ -357,7 +354,7 @@ class Communicator:
     def _split(self, color, key, timeout, fn: str):
         """``split``, its errors naming ``fn`` (the call that splits: ``new_group``, ...)."""
         if color is not None:
-            _check_int(fn, "color", color)
+            color = _check_int(fn, "color", color)
         key = self.rank if key is None else _check_int(fn, "key", key, None)
         pairs = self.rendezvous((color, key), timeout, fn)  # (MPI's split has no deadline)
         self._splits += 1
@@ -487,7 +484,7 @@ def get_global_rank(group, group_rank: int) -> int:
     """The world rank of rank ``group_rank`` of ``group`` (None: the world), as
     torch.distributed.get_global_rank."""
     comm = resolve_group(group, "get_global_rank")
-    _check_int("get_global_rank", "group_rank", group_rank)
+    group_rank = _check_int("get_global_rank", "group_rank", group_rank)
     if group_rank >= comm.size:
         raise ValueError(f"get_global_rank: group_rank={group_rank} is out of range for a group of size {comm.size}")
     return comm.world_ranks[group_rank]
@@ -503,7 +500,7 @@ def get_group_rank(group, global_rank: int) -> int:
     """The rank in ``group`` (None: the world) of world rank ``global_rank``, as
     torch.distributed.get_group_rank (a ValueError where that rank is not a member)."""
     comm = resolve_group(group, "get_group_rank")
-    _check_int("get_group_rank", "global_rank", global_rank)
+    global_rank = _check_int("get_group_rank", "global_rank", global_rank)
     index = comm.group_rank_of(global_rank)
     if index is None:
         raise ValueError(f"get_group_rank: global_rank={global_rank} is not a member of {comm.name} (its world "
@@ -522,6 +519,8 @@ def new_group(ranks: Sequence[int] | None = None, timeout=None, backend=None, pg
             them, as torch.distributed.new_group).
         sort_ranks: as torch's: True (the default) numbers the new ranks in the order of the old ones (the list
             sorted); False keeps the list's order (``ranks[i]`` becomes rank i).
+        timeout: seconds (or a ``timedelta``): the new group's deadline of every wait, as torch's (None: the
+            parent's); new_subgroups, new_subgroups_by_enumeration and split_group take it alike.
         backend, pg_options, group_desc, device_id: torch.distributed's, accepted so that its code runs and
             otherwise unused: one communicator serves CPU and CUDA tensors through the transport and device
             bound at ``init``.
@@ -563,9 +562,8 @@ def _rank_list(fn: str, name: str, ranks, size: int) -> list[int]:
     """``ranks`` as a list of distinct ints in [0, size), at least one, or an error naming ``fn`` and ``name``."""
     if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
         raise TypeError(f"{fn}: {name}={ranks!r} must be a sequence of ints")
-    ranks = list(ranks)
+    ranks = [_check_int(fn, "rank", r) for r in ranks]
     for r in ranks:
-        _check_int(fn, "rank", r)
         if r >= size:
             raise ValueError(f"{fn}: rank {r} is out of range for a group of size {size}")
     if not ranks:
@@ -651,7 +649,9 @@ def get_backend(group: Communicator | None = None) -> str:
 
 def _subgroups(fn: str, parent: Communicator, blocks: list, timeout) -> tuple:
     """(this rank's communicator or None, one entry a block: it or NON_GROUP_MEMBER): one split of ``parent``
-    into ``blocks`` (disjoint lists of its ranks, in the new ranks' order; every caller's the same: checked)."""
+    into ``blocks`` (disjoint lists of its ranks, in the new ranks' order; every caller's the same: checked).
+    ``timeout`` (None: the parent's) is the split's deadline and, as torch's, the new groups' own (``timeout``
+    of a ``Communicator``: every wait of their collectives)."""
     seen = parent._exchange(blocks, timeout, fn)
     differ = [r for r, other in enumerate(seen) if other != blocks]
     if differ:
@@ -661,4 +661,6 @@ def _subgroups(fn: str, parent: Communicator, blocks: list, timeout) -> tuple:
                          f"{differ[0]} passed {shown(seen[differ[0]])}")
     mine = next((i for i, block in enumerate(blocks) if parent.rank in block), None)
     sub = parent._split(mine, None if mine is None else blocks[mine].index(parent.rank), timeout, fn)
+    if timeout is not None and mine is not None:
+        sub.timeout = config.resolve_timeout(timeout, fn)
     return (None if mine is None else sub), [sub if i == mine else NON_GROUP_MEMBER for i in range(len(blocks))]

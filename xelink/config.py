@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import numbers
 import os
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ from pathlib import Path
 from .errors import ConfigError, LaunchError
 
 __all__ = ["DEFAULT_TIMEOUT_S", "resolve_timeout", "env", "env_int", "env_flag", "bad_value", "opencl_runtime_default",
-           "at_least", "run_reporting_settings"]
+           "at_least", "integer", "is_int", "run_reporting_settings"]
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -105,6 +106,23 @@ def resolve_timeout(timeout, fn: str = "init") -> float:
     if not (timeout > 0 and math.isfinite(timeout)):
         raise bad_value(source, f"{source}={timeout!r} must be a positive, finite number of seconds")
     return float(timeout)
+
+
+def is_int(value) -> bool:
+    """Whether ``value`` is an int or an integer scalar (numpy's), and not a bool (``integer``)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def integer(fn: str, name: str, value, minimum: int | None = None) -> int:
+    """``value`` as a plain int: a Python int or an integer scalar (numpy's ``np.int64``: ranks and sizes taken
+    from arrays, as torch.distributed takes them), not a bool; ``minimum``: the least allowed. Errors name ``fn``
+    and ``name``."""
+    if not is_int(value):
+        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{fn}: {name}={value} must be >= {minimum}")
+    return value
 
 
 def at_least(minimum: int):

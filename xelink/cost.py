@@ -91,6 +91,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from .config import integer
 from .layout import CP_LAYOUTS, cp_pieces, topo_ring
 from .topology import SOURCE_KINDS, Placement, Topology, place
 
@@ -919,11 +920,7 @@ def _dist_check(fn: str, op, algo, shape, dtype_bytes, gemm_tflops, collective_a
                          f"{', '.join(DIST_GEMM_ALGOS[op])})")
     dims = []
     for name, v in zip("MNK", shape):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{fn}: {name}={v!r} must be an int")
-        if v < 1:
-            raise ValueError(f"{fn}: {name}={v} must be >= 1")
-        dims.append(v)
+        dims.append(integer(fn, name, v, 1))
     if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, int) or dtype_bytes < 1:
         raise ValueError(f"{fn}: dtype_bytes={dtype_bytes!r} must be a positive int")
     if gemm_tflops is not None and (isinstance(gemm_tflops, bool) or not isinstance(gemm_tflops, (int, float))

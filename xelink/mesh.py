@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .comm import Communicator, get_world
+from .config import is_int
 from .runtime import init, is_initialized
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
@@ -43,9 +44,9 @@ class DeviceMesh:
             if self.mesh_dim_names is None or mesh_dim not in self.mesh_dim_names:
                 raise KeyError(f"DeviceMesh.{fn}: mesh_dim={mesh_dim!r} is not one of {self.mesh_dim_names}")
             return self.mesh_dim_names.index(mesh_dim)
-        if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, int) or not -self.ndim <= mesh_dim < self.ndim:
+        if not is_int(mesh_dim) or not -self.ndim <= mesh_dim < self.ndim:
             raise ValueError(f"DeviceMesh.{fn}: mesh_dim={mesh_dim!r} must be a name or an index below {self.ndim}")
-        return mesh_dim % self.ndim
+        return int(mesh_dim) % self.ndim
 
     def get_group(self, mesh_dim=None) -> Communicator:
         """This rank's communicator along ``mesh_dim`` (a name or an index; None on a one-dimensional mesh)."""

@@ -430,7 +430,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size:
         raise ValueError(f"{fn}: store={store!r} is not used: xelink joins the job through its launcher; pass None")
     launch = detect_launch(os.environ)
     for name, given, real in (("world_size", world_size, launch.size), ("rank", rank, launch.rank)):
-        if isinstance(given, bool) or not isinstance(given, int):
+        if not config.is_int(given):
             raise TypeError(f"{fn}: {name}={given!r} must be an int (-1: the launcher's)")
         if given not in (-1, real):
             raise ValueError(f"{fn}: {name}={given}, but the launcher ({launch.launcher}) started this process as "

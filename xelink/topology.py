@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import log
-from .config import opencl_runtime_default
+from .config import integer, opencl_runtime_default
 from .errors import ConfigError
 
 __all__ = [
@@ -751,8 +751,7 @@ class Placement:
         return [g[li] for i, g in enumerate(self._cached()) if i != mine and li < len(g)]
 
     def _rank(self, rank, fn: str) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise TypeError(f"{fn}: rank={rank!r} must be an int")
+        rank = integer(fn, "rank", rank)
         if not 0 <= rank < self.nranks:
             raise ValueError(f"{fn}: rank={rank} is out of range for a placement of {self.nranks} rank(s)")
         return rank
@@ -783,11 +782,8 @@ def place(topology: Topology, nranks: int, ranks_per_device: int = 1, *,
     """
     if not isinstance(topology, Topology):
         raise TypeError(f"place: topology={topology!r} is not a Topology")
-    for name, value in (("nranks", nranks), ("ranks_per_device", ranks_per_device)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"place: {name}={value!r} must be an int")
-        if value < 1:
-            raise ValueError(f"place: {name}={value} must be >= 1")
+    nranks, ranks_per_device = (integer("place", name, value, 1) for name, value in
+                                (("nranks", nranks), ("ranks_per_device", ranks_per_device)))
     ndev = len(topology.devices)
     if devices is not None:
         devices = tuple(devices)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..config import at_least  # noqa: F401 (the families' argparse type, here with the suite's helpers)
+from ..config import at_least, integer  # noqa: F401 (at_least: the families' argparse type, beside the suite)
 from ..tuning import dtype_name
 
 __all__ = [
@@ -203,11 +203,7 @@ _this_process_manifest = manifest  # JsonlWriter's `manifest` argument shadows t
 # -- timing -----------------------------------------------------------------------------------
 
 def _check_count(fn: str, name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
-    if value < minimum:
-        raise ValueError(f"{fn}: {name}={value!r} must be >= {minimum}")
-    return value
+    return integer(fn, name, value, minimum)
 
 
 def time_fn(fn: Callable[[], Any], *, warmup: int, iters: int, sync: Callable[[], Any] | None = None,

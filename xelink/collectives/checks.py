@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .. import config
 from ..comm import Communicator, resolve_group
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op",
@@ -140,8 +141,7 @@ def check_op(fn: str, op: str, x: torch.Tensor) -> None:
 
 
 def check_rank(fn: str, name: str, value, size: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    value = config.integer(fn, name, value)
     if not 0 <= value < size:
         raise ValueError(f"{fn}: {name}={value} is out of range for a group of size {size}")
     return value
@@ -160,8 +160,7 @@ def root_of(fn: str, comm: Communicator, name: str, rank, group_rank, default: i
         if default is None:
             raise ValueError(f"{fn}: {name}= (a world rank) or group_{name}= (a rank of the group) is required")
         rank = default
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise TypeError(f"{fn}: {name}={rank!r} must be an int")
+    rank = config.integer(fn, name, rank)
     index = comm.group_rank_of(rank)
     if index is not None:
         return index
@@ -200,8 +199,9 @@ def splits(fn: str, name: str, sizes: Sequence[int] | None, rows: int, n: int) -
             raise ValueError(f"{fn}: {name} is None, so dim 0 ({rows}) must divide by world_size={n}")
         return [rows // n] * n
     sizes = list(sizes)
-    if len(sizes) != n or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
+    if len(sizes) != n or any(not config.is_int(s) or s < 0 for s in sizes):
         raise ValueError(f"{fn}: {name}={sizes} must be {n} non-negative ints (one per rank)")
+    sizes = [int(s) for s in sizes]
     if sum(sizes) != rows:
         raise ValueError(f"{fn}: sum({name})={sum(sizes)} != dim 0 of the tensor ({rows})")
     return sizes

@@ -9,6 +9,7 @@ import pickle
 
 import torch
 
+from ..config import is_int
 from ..errors import TimeoutError
 from ..transport import wait_all
 from ..work import Work as Handle
@@ -46,8 +47,9 @@ def _check(fn, tensor, peer_name, peer, group_peer, group, tag):
     else:
         given = f"{peer_name}={peer}" if group_peer is None else f"group_{peer_name}={group_peer}"
         peer = root_of(fn, comm, peer_name, peer, group_peer)
-    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < USER_TAG_LIMIT:
+    if not is_int(tag) or not 0 <= tag < USER_TAG_LIMIT:
         raise ValueError(f"{fn}: tag={tag!r} must be an int in [0, {USER_TAG_LIMIT})")
+    tag = int(tag)
     if peer == comm.rank:  # as torch.distributed: a rank's message to itself would wait for itself
         raise ValueError(f"{fn}: {given} is this rank itself (rank {comm.rank} of {comm.name}, world rank "
                          f"{comm.world_ranks[comm.rank]}); copy the tensor instead")

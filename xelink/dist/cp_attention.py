@@ -67,6 +67,7 @@ import math
 
 import torch
 
+from .. import config
 from ..collectives import all_gather_into_tensor, reduce_scatter_tensor
 from ..cost import CP_ATTENTION_ALGOS
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of
@@ -102,11 +103,7 @@ def _algo(fn: str, algo) -> str:
 
 
 def _int(fn: str, name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
-    if value < minimum:
-        raise ValueError(f"{fn}: {name}={value} must be >= {minimum}")
-    return value
+    return config.integer(fn, name, value, minimum)
 
 
 def _tensor(fn: str, name: str, x, comm, axes: str) -> torch.Tensor:

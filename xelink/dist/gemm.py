@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import config
 from ..collectives.checks import check_rank_device, fingerprint_check, group_of, parse_op
 from ..kernels.common import check_distinct, check_no_overlap
 from . import compiled, gemm_grad
@@ -112,8 +113,7 @@ def _weights(fn: str, b, a: torch.Tensor, comm, allow_list: bool) -> tuple[list[
 
 def _dim(fn: str, name: str, value, a: torch.Tensor) -> int:
     """``value`` as a non-negative dimension of ``a`` other than the last (K)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
+    value = config.integer(fn, name, value)
     d = value + a.dim() if value < 0 else value
     if not 0 <= d < a.dim() - 1:
         valid = ", ".join(map(str, range(a.dim() - 1)))

@@ -27,6 +27,7 @@ import torch
 
 from .. import collectives as C
 from ..comm import resolve_group
+from ..config import is_int
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_single", "broadcast", "gather", "reduce",
            "reduce_scatter", "scatter"]
@@ -192,11 +193,11 @@ def _root(fn: str, comm, name: str, rank, group_rank) -> int:
     if (rank is None) == (group_rank is None):
         raise ValueError(f"{fn}: pass {name}= (a world rank) or group_{name}= (a rank of the group), one of them")
     given, ranks = (rank, list(comm.world_ranks)) if group_rank is None else (group_rank, range(comm.size))
-    if isinstance(given, bool) or not isinstance(given, int) or given not in ranks:
+    if not is_int(given) or int(given) not in ranks:
         if group_rank is None:
             raise ValueError(f"{fn}: {name}={given!r} is not a world rank of the group (its world ranks: {ranks})")
         raise ValueError(f"{fn}: group_{name}={given!r} is out of range for a group of size {comm.size}")
-    return ranks.index(given)  # (a rank of the group)
+    return ranks.index(int(given))  # (a rank of the group)
 
 
 def all_reduce(tensor, op="sum", group=None) -> torch.Tensor:

@@ -945,9 +945,9 @@ def _check_bytes(fn, dst, src):
 
 
 def _rank(fn, rank, comm):
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < comm.size:
+    if not config.is_int(rank) or not 0 <= rank < comm.size:
         raise ValueError(f"{fn}: rank={rank!r} is not a rank of {comm.name} (size {comm.size})")
-    return rank
+    return int(rank)
 
 
 def _slot(fn, slot):

@@ -47,6 +47,7 @@ from typing import Iterable
 import numpy as np
 
 from .. import log
+from ..config import integer
 from ..errors import ConfigError, TimeoutError, XelinkError
 from .base import Deadline, spin_until
 
@@ -143,11 +144,7 @@ def _check_comm(fn: str, comm):
 
 
 def _check_count(fn: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int")
-    if value < 0:
-        raise ValueError(f"{fn}: {name}={value!r} must be >= 0")
-    return int(value)
+    return integer(fn, name, value, 0)
 
 
 def _round_up(n: int) -> int:
