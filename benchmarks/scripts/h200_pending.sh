@@ -73,14 +73,16 @@
 #             tiled W4A16 GEMV sweep (~6 minutes);
 #   s32:      the tiled W4A16 GEMVs' new defaults (gemv_tc.TILED_SLICE_RULES: from two H100 sweeps of the chain) in the
 #             W4A16 step, off against on at 1K and 8K, then the gemv and decode-graph GPU tests (~8 minutes);
+#   s33:      the thirty-third session's changes on a GPU: nn.functional's dtype checks and the peer-memory
+#             ranks (numpy ranks) in the GPU rank tests, the MPI_Init watchdog under the image's mpirun (~6 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -263,6 +265,11 @@ s32)
     --contexts 1024 8192
   step tiled_rules_gpu_tests 300 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 -m gpu \
     tests/kernels/test_gemv.py tests/models/test_decode_graph.py
+  ;;
+s33)
+  step s33_rank_gpu_tests 330 python3 -m pytest -q -rfEs -p no:cacheprovider tests/nn/ranks_gpu_functional.py \
+    tests/symm/ranks_gpu_symm.py tests/ranks_comm.py
+  step s33_runtime_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_runtime.py -k "init or abort"
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
