@@ -119,6 +119,9 @@ def check_auto_and_defaults(world):
     _check(got, want[:, :, xelink.cp_positions(21)], "defaults", 1e-5)
     for algo in ALGOS:
         _check(xelink.cp_attention(shard(q), shard(k), shard(v), causal=True, algo=algo), got, f"auto vs {algo}", 1e-5)
+    for B, S in ((1, 0), (0, 5)):  # an empty sequence or batch: auto ran the cost model, which refused it
+        q, k, v = (shard(x) for x in _qkv(B, 4, 2, S, 16, 7))
+        assert xelink.cp_attention(q, k, v, causal=True).shape == q.shape
 
 
 def check_seq_len_given_skips_the_exchange(world):

@@ -240,7 +240,7 @@ def auto_algo(comm, nbytes_gathered: int, cuda: bool = False, problem: dict | No
     if 2 * nbytes_gathered > AUTO_GATHER_BYTES:
         return "ring"
     placement = None if problem is None else comm.placement
-    if placement is None:
+    if placement is None or nbytes_gathered == 0:  # (an empty sequence or batch: nothing to move or price)
         return "all_gather"
     from ..cost import predict_cp_attention
 
