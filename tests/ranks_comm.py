@@ -22,8 +22,9 @@ def check_ranks_are_distinct(world):
 
 def check_launch_is_recorded(world):
     launch = world.launch
-    assert launch.launcher in ("mpich", "torchrun", "single"), launch
-    assert world.transport.name == {"mpich": "mpi", "torchrun": "torch", "single": "self"}[launch.launcher]
+    assert launch.launcher in ("mpich", "openmpi", "torchrun", "single"), launch  # (Open MPI: the GPU image's)
+    assert world.transport.name == {"mpich": "mpi", "openmpi": "mpi", "torchrun": "torch",
+                                    "single": "self"}[launch.launcher]
     assert (launch.rank, launch.size) == (world.rank, world.size)
     # One host here: local placement equals global placement.
     assert (world.local_rank, world.local_size) == (world.rank, world.size)
