@@ -666,7 +666,16 @@ def check_rank_that_never_calls_is_named(world):
         with pytest.raises(xelink.TimeoutError, match=rf"all_reduce: timed out after 1 s waiting for rank\(s\) {late}"):
             future.wait()
         assert isinstance(work.exception(), xelink.TimeoutError) and work.is_completed()
-        with pytest.raises(xelink.TimeoutError):
+        with pytest.raises(xelink.TimeoutError, match=rf"waiting for rank\(s\) {late}"):  # the call's, not "unknown"
+            work.wait()
+    sub.free()
+    # wait() alone, with the communicator's deadline: it gave up at that deadline counted from the call, before
+    # the operation's own (which starts when the worker starts it), and named no rank
+    world.barrier()  # (the late rank is ahead: new_group's split waits 1 s too)
+    sub = xelink.new_group(timeout=1.0)  # (the group's own deadline, as torch's)
+    if world.rank != late:
+        work = xelink.all_reduce(torch.ones(8), group=sub, algo="two_shot", async_op=True)
+        with pytest.raises(xelink.TimeoutError, match=rf"all_reduce: timed out after 1 s waiting for rank\(s\) {late}"):
             work.wait()
     sub.free()
     # The peer-memory path (one host, MPI) sets up its window under the same deadline.

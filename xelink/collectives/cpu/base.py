@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -171,24 +172,40 @@ def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadlin
             raise exc.restate(group=exc.group or comm)
 
 
+# How long ``Work.wait()`` waits past its operation's own deadline before it gives up on the operation itself.
+_WAIT_GRACE_S = 5.0
+
+
 class Work(Handle):
     """Handle of an ``async_op=True`` call on CPU ranks (the call runs on the communicator's worker thread), with
     torch.distributed's Work protocol (``xelink.work``): ``wait()`` blocks until the operation has finished (or
-    raises its error); a wait has a deadline: the communicator's timeout unless ``timeout`` is given. Its
-    ``get_future()`` completes when the call does, without waiting."""
+    raises its error: a ``TimeoutError`` naming the missing ranks at the operation's deadline, which starts when
+    the worker starts it, after the calls queued before it); ``wait(timeout)`` waits at most ``timeout`` seconds.
+    Its ``get_future()`` completes when the call does, without waiting."""
 
-    def __init__(self, future: concurrent.futures.Future, what: str, timeout: float):
-        self._future, self._what, self._timeout = future, what, timeout
+    def __init__(self, future: concurrent.futures.Future, what: str, timeout: float, started: list):
+        self._future, self._what, self._timeout, self._started = future, what, timeout, started
 
     def is_completed(self) -> bool:
         return self._future.done()
 
     def wait(self, timeout=None) -> bool:
-        limit = self._timeout if timeout is None else resolve_timeout(timeout, f"Work.wait of {self._what}")
-        try:
-            self._future.result(timeout=limit)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(self._what, [], limit, "the operation is still running") from None
+        # (The operation's own TimeoutError is a concurrent.futures.TimeoutError too: so the future is waited
+        # for with ``concurrent.futures.wait``, and ``result()`` read only once it is done, raising that error.)
+        if timeout is not None:
+            limit = resolve_timeout(timeout, f"Work.wait of {self._what}")
+            if not concurrent.futures.wait([self._future], timeout=limit).done:
+                raise TimeoutError(self._what, [], limit, "the operation is still running")
+            self._future.result()
+            return True
+        # (A wait of the operation's own length from now expired before the operation's deadline, which starts
+        # later, and named no rank: the operation's error, which names them, came after it.)
+        while not self._future.done():
+            left = None if not self._started else self._started[0] + self._timeout + _WAIT_GRACE_S - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(self._what, [], self._timeout, "the operation is still running past its deadline")
+            concurrent.futures.wait([self._future], timeout=1.0 if left is None else left)
+        self._future.result()
         return True
 
     def get_future(self):
@@ -221,8 +238,10 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     st.start_worker(comm.name)
     with st.lock:
         st.pending += 1
+    started: list = []  # when the worker starts the call (its deadline starts then)
 
     def task():
+        started.append(time.monotonic())
         try:
             return fn()
         finally:
@@ -231,7 +250,7 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
 
     future = st.worker.submit(task)
     if async_op:
-        return Work(future, what, comm.timeout if timeout is None else timeout)
+        return Work(future, what, comm.timeout if timeout is None else timeout, started)
     return future.result()
 
 
