@@ -40,10 +40,13 @@ def check_init_returns_the_same_world(world):
 def check_barrier_and_allgather(world):
     for _ in range(20):
         world.barrier()
-    big = bytes([world.rank]) * (1 << 20)  # large enough for MPI's rendezvous protocol
-    got = world.allgather_object({"rank": world.rank, "blob": big})
-    assert [g["rank"] for g in got] == list(range(world.size))
-    assert all(g["blob"] == bytes([r]) * (1 << 20) for r, g in enumerate(got))
+    # 1 MiB: large enough for MPI's rendezvous protocol; 9 MB: over torchrun's store's 8 MiB a value (the
+    # exchange refused by the store, the connection reset), twice (the parts of one exchange deleted at the next)
+    for size in (1 << 20, 9_000_000, 9_000_000, 10):
+        big = bytes([world.rank]) * size
+        got = world.allgather_object({"rank": world.rank, "blob": big})
+        assert [g["rank"] for g in got] == list(range(world.size))
+        assert all(g["blob"] == bytes([r]) * size for r, g in enumerate(got))
 
 
 def check_split_by_parity_reversed(world):

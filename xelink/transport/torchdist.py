@@ -14,6 +14,10 @@ from .base import Deadline, Request, Transport, as_bytes, iter_peers, spin_until
 
 __all__ = ["TorchTransport", "gloo_backend"]
 
+# The most bytes an exchange puts under one key of the store: torchrun's TCPStore refuses a value over 8 MiB (it
+# resets the connection), so a larger one (an all_gather_object of big objects) goes in parts of this size.
+STORE_VALUE_BYTES = 4 << 20
+
 
 def gloo_backend(store, rank: int, size: int, timeout: float):
     """A gloo backend of ``size`` ranks rendezvousing under ``store`` (give each group its own prefix).
@@ -76,15 +80,34 @@ class TorchTransport(Transport):
         self.rank, self.size = self.global_ranks.index(my_global_rank), len(self.global_ranks)
         self.gloo = gloo_backend(dist.PrefixStore(f"{prefix}/gloo", store), self.rank, self.size, timeout)
         self._epoch = 0
+        self._parts = 0  # how many parts the last exchange's value took (``_put``)
         self._splits = 0
 
     def _key(self, epoch: int, rank: int) -> str:
         return f"{self.prefix}/x{epoch}/{rank}"
 
+    def _put(self, key: str, data: bytes) -> int:
+        """``data`` under ``key``: inline (a 0 byte first), or in parts under ``key/i`` written first and their
+        count under ``key`` (a 1 byte first), which readers poll for (``STORE_VALUE_BYTES``). Returns the count."""
+        if len(data) < STORE_VALUE_BYTES:
+            self.store.set(key, b"\0" + data)
+            return 0
+        parts = range(0, len(data), STORE_VALUE_BYTES)
+        for i, start in enumerate(parts):
+            self.store.set(f"{key}/{i}", data[start:start + STORE_VALUE_BYTES])
+        self.store.set(key, b"\1" + str(len(parts)).encode())
+        return len(parts)
+
+    def _take(self, key: str) -> bytes:
+        value = self.store.get(key)
+        if value[:1] == b"\0":
+            return value[1:]
+        return b"".join(self.store.get(f"{key}/{i}") for i in range(int(value[1:])))
+
     def exchange(self, obj: Any, deadline: Deadline, what: str) -> list:
         epoch = self._epoch
         self._epoch += 1
-        self.store.set(self._key(epoch, self.rank), pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        parts = self._put(self._key(epoch, self.rank), pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         pending = set(iter_peers(self.rank, self.size))
 
         def poll() -> bool:
@@ -95,10 +118,14 @@ class TorchTransport(Transport):
 
         if not spin_until(poll, deadline):
             raise TimeoutError(what, pending, deadline.seconds)
-        out = [obj if p == self.rank else pickle.loads(self.store.get(self._key(epoch, p))) for p in range(self.size)]
+        out = [obj if p == self.rank else pickle.loads(self._take(self._key(epoch, p))) for p in range(self.size)]
         # Every peer has now written this epoch's key, so each has read our key of the epoch before.
         if epoch > 0:
-            self.store.delete_key(self._key(epoch - 1, self.rank))
+            last = self._key(epoch - 1, self.rank)
+            for i in range(self._parts):
+                self.store.delete_key(f"{last}/{i}")
+            self.store.delete_key(last)
+        self._parts = parts
         return out
 
     def split(self, color, key, members):
