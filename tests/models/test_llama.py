@@ -592,6 +592,15 @@ def test_save_random_llama_tiny_read_by_transformers(tiny, tmp_path):
     assert (sharded / "model.safetensors.index.json").exists()
     assert torch.equal(Llama.from_pretrained(sharded, dtype=torch.float32, max_seq_len=32)(ids, 0),
                        Llama.from_pretrained(path, dtype=torch.float32, max_seq_len=32)(ids, 0))
+    # an index that puts a tensor in a shard without it: a ValueError naming both (safetensors' own error said
+    # neither the shard nor the folder, and is no ValueError)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    name = next(n for n, f in index["weight_map"].items() if f == files[0])
+    index["weight_map"][name] = files[1]
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"tensor '{name}' is missing from {files[1]}, where model.safetensors"):
+        Llama.from_pretrained(sharded, dtype=torch.float32, max_seq_len=32)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -713,6 +722,9 @@ def test_errors_before_any_work(folders, tmp_path):
 
 @pytest.mark.parametrize("kind, extra, windows", [
     ("mistral", dict(sliding_window=5), [5, 5]),
+    # layer_types in a Mistral folder: transformers' Auto classes build a Ministral (alternating layers); every layer
+    # slid here, logits 3.6 apart past the window
+    ("mistral", dict(sliding_window=5, layer_types=["sliding_attention", "full_attention"]), [5, None]),
     ("phi3", dict(sliding_window=4, rope_scaling=None), [4, 4]),
     ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1), [None, 3]),
     ("qwen3", dict(use_sliding_window=True, sliding_window=6, layer_types=["sliding_attention", "full_attention"]),

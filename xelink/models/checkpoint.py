@@ -136,6 +136,7 @@ class LlamaConfig:
                              f"{', '.join(map(repr, _ROPE_KEYS))})")
         # As transformers reads them: Mistral's window defaults to 4096, Qwen's is off without use_sliding_window
         # and then slides on layers max_window_layers.. unless layer_types says otherwise; Phi-3's defaults to none.
+        # A Mistral folder with layer_types is a Ministral one to transformers' Auto classes (its layers alternate).
         window = hf.get("sliding_window", 4096 if model_type == "mistral" else None)
         if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False) or model_type == "llama":
             window = None
@@ -144,7 +145,7 @@ class LlamaConfig:
             first = hf.get("max_window_layers", 28)
             layer_types = ["sliding_attention" if i >= first else "full_attention"
                            for i in range(hf["num_hidden_layers"])]
-        if window is None or layer_types is None or model_type == "mistral":
+        if window is None or layer_types is None:
             layer_types = None
         else:
             layer_types = tuple(layer_types)
@@ -311,7 +312,7 @@ class Checkpoint:
     def __init__(self, path, fn: str = "Checkpoint"):
         from safetensors import safe_open  # the test/model extra; imported where a folder is read
 
-        self.path, self._open, self._handles = Path(path), safe_open, {}
+        self.path, self._open, self._handles, self._keys = Path(path), safe_open, {}, {}
         index = self.path / "model.safetensors.index.json"
         if index.exists():
             self.where = {name: self.path / f for name, f in json.loads(index.read_text())["weight_map"].items()}
@@ -336,10 +337,20 @@ class Checkpoint:
         """Whether the folder stores tensor ``name``."""
         return name in self.where
 
-    def shape(self, name: str) -> tuple:
+    def _slice(self, name: str):
+        """The stored tensor ``name`` (safetensors' lazy slice), or a ValueError naming it (and the shard the index
+        puts it in, where that file does not hold it: safetensors' own error named neither shard nor folder)."""
         if name not in self.where:
             raise ValueError(f"{self.fn}: tensor {name!r} is missing from {self.path}")
-        return tuple(self._handle(self.where[name]).get_slice(name).get_shape())
+        f = self.where[name]
+        handle = self._handle(f)
+        if name not in self._keys.setdefault(f, set(handle.keys())):
+            raise ValueError(f"{self.fn}: tensor {name!r} is missing from {f.name}, where "
+                             f"model.safetensors.index.json puts it ({self.path})")
+        return handle.get_slice(name)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._slice(name).get_shape())
 
     def check(self, shapes: dict) -> None:
         """Every named tensor present with its shape and stored in a float dtype that can be served (F32, F16,
@@ -348,16 +359,14 @@ class Checkpoint:
             got = self.shape(name)
             if got != tuple(want):
                 raise ValueError(f"{self.fn}: tensor {name!r} has shape {got}, the config needs {tuple(want)}")
-            stored = self._handle(self.where[name]).get_slice(name).get_dtype()
+            stored = self._slice(name).get_dtype()
             if stored not in _SERVED_STORAGE:
                 raise ValueError(f"{self.fn}: tensor {name!r} is stored as {stored}, which cannot be served (one of "
                                  f"{', '.join(_SERVED_STORAGE)}; quantized checkpoints are not read)")
 
     def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Tensor ``name``, or its ``[start:stop]`` slice along ``dim`` (0 or 1), read alone from the file."""
-        sl = self._handle(self.where[name]).get_slice(name) if name in self.where else None
-        if sl is None:
-            raise ValueError(f"{self.fn}: tensor {name!r} is missing from {self.path}")
+        sl = self._slice(name)
         if dim is None:
             return sl[:]
         return sl[start:stop] if dim == 0 else sl[:, start:stop]
