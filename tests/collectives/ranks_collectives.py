@@ -172,6 +172,18 @@ def check_numpy_inputs(world):
     out = np.empty(3 * n, dtype=np.int32)
     xelink.all_gather_into_tensor(out, np.full(3, r, dtype=np.int32))
     assert (out == np.repeat(np.arange(n), 3)).all()
+    # the in-place forms torch allows, on numpy arrays (the output this rank's block of the input): a view of a
+    # numpy array wrapped as a tensor has a storage of its own, so dest_split (auto's choice for small calls) took
+    # the block for separate memory and wrote the sum over it while it still read it (rank 2 up: wrong sums)
+    m = 4
+    for algo in ("auto", *xelink.collectives.registry.names("cpu")["reduce_scatter"]):
+        for op in ("sum", "max"):
+            a = np.arange(n * m, dtype=np.float32) + 100 * r
+            mine = a[r * m:(r + 1) * m]
+            xelink.reduce_scatter_tensor(mine, a, op=op, algo=algo)
+            base = np.arange(r * m, (r + 1) * m, dtype=np.float32)
+            want = n * base + 100 * n * (n - 1) / 2 if op == "sum" else base + 100 * (n - 1)
+            assert np.array_equal(mine, want), (algo, op, mine, want)
 
 
 def check_tensors_that_require_grad_are_moved_by_their_data(world):

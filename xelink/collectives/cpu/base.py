@@ -14,7 +14,7 @@ from ...config import resolve_timeout
 from ...errors import TimeoutError
 from ...transport import Deadline, wait_all
 from ...work import Work as Handle
-from ..checks import USER_TAG_LIMIT, ReduceOp
+from ..checks import USER_TAG_LIMIT, ReduceOp, shares_memory
 
 __all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "copy_as", "work_copy", "combine", "finish",
            "reduce_into", "bounds", "chunks"]
@@ -112,11 +112,10 @@ def reduce_into(out: torch.Tensor, parts: list, op: str, *, disjoint: bool | Non
     on every rank: combining a copy of ``parts[0]`` with the rest, in order. Where ``out`` is its own work type
     and shares no storage with a part, the first two parts combine straight into ``out`` (no accumulator copy:
     the one-shot all-reduce's small calls are mostly such tensor ops). ``disjoint``: the caller knows whether a
-    part shares storage with ``out`` (None: looked up here)."""
+    part shares memory with ``out`` (None: looked up here, by address range)."""
     if work_dtype(out.dtype) == out.dtype and len(parts) >= 2:
         if disjoint is None:
-            storage = out.untyped_storage().data_ptr()
-            disjoint = all(p.untyped_storage().data_ptr() != storage for p in parts)
+            disjoint = not any(shares_memory(out, p) for p in parts)
         if disjoint:
             _FIRST[op](parts[0], parts[1], out=out)
             for part in parts[2:]:
