@@ -382,7 +382,8 @@ def _attach_topology(world: Communicator, rpd: int) -> None:
     if cal_path:  # a measured calibration (``xelink bench links --calibration-out``) prices auto's model
         from .cost import load_calibration, set_active_calibration
 
-        set_active_calibration(_rank0s(world, f"XELINK_CALIBRATION={cal_path!r}", lambda: load_calibration(cal_path, topo)))
+        set_active_calibration(_rank0s(world, f"XELINK_CALIBRATION={cal_path!r}",
+                                       lambda: load_calibration(cal_path, topo)))
 
 
 def _install_abort_hook() -> None:
