@@ -147,6 +147,26 @@ def test_pack_w8a16_of_a_column_slice_takes_the_whole_rows_scale():
         pack_w8a16(w, torch.bfloat16, amax / 2)
 
 
+def test_float16_scales_of_tiny_and_huge_weights():
+    """float16 scales among the subnormals are rounded up too (a relative bump was lost there: a row of largest
+    189 * 2^-24 scaled by 2^-24, its largest weight clipped to 127 steps, 62 scales off; a row of largest 2^-24
+    scaled by 0); one past float16's largest is refused (an inf scale dequantized its weights to NaN)."""
+    tiny = 2.0 ** -24
+    for pack, unpack, width, top in ((pack_w8a16, unpack_w8a16, 8, 189), (pack_w4a16, unpack_w4a16, W4_GROUP, 10),
+                                     (pack_w8a16, unpack_w8a16, 4, 1)):
+        w = torch.zeros(1, width, dtype=torch.float16)
+        w[0, 0], w[0, 1] = top * tiny, -top * tiny / 2
+        packed, scales = pack(w)
+        assert bool((scales.float() > 0).all())
+        step = scales.float().repeat_interleave(width // scales.shape[-1], dim=-1) if scales.dim() == 2 else \
+            scales.float()[:, None]
+        assert (unpack(packed, scales) - w.float()).abs().le(step * 0.5).all(), (pack.__name__, top, scales)
+    with pytest.raises(ValueError, match=r"pack_w4a16: the weights' largest magnitude 500000 needs a scale over "):
+        pack_w4a16(torch.full((1, W4_GROUP), 5e5), torch.float16)
+    with pytest.raises(ValueError, match=r"pack_w8a16: .* over torch.float16's largest"):
+        pack_w8a16(torch.full((1, 16), 1e7), torch.float16)
+
+
 def test_pack_errors():
     with pytest.raises(ValueError, match="pack_w4a16: K=100 must be a multiple of 128"):
         pack_w4a16(torch.randn(2, 100))

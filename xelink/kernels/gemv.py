@@ -86,13 +86,22 @@ TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=2)
 
 # -- packing --------------------------------------------------------------------------------------
 
-def _scale_up(amax: torch.Tensor, qmax: int, dtype: torch.dtype) -> torch.Tensor:
-    """amax / qmax rounded to ``dtype``, bumped up one step where rounding went down (so |w| / scale never
-    exceeds qmax and the largest weight is not clipped); 1 where amax is 0."""
-    exact = amax / qmax
-    scale = exact.to(dtype)
-    low = scale.float() < exact
-    scale = torch.where(low, (scale.float() * (1 + torch.finfo(dtype).eps)).to(dtype), scale)
+_BITS_OF = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _scale_up(fn: str, amax: torch.Tensor, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+    """amax / qmax rounded to ``dtype``, the next value of ``dtype`` up where rounding went down (so |w| / scale
+    never exceeds qmax and the largest weight is not clipped; one bit pattern up, as a relative bump is lost among
+    float16's subnormals, where a scale rounded down to 2^-24, or to 0); 1 where amax is 0. A scale past ``dtype``'s
+    largest (float16 scales of weights over 65504 * qmax) is a ValueError naming ``fn``, not an inf scale whose
+    weights dequantize to NaN."""
+    exact = amax.float() / qmax
+    scale = exact.to(dtype).contiguous()
+    up = (scale.view(_BITS_OF[scale.element_size()]) + 1).view(dtype)  # (scale >= 0: the next value up)
+    scale = torch.where(scale.float() < exact, up, scale)
+    if bool(torch.isinf(scale).any()):
+        raise ValueError(f"{fn}: the weights' largest magnitude {amax.max().item():g} needs a scale over "
+                         f"{dtype}'s largest ({torch.finfo(dtype).max:g}); pack with dtype=torch.bfloat16")
     return torch.where(amax > 0, scale, torch.ones_like(scale))
 
 
@@ -130,7 +139,7 @@ def pack_w8a16(w: torch.Tensor, dtype: torch.dtype | None = None, amax: torch.Te
             raise ValueError(f"pack_w8a16: amax (shape {tuple(amax.shape)}) must give each of w's {w.shape[0]} rows "
                              f"a magnitude at least its own largest")
         own = amax.float().to(own.device)
-    scales = _scale_up(own, 127, dtype)
+    scales = _scale_up("pack_w8a16", own, 127, dtype)
     q = torch.round(wf / scales.float()[:, None]).clamp_(-128, 127).to(torch.int8)
     return q, scales
 
@@ -172,7 +181,7 @@ def pack_w4a16(w: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch
     dtype = dtype or (w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16)
     groups = w.float().reshape(n, k // W4_GROUP, W4_GROUP)
     amax = groups.abs().amax(dim=2)
-    scales = _scale_up(amax, 7, dtype)
+    scales = _scale_up("pack_w4a16", amax, 7, dtype)
     q = torch.round(groups / scales.float()[:, :, None]).clamp_(-8, 7).to(torch.int16).reshape(n, k) + 8
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
     return packed, scales
