@@ -292,6 +292,8 @@ def test_interpreted_act(fmt, kernel):
         assert torch.equal(out[:, 1:F + 1], want) and out[:, 0].isnan().all() and out[:, F + 1:].isnan().all()
     with pytest.raises(ValueError, match="act='silu_mul' needs an even BLOCK_N"):
         gemv(w, x, s, fmt, impl="triton", config=dict(cfg, BLOCK_N=3), act="silu_mul")
+    with pytest.raises(ValueError, match=r"gemv: config \{.*\} lacks BLOCK_K, SPLIT_K: KERNEL="):  # (a KeyError)
+        gemv(w, x, s, fmt, impl="triton", config={"KERNEL": cfg["KERNEL"], "BLOCK_N": 4})
 
 
 @pytest.mark.skipif(INTERPRET, reason="the interpreter runs Triton on CPU tensors")

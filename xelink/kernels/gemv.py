@@ -882,6 +882,10 @@ class _GemvLaunch:
         kernel = cfg.get("KERNEL", "mma")
         if kernel not in ("fma", "mma", "words", "tc"):
             raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
+        missing = [k for k in ("BLOCK_N", "BLOCK_K", "SPLIT_K") if kernel != "tc" and k not in cfg]
+        if missing:  # (a KeyError from the launch before)
+            raise ValueError(f"gemv: config {given!r} lacks {', '.join(missing)}: KERNEL={kernel!r} takes BLOCK_N, "
+                             f"BLOCK_K and SPLIT_K (num_warps, num_stages optional)")
         if kernel == "words" and fmt not in ("w8a16", "w4a16"):
             raise ValueError(f"gemv: config KERNEL='words' is for quantized weights, got fmt={fmt!r}")
         if kernel == "fma" and fmt == "w4a16":
@@ -1196,7 +1200,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             to 8192 rows of W, "late" above), False, ``"early"`` or ``"late"``. ``config["PDL"]`` is its
             old spelling, still taken (both given must agree).
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
-            ``SPLIT_K``, ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
+            ``SPLIT_K`` (these three required), ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL`` (1, 2, 4, 8), ``PIPE``,
             ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; for benchmarks, eager calls
             only (a traced call uses the defaults).
