@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..config import at_least, integer  # noqa: F401 (at_least: the families' argparse type, beside the suite)
+from ..config import at_least, integer  # noqa: F401 (at_least: the families' argparse type, here with the suite's)
 from ..tuning import dtype_name
 
 __all__ = [
@@ -202,10 +202,6 @@ _this_process_manifest = manifest  # JsonlWriter's `manifest` argument shadows t
 
 # -- timing -----------------------------------------------------------------------------------
 
-def _check_count(fn: str, name: str, value, minimum: int) -> int:
-    return integer(fn, name, value, minimum)
-
-
 def time_fn(fn: Callable[[], Any], *, warmup: int, iters: int, sync: Callable[[], Any] | None = None,
             timer: Callable[[], float] = time.perf_counter) -> list[float]:
     """Time ``iters`` calls of ``fn`` one by one with a host clock, after ``warmup`` untimed calls.
@@ -221,8 +217,8 @@ def time_fn(fn: Callable[[], Any], *, warmup: int, iters: int, sync: Callable[[]
     Returns:
         ``iters`` durations in seconds, in call order.
     """
-    _check_count("time_fn", "warmup", warmup, 0)
-    _check_count("time_fn", "iters", iters, 1)
+    integer("time_fn", "warmup", warmup, 0)
+    integer("time_fn", "iters", iters, 1)
     for _ in range(warmup):
         fn()
         if sync is not None:
@@ -254,8 +250,8 @@ def time_cuda_events(fn: Callable[[], Any], *, warmup: int, iters: int) -> list[
     Raises:
         RuntimeError: no CUDA device is available.
     """
-    _check_count("time_cuda_events", "warmup", warmup, 0)
-    _check_count("time_cuda_events", "iters", iters, 1)
+    integer("time_cuda_events", "warmup", warmup, 0)
+    integer("time_cuda_events", "iters", iters, 1)
     import torch
 
     if not torch.cuda.is_available():
@@ -324,9 +320,9 @@ def co_measure(variants: Mapping[str, Callable[[], Any]], *, warmup: int, iters:
     for name, fn in variants.items():
         if not callable(fn):
             raise TypeError(f"co_measure: variants[{name!r}]={fn!r} is not callable")
-    _check_count("co_measure", "warmup", warmup, 0)
-    _check_count("co_measure", "iters", iters, 1)
-    _check_count("co_measure", "rounds", rounds, 1)
+    integer("co_measure", "warmup", warmup, 0)
+    integer("co_measure", "iters", iters, 1)
+    integer("co_measure", "rounds", rounds, 1)
     if timing is None:
         def timing(fn, iters):
             return time_fn(fn, warmup=0, iters=iters)
@@ -446,7 +442,7 @@ def busbw(op: str, nbytes: int, seconds: float, n: int) -> float:
     if factor is None:
         known = ", ".join([*BUSBW_FACTORS, *_OP_ALIASES])
         raise ValueError(f"busbw: unknown op {op!r} (known: {known})")
-    _check_count("busbw", "n", n, 1)
+    integer("busbw", "n", n, 1)
     return algbw(nbytes, seconds) * factor(n)
 
 

@@ -14,8 +14,7 @@ from .. import config
 from ..comm import Communicator, resolve_group
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op",
-           "check_rank", "root_of", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device",
-           "shares_memory"]
+           "check_rank", "root_of", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 # CPU ranks reduce these too, as torch.distributed's gloo does (integers wrap; bool: sum and max are "or",
@@ -57,21 +56,6 @@ def backend_of(x) -> str:
 
 def _dtypes(dtypes) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
-
-
-def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` may touch the same bytes: their address ranges meet (conservative for interleaved
-    views). Not their storages: a tensor made from a numpy view has a storage of its own starting at the view, so
-    an in-place call's output and the input block it is were taken for separate memory."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-
-    def span(t):
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
-    return a_lo < b_hi and b_lo < a_hi
 
 
 def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -> torch.Tensor:

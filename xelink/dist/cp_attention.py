@@ -102,10 +102,6 @@ def _algo(fn: str, algo) -> str:
     return algo
 
 
-def _int(fn: str, name: str, value, minimum: int = 0) -> int:
-    return config.integer(fn, name, value, minimum)
-
-
 def _tensor(fn: str, name: str, x, comm, axes: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
@@ -321,7 +317,7 @@ def _plan(fn: str, q, k, v, causal, scale, group, layout, algo, return_lse, seq_
     layout = _layout(fn, layout)
     algo = _algo(fn, algo)
     if seq_len is not None:
-        _int(fn, "seq_len", seq_len)
+        config.integer(fn, "seq_len", seq_len, 0)
     picked = algo
     if comm.size == 1:
         if seq_len is not None and seq_len != q.shape[2]:
@@ -549,7 +545,7 @@ def cp_unshard(x_local, *, seq_len, group=None, layout: str = "zigzag", dim: int
     layout = _layout(fn, layout)
     if not isinstance(x_local, torch.Tensor):
         raise TypeError(f"{fn}: x_local must be a torch.Tensor, got {type(x_local).__name__}")
-    seq_len = _int(fn, "seq_len", seq_len)
+    seq_len = config.integer(fn, "seq_len", seq_len, 0)
     d = _seq_dim(fn, dim, x_local)
     n, r = comm.size, comm.rank
     of = _pieces_of(fn, seq_len, n, layout, cu_seqlens)
@@ -615,7 +611,7 @@ def cp_positions(seq_len, *, group=None, layout: str = "zigzag", cu_seqlens=None
     fn = "cp_positions"
     comm = group_of(group, fn)
     layout = _layout(fn, layout)
-    seq_len = _int(fn, "seq_len", seq_len)
+    seq_len = config.integer(fn, "seq_len", seq_len, 0)
     pieces = _pieces_of(fn, seq_len, comm.size, layout, cu_seqlens)(comm.rank)
     return torch.cat([torch.arange(start, start + length, dtype=torch.long) for start, length in pieces] +
                      [torch.zeros(0, dtype=torch.long)])

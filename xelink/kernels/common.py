@@ -34,7 +34,7 @@ except ImportError:  # Triton without host-side tensor descriptors (older, or In
 
 __all__ = ["IMPLS", "IMPL_ALIASES", "TensorDescriptor", "auto_takes_triton", "capability", "check_distinct",
            "check_impl", "check_no_overlap", "check_out", "check_same_device", "check_tensor", "forward_only",
-           "interpreting", "require_triton",
+           "interpreting", "require_triton", "spans_overlap",
            "cdiv", "gc_paused", "geometry", "host_values", "next_power_of_2", "path_key", "Paths", "sm_count", "tl",
            "triton", "triton_can_run"]
 
@@ -235,17 +235,20 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
+def spans_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (on one device) may touch the same bytes: their address ranges meet, so two
+    interleaved views of one buffer (column blocks) count even where no element is shared: conservative, and a
+    few host operations (a precise test of arbitrary strides is not). Not their storages: a tensor made from a
+    numpy view has a storage of its own, starting at the view."""
+    (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
 def check_no_overlap(fn: str, out: torch.Tensor, **inputs) -> None:
     """``out`` shares no memory with the tensors in ``inputs`` (None entries skipped), which a kernel reads
-    while it writes ``out``. Compares address ranges, so two interleaved views of one buffer (column
-    blocks) count as overlapping even where no element is shared: conservative, and a few host
-    operations a call (a precise test of arbitrary strides is not)."""
-    lo, hi = _span(out)
+    while it writes ``out`` (``spans_overlap``)."""
     for name, t in inputs.items():
-        if t is None or t.device != out.device:
-            continue
-        t_lo, t_hi = _span(t)
-        if lo < t_hi and t_lo < hi:
+        if t is not None and t.device == out.device and spans_overlap(out, t):
             raise ValueError(f"{fn}: out overlaps {name} in memory (out must not share memory with an input)")
 
 

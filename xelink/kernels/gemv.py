@@ -1200,7 +1200,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             to 8192 rows of W, "late" above), False, ``"early"`` or ``"late"``. ``config["PDL"]`` is its
             old spelling, still taken (both given must agree).
         config: tuning override: ``KERNEL`` ("fma", "words" or "mma"), ``BLOCK_N``, ``BLOCK_K``,
-            ``SPLIT_K`` (these three required), ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded into the tile);
+            ``SPLIT_K`` (these three required), ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded
+            into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL`` (1, 2, 4, 8), ``PIPE``,
             ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; for benchmarks, eager calls
             only (a traced call uses the defaults).

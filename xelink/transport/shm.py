@@ -143,10 +143,6 @@ def _check_comm(fn: str, comm):
     return transport
 
 
-def _check_count(fn: str, name: str, value) -> int:
-    return integer(fn, name, value, 0)
-
-
 def _round_up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
@@ -701,7 +697,7 @@ class PeerWindow(_OnNode):
 
     def __init__(self, comm, nbytes: int, timeout=None, fn: str = "PeerWindow"):
         transport = _check_comm(fn, comm)
-        nbytes = _check_count(fn, "nbytes", nbytes)
+        nbytes = integer(fn, "nbytes", nbytes, 0)
         self.comm = comm
         self._freed = False
         # Everyone arrives (with a deadline) before the MPI collectives, which have none.
@@ -749,8 +745,8 @@ class PeerWindow(_OnNode):
         return self._segs[i]
 
     def _span(self, fn: str, count, offset, itemsize: int) -> tuple[int, int]:
-        count = _check_count(fn, "count", count)
-        offset = _check_count(fn, "offset", offset)
+        count = integer(fn, "count", count, 0)
+        offset = integer(fn, "offset", offset, 0)
         if offset % itemsize:
             raise ValueError(f"{fn}: offset={offset} is not a multiple of the item size {itemsize}")
         end = offset + count * itemsize
@@ -850,7 +846,7 @@ class PeerWindow(_OnNode):
         fn = "PeerWindow.ensure"
         if self._freed:
             raise XelinkError(f"{fn}: the window was freed")
-        nbytes = _check_count(fn, "nbytes", nbytes)
+        nbytes = integer(fn, "nbytes", nbytes, 0)
         if nbytes <= self.capacity:
             self.nbytes = max(self.nbytes, nbytes)
             return False
@@ -890,7 +886,7 @@ class PeerWindow(_OnNode):
         Collective: every rank of ``comm`` must call this, with the same ``nbytes``, once per call.
         """
         fn = "PeerWindow.next_slot"
-        need = 2 * _round_up(_check_count(fn, "nbytes", nbytes))
+        need = 2 * _round_up(integer(fn, "nbytes", nbytes, 0))
         if self._freed or need > self.capacity:  # else ensure would only raise nbytes, which the next line does
             self.ensure(need, timeout)
         half = self.capacity // 2 // _ALIGN * _ALIGN

@@ -14,7 +14,8 @@ from ...config import resolve_timeout
 from ...errors import TimeoutError
 from ...transport import Deadline, wait_all
 from ...work import Work as Handle
-from ..checks import USER_TAG_LIMIT, ReduceOp, shares_memory
+from ...kernels.common import spans_overlap
+from ..checks import USER_TAG_LIMIT, ReduceOp
 
 __all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "copy_as", "work_copy", "combine", "finish",
            "reduce_into", "bounds", "chunks"]
@@ -115,7 +116,7 @@ def reduce_into(out: torch.Tensor, parts: list, op: str, *, disjoint: bool | Non
     part shares memory with ``out`` (None: looked up here, by address range)."""
     if work_dtype(out.dtype) == out.dtype and len(parts) >= 2:
         if disjoint is None:
-            disjoint = not any(shares_memory(out, p) for p in parts)
+            disjoint = not any(spans_overlap(out, p) for p in parts)
         if disjoint:
             _FIRST[op](parts[0], parts[1], out=out)
             for part in parts[2:]:
