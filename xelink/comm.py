@@ -140,6 +140,10 @@ class Communicator:
         self.board = board
         self.board_id = zlib.crc32(name.encode())
         self.calls = 0  # collectives entered on this communicator
+        # Collective calls made on this communicator, counted as each starts, before its arguments are checked:
+        # a call that one rank's checks refuse still takes, on that rank, the tags its peers' call uses, so
+        # the messages they sent are not taken by its next call (collectives.cpu.base.tag_for).
+        self.issued = 0
         self._splits = 0
         self.rank, self.size = transport.rank, transport.size
         self.world_ranks = list(world_ranks)

@@ -1,10 +1,12 @@
 """Every collective x algorithm x dtype, whole buffer, exact, at world sizes 1-8 and package layouts."""
 import datetime
 import math
+import re
 import time
 import numpy as np
 import pytest
 import torch
+import torch.distributed
 
 import xelink
 from ranks import only
@@ -585,10 +587,15 @@ def check_bad_inputs_raise_before_sending(world):
     with pytest.raises(TypeError, match=r"barrier: device_ids='0' must be a list of ints"):
         xelink.barrier(device_ids="0")
     xelink.barrier(device_ids=[0])  # NCCL code's barrier(device_ids=[local_rank]): a host barrier here
+    with pytest.raises(ValueError, match=r"^all_reduce: tensor has numpy dtype >f4, not in this machine's byte order"):
+        xelink.all_reduce(np.ones(3, dtype=">f4"))  # (torch's own error named neither)
     world.barrier()  # nothing was sent: the world still works
     y = torch.ones(3)
     xelink.all_reduce(y)
     assert torch.equal(y, torch.full((3,), float(n)))
+    y = torch.full((3,), float(world.rank))  # a torch ReduceOp instance, as gloo takes it
+    xelink.all_reduce(y, op=torch.distributed.ReduceOp(torch.distributed.ReduceOp.MAX))
+    assert torch.equal(y, torch.full((3,), float(n - 1)))
 
 
 def check_mismatched_calls_are_detected(world):
@@ -634,6 +641,104 @@ def check_different_sizes_without_checking_raise_instead_of_garbage(world):
         if sub.transport.name == "mpi":
             assert any(world.allgather_object(named)), str(info.value)
         sub.free()
+    world.barrier()
+
+
+@only(sizes=(3, 4))
+def check_a_root_refused_by_its_checks_leaves_no_message_for_a_later_call(world):
+    """The root's gather / scatter list is refused by its checks (a ValueError there) while the other ranks,
+    whose arguments are fine, go ahead: no rank returns data of another call. Before, the other ranks'
+    gather returned as though it had worked (MPI buffered their sends), and the root's next gather took those
+    messages (the first call's values), every later call one behind; a scatter's waiting ranks took the
+    root's next call's values. Now the refused call still takes its tags on the root (``issued``), and under
+    MPI a rank that only sends sends synchronously, so the others time out (1 s) and the root's next call
+    times out or, where the others' sends completed (gloo has no synchronous mode), gets the next call's
+    values."""
+    first, second = float(100 + world.rank), float(world.rank)
+    sub = world.split(0)
+    got = []
+    for value in (first, second):
+        x = torch.full((2,), value)
+        outs = [torch.zeros(2) for _ in range(world.size)]
+        try:
+            if world.rank == 0:
+                xelink.gather(x, outs if value == second else None, dst=0, group=sub, timeout=1)
+            else:
+                xelink.gather(x, None, dst=0, group=sub, timeout=1)
+            got.append([o[0].item() for o in outs] if world.rank == 0 else "ok")
+        except (ValueError, xelink.XelinkError) as exc:
+            got.append(type(exc).__name__)
+    if world.rank == 0:
+        assert got[0] == "ValueError", got
+        # never 101, 102, ...: the first call's values (gloo: a transfer failed, or the next call's values)
+        assert got[1] in ("TimeoutError", "XelinkError", [float(r) for r in range(world.size)]), got
+    elif sub.transport.name == "mpi":
+        assert got[0] == "TimeoutError", got  # not "ok" with its message left queued
+    world.barrier()  # (free drains what is queued: that would complete a peer's send still waiting)
+    sub.free()
+    sub = world.split(0)
+    got = []
+    for value in (1.0, 2.0):
+        x = torch.zeros(2)
+        ins = [torch.full((2,), value * 10 + r) for r in range(world.size)]
+        try:
+            if world.rank == 0:
+                xelink.scatter(x, ins[:1] if value == 1.0 else ins, src=0, group=sub, timeout=1)
+            else:
+                xelink.scatter(x, None, src=0, group=sub, timeout=1)
+            got.append(x[0].item())
+        except (ValueError, xelink.XelinkError) as exc:
+            got.append(type(exc).__name__)
+    if world.rank == 0:
+        assert got[0] == "ValueError", got
+    else:
+        assert got[0] == "TimeoutError", got  # never 20 + rank: the next call's value
+    world.barrier()
+    sub.free()
+    # gather_object: the root's list is checked after the exchange, which every rank completes
+    sub = world.split(0)
+    for objs in (None, [None] * world.size):
+        mine = [] if objs is None else objs
+        if world.rank == 0 and objs is None:
+            with pytest.raises(ValueError, match=r"^gather_object: object_gather_list must be a list of "
+                                                 rf"world_size={world.size} entries, got 0"):
+                xelink.gather_object(("first", world.rank), mine, dst=0, group=sub)
+        else:
+            xelink.gather_object(("second" if objs else "first", world.rank), mine if world.rank == 0 else None,
+                                 dst=0, group=sub)
+    if world.rank == 0:
+        assert mine == [("second", r) for r in range(world.size)], mine
+    sub.free()
+    world.barrier()
+
+
+@only(launchers=("mpi",), sizes=(3,))
+def check_ranks_that_disagree_on_a_root_or_a_block_raise(world):
+    """Every rank names itself the broadcast's root: each only sends, synchronously, so each times out
+    (before, each returned its own data and its messages stayed queued, to be taken 16384 calls later, when
+    the tags came round); later calls on the group raise. all_to_all_single where rank 1 expects nothing from
+    rank 0, which sends it a row: rank 1 raises naming rank 0 (before, the row stayed queued and rank 1
+    returned as though nothing had been sent)."""
+    sub = world.split(0)
+    with pytest.raises(xelink.TimeoutError, match=r"^broadcast: timed out after 1 s waiting for rank"):
+        xelink.broadcast(torch.full((4,), float(world.rank)), src=world.rank, group=sub, timeout=1)
+    with pytest.raises(xelink.XelinkError, match="unusable after an earlier failure"):
+        xelink.broadcast(torch.zeros(4), src=0, group=sub)
+    world.barrier()
+    sub.free()
+    sub = world.split(0)
+    n = world.size
+    out_splits = [0] + [1] * (n - 1) if world.rank == 1 else [1] * n
+    out = torch.zeros(sum(out_splits))
+    try:
+        xelink.all_to_all_single(out, torch.full((n,), float(world.rank)), out_splits, [1] * n, group=sub,
+                                 timeout=1)
+        outcome = "ok"
+    except (ValueError, xelink.XelinkError) as exc:
+        outcome = str(exc)
+    if world.rank == 1:
+        assert re.match(r"all_to_all_single: rank 0 sent (more|4) bytes where this rank expected 0", outcome), outcome
+    sub.free()
     world.barrier()
 
 

@@ -13,7 +13,7 @@ from .. import symm
 from ..work import Work as Handle
 from . import checks, compiled, cpu, dispatch, gpu, registry
 from .gpu import rooted as gpu_rooted
-from .checks import backend_of, check_op, fingerprint_check, group_of, pair, parse_op, root_of, splits
+from .checks import backend_of, check_op, collective_group, fingerprint_check, pair, parse_op, root_of, splits
 
 __all__ = ["all_reduce", "all_gather_into_tensor", "all_gather_single", "all_gather", "reduce_scatter_tensor",
            "reduce_scatter_single", "reduce_scatter",
@@ -57,7 +57,7 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     if torch.compiler.is_compiling():
         compiled.traced(fn, async_op)
         return torch.ops.xelink.all_reduce_(tensor, parse_op(fn, op), algo, compiled.group_name(group))
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
     check_op(fn, op, x)
@@ -91,7 +91,7 @@ def all_gather_into_tensor(output=None, input=None, group=None, async_op: bool =
     if torch.compiler.is_compiling():
         compiled.traced(fn, async_op)
         return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group))
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     out, inp = pair(fn, output, input, comm)
     if out.numel() != comm.size * inp.numel():
         raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()="
@@ -117,7 +117,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     Collective: every rank of ``group`` must call this with tensors of the same shape and dtype.
     """
     fn = "all_gather"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     inp = checks.tensor(fn, "tensor", tensor, comm)
     outs = _tensor_list(fn, "tensor_list", tensor_list, comm, like=inp, like_name="tensor")
     backend = backend_of(inp)
@@ -161,7 +161,7 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
         compiled.traced(fn, async_op)
         return torch.ops.xelink.reduce_scatter_tensor_(output, input, parse_op(fn, op), algo,
                                                        compiled.group_name(group))
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     out, inp = pair(fn, output, input, comm, reduce=True)
     op = parse_op(fn, op)
     check_op(fn, op, inp)
@@ -190,7 +190,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     Collective: every rank of ``group`` must call this.
     """
     fn = "all_to_all_single"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     out, inp = pair(fn, output, input, comm)
     n = comm.size
     sized = output_split_sizes is not None or input_split_sizes is not None
@@ -272,7 +272,7 @@ def reduce_scatter(output, input_list, op="sum", group=None, async_op: bool = Fa
     Collective: every rank of ``group`` must call this with tensors of the same shape and dtype.
     """
     fn = "reduce_scatter"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     out = checks.tensor(fn, "output", output, comm)
     ins = _tensor_list(fn, "input_list", input_list, comm, like=out, like_name="output")
     stacked = torch.cat([t.reshape(-1) for t in ins])
@@ -290,7 +290,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     expects from rank i have the same number of elements.
     """
     fn = "all_to_all"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     ins = _tensor_list(fn, "input_tensor_list", input_tensor_list, comm)
     outs = _tensor_list(fn, "output_tensor_list", output_tensor_list, comm)
     if outs[0].dtype != ins[0].dtype or outs[0].is_cuda != ins[0].is_cuda:
@@ -323,7 +323,7 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
     Collective: every rank of ``group`` must call this with the same shape and dtype.
     """
     fn = "broadcast"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm)
     src = root_of(fn, comm, "src", src, group_src)
     entry = None if x.is_cuda else dispatch.resolve(fn, "broadcast", "auto", comm, "cpu", _nbytes(x), x.dtype, x)
@@ -343,7 +343,7 @@ def reduce(tensor, dst: int | None = None, op="sum", group=None, async_op: bool 
     Collective: every rank of ``group`` must call this with the same shape, dtype and op.
     """
     fn = "reduce"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
     check_op(fn, op, x)
@@ -363,7 +363,7 @@ def _rooted(fn: str, tensor, items, root_name: str, root, group_root, group):
     """The checked (comm, tensor, list, root as a rank of comm) of ``gather``/``scatter``: the list of
     ``world_size`` tensors like ``tensor`` on the root, None (or an empty list, as torch.distributed takes it)
     elsewhere."""
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm)
     root = root_of(fn, comm, root_name, root, group_root, default=0)
     name = f"{fn}_list"
@@ -405,11 +405,11 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     return _handle(work, [tensor])
 
 
-def _object_list(fn: str, object_list, size: int | None = None) -> None:
+def _object_list(fn: str, object_list, size: int | None = None, name: str = "object_list") -> None:
     if not isinstance(object_list, list) or (size is not None and len(object_list) != size):
         want = f"a list of world_size={size} entries" if size is not None else "a list"
         got = len(object_list) if isinstance(object_list, list) else type(object_list).__name__
-        raise ValueError(f"{fn}: object_list must be {want}, got {got}")
+        raise ValueError(f"{fn}: {name} must be {want}, got {got}")
 
 
 def all_gather_object(object_list, obj, group=None, timeout=None) -> None:
@@ -419,7 +419,7 @@ def all_gather_object(object_list, obj, group=None, timeout=None) -> None:
     Collective: every rank of ``group`` must call this.
     """
     fn = "all_gather_object"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     _object_list(fn, object_list, comm.size)
     object_list[:] = comm.allgather_object(obj, timeout)
 
@@ -430,15 +430,16 @@ def gather_object(obj, object_gather_list=None, dst: int | None = None, group=No
     other ranks pass None); through the host transport. The root: ``dst`` a rank of the world or ``group_dst``
     a rank of ``group`` (neither: world rank 0).
 
+    Raises ValueError on the root when its list is not world_size long, after the exchange (which every rank
+    completes, so that no rank's object is left for a later call to take).
     Collective: every rank of ``group`` must call this.
     """
     fn = "gather_object"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     dst = root_of(fn, comm, "dst", dst, group_dst, default=0)
-    if comm.rank == dst:
-        _object_list(fn, object_gather_list, comm.size)
     got = comm.allgather_object(obj, timeout)
     if comm.rank == dst:
+        _object_list(fn, object_gather_list, comm.size, "object_gather_list")
         object_gather_list[:] = got
 
 
@@ -452,7 +453,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     Collective: every rank of ``group`` must call this.
     """
     fn = "scatter_object_list"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     src = root_of(fn, comm, "src", src, group_src, default=0)
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError(f"{fn}: scatter_object_output_list must be a non-empty list, got "
@@ -479,7 +480,7 @@ def broadcast_object_list(object_list, src: int | None = None, group=None, timeo
     Collective: every rank of ``group`` must call this.
     """
     fn = "broadcast_object_list"
-    comm = group_of(group, fn)
+    comm = collective_group(group, fn)
     src = root_of(fn, comm, "src", src, group_src, default=0)
     _object_list(fn, object_list)
     got = comm.allgather_object(list(object_list) if comm.rank == src else None, timeout)[src]
@@ -501,7 +502,7 @@ def barrier(group=None, async_op: bool = False, device_ids=None, timeout=None):
     if device_ids is not None and (not isinstance(device_ids, (list, tuple))
                                    or not all(isinstance(d, int) and not isinstance(d, bool) for d in device_ids)):
         raise TypeError(f"barrier: device_ids={device_ids!r} must be a list of ints")
-    return cpu.barrier(group_of(group, "barrier"), async_op, timeout)
+    return cpu.barrier(collective_group(group, "barrier"), async_op, timeout)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
@@ -513,7 +514,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     """
     if not isinstance(wait_all_ranks, bool):
         raise TypeError(f"monitored_barrier: wait_all_ranks={wait_all_ranks!r} must be a bool")
-    cpu.barrier(group_of(group, "monitored_barrier"), False, timeout)
+    cpu.barrier(collective_group(group, "monitored_barrier"), False, timeout)
 
 
 device_barrier = gpu.device_barrier

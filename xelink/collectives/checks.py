@@ -13,16 +13,14 @@ import torch
 from .. import config
 from ..comm import Communicator, resolve_group
 
-__all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "USER_TAG_LIMIT", "parse_op", "tensor", "pair", "check_op",
-           "check_rank", "root_of", "group_of", "fingerprint_check", "backend_of", "device_of", "check_rank_device"]
+__all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "parse_op", "tensor", "pair", "check_op",
+           "check_rank", "root_of", "group_of", "collective_group", "fingerprint_check", "backend_of", "device_of",
+           "check_rank_device"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 # CPU ranks reduce these too, as torch.distributed's gloo does (integers wrap; bool: sum and max are "or",
 # prod and min "and"); the GPU kernels take DTYPES.
 REDUCE_DTYPES = DTYPES + (torch.int16, torch.int8, torch.uint8, torch.bool)
-# Point-to-point tags of users live below this bound; collectives use the tags above it, so the two
-# never match each other's messages on the same transport.
-USER_TAG_LIMIT = 1 << 14
 
 
 class ReduceOp:
@@ -40,8 +38,10 @@ def parse_op(fn: str, op) -> str:
         return op
     name = op
     if not isinstance(op, str):
-        # torch.distributed.ReduceOp and its RedOpType members print as e.g. "RedOpType.SUM"/"SUM".
-        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+        # torch.distributed.ReduceOp's RedOpType members print as e.g. "RedOpType.SUM"; a ReduceOp instance
+        # (``ReduceOp(ReduceOp.MAX)``) holds one as ``op``.
+        member = getattr(op, "op", op)
+        name = str(getattr(member, "name", member)).rsplit(".", 1)[-1]
     name = name.lower()
     name = {"product": ReduceOp.PROD}.get(name, name)  # torch's ReduceOp.PRODUCT
     if name not in ReduceOp.ALL:
@@ -69,6 +69,9 @@ def tensor(fn: str, name: str, x, comm: Communicator, *, reduce: bool = False) -
     if isinstance(x, np.ndarray):
         if not (x.flags.c_contiguous and x.flags.writeable):
             raise ValueError(f"{fn}: {name} must be a C-contiguous, writeable numpy array")
+        if not x.dtype.isnative:
+            raise ValueError(f"{fn}: {name} has numpy dtype {x.dtype.str}, not in this machine's byte order, which "
+                             f"torch cannot wrap (x.astype(x.dtype.newbyteorder('=')) makes a copy that is)")
         try:
             x = torch.from_numpy(x)
         except TypeError:
@@ -175,6 +178,14 @@ def group_of(group, fn: str) -> Communicator:
     comm = resolve_group(group, fn)
     if comm._broken is not None or comm._freed:
         comm._live(fn)
+    return comm
+
+
+def collective_group(group, fn: str) -> Communicator:
+    """``group_of`` for a collective call: counts the call (``Communicator.issued``) before its other arguments
+    are checked."""
+    comm = group_of(group, fn)
+    comm.issued += 1
     return comm
 
 

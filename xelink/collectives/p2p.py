@@ -13,14 +13,12 @@ from ..config import is_int
 from ..errors import TimeoutError
 from ..transport import wait_all
 from ..work import Work as Handle
-from .checks import USER_TAG_LIMIT, group_of, root_of, tensor as _tensor
+from ..transport.base import OBJECT_TAG as _OBJECT_TAG, USER_TAG_LIMIT
+from .checks import group_of, root_of, tensor as _tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork", "send_object_list",
            "recv_object_list", "cuda_p2p_unsupported"]
 
-# The objects' messages: above the user (< 2**14) and collective (< 2**15) tags and symm's set-up tag (2**15), so
-# that neither a tensor receive nor a collective takes them
-_OBJECT_TAG = (1 << 15) + 1
 
 
 def _check(fn, tensor, peer_name, peer, group_peer, group, tag):

@@ -57,6 +57,7 @@ import torch
 from .. import config
 from ..errors import TimeoutError, XelinkError
 from ..log import get_logger
+from ..transport.base import SETUP_TAG as _SETUP_TAG
 from ..work import Work as Handle
 from . import watchdog
 from .device import MAX_WORLD
@@ -525,7 +526,6 @@ class Pair:
         self._error.raise_if_set(fn)
 
 
-_SETUP_TAG = 1 << 15  # above the user (< 2**14) and collective (< 2**15) tags of the host transport
 _SETUP_BYTES = 512
 
 

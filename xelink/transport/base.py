@@ -10,7 +10,16 @@ import numpy as np
 
 from ..errors import TimeoutError
 
-__all__ = ["Deadline", "Request", "SizeMismatch", "Transport", "SelfTransport", "spin_until", "wait_all"]
+__all__ = ["Deadline", "Request", "SizeMismatch", "Transport", "SelfTransport", "spin_until", "wait_all",
+           "USER_TAG_LIMIT", "SETUP_TAG", "OBJECT_TAG", "COLLECTIVE_TAGS"]
+
+# The tags on a transport: users' point-to-point tags live below USER_TAG_LIMIT; symm's set-up messages and the
+# object messages of send_object_list take one tag each just above it; collectives take the tags from
+# COLLECTIVE_TAGS up to the transport's ``tag_limit``, a fresh one a call (``collectives.cpu.base.tag_for``), so
+# that none of the three takes another's messages, and a message nobody received (a collective whose ranks
+# disagreed) is not taken by a later call before the tags come round again (2**29 calls under MPICH).
+USER_TAG_LIMIT = 1 << 14
+SETUP_TAG, OBJECT_TAG, COLLECTIVE_TAGS = USER_TAG_LIMIT, USER_TAG_LIMIT + 1, USER_TAG_LIMIT + 2
 
 # After this long without progress a waiting rank sleeps between polls instead of only yielding: with
 # more ranks than cores a yielding rank still competes for the core the rank it waits for needs (8
@@ -112,6 +121,7 @@ class Transport(abc.ABC):
     name: str = "?"
     rank: int
     size: int
+    tag_limit: int = 1 << 15  # one past the largest tag (MPI guarantees at least this much)
 
     @abc.abstractmethod
     def exchange(self, obj: Any, deadline: Deadline, what: str) -> list:
@@ -130,8 +140,10 @@ class Transport(abc.ABC):
         """
 
     @abc.abstractmethod
-    def isend(self, buf, dst: int, tag: int = 0) -> Request:
-        """Start sending the bytes of ``buf`` to rank ``dst``."""
+    def isend(self, buf, dst: int, tag: int = 0, sync: bool = False) -> Request:
+        """Start sending the bytes of ``buf`` to rank ``dst``. ``sync``: the request completes only once ``dst``
+        has posted the matching receive (MPI's synchronous mode), so that a send nobody receives times out
+        rather than completing from a buffer and staying queued; a transport without such a mode ignores it."""
 
     @abc.abstractmethod
     def irecv(self, buf, src: int | None, tag: int = 0) -> Request:
@@ -156,7 +168,7 @@ class SelfTransport(Transport):
     def split(self, color, key, members):
         return None if color is None else SelfTransport()
 
-    def isend(self, buf, dst, tag=0):
+    def isend(self, buf, dst, tag=0, sync=False):
         raise ValueError(f"isend: dst={dst} is this rank itself (world size 1)")
 
     def irecv(self, buf, src, tag=0):

@@ -130,6 +130,7 @@ class MPITransport(Transport):
         self.ctl = comm.Dup()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.uid = uid  # the same on every member, unique in the job (see _TAG_CYCLE)
+        self.tag_limit = mpi().COMM_WORLD.Get_attr(mpi().TAG_UB) + 1
         self._epoch = 0
         self._splits = 0
 
@@ -179,8 +180,9 @@ class MPITransport(Transport):
             return None
         return MPITransport(sub, f"{self.uid}.{self._splits}c{color}")
 
-    def isend(self, buf, dst: int, tag: int = 0) -> Request:
-        return _MPIRequest(self.comm.Isend(_buffer(buf), dest=dst, tag=tag), dst, buf=buf)
+    def isend(self, buf, dst: int, tag: int = 0, sync: bool = False) -> Request:
+        send = self.comm.Issend if sync else self.comm.Isend
+        return _MPIRequest(send(_buffer(buf), dest=dst, tag=tag), dst, buf=buf)
 
     def irecv(self, buf, src: int | None, tag: int = 0) -> Request:
         data = _buffer(buf)

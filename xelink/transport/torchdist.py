@@ -71,6 +71,7 @@ class TorchTransport(Transport):
     """Point-to-point over a gloo process group, control exchanges over its store."""
 
     name = "torch"
+    tag_limit = 1 << 31  # (gloo's tags are 32-bit)
 
     def __init__(self, store, prefix: str, global_ranks: Sequence[int], my_global_rank: int, timeout: float):
         import torch.distributed as dist
@@ -136,7 +137,7 @@ class TorchTransport(Transport):
         prefix = f"{self.prefix}/s{self._splits}c{color}"
         return TorchTransport(self.store, prefix, granks, self.global_ranks[self.rank], self.timeout)
 
-    def isend(self, buf, dst: int, tag: int = 0) -> Request:
+    def isend(self, buf, dst: int, tag: int = 0, sync: bool = False) -> Request:  # (gloo has no synchronous mode)
         return _TorchRequest(self.gloo.send([_as_tensor(buf)], dst, tag), dst, "isend")
 
     def irecv(self, buf, src: int | None, tag: int = 0) -> Request:

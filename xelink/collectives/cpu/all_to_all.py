@@ -13,4 +13,4 @@ def dest_split(comm, fo, fi, io, oo, deadline):
     outs[r].copy_(ins[r])
     if n > 1:
         step(comm, [(p, ins[p]) for p in range(n) if p != r], [(p, outs[p]) for p in range(n) if p != r],
-             tag_for(comm), deadline, "all_to_all_single")
+             tag_for(comm), deadline, "all_to_all_single", empty=True)

@@ -13,9 +13,10 @@ from ...comm import Communicator
 from ...config import resolve_timeout
 from ...errors import TimeoutError
 from ...transport import Deadline, wait_all
+from ...transport.base import COLLECTIVE_TAGS
 from ...work import Work as Handle
 from ...kernels.common import spans_overlap
-from ..checks import USER_TAG_LIMIT, ReduceOp
+from ..checks import ReduceOp
 
 __all__ = ["Work", "run", "step", "tag_for", "state", "work_dtype", "copy_as", "work_copy", "combine", "finish",
            "reduce_into", "bounds", "chunks"]
@@ -30,7 +31,7 @@ class _State:
     filesystem had no room; as large or larger calls go by messages without asking again)."""
 
     def __init__(self):
-        self.tags = 0
+        self.call = self.taken = 0  # the call (Communicator.issued) whose tags tag_for hands out; how many so far
         self.worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.worker_thread: int | None = None
         self.pending = 0
@@ -144,27 +145,43 @@ def chunks(t: torch.Tensor, b: Sequence[int]) -> tuple:
     return t.split_with_sizes([hi - lo for lo, hi in zip(b, b[1:])])
 
 
-def tag_for(comm: Communicator) -> int:
-    """A fresh tag for one collective call: every rank calls collectives in the same order.
+# The tags of one collective call: a block of this many a call (a call takes at most three).
+TAGS_PER_CALL = 8
 
-    Each communicator starts its tags at its own offset (from its id), so that a message a timed-out
-    call of a freed communicator left queued is unlikely to match a call of a new one that MPI gave the
-    same context (``transport.mpi`` drains such messages when a communicator is freed, too).
+
+def tag_for(comm: Communicator) -> int:
+    """A fresh tag for a step of the running collective call.
+
+    Each call takes its tags from a block of its own, numbered by the call (``Communicator.issued``, counted
+    on every rank as the call starts, even where the call's checks then refuse it), so that the messages of
+    a call that a rank refused or timed out cannot be taken by a later call of that rank: its tags differ
+    until they come round again (2**26 calls under MPICH). Each communicator starts its blocks at its own
+    offset (from its id), so that a message a timed-out call of a freed communicator left queued is unlikely
+    to match a call of a new one that MPI gave the same context (``transport.mpi`` drains such messages when a
+    communicator is freed, too).
     """
     st = state(comm)
-    st.tags += 1
-    return USER_TAG_LIMIT + (comm.board_id + st.tags - 1) % USER_TAG_LIMIT
+    st.taken += 1
+    blocks = (comm.transport.tag_limit - COLLECTIVE_TAGS) // TAGS_PER_CALL
+    return COLLECTIVE_TAGS + ((comm.board_id + st.call) % blocks) * TAGS_PER_CALL + (st.taken - 1) % TAGS_PER_CALL
 
 
-def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadline: Deadline, what: str) -> None:
+def step(comm: Communicator, sends: Sequence, recvs: Sequence, tag: int, deadline: Deadline, what: str,
+         empty: bool = False) -> None:
     """One communication step: post every receive and send, wait for all of them.
 
     ``sends``/``recvs`` are lists of (peer, tensor). Receives are posted first so that no send waits
-    for a matching receive that is posted later.
+    for a matching receive that is posted later. Empty tensors move nothing (both sides skip them), unless
+    ``empty``: then they are messages too, for a step whose peers may disagree on which blocks are empty (a
+    receiver that expects nothing takes a block sent to it as a size mismatch, not as nothing). A rank that
+    only sends here sends synchronously: it learns from no receive that its peers took part, so a send nobody
+    receives (ranks that disagree on a root) times out naming them rather than completing from MPI's buffer
+    and staying queued for a later call.
     """
     t = comm.transport
-    reqs = [t.irecv(buf, peer, tag) for peer, buf in recvs if buf.numel()]
-    reqs += [t.isend(buf, peer, tag) for peer, buf in sends if buf.numel()]
+    reqs = [t.irecv(buf, peer, tag) for peer, buf in recvs if empty or buf.numel()]
+    sync = not reqs
+    reqs += [t.isend(buf, peer, tag, sync) for peer, buf in sends if empty or buf.numel()]
     if reqs:
         try:
             wait_all(reqs, deadline, what)
@@ -232,9 +249,10 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     if timeout is not None:
         timeout = resolve_timeout(timeout, what)
     st = state(comm)
+    call = comm.issued  # (the API counted this call as it started)
     if not async_op and st.pending == 0:
-        return _entered(comm, what, body, timeout)
-    fn = lambda: _entered(comm, what, body, timeout)  # noqa: E731
+        return _entered(comm, what, body, timeout, call)
+    fn = lambda: _entered(comm, what, body, timeout, call)  # noqa: E731
     st.start_worker(comm.name)
     with st.lock:
         st.pending += 1
@@ -254,9 +272,13 @@ def run(comm: Communicator, what: str, body: Callable[[Deadline], object], async
     return future.result()
 
 
-def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], timeout):
-    """Run one collective's ``body``: post its start on the progress board, and make its timeout name
-    the ranks of ``comm`` (not of a sub-group it ran on) and those furthest behind."""
+def _entered(comm: Communicator, what: str, body: Callable[[Deadline], object], timeout, call: int):
+    """Run one collective's ``body`` (of the API's call number ``call``: ``tag_for``): post its start on the
+    progress board, and make its timeout name the ranks of ``comm`` (not of a sub-group it ran on) and those
+    furthest behind."""
+    st = state(comm)
+    if st.call != call:
+        st.call, st.taken = call, 0
     comm.calls += 1
     board = comm.board
     if board is not None:
