@@ -157,7 +157,7 @@ def check_list_forms_and_object_scatter_gather(world):
         xelink.all_to_all([torch.empty(1)] * (n + 1), [torch.empty(1)] * n)
     with pytest.raises(ValueError, match=r"reduce_scatter: input_list\[0\] has 5 x torch.float32 on cpu, expected 4 x"):
         xelink.reduce_scatter(torch.empty(4), [torch.empty(5)] * n)
-    with pytest.raises(ValueError, match=r"gather_object: object_list must be a list of world_size"):
+    with pytest.raises(ValueError, match=r"gather_object: object_gather_list must be a list of world_size"):
         xelink.gather_object(1, [None], dst=r) if n > 1 else xelink.gather_object(1, [], dst=r)
 
 
