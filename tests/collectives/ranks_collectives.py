@@ -437,6 +437,50 @@ def check_point_to_point(world):
         assert torch.equal(buf, torch.arange(4))
 
 
+@only(launchers=("mpi",), sizes=(2,))
+def check_point_to_point_buffers_outlive_dropped_and_timed_out_transfers(world):
+    """MPI reads a send's buffer (and writes a receive's) by its address until the transfer completes: an isend
+    whose handle (and tensor) the caller drops, and a send that timed out (MPICH cannot cancel it), keep their
+    buffers until MPI is done, so the late receiver gets the values sent. Before, the freed memory was reused
+    and the receiver got its new contents (an eager message's, 16384 floats) or MPICH failed reading it (a
+    large one). A receive of another size than was sent raises on every wait() and is_completed() is True, as
+    torch's Work (before: the error once, then wait() returned True on a half-filled buffer); irecv's result()
+    gives the numpy array it was given."""
+    r = world.rank
+    for n in (16384, 1 << 20):
+        if r == 0:
+            xelink.isend(torch.full((n,), 7.0), 1, tag=3)  # handle and tensor dropped at once
+            work = xelink.isend(torch.full((n,), 8.0), 1, tag=4)
+            with pytest.raises(xelink.TimeoutError, match=r"^isend: timed out after 0.5 s waiting for rank\(s\) 1"):
+                work.wait(timeout=0.5)  # (a 16384-float message is sent eagerly: the wait may succeed)
+            del work
+            junk = [torch.full((n,), -1.0) for _ in range(8)]  # the allocator would hand the freed memory out
+            world.barrier()
+            del junk
+        else:
+            world.barrier()  # (after rank 0 dropped the first and gave up on the second)
+            for tag, value in ((3, 7.0), (4, 8.0)):
+                got = torch.zeros(n)
+                xelink.recv(got, 0, tag=tag)
+                assert torch.equal(got, torch.full((n,), value)), (n, tag, got.unique()[:4])
+    world.barrier()
+    if r == 0:
+        xelink.send(torch.ones(2), 1, tag=5)
+        xelink.send(np.arange(3.0), 1, tag=6)
+    else:
+        work = xelink.irecv(torch.zeros(4), 0, tag=5)
+        while not work.is_completed():
+            time.sleep(0.001)
+        for _ in range(2):
+            assert isinstance(work.exception(), ValueError), work.exception()
+            with pytest.raises(ValueError, match=r"^irecv: rank 0 sent 8 bytes where this rank expected 16"):
+                work.wait()
+        arr = np.zeros(3)
+        work = xelink.irecv(arr, 0, tag=6)
+        assert work.result()[0] is arr and (arr == np.arange(3.0)).all()
+    world.barrier()
+
+
 def check_receive_from_any_source(world):
     """recv / irecv with src=None (CPU) take whichever rank's message of that tag comes first and name its
     sender (recv's return, the handle's source_rank()), as torch.distributed's; a wait no rank answers names

@@ -12,8 +12,8 @@ import torch
 from ..config import is_int
 from ..errors import TimeoutError
 from ..transport import wait_all
-from ..work import Work as Handle
 from ..transport.base import OBJECT_TAG as _OBJECT_TAG, USER_TAG_LIMIT
+from ..work import Work as Handle
 from .checks import group_of, root_of, tensor as _tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork", "send_object_list",
@@ -71,22 +71,36 @@ def _start(fn, comm, x, peer, tag, send):
 
 
 class P2PWork(Handle):
-    """Handle of a point-to-point transfer: ``wait()`` blocks up to the communicator's deadline;
-    ``source_rank()`` names the sender of a receive (of an any-source one once it completed)."""
+    """Handle of a point-to-point transfer: ``wait()`` blocks up to the communicator's deadline and raises the
+    transfer's error (a receive of another size than was sent, the deadline) on every call, as torch's Work;
+    ``is_completed()`` is True once it ended either way; ``source_rank()`` names the sender of a receive (of an
+    any-source one once it completed)."""
 
     def __init__(self, comm, requests, what: str):
         self._comm, self._requests, self._what = comm, requests, what
+        self._error: Exception | None = None
 
     def is_completed(self) -> bool:
-        return all(r.test() for r in self._requests)
+        if self._error is not None:
+            return True
+        try:
+            return all(r.test() for r in self._requests)
+        except ValueError as exc:  # (the transport's SizeMismatch: the transfer ended)
+            self._error = ValueError(f"{self._what}: {exc}")
+            return True
 
     def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
         try:
             wait_all(self._requests, self._comm.deadline(timeout, self._what), self._what)
-        except TimeoutError as exc:
+        except TimeoutError as exc:  # (its transfers were cancelled: it cannot complete later)
             if self._requests[0].peer is None:  # an any-source receive: no rank sent
-                others = [p for p in range(self._comm.size) if p != self._comm.rank]
-                raise exc.restate(missing=others) from None
+                exc.restate(missing=[p for p in range(self._comm.size) if p != self._comm.rank])
+            self._error = exc.restate(group=self._comm)
+            raise exc from None
+        except ValueError as exc:
+            self._error = exc
             raise
         return True
 
@@ -122,7 +136,9 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
     whichever rank sends a message with this tag first (CPU tensors and numpy arrays; a CUDA receive names
     its sender)."""
     comm, x, peer = _check("irecv", tensor, "src", src, group_src, group, tag)
-    return _start("irecv", comm, x, peer, tag, False)
+    work = _start("irecv", comm, x, peer, tag, False)
+    work.outputs = [tensor]  # (a numpy array as passed, as the collectives' handles give theirs)
+    return work
 
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:

@@ -85,39 +85,70 @@ def _buffer(buf):
     return mpi().buffer.fromaddress(buf.data_ptr(), buf.nbytes)
 
 
+# Transfers dropped before MPI finished them, as (request, buffer): a send MPI could not cancel after a
+# timeout (MPICH cannot, once the receiver has its envelope: it still reads the buffer when the receive comes),
+# an isend or irecv whose handle the caller dropped. MPI has only the buffer's address, so the buffer lives here
+# until MPI reports the request done (checked as transfers start): freed, it was reused, and a receiver got
+# that memory's new contents (or MPICH failed reading it), a late receive wrote into it.
+_ORPHANS: list = []
+
+
+def _prune_orphans() -> None:
+    _ORPHANS[:] = [(req, buf) for req, buf in _ORPHANS if not req.Test()]
+
+
 class _MPIRequest(Request):
-    """``expect``: a receive's byte count, checked when it completes (``SizeMismatch``): MPI takes a shorter
-    message silently and reports a longer one as a bare truncation error. ``buf``: what the transfer reads or
-    writes, held until the request goes (MPI has only its address)."""
+    """``expect``: a receive's byte count, checked when it completes (``SizeMismatch``, raised again by every
+    later ``test``): MPI takes a shorter message silently and reports a longer one as a bare truncation error.
+    ``buf``: what the transfer reads or writes, held until MPI has finished with it (``_ORPHANS``)."""
 
     def __init__(self, req, peer: int, expect: int | None = None, buf=None):
         self.req, self.peer, self.expect, self.buf = req, peer, expect, buf
-        self._done = False
+        self._done = False  # MPI finished the request (a completed request is MPI_REQUEST_NULL)
+        self._error: SizeMismatch | None = None
         self._status = None if expect is None else mpi().Status()  # one for every poll of a receive
 
     def test(self) -> bool:
-        if self.expect is None:
-            return self.req.Test()
-        if self._done:  # a completed request is MPI_REQUEST_NULL: its status would read 0 bytes
+        if self._error is not None:
+            raise self._error
+        if self._done:
             return True
+        if self.expect is None:
+            self._done = self.req.Test()
+            return self._done
         try:
             done = self.req.Test(self._status)
         except mpi().Exception as exc:
             if exc.Get_error_class() != mpi().ERR_TRUNCATE:
                 raise
-            raise SizeMismatch(self.peer, None, self.expect) from None
+            self._done = True
+            source = self._status.Get_source()
+            self._error = SizeMismatch(self.peer if self.peer is not None or source < 0 else source, None,
+                                       self.expect)
+            raise self._error from None
         if done:
             self._done = True
             if self.peer is None:  # an any-source receive: the sender is known now
                 self.peer = self._status.Get_source()
             got = self._status.Get_count(mpi().BYTE)
             if got != self.expect:
-                raise SizeMismatch(self.peer, got, self.expect)
+                self._error = SizeMismatch(self.peer, got, self.expect)
+                raise self._error
         return done
 
     def cancel(self) -> None:
-        if not self.req.Test():
+        """Cancel a receive, so that it does not take a later message; a send stays pending (an orphan once
+        dropped) until a receive matches it or its communicator is freed: MPI may not cancel a send (the
+        feature is deprecated) and MPICH crashed trying, with another send to that peer pending."""
+        if self.expect is not None and not self._done and not self.req.Test():
             self.req.Cancel()
+
+    def __del__(self):
+        try:
+            if not self._done and self.req:  # (a request MPI has finished is MPI_REQUEST_NULL: falsy)
+                _ORPHANS.append((self.req, self.buf))
+        except Exception:  # noqa: BLE001 - at interpreter exit, MPI may be gone
+            pass
 
 
 class MPITransport(Transport):
@@ -181,10 +212,14 @@ class MPITransport(Transport):
         return MPITransport(sub, f"{self.uid}.{self._splits}c{color}")
 
     def isend(self, buf, dst: int, tag: int = 0, sync: bool = False) -> Request:
+        if _ORPHANS:
+            _prune_orphans()
         send = self.comm.Issend if sync else self.comm.Isend
         return _MPIRequest(send(_buffer(buf), dest=dst, tag=tag), dst, buf=buf)
 
     def irecv(self, buf, src: int | None, tag: int = 0) -> Request:
+        if _ORPHANS:
+            _prune_orphans()
         data = _buffer(buf)
         source = mpi().ANY_SOURCE if src is None else src
         return _MPIRequest(self.comm.Irecv(data, source=source, tag=tag), src, data.nbytes, buf)
