@@ -456,7 +456,7 @@ def check_point_to_point_buffers_outlive_dropped_and_timed_out_transfers(world):
             del work
             junk = [torch.full((n,), -1.0) for _ in range(8)]  # the allocator would hand the freed memory out
             world.barrier()
-            del junk
+            junk.clear()
         else:
             world.barrier()  # (after rank 0 dropped the first and gave up on the second)
             for tag, value in ((3, 7.0), (4, 8.0)):
