@@ -247,6 +247,66 @@ def test_a_rank_that_exits_before_init_ends_the_job_at_the_deadline():
     assert time.monotonic() - start < 60
 
 
+_LIFECYCLE = """
+import sys, time, torch, xelink
+w = xelink.init(timeout=3, abort_on_exception=False)
+r = w.rank
+# 1. finalize on rank 1 while the others start an all_reduce (whose first call sets up a shared window)
+try:
+    if r == 1:
+        xelink.finalize()
+    else:
+        xelink.all_reduce(torch.ones(4))
+    print(r, "first: ok", flush=True)
+except Exception as exc:
+    print(r, "first:", type(exc).__name__, exc, flush=True)
+xelink.finalize()  # (a broken world: each rank releases its own)
+print(r, "initialized:", xelink.is_initialized(), flush=True)
+# 2. a rank late past the deadline, then destroy and init again, as with torch.distributed
+w = xelink.init(timeout=3, abort_on_exception=False)
+if w.rank == 1:
+    time.sleep(4)
+try:
+    xelink.all_reduce(torch.ones(4))
+except xelink.TimeoutError:
+    pass
+xelink.destroy_process_group()
+xelink.init_process_group(timeout=30)
+t = torch.ones(4)
+xelink.all_reduce(t)
+print(r, "again:", t.tolist(), flush=True)
+def mine(*args):
+    pass
+sys.excepthook = mine
+xelink.finalize()
+print(r, "hook kept:", sys.excepthook is mine, flush=True)
+"""
+
+
+def test_finalize_beside_a_collective_and_after_a_timeout():
+    """finalize on a rank whose peers are inside another call raises naming them, within the deadline (its barrier
+    took the message of the peers' window set-up, and it waited in MPI_Win_free forever); after a timeout broke
+    the world, finalize / destroy_process_group release each rank's own resources and init works again (it raised
+    "unusable", the process could neither tear down nor init, as torch's can); a hook the user set after init is
+    kept."""
+    import time
+
+    import ranks
+
+    start = time.monotonic()
+    r = subprocess.run([ranks.mpiexec(), "-n", "3", sys.executable, "-c", _LIFECYCLE], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "XELINK_DEVICE": "cpu"})
+    out = r.stdout
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "1 first: XelinkError finalize: rank(s) 0, 2 of the world are in another collective call" in out, out
+    for rank in (0, 2):
+        assert f"{rank} first: TimeoutError all_reduce: timed out" in out, out
+    for rank in range(3):
+        assert f"{rank} initialized: False" in out and f"{rank} again: [3.0, 3.0, 3.0, 3.0]" in out, out
+        assert f"{rank} hook kept: True" in out, out
+    assert time.monotonic() - start < 60
+
+
 def test_auto_reads_rank_0s_table_and_settings_that_differ_between_ranks_stop_init(tmp_path):
     """algo='auto' chose by each rank's own tuning table (a multi-host job's ~/.cache/xelink differ: a table on rank 0's
     host only), calibration or topology: ranks took different paths of one collective, wrong results, then a hang.

@@ -400,7 +400,7 @@ def _install_abort_hook() -> None:
         # Abort rather than exit: the other ranks would otherwise wait for this one until their deadline.
         MPI.COMM_WORLD.Abort(1)
 
-    _state["previous_excepthook"] = previous
+    _state["previous_excepthook"], _state["abort_hook"] = previous, hook
     sys.excepthook = hook
 
 
@@ -501,18 +501,27 @@ def finalize() -> None:
         return
     world = get_world()
     unreported = _unreported_gpu_error()
-    # Peer memory first, then every other communicator, each in name order: the same on every rank.
-    shm.free_all()
+    broken = world._broken is not None
+    if world.size > 1 and not broken:
+        _all_in_finalize(world)
+    # Peer memory first, then every other communicator, each in name order: the same on every rank. (A world that
+    # a timeout broke gives its windows up instead: its ranks may be anywhere.)
+    shm.abandon_all() if broken else shm.free_all()
     for comm in live():
         if comm is not world:
             comm.free()
-    if world.size > 1:
+    if world.size > 1 and not broken:
         world.barrier()
-    if world.board is not None:  # every rank is past the barrier, so MPI_Win_free cannot wait on one
+    # Every rank is past the barrier, so MPI_Win_free cannot wait on one. A world that a timeout broke has no
+    # barrier: its board (a small window) is left to MPI_Finalize, so that the ranks can still tear down and init
+    # again, as torch.distributed's destroy_process_group after a timeout.
+    if world.board is not None and not broken:
         world.board.free()
     bridge.close()
     if "previous_excepthook" in _state:
-        sys.excepthook = _state.pop("previous_excepthook")
+        previous = _state.pop("previous_excepthook")
+        if sys.excepthook is _state.get("abort_hook"):  # (not one the user set since)
+            sys.excepthook = previous
     world.free()
     tuning.set_active(None)
     from .cost import set_active_calibration, set_active_oversubscription
@@ -523,6 +532,24 @@ def finalize() -> None:
     _state.clear()
     if unreported is not None:
         raise unreported
+
+
+def _all_in_finalize(world) -> None:
+    """Check that every rank of the world is in ``finalize`` before the calls of MPI that have no deadline
+    (freeing windows): a plain barrier's message is taken by whatever exchange a peer is in (the set-up of a
+    window inside an all_reduce, say), and this rank went on into MPI_Win_free while its peers never would.
+    Each rank sends "finalize" first and the second message only when every rank sent it, so a peer in another
+    call times out in it. Raises XelinkError naming the ranks in another call (the world is then broken:
+    ``finalize`` again releases this rank's resources alone)."""
+    deadline = world.deadline(None, "finalize")
+    seen = world._exchange("finalize", deadline, "finalize")
+    elsewhere = [r for r, s in enumerate(seen) if s != "finalize"]
+    if elsewhere:
+        exc = XelinkError(f"finalize: rank(s) {', '.join(map(str, elsewhere))} of the world are in another "
+                          f"collective call, not in finalize (every rank must finish its calls before finalize)")
+        world.fail(exc)
+        raise exc
+    world._exchange(None, deadline, "finalize")
 
 
 def _unreported_gpu_error() -> XelinkError | None:

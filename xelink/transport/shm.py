@@ -230,6 +230,18 @@ def _register(comm, obj) -> None:
     refs.append(weakref.ref(obj))
 
 
+# Windows given up without MPI_Win_free (``abandon_all``): held until the process ends, MPI_Finalize frees them.
+_abandoned: list = []
+
+
+def abandon_all() -> None:
+    """Forget every live window without freeing it: where the world broke (a timeout), its ranks may be anywhere,
+    and MPI_Win_free, which has no deadline, could wait for one forever; MPI_Finalize releases them at exit."""
+    for refs in _registry.values():
+        _abandoned.extend(obj for obj in (ref() for ref in refs) if obj is not None)
+    _registry.clear()
+
+
 def free_all(comm=None) -> int:
     """Free every live ``PeerWindow``/``PeerCounters`` made on ``comm`` (all communicators: None).
 
