@@ -249,6 +249,9 @@ def test_a_rank_that_exits_before_init_ends_the_job_at_the_deadline():
 
 _LIFECYCLE = """
 import sys, time, torch, xelink
+def say(*parts):  # one write a line: the ranks share the launcher's stdout
+    sys.stdout.write(" ".join(map(str, parts)) + "\\n")
+    sys.stdout.flush()
 w = xelink.init(timeout=3, abort_on_exception=False)
 r = w.rank
 # 1. finalize on rank 1 while the others start an all_reduce (whose first call sets up a shared window)
@@ -257,11 +260,11 @@ try:
         xelink.finalize()
     else:
         xelink.all_reduce(torch.ones(4))
-    print(r, "first: ok", flush=True)
+    say(r, "first: ok")
 except Exception as exc:
-    print(r, "first:", type(exc).__name__, exc, flush=True)
+    say(r, "first:", type(exc).__name__, exc)
 xelink.finalize()  # (a broken world: each rank releases its own)
-print(r, "initialized:", xelink.is_initialized(), flush=True)
+say(r, "initialized:", xelink.is_initialized())
 # 2. a rank late past the deadline, then destroy and init again, as with torch.distributed
 w = xelink.init(timeout=3, abort_on_exception=False)
 if w.rank == 1:
@@ -274,12 +277,12 @@ xelink.destroy_process_group()
 xelink.init_process_group(timeout=30)
 t = torch.ones(4)
 xelink.all_reduce(t)
-print(r, "again:", t.tolist(), flush=True)
+say(r, "again:", t.tolist())
 def mine(*args):
     pass
 sys.excepthook = mine
 xelink.finalize()
-print(r, "hook kept:", sys.excepthook is mine, flush=True)
+say(r, "hook kept:", sys.excepthook is mine)
 """
 
 
