@@ -1,6 +1,7 @@
 """MPI host transport (mpi4py), used under mpirun/mpiexec of MPICH, Open MPI or Intel MPI."""
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -89,12 +90,21 @@ def _buffer(buf):
 # timeout (MPICH cannot, once the receiver has its envelope: it still reads the buffer when the receive comes),
 # an isend or irecv whose handle the caller dropped. MPI has only the buffer's address, so the buffer lives here
 # until MPI reports the request done (checked as transfers start): freed, it was reused, and a receiver got
-# that memory's new contents (or MPICH failed reading it), a late receive wrote into it.
-_ORPHANS: list = []
+# that memory's new contents (or MPICH failed reading it), a late receive wrote into it. A dict keyed by each
+# entry's id, whose single operations need no lock (a request may be dropped on the worker thread of async calls).
+_ORPHANS: dict = {}
+_PRUNING = threading.Lock()  # one thread tests them at a time (MPI: no request is tested by two threads at once)
 
 
 def _prune_orphans() -> None:
-    _ORPHANS[:] = [(req, buf) for req, buf in _ORPHANS if not req.Test()]
+    if not _PRUNING.acquire(blocking=False):
+        return  # another thread is at it
+    try:
+        for key, (req, _) in list(_ORPHANS.items()):
+            if req.Test():
+                _ORPHANS.pop(key, None)
+    finally:
+        _PRUNING.release()
 
 
 class _MPIRequest(Request):
@@ -146,7 +156,8 @@ class _MPIRequest(Request):
     def __del__(self):
         try:
             if not self._done and self.req:  # (a request MPI has finished is MPI_REQUEST_NULL: falsy)
-                _ORPHANS.append((self.req, self.buf))
+                entry = (self.req, self.buf)
+                _ORPHANS[id(entry)] = entry
         except Exception:  # noqa: BLE001 - at interpreter exit, MPI may be gone
             pass
 
