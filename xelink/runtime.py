@@ -506,7 +506,10 @@ def finalize() -> None:
         _all_in_finalize(world)
     # Peer memory first, then every other communicator, each in name order: the same on every rank. (A world that
     # a timeout broke gives its windows up instead: its ranks may be anywhere.)
-    shm.abandon_all() if broken else shm.free_all()
+    if broken:
+        shm.abandon_all()
+    else:
+        shm.free_all()
     for comm in live():
         if comm is not world:
             comm.free()

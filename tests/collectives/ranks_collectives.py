@@ -452,7 +452,7 @@ def check_point_to_point_buffers_outlive_dropped_and_timed_out_transfers(world):
             xelink.isend(torch.full((n,), 7.0), 1, tag=3)  # handle and tensor dropped at once
             work = xelink.isend(torch.full((n,), 8.0), 1, tag=4)
             with pytest.raises(xelink.TimeoutError, match=r"^isend: timed out after 0.5 s waiting for rank\(s\) 1"):
-                work.wait(timeout=0.5)  # (a 16384-float message is sent eagerly: the wait may succeed)
+                work.wait(timeout=0.5)  # (both sizes are past MPI's eager limit: the send waits for the receive)
             del work
             junk = [torch.full((n,), -1.0) for _ in range(8)]  # the allocator would hand the freed memory out
             world.barrier()
