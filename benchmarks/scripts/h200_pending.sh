@@ -82,7 +82,7 @@
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
 #     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -270,6 +270,13 @@ s33)
   step s33_rank_gpu_tests 330 python3 -m pytest -q -rfEs -p no:cacheprovider tests/nn/ranks_gpu_functional.py \
     tests/symm/ranks_gpu_symm.py tests/ranks_comm.py
   step s33_runtime_tests 150 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_runtime.py -k "init or abort"
+  ;;
+s35)  # the p2p buffers kept until MPI is done and finalize's agreement, under the image's Open MPI
+  step s35_runtime_tests 170 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_runtime.py -k "finalize or init or abort"
+  step s35_p2p_checks 200 env XELINK_TEST_CHECKS=outlive_dropped,point_to_point,leaves_no_message \
+    python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_collectives.py
+  step s35_rank_gpu_tests 220 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+    tests/collectives/ranks_gpu_reuse.py tests/collectives/ranks_gpu_collectives.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
