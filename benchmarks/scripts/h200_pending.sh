@@ -275,8 +275,8 @@ s35)  # the p2p buffers kept until MPI is done and finalize's agreement, under t
   step s35_runtime_tests 170 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_runtime.py -k "finalize or init or abort"
   step s35_p2p_checks 200 env XELINK_TEST_CHECKS=outlive_dropped,point_to_point,leaves_no_message \
     python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_collectives.py
-  step s35_rank_gpu_tests 220 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
-    tests/collectives/ranks_gpu_reuse.py tests/collectives/ranks_gpu_collectives.py
+  step s35_rank_gpu_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+    tests/collectives/ranks_gpu_reuse.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
