@@ -45,8 +45,7 @@ import torch
 
 from .common import (Paths, cdiv, check_impl, check_no_overlap, check_out, check_same_device, check_tensor,
                      forward_only, interpreting, path_key, require_triton, sm_count, tl, triton)
-from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_operands,
-                   _tma_out_ok, _tma_tile, _tma_view)
+from .gemm import _gemm_config, _orientation, _tma_applies, _tma_out_ok, _tma_view
 from .launcher import Descriptor, Slot, launch_keyed
 
 __all__ = ["GATED_GEMM_IMPLS", "column_slices", "gated_gemm"]
@@ -56,7 +55,8 @@ _POLL_NS = 100  # the deadline of a poll-counting wait: polls = timeout_ns / _PO
 _MAX_CROSS = 4  # the most slice steps the sliced TMA tile unrolls a load (more: it divides)
 
 
-if triton is not None:
+if triton is not None:  # the gemm kernel's jitted tile helpers exist only where Triton does
+    from .gemm import _block_tile, _grouped_tile, _store_tile, _tma_operands, _tma_tile
 
     @triton.jit
     def _await_count(counter, target, err, who, timeout_ns, TIMER: tl.constexpr):

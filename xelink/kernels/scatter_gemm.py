@@ -42,9 +42,8 @@ import torch
 from ..symm.device import notify, pick
 from .common import (Paths, cdiv, check_impl, check_same_device, check_tensor, forward_only, interpreting, path_key,
                      require_triton, sm_count, tl, triton)
-from .gated_gemm import _await_count, _check_operands
-from .gemm import (_block_tile, _gemm_config, _grouped_tile, _orientation, _store_tile, _tma_applies, _tma_tile,
-                   _tma_view)
+from .gated_gemm import _check_operands
+from .gemm import _gemm_config, _orientation, _tma_applies, _tma_view
 from .launcher import Descriptor, Slot, launch_keyed, launch_plan
 
 __all__ = ["SCATTER_GEMM_IMPLS", "ScatterGeometry", "scatter_geometry", "scatter_gemm", "scatter_reduce",
@@ -57,7 +56,9 @@ _REDUCE_COLS = 256
 _NEVER = 1 << 62
 
 
-if triton is not None:
+if triton is not None:  # the jitted helpers of gemm and gated_gemm exist only where Triton does
+    from .gated_gemm import _await_count
+    from .gemm import _block_tile, _grouped_tile, _store_tile, _tma_tile
 
     @triton.jit
     def _owner_tile(tile, per_owner, mt, num_n, RANK: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
