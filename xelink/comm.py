@@ -440,7 +440,7 @@ class Communicator:
                 release()
         self._freed = True
         self._pg = None  # a sub-group's backends close when the last reference goes
-        self.transport.free()
+        self.transport.free(abandon=self._broken is not None)
         _live.discard(self)
 
 

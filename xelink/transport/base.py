@@ -150,8 +150,9 @@ class Transport(abc.ABC):
         """Start receiving into ``buf`` from rank ``src`` (None: from any rank; the request's ``peer`` is the
         sender once it completed, None before)."""
 
-    def free(self) -> None:
-        """Release what the transport holds; it must not be used afterwards."""
+    def free(self, abandon: bool = False) -> None:
+        """Release what the transport holds; it must not be used afterwards. ``abandon``: a call on it failed part
+        way (a timeout), so peers may still send into it: keep what their late messages reach instead."""
 
 
 class SelfTransport(Transport):

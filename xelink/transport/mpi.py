@@ -93,7 +93,8 @@ def _buffer(buf):
 # that memory's new contents (or MPICH failed reading it), a late receive wrote into it. A dict keyed by each
 # entry's id, whose single operations need no lock (a request may be dropped on the worker thread of async calls).
 _ORPHANS: dict = {}
-_PRUNING = threading.Lock()  # one thread tests them at a time (MPI: no request is tested by two threads at once)
+_PRUNING = threading.Lock()
+_ABANDONED: list = []  # communicators a timeout broke, left to MPI_Finalize (MPITransport.free)  # one thread tests them at a time (MPI: no request is tested by two threads at once)
 
 
 def _prune_orphans() -> None:
@@ -235,10 +236,17 @@ class MPITransport(Transport):
         source = mpi().ANY_SOURCE if src is None else src
         return _MPIRequest(self.comm.Irecv(data, source=source, tag=tag), src, data.nbytes, buf)
 
-    def free(self) -> None:
-        """Drop what is still queued for this communicator (after a timeout), then free it."""
+    def free(self, abandon: bool = False) -> None:
+        """Drop what is still queued for this communicator, then free it; ``abandon`` (a call on it timed out):
+        keep both MPI communicators until MPI_Finalize instead. A peer still in the timed-out call may send
+        after this rank's free, and Open MPI gives a freed communicator's id to the next one made: the late
+        message was then taken by the next world's exchange (a world made again after a timeout hung in its
+        first all_reduce)."""
         MPI = mpi()
         if MPI.Is_finalized():
+            return
+        if abandon:
+            _ABANDONED.extend(c for c in (self.ctl, self.comm) if c != MPI.COMM_NULL)
             return
         status = MPI.Status()
         for c in (self.ctl, self.comm):
