@@ -1,5 +1,6 @@
 """Launcher detection, deadlines, device binding rules and bad launches (single process)."""
 import datetime
+import logging
 import os
 import subprocess
 import sys
@@ -127,7 +128,48 @@ def test_init_single_process_and_bad_arguments():
             xelink.init()
     with pytest.raises(ValueError, match=r"init: timeout=-5 must be a positive"):
         xelink.init(timeout=-5)
+    with pytest.raises(ValueError, match=r"init: device='cpu:abc': give the kind alone \('cpu'\)"):
+        xelink.init(device="cpu:abc")  # (the index was dropped: "cuda:1" bound local_rank // ranks_per_device)
     assert not xelink.is_initialized() and xelink.group.WORLD is None  # (torch's group.WORLD before init: None)
+
+
+@pytest.mark.parametrize("name,value,error", [
+    ("XELINK_CHECK", "disabled", r"^XELINK_CHECK='disabled' is not a switch: use one of 1, true, yes, on, 0"),
+    ("XELINK_CHECK", "abc", r"^XELINK_CHECK='abc' is not a switch"),
+    ("XELINK_DEVICE", "cuda:1", r"^XELINK_DEVICE='cuda:1': give the kind alone \('cuda'\)"),
+    ("XELINK_LOG", "verbose", r"^XELINK_LOG: unknown level 'verbose'"),
+])
+def test_bad_settings_are_named_at_init(monkeypatch, name, value, error):
+    """Before: any word but 0/false/no/off turned a switch on ("disabled" checked every call), and XELINK_DEVICE's
+    ":index" was dropped without a word."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(xelink.ConfigError, match=error):
+        xelink.init()
+    assert not xelink.is_initialized()
+
+
+def test_switches_and_bounded_integers(monkeypatch):
+    """Switches read 1/true/yes/on and 0/false/no/off in any case (XELINK_LOG ' info ' as XELINK_TIMEOUT ' 4 ');
+    integer knobs below their least value are named (XELINK_P2P_BLOCKS=0 made kernels of no blocks)."""
+    from xelink import config, log
+
+    for word, on in (("YES", True), (" on ", True), ("1", True), ("Off", False), ("0", False), ("", False)):
+        monkeypatch.setenv("XELINK_CHECK", word)
+        assert config.env_flag("XELINK_CHECK") is on, word
+    monkeypatch.setenv("XELINK_P2P_BLOCKS", "0")
+    with pytest.raises(xelink.ConfigError, match=r"^XELINK_P2P_BLOCKS='0' must be >= 1"):
+        config.env_int("XELINK_P2P_BLOCKS", 16, 1)
+    monkeypatch.setenv("XELINK_P2P_BLOCKS", " 4 ")
+    assert config.env_int("XELINK_P2P_BLOCKS", 16, 1) == 4
+    before = log.get_logger().level
+    try:
+        monkeypatch.setenv("XELINK_LOG", " info ")
+        log.configure(0)
+        assert log.get_logger().level == logging.INFO
+        monkeypatch.setenv("XELINK_LOG", " ")  # empty: unset, as every knob
+        log.configure(0)
+    finally:
+        log.get_logger().setLevel(before)
 
 
 def test_finalize_raises_a_gpu_wait_error_no_call_reported(monkeypatch):
@@ -356,3 +398,63 @@ def test_auto_reads_rank_0s_table_and_settings_that_differ_between_ranks_stop_in
     assert r.returncode != 0
     assert r.stderr.count("LaunchError: init: XELINK_TOPOLOGY differs between ranks (rank 0: 'cpu-2x2', rank 1: "
                           "unset)") == 2, r.stderr
+
+
+_DISAGREE = """
+import os, sys, time
+rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+import torch, xelink
+from xelink import runtime
+def say(*parts):  # one write a line: the ranks share the launcher's stdout
+    sys.stdout.write(" ".join(map(str, parts)) + "\\n")
+    sys.stdout.flush()
+def attempt(what, **kw):
+    start = time.monotonic()
+    try:
+        xelink.init(abort_on_exception=False, **kw)
+        say(rank, what, "initialized")
+        xelink.finalize()
+    except Exception as exc:
+        say(rank, what, type(exc).__name__, str(exc).splitlines()[0], f"after {time.monotonic() - start:.0f} s")
+if rank == 0:
+    os.environ["XELINK_CHECK"] = "1"
+attempt("check")
+os.environ.pop("XELINK_CHECK", None)
+attempt("rpd", ranks_per_device=2 if rank == 0 else None)
+bind = runtime._bind_device
+if rank == 1:
+    def refuse(kind, index):
+        raise RuntimeError("no such device")
+    runtime._bind_device = refuse
+attempt("bind")
+runtime._bind_device = bind
+w = xelink.init()
+t = torch.ones(4) * (w.rank + 1)
+xelink.all_reduce(t)
+say(rank, "then:", t.tolist())
+xelink.finalize()
+"""
+
+
+def test_settings_or_a_device_that_differ_between_ranks_stop_init_at_once_on_every_rank():
+    """XELINK_CHECK on one rank made its collectives exchange what the others did not (every call timed out, with
+    errors blaming the calls); a ranks_per_device of its own placed a rank in other packages (timeouts, or a
+    false "different sizes"); a rank that failed to bind its device raised alone while the others waited out the
+    deadline in init. Each is now a LaunchError on every rank at once, and init works again afterwards."""
+    import time
+
+    import ranks
+
+    start = time.monotonic()
+    r = subprocess.run([ranks.mpiexec(), "-n", "3", sys.executable, "-c", _DISAGREE], capture_output=True,
+                       text=True, timeout=150, env={**os.environ, "XELINK_DEVICE": "cpu", "XELINK_TIMEOUT": "60"})
+    out = r.stdout
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in range(3):
+        assert (f"{rank} check LaunchError init: XELINK_CHECK differs between ranks (rank 0: '1', rank 1: unset, "
+                f"rank 2: unset)") in out, out
+        assert f"{rank} rpd LaunchError init: ranks_per_device differs between ranks (rank 0: 2, rank 1: 1" in out, out
+        assert (f"{rank} bind LaunchError init: binding a device failed on rank 1: RuntimeError: no such device"
+                in out), out
+        assert f"{rank} then: [6.0, 6.0, 6.0, 6.0]" in out, out
+    assert time.monotonic() - start < 60  # (each refusal at once, not at the 60 s deadline)

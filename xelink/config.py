@@ -60,15 +60,19 @@ def env(name: str, default: str | None = None) -> str | None:
     return default if value is None or value.strip() == "" else value
 
 
-def env_int(name: str, default: int) -> int:
-    """The integer knob ``name``, or ``default``; a value that is not an integer is a ``ConfigError``."""
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
+    """The integer knob ``name``, or ``default``; a value that is not an integer, or is below ``minimum``, is a
+    ``ConfigError``."""
     value = env(name)
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{name}={value!r} must be >= {minimum}")
+    return number
 
 
 def bad_value(source: str, message: str) -> ValueError:
@@ -77,10 +81,19 @@ def bad_value(source: str, message: str) -> ValueError:
     return (ConfigError if source.startswith("XELINK_") else ValueError)(message)
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def env_flag(name: str) -> bool:
-    """Whether the knob ``name`` is set to something other than 0/false/no/off."""
+    """Whether the knob ``name`` is on: 1/true/yes/on, or 0/false/no/off (any case; unset or empty: off);
+    anything else is a ``ConfigError`` (a word such as "disabled" read as on)."""
     value = env(name)
-    return value is not None and value.strip().lower() not in ("0", "false", "no", "off")
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word not in _ON + _OFF:
+        raise ConfigError(f"{name}={value!r} is not a switch: use one of {', '.join(_ON + _OFF)}")
+    return word in _ON
 
 
 def resolve_timeout(timeout, fn: str = "init") -> float:

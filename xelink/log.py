@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import logging
-import os
 
+from .config import env
 from .errors import ConfigError
 
 __all__ = ["get_logger", "configure"]
@@ -27,10 +27,10 @@ def configure(rank: int | None = None, level: str | None = None) -> None:
     An application that configures logging itself can set the ``xelink`` logger's level instead.
     """
     global _handler
-    level = level or os.environ.get("XELINK_LOG", "")
+    level = level or env("XELINK_LOG")  # (empty: unset, as every knob)
     logger = logging.getLogger(_ROOT)
     if level:
-        value = logging.getLevelName(level.upper())
+        value = logging.getLevelName(level.strip().upper())
         if not isinstance(value, int):
             raise ConfigError(f"XELINK_LOG: unknown level {level!r} (debug, info, warning, error)")
         logger.setLevel(value)

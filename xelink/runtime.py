@@ -127,9 +127,13 @@ def _device_kind(device: str | None) -> str:
         if hasattr(torch, "xpu") and torch.xpu.is_available():
             return "xpu"
         return "cpu"
-    kind = str(device).split(":")[0]
+    kind, colon, _ = str(device).partition(":")
     if kind not in ("cpu", "cuda", "xpu"):
         raise config.bad_value(source, f"{source}={device!r} is not one of 'cpu', 'cuda', 'xpu'")
+    if colon:  # (it was dropped: "cuda:1" bound device local_rank // ranks_per_device, not 1)
+        raise config.bad_value(source, f"{source}={device!r}: give the kind alone ({kind!r}); rank r binds "
+                                       f"device local_rank // ranks_per_device (init_process_group(device_id=) "
+                                       f"checks an index)")
     return kind
 
 
@@ -280,18 +284,12 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     kind = _device_kind(device)
     bridge.generation(bump=True)  # store keys of this world differ from an earlier init()'s
     transport = _make_transport(launch, kind, timeout)
-    deadline = Deadline(timeout)
-    seen = transport.exchange((launch.host, _cpus()), deadline, "init")
+    try:
+        launch, seen, dev, idents = _join(transport, launch, kind, rpd, Deadline(timeout))
+    except BaseException as exc:  # (a refused init leaves nothing behind: init may be called again)
+        transport.free(abandon=isinstance(exc, TimeoutError))
+        raise
     hosts = [h for h, _ in seen]
-    if launch.local_rank is None or launch.local_size is None:
-        same = [r for r, h in enumerate(hosts) if h == launch.host]
-        launch = dataclasses.replace(launch, local_rank=same.index(transport.rank), local_size=len(same))
-    index = None
-    if kind != "cpu":
-        index = choose_device_index(kind, launch.local_rank, launch.local_size, _device_count(kind), rpd, launch.host)
-    dev, uuid = _bind_device(kind, index) if index is not None else _bind_device("cpu", 0)
-    idents = transport.exchange(None if uuid is None else (launch.host, uuid), deadline, "init")
-    check_device_sharing(idents, rpd)
     world = Communicator(transport, name="w", world_ranks=range(launch.size), hosts=hosts, device=dev,
                          timeout=timeout, launch=launch, device_idents=idents)
     if launch.transport == "mpi" and launch.local_size > 1:
@@ -306,6 +304,36 @@ def init(timeout=None, *, device: str | None = None, ranks_per_device: int | Non
     _log.debug("init: %s rank %d/%d local %d/%d on %s, device %s, timeout %g s", launch.launcher,
                launch.rank, launch.size, launch.local_rank, launch.local_size, launch.host, dev, timeout)
     return world
+
+
+def _join(transport, launch: Launch, kind: str, rpd: int, deadline: Deadline):
+    """init's two exchanges: every rank's host, CPUs and settings (which must agree), then its device, bound
+    between them. Returns the launch with its local rank, [(host, CPUs)], this rank's device and the devices'
+    identities. A rank that fails to bind its device tells the others, so every rank raises at once (they waited
+    in the second exchange until the deadline)."""
+    seen = transport.exchange((launch.host, _cpus(), _settings(kind, rpd)), deadline, "init")
+    _agree_on_settings([s for _, _, s in seen])
+    seen = [(h, cpus) for h, cpus, _ in seen]
+    if launch.local_rank is None or launch.local_size is None:
+        same = [r for r, (h, _) in enumerate(seen) if h == launch.host]
+        launch = dataclasses.replace(launch, local_rank=same.index(transport.rank), local_size=len(same))
+    failure = dev = None
+    try:
+        index = None
+        if kind != "cpu":
+            index = choose_device_index(kind, launch.local_rank, launch.local_size, _device_count(kind), rpd,
+                                        launch.host)
+        dev, uuid = _bind_device(kind, index) if index is not None else _bind_device("cpu", 0)
+        mine = None if uuid is None else (launch.host, uuid)
+    except Exception as exc:  # noqa: BLE001 - every rank raises it below
+        failure, mine = exc, _BindFailure(f"{type(exc).__name__}: {exc}")
+    idents = transport.exchange(mine, deadline, "init")
+    failed = [(r, i.why) for r, i in enumerate(idents) if isinstance(i, _BindFailure)]
+    if failed:
+        raise LaunchError("init: binding a device failed on " + "; ".join(f"rank {r}: {why}" for r, why in failed)) \
+            from failure
+    check_device_sharing(idents, rpd)
+    return launch, seen, dev, idents
 
 
 def _cpus() -> tuple[int, ...]:
@@ -327,21 +355,33 @@ def ranks_per_core(seen) -> float:
     return max([1.0] + [ranks[h] / max(len(cpus[h]), 1) for h in ranks])
 
 
-# What algo='auto' reads besides the call: ranks that chose by different ones took different paths of one
-# collective (wrong results, then a hang). The variables must agree; the files they (or ~/.cache/xelink, which
-# differs between hosts) name are read by rank 0 for every rank.
-_AUTO_SETTINGS = ("XELINK_TOPOLOGY", "XELINK_TUNING", "XELINK_CALIBRATION")
+# Settings that every rank must share. algo='auto' reads the first three besides the call: ranks that chose by
+# different ones took different paths of one collective (wrong results, then a hang); the files they (or
+# ~/.cache/xelink, which differs between hosts) name are read by rank 0 for every rank. The others decide which
+# messages a call exchanges (XELINK_CHECK's extra exchange, the GPU collectives' pieces and blocks, the distributed
+# GEMM's graphs) or where ranks sit in the topology's packages (ranks_per_device): a rank set apart timed out.
+_AGREED = ("XELINK_TOPOLOGY", "XELINK_TUNING", "XELINK_CALIBRATION", "XELINK_CHECK", "XELINK_GPU_SCRATCH",
+           "XELINK_P2P_BLOCKS", "XELINK_DIST_GRAPHS", "XELINK_DIST_GRAPH_MB")
 
 
-def _agree_on_settings(world: Communicator) -> None:
-    """A ``LaunchError`` on every rank where the ranks' ``_AUTO_SETTINGS`` differ, naming the variable and values."""
-    seen = world.allgather_object([config.env(name) for name in _AUTO_SETTINGS])
-    for i, name in enumerate(_AUTO_SETTINGS):
-        values = [s[i] for s in seen]
+@dataclasses.dataclass(frozen=True)
+class _BindFailure:
+    """What a rank sends in init's device exchange when binding its device failed."""
+    why: str
+
+
+def _settings(kind: str, rpd: int) -> tuple:
+    """This rank's share of what every rank must agree on: (name, value) pairs."""
+    return (("device", kind), ("ranks_per_device", rpd)) + tuple((n, config.env(n)) for n in _AGREED)
+
+
+def _agree_on_settings(seen: list) -> None:
+    """A ``LaunchError`` on every rank where the ranks' ``_settings`` differ, naming the setting and each value."""
+    for i, (name, _) in enumerate(seen[0]):
+        values = [s[i][1] for s in seen]
         if len(set(values)) > 1:
             shown = ", ".join(f"rank {r}: {'unset' if v is None else repr(v)}" for r, v in enumerate(values))
-            raise LaunchError(f"init: {name} differs between ranks ({shown}); every rank must see the same value "
-                              f"(algo='auto' would choose differently on each)")
+            raise LaunchError(f"init: {name} differs between ranks ({shown}); every rank must see the same value")
 
 
 def _rank0s(world: Communicator, what: str, load):
@@ -360,10 +400,9 @@ def _rank0s(world: Communicator, what: str, load):
 
 def _attach_topology(world: Communicator, rpd: int) -> None:
     """Give the world its topology (``XELINK_TOPOLOGY`` or discovery), placement, tuning table and calibration,
-    the same on every rank (``_AUTO_SETTINGS``)."""
+    the same on every rank (init agreed on the settings: ``_AGREED``)."""
     from .topology import from_env_or_discover, place
 
-    _agree_on_settings(world)
     topo = from_env_or_discover(world)
     try:
         world.world_placement = place(topo, world.size, rpd)

@@ -49,12 +49,12 @@ _log = logging.getLogger("xelink.dist")  # under the xelink logger (xelink.log c
 
 def limit() -> int:
     """Graphs a group keeps per device (``XELINK_DIST_GRAPHS``; 0 turns the replays off)."""
-    return config.env_int("XELINK_DIST_GRAPHS", DEFAULT_LIMIT)
+    return config.env_int("XELINK_DIST_GRAPHS", DEFAULT_LIMIT, 0)
 
 
 def budget() -> int:
     """Bytes of temporaries a group's graphs may hold per device (``XELINK_DIST_GRAPH_MB``)."""
-    return config.env_int("XELINK_DIST_GRAPH_MB", DEFAULT_MB) << 20
+    return config.env_int("XELINK_DIST_GRAPH_MB", DEFAULT_MB, 0) << 20
 
 
 def _remember(keys: set, key) -> None:

@@ -113,7 +113,7 @@ def prefetch_bytes(pdl_mode: int, device: torch.device, gemv: bool = False) -> i
         return 0
     if PREFETCH_BYTES is not None:
         return PREFETCH_BYTES
-    mb = env_int("XELINK_PREFETCH_MB", GEMV_PREFETCH_MB if gemv else DEFAULT_PREFETCH_MB)
+    mb = env_int("XELINK_PREFETCH_MB", GEMV_PREFETCH_MB if gemv else DEFAULT_PREFETCH_MB, 0)
     if mb < 0:
         raise ConfigError(f"XELINK_PREFETCH_MB={mb} must be >= 0 (MiB a launch prefetches at most)")
     return mb << 20

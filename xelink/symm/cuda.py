@@ -309,7 +309,7 @@ class Team:
         self._maps = _Mappings()
         # Every team kernel runs on this many blocks (one per multiprocessor by default, the same on
         # every rank: blocks pair up across ranks).
-        want = (config.env_int("XELINK_GPU_BLOCKS", 0)
+        want = (config.env_int("XELINK_GPU_BLOCKS", 0, 0)
                 or torch.cuda.get_device_properties(self.device).multi_processor_count)
         self.blocks = min(MAX_BLOCKS, min(comm.allgather_object(want)))
         self.pads = torch.zeros(MAX_BLOCKS * MAX_WORLD, dtype=torch.int32, device=self.device)
@@ -361,7 +361,7 @@ class Team:
 
     @property
     def slot_max(self) -> int:
-        return config.env_int("XELINK_GPU_SCRATCH", _SLOT_MAX)
+        return config.env_int("XELINK_GPU_SCRATCH", _SLOT_MAX, _SLOT_MIN)
 
     def peer_addresses(self, t: torch.Tensor) -> list[int] | None:
         """Every rank's address of tensor ``t`` if ``t`` lies in memory from ``empty`` on this team."""
@@ -816,7 +816,7 @@ def pair_of(comm, peer: int, inbox_bytes: int, blocks: int | None = None, timeou
     boxes = comm._resources.get("cuda.mailboxes")
     if boxes is None:
         if blocks is None:
-            blocks = min(config.env_int("XELINK_P2P_BLOCKS", 16), MAX_BLOCKS)
+            blocks = min(config.env_int("XELINK_P2P_BLOCKS", 16, 1), MAX_BLOCKS)
         boxes = comm.attach("cuda.mailboxes", Mailboxes(comm, inbox_bytes, blocks))
     return boxes.pair(peer, timeout)
 

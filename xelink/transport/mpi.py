@@ -93,8 +93,8 @@ def _buffer(buf):
 # that memory's new contents (or MPICH failed reading it), a late receive wrote into it. A dict keyed by each
 # entry's id, whose single operations need no lock (a request may be dropped on the worker thread of async calls).
 _ORPHANS: dict = {}
-_PRUNING = threading.Lock()
-_ABANDONED: list = []  # communicators a timeout broke, left to MPI_Finalize (MPITransport.free)  # one thread tests them at a time (MPI: no request is tested by two threads at once)
+_PRUNING = threading.Lock()  # one thread tests them at a time (MPI: no request is tested by two threads at once)
+_ABANDONED: list = []  # communicators a timeout broke, left to MPI_Finalize (MPITransport.free)
 
 
 def _prune_orphans() -> None:
