@@ -82,7 +82,7 @@
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
 #     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -277,6 +277,12 @@ s35)  # the p2p buffers kept until MPI is done and finalize's agreement, under t
     python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_collectives.py
   step s35_rank_gpu_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/collectives/ranks_gpu_reuse.py
+  ;;
+s35b)  # after the fixes: a timed-out world made again (Open MPI), the GEMMs whose Triton imports moved
+  step s35_runtime_tests 120 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_runtime.py -k "finalize or init or abort"
+  step s35_gemm_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gated_gemm.py tests/kernels/test_scatter_gemm.py
+  step s35_dist_gemm_rank_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
