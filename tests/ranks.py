@@ -91,6 +91,12 @@ def check_names(module, launcher: str | None = None, n: int | None = None) -> li
     return [name for _, name in sorted(funcs)]
 
 
+def open_mpi() -> bool:
+    """Whether ``mpiexec()`` is Open MPI's (the GPU image's; CI's is MPICH's)."""
+    version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True).stdout
+    return "Open MPI" in version or "OpenRTE" in version
+
+
 def mpiexec() -> str | None:
     """The mpiexec that belongs to this Python environment (the mpich wheel's), else the one on PATH."""
     beside = Path(sys.executable).parent / "mpiexec"

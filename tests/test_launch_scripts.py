@@ -106,7 +106,8 @@ def test_a_real_four_rank_run_through_the_wrapper():
     env = {**os.environ, "XELINK_MPIEXEC": ranks.mpiexec()}
     # One write a rank (os.write, under PIPE_BUF): print() writes its pieces separately when Python runs
     # unbuffered (PYTHONUNBUFFERED), and Hydra then interleaves the ranks' pieces within a line.
-    code = ("import os; e = os.environ; os.write(1, ('rank %s %s %s %s\\n' % (e['PMI_RANK'], "
+    code = ("import os; e = os.environ; os.write(1, ('rank %s %s %s %s\\n' % (e.get('PMI_RANK', "
+            "e.get('OMPI_COMM_WORLD_RANK')), "
             "e['CUDA_VISIBLE_DEVICES'], e['NCCL_NVLS_ENABLE'], e['TORCH_SYMM_MEM_DISABLE_MULTICAST'])).encode())")
     # No GPU here: binding is only environment, so the per-rank choice can still be checked.
     r = subprocess.run([sys.executable, str(SCRIPT), "-n", "4", "--devices", "cuda", "--devices-per-node", "2",
@@ -129,12 +130,13 @@ def test_xelink_info_through_the_wrapper_and_dry_run():
     dry = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "-n", "4", "xelink", "info"], capture_output=True,
                          text=True, timeout=60, env=env)
     assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.startswith(ranks.mpiexec() + " -bind-to core -genv NCCL_NVLS_ENABLE 0") and \
+    start = " --allow-run-as-root" if ranks.open_mpi() and os.geteuid() == 0 else " -bind-to core -genv"
+    assert dry.stdout.startswith(ranks.mpiexec() + start) and \
         dry.stdout.rstrip().endswith("--bind-rank --devices cpu --ranks-per-device 1 --visible one -- xelink info")
     r = subprocess.run([sys.executable, str(SCRIPT), "-n", "4", sys.executable, "-m", "xelink", "info"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
-    assert "launcher: mpich, 4 rank(s)" in r.stdout and "rank   3  local 3/4  device cpu" in r.stdout
+    assert f"launcher: {'openmpi' if ranks.open_mpi() else 'mpich'}, 4 rank(s)" in r.stdout and "rank   3  local 3/4  device cpu" in r.stdout
 
 
 def test_bad_counts_and_launchers_are_usage_errors(capsys, monkeypatch):

@@ -263,12 +263,6 @@ def test_uncaught_exception_on_one_rank_aborts_the_job():
     assert time.monotonic() - start < 60  # far below the 300 s deadline the others would wait
 
 
-def _open_mpi(mpiexec: str) -> bool:
-    """Whether ``mpiexec`` is Open MPI's (the GPU image's; CI's is MPICH's)."""
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    return "Open MPI" in version or "OpenRTE" in version
-
-
 def test_a_rank_that_exits_before_init_ends_the_job_at_the_deadline():
     """A rank gone before MPI_Init (an error in the script before xelink.init): the others waited in MPI_Init for
     it forever (MPICH's launcher waits too); now they stop at init's deadline, saying why, and the job ends."""
@@ -284,7 +278,7 @@ def test_a_rank_that_exits_before_init_ends_the_job_at_the_deadline():
     r = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "XELINK_TIMEOUT": "4", "XELINK_DEVICE": "cpu"})
     assert r.returncode != 0 and "initialised" not in r.stdout
-    if not _open_mpi(ranks.mpiexec()):  # (Open MPI's launcher may end the job itself first)
+    if not ranks.open_mpi():  # (Open MPI's launcher may end the job itself first)
         assert "xelink: MPI_Init (rank 0) did not return within 4 s" in r.stderr, r.stderr[-2000:]
     assert time.monotonic() - start < 60
 
@@ -365,7 +359,7 @@ def test_auto_reads_rank_0s_table_and_settings_that_differ_between_ranks_stop_in
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XELINK_TOPOLOGY", "XELINK_TUNING",
                                                                       "XELINK_CALIBRATION"))}
     env.update(XELINK_TIMEOUT="60", XELINK_DEVICE="cpu")
-    if _open_mpi(ranks.mpiexec()):
+    if ranks.open_mpi():
         pytest.skip("per-rank environments as MPICH's mpiexec takes them (-env)")
     show = ("import json, torch, xelink; from xelink import tuning; w = xelink.init()\n"
             "fp = tuning.fingerprint(w.topology.name, w.hosts, w.world_placement)\n"

@@ -735,8 +735,9 @@ def check_a_root_refused_by_its_checks_leaves_no_message_for_a_later_call(world)
             got.append(type(exc).__name__)
     if world.rank == 0:
         assert got[0] == "ValueError", got
-    else:
-        assert got[0] == "TimeoutError", got  # never 20 + rank: the next call's value
+    else:  # never 20 + rank: the next call's value (gloo: where the gather's timeout closed the pair to the root,
+        # the transfer fails at once, as after any gloo timeout)
+        assert got[0] == "TimeoutError" or (sub.transport.name != "mpi" and got[0] == "XelinkError"), got
     world.barrier()
     sub.free()
     # gather_object: the root's list is checked after the exchange, which every rank completes
