@@ -28,7 +28,11 @@ def check_launch_is_recorded(world):
     assert (launch.rank, launch.size) == (world.rank, world.size)
     # One host here: local placement equals global placement.
     assert (world.local_rank, world.local_size) == (world.rank, world.size)
-    assert (launch.local_rank, launch.local_size) == (world.rank, world.size)
+    # The launcher's own local ranks: a permutation (Open MPI 5 numbers a host's ranks in its mapping's order:
+    # world ranks 1 and 2 are local 2 and 1 on this 2-core machine).
+    assert launch.local_size == world.size
+    assert sorted(world.allgather_object(launch.local_rank)) == list(range(world.size))
+    assert xelink.get_node_local_rank() == launch.local_rank  # (the device init bound: local_rank // rpd)
     assert world.device == torch.device("cpu")
 
 
@@ -417,7 +421,7 @@ def check_destroy_process_group_and_node_local_rank(world):
     sentinel: nothing), get_node_local_rank is the rank on this host (its fallback only before init)."""
     from xelink import comm as C
 
-    assert xelink.get_node_local_rank() == world.local_rank == xelink.get_node_local_rank(fallback_rank=7)
+    assert xelink.get_node_local_rank() == world.launch.local_rank == xelink.get_node_local_rank(fallback_rank=7)
     sub = xelink.new_group(list(range(world.size)))
     pair = xelink.new_group([0])
     xelink.destroy_process_group(pair)  # NON_GROUP_MEMBER on ranks > 0: nothing to do

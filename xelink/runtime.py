@@ -517,10 +517,14 @@ def destroy_process_group(group=None) -> None:
 
 
 def get_node_local_rank(fallback_rank: int | None = None) -> int:
-    """This process's rank among the world's ranks on its host (``Communicator.local_rank``), as
-    torch.distributed.get_node_local_rank; before :func:`init`, ``fallback_rank`` where given."""
+    """This process's rank on its host as its launcher numbers it (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, ...;
+    else its place among the host's ranks), the one init bound its device by, as
+    torch.distributed.get_node_local_rank; before :func:`init`, ``fallback_rank`` where given. (Open MPI 5
+    numbers a host's ranks in its mapping's order, which need not be the world ranks' order that
+    ``Communicator.local_rank`` follows: the device of ``torch.cuda.set_device(get_node_local_rank())`` is the
+    one init bound.)"""
     if is_initialized():
-        return get_world().local_rank
+        return get_world().launch.local_rank
     if fallback_rank is None:
         raise NotInitializedError("get_node_local_rank: xelink.init() has not been called; pass fallback_rank= to "
                                   "get a rank without it")
