@@ -486,7 +486,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size:
     world = init(timeout, device=None if want is None else want.type)
     if want is not None and want.index is not None and world.device != want:
         raise ValueError(f"{fn}: device_id={device_id!r}, but this rank binds {world.device} (local rank "
-                         f"{world.local_rank}: device local_rank // ranks_per_device)")
+                         f"{world.launch.local_rank}: device local_rank // ranks_per_device)")
 
 
 def is_available() -> bool:
