@@ -317,7 +317,7 @@ def _join(transport, launch: Launch, kind: str, rpd: int, deadline: Deadline):
     if launch.local_rank is None or launch.local_size is None:
         same = [r for r, (h, _) in enumerate(seen) if h == launch.host]
         launch = dataclasses.replace(launch, local_rank=same.index(transport.rank), local_size=len(same))
-    failure = dev = None
+    failure = None
     try:
         index = None
         if kind != "cpu":
