@@ -435,6 +435,8 @@ class Communicator:
         shm.free_all(self)  # windows made on this communicator directly (shm.PeerWindow(comm, ...))
         for key in reversed(list(self._resources)):
             obj = self._resources.pop(key)
+            if self._broken is not None and isinstance(obj, (Communicator, _Groups)):
+                obj.fail(self._broken)  # (a call on this one may have left messages in flight on its sub-groups)
             release = getattr(obj, "free", None) or getattr(obj, "close", None)
             if release is not None:
                 release()
@@ -449,6 +451,10 @@ class _Groups:
 
     def __init__(self, package: Communicator, cross: Communicator):
         self.package, self.cross = package, cross
+
+    def fail(self, exc: BaseException) -> None:
+        self.package.fail(exc)
+        self.cross.fail(exc)
 
     def free(self) -> None:
         self.cross.free()

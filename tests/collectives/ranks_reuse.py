@@ -160,6 +160,47 @@ def check_timeouts_inside_sub_groups_name_the_callers_ranks(world):
     world.barrier()
 
 
+@only(launchers=("mpi",))
+def check_members_keep_the_mpi_communicators_a_peers_timed_out_call_may_still_send_into(world):
+    """Rank 0 times out alone in a hierarchical all-reduce the others never enter, then every rank frees the group.
+    Rank 0 may still send into the group's MPI communicators (its sub-groups' too), and a rank that took no part
+    cannot know it: had it freed them, MPI would give their ids to later communicators (Open MPI then delivered the
+    late message to one of the next check's and aborted). So every member keeps them until MPI_Finalize: those of
+    the group and of its package and cross groups that hold rank 0; the others and a cleanly used group's are
+    freed. Then 20 groups made, used and freed leave no frees waiting."""
+    from mpi4py import MPI
+    from xelink.transport import mpi as transport
+
+    clean, bad = world.split(0), _two_packages(world)
+    xelink.all_reduce(torch.ones(4), group=clean)
+    xelink.all_reduce(torch.ones(4), group=bad, algo="hierarchical")  # makes the package sub-groups
+    package, cross = bad.package_groups()
+    if world.rank == 0:
+        with pytest.raises(xelink.TimeoutError):
+            xelink.all_reduce(torch.ones(4), group=bad, algo="hierarchical", timeout=0.3)
+    # (name, whether this rank must keep its MPI communicators: rank 0 in it and a call of rank 0's timed out)
+    held = {name: (c is not clean and 0 in c.world_ranks, (c.transport.ctl, c.transport.comm))
+            for name, c in (("the group", bad), ("its package group", package), ("its cross group", cross),
+                            ("a clean group", clean))}
+    clean.free()
+    bad.free()
+    for _ in range(1000):  # (every rank the same number of calls: the decision is agreed)
+        transport._settle_frees()
+        if not any(world.allgather_object(bool(transport._FREEING))):  # (MPI progress too)
+            break
+    assert not transport._FREEING, f"rank {world.rank}: frees still waiting for their members: {transport._FREEING}"
+    for name, (must_keep, comms) in held.items():
+        abandoned = [any(c is a for a in transport._ABANDONED) for c in comms]
+        freed = [c == MPI.COMM_NULL for c in comms]
+        assert abandoned == [must_keep] * 2 and freed == [not must_keep] * 2, (world.rank, name, abandoned, freed)
+    for i in range(20):
+        comm = world.split(0)
+        xelink.all_reduce(torch.ones(4), group=comm)
+        comm.free()
+    assert len(transport._FREEING) <= 4, f"rank {world.rank}: {len(transport._FREEING)} frees still waiting"
+    world.barrier()
+
+
 def check_a_timed_out_call_leaves_nothing_for_later_communicators(world):
     """Rank 0 times out alone in an exchange and in a collective, leaving messages queued at rank 1 for
     a communicator that is then freed; the communicators made next (MPI may give them the freed one's

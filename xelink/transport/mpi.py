@@ -95,6 +95,39 @@ def _buffer(buf):
 _ORPHANS: dict = {}
 _PRUNING = threading.Lock()  # one thread tests them at a time (MPI: no request is tested by two threads at once)
 _ABANDONED: list = []  # communicators a timeout broke, left to MPI_Finalize (MPITransport.free)
+# Frees waiting for every member's word (MPITransport.free), as (request, word, communicators): the MPI
+# communicators go once the word has come from every member, and only if no member's calls failed part way.
+_FREEING: list = []
+_SETTLING = threading.Lock()  # one thread settles them at a time
+
+
+def _settle_frees() -> None:
+    """Free the communicators whose members have all given their word (``MPITransport.free``), or keep them
+    until MPI_Finalize where one member's calls failed part way; the others wait for the members still to come."""
+    if not _FREEING or not _SETTLING.acquire(blocking=False):
+        return
+    try:
+        MPI = mpi()
+        if MPI.Is_finalized():
+            return
+        for entry in list(_FREEING):
+            request, word, comms = entry
+            if not request.Test():
+                continue
+            _FREEING.remove(entry)
+            if word[0]:
+                _ABANDONED.extend(comms)
+                continue
+            status = MPI.Status()
+            for c in comms:  # drop what is still queued for it, then free it
+                while True:
+                    msg = c.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                    if msg is None:
+                        break
+                    msg.Recv(bytearray(max(status.Get_count(MPI.BYTE), 1)))
+                c.Free()
+    finally:
+        _SETTLING.release()
 
 
 def _prune_orphans() -> None:
@@ -181,6 +214,7 @@ class MPITransport(Transport):
     def world(cls, uid: str = "w", timeout: float | None = None) -> "MPITransport":
         """The job's transport; ``timeout``: how long MPI_Init may wait for the launch's processes (``mpi``)."""
         MPI = mpi(timeout)
+        _settle_frees()  # (a world made again after finalize: the old one's contexts go first)
         # A duplicate, so that the user's own traffic on COMM_WORLD never matches ours.
         return cls(MPI.COMM_WORLD.Dup(), uid)
 
@@ -218,6 +252,7 @@ class MPITransport(Transport):
     def split(self, color, key, members: Sequence[int]):
         MPI = mpi()
         self._splits += 1
+        _settle_frees()
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         if sub == MPI.COMM_NULL:
             return None
@@ -237,23 +272,20 @@ class MPITransport(Transport):
         return _MPIRequest(self.comm.Irecv(data, source=source, tag=tag), src, data.nbytes, buf)
 
     def free(self, abandon: bool = False) -> None:
-        """Drop what is still queued for this communicator, then free it; ``abandon`` (a call on it timed out):
-        keep both MPI communicators until MPI_Finalize instead. A peer still in the timed-out call may send
-        after this rank's free, and Open MPI gives a freed communicator's id to the next one made: the late
-        message was then taken by the next world's exchange (a world made again after a timeout hung in its
-        first all_reduce)."""
+        """Free both MPI communicators once every member has freed this transport and said that no call on it
+        failed part way (``abandon``: one timed out, say); otherwise keep them until MPI_Finalize.
+
+        A peer still in a timed-out call may send after this rank's free, and MPI gives a freed communicator's id
+        to the next one made, whose calls then took the late message: a world made again after a timeout hung
+        in its first all_reduce (Open MPI), and Open MPI aborted a later job step where the rank that freed had
+        never entered the timed-out call (it could not know its peers still sent). So the members agree first:
+        a non-blocking all-reduce of their words (it never waits: ``_settle_frees``, at the next free or
+        communicator made, frees what it finished; one that never finishes keeps its communicators)."""
         MPI = mpi()
         if MPI.Is_finalized():
             return
-        if abandon:
-            _ABANDONED.extend(c for c in (self.ctl, self.comm) if c != MPI.COMM_NULL)
-            return
-        status = MPI.Status()
-        for c in (self.ctl, self.comm):
-            if c != MPI.COMM_NULL:
-                while True:
-                    msg = c.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
-                    if msg is None:
-                        break
-                    msg.Recv(bytearray(max(status.Get_count(MPI.BYTE), 1)))
-                c.Free()
+        comms = [c for c in (self.ctl, self.comm) if c != MPI.COMM_NULL]
+        word = np.array([int(abandon)], dtype=np.int32)
+        request = self.ctl.Iallreduce(MPI.IN_PLACE, word, op=MPI.MAX)
+        _FREEING.append((request, word, comms))
+        _settle_frees()
