@@ -82,7 +82,7 @@
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
 #     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -283,6 +283,15 @@ s35b)  # after the fixes: a timed-out world made again (Open MPI), the GEMMs who
   step s35_gemm_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gated_gemm.py tests/kernels/test_scatter_gemm.py
   step s35_dist_gemm_rank_tests 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/dist/ranks_gpu_dist_gemm.py
+  ;;
+s36)  # the thirty-sixth session: MPI communicators freed only on the members' agreement, under the image's Open MPI;
+  # s35b's CLI / launch failures (environment, fixed at 3ad4749) run again
+  step s36_cli_comm_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_without_triton.py tests/test_cli.py \
+    tests/test_launch_scripts.py tests/ranks_comm.py
+  step s36_reuse_training_checks 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_reuse.py \
+    tests/dist/ranks_training.py
+  step s36_rank_gpu_tests 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
+    tests/collectives/ranks_gpu_reuse.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
