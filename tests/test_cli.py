@@ -84,7 +84,9 @@ def test_settings_it_cannot_use_are_one_line_usage_errors(monkeypatch, capsys):
     r = subprocess.run([ranks.mpiexec(), "-n", "2", "env", "XELINK_TIMEOUT=abc", sys.executable, "-m", "xelink",
                         "demo"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.count("xelink demo: XELINK_TIMEOUT='abc' is not a number of seconds") == 2, r.stderr
+    said = r.stderr.count("xelink demo: XELINK_TIMEOUT='abc' is not a number of seconds")
+    # (Open MPI's launcher may stop the other rank before it says it: the first rank's exit ends the job)
+    assert said == 2 or (ranks.open_mpi() and said == 1), r.stderr
 
 
 

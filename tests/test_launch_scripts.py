@@ -86,7 +86,7 @@ def test_bind_env_one_device_per_local_rank():
     assert run.bind_env("cuda", 1, {"CUDA_VISIBLE_DEVICES": "4,6"})["CUDA_VISIBLE_DEVICES"] == "6"
     assert run.bind_env("cuda", 3, {}, ranks_per_device=2)["CUDA_VISIBLE_DEVICES"] == "1"
     assert run.bind_env("xpu", 2, {}) == {**off, "ZE_AFFINITY_MASK": "2", "ONEAPI_DEVICE_SELECTOR": "level_zero:0"}
-    assert run.bind_env("cpu", 7, {}) == off
+    assert run.bind_env("cpu", 7, {}) == {**off, "XELINK_DEVICE": "cpu"}
     with pytest.raises(ValueError, match=r"local rank 2 would take device 2, but the host has 2 cuda device"):
         run.bind_env("cuda", 2, {}, devices=2)
 
