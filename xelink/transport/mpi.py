@@ -94,7 +94,7 @@ def _buffer(buf):
 # entry's id, whose single operations need no lock (a request may be dropped on the worker thread of async calls).
 _ORPHANS: dict = {}
 _PRUNING = threading.Lock()  # one thread tests them at a time (MPI: no request is tested by two threads at once)
-_ABANDONED: list = []  # communicators a timeout broke, left to MPI_Finalize (MPITransport.free)
+_ABANDONED: list = []  # communicators a member's failed call may still send into, left to MPI_Finalize
 # Frees waiting for every member's word (MPITransport.free), as (request, word, communicators): the MPI
 # communicators go once the word has come from every member, and only if no member's calls failed part way.
 _FREEING: list = []
