@@ -82,7 +82,7 @@
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
 #     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -292,6 +292,9 @@ s36)  # the thirty-sixth session: MPI communicators freed only on the members' a
     tests/dist/ranks_training.py
   step s36_rank_gpu_tests 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/collectives/ranks_gpu_reuse.py
+  ;;
+s36b)  # s36's two failures after their fixes: xelink-run --devices cpu on a GPU host, the usage error under Open MPI
+  step s36b_cli_launch_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cli.py tests/test_launch_scripts.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps
