@@ -293,8 +293,11 @@ s36)  # the thirty-sixth session: MPI communicators freed only on the members' a
   step s36_rank_gpu_tests 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/collectives/ranks_gpu_reuse.py
   ;;
-s36b)  # s36's two failures after their fixes: xelink-run --devices cpu on a GPU host, the usage error under Open MPI
+s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
+  # the GPU collectives with inputs that share memory with their outputs (two ranks sharing the GPU)
   step s36b_cli_launch_tests 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_cli.py tests/test_launch_scripts.py
+  step s36b_gpu_shared_memory_checks 200 env XELINK_RANKS_PER_DEVICE=2 XELINK_TEST_CHECKS=share_memory,rooted_ops \
+    python3 -m pytest -q -rfEs -p no:cacheprovider tests/collectives/ranks_gpu_collectives.py
   ;;
 s30)
   step decode_warps_ab 150 python3 benchmarks/scripts/decode_chunk_ab.py warps

@@ -10,7 +10,7 @@ import torch.distributed
 
 import xelink
 from ranks import only
-from collective_cases import DTYPES, ddp_training, run_all, run_all_to_all, run_rooted
+from collective_cases import DTYPES, assert_same, ddp_training, run_all, run_all_to_all, run_rooted
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
 LAUNCH_TIMEOUT = 600
@@ -640,6 +640,70 @@ def check_bad_inputs_raise_before_sending(world):
     y = torch.full((3,), float(world.rank))  # a torch ReduceOp instance, as gloo takes it
     xelink.all_reduce(y, op=torch.distributed.ReduceOp(torch.distributed.ReduceOp.MAX))
     assert torch.equal(y, torch.full((3,), float(n - 1)))
+
+
+@only(sizes=(2, 3, 5))
+def check_inputs_that_share_memory_with_outputs_are_read_first(world):
+    """An input that shares memory with the call's output is read as if copied first (torch's in-place forms, the
+    input this rank's block of the output or the output its block of the input, among them), on every algorithm:
+    all_to_all_single in place or shifted by part of a block had returned other ranks' blocks or failed part way
+    (a copy torch refused, the communicator then unusable); a scatter root whose output was another rank's entry
+    sent it its own. Output lists that reuse one tensor are refused before anything is sent."""
+    n, r = world.size, world.rank
+    comm = world.split(0)
+    algos = xelink.collectives.ALGORITHMS
+
+    def block(q, c, k):  # rank q's k-th block of c elements
+        return torch.arange(c, dtype=torch.float32) + 1000 * q + 100000 * k
+
+    def blocks(q, c, ks):
+        return torch.cat([block(q, c, k) for k in ks])
+
+    for c in (1, 7, 3000):
+        for algo in ("auto",) + algos["all_gather"]:
+            for j in (r, (r + 1) % n):  # the input is block j of the output
+                out = torch.full((n * c,), -1.0)
+                out[j * c:(j + 1) * c] = block(r, c, 0)
+                xelink.all_gather_into_tensor(out, out[j * c:(j + 1) * c], group=comm, algo=algo)
+                assert_same(out, torch.cat([block(q, c, 0) for q in range(n)]), f"all_gather {algo} block {j} c={c}")
+        for algo in ("auto",) + algos["reduce_scatter"]:
+            for j in (r, (r + 1) % n):  # the output is block j of the input
+                inp = blocks(r, c, range(n))
+                xelink.reduce_scatter_tensor(inp[j * c:(j + 1) * c], inp, group=comm, algo=algo)
+                assert_same(inp[j * c:(j + 1) * c], sum(block(q, c, r) for q in range(n)),
+                            f"reduce_scatter {algo} into block {j} c={c}")
+        for algo in ("auto",) + algos["all_to_all"]:
+            for shift in (0, c // 2 + 1, c):  # the output starts `shift` elements into the input
+                buf = torch.zeros(n * c + shift)
+                buf[:n * c] = blocks(r, c, range(n))
+                out = buf[shift:shift + n * c]
+                xelink.all_to_all_single(out, buf[:n * c], group=comm, algo=algo)
+                assert_same(out, torch.cat([block(q, c, r) for q in range(n)]), f"all_to_all {algo} +{shift} c={c}")
+        for j in (r, (r + 1) % n):
+            outs = [torch.full((c,), -1.0) for _ in range(n)]
+            outs[j].copy_(block(r, c, 0))
+            xelink.all_gather(outs, outs[j], group=comm)
+            assert_same(torch.cat(outs), torch.cat([block(q, c, 0) for q in range(n)]), f"all_gather list {j}")
+            lst = [block(0, c, k) for k in range(n)] if r == 0 else None
+            out = lst[(j - r) % n] if r == 0 else torch.zeros(c)  # the root's output: entry 0 or 1 of its list
+            xelink.scatter(out, lst, group_src=0, group=comm)
+            assert_same(out, block(0, c, r), f"scatter into the root's entry {(j - r) % n}")
+            lst = [torch.full((c,), -1.0) for _ in range(n)] if r == 0 else None
+            inp = lst[(j - r) % n] if r == 0 else block(r, c, 0)
+            inp.copy_(block(r, c, 0))
+            xelink.gather(inp, lst, group_dst=0, group=comm)
+            if r == 0:
+                assert_same(torch.cat(lst), torch.cat([block(q, c, 0) for q in range(n)]), "gather from an entry")
+    same = torch.zeros(2)
+    refused = [(lambda: xelink.all_gather([same] * n, torch.ones(2), group=comm), "tensor_list"),
+               (lambda: xelink.all_to_all([same] * n, [torch.ones(2)] * n, group=comm), "output_tensor_list")]
+    if r == 0:  # (gather's list is the root's alone: the other ranks do not call it here)
+        refused.append((lambda: xelink.gather(torch.ones(2), [same] * n, group_dst=0, group=comm), "gather_list"))
+    for call, name in refused:
+        with pytest.raises(ValueError, match=rf"{name}\[0\] and {name}\[1\] share memory"):
+            call()
+    xelink.all_reduce(torch.ones(1), group=comm)  # the communicator is still usable: nothing was sent
+    comm.free()
 
 
 def check_mismatched_calls_are_detected(world):

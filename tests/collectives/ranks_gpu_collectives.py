@@ -236,6 +236,48 @@ def check_rooted_ops_on_cuda_tensors(world):
             _same(f"scatter from {root}", got * 1, _data(r, count, torch.bfloat16, "cpu", salt=9))
 
 
+def check_inputs_that_share_memory_with_outputs_are_read_first(world):
+    """CUDA tensors whose input shares memory with the output, on every peer algorithm: the input this rank's or
+    another rank's block of the output (all_gather), the output a block of the input (reduce_scatter),
+    all_to_all_single in place and shifted, a root's output one of its list entries (scatter) and its input one of
+    its list entries (gather): each as if the input had been copied first."""
+    dev, w, r = _dev(world), world.size, world.rank
+    for n in (1, 4099, 65537):
+        def block(q, k):
+            return _data(q, n, torch.float32, "cpu", salt=k)
+
+        for j in (r, (r + 1) % w):
+            for algo in PEER_ALGOS["all_gather"] + ("auto",):
+                out = torch.full((w * n,), -1.0, device=dev)
+                out[j * n:(j + 1) * n] = block(r, 0).to(dev)
+                xelink.all_gather_into_tensor(out, out[j * n:(j + 1) * n], algo=algo)
+                _same(f"all_gather {algo} from block {j} n={n}", out, torch.cat([block(q, 0) for q in range(w)]))
+            for algo in PEER_ALGOS["reduce_scatter"] + ("auto",):
+                inp = torch.cat([block(r, k) for k in range(w)]).to(dev)
+                xelink.reduce_scatter_tensor(inp[j * n:(j + 1) * n], inp, algo=algo)
+                _same(f"reduce_scatter {algo} into block {j} n={n}", inp[j * n:(j + 1) * n],
+                      _reduce([block(q, r) for q in range(w)], "sum", torch.float32))
+        for shift in (0, n // 2 + 1):
+            for algo in PEER_ALGOS["all_to_all"] + ("auto",):
+                buf = torch.zeros(w * n + shift, device=dev)
+                buf[:w * n] = torch.cat([block(r, k) for k in range(w)]).to(dev)
+                out = buf[shift:shift + w * n]
+                xelink.all_to_all_single(out, buf[:w * n], algo=algo)
+                _same(f"all_to_all {algo} +{shift} n={n}", out, torch.cat([block(q, r) for q in range(w)]))
+        for entry in (0, 1):
+            lst = [block(0, k).to(dev) for k in range(w)] if r == 0 else None
+            out = lst[entry] if r == 0 else torch.zeros(n, device=dev)
+            xelink.scatter(out, lst, src=0)
+            _same(f"scatter into the root's entry {entry} n={n}", out * 1, block(0, r))
+            lst = [torch.full((n,), -1.0, device=dev) for _ in range(w)] if r == 0 else None
+            inp = lst[entry] if r == 0 else block(r, 0).to(dev)
+            inp.copy_(block(r, 0).to(dev))
+            xelink.gather(inp, lst, dst=0)
+            if r == 0:
+                _same(f"gather from the root's entry {entry} n={n}", torch.cat(lst), torch.cat([block(q, 0)
+                                                                                             for q in range(w)]))
+
+
 def check_ddp_style_training_on_cuda(world):
     # The CPU ranks' real client on CUDA tensors: parameters broadcast (the rooted ops), gradients all-reduced
     # after backward, then in backward (each as its gradient is ready, the step reading the handles' futures).

@@ -96,6 +96,7 @@ def all_gather_into_tensor(output=None, input=None, group=None, async_op: bool =
     if out.numel() != comm.size * inp.numel():
         raise ValueError(f"{fn}: output.numel()={out.numel()} != world_size*input.numel()="
                          f"{comm.size * inp.numel()}")
+    inp = checks.read_first(inp, out, in_place=(inp, out, comm.rank))
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, _nbytes(out), out.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
@@ -120,6 +121,8 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algo: st
     comm = collective_group(group, fn)
     inp = checks.tensor(fn, "tensor", tensor, comm)
     outs = _tensor_list(fn, "tensor_list", tensor_list, comm, like=inp, like_name="tensor")
+    checks.distinct_outputs(fn, "tensor_list", outs)
+    inp = checks.read_first(inp, *outs)
     backend = backend_of(inp)
     entry = dispatch.resolve(fn, "all_gather", algo, comm, backend, comm.size * _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape), str(inp.dtype), algo))
@@ -168,6 +171,7 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     if inp.numel() != comm.size * out.numel():
         raise ValueError(f"{fn}: input.numel()={inp.numel()} != world_size*output.numel()="
                          f"{comm.size * out.numel()}")
+    inp = checks.read_first(inp, out, in_place=(out, inp, comm.rank))
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "reduce_scatter", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(out.shape), str(out.dtype), op, algo))
@@ -214,6 +218,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                              f"{outs[comm.rank]} from itself")
         if out.is_cuda:
             algo = "nccl"
+    inp = checks.read_first(inp, out)
     backend = backend_of(out)
     entry = dispatch.resolve(fn, "all_to_all", algo, comm, backend, _nbytes(inp), inp.dtype, inp)
     fingerprint_check(comm, fn, (fn, tuple(inp.shape[1:]), str(inp.dtype), algo))
@@ -293,6 +298,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     comm = collective_group(group, fn)
     ins = _tensor_list(fn, "input_tensor_list", input_tensor_list, comm)
     outs = _tensor_list(fn, "output_tensor_list", output_tensor_list, comm)
+    checks.distinct_outputs(fn, "output_tensor_list", outs)
     if outs[0].dtype != ins[0].dtype or outs[0].is_cuda != ins[0].is_cuda:
         raise ValueError(f"{fn}: output_tensor_list holds {outs[0].dtype} on {outs[0].device}, input_tensor_list "
                          f"{ins[0].dtype} on {ins[0].device}")
@@ -384,6 +390,9 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     Collective: every rank of ``group`` must call this.
     """
     comm, x, outs, dst = _rooted("gather", tensor, gather_list, "dst", dst, group_dst, group)
+    if outs is not None:
+        checks.distinct_outputs("gather", "gather_list", outs)
+        x = checks.read_first(x, *outs)
     fingerprint_check(comm, "gather", ("gather", tuple(x.shape), str(x.dtype), dst))
     work = gpu_rooted.gather(comm, x, outs, dst, async_op) if x.is_cuda else \
         cpu.gather(comm, x, outs, dst, async_op, timeout)
@@ -399,6 +408,8 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     Collective: every rank of ``group`` must call this.
     """
     comm, x, ins, src = _rooted("scatter", tensor, scatter_list, "src", src, group_src, group)
+    if ins is not None:
+        ins = [checks.read_first(t, x) for t in ins]
     fingerprint_check(comm, "scatter", ("scatter", tuple(x.shape), str(x.dtype), src))
     work = gpu_rooted.scatter(comm, x, ins, src, async_op) if x.is_cuda else \
         cpu.scatter(comm, x, ins, src, async_op, timeout)

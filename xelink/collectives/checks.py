@@ -15,7 +15,7 @@ from ..comm import Communicator, resolve_group
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "parse_op", "tensor", "pair", "check_op",
            "check_rank", "root_of", "group_of", "collective_group", "fingerprint_check", "backend_of", "device_of",
-           "check_rank_device"]
+           "check_rank_device", "read_first", "distinct_outputs"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 # CPU ranks reduce these too, as torch.distributed's gloo does (integers wrap; bool: sum and max are "or",
@@ -129,6 +129,45 @@ def pair(fn: str, output, input, comm: Communicator, *, reduce: bool = False) ->
     if out.dtype != inp.dtype:
         raise TypeError(f"{fn}: output.dtype={out.dtype} != input.dtype={inp.dtype}")
     return out, inp
+
+
+def _bytes(x: torch.Tensor) -> tuple:
+    """(device, first byte, end byte) of a contiguous tensor (collectives take no other)."""
+    start = x.data_ptr()
+    return x.device, start, start + x.numel() * x.element_size()
+
+
+def _meet(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def read_first(read: torch.Tensor, *written: torch.Tensor, in_place: tuple | None = None) -> torch.Tensor:
+    """``read`` (a call's input), or a copy of it where its bytes meet an output's (``written``): a call reads all of
+    its input before it writes any output, as if it had copied it first. (The algorithms send blocks of the input
+    after writing blocks of the output: ``all_to_all_single(x, x)`` returned other ranks' blocks, a scatter root
+    whose output was another rank's list entry sent it its own.) ``in_place``: (block, whole, index) when the one
+    overlap the algorithms take without a copy is allowed: ``block`` exactly the index-th block of ``whole``
+    (torch.distributed's in-place all_gather_into_tensor and reduce_scatter_tensor)."""
+    span = _bytes(read)
+    if span[1] == span[2] or not any(_meet(span, _bytes(w)) for w in written):
+        return read
+    if in_place is not None:
+        block, whole, index = in_place
+        if block.dtype == whole.dtype and block.data_ptr() == whole.data_ptr() + index * block.numel() * \
+                block.element_size():
+            return read
+    return read.clone()
+
+
+def distinct_outputs(fn: str, name: str, outs: Sequence[torch.Tensor]) -> None:
+    """No two tensors of an output list share memory (``[t] * world_size`` would keep one rank's block and lose the
+    rest): ValueError naming both entries."""
+    spans = sorted(((_bytes(t), i) for i, t in enumerate(outs) if t.numel()), key=lambda e: (str(e[0][0]), e[0][1]))
+    for (a, i), (b, j) in zip(spans, spans[1:]):
+        if _meet(a, b):
+            i, j = sorted((i, j))
+            raise ValueError(f"{fn}: {name}[{i}] and {name}[{j}] share memory; each rank's block needs a tensor "
+                             f"of its own")
 
 
 def check_op(fn: str, op: str, x: torch.Tensor) -> None:
