@@ -481,6 +481,33 @@ def check_point_to_point_buffers_outlive_dropped_and_timed_out_transfers(world):
     world.barrier()
 
 
+@only(sizes=(2,))
+def check_a_batch_whose_receive_shares_memory_is_refused(world):
+    """batch_isend_irecv runs its transfers at once: a receive into memory another op of the list sends or
+    receives is refused before anything is posted (naming both ops); sends of one tensor, and disjoint halves of
+    one buffer, go."""
+    peer, buf = 1 - world.rank, torch.zeros(8)
+    bad = ([xelink.P2POp(xelink.isend, buf, peer), xelink.P2POp(xelink.irecv, buf, peer)],
+           [xelink.P2POp(xelink.irecv, buf[:5], peer), xelink.P2POp(xelink.isend, torch.ones(3), peer),
+            xelink.P2POp(xelink.irecv, buf[4:], peer)],
+           [xelink.P2POp(xelink.isend, buf[2:6], peer), xelink.P2POp(xelink.irecv, buf[:3], peer)])
+    for ops, pair in zip(bad, ("0 and 1", "0 and 2", "0 and 1")):
+        with pytest.raises(ValueError, match=f"batch_isend_irecv: ops {pair} of the list share memory"):
+            xelink.batch_isend_irecv(ops)
+    buf[:4] = torch.arange(4.0) + 10 * world.rank
+    got = [torch.zeros(8), torch.zeros(8)]
+    ops = [xelink.P2POp(xelink.isend, buf, peer, tag=1), xelink.P2POp(xelink.isend, buf, peer, tag=2),
+           xelink.P2POp(xelink.irecv, got[0], peer, tag=1), xelink.P2POp(xelink.irecv, got[1], peer, tag=2)]
+    for h in xelink.batch_isend_irecv(ops):
+        h.wait()
+    want = torch.cat([torch.arange(4.0) + 10 * peer, torch.zeros(4)])
+    assert torch.equal(got[0], want) and torch.equal(got[1], want), got
+    for h in xelink.batch_isend_irecv([xelink.P2POp(xelink.isend, buf[:4], peer),
+                                       xelink.P2POp(xelink.irecv, buf[4:], peer)]):
+        h.wait()
+    assert torch.equal(buf[4:], torch.arange(4.0) + 10 * peer), buf
+
+
 def check_receive_from_any_source(world):
     """recv / irecv with src=None (CPU) take whichever rank's message of that tag comes first and name its
     sender (recv's return, the handle's source_rank()), as torch.distributed's; a wait no rank answers names

@@ -227,7 +227,7 @@ def check_distinct(fn: str, name: str, t: torch.Tensor) -> None:
                          "elements at one address")
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last + 1) byte addresses ``t`` can touch; empty for an empty tensor."""
     if t.numel() == 0:
         return 0, 0
@@ -240,7 +240,7 @@ def spans_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     interleaved views of one buffer (column blocks) count even where no element is shared: conservative, and a
     few host operations (a precise test of arbitrary strides is not). Not their storages: a tensor made from a
     numpy view has a storage of its own, starting at the view."""
-    (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
+    (a_lo, a_hi), (b_lo, b_hi) = byte_span(a), byte_span(b)
     return a_lo < b_hi and b_lo < a_hi
 
 
