@@ -12,10 +12,11 @@ import torch
 
 from .. import config
 from ..comm import Communicator, resolve_group
+from ..kernels.common import byte_span, spans_overlap
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "parse_op", "tensor", "pair", "check_op",
            "check_rank", "root_of", "group_of", "collective_group", "fingerprint_check", "backend_of", "device_of",
-           "check_rank_device", "read_first", "distinct_outputs"]
+           "check_rank_device", "read_first", "shared_pair", "distinct_outputs"]
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 # CPU ranks reduce these too, as torch.distributed's gloo does (integers wrap; bool: sum and max are "or",
@@ -131,16 +132,6 @@ def pair(fn: str, output, input, comm: Communicator, *, reduce: bool = False) ->
     return out, inp
 
 
-def _bytes(x: torch.Tensor) -> tuple:
-    """(device, first byte, end byte) of a contiguous tensor (collectives take no other)."""
-    start = x.data_ptr()
-    return x.device, start, start + x.numel() * x.element_size()
-
-
-def _meet(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
-
 def read_first(read: torch.Tensor, *written: torch.Tensor, in_place: tuple | None = None) -> torch.Tensor:
     """``read`` (a call's input), or a copy of it where its bytes meet an output's (``written``): a call reads all of
     its input before it writes any output, as if it had copied it first. (The algorithms send blocks of the input
@@ -148,8 +139,7 @@ def read_first(read: torch.Tensor, *written: torch.Tensor, in_place: tuple | Non
     whose output was another rank's list entry sent it its own.) ``in_place``: (block, whole, index) when the one
     overlap the algorithms take without a copy is allowed: ``block`` exactly the index-th block of ``whole``
     (torch.distributed's in-place all_gather_into_tensor and reduce_scatter_tensor)."""
-    span = _bytes(read)
-    if span[1] == span[2] or not any(_meet(span, _bytes(w)) for w in written):
+    if not any(w.device == read.device and spans_overlap(read, w) for w in written):
         return read
     if in_place is not None:
         block, whole, index = in_place
@@ -159,15 +149,30 @@ def read_first(read: torch.Tensor, *written: torch.Tensor, in_place: tuple | Non
     return read.clone()
 
 
+def shared_pair(buffers: Sequence[tuple[torch.Tensor, bool]]) -> tuple[int, int] | None:
+    """The places (i < j) of two tensors that share memory, one of them written, among ``buffers`` ((tensor, whether
+    the call writes it) pairs; tensors only read may share); None where there are none. A sweep over the byte spans
+    in address order (a list of a large world's size costs a sort, not every pair)."""
+    spans = sorted((byte_span(x) + (str(x.device), writes, i) for i, (x, writes) in enumerate(buffers) if x.numel()),
+                   key=lambda e: (e[2], e[0]))
+    ends: dict = {}  # device -> ((furthest end of any tensor so far, its place), (the same of a written one))
+    for lo, hi, dev, writes, i in spans:
+        (any_end, any_at), (written_end, written_at) = ends.get(dev, ((0, -1), (0, -1)))
+        other = written_at if lo < written_end else any_at if writes and lo < any_end else None
+        if other is not None:
+            return min(other, i), max(other, i)
+        ends[dev] = (max((any_end, any_at), (hi, i)),
+                     max((written_end, written_at), (hi, i)) if writes else (written_end, written_at))
+    return None
+
+
 def distinct_outputs(fn: str, name: str, outs: Sequence[torch.Tensor]) -> None:
     """No two tensors of an output list share memory (``[t] * world_size`` would keep one rank's block and lose the
     rest): ValueError naming both entries."""
-    spans = sorted(((_bytes(t), i) for i, t in enumerate(outs) if t.numel()), key=lambda e: (str(e[0][0]), e[0][1]))
-    for (a, i), (b, j) in zip(spans, spans[1:]):
-        if _meet(a, b):
-            i, j = sorted((i, j))
-            raise ValueError(f"{fn}: {name}[{i}] and {name}[{j}] share memory; each rank's block needs a tensor "
-                             f"of its own")
+    pair = shared_pair([(t, True) for t in outs])
+    if pair is not None:
+        raise ValueError(f"{fn}: {name}[{pair[0]}] and {name}[{pair[1]}] share memory; each rank's block needs a "
+                         f"tensor of its own")
 
 
 def check_op(fn: str, op: str, x: torch.Tensor) -> None:

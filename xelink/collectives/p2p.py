@@ -11,11 +11,10 @@ import torch
 
 from ..config import is_int
 from ..errors import TimeoutError
-from ..kernels.common import byte_span
 from ..transport import wait_all
 from ..transport.base import OBJECT_TAG as _OBJECT_TAG, USER_TAG_LIMIT
 from ..work import Work as Handle
-from .checks import group_of, root_of, tensor as _tensor
+from .checks import group_of, root_of, shared_pair, tensor as _tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "P2PWork", "send_object_list",
            "recv_object_list", "cuda_p2p_unsupported"]
@@ -193,30 +192,15 @@ def batch_isend_irecv(p2p_op_list) -> list:
         raise ValueError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
     checked = [_check("batch_isend_irecv", o.tensor, "dst" if o.op is isend else "src", o.peer, o.group_peer,
                       o.group, o.tag)[1] for o in ops]  # every op checked before any starts: nothing posted then
-    _receives_apart([(x, o.op is irecv) for x, o in zip(checked, ops)])
+    pair = shared_pair([(x, o.op is irecv) for x, o in zip(checked, ops)])
+    if pair is not None:  # (the transfers run at once: a send would read what a receive writes)
+        raise ValueError(f"batch_isend_irecv: ops {pair[0]} and {pair[1]} of the list share memory, one of them a "
+                         f"receive (the transfers run at once: give each receive a buffer of its own)")
     handles = [None] * len(ops)
     for i in sorted(range(len(ops)), key=lambda i: ops[i].op is isend):
         o = ops[i]
         handles[i] = o.op(o.tensor, o.peer, o.group, o.tag, o.group_peer)
     return handles
-
-
-def _receives_apart(buffers: list) -> None:
-    """No receive buffer of a batch shares memory with another op's ((tensor, is a receive) pairs; sends may share):
-    the transfers run at once, so a send would read what a receive is writing, or two receives write the same
-    bytes in either order. ValueError naming both ops by their place in the list."""
-    spans = sorted((byte_span(x) + (str(x.device), recv, i) for i, (x, recv) in enumerate(buffers) if x.numel()),
-                   key=lambda e: (e[2], e[0]))
-    ends: dict = {}  # device -> (furthest end of any op so far, its op; furthest end of a receive, its op)
-    for lo, hi, dev, recv, i in spans:
-        (any_end, any_op), (recv_end, recv_op) = ends.get(dev, ((0, -1), (0, -1)))
-        other = recv_op if lo < recv_end else any_op if recv and lo < any_end else None
-        if other is not None:
-            a, b = sorted((other, i))
-            raise ValueError(f"batch_isend_irecv: ops {a} and {b} of the list share memory, one of them a receive "
-                             f"(the transfers run at once: give each receive a buffer of its own)")
-        ends[dev] = (max((any_end, any_op), (hi, i)), max((recv_end, recv_op), (hi, i)) if recv else
-                     (recv_end, recv_op))
 
 
 def send_object_list(object_list, dst: int | None = None, group=None, device=None, group_dst: int | None = None,
