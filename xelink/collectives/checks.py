@@ -12,7 +12,7 @@ import torch
 
 from .. import config
 from ..comm import Communicator, resolve_group
-from ..kernels.common import byte_span, spans_overlap
+from ..kernels.common import byte_span
 
 __all__ = ["ReduceOp", "DTYPES", "REDUCE_DTYPES", "parse_op", "tensor", "pair", "check_op",
            "check_rank", "root_of", "group_of", "collective_group", "fingerprint_check", "backend_of", "device_of",
@@ -139,7 +139,13 @@ def read_first(read: torch.Tensor, *written: torch.Tensor, in_place: tuple | Non
     whose output was another rank's list entry sent it its own.) ``in_place``: (block, whole, index) when the one
     overlap the algorithms take without a copy is allowed: ``block`` exactly the index-th block of ``whole``
     (torch.distributed's in-place all_gather_into_tensor and reduce_scatter_tensor)."""
-    if not any(w.device == read.device and spans_overlap(read, w) for w in written):
+    lo = read.data_ptr()  # (contiguous tensors: the checks refuse others; a few host operations a call)
+    hi = lo + read.numel() * read.element_size()
+    for w in written:
+        start = w.data_ptr()
+        if start < hi and lo < start + w.numel() * w.element_size() and w.device == read.device:
+            break
+    else:
         return read
     if in_place is not None:
         block, whole, index = in_place
