@@ -75,12 +75,15 @@
 #             W4A16 step, off against on at 1K and 8K, then the gemv and decode-graph GPU tests (~8 minutes);
 #   s33:      the thirty-third session's changes on a GPU: nn.functional's dtype checks and the peer-memory
 #             ranks (numpy ranks) in the GPU rank tests, the MPI_Init watchdog under the image's mpirun (~6 minutes);
+#   s35, s35b, s36: the image's Open MPI: p2p buffers, finalize, re-made worlds, CLI / communicator tests, the agreed
+#             MPI frees (~8 minutes each); s36b: the CLI / launch tests after s36's fixes and the CUDA collectives
+#             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
 STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
