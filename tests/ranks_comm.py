@@ -347,7 +347,18 @@ def check_torch_distributed_bridge(world):
     assert y.item() == world.size - 1
     dist.all_reduce(y, group=spg)
     assert y.item() == world.size * (world.size - 1)
+    # xelink's calls take the torch groups back (as code written for torch.distributed passes them)
+    z = torch.ones(3)
+    xelink.all_reduce(z, group=spg)
+    xelink.all_reduce(z, group=dist.group.WORLD)
+    assert torch.equal(z, torch.full((3,), float(world.size * world.size)))
+    assert xelink.get_rank(spg) == sub.rank and xelink.get_world_size(pg) == world.size
+    with pytest.raises(TypeError, match=r"all_reduce: group=array\(\[1\.\]\) is not an xelink Communicator"):
+        xelink.all_reduce(z, group=np.ones(1))
     sub.free()
+    if world.size > 1:  # (freed: its group is gone; of one rank it is the world's own)
+        with pytest.raises(TypeError, match="nor the torch.distributed group of one"):
+            xelink.all_reduce(z, group=spg)
 
 
 def check_point_to_point_ring(world):

@@ -462,7 +462,8 @@ class _Groups:
 
 
 def resolve_group(group, fn: str) -> Communicator:
-    """The communicator a collective runs on: ``group`` itself, or the world for None."""
+    """The communicator a collective runs on: ``group`` itself, the world for None, or the communicator whose
+    ``process_group()`` ``group`` is (torch.distributed's WORLD where xelink's world made or adopted it)."""
     if group is None:
         if _world is None:
             raise NotInitializedError("xelink.init() has not been called (or xelink.finalize() was)")
@@ -474,8 +475,15 @@ def resolve_group(group, fn: str) -> Communicator:
         if group._freed:
             raise XelinkError(f"{fn}: group {group!r} was freed")
         return group
+    import torch.distributed as dist
+
+    if dist.is_available() and isinstance(group, dist.ProcessGroup):  # a communicator's (process_group(); WORLD)
+        made = next((c for c in list(_live) if c._pg is not None and c._pg == group and not c._freed), None)
+        if made is not None:
+            return made
     raise TypeError(f"{fn}: group={group!r} is not an xelink Communicator (use xelink.init(), "
-                    f"Communicator.split() or xelink.new_group())")
+                    f"Communicator.split() or xelink.new_group()) nor the torch.distributed group of one "
+                    f"(Communicator.process_group())")
 
 
 def get_rank(group=None) -> int:
