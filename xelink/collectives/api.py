@@ -56,7 +56,7 @@ def all_reduce(tensor, op="sum", group=None, async_op: bool = False, algo: str =
     fn = "all_reduce"
     if torch.compiler.is_compiling():
         compiled.traced(fn, async_op)
-        return torch.ops.xelink.all_reduce_(tensor, parse_op(fn, op), algo, compiled.group_name(group))
+        return torch.ops.xelink.all_reduce_(tensor, parse_op(fn, op), algo, compiled.group_name(group, fn))
     comm = collective_group(group, fn)
     x = checks.tensor(fn, "tensor", tensor, comm, reduce=True)
     op = parse_op(fn, op)
@@ -90,7 +90,7 @@ def all_gather_into_tensor(output=None, input=None, group=None, async_op: bool =
     input = _one_of(fn, "input", input, "input_tensor", input_tensor)
     if torch.compiler.is_compiling():
         compiled.traced(fn, async_op)
-        return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group))
+        return torch.ops.xelink.all_gather_into_tensor_(output, input, algo, compiled.group_name(group, fn))
     comm = collective_group(group, fn)
     out, inp = pair(fn, output, input, comm)
     if out.numel() != comm.size * inp.numel():
@@ -163,7 +163,7 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op: bool = 
     if torch.compiler.is_compiling():
         compiled.traced(fn, async_op)
         return torch.ops.xelink.reduce_scatter_tensor_(output, input, parse_op(fn, op), algo,
-                                                       compiled.group_name(group))
+                                                       compiled.group_name(group, fn))
     comm = collective_group(group, fn)
     out, inp = pair(fn, output, input, comm, reduce=True)
     op = parse_op(fn, op)

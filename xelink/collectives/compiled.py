@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import named
+from ..comm import named, resolve_group
 from ..errors import XelinkError
 
 __all__ = ["comm_named", "group_name", "traced", "bind"]
@@ -23,8 +23,9 @@ def comm_named(name: str):
         raise XelinkError(f"xelink custom op: {exc}") from None
 
 
-def group_name(group) -> str:
-    return "" if group is None else group.name
+def group_name(group, fn: str = "torch.compile") -> str:
+    """The name the traced ops carry for ``group`` (a communicator or its torch.distributed group; None: the world)."""
+    return "" if group is None else resolve_group(group, fn).name
 
 
 def traced(fn: str, async_op: bool) -> None:
