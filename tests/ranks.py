@@ -28,6 +28,7 @@ This file is also the per-rank runner: ``python tests/ranks.py <outdir> <launche
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -91,8 +92,9 @@ def check_names(module, launcher: str | None = None, n: int | None = None) -> li
     return [name for _, name in sorted(funcs)]
 
 
+@functools.cache
 def open_mpi() -> bool:
-    """Whether ``mpiexec()`` is Open MPI's (the GPU image's; CI's is MPICH's)."""
+    """Whether ``mpiexec()`` is Open MPI's (the GPU image's; CI's is MPICH's); asked once a process."""
     version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True).stdout
     return "Open MPI" in version or "OpenRTE" in version
 

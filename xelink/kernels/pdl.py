@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 
 from ..config import env, env_flag, env_int
-from ..errors import ConfigError
 from .common import capability, interpreting, sm_count, tl, triton
 
 __all__ = ["PDL_MODES", "PREFETCH_ASM", "pdl_launch", "pdl_launch_args", "pdl_option", "pdl_wait", "prefetch_args",
@@ -113,10 +112,7 @@ def prefetch_bytes(pdl_mode: int, device: torch.device, gemv: bool = False) -> i
         return 0
     if PREFETCH_BYTES is not None:
         return PREFETCH_BYTES
-    mb = env_int("XELINK_PREFETCH_MB", GEMV_PREFETCH_MB if gemv else DEFAULT_PREFETCH_MB, 0)
-    if mb < 0:
-        raise ConfigError(f"XELINK_PREFETCH_MB={mb} must be >= 0 (MiB a launch prefetches at most)")
-    return mb << 20
+    return env_int("XELINK_PREFETCH_MB", GEMV_PREFETCH_MB if gemv else DEFAULT_PREFETCH_MB, 0) << 20
 
 
 def prefetch_args(pdl_mode: int, device: torch.device, rows: int, row_bytes: int, warps: int | None = None,
