@@ -88,10 +88,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4gemv(
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 1
     for (int c = 0; c < GPW; c += U) {
-        if (c) {
+#if PIPE
+        uint4 na[U], nb[U];  // the next U groups' weights in flight during this U's math
+        if (c + U < GPW) {
 #pragma unroll
-            for (int t = 0; t < U; ++t) { wa[t] = ldw(wp + (c + t) * 1024); wb[t] = ldw(wp + (c + t) * 1024 + 512); }
+            for (int t = 0; t < U; ++t) { na[t] = ldw(wp + (c + U + t) * 1024); nb[t] = ldw(wp + (c + U + t) * 1024 + 512); }
         }
+#endif
 #pragma unroll
         for (int t = 0; t < U; ++t) {
             const unsigned short* xg = xp + (c + t) * 128;
@@ -103,6 +106,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4gemv(
             const float s0 = bf(sp[c + t]), s1 = bf(sp[c + t + 8 * G]);
             acc[0] = fmaf(s0, d[0], acc[0]); acc[1] = fmaf(s0, d[1], acc[1]);
             acc[2] = fmaf(s1, d[2], acc[2]); acc[3] = fmaf(s1, d[3], acc[3]);
+        }
+        if (c + U < GPW) {
+#pragma unroll
+            for (int t = 0; t < U; ++t) {
+#if PIPE
+                wa[t] = na[t]; wb[t] = nb[t];
+#else
+                wa[t] = ldw(wp + (c + U + t) * 1024); wb[t] = ldw(wp + (c + U + t) * 1024 + 512);
+#endif
+            }
         }
     }
 #if WARPS > 1
@@ -146,9 +159,10 @@ class _Config(ctypes.Structure):
 _LIBCUDA = None
 
 
-def compile_variant(warps, gpw, u, pdl):
-    src = f"#define WARPS {warps}\n#define GPW {gpw}\n#define U {u}\n#define PDL {int(pdl)}\n" + SOURCE
-    return torch.cuda._compile_kernel(src, "w4gemv", compute_capability="90a", nvcc_options=["-O3"])
+def compile_variant(warps, gpw, u, pdl, pipe=False):
+    src = (f"#define WARPS {warps}\n#define GPW {gpw}\n#define U {u}\n#define PDL {int(pdl)}\n#define PIPE {int(pipe)}\n"
+           + SOURCE)
+    return torch.cuda._compile_kernel(src, "w4gemv", compute_capability="90a")
 
 
 def launch(kern, warps, pdl, w, x, s, y, n, k, m):
@@ -168,6 +182,7 @@ def launch(kern, warps, pdl, w, x, s, y, n, k, m):
 
 
 def variants(k):
+    """(warps, groups a warp, groups a load batch, PDL, next batch in flight during the math)."""
     g = k // 128
     out = []
     for warps in (2, 4, 8, 16):
@@ -175,9 +190,15 @@ def variants(k):
             continue
         gpw = g // warps
         for u in (1, 2, 4, 7, 8):
-            if gpw % u == 0 and u <= gpw:
-                out += [(warps, gpw, u, True)]
+            if gpw % u == 0:
+                out += [(warps, gpw, u, True, False)] + [(warps, gpw, u, True, True)] * (gpw > u)
     return out
+
+
+def func_attr(kern, attr):
+    value = ctypes.c_int()
+    torch.cuda._utils._get_gpu_runtime_library().cuFuncGetAttribute(ctypes.byref(value), attr, kern.func)
+    return value.value
 
 
 def main():
@@ -190,7 +211,7 @@ def main():
     dst = torch.empty_like(src)
     sec = statistics.median(time_cuda_events(lambda: dst.copy_(src), warmup=3, iters=10))
     print(f"copy ceiling: {2 * src.numel() / sec / 1e12:.2f} TB/s (bytes read + written)", flush=True)
-    del src, dst
+    src = dst = None
     for n, k, name in SHAPES:
         if names and name not in names:
             continue
@@ -201,7 +222,7 @@ def main():
             ws.append((tile_w4a16(p), s))
             del w, p
         nbytes = sum(t.numel() * t.element_size() for t in ws[0])
-        for m in (1, 4):
+        for m in (1,):
             x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
             ref = reference_gemv(ws[0][0], x, ws[0][1], "w4a16t").float()
             rows = []
@@ -213,9 +234,9 @@ def main():
                   flush=True)
             rows.append((us, "kept"))
             del graph
-            for warps, gpw, u, pdl in variants(k) + [(8, k // 128 // 8, 4, False)] * (k == 4096):
+            for warps, gpw, u, pdl, pipe in variants(k) + [(8, k // 128 // 8, 4, False, False)] * (k == 4096):
                 try:
-                    kern = compile_variant(warps, gpw, u, pdl)
+                    kern = compile_variant(warps, gpw, u, pdl, pipe)
                     ys = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in ws]
                     launch(kern, warps, pdl, ws[0][0], x, ws[0][1], ys[0], n, k, m)
                     err = float((ys[0].float() - ref).norm() / ref.norm())
@@ -225,10 +246,11 @@ def main():
                     us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
                     del graph
                 except Exception as e:  # noqa: BLE001 - a variant that fails is a row
-                    print(f"{name} M={m} cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)}: failed {type(e).__name__}: "
+                    print(f"{name} M={m} cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)} pipe{int(pipe)}: failed {type(e).__name__}: "
                           f"{str(e)[:300]}", flush=True)
                     continue
-                tag = f"cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)}"
+                tag = (f"cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)} pipe{int(pipe)} ({func_attr(kern, 4)} regs, "
+                       f"{func_attr(kern, 3)} B local)")
                 rows.append((us, tag))
                 print(f"{name} {n}x{k} M={m} {tag}: {us:6.2f} us ({nbytes / us / 1e3:5.0f} GB/s) err {err:.1e}"
                       f"{'  WRONG' if err > 1e-2 else ''}", flush=True)
