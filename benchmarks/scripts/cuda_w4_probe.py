@@ -7,7 +7,7 @@ loads a lane, with U groups' loads issued before any math; nibbles become bf16 b
 packed fma (exact), the columns of a lane's 16 bytes paired so that no weight moves between registers, and
 the activations are paired to match by prmt. Warps of a program split K and add through shared memory.
 
-python3 benchmarks/scripts/cuda_w4_probe.py [shape,...]
+python3 benchmarks/scripts/cuda_w4_probe.py [shape,...]   (qkv, o, gate_up (also with silu_mul), down)
 """
 import ctypes
 import statistics
@@ -19,6 +19,7 @@ from xelink.bench.harness import time_cuda_events
 from xelink.bench.kernel_timing import cuda_graph
 from xelink.kernels import gemv
 from xelink.kernels.gemv import pack_w4a16, reference_gemv, tile_w4a16
+from xelink.kernels.norm import reference_silu_mul
 
 LAYERS = 32
 SHAPES = [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"), (4096, 14336, "down")]
@@ -66,6 +67,11 @@ __device__ __forceinline__ void word(float* d, unsigned u, unsigned v, uint4 x) 
     mma(d, dq(u >> 8), dq(v >> 8), dq(u >> 12), dq(v >> 12), x26, x37);
 }
 __device__ __forceinline__ float bf(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
 
 // y[m, n] = sum_k x[m, k] * (nibble - 8) * scale[n, k / 128]; grid.x = N / 16 row blocks, WARPS warps a program,
 // warp w takes GPW groups from w * GPW; U groups' weights loaded before their math.
@@ -74,7 +80,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4gemv(
         const unsigned short* __restrict__ sc, unsigned short* __restrict__ y, int N, int K, int M) {
     __shared__ float red[WARPS][32][4];
     const int G = K >> 7, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane & 3, r = lane >> 2;
+#if ACT  // silu(gate) * up: the first half of the warps on gate block b, the rest on up block b + N / 32
+    const int rb = blockIdx.x + (warp >= WARPS / 2 ? (N >> 5) : 0), g0 = (warp % (WARPS / 2)) * GPW;
+#else
     const int rb = blockIdx.x, g0 = warp * GPW;
+#endif
     const unsigned char* wp = w + ((size_t)rb * G + g0) * 1024 + r * 64 + q * 16;
     const unsigned short* xp = x + (size_t)min(r, M - 1) * K + g0 * 128 + q * 32;
     const unsigned short* sp = sc + (size_t)(rb * 16 + r) * G + g0;
@@ -118,25 +128,37 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4gemv(
             }
         }
     }
-#if WARPS > 1
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][lane][i] = acc[i];
     __syncthreads();
     if (warp) return;
+#if ACT
+    float up[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w2 = 1; w2 < WARPS / 2; ++w2)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] += red[w2][lane][i];
+#pragma unroll
+    for (int w2 = WARPS / 2; w2 < WARPS; ++w2)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) up[i] += red[w2][lane][i];
+    const int n0 = blockIdx.x * 16 + r, ldy = N >> 1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // each sum rounded to bf16 first, as the GEMV then silu_mul computes
+        const float g = bf(f2bf(acc[i])), u = bf(f2bf(up[i]));
+        acc[i] = g / (1.f + __expf(-g)) * u;
+    }
+#else
 #pragma unroll
     for (int w2 = 1; w2 < WARPS; ++w2)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] += red[w2][lane][i];
+    const int n0 = rb * 16 + r, ldy = N;
 #endif
-    const int n0 = rb * 16 + r;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int m = 2 * q + (i & 1), n = n0 + (i >> 1) * 8;
-        if (m < M) {
-            unsigned short h;
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(acc[i]));
-            y[(size_t)m * N + n] = h;
-        }
+        if (m < M) y[(size_t)m * ldy + n] = f2bf(acc[i]);
     }
 }
 """
@@ -159,20 +181,20 @@ class _Config(ctypes.Structure):
 _LIBCUDA = None
 
 
-def compile_variant(warps, gpw, u, pdl, pipe=False):
+def compile_variant(warps, gpw, u, pdl, pipe=False, act=False):
     src = (f"#define WARPS {warps}\n#define GPW {gpw}\n#define U {u}\n#define PDL {int(pdl)}\n#define PIPE {int(pipe)}\n"
-           + SOURCE)
+           f"#define ACT {int(act)}\n" + SOURCE)
     return torch.cuda._compile_kernel(src, "w4gemv", compute_capability="90a")
 
 
-def launch(kern, warps, pdl, w, x, s, y, n, k, m):
+def launch(kern, warps, pdl, w, x, s, y, n, k, m, act=False):
     global _LIBCUDA
     if _LIBCUDA is None:
         _LIBCUDA = torch.cuda._utils._get_gpu_runtime_library()
     attr = _Attr()
     attr.id = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value.i = 1
-    cfg = _Config(n // 16, 1, 1, warps * 32, 1, 1, 0, torch.cuda.current_stream().cuda_stream,
+    cfg = _Config(n // (32 if act else 16), 1, 1, warps * 32, 1, 1, 0, torch.cuda.current_stream().cuda_stream,
                   ctypes.pointer(attr) if pdl else None, 1 if pdl else 0)
     vals = [ctypes.c_void_p(t.data_ptr()) for t in (w, x, s, y)] + [ctypes.c_int(v) for v in (n, k, m)]
     params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
@@ -181,17 +203,18 @@ def launch(kern, warps, pdl, w, x, s, y, n, k, m):
         raise RuntimeError(f"cuLaunchKernelEx: CUresult {rc}")
 
 
-def variants(k):
-    """(warps, groups a warp, groups a load batch, PDL, next batch in flight during the math)."""
+def variants(k, act=False):
+    """(warps, groups a warp, groups a load batch, PDL, next batch in flight during the math, act)."""
     g = k // 128
     out = []
-    for warps in (2, 4, 8, 16):
-        if g % warps:
+    for warps in (4, 8, 16):
+        split = warps // 2 if act else warps  # warps along K of one row block
+        if split == 0 or g % split:
             continue
-        gpw = g // warps
-        for u in (1, 2, 4, 7, 8):
+        gpw = g // split
+        for u in (1, 2, 4, 7):
             if gpw % u == 0:
-                out += [(warps, gpw, u, True, False)] + [(warps, gpw, u, True, True)] * (gpw > u)
+                out += [(warps, gpw, u, True, pipe, act) for pipe in (False, True)[:1 + (gpw > u)]]
     return out
 
 
@@ -201,12 +224,49 @@ def func_attr(kern, attr):
     return value.value
 
 
+def graph_us(calls):
+    graph, _, _ = cuda_graph(calls, 1)
+    return statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / len(calls)
+
+
+def sweep(name, ws, x, act):
+    (n, k), m = ws[0][0].shape, x.shape[0]
+    k *= 2
+    nbytes = sum(t.numel() * t.element_size() for t in ws[0])
+    what = f"{name}{'+silu_mul' if act else ''} {n}x{k} M={m}"
+    xact = "silu_mul" if act else None
+    ref = reference_gemv(ws[0][0], x, ws[0][1], "w4a16t").float()
+    if act:
+        ref = reference_silu_mul(ref.to(torch.bfloat16)).float()
+    kept = graph_us([lambda w=w, s=s: gemv(w, x, s, "w4a16t", "cuda", act=xact) for w, s in ws])
+    err = float((gemv(ws[0][0], x, ws[0][1], "w4a16t", "cuda", act=xact).float() - ref).norm() / ref.norm())
+    print(f"{what} xelink kept: {kept:6.2f} us ({nbytes / kept / 1e3:5.0f} GB/s) err {err:.1e}", flush=True)
+    rows = [(kept, "kept")]
+    extra = [(8, k // 128 // 8, 4, False, False, act)] if k == 4096 and not act else []
+    for warps, gpw, u, pdl, pipe, act in variants(k, act) + extra:
+        tag = f"cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)} pipe{int(pipe)}"
+        try:
+            kern = compile_variant(warps, gpw, u, pdl, pipe, act)
+            ys = [torch.empty(m, n // 2 if act else n, device=x.device, dtype=torch.bfloat16) for _ in ws]
+            launch(kern, warps, pdl, ws[0][0], x, ws[0][1], ys[0], n, k, m, act)
+            err = float((ys[0].float() - ref).norm() / ref.norm())
+            us = graph_us([lambda w=w, s=s, yy=yy: launch(kern, warps, pdl, w, x, s, yy, n, k, m, act)
+                           for (w, s), yy in zip(ws, ys)])
+        except Exception as e:  # noqa: BLE001 - a variant that fails is a row
+            print(f"{what} {tag}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        rows.append((us, tag))
+        print(f"{what} {tag} ({func_attr(kern, 4)} regs, {func_attr(kern, 3)} B local): {us:6.2f} us "
+              f"({nbytes / us / 1e3:5.0f} GB/s) err {err:.1e}{'  WRONG' if err > 1e-2 else ''}", flush=True)
+    best = min(rows)
+    print(f"{what}: best {best[0]:.2f} us {best[1]} (kept {kept:.2f}, {kept / best[0]:.2f}x)", flush=True)
+
+
 def main():
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else None
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(5)
     print(torch.cuda.get_device_name(0), flush=True)
-    # a copy ceiling over the same bytes as gate_up's 32 layers
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     sec = statistics.median(time_cuda_events(lambda: dst.copy_(src), warmup=3, iters=10))
@@ -221,41 +281,10 @@ def main():
             p, s = pack_w4a16(w, torch.bfloat16)
             ws.append((tile_w4a16(p), s))
             del w, p
-        nbytes = sum(t.numel() * t.element_size() for t in ws[0])
-        for m in (1,):
-            x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
-            ref = reference_gemv(ws[0][0], x, ws[0][1], "w4a16t").float()
-            rows = []
-            calls = [lambda w=w, s=s: gemv(w, x, s, "w4a16t", "cuda") for w, s in ws]
-            graph, _, _ = cuda_graph(calls, 1)
-            us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
-            err = float((gemv(ws[0][0], x, ws[0][1], "w4a16t", "cuda").float() - ref).norm() / ref.norm())
-            print(f"{name} {n}x{k} M={m} xelink kept: {us:6.2f} us ({nbytes / us / 1e3:5.0f} GB/s) err {err:.1e}",
-                  flush=True)
-            rows.append((us, "kept"))
-            del graph
-            for warps, gpw, u, pdl, pipe in variants(k) + [(8, k // 128 // 8, 4, False, False)] * (k == 4096):
-                try:
-                    kern = compile_variant(warps, gpw, u, pdl, pipe)
-                    ys = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in ws]
-                    launch(kern, warps, pdl, ws[0][0], x, ws[0][1], ys[0], n, k, m)
-                    err = float((ys[0].float() - ref).norm() / ref.norm())
-                    calls = [lambda w=w, s=s, yy=yy: launch(kern, warps, pdl, w, x, s, yy, n, k, m)
-                             for (w, s), yy in zip(ws, ys)]
-                    graph, _, _ = cuda_graph(calls, 1)
-                    us = statistics.median(time_cuda_events(graph.replay, warmup=3, iters=20)) * 1e6 / LAYERS
-                    del graph
-                except Exception as e:  # noqa: BLE001 - a variant that fails is a row
-                    print(f"{name} M={m} cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)} pipe{int(pipe)}: failed {type(e).__name__}: "
-                          f"{str(e)[:300]}", flush=True)
-                    continue
-                tag = (f"cuda w{warps} gpw{gpw} u{u} pdl{int(pdl)} pipe{int(pipe)} ({func_attr(kern, 4)} regs, "
-                       f"{func_attr(kern, 3)} B local)")
-                rows.append((us, tag))
-                print(f"{name} {n}x{k} M={m} {tag}: {us:6.2f} us ({nbytes / us / 1e3:5.0f} GB/s) err {err:.1e}"
-                      f"{'  WRONG' if err > 1e-2 else ''}", flush=True)
-            best = min(rows)
-            print(f"{name} M={m}: best {best[0]:.2f} us {best[1]} (kept {rows[0][0]:.2f})", flush=True)
+        x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)
+        sweep(name, ws, x, False)
+        if name == "gate_up":
+            sweep(name, ws, x, True)
         del ws
 
 
