@@ -5,7 +5,7 @@ stored (packed weights and scales for W4A16) for the kept configuration (``_gemv
 every output checked against the kept one's.
 
 python3 benchmarks/scripts/gemv_chain_sweep.py [bf16|w4a16|w4a16t|w4a16t-act|staged-bf16|staged-w4a16|kept-<fmt>
-[:shape,...] ...]
+|cu-w4a16t|cu-w4a16t-act [:shape,...] ...]
 (default bf16; e.g. w4a16:down; ``staged-*``: the kept configuration against the tensor-core kernel's
 shared-memory stages, ``STAGES``; ``w4a16t``: the weights in tiles, ``tile_w4a16``; ``w4a16t-act``: gate_up
 with act="silu_mul" on the tiles, the kept two launches against tiles that apply it in the kernel; ``kept-*``: the
@@ -66,6 +66,16 @@ CONFIGS["w4a16t"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SP
 SHAPES["w4a16t-act"] = [(28672, 4096, "gate_up")]
 CONFIGS["w4a16t-act"] = [dict(KERNEL="tc", ROW_TILES=rt, num_warps=nw, UNROLL=un, SPLIT=1)
                          for rt, nw, un in [(1, 4, 1), (2, 8, 1), (2, 4, 1)]]
+# The CUDA C++ kernel on the tiles (gemv_cu, KERNEL="cu"): warps a program (splitting K), tiles a warp a batch, the
+# batches in registers (PIPE: the next loaded during this one's math) or copied into shared memory over STAGES;
+# "cu-w4a16t-act": gate_up with act="silu_mul" in that kernel against the kept two launches.
+SHAPES["cu-w4a16t"], SHAPES["cu-w4a16t-act"] = SHAPES["w4a16t"], SHAPES["w4a16t-act"]
+CONFIGS["cu-w4a16t"] = CONFIGS["cu-w4a16t-act"] = [
+    dict(KERNEL="cu", num_warps=nw, UNROLL=un, PIPE=pi, STAGES=st)
+    for nw, un, pi, st in [(8, 2, False, 3), (8, 4, False, 0), (8, 2, False, 0), (4, 4, False, 0), (8, 2, True, 0),
+                           (16, 1, False, 0), (8, 1, False, 4), (8, 4, False, 2), (8, 4, False, 3), (4, 2, False, 4),
+                           (4, 4, False, 3), (16, 1, False, 4), (16, 2, False, 3), (4, 8, False, 2), (8, 1, False, 6),
+                           (2, 8, False, 3)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
@@ -81,10 +91,10 @@ def main():
     print(torch.cuda.get_device_name(0), flush=True)
     for arg in fmts:
         mode, _, names = arg.partition(":")
-        fmt = mode.removeprefix("staged-").removeprefix("kept-").removesuffix("-act")
+        fmt = mode.removeprefix("staged-").removeprefix("kept-").removeprefix("cu-").removesuffix("-act")
         act = "silu_mul" if mode.endswith("-act") else None
-        # (the act rows: in the kernel where the tiles pair rows)
-        importlib.import_module("xelink.kernels.gemv").TC_ACT_FUSED = act is not None
+        # (the act rows: in the kernel where the tiles pair rows; the cu rows against the default two launches)
+        importlib.import_module("xelink.kernels.gemv").TC_ACT_FUSED = act is not None and not mode.startswith("cu-")
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue

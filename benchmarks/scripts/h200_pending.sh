@@ -78,14 +78,16 @@
 #   s35, s35b, s36: the image's Open MPI: p2p buffers, finalize, re-made worlds, CLI / communicator tests, the agreed
 #             MPI frees (~8 minutes each); s36b: the CLI / launch tests after s36's fixes and the CUDA collectives
 #             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
+#             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
+#             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~8 minutes);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -295,6 +297,12 @@ s36)  # the thirty-sixth session: MPI communicators freed only on the members' a
     tests/dist/ranks_training.py
   step s36_rank_gpu_tests 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/collectives/ranks_gpu_reuse.py
+  ;;
+s37)  # the CUDA C++ W4A16 GEMV: correctness first (kernel and model tests), then the sweep and the step's A/B
+  step s37_cu_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+    tests/kernels/test_gemv.py tests/models/test_decode_graph.py -k "cu_w4 or w4a16_weights_in_tiles"
+  step s37_cu_chain_sweep 170 python3 benchmarks/scripts/gemv_chain_sweep.py cu-w4a16t cu-w4a16t-act
+  step s37_cu_step_ab 180 python3 benchmarks/scripts/step_ab.py gemv.CU_W4=False,True --fmts w4a16 --contexts 1024
   ;;
 s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
   # the GPU collectives with inputs that share memory with their outputs (two ranks sharing the GPU)

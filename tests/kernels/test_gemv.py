@@ -497,6 +497,29 @@ def test_interpreted_word_kernel_fallbacks(fmt):
         assert _relerr(gemv(w, x, s, fmt, impl="triton", config=cfg), x, exact) < TOL[torch.float16]
 
 
+def test_cu_kernel_config():
+    """KERNEL="cu" (gemv_cu): its defaults, and a bad value named before anything is compiled."""
+    from xelink.kernels.gemv_cu import check_cu_config, cu_available, cu_config
+
+    assert not cu_available(torch.device("cpu"))
+    assert cu_config(1, 6144, 4096, False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=3)
+    assert cu_config(1, 64, 384, False)["UNROLL"] == 1  # 3 tiles over 8 warps
+    assert check_cu_config(dict(UNROLL=2), False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=0)
+    for cfg, match in [(dict(num_warps=3), "num_warps=3"), (dict(UNROLL=3), "UNROLL=3"), (dict(PIPE=1), "PIPE=1"),
+                       (dict(BLOCK_N=16), "not BLOCK_N"), (dict(STAGES=1), "STAGES=1"),
+                       (dict(PIPE=True, STAGES=2), "not both"), (dict(num_warps=16, UNROLL=8, STAGES=2), "200 KB")]:
+        with pytest.raises(ValueError, match=rf"gemv: config KERNEL='cu' .*{match}"):
+            check_cu_config(cfg, False)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
+def test_interpreted_cu_kernel_needs_cuda():
+    w, s, _ = _weights("w4a16", 32, 256, torch.bfloat16)
+    with pytest.raises(ValueError, match="gemv: config KERNEL='cu' takes fmt='w4a16t' with impl='cuda'"):
+        gemv(tile_w4a16(w), torch.randn(1, 256).to(torch.bfloat16), s, "w4a16t", impl="triton",
+             config=dict(KERNEL="cu"))
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fmt, kernel, match", [("fp16", "words", "quantized"), ("w4a16", "fma", "w4a16 runs on"),
                                                 ("w8a16", "gemm", "must be")])
@@ -666,6 +689,79 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch):
     g.replay()
     assert torch.equal(out, gemv(w, x, s, "w4a16", config=rows_cfg))
     module._PATHS.clear()  # (plans made with the switch on)
+
+
+CU_CONFIGS = [dict(KERNEL="cu"), dict(KERNEL="cu", num_warps=2, UNROLL=8, PIPE=True),
+              dict(KERNEL="cu", num_warps=4, UNROLL=2, PIPE=True), dict(KERNEL="cu", num_warps=16, UNROLL=1),
+              dict(KERNEL="cu", num_warps=8, UNROLL=4, PIPE=True), dict(KERNEL="cu", num_warps=8, UNROLL=2, STAGES=3),
+              dict(KERNEL="cu", num_warps=4, UNROLL=4, STAGES=2), dict(KERNEL="cu", num_warps=16, UNROLL=1, STAGES=6),
+              dict(KERNEL="cu", num_warps=2, UNROLL=8, STAGES=4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
+    # KERNEL="cu" (gemv_cu, CUDA C++ through NVRTC) on "w4a16t": 1-8 rows, groups spread unevenly over the warps (and
+    # warps with none), batches with and without the next in flight, within TOL of float64 with the outputs poisoned
+    # first; PDL off / early / late and the row layout's tensor-core kernel agree; act="silu_mul" in the kernel equals
+    # silu_mul of its own GEMV; out= a strided view; W and x off 16 bytes; the switch gemv.CU_W4 in a graph replayed
+    # with new inputs, after a kernel that writes its x under PDL.
+    requires_gpus(1)
+    module = importlib.import_module("xelink.kernels.gemv")
+    if not module.cu_available(torch.device("cuda")):
+        pytest.skip("needs torch.cuda._compile_kernel")
+    seed = random.SystemRandom().randrange(2**31)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for N, K in [(16, 128), (48, 384), (304, 1024), (4096, 256), (64, 4224), (6144, 4096), (4096, 14336)]:
+        w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
+        t = tile_w4a16(w)
+        for M in (1, 3, 4, 8):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(dtype)
+            for cfg in CU_CONFIGS:
+                _check_gpu_gemv(t, x, s, "w4a16t", "cuda", cfg, exact, f"cu {dtype} N={N} K={K} M={M} cfg={cfg} "
+                                f"seed={seed}")
+            y = gemv(t, x, s, "w4a16t", "cuda", config=dict(KERNEL="cu"))
+            for pdl in (False, "early", "late"):
+                assert torch.equal(gemv(t, x, s, "w4a16t", "cuda", config=dict(KERNEL="cu"), pdl=pdl), y), (N, K, pdl)
+            rows = gemv(w, x, s, "w4a16", "cuda", config=dict(KERNEL="tc"))
+            assert (y.float() - rows.float()).abs().max() <= 2 * (rows.float().abs().max() * 2 ** -7 + 1e-6), (N, K)
+    # act in the kernel: a program's warps split between the gate block and its up block
+    w, s, exact = _weights("w4a16", 2 * 2048, 4096, dtype, "cuda", gen)
+    t = tile_w4a16(w)
+    for M in (1, 2, 8):
+        x = torch.randn(M, 4096, device="cuda", generator=gen).to(dtype)
+        for cfg in CU_CONFIGS:
+            want = silu_mul(gemv(t, x, s, "w4a16t", config=cfg), impl="reference")
+            got = gemv(t, x, s, "w4a16t", config=cfg, act="silu_mul")
+            assert got.shape == (M, 2048)
+            assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=1e-6), (M, cfg)
+    # out= a column block of a wider buffer (row stride 4100), W and x views off 16 bytes
+    x = torch.randn(2, 4096, device="cuda", generator=gen).to(dtype)
+    want = gemv(t, x, s, "w4a16t", config=dict(KERNEL="cu"))
+    wide = torch.full((2, 4100 + 4096), float("nan"), device="cuda", dtype=dtype)
+    gemv(t, x, s, "w4a16t", out=wide[:, 3:3 + 4096], config=dict(KERNEL="cu"))
+    assert torch.equal(wide[:, 3:3 + 4096], want) and wide[:, :3].isnan().all() and wide[:, 3 + 4096:].isnan().all()
+    xbuf = torch.empty(4096 + 1, device="cuda", dtype=dtype)
+    xbuf[1:].copy_(x[0])
+    assert torch.equal(gemv(t, xbuf[1:], s, "w4a16t", config=dict(KERNEL="cu")), want[0])
+    tbuf = torch.empty(t.numel() + 1, device="cuda", dtype=torch.uint8)
+    tbuf[1:].copy_(t.reshape(-1))
+    assert torch.equal(gemv(tbuf[1:].view(t.shape), x, s, "w4a16t", config=dict(KERNEL="cu")), want)
+    # the default path with the switch on: a graph of rmsnorm (writes x, PDL) -> gemv (reads it), new inputs replayed
+    from xelink.kernels.norm import rmsnorm
+    module._PATHS.clear()
+    monkeypatch.setattr(module, "CU_W4", True)
+    h = torch.randn(1, 4096, device="cuda", generator=gen).to(dtype)
+    nw = torch.rand(4096, device="cuda", generator=gen).to(dtype) + 0.5
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = gemv(t, rmsnorm(h, nw, 1e-5), s, "w4a16t")
+    for _ in range(3):
+        h.copy_(torch.randn(1, 4096, device="cuda", generator=gen).to(dtype))
+        g.replay()
+        want = gemv(t, rmsnorm(h, nw, 1e-5, pdl=False), s, "w4a16t", config=dict(KERNEL="cu"), pdl=False)
+        assert torch.equal(out, want)
+    module._PATHS.clear()
 
 
 def test_tensor_core_stages_only_on_aligned_rows():

@@ -9,6 +9,8 @@ tokens up to the first step where the reference's top-2 margin is within the log
 on the tiny, Llama-3.2-1B and Qwen3-0.6B shapes, a tiny Qwen3 with attention biases (q/k norms, biases in the
 graph) and a tiny Mistral with a 16-key sliding window (the windowed decode and prefill kernels); a left-padded
 prompt against each row alone and the reference path."""
+import importlib
+
 import pytest
 import torch
 
@@ -237,12 +239,18 @@ def test_gpu_graph_made_after_a_prefill_keeps_the_caches(requires_gpus):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quantize_head", [False, True])
-def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head):
+@pytest.mark.parametrize("cu", [False, True], ids=["tc", "cu"])
+def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatch):
     """W4A16 on CUDA: the projections (and with ``quantize_head`` the head) stored as tiles ("w4a16t", read in
-    place by the tensor-core GEMV and by qgemm at the 80-row prompt); the prompt's logits close to the reference
-    path's (which keeps the row layout, torch ops) and the greedy tokens through the graph equal to the
-    reference's up to a near tie."""
+    place by the tensor-core GEMV, or with ``cu`` the CUDA C++ one, gemv.CU_W4, and by qgemm at the 80-row prompt);
+    the prompt's logits close to the reference path's (which keeps the row layout, torch ops) and the greedy tokens
+    through the graph equal to the reference's up to a near tie."""
     requires_gpus(1)
+    gemv_module = importlib.import_module("xelink.kernels.gemv")
+    if cu and not gemv_module.cu_available(torch.device("cuda")):
+        pytest.skip("needs torch.cuda._compile_kernel")
+    gemv_module._PATHS.clear()
+    monkeypatch.setattr(gemv_module, "CU_W4", cu)
     kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=128, device="cuda", weights="w4a16",
               quantize_head=quantize_head)
     fast = Llama.random("tiny", impl="xelink", **kw)
@@ -258,3 +266,4 @@ def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head):
     err = ((lgs[0] - ref_lg[0]).norm() / ref_lg[0].norm()).item()
     assert err < 3e-2, f"logits relative error {err:.3g} against the reference path"
     _margin_agree(toks, ref_lg, ref_toks, 4 * (lgs[0] - ref_lg[0]).abs().max().item())
+    gemv_module._PATHS.clear()

@@ -54,10 +54,11 @@ import torch
 from .common import (Paths, auto_takes_triton, capability, cdiv, check_impl, check_no_overlap, check_out,
                      check_same_device, check_tensor, forward_only, interpreting, path_key, require_triton, sm_count,
                      tl, triton)
+from .gemv_cu import CuLaunch, check_cu_config, cu_available, cu_config
 from .gemv_tc import TC_AVAILABLE, W4_EXACT, W8_PTX, tc_config, tc_fuses_act, tc_launch_args, w4_ptx
 from .launcher import Slot, launch_plan
 from .norm import reference_silu_mul, silu_mul
-from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_l2
+from .pdl import PDL_MODES, pdl_launch, pdl_option, pdl_wait, prefetch_args, prefetch_bytes, prefetch_l2
 from .split import SCRATCH, last_split
 
 __all__ = ["GEMV_ACTS", "GEMV_FORMATS", "GEMV_IMPLS", "W4_GROUP", "W4_TILE_ROWS", "gemv", "pack_w4a16", "pack_w8a16",
@@ -82,6 +83,10 @@ PDL_EARLY_MAX_ROWS = 8192
 # read when a launch is planned, for the H200 A/B still to run (h200_pending.sh s27).
 TC_ACT_FUSED = False
 TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=2)
+# Tiled W4A16 ("w4a16t") at 1-8 rows with impl="cuda" on the CUDA C++ kernel (gemv_cu, KERNEL="cu") instead of the
+# tensor-core one: off until an H200 measures it in the step (benchmarks/scripts/cuda_w4_probe.py, step_ab.py
+# gemv.CU_W4=False,True; h200_pending.sh s37); an A/B switch, read when a launch is planned.
+CU_W4 = False
 
 
 # -- packing --------------------------------------------------------------------------------------
@@ -859,7 +864,7 @@ class _GemvLaunch:
     the K split (and, for the tc kernel, its sum kernel's launch), and (``remembered``: a call of ``_PATHS``,
     whose key fixes every argument's class) a launcher slot for each kernel."""
 
-    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused")
+    __slots__ = ("fn", "grid", "ints", "kwargs", "split", "shape", "sum", "slots", "tiles", "tc", "unfused", "cu")
 
     def __init__(self, w, x, scales, fmt: str, cfg: dict | None, ptx: bool, pdl: str, out, remembered: bool,
                  act: bool = False):
@@ -879,9 +884,15 @@ class _GemvLaunch:
         cfg = dict(cfg or _default_config(M, N, K, fmt, sms, ptx))  # popped below: a copy
         if act and given is None and fmt == "w4a16t" and M <= 4 and TC_ACT_FUSED:
             cfg.update(TC_ACT_TILES)
+        if given is None and fmt == "w4a16t" and CU_W4 and cu_available(x.device):
+            cfg = dict(KERNEL="cu", **cu_config(M, N, K, act))
         kernel = cfg.get("KERNEL", "mma")
-        if kernel not in ("fma", "mma", "words", "tc"):
-            raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma' or 'tc'")
+        if kernel not in ("fma", "mma", "words", "tc", "cu"):
+            raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma', 'tc' or 'cu'")
+        self.cu = None
+        if kernel == "cu":
+            self._cu_plan(w, x, scales, fmt, cfg, ptx, pdl, out, act)
+            return
         missing = [k for k in ("BLOCK_N", "BLOCK_K", "SPLIT_K") if kernel != "tc" and k not in cfg]
         if missing:  # (a KeyError from the launch before)
             raise ValueError(f"gemv: config {given!r} lacks {', '.join(missing)}: KERNEL={kernel!r} takes BLOCK_N, "
@@ -931,6 +942,23 @@ class _GemvLaunch:
             self.sum = ((cdiv(M * N, block),), (M * N, N, y_stride),
                         dict(SPLIT=self.split, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl > 0))
         self.slots = (Slot(self.fn), Slot(_splitk_sum_kernel)) if remembered else None
+
+    def _cu_plan(self, w, x, scales, fmt, cfg, ptx, pdl, out, act):
+        """The CUDA C++ kernel's launch (gemv_cu): tiled W4A16 only, impl="cuda", one launch (act in it)."""
+        if fmt != "w4a16t" or not ptx:
+            raise ValueError(f"gemv: config KERNEL='cu' takes fmt='w4a16t' with impl='cuda', got fmt={fmt!r}"
+                             f"{'' if ptx else ' and impl triton'}")
+        if not cu_available(x.device):
+            raise ValueError(f"gemv: config KERNEL='cu' needs torch.cuda._compile_kernel (NVRTC) and a CUDA GPU of "
+                             f"compute capability >= 8.0, got device {x.device}")
+        cfg = check_cu_config({k: v for k, v in cfg.items() if k != "KERNEL"}, act)
+        M, K = x.shape
+        N = w.shape[0]
+        ldy = out.stride(0) if out is not None else self.shape[1]
+        self.fn = self.grid = self.ints = self.kwargs = self.sum = self.slots = None
+        self.split, self.tiles, self.tc, self.unfused = 1, 0, False, False
+        self.cu = CuLaunch(x.device, N, K, M, cfg, act, x.dtype == torch.float16, pdl, ldy,
+                           scales.stride(0), prefetch_bytes(pdl, x.device, gemv=True))
 
     def _triton(self, w, x, scales, fmt, cfg, ptx, pdl, y_stride, act):
         """The Triton kernels' launch (``cfg`` checked, a copy); ``act``: silu_mul of row pairs, unsplit."""
@@ -995,6 +1023,10 @@ class _GemvLaunch:
         if x.shape[1] == 0:
             return y.zero_()  # (silu(0) * 0 = 0 too)
         x = x.contiguous()
+        if self.cu is not None:
+            # (its 16-byte loads: a view of W or x off 16 bytes is read from an aligned copy)
+            return self.cu(w if w.data_ptr() % 16 == 0 else w.clone(), x if x.data_ptr() % 16 == 0 else x.clone(),
+                           scales, y)
         if self.unfused:
             full = x.new_empty((M, w.shape[0]))
             self._tc(w, x, scales, full)
@@ -1203,8 +1235,10 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             ``SPLIT_K`` (these three required), ``num_warps``, ``num_stages``, ``FOLD`` (mma, w4a16: scales folded
             into the tile);
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL`` (1, 2, 4, 8), ``PIPE``,
-            ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; for benchmarks, eager calls
-            only (a traced call uses the defaults).
+            ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; ``KERNEL="cu"`` (fmt
+            ``"w4a16t"``, CUDA C++ through NVRTC, ``gemv_cu``) takes ``num_warps`` (2, 4, 8, 16), ``UNROLL`` (1, 2,
+            4, 8 tiles a warp in flight) and ``PIPE``; for benchmarks, eager calls only (a traced call uses the
+            defaults).
         act: None, or ``"silu_mul"``: W is a fused gate/up projection ``[gate; up]`` (``[2F, K]``) and the
             result is SwiGLU's ``silu(x @ gate^T) * (x @ up^T)``, ``[M, F]``: each product rounded to
             x's dtype, then combined in fp32 and rounded once, as ``silu_mul`` of the plain GEMV's output

@@ -1,0 +1,393 @@
+"""The W4A16 GEMV on ``tile_w4a16``'s tiles in CUDA C++ (``gemv(config=dict(KERNEL="cu"))``, fmt ``"w4a16t"``,
+1-8 rows, bf16 or fp16): compiled at first use by NVRTC (``torch.cuda._compile_kernel``) and launched through the
+CUDA driver (``cuLaunchKernelEx``), with programmatic dependent launch on sm90.
+
+Why a second kernel: the Gluon tensor-core kernel (``gemv_tc.py``) reads W4A16 at 1.5-2.8 TB/s in the decode
+step, waiting on memory with too few bytes in flight (benchmarks/results/h200-issue26: ncu, the sweeps). Here
+the loads, their batching and the registers they take are written out:
+
+- A program owns one 16-row block of W (``act``: a gate block and its up block, half the warps each); its warps
+  split the block's 128-column groups (one tile of 1 KB each) evenly and add their sums through shared memory.
+- A lane loads 16 bytes of row ``r`` and 16 of row ``r + 8`` of a tile (lane = 4 r + q; 32 columns from 32 q):
+  exactly the rows the ``mma.m16n8k16`` A fragment gives that lane. ``UNROLL`` tiles' loads are issued before any
+  of their math; ``PIPE`` issues the next batch's before this batch's math.
+- A 32-bit word of nibbles j = 0..7 (column j) is four A registers: ``lop3`` puts nibbles j and j + 4 under the
+  16-bit 128.0 (bf16; fp16: 1024.0) and one packed fma removes 136 (1032), exact. A K-step of 16 takes the pairs
+  (j, j + 4) of two such shifts, so no weight moves between registers; the activations (B fragment, the lane's 32
+  columns of row ``min(r, M - 1)``) are paired to match by ``prmt``. The sum of a tile is scaled by its rows'
+  scales in fp32.
+- Under PDL (sm90) the first programs ask L2 for their first batch (``cp.async.bulk.prefetch.L2``, a hint: every
+  load that counts comes after ``griddepcontrol.wait``) within ``pdl.prefetch_bytes``; the program waits, and lets
+  the next kernel go at once ("early") or after its loop ("late").
+
+Sums run in another order than the tensor-core kernel's: results agree within rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+__all__ = ["CU_AVAILABLE", "CuLaunch", "check_cu_config", "cu_available", "cu_config"]
+
+CU_AVAILABLE = hasattr(torch.cuda, "_compile_kernel")  # torch >= 2.8's NVRTC front door
+UNROLLS = (1, 2, 4, 8)
+WARPS = (2, 4, 8, 16)
+STAGES = (0, 2, 3, 4, 5, 6)
+SMEM_MAX = 200 * 1024  # a program's stages at most (sm90 gives a block up to 227 KB)
+
+SOURCE = r"""
+#if FP16
+#define MAGIC 0x64006400u
+#define BIAS 0xE408E408u
+#define ONE 0x3C003C00u
+#define MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#define FMA2 "fma.rn.f16x2"
+#define TO_F32 "cvt.f32.f16"
+#define FROM_F32 "cvt.rn.f16.f32"
+#else
+#define MAGIC 0x43004300u
+#define BIAS 0xC308C308u
+#define ONE 0x3F803F80u
+#define MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#define FMA2 "fma.rn.bf16x2"
+#define TO_F32 "cvt.f32.bf16"
+#define FROM_F32 "cvt.rn.bf16.f32"
+#endif
+typedef unsigned short u16;
+
+__device__ __forceinline__ uint4 ld_w(const unsigned char* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_x(const u16* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float to_f32(u16 h) {
+    float f;
+    asm(TO_F32 " %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 from_f32(float f) {
+    u16 h;
+    asm(FROM_F32 " %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+// nibbles j and j + 4 of u (bits 0-3 and 16-19) as the pair (n_j - 8, n_{j+4} - 8): OR-ed under MAGIC, BIAS added
+__device__ __forceinline__ unsigned dq(unsigned u) {
+    unsigned t, r;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(t) : "r"(u), "r"(MAGIC));
+    asm(FMA2 " %0, %1, %2, %3;" : "=r"(r) : "r"(t), "r"(ONE), "r"(BIAS));
+    return r;
+}
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned s) {
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
+__device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                    unsigned b1) {
+    asm(MMA " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// One 32-bit word of rows r (u) and r + 8 (v), columns c0..c7: two K-steps; x holds their activations as the
+// pairs (c0,c1) (c2,c3) (c4,c5) (c6,c7).
+__device__ __forceinline__ void word(float* d, unsigned u, unsigned v, uint4 x) {
+    const unsigned x04 = prmt(x.x, x.z, 0x5410), x15 = prmt(x.x, x.z, 0x7632);
+    const unsigned x26 = prmt(x.y, x.w, 0x5410), x37 = prmt(x.y, x.w, 0x7632);
+    mma(d, dq(u), dq(v), dq(u >> 4), dq(v >> 4), x04, x15);
+    mma(d, dq(u >> 8), dq(v >> 8), dq(u >> 12), dq(v >> 12), x26, x37);
+}
+#if STAGES
+__device__ __forceinline__ void cp16(unsigned dst, const unsigned char* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ uint4 ld_s(unsigned a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a)
+                 : "memory");
+    return v;
+}
+#endif
+// One tile (group g of the warp's run): its sum for rows r, r + 8 (columns n = 2q, 2q + 1) scaled into acc.
+__device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg, const u16* sg, int s8) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    word(d, a.x, b.x, ld_x(xg));
+    word(d, a.y, b.y, ld_x(xg + 8));
+    word(d, a.z, b.z, ld_x(xg + 16));
+    word(d, a.w, b.w, ld_x(xg + 24));
+    const float s0 = to_f32(sg[0]), s1 = to_f32(sg[s8]);
+    acc[0] = fmaf(s0, d[0], acc[0]); acc[1] = fmaf(s0, d[1], acc[1]);
+    acc[2] = fmaf(s1, d[2], acc[2]); acc[3] = fmaf(s1, d[3], acc[3]);
+}
+
+// y[m, n] = sum_k x[m, k] (nibble - 8) scale[n, k / 128] over W's tiles; grid.x: 16-row blocks (ACT: pairs).
+extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
+        const unsigned char* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ sc,
+        u16* __restrict__ y, int N, int K, int M, int ldy, int ssn, int prefetch_programs) {
+    extern __shared__ uint4 smem[];  // STAGES: [WARPS][STAGES][UNROLL][2 halves][32 lanes] 16 bytes; then the sums
+    float (*red)[32][4] = (float (*)[32][4])(smem + WARPS * STAGES * UNROLL * 64);
+    const int G = K >> 7, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane & 3, r = lane >> 2;
+#if ACT  // the first half of the warps on gate block b, the rest on up block b + N / 32
+    const int parts = WARPS / 2, wk = warp % parts;
+    const int rb = blockIdx.x + (warp >= parts ? (N >> 5) : 0);
+#else
+    const int parts = WARPS, wk = warp, rb = blockIdx.x;
+#endif
+    const int g0 = (int)((long long)G * wk / parts), ng = (int)((long long)G * (wk + 1) / parts) - g0;
+    const unsigned char* wt = w + ((size_t)rb * G + g0) * 1024;
+    const unsigned char* wp = wt + r * 64 + q * 16;
+    const u16* xp = x + (size_t)min(r, M - 1) * K + g0 * 128 + q * 32;
+    const u16* sp = sc + (size_t)(rb * 16 + r) * ssn + g0;
+    const int s8 = 8 * ssn;
+#if PDL  // 1: the next kernel goes at once ("early"); 2: after this kernel's loop ("late")
+    if ((int)blockIdx.x < prefetch_programs && lane == 0 && ng > 0) {
+        const unsigned bytes = (ng < UNROLL ? ng : UNROLL) * 1024;
+        asm volatile("{\n.reg .b64 a;\ncvta.to.global.u64 a, %0;\ncp.async.bulk.prefetch.L2.global [a], %1;\n}"
+                     :: "l"(wt), "r"(bytes) : "memory");
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#if PDL == 1
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+#endif
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#if STAGES  // batches of UNROLL tiles copied into shared memory, STAGES - 1 in flight (each lane reads back its own)
+    unsigned sbase;
+    asm("{\n.reg .u64 a;\ncvta.to.shared.u64 a, %1;\ncvt.u32.u64 %0, a;\n}" : "=r"(sbase) : "l"(smem));
+    sbase += (warp * STAGES * UNROLL * 64 + lane) * 16;
+    const int nb = (ng + UNROLL - 1) / UNROLL;
+#pragma unroll
+    for (int b = 0; b < STAGES - 1; ++b) {
+#pragma unroll
+        for (int t = 0; t < UNROLL; ++t) {
+            if (b * UNROLL + t < ng) {
+                const unsigned d = sbase + (b * UNROLL + t) * 1024;
+                cp16(d, wp + (b * UNROLL + t) * 1024);
+                cp16(d + 512, wp + (b * UNROLL + t) * 1024 + 512);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+#pragma unroll 1
+    for (int b = 0; b < nb; ++b) {
+        const int nxt = b + STAGES - 1, ns = nxt % STAGES, slot = b % STAGES;
+#pragma unroll
+        for (int t = 0; t < UNROLL; ++t) {
+            if (nxt * UNROLL + t < ng) {
+                const unsigned d = sbase + (ns * UNROLL + t) * 1024;
+                cp16(d, wp + (nxt * UNROLL + t) * 1024);
+                cp16(d + 512, wp + (nxt * UNROLL + t) * 1024 + 512);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
+#pragma unroll
+        for (int t = 0; t < UNROLL; ++t) {
+            const int c = b * UNROLL + t;
+            if (c < ng) {
+                const unsigned a = sbase + (slot * UNROLL + t) * 1024;
+                tile(acc, ld_s(a), ld_s(a + 512), xp + c * 128, sp + c, s8);
+            }
+        }
+    }
+#else  // batches of UNROLL tiles loaded into registers (PIPE: the next batch's loads before this one's math)
+    int c = 0;
+    if (ng >= UNROLL) {
+        uint4 wa[UNROLL], wb[UNROLL];
+#pragma unroll
+        for (int t = 0; t < UNROLL; ++t) { wa[t] = ld_w(wp + t * 1024); wb[t] = ld_w(wp + t * 1024 + 512); }
+#pragma unroll 1
+        for (;;) {
+            const bool more = c + 2 * UNROLL <= ng;
+#if PIPE
+            uint4 na[UNROLL], nb[UNROLL];
+            if (more) {
+#pragma unroll
+                for (int t = 0; t < UNROLL; ++t) {
+                    na[t] = ld_w(wp + (c + UNROLL + t) * 1024);
+                    nb[t] = ld_w(wp + (c + UNROLL + t) * 1024 + 512);
+                }
+            }
+#endif
+#pragma unroll
+            for (int t = 0; t < UNROLL; ++t) tile(acc, wa[t], wb[t], xp + (c + t) * 128, sp + c + t, s8);
+            c += UNROLL;
+            if (!more) break;
+#pragma unroll
+            for (int t = 0; t < UNROLL; ++t) {
+#if PIPE
+                wa[t] = na[t]; wb[t] = nb[t];
+#else
+                wa[t] = ld_w(wp + (c + t) * 1024); wb[t] = ld_w(wp + (c + t) * 1024 + 512);
+#endif
+            }
+        }
+    }
+#pragma unroll 1
+    for (; c < ng; ++c) tile(acc, ld_w(wp + c * 1024), ld_w(wp + c * 1024 + 512), xp + c * 128, sp + c, s8);
+#endif
+#if PDL == 2
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][lane][i] = acc[i];
+    __syncthreads();
+    if (warp) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int v = 0; v < parts; ++v)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] += red[v][lane][i];
+#if ACT
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // each sum rounded to the output dtype first, as the GEMV then silu_mul
+        float up = 0.f;
+#pragma unroll
+        for (int v = parts; v < WARPS; ++v) up += red[v][lane][i];
+        const float g = to_f32(from_f32(acc[i])), u = to_f32(from_f32(up));
+        acc[i] = g / (1.f + __expf(-g)) * u;
+    }
+    const int n0 = blockIdx.x * 16 + r;
+#else
+    const int n0 = rb * 16 + r;
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int m = 2 * q + (i & 1);
+        if (m < M) y[(size_t)m * ldy + n0 + (i >> 1) * 8] = from_f32(acc[i]);
+    }
+}
+"""
+
+
+def cu_available(device: torch.device) -> bool:
+    """Whether the kernel can run on ``device``: torch's NVRTC front door and a CUDA GPU of compute capability
+    >= 8.0 (bf16 ``mma``)."""
+    if not CU_AVAILABLE or device.type != "cuda" or torch.version.cuda is None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def cu_config(M: int, N: int, K: int, act: bool) -> dict:
+    """Default warps and batches: 8 warps a program, batches of up to 2 tiles a warp in shared memory, 3 stages
+    (a first guess, compiled offline: the H200 sweep, gemv_chain_sweep.py cu-w4a16t, is to set it)."""
+    warps = 8
+    per_warp = max(1, (K // 128) // (warps // 2 if act else warps))
+    return dict(num_warps=warps, UNROLL=min(2, per_warp), PIPE=False, STAGES=3)
+
+
+def check_cu_config(cfg: dict, act: bool) -> dict:
+    """``cfg`` (KERNEL popped) checked: num_warps, UNROLL, PIPE, STAGES; returns it complete (defaults 8 warps,
+    UNROLL 1, no PIPE, STAGES 0: the registers). ValueError naming gemv."""
+    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES"})
+    if unknown:
+        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE and STAGES, not "
+                         f"{', '.join(unknown)}")
+    out = dict(num_warps=8, UNROLL=1, PIPE=False, STAGES=0)
+    out.update(cfg)
+    if out["num_warps"] not in WARPS:
+        raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']!r} must be one of {WARPS}")
+    if out["UNROLL"] not in UNROLLS:
+        raise ValueError(f"gemv: config KERNEL='cu' UNROLL={out['UNROLL']!r} must be one of {UNROLLS}")
+    if not isinstance(out["PIPE"], bool):
+        raise ValueError(f"gemv: config KERNEL='cu' PIPE={out['PIPE']!r} must be True or False")
+    if out["STAGES"] not in STAGES:
+        raise ValueError(f"gemv: config KERNEL='cu' STAGES={out['STAGES']!r} must be 0 (registers) or 2-6")
+    if out["PIPE"] and out["STAGES"]:
+        raise ValueError("gemv: config KERNEL='cu' takes PIPE (registers) or STAGES (shared memory), not both")
+    if smem_bytes(out["num_warps"], out["UNROLL"], out["STAGES"]) > SMEM_MAX:
+        raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']} x UNROLL={out['UNROLL']} x "
+                         f"STAGES={out['STAGES']} KB of stages pass {SMEM_MAX >> 10} KB a program")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, act: bool, fp16: bool, pdl: int):
+    """The compiled kernel for these constants (``pdl``: 0 off, 1 early, 2 late), loaded on device
+    ``device_index``."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    head = "".join(f"#define {k} {int(v)}\n" for k, v in
+                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, ACT=act, FP16=fp16, PDL=pdl).items())
+    with torch.cuda.device(device_index):
+        kernel = torch.cuda._compile_kernel(head + SOURCE, "xelink_w4_gemv", compute_capability=f"{major}{minor}")
+    smem = smem_bytes(warps, unroll, stages)
+    if smem > 48 * 1024:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        rc = _libcuda().cuFuncSetAttribute(kernel.func, 8, smem)
+        if rc:
+            raise RuntimeError(f"gemv: cuFuncSetAttribute({smem} bytes of shared memory) failed (CUresult {rc})")
+    return kernel
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def smem_bytes(warps: int, unroll: int, stages: int) -> int:
+    """A program's shared memory: its warps' stages of tiles (1 KB each), then the warps' sums."""
+    return warps * stages * unroll * 1024 + warps * 32 * 4 * 4
+
+
+class _AttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("i", ctypes.c_int)]
+
+
+class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _AttrValue)]
+
+
+class _Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gx", ctypes.c_uint), ("gy", ctypes.c_uint), ("gz", ctypes.c_uint), ("bx", ctypes.c_uint),
+                ("by", ctypes.c_uint), ("bz", ctypes.c_uint), ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_Attr)), ("nattrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_...
+
+
+class CuLaunch:
+    """One launch, prepared from the shapes (``N`` rows of W, ``[gate; up]`` with ``act``), the config, the dtype,
+    y's row stride and the scales' row stride; a call fills in the addresses and the current stream."""
+
+    __slots__ = ("kernel", "config", "attr", "ptrs", "params", "device", "lib")
+
+    def __init__(self, device: torch.device, N: int, K: int, M: int, cfg: dict, act: bool, fp16: bool, pdl: int,
+                 ldy: int, ssn: int, prefetch: int):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        warps = cfg["num_warps"]
+        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], act, fp16, pdl)
+        self.lib = _libcuda()
+        self.attr = _Attr()
+        self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+        self.attr.value.i = 1
+        programs = N // (32 if act else 16)
+        self.config = _Config(programs, 1, 1, 32 * warps, 1, 1, smem_bytes(warps, cfg["UNROLL"], cfg["STAGES"]),
+                              None, ctypes.pointer(self.attr) if pdl else None, 1 if pdl else 0)
+        # the programs whose warps ask L2 for their first batch within ``prefetch`` bytes
+        parts = warps // 2 if act else warps
+        first = warps * min(max(1, (K // 128) // parts), cfg["UNROLL"]) * 1024
+        prefetch_programs = min(programs, prefetch // first)
+        self.ptrs = [ctypes.c_void_p() for _ in range(4)]
+        ints = [ctypes.c_int(v) for v in (N, K, M, ldy, ssn, prefetch_programs)]
+        values = self.ptrs + ints
+        self.params = ((ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
+                                                         for v in values]), values)
+
+    def __call__(self, w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y = the GEMV (``act``: its silu_mul) of contiguous ``w``, ``x`` (16-byte aligned) and ``scales``."""
+        for slot, t in zip(self.ptrs, (w, x, scales, y)):
+            slot.value = t.data_ptr()
+        self.config.stream = torch.cuda.current_stream(self.device).cuda_stream
+        rc = self.lib.cuLaunchKernelEx(ctypes.byref(self.config), self.kernel.func, self.params[0], None)
+        if rc:
+            raise RuntimeError(f"gemv: the CUDA C++ W4A16 kernel's launch failed (CUresult {rc})")
+        return y
