@@ -504,12 +504,14 @@ def test_cu_kernel_config():
     assert not cu_available(torch.device("cpu"))
     assert cu_config(1, 6144, 4096, False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=3)
     assert cu_config(1, 64, 384, False)["UNROLL"] == 1  # 3 tiles over 8 warps
-    assert check_cu_config(dict(UNROLL=2), False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=0)
+    assert check_cu_config({}, 1, 6144, 4096, False) == cu_config(1, 6144, 4096, False)  # KERNEL="cu" alone
+    assert check_cu_config(dict(UNROLL=4), 1, 64, 4096, False) == dict(num_warps=8, UNROLL=4, PIPE=False, STAGES=3)
+    assert check_cu_config(dict(PIPE=True), 1, 64, 4096, True) == dict(num_warps=8, UNROLL=2, PIPE=True, STAGES=0)
     for cfg, match in [(dict(num_warps=3), "num_warps=3"), (dict(UNROLL=3), "UNROLL=3"), (dict(PIPE=1), "PIPE=1"),
                        (dict(BLOCK_N=16), "not BLOCK_N"), (dict(STAGES=1), "STAGES=1"),
                        (dict(PIPE=True, STAGES=2), "not both"), (dict(num_warps=16, UNROLL=8, STAGES=2), "200 KB")]:
         with pytest.raises(ValueError, match=rf"gemv: config KERNEL='cu' .*{match}"):
-            check_cu_config(cfg, False)
+            check_cu_config(cfg, 1, 64, 4096, False)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
@@ -753,6 +755,8 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
     monkeypatch.setattr(module, "CU_W4", True)
     h = torch.randn(1, 4096, device="cuda", generator=gen).to(dtype)
     nw = torch.rand(4096, device="cuda", generator=gen).to(dtype) + 0.5
+    gemv(t, rmsnorm(h, nw, 1e-5), s, "w4a16t")  # (compiled and planned before the capture)
+    torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = gemv(t, rmsnorm(h, nw, 1e-5), s, "w4a16t")

@@ -951,9 +951,9 @@ class _GemvLaunch:
         if not cu_available(x.device):
             raise ValueError(f"gemv: config KERNEL='cu' needs torch.cuda._compile_kernel (NVRTC) and a CUDA GPU of "
                              f"compute capability >= 8.0, got device {x.device}")
-        cfg = check_cu_config({k: v for k, v in cfg.items() if k != "KERNEL"}, act)
         M, K = x.shape
         N = w.shape[0]
+        cfg = check_cu_config({k: v for k, v in cfg.items() if k != "KERNEL"}, M, N, K, act)
         ldy = out.stride(0) if out is not None else self.shape[1]
         self.fn = self.grid = self.ints = self.kwargs = self.sum = self.slots = None
         self.split, self.tiles, self.tc, self.unfused = 1, 0, False, False

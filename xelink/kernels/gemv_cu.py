@@ -284,14 +284,16 @@ def cu_config(M: int, N: int, K: int, act: bool) -> dict:
     return dict(num_warps=warps, UNROLL=min(2, per_warp), PIPE=False, STAGES=3)
 
 
-def check_cu_config(cfg: dict, act: bool) -> dict:
-    """``cfg`` (KERNEL popped) checked: num_warps, UNROLL, PIPE, STAGES; returns it complete (defaults 8 warps,
-    UNROLL 1, no PIPE, STAGES 0: the registers). ValueError naming gemv."""
+def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
+    """``cfg`` (KERNEL popped) checked and completed by :func:`cu_config`'s values for this shape (PIPE given
+    without STAGES: the registers): num_warps, UNROLL, PIPE, STAGES. ValueError naming gemv."""
     unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES"})
     if unknown:
         raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE and STAGES, not "
                          f"{', '.join(unknown)}")
-    out = dict(num_warps=8, UNROLL=1, PIPE=False, STAGES=0)
+    out = cu_config(M, N, K, act)
+    if cfg.get("PIPE") and "STAGES" not in cfg:
+        out["STAGES"] = 0
     out.update(cfg)
     if out["num_warps"] not in WARPS:
         raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']!r} must be one of {WARPS}")
