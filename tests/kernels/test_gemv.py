@@ -626,6 +626,10 @@ def test_gpu_tensor_core_kernel(requires_gpus, fmt, dtype):
                                 f"seed={seed}")
 
 
+# the tiled kernels' shapes: one block, uneven groups over warps (3, 33 tiles a row block), Llama-3.1-8B's QKV / down
+TILED_SHAPES = [(16, 128), (48, 384), (304, 1024), (4096, 256), (64, 4224), (6144, 4096), (4096, 14336)]
+
+
 @pytest.fixture(params=[False, True], ids=["act-two-launches", "act-fused"])
 def fused_act(request, monkeypatch):
     """gemv.TC_ACT_FUSED off and on (act="silu_mul" in the tensor-core kernel), the remembered plans forgotten around
@@ -650,7 +654,7 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch):
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     configs = [None] + [c for c in TC_CONFIGS + TC_W4_CONFIGS if "STAGES" not in c]
-    for N, K in [(16, 128), (48, 384), (304, 1024), (4096, 256), (64, 4224), (6144, 4096), (4096, 14336)]:
+    for N, K in TILED_SHAPES:
         w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
         t = tile_w4a16(w)
         for M in (1, 4, 5, 8):
@@ -714,7 +718,7 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
         pytest.skip("needs torch.cuda._compile_kernel")
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    for N, K in [(16, 128), (48, 384), (304, 1024), (4096, 256), (64, 4224), (6144, 4096), (4096, 14336)]:
+    for N, K in TILED_SHAPES:
         w, s, exact = _weights("w4a16", N, K, dtype, "cuda", gen)
         t = tile_w4a16(w)
         for M in (1, 3, 4, 8):

@@ -114,6 +114,19 @@ __device__ __forceinline__ uint4 ld_s(unsigned a) {
                  : "memory");
     return v;
 }
+// Batch b's tiles (those below ng) copied into stage slot s of the warp's shared memory; one commit group.
+__device__ __forceinline__ void stage(unsigned sbase, const unsigned char* wp, int b, int s, int ng) {
+#pragma unroll
+    for (int t = 0; t < UNROLL; ++t) {
+        const int c = b * UNROLL + t;
+        if (c < ng) {
+            const unsigned d = sbase + (s * UNROLL + t) * 1024;
+            cp16(d, wp + c * 1024);
+            cp16(d + 512, wp + c * 1024 + 512);
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
 #endif
 // One tile (group g of the warp's run): its sum for rows r, r + 8 (columns n = 2q, 2q + 1) scaled into acc.
 __device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg, const u16* sg, int s8) {
@@ -164,29 +177,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
     sbase += (warp * STAGES * UNROLL * 64 + lane) * 16;
     const int nb = (ng + UNROLL - 1) / UNROLL;
 #pragma unroll
-    for (int b = 0; b < STAGES - 1; ++b) {
-#pragma unroll
-        for (int t = 0; t < UNROLL; ++t) {
-            if (b * UNROLL + t < ng) {
-                const unsigned d = sbase + (b * UNROLL + t) * 1024;
-                cp16(d, wp + (b * UNROLL + t) * 1024);
-                cp16(d + 512, wp + (b * UNROLL + t) * 1024 + 512);
-            }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    for (int b = 0; b < STAGES - 1; ++b) stage(sbase, wp, b, b, ng);
 #pragma unroll 1
     for (int b = 0; b < nb; ++b) {
-        const int nxt = b + STAGES - 1, ns = nxt % STAGES, slot = b % STAGES;
-#pragma unroll
-        for (int t = 0; t < UNROLL; ++t) {
-            if (nxt * UNROLL + t < ng) {
-                const unsigned d = sbase + (ns * UNROLL + t) * 1024;
-                cp16(d, wp + (nxt * UNROLL + t) * 1024);
-                cp16(d + 512, wp + (nxt * UNROLL + t) * 1024 + 512);
-            }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        const int slot = b % STAGES;
+        stage(sbase, wp, b + STAGES - 1, (b + STAGES - 1) % STAGES, ng);
         asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
 #pragma unroll
         for (int t = 0; t < UNROLL; ++t) {
