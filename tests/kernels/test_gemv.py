@@ -741,6 +741,18 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
             got = gemv(t, x, s, "w4a16t", config=cfg, act="silu_mul")
             assert got.shape == (M, 2048)
             assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=1e-6), (M, cfg)
+    # halves that are not whole tiles: refused by name with the config, the tensor-core kernel's under the switch
+    w, s48, _ = _weights("w4a16", 48, 256, dtype, "cuda", gen)
+    x = torch.randn(1, 256, device="cuda", generator=gen).to(dtype)
+    with pytest.raises(ValueError, match="gemv: config KERNEL='cu' with act='silu_mul' .* got N=48"):
+        gemv(tile_w4a16(w), x, s48, "w4a16t", config=dict(KERNEL="cu"), act="silu_mul")
+    module._PATHS.clear()
+    monkeypatch.setattr(module, "CU_W4", True)
+    got = gemv(tile_w4a16(w), x, s48, "w4a16t", act="silu_mul").float()
+    want = silu_mul(reference_gemv(w, x, s48, "w4a16"), impl="reference").float()
+    assert (got - want).abs().max() <= 2 ** -6 * want.abs().max()
+    monkeypatch.setattr(module, "CU_W4", False)
+    module._PATHS.clear()
     # out= a column block of a wider buffer (row stride 4100), W and x views off 16 bytes
     x = torch.randn(2, 4096, device="cuda", generator=gen).to(dtype)
     want = gemv(t, x, s, "w4a16t", config=dict(KERNEL="cu"))

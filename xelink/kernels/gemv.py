@@ -884,7 +884,7 @@ class _GemvLaunch:
         cfg = dict(cfg or _default_config(M, N, K, fmt, sms, ptx))  # popped below: a copy
         if act and given is None and fmt == "w4a16t" and M <= 4 and TC_ACT_FUSED:
             cfg.update(TC_ACT_TILES)
-        if given is None and fmt == "w4a16t" and CU_W4 and cu_available(x.device):
+        if given is None and fmt == "w4a16t" and CU_W4 and cu_available(x.device) and not (act and N % 32):
             cfg = dict(KERNEL="cu", **cu_config(M, N, K, act))
         kernel = cfg.get("KERNEL", "mma")
         if kernel not in ("fma", "mma", "words", "tc", "cu"):
@@ -953,6 +953,9 @@ class _GemvLaunch:
                              f"compute capability >= 8.0, got device {x.device}")
         M, K = x.shape
         N = w.shape[0]
+        if act and N % 32:
+            raise ValueError(f"gemv: config KERNEL='cu' with act='silu_mul' takes the gate and up halves in whole "
+                             f"16-row tiles (N a multiple of 32), got N={N}")
         cfg = check_cu_config({k: v for k, v in cfg.items() if k != "KERNEL"}, M, N, K, act)
         ldy = out.stride(0) if out is not None else self.shape[1]
         self.fn = self.grid = self.ints = self.kwargs = self.sum = self.slots = None
