@@ -35,6 +35,8 @@ bytes wide.
   and for W4A16 where K <= N):
   a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
+- ``cu`` (``impl="cuda"``, fmt ``"w4a16t"``; not a default yet, ``CU_W4``): the same fragments in CUDA C++
+  (``gemv_cu.py``, NVRTC), its loads batched in registers or copied into shared memory by ``cp.async`` stages.
 
 With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (``pdl=``,
 on by default there; ``pdl.py``): it waits for the previous kernel before it touches
@@ -84,8 +86,8 @@ PDL_EARLY_MAX_ROWS = 8192
 TC_ACT_FUSED = False
 TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=2)
 # Tiled W4A16 ("w4a16t") at 1-8 rows with impl="cuda" on the CUDA C++ kernel (gemv_cu, KERNEL="cu") instead of the
-# tensor-core one: off until an H200 measures it in the step (benchmarks/scripts/cuda_w4_probe.py, step_ab.py
-# gemv.CU_W4=False,True; h200_pending.sh s37); an A/B switch, read when a launch is planned.
+# tensor-core one: off until a GPU measures it (written and compiled offline, thirty-seventh session: gemv_chain_sweep.py
+# cu-w4a16t, step_ab.py gemv.CU_W4=False,True; h200_pending.sh s37); an A/B switch, read when a launch is planned.
 CU_W4 = False
 
 
@@ -1240,8 +1242,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             ``KERNEL="tc"`` takes ``ROW_TILES``, ``num_warps``, ``SPLIT``, ``UNROLL`` (1, 2, 4, 8), ``PIPE``,
             ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; ``KERNEL="cu"`` (fmt
             ``"w4a16t"``, CUDA C++ through NVRTC, ``gemv_cu``) takes ``num_warps`` (2, 4, 8, 16), ``UNROLL`` (1, 2,
-            4, 8 tiles a warp in flight) and ``PIPE``; for benchmarks, eager calls only (a traced call uses the
-            defaults).
+            4, 8 tiles a warp a batch), ``PIPE`` (registers) or ``STAGES`` (2-6 batches of ``cp.async`` copies in
+            shared memory); for benchmarks, eager calls only (a traced call uses the defaults).
         act: None, or ``"silu_mul"``: W is a fused gate/up projection ``[gate; up]`` (``[2F, K]``) and the
             result is SwiGLU's ``silu(x @ gate^T) * (x @ up^T)``, ``[M, F]``: each product rounded to
             x's dtype, then combined in fp32 and rounded once, as ``silu_mul`` of the plain GEMV's output
