@@ -298,10 +298,11 @@ s36)  # the thirty-sixth session: MPI communicators freed only on the members' a
   step s36_rank_gpu_tests 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/symm/ranks_gpu_symm.py \
     tests/collectives/ranks_gpu_reuse.py
   ;;
-s37)  # the CUDA C++ W4A16 GEMV: correctness first (kernel and model tests), then the sweep and the step's A/B
+s37)  # the CUDA C++ W4A16 GEMV: the sweep (every output checked against the kept kernel's), the kernel and model
+  # tests, the step's A/B
+  step s37_cu_chain_sweep 170 python3 benchmarks/scripts/gemv_chain_sweep.py cu-w4a16t cu-w4a16t-act
   step s37_cu_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
     tests/kernels/test_gemv.py tests/models/test_decode_graph.py -k "cu_w4 or w4a16_weights_in_tiles"
-  step s37_cu_chain_sweep 170 python3 benchmarks/scripts/gemv_chain_sweep.py cu-w4a16t cu-w4a16t-act
   step s37_cu_step_ab 180 python3 benchmarks/scripts/step_ab.py gemv.CU_W4=False,True --fmts w4a16 --contexts 1024
   ;;
 s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
