@@ -502,16 +502,20 @@ def test_cu_kernel_config():
     from xelink.kernels.gemv_cu import check_cu_config, cu_available, cu_config
 
     assert not cu_available(torch.device("cpu"))
-    assert cu_config(1, 6144, 4096, False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=3)
-    assert cu_config(1, 64, 384, False)["UNROLL"] == 1  # 3 tiles over 8 warps
+    assert cu_config(1, 6144, 4096, False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=0)
+    assert cu_config(1, 28672, 4096, True) == dict(num_warps=4, UNROLL=4, PIPE=False, STAGES=0)  # 16 tiles a warp
+    assert cu_config(1, 4096, 14336, False) == dict(num_warps=16, UNROLL=1, PIPE=False, STAGES=0)
+    assert cu_config(1, 65536, 384, False)["UNROLL"] == 1  # 3 tiles over 4 warps
     assert check_cu_config({}, 1, 6144, 4096, False) == cu_config(1, 6144, 4096, False)  # KERNEL="cu" alone
-    assert check_cu_config(dict(UNROLL=4), 1, 64, 4096, False) == dict(num_warps=8, UNROLL=4, PIPE=False, STAGES=3)
-    assert check_cu_config(dict(PIPE=True), 1, 64, 4096, True) == dict(num_warps=8, UNROLL=2, PIPE=True, STAGES=0)
+    assert check_cu_config(dict(STAGES=3), 1, 64, 4096, False) == dict(num_warps=16, UNROLL=1, PIPE=False, STAGES=3)
+    assert check_cu_config(dict(PIPE=True), 1, 9000, 4096, False) == dict(num_warps=4, UNROLL=4, PIPE=True, STAGES=0)
     for cfg, match in [(dict(num_warps=3), "num_warps=3"), (dict(UNROLL=3), "UNROLL=3"), (dict(PIPE=1), "PIPE=1"),
                        (dict(BLOCK_N=16), "not BLOCK_N"), (dict(STAGES=1), "STAGES=1"),
+                       (dict(num_warps=1, act=True), "num_warps=1"),
                        (dict(PIPE=True, STAGES=2), "not both"), (dict(num_warps=16, UNROLL=8, STAGES=2), "200 KB")]:
+        act = cfg.pop("act", False)  # (one warp takes no (gate, up) halves)
         with pytest.raises(ValueError, match=rf"gemv: config KERNEL='cu' .*{match}"):
-            check_cu_config(cfg, 1, 64, 4096, False)
+            check_cu_config(cfg, 1, 64, 4096, act)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton and TRITON_INTERPRET=1")
@@ -714,6 +718,7 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
     # with new inputs, after a kernel that writes its x under PDL.
     requires_gpus(1)
     module = importlib.import_module("xelink.kernels.gemv")
+    gemv_cu = importlib.import_module("xelink.kernels.gemv_cu")
     if not module.cu_available(torch.device("cuda")):
         pytest.skip("needs torch.cuda._compile_kernel")
     seed = random.SystemRandom().randrange(2**31)
@@ -737,8 +742,11 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
     for M in (1, 2, 8):
         x = torch.randn(M, 4096, device="cuda", generator=gen).to(dtype)
         for cfg in CU_CONFIGS:
-            want = silu_mul(gemv(t, x, s, "w4a16t", config=cfg), impl="reference")
+            # a half of the act kernel's warps splits K as the plain kernel with that many warps does, and adds in the
+            # same order: the same gate and up sums, so silu_mul of that GEMV up to its exp's last bits
             got = gemv(t, x, s, "w4a16t", config=cfg, act="silu_mul")
+            warps = cfg.get("num_warps", gemv_cu.cu_config(M, 4096, 4096, True)["num_warps"])
+            want = silu_mul(gemv(t, x, s, "w4a16t", config={**cfg, "num_warps": warps // 2}), impl="reference")
             assert got.shape == (M, 2048)
             assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=1e-6), (M, cfg)
     # halves that are not whole tiles: refused by name with the config, the tensor-core kernel's under the switch

@@ -36,7 +36,7 @@ __all__ = ["CU_AVAILABLE", "CuLaunch", "check_cu_config", "cu_available", "cu_co
 
 CU_AVAILABLE = hasattr(torch.cuda, "_compile_kernel")  # torch >= 2.8's NVRTC front door
 UNROLLS = (1, 2, 4, 8)
-WARPS = (2, 4, 8, 16)
+WARPS = (1, 2, 4, 8, 16)  # (act: 2 or more, a half for gate and one for up)
 STAGES = (0, 2, 3, 4, 5, 6)
 SMEM_MAX = 200 * 1024  # a program's stages at most (sm90 gives a block up to 227 KB)
 
@@ -275,11 +275,15 @@ def cu_available(device: torch.device) -> bool:
 
 
 def cu_config(M: int, N: int, K: int, act: bool) -> dict:
-    """Default warps and batches: 8 warps a program, batches of up to 2 tiles a warp in shared memory, 3 stages
-    (a first guess, compiled offline: the H200 sweep, gemv_chain_sweep.py cu-w4a16t, is to set it)."""
-    warps = 8
+    """Default warps and batches, from the first sweep of Llama-3.1-8B's one-row GEMVs in the step's chain (an H100,
+    benchmarks/results/h100-gpu-tests/s37_cu_chain_sweep.log): the tiles in registers (every ``STAGES`` lost there),
+    16 warps of 1 tile a batch up to 4096 rows (O 4.59 us, down 11.86, against the tensor-core kernel's 5.33 and
+    13.97), 8 warps of 2 up to 8192 (QKV 6.06 against 6.99), 4 warps of 4 above (gate/up 22.34 against 23.04; with
+    ``act`` 22.37 against the GEMV and silu_mul's 24.42)."""
+    rows = N // 2 if act else N
+    warps, unroll = (16, 1) if rows <= 4096 else (8, 2) if rows <= 8192 else (4, 4)
     per_warp = max(1, (K // 128) // (warps // 2 if act else warps))
-    return dict(num_warps=warps, UNROLL=min(2, per_warp), PIPE=False, STAGES=3)
+    return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0)
 
 
 def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
@@ -293,7 +297,7 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
     if cfg.get("PIPE") and "STAGES" not in cfg:
         out["STAGES"] = 0
     out.update(cfg)
-    if out["num_warps"] not in WARPS:
+    if out["num_warps"] not in WARPS or act and out["num_warps"] < 2:
         raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']!r} must be one of {WARPS}")
     if out["UNROLL"] not in UNROLLS:
         raise ValueError(f"gemv: config KERNEL='cu' UNROLL={out['UNROLL']!r} must be one of {UNROLLS}")
