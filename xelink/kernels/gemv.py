@@ -35,7 +35,7 @@ bytes wide.
   and for W4A16 where K <= N):
   a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
-- ``cu`` (``impl="cuda"``, fmt ``"w4a16t"``; not a default yet, ``CU_W4``): the same fragments in CUDA C++
+- ``cu`` (``impl="cuda"``, fmt ``"w4a16t"``: the default there where NVRTC is, ``CU_W4``): the same fragments in CUDA C++
   (``gemv_cu.py``, NVRTC), its loads batched in registers or copied into shared memory by ``cp.async`` stages.
 
 With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (``pdl=``,
@@ -86,9 +86,10 @@ PDL_EARLY_MAX_ROWS = 8192
 TC_ACT_FUSED = False
 TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=2)
 # Tiled W4A16 ("w4a16t") at 1-8 rows with impl="cuda" on the CUDA C++ kernel (gemv_cu, KERNEL="cu") instead of the
-# tensor-core one: off until a GPU measures it (written and compiled offline, thirty-seventh session: gemv_chain_sweep.py
-# cu-w4a16t, step_ab.py gemv.CU_W4=False,True; h200_pending.sh s37); an A/B switch, read when a launch is planned.
-CU_W4 = False
+# tensor-core one: the Llama-3.1-8B W4A16 step 2.409 -> 2.209 ms on an H100 (step_ab.py gemv.CU_W4=False,True,
+# benchmarks/results/h100-gpu-tests/s37b_cu_step_ab.log; not yet on an H200); an A/B switch, read when a launch is
+# planned (False: the tensor-core kernel, as before).
+CU_W4 = True
 
 
 # -- packing --------------------------------------------------------------------------------------
