@@ -655,6 +655,9 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch):
     from xelink.kernels.common import sm_count
     from xelink.kernels.gemv_tc import tc_config
     assert tiled_w4a16_native("cuda")
+    module = importlib.import_module("xelink.kernels.gemv")
+    module._PATHS.clear()
+    monkeypatch.setattr(module, "CU_W4", False)  # (the tensor-core kernel's defaults; the CUDA C++ one's test is below)
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     configs = [None] + [c for c in TC_CONFIGS + TC_W4_CONFIGS if "STAGES" not in c]

@@ -35,8 +35,8 @@ bytes wide.
   and for W4A16 where K <= N):
   a fourth kernel, in Gluon (``gemv_tc.py``), that loads weights and activations straight into the
   ``mma.sync`` fragments (no shared memory in its loop) and splits K among the warps of a program.
-- ``cu`` (``impl="cuda"``, fmt ``"w4a16t"``: the default there where NVRTC is, ``CU_W4``): the same fragments in CUDA C++
-  (``gemv_cu.py``, NVRTC), its loads batched in registers or copied into shared memory by ``cp.async`` stages.
+- ``cu`` (``impl="cuda"``, fmt ``"w4a16t"``: the default there where NVRTC is, ``CU_W4``): the same fragments in
+  CUDA C++ (``gemv_cu.py``, NVRTC), its loads batched in registers or copied into shared memory by ``cp.async``.
 
 With ``impl="cuda"`` on sm90+ every kernel is launched with programmatic dependent launch (``pdl=``,
 on by default there; ``pdl.py``): it waits for the previous kernel before it touches
