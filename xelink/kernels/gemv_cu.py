@@ -9,11 +9,12 @@ the loads, their batching and the registers they take are written out:
 - A program owns one 16-row block of W (``act``: a gate block and its up block, half the warps each); its warps
   split the block's 128-column groups (one tile of 1 KB each) evenly and add their sums through shared memory.
 - A lane loads 16 bytes of row ``r`` and 16 of row ``r + 8`` of a tile (lane = 4 r + q; 32 columns from 32 q):
-  exactly the rows the ``mma.m16n8k16`` A fragment gives that lane, in batches of ``UNROLL`` tiles. ``STAGES`` (the
-  default) copies batches into shared memory with ``cp.async``, ``STAGES - 1`` in flight, no registers held (each
-  lane reads back its own bytes, so no barrier). ``STAGES=0`` loads them into registers (``PIPE``: the next
-  batch's before this one's math); the PTX issues a batch's loads first, but ptxas moves each next to its first use
-  (sm_90 SASS of ``UNROLL=4``, compiled offline: about one tile a warp in flight), which is why the stages exist.
+  exactly the rows the ``mma.m16n8k16`` A fragment gives that lane, in batches of ``UNROLL`` tiles loaded into
+  registers (the default; ``PIPE``: the next batch's before this one's math). The PTX issues a batch's loads first;
+  ptxas moves each next to its first use (sm_90 SASS of ``UNROLL=4``: about one tile a warp ahead), and the many
+  resident warps (16 a program up to 4096 rows) keep the bytes in flight. ``STAGES`` copies batches into shared
+  memory with ``cp.async`` instead, ``STAGES - 1`` in flight (each lane reads back its own bytes, so no barrier):
+  slower in every shape of the first sweep (an H100: fewer programs resident).
 - A 32-bit word of nibbles j = 0..7 (column j) is four A registers: ``lop3`` puts nibbles j and j + 4 under the
   16-bit 128.0 (bf16; fp16: 1024.0) and one packed fma removes 136 (1032), exact. A K-step of 16 takes the pairs
   (j, j + 4) of two such shifts, so no weight moves between registers; the activations (B fragment, the lane's 32
