@@ -299,7 +299,8 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
         out["STAGES"] = 0
     out.update(cfg)
     if out["num_warps"] not in WARPS or act and out["num_warps"] < 2:
-        raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']!r} must be one of {WARPS}")
+        raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']!r} must be one of {WARPS} (2 or "
+                         f"more with act: a half of them for gate, one for up)")
     if out["UNROLL"] not in UNROLLS:
         raise ValueError(f"gemv: config KERNEL='cu' UNROLL={out['UNROLL']!r} must be one of {UNROLLS}")
     if not isinstance(out["PIPE"], bool):
