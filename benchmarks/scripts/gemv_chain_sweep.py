@@ -93,8 +93,11 @@ def main():
         mode, _, names = arg.partition(":")
         fmt = mode.removeprefix("staged-").removeprefix("kept-").removeprefix("cu-").removesuffix("-act")
         act = "silu_mul" if mode.endswith("-act") else None
-        # (the act rows: in the kernel where the tiles pair rows; the cu rows against the default two launches)
-        importlib.import_module("xelink.kernels.gemv").TC_ACT_FUSED = act is not None and not mode.startswith("cu-")
+        # (the act rows: in the kernel where the tiles pair rows; the cu rows against the default two launches; the
+        # kept rows: the tensor-core kernel's defaults, also where gemv.CU_W4 would take the CUDA C++ kernel)
+        module = importlib.import_module("xelink.kernels.gemv")
+        module.TC_ACT_FUSED = act is not None and not mode.startswith("cu-")
+        module.CU_W4 = False
         for n, k, name in SHAPES[mode]:
             if names and name not in names.split(","):
                 continue
