@@ -647,7 +647,7 @@ def fused_act(request, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch):
+def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch, request):
     # "w4a16t" read in place by the tensor-core kernel: the row layout's sums in the same order (bit for bit) at
     # its default tiles (8 warps, K split where K is long; the remembered launch with PDL and the L2 prefetch) and
     # every config but STAGES, 1-8 rows, within TOL of float64; act="silu_mul"; a graph replayed with new inputs.
@@ -657,6 +657,7 @@ def test_gpu_tiled_w4_tensor_core_kernel(requires_gpus, dtype, monkeypatch):
     assert tiled_w4a16_native("cuda")
     module = importlib.import_module("xelink.kernels.gemv")
     module._PATHS.clear()
+    request.addfinalizer(module._PATHS.clear)  # (plans made under the switches go with them, pass or fail)
     monkeypatch.setattr(module, "CU_W4", False)  # (the tensor-core kernel's defaults; the CUDA C++ one's test is below)
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -713,7 +714,7 @@ CU_CONFIGS = [dict(KERNEL="cu"), dict(KERNEL="cu", num_warps=2, UNROLL=8, PIPE=T
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
+def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch, request):
     # KERNEL="cu" (gemv_cu, CUDA C++ through NVRTC) on "w4a16t": 1-8 rows, groups spread unevenly over the warps (and
     # warps with none), batches with and without the next in flight, within TOL of float64 with the outputs poisoned
     # first; PDL off / early / late and the row layout's tensor-core kernel agree; act="silu_mul" in the kernel equals
@@ -724,6 +725,7 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch):
     gemv_cu = importlib.import_module("xelink.kernels.gemv_cu")
     if not module.cu_available(torch.device("cuda")):
         pytest.skip("needs torch.cuda._compile_kernel")
+    request.addfinalizer(module._PATHS.clear)  # (plans made under the switch go with it, pass or fail)
     seed = random.SystemRandom().randrange(2**31)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for N, K in TILED_SHAPES:

@@ -240,7 +240,7 @@ def test_gpu_graph_made_after_a_prefill_keeps_the_caches(requires_gpus):
 @pytest.mark.gpu
 @pytest.mark.parametrize("quantize_head", [False, True])
 @pytest.mark.parametrize("cu", [False, True], ids=["tc", "cu"])
-def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatch):
+def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatch, request):
     """W4A16 on CUDA: the projections (and with ``quantize_head`` the head) stored as tiles ("w4a16t", read in
     place by the tensor-core GEMV, or with ``cu`` the CUDA C++ one, gemv.CU_W4, and by qgemm at the 80-row prompt);
     the prompt's logits close to the reference path's (which keeps the row layout, torch ops) and the greedy tokens
@@ -250,6 +250,7 @@ def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatc
     if cu and not gemv_module.cu_available(torch.device("cuda")):
         pytest.skip("needs torch.cuda._compile_kernel")
     gemv_module._PATHS.clear()
+    request.addfinalizer(gemv_module._PATHS.clear)  # (plans made under the switch go with it, pass or fail)
     monkeypatch.setattr(gemv_module, "CU_W4", cu)
     kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=128, device="cuda", weights="w4a16",
               quantize_head=quantize_head)
@@ -266,4 +267,3 @@ def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatc
     err = ((lgs[0] - ref_lg[0]).norm() / ref_lg[0].norm()).item()
     assert err < 3e-2, f"logits relative error {err:.3g} against the reference path"
     _margin_agree(toks, ref_lg, ref_toks, 4 * (lgs[0] - ref_lg[0]).abs().max().item())
-    gemv_module._PATHS.clear()
