@@ -79,7 +79,7 @@
 #             MPI frees (~8 minutes each); s36b: the CLI / launch tests after s36's fixes and the CUDA collectives
 #             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
-#             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~8 minutes);
+#             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
 # the commit whose script ran its step (`git show <commit>:benchmarks/scripts/h200_pending.sh`).
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
