@@ -75,7 +75,7 @@ CONFIGS["cu-w4a16t"] = CONFIGS["cu-w4a16t-act"] = [
     for nw, un, pi, st in [(8, 2, False, 3), (8, 4, False, 0), (8, 2, False, 0), (4, 4, False, 0), (8, 2, True, 0),
                            (16, 1, False, 0), (8, 1, False, 4), (8, 4, False, 2), (8, 4, False, 3), (4, 2, False, 4),
                            (4, 4, False, 3), (16, 1, False, 4), (16, 2, False, 3), (4, 8, False, 2), (8, 1, False, 6),
-                           (2, 8, False, 3)]]
+                           (2, 8, False, 3), (16, 2, False, 0), (4, 2, False, 0), (16, 2, True, 0)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):
