@@ -78,6 +78,7 @@
 #   s35, s35b, s36: the image's Open MPI: p2p buffers, finalize, re-made worlds, CLI / communicator tests, the agreed
 #             MPI frees (~8 minutes each); s36b: the CLI / launch tests after s36's fixes and the CUDA collectives
 #             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
+#             s38: every gemv / prefetch / decode-graph GPU test with gemv.CU_W4 on (~9 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
 #             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
@@ -85,9 +86,9 @@
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|s38|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
-STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|gated"
+STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|s38|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -304,6 +305,11 @@ s37)  # the CUDA C++ W4A16 GEMV: the sweep (every output checked against the kep
   step s37_cu_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
     tests/kernels/test_gemv.py tests/models/test_decode_graph.py -k "cu_w4 or w4a16_weights_in_tiles"
   step s37_cu_step_ab 180 python3 benchmarks/scripts/step_ab.py gemv.CU_W4=False,True --fmts w4a16 --contexts 1024
+  ;;
+s38)  # what the switch to the CUDA C++ W4A16 GEMV (gemv.CU_W4, on since 3f91722) left unrun: every gemv, prefetch and
+  # decode-graph GPU test with each fast launch checked (the full kernel grid among them)
+  step s38_gemv_gpu_tests 520 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 14 -m gpu \
+    tests/kernels/test_gemv.py tests/kernels/test_prefetch.py tests/models/test_decode_graph.py
   ;;
 s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
   # the GPU collectives with inputs that share memory with their outputs (two ranks sharing the GPU)
