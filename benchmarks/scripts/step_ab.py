@@ -12,7 +12,7 @@ As a command, one switch's values, the first the baseline; the variants' logits 
 equal bit for bit for a switch that changes no value (hints, placement), else the next token and the relative
 difference (``llama.FOLD_NORMS``: the norm's rounding):
 
-    python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 [--fmts bf16 w4a16] \
+    python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 [--fmts bf16 w4a16 w4a16+head] \
         [--contexts 1024 8192 32768]
 
 (a GPU script: CUDA, NVIDIA's Triton.) Ran at 8a10676 with ``attention.EARLY_KEY_TILES=0,1,2,8`` (a switch that
@@ -64,9 +64,9 @@ def each_context(fmts, contexts):
     the model's caches filled to the context; the model dropped after its last context."""
     dev = torch.device("cuda", 0)
     print(torch.cuda.get_device_name(0), flush=True)
-    for fmt in fmts:
-        model = Llama.random("llama-3.1-8b", weights=fmt, impl="xelink", device=dev, max_batch=1,
-                             max_seq_len=max(contexts[fmt]) + 16)
+    for fmt in fmts:  # ("w4a16+head": the head quantized too, ``quantize_head``)
+        model = Llama.random("llama-3.1-8b", weights=fmt.removesuffix("+head"), impl="xelink", device=dev,
+                             max_batch=1, max_seq_len=max(contexts[fmt]) + 16, quantize_head=fmt.endswith("+head"))
         gen = torch.Generator(device=dev).manual_seed(3)
         for L in contexts[fmt]:
             _fill_caches(model, 1, L, gen)
