@@ -75,7 +75,10 @@ CONFIGS["cu-w4a16t"] = CONFIGS["cu-w4a16t-act"] = [
     for nw, un, pi, st in [(8, 2, False, 3), (8, 4, False, 0), (8, 2, False, 0), (4, 4, False, 0), (8, 2, True, 0),
                            (16, 1, False, 0), (8, 1, False, 4), (8, 4, False, 2), (8, 4, False, 3), (4, 2, False, 4),
                            (4, 4, False, 3), (16, 1, False, 4), (16, 2, False, 3), (4, 8, False, 2), (8, 1, False, 6),
-                           (2, 8, False, 3), (16, 2, False, 0), (4, 2, False, 0), (16, 2, True, 0)]]
+                           (2, 8, False, 3), (16, 2, False, 0), (4, 2, False, 0), (16, 2, True, 0)]] + [
+    # registers capped so that more programs fit a multiprocessor (BLOCKS; ptxas spills a little)
+    dict(KERNEL="cu", num_warps=nw, UNROLL=un, BLOCKS=bl)
+    for nw, un, bl in [(16, 1, 3), (8, 2, 5), (8, 2, 6), (4, 4, 12), (4, 4, 10), (16, 2, 3), (8, 4, 5)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):

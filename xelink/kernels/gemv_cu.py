@@ -14,7 +14,9 @@ the loads, their batching and the registers they take are written out:
   ptxas moves each next to its first use (sm_90 SASS of ``UNROLL=4``: about one tile a warp ahead), and the many
   resident warps (16 a program up to 4096 rows) keep the bytes in flight. ``STAGES`` copies batches into shared
   memory with ``cp.async`` instead, ``STAGES - 1`` in flight (each lane reads back its own bytes, so no barrier):
-  slower in every shape of the first sweep (an H100: fewer programs resident).
+  slower in every shape of the first sweep (an H100: fewer programs resident). ``BLOCKS`` caps the registers
+  (``__launch_bounds__``) so that more programs, and their loads, fit a multiprocessor: ptxas takes 62-72 a thread
+  for the defaults (2-3 programs of 8-16 warps an SM on sm90), and spills a little below ~48.
 - A 32-bit word of nibbles j = 0..7 (column j) is four A registers: ``lop3`` puts nibbles j and j + 4 under the
   16-bit 128.0 (bf16; fp16: 1024.0) and one packed fma removes 136 (1032), exact. A K-step of 16 takes the pairs
   (j, j + 4) of two such shifts, so no weight moves between registers; the activations (B fragment, the lane's 32
@@ -39,6 +41,7 @@ CU_AVAILABLE = hasattr(torch.cuda, "_compile_kernel")  # torch >= 2.8's NVRTC fr
 UNROLLS = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8, 16)  # (act: 2 or more, a half for gate and one for up)
 STAGES = (0, 2, 3, 4, 5, 6)
+SM_WARPS = 64  # resident warps a multiprocessor at most (sm80 / sm90): BLOCKS x num_warps within it
 SMEM_MAX = 200 * 1024  # a program's stages at most (sm90 gives a block up to 227 KB)
 
 SOURCE = r"""
@@ -145,7 +148,12 @@ __device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg
 }
 
 // y[m, n] = sum_k x[m, k] (nibble - 8) scale[n, k / 128] over W's tiles; grid.x: 16-row blocks (ACT: pairs).
-extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
+#if BLOCKS  // registers capped so that BLOCKS programs fit a multiprocessor (more warps resident, more bytes in flight)
+#define BOUNDS __launch_bounds__(WARPS * 32, BLOCKS)
+#else
+#define BOUNDS __launch_bounds__(WARPS * 32)
+#endif
+extern "C" __global__ void BOUNDS xelink_w4_gemv(
         const unsigned char* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ sc,
         u16* __restrict__ y, int N, int K, int M, int ldy, int ssn, int prefetch_programs) {
     extern __shared__ uint4 smem[];  // STAGES: [WARPS][STAGES][UNROLL][2 halves][32 lanes] 16 bytes; then the sums
@@ -284,15 +292,17 @@ def cu_config(M: int, N: int, K: int, act: bool) -> dict:
     rows = N // 2 if act else N
     warps, unroll = (16, 1) if rows <= 4096 else (8, 2) if rows <= 8192 else (4, 4)
     per_warp = max(1, (K // 128) // (warps // 2 if act else warps))
-    return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0)
+    return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0,
+                BLOCKS=0)
 
 
 def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
     """``cfg`` (KERNEL popped) checked and completed by :func:`cu_config`'s values for this shape (PIPE given
-    without STAGES: the registers): num_warps, UNROLL, PIPE, STAGES. ValueError naming gemv."""
-    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES"})
+    without STAGES: the registers): num_warps, UNROLL, PIPE, STAGES, BLOCKS (0: ptxas's own register count; n: the
+    registers capped so that n programs fit a multiprocessor). ValueError naming gemv."""
+    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES", "BLOCKS"})
     if unknown:
-        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE and STAGES, not "
+        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE, STAGES and BLOCKS, not "
                          f"{', '.join(unknown)}")
     out = cu_config(M, N, K, act)
     if cfg.get("PIPE") and "STAGES" not in cfg:
@@ -309,6 +319,10 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
         raise ValueError(f"gemv: config KERNEL='cu' STAGES={out['STAGES']!r} must be 0 (registers) or 2-6")
     if out["PIPE"] and out["STAGES"]:
         raise ValueError("gemv: config KERNEL='cu' takes PIPE (registers) or STAGES (shared memory), not both")
+    blocks = out["BLOCKS"]
+    if type(blocks) is not int or blocks < 0 or blocks * out["num_warps"] > SM_WARPS:
+        raise ValueError(f"gemv: config KERNEL='cu' BLOCKS={blocks!r} must be 0 or programs a multiprocessor whose "
+                         f"warps (num_warps={out['num_warps']} each) fit its {SM_WARPS}")
     if smem_bytes(out["num_warps"], out["UNROLL"], out["STAGES"]) > SMEM_MAX:
         raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']} x UNROLL={out['UNROLL']} x "
                          f"STAGES={out['STAGES']} KB of stages pass {SMEM_MAX >> 10} KB a program")
@@ -316,12 +330,14 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, act: bool, fp16: bool, pdl: int):
+def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, blocks: int, act: bool, fp16: bool,
+            pdl: int):
     """The compiled kernel for these constants (``pdl``: 0 off, 1 early, 2 late), loaded on device
     ``device_index``."""
     major, minor = torch.cuda.get_device_capability(device_index)
     head = "".join(f"#define {k} {int(v)}\n" for k, v in
-                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, ACT=act, FP16=fp16, PDL=pdl).items())
+                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, BLOCKS=blocks, ACT=act, FP16=fp16,
+                                    PDL=pdl).items())
     with torch.cuda.device(device_index):
         kernel = torch.cuda._compile_kernel(head + SOURCE, "xelink_w4_gemv", compute_capability=f"{major}{minor}")
     smem = smem_bytes(warps, unroll, stages)
@@ -370,7 +386,7 @@ class CuLaunch:
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         warps = cfg["num_warps"]
-        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], act, fp16, pdl)
+        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], cfg["BLOCKS"], act, fp16, pdl)
         self.lib = _libcuda()
         self.attr = _Attr()
         self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
