@@ -80,7 +80,7 @@
 #             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
 #             s38: every gemv / prefetch / decode-graph GPU test with gemv.CU_W4 on (~9 minutes); s38h: on an H200
 #             the cu kernel's sweep, the W4A16 step's A/B (the head quantized too), the decode rows, the GEMVs' L2
-#             prefetch budget (~8 minutes);
+#             prefetch budget, the cu kernel's GPU tests (its BLOCKS configs among them) (~8 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
 #             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
@@ -324,6 +324,8 @@ s38h)  # on an H200 (issue 26's machine): the cu kernel's sweep, the W4A16 step'
   rm -f "$OUT"/bench/*.txt
   step s38_prefetch_ab 100 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=2,0,8 --fmts w4a16+head \
     --contexts 1024
+  step s38_cu_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
+    tests/kernels/test_gemv.py tests/models/test_decode_graph.py -k "cu_w4 or w4a16_weights_in_tiles"
   ;;
 s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
   # the GPU collectives with inputs that share memory with their outputs (two ranks sharing the GPU)
