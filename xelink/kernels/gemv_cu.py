@@ -22,6 +22,11 @@ the loads, their batching and the registers they take are written out:
   (j, j + 4) of two such shifts, so no weight moves between registers; the activations (B fragment, the lane's 32
   columns of row ``min(r, M - 1)``) are paired to match by ``prmt``. The sum of a tile is scaled by its rows'
   scales in fp32.
+- ``AHEAD`` (sm90): lane 0 of each warp asks L2 (``cp.async.bulk.prefetch.L2``, one instruction a batch) for the
+  ``AHEAD`` batches past the next one its registers take, so a warp's bytes in flight do not depend on where ptxas
+  places its loads (the SASS of the register batches: the loads next to their first use, about one tile a warp in
+  flight). The Gluon kernel's version of this (its ``AHEAD``, twenty-seventh session) cost ~30 instructions an
+  iteration and lost; here it is one predicated instruction.
 - Under PDL (sm90) the first programs ask L2 for their first batch (``cp.async.bulk.prefetch.L2``, a hint: every
   load that counts comes after ``griddepcontrol.wait``) within ``pdl.prefetch_bytes``; the program waits, and lets
   the next kernel go at once ("early") or after its loop ("late").
@@ -41,6 +46,7 @@ CU_AVAILABLE = hasattr(torch.cuda, "_compile_kernel")  # torch >= 2.8's NVRTC fr
 UNROLLS = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8, 16)  # (act: 2 or more, a half for gate and one for up)
 STAGES = (0, 2, 3, 4, 5, 6)
+AHEADS = (0, 1, 2, 4, 8, 32)
 SM_WARPS = 64  # resident warps a multiprocessor at most (sm80 / sm90): BLOCKS x num_warps within it
 SMEM_MAX = 200 * 1024  # a program's stages at most (sm90 gives a block up to 227 KB)
 
@@ -135,6 +141,15 @@ __device__ __forceinline__ void stage(unsigned sbase, const unsigned char* wp, i
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 #endif
+// L2 asked for tiles [c0, c0 + n) of the warp's run (n clipped to ng; a hint, sm90's bulk prefetch, lane 0 only)
+__device__ __forceinline__ void l2_tiles(const unsigned char* wt, int c0, int n, int ng, int lane) {
+#if AHEAD && __CUDA_ARCH__ >= 900
+    n = min(n, ng - c0);
+    if (lane == 0 && n > 0)
+        asm volatile("{\n.reg .b64 a;\ncvta.to.global.u64 a, %0;\ncp.async.bulk.prefetch.L2.global [a], %1;\n}"
+                     :: "l"(wt + (size_t)c0 * 1024), "r"(n * 1024) : "memory");
+#endif
+}
 // One tile (group g of the warp's run): its sum for rows r, r + 8 (columns n = 2q, 2q + 1) scaled into acc.
 __device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg, const u16* sg, int s8) {
     float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -206,6 +221,7 @@ extern "C" __global__ void BOUNDS xelink_w4_gemv(
     }
 #else  // batches of UNROLL tiles loaded into registers (PIPE: the next batch's loads before this one's math)
     int c = 0;
+    l2_tiles(wt, UNROLL, AHEAD * UNROLL, ng, lane);  // AHEAD: the batches past the first asked of L2 at once
     if (ng >= UNROLL) {
         uint4 wa[UNROLL], wb[UNROLL];
 #pragma unroll
@@ -213,6 +229,7 @@ extern "C" __global__ void BOUNDS xelink_w4_gemv(
 #pragma unroll 1
         for (;;) {
             const bool more = c + 2 * UNROLL <= ng;
+            l2_tiles(wt, c + (AHEAD + 1) * UNROLL, UNROLL, ng, lane);  // (AHEAD) the batch AHEAD past the next one
 #if PIPE
             uint4 na[UNROLL], nb[UNROLL];
             if (more) {
@@ -293,16 +310,17 @@ def cu_config(M: int, N: int, K: int, act: bool) -> dict:
     warps, unroll = (16, 1) if rows <= 4096 else (8, 2) if rows <= 8192 else (4, 4)
     per_warp = max(1, (K // 128) // (warps // 2 if act else warps))
     return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0,
-                BLOCKS=0)
+                BLOCKS=0, AHEAD=0)
 
 
 def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
     """``cfg`` (KERNEL popped) checked and completed by :func:`cu_config`'s values for this shape (PIPE given
     without STAGES: the registers): num_warps, UNROLL, PIPE, STAGES, BLOCKS (0: ptxas's own register count; n: the
-    registers capped so that n programs fit a multiprocessor). ValueError naming gemv."""
-    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES", "BLOCKS"})
+    registers capped so that n programs fit a multiprocessor), AHEAD (batches asked of L2 ahead: registers only, a
+    hint that sm90 takes and earlier GPUs ignore). ValueError naming gemv."""
+    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES", "BLOCKS", "AHEAD"})
     if unknown:
-        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE, STAGES and BLOCKS, not "
+        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE, STAGES, BLOCKS and AHEAD, not "
                          f"{', '.join(unknown)}")
     out = cu_config(M, N, K, act)
     if cfg.get("PIPE") and "STAGES" not in cfg:
@@ -317,6 +335,10 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
         raise ValueError(f"gemv: config KERNEL='cu' PIPE={out['PIPE']!r} must be True or False")
     if out["STAGES"] not in STAGES:
         raise ValueError(f"gemv: config KERNEL='cu' STAGES={out['STAGES']!r} must be 0 (registers) or 2-6")
+    if out["AHEAD"] not in AHEADS:
+        raise ValueError(f"gemv: config KERNEL='cu' AHEAD={out['AHEAD']!r} must be one of {AHEADS}")
+    if out["AHEAD"] and out["STAGES"]:
+        raise ValueError("gemv: config KERNEL='cu' takes AHEAD (registers) or STAGES (shared memory), not both")
     if out["PIPE"] and out["STAGES"]:
         raise ValueError("gemv: config KERNEL='cu' takes PIPE (registers) or STAGES (shared memory), not both")
     blocks = out["BLOCKS"]
@@ -330,14 +352,14 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, blocks: int, act: bool, fp16: bool,
-            pdl: int):
+def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, blocks: int, ahead: int, act: bool,
+            fp16: bool, pdl: int):
     """The compiled kernel for these constants (``pdl``: 0 off, 1 early, 2 late), loaded on device
     ``device_index``."""
     major, minor = torch.cuda.get_device_capability(device_index)
     head = "".join(f"#define {k} {int(v)}\n" for k, v in
-                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, BLOCKS=blocks, ACT=act, FP16=fp16,
-                                    PDL=pdl).items())
+                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, BLOCKS=blocks, AHEAD=ahead, ACT=act,
+                                    FP16=fp16, PDL=pdl).items())
     with torch.cuda.device(device_index):
         kernel = torch.cuda._compile_kernel(head + SOURCE, "xelink_w4_gemv", compute_capability=f"{major}{minor}")
     smem = smem_bytes(warps, unroll, stages)
@@ -386,7 +408,8 @@ class CuLaunch:
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         warps = cfg["num_warps"]
-        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], cfg["BLOCKS"], act, fp16, pdl)
+        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], cfg["BLOCKS"], cfg["AHEAD"], act,
+                              fp16, pdl)
         self.lib = _libcuda()
         self.attr = _Attr()
         self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
