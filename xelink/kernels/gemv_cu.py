@@ -47,6 +47,7 @@ UNROLLS = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8, 16)  # (act: 2 or more, a half for gate and one for up)
 STAGES = (0, 2, 3, 4, 5, 6)
 AHEADS = (0, 1, 2, 4, 8, 32)
+AHEAD_DEFAULT = 0  # cu_config's AHEAD (a module switch for the step's A/B: benchmarks/scripts/step_ab.py)
 SM_WARPS = 64  # resident warps a multiprocessor at most (sm80 / sm90): BLOCKS x num_warps within it
 SMEM_MAX = 200 * 1024  # a program's stages at most (sm90 gives a block up to 227 KB)
 
@@ -310,7 +311,7 @@ def cu_config(M: int, N: int, K: int, act: bool) -> dict:
     warps, unroll = (16, 1) if rows <= 4096 else (8, 2) if rows <= 8192 else (4, 4)
     per_warp = max(1, (K // 128) // (warps // 2 if act else warps))
     return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0,
-                BLOCKS=0, AHEAD=0)
+                BLOCKS=0, AHEAD=AHEAD_DEFAULT)
 
 
 def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
