@@ -75,16 +75,7 @@ CONFIGS["cu-w4a16t"] = CONFIGS["cu-w4a16t-act"] = [
     for nw, un, pi, st in [(8, 2, False, 3), (8, 4, False, 0), (8, 2, False, 0), (4, 4, False, 0), (8, 2, True, 0),
                            (16, 1, False, 0), (8, 1, False, 4), (8, 4, False, 2), (8, 4, False, 3), (4, 2, False, 4),
                            (4, 4, False, 3), (16, 1, False, 4), (16, 2, False, 3), (4, 8, False, 2), (8, 1, False, 6),
-                           (2, 8, False, 3), (16, 2, False, 0), (4, 2, False, 0), (16, 2, True, 0)]] + [
-    # registers capped so that more programs fit a multiprocessor (BLOCKS; ptxas spills a little)
-    dict(KERNEL="cu", num_warps=nw, UNROLL=un, BLOCKS=bl)
-    for nw, un, bl in [(16, 1, 3), (8, 2, 5), (8, 2, 6), (4, 4, 12), (4, 4, 10), (16, 2, 3), (8, 4, 5)]] + [
-    # lane 0 of each warp asks L2 for the batches AHEAD (the bulk prefetch also keeps a batch's loads together in
-    # the SASS: 4 KB a warp in flight at UNROLL=4 against about 1 without)
-    dict(KERNEL="cu", num_warps=nw, UNROLL=un, PIPE=pi, AHEAD=ah)
-    for nw, un, pi, ah in [(16, 1, False, 1), (16, 1, False, 4), (16, 2, False, 1), (8, 2, False, 1), (8, 2, False, 4),
-                           (8, 4, False, 1), (4, 4, False, 1), (4, 4, False, 2), (4, 4, False, 32), (4, 8, False, 1),
-                           (8, 2, True, 1), (4, 4, True, 1), (2, 8, False, 1)]]
+                           (2, 8, False, 3), (16, 2, False, 0), (4, 2, False, 0), (16, 2, True, 0)]]
 for _fmt in ("bf16", "w4a16", "w4a16t"):
     SHAPES["kept-" + _fmt], CONFIGS["kept-" + _fmt] = SHAPES[_fmt], []
 for _fmt, _row_kb in (("bf16", 4), ("w4a16", 1)):

@@ -502,23 +502,17 @@ def test_cu_kernel_config():
     from xelink.kernels.gemv_cu import check_cu_config, cu_available, cu_config
 
     assert not cu_available(torch.device("cpu"))
-    plain = dict(PIPE=False, STAGES=0, BLOCKS=0, AHEAD=0)
-    assert cu_config(1, 6144, 4096, False) == dict(num_warps=8, UNROLL=2, **plain)
-    assert cu_config(1, 28672, 4096, True) == dict(num_warps=4, UNROLL=4, **plain)  # 16 tiles a warp
-    assert cu_config(1, 4096, 14336, False) == dict(num_warps=16, UNROLL=1, **plain)
+    assert cu_config(1, 6144, 4096, False) == dict(num_warps=8, UNROLL=2, PIPE=False, STAGES=0)
+    assert cu_config(1, 28672, 4096, True) == dict(num_warps=4, UNROLL=4, PIPE=False, STAGES=0)  # 16 tiles a warp
+    assert cu_config(1, 4096, 14336, False) == dict(num_warps=16, UNROLL=1, PIPE=False, STAGES=0)
     assert cu_config(1, 65536, 384, False)["UNROLL"] == 1  # 3 tiles over 4 warps
     assert check_cu_config({}, 1, 6144, 4096, False) == cu_config(1, 6144, 4096, False)  # KERNEL="cu" alone
-    assert check_cu_config(dict(STAGES=3), 1, 64, 4096, False) == dict(num_warps=16, UNROLL=1, **{**plain, "STAGES": 3})
-    assert check_cu_config(dict(PIPE=True), 1, 9000, 4096, False) == dict(num_warps=4, UNROLL=4,
-                                                                          **{**plain, "PIPE": True})
-    assert check_cu_config(dict(BLOCKS=4), 1, 64, 4096, False)["BLOCKS"] == 4  # 16 warps x 4: the 64 an SM holds
+    assert check_cu_config(dict(STAGES=3), 1, 64, 4096, False) == dict(num_warps=16, UNROLL=1, PIPE=False, STAGES=3)
+    assert check_cu_config(dict(PIPE=True), 1, 9000, 4096, False) == dict(num_warps=4, UNROLL=4, PIPE=True, STAGES=0)
     for cfg, match in [(dict(num_warps=3), "num_warps=3"), (dict(UNROLL=3), "UNROLL=3"), (dict(PIPE=1), "PIPE=1"),
                        (dict(BLOCK_N=16), "not BLOCK_N"), (dict(STAGES=1), "STAGES=1"),
                        (dict(num_warps=1, act=True), "num_warps=1"),
-                       (dict(PIPE=True, STAGES=2), "not both"), (dict(num_warps=16, UNROLL=8, STAGES=2), "200 KB"),
-                       (dict(BLOCKS=5), "BLOCKS=5"), (dict(BLOCKS=-1), "BLOCKS=-1"), (dict(BLOCKS=2.0), "BLOCKS=2.0"),
-                       (dict(num_warps=8, BLOCKS=9), "BLOCKS=9"), (dict(AHEAD=3), "AHEAD=3"),
-                       (dict(AHEAD=1, STAGES=2), "not both")]:
+                       (dict(PIPE=True, STAGES=2), "not both"), (dict(num_warps=16, UNROLL=8, STAGES=2), "200 KB")]:
         act = cfg.pop("act", False)  # (one warp takes no (gate, up) halves)
         with pytest.raises(ValueError, match=rf"gemv: config KERNEL='cu' .*{match}"):
             check_cu_config(cfg, 1, 64, 4096, act)
@@ -715,10 +709,7 @@ CU_CONFIGS = [dict(KERNEL="cu"), dict(KERNEL="cu", num_warps=2, UNROLL=8, PIPE=T
               dict(KERNEL="cu", num_warps=4, UNROLL=2, PIPE=True), dict(KERNEL="cu", num_warps=16, UNROLL=1),
               dict(KERNEL="cu", num_warps=8, UNROLL=4, PIPE=True), dict(KERNEL="cu", num_warps=8, UNROLL=2, STAGES=3),
               dict(KERNEL="cu", num_warps=4, UNROLL=4, STAGES=2), dict(KERNEL="cu", num_warps=16, UNROLL=1, STAGES=6),
-              dict(KERNEL="cu", num_warps=2, UNROLL=8, STAGES=4), dict(KERNEL="cu", num_warps=8, UNROLL=2, BLOCKS=6),
-              dict(KERNEL="cu", num_warps=4, UNROLL=4, BLOCKS=12),  # (these two spill registers)
-              dict(KERNEL="cu", num_warps=4, UNROLL=2, AHEAD=2), dict(KERNEL="cu", num_warps=2, UNROLL=4, AHEAD=32),
-              dict(KERNEL="cu", num_warps=8, UNROLL=2, PIPE=True, AHEAD=1)]
+              dict(KERNEL="cu", num_warps=2, UNROLL=8, STAGES=4)]
 
 
 @pytest.mark.gpu

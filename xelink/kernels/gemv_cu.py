@@ -14,19 +14,12 @@ the loads, their batching and the registers they take are written out:
   ptxas moves each next to its first use (sm_90 SASS of ``UNROLL=4``: about one tile a warp ahead), and the many
   resident warps (16 a program up to 4096 rows) keep the bytes in flight. ``STAGES`` copies batches into shared
   memory with ``cp.async`` instead, ``STAGES - 1`` in flight (each lane reads back its own bytes, so no barrier):
-  slower in every shape of the first sweep (an H100: fewer programs resident). ``BLOCKS`` caps the registers
-  (``__launch_bounds__``) so that more programs, and their loads, fit a multiprocessor: ptxas takes 62-72 a thread
-  for the defaults (2-3 programs of 8-16 warps an SM on sm90), and spills a little below ~48.
+  slower in every shape of the first sweep (an H100: fewer programs resident).
 - A 32-bit word of nibbles j = 0..7 (column j) is four A registers: ``lop3`` puts nibbles j and j + 4 under the
   16-bit 128.0 (bf16; fp16: 1024.0) and one packed fma removes 136 (1032), exact. A K-step of 16 takes the pairs
   (j, j + 4) of two such shifts, so no weight moves between registers; the activations (B fragment, the lane's 32
   columns of row ``min(r, M - 1)``) are paired to match by ``prmt``. The sum of a tile is scaled by its rows'
   scales in fp32.
-- ``AHEAD`` (sm90): lane 0 of each warp asks L2 (``cp.async.bulk.prefetch.L2``, one instruction a batch) for the
-  ``AHEAD`` batches past the next one its registers take, so a warp's bytes in flight do not depend on where ptxas
-  places its loads (the SASS of the register batches: the loads next to their first use, about one tile a warp in
-  flight). The Gluon kernel's version of this (its ``AHEAD``, twenty-seventh session) cost ~30 instructions an
-  iteration and lost; here it is one predicated instruction.
 - Under PDL (sm90) the first programs ask L2 for their first batch (``cp.async.bulk.prefetch.L2``, a hint: every
   load that counts comes after ``griddepcontrol.wait``) within ``pdl.prefetch_bytes``; the program waits, and lets
   the next kernel go at once ("early") or after its loop ("late").
@@ -46,9 +39,6 @@ CU_AVAILABLE = hasattr(torch.cuda, "_compile_kernel")  # torch >= 2.8's NVRTC fr
 UNROLLS = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8, 16)  # (act: 2 or more, a half for gate and one for up)
 STAGES = (0, 2, 3, 4, 5, 6)
-AHEADS = (0, 1, 2, 4, 8, 32)
-AHEAD_DEFAULT = 0  # cu_config's AHEAD (a module switch for the step's A/B: benchmarks/scripts/step_ab.py)
-SM_WARPS = 64  # resident warps a multiprocessor at most (sm80 / sm90): BLOCKS x num_warps within it
 SMEM_MAX = 200 * 1024  # a program's stages at most (sm90 gives a block up to 227 KB)
 
 SOURCE = r"""
@@ -142,15 +132,6 @@ __device__ __forceinline__ void stage(unsigned sbase, const unsigned char* wp, i
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 #endif
-// L2 asked for tiles [c0, c0 + n) of the warp's run (n clipped to ng; a hint, sm90's bulk prefetch, lane 0 only)
-__device__ __forceinline__ void l2_tiles(const unsigned char* wt, int c0, int n, int ng, int lane) {
-#if AHEAD && __CUDA_ARCH__ >= 900
-    n = min(n, ng - c0);
-    if (lane == 0 && n > 0)
-        asm volatile("{\n.reg .b64 a;\ncvta.to.global.u64 a, %0;\ncp.async.bulk.prefetch.L2.global [a], %1;\n}"
-                     :: "l"(wt + (size_t)c0 * 1024), "r"(n * 1024) : "memory");
-#endif
-}
 // One tile (group g of the warp's run): its sum for rows r, r + 8 (columns n = 2q, 2q + 1) scaled into acc.
 __device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg, const u16* sg, int s8) {
     float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -164,12 +145,7 @@ __device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg
 }
 
 // y[m, n] = sum_k x[m, k] (nibble - 8) scale[n, k / 128] over W's tiles; grid.x: 16-row blocks (ACT: pairs).
-#if BLOCKS  // registers capped so that BLOCKS programs fit a multiprocessor (more warps resident, more bytes in flight)
-#define BOUNDS __launch_bounds__(WARPS * 32, BLOCKS)
-#else
-#define BOUNDS __launch_bounds__(WARPS * 32)
-#endif
-extern "C" __global__ void BOUNDS xelink_w4_gemv(
+extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
         const unsigned char* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ sc,
         u16* __restrict__ y, int N, int K, int M, int ldy, int ssn, int prefetch_programs) {
     extern __shared__ uint4 smem[];  // STAGES: [WARPS][STAGES][UNROLL][2 halves][32 lanes] 16 bytes; then the sums
@@ -222,7 +198,6 @@ extern "C" __global__ void BOUNDS xelink_w4_gemv(
     }
 #else  // batches of UNROLL tiles loaded into registers (PIPE: the next batch's loads before this one's math)
     int c = 0;
-    l2_tiles(wt, UNROLL, AHEAD * UNROLL, ng, lane);  // AHEAD: the batches past the first asked of L2 at once
     if (ng >= UNROLL) {
         uint4 wa[UNROLL], wb[UNROLL];
 #pragma unroll
@@ -230,7 +205,6 @@ extern "C" __global__ void BOUNDS xelink_w4_gemv(
 #pragma unroll 1
         for (;;) {
             const bool more = c + 2 * UNROLL <= ng;
-            l2_tiles(wt, c + (AHEAD + 1) * UNROLL, UNROLL, ng, lane);  // (AHEAD) the batch AHEAD past the next one
 #if PIPE
             uint4 na[UNROLL], nb[UNROLL];
             if (more) {
@@ -310,18 +284,15 @@ def cu_config(M: int, N: int, K: int, act: bool) -> dict:
     rows = N // 2 if act else N
     warps, unroll = (16, 1) if rows <= 4096 else (8, 2) if rows <= 8192 else (4, 4)
     per_warp = max(1, (K // 128) // (warps // 2 if act else warps))
-    return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0,
-                BLOCKS=0, AHEAD=AHEAD_DEFAULT)
+    return dict(num_warps=warps, UNROLL=min(unroll, 1 << (per_warp.bit_length() - 1)), PIPE=False, STAGES=0)
 
 
 def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
     """``cfg`` (KERNEL popped) checked and completed by :func:`cu_config`'s values for this shape (PIPE given
-    without STAGES: the registers): num_warps, UNROLL, PIPE, STAGES, BLOCKS (0: ptxas's own register count; n: the
-    registers capped so that n programs fit a multiprocessor), AHEAD (batches asked of L2 ahead: registers only, a
-    hint that sm90 takes and earlier GPUs ignore). ValueError naming gemv."""
-    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES", "BLOCKS", "AHEAD"})
+    without STAGES: the registers): num_warps, UNROLL, PIPE, STAGES. ValueError naming gemv."""
+    unknown = sorted(set(cfg) - {"num_warps", "UNROLL", "PIPE", "STAGES"})
     if unknown:
-        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE, STAGES, BLOCKS and AHEAD, not "
+        raise ValueError(f"gemv: config KERNEL='cu' takes num_warps, UNROLL, PIPE and STAGES, not "
                          f"{', '.join(unknown)}")
     out = cu_config(M, N, K, act)
     if cfg.get("PIPE") and "STAGES" not in cfg:
@@ -336,16 +307,8 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
         raise ValueError(f"gemv: config KERNEL='cu' PIPE={out['PIPE']!r} must be True or False")
     if out["STAGES"] not in STAGES:
         raise ValueError(f"gemv: config KERNEL='cu' STAGES={out['STAGES']!r} must be 0 (registers) or 2-6")
-    if out["AHEAD"] not in AHEADS:
-        raise ValueError(f"gemv: config KERNEL='cu' AHEAD={out['AHEAD']!r} must be one of {AHEADS}")
-    if out["AHEAD"] and out["STAGES"]:
-        raise ValueError("gemv: config KERNEL='cu' takes AHEAD (registers) or STAGES (shared memory), not both")
     if out["PIPE"] and out["STAGES"]:
         raise ValueError("gemv: config KERNEL='cu' takes PIPE (registers) or STAGES (shared memory), not both")
-    blocks = out["BLOCKS"]
-    if type(blocks) is not int or blocks < 0 or blocks * out["num_warps"] > SM_WARPS:
-        raise ValueError(f"gemv: config KERNEL='cu' BLOCKS={blocks!r} must be 0 or programs a multiprocessor whose "
-                         f"warps (num_warps={out['num_warps']} each) fit its {SM_WARPS}")
     if smem_bytes(out["num_warps"], out["UNROLL"], out["STAGES"]) > SMEM_MAX:
         raise ValueError(f"gemv: config KERNEL='cu' num_warps={out['num_warps']} x UNROLL={out['UNROLL']} x "
                          f"STAGES={out['STAGES']} KB of stages pass {SMEM_MAX >> 10} KB a program")
@@ -353,14 +316,12 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, blocks: int, ahead: int, act: bool,
-            fp16: bool, pdl: int):
+def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, act: bool, fp16: bool, pdl: int):
     """The compiled kernel for these constants (``pdl``: 0 off, 1 early, 2 late), loaded on device
     ``device_index``."""
     major, minor = torch.cuda.get_device_capability(device_index)
     head = "".join(f"#define {k} {int(v)}\n" for k, v in
-                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, BLOCKS=blocks, AHEAD=ahead, ACT=act,
-                                    FP16=fp16, PDL=pdl).items())
+                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, ACT=act, FP16=fp16, PDL=pdl).items())
     with torch.cuda.device(device_index):
         kernel = torch.cuda._compile_kernel(head + SOURCE, "xelink_w4_gemv", compute_capability=f"{major}{minor}")
     smem = smem_bytes(warps, unroll, stages)
@@ -409,8 +370,7 @@ class CuLaunch:
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         warps = cfg["num_warps"]
-        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], cfg["BLOCKS"], cfg["AHEAD"], act,
-                              fp16, pdl)
+        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], act, fp16, pdl)
         self.lib = _libcuda()
         self.attr = _Attr()
         self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
