@@ -80,7 +80,7 @@
 #             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
 #             s38: every gemv / prefetch / decode-graph GPU test with gemv.CU_W4 on (~7 minutes: 71 passed in 369 s on
 #             an H100 at 7244271); s38h: on an H200, the cu kernel's sweep, the W4A16 step's A/B of the switch (the
-#             head quantized too), the decode rows (~6 minutes);
+#             head quantized too), the decode rows, the GEMVs' PDL placement and L2 prefetch budget (~8 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
 #             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
@@ -322,6 +322,11 @@ s38h)  # on an H200 (issue 26's machine): the cu kernel's sweep, the W4A16 step'
   step s38_bench_decode 150 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
+  # the GEMVs' PDL placement and L2 prefetch budget were set with the tensor-core kernel: again with the cu kernel
+  step s38_pdl_rows_ab 90 python3 benchmarks/scripts/step_ab.py gemv.PDL_EARLY_MAX_ROWS=8192,0,65536 --fmts w4a16+head \
+    --contexts 1024
+  step s38_prefetch_ab 90 python3 benchmarks/scripts/step_ab.py pdl.GEMV_PREFETCH_MB=2,0,8 --fmts w4a16+head \
+    --contexts 1024
   ;;
 s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
   # the GPU collectives with inputs that share memory with their outputs (two ranks sharing the GPU)
