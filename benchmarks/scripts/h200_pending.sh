@@ -80,8 +80,8 @@
 #             whose inputs share memory with their outputs (two ranks sharing the GPU) (~4 minutes);
 #             s38: every gemv / prefetch / decode-graph GPU test with gemv.CU_W4 on (~7 minutes: 71 passed in 369 s on
 #             an H100 at 7244271); s38h: on an H200, the cu kernel's sweep, the W4A16 step's A/B of the switch (the
-#             head quantized too), the decode rows, the GEMVs' PDL placement and L2 prefetch budget, gemv's host rows (the
-#             tiles' among them) (~9 minutes);
+#             head quantized too), the decode rows, the GEMVs' PDL placement and L2 prefetch budget, gemv's host rows
+#             (the tiles' among them) (~9 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
 #             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
