@@ -719,7 +719,8 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch, request):
     # warps with none), batches with and without the next in flight, within TOL of float64 with the outputs poisoned
     # first; PDL off / early / late and the row layout's tensor-core kernel agree; act="silu_mul" in the kernel equals
     # silu_mul of its own GEMV; out= a strided view; W and x off 16 bytes; the switch gemv.CU_W4 in a graph replayed
-    # with new inputs, after a kernel that writes its x under PDL.
+    # with new inputs, after a kernel that writes its x under PDL; a kernel that cannot be built (the switch: a warning
+    # and the tensor-core kernel; KERNEL="cu": the error).
     requires_gpus(1)
     module = importlib.import_module("xelink.kernels.gemv")
     gemv_cu = importlib.import_module("xelink.kernels.gemv_cu")
@@ -794,6 +795,22 @@ def test_gpu_cu_w4_kernel(requires_gpus, dtype, monkeypatch, request):
         g.replay()
         want = gemv(t, rmsnorm(h, nw, 1e-5, pdl=False), s, "w4a16t", config=dict(KERNEL="cu"), pdl=False)
         assert torch.equal(out, want)
+    module._PATHS.clear()
+    # a kernel NVRTC or the driver cannot build (e.g. PTX newer than the driver): the switch's path warns and runs
+    # the tensor-core kernel; the config that asks for the cu kernel by name raises
+    monkeypatch.setattr(module, "CU_W4", False)
+    want = gemv(t, x, s, "w4a16t")  # (the tensor-core kernel's default)
+    module._PATHS.clear()
+    monkeypatch.setattr(module, "CU_W4", True)
+
+    def broken(*args):
+        raise RuntimeError("CUDA error: CUDA_ERROR_UNSUPPORTED_PTX_VERSION (test)")
+
+    monkeypatch.setattr(gemv_cu, "_kernel", broken)
+    with pytest.warns(RuntimeWarning, match="gemv: the CUDA C\\+\\+ W4A16 kernel .*UNSUPPORTED_PTX_VERSION"):
+        assert torch.equal(gemv(t, x, s, "w4a16t"), want)
+    with pytest.raises(RuntimeError, match="UNSUPPORTED_PTX_VERSION"):
+        gemv(t, x, s, "w4a16t", config=dict(KERNEL="cu"))
     module._PATHS.clear()
 
 

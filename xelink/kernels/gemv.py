@@ -50,6 +50,7 @@ H200 results against torch's bf16 GEMV: benchmarks/results/h200-kernels.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -88,7 +89,8 @@ TC_ACT_TILES = dict(ROW_TILES=2, num_warps=4, UNROLL=2)
 # Tiled W4A16 ("w4a16t") at 1-8 rows with impl="cuda" on the CUDA C++ kernel (gemv_cu, KERNEL="cu") instead of the
 # tensor-core one: the Llama-3.1-8B W4A16 step 2.409 -> 2.209 ms on an H100 (step_ab.py gemv.CU_W4=False,True,
 # benchmarks/results/h100-gpu-tests/s37b_cu_step_ab.log; not yet on an H200); an A/B switch, read when a launch is
-# planned (False: the tensor-core kernel, as before).
+# planned (False: the tensor-core kernel, as before). Where NVRTC or the driver cannot build it, a RuntimeWarning and
+# the tensor-core kernel.
 CU_W4 = True
 
 
@@ -888,7 +890,12 @@ class _GemvLaunch:
         if act and given is None and fmt == "w4a16t" and M <= 4 and TC_ACT_FUSED:
             cfg.update(TC_ACT_TILES)
         if given is None and fmt == "w4a16t" and CU_W4 and cu_available(x.device) and not (act and N % 32):
-            cfg = dict(KERNEL="cu", **cu_config(M, N, K, act))
+            try:
+                self._cu_plan(w, x, scales, fmt, dict(KERNEL="cu", **cu_config(M, N, K, act)), ptx, pdl, out, act)
+                return
+            except (RuntimeError, OSError) as exc:  # NVRTC or the driver could not build it: the kernel below
+                warnings.warn(f"gemv: the CUDA C++ W4A16 kernel (gemv.CU_W4) could not be built on {x.device}, the "
+                              f"tensor-core kernel runs instead: {str(exc)[:300]}", RuntimeWarning, stacklevel=2)
         kernel = cfg.get("KERNEL", "mma")
         if kernel not in ("fma", "mma", "words", "tc", "cu"):
             raise ValueError(f"gemv: config KERNEL={kernel!r} must be 'fma', 'words', 'mma', 'tc' or 'cu'")
@@ -961,10 +968,11 @@ class _GemvLaunch:
                              f"16-row tiles (N a multiple of 32), got N={N}")
         cfg = check_cu_config({k: v for k, v in cfg.items() if k != "KERNEL"}, M, N, K, act)
         ldy = out.stride(0) if out is not None else self.shape[1]
+        launch = CuLaunch(x.device, N, K, M, cfg, act, x.dtype == torch.float16, pdl, ldy, scales.stride(0),
+                          prefetch_bytes(pdl, x.device, gemv=True))  # (compiled first: a failure leaves self as it was)
         self.fn = self.grid = self.ints = self.kwargs = self.sum = self.slots = None
         self.split, self.tiles, self.tc, self.unfused = 1, 0, False, False
-        self.cu = CuLaunch(x.device, N, K, M, cfg, act, x.dtype == torch.float16, pdl, ldy,
-                           scales.stride(0), prefetch_bytes(pdl, x.device, gemv=True))
+        self.cu = launch
 
     def _triton(self, w, x, scales, fmt, cfg, ptx, pdl, y_stride, act):
         """The Triton kernels' launch (``cfg`` checked, a copy); ``act``: silu_mul of row pairs, unsplit."""
