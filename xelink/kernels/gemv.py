@@ -1252,7 +1252,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None = None, f
             ``STAGES`` (0 or 2-8: cp.async stages in shared memory), and ``BIASED``; ``KERNEL="cu"`` (fmt
             ``"w4a16t"``, CUDA C++ through NVRTC, ``gemv_cu``) takes ``num_warps`` (1, 2, 4, 8, 16; 2 or more with
             ``act``), ``UNROLL`` (1, 2, 4, 8 tiles a warp a batch), ``PIPE`` (registers) or ``STAGES`` (2-6
-            batches of ``cp.async`` copies in shared memory); for benchmarks, eager calls only (a traced call uses the defaults).
+            batches of ``cp.async`` copies in shared memory); for benchmarks, eager calls only (a traced call uses
+            the defaults).
         act: None, or ``"silu_mul"``: W is a fused gate/up projection ``[gate; up]`` (``[2F, K]``) and the
             result is SwiGLU's ``silu(x @ gate^T) * (x @ up^T)``, ``[M, F]``: each product rounded to
             x's dtype, then combined in fp32 and rounded once, as ``silu_mul`` of the plain GEMV's output
