@@ -83,6 +83,8 @@
 #             head quantized too), the decode rows, the GEMVs' PDL placement and L2 prefetch budget, gemv's host rows
 #             (the tiles' among them) (~9 minutes); s39h: s38h's most wanted part in one call (~8 minutes): the switch's
 #             A/B (H200 only), the decode rows, the cu kernel's GPU tests (the build-failure fallback), gemv's host rows;
+#             s39f: the norms folded into the cu GEMVs (gemv_norm, llama.FOLD_NORMS): their GPU tests (the cu kernel's
+#             among them), the W4A16 step's A/B, the decode rows (~8 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
 #             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
 # Earlier sessions' one-off steps were removed (the fifteenth and twenty-third sessions); each result README names
@@ -90,10 +92,10 @@
 # Usage, from the repository root after `git rev-parse HEAD > .commit`:
 #   OUT=/tmp/out bash benchmarks/scripts/h200_pending.sh \
 #     host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm|w4tiles|
-#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|s38|s38h|s39h|gated
+#     w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|s38|s38h|s39h|s39f|gated
 STEPS="host|tests|ranks|all|collectives|bench|training|rows|tiles|suite|slices|prefetch|abs|h200|window|qgemm"
 STEPS="$STEPS|w4tiles|w4check|windows|s26|s27|s28|s29|s29b|s30|s31|s31r|s31b|s32|s33|s35|s35b|s36|s36b|s37|s38"
-STEPS="$STEPS|s38h|s39h|gated"
+STEPS="$STEPS|s38h|s39h|s39f|gated"
 if ! [[ "$1" =~ ^($STEPS)$ ]]; then
   echo "usage: OUT=<dir> bash $0 $STEPS" >&2
   exit 2
@@ -345,6 +347,17 @@ s39h)  # s38h's most wanted steps in one call's limit: the W4A16 step with the c
   step s39_cu_gpu_tests 120 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -m gpu \
     tests/kernels/test_gemv.py -k "cu_w4"
   step s39_gemv_host_rows 80 python3 benchmarks/scripts/host_rows.py gemv
+  ;;
+s39f)  # the RMSNorms folded into the cu GEMVs (gemv_residual, gemv_rms; llama.FOLD_NORMS): the GPU tests of the fold and
+  # of the cu kernel (its build-failure fallback among them), the W4A16 step's A/B, then the decode rows
+  step s39_fold_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
+    tests/kernels/test_gemv_norm.py tests/models/test_decode_graph.py tests/kernels/test_gemv.py \
+    -k "folded or w4a16_weights_in_tiles or cu_w4"
+  step s39_fold_step_ab 150 python3 benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True --fmts w4a16 w4a16+head \
+    --contexts 1024
+  step s39_bench_decode 180 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
+    --out "$OUT/bench" --commit "$C"
+  rm -f "$OUT"/bench/*.txt
   ;;
 s36b)  # s36's two failures after their fixes (xelink-run --devices cpu on a GPU host, the usage error under Open MPI);
   # the GPU collectives with inputs that share memory with their outputs (two ranks sharing the GPU)

@@ -38,7 +38,7 @@ CONTEXTS = [1024, 8192, 32768]
 
 def forget_plans() -> None:
     """Drop every kernel module's remembered launch plans (they hold the switches as they were when planned)."""
-    for name in ("attention", "gemv", "norm", "gemm", "gated_gemm"):
+    for name in ("attention", "gemv", "gemv_norm", "norm", "gemm", "gated_gemm"):
         for value in vars(importlib.import_module(f"xelink.kernels.{name}")).values():
             if isinstance(value, Paths):
                 value.clear()

@@ -267,3 +267,38 @@ def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatc
     err = ((lgs[0] - ref_lg[0]).norm() / ref_lg[0].norm()).item()
     assert err < 3e-2, f"logits relative error {err:.3g} against the reference path"
     _margin_agree(toks, ref_lg, ref_toks, 4 * (lgs[0] - ref_lg[0]).abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b"])
+def test_gpu_folded_norms(requires_gpus, config, monkeypatch, request):
+    """W4A16 on the CUDA C++ GEMV folds each layer's RMSNorms into the GEMVs around them (``llama.FOLD_NORMS``:
+    gemv_residual, gemv_rms): the folded graph's first step within rounding of the unfolded graph's, the greedy
+    tokens equal up to a near tie, and the graph bit for bit the folded eager step."""
+    requires_gpus(1)
+    gemv_module = importlib.import_module("xelink.kernels.gemv")
+    norm_module = importlib.import_module("xelink.kernels.gemv_norm")
+    llama = importlib.import_module("xelink.models.llama")
+    if not gemv_module.cu_available(torch.device("cuda")):
+        pytest.skip("needs torch.cuda._compile_kernel")
+    for m in (gemv_module, norm_module):
+        m._PATHS.clear()
+        request.addfinalizer(m._PATHS.clear)
+    monkeypatch.setattr(gemv_module, "CU_W4", True)
+    kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=128, device="cuda", weights="w4a16")
+    ids = torch.randint(0, CONFIGS[config].vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
+    runs = {}
+    for fold in (False, True):
+        monkeypatch.setattr(llama, "FOLD_NORMS", fold)
+        model = Llama.random(config, impl="xelink", **kw)
+        assert model._fold_norms(2) == fold
+        graph = model.decode_graph(2)
+        runs[fold] = _greedy_steps(model, ids, 8, graph)
+        tok, pos = torch.tensor([5, 6], device="cuda"), torch.tensor([48, 48], device="cuda")
+        assert torch.equal(graph.step(tok, pos), model.decode(tok, pos)), fold
+        del model, graph
+    (toks, lgs), (ref_toks, ref_lgs) = runs[True], runs[False]
+    assert torch.equal(lgs[0], ref_lgs[0]) and torch.equal(toks[0], ref_toks[0])  # (the prefill: no fold)
+    err = ((lgs[1] - ref_lgs[1]).norm() / ref_lgs[1].norm()).item()
+    assert 0 < err < 3e-2, f"the folded step's logits: relative error {err:.3g} against the unfolded"
+    _margin_agree(toks[1:], ref_lgs[1:], ref_toks[1:], 4 * (lgs[1] - ref_lgs[1]).abs().max().item())

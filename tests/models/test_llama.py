@@ -788,3 +788,31 @@ def test_ring_cache_holds_the_window_only(tmp_path):
         real = slice(4, None) if m is not None else slice(None)
         assert (got[0] - want[0]).abs().max().item() < TOL, start
         assert (got[1, real] - want[1, real]).abs().max().item() < TOL, start
+
+
+def test_folded_norms_give_the_unfolded_logits(monkeypatch):
+    """The decode step with each layer's RMSNorms folded into the GEMVs around them (``Llama._layers_folded``:
+    gemv_residual / gemv_rms, here on their reference paths; on a GPU where the CUDA C++ kernel serves a W4A16
+    model, ``llama.FOLD_NORMS``): logits within rounding of the unfolded step's, the same greedy token, and every
+    layer's norms folded but the first and the final one."""
+    from xelink.models import llama
+
+    model = Llama.random("tiny", seed=5, weights="w4a16", dtype=torch.bfloat16, max_batch=2, max_seq_len=64)
+    assert not model._fold_norms(2)  # (on CPU: no kernel folds them)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    model(ids, 0)
+    tok, pos = torch.tensor([3, 17]), torch.tensor([9, 9])
+    unfolded = model.decode(tok, pos).float()
+    calls = {"gemv_rms": 0, "gemv_residual": 0, "rmsnorm": 0}
+    for name in calls:
+        def spy(*args, _name=name, _fn=getattr(llama.Ops, name), **kw):
+            calls[_name] += 1
+            return _fn(*args, **kw)
+        monkeypatch.setattr(llama.Ops, name, spy)
+    monkeypatch.setattr(Llama, "_fold_norms", lambda self, rows: True)
+    folded = model.decode(tok, pos).float()  # (the same cache row written again)
+    n = len(model.layers)
+    assert calls == {"gemv_rms": 2 * n - 1, "gemv_residual": 2 * n, "rmsnorm": 2}
+    err = ((folded - unfolded).norm() / unfolded.norm()).item()
+    assert 0 < err < 2e-2, err  # (h * g is rounded before the 1 / rms: not bit for bit)
+    assert torch.equal(folded.argmax(-1), unfolded.argmax(-1))

@@ -15,6 +15,7 @@ from .attention import (decode_attention, flash_attention, flash_attention_backw
                         reference_rope_decode_attention, rope_decode_attention)
 from .gated_gemm import gated_gemm
 from .gemm import gemm, reference_gemm
+from .gemv_norm import gemv_residual, gemv_rms, norm_folds, reference_gemv_residual, reference_gemv_rms
 from .gemv import (W4_TILE_ROWS, gemv, pack_w4a16, pack_w8a16, reference_gemv, tile_w4a16, tiled_w4a16_native,
                    unpack_w4a16, unpack_w8a16, untile_w4a16)
 from .norm import (reference_rmsnorm, reference_rope, reference_rope_kv, reference_silu_mul, rmsnorm, rope, rope_kv,
@@ -29,8 +30,8 @@ __all__: list[str] = [
     "flash_attention_varlen_backward", "merge_attention", "reference_decode_attention",
     "reference_flash_attention", "reference_flash_attention_backward", "reference_merge_attention",
     "reference_rope_decode_attention", "rope_decode_attention",
-    "gated_gemm", "gemm", "gemv", "pack_w4a16", "pack_w8a16", "qgemm", "reference_gemm", "reference_gemv",
-    "reference_rmsnorm",
+    "gated_gemm", "gemm", "gemv", "gemv_residual", "gemv_rms", "norm_folds", "pack_w4a16", "pack_w8a16", "qgemm",
+    "reference_gemm", "reference_gemv", "reference_gemv_residual", "reference_gemv_rms", "reference_rmsnorm",
     "reduce_programs", "reference_rope", "reference_rope_kv", "reference_scatter_reduce", "reference_silu_mul",
     "rmsnorm", "rope", "rope_kv", "scatter_gemm", "scatter_geometry", "scatter_reduce", "silu_mul", "tile_w4a16",
     "tiled_w4a16_native", "unpack_w4a16", "unpack_w8a16", "untile_w4a16",

@@ -144,12 +144,60 @@ __device__ __forceinline__ void tile(float* acc, uint4 a, uint4 b, const u16* xg
     acc[2] = fmaf(s1, d[2], acc[2]); acc[3] = fmaf(s1, d[3], acc[3]);
 }
 
+#if RMS
+// the sum of the squares of 8 activations (16 bytes of h)
+__device__ __forceinline__ float sq8(uint4 v) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float a = to_f32((u16)(u[i] & 0xFFFFu)), b = to_f32((u16)(u[i] >> 16));
+        s = fmaf(a, a, fmaf(b, b, s));
+    }
+    return s;
+}
+// The warp's share of each row's sum of h^2 into rss[warp][m]: rows two at a time, 16-byte pieces two a row at a
+// time (four loads in flight a lane; h is in L2, the kernel before wrote it). Called after the first weights' loads.
+__device__ __forceinline__ void rms_sums(float (*rss)[8], const u16* h, int ldh, int K, int M, int warp, int lane) {
+    const int step = WARPS * 256;
+    for (int m0 = 0; m0 < M; m0 += 2) {
+        const u16* h0 = h + (size_t)m0 * ldh;
+        const u16* h1 = m0 + 1 < M ? h0 + ldh : h0;  // (M odd: row m0 again, its sum dropped)
+        float s0 = 0.f, s1 = 0.f;
+        for (int k = (warp * 32 + lane) * 8; k < K; k += 2 * step) {
+            const bool two = k + step < K;
+            const uint4 a0 = ld_x(h0 + k), a1 = ld_x(h1 + k);
+            const uint4 b0 = two ? ld_x(h0 + k + step) : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 b1 = two ? ld_x(h1 + k + step) : make_uint4(0u, 0u, 0u, 0u);
+            s0 += sq8(a0) + sq8(b0);
+            s1 += sq8(a1) + sq8(b1);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, o);
+            s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, o);
+        }
+        if (lane == 0) {
+            rss[warp][m0] = s0;
+            if (m0 + 1 < M) rss[warp][m0 + 1] = s1;
+        }
+    }
+}
+#endif
+
 // y[m, n] = sum_k x[m, k] (nibble - 8) scale[n, k / 128] over W's tiles; grid.x: 16-row blocks (ACT: pairs).
+// RMS: each row's sums times rsqrt(mean_k h[m, k]^2 + eps) (before ACT's rounding); RES (not with ACT): the rounded
+// y added into h[m, n] in place (rounded, as rmsnorm's residual add), and (RES 2) y = the new h[m, n] times gw[n]
+// (rounded: the next RMSNorm's input before its 1 / rms, which an RMS launch applies).
 extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
         const unsigned char* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ sc,
-        u16* __restrict__ y, int N, int K, int M, int ldy, int ssn, int prefetch_programs) {
+        u16* __restrict__ y, int N, int K, int M, int ldy, int ssn, int prefetch_programs, u16* h,
+        const u16* __restrict__ gw, int ldh, float eps) {
     extern __shared__ uint4 smem[];  // STAGES: [WARPS][STAGES][UNROLL][2 halves][32 lanes] 16 bytes; then the sums
     float (*red)[32][4] = (float (*)[32][4])(smem + WARPS * STAGES * UNROLL * 64);
+#if RMS
+    float (*rss)[8] = (float (*)[8])(red + WARPS);  // each warp's sums of squares of rows 0..7
+#endif
     const int G = K >> 7, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane & 3, r = lane >> 2;
 #if ACT  // the first half of the warps on gate block b, the rest on up block b + N / 32
     const int parts = WARPS / 2, wk = warp % parts;
@@ -174,6 +222,19 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 #endif
+#if RES  // the epilogue's residual values (and norm weights), read now, two to a register: their latency hidden
+    unsigned hv[2] = {0u, 0u}, gv = 0u;  // hv[c]: rows 2 q, 2 q + 1 of column rb * 16 + r + 8 c; gv: both columns
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int m = 2 * q + (i & 1);
+            if (m < M) hv[i >> 1] |= (unsigned)h[(size_t)m * ldh + rb * 16 + r + (i >> 1) * 8] << (16 * (i & 1));
+        }
+#if RES == 2
+        gv = (unsigned)gw[rb * 16 + r] | (unsigned)gw[rb * 16 + r + 8] << 16;
+#endif
+    }
+#endif
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #if STAGES  // batches of UNROLL tiles copied into shared memory, STAGES - 1 in flight (each lane reads back its own)
     unsigned sbase;
@@ -182,6 +243,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
     const int nb = (ng + UNROLL - 1) / UNROLL;
 #pragma unroll
     for (int b = 0; b < STAGES - 1; ++b) stage(sbase, wp, b, b, ng);
+#if RMS
+    rms_sums(rss, h, ldh, K, M, warp, lane);
+#endif
 #pragma unroll 1
     for (int b = 0; b < nb; ++b) {
         const int slot = b % STAGES;
@@ -198,10 +262,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
     }
 #else  // batches of UNROLL tiles loaded into registers (PIPE: the next batch's loads before this one's math)
     int c = 0;
+#if RMS
+    if (ng < UNROLL) rms_sums(rss, h, ldh, K, M, warp, lane);
+#endif
     if (ng >= UNROLL) {
         uint4 wa[UNROLL], wb[UNROLL];
 #pragma unroll
         for (int t = 0; t < UNROLL; ++t) { wa[t] = ld_w(wp + t * 1024); wb[t] = ld_w(wp + t * 1024 + 512); }
+#if RMS
+        rms_sums(rss, h, ldh, K, M, warp, lane);
+#endif
 #pragma unroll 1
         for (;;) {
             const bool more = c + 2 * UNROLL <= ng;
@@ -239,6 +309,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
     for (int i = 0; i < 4; ++i) red[warp][lane][i] = acc[i];
     __syncthreads();
     if (warp) return;
+#if RMS  // lane 4 r + q stores rows 2 q and 2 q + 1
+    float rs[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        float t = 0.f;
+#pragma unroll
+        for (int v = 0; v < WARPS; ++v) t += rss[v][min(2 * q + j, M - 1)];
+        rs[j] = rsqrtf(t / (float)K + eps);
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = 0.f;
 #pragma unroll
@@ -251,17 +331,36 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) xelink_w4_gemv(
         float up = 0.f;
 #pragma unroll
         for (int v = parts; v < WARPS; ++v) up += red[v][lane][i];
+#if RMS
+        acc[i] *= rs[i & 1];
+        up *= rs[i & 1];
+#endif
         const float g = to_f32(from_f32(acc[i])), u = to_f32(from_f32(up));
         acc[i] = g / (1.f + __expf(-g)) * u;
     }
     const int n0 = blockIdx.x * 16 + r;
 #else
     const int n0 = rb * 16 + r;
+#if RMS
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] *= rs[i & 1];
+#endif
 #endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int m = 2 * q + (i & 1);
-        if (m < M) y[(size_t)m * ldy + n0 + (i >> 1) * 8] = from_f32(acc[i]);
+        if (m < M) {
+            const int n = n0 + (i >> 1) * 8;
+            u16 o = from_f32(acc[i]);
+#if RES
+            const u16 hn = from_f32(to_f32(o) + to_f32((u16)(hv[i >> 1] >> (16 * (i & 1)))));
+            h[(size_t)m * ldh + n] = hn;
+#if RES == 2
+            o = from_f32(to_f32(hn) * to_f32((u16)(gv >> (16 * (i >> 1)))));
+#endif
+#endif
+            y[(size_t)m * ldy + n] = o;
+        }
     }
 }
 """
@@ -316,12 +415,14 @@ def check_cu_config(cfg: dict, M: int, N: int, K: int, act: bool) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, act: bool, fp16: bool, pdl: int):
-    """The compiled kernel for these constants (``pdl``: 0 off, 1 early, 2 late), loaded on device
-    ``device_index``."""
+def _kernel(device_index: int, warps: int, unroll: int, pipe: bool, stages: int, act: bool, fp16: bool, pdl: int,
+            rms: bool = False, res: int = 0):
+    """The compiled kernel for these constants (``pdl``: 0 off, 1 early, 2 late; ``rms``, ``res``: the kernel's
+    RMS and RES, :class:`CuLaunch`), loaded on device ``device_index``."""
     major, minor = torch.cuda.get_device_capability(device_index)
     head = "".join(f"#define {k} {int(v)}\n" for k, v in
-                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, ACT=act, FP16=fp16, PDL=pdl).items())
+                   dict(WARPS=warps, UNROLL=unroll, PIPE=pipe, STAGES=stages, ACT=act, FP16=fp16, PDL=pdl, RMS=rms,
+                        RES=res).items())
     with torch.cuda.device(device_index):
         kernel = torch.cuda._compile_kernel(head + SOURCE, "xelink_w4_gemv", compute_capability=f"{major}{minor}")
     smem = smem_bytes(warps, unroll, stages)
@@ -338,8 +439,9 @@ def _libcuda() -> ctypes.CDLL:
 
 
 def smem_bytes(warps: int, unroll: int, stages: int) -> int:
-    """A program's shared memory: its warps' stages of tiles (1 KB each), then the warps' sums."""
-    return warps * stages * unroll * 1024 + warps * 32 * 4 * 4
+    """A program's shared memory: its warps' stages of tiles (1 KB each), then the warps' sums (and sums of
+    squares)."""
+    return warps * stages * unroll * 1024 + warps * 32 * 4 * 4 + warps * 8 * 4
 
 
 class _AttrValue(ctypes.Union):
@@ -361,16 +463,21 @@ _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_...
 
 class CuLaunch:
     """One launch, prepared from the shapes (``N`` rows of W, ``[gate; up]`` with ``act``), the config, the dtype,
-    y's row stride and the scales' row stride; a call fills in the addresses and the current stream."""
+    y's row stride and the scales' row stride; a call fills in the addresses and the current stream.
+
+    ``rms``: each row's sums scaled by ``rsqrt(mean(h[m]^2) + eps)`` (``h [M, K]``, row stride ``ldh``; before
+    ``act``'s rounding); ``res`` (not with ``act``): 1, the rounded y added into ``h [M, N]`` in place (rounded);
+    2, that and y returned as the new ``h`` times ``g [N]`` (rounded)."""
 
     __slots__ = ("kernel", "config", "attr", "ptrs", "params", "device", "lib")
 
     def __init__(self, device: torch.device, N: int, K: int, M: int, cfg: dict, act: bool, fp16: bool, pdl: int,
-                 ldy: int, ssn: int, prefetch: int):
+                 ldy: int, ssn: int, prefetch: int, rms: bool = False, res: int = 0, ldh: int = 0,
+                 eps: float = 0.0):
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         warps = cfg["num_warps"]
-        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], act, fp16, pdl)
+        self.kernel = _kernel(index, warps, cfg["UNROLL"], cfg["PIPE"], cfg["STAGES"], act, fp16, pdl, rms, res)
         self.lib = _libcuda()
         self.attr = _Attr()
         self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
@@ -382,16 +489,18 @@ class CuLaunch:
         parts = warps // 2 if act else warps
         first = warps * min(max(1, (K // 128) // parts), cfg["UNROLL"]) * 1024
         prefetch_programs = min(programs, prefetch // first)
-        self.ptrs = [ctypes.c_void_p() for _ in range(4)]
+        self.ptrs = [ctypes.c_void_p() for _ in range(6)]
         ints = [ctypes.c_int(v) for v in (N, K, M, ldy, ssn, prefetch_programs)]
-        values = self.ptrs + ints
+        values = self.ptrs[:4] + ints + self.ptrs[4:] + [ctypes.c_int(ldh), ctypes.c_float(eps)]
         self.params = ((ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
                                                          for v in values]), values)
 
-    def __call__(self, w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y = the GEMV (``act``: its silu_mul) of contiguous ``w``, ``x`` (16-byte aligned) and ``scales``."""
-        for slot, t in zip(self.ptrs, (w, x, scales, y)):
-            slot.value = t.data_ptr()
+    def __call__(self, w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, y: torch.Tensor, h=None,
+                 g=None) -> torch.Tensor:
+        """y = the GEMV (``act``: its silu_mul) of contiguous ``w``, ``x`` (16-byte aligned) and ``scales``;
+        ``h`` (``rms``: 16-byte aligned rows), ``g``: as the launch was made for."""
+        for slot, t in zip(self.ptrs, (w, x, scales, y, h, g)):
+            slot.value = None if t is None else t.data_ptr()
         self.config.stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.cuLaunchKernelEx(ctypes.byref(self.config), self.kernel.func, self.params[0], None)
         if rc:

@@ -39,15 +39,16 @@ from __future__ import annotations
 import importlib.util
 import numbers
 import operator
+import sys
 from pathlib import Path
 
 import torch
 
 from .. import cp_attention, cp_attention_varlen
-from ..kernels import (decode_attention, flash_attention, gemm, gemv, qgemm, reference_decode_attention,
-                       reference_flash_attention, reference_gemv, reference_rmsnorm, reference_rope,
-                       reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope, rope_decode_attention,
-                       silu_mul, tiled_w4a16_native)
+from ..kernels import (decode_attention, flash_attention, gemm, gemv, gemv_residual, gemv_rms, norm_folds, qgemm,
+                       reference_decode_attention, reference_flash_attention, reference_gemv, reference_rmsnorm,
+                       reference_rope, reference_rope_decode_attention, reference_silu_mul, rmsnorm, rope,
+                       rope_decode_attention, silu_mul, tiled_w4a16_native)
 from ..kernels.common import gc_paused
 from .checkpoint import (Checkpoint, LlamaConfig, RandomWeights, _resolve_config, head_tensor, read_json,
                          rope_inv_freq, tensor_shapes)
@@ -66,6 +67,11 @@ _GEMV_ROWS = 8
 # read (rope_decode_attention's prefetch, at 4K keys and more: HBM is idle while the splits end and the O GEMV
 # starts); 0: none. 64: the whole weight of an 8B model (H100: 0.85% / 0.7% faster steps at 8K / 32K).
 PREFETCH_O_MB = 64
+# The decode step of a model whose projections are all tiled W4A16 without a TP sum or bias, where the CUDA C++
+# kernel serves them (kernels.norm_folds): each layer's two RMSNorms folded into the GEMVs around them (gemv_residual,
+# gemv_rms; the first layer's and the final norm stay), 63 launches a Llama-3.1-8B step fewer. An A/B switch
+# (benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True), read at each step.
+FOLD_NORMS = True
 
 
 class Ops:
@@ -110,6 +116,16 @@ class Ops:
 
     def rope(self, q, k, cos, sin):
         return reference_rope(q, k, cos, sin) if self.ref else rope(q, k, cos, sin, impl=self.kimpl)
+
+    def gemv_rms(self, lin: Linear, x: torch.Tensor, h: torch.Tensor, eps: float, act: str | None = None):
+        """``lin``'s projection of ``x`` (``h * norm_weight``) scaled by each row's ``1 / rms(h)`` (the folded
+        norm: kernels.gemv_rms)."""
+        return gemv_rms(lin.weight, x, lin.scales, lin.fmt, h, eps, self.kimpl, act=act)
+
+    def gemv_residual(self, lin: Linear, x: torch.Tensor, h: torch.Tensor, norm_weight: torch.Tensor | None):
+        """``lin``'s projection of ``x`` added into the residual ``h`` in place; returns ``h * norm_weight`` (the
+        next norm's input before its ``1 / rms``: kernels.gemv_residual)."""
+        return gemv_residual(lin.weight, x, lin.scales, lin.fmt, h, norm_weight, self.kimpl)
 
     def silu_mul(self, x):
         return reference_silu_mul(x) if self.ref else silu_mul(x, impl=self.kimpl)
@@ -490,6 +506,7 @@ class Llama:
         self.last_timings: dict = {}
         self._graphs: dict = {}  # batch size -> DecodeGraph
         self._o_views: dict = {}  # (O weight address, MiB) -> the view the decode attention prefetches
+        self._folds: dict = {}  # (FOLD_NORMS, gemv.CU_W4) -> whether the decode step folds its norms (_fold_norms)
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -786,8 +803,23 @@ class Llama:
         kv_lens = positions + 1
         x = self.embed[tokens][:, None]  # (B, 1, H)
         normed = self._layers(x, lambda cache, q, k, v, layer: cache.decode(q, k, v, self.cos, self.sin, positions,
-                                                                            kv_lens, self.ops, self._o_prefetch(layer)))
+                                                                            kv_lens, self.ops, self._o_prefetch(layer)),
+                              fold=self._fold_norms(tokens.shape[0]))
         return self._head(normed.reshape(tokens.shape[0], -1))
+
+    def _fold_norms(self, rows: int) -> bool:
+        """Whether a decode step of ``rows`` tokens folds each layer's norms into its GEMVs (``FOLD_NORMS``):
+        1-8 rows, every projection tiled W4A16 without a TP sum or bias, the kernel path, and
+        ``kernels.norm_folds`` (the CUDA C++ kernel serves them). Worked out once a setting of the switches."""
+        if not FOLD_NORMS or rows > _GEMV_ROWS:
+            return False
+        key = (FOLD_NORMS, sys.modules[gemv.__module__].CU_W4)  # (the A/B switches: step_ab.py)
+        folds = self._folds.get(key)
+        if folds is None:
+            folds = self._folds[key] = not self.ops.dense_ref and norm_folds(self.device) and all(
+                lin.fmt == "w4a16t" and lin.bias is None and lin.reduce is None
+                for layer in self.layers for lin in (layer["qkv"], layer["o"], layer["gate_up"], layer["down"]))
+        return folds
 
     @property
     def graph_capturable(self) -> bool:
@@ -803,10 +835,13 @@ class Llama:
             g = self._graphs[batch] = DecodeGraph(self, batch)
         return g
 
-    def _layers(self, x, attend):
+    def _layers(self, x, attend, fold: bool = False):
         """The decoder layers over ``x`` (B, S, H), ``attend(cache, q, k, v, layer)`` (q, k, v before RoPE) for
-        each layer's attention; returns the final norm's output."""
+        each layer's attention; returns the final norm's output. ``fold``: each layer's norms folded into the GEMVs
+        (``_fold_norms``; x, the step's own embedding rows, then holds the residual stream, updated in place)."""
         ops, eps = self.ops, self.config.rms_norm_eps
+        if fold:
+            return self._layers_folded(x, attend)
         residual = None
         for layer, cache in zip(self.layers, self.caches):
             if residual is None:
@@ -817,6 +852,24 @@ class Llama:
             normed, residual = ops.rmsnorm(x, layer["mlp_norm"], eps, residual)
             x = self._mlp(layer, normed)
         return ops.rmsnorm(x, self.norm, eps, residual)[0] if residual is not None else ops.rmsnorm(x, self.norm, eps)
+
+    def _layers_folded(self, x, attend):
+        """``_layers`` with each layer's RMSNorms folded into the GEMVs around them: the O and down projections add
+        into the residual ``h`` and return ``h * norm_weight`` of the norm after them (``gemv_residual``), the QKV
+        and gate/up projections scale their rows by ``1 / rms(h)`` (``gemv_rms``). The first layer's norm and the
+        final one run as they are."""
+        ops, eps = self.ops, self.config.rms_norm_eps
+        B, S, H = x.shape
+        h = x.view(B * S, H)
+        z = ops.rmsnorm(h, self.layers[0]["attn_norm"], eps)
+        for i, (layer, cache) in enumerate(zip(self.layers, self.caches)):
+            qkv = ops.linear(layer["qkv"], z) if i == 0 else ops.gemv_rms(layer["qkv"], z, h, eps)
+            a = self._attend(layer, cache, qkv, B, S, attend)
+            z = ops.gemv_residual(layer["o"], a, h, layer["mlp_norm"])
+            act = ops.gemv_rms(layer["gate_up"], z, h, eps, act="silu_mul")
+            z = ops.gemv_residual(layer["down"], act, h,
+                                  self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else None)
+        return ops.rmsnorm(h, self.norm, eps).view(B, S, H)
 
     def _o_prefetch(self, layer):
         """The first ``PREFETCH_O_MB`` MiB of ``layer``'s O projection weight (a flat view, made once), which the
@@ -836,15 +889,21 @@ class Llama:
 
     def _attention(self, layer, cache, x, attend):
         B, S, H = x.shape
+        a = self._attend(layer, cache, self.ops.linear(layer["qkv"], x.reshape(B * S, H)), B, S, attend)
+        return self.ops.linear(layer["o"], a).view(B, S, H)
+
+    def _attend(self, layer, cache, qkv, B: int, S: int, attend):
+        """``[B * S, (hq + 2 hk) D]`` QKV projection -> ``[B * S, hq D]`` attention output (Qwen3's q/k norms, then
+        ``attend``: RoPE and the cache)."""
         hq, hk, D = self.heads, self.kv_heads, self.head_dim
-        qkv = self.ops.linear(layer["qkv"], x.reshape(B * S, H)).view(B, S, hq + 2 * hk, D)
+        qkv = qkv.view(B, S, hq + 2 * hk, D)
         if "q_norm" in layer:  # Qwen3: each head's q and k RMS-normalized (before the RoPE), in place
             for lo, hi, w in ((0, hq, layer["q_norm"]), (hq, hq + hk, layer["k_norm"])):
                 heads = qkv[:, :, lo:hi].reshape(-1, D)
                 qkv[:, :, lo:hi] = self.ops.rmsnorm(heads, w, self.config.rms_norm_eps).view(B, S, hi - lo, D)
         qkv = qkv.transpose(1, 2)
         a = attend(cache, qkv[:, :hq], qkv[:, hq:hq + hk], qkv[:, hq + hk:], layer)  # (B, hq, S, D)
-        return self.ops.linear(layer["o"], a.transpose(1, 2).reshape(B * S, hq * D)).view(B, S, H)
+        return a.transpose(1, 2).reshape(B * S, hq * D)
 
     def _mlp(self, layer, x):
         B, S, H = x.shape
