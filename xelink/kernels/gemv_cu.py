@@ -24,6 +24,12 @@ the loads, their batching and the registers they take are written out:
   load that counts comes after ``griddepcontrol.wait``) within ``pdl.prefetch_bytes``; the program waits, and lets
   the next kernel go at once ("early") or after its loop ("late").
 
+- ``RMS`` (``gemv_norm.gemv_rms``): after its first batch's loads each program also sums ``h^2`` over each row of
+  ``h`` (16-byte pieces, in L2: the kernel before wrote it) and scales its sums by ``rsqrt(mean + eps)`` at the end;
+  ``RES`` (``gemv_norm.gemv_residual``): warp 0 reads its outputs' residual values (and the next norm's weights)
+  before the loop, and its store adds the rounded sum into the residual in place (and writes the new residual times
+  the weight). So an RMSNorm between two GEMVs needs no launch of its own.
+
 Sums run in another order than the tensor-core kernel's: results agree within rounding, not bit for bit.
 """
 from __future__ import annotations

@@ -11,7 +11,10 @@ requires xelink's kernels (a GPU and bf16/fp16, checked at load; each kernel the
 path) and xelink's collectives, ``"auto"`` lets each kernel pick (the references on CPU and for dtypes the
 kernels do not take). The decode step (``decode``) runs without host synchronization and is captured
 whole in a CUDA graph by ``decode_graph``, which ``generate`` replays a token. Projections of 1-8 rows go
-through ``gemv`` (any weight format), more rows through ``gemm`` (quantized weights dequantized first).
+through ``gemv`` (any weight format), more rows through ``gemm`` (quantized weights dequantized first). A decode
+step of tiled W4A16 projections on the CUDA C++ GEMV (one device, ``FOLD_NORMS``) folds each layer's RMSNorms into
+the GEMVs around them (``gemv_residual``: the residual add and the next norm's weight at the O and down projections'
+store; ``gemv_rms``: each row's ``1 / rms`` on the QKV and gate/up sums), two launches a layer fewer.
 
 Sequences of a batch may have different lengths: a prompt chunk comes left-padded with an
 ``attention_mask``; each sequence's real tokens sit at cache positions ``start[b] ..``, so its RoPE
