@@ -521,8 +521,9 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
     its calls over every layer (each layer's own weights and cache, so the weights stream from HBM as in the
     step) captured in one CUDA graph: ``{op: (us per step, GB/s)}`` (GB/s over the bytes the op reads), in the
     order of the step. ``"sum"`` adds them; the step's own time minus it is launch gaps and the small torch
-    ops (embedding row, kv_lens, argmax)."""
-    from ...kernels import gemv, rmsnorm, rope_decode_attention
+    ops (embedding row, kv_lens, argmax). A step that folds its norms (``Llama._fold_norms``) is timed as it runs:
+    the first and final norms, ``gemv_rms`` (qkv, gate/up) and ``gemv_residual`` (o, down)."""
+    from ...kernels import gemv, gemv_residual, gemv_rms, rmsnorm, rope_decode_attention
 
     cfg, dev, dt = model.config, model.device, model.dtype
     H, eps, hq, hk, D = cfg.hidden_size, cfg.rms_norm_eps, model.heads, model.kv_heads, model.head_dim
@@ -539,21 +540,39 @@ def step_breakdown(model, B: int, L: int, gen, *, replays: int = 10) -> dict:
 
     layers, caches = model.layers, model.caches
 
-    def gemvs(lins, a, act=None):
-        """The GEMV of each Linear in ``lins`` on ``a``, and the bytes they read."""
-        calls = [functools.partial(gemv, li.weight, a, li.scales, model.ops.gemv_format(li, a), "auto", act=act)
-                 for li in lins]
-        return calls, sum(_linear_bytes(li) for li in lins)
+    fold = model._fold_norms(B)
+    h = x.view(B, H).clone()  # (fold: the residual the o and down GEMVs add into)
+
+    def gemvs(lins, a, act=None, fn=None, norm="mlp_norm"):
+        """The GEMV of each Linear in ``lins`` on ``a`` (``fn``: folded, "rms" or "residual"), and the bytes they
+        read."""
+        def call(li, ly):
+            fmt = model.ops.gemv_format(li, a)
+            if fn == "rms":
+                return functools.partial(gemv_rms, li.weight, a, li.scales, fmt, h, eps, "auto", act=act)
+            if fn == "residual":
+                return functools.partial(gemv_residual, li.weight, a, li.scales, fmt, h, ly[norm], "auto")
+            return functools.partial(gemv, li.weight, a, li.scales, fmt, "auto", act=act)
+
+        return [call(li, ly) for li, ly in zip(lins, layers)], sum(_linear_bytes(li) for li in lins)
 
     kv_bytes = len(caches) * 2 * B * hk * L * D * caches[0].k.element_size()
-    ops = {"rmsnorm (2 a layer)": ([functools.partial(rmsnorm, x, ly[n], eps, res) for ly in layers
-                                    for n in ("attn_norm", "mlp_norm")], None),
-           "gemv qkv": gemvs([ly["qkv"] for ly in layers], acts["qkv"]),
+    if fold:
+        norms = ("rmsnorm (first and final)", [functools.partial(rmsnorm, x, w, eps) for w in
+                                               (layers[0]["attn_norm"], model.norm)])
+    else:
+        norms = ("rmsnorm (2 a layer)", [functools.partial(rmsnorm, x, ly[n], eps, res) for ly in layers
+                                         for n in ("attn_norm", "mlp_norm")])
+    rms, residual = ("rms", "residual") if fold else (None, None)
+    folded = " (norm folded)" if fold else ""
+    ops = {norms[0]: (norms[1], None),
+           "gemv qkv" + folded: gemvs([ly["qkv"] for ly in layers], acts["qkv"], fn=rms),
            "rope_decode_attention": ([functools.partial(rope_decode_attention, q, k, v, model.cos, model.sin,
                                                         c.k[:B], c.v[:B], lens) for c in caches], kv_bytes),
-           "gemv o": gemvs([ly["o"] for ly in layers], acts["o"]),
-           "gemv gate_up + silu_mul": gemvs([ly["gate_up"] for ly in layers], acts["gate_up"], "silu_mul"),
-           "gemv down": gemvs([ly["down"] for ly in layers], acts["down"]),
+           "gemv o" + folded: gemvs([ly["o"] for ly in layers], acts["o"], fn=residual),
+           "gemv gate_up + silu_mul" + folded: gemvs([ly["gate_up"] for ly in layers], acts["gate_up"], "silu_mul",
+                                                     fn=rms),
+           "gemv down" + folded: gemvs([ly["down"] for ly in layers], acts["down"], fn=residual, norm="attn_norm"),
            "gemv head": gemvs([model.head], acts["qkv"])}
     out, total = {}, 0.0
     for name, (calls, nbytes) in ops.items():
