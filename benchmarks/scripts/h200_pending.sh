@@ -355,6 +355,7 @@ s39f)  # the RMSNorms folded into the cu GEMVs (gemv_residual, gemv_rms; llama.F
     -k "folded or w4a16_weights_in_tiles or cu_w4"
   step s39_fold_step_ab 150 python3 benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True --fmts w4a16 w4a16+head \
     --contexts 1024
+  [ -n "$NO_ROWS" ] && exit 0  # (NO_ROWS=1: the tests and the A/B only)
   step s39_bench_decode 180 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
   rm -f "$OUT"/bench/*.txt
