@@ -94,8 +94,11 @@ def test_bad_arguments_name_the_function_and_write_nothing():
     with pytest.raises(ValueError, match=r"gemv_residual: w4a16 w.shape\[1\]=128 != K/2=64"):  # gemv's checks
         gemv_residual(w, x[:, :128], s, "w4a16", res)
     buf = torch.randn(2 * 256 + 2 * 64).to(dtype)  # residual inside x's memory
-    with pytest.raises(ValueError, match="gemv_residual"):
+    with pytest.raises(ValueError, match="gemv_residual: residual overlaps x in memory"):
         gemv_residual(w, buf[:512].view(2, 256), s, "w4a16", buf[256:384].view(2, 64))
+    g = torch.ones(64 + 64, dtype=dtype)
+    with pytest.raises(ValueError, match="gemv_residual: residual overlaps norm_weight in memory"):
+        gemv_residual(w, x, s, "w4a16", g[:128].view(2, 64), g[64:])
     assert torch.equal(res, before)
     assert not norm_folds("cpu")
 

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from .common import Paths, check_no_overlap, check_tensor, path_key
+from .common import Paths, byte_span, check_tensor, path_key
 from .gemv import _check_gemv, gemv, reference_gemv
 from .gemv_cu import CuLaunch, cu_available, cu_config
 from .norm import reference_silu_mul, silu_mul
@@ -163,11 +163,11 @@ def gemv_residual(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None,
         h2 = residual.reshape(x2.shape[0], N)
         hit = (impl, option, None if impl == "reference" or torch.compiler.is_compiling() else
                _cu_launch(fn, w, x2, scales, fmt, impl, option, False, False, 1 if norm_weight is None else 2, h2,
-                          0.0))
+                          0.0), _extents(residual, w=w, x=x, scales=scales, norm_weight=norm_weight))
         if key is not None:
             _PATHS.remember(key, hit)
-    check_no_overlap(fn, residual, w=w, x=x, scales=scales, norm_weight=norm_weight)
-    impl, option, launch = hit
+    impl, option, launch, extents = hit
+    _check_apart(fn, extents, residual, w=w, x=x, scales=scales, norm_weight=norm_weight)
     one_row = x.dim() == 1
     x2, h2 = (x.reshape(1, -1), residual.reshape(1, -1)) if one_row else (x, residual)
     if launch is not None:
@@ -177,6 +177,24 @@ def gemv_residual(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None,
         h2.copy_(_add(h2, y))
         y = y if norm_weight is None else (h2.float() * norm_weight.float()).to(x.dtype)
     return y.reshape(-1) if one_row else y
+
+
+def _extents(residual: torch.Tensor, **inputs) -> tuple:
+    """The bytes each tensor's elements span (``common.byte_span``), residual's first: they depend on the geometry
+    alone, so a remembered path keeps them and a call compares addresses only (:func:`_check_apart`)."""
+    spans = [byte_span(t) if t is not None else (0, 0) for t in (residual, *inputs.values())]
+    return tuple(hi - lo for lo, hi in spans)
+
+
+def _check_apart(fn: str, extents: tuple, residual: torch.Tensor, **inputs) -> None:
+    """``residual`` (written in place) shares no byte with an input the launch reads (address ranges compared, as
+    ``common.spans_overlap``), before anything runs; ValueError naming the input."""
+    lo = residual.data_ptr()
+    hi = lo + extents[0]
+    for (name, t), n in zip(inputs.items(), extents[1:]):
+        if t is not None and n and lo < t.data_ptr() + n and t.data_ptr() < hi:
+            raise ValueError(f"{fn}: residual overlaps {name} in memory (it is written in place: it must not share "
+                             f"memory with an input)")
 
 
 def _rstd(h: torch.Tensor, eps: float) -> torch.Tensor:
