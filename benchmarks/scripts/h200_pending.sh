@@ -349,12 +349,12 @@ s39h)  # s38h's most wanted steps in one call's limit: the W4A16 step with the c
   step s39_gemv_host_rows 80 python3 benchmarks/scripts/host_rows.py gemv
   ;;
 s39f)  # the RMSNorms folded into the cu GEMVs (gemv_residual, gemv_rms; llama.FOLD_NORMS): the GPU tests of the fold and
-  # of the cu kernel (its build-failure fallback among them), the W4A16 step's A/B, then the decode rows
+  # of the cu kernel (its build-failure fallback among them), after the W4A16 step's A/B; then the decode rows
+  step s39_fold_step_ab 150 python3 benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True --fmts w4a16 w4a16+head \
+    --contexts 1024
   step s39_fold_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv_norm.py tests/models/test_decode_graph.py tests/kernels/test_gemv.py \
     -k "folded or w4a16_weights_in_tiles or cu_w4"
-  step s39_fold_step_ab 150 python3 benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True --fmts w4a16 w4a16+head \
-    --contexts 1024
   [ -n "$NO_ROWS" ] && exit 0  # (NO_ROWS=1: the tests and the A/B only)
   step s39_bench_decode 180 python3 -m xelink.bench decode --quick --model-only --no-transformers --contexts 1K 8K 32K \
     --out "$OUT/bench" --commit "$C"
