@@ -14,10 +14,11 @@ custom op (``xelink::<name>``; rope_kv and rope_decode_attention mark the caches
 autograd formula. See ``xelink.kernels``."""
 from .kernels import (decode_attention, flash_attention, flash_attention_backward, flash_attention_varlen,
                       flash_attention_varlen_backward, gemm, gemv, gemv_residual, gemv_rms, merge_attention, norm_folds,
-                      pack_w4a16, pack_w8a16, qgemm, rmsnorm, rope, rope_decode_attention, rope_kv, silu_mul, tile_w4a16, tiled_w4a16_native,
-                      unpack_w4a16, unpack_w8a16, untile_w4a16)
+                      pack_w4a16, pack_w8a16, qgemm, rmsnorm, rope, rope_decode_attention, rope_kv, silu_mul,
+                      tile_w4a16, tiled_w4a16_native, unpack_w4a16, unpack_w8a16, untile_w4a16)
 
 __all__ = ["decode_attention", "flash_attention", "flash_attention_backward", "flash_attention_varlen",
-           "flash_attention_varlen_backward", "gemm", "gemv", "gemv_residual", "gemv_rms", "merge_attention", "norm_folds",
+           "flash_attention_varlen_backward", "gemm", "gemv", "gemv_residual", "gemv_rms", "merge_attention",
+           "norm_folds",
            "pack_w4a16", "pack_w8a16", "qgemm", "rmsnorm", "rope", "rope_decode_attention", "rope_kv", "silu_mul",
            "tile_w4a16", "tiled_w4a16_native", "unpack_w4a16", "unpack_w8a16", "untile_w4a16"]

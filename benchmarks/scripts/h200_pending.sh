@@ -82,8 +82,9 @@
 #             an H100 at 7244271); s38h: on an H200, the cu kernel's sweep, the W4A16 step's A/B of the switch (the
 #             head quantized too), the decode rows, the GEMVs' PDL placement and L2 prefetch budget, gemv's host rows
 #             (the tiles' among them) (~9 minutes); s39h: s38h's most wanted part in one call (~8 minutes): the switch's
-#             A/B (H200 only), the decode rows, the cu kernel's GPU tests (the build-failure fallback), gemv's host rows;
-#             s39f: the norms folded into the cu GEMVs (gemv_norm, llama.FOLD_NORMS): their GPU tests (the cu kernel's
+#             A/B (H200 only), the decode rows, the cu kernel's GPU tests (the build-failure fallback), gemv's host
+#             rows;
+#             s39f: the norms folded into the cu GEMVs (gemv_norm.CU_FOLD): their GPU tests (the cu kernel's
 #             among them), the W4A16 step's A/B, the decode rows (~8 minutes);
 #             s37: the CUDA C++ W4A16 GEMV (gemv_cu, KERNEL="cu"): its GPU tests, the chain sweep against the kept
 #             tensor-core kernel, the W4A16 step A/B of gemv.CU_W4 (~2-3 minutes: 109 and 134 s on an H100);
@@ -348,9 +349,9 @@ s39h)  # s38h's most wanted steps in one call's limit: the W4A16 step with the c
     tests/kernels/test_gemv.py -k "cu_w4"
   step s39_gemv_host_rows 80 python3 benchmarks/scripts/host_rows.py gemv
   ;;
-s39f)  # the RMSNorms folded into the cu GEMVs (gemv_residual, gemv_rms; llama.FOLD_NORMS): the GPU tests of the fold and
-  # of the cu kernel (its build-failure fallback among them), after the W4A16 step's A/B; then the decode rows
-  step s39_fold_step_ab 150 python3 benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True --fmts w4a16 w4a16+head \
+s39f)  # the RMSNorms folded into the cu GEMVs (gemv_residual, gemv_rms; gemv_norm.CU_FOLD): the GPU tests of the
+  # fold and of the cu kernel (its build-failure fallback among them), after the W4A16 step's A/B; then the decode rows
+  step s39_fold_step_ab 150 python3 benchmarks/scripts/step_ab.py gemv_norm.CU_FOLD=False,True --fmts w4a16 w4a16+head \
     --contexts 1024
   step s39_fold_gpu_tests 200 env XELINK_LAUNCH_CHECK=1 python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m gpu \
     tests/kernels/test_gemv_norm.py tests/models/test_decode_graph.py tests/kernels/test_gemv.py \

@@ -10,7 +10,7 @@ row), filled to each context (``each_context``).
 
 As a command, one switch's values, the first the baseline; the variants' logits are compared with the baseline's:
 equal bit for bit for a switch that changes no value (hints, placement), else the next token and the relative
-difference (``llama.FOLD_NORMS``: the norm's rounding):
+difference (``gemv_norm.CU_FOLD``: the norm's rounding):
 
     python3 benchmarks/scripts/step_ab.py attention.NEXT_MIN_KEYS=4096,0 [--fmts bf16 w4a16 w4a16+head] \
         [--contexts 1024 8192 32768]

@@ -112,6 +112,7 @@ def _gpu_modules(monkeypatch, request):
         m._PATHS.clear()
         request.addfinalizer(m._PATHS.clear)  # (plans made under a switch go with it)
     monkeypatch.setattr(gemv_module, "CU_W4", True)
+    monkeypatch.setattr(norm_module, "CU_FOLD", True)  # (off by default until this test has run on a GPU)
     return gemv_module, norm_module
 
 

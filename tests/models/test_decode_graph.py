@@ -272,13 +272,12 @@ def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatc
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b"])
 def test_gpu_folded_norms(requires_gpus, config, monkeypatch, request):
-    """W4A16 on the CUDA C++ GEMV folds each layer's RMSNorms into the GEMVs around them (``llama.FOLD_NORMS``:
+    """W4A16 on the CUDA C++ GEMV folds each layer's RMSNorms into the GEMVs around them (``gemv_norm.CU_FOLD``:
     gemv_residual, gemv_rms): the folded graph's first step within rounding of the unfolded graph's, the greedy
     tokens equal up to a near tie, and the graph bit for bit the folded eager step."""
     requires_gpus(1)
     gemv_module = importlib.import_module("xelink.kernels.gemv")
     norm_module = importlib.import_module("xelink.kernels.gemv_norm")
-    llama = importlib.import_module("xelink.models.llama")
     if not gemv_module.cu_available(torch.device("cuda")):
         pytest.skip("needs torch.cuda._compile_kernel")
     for m in (gemv_module, norm_module):
@@ -289,7 +288,8 @@ def test_gpu_folded_norms(requires_gpus, config, monkeypatch, request):
     ids = torch.randint(0, CONFIGS[config].vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
     runs = {}
     for fold in (False, True):
-        monkeypatch.setattr(llama, "FOLD_NORMS", fold)
+        monkeypatch.setattr(norm_module, "CU_FOLD", fold)
+        norm_module._PATHS.clear()
         model = Llama.random(config, impl="xelink", **kw)
         assert model._fold_norms(2) == fold
         graph = model.decode_graph(2)

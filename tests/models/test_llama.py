@@ -793,7 +793,7 @@ def test_ring_cache_holds_the_window_only(tmp_path):
 def test_folded_norms_give_the_unfolded_logits(monkeypatch):
     """The decode step with each layer's RMSNorms folded into the GEMVs around them (``Llama._layers_folded``:
     gemv_residual / gemv_rms, here on their reference paths; on a GPU where the CUDA C++ kernel serves a W4A16
-    model, ``llama.FOLD_NORMS``): logits within rounding of the unfolded step's, the same greedy token, and every
+    model, ``gemv_norm.CU_FOLD``): logits within rounding of the unfolded step's, the same greedy token, and every
     layer's norms folded but the first and the final one."""
     from xelink.models import llama
 

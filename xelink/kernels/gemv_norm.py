@@ -12,9 +12,9 @@ sums:
   ``gemv(W, rmsnorm(o, g, residual=h)[0])`` within rounding (``h * g`` is rounded before the ``1 / rms``, not after).
 
 Each is one launch of the CUDA C++ W4A16 kernel (``gemv_cu``: fmt ``"w4a16t"``, impl ``"cuda"`` where
-``gemv.CU_W4`` and NVRTC serve, :func:`norm_folds`): each program of ``gemv_rms`` sums ``rms_of^2`` over its row
-itself (the vector is in L2) after its first weights are asked for. Every other path composes ``gemv`` and torch
-ops (same values within rounding, more launches); ``reference_gemv_residual`` / ``reference_gemv_rms`` are the
+``CU_FOLD``, ``gemv.CU_W4`` and NVRTC serve, :func:`norm_folds`): each program of ``gemv_rms`` sums ``rms_of^2``
+over its row itself (the vector is in L2) after its first weights are asked for. Every other path composes
+``gemv`` and torch ops (same values within rounding, more launches); ``reference_gemv_residual`` / ``reference_gemv_rms`` are the
 pure-torch twins, in float32 rounded as the kernel rounds.
 """
 from __future__ import annotations
@@ -33,14 +33,21 @@ __all__ = ["gemv_residual", "gemv_rms", "norm_folds", "reference_gemv_residual",
 
 _GEMV = sys.modules[gemv.__module__]  # gemv's module: its switches (CU_W4, PDL_EARLY_MAX_ROWS) read at each plan
 _PATHS = Paths()
+# The one-launch path (the kernel's RMS and RES modes) and with it the Llama decode step's folded norms
+# (``Llama._fold_norms``). Off: compiled and checked offline (NVRTC, sm_80 / sm_90; ptxas: no spills in the
+# decode step's configurations) but not yet run on a GPU, so the default step stays the measured one. The GPU tests
+# set it; ``benchmarks/scripts/h200_pending.sh s39f`` runs them and the step's A/B
+# (``step_ab.py gemv_norm.CU_FOLD=False,True``). Read when a path is planned.
+CU_FOLD = False
 
 
 def norm_folds(device, fmt: str = "w4a16t") -> bool:
     """Whether :func:`gemv_residual` and :func:`gemv_rms` run as one launch each (``impl="auto"``) for weights of
-    ``fmt`` on ``device``: the CUDA C++ W4A16 kernel's (tiled W4A16, ``gemv.CU_W4``, NVRTC, compute capability
-    >= 8.0). Elsewhere they compose ``gemv`` and torch ops: correct, more launches than the unfolded norm."""
+    ``fmt`` on ``device``: the CUDA C++ W4A16 kernel's (``CU_FOLD``, tiled W4A16, ``gemv.CU_W4``, NVRTC, compute
+    capability >= 8.0). Elsewhere they compose ``gemv`` and torch ops: correct, more launches than the unfolded
+    norm."""
     device = torch.device(device)
-    return fmt == "w4a16t" and _GEMV.CU_W4 and cu_available(device) and _GEMV.tiled_w4a16_native(device)
+    return CU_FOLD and fmt == "w4a16t" and _GEMV.CU_W4 and cu_available(device) and _GEMV.tiled_w4a16_native(device)
 
 
 def _check_eps(fn: str, eps) -> float:

@@ -12,9 +12,10 @@ path) and xelink's collectives, ``"auto"`` lets each kernel pick (the references
 kernels do not take). The decode step (``decode``) runs without host synchronization and is captured
 whole in a CUDA graph by ``decode_graph``, which ``generate`` replays a token. Projections of 1-8 rows go
 through ``gemv`` (any weight format), more rows through ``gemm`` (quantized weights dequantized first). A decode
-step of tiled W4A16 projections on the CUDA C++ GEMV (one device, ``FOLD_NORMS``) folds each layer's RMSNorms into
-the GEMVs around them (``gemv_residual``: the residual add and the next norm's weight at the O and down projections'
-store; ``gemv_rms``: each row's ``1 / rms`` on the QKV and gate/up sums), two launches a layer fewer.
+step of tiled W4A16 projections on the CUDA C++ GEMV (one device, ``gemv_norm.CU_FOLD``, off until measured on a
+GPU) folds each layer's RMSNorms into the GEMVs around them (``gemv_residual``: the residual add and the next
+norm's weight at the O and down projections' store; ``gemv_rms``: each row's ``1 / rms`` on the QKV and gate/up
+sums), two launches a layer fewer.
 
 Sequences of a batch may have different lengths: a prompt chunk comes left-padded with an
 ``attention_mask``; each sequence's real tokens sit at cache positions ``start[b] ..``, so its RoPE
@@ -70,11 +71,6 @@ _GEMV_ROWS = 8
 # read (rope_decode_attention's prefetch, at 4K keys and more: HBM is idle while the splits end and the O GEMV
 # starts); 0: none. 64: the whole weight of an 8B model (H100: 0.85% / 0.7% faster steps at 8K / 32K).
 PREFETCH_O_MB = 64
-# The decode step of a model whose projections are all tiled W4A16 without a TP sum or bias, where the CUDA C++
-# kernel serves them (kernels.norm_folds): each layer's two RMSNorms folded into the GEMVs around them (gemv_residual,
-# gemv_rms; the first layer's and the final norm stay), 63 launches a Llama-3.1-8B step fewer. An A/B switch
-# (benchmarks/scripts/step_ab.py llama.FOLD_NORMS=False,True), read at each step.
-FOLD_NORMS = True
 
 
 class Ops:
@@ -509,7 +505,7 @@ class Llama:
         self.last_timings: dict = {}
         self._graphs: dict = {}  # batch size -> DecodeGraph
         self._o_views: dict = {}  # (O weight address, MiB) -> the view the decode attention prefetches
-        self._folds: dict = {}  # (FOLD_NORMS, gemv.CU_W4) -> whether the decode step folds its norms (_fold_norms)
+        self._folds: dict = {}  # (the switches of norm_folds) -> whether the decode step folds its norms
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -811,12 +807,13 @@ class Llama:
         return self._head(normed.reshape(tokens.shape[0], -1))
 
     def _fold_norms(self, rows: int) -> bool:
-        """Whether a decode step of ``rows`` tokens folds each layer's norms into its GEMVs (``FOLD_NORMS``):
-        1-8 rows, every projection tiled W4A16 without a TP sum or bias, the kernel path, and
-        ``kernels.norm_folds`` (the CUDA C++ kernel serves them). Worked out once a setting of the switches."""
-        if not FOLD_NORMS or rows > _GEMV_ROWS:
+        """Whether a decode step of ``rows`` tokens folds each layer's norms into its GEMVs: 1-8 rows, every
+        projection tiled W4A16 without a TP sum or bias, the kernel path, and ``kernels.norm_folds`` (the CUDA C++
+        kernel serves them in one launch each: ``gemv_norm.CU_FOLD``, off until measured on a GPU). Each layer's two
+        norms then need no launch: 63 a Llama-3.1-8B step fewer. Worked out once a setting of the switches."""
+        if rows > _GEMV_ROWS:
             return False
-        key = (FOLD_NORMS, sys.modules[gemv.__module__].CU_W4)  # (the A/B switches: step_ab.py)
+        key = (sys.modules[gemv_rms.__module__].CU_FOLD, sys.modules[gemv.__module__].CU_W4)  # (step_ab.py's A/Bs)
         folds = self._folds.get(key)
         if folds is None:
             folds = self._folds[key] = not self.ops.dense_ref and norm_folds(self.device) and all(
