@@ -14,8 +14,8 @@ sums:
 Each is one launch of the CUDA C++ W4A16 kernel (``gemv_cu``: fmt ``"w4a16t"``, impl ``"cuda"`` where
 ``CU_FOLD``, ``gemv.CU_W4`` and NVRTC serve, :func:`norm_folds`): each program of ``gemv_rms`` sums ``rms_of^2``
 over its row itself (the vector is in L2) after its first weights are asked for. Every other path composes
-``gemv`` and torch ops (same values within rounding, more launches); ``reference_gemv_residual`` / ``reference_gemv_rms`` are the
-pure-torch twins, in float32 rounded as the kernel rounds.
+``gemv`` and torch ops (same values within rounding, more launches); ``reference_gemv_residual`` /
+``reference_gemv_rms`` are the pure-torch twins, in float32 rounded as the kernel rounds.
 """
 from __future__ import annotations
 
