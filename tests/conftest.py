@@ -101,3 +101,24 @@ def _seeded(request):
 def requires_gpus():
     """``requires_gpus(n)`` skips the test unless n CUDA devices are visible (no query at import)."""
     return _need_gpus
+
+
+@pytest.fixture
+def cu_gemv(monkeypatch, request):
+    """The CUDA C++ W4A16 GEMV's switches for a GPU test (skipped without a GPU or NVRTC): ``gemv.CU_W4`` on, and the plans
+    of gemv and gemv_norm dropped before and after (they hold the switches as they were); returns the two modules,
+    whose switches (``gemv_norm.CU_FOLD``) the test sets with ``monkeypatch``."""
+    import importlib
+
+    import torch
+
+    _need_gpus(1)
+    gemv_module = importlib.import_module("xelink.kernels.gemv")
+    norm_module = importlib.import_module("xelink.kernels.gemv_norm")
+    if not gemv_module.cu_available(torch.device("cuda")):
+        pytest.skip("needs torch.cuda._compile_kernel")
+    for m in (gemv_module, norm_module):
+        m._PATHS.clear()
+        request.addfinalizer(m._PATHS.clear)
+    monkeypatch.setattr(gemv_module, "CU_W4", True)
+    return gemv_module, norm_module

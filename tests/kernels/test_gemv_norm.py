@@ -3,8 +3,6 @@ next norm's weight applied) and ``gemv_rms`` (each row scaled by 1 / rms): the r
 chain (rmsnorm, then gemv), the argument checks (before anything is written), and on a GPU the one-launch CUDA C++
 path against the references, the unfolded kernels bit for bit where the sums are the same, a graph of the folded
 chain replayed with new inputs, and the composed paths."""
-import importlib
-
 import pytest
 import torch
 
@@ -103,28 +101,16 @@ def test_bad_arguments_name_the_function_and_write_nothing():
     assert not norm_folds("cpu")
 
 
-def _gpu_modules(monkeypatch, request):
-    gemv_module = importlib.import_module("xelink.kernels.gemv")
-    norm_module = importlib.import_module("xelink.kernels.gemv_norm")
-    if not gemv_module.cu_available(torch.device("cuda")):
-        pytest.skip("needs torch.cuda._compile_kernel")
-    for m in (gemv_module, norm_module):
-        m._PATHS.clear()
-        request.addfinalizer(m._PATHS.clear)  # (plans made under a switch go with it)
-    monkeypatch.setattr(gemv_module, "CU_W4", True)
-    monkeypatch.setattr(norm_module, "CU_FOLD", True)  # (off by default until this test has run on a GPU)
-    return gemv_module, norm_module
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_folded_gemvs(requires_gpus, dtype, monkeypatch, request):
+def test_gpu_folded_gemvs(requires_gpus, dtype, cu_gemv, monkeypatch):
     """On the CUDA C++ kernel (one launch each, norm_folds): Llama-3.1-8B's shapes at 1-8 rows. gemv_residual's
     sums are gemv's own (same kernel and config): its residual and its output bit for bit the unfolded ops';
     gemv_rms within rounding of the reference (the act too); with the switch off (the composed path) the same within
     rounding; rms_of off 16 bytes (the composed path); a graph of the folded chain replayed with new inputs."""
     requires_gpus(1)
-    gemv_module, norm_module = _gpu_modules(monkeypatch, request)
+    gemv_module, norm_module = cu_gemv
+    monkeypatch.setattr(norm_module, "CU_FOLD", True)  # (off by default until this test has run on a GPU)
     assert norm_folds("cuda")
     gen = torch.Generator(device="cuda").manual_seed(5)
     H, F, QKV = 4096, 2048, 6144

@@ -271,19 +271,12 @@ def test_gpu_w4a16_weights_in_tiles(requires_gpus, quantize_head, cu, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["tiny", "llama-3.2-1b"])
-def test_gpu_folded_norms(requires_gpus, config, monkeypatch, request):
+def test_gpu_folded_norms(requires_gpus, config, cu_gemv, monkeypatch):
     """W4A16 on the CUDA C++ GEMV folds each layer's RMSNorms into the GEMVs around them (``gemv_norm.CU_FOLD``:
     gemv_residual, gemv_rms): the folded graph's first step within rounding of the unfolded graph's, the greedy
     tokens equal up to a near tie, and the graph bit for bit the folded eager step."""
     requires_gpus(1)
-    gemv_module = importlib.import_module("xelink.kernels.gemv")
-    norm_module = importlib.import_module("xelink.kernels.gemv_norm")
-    if not gemv_module.cu_available(torch.device("cuda")):
-        pytest.skip("needs torch.cuda._compile_kernel")
-    for m in (gemv_module, norm_module):
-        m._PATHS.clear()
-        request.addfinalizer(m._PATHS.clear)
-    monkeypatch.setattr(gemv_module, "CU_W4", True)
+    _, norm_module = cu_gemv
     kw = dict(seed=7, dtype=torch.bfloat16, max_batch=2, max_seq_len=128, device="cuda", weights="w4a16")
     ids = torch.randint(0, CONFIGS[config].vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
     runs = {}
