@@ -105,9 +105,9 @@ def requires_gpus():
 
 @pytest.fixture
 def cu_gemv(monkeypatch, request):
-    """The CUDA C++ W4A16 GEMV's switches for a GPU test (skipped without a GPU or NVRTC): ``gemv.CU_W4`` on, and the plans
-    of gemv and gemv_norm dropped before and after (they hold the switches as they were); returns the two modules,
-    whose switches (``gemv_norm.CU_FOLD``) the test sets with ``monkeypatch``."""
+    """The CUDA C++ W4A16 GEMV's switches for a GPU test (skipped without a GPU or NVRTC): ``gemv.CU_W4`` on, and the
+    plans of gemv and gemv_norm dropped before and after (they hold the switches as they were); returns the two
+    modules, whose switches (``gemv_norm.CU_FOLD``) the test sets with ``monkeypatch``."""
     import importlib
 
     import torch

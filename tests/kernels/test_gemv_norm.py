@@ -3,6 +3,8 @@ next norm's weight applied) and ``gemv_rms`` (each row scaled by 1 / rms): the r
 chain (rmsnorm, then gemv), the argument checks (before anything is written), and on a GPU the one-launch CUDA C++
 path against the references, the unfolded kernels bit for bit where the sums are the same, a graph of the folded
 chain replayed with new inputs, and the composed paths."""
+import importlib
+
 import pytest
 import torch
 
@@ -107,7 +109,8 @@ def test_gpu_folded_gemvs(requires_gpus, dtype, cu_gemv, monkeypatch):
     """On the CUDA C++ kernel (one launch each, norm_folds): Llama-3.1-8B's shapes at 1-8 rows. gemv_residual's
     sums are gemv's own (same kernel and config): its residual and its output bit for bit the unfolded ops';
     gemv_rms within rounding of the reference (the act too); with the switch off (the composed path) the same within
-    rounding; rms_of off 16 bytes (the composed path); a graph of the folded chain replayed with new inputs."""
+    rounding; rms_of off 16 bytes (the composed path); a graph of the folded chain replayed with new inputs; a kernel
+    that cannot be built (a warning, the composed path)."""
     requires_gpus(1)
     gemv_module, norm_module = cu_gemv
     monkeypatch.setattr(norm_module, "CU_FOLD", True)  # (off by default until this test has run on a GPU)
@@ -179,3 +182,16 @@ def test_gpu_folded_gemvs(requires_gpus, dtype, cu_gemv, monkeypatch):
         he = h.clone()
         want = chain(a, he)
         assert torch.equal(out, want) and torch.equal(gh, he)
+    # a kernel NVRTC or the driver cannot build: a warning naming the function, then gemv and torch ops
+    gemv_cu = importlib.import_module("xelink.kernels.gemv_cu")
+
+    def broken(*args):
+        raise RuntimeError("CUDA error: CUDA_ERROR_UNSUPPORTED_PTX_VERSION (test)")
+
+    monkeypatch.setattr(gemv_cu, "_kernel", broken)
+    for m in (gemv_module, norm_module):
+        m._PATHS.clear()
+    z = (h.float() * g.float()).to(dtype)
+    with pytest.warns(RuntimeWarning, match="gemv_rms: the CUDA C\\+\\+ W4A16 kernel could not be built"):
+        got = gemv_rms(wq, z, sq, "w4a16t", h, 1e-5)
+    _close(got, reference_gemv_rms(wq, z, sq, "w4a16t", h, 1e-5), "gemv_rms after a failed build", 2 ** -6)

@@ -863,6 +863,21 @@ def _gemv_config(M: int, N: int, K: int, fmt: str, sms: int, ptx: bool) -> dict:
     return cfg
 
 
+def pdl_mode(pdl: str, N: int) -> int:
+    """The kernels' PDL constexpr for a launch over ``N`` rows of W with ``pdl`` option ``pdl`` ("auto", "off",
+    "early", "late"). "auto": the H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed
+    early gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up to 20% slower,
+    where a late go gains 0-5%); from 128256 rows either is within 1-3%. So early up to ``PDL_EARLY_MAX_ROWS``."""
+    if pdl == "auto":
+        pdl = "early" if N <= PDL_EARLY_MAX_ROWS else "late"
+    return PDL_MODES[False if pdl == "off" else pdl]
+
+
+def aligned16(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy where its address is off 16 bytes (the CUDA C++ kernel's 16-byte loads)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 class _GemvLaunch:
     """How one gemv path launches, worked out from the shapes and strides alone (no addresses): the kernel
     and its tiles (``config`` or the tuned table, checked), the grid, the integer arguments and options,
@@ -878,12 +893,7 @@ class _GemvLaunch:
         self.shape = (M, N // 2 if act else N)  # (int8 weights go to the kernels as they are: raw bits)
         if fmt == "w4a16t" and not _tiles_in_place(ptx):
             fmt = "w4a16"  # the other kernels read a row-layout copy (_gemv_run)
-        if pdl == "auto":
-            # The H200 sweep (benchmarks/results/h200-kernels run 15): the next GEMV's programs placed early
-            # gain where a grid is about one wave (4096 rows: 2-10%) but crowd larger ones (14336 rows: up
-            # to 20% slower, where a late go gains 0-5%); from 128256 rows either is within 1-3%.
-            pdl = "early" if N <= PDL_EARLY_MAX_ROWS else "late"
-        pdl = PDL_MODES[False if pdl == "off" else pdl]
+        pdl = pdl_mode(pdl, N)
         sms = sm_count(x.device)
         given = cfg
         cfg = dict(cfg or _default_config(M, N, K, fmt, sms, ptx))  # popped below: a copy
@@ -1039,8 +1049,7 @@ class _GemvLaunch:
         x = x.contiguous()
         if self.cu is not None:
             # (its 16-byte loads: a view of W or x off 16 bytes is read from an aligned copy)
-            return self.cu(w if w.data_ptr() % 16 == 0 else w.clone(), x if x.data_ptr() % 16 == 0 else x.clone(),
-                           scales, y)
+            return self.cu(aligned16(w), aligned16(x), scales, y)
         if self.unfused:
             full = x.new_empty((M, w.shape[0]))
             self._tc(w, x, scales, full)

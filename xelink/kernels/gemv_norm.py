@@ -20,18 +20,19 @@ over its row itself (the vector is in L2) after its first weights are asked for.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 
 from .common import Paths, byte_span, check_tensor, path_key
-from .gemv import _check_gemv, gemv, reference_gemv
+from .gemv import _check_gemv, aligned16, gemv, pdl_mode, reference_gemv
 from .gemv_cu import CuLaunch, cu_available, cu_config
 from .norm import reference_silu_mul, silu_mul
-from .pdl import PDL_MODES, prefetch_bytes
+from .pdl import prefetch_bytes
 
 __all__ = ["gemv_residual", "gemv_rms", "norm_folds", "reference_gemv_residual", "reference_gemv_rms"]
 
-_GEMV = sys.modules[gemv.__module__]  # gemv's module: its switches (CU_W4, PDL_EARLY_MAX_ROWS) read at each plan
+_GEMV = sys.modules[gemv.__module__]  # gemv's module: its switch CU_W4, read at each plan
 _PATHS = Paths()
 # The one-launch path (the kernel's RMS and RES modes) and with it the Llama decode step's folded norms
 # (``Llama._fold_norms``). Off: compiled and checked offline (NVRTC, sm_80 / sm_90; ptxas: no spills in the
@@ -79,19 +80,15 @@ def _cu_launch(fn: str, w, x2, scales, fmt: str, impl: str, pdl: str, act: bool,
     N = w.shape[0]
     if act and N % 32 or rms and (h2.data_ptr() % 16 or h2.stride(0) * h2.element_size() % 16):
         return None
-    if pdl == "auto":  # as gemv's plan: early up to PDL_EARLY_MAX_ROWS rows of W, late above
-        pdl = "early" if N <= _GEMV.PDL_EARLY_MAX_ROWS else "late"
-    mode = PDL_MODES[False if pdl == "off" else pdl]
+    mode = pdl_mode(pdl, N)
     try:
         return CuLaunch(x2.device, N, K, M, cu_config(M, N, K, act), act, x2.dtype == torch.float16, mode,
                         N // 2 if act else N, scales.stride(0), prefetch_bytes(mode, x2.device, gemv=True), rms=rms,
                         res=res, ldh=h2.stride(0), eps=eps)
-    except (RuntimeError, OSError):  # NVRTC or the driver could not build it (as gemv's CU_W4 path): composed
+    except (RuntimeError, OSError) as exc:  # NVRTC or the driver could not build it: composed, as gemv's CU_W4 path
+        warnings.warn(f"{fn}: the CUDA C++ W4A16 kernel could not be built on {x2.device}, gemv and torch ops run "
+                      f"instead: {str(exc)[:300]}", RuntimeWarning, stacklevel=3)
         return None
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def gemv_rms(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, fmt: str, rms_of: torch.Tensor,
@@ -131,7 +128,7 @@ def gemv_rms(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, fmt:
         y = reference_gemv_rms(w, x2, scales, fmt, h2, eps, act)
     elif launch is not None:
         M, N = x2.shape[0], w.shape[0] // 2 if act else w.shape[0]
-        y = launch(_aligned(w), _aligned(x2.contiguous()), scales, x2.new_empty((M, N)), h2, None)
+        y = launch(aligned16(w), aligned16(x2.contiguous()), scales, x2.new_empty((M, N)), h2, None)
     else:  # composed: the GEMV, its rows scaled, then the activation
         y = gemv(w, x2, scales, fmt, impl, pdl=pdl)
         y = (y.float() * _rstd(h2, eps)).to(x.dtype)
@@ -170,7 +167,8 @@ def gemv_residual(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None,
         h2 = residual.reshape(x2.shape[0], N)
         hit = (impl, option, None if impl == "reference" or torch.compiler.is_compiling() else
                _cu_launch(fn, w, x2, scales, fmt, impl, option, False, False, 1 if norm_weight is None else 2, h2,
-                          0.0), _extents(residual, w=w, x=x, scales=scales, norm_weight=norm_weight))
+                          0.0),
+               _extents(residual, w=w, x=x, scales=scales, norm_weight=norm_weight))
         if key is not None:
             _PATHS.remember(key, hit)
     impl, option, launch, extents = hit
@@ -178,7 +176,7 @@ def gemv_residual(w: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None,
     one_row = x.dim() == 1
     x2, h2 = (x.reshape(1, -1), residual.reshape(1, -1)) if one_row else (x, residual)
     if launch is not None:
-        y = launch(_aligned(w), _aligned(x2.contiguous()), scales, x2.new_empty(h2.shape), h2, norm_weight)
+        y = launch(aligned16(w), aligned16(x2.contiguous()), scales, x2.new_empty(h2.shape), h2, norm_weight)
     else:
         y = reference_gemv(w, x2, scales, fmt) if impl == "reference" else gemv(w, x2, scales, fmt, impl, pdl=pdl)
         h2.copy_(_add(h2, y))
